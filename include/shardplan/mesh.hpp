@@ -1,0 +1,72 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace shardplan {
+
+/// A named device mesh: axis names and sizes, and the device ids laid out over it in row-major
+/// (mesh) order. A plain value type; valid once constructed.
+///
+///   Mesh mesh = Mesh::parse("fsdp:-1,tp:2", 8);   // fsdp=4, tp=2, devices 0..7
+class Mesh {
+ public:
+  /// Axes as (name, size) pairs; at most one size may be -1, inferred from `device_count`.
+  /// Devices are 0..n-1 in mesh order. Throws SpecError on duplicate or empty names, two -1s,
+  /// zero or negative sizes, or sizes whose product is not `device_count`.
+  Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count);
+  /// As above with explicit device ids in mesh order: a permutation of 0..n-1.
+  Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::vector<int> devices);
+
+  /// Parses "fsdp:-1,tp:2", or "1,-1,2" with `names` giving one name per entry.
+  /// Throws SpecError naming the text on malformed entries, and as the constructor does.
+  static Mesh parse(std::string_view text, std::int64_t device_count,
+                    const std::vector<std::string>& names = {});
+
+  int ndim() const { return static_cast<int>(names_.size()); }
+  /// Number of devices.
+  std::int64_t size() const { return static_cast<std::int64_t>(devices_.size()); }
+  const std::vector<std::string>& axis_names() const { return names_; }
+  const std::vector<std::int64_t>& axis_sizes() const { return sizes_; }
+  /// Device ids in mesh order.
+  const std::vector<int>& devices() const { return devices_; }
+
+  /// Index of an axis, or nullopt.
+  std::optional<int> find_axis(std::string_view name) const;
+  bool has_axis(std::string_view name) const { return find_axis(name).has_value(); }
+  /// Index of an axis. Throws SpecError naming the axis and the mesh's axes.
+  int axis_index(std::string_view name) const;
+  /// Size of an axis. Throws SpecError as axis_index.
+  std::int64_t axis_size(std::string_view name) const { return sizes_[axis_index(name)]; }
+
+  /// The mesh coordinates of the device at mesh position `position` (0..size-1).
+  std::vector<std::int64_t> coords_of_position(std::int64_t position) const;
+  /// The mesh position of device `id`.
+  std::int64_t position_of_device(int id) const { return positions_[static_cast<std::size_t>(id)]; }
+
+  /// "Mesh('fsdp': 4, 'tp': 2)".
+  std::string to_string() const;
+  /// "fsdp:4,tp:2", the form parse reads.
+  std::string to_spec_string() const;
+
+  friend bool operator==(const Mesh& a, const Mesh& b) {
+    return a.names_ == b.names_ && a.sizes_ == b.sizes_ && a.devices_ == b.devices_;
+  }
+
+ private:
+  void init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count);
+
+  std::vector<std::string> names_;
+  std::vector<std::int64_t> sizes_;
+  std::vector<int> devices_;
+  std::vector<std::int64_t> positions_;  // device id -> mesh position
+};
+
+std::ostream& operator<<(std::ostream& os, const Mesh& mesh);
+
+}  // namespace shardplan

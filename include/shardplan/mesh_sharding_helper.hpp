@@ -1,0 +1,58 @@
+#pragma once
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "shardplan/mesh.hpp"
+#include "shardplan/named_sharding.hpp"
+#include "shardplan/plan_report.hpp"
+#include "shardplan/sharding_rule.hpp"
+#include "shardplan/tensor_spec.hpp"
+#include "shardplan/tree.hpp"
+
+namespace shardplan {
+
+/// A sharding decided for a leaf, or nullopt when the rule tree left it Unspecified.
+using MaybeSharding = std::optional<NamedSharding>;
+
+/// One entry of an explanation of a leaf's sharding.
+struct ExplainStep {
+  int rule_index = -1;
+  std::string rule;
+  RuleStep step;
+};
+
+/// A named device mesh that resolves rule trees against data trees, as scalax's
+/// MeshShardingHelper. Immutable after construction; all methods are thread-safe.
+///
+///   MeshShardingHelper helper(Mesh::parse("fsdp:-1,tp:2", 8));
+///   RuleTree rules = std::make_shared<FSDPShardingRule>();
+///   PlanReport report = helper.plan(rules, params);   // params: Tree<TensorSpec>
+///   std::cout << report;
+class MeshShardingHelper {
+ public:
+  explicit MeshShardingHelper(Mesh mesh) : mesh_(std::move(mesh)) {}
+
+  const Mesh& mesh() const { return mesh_; }
+
+  /// The sharding of every leaf of `data`: each leaf of `rules` (a prefix of `data`) covers the
+  /// subtree below it, and a rule sees paths relative to that subtree. Throws TreeError when
+  /// `rules` is not a prefix, RuleError when a rule cannot decide, SpecError when a spec names an
+  /// unknown axis, has more entries than the rank, or does not divide (naming path, shape, axes).
+  Tree<MaybeSharding> match(const RuleTree& rules, const Tree<TensorSpec>& data) const;
+
+  /// As match, with the report: every leaf's spec, shard shape, bytes and deciding rule; bytes
+  /// per device; rule entries that matched nothing; leaves that fell through. Throws as match.
+  PlanReport plan(const RuleTree& rules, const Tree<TensorSpec>& data) const;
+
+  /// Every entry tried on the leaf at `path` and which one decided. Throws TreeError when no
+  /// leaf has that path.
+  std::vector<ExplainStep> explain(const RuleTree& rules, const Tree<TensorSpec>& data,
+                                   std::string_view path) const;
+
+ private:
+  Mesh mesh_;
+};
+
+}  // namespace shardplan

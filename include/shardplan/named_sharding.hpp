@@ -1,0 +1,74 @@
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardplan/mesh.hpp"
+#include "shardplan/partition_spec.hpp"
+#include "shardplan/shape.hpp"
+
+namespace shardplan {
+
+/// The part of one dimension a device holds: [start, start + size).
+struct DimSlice {
+  std::int64_t start = 0;
+  std::int64_t size = 0;
+  friend bool operator==(const DimSlice&, const DimSlice&) = default;
+};
+
+/// A device's block of a global array: one DimSlice per dimension.
+using Block = std::vector<DimSlice>;
+
+/// A mesh plus a PartitionSpec, as jax.sharding.NamedSharding: says which block of a global array
+/// each device holds. A plain value type.
+class NamedSharding {
+ public:
+  /// Throws SpecError for an unknown axis or an axis used twice (the rank is checked later).
+  NamedSharding(Mesh mesh, PartitionSpec spec);
+
+  const Mesh& mesh() const { return mesh_; }
+  const PartitionSpec& spec() const { return spec_; }
+
+  /// Number of blocks dimension `dim` is cut into (the product of its axes' sizes).
+  std::int64_t num_shards(int dim) const;
+  /// The shape of each device's block. Throws SpecError when the spec has more entries than the
+  /// shape's rank, or a dimension does not divide; the message names `path`, the shape, the
+  /// dimension, the axes and their sizes.
+  Shape shard_shape(const Shape& global, std::string_view path = {}) const;
+  /// Bytes each device holds of a tensor of this shape with `element_size`-byte elements.
+  std::int64_t shard_bytes(const Shape& global, std::size_t element_size,
+                           std::string_view path = {}) const;
+  /// The block of each device, indexed by device id. Throws as shard_shape.
+  std::vector<Block> device_blocks(const Shape& global) const;
+  /// Groups of device ids that hold the same block (replicas), each sorted, ordered by the
+  /// first device of the group. Throws as shard_shape.
+  std::vector<std::vector<int>> replica_groups(const Shape& global) const;
+  /// Number of devices holding each block (the mesh size over the number of distinct blocks).
+  std::int64_t replication_factor() const;
+  /// True when both place every element of a rank-`rank` array on the same devices (same mesh,
+  /// and the same specs once padded to `rank` and with size-1 axes dropped).
+  bool is_equivalent_to(const NamedSharding& other, int rank) const;
+  /// A picture of the blocks of a 1-D or 2-D array, each labelled with its devices, like
+  /// jax.debug.visualize_array_sharding. Throws SpecError for other ranks.
+  std::string visualize(const Shape& global) const;
+
+  /// "NamedSharding(mesh=Mesh('x': 4, 'y': 2), spec=PartitionSpec('x', 'y'))".
+  std::string to_string() const;
+
+  friend bool operator==(const NamedSharding&, const NamedSharding&) = default;
+
+ private:
+  // For the device at mesh position `pos`, the index of its block along dimension `dim`.
+  std::int64_t block_index(const std::vector<std::int64_t>& coords, int dim) const;
+
+  Mesh mesh_;
+  PartitionSpec spec_;
+  std::vector<std::vector<int>> axis_ids_;  // per spec entry, the mesh axis indices
+};
+
+std::ostream& operator<<(std::ostream& os, const NamedSharding& sharding);
+
+}  // namespace shardplan

@@ -1,0 +1,87 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "shardplan/mesh.hpp"
+#include "shardplan/partition_spec.hpp"
+#include "shardplan/shape.hpp"
+#include "shardplan/tensor_spec.hpp"
+
+namespace shardplan {
+
+/// How one leaf is sharded, and what decided it.
+struct LeafPlan {
+  std::string path;
+  TensorSpec tensor;
+  /// The spec; nullopt when the rule tree left the leaf Unspecified.
+  std::optional<PartitionSpec> spec;
+  /// Shape of each device's block (the global shape when unspecified).
+  Shape shard_shape;
+  /// Bytes each device holds (0 when unspecified).
+  std::int64_t bytes_per_device = 0;
+  /// The rule-tree leaf that covered this leaf: its index in flatten order and its path.
+  int rule_index = -1;
+  std::string rule_path;
+  /// The rule's name, or "PartitionSpec", "Replicated", "Unspecified".
+  std::string rule;
+  /// The entry of the rule that decided (-1 for none) and the reason.
+  int entry = -1;
+  std::string reason;
+  /// True when a default or catch-all decided.
+  bool fell_through = false;
+
+  friend bool operator==(const LeafPlan&, const LeafPlan&) = default;
+};
+
+/// A rule entry that decided no leaf.
+struct UnmatchedRule {
+  int rule_index = -1;
+  std::string rule_path;
+  std::string rule;
+  int entry = -1;       // -1: the whole rule covered no leaf
+  std::string label;
+  friend bool operator==(const UnmatchedRule&, const UnmatchedRule&) = default;
+};
+
+/// The result of MeshShardingHelper::plan: every leaf's sharding with its reason, and totals.
+/// A plain value type; print it as a table with operator<< or table(), or as JSON with to_json().
+struct PlanReport {
+  Mesh mesh;
+  std::vector<LeafPlan> leaves;
+  /// Bytes held by each device, indexed by device id.
+  std::vector<std::int64_t> device_bytes;
+  /// Bytes of all leaves, unsharded.
+  std::int64_t total_bytes = 0;
+  std::vector<UnmatchedRule> unmatched_rules;
+
+  std::int64_t min_device_bytes() const;
+  std::int64_t max_device_bytes() const;
+  /// Indices into `leaves` of the `n` largest tensors, largest first (ties in path order).
+  std::vector<std::size_t> largest(std::size_t n) const;
+  /// Indices into `leaves` of the leaves a default or catch-all decided.
+  std::vector<std::size_t> fell_through() const;
+  /// The leaf with this path, or nullptr.
+  const LeafPlan* find(std::string_view path) const;
+
+  /// An aligned table (path, shape, dtype, spec, shard shape, bytes per device, rule) followed
+  /// by the summary: bytes per device (min, max), the largest tensors, unmatched rules, leaves
+  /// that fell through.
+  std::string table(std::size_t largest_n = 5) const;
+  /// The JSON form documented in docs/cli.md (mesh, leaves, devices, total_bytes,
+  /// unmatched_rules, fell_through). `indent` < 0 gives one line.
+  std::string to_json(int indent = 2) const;
+
+  friend bool operator==(const PlanReport&, const PlanReport&) = default;
+};
+
+/// "1.50 GiB"-style size.
+std::string format_bytes(std::int64_t bytes);
+
+std::ostream& operator<<(std::ostream& os, const PlanReport& report);
+
+}  // namespace shardplan

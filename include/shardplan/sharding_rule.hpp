@@ -1,0 +1,78 @@
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "shardplan/mesh.hpp"
+#include "shardplan/partition_spec.hpp"
+#include "shardplan/tensor_spec.hpp"
+#include "shardplan/tree.hpp"
+
+namespace shardplan {
+
+/// What a rule sees of one leaf: its path relative to where the rule is applied, its spec, the mesh.
+struct RuleInput {
+  std::string_view path;
+  const TensorSpec& tensor;
+  const Mesh& mesh;
+};
+
+/// What a rule decided for one leaf, and why.
+struct RuleDecision {
+  PartitionSpec spec;
+  /// Index of the rule's entry that decided (e.g. the regex), or -1 for a built-in default
+  /// (a scalar replicated, a tensor below FSDP's min_size).
+  int entry = -1;
+  /// A short reason: "regex 'mlp/up_proj' matched", "below min_size 1048576".
+  std::string reason;
+  /// True when no specific entry matched and a catch-all or default decided.
+  bool fell_through = false;
+};
+
+/// One step of an explanation: an entry tried on a leaf and whether it decided.
+struct RuleStep {
+  int entry = -1;
+  std::string description;
+  bool decided = false;
+};
+
+/// The interface of every sharding rule: maps a leaf to a PartitionSpec. The built-in rules in
+/// rules/ use only this interface; a user's rule looks exactly like them. Implementations must be
+/// thread-safe for concurrent apply() calls (they are immutable once built).
+class ShardingRule {
+ public:
+  virtual ~ShardingRule() = default;
+  /// The spec of one leaf. Throws RuleError naming the path when the rule cannot decide.
+  virtual RuleDecision apply(const RuleInput& in) const = 0;
+  /// The rule's name for reports: "FSDPShardingRule(axis=fsdp, min_size=1048576)".
+  virtual std::string name() const = 0;
+  /// Labels of the rule's entries, indexed like RuleDecision::entry (empty when it has none);
+  /// the planner reports entries that decided no leaf.
+  virtual std::vector<std::string> entry_labels() const { return {}; }
+  /// Every entry tried on a leaf, in order, and which one decided. The default reports apply().
+  virtual std::vector<RuleStep> explain(const RuleInput& in) const;
+};
+
+using RulePtr = std::shared_ptr<const ShardingRule>;
+
+/// Rule-tree marker: every leaf below is replicated.
+struct Replicated {
+  friend bool operator==(Replicated, Replicated) { return true; }
+};
+/// Rule-tree marker: the sharding is left to propagation (sjit) or reported as unspecified.
+struct Unspecified {
+  friend bool operator==(Unspecified, Unspecified) { return true; }
+};
+
+/// A leaf of a rule tree: a rule, a spec for every leaf below, or a marker.
+using RuleLeaf = std::variant<RulePtr, PartitionSpec, Replicated, Unspecified>;
+/// A rule tree: a prefix of the data tree, each of its leaves covering the subtree below it.
+using RuleTree = Tree<RuleLeaf>;
+
+std::ostream& operator<<(std::ostream& os, const RuleLeaf& leaf);
+
+}  // namespace shardplan

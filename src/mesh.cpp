@@ -1,0 +1,179 @@
+#include "shardplan/mesh.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "shardplan/error.hpp"
+
+namespace shardplan {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  while (true) {
+    std::size_t pos = s.find(sep, start);
+    out.push_back(trim(s.substr(start, pos - start)));
+    if (pos == std::string_view::npos) break;
+    start = pos + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count) {
+  init(std::move(axes), device_count);
+  devices_.resize(static_cast<std::size_t>(device_count));
+  for (std::size_t i = 0; i < devices_.size(); ++i) devices_[i] = static_cast<int>(i);
+  positions_.assign(devices_.begin(), devices_.end());
+}
+
+Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::vector<int> devices) {
+  init(std::move(axes), static_cast<std::int64_t>(devices.size()));
+  positions_.assign(devices.size(), -1);
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    int d = devices[i];
+    if (d < 0 || static_cast<std::size_t>(d) >= devices.size() || positions_[static_cast<std::size_t>(d)] != -1) {
+      throw SpecError(fmt::format(
+          "[mesh] device ids must be a permutation of 0..{}; got [{}] (id {} at position {})",
+          devices.size() - 1, fmt::join(devices, ", "), d, i));
+    }
+    positions_[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(i);
+  }
+  devices_ = std::move(devices);
+}
+
+void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count) {
+  if (device_count < 1) {
+    throw SpecError(fmt::format("[mesh] device count must be at least 1, got {}", device_count));
+  }
+  if (axes.empty()) throw SpecError("[mesh] a mesh needs at least one axis");
+  int infer = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    const auto& [name, size] = axes[i];
+    if (name.empty()) throw SpecError(fmt::format("[mesh] axis {} has an empty name", i));
+    for (std::size_t j = 0; j < i; ++j) {
+      if (axes[j].first == name) {
+        throw SpecError(fmt::format("[mesh] duplicate axis name '{}' (axes {} and {})", name, j, i));
+      }
+    }
+    if (size == -1) {
+      if (infer >= 0) {
+        throw SpecError(fmt::format("[mesh] only one axis may be -1; '{}' and '{}' both are",
+                                    axes[static_cast<std::size_t>(infer)].first, name));
+      }
+      infer = static_cast<int>(i);
+    } else if (size <= 0) {
+      throw SpecError(fmt::format("[mesh] axis '{}' has size {}; sizes must be positive (or -1 to infer)",
+                                  name, size));
+    } else {
+      known *= size;
+    }
+  }
+  auto describe = [&] {
+    std::vector<std::string> parts;
+    for (const auto& [n, s] : axes) parts.push_back(fmt::format("{}:{}", n, s));
+    return fmt::format("{}", fmt::join(parts, ","));
+  };
+  if (infer >= 0) {
+    if (device_count % known != 0) {
+      throw SpecError(fmt::format(
+          "[mesh] cannot infer axis '{}' of mesh {}: {} devices are not divisible by {}",
+          axes[static_cast<std::size_t>(infer)].first, describe(), device_count, known));
+    }
+    axes[static_cast<std::size_t>(infer)].second = device_count / known;
+  } else if (known != device_count) {
+    throw SpecError(fmt::format("[mesh] axis sizes of mesh {} multiply to {}, not the device count {}",
+                                describe(), known, device_count));
+  }
+  for (auto& [name, size] : axes) {
+    names_.push_back(std::move(name));
+    sizes_.push_back(size);
+  }
+}
+
+Mesh Mesh::parse(std::string_view text, std::int64_t device_count,
+                 const std::vector<std::string>& names) {
+  std::vector<std::pair<std::string, std::int64_t>> axes;
+  auto parts = split(text, ',');
+  if (!names.empty() && names.size() != parts.size()) {
+    throw SpecError(fmt::format("[mesh] '{}' has {} entries but {} axis names were given", text,
+                                parts.size(), names.size()));
+  }
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    std::string_view part = parts[i];
+    std::string name;
+    std::string_view num = part;
+    if (auto colon = part.find(':'); colon != std::string_view::npos) {
+      name = std::string(trim(part.substr(0, colon)));
+      num = trim(part.substr(colon + 1));
+      if (!names.empty() && name != names[i]) {
+        throw SpecError(fmt::format("[mesh] entry {} of '{}' is named '{}' but names[{}] is '{}'", i,
+                                    text, name, i, names[i]));
+      }
+    } else if (!names.empty()) {
+      name = names[i];
+    } else {
+      throw SpecError(fmt::format(
+          "[mesh] entry '{}' of '{}' has no axis name; write 'name:size' or pass axis names", part,
+          text));
+    }
+    std::int64_t size = 0;
+    auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), size);
+    if (num.empty() || ec != std::errc() || ptr != num.data() + num.size()) {
+      throw SpecError(fmt::format("[mesh] size '{}' of axis '{}' in '{}' is not an integer", num,
+                                  name, text));
+    }
+    axes.emplace_back(std::move(name), size);
+  }
+  return Mesh(std::move(axes), device_count);
+}
+
+std::optional<int> Mesh::find_axis(std::string_view name) const {
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return static_cast<int>(i);
+  }
+  return std::nullopt;
+}
+
+int Mesh::axis_index(std::string_view name) const {
+  if (auto i = find_axis(name)) return *i;
+  throw SpecError(fmt::format("[mesh] unknown mesh axis '{}'; the mesh has axes [{}]", name,
+                              fmt::join(names_, ", ")));
+}
+
+std::vector<std::int64_t> Mesh::coords_of_position(std::int64_t position) const {
+  std::vector<std::int64_t> coords(sizes_.size());
+  for (std::size_t i = sizes_.size(); i-- > 0;) {
+    coords[i] = position % sizes_[i];
+    position /= sizes_[i];
+  }
+  return coords;
+}
+
+std::string Mesh::to_string() const {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < names_.size(); ++i) parts.push_back(fmt::format("'{}': {}", names_[i], sizes_[i]));
+  return fmt::format("Mesh({})", fmt::join(parts, ", "));
+}
+
+std::string Mesh::to_spec_string() const {
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < names_.size(); ++i) parts.push_back(fmt::format("{}:{}", names_[i], sizes_[i]));
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
+std::ostream& operator<<(std::ostream& os, const Mesh& mesh) { return os << mesh.to_string(); }
+
+}  // namespace shardplan

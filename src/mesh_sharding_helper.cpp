@@ -1,0 +1,261 @@
+#include "shardplan/mesh_sharding_helper.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "shardplan/error.hpp"
+
+namespace shardplan {
+namespace {
+
+// One rule-tree leaf while planning: what it is and how often each of its entries decided.
+struct RuleSlot {
+  int index = -1;
+  std::string path;
+  const RuleLeaf* leaf = nullptr;  // null for a none node of the rule tree
+  std::string name;
+  std::vector<std::string> labels;
+  std::vector<std::int64_t> entry_hits;
+  std::int64_t leaves = 0;
+};
+
+std::string rule_name(const RuleLeaf* leaf) {
+  if (leaf == nullptr) return "None";
+  if (const auto* r = std::get_if<RulePtr>(leaf)) return *r ? (*r)->name() : "null rule";
+  if (std::holds_alternative<PartitionSpec>(*leaf)) return "PartitionSpec";
+  if (std::holds_alternative<Replicated>(*leaf)) return "Replicated";
+  return "Unspecified";
+}
+
+class Planner {
+ public:
+  Planner(const Mesh& mesh, bool fill_report) : mesh_(mesh), fill_report_(fill_report) {}
+
+  void walk(const RuleTree& rules, const Tree<TensorSpec>& data) {
+    if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
+      throw TreeError("[plan] the rule tree is not a prefix of the data tree: " + m);
+    }
+    std::string path;
+    walk_impl(rules, data, path);
+  }
+
+  std::vector<LeafPlan> leaves;
+  std::vector<MaybeSharding> shardings;
+  std::vector<RuleSlot> slots;
+
+ private:
+  void walk_impl(const RuleTree& rules, const Tree<TensorSpec>& data, std::string& path) {
+    if (rules.is_leaf() || rules.is_none()) {
+      RuleSlot slot;
+      slot.index = rules.is_leaf() ? next_rule_index_++ : -1;
+      slot.path = path;
+      slot.leaf = rules.is_leaf() ? &rules.leaf() : nullptr;
+      slot.name = rule_name(slot.leaf);
+      if (slot.leaf) {
+        if (const auto* r = std::get_if<RulePtr>(slot.leaf); r && *r) slot.labels = (*r)->entry_labels();
+      }
+      slot.entry_hits.assign(slot.labels.size(), 0);
+      slots.push_back(std::move(slot));
+      const std::size_t slot_id = slots.size() - 1;
+      const std::size_t base = path.size();
+      data.for_each_leaf([&](const std::string& rel, const TensorSpec& t) {
+        std::string full = base == 0 ? rel : (rel.empty() ? path.substr(0, base) : path.substr(0, base) + "/" + rel);
+        decide(slots[slot_id], rel, full, t);
+      });
+      return;
+    }
+    const std::size_t base = path.size();
+    for (std::size_t i = 0; i < rules.size(); ++i) {
+      if (base) path += '/';
+      path += rules.segment(i);
+      walk_impl(rules.children()[i], data.children()[i], path);
+      path.resize(base);
+    }
+  }
+
+  void decide(RuleSlot& slot, const std::string& rel, const std::string& full, const TensorSpec& t) {
+    RuleDecision d;
+    bool unspecified = false;
+    auto where = [&] {
+      return fmt::format("rule {} {}{}", slot.index, slot.name,
+                         slot.path.empty() ? "" : fmt::format(" at '{}'", slot.path));
+    };
+    if (slot.leaf == nullptr || std::holds_alternative<Unspecified>(*slot.leaf)) {
+      unspecified = true;
+      d.reason = "left unspecified";
+    } else if (const auto* r = std::get_if<RulePtr>(slot.leaf)) {
+      if (!*r) throw RuleError(fmt::format("[plan] {} is a null rule pointer", where()));
+      try {
+        d = (*r)->apply(RuleInput{rel, t, mesh_});
+      } catch (const RuleError& e) {
+        throw RuleError(fmt::format("{} (leaf '{}', {})", e.what(), full, where()));
+      } catch (const SpecError& e) {
+        throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where()));
+      } catch (const std::exception& e) {
+        throw RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}", where(), full,
+                                    t.shape.to_string(), e.what()));
+      }
+      if (d.entry >= 0 && static_cast<std::size_t>(d.entry) < slot.entry_hits.size()) {
+        ++slot.entry_hits[static_cast<std::size_t>(d.entry)];
+      }
+    } else if (const auto* p = std::get_if<PartitionSpec>(slot.leaf)) {
+      d.spec = *p;
+      d.reason = "spec";
+    } else {
+      d.reason = "replicated";
+    }
+    ++slot.leaves;
+
+    MaybeSharding sharding;
+    Shape shard = t.shape;
+    std::int64_t bytes = 0;
+    if (!unspecified) {
+      const NamedSharding& ns = sharding_for(d.spec, full, where);
+      try {
+        d.spec.validate(mesh_, t.shape.rank(), full);
+        shard = ns.shard_shape(t.shape, full);
+      } catch (const SpecError& e) {
+        throw SpecError(fmt::format("{}; {}{}", e.what(), where(),
+                                    d.reason.empty() ? "" : fmt::format(" ({})", d.reason)));
+      }
+      bytes = shard.numel() * static_cast<std::int64_t>(size_of(t.dtype));
+      sharding = ns;
+    }
+    shardings.push_back(std::move(sharding));
+    if (!fill_report_) return;
+    LeafPlan lp;
+    lp.path = full;
+    lp.tensor = t;
+    if (!unspecified) lp.spec = d.spec;
+    lp.shard_shape = std::move(shard);
+    lp.bytes_per_device = bytes;
+    lp.rule_index = slot.index;
+    lp.rule_path = slot.path;
+    lp.rule = slot.name;
+    lp.entry = d.entry;
+    lp.reason = std::move(d.reason);
+    lp.fell_through = d.fell_through;
+    leaves.push_back(std::move(lp));
+  }
+
+  // Shardings are shared between leaves with the same spec: building one copies the mesh.
+  template <class Where>
+  const NamedSharding& sharding_for(const PartitionSpec& spec, const std::string& full, Where&& where) {
+    for (const auto& ns : cache_) {
+      if (ns.spec() == spec) return ns;
+    }
+    try {
+      cache_.emplace_back(mesh_, spec);
+    } catch (const SpecError& e) {
+      throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where()));
+    }
+    return cache_.back();
+  }
+
+  const Mesh& mesh_;
+  bool fill_report_;
+  int next_rule_index_ = 0;
+  std::vector<NamedSharding> cache_;
+};
+
+}  // namespace
+
+Tree<MaybeSharding> MeshShardingHelper::match(const RuleTree& rules,
+                                              const Tree<TensorSpec>& data) const {
+  Planner p(mesh_, false);
+  p.walk(rules, data);
+  return data.unflatten(std::move(p.shardings));
+}
+
+PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec>& data) const {
+  Planner p(mesh_, true);
+  p.walk(rules, data);
+  PlanReport report{mesh_, std::move(p.leaves), {}, 0, {}};
+  std::int64_t per_device = 0;
+  for (const auto& l : report.leaves) {
+    per_device += l.bytes_per_device;
+    report.total_bytes += l.tensor.bytes();
+  }
+  report.device_bytes.assign(static_cast<std::size_t>(mesh_.size()), per_device);
+  for (const auto& s : p.slots) {
+    if (s.leaves == 0) {
+      report.unmatched_rules.push_back({s.index, s.path, s.name, -1, "covers no leaf"});
+      continue;
+    }
+    for (std::size_t e = 0; e < s.entry_hits.size(); ++e) {
+      if (s.entry_hits[e] == 0) {
+        report.unmatched_rules.push_back({s.index, s.path, s.name, static_cast<int>(e), s.labels[e]});
+      }
+    }
+  }
+  return report;
+}
+
+std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
+                                                     const Tree<TensorSpec>& data,
+                                                     std::string_view path) const {
+  if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
+    throw TreeError("[explain] the rule tree is not a prefix of the data tree: " + m);
+  }
+  // Descend the rule tree along the path to the rule leaf that covers it.
+  const RuleTree* r = &rules;
+  const Tree<TensorSpec>* d = &data;
+  std::string rule_path;
+  std::vector<std::string> keys = split_path(path);
+  std::size_t k = 0;
+  int rule_index = 0;
+  // The rule index is the count of rule leaves before the covering one in flatten order.
+  auto count_leaves_before = [](const RuleTree& node, std::size_t child) {
+    int n = 0;
+    for (std::size_t i = 0; i < child; ++i) n += static_cast<int>(node.children()[i].num_leaves());
+    return n;
+  };
+  while (!(r->is_leaf() || r->is_none())) {
+    if (k >= keys.size()) {
+      throw TreeError(fmt::format("[explain] '{}' is not a leaf of the tree", path));
+    }
+    std::size_t idx = 0;
+    if (d->is_list()) {
+      try {
+        idx = std::stoul(keys[k]);
+      } catch (const std::exception&) {
+        idx = d->size();
+      }
+    } else {
+      auto it = std::find(d->keys().begin(), d->keys().end(), keys[k]);
+      idx = static_cast<std::size_t>(it - d->keys().begin());
+    }
+    if (idx >= d->size()) throw TreeError(fmt::format("[explain] no leaf '{}' in the tree", path));
+    rule_index += count_leaves_before(*r, idx);
+    rule_path = join_path(rule_path, d->segment(idx));
+    r = &r->children()[idx];
+    d = &d->children()[idx];
+    ++k;
+  }
+  std::string rel;
+  for (std::size_t i = k; i < keys.size(); ++i) rel = join_path(rel, escape_key(keys[i]));
+  const Tree<TensorSpec>& leaf = d->at_path(rel);
+  if (!leaf.is_leaf()) throw TreeError(fmt::format("[explain] '{}' is not a leaf of the tree", path));
+  const RuleLeaf* rl = r->is_leaf() ? &r->leaf() : nullptr;
+  std::string name = rule_name(rl);
+  if (!r->is_leaf()) rule_index = -1;
+  std::vector<ExplainStep> out;
+  if (rl != nullptr) {
+    if (const auto* rule = std::get_if<RulePtr>(rl); rule && *rule) {
+      for (auto& s : (*rule)->explain(RuleInput{rel, leaf.leaf(), mesh_})) {
+        out.push_back({rule_index, name, std::move(s)});
+      }
+      return out;
+    }
+  }
+  std::string what = rl == nullptr ? "left unspecified" : name;
+  if (rl) {
+    if (const auto* p = std::get_if<PartitionSpec>(rl)) what = "spec " + p->to_string();
+  }
+  out.push_back({rule_index, name, RuleStep{-1, what, true}});
+  return out;
+}
+
+}  // namespace shardplan

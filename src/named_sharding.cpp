@@ -1,0 +1,179 @@
+#include "shardplan/named_sharding.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+
+#include "shardplan/error.hpp"
+
+namespace shardplan {
+
+NamedSharding::NamedSharding(Mesh mesh, PartitionSpec spec)
+    : mesh_(std::move(mesh)), spec_(std::move(spec)) {
+  spec_.validate(mesh_, -1);
+  for (const auto& axes : spec_.dims()) {
+    std::vector<int> ids;
+    for (const auto& a : axes) ids.push_back(mesh_.axis_index(a));
+    axis_ids_.push_back(std::move(ids));
+  }
+}
+
+std::int64_t NamedSharding::num_shards(int dim) const {
+  if (dim < 0 || dim >= spec_.size()) return 1;
+  std::int64_t n = 1;
+  for (int id : axis_ids_[static_cast<std::size_t>(dim)]) n *= mesh_.axis_sizes()[static_cast<std::size_t>(id)];
+  return n;
+}
+
+Shape NamedSharding::shard_shape(const Shape& global, std::string_view path) const {
+  std::string where = path.empty() ? std::string("a tensor") : fmt::format("'{}'", path);
+  if (spec_.size() > global.rank()) {
+    throw SpecError(fmt::format("[plan] {} has {} entries but {} (shape {}) has rank {}",
+                                spec_.to_string(), spec_.size(), where, global.to_string(),
+                                global.rank()));
+  }
+  Shape out = global;
+  for (int d = 0; d < spec_.size(); ++d) {
+    std::int64_t k = num_shards(d);
+    if (k == 1) continue;
+    if (global[d] % k != 0) {
+      const auto& axes = spec_[d];
+      std::vector<std::string> sizes;
+      for (const auto& a : axes) sizes.push_back(fmt::format("'{}' (size {})", a, mesh_.axis_size(a)));
+      throw SpecError(fmt::format(
+          "[plan] dim {} of {} (shape {}) is not divisible by mesh {} {}{}; {} is not a multiple of {}",
+          d, where, global.to_string(), axes.size() == 1 ? "axis" : "axes",
+          fmt::join(sizes, " x "), axes.size() == 1 ? "" : fmt::format(" = {}", k), global[d], k));
+    }
+    out[d] = global[d] / k;
+  }
+  return out;
+}
+
+std::int64_t NamedSharding::shard_bytes(const Shape& global, std::size_t element_size,
+                                        std::string_view path) const {
+  return shard_shape(global, path).numel() * static_cast<std::int64_t>(element_size);
+}
+
+std::int64_t NamedSharding::block_index(const std::vector<std::int64_t>& coords, int dim) const {
+  std::int64_t idx = 0;
+  for (int id : axis_ids_[static_cast<std::size_t>(dim)]) {
+    idx = idx * mesh_.axis_sizes()[static_cast<std::size_t>(id)] + coords[static_cast<std::size_t>(id)];
+  }
+  return idx;
+}
+
+std::vector<Block> NamedSharding::device_blocks(const Shape& global) const {
+  Shape shard = shard_shape(global);
+  std::vector<Block> out(static_cast<std::size_t>(mesh_.size()));
+  for (std::int64_t pos = 0; pos < mesh_.size(); ++pos) {
+    auto coords = mesh_.coords_of_position(pos);
+    Block block(static_cast<std::size_t>(global.rank()));
+    for (int d = 0; d < global.rank(); ++d) {
+      std::int64_t idx = d < spec_.size() ? block_index(coords, d) : 0;
+      block[static_cast<std::size_t>(d)] = DimSlice{idx * shard[d], shard[d]};
+    }
+    out[static_cast<std::size_t>(mesh_.devices()[static_cast<std::size_t>(pos)])] = std::move(block);
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> NamedSharding::replica_groups(const Shape& global) const {
+  auto blocks = device_blocks(global);
+  std::vector<std::vector<int>> groups;
+  std::vector<const Block*> keys;
+  for (std::size_t id = 0; id < blocks.size(); ++id) {
+    auto it = std::find_if(keys.begin(), keys.end(), [&](const Block* b) { return *b == blocks[id]; });
+    if (it == keys.end()) {
+      keys.push_back(&blocks[id]);
+      groups.push_back({static_cast<int>(id)});
+    } else {
+      groups[static_cast<std::size_t>(it - keys.begin())].push_back(static_cast<int>(id));
+    }
+  }
+  return groups;
+}
+
+std::int64_t NamedSharding::replication_factor() const {
+  std::int64_t blocks = 1;
+  for (int d = 0; d < spec_.size(); ++d) blocks *= num_shards(d);
+  return mesh_.size() / blocks;
+}
+
+bool NamedSharding::is_equivalent_to(const NamedSharding& other, int rank) const {
+  if (!(mesh_ == other.mesh_)) return false;
+  auto normal = [&](const PartitionSpec& s) {
+    std::vector<AxisNames> dims(static_cast<std::size_t>(std::max(rank, s.size())));
+    for (int d = 0; d < s.size(); ++d) {
+      for (const auto& a : s[d]) {
+        if (mesh_.axis_size(a) != 1) dims[static_cast<std::size_t>(d)].push_back(a);
+      }
+    }
+    return dims;
+  };
+  return normal(spec_) == normal(other.spec_);
+}
+
+std::string NamedSharding::visualize(const Shape& global) const {
+  if (global.rank() < 1 || global.rank() > 2) {
+    throw SpecError(fmt::format("[visualize] only 1-D and 2-D shapes can be drawn; got shape {}",
+                                global.to_string()));
+  }
+  shard_shape(global);  // validates divisibility
+  const std::int64_t rows = global.rank() == 2 ? num_shards(0) : 1;
+  const std::int64_t cols = global.rank() == 2 ? num_shards(1) : num_shards(0);
+  // Devices of each block, in mesh order.
+  std::vector<std::vector<int>> cell(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t pos = 0; pos < mesh_.size(); ++pos) {
+    auto coords = mesh_.coords_of_position(pos);
+    std::int64_t r = global.rank() == 2 ? block_index(coords, 0) : 0;
+    std::int64_t c = global.rank() == 2 ? (spec_.size() > 1 ? block_index(coords, 1) : 0)
+                                        : (spec_.size() > 0 ? block_index(coords, 0) : 0);
+    if (global.rank() == 2 && spec_.size() == 0) r = 0;
+    cell[static_cast<std::size_t>(r * cols + c)].push_back(mesh_.devices()[static_cast<std::size_t>(pos)]);
+  }
+  std::vector<std::string> labels;
+  std::size_t width = 0;
+  for (auto& devs : cell) {
+    std::sort(devs.begin(), devs.end());
+    labels.push_back(fmt::format("{} {}", devs.size() == 1 ? "device" : "devices", fmt::join(devs, ",")));
+    width = std::max(width, labels.back().size());
+  }
+  width += 4;
+  auto rule = [&](std::string_view left, std::string_view mid, std::string_view right) {
+    std::string line(left);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      for (std::size_t i = 0; i < width; ++i) line += "─";
+      line += c + 1 < cols ? mid : right;
+    }
+    return line + "\n";
+  };
+  auto blank_or = [&](std::int64_t r, bool with_label) {
+    std::string line = "│";
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::string& l = labels[static_cast<std::size_t>(r * cols + c)];
+      std::string text = with_label ? l : "";
+      std::size_t pad = width - text.size();
+      line += std::string(pad / 2, ' ') + text + std::string(pad - pad / 2, ' ') + "│";
+    }
+    return line + "\n";
+  };
+  std::string out = rule("┌", "┬", "┐");
+  for (std::int64_t r = 0; r < rows; ++r) {
+    out += blank_or(r, false);
+    out += blank_or(r, true);
+    out += blank_or(r, false);
+    out += r + 1 < rows ? rule("├", "┼", "┤") : rule("└", "┴", "┘");
+  }
+  return out;
+}
+
+std::string NamedSharding::to_string() const {
+  return fmt::format("NamedSharding(mesh={}, spec={})", mesh_.to_string(), spec_.to_string());
+}
+
+std::ostream& operator<<(std::ostream& os, const NamedSharding& s) { return os << s.to_string(); }
+
+}  // namespace shardplan

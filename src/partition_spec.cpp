@@ -1,0 +1,92 @@
+#include "shardplan/partition_spec.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "shardplan/error.hpp"
+#include "shardplan/mesh.hpp"
+
+namespace shardplan {
+
+PartitionSpec::PartitionSpec(std::initializer_list<DimSharding> dims) {
+  dims_.reserve(dims.size());
+  for (const auto& d : dims) dims_.push_back(d.axes);
+}
+
+const AxisNames& PartitionSpec::operator[](int i) const {
+  static const AxisNames kNone;
+  return i >= 0 && i < size() ? dims_[static_cast<std::size_t>(i)] : kNone;
+}
+
+bool PartitionSpec::is_replicated() const {
+  for (const auto& d : dims_) {
+    if (!d.empty()) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> PartitionSpec::used_axes() const {
+  std::vector<std::string> out;
+  for (const auto& d : dims_) out.insert(out.end(), d.begin(), d.end());
+  return out;
+}
+
+void PartitionSpec::validate(const Mesh& mesh, int rank, std::string_view where) const {
+  std::string at = where.empty() ? std::string() : fmt::format(" for '{}'", where);
+  if (rank >= 0 && size() > rank) {
+    throw SpecError(fmt::format("[spec] {}{} has {} entries but the tensor has rank {}", to_string(),
+                                at, size(), rank));
+  }
+  std::vector<std::string> seen;
+  for (int i = 0; i < size(); ++i) {
+    for (const auto& axis : dims_[static_cast<std::size_t>(i)]) {
+      if (!mesh.has_axis(axis)) {
+        throw SpecError(fmt::format("[spec] {}{}: unknown mesh axis '{}' in dim {}; the mesh has axes [{}]",
+                                    to_string(), at, axis, i, fmt::join(mesh.axis_names(), ", ")));
+      }
+      for (const auto& s : seen) {
+        if (s == axis) {
+          throw SpecError(fmt::format("[spec] {}{}: mesh axis '{}' is used more than once (again in dim {})",
+                                      to_string(), at, axis, i));
+        }
+      }
+      seen.push_back(axis);
+    }
+  }
+}
+
+std::string PartitionSpec::to_string() const {
+  std::vector<std::string> parts;
+  for (const auto& d : dims_) {
+    if (d.empty()) {
+      parts.emplace_back("None");
+    } else if (d.size() == 1) {
+      parts.push_back(fmt::format("'{}'", d[0]));
+    } else {
+      std::vector<std::string> q;
+      for (const auto& a : d) q.push_back(fmt::format("'{}'", a));
+      parts.push_back(fmt::format("({})", fmt::join(q, ", ")));
+    }
+  }
+  return fmt::format("PartitionSpec({})", fmt::join(parts, ", "));
+}
+
+std::string PartitionSpec::to_spec_string() const {
+  std::vector<std::string> parts;
+  for (const auto& d : dims_) {
+    if (d.empty()) {
+      parts.emplace_back("null");
+    } else if (d.size() == 1) {
+      parts.push_back(fmt::format("\"{}\"", d[0]));
+    } else {
+      std::vector<std::string> q;
+      for (const auto& a : d) q.push_back(fmt::format("\"{}\"", a));
+      parts.push_back(fmt::format("[{}]", fmt::join(q, ", ")));
+    }
+  }
+  return fmt::format("[{}]", fmt::join(parts, ", "));
+}
+
+std::ostream& operator<<(std::ostream& os, const PartitionSpec& spec) { return os << spec.to_string(); }
+
+}  // namespace shardplan

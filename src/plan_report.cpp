@@ -1,0 +1,192 @@
+#include "shardplan/plan_report.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+namespace shardplan {
+
+std::string format_bytes(std::int64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", v, kUnits[u]);
+}
+
+std::int64_t PlanReport::min_device_bytes() const {
+  return device_bytes.empty() ? 0 : *std::min_element(device_bytes.begin(), device_bytes.end());
+}
+std::int64_t PlanReport::max_device_bytes() const {
+  return device_bytes.empty() ? 0 : *std::max_element(device_bytes.begin(), device_bytes.end());
+}
+
+std::vector<std::size_t> PlanReport::largest(std::size_t n) const {
+  std::vector<std::size_t> idx(leaves.size());
+  std::iota(idx.begin(), idx.end(), std::size_t{0});
+  n = std::min(n, idx.size());
+  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(n), idx.end(),
+                    [&](std::size_t a, std::size_t b) {
+                      auto ba = leaves[a].tensor.bytes(), bb = leaves[b].tensor.bytes();
+                      return ba != bb ? ba > bb : a < b;
+                    });
+  idx.resize(n);
+  return idx;
+}
+
+std::vector<std::size_t> PlanReport::fell_through() const {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    if (leaves[i].fell_through) out.push_back(i);
+  }
+  return out;
+}
+
+const LeafPlan* PlanReport::find(std::string_view path) const {
+  for (const auto& l : leaves) {
+    if (l.path == path) return &l;
+  }
+  return nullptr;
+}
+
+namespace {
+
+std::string rule_column(const LeafPlan& l) {
+  std::string s = fmt::format("#{} {}", l.rule_index, l.rule);
+  if (l.entry >= 0) s += fmt::format(" [{}]", l.entry);
+  if (!l.reason.empty() && l.reason != "spec" && l.reason != "replicated") s += ": " + l.reason;
+  return s;
+}
+
+nlohmann::json spec_json(const PartitionSpec& spec) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& d : spec.dims()) {
+    if (d.empty()) {
+      out.push_back(nullptr);
+    } else if (d.size() == 1) {
+      out.push_back(d[0]);
+    } else {
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string PlanReport::table(std::size_t largest_n) const {
+  std::vector<std::array<std::string, 7>> rows;
+  rows.push_back({"path", "shape", "dtype", "spec", "shard", "bytes/device", "rule"});
+  for (const auto& l : leaves) {
+    rows.push_back({l.path, l.tensor.shape.to_string(), std::string(name(l.tensor.dtype)),
+                    l.spec ? l.spec->to_spec_string() : "unspecified", l.shard_shape.to_string(),
+                    format_bytes(l.bytes_per_device), rule_column(l)});
+  }
+  std::array<std::size_t, 7> w{};
+  for (const auto& r : rows) {
+    for (std::size_t c = 0; c < 7; ++c) w[c] = std::max(w[c], r[c].size());
+  }
+  std::string out;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    std::string line;
+    for (std::size_t c = 0; c < 7; ++c) {
+      if (c == 5) {
+        line += fmt::format("{:>{}}", r[c], w[c]);
+      } else if (c == 6) {
+        line += r[c];
+      } else {
+        line += fmt::format("{:<{}}", r[c], w[c]);
+      }
+      if (c < 6) line += "  ";
+    }
+    out += line + "\n";
+    if (i == 0) {
+      std::size_t total = 12;
+      for (auto x : w) total += x;
+      out += std::string(std::min<std::size_t>(total, 160), '-') + "\n";
+    }
+  }
+  out += fmt::format("\nmesh {} ({} devices), {} tensors, {} in total\n", mesh.to_spec_string(),
+                     mesh.size(), leaves.size(), format_bytes(total_bytes));
+  out += fmt::format("bytes per device: min {}, max {} ({:.2f}% of the total)\n",
+                     format_bytes(min_device_bytes()), format_bytes(max_device_bytes()),
+                     total_bytes ? 100.0 * static_cast<double>(max_device_bytes()) /
+                                       static_cast<double>(total_bytes)
+                                 : 0.0);
+  auto big = largest(largest_n);
+  if (!big.empty()) {
+    out += "largest tensors:\n";
+    for (auto i : big) {
+      const auto& l = leaves[i];
+      out += fmt::format("  {}  {}  {} -> {} per device\n", l.path, l.tensor.shape.to_string(),
+                         format_bytes(l.tensor.bytes()), format_bytes(l.bytes_per_device));
+    }
+  }
+  if (unmatched_rules.empty()) {
+    out += "unmatched rules: none\n";
+  } else {
+    out += "unmatched rules:\n";
+    for (const auto& u : unmatched_rules) {
+      out += fmt::format("  #{} {}{}: {}\n", u.rule_index, u.rule,
+                         u.entry >= 0 ? fmt::format(" [{}]", u.entry) : "", u.label);
+    }
+  }
+  auto fell = fell_through();
+  out += fmt::format("fell through to a default or catch-all: {}\n", fell.size());
+  for (std::size_t k = 0; k < std::min<std::size_t>(fell.size(), 10); ++k) {
+    out += fmt::format("  {} ({})\n", leaves[fell[k]].path, leaves[fell[k]].reason);
+  }
+  if (fell.size() > 10) out += fmt::format("  ... and {} more\n", fell.size() - 10);
+  return out;
+}
+
+std::string PlanReport::to_json(int indent) const {
+  nlohmann::json j;
+  j["mesh"] = {{"axes", mesh.axis_names()}, {"shape", mesh.axis_sizes()}, {"devices", mesh.devices()}};
+  nlohmann::json ls = nlohmann::json::array();
+  for (const auto& l : leaves) {
+    nlohmann::json o;
+    o["path"] = l.path;
+    o["shape"] = l.tensor.shape.dims();
+    o["dtype"] = std::string(safetensors_name(l.tensor.dtype));
+    o["spec"] = l.spec ? spec_json(*l.spec) : nlohmann::json(nullptr);
+    o["shard_shape"] = l.shard_shape.dims();
+    o["bytes"] = l.tensor.bytes();
+    o["bytes_per_device"] = l.bytes_per_device;
+    o["rule"] = l.rule;
+    o["rule_index"] = l.rule_index;
+    o["rule_path"] = l.rule_path;
+    o["entry"] = l.entry;
+    o["reason"] = l.reason;
+    o["fell_through"] = l.fell_through;
+    ls.push_back(std::move(o));
+  }
+  j["leaves"] = std::move(ls);
+  nlohmann::json devs = nlohmann::json::array();
+  for (std::size_t i = 0; i < device_bytes.size(); ++i) devs.push_back({{"id", i}, {"bytes", device_bytes[i]}});
+  j["devices"] = std::move(devs);
+  j["total_bytes"] = total_bytes;
+  j["bytes_per_device"] = {{"min", min_device_bytes()}, {"max", max_device_bytes()}};
+  nlohmann::json um = nlohmann::json::array();
+  for (const auto& u : unmatched_rules) {
+    um.push_back({{"rule_index", u.rule_index}, {"rule_path", u.rule_path}, {"rule", u.rule},
+                  {"entry", u.entry}, {"label", u.label}});
+  }
+  j["unmatched_rules"] = std::move(um);
+  nlohmann::json ft = nlohmann::json::array();
+  for (auto i : fell_through()) ft.push_back(leaves[i].path);
+  j["fell_through"] = std::move(ft);
+  return j.dump(indent);
+}
+
+std::ostream& operator<<(std::ostream& os, const PlanReport& report) { return os << report.table(); }
+
+}  // namespace shardplan

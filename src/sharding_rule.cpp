@@ -1,0 +1,17 @@
+#include "shardplan/sharding_rule.hpp"
+
+namespace shardplan {
+
+std::vector<RuleStep> ShardingRule::explain(const RuleInput& in) const {
+  RuleDecision d = apply(in);
+  return {RuleStep{d.entry, d.reason + " -> " + d.spec.to_string(), true}};
+}
+
+std::ostream& operator<<(std::ostream& os, const RuleLeaf& leaf) {
+  if (const auto* r = std::get_if<RulePtr>(&leaf)) return os << (*r ? (*r)->name() : "null rule");
+  if (const auto* p = std::get_if<PartitionSpec>(&leaf)) return os << *p;
+  if (std::holds_alternative<Replicated>(leaf)) return os << "Replicated";
+  return os << "Unspecified";
+}
+
+}  // namespace shardplan
