@@ -1,0 +1,134 @@
+#include "shardplan/rules/tree_path_sharding_rule.hpp"
+
+#include <fmt/format.h>
+
+#include <boost/regex.hpp>
+#include <utility>
+
+#include "shardplan/error.hpp"
+
+namespace shardplan {
+
+struct TreePathShardingRule::Impl {
+  std::vector<boost::regex> regexes;
+  /// Entries whose pattern matches the empty string: they match every path (catch-alls).
+  std::vector<bool> catch_all;
+
+  /// Index of the first entry whose regex is found in `path`, or -1.
+  int first_match(std::string_view path) const {
+    const char* begin = path.data();
+    const char* end = begin + path.size();
+    for (std::size_t i = 0; i < regexes.size(); ++i) {
+      if (catch_all[i]) return static_cast<int>(i);
+      if (boost::regex_search(begin, end, regexes[i], boost::match_default)) {
+        return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }
+};
+
+TreePathShardingRule::TreePathShardingRule(std::vector<Entry> entries, bool strict)
+    : entries_(std::move(entries)), strict_(strict) {
+  auto impl = std::make_shared<Impl>();
+  impl->regexes.reserve(entries_.size());
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const std::string& pattern = entries_[i].pattern;
+    try {
+      impl->regexes.emplace_back(pattern, boost::regex::perl);
+    } catch (const boost::regex_error& e) {
+      throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} has a bad regex '{}' at "
+                                  "position {}: {}",
+                                  i, pattern, e.position(), e.what()));
+    }
+    const std::string empty;
+    impl->catch_all.push_back(boost::regex_search(empty, impl->regexes.back()));
+  }
+  impl_ = std::move(impl);
+}
+
+TreePathShardingRule::~TreePathShardingRule() = default;
+
+namespace {
+
+bool is_trivial(const TensorSpec& t) { return t.shape.rank() == 0 || t.shape.numel() == 1; }
+
+}  // namespace
+
+std::optional<RuleDecision> TreePathShardingRule::try_match(const RuleInput& in) const {
+  RuleDecision d;
+  if (is_trivial(in.tensor)) {
+    d.reason = "scalar or one element";
+    return d;
+  }
+  const int index = impl_->first_match(in.path);
+  if (index < 0) return std::nullopt;
+  const auto i = static_cast<std::size_t>(index);
+  d.spec = entries_[i].spec;
+  d.entry = index;
+  d.fell_through = impl_->catch_all[i];
+  d.reason = fmt::format("regex '{}' matched", entries_[i].pattern);
+  return d;
+}
+
+RuleDecision TreePathShardingRule::apply(const RuleInput& in) const {
+  if (auto d = try_match(in)) return std::move(*d);
+  if (strict_) {
+    std::string tried;
+    const std::size_t shown = std::min<std::size_t>(entries_.size(), 5);
+    for (std::size_t i = 0; i < shown; ++i) {
+      tried += fmt::format("{}'{}'", i ? ", " : "", entries_[i].pattern);
+    }
+    if (shown < entries_.size()) tried += fmt::format(", ... ({} in all)", entries_.size());
+    if (entries_.empty()) tried = "none";
+    throw RuleError(fmt::format(
+        "[rule] no rule of TreePathShardingRule matches '{}' (shape {}); rules tried: {}",
+        in.path, in.tensor.shape.to_string(), tried));
+  }
+  RuleDecision d;
+  d.reason = "no rule matched (not strict: replicated)";
+  d.fell_through = true;
+  return d;
+}
+
+std::string TreePathShardingRule::name() const {
+  return fmt::format("TreePathShardingRule({} rules, {})", entries_.size(),
+                     strict_ ? "strict" : "not strict");
+}
+
+std::vector<std::string> TreePathShardingRule::entry_labels() const {
+  std::vector<std::string> labels;
+  labels.reserve(entries_.size());
+  for (const Entry& e : entries_) labels.push_back(e.pattern);
+  return labels;
+}
+
+std::vector<RuleStep> TreePathShardingRule::explain(const RuleInput& in) const {
+  std::vector<RuleStep> steps;
+  if (is_trivial(in.tensor)) {
+    steps.push_back({-1, fmt::format("shape {} is a scalar or has one element: replicated",
+                                     in.tensor.shape.to_string()),
+                     true});
+    return steps;
+  }
+  const std::string path(in.path);
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const int index = static_cast<int>(i);
+    if (boost::regex_search(path, impl_->regexes[i])) {
+      steps.push_back({index,
+                       fmt::format("rule {} '{}': matched -> {}{}", i, entries_[i].pattern,
+                                   entries_[i].spec.to_string(),
+                                   impl_->catch_all[i] ? " (catch-all)" : ""),
+                       true});
+      return steps;
+    }
+    steps.push_back({index, fmt::format("rule {} '{}': no match", i, entries_[i].pattern), false});
+  }
+  steps.push_back({-1,
+                   strict_ ? std::string("no rule matched: error (strict)")
+                           : std::string("no rule matched: replicated (not strict)"),
+                   !strict_});
+  return steps;
+}
+
+}  // namespace shardplan
