@@ -1,5 +1,6 @@
 # Writes OUT: a C++ source that defines shardplan::detail::embedded_presets(), the name and text of
 # every file in FILES. Run with `cmake -P` at build time so that edits to a preset re-embed it.
+string(REPLACE "|" ";" FILES "${FILES}")
 set(arrays "")
 set(table "")
 set(i 0)

@@ -59,9 +59,11 @@ const LeafPlan* PlanReport::find(std::string_view path) const {
 namespace {
 
 std::string rule_column(const LeafPlan& l) {
-  std::string s = fmt::format("#{} {}", l.rule_index, l.rule);
-  if (l.entry >= 0) s += fmt::format(" [{}]", l.entry);
-  if (!l.reason.empty() && l.reason != "spec" && l.reason != "replicated") s += ": " + l.reason;
+  // The rule itself is named once in the legend under the table; a row says which rule (#i),
+  // which of its entries ([e]) and why.
+  std::string s = fmt::format("#{}", l.rule_index);
+  if (l.entry >= 0) s += fmt::format("[{}]", l.entry);
+  s += " " + (l.reason.empty() ? l.rule : l.reason);
   return s;
 }
 
@@ -114,7 +116,20 @@ std::string PlanReport::table(std::size_t largest_n) const {
       out += std::string(std::min<std::size_t>(total, 160), '-') + "\n";
     }
   }
-  out += fmt::format("\nmesh {} ({} devices), {} tensors, {} in total\n", mesh.to_spec_string(),
+  std::vector<const LeafPlan*> legend;
+  for (const auto& l : leaves) {
+    if (std::none_of(legend.begin(), legend.end(),
+                     [&](const LeafPlan* p) { return p->rule_index == l.rule_index; })) {
+      legend.push_back(&l);
+    }
+  }
+  std::sort(legend.begin(), legend.end(),
+            [](const LeafPlan* a, const LeafPlan* b) { return a->rule_index < b->rule_index; });
+  out += "\nrules:\n";
+  for (const LeafPlan* l : legend) {
+    out += fmt::format("  #{} at '{}': {}\n", l->rule_index, l->rule_path, l->rule);
+  }
+  out += fmt::format("mesh {} ({} devices), {} tensors, {} in total\n", mesh.to_spec_string(),
                      mesh.size(), leaves.size(), format_bytes(total_bytes));
   out += fmt::format("bytes per device: min {}, max {} ({:.2f}% of the total)\n",
                      format_bytes(min_device_bytes()), format_bytes(max_device_bytes()),

@@ -1,2 +1,256 @@
+// The `shardplan` command: plans checkpoints against rule files, draws shardings, lists presets.
+// Exit codes: 0 success, 1 the plan (or its input) failed, 2 bad usage.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <filesystem>
 #include <iostream>
-int main() { std::cout << "shardplan: not yet\n"; return 0; }
+#include <optional>
+#include <string>
+
+#include "example_model.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/model_loader.hpp"
+#include "shardplan/named_sharding.hpp"
+#include "shardplan/rule_file.hpp"
+
+namespace {
+
+using namespace shardplan;
+
+constexpr int kOk = 0;
+constexpr int kFailed = 1;
+constexpr int kUsage = 2;
+constexpr const char* kDefaultPreset = "llama_fsdp_tp";
+constexpr const char* kDefaultMesh = "fsdp:-1,tp:2";
+
+/// Bad usage found after parsing (a file that does not exist, an unknown preset).
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct PlanOptions {
+  std::string model;
+  std::string mesh;
+  std::int64_t devices = 8;
+  std::string rules;
+  bool json = false;
+  std::string explain;
+  int largest = 5;
+};
+
+RuleFile load_rules(const std::string& rules) {
+  if (rules.empty()) return load_preset(kDefaultPreset);
+  if (rules.rfind("preset:", 0) == 0) {
+    const std::string name = rules.substr(7);
+    try {
+      preset_text(name);
+    } catch (const IoError& e) {
+      throw UsageError(e.what());
+    }
+    return load_preset(name);
+  }
+  if (!std::filesystem::exists(rules)) {
+    throw UsageError(fmt::format("--rules: no such file '{}' (use preset:NAME for a built-in "
+                                 "preset; `shardplan presets` lists them)",
+                                 rules));
+  }
+  return load_rule_file(rules);
+}
+
+Tree<TensorSpec> load_data(const std::string& model) {
+  if (model.empty()) return tree_from_names(cli::llama2_7b_tensors());
+  if (!std::filesystem::exists(model)) {
+    throw UsageError(fmt::format("--model: no such file '{}'", model));
+  }
+  return load_model(model);
+}
+
+int run_plan(const PlanOptions& o) {
+  const RuleFile file = load_rules(o.rules);
+  const Tree<TensorSpec> data = load_data(o.model);
+  const std::string mesh_text = !o.mesh.empty() ? o.mesh : file.mesh.value_or(kDefaultMesh);
+  MeshShardingHelper helper(Mesh::parse(mesh_text, o.devices));
+  const RuleTree rules(file.make_rule());
+  if (!o.explain.empty()) {
+    const auto steps = helper.explain(rules, data, o.explain);
+    std::cout << fmt::format("{} on mesh {}:\n", o.explain, helper.mesh().to_string());
+    for (const ExplainStep& s : steps) {
+      std::cout << fmt::format("  {} {}\n", s.step.decided ? "=>" : "  ", s.step.description);
+    }
+    const PlanReport report = helper.plan(rules, data);
+    if (const LeafPlan* leaf = report.find(o.explain)) {
+      std::cout << fmt::format("  spec {} shard {} ({} per device)\n", leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
+                               leaf->shard_shape.to_string(), format_bytes(leaf->bytes_per_device));
+    }
+    return kOk;
+  }
+  const PlanReport report = helper.plan(rules, data);
+  if (o.json) {
+    std::cout << report.to_json() << "\n";
+  } else {
+    std::cout << fmt::format("model {}, rules {}, mesh {}\n\n",
+                             o.model.empty() ? "LLaMA-2-7B (embedded example)" : o.model,
+                             file.source, helper.mesh().to_string());
+    std::cout << report.table(static_cast<std::size_t>(o.largest));
+  }
+  return kOk;
+}
+
+struct VisualizeOptions {
+  std::string shape;
+  std::string mesh;
+  std::int64_t devices = 0;
+  std::string spec;
+};
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto stop = text.find(sep, start);
+    out.push_back(text.substr(start, stop == std::string::npos ? std::string::npos : stop - start));
+    if (stop == std::string::npos) return out;
+    start = stop + 1;
+  }
+}
+
+int run_visualize(const VisualizeOptions& o) {
+  std::vector<std::int64_t> dims;
+  for (const std::string& d : split(o.shape, ',')) {
+    std::size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(d, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != d.size() || v < 0) {
+      throw UsageError(fmt::format("--shape: '{}' is not a list of non-negative integers like "
+                                   "8192,8192",
+                                   o.shape));
+    }
+    dims.push_back(v);
+  }
+  std::int64_t devices = o.devices;
+  if (devices <= 0) {
+    // Without --devices the mesh must give every size: the product of "x:4,y:2".
+    devices = 1;
+    for (const std::string& entry : split(o.mesh, ',')) {
+      const auto colon = entry.find(':');
+      const std::string size = colon == std::string::npos ? entry : entry.substr(colon + 1);
+      std::int64_t v = 0;
+      try {
+        v = std::stoll(size);
+      } catch (const std::exception&) {
+        v = 0;
+      }
+      if (v <= 0) {
+        throw UsageError(fmt::format("--mesh '{}': give every axis size, or --devices to infer a "
+                                     "-1",
+                                     o.mesh));
+      }
+      devices *= v;
+    }
+  }
+  const Mesh mesh = Mesh::parse(o.mesh, devices);
+  std::vector<AxisNames> spec_dims;
+  if (!o.spec.empty()) {
+    for (const std::string& entry : split(o.spec, ',')) {
+      if (entry == "none" || entry == "-" || entry.empty()) {
+        spec_dims.emplace_back();
+      } else {
+        spec_dims.push_back(split(entry, '+'));
+      }
+    }
+  }
+  const Shape shape(dims);
+  const NamedSharding sharding(mesh, PartitionSpec(spec_dims));
+  sharding.shard_shape(shape);  // validates: the spec fits the rank and every dimension divides
+  std::cout << sharding.visualize(shape);
+  return kOk;
+}
+
+int run_presets() {
+  for (const std::string& name : preset_names()) {
+    const RuleFile f = load_preset(name);
+    std::cout << fmt::format("{:<20} mesh {:<14} {} rules{}\n", name, f.mesh.value_or("-"),
+                             f.rules.size(), f.fsdp_fallback ? " + fsdp_fallback" : "");
+  }
+  return kOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "shardplan: plans how every tensor of a model is split over a device mesh.\n"
+      "Examples:\n"
+      "  shardplan plan                                   # LLaMA-2-7B, preset llama_fsdp_tp, 8 devices\n"
+      "  shardplan plan --model model.safetensors.index.json --rules rules/presets/llama_fsdp_tp.yaml "
+      "--mesh fsdp:4,tp:2\n"
+      "  shardplan visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y\n"
+      "  shardplan presets",
+      "shardplan"};
+  app.require_subcommand(1);
+
+  PlanOptions plan;
+  CLI::App* plan_cmd = app.add_subcommand("plan", "Plan a model against a rule file and report it");
+  plan_cmd->add_option("--model,-m", plan.model,
+                       "A .safetensors file (only its header is read), a *.safetensors.index.json "
+                       "of a sharded checkpoint, or a JSON model description "
+                       "{\"name\": {\"shape\": [..], \"dtype\": \"BF16\"}}. "
+                       "Default: an embedded LLaMA-2-7B. Example: --model model.safetensors");
+  plan_cmd->add_option("--mesh", plan.mesh,
+                       "Mesh axes as name:size, one size may be -1 (inferred from --devices). "
+                       "Default: the rule file's mesh, else fsdp:-1,tp:2. Example: --mesh fsdp:4,tp:2");
+  plan_cmd->add_option("--devices,-n", plan.devices, "Number of devices. Example: --devices 8")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  plan_cmd->add_option("--rules,-r", plan.rules,
+                       "A YAML rule file, or preset:NAME for a built-in preset (see `shardplan "
+                       "presets`). Default: preset:llama_fsdp_tp. Example: --rules preset:llama_fsdp");
+  plan_cmd->add_flag("--json", plan.json, "Print the plan as JSON (schema in docs/cli.md)");
+  plan_cmd->add_option("--explain", plan.explain,
+                       "Show every rule tried on one tensor path and which one decided. Example: "
+                       "--explain model/layers/0/mlp/down_proj/weight");
+  plan_cmd->add_option("--largest", plan.largest, "How many of the largest tensors to list")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+
+  VisualizeOptions vis;
+  CLI::App* vis_cmd = app.add_subcommand(
+      "visualize", "Draw which device holds which block of a 1-D or 2-D array");
+  vis_cmd->add_option("--shape", vis.shape, "Global shape. Example: --shape 8192,8192")->required();
+  vis_cmd->add_option("--mesh", vis.mesh, "Mesh. Example: --mesh x:4,y:2")->required();
+  vis_cmd->add_option("--devices,-n", vis.devices,
+                      "Number of devices (needed only when the mesh has a -1)");
+  vis_cmd->add_option("--spec", vis.spec,
+                      "One entry per dimension: an axis, none (or -) for not sharded, x+y for "
+                      "both axes. Example: --spec x,y  or  --spec x+y,none");
+
+  app.add_subcommand("presets", "List the built-in rule presets");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kOk : kUsage;
+  }
+  try {
+    if (plan_cmd->parsed()) return run_plan(plan);
+    if (vis_cmd->parsed()) return run_visualize(vis);
+    return run_presets();
+  } catch (const UsageError& e) {
+    std::cerr << "shardplan: " << e.what() << "\n";
+    return kUsage;
+  } catch (const shardplan::Error& e) {
+    std::cerr << "shardplan: " << e.what() << "\n";
+    return kFailed;
+  } catch (const std::exception& e) {
+    std::cerr << "shardplan: internal error: " << e.what() << "\n";
+    return kFailed;
+  }
+}
