@@ -236,7 +236,13 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
   }
   std::string rel;
   for (std::size_t i = k; i < keys.size(); ++i) rel = join_path(rel, escape_key(keys[i]));
-  const Tree<TensorSpec>& leaf = d->at_path(rel);
+  const Tree<TensorSpec>* found = nullptr;
+  try {
+    found = &d->at_path(rel);
+  } catch (const TreeError& e) {
+    throw TreeError(fmt::format("[explain] no leaf '{}' in the tree: {}", path, e.what()));
+  }
+  const Tree<TensorSpec>& leaf = *found;
   if (!leaf.is_leaf()) throw TreeError(fmt::format("[explain] '{}' is not a leaf of the tree", path));
   const RuleLeaf* rl = r->is_leaf() ? &r->leaf() : nullptr;
   std::string name = rule_name(rl);
