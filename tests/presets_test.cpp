@@ -200,7 +200,7 @@ TEST(Presets, MixtralStackedExpertsGoWholeToEp) {
 TEST(Presets, Gpt2ShardsConv1DWeightsTheOtherWayRound) {
   const PlanReport r = plan_preset("gpt2", gpt2());
   // attn/bias is the causal-mask buffer older checkpoints carry: a constant, kept replicated.
-  expect_large_split_eight_ways(r, "attn/bias");
+  expect_large_split_eight_ways(r, "/attn/bias");
   EXPECT_EQ(*r.find("h/0/attn/c_attn/weight")->spec, P("fsdp", "tp"));
   EXPECT_EQ(*r.find("h/0/mlp/c_proj/weight")->spec, P("tp", "fsdp"));
   EXPECT_EQ(r.find("h/0/mlp/c_fc/weight")->shard_shape, Shape({192, 1536}));
