@@ -1,0 +1,202 @@
+// The `shardplan` command, run as a user runs it: exit codes, text and JSON output.
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "shardplan/safetensors.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           fmt::format("shardplan_cli_test_{}_{}", ::getpid(),
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result run(const std::string& args) const {
+    const fs::path err = dir_ / "stderr.txt";
+    const std::string cmd = fmt::format("'{}' {} 2>'{}'", SHARDPLAN_CLI, args, err.string());
+    Result r;
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return r;
+    char buf[4096];
+    std::size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+    const int status = ::pclose(pipe);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(err);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    r.err = ss.str();
+    return r;
+  }
+
+  /// A LLaMA-shaped checkpoint header (the data section is sparse zeros).
+  fs::path llama_checkpoint(int layers) const {
+    std::vector<std::pair<std::string, TensorSpec>> t;
+    const DType bf16 = DType::kBF16;
+    t.push_back({"model.embed_tokens.weight", {Shape{32000, 4096}, bf16}});
+    for (int l = 0; l < layers; ++l) {
+      const std::string p = fmt::format("model.layers.{}.", l);
+      for (const char* w : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+        t.push_back({p + "self_attn." + w + ".weight", {Shape{4096, 4096}, bf16}});
+      }
+      t.push_back({p + "mlp.gate_proj.weight", {Shape{11008, 4096}, bf16}});
+      t.push_back({p + "mlp.up_proj.weight", {Shape{11008, 4096}, bf16}});
+      t.push_back({p + "mlp.down_proj.weight", {Shape{4096, 11008}, bf16}});
+      t.push_back({p + "input_layernorm.weight", {Shape{4096}, bf16}});
+      t.push_back({p + "post_attention_layernorm.weight", {Shape{4096}, bf16}});
+    }
+    t.push_back({"model.norm.weight", {Shape{4096}, bf16}});
+    t.push_back({"lm_head.weight", {Shape{32000, 4096}, bf16}});
+    const fs::path file = dir_ / "model.safetensors";
+    write_safetensors_skeleton(file, t);
+    return file;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CliTest, DemoPlansTheEmbeddedModel) {
+  const Result r = run("plan");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("model/layers/31/mlp/down_proj/weight"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("fsdp:4,tp:2 (8 devices)"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("bytes per device"));
+}
+
+TEST_F(CliTest, JsonHasTheDocumentedSchemaAndSplitsLargeWeightsEightWays) {
+  const Result r = run("plan --json --mesh fsdp:4,tp:2 --devices 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["mesh"]["axes"], (nlohmann::json{"fsdp", "tp"}));
+  EXPECT_EQ(j["mesh"]["shape"], (nlohmann::json{4, 2}));
+  ASSERT_EQ(j["leaves"].size(), 2u + 32u * 9u + 1u);
+  for (const auto& leaf : j["leaves"]) {
+    for (const char* f : {"path", "shape", "dtype", "spec", "shard_shape", "bytes_per_device", "rule"}) {
+      ASSERT_TRUE(leaf.contains(f)) << f;
+    }
+    std::int64_t numel = 1;
+    for (const auto& d : leaf["shape"]) numel *= d.get<std::int64_t>();
+    if (numel >= (1 << 20)) {
+      EXPECT_EQ(leaf["bytes_per_device"].get<std::int64_t>() * 8, numel * 2) << leaf["path"];
+    }
+  }
+  ASSERT_EQ(j["devices"].size(), 8u);
+  EXPECT_EQ(j["devices"][7]["id"], 7);
+  EXPECT_TRUE(j.contains("total_bytes"));
+  EXPECT_TRUE(j.contains("unmatched_rules"));
+}
+
+TEST_F(CliTest, PlansASafetensorsCheckpointWithThePresetFile) {
+  const fs::path model = llama_checkpoint(2);
+  const std::string preset = std::string(SHARDPLAN_SOURCE_DIR) + "/rules/presets/llama_fsdp_tp.yaml";
+  const Result r = run(fmt::format("plan --model '{}' --rules '{}' --mesh fsdp:4,tp:2 --devices 8 --json",
+                                model.string(), preset));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  int large = 0;
+  for (const auto& leaf : j["leaves"]) {
+    if (leaf["shape"].size() != 2) continue;
+    ++large;
+    // Both axes appear in the spec, and each device holds an eighth.
+    const std::string spec = leaf["spec"].dump();
+    EXPECT_THAT(spec, ::testing::HasSubstr("\"fsdp\"")) << leaf["path"];
+    EXPECT_THAT(spec, ::testing::HasSubstr("\"tp\"")) << leaf["path"];
+    const std::int64_t bytes = leaf["shape"][0].get<std::int64_t>() * leaf["shape"][1].get<std::int64_t>() * 2;
+    EXPECT_EQ(leaf["bytes_per_device"].get<std::int64_t>(), bytes / 8) << leaf["path"];
+  }
+  EXPECT_EQ(large, 2 + 2 * 7);
+}
+
+TEST_F(CliTest, ExplainShowsEveryRuleTried) {
+  const Result r = run("plan --explain model/layers/0/mlp/down_proj/weight");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("rule 0 'embed_tokens/weight$': no match"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("=> rule 5 'mlp/down_proj/weight$': matched"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("[1024, 5504]"));
+}
+
+TEST_F(CliTest, PlanFailuresExitOneNamingPathShapeAndAxis) {
+  const Result r = run("plan --mesh fsdp:3,tp:2 --devices 6");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("'fsdp' (size 3)"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("[32000, 4096]"));
+  const Result bad_mesh = run("plan --mesh fsdp:3,tp:2 --devices 8");
+  EXPECT_EQ(bad_mesh.code, 1);
+  EXPECT_THAT(bad_mesh.err, ::testing::HasSubstr("8"));
+  const Result unknown_axis = run("plan --mesh data:-1,tp:2");
+  EXPECT_EQ(unknown_axis.code, 1);
+  EXPECT_THAT(unknown_axis.err, ::testing::HasSubstr("'fsdp'"));
+}
+
+TEST_F(CliTest, CorruptSafetensorsExitsOneWithAClearMessage) {
+  const fs::path model = dir_ / "bad.safetensors";
+  std::ofstream(model, std::ios::binary) << std::string("\x10\x00\x00\x00\x00\x00\x00\x00{\"w\": [1, 2", 19);
+  const Result r = run(fmt::format("plan --model '{}'", model.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("bad.safetensors"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("header length 16"));
+}
+
+TEST_F(CliTest, BadUsageExitsTwo) {
+  EXPECT_EQ(run("plan --bogus").code, 2);
+  EXPECT_EQ(run("").code, 2);
+  EXPECT_EQ(run("plan --devices 0").code, 2);
+  const Result missing = run("plan --model /nonexistent/model.safetensors");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_THAT(missing.err, ::testing::HasSubstr("/nonexistent/model.safetensors"));
+  EXPECT_EQ(run("plan --rules preset:nope").code, 2);
+  EXPECT_EQ(run("visualize --shape 8x8 --mesh x:2 --spec x").code, 2);
+}
+
+TEST_F(CliTest, HelpExplainsOptionsWithExamples) {
+  const Result r = run("plan --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* opt : {"--model", "--mesh", "--devices", "--rules", "--json", "--explain", "Example"}) {
+    EXPECT_THAT(r.out, ::testing::HasSubstr(opt));
+  }
+}
+
+TEST_F(CliTest, VisualizeDrawsTheGrid) {
+  const Result r = run("visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (int d = 0; d < 8; ++d) EXPECT_THAT(r.out, ::testing::HasSubstr(fmt::format("device {}", d)));
+  const Result multi = run("visualize --shape 64 --mesh x:4,y:2 --spec x+y");
+  ASSERT_EQ(multi.code, 0) << multi.err;
+  EXPECT_THAT(multi.out, ::testing::HasSubstr("device 7"));
+  const Result bad = run("visualize --shape 10,10 --mesh x:4,y:2 --spec x,y");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("'x'"));
+}
+
+TEST_F(CliTest, PresetsListsEveryPreset) {
+  const Result r = run("presets");
+  ASSERT_EQ(r.code, 0);
+  for (const char* p : {"llama_fsdp.yaml", "llama_fsdp_tp.yaml", "mixtral_ep.yaml", "gpt2.yaml", "t5.yaml"}) {
+    EXPECT_THAT(r.out, ::testing::HasSubstr(p));
+  }
+}
+
+}  // namespace
+}  // namespace shardplan
