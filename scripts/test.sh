@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds everything (Debug, warnings as errors) and runs every test.
+# Installs what is missing, builds everything (Debug, warnings as errors) and runs every test,
+# then builds the libFuzzer targets with clang and runs each for a bounded number of inputs.
+# SHARDPLAN_FUZZ=0 skips the fuzzing step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh
+fuzz=${SHARDPLAN_FUZZ:-1}
+extra=()
+[[ $fuzz == 1 ]] && extra=(clang libclang-rt-14-dev)
+./scripts/deps.sh "${extra[@]}"
+jobs=${SHARDPLAN_JOBS:-2}
 build=${SHARDPLAN_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON
-cmake --build "$build" -j "${SHARDPLAN_JOBS:-2}"
-ctest --test-dir "$build" --output-on-failure -j "${SHARDPLAN_JOBS:-2}"
+cmake --build "$build" -j "$jobs"
+ctest --test-dir "$build" --output-on-failure -j "$jobs"
+if [[ $fuzz == 1 ]]; then
+  CC=clang CXX=clang++ cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+    -DSHARDPLAN_BUILD_FUZZ=ON -DSHARDPLAN_BUILD_TESTS=OFF -DSHARDPLAN_BUILD_EXAMPLES=OFF \
+    -DSHARDPLAN_BUILD_BENCH=OFF
+  cmake --build "$build-fuzz" -j "$jobs" --target fuzz_safetensors_header fuzz_rule_file
+  ctest --test-dir "$build-fuzz" -L fuzz --output-on-failure -j "$jobs"
+fi

@@ -119,7 +119,7 @@ class Tree {
   const Tree* find(std::string_view key) const {
     if (!is_dict()) return nullptr;
     auto it = std::lower_bound(keys_.begin(), keys_.end(), key,
-                               [](const std::string& a, std::string_view b) { return a < b; });
+                               [](const std::string& a, std::string_view b) { return a.compare(0, a.size(), b.data(), b.size()) < 0; });
     if (it == keys_.end() || *it != key) return nullptr;
     return &children_[static_cast<std::size_t>(it - keys_.begin())];
   }

@@ -1,0 +1,105 @@
+// Planning speed on a DeepSeek-V3-sized tree (~91k tensors) with a 20-rule table.
+//   plan_bench                         run the benchmarks
+//   plan_bench --dump-workload FILE    write {"patterns": [...], "paths": [...]} for the Python
+//                                      reference (scripts/plan_reference.py)
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "deepseek_v3.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
+
+namespace {
+
+using namespace shardplan;
+
+struct Workload {
+  Tree<TensorSpec> tree;
+  std::vector<std::pair<std::string, TensorSpec>> leaves;
+  std::shared_ptr<const TreePathShardingRule> rule;
+  Mesh mesh;
+};
+
+const Workload& workload() {
+  static const Workload w = [] {
+    auto named = bench::deepseek_v3_tensors();
+    Tree<TensorSpec> tree = tree_from_names(named);
+    auto leaves = tree.flatten();
+    return Workload{std::move(tree), std::move(leaves),
+                    std::make_shared<TreePathShardingRule>(bench::deepseek_v3_rules()),
+                    Mesh::parse(bench::kDeepseekMesh, 64)};
+  }();
+  return w;
+}
+
+void BM_Plan(benchmark::State& state) {
+  const Workload& w = workload();
+  const MeshShardingHelper helper(w.mesh);
+  const RuleTree rules{RulePtr(w.rule)};
+  for (auto _ : state) {
+    PlanReport r = helper.plan(rules, w.tree);
+    benchmark::DoNotOptimize(r);
+  }
+  state.counters["tensors"] = static_cast<double>(w.leaves.size());
+  state.counters["ns_per_tensor"] = benchmark::Counter(
+      static_cast<double>(w.leaves.size()),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_Plan)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
+void BM_Match(benchmark::State& state) {
+  const Workload& w = workload();
+  const MeshShardingHelper helper(w.mesh);
+  const RuleTree rules{RulePtr(w.rule)};
+  for (auto _ : state) {
+    auto m = helper.match(rules, w.tree);
+    benchmark::DoNotOptimize(m);
+  }
+}
+BENCHMARK(BM_Match)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
+// The rule alone, leaf by leaf over the flattened paths: regex time without the planner.
+void BM_RuleApplyOnly(benchmark::State& state) {
+  const Workload& w = workload();
+  for (auto _ : state) {
+    int hits = 0;
+    for (const auto& [path, spec] : w.leaves) {
+      hits += w.rule->apply(RuleInput{path, spec, w.mesh}).entry;
+    }
+    benchmark::DoNotOptimize(hits);
+  }
+}
+BENCHMARK(BM_RuleApplyOnly)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
+// Building the tree from checkpoint names (what `shardplan plan --model` does before planning).
+void BM_TreeFromNames(benchmark::State& state) {
+  const auto named = bench::deepseek_v3_tensors();
+  for (auto _ : state) {
+    auto t = tree_from_names(named);
+    benchmark::DoNotOptimize(t);
+  }
+}
+BENCHMARK(BM_TreeFromNames)->Unit(benchmark::kMillisecond);
+
+int dump_workload(const char* file) {
+  const Workload& w = workload();
+  nlohmann::json j;
+  for (const auto& e : bench::deepseek_v3_rules()) j["patterns"].push_back(e.pattern);
+  for (const auto& [path, spec] : w.leaves) j["paths"].push_back(path);
+  std::ofstream(file) << j.dump();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "--dump-workload") == 0) return dump_workload(argv[2]);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,26 @@
+// Any text as a rule file: parsing and building the rule must accept or throw shardplan::Error.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "shardplan/error.hpp"
+#include "shardplan/mesh.hpp"
+#include "shardplan/rule_file.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  try {
+    const shardplan::RuleFile f = shardplan::parse_rule_file(text, "fuzz.yaml");
+    const shardplan::RulePtr rule = f.make_rule();
+    const shardplan::Mesh mesh = shardplan::Mesh::parse("fsdp:2,tp:2", 4);
+    const shardplan::TensorSpec t{shardplan::Shape{8, 8}, shardplan::DType::kF32};
+    for (std::string_view path : {"model/layers/0/mlp/up_proj/weight", "lm_head/weight", ""}) {
+      try {
+        rule->apply(shardplan::RuleInput{path, t, mesh});
+      } catch (const shardplan::Error&) {
+      }
+    }
+  } catch (const shardplan::Error&) {
+  }
+  return 0;
+}
