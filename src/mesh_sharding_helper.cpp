@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <deque>
 #include <exception>
 
 #include "shardplan/error.hpp"
@@ -29,6 +31,36 @@ std::string rule_name(const RuleLeaf* leaf) {
   return "Unspecified";
 }
 
+/// Appends child i's path segment (escaped key or index) without a temporary string.
+void append_segment(std::string& path, const Tree<TensorSpec>& node, std::size_t i) {
+  if (!path.empty()) path += '/';
+  if (node.is_dict()) {
+    const std::string& key = node.keys()[i];
+    if (key.find_first_of("~/") == std::string::npos) {
+      path += key;
+    } else {
+      path += escape_key(key);
+    }
+  } else {
+    char buf[24];
+    const auto r = std::to_chars(buf, buf + sizeof buf, i);
+    path.append(buf, r.ptr);
+  }
+}
+
+// A spec seen while planning, with its sharding and the last shape it was applied to: leaves
+// repeat a few specs and shapes many times (every expert of every layer), so the checks and the
+// shard shape are computed once per change.
+struct SpecEntry {
+  PartitionSpec spec;
+  NamedSharding sharding;
+  std::uint64_t validated_ranks = 0;  // bit r: validated for rank r
+  bool has_last = false;
+  Shape last_shape;
+  Shape last_shard;
+  std::int64_t last_shard_numel = 0;
+};
+
 class Planner {
  public:
   Planner(const Mesh& mesh, bool fill_report) : mesh_(mesh), fill_report_(fill_report) {}
@@ -37,8 +69,12 @@ class Planner {
     if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
       throw TreeError("[plan] the rule tree is not a prefix of the data tree: " + m);
     }
+    const std::size_t n = data.num_leaves();
+    shardings.reserve(n);
+    if (fill_report_) leaves.reserve(n);
     std::string path;
-    walk_impl(rules, data, path);
+    path.reserve(256);
+    walk_rules(rules, data, path);
   }
 
   std::vector<LeafPlan> leaves;
@@ -46,7 +82,7 @@ class Planner {
   std::vector<RuleSlot> slots;
 
  private:
-  void walk_impl(const RuleTree& rules, const Tree<TensorSpec>& data, std::string& path) {
+  void walk_rules(const RuleTree& rules, const Tree<TensorSpec>& data, std::string& path) {
     if (rules.is_leaf() || rules.is_none()) {
       RuleSlot slot;
       slot.index = rules.is_leaf() ? next_rule_index_++ : -1;
@@ -58,43 +94,55 @@ class Planner {
       }
       slot.entry_hits.assign(slot.labels.size(), 0);
       slots.push_back(std::move(slot));
-      const std::size_t slot_id = slots.size() - 1;
-      const std::size_t base = path.size();
-      data.for_each_leaf([&](const std::string& rel, const TensorSpec& t) {
-        std::string full = base == 0 ? rel : (rel.empty() ? path.substr(0, base) : path.substr(0, base) + "/" + rel);
-        decide(slots[slot_id], rel, full, t);
-      });
+      const std::size_t rel_start = path.empty() ? 0 : path.size() + 1;
+      walk_data(slots.back(), data, path, rel_start);
       return;
     }
     const std::size_t base = path.size();
     for (std::size_t i = 0; i < rules.size(); ++i) {
-      if (base) path += '/';
-      path += rules.segment(i);
-      walk_impl(rules.children()[i], data.children()[i], path);
+      append_segment(path, data, i);
+      walk_rules(rules.children()[i], data.children()[i], path);
       path.resize(base);
     }
   }
 
-  void decide(RuleSlot& slot, const std::string& rel, const std::string& full, const TensorSpec& t) {
+  void walk_data(RuleSlot& slot, const Tree<TensorSpec>& data, std::string& path,
+                 std::size_t rel_start) {
+    if (data.is_leaf()) {
+      const std::string_view full(path);
+      const std::string_view rel = full.size() >= rel_start ? full.substr(rel_start) : std::string_view();
+      decide(slot, full, rel, data.leaf());
+      return;
+    }
+    const std::size_t base = path.size();
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      append_segment(path, data, i);
+      walk_data(slot, data.children()[i], path, rel_start);
+      path.resize(base);
+    }
+  }
+
+  std::string where(const RuleSlot& slot) const {
+    return fmt::format("rule {} {}{}", slot.index, slot.name,
+                       slot.path.empty() ? "" : fmt::format(" at '{}'", slot.path));
+  }
+
+  void decide(RuleSlot& slot, std::string_view full, std::string_view rel, const TensorSpec& t) {
     RuleDecision d;
     bool unspecified = false;
-    auto where = [&] {
-      return fmt::format("rule {} {}{}", slot.index, slot.name,
-                         slot.path.empty() ? "" : fmt::format(" at '{}'", slot.path));
-    };
     if (slot.leaf == nullptr || std::holds_alternative<Unspecified>(*slot.leaf)) {
       unspecified = true;
-      d.reason = "left unspecified";
+      d.reason = "unspecified";
     } else if (const auto* r = std::get_if<RulePtr>(slot.leaf)) {
-      if (!*r) throw RuleError(fmt::format("[plan] {} is a null rule pointer", where()));
+      if (!*r) throw RuleError(fmt::format("[plan] {} is a null rule pointer", where(slot)));
       try {
         d = (*r)->apply(RuleInput{rel, t, mesh_});
       } catch (const RuleError& e) {
-        throw RuleError(fmt::format("{} (leaf '{}', {})", e.what(), full, where()));
+        throw RuleError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
       } catch (const SpecError& e) {
-        throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where()));
+        throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
       } catch (const std::exception& e) {
-        throw RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}", where(), full,
+        throw RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}", where(slot), full,
                                     t.shape.to_string(), e.what()));
       }
       if (d.entry >= 0 && static_cast<std::size_t>(d.entry) < slot.entry_hits.size()) {
@@ -108,48 +156,63 @@ class Planner {
     }
     ++slot.leaves;
 
-    MaybeSharding sharding;
-    Shape shard = t.shape;
-    std::int64_t bytes = 0;
-    if (!unspecified) {
-      const NamedSharding& ns = sharding_for(d.spec, full, where);
-      try {
-        d.spec.validate(mesh_, t.shape.rank(), full);
-        shard = ns.shard_shape(t.shape, full);
-      } catch (const SpecError& e) {
-        throw SpecError(fmt::format("{}; {}{}", e.what(), where(),
-                                    d.reason.empty() ? "" : fmt::format(" ({})", d.reason)));
-      }
-      bytes = shard.numel() * static_cast<std::int64_t>(size_of(t.dtype));
-      sharding = ns;
+    if (unspecified) {
+      shardings.emplace_back();
+      if (fill_report_) push_leaf(slot, full, t, d, std::nullopt, t.shape, 0);
+      return;
     }
-    shardings.push_back(std::move(sharding));
-    if (!fill_report_) return;
-    LeafPlan lp;
+    SpecEntry& e = entry_for(d, slot, full);
+    const int rank = t.shape.rank();
+    try {
+      if (rank >= 64 || !(e.validated_ranks >> rank & 1)) {
+        d.spec.validate(mesh_, rank, full);
+        if (rank < 64) e.validated_ranks |= std::uint64_t{1} << rank;
+      }
+      if (!e.has_last || !(e.last_shape == t.shape)) {
+        e.last_shard = e.sharding.shard_shape(t.shape, full);
+        e.last_shape = t.shape;
+        e.last_shard_numel = e.last_shard.numel();
+        e.has_last = true;
+      }
+    } catch (const SpecError& err) {
+      throw SpecError(fmt::format("{}; {}{}", err.what(), where(slot),
+                                  d.reason.empty() ? "" : fmt::format(" ({})", d.reason)));
+    }
+    shardings.emplace_back(e.sharding);
+    if (fill_report_) {
+      push_leaf(slot, full, t, d, d.spec, e.last_shard,
+                e.last_shard_numel * static_cast<std::int64_t>(size_of(t.dtype)));
+    }
+  }
+
+  void push_leaf(const RuleSlot& slot, std::string_view full, const TensorSpec& t, RuleDecision& d,
+                 std::optional<PartitionSpec> spec, const Shape& shard, std::int64_t bytes) {
+    LeafPlan& lp = leaves.emplace_back();
     lp.path = full;
     lp.tensor = t;
-    if (!unspecified) lp.spec = d.spec;
-    lp.shard_shape = std::move(shard);
+    lp.spec = std::move(spec);
+    lp.shard_shape = shard;
     lp.bytes_per_device = bytes;
     lp.rule_index = slot.index;
-    lp.rule_path = slot.path;
-    lp.rule = slot.name;
     lp.entry = d.entry;
     lp.reason = std::move(d.reason);
     lp.fell_through = d.fell_through;
-    leaves.push_back(std::move(lp));
   }
 
-  // Shardings are shared between leaves with the same spec: building one copies the mesh.
-  template <class Where>
-  const NamedSharding& sharding_for(const PartitionSpec& spec, const std::string& full, Where&& where) {
-    for (const auto& ns : cache_) {
-      if (ns.spec() == spec) return ns;
+  // The entry for a decision's spec: first by identity (copies of one rule entry's spec share
+  // it), then by value; a new spec is checked against the mesh once.
+  SpecEntry& entry_for(const RuleDecision& d, const RuleSlot& slot, std::string_view full) {
+    for (auto& e : cache_) {
+      if (e.spec.same_instance(d.spec)) return e;
+    }
+    for (auto& e : cache_) {
+      if (e.spec == d.spec) return e;
     }
     try {
-      cache_.emplace_back(mesh_, spec);
+      NamedSharding ns(mesh_, d.spec);
+      cache_.push_back(SpecEntry{d.spec, std::move(ns), 0, false, Shape(), Shape(), 0});
     } catch (const SpecError& e) {
-      throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where()));
+      throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
     }
     return cache_.back();
   }
@@ -157,7 +220,7 @@ class Planner {
   const Mesh& mesh_;
   bool fill_report_;
   int next_rule_index_ = 0;
-  std::vector<NamedSharding> cache_;
+  std::deque<SpecEntry> cache_;
 };
 
 }  // namespace
@@ -172,13 +235,16 @@ Tree<MaybeSharding> MeshShardingHelper::match(const RuleTree& rules,
 PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec>& data) const {
   Planner p(mesh_, true);
   p.walk(rules, data);
-  PlanReport report{mesh_, std::move(p.leaves), {}, 0, {}};
+  PlanReport report{mesh_, std::move(p.leaves), {}, 0, {}, {}};
   std::int64_t per_device = 0;
   for (const auto& l : report.leaves) {
     per_device += l.bytes_per_device;
     report.total_bytes += l.tensor.bytes();
   }
   report.device_bytes.assign(static_cast<std::size_t>(mesh_.size()), per_device);
+  for (const auto& s : p.slots) {
+    if (s.index >= 0) report.rules.push_back({s.index, s.path, s.name, s.labels});
+  }
   for (const auto& s : p.slots) {
     if (s.leaves == 0) {
       report.unmatched_rules.push_back({s.index, s.path, s.name, -1, "covers no leaf"});

@@ -10,38 +10,39 @@
 
 namespace shardplan {
 
-NamedSharding::NamedSharding(Mesh mesh, PartitionSpec spec)
-    : mesh_(std::move(mesh)), spec_(std::move(spec)) {
-  spec_.validate(mesh_, -1);
-  for (const auto& axes : spec_.dims()) {
+NamedSharding::NamedSharding(Mesh mesh, PartitionSpec spec) {
+  spec.validate(mesh, -1);
+  auto impl = std::make_shared<Impl>(Impl{std::move(mesh), std::move(spec), {}});
+  for (const auto& axes : impl->spec.dims()) {
     std::vector<int> ids;
-    for (const auto& a : axes) ids.push_back(mesh_.axis_index(a));
-    axis_ids_.push_back(std::move(ids));
+    for (const auto& a : axes) ids.push_back(impl->mesh.axis_index(a));
+    impl->axis_ids.push_back(std::move(ids));
   }
+  impl_ = std::move(impl);
 }
 
 std::int64_t NamedSharding::num_shards(int dim) const {
-  if (dim < 0 || dim >= spec_.size()) return 1;
+  if (dim < 0 || dim >= impl_->spec.size()) return 1;
   std::int64_t n = 1;
-  for (int id : axis_ids_[static_cast<std::size_t>(dim)]) n *= mesh_.axis_sizes()[static_cast<std::size_t>(id)];
+  for (int id : impl_->axis_ids[static_cast<std::size_t>(dim)]) n *= impl_->mesh.axis_sizes()[static_cast<std::size_t>(id)];
   return n;
 }
 
 Shape NamedSharding::shard_shape(const Shape& global, std::string_view path) const {
   std::string where = path.empty() ? std::string("a tensor") : fmt::format("'{}'", path);
-  if (spec_.size() > global.rank()) {
+  if (impl_->spec.size() > global.rank()) {
     throw SpecError(fmt::format("[plan] {} has {} entries but {} (shape {}) has rank {}",
-                                spec_.to_string(), spec_.size(), where, global.to_string(),
+                                impl_->spec.to_string(), impl_->spec.size(), where, global.to_string(),
                                 global.rank()));
   }
   Shape out = global;
-  for (int d = 0; d < spec_.size(); ++d) {
+  for (int d = 0; d < impl_->spec.size(); ++d) {
     std::int64_t k = num_shards(d);
     if (k == 1) continue;
     if (global[d] % k != 0) {
-      const auto& axes = spec_[d];
+      const auto& axes = impl_->spec[d];
       std::vector<std::string> sizes;
-      for (const auto& a : axes) sizes.push_back(fmt::format("'{}' (size {})", a, mesh_.axis_size(a)));
+      for (const auto& a : axes) sizes.push_back(fmt::format("'{}' (size {})", a, impl_->mesh.axis_size(a)));
       throw SpecError(fmt::format(
           "[plan] dim {} of {} (shape {}) is not divisible by mesh {} {}{}; {} is not a multiple of {}",
           d, where, global.to_string(), axes.size() == 1 ? "axis" : "axes",
@@ -59,23 +60,23 @@ std::int64_t NamedSharding::shard_bytes(const Shape& global, std::size_t element
 
 std::int64_t NamedSharding::block_index(const std::vector<std::int64_t>& coords, int dim) const {
   std::int64_t idx = 0;
-  for (int id : axis_ids_[static_cast<std::size_t>(dim)]) {
-    idx = idx * mesh_.axis_sizes()[static_cast<std::size_t>(id)] + coords[static_cast<std::size_t>(id)];
+  for (int id : impl_->axis_ids[static_cast<std::size_t>(dim)]) {
+    idx = idx * impl_->mesh.axis_sizes()[static_cast<std::size_t>(id)] + coords[static_cast<std::size_t>(id)];
   }
   return idx;
 }
 
 std::vector<Block> NamedSharding::device_blocks(const Shape& global) const {
   Shape shard = shard_shape(global);
-  std::vector<Block> out(static_cast<std::size_t>(mesh_.size()));
-  for (std::int64_t pos = 0; pos < mesh_.size(); ++pos) {
-    auto coords = mesh_.coords_of_position(pos);
+  std::vector<Block> out(static_cast<std::size_t>(impl_->mesh.size()));
+  for (std::int64_t pos = 0; pos < impl_->mesh.size(); ++pos) {
+    auto coords = impl_->mesh.coords_of_position(pos);
     Block block(static_cast<std::size_t>(global.rank()));
     for (int d = 0; d < global.rank(); ++d) {
-      std::int64_t idx = d < spec_.size() ? block_index(coords, d) : 0;
+      std::int64_t idx = d < impl_->spec.size() ? block_index(coords, d) : 0;
       block[static_cast<std::size_t>(d)] = DimSlice{idx * shard[d], shard[d]};
     }
-    out[static_cast<std::size_t>(mesh_.devices()[static_cast<std::size_t>(pos)])] = std::move(block);
+    out[static_cast<std::size_t>(impl_->mesh.devices()[static_cast<std::size_t>(pos)])] = std::move(block);
   }
   return out;
 }
@@ -98,22 +99,22 @@ std::vector<std::vector<int>> NamedSharding::replica_groups(const Shape& global)
 
 std::int64_t NamedSharding::replication_factor() const {
   std::int64_t blocks = 1;
-  for (int d = 0; d < spec_.size(); ++d) blocks *= num_shards(d);
-  return mesh_.size() / blocks;
+  for (int d = 0; d < impl_->spec.size(); ++d) blocks *= num_shards(d);
+  return impl_->mesh.size() / blocks;
 }
 
 bool NamedSharding::is_equivalent_to(const NamedSharding& other, int rank) const {
-  if (!(mesh_ == other.mesh_)) return false;
+  if (!(impl_->mesh == other.impl_->mesh)) return false;
   auto normal = [&](const PartitionSpec& s) {
     std::vector<AxisNames> dims(static_cast<std::size_t>(std::max(rank, s.size())));
     for (int d = 0; d < s.size(); ++d) {
       for (const auto& a : s[d]) {
-        if (mesh_.axis_size(a) != 1) dims[static_cast<std::size_t>(d)].push_back(a);
+        if (impl_->mesh.axis_size(a) != 1) dims[static_cast<std::size_t>(d)].push_back(a);
       }
     }
     return dims;
   };
-  return normal(spec_) == normal(other.spec_);
+  return normal(impl_->spec) == normal(other.impl_->spec);
 }
 
 std::string NamedSharding::visualize(const Shape& global) const {
@@ -126,13 +127,13 @@ std::string NamedSharding::visualize(const Shape& global) const {
   const std::int64_t cols = global.rank() == 2 ? num_shards(1) : num_shards(0);
   // Devices of each block, in mesh order.
   std::vector<std::vector<int>> cell(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t pos = 0; pos < mesh_.size(); ++pos) {
-    auto coords = mesh_.coords_of_position(pos);
+  for (std::int64_t pos = 0; pos < impl_->mesh.size(); ++pos) {
+    auto coords = impl_->mesh.coords_of_position(pos);
     std::int64_t r = global.rank() == 2 ? block_index(coords, 0) : 0;
-    std::int64_t c = global.rank() == 2 ? (spec_.size() > 1 ? block_index(coords, 1) : 0)
-                                        : (spec_.size() > 0 ? block_index(coords, 0) : 0);
-    if (global.rank() == 2 && spec_.size() == 0) r = 0;
-    cell[static_cast<std::size_t>(r * cols + c)].push_back(mesh_.devices()[static_cast<std::size_t>(pos)]);
+    std::int64_t c = global.rank() == 2 ? (impl_->spec.size() > 1 ? block_index(coords, 1) : 0)
+                                        : (impl_->spec.size() > 0 ? block_index(coords, 0) : 0);
+    if (global.rank() == 2 && impl_->spec.size() == 0) r = 0;
+    cell[static_cast<std::size_t>(r * cols + c)].push_back(impl_->mesh.devices()[static_cast<std::size_t>(pos)]);
   }
   std::vector<std::string> labels;
   std::size_t width = 0;
@@ -171,7 +172,7 @@ std::string NamedSharding::visualize(const Shape& global) const {
 }
 
 std::string NamedSharding::to_string() const {
-  return fmt::format("NamedSharding(mesh={}, spec={})", mesh_.to_string(), spec_.to_string());
+  return fmt::format("NamedSharding(mesh={}, spec={})", impl_->mesh.to_string(), impl_->spec.to_string());
 }
 
 std::ostream& operator<<(std::ostream& os, const NamedSharding& s) { return os << s.to_string(); }

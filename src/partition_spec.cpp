@@ -8,18 +8,29 @@
 
 namespace shardplan {
 
+PartitionSpec::PartitionSpec(std::vector<AxisNames> dims) {
+  if (!dims.empty()) dims_ = std::make_shared<const std::vector<AxisNames>>(std::move(dims));
+}
+
 PartitionSpec::PartitionSpec(std::initializer_list<DimSharding> dims) {
-  dims_.reserve(dims.size());
-  for (const auto& d : dims) dims_.push_back(d.axes);
+  std::vector<AxisNames> v;
+  v.reserve(dims.size());
+  for (const auto& d : dims) v.push_back(d.axes);
+  if (!v.empty()) dims_ = std::make_shared<const std::vector<AxisNames>>(std::move(v));
+}
+
+const std::vector<AxisNames>& PartitionSpec::no_dims() {
+  static const std::vector<AxisNames> kEmpty;
+  return kEmpty;
 }
 
 const AxisNames& PartitionSpec::operator[](int i) const {
   static const AxisNames kNone;
-  return i >= 0 && i < size() ? dims_[static_cast<std::size_t>(i)] : kNone;
+  return i >= 0 && i < size() ? dims()[static_cast<std::size_t>(i)] : kNone;
 }
 
 bool PartitionSpec::is_replicated() const {
-  for (const auto& d : dims_) {
+  for (const auto& d : dims()) {
     if (!d.empty()) return false;
   }
   return true;
@@ -27,7 +38,7 @@ bool PartitionSpec::is_replicated() const {
 
 std::vector<std::string> PartitionSpec::used_axes() const {
   std::vector<std::string> out;
-  for (const auto& d : dims_) out.insert(out.end(), d.begin(), d.end());
+  for (const auto& d : dims()) out.insert(out.end(), d.begin(), d.end());
   return out;
 }
 
@@ -39,7 +50,7 @@ void PartitionSpec::validate(const Mesh& mesh, int rank, std::string_view where)
   }
   std::vector<std::string> seen;
   for (int i = 0; i < size(); ++i) {
-    for (const auto& axis : dims_[static_cast<std::size_t>(i)]) {
+    for (const auto& axis : dims()[static_cast<std::size_t>(i)]) {
       if (!mesh.has_axis(axis)) {
         throw SpecError(fmt::format("[spec] {}{}: unknown mesh axis '{}' in dim {}; the mesh has axes [{}]",
                                     to_string(), at, axis, i, fmt::join(mesh.axis_names(), ", ")));
@@ -57,7 +68,7 @@ void PartitionSpec::validate(const Mesh& mesh, int rank, std::string_view where)
 
 std::string PartitionSpec::to_string() const {
   std::vector<std::string> parts;
-  for (const auto& d : dims_) {
+  for (const auto& d : dims()) {
     if (d.empty()) {
       parts.emplace_back("None");
     } else if (d.size() == 1) {
@@ -73,7 +84,7 @@ std::string PartitionSpec::to_string() const {
 
 std::string PartitionSpec::to_spec_string() const {
   std::vector<std::string> parts;
-  for (const auto& d : dims_) {
+  for (const auto& d : dims()) {
     if (d.empty()) {
       parts.emplace_back("null");
     } else if (d.size() == 1) {

@@ -56,14 +56,29 @@ const LeafPlan* PlanReport::find(std::string_view path) const {
   return nullptr;
 }
 
+const RuleInfo& PlanReport::rule_of(const LeafPlan& leaf) const {
+  static const RuleInfo kNone{-1, "", "None", {}};
+  if (leaf.rule_index < 0 || static_cast<std::size_t>(leaf.rule_index) >= rules.size()) return kNone;
+  return rules[static_cast<std::size_t>(leaf.rule_index)];
+}
+
+std::string PlanReport::reason_of(const LeafPlan& leaf) const {
+  if (!leaf.reason.empty()) return leaf.reason;
+  const RuleInfo& r = rule_of(leaf);
+  if (leaf.entry >= 0 && static_cast<std::size_t>(leaf.entry) < r.labels.size()) {
+    return fmt::format("matched '{}'", r.labels[static_cast<std::size_t>(leaf.entry)]);
+  }
+  return r.rule;
+}
+
 namespace {
 
-std::string rule_column(const LeafPlan& l) {
+std::string rule_column(const PlanReport& report, const LeafPlan& l) {
   // The rule itself is named once in the legend under the table; a row says which rule (#i),
   // which of its entries ([e]) and why.
   std::string s = fmt::format("#{}", l.rule_index);
   if (l.entry >= 0) s += fmt::format("[{}]", l.entry);
-  s += " " + (l.reason.empty() ? l.rule : l.reason);
+  s += " " + report.reason_of(l);
   return s;
 }
 
@@ -89,7 +104,7 @@ std::string PlanReport::table(std::size_t largest_n) const {
   for (const auto& l : leaves) {
     rows.push_back({l.path, l.tensor.shape.to_string(), std::string(name(l.tensor.dtype)),
                     l.spec ? l.spec->to_spec_string() : "unspecified", l.shard_shape.to_string(),
-                    format_bytes(l.bytes_per_device), rule_column(l)});
+                    format_bytes(l.bytes_per_device), rule_column(*this, l)});
   }
   std::array<std::size_t, 7> w{};
   for (const auto& r : rows) {
@@ -116,18 +131,9 @@ std::string PlanReport::table(std::size_t largest_n) const {
       out += std::string(std::min<std::size_t>(total, 160), '-') + "\n";
     }
   }
-  std::vector<const LeafPlan*> legend;
-  for (const auto& l : leaves) {
-    if (std::none_of(legend.begin(), legend.end(),
-                     [&](const LeafPlan* p) { return p->rule_index == l.rule_index; })) {
-      legend.push_back(&l);
-    }
-  }
-  std::sort(legend.begin(), legend.end(),
-            [](const LeafPlan* a, const LeafPlan* b) { return a->rule_index < b->rule_index; });
   out += "\nrules:\n";
-  for (const LeafPlan* l : legend) {
-    out += fmt::format("  #{} at '{}': {}\n", l->rule_index, l->rule_path, l->rule);
+  for (const RuleInfo& r : rules) {
+    out += fmt::format("  #{} at '{}': {}\n", r.rule_index, r.rule_path, r.rule);
   }
   out += fmt::format("mesh {} ({} devices), {} tensors, {} in total\n", mesh.to_spec_string(),
                      mesh.size(), leaves.size(), format_bytes(total_bytes));
@@ -157,7 +163,7 @@ std::string PlanReport::table(std::size_t largest_n) const {
   auto fell = fell_through();
   out += fmt::format("fell through to a default or catch-all: {}\n", fell.size());
   for (std::size_t k = 0; k < std::min<std::size_t>(fell.size(), 10); ++k) {
-    out += fmt::format("  {} ({})\n", leaves[fell[k]].path, leaves[fell[k]].reason);
+    out += fmt::format("  {} ({})\n", leaves[fell[k]].path, reason_of(leaves[fell[k]]));
   }
   if (fell.size() > 10) out += fmt::format("  ... and {} more\n", fell.size() - 10);
   return out;
@@ -176,11 +182,12 @@ std::string PlanReport::to_json(int indent) const {
     o["shard_shape"] = l.shard_shape.dims();
     o["bytes"] = l.tensor.bytes();
     o["bytes_per_device"] = l.bytes_per_device;
-    o["rule"] = l.rule;
+    const RuleInfo& r = rule_of(l);
+    o["rule"] = r.rule;
     o["rule_index"] = l.rule_index;
-    o["rule_path"] = l.rule_path;
+    o["rule_path"] = r.rule_path;
     o["entry"] = l.entry;
-    o["reason"] = l.reason;
+    o["reason"] = reason_of(l);
     o["fell_through"] = l.fell_through;
     ls.push_back(std::move(o));
   }

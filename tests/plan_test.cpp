@@ -151,8 +151,9 @@ TEST(PlanReport, RecordsRuleIndexEntryUnmatchedEntriesAndLargest) {
   const LeafPlan* w = report.find("params/h/0/w_out");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->rule_index, 1);
-  EXPECT_EQ(w->rule_path, "params");
-  EXPECT_EQ(w->rule, "FirstDimUnderH");
+  EXPECT_EQ(report.rule_of(*w).rule_path, "params");
+  EXPECT_EQ(report.rule_of(*w).rule, "FirstDimUnderH");
+  EXPECT_EQ(report.reason_of(*w), "under h");
   EXPECT_EQ(w->entry, 0);
   EXPECT_EQ(w->shard_shape, Shape({64, 64}));
   EXPECT_EQ(w->bytes_per_device, 64 * 64 * 2);

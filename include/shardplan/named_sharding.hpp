@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -23,14 +24,14 @@ struct DimSlice {
 using Block = std::vector<DimSlice>;
 
 /// A mesh plus a PartitionSpec, as jax.sharding.NamedSharding: says which block of a global array
-/// each device holds. A plain value type.
+/// each device holds. A plain value type; copies share the immutable state.
 class NamedSharding {
  public:
   /// Throws SpecError for an unknown axis or an axis used twice (the rank is checked later).
   NamedSharding(Mesh mesh, PartitionSpec spec);
 
-  const Mesh& mesh() const { return mesh_; }
-  const PartitionSpec& spec() const { return spec_; }
+  const Mesh& mesh() const { return impl_->mesh; }
+  const PartitionSpec& spec() const { return impl_->spec; }
 
   /// Number of blocks dimension `dim` is cut into (the product of its axes' sizes).
   std::int64_t num_shards(int dim) const;
@@ -58,15 +59,20 @@ class NamedSharding {
   /// "NamedSharding(mesh=Mesh('x': 4, 'y': 2), spec=PartitionSpec('x', 'y'))".
   std::string to_string() const;
 
-  friend bool operator==(const NamedSharding&, const NamedSharding&) = default;
+  friend bool operator==(const NamedSharding& a, const NamedSharding& b) {
+    return a.impl_ == b.impl_ || (a.mesh() == b.mesh() && a.spec() == b.spec());
+  }
 
  private:
   // For the device at mesh position `pos`, the index of its block along dimension `dim`.
   std::int64_t block_index(const std::vector<std::int64_t>& coords, int dim) const;
 
-  Mesh mesh_;
-  PartitionSpec spec_;
-  std::vector<std::vector<int>> axis_ids_;  // per spec entry, the mesh axis indices
+  struct Impl {
+    Mesh mesh;
+    PartitionSpec spec;
+    std::vector<std::vector<int>> axis_ids;  // per spec entry, the mesh axis indices
+  };
+  std::shared_ptr<const Impl> impl_;
 };
 
 std::ostream& operator<<(std::ostream& os, const NamedSharding& sharding);

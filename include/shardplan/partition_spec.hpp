@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -28,19 +29,20 @@ struct DimSharding {
 
 /// How each dimension of a tensor maps onto mesh axes, as jax.sharding.PartitionSpec.
 /// Dimensions past the end of the spec are not sharded; `PartitionSpec()` replicates.
-/// A one-axis group equals the axis alone. A plain value type.
+/// A one-axis group equals the axis alone. A plain value type; copies share the immutable entries,
+/// so copying a spec (as a plan does for every leaf) costs no allocation.
 class PartitionSpec {
  public:
   PartitionSpec() = default;
-  explicit PartitionSpec(std::vector<AxisNames> dims) : dims_(std::move(dims)) {}
+  explicit PartitionSpec(std::vector<AxisNames> dims);
   PartitionSpec(std::initializer_list<DimSharding> dims);
 
   /// Number of entries (may be less than the rank of the tensor it shards).
-  int size() const { return static_cast<int>(dims_.size()); }
-  bool empty() const { return dims_.empty(); }
+  int size() const { return dims_ ? static_cast<int>(dims_->size()) : 0; }
+  bool empty() const { return size() == 0; }
   /// The axes of dimension i; empty for i past the end.
   const AxisNames& operator[](int i) const;
-  const std::vector<AxisNames>& dims() const { return dims_; }
+  const std::vector<AxisNames>& dims() const { return dims_ ? *dims_ : no_dims(); }
   /// True when no dimension is sharded.
   bool is_replicated() const;
   /// All axes used, in order of appearance.
@@ -55,10 +57,16 @@ class PartitionSpec {
   /// The rule-file SPEC form: `["fsdp", null, ["x", "y"]]`, `[]` when empty.
   std::string to_spec_string() const;
 
-  friend bool operator==(const PartitionSpec&, const PartitionSpec&) = default;
+  friend bool operator==(const PartitionSpec& a, const PartitionSpec& b) {
+    return a.dims_ == b.dims_ || a.dims() == b.dims();
+  }
+  /// True when both share the same entries (a copy of one another): a cheap sufficient test
+  /// of equality.
+  bool same_instance(const PartitionSpec& other) const { return dims_ == other.dims_; }
 
  private:
-  std::vector<AxisNames> dims_;
+  static const std::vector<AxisNames>& no_dims();
+  std::shared_ptr<const std::vector<AxisNames>> dims_;  // null when empty
 };
 
 /// Builds a PartitionSpec: `P()`, `P("fsdp", nullptr)`, `P(AxisNames{"x", "y"}, "tp")`.

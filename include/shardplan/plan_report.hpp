@@ -24,18 +24,27 @@ struct LeafPlan {
   Shape shard_shape;
   /// Bytes each device holds (0 when unspecified).
   std::int64_t bytes_per_device = 0;
-  /// The rule-tree leaf that covered this leaf: its index in flatten order and its path.
+  /// The rule-tree leaf that covered this leaf: its index in flatten order (PlanReport::rules
+  /// has its path and name), or -1 for a none node of the rule tree.
   int rule_index = -1;
-  std::string rule_path;
-  /// The rule's name, or "PartitionSpec", "Replicated", "Unspecified".
-  std::string rule;
-  /// The entry of the rule that decided (-1 for none) and the reason.
+  /// The entry of the rule that decided (-1 for none) and the reason; an empty reason means the
+  /// entry's label says it (PlanReport::reason_of gives the text either way).
   int entry = -1;
   std::string reason;
   /// True when a default or catch-all decided.
   bool fell_through = false;
 
   friend bool operator==(const LeafPlan&, const LeafPlan&) = default;
+};
+
+/// A leaf of the rule tree: where it sits, what it is, and its entries' labels.
+struct RuleInfo {
+  int rule_index = -1;
+  std::string rule_path;
+  /// The rule's name, or "PartitionSpec", "Replicated", "Unspecified", "None".
+  std::string rule;
+  std::vector<std::string> labels;
+  friend bool operator==(const RuleInfo&, const RuleInfo&) = default;
 };
 
 /// A rule entry that decided no leaf.
@@ -58,6 +67,8 @@ struct PlanReport {
   /// Bytes of all leaves, unsharded.
   std::int64_t total_bytes = 0;
   std::vector<UnmatchedRule> unmatched_rules;
+  /// The leaves of the rule tree, indexed by LeafPlan::rule_index.
+  std::vector<RuleInfo> rules;
 
   std::int64_t min_device_bytes() const;
   std::int64_t max_device_bytes() const;
@@ -67,6 +78,10 @@ struct PlanReport {
   std::vector<std::size_t> fell_through() const;
   /// The leaf with this path, or nullptr.
   const LeafPlan* find(std::string_view path) const;
+  /// The rule-tree leaf that decided `leaf` (a "None" entry for rule_index -1).
+  const RuleInfo& rule_of(const LeafPlan& leaf) const;
+  /// Why `leaf` has its spec: the rule's reason, or the label of the entry that decided.
+  std::string reason_of(const LeafPlan& leaf) const;
 
   /// An aligned table (path, shape, dtype, spec, shard shape, bytes per device, rule) followed
   /// by the summary: bytes per device (min, max), the largest tensors, unmatched rules, leaves

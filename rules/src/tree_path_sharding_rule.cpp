@@ -5,6 +5,7 @@
 #include <boost/regex.hpp>
 #include <utility>
 
+#include "path_matcher.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan {
@@ -13,9 +14,53 @@ struct TreePathShardingRule::Impl {
   std::vector<boost::regex> regexes;
   /// Entries whose pattern matches the empty string: they match every path (catch-alls).
   std::vector<bool> catch_all;
+  /// All patterns as one DFA, when they are in its subset (else Boost decides every path).
+  std::optional<detail::PathMatcher> dfa;
 
   /// Index of the first entry whose regex is found in `path`, or -1.
   int first_match(std::string_view path) const {
+    if (dfa) {
+      const int r = dfa_first_match(path);
+      if (r != -2) return r;
+    }
+    return boost_first_match(path);
+  }
+
+  // Callers visit leaves in flatten order, so consecutive paths share long prefixes
+  // ("model/layers/17/mlp/experts/201/..."). Each thread remembers its last path and the DFA state
+  // after each of its bytes, and resumes from the longest common prefix.
+  int dfa_first_match(std::string_view path) const {
+    struct Memo {
+      const Impl* owner = nullptr;
+      std::string last;
+      std::vector<detail::PathMatcher::State> states;  // states[i]: after i bytes of `last`
+    };
+    thread_local Memo memo;
+    if (memo.owner != this || memo.states.empty()) {
+      memo.owner = this;
+      memo.last.clear();
+      memo.states.assign(1, dfa->start());
+    }
+    const std::size_t n = std::min(path.size(), memo.last.size());
+    std::size_t common = 0;
+    while (common < n && path[common] == memo.last[common]) ++common;
+    memo.last.resize(common);
+    memo.states.resize(common + 1);
+    detail::PathMatcher::State s = memo.states.back();
+    for (std::size_t i = common; i < path.size(); ++i) {
+      s = dfa->scan(s, path.substr(i, 1));
+      if (s == detail::PathMatcher::kFallback) {
+        memo.states.assign(1, dfa->start());
+        memo.last.clear();
+        return -2;
+      }
+      memo.last.push_back(path[i]);
+      memo.states.push_back(s);
+    }
+    return dfa->first_match(s);
+  }
+
+  int boost_first_match(std::string_view path) const {
     const char* begin = path.data();
     const char* end = begin + path.size();
     for (std::size_t i = 0; i < regexes.size(); ++i) {
@@ -44,6 +89,9 @@ TreePathShardingRule::TreePathShardingRule(std::vector<Entry> entries, bool stri
     const std::string empty;
     impl->catch_all.push_back(boost::regex_search(empty, impl->regexes.back()));
   }
+  std::vector<std::string> patterns;
+  for (const Entry& e : entries_) patterns.push_back(e.pattern);
+  impl->dfa = detail::PathMatcher::compile(patterns);
   impl_ = std::move(impl);
 }
 
@@ -58,7 +106,7 @@ bool is_trivial(const TensorSpec& t) { return t.shape.rank() == 0 || t.shape.num
 std::optional<RuleDecision> TreePathShardingRule::try_match(const RuleInput& in) const {
   RuleDecision d;
   if (is_trivial(in.tensor)) {
-    d.reason = "scalar or one element";
+    d.reason = "one element";
     return d;
   }
   const int index = impl_->first_match(in.path);
@@ -67,7 +115,8 @@ std::optional<RuleDecision> TreePathShardingRule::try_match(const RuleInput& in)
   d.spec = entries_[i].spec;
   d.entry = index;
   d.fell_through = impl_->catch_all[i];
-  d.reason = fmt::format("regex '{}' matched", entries_[i].pattern);
+  // No reason text: the entry's label (its pattern) says it, and formatting one per leaf would
+  // cost more than the match (PlanReport::reason_of renders it).
   return d;
 }
 
