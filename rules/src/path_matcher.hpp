@@ -29,6 +29,11 @@ class PathMatcher {
 
   /// The state before any text.
   State start() const { return 0; }
+  /// The state after one byte following `s`, or kFallback.
+  State step(State s, unsigned char c) const {
+    if (c < 0x20 || c > 0x7e) return kFallback;
+    return next_[s * num_classes_ + class_of_[c]];
+  }
   /// The state after `text` following `s`, or kFallback.
   State scan(State s, std::string_view text) const {
     for (const char ch : text) {

@@ -44,18 +44,17 @@ struct TreePathShardingRule::Impl {
     const std::size_t n = std::min(path.size(), memo.last.size());
     std::size_t common = 0;
     while (common < n && path[common] == memo.last[common]) ++common;
-    memo.last.resize(common);
-    memo.states.resize(common + 1);
-    detail::PathMatcher::State s = memo.states.back();
+    memo.last.assign(path.data(), path.size());
+    memo.states.resize(path.size() + 1);
+    detail::PathMatcher::State s = memo.states[common];
     for (std::size_t i = common; i < path.size(); ++i) {
-      s = dfa->scan(s, path.substr(i, 1));
+      s = dfa->step(s, static_cast<unsigned char>(path[i]));
       if (s == detail::PathMatcher::kFallback) {
         memo.states.assign(1, dfa->start());
         memo.last.clear();
         return -2;
       }
-      memo.last.push_back(path[i]);
-      memo.states.push_back(s);
+      memo.states[i + 1] = s;
     }
     return dfa->first_match(s);
   }
