@@ -4,6 +4,8 @@
 //                                      reference (scripts/plan_reference.py)
 #include <benchmark/benchmark.h>
 
+#include <boost/regex.hpp>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -74,6 +76,27 @@ void BM_RuleApplyOnly(benchmark::State& state) {
 }
 BENCHMARK(BM_RuleApplyOnly)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
+// The same loop with Boost.Regex alone (what the rule does without its DFA): the baseline the
+// DFA is measured against.
+void BM_BoostRegexOnly(benchmark::State& state) {
+  const Workload& w = workload();
+  std::vector<boost::regex> rs;
+  for (const auto& e : bench::deepseek_v3_rules()) rs.emplace_back(e.pattern, boost::regex::perl);
+  for (auto _ : state) {
+    long hits = 0;
+    for (const auto& [path, spec] : w.leaves) {
+      for (std::size_t i = 0; i < rs.size(); ++i) {
+        if (boost::regex_search(path.data(), path.data() + path.size(), rs[i])) {
+          hits += static_cast<long>(i);
+          break;
+        }
+      }
+    }
+    benchmark::DoNotOptimize(hits);
+  }
+}
+BENCHMARK(BM_BoostRegexOnly)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
 // Building the tree from checkpoint names (what `shardplan plan --model` does before planning).
 void BM_TreeFromNames(benchmark::State& state) {
   const auto named = bench::deepseek_v3_tensors();
@@ -90,6 +113,13 @@ int dump_workload(const char* file) {
   for (const auto& e : bench::deepseek_v3_rules()) j["patterns"].push_back(e.pattern);
   for (const auto& [path, spec] : w.leaves) j["paths"].push_back(path);
   std::ofstream(file) << j.dump();
+  // The decisions' checksum, to compare with the Python reference's (same paths, same order).
+  long sum = 0;
+  for (const auto& [path, spec] : w.leaves) {
+    const auto d = w.rule->apply(RuleInput{path, spec, w.mesh});
+    sum += d.entry >= 0 ? d.entry : 0;
+  }
+  std::printf("cpp checksum %ld\n", sum);
   return 0;
 }
 
