@@ -271,7 +271,7 @@ class Nfa {
 
   int add(NState s) {
     states.push_back(std::move(s));
-    if (states.size() > 200000) throw Unsupported{};
+    if (states.size() > 20000) throw Unsupported{};
     return static_cast<int>(states.size()) - 1;
   }
 
@@ -327,6 +327,11 @@ class Builder {
  public:
   Builder(const Nfa& nfa, std::size_t num_patterns) : nfa_(nfa), num_patterns_(num_patterns) {}
 
+  /// NFA states visited so far, over every closure: construction gives up (the caller keeps
+  /// Boost) past a budget, so a hostile pattern cannot make building a rule slow.
+  std::uint64_t work = 0;
+  static constexpr std::uint64_t kWorkBudget = 20'000'000;
+
   // Follows epsilon edges from `seeds`. `at_begin`/`at_end` say which anchors pass.
   void closure(const std::vector<int>& seeds, bool at_begin, bool at_end, DState& out) {
     stack_ = seeds;
@@ -338,6 +343,7 @@ class Builder {
       auto& m = mark_[static_cast<std::size_t>(s)];
       if (m == epoch_) continue;
       m = epoch_;
+      if (++work > kWorkBudget) throw Unsupported{};
       const NState& st = nfa_.states[static_cast<std::size_t>(s)];
       switch (st.kind) {
         case NState::kChar: out.chars.push_back(s); break;
@@ -409,15 +415,20 @@ class Builder {
 std::optional<PathMatcher> PathMatcher::compile(const std::vector<std::string>& patterns,
                                                 std::size_t max_states) {
   if (patterns.size() > 64) return std::nullopt;
-  Nfa nfa;
   try {
-    for (std::size_t p = 0; p < patterns.size(); ++p) {
-      const NodePtr ast = Parser(patterns[p]).parse();
-      const int match = nfa.add({NState::kMatch, -1, {}, static_cast<int>(p)});
-      nfa.starts.push_back(nfa.build(*ast, match, static_cast<int>(p)));
-    }
+    return build(patterns, max_states);
   } catch (const Unsupported&) {
     return std::nullopt;
+  }
+}
+
+std::optional<PathMatcher> PathMatcher::build(const std::vector<std::string>& patterns,
+                                              std::size_t max_states) {
+  Nfa nfa;
+  for (std::size_t p = 0; p < patterns.size(); ++p) {
+    const NodePtr ast = Parser(patterns[p]).parse();
+    const int match = nfa.add({NState::kMatch, -1, {}, static_cast<int>(p)});
+    nfa.starts.push_back(nfa.build(*ast, match, static_cast<int>(p)));
   }
 
   PathMatcher m;

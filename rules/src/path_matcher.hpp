@@ -25,7 +25,7 @@ class PathMatcher {
   /// The matcher for these patterns, or nullopt when a pattern is outside the subset, there are
   /// more than 64 patterns, or the DFA would exceed `max_states`.
   static std::optional<PathMatcher> compile(const std::vector<std::string>& patterns,
-                                            std::size_t max_states = 20000);
+                                            std::size_t max_states = 4096);
 
   /// The state before any text.
   State start() const { return 0; }
@@ -53,6 +53,8 @@ class PathMatcher {
   std::size_t num_states() const { return result_.size(); }
 
  private:
+  static std::optional<PathMatcher> build(const std::vector<std::string>& patterns,
+                                          std::size_t max_states);
   std::size_t num_classes_ = 0;
   std::uint8_t class_of_[256] = {};
   std::vector<State> next_;   // num_states x num_classes

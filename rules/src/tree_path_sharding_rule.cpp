@@ -64,8 +64,14 @@ struct TreePathShardingRule::Impl {
     const char* end = begin + path.size();
     for (std::size_t i = 0; i < regexes.size(); ++i) {
       if (catch_all[i]) return static_cast<int>(i);
-      if (boost::regex_search(begin, end, regexes[i], boost::match_default)) {
-        return static_cast<int>(i);
+      try {
+        if (boost::regex_search(begin, end, regexes[i], boost::match_default)) {
+          return static_cast<int>(i);
+        }
+      } catch (const std::runtime_error& e) {
+        // Boost gives up on pathological patterns (too complex, memory exhausted).
+        throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} ('{}') failed on '{}': {}",
+                                    i, regexes[i].str(), path, e.what()));
       }
     }
     return -1;
@@ -86,7 +92,12 @@ TreePathShardingRule::TreePathShardingRule(std::vector<Entry> entries, bool stri
                                   i, pattern, e.position(), e.what()));
     }
     const std::string empty;
-    impl->catch_all.push_back(boost::regex_search(empty, impl->regexes.back()));
+    try {
+      impl->catch_all.push_back(boost::regex_search(empty, impl->regexes.back()));
+    } catch (const std::runtime_error& e) {
+      throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} ('{}') cannot be used: {}",
+                                  i, pattern, e.what()));
+    }
   }
   std::vector<std::string> patterns;
   for (const Entry& e : entries_) patterns.push_back(e.pattern);
@@ -159,10 +170,12 @@ std::vector<RuleStep> TreePathShardingRule::explain(const RuleInput& in) const {
                      true});
     return steps;
   }
-  const std::string path(in.path);
+  // The same decision as apply(), entry by entry: entry i "matches" when the first match of
+  // entries i.. is i (the DFA and Boost agree; this keeps explain on the code path apply uses).
+  const int winner = impl_->first_match(in.path);
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const int index = static_cast<int>(i);
-    if (boost::regex_search(path, impl_->regexes[i])) {
+    if (index == winner) {
       steps.push_back({index,
                        fmt::format("rule {} '{}': matched -> {}{}", i, entries_[i].pattern,
                                    entries_[i].spec.to_string(),
