@@ -63,6 +63,17 @@ void BM_Match(benchmark::State& state) {
 }
 BENCHMARK(BM_Match)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
+void BM_Resolve(benchmark::State& state) {
+  const Workload& w = workload();
+  const MeshShardingHelper helper(w.mesh);
+  const RuleTree rules{RulePtr(w.rule)};
+  for (auto _ : state) {
+    auto a = helper.resolve(rules, w.tree);
+    benchmark::DoNotOptimize(a);
+  }
+}
+BENCHMARK(BM_Resolve)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
 // The rule alone, leaf by leaf over the flattened paths: regex time without the planner.
 void BM_RuleApplyOnly(benchmark::State& state) {
   const Workload& w = workload();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <deque>
 #include <exception>
@@ -52,25 +53,54 @@ void append_segment(std::string& path, const Tree<TensorSpec>& node, std::size_t
 // repeat a few specs and shapes many times (every expert of every layer), so the checks and the
 // shard shape are computed once per change.
 struct SpecEntry {
+  SpecEntry(int i, PartitionSpec s, NamedSharding ns)
+      : index(i), spec(std::move(s)), sharding(std::move(ns)) {}
+  int index = 0;  // position in the planner's cache
   PartitionSpec spec;
   NamedSharding sharding;
   std::uint64_t validated_ranks = 0;  // bit r: validated for rank r
-  bool has_last = false;
-  Shape last_shape;
-  Shape last_shard;
-  std::int64_t last_shard_numel = 0;
+  // The shard shapes of the last few global shapes seen with this spec (a spec often serves a
+  // weight and its scale, alternately), replaced round robin.
+  struct Seen {
+    Shape global;
+    Shape shard;
+    std::int64_t shard_numel = 0;
+  };
+  static constexpr std::size_t kSeen = 4;
+  std::array<Seen, kSeen> seen{};
+  std::size_t num_seen = 0;
+  std::size_t next_slot = 0;
+
+  const Seen& shard_of(const Shape& global, std::string_view path) {
+    for (std::size_t i = 0; i < num_seen; ++i) {
+      if (seen[i].global == global) return seen[i];
+    }
+    Seen s{global, sharding.shard_shape(global, path), 0};
+    s.shard_numel = s.shard.numel();
+    const std::size_t slot = num_seen < kSeen ? num_seen++ : next_slot++ % kSeen;
+    seen[slot] = std::move(s);
+    return seen[slot];
+  }
 };
 
 class Planner {
  public:
-  Planner(const Mesh& mesh, bool fill_report) : mesh_(mesh), fill_report_(fill_report) {}
+  /// What to produce per leaf: a sharding (match), a report row too (plan), or only the index of
+  /// the leaf's distinct sharding (resolve).
+  enum class Output { kShardings, kReport, kIndices };
+  Planner(const Mesh& mesh, Output output)
+      : mesh_(mesh), fill_report_(output == Output::kReport), indices_only_(output == Output::kIndices) {}
 
   void walk(const RuleTree& rules, const Tree<TensorSpec>& data) {
     if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
       throw TreeError("[plan] the rule tree is not a prefix of the data tree: " + m);
     }
     const std::size_t n = data.num_leaves();
-    shardings.reserve(n);
+    if (indices_only_) {
+      indices.reserve(n);
+    } else {
+      shardings.reserve(n);
+    }
     if (fill_report_) leaves.reserve(n);
     std::string path;
     path.reserve(256);
@@ -79,7 +109,14 @@ class Planner {
 
   std::vector<LeafPlan> leaves;
   std::vector<MaybeSharding> shardings;
+  std::vector<std::int32_t> indices;
   std::vector<RuleSlot> slots;
+
+  std::vector<NamedSharding> distinct_shardings() const {
+    std::vector<NamedSharding> out;
+    for (const auto& e : cache_) out.push_back(e.sharding);
+    return out;
+  }
 
  private:
   void walk_rules(const RuleTree& rules, const Tree<TensorSpec>& data, std::string& path) {
@@ -157,31 +194,35 @@ class Planner {
     ++slot.leaves;
 
     if (unspecified) {
+      if (indices_only_) {
+        indices.push_back(-1);
+        return;
+      }
       shardings.emplace_back();
       if (fill_report_) push_leaf(slot, full, t, d, std::nullopt, t.shape, 0);
       return;
     }
     SpecEntry& e = entry_for(d, slot, full);
     const int rank = t.shape.rank();
+    const SpecEntry::Seen* seen = nullptr;
     try {
       if (rank >= 64 || !(e.validated_ranks >> rank & 1)) {
         d.spec.validate(mesh_, rank, full);
         if (rank < 64) e.validated_ranks |= std::uint64_t{1} << rank;
       }
-      if (!e.has_last || !(e.last_shape == t.shape)) {
-        e.last_shard = e.sharding.shard_shape(t.shape, full);
-        e.last_shape = t.shape;
-        e.last_shard_numel = e.last_shard.numel();
-        e.has_last = true;
-      }
+      seen = &e.shard_of(t.shape, full);
     } catch (const SpecError& err) {
       throw SpecError(fmt::format("{}; {}{}", err.what(), where(slot),
                                   d.reason.empty() ? "" : fmt::format(" ({})", d.reason)));
     }
+    if (indices_only_) {
+      indices.push_back(e.index);
+      return;
+    }
     shardings.emplace_back(e.sharding);
     if (fill_report_) {
-      push_leaf(slot, full, t, d, d.spec, e.last_shard,
-                e.last_shard_numel * static_cast<std::int64_t>(size_of(t.dtype)));
+      push_leaf(slot, full, t, d, d.spec, seen->shard,
+                seen->shard_numel * static_cast<std::int64_t>(size_of(t.dtype)));
     }
   }
 
@@ -210,7 +251,7 @@ class Planner {
     }
     try {
       NamedSharding ns(mesh_, d.spec);
-      cache_.push_back(SpecEntry{d.spec, std::move(ns), 0, false, Shape(), Shape(), 0});
+      cache_.emplace_back(static_cast<int>(cache_.size()), d.spec, std::move(ns));
     } catch (const SpecError& e) {
       throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
     }
@@ -219,6 +260,7 @@ class Planner {
 
   const Mesh& mesh_;
   bool fill_report_;
+  bool indices_only_;
   int next_rule_index_ = 0;
   std::deque<SpecEntry> cache_;
 };
@@ -227,13 +269,20 @@ class Planner {
 
 Tree<MaybeSharding> MeshShardingHelper::match(const RuleTree& rules,
                                               const Tree<TensorSpec>& data) const {
-  Planner p(mesh_, false);
+  Planner p(mesh_, Planner::Output::kShardings);
   p.walk(rules, data);
   return data.unflatten(std::move(p.shardings));
 }
 
+ShardingAssignment MeshShardingHelper::resolve(const RuleTree& rules,
+                                               const Tree<TensorSpec>& data) const {
+  Planner p(mesh_, Planner::Output::kIndices);
+  p.walk(rules, data);
+  return ShardingAssignment{p.distinct_shardings(), std::move(p.indices)};
+}
+
 PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec>& data) const {
-  Planner p(mesh_, true);
+  Planner p(mesh_, Planner::Output::kReport);
   p.walk(rules, data);
   PlanReport report{mesh_, std::move(p.leaves), {}, 0, {}, {}};
   std::int64_t per_device = 0;

@@ -29,23 +29,25 @@ std::int64_t NamedSharding::num_shards(int dim) const {
 }
 
 Shape NamedSharding::shard_shape(const Shape& global, std::string_view path) const {
-  std::string where = path.empty() ? std::string("a tensor") : fmt::format("'{}'", path);
-  if (impl_->spec.size() > global.rank()) {
+  // Messages are formatted only on failure: plans call this for many tensors.
+  auto where = [&] { return path.empty() ? std::string("a tensor") : fmt::format("'{}'", path); };
+  const PartitionSpec& spec = impl_->spec;
+  if (spec.size() > global.rank()) {
     throw SpecError(fmt::format("[plan] {} has {} entries but {} (shape {}) has rank {}",
-                                impl_->spec.to_string(), impl_->spec.size(), where, global.to_string(),
+                                spec.to_string(), spec.size(), where(), global.to_string(),
                                 global.rank()));
   }
   Shape out = global;
-  for (int d = 0; d < impl_->spec.size(); ++d) {
+  for (int d = 0; d < spec.size(); ++d) {
     std::int64_t k = num_shards(d);
     if (k == 1) continue;
     if (global[d] % k != 0) {
-      const auto& axes = impl_->spec[d];
+      const auto& axes = spec[d];
       std::vector<std::string> sizes;
       for (const auto& a : axes) sizes.push_back(fmt::format("'{}' (size {})", a, impl_->mesh.axis_size(a)));
       throw SpecError(fmt::format(
           "[plan] dim {} of {} (shape {}) is not divisible by mesh {} {}{}; {} is not a multiple of {}",
-          d, where, global.to_string(), axes.size() == 1 ? "axis" : "axes",
+          d, where(), global.to_string(), axes.size() == 1 ? "axis" : "axes",
           fmt::join(sizes, " x "), axes.size() == 1 ? "" : fmt::format(" = {}", k), global[d], k));
     }
     out[d] = global[d] / k;

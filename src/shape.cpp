@@ -1,33 +1,32 @@
 #include "shardplan/shape.hpp"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <fmt/ranges.h>
 
 #include "shardplan/error.hpp"
 #include "shardplan/tensor_spec.hpp"
 
 namespace shardplan {
-namespace {
-void check(const std::vector<std::int64_t>& dims) {
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i] < 0) {
+void Shape::assign(const std::int64_t* first, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (first[i] < 0) {
       throw SpecError(fmt::format("[shape] dimension {} of [{}] is negative", i,
-                                  fmt::join(dims, ", ")));
+                                  fmt::join(first, first + n, ", ")));
     }
   }
-}
-}  // namespace
-
-Shape::Shape(std::initializer_list<std::int64_t> dims) : dims_(dims) { check(dims_); }
-Shape::Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) { check(dims_); }
-
-std::int64_t Shape::numel() const {
-  std::int64_t n = 1;
-  for (auto d : dims_) n *= d;
-  return n;
+  rank_ = static_cast<int>(n);
+  if (rank_ > kInlineRank) {
+    heap_.assign(first, first + n);
+  } else {
+    std::copy(first, first + n, inline_);
+  }
 }
 
-std::string Shape::to_string() const { return fmt::format("[{}]", fmt::join(dims_, ", ")); }
+Shape::Shape(std::initializer_list<std::int64_t> dims) { assign(dims.begin(), dims.size()); }
+Shape::Shape(const std::vector<std::int64_t>& dims) { assign(dims.data(), dims.size()); }
+
+std::string Shape::to_string() const { return fmt::format("[{}]", fmt::join(begin(), end(), ", ")); }
 
 std::ostream& operator<<(std::ostream& os, const Shape& shape) { return os << shape.to_string(); }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,20 @@ namespace shardplan {
 
 /// A sharding decided for a leaf, or nullopt when the rule tree left it Unspecified.
 using MaybeSharding = std::optional<NamedSharding>;
+
+/// The compact form of a match: the distinct shardings, and for every leaf of the data tree in
+/// flatten order the index of its sharding in `shardings` (-1 where the rule tree left it
+/// unspecified). What a program needs to place arrays, without a tree or a report.
+struct ShardingAssignment {
+  std::vector<NamedSharding> shardings;
+  std::vector<std::int32_t> leaf_sharding;
+  /// The sharding of leaf i, or nullopt when unspecified.
+  MaybeSharding sharding_of(std::size_t leaf) const {
+    const std::int32_t k = leaf_sharding.at(leaf);
+    if (k < 0) return std::nullopt;
+    return shardings[static_cast<std::size_t>(k)];
+  }
+};
 
 /// One entry of an explanation of a leaf's sharding.
 struct ExplainStep {
@@ -42,6 +57,8 @@ class MeshShardingHelper {
   /// unknown axis, has more entries than the rank, or does not divide (naming path, shape, axes).
   Tree<MaybeSharding> match(const RuleTree& rules, const Tree<TensorSpec>& data) const;
 
+  /// As match, in the compact form: the same checks, the same errors, no per-leaf objects.
+  ShardingAssignment resolve(const RuleTree& rules, const Tree<TensorSpec>& data) const;
   /// As match, with the report: every leaf's spec, shard shape, bytes and deciding rule; bytes
   /// per device; rule entries that matched nothing; leaves that fell through. Throws as match.
   PlanReport plan(const RuleTree& rules, const Tree<TensorSpec>& data) const;
