@@ -17,7 +17,7 @@ python3 - <<'PY'
 import re
 bench = open("/tmp/plan_bench.txt").read()
 ref = float(re.search(r"python_reference_ms ([0-9.]+)", open("/tmp/plan_reference.txt").read()).group(1))
-for name in ("BM_Plan", "BM_Match", "BM_RuleApplyOnly", "BM_BoostRegexOnly"):
+for name in ("BM_Plan", "BM_Match", "BM_Resolve", "BM_RuleApplyOnly", "BM_BoostRegexOnly"):
     m = re.search(name + r"\S*\s+([0-9.]+) ms", bench)
     if m:
         t = float(m.group(1))

@@ -37,7 +37,9 @@ void append_segment(std::string& path, const Tree<TensorSpec>& node, std::size_t
   if (!path.empty()) path += '/';
   if (node.is_dict()) {
     const std::string& key = node.keys()[i];
-    if (key.find_first_of("~/") == std::string::npos) {
+    bool plain = true;
+    for (const char c : key) plain &= (c != '~') & (c != '/');
+    if (plain) {
       path += key;
     } else {
       path += escape_key(key);
@@ -95,13 +97,7 @@ class Planner {
     if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
       throw TreeError("[plan] the rule tree is not a prefix of the data tree: " + m);
     }
-    const std::size_t n = data.num_leaves();
-    if (indices_only_) {
-      indices.reserve(n);
-    } else {
-      shardings.reserve(n);
-    }
-    if (fill_report_) leaves.reserve(n);
+    if (fill_report_) leaves.reserve(data.num_leaves());
     std::string path;
     path.reserve(256);
     walk_rules(rules, data, path);

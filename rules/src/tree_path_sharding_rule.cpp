@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <boost/regex.hpp>
 #include <utility>
 
@@ -41,16 +42,19 @@ struct TreePathShardingRule::Impl {
       memo.last.clear();
       memo.states.assign(1, dfa->start());
     }
+    // memo.states[i] is valid for i <= memo.last.size().
     const std::size_t n = std::min(path.size(), memo.last.size());
-    std::size_t common = 0;
-    while (common < n && path[common] == memo.last[common]) ++common;
-    memo.last.assign(path.data(), path.size());
-    memo.states.resize(path.size() + 1);
+    const std::size_t common = static_cast<std::size_t>(
+        std::mismatch(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(n), memo.last.begin())
+            .first -
+        path.begin());
+    memo.last.resize(common);
+    memo.last.append(path.substr(common));
+    if (memo.states.size() < path.size() + 1) memo.states.resize(path.size() + 1);
     detail::PathMatcher::State s = memo.states[common];
     for (std::size_t i = common; i < path.size(); ++i) {
       s = dfa->step(s, static_cast<unsigned char>(path[i]));
       if (s == detail::PathMatcher::kFallback) {
-        memo.states.assign(1, dfa->start());
         memo.last.clear();
         return -2;
       }
