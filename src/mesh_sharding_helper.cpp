@@ -203,7 +203,11 @@ class Planner {
     const SpecEntry::Seen* seen = nullptr;
     try {
       if (rank >= 64 || !(e.validated_ranks >> rank & 1)) {
-        d.spec.validate(mesh_, rank, full);
+        try {
+          d.spec.validate(mesh_, rank, full);
+        } catch (const SpecError& err) {
+          throw SpecError(fmt::format("{} (shape {})", err.what(), t.shape.to_string()));
+        }
         if (rank < 64) e.validated_ranks |= std::uint64_t{1} << rank;
       }
       seen = &e.shard_of(t.shape, full);

@@ -235,3 +235,32 @@ TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
 
 }  // namespace
 }  // namespace shardplan
+
+namespace shardplan {
+namespace {
+
+TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
+  const RuleTree rules = RuleTree::dict({
+      {"step", Unspecified{}},
+      {"params", RulePtr(std::make_shared<FSDPShardingRule>("x", 1))},
+      {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
+  });
+  const MeshShardingHelper helper(Mesh::parse("x:4,y:2", 8));
+  const auto data = Tree<TensorSpec>::dict({
+      {"step", TensorSpec{Shape{}, DType::kI32}},
+      {"params", Tree<TensorSpec>::dict({{"a", TensorSpec{Shape{8, 16}, DType::kF32}},
+                                         {"b", TensorSpec{Shape{64}, DType::kF32}}})},
+      {"opt_state", Tree<TensorSpec>::dict({{"mu", TensorSpec{Shape{16, 4}, DType::kF32}}})},
+  });
+  const auto matched = helper.match(rules, data).leaves();
+  const ShardingAssignment a = helper.resolve(rules, data);
+  ASSERT_EQ(a.leaf_sharding.size(), matched.size());
+  for (std::size_t i = 0; i < matched.size(); ++i) EXPECT_EQ(a.sharding_of(i), matched[i]) << i;
+  EXPECT_EQ(a.leaf_sharding[3], -1);  // "step", unspecified, is last in flatten order
+  // Distinct shardings only: P(None, 'x') for a, P('x') for b, P(('x','y'), None) for mu.
+  EXPECT_EQ(a.shardings.size(), 3u);
+  EXPECT_THROW_WITH(helper.resolve(RuleTree(P("x", "y")), data), SpecError, "'params/b'", "[64]");
+}
+
+}  // namespace
+}  // namespace shardplan
