@@ -74,6 +74,17 @@ void BM_Resolve(benchmark::State& state) {
 }
 BENCHMARK(BM_Resolve)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
+// Only visiting every node of the tree (counting leaves): the floor under any planner that walks
+// this tree.
+void BM_WalkOnly(benchmark::State& state) {
+  const Workload& w = workload();
+  for (auto _ : state) {
+    auto n = w.tree.num_leaves();
+    benchmark::DoNotOptimize(n);
+  }
+}
+BENCHMARK(BM_WalkOnly)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
 // The rule alone, leaf by leaf over the flattened paths: regex time without the planner.
 void BM_RuleApplyOnly(benchmark::State& state) {
   const Workload& w = workload();
