@@ -6,6 +6,7 @@
 #include <array>
 #include <charconv>
 #include <deque>
+#include <unordered_map>
 #include <exception>
 
 #include "shardplan/error.hpp"
@@ -22,7 +23,21 @@ struct RuleSlot {
   std::vector<std::string> labels;
   std::vector<std::int64_t> entry_hits;
   std::int64_t leaves = 0;
+  const PathAutomaton* automaton = nullptr;  // the rule's, when it has one
 };
+
+/// True when two subtrees have the same kinds, keys and leaf specs: a rule that exposes a
+/// PathAutomaton decides them alike when reached in the same state.
+bool same_subtree(const Tree<TensorSpec>& a, const Tree<TensorSpec>& b) {
+  if (&a == &b) return true;
+  if (a.kind() != b.kind() || a.size() != b.size()) return false;
+  if (a.is_leaf()) return a.leaf() == b.leaf();
+  if (a.is_dict() && a.keys() != b.keys()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!same_subtree(a.children()[i], b.children()[i])) return false;
+  }
+  return true;
+}
 
 std::string rule_name(const RuleLeaf* leaf) {
   if (leaf == nullptr) return "None";
@@ -91,7 +106,10 @@ class Planner {
   /// the leaf's distinct sharding (resolve).
   enum class Output { kShardings, kReport, kIndices };
   Planner(const Mesh& mesh, Output output)
-      : mesh_(mesh), fill_report_(output == Output::kReport), indices_only_(output == Output::kIndices) {}
+      : mesh_(mesh),
+        fill_report_(output == Output::kReport),
+        indices_only_(output == Output::kIndices),
+        memo_enabled_(output != Output::kReport) {}
 
   void walk(const RuleTree& rules, const Tree<TensorSpec>& data) {
     if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
@@ -123,12 +141,18 @@ class Planner {
       slot.leaf = rules.is_leaf() ? &rules.leaf() : nullptr;
       slot.name = rule_name(slot.leaf);
       if (slot.leaf) {
-        if (const auto* r = std::get_if<RulePtr>(slot.leaf); r && *r) slot.labels = (*r)->entry_labels();
+        if (const auto* r = std::get_if<RulePtr>(slot.leaf); r && *r) {
+          slot.labels = (*r)->entry_labels();
+          slot.automaton = (*r)->path_automaton();
+        }
       }
       slot.entry_hits.assign(slot.labels.size(), 0);
       slots.push_back(std::move(slot));
       const std::size_t rel_start = path.empty() ? 0 : path.size() + 1;
-      walk_data(slots.back(), data, path, rel_start);
+      RuleSlot& sl = slots.back();
+      const PathAutomaton::State start =
+          sl.automaton && memo_enabled_ ? sl.automaton->start() : PathAutomaton::kUnknown;
+      walk_data(sl, slots.size() - 1, data, path, rel_start, start);
       return;
     }
     const std::size_t base = path.size();
@@ -139,19 +163,64 @@ class Planner {
     }
   }
 
-  void walk_data(RuleSlot& slot, const Tree<TensorSpec>& data, std::string& path,
-                 std::size_t rel_start) {
+  // `state` is the rule's automaton state after the leaf-relative path so far, or kUnknown.
+  void walk_data(RuleSlot& slot, std::size_t slot_id, const Tree<TensorSpec>& data,
+                 std::string& path, std::size_t rel_start, PathAutomaton::State state) {
     if (data.is_leaf()) {
       const std::string_view full(path);
       const std::string_view rel = full.size() >= rel_start ? full.substr(rel_start) : std::string_view();
       decide(slot, full, rel, data.leaf());
       return;
     }
+    // A subtree equal to one already decided in the same state gets the same decisions.
+    std::vector<MemoEntry>* candidates = nullptr;
+    if (state != PathAutomaton::kUnknown && data.size() > 0) {
+      candidates = &memo_[(static_cast<std::uint64_t>(slot_id) << 32) | state];
+      for (const MemoEntry& c : *candidates) {
+        if (same_subtree(*c.node, data)) {
+          repeat_outputs(c.begin, c.count);
+          slot.leaves += static_cast<std::int64_t>(c.count);
+          return;
+        }
+      }
+    }
+    const std::size_t begin = output_size();
     const std::size_t base = path.size();
     for (std::size_t i = 0; i < data.size(); ++i) {
       append_segment(path, data, i);
-      walk_data(slot, data.children()[i], path, rel_start);
+      PathAutomaton::State child = PathAutomaton::kUnknown;
+      if (state != PathAutomaton::kUnknown) {
+        // The bytes just appended, without the '/' that joins the rule's own path.
+        std::string_view added = std::string_view(path).substr(base);
+        if (base + 1 == rel_start && !added.empty() && added.front() == '/') added.remove_prefix(1);
+        child = slot.automaton->advance(state, added);
+      }
+      walk_data(slot, slot_id, data.children()[i], path, rel_start, child);
       path.resize(base);
+    }
+    if (candidates != nullptr) {
+      // Found again: the recursion may have rehashed the map.
+      auto& list = memo_[(static_cast<std::uint64_t>(slot_id) << 32) | state];
+      if (list.size() < kMaxCandidates) list.push_back(MemoEntry{&data, begin, output_size() - begin});
+    }
+  }
+
+  struct MemoEntry {
+    const Tree<TensorSpec>* node;
+    std::size_t begin;  // first output of the subtree
+    std::size_t count;
+  };
+  static constexpr std::size_t kMaxCandidates = 4;
+
+  std::size_t output_size() const { return indices_only_ ? indices.size() : shardings.size(); }
+
+  void repeat_outputs(std::size_t begin, std::size_t count) {
+    if (indices_only_) {
+      indices.reserve(indices.size() + count);
+      for (std::size_t k = 0; k < count; ++k) indices.push_back(indices[begin + k]);
+    } else {
+      shardings.reserve(shardings.size() + count);
+      for (std::size_t k = 0; k < count; ++k) shardings.push_back(shardings[begin + k]);
     }
   }
 
@@ -261,6 +330,9 @@ class Planner {
   const Mesh& mesh_;
   bool fill_report_;
   bool indices_only_;
+  // Reports need every leaf's path and per-entry counts, so they decide every leaf.
+  bool memo_enabled_;
+  std::unordered_map<std::uint64_t, std::vector<MemoEntry>> memo_;
   int next_rule_index_ = 0;
   std::deque<SpecEntry> cache_;
 };

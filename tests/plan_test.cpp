@@ -264,3 +264,63 @@ TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
 
 }  // namespace
 }  // namespace shardplan
+
+namespace shardplan {
+namespace {
+
+// resolve() and match() reuse the decisions of a subtree for an equal subtree reached in the same
+// automaton state; plan() decides every leaf. They must agree on trees built to trip the reuse:
+// patterns that single out one layer or expert, experts that differ in one shape, and keys that
+// differ only in a character the patterns look at.
+TEST(MeshShardingHelper, SubtreeReuseNeverChangesADecision) {
+  std::vector<Data> layers;
+  for (int l = 0; l < 12; ++l) {
+    std::vector<Data> experts;
+    for (int e = 0; e < 6; ++e) {
+      const std::int64_t rows = (l == 7 && e == 3) ? 24 : 16;  // one expert differs in shape
+      experts.push_back(Data::dict({{"w_in", TensorSpec{Shape{rows, 32}, DType::kF32}},
+                                    {"w_out", TensorSpec{Shape{32, 16}, DType::kF32}},
+                                    {"scale", TensorSpec{Shape{1}, DType::kF32}}}));
+    }
+    layers.push_back(Data::dict({{"experts", Data::list(std::move(experts))},
+                                 {l == 5 ? "norm_b" : "norm_a", TensorSpec{Shape{32}, DType::kF32}}}));
+  }
+  const Data data = Data::dict({{"layers", Data::list(std::move(layers))}});
+  const auto rule = std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
+      {"layers/1[01]/experts/[0-9]+/w_in", P(nullptr, "y")},  // only layers 10 and 11
+      {"experts/2/w_out$", P("y")},                         // only expert 2 of every layer
+      {"experts/[0-9]+/w_in$", P("x")},
+      {"experts/[0-9]+/w_out$", P(nullptr, "x")},
+      {"norm_b", P("x")},
+      {".*", P()},
+  });
+  ASSERT_NE(rule->path_automaton(), nullptr);
+  const MeshShardingHelper helper(Mesh::parse("x:4,y:2", 8));
+  const PlanReport report = helper.plan(RuleTree(RulePtr(rule)), data);
+  const ShardingAssignment a = helper.resolve(RuleTree(RulePtr(rule)), data);
+  const auto matched = helper.match(RuleTree(RulePtr(rule)), data).leaves();
+  ASSERT_EQ(a.leaf_sharding.size(), report.leaves.size());
+  for (std::size_t i = 0; i < report.leaves.size(); ++i) {
+    const LeafPlan& l = report.leaves[i];
+    EXPECT_EQ(a.sharding_of(i)->spec(), *l.spec) << l.path;
+    EXPECT_EQ(matched[i]->spec(), *l.spec) << l.path;
+  }
+  // Spot checks against the table, by hand.
+  EXPECT_EQ(*report.find("layers/10/experts/4/w_in")->spec, P(nullptr, "y"));
+  EXPECT_EQ(*report.find("layers/3/experts/4/w_in")->spec, P("x"));
+  EXPECT_EQ(*report.find("layers/3/experts/2/w_out")->spec, P("y"));
+  EXPECT_EQ(*report.find("layers/5/norm_b")->spec, P("x"));
+  EXPECT_EQ(report.find("layers/7/experts/3/w_in")->shard_shape, Shape({6, 32}));
+}
+
+TEST(MeshShardingHelper, SubtreeReuseStillReportsErrorsOfTheFirstSubtree) {
+  std::vector<Data> experts(3, Data::dict({{"w", TensorSpec{Shape{6, 8}, DType::kF32}}}));
+  const Data data = Data::dict({{"experts", Data::list(experts)}});
+  const auto rule = std::make_shared<TreePathShardingRule>(
+      std::vector<TreePathShardingRule::Entry>{{"w$", P("x")}});
+  EXPECT_THROW_WITH(MeshShardingHelper(Mesh::parse("x:4", 4)).resolve(RuleTree(RulePtr(rule)), data),
+                    SpecError, "'experts/0/w'", "[6, 8]", "'x'");
+}
+
+}  // namespace
+}  // namespace shardplan

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -40,6 +41,22 @@ struct RuleStep {
   bool decided = false;
 };
 
+/// A deterministic automaton over path bytes that a rule's decisions depend on (a regex table's
+/// DFA). A rule that exposes one promises: two leaves whose relative paths lead to the same state
+/// and whose TensorSpecs are equal get the same decision. The planner uses this to decide
+/// identical subtrees reached in the same state once (every expert of a MoE layer, every layer
+/// of a model). Thread-safe.
+class PathAutomaton {
+ public:
+  using State = std::uint32_t;
+  /// A state from which nothing may be concluded (the rule must see the path).
+  static constexpr State kUnknown = 0xffffffffu;
+  virtual ~PathAutomaton() = default;
+  virtual State start() const = 0;
+  /// The state after `bytes` follow a prefix that led to `s` (kUnknown stays kUnknown).
+  virtual State advance(State s, std::string_view bytes) const = 0;
+};
+
 /// The interface of every sharding rule: maps a leaf to a PartitionSpec. The built-in rules in
 /// rules/ use only this interface; a user's rule looks exactly like them. Implementations must be
 /// thread-safe for concurrent apply() calls (they are immutable once built).
@@ -55,6 +72,9 @@ class ShardingRule {
   virtual std::vector<std::string> entry_labels() const { return {}; }
   /// Every entry tried on a leaf, in order, and which one decided. The default reports apply().
   virtual std::vector<RuleStep> explain(const RuleInput& in) const;
+  /// The automaton the rule's decisions depend on, if it has one (see PathAutomaton); the default
+  /// has none, and the planner calls apply() for every leaf.
+  virtual const PathAutomaton* path_automaton() const { return nullptr; }
 };
 
 using RulePtr = std::shared_ptr<const ShardingRule>;

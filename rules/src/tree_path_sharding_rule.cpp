@@ -11,12 +11,34 @@
 
 namespace shardplan {
 
+namespace {
+
+/// The table's DFA seen as the planner's PathAutomaton. Decisions depend on the path only through
+/// the DFA's first match, and on the tensor through the one-element check, so equal states and
+/// equal specs give equal decisions.
+class DfaAutomaton : public PathAutomaton {
+ public:
+  explicit DfaAutomaton(const detail::PathMatcher& m) : m_(m) {}
+  State start() const override { return m_.start(); }
+  State advance(State s, std::string_view bytes) const override {
+    if (s == kUnknown) return kUnknown;
+    const auto next = m_.scan(s, bytes);
+    return next == detail::PathMatcher::kFallback ? kUnknown : next;
+  }
+
+ private:
+  const detail::PathMatcher& m_;
+};
+
+}  // namespace
+
 struct TreePathShardingRule::Impl {
   std::vector<boost::regex> regexes;
   /// Entries whose pattern matches the empty string: they match every path (catch-alls).
   std::vector<bool> catch_all;
   /// All patterns as one DFA, when they are in its subset (else Boost decides every path).
   std::optional<detail::PathMatcher> dfa;
+  std::optional<DfaAutomaton> automaton;  // over `dfa`
 
   /// Index of the first entry whose regex is found in `path`, or -1.
   int first_match(std::string_view path) const {
@@ -106,6 +128,7 @@ TreePathShardingRule::TreePathShardingRule(std::vector<Entry> entries, bool stri
   std::vector<std::string> patterns;
   for (const Entry& e : entries_) patterns.push_back(e.pattern);
   impl->dfa = detail::PathMatcher::compile(patterns);
+  if (impl->dfa) impl->automaton.emplace(*impl->dfa);
   impl_ = std::move(impl);
 }
 
@@ -157,6 +180,10 @@ RuleDecision TreePathShardingRule::apply(const RuleInput& in) const {
 std::string TreePathShardingRule::name() const {
   return fmt::format("TreePathShardingRule({} rules, {})", entries_.size(),
                      strict_ ? "strict" : "not strict");
+}
+
+const PathAutomaton* TreePathShardingRule::path_automaton() const {
+  return impl_->automaton ? &*impl_->automaton : nullptr;
 }
 
 std::vector<std::string> TreePathShardingRule::entry_labels() const {

@@ -30,6 +30,8 @@ class RuleTableShardingRule : public ShardingRule {
   std::string name() const override;
   std::vector<std::string> entry_labels() const override;
   std::vector<RuleStep> explain(const RuleInput& in) const override;
+  /// The regex table's automaton: the other steps depend only on the tensor spec.
+  const PathAutomaton* path_automaton() const override { return table_->path_automaton(); }
 
  private:
   std::string source_;

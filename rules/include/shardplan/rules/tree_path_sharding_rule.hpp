@@ -31,6 +31,8 @@ class TreePathShardingRule : public ShardingRule {
   std::string name() const override;
   std::vector<std::string> entry_labels() const override;
   std::vector<RuleStep> explain(const RuleInput& in) const override;
+  /// The DFA of the whole table when every pattern is in its subset, else nullptr.
+  const PathAutomaton* path_automaton() const override;
 
   /// The decision of the first matching entry (or the scalar pre-check), or nullopt when no
   /// entry matches. Lets other rules (rule files) chain a fallback after this one.
