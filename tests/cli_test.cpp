@@ -93,7 +93,8 @@ TEST_F(CliTest, JsonHasTheDocumentedSchemaAndSplitsLargeWeightsEightWays) {
   EXPECT_EQ(j["mesh"]["shape"], (nlohmann::json{4, 2}));
   ASSERT_EQ(j["leaves"].size(), 2u + 32u * 9u + 1u);
   for (const auto& leaf : j["leaves"]) {
-    for (const char* f : {"path", "shape", "dtype", "spec", "shard_shape", "bytes_per_device", "rule"}) {
+    for (const char* f :
+         {"path", "shape", "dtype", "spec", "shard_shape", "bytes_per_device", "rule"}) {
       ASSERT_TRUE(leaf.contains(f)) << f;
     }
     std::int64_t numel = 1;
@@ -110,9 +111,11 @@ TEST_F(CliTest, JsonHasTheDocumentedSchemaAndSplitsLargeWeightsEightWays) {
 
 TEST_F(CliTest, PlansASafetensorsCheckpointWithThePresetFile) {
   const fs::path model = llama_checkpoint(2);
-  const std::string preset = std::string(SHARDPLAN_SOURCE_DIR) + "/rules/presets/llama_fsdp_tp.yaml";
-  const Result r = run(fmt::format("plan --model '{}' --rules '{}' --mesh fsdp:4,tp:2 --devices 8 --json",
-                                model.string(), preset));
+  const std::string preset =
+      std::string(SHARDPLAN_SOURCE_DIR) + "/rules/presets/llama_fsdp_tp.yaml";
+  const Result r =
+      run(fmt::format("plan --model '{}' --rules '{}' --mesh fsdp:4,tp:2 --devices 8 --json",
+                      model.string(), preset));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   int large = 0;
@@ -123,7 +126,8 @@ TEST_F(CliTest, PlansASafetensorsCheckpointWithThePresetFile) {
     const std::string spec = leaf["spec"].dump();
     EXPECT_THAT(spec, ::testing::HasSubstr("\"fsdp\"")) << leaf["path"];
     EXPECT_THAT(spec, ::testing::HasSubstr("\"tp\"")) << leaf["path"];
-    const std::int64_t bytes = leaf["shape"][0].get<std::int64_t>() * leaf["shape"][1].get<std::int64_t>() * 2;
+    const std::int64_t bytes =
+        leaf["shape"][0].get<std::int64_t>() * leaf["shape"][1].get<std::int64_t>() * 2;
     EXPECT_EQ(leaf["bytes_per_device"].get<std::int64_t>(), bytes / 8) << leaf["path"];
   }
   EXPECT_EQ(large, 2 + 2 * 7);
@@ -152,7 +156,8 @@ TEST_F(CliTest, PlanFailuresExitOneNamingPathShapeAndAxis) {
 
 TEST_F(CliTest, CorruptSafetensorsExitsOneWithAClearMessage) {
   const fs::path model = dir_ / "bad.safetensors";
-  std::ofstream(model, std::ios::binary) << std::string("\x10\x00\x00\x00\x00\x00\x00\x00{\"w\": [1, 2", 19);
+  std::ofstream(model, std::ios::binary)
+      << std::string("\x10\x00\x00\x00\x00\x00\x00\x00{\"w\": [1, 2", 19);
   const Result r = run(fmt::format("plan --model '{}'", model.string()));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, ::testing::HasSubstr("bad.safetensors"));
@@ -173,7 +178,8 @@ TEST_F(CliTest, BadUsageExitsTwo) {
 TEST_F(CliTest, HelpExplainsOptionsWithExamples) {
   const Result r = run("plan --help");
   EXPECT_EQ(r.code, 0);
-  for (const char* opt : {"--model", "--mesh", "--devices", "--rules", "--json", "--explain", "Example"}) {
+  for (const char* opt :
+       {"--model", "--mesh", "--devices", "--rules", "--json", "--explain", "Example"}) {
     EXPECT_THAT(r.out, ::testing::HasSubstr(opt));
   }
 }
@@ -193,7 +199,8 @@ TEST_F(CliTest, VisualizeDrawsTheGrid) {
 TEST_F(CliTest, PresetsListsEveryPreset) {
   const Result r = run("presets");
   ASSERT_EQ(r.code, 0);
-  for (const char* p : {"llama_fsdp.yaml", "llama_fsdp_tp.yaml", "mixtral_ep.yaml", "gpt2.yaml", "t5.yaml"}) {
+  for (const char* p :
+       {"llama_fsdp.yaml", "llama_fsdp_tp.yaml", "mixtral_ep.yaml", "gpt2.yaml", "t5.yaml"}) {
     EXPECT_THAT(r.out, ::testing::HasSubstr(p));
   }
 }

@@ -17,11 +17,19 @@ int boost_first(const std::vector<boost::regex>& rs, const std::string& path) {
 }
 
 std::vector<std::string> random_paths(std::size_t n, std::uint32_t seed) {
-  static const std::vector<std::string> segments = {
-      "model", "layers", "0", "1", "17", "255", "mlp", "experts", "self_attn", "q_proj", "k_proj",
-      "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj", "weight", "weight_scale_inv", "bias",
-      "kernel", "embed_tokens", "lm_head", "norm", "input_layernorm", "a", "b", "c", "ab", "",
-      "x y", "a.b", "c-d", "w$", "(x)", "[1]", "q+", "Z9_"};
+  static const std::vector<std::string> segments = {"model",     "layers",  "0",
+                                                    "1",         "17",      "255",
+                                                    "mlp",       "experts", "self_attn",
+                                                    "q_proj",    "k_proj",  "v_proj",
+                                                    "o_proj",    "up_proj", "down_proj",
+                                                    "gate_proj", "weight",  "weight_scale_inv",
+                                                    "bias",      "kernel",  "embed_tokens",
+                                                    "lm_head",   "norm",    "input_layernorm",
+                                                    "a",         "b",       "c",
+                                                    "ab",        "",        "x y",
+                                                    "a.b",       "c-d",     "w$",
+                                                    "(x)",       "[1]",     "q+",
+                                                    "Z9_"};
   std::mt19937 rng(seed);
   std::vector<std::string> out;
   for (std::size_t i = 0; i < n; ++i) {
@@ -52,22 +60,56 @@ void expect_agrees(const std::vector<std::string>& patterns, std::uint32_t seed)
 }
 
 TEST(PathMatcher, AgreesWithBoostOnRealRuleTables) {
-  expect_agrees({"embed_tokens/weight$", "self_attn/(q|k|v)_proj/weight$", "self_attn/o_proj/weight$",
-                 "mlp/(gate|up)_proj/weight$", "mlp/down_proj/weight$", "lm_head/weight$",
-                 "norm/weight$", ".*"},
+  expect_agrees({"embed_tokens/weight$", "self_attn/(q|k|v)_proj/weight$",
+                 "self_attn/o_proj/weight$", "mlp/(gate|up)_proj/weight$", "mlp/down_proj/weight$",
+                 "lm_head/weight$", "norm/weight$", ".*"},
                 1);
-  expect_agrees({"mlp/experts/[0-9]+/(gate|up)_proj/weight$", "weight_scale_inv$", "^model/norm/weight$",
-                 "layers/1[0-9]/", "(input|post_attention)_layernorm"},
+  expect_agrees({"mlp/experts/[0-9]+/(gate|up)_proj/weight$", "weight_scale_inv$",
+                 "^model/norm/weight$", "layers/1[0-9]/", "(input|post_attention)_layernorm"},
                 2);
 }
 
 TEST(PathMatcher, AgreesWithBoostOnAPatternZoo) {
-  const std::vector<std::string> zoo = {
-      "a", "ab|c", "^a", "b$", "^$", "a*", "(ab)+", "a{2}", "a{1,3}b", "[a-c]+/", "[^a-z]",
-      "\\d+", "\\D", "\\w+\\s", "\\W", "\\S$", "x\\.y|a\\.b", "\\(x\\)", "\\[1\\]", "q\\+",
-      "w\\$", "(?:ab|b)c", "a.?b", "a+?", ".*/weight", "(^|/)b$", "^(a|b)*$", "[]a]", "[a-]",
-      "[\\d_]+", "c-d", "x y", "a{0,2}?c", "$^", "(a|)+b", "((a*)*)*", "[\\x41-\\x5a]", "^.{3}$",
-      "o_proj|k_proj", "Z9_"};
+  const std::vector<std::string> zoo = {"a",
+                                        "ab|c",
+                                        "^a",
+                                        "b$",
+                                        "^$",
+                                        "a*",
+                                        "(ab)+",
+                                        "a{2}",
+                                        "a{1,3}b",
+                                        "[a-c]+/",
+                                        "[^a-z]",
+                                        "\\d+",
+                                        "\\D",
+                                        "\\w+\\s",
+                                        "\\W",
+                                        "\\S$",
+                                        "x\\.y|a\\.b",
+                                        "\\(x\\)",
+                                        "\\[1\\]",
+                                        "q\\+",
+                                        "w\\$",
+                                        "(?:ab|b)c",
+                                        "a.?b",
+                                        "a+?",
+                                        ".*/weight",
+                                        "(^|/)b$",
+                                        "^(a|b)*$",
+                                        "[]a]",
+                                        "[a-]",
+                                        "[\\d_]+",
+                                        "c-d",
+                                        "x y",
+                                        "a{0,2}?c",
+                                        "$^",
+                                        "(a|)+b",
+                                        "((a*)*)*",
+                                        "[\\x41-\\x5a]",
+                                        "^.{3}$",
+                                        "o_proj|k_proj",
+                                        "Z9_"};
   for (std::size_t i = 0; i < zoo.size(); ++i) {
     expect_agrees({zoo[i]}, static_cast<std::uint32_t>(10 + i));
   }

@@ -99,12 +99,14 @@ Named t5_small() {
     const bool dec = std::string(stack) == "decoder";
     for (int b = 0; b < 6; ++b) {
       const std::string p = fmt::format("{}.block.{}.layer.", stack, b);
-      for (const char* w : {"q", "k", "v", "o"}) add(n, p + "0.SelfAttention." + w + ".weight", {512, 512}, f);
+      for (const char* w : {"q", "k", "v", "o"})
+        add(n, p + "0.SelfAttention." + w + ".weight", {512, 512}, f);
       if (b == 0) add(n, p + "0.SelfAttention.relative_attention_bias.weight", {32, 8}, f);
       add(n, p + "0.layer_norm.weight", {512}, f);
       int ff = 1;
       if (dec) {
-        for (const char* w : {"q", "k", "v", "o"}) add(n, p + "1.EncDecAttention." + w + ".weight", {512, 512}, f);
+        for (const char* w : {"q", "k", "v", "o"})
+          add(n, p + "1.EncDecAttention." + w + ".weight", {512, 512}, f);
         add(n, p + "1.layer_norm.weight", {512}, f);
         ff = 2;
       }
@@ -119,7 +121,8 @@ Named t5_small() {
   return n;
 }
 
-PlanReport plan_preset(const std::string& preset, const Named& model, const std::string& mesh = "") {
+PlanReport plan_preset(const std::string& preset, const Named& model,
+                       const std::string& mesh = "") {
   const RuleFile f = load_preset(preset);
   const MeshShardingHelper helper(Mesh::parse(mesh.empty() ? *f.mesh : mesh, 8));
   return helper.plan(RuleTree(f.make_rule()), tree_from_names(model));
@@ -145,7 +148,8 @@ void expect_large_split_eight_ways(const PlanReport& r, const std::string& buffe
 
 TEST(Presets, AllAreCompiledInAndParse) {
   const auto names = preset_names();
-  for (const char* want : {"llama_fsdp.yaml", "llama_fsdp_tp.yaml", "mixtral_ep.yaml", "gpt2.yaml", "t5.yaml"}) {
+  for (const char* want :
+       {"llama_fsdp.yaml", "llama_fsdp_tp.yaml", "mixtral_ep.yaml", "gpt2.yaml", "t5.yaml"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   }
   for (const auto& n : names) {
@@ -169,7 +173,8 @@ TEST(Presets, LlamaFsdpTpPutsEveryLargeWeightOnBothAxes) {
 }
 
 TEST(Presets, LlamaFsdpTpFitsLlama3WithGqa) {
-  // LLaMA-3-8B: hidden 4096, 8 kv heads of 128 (k/v [1024, 4096]), intermediate 14336, vocab 128256.
+  // LLaMA-3-8B: hidden 4096, 8 kv heads of 128 (k/v [1024, 4096]), intermediate 14336, vocab
+  // 128256.
   expect_large_split_eight_ways(plan_preset("llama_fsdp_tp", llama(2, 4096, 14336, 128256, 1024)));
 }
 

@@ -93,8 +93,8 @@ TEST(ScalaxTreePath, NonStrictReplicatesAnUnmatchedLeaf) {
 TEST(ScalaxPolicy, CallableSeesPathAndTensor) {
   const auto tree = Tree<TensorSpec>::dict({
       {"a", f32({16, 16})},
-      {"b", Tree<TensorSpec>::dict({{"c", f32({16, 16})},
-                                    {"d", TensorSpec{Shape{16, 16}, DType::kI32}}})},
+      {"b", Tree<TensorSpec>::dict(
+                {{"c", f32({16, 16})}, {"d", TensorSpec{Shape{16, 16}, DType::kI32}}})},
       {"e", f32({})},
   });
   const PolicyShardingRule rule([](std::string_view path, const TensorSpec& t) {
@@ -154,14 +154,18 @@ Tree<TensorSpec> easylm_llama_tree(int layers, std::int64_t vocab, std::int64_t 
          Tree<TensorSpec>::dict({{"scale", TensorSpec{Shape{hidden}, dt}}})},
     }));
   }
-  return Tree<TensorSpec>::dict({{"params", Tree<TensorSpec>::dict({
-      {"transformer", Tree<TensorSpec>::dict({
-          {"wte", Tree<TensorSpec>::dict({{"embedding", TensorSpec{Shape{vocab, hidden}, dt}}})},
-          {"h", Tree<TensorSpec>::list(std::move(blocks))},
-          {"ln_f", Tree<TensorSpec>::dict({{"kernel", TensorSpec{Shape{hidden}, dt}}})},
-      })},
-      {"lm_head", Tree<TensorSpec>::dict({{"kernel", TensorSpec{Shape{hidden, vocab}, dt}}})},
-  })}});
+  return Tree<TensorSpec>::dict(
+      {{"params",
+        Tree<TensorSpec>::dict({
+            {"transformer",
+             Tree<TensorSpec>::dict({
+                 {"wte",
+                  Tree<TensorSpec>::dict({{"embedding", TensorSpec{Shape{vocab, hidden}, dt}}})},
+                 {"h", Tree<TensorSpec>::list(std::move(blocks))},
+                 {"ln_f", Tree<TensorSpec>::dict({{"kernel", TensorSpec{Shape{hidden}, dt}}})},
+             })},
+            {"lm_head", Tree<TensorSpec>::dict({{"kernel", TensorSpec{Shape{hidden, vocab}, dt}}})},
+        })}});
 }
 
 TEST(ScalaxLlamaFsdpTp, EveryMatrixIsShardedOverBothAxes) {
@@ -204,7 +208,8 @@ TEST(ScalaxLlamaFsdpTp, CatchAllLeavesAreReportedAsFellThrough) {
   // An extra tensor that only the catch-all matches.
   auto params = tree.at("params");
   std::vector<Tree<TensorSpec>::DictEntry> entries;
-  for (std::size_t i = 0; i < params.size(); ++i) entries.emplace_back(params.keys()[i], params.children()[i]);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    entries.emplace_back(params.keys()[i], params.children()[i]);
   entries.emplace_back("rope_cache", TensorSpec{Shape{64, 32}, DType::kF32});
   tree = Tree<TensorSpec>::dict({{"params", Tree<TensorSpec>::dict(std::move(entries))}});
   const MeshShardingHelper helper(Mesh::parse("fsdp:-1,tp:2", 8));

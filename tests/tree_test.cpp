@@ -4,17 +4,9 @@
 
 #include "shardplan/error.hpp"
 #include "shardplan/tensor_spec.hpp"
-#include "shardplan/tree_struct.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
-
-struct TrainState {
-  int step = 0;
-  Tree<int> params;
-  Tree<int> opt_state;
-};
-SHARDPLAN_TREE_STRUCT(TrainState, step, params, opt_state)
 
 namespace {
 
@@ -94,7 +86,8 @@ TEST(Tree, PrefixMismatchNamesThePathAndBothSides) {
   const auto full = IntTree::dict({{"a", IntTree::dict({{"x", 1}, {"y", 2}})}, {"b", 3}});
   const auto ok = Tree<char>::dict({{"a", 'r'}, {"b", 'r'}});
   EXPECT_EQ(prefix_mismatch(ok, full), "");
-  const auto bad = Tree<char>::dict({{"a", Tree<char>::dict({{"x", 'r'}, {"z", 'r'}})}, {"b", 'r'}});
+  const auto bad =
+      Tree<char>::dict({{"a", Tree<char>::dict({{"x", 'r'}, {"z", 'r'}})}, {"b", 'r'}});
   const std::string m = prefix_mismatch(bad, full);
   EXPECT_THAT(m, ::testing::HasSubstr("'a'"));
   EXPECT_THAT(m, ::testing::HasSubstr("z"));
@@ -106,32 +99,16 @@ TEST(Tree, PrefixMismatchNamesThePathAndBothSides) {
 TEST(Tree, MapPrefixThrowsTreeErrorWhenNotAPrefix) {
   const auto full = IntTree::dict({{"a", 1}});
   const auto bad = Tree<char>::dict({{"q", 'r'}});
-  EXPECT_THROW_WITH((map_prefix<int>(bad, full, [](const std::string&, const char*, const IntTree& t) {
-                      return t;
-                    })),
-                    TreeError, "not a prefix", "q");
+  EXPECT_THROW_WITH(
+      (map_prefix<int>(bad, full,
+                       [](const std::string&, const char*, const IntTree& t) { return t; })),
+      TreeError, "not a prefix", "q");
 }
 
 TEST(Tree, PrintsReadably) {
   std::ostringstream os;
   os << IntTree::dict({{"a", 1}, {"b", IntTree::list({2})}});
   EXPECT_EQ(os.str(), "{a: 1, b: [2]}");
-}
-
-TEST(TreeStruct, RegisteredStructYieldsMemberPaths) {
-  TrainState s{7, IntTree::dict({{"w", 1}}), IntTree::dict({{"mu", IntTree::dict({{"w", 0}})}})};
-  const auto t = to_tree<int>(s);
-  EXPECT_EQ(t.paths(), (std::vector<std::string>{"opt_state/mu/w", "params/w", "step"}));
-  EXPECT_EQ(t.at_path("step").leaf(), 7);
-  const auto back = from_tree<TrainState>(t);
-  EXPECT_EQ(back.step, 7);
-  EXPECT_EQ(back.params, s.params);
-  EXPECT_EQ(back.opt_state, s.opt_state);
-}
-
-TEST(TreeStruct, MissingMemberIsAnErrorNamingIt) {
-  const auto t = IntTree::dict({{"step", 1}, {"params", IntTree::dict({})}});
-  EXPECT_THROW_WITH(from_tree<TrainState>(t), TreeError, "opt_state");
 }
 
 }  // namespace

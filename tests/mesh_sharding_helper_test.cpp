@@ -1,15 +1,16 @@
-// MeshShardingHelper: rule trees as prefixes of data trees, match, plan, explain, and reports.
+// MeshShardingHelper: rule trees as prefixes, match, resolve, explain, errors, subtree reuse.
+
+#include "shardplan/mesh_sharding_helper.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include "shardplan/error.hpp"
-#include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
 namespace {
-
 using Data = Tree<TensorSpec>;
 
 TensorSpec bf16(Shape s) { return TensorSpec{std::move(s), DType::kBF16}; }
@@ -17,11 +18,12 @@ TensorSpec bf16(Shape s) { return TensorSpec{std::move(s), DType::kBF16}; }
 Data model() {
   return Data::dict({
       {"step", TensorSpec{Shape{}, DType::kI32}},
-      {"params", Data::dict({
-                     {"embed", bf16({1024, 64})},
-                     {"h", Data::list({Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}}),
-                                       Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}})})},
-                 })},
+      {"params",
+       Data::dict({
+           {"embed", bf16({1024, 64})},
+           {"h", Data::list({Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}}),
+                             Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}})})},
+       })},
       {"opt_state", Data::dict({{"mu", bf16({1024, 64})}})},
   });
 }
@@ -67,8 +69,8 @@ TEST(MeshShardingHelper, PrefixRuleTreeCoversSubtreesWithRelativePaths) {
 }
 
 TEST(MeshShardingHelper, UnspecifiedAndNoneLeavesHaveNoSharding) {
-  const RuleTree rules = RuleTree::dict({
-      {"step", Unspecified{}}, {"params", Replicated{}}, {"opt_state", RuleTree::none()}});
+  const RuleTree rules = RuleTree::dict(
+      {{"step", Unspecified{}}, {"params", Replicated{}}, {"opt_state", RuleTree::none()}});
   const auto shardings = MeshShardingHelper(mesh8()).match(rules, model());
   EXPECT_FALSE(shardings.at_path("step").leaf().has_value());
   EXPECT_FALSE(shardings.at_path("opt_state/mu").leaf().has_value());
@@ -113,114 +115,12 @@ TEST(MeshShardingHelper, NonRuleExceptionsAreWrappedWithTheLeaf) {
                     RuleError, "'w'", "Throws", "oops");
 }
 
-TEST(PlanReport, BytesPerDeviceEqualTheSumOfEachDevicesBlocks) {
-  const RuleTree rules = RuleTree::dict({
-      {"step", Replicated{}},
-      {"params", RulePtr(std::make_shared<FSDPShardingRule>("x", 1))},
-      {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
-  });
-  const auto data = model();
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, data);
-  const auto shardings = MeshShardingHelper(mesh8()).match(rules, data);
-  std::vector<std::int64_t> expected(8, 0);
-  std::int64_t total = 0;
-  const auto specs = data.leaves();
-  const auto sh = shardings.leaves();
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    total += specs[i].bytes();
-    const auto blocks = sh[i]->device_blocks(specs[i].shape);
-    for (int dev = 0; dev < 8; ++dev) {
-      std::int64_t n = 1;
-      for (const DimSlice& s : blocks[static_cast<std::size_t>(dev)]) n *= s.size;
-      expected[static_cast<std::size_t>(dev)] += n * static_cast<std::int64_t>(size_of(specs[i].dtype));
-    }
-  }
-  EXPECT_EQ(report.device_bytes, expected);
-  EXPECT_EQ(report.total_bytes, total);
-  EXPECT_EQ(report.min_device_bytes(), expected[0]);
-  EXPECT_EQ(report.max_device_bytes(), expected[0]);
-}
-
-TEST(PlanReport, RecordsRuleIndexEntryUnmatchedEntriesAndLargest) {
-  const RuleTree rules = RuleTree::dict({
-      {"step", Replicated{}},
-      {"params", RulePtr(std::make_shared<FirstDimUnderH>())},
-      {"opt_state", Replicated{}},
-  });
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, model());
-  const LeafPlan* w = report.find("params/h/0/w_out");
-  ASSERT_NE(w, nullptr);
-  EXPECT_EQ(w->rule_index, 1);
-  EXPECT_EQ(report.rule_of(*w).rule_path, "params");
-  EXPECT_EQ(report.rule_of(*w).rule, "FirstDimUnderH");
-  EXPECT_EQ(report.reason_of(*w), "under h");
-  EXPECT_EQ(w->entry, 0);
-  EXPECT_EQ(w->shard_shape, Shape({64, 64}));
-  EXPECT_EQ(w->bytes_per_device, 64 * 64 * 2);
-  ASSERT_EQ(report.unmatched_rules.size(), 1u);
-  EXPECT_EQ(report.unmatched_rules[0].label, "never");
-  EXPECT_EQ(report.unmatched_rules[0].entry, 2);
-  const auto big = report.largest(2);
-  ASSERT_EQ(big.size(), 2u);
-  EXPECT_EQ(report.leaves[big[0]].path, "opt_state/mu");  // ties (1024x64) in path order
-  EXPECT_EQ(report.leaves[big[1]].path, "params/embed");
-  EXPECT_EQ(report.find("nope"), nullptr);
-}
-
-TEST(PlanReport, RuleCoveringNoLeafIsUnmatched) {
-  const RuleTree rules = RuleTree::dict({{"a", P("x")}, {"b", Data::dict({}).map([](const TensorSpec&) { return RuleLeaf(Replicated{}); })}});
-  const Data data = Data::dict({{"a", bf16({8})}, {"b", Data::dict({})}});
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, data);
-  EXPECT_TRUE(report.unmatched_rules.empty());  // "b" is an empty dict on both sides: no rule leaf
-  const RuleTree rules2 = RuleTree::dict({{"a", P("x")}, {"b", Replicated{}}});
-  const PlanReport report2 = MeshShardingHelper(mesh8()).plan(rules2, data);
-  ASSERT_EQ(report2.unmatched_rules.size(), 1u);
-  EXPECT_EQ(report2.unmatched_rules[0].rule_path, "b");
-}
-
-TEST(PlanReport, JsonHasTheDocumentedFields) {
-  const RuleTree rules = RuleTree::dict({
-      {"step", Replicated{}},
-      {"params", RulePtr(std::make_shared<FirstDimUnderH>())},
-      {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
-  });
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, model());
-  const auto j = nlohmann::json::parse(report.to_json());
-  EXPECT_EQ(j["mesh"]["axes"], (nlohmann::json{"x", "y"}));
-  EXPECT_EQ(j["mesh"]["shape"], (nlohmann::json{4, 2}));
-  ASSERT_EQ(j["leaves"].size(), 7u);
-  for (const auto& leaf : j["leaves"]) {
-    for (const char* f : {"path", "shape", "dtype", "spec", "shard_shape", "bytes_per_device", "rule"}) {
-      EXPECT_TRUE(leaf.contains(f)) << f;
-    }
-  }
-  const auto& mu = j["leaves"][0];
-  EXPECT_EQ(mu["path"], "opt_state/mu");
-  EXPECT_EQ(mu["spec"], nlohmann::json::parse(R"([["x", "y"], null])"));
-  EXPECT_EQ(mu["shard_shape"], (nlohmann::json{128, 64}));
-  EXPECT_EQ(mu["dtype"], "BF16");
-  ASSERT_EQ(j["devices"].size(), 8u);
-  EXPECT_EQ(j["devices"][3]["id"], 3);
-  EXPECT_EQ(j["devices"][3]["bytes"], report.device_bytes[3]);
-  EXPECT_EQ(j["total_bytes"], report.total_bytes);
-  EXPECT_EQ(j["unmatched_rules"].size(), 1u);
-}
-
-TEST(PlanReport, TableListsEveryLeafAndTheSummary) {
-  const RuleTree rules(RulePtr(std::make_shared<FSDPShardingRule>("x", 1)));
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, model());
-  const std::string t = report.table();
-  for (const auto& l : report.leaves) EXPECT_THAT(t, ::testing::HasSubstr(l.path));
-  EXPECT_THAT(t, ::testing::HasSubstr("bytes per device"));
-  EXPECT_THAT(t, ::testing::HasSubstr("largest tensors"));
-  EXPECT_THAT(t, ::testing::HasSubstr("FSDPShardingRule(axis=x, min_size=1)"));
-}
-
 TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
   const RuleTree rules = RuleTree::dict({
       {"step", Replicated{}},
-      {"params", RulePtr(std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
-                     {"embed", P("x")}, {"w_out", P(nullptr, "x")}, {"w_in", P("x")}}))},
+      {"params",
+       RulePtr(std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
+           {"embed", P("x")}, {"w_out", P(nullptr, "x")}, {"w_in", P("x")}}))},
       {"opt_state", Replicated{}},
   });
   const auto steps = MeshShardingHelper(mesh8()).explain(rules, model(), "params/h/1/w_out");
@@ -232,12 +132,6 @@ TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
   EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).explain(rules, model(), "params/h/9/w_out"),
                     TreeError, "params/h/9/w_out");
 }
-
-}  // namespace
-}  // namespace shardplan
-
-namespace shardplan {
-namespace {
 
 TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
   const RuleTree rules = RuleTree::dict({
@@ -262,12 +156,6 @@ TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
   EXPECT_THROW_WITH(helper.resolve(RuleTree(P("x", "y")), data), SpecError, "'params/b'", "[64]");
 }
 
-}  // namespace
-}  // namespace shardplan
-
-namespace shardplan {
-namespace {
-
 // resolve() and match() reuse the decisions of a subtree for an equal subtree reached in the same
 // automaton state; plan() decides every leaf. They must agree on trees built to trip the reuse:
 // patterns that single out one layer or expert, experts that differ in one shape, and keys that
@@ -282,13 +170,14 @@ TEST(MeshShardingHelper, SubtreeReuseNeverChangesADecision) {
                                     {"w_out", TensorSpec{Shape{32, 16}, DType::kF32}},
                                     {"scale", TensorSpec{Shape{1}, DType::kF32}}}));
     }
-    layers.push_back(Data::dict({{"experts", Data::list(std::move(experts))},
-                                 {l == 5 ? "norm_b" : "norm_a", TensorSpec{Shape{32}, DType::kF32}}}));
+    layers.push_back(
+        Data::dict({{"experts", Data::list(std::move(experts))},
+                    {l == 5 ? "norm_b" : "norm_a", TensorSpec{Shape{32}, DType::kF32}}}));
   }
   const Data data = Data::dict({{"layers", Data::list(std::move(layers))}});
   const auto rule = std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
       {"layers/1[01]/experts/[0-9]+/w_in", P(nullptr, "y")},  // only layers 10 and 11
-      {"experts/2/w_out$", P("y")},                         // only expert 2 of every layer
+      {"experts/2/w_out$", P("y")},                           // only expert 2 of every layer
       {"experts/[0-9]+/w_in$", P("x")},
       {"experts/[0-9]+/w_out$", P(nullptr, "x")},
       {"norm_b", P("x")},
@@ -318,8 +207,9 @@ TEST(MeshShardingHelper, SubtreeReuseStillReportsErrorsOfTheFirstSubtree) {
   const Data data = Data::dict({{"experts", Data::list(experts)}});
   const auto rule = std::make_shared<TreePathShardingRule>(
       std::vector<TreePathShardingRule::Entry>{{"w$", P("x")}});
-  EXPECT_THROW_WITH(MeshShardingHelper(Mesh::parse("x:4", 4)).resolve(RuleTree(RulePtr(rule)), data),
-                    SpecError, "'experts/0/w'", "[6, 8]", "'x'");
+  EXPECT_THROW_WITH(
+      MeshShardingHelper(Mesh::parse("x:4", 4)).resolve(RuleTree(RulePtr(rule)), data), SpecError,
+      "'experts/0/w'", "[6, 8]", "'x'");
 }
 
 }  // namespace

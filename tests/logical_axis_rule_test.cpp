@@ -1,0 +1,83 @@
+// LogicalAxisRule: Flax's logical-to-mesh axis mapping.
+
+#include "shardplan/rules/logical_axis_rule.hpp"
+
+#include <stdexcept>
+
+#include "shardplan/error.hpp"
+#include "shardplan/rules/fsdp_sharding_rule.hpp"
+#include "shardplan/rules/policy_sharding_rule.hpp"
+#include "shardplan/rules/tree_path_sharding_rule.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+RuleDecision decide(const ShardingRule& rule, std::string_view path, const TensorSpec& t,
+                    const Mesh& mesh) {
+  return rule.apply(RuleInput{path, t, mesh});
+}
+
+const Mesh& mesh8() {
+  static const Mesh m = Mesh::parse("fsdp:4,tp:2", 8);
+  return m;
+}
+
+// ---- Logical axes ----
+
+LogicalAxisRule flax_rules() {
+  return LogicalAxisRule({{"batch", AxisNames{"data"}},
+                          {"mlp", AxisNames{"tp"}},
+                          {"heads", AxisNames{"tp"}},
+                          {"embed", std::nullopt},
+                          {"vocab", AxisNames{"tp"}},
+                          {"vocab", AxisNames{"data"}}});
+}
+
+TEST(LogicalAxisRule, MapsNamesToMeshAxes) {
+  const Mesh mesh = Mesh::parse("data:4,tp:2", 8);
+  const auto rule = flax_rules();
+  const TensorSpec t{Shape{4096, 11008}, DType::kF32, {"embed", "mlp"}};
+  const auto d = decide(rule, "w", t, mesh);
+  EXPECT_EQ(d.spec, P(nullptr, "tp"));
+  EXPECT_EQ(d.entry, 1);
+}
+
+TEST(LogicalAxisRule, AnAxisAlreadyUsedFallsBackToTheNextEntry) {
+  const auto rule = flax_rules();
+  // "mlp" takes tp first, so "vocab" cannot: its next entry maps it to data.
+  EXPECT_EQ(rule.to_mesh_spec({"mlp", "vocab"}), P("tp", "data"));
+  EXPECT_EQ(rule.to_mesh_spec({"vocab", "embed"}), P("tp", nullptr));
+  // Entries are visited in order, so "mlp" (entry 1) takes tp before "vocab" (entries 4, 5).
+  EXPECT_EQ(rule.to_mesh_spec({"vocab", "mlp"}), P("data", "tp"));
+}
+
+TEST(LogicalAxisRule, UnknownNamesAreNotSharded) {
+  EXPECT_EQ(flax_rules().to_mesh_spec({"batch", "length", "embed"}), P("data", nullptr, nullptr));
+}
+
+TEST(LogicalAxisRule, RankMismatchIsAnError) {
+  const TensorSpec t{Shape{4, 4}, DType::kF32, {"batch"}};
+  EXPECT_THROW_WITH(decide(flax_rules(), "x/act", t, mesh8()), RuleError, "'x/act'", "[4, 4]",
+                    "batch");
+}
+
+TEST(LogicalAxisRule, DuplicateNameIsAnError) {
+  EXPECT_THROW_WITH(flax_rules().to_mesh_spec({"mlp", "mlp"}), RuleError, "'mlp'", "dims 0 and 1");
+}
+
+TEST(LogicalAxisRule, NoNamesReplicatesOrFailsWhenStrict) {
+  const TensorSpec t{Shape{4, 4}, DType::kF32};
+  const auto d = decide(flax_rules(), "w", t, mesh8());
+  EXPECT_EQ(d.spec, P());
+  EXPECT_TRUE(d.fell_through);
+  const LogicalAxisRule strict({{"batch", AxisNames{"data"}}}, true);
+  EXPECT_THROW_WITH(decide(strict, "w", t, mesh8()), RuleError, "'w'", "no logical axis names");
+}
+
+TEST(LogicalAxisRule, LabelsDescribeMappings) {
+  EXPECT_EQ(flax_rules().entry_labels()[0], "batch -> data");
+  EXPECT_EQ(flax_rules().entry_labels()[3], "embed -> null");
+}
+
+}  // namespace
+}  // namespace shardplan

@@ -1,0 +1,80 @@
+// YAML rule files: every field and every error.
+#include "shardplan/rule_file.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "shardplan/error.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/model_loader.hpp"
+#include "shardplan/safetensors.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+constexpr const char* kRules = R"(# a comment
+mesh: "fsdp:-1,tp:2"
+strict: false
+rules:
+  - {match: "attn/(q|k|v)/w$", spec: [tp, fsdp]}
+  - match: "mlp/up"
+    spec: [[fsdp, tp], null]
+  - {match: "norm", spec: []}
+fsdp_fallback: {axis: fsdp, min_size: 64}
+logical_axes: {batch: data, mlp: tp, embed: null, heads: [tp]}
+)";
+
+TEST(RuleFile, ParsesEveryField) {
+  const RuleFile f = parse_rule_file(kRules, "r.yaml");
+  EXPECT_EQ(f.mesh, "fsdp:-1,tp:2");
+  EXPECT_FALSE(f.strict);
+  ASSERT_EQ(f.rules.size(), 3u);
+  EXPECT_EQ(f.rules[0].match, "attn/(q|k|v)/w$");
+  EXPECT_EQ(f.rules[0].spec, P("tp", "fsdp"));
+  EXPECT_EQ(f.rules[1].spec, P(AxisNames{"fsdp", "tp"}, nullptr));
+  EXPECT_EQ(f.rules[1].line, 6);
+  EXPECT_EQ(f.rules[2].spec, P());
+  ASSERT_TRUE(f.fsdp_fallback.has_value());
+  EXPECT_EQ(f.fsdp_fallback->min_size, 64);
+  ASSERT_EQ(f.logical_axes.size(), 4u);
+  EXPECT_EQ(f.logical_axes[0].first, "batch");
+  EXPECT_EQ(f.logical_axes[2].second, std::nullopt);
+  EXPECT_EQ(f.logical_axes[3].second, AxisNames{"tp"});
+}
+
+TEST(RuleFile, ErrorsNameFileLineAndWhatWasExpected) {
+  EXPECT_THROW_WITH(parse_rule_file("rules: [", "r.yaml"), IoError, "r.yaml", "not valid YAML");
+  EXPECT_THROW_WITH(parse_rule_file("- 1", "r.yaml"), IoError, "r.yaml:1", "expected a mapping");
+  EXPECT_THROW_WITH(parse_rule_file("rules: []\nmesh_: x\n", "r.yaml"), IoError, "r.yaml:2",
+                    "unknown key 'mesh_'", "rules");
+  EXPECT_THROW_WITH(parse_rule_file("strict: maybe\nrules: []\n", "r.yaml"), IoError, "r.yaml:1",
+                    "'strict'", "true or false", "'maybe'");
+  EXPECT_THROW_WITH(parse_rule_file("mesh: x\n", "r.yaml"), IoError, "missing 'rules'");
+  EXPECT_THROW_WITH(parse_rule_file("rules:\n  - {match: a}\n", "r.yaml"), IoError, "r.yaml:2",
+                    "missing 'spec'");
+  EXPECT_THROW_WITH(parse_rule_file("rules:\n  - {match: a, spec: tp}\n", "r.yaml"), IoError,
+                    "r.yaml:2", "expected a spec", "'tp'");
+  EXPECT_THROW_WITH(parse_rule_file("rules:\n  - {match: a, spec: [{x: 1}]}\n", "r.yaml"), IoError,
+                    "r.yaml:2", "spec entry");
+  EXPECT_THROW_WITH(parse_rule_file("rules:\n  - {match: a, spec: [], extra: 1}\n", "r.yaml"),
+                    IoError, "unknown key 'extra'");
+  EXPECT_THROW_WITH(parse_rule_file("rules: []\nfsdp_fallback: {min_size: -3}\n", "r.yaml"),
+                    IoError, "r.yaml:2", "'min_size'", "positive", "'-3'");
+  EXPECT_THROW_WITH(parse_rule_file("rules: []\nrules: []\n", "r.yaml"), IoError,
+                    "duplicate key 'rules'");
+  EXPECT_THROW_WITH(parse_rule_file("rules: []\nlogical_axes: {a: {b: c}}\n", "r.yaml"), IoError,
+                    "logical axis 'a'");
+  EXPECT_THROW_WITH(load_rule_file("/nonexistent/r.yaml"), IoError, "/nonexistent/r.yaml");
+}
+
+TEST(RuleFile, BadRegexNamesTheFileLineAndPosition) {
+  const RuleFile f = parse_rule_file(
+      "rules:\n  - {match: ok, spec: []}\n  - {match: 'a(b', spec: []}\n", "r.yaml");
+  EXPECT_THROW_WITH(f.make_rule(), RuleError, "r.yaml:3", "'a(b'", "position");
+}
+
+}  // namespace
+}  // namespace shardplan

@@ -1,0 +1,59 @@
+// The rule a rule file builds: logical axes, regexes, fallback, strictness.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "shardplan/error.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/model_loader.hpp"
+#include "shardplan/rule_file.hpp"
+#include "shardplan/safetensors.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+constexpr const char* kRules = R"(# a comment
+mesh: "fsdp:-1,tp:2"
+strict: false
+rules:
+  - {match: "attn/(q|k|v)/w$", spec: [tp, fsdp]}
+  - match: "mlp/up"
+    spec: [[fsdp, tp], null]
+  - {match: "norm", spec: []}
+fsdp_fallback: {axis: fsdp, min_size: 64}
+logical_axes: {batch: data, mlp: tp, embed: null, heads: [tp]}
+)";
+
+TEST(RuleTable, RegexThenFallbackThenLogicalAxes) {
+  const RulePtr rule = parse_rule_file(kRules, "r.yaml").make_rule();
+  const Mesh mesh = Mesh::parse("data:2,fsdp:2,tp:2", 8);
+  auto decide = [&](std::string_view path, TensorSpec t) {
+    return rule->apply(RuleInput{path, t, mesh});
+  };
+  EXPECT_EQ(decide("l/attn/q/w", {Shape{8, 8}, DType::kF32}).spec, P("tp", "fsdp"));
+  const auto fb = decide("l/other", {Shape{4, 64}, DType::kF32});
+  EXPECT_EQ(fb.spec, P(nullptr, "fsdp"));
+  EXPECT_TRUE(fb.fell_through);
+  EXPECT_EQ(fb.entry, 3);
+  const auto small = decide("l/tiny", {Shape{4, 4}, DType::kF32});
+  EXPECT_EQ(small.spec, P());
+  EXPECT_EQ(decide("act", {Shape{8, 16}, DType::kF32, {"batch", "mlp"}}).spec, P("data", "tp"));
+  EXPECT_EQ(rule->entry_labels().size(), 3u + 1u + 4u);
+  EXPECT_EQ(rule->entry_labels()[3], "fsdp_fallback");
+}
+
+TEST(RuleTable, StrictWithoutFallbackFailsNamingTheFileAndPath) {
+  const RulePtr rule =
+      parse_rule_file("rules:\n  - {match: attn, spec: []}\n", "r.yaml").make_rule();
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  EXPECT_THROW_WITH(rule->apply(RuleInput{"mlp/w", {Shape{4, 4}, DType::kF32}, mesh}), RuleError,
+                    "r.yaml", "'mlp/w'", "[4, 4]");
+  const auto steps = rule->explain(RuleInput{"mlp/w", {Shape{4, 4}, DType::kF32}, mesh});
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_FALSE(steps.back().decided);
+}
+
+}  // namespace
+}  // namespace shardplan

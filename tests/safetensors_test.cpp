@@ -1,0 +1,132 @@
+// safetensors headers: parsing, validation, the skeleton writer.
+#include "shardplan/safetensors.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "shardplan/error.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/model_loader.hpp"
+#include "shardplan/rule_file.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("shardplan_io_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+/// A safetensors file's bytes: the 8-byte little-endian length, then the header text, then
+/// `data` zero bytes.
+std::string st_bytes(const std::string& header, std::size_t data) {
+  std::string out(8, '\0');
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + header + std::string(data, '\0');
+}
+
+SafetensorsHeader parse(const std::string& header, std::size_t data) {
+  const std::string bytes = st_bytes(header, data);
+  return parse_safetensors_header(bytes, static_cast<std::int64_t>(bytes.size()), "m.safetensors");
+}
+
+TEST(Safetensors, ParsesEntriesInHeaderOrderWithMetadata) {
+  const auto h = parse(R"({"__metadata__":{"format":"pt"},)"
+                       R"("b":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]},)"
+                       R"("a":{"dtype":"F32","shape":[],"data_offsets":[12,16]}})",
+                       16);
+  ASSERT_EQ(h.tensors.size(), 2u);
+  EXPECT_EQ(h.tensors[0].name, "b");
+  EXPECT_EQ(h.tensors[0].spec.shape, Shape({2, 3}));
+  EXPECT_EQ(h.tensors[0].spec.dtype, DType::kBF16);
+  EXPECT_EQ(h.tensors[1].end, 16);
+  EXPECT_EQ(h.metadata.at("format"), "pt");
+  EXPECT_EQ(h.data_size, 16);
+}
+
+TEST(Safetensors, CorruptHeadersAreClearErrors) {
+  const std::string ok_entry = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  EXPECT_THROW_WITH(parse_safetensors_header("abc", 3, "m.st"), IoError, "m.st", "3 bytes");
+  {
+    std::string b = st_bytes("{}", 0);
+    b[0] = static_cast<char>(0x40);  // length 64, file has 2 bytes of header
+    EXPECT_THROW_WITH(parse_safetensors_header(b, static_cast<std::int64_t>(b.size()), "m.st"),
+                      IoError, "header length 64", "past the end");
+  }
+  {
+    std::string b = st_bytes("{}", 0);
+    b[7] = static_cast<char>(0x01);  // an absurd length
+    EXPECT_THROW_WITH(parse_safetensors_header(b, std::int64_t{1} << 60, "m.st"), IoError, "limit");
+  }
+  EXPECT_THROW_WITH(parse("{\"w\": [", 0), IoError, "m.safetensors", "not valid JSON", "byte");
+  EXPECT_THROW_WITH(parse("[1, 2]", 0), IoError, "must be a JSON object", "array");
+  EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F12","shape":[2],"data_offsets":[0,8]}})", 8), IoError,
+                    "'w'", "'F12'");
+  EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), IoError,
+                    "'w'", "[-2]");
+  EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8), IoError,
+                    "'w'", "[8, 0]", "begin after end");
+  EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), IoError,
+                    "'w'", "past the data section", "4 bytes");
+  EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), IoError,
+                    "'w'", "8 bytes", "[3]", "needs 12");
+  EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F32","shape":[2]}})", 8), IoError, "'w'",
+                    "data_offsets");
+  EXPECT_THROW_WITH(
+      parse("{" + ok_entry + R"(,"v":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+      IoError, "'w'", "'v'", "overlap");
+  EXPECT_THROW_WITH(
+      parse(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8),
+      IoError, "'w'", "2^63");
+  EXPECT_THROW_WITH(parse(R"({"__metadata__":{"a":1}})", 0), IoError, "__metadata__");
+}
+
+TEST(Safetensors, SkeletonWriterRoundTripsAndIsSparse) {
+  TempDir dir;
+  const fs::path file = dir.path() / "model.safetensors";
+  const std::vector<std::pair<std::string, TensorSpec>> tensors = {
+      {"model.embed_tokens.weight", {Shape{32000, 4096}, DType::kBF16}},
+      {"model.norm.weight", {Shape{4096}, DType::kF32}},
+  };
+  write_safetensors_skeleton(file, tensors, {{"format", "pt"}});
+  const auto h = read_safetensors_header(file);
+  ASSERT_EQ(h.tensors.size(), 2u);
+  EXPECT_EQ(h.tensors[0].name, "model.embed_tokens.weight");
+  EXPECT_EQ(h.tensors[0].spec, tensors[0].second);
+  EXPECT_EQ(h.tensors[1].begin, 32000LL * 4096 * 2);
+  EXPECT_EQ(h.header_size % 8, 0);
+  EXPECT_EQ(static_cast<std::int64_t>(fs::file_size(file)), 8 + h.header_size + h.data_size);
+  EXPECT_EQ(h.data_size, 32000LL * 4096 * 2 + 4096 * 4);
+  // No temporary file is left behind.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+TEST(Safetensors, ReadingATruncatedFileIsAnErrorNamingIt) {
+  TempDir dir;
+  const fs::path file = dir.path() / "cut.safetensors";
+  write_safetensors_skeleton(file, {{"w", {Shape{1024}, DType::kF32}}});
+  fs::resize_file(file, 100);
+  EXPECT_THROW_WITH(read_safetensors_header(file), IoError, "cut.safetensors");
+  EXPECT_THROW_WITH(read_safetensors_header(dir.path() / "missing.safetensors"), IoError,
+                    "missing.safetensors");
+}
+
+}  // namespace
+}  // namespace shardplan
