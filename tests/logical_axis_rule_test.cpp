@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/policy_sharding_rule.hpp"
@@ -12,16 +13,8 @@
 
 namespace shardplan {
 namespace {
-RuleDecision decide(const ShardingRule& rule, std::string_view path, const TensorSpec& t,
-                    const Mesh& mesh) {
-  return rule.apply(RuleInput{path, t, mesh});
-}
 
-const Mesh& mesh8() {
-  static const Mesh m = Mesh::parse("fsdp:4,tp:2", 8);
-  return m;
-}
-
+using namespace shardplan::test;  // NOLINT: test fixtures
 // ---- Logical axes ----
 
 LogicalAxisRule flax_rules() {
@@ -57,8 +50,8 @@ TEST(LogicalAxisRule, UnknownNamesAreNotSharded) {
 
 TEST(LogicalAxisRule, RankMismatchIsAnError) {
   const TensorSpec t{Shape{4, 4}, DType::kF32, {"batch"}};
-  EXPECT_THROW_WITH(decide(flax_rules(), "x/act", t, mesh8()), RuleError, "'x/act'", "[4, 4]",
-                    "batch");
+  EXPECT_THROW_WITH(decide(flax_rules(), "x/act", t, fsdp_tp_mesh()), RuleError, "'x/act'",
+                    "[4, 4]", "batch");
 }
 
 TEST(LogicalAxisRule, DuplicateNameIsAnError) {
@@ -67,11 +60,12 @@ TEST(LogicalAxisRule, DuplicateNameIsAnError) {
 
 TEST(LogicalAxisRule, NoNamesReplicatesOrFailsWhenStrict) {
   const TensorSpec t{Shape{4, 4}, DType::kF32};
-  const auto d = decide(flax_rules(), "w", t, mesh8());
+  const auto d = decide(flax_rules(), "w", t, fsdp_tp_mesh());
   EXPECT_EQ(d.spec, P());
   EXPECT_TRUE(d.fell_through);
   const LogicalAxisRule strict({{"batch", AxisNames{"data"}}}, true);
-  EXPECT_THROW_WITH(decide(strict, "w", t, mesh8()), RuleError, "'w'", "no logical axis names");
+  EXPECT_THROW_WITH(decide(strict, "w", t, fsdp_tp_mesh()), RuleError, "'w'",
+                    "no logical axis names");
 }
 
 TEST(LogicalAxisRule, LabelsDescribeMappings) {

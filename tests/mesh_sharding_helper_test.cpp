@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
@@ -11,47 +12,9 @@
 
 namespace shardplan {
 namespace {
+
+using namespace shardplan::test;  // NOLINT: test fixtures
 using Data = Tree<TensorSpec>;
-
-TensorSpec bf16(Shape s) { return TensorSpec{std::move(s), DType::kBF16}; }
-
-Data model() {
-  return Data::dict({
-      {"step", TensorSpec{Shape{}, DType::kI32}},
-      {"params",
-       Data::dict({
-           {"embed", bf16({1024, 64})},
-           {"h", Data::list({Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}}),
-                             Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}})})},
-       })},
-      {"opt_state", Data::dict({{"mu", bf16({1024, 64})}})},
-  });
-}
-
-/// A rule written against the public interface only, as a user would: shards dim 0 over "x"
-/// when the path (relative to where the rule is applied) starts with "h/".
-class FirstDimUnderH : public ShardingRule {
- public:
-  RuleDecision apply(const RuleInput& in) const override {
-    RuleDecision d;
-    if (in.path.substr(0, 2) == "h/") {
-      d.spec = P("x");
-      d.entry = 0;
-      d.reason = "under h";
-    } else {
-      d.entry = 1;
-      d.reason = "elsewhere";
-    }
-    return d;
-  }
-  std::string name() const override { return "FirstDimUnderH"; }
-  std::vector<std::string> entry_labels() const override { return {"h/", "other", "never"}; }
-};
-
-const Mesh& mesh8() {
-  static const Mesh m = Mesh::parse("x:4,y:2", 8);
-  return m;
-}
 
 TEST(MeshShardingHelper, PrefixRuleTreeCoversSubtreesWithRelativePaths) {
   const RuleTree rules = RuleTree::dict({
@@ -59,19 +22,19 @@ TEST(MeshShardingHelper, PrefixRuleTreeCoversSubtreesWithRelativePaths) {
       {"params", RulePtr(std::make_shared<FirstDimUnderH>())},
       {"opt_state", P(nullptr, "y")},
   });
-  const auto shardings = MeshShardingHelper(mesh8()).match(rules, model());
-  ASSERT_TRUE(shardings.same_structure(model()));
+  const auto shardings = MeshShardingHelper(xy_mesh()).match(rules, small_model());
+  ASSERT_TRUE(shardings.same_structure(small_model()));
   EXPECT_EQ(shardings.at_path("params/h/1/w_in").leaf()->spec(), P("x"));
   EXPECT_EQ(shardings.at_path("params/embed").leaf()->spec(), P());
   EXPECT_EQ(shardings.at_path("opt_state/mu").leaf()->spec(), P(nullptr, "y"));
   EXPECT_EQ(shardings.at_path("step").leaf()->spec(), P());
-  EXPECT_EQ(shardings.at_path("step").leaf()->mesh(), mesh8());
+  EXPECT_EQ(shardings.at_path("step").leaf()->mesh(), xy_mesh());
 }
 
 TEST(MeshShardingHelper, UnspecifiedAndNoneLeavesHaveNoSharding) {
   const RuleTree rules = RuleTree::dict(
       {{"step", Unspecified{}}, {"params", Replicated{}}, {"opt_state", RuleTree::none()}});
-  const auto shardings = MeshShardingHelper(mesh8()).match(rules, model());
+  const auto shardings = MeshShardingHelper(xy_mesh()).match(rules, small_model());
   EXPECT_FALSE(shardings.at_path("step").leaf().has_value());
   EXPECT_FALSE(shardings.at_path("opt_state/mu").leaf().has_value());
   EXPECT_TRUE(shardings.at_path("params/embed").leaf().has_value());
@@ -79,8 +42,8 @@ TEST(MeshShardingHelper, UnspecifiedAndNoneLeavesHaveNoSharding) {
 
 TEST(MeshShardingHelper, RuleTreeThatIsNotAPrefixNamesThePath) {
   const RuleTree rules = RuleTree::dict({{"step", Replicated{}}, {"params", Replicated{}}});
-  EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).match(rules, model()), TreeError, "not a prefix",
-                    "opt_state");
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).match(rules, small_model()), TreeError,
+                    "not a prefix", "opt_state");
 }
 
 TEST(MeshShardingHelper, RuleErrorsNameTheLeafAndTheRule) {
@@ -90,17 +53,17 @@ TEST(MeshShardingHelper, RuleErrorsNameTheLeafAndTheRule) {
                      std::vector<TreePathShardingRule::Entry>{{"w_in", P("x")}}))},
       {"opt_state", Replicated{}},
   });
-  EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).plan(rules, model()), RuleError, "params/embed",
-                    "rule 1", "TreePathShardingRule", "at 'params'");
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(rules, small_model()), RuleError,
+                    "params/embed", "rule 1", "TreePathShardingRule", "at 'params'");
 }
 
 TEST(MeshShardingHelper, SpecErrorsNamePathShapeAndAxis) {
   // 64 / (4*2) = 8 divides, but 1024 rows by y then 64 by (x,y)... use a non-dividing one.
   const Data data = Data::dict({{"w", bf16({6, 64})}});
-  EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).plan(RuleTree(P("x", nullptr)), data), SpecError,
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(RuleTree(P("x", nullptr)), data), SpecError,
                     "'w'", "[6, 64]", "'x'", "4");
-  EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).plan(RuleTree(P("tp")), data), SpecError, "'tp'");
-  EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).plan(RuleTree(P("x", "y", nullptr)), data),
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(RuleTree(P("tp")), data), SpecError, "'tp'");
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(RuleTree(P("x", "y", nullptr)), data),
                     SpecError, "'w'", "rank 2");
 }
 
@@ -110,9 +73,10 @@ TEST(MeshShardingHelper, NonRuleExceptionsAreWrappedWithTheLeaf) {
     RuleDecision apply(const RuleInput&) const override { throw std::out_of_range("oops"); }
     std::string name() const override { return "Throws"; }
   };
-  EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).plan(RuleTree(RulePtr(std::make_shared<Throws>())),
-                                                     Data::dict({{"w", bf16({4})}})),
-                    RuleError, "'w'", "Throws", "oops");
+  EXPECT_THROW_WITH(
+      MeshShardingHelper(xy_mesh()).plan(RuleTree(RulePtr(std::make_shared<Throws>())),
+                                         Data::dict({{"w", bf16({4})}})),
+      RuleError, "'w'", "Throws", "oops");
 }
 
 TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
@@ -123,13 +87,14 @@ TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
            {"embed", P("x")}, {"w_out", P(nullptr, "x")}, {"w_in", P("x")}}))},
       {"opt_state", Replicated{}},
   });
-  const auto steps = MeshShardingHelper(mesh8()).explain(rules, model(), "params/h/1/w_out");
+  const auto steps =
+      MeshShardingHelper(xy_mesh()).explain(rules, small_model(), "params/h/1/w_out");
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps[0].rule_index, 1);
   EXPECT_FALSE(steps[0].step.decided);
   EXPECT_TRUE(steps[1].step.decided);
   EXPECT_EQ(steps[1].step.entry, 1);
-  EXPECT_THROW_WITH(MeshShardingHelper(mesh8()).explain(rules, model(), "params/h/9/w_out"),
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).explain(rules, small_model(), "params/h/9/w_out"),
                     TreeError, "params/h/9/w_out");
 }
 

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
@@ -10,47 +11,9 @@
 
 namespace shardplan {
 namespace {
+
+using namespace shardplan::test;  // NOLINT: test fixtures
 using Data = Tree<TensorSpec>;
-
-TensorSpec bf16(Shape s) { return TensorSpec{std::move(s), DType::kBF16}; }
-
-Data model() {
-  return Data::dict({
-      {"step", TensorSpec{Shape{}, DType::kI32}},
-      {"params",
-       Data::dict({
-           {"embed", bf16({1024, 64})},
-           {"h", Data::list({Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}}),
-                             Data::dict({{"w_in", bf16({64, 256})}, {"w_out", bf16({256, 64})}})})},
-       })},
-      {"opt_state", Data::dict({{"mu", bf16({1024, 64})}})},
-  });
-}
-
-/// A rule written against the public interface only, as a user would: shards dim 0 over "x"
-/// when the path (relative to where the rule is applied) starts with "h/".
-class FirstDimUnderH : public ShardingRule {
- public:
-  RuleDecision apply(const RuleInput& in) const override {
-    RuleDecision d;
-    if (in.path.substr(0, 2) == "h/") {
-      d.spec = P("x");
-      d.entry = 0;
-      d.reason = "under h";
-    } else {
-      d.entry = 1;
-      d.reason = "elsewhere";
-    }
-    return d;
-  }
-  std::string name() const override { return "FirstDimUnderH"; }
-  std::vector<std::string> entry_labels() const override { return {"h/", "other", "never"}; }
-};
-
-const Mesh& mesh8() {
-  static const Mesh m = Mesh::parse("x:4,y:2", 8);
-  return m;
-}
 
 TEST(PlanReport, BytesPerDeviceEqualTheSumOfEachDevicesBlocks) {
   const RuleTree rules = RuleTree::dict({
@@ -58,9 +21,9 @@ TEST(PlanReport, BytesPerDeviceEqualTheSumOfEachDevicesBlocks) {
       {"params", RulePtr(std::make_shared<FSDPShardingRule>("x", 1))},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });
-  const auto data = model();
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, data);
-  const auto shardings = MeshShardingHelper(mesh8()).match(rules, data);
+  const auto data = small_model();
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, data);
+  const auto shardings = MeshShardingHelper(xy_mesh()).match(rules, data);
   std::vector<std::int64_t> expected(8, 0);
   std::int64_t total = 0;
   const auto specs = data.leaves();
@@ -87,7 +50,7 @@ TEST(PlanReport, RecordsRuleIndexEntryUnmatchedEntriesAndLargest) {
       {"params", RulePtr(std::make_shared<FirstDimUnderH>())},
       {"opt_state", Replicated{}},
   });
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, model());
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
   const LeafPlan* w = report.find("params/h/0/w_out");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->rule_index, 1);
@@ -112,10 +75,10 @@ TEST(PlanReport, RuleCoveringNoLeafIsUnmatched) {
       {{"a", P("x")},
        {"b", Data::dict({}).map([](const TensorSpec&) { return RuleLeaf(Replicated{}); })}});
   const Data data = Data::dict({{"a", bf16({8})}, {"b", Data::dict({})}});
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, data);
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, data);
   EXPECT_TRUE(report.unmatched_rules.empty());  // "b" is an empty dict on both sides: no rule leaf
   const RuleTree rules2 = RuleTree::dict({{"a", P("x")}, {"b", Replicated{}}});
-  const PlanReport report2 = MeshShardingHelper(mesh8()).plan(rules2, data);
+  const PlanReport report2 = MeshShardingHelper(xy_mesh()).plan(rules2, data);
   ASSERT_EQ(report2.unmatched_rules.size(), 1u);
   EXPECT_EQ(report2.unmatched_rules[0].rule_path, "b");
 }
@@ -126,7 +89,7 @@ TEST(PlanReport, JsonHasTheDocumentedFields) {
       {"params", RulePtr(std::make_shared<FirstDimUnderH>())},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, model());
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
   const auto j = nlohmann::json::parse(report.to_json());
   EXPECT_EQ(j["mesh"]["axes"], (nlohmann::json{"x", "y"}));
   EXPECT_EQ(j["mesh"]["shape"], (nlohmann::json{4, 2}));
@@ -151,7 +114,7 @@ TEST(PlanReport, JsonHasTheDocumentedFields) {
 
 TEST(PlanReport, TableListsEveryLeafAndTheSummary) {
   const RuleTree rules(RulePtr(std::make_shared<FSDPShardingRule>("x", 1)));
-  const PlanReport report = MeshShardingHelper(mesh8()).plan(rules, model());
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
   const std::string t = report.table();
   for (const auto& l : report.leaves) EXPECT_THAT(t, ::testing::HasSubstr(l.path));
   EXPECT_THAT(t, ::testing::HasSubstr("bytes per device"));

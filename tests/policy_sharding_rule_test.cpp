@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/logical_axis_rule.hpp"
@@ -12,16 +13,8 @@
 
 namespace shardplan {
 namespace {
-RuleDecision decide(const ShardingRule& rule, std::string_view path, const TensorSpec& t,
-                    const Mesh& mesh) {
-  return rule.apply(RuleInput{path, t, mesh});
-}
 
-const Mesh& mesh8() {
-  static const Mesh m = Mesh::parse("fsdp:4,tp:2", 8);
-  return m;
-}
-
+using namespace shardplan::test;  // NOLINT: test fixtures
 // ---- Policy ----
 
 TEST(PolicyRule, ExceptionIsWrappedWithThePath) {
@@ -30,7 +23,7 @@ TEST(PolicyRule, ExceptionIsWrappedWithThePath) {
         throw std::runtime_error("boom");
       },
       "mine");
-  EXPECT_THROW_WITH(decide(rule, "params/w", {Shape{4, 4}, DType::kF32}, mesh8()), RuleError,
+  EXPECT_THROW_WITH(decide(rule, "params/w", {Shape{4, 4}, DType::kF32}, fsdp_tp_mesh()), RuleError,
                     "policy 'mine'", "'params/w'", "[4, 4]", "boom");
 }
 

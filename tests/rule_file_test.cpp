@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/model_loader.hpp"
@@ -15,20 +16,10 @@
 namespace shardplan {
 namespace {
 
-constexpr const char* kRules = R"(# a comment
-mesh: "fsdp:-1,tp:2"
-strict: false
-rules:
-  - {match: "attn/(q|k|v)/w$", spec: [tp, fsdp]}
-  - match: "mlp/up"
-    spec: [[fsdp, tp], null]
-  - {match: "norm", spec: []}
-fsdp_fallback: {axis: fsdp, min_size: 64}
-logical_axes: {batch: data, mlp: tp, embed: null, heads: [tp]}
-)";
+using namespace shardplan::test;  // NOLINT: test fixtures
 
 TEST(RuleFile, ParsesEveryField) {
-  const RuleFile f = parse_rule_file(kRules, "r.yaml");
+  const RuleFile f = parse_rule_file(kSampleRules, "r.yaml");
   EXPECT_EQ(f.mesh, "fsdp:-1,tp:2");
   EXPECT_FALSE(f.strict);
   ASSERT_EQ(f.rules.size(), 3u);

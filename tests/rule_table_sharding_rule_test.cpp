@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/model_loader.hpp"
@@ -14,20 +15,10 @@
 namespace shardplan {
 namespace {
 
-constexpr const char* kRules = R"(# a comment
-mesh: "fsdp:-1,tp:2"
-strict: false
-rules:
-  - {match: "attn/(q|k|v)/w$", spec: [tp, fsdp]}
-  - match: "mlp/up"
-    spec: [[fsdp, tp], null]
-  - {match: "norm", spec: []}
-fsdp_fallback: {axis: fsdp, min_size: 64}
-logical_axes: {batch: data, mlp: tp, embed: null, heads: [tp]}
-)";
+using namespace shardplan::test;  // NOLINT: test fixtures
 
 TEST(RuleTable, RegexThenFallbackThenLogicalAxes) {
-  const RulePtr rule = parse_rule_file(kRules, "r.yaml").make_rule();
+  const RulePtr rule = parse_rule_file(kSampleRules, "r.yaml").make_rule();
   const Mesh mesh = Mesh::parse("data:2,fsdp:2,tp:2", 8);
   auto decide = [&](std::string_view path, TensorSpec t) {
     return rule->apply(RuleInput{path, t, mesh});

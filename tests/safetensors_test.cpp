@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/model_loader.hpp"
@@ -15,22 +16,9 @@
 namespace shardplan {
 namespace {
 
+using namespace shardplan::test;  // NOLINT: test fixtures
+
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("shardplan_io_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
 
 /// A safetensors file's bytes: the 8-byte little-endian length, then the header text, then
 /// `data` zero bytes.

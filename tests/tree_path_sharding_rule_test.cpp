@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/logical_axis_rule.hpp"
@@ -12,28 +13,21 @@
 
 namespace shardplan {
 namespace {
-RuleDecision decide(const ShardingRule& rule, std::string_view path, const TensorSpec& t,
-                    const Mesh& mesh) {
-  return rule.apply(RuleInput{path, t, mesh});
-}
 
-const Mesh& mesh8() {
-  static const Mesh m = Mesh::parse("fsdp:4,tp:2", 8);
-  return m;
-}
-
+using namespace shardplan::test;  // NOLINT: test fixtures
 // ---- Tree path ----
 
 TEST(TreePathRule, SearchIsUnanchored) {
   const TreePathShardingRule rule({{"up_proj", P("tp")}});
   EXPECT_EQ(
-      decide(rule, "model/layers/3/mlp/up_proj/weight", {Shape{8, 8}, DType::kF32}, mesh8()).spec,
+      decide(rule, "model/layers/3/mlp/up_proj/weight", {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh())
+          .spec,
       P("tp"));
 }
 
 TEST(TreePathRule, FirstMatchWinsAndEntryIsReported) {
   const TreePathShardingRule rule({{"mlp/.*_proj", P("tp")}, {"up_proj", P("fsdp")}});
-  const auto d = decide(rule, "mlp/up_proj/weight", {Shape{8, 8}, DType::kF32}, mesh8());
+  const auto d = decide(rule, "mlp/up_proj/weight", {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh());
   EXPECT_EQ(d.spec, P("tp"));
   EXPECT_EQ(d.entry, 0);
   EXPECT_FALSE(d.fell_through);
@@ -41,29 +35,33 @@ TEST(TreePathRule, FirstMatchWinsAndEntryIsReported) {
 
 TEST(TreePathRule, OneElementTensorsAreReplicatedBeforeAnyRule) {
   const TreePathShardingRule rule({{".*", P("tp")}});
-  const auto d = decide(rule, "w", {Shape{1, 1}, DType::kF32}, mesh8());
+  const auto d = decide(rule, "w", {Shape{1, 1}, DType::kF32}, fsdp_tp_mesh());
   EXPECT_EQ(d.spec, P());
   EXPECT_EQ(d.entry, -1);
 }
 
 TEST(TreePathRule, StrictErrorNamesPathShapeAndPatterns) {
   const TreePathShardingRule rule({{"attn", P("tp")}, {"mlp", P("fsdp")}});
-  EXPECT_THROW_WITH(decide(rule, "embed/weight", {Shape{32000, 4096}, DType::kBF16}, mesh8()),
-                    RuleError, "'embed/weight'", "[32000, 4096]", "'attn'", "'mlp'");
+  EXPECT_THROW_WITH(
+      decide(rule, "embed/weight", {Shape{32000, 4096}, DType::kBF16}, fsdp_tp_mesh()), RuleError,
+      "'embed/weight'", "[32000, 4096]", "'attn'", "'mlp'");
 }
 
 TEST(TreePathRule, CatchAllIsReportedAsFellThrough) {
   const TreePathShardingRule rule({{"attn", P("tp")}, {".*", P()}});
-  EXPECT_TRUE(decide(rule, "embed/weight", {Shape{8, 8}, DType::kF32}, mesh8()).fell_through);
-  EXPECT_FALSE(decide(rule, "attn/weight", {Shape{8, 8}, DType::kF32}, mesh8()).fell_through);
+  EXPECT_TRUE(
+      decide(rule, "embed/weight", {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh()).fell_through);
+  EXPECT_FALSE(
+      decide(rule, "attn/weight", {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh()).fell_through);
 }
 
 TEST(TreePathRule, NonStrictNoMatchReplicatesAndFallsThrough) {
   const TreePathShardingRule rule({{"attn", P("tp")}}, false);
-  const auto d = decide(rule, "mlp/w", {Shape{8, 8}, DType::kF32}, mesh8());
+  const auto d = decide(rule, "mlp/w", {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh());
   EXPECT_EQ(d.spec, P());
   EXPECT_TRUE(d.fell_through);
-  EXPECT_FALSE(rule.try_match(RuleInput{"mlp/w", {Shape{8, 8}, DType::kF32}, mesh8()}).has_value());
+  EXPECT_FALSE(
+      rule.try_match(RuleInput{"mlp/w", {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh()}).has_value());
 }
 
 TEST(TreePathRule, BadRegexFailsAtConstructionNamingRuleAndPosition) {
@@ -73,7 +71,8 @@ TEST(TreePathRule, BadRegexFailsAtConstructionNamingRuleAndPosition) {
 
 TEST(TreePathRule, ExplainListsEveryEntryUntilTheWinner) {
   const TreePathShardingRule rule({{"attn", P("tp")}, {"mlp", P("fsdp")}, {"mlp/up", P()}});
-  const auto steps = rule.explain(RuleInput{"mlp/up/w", {Shape{8, 8}, DType::kF32}, mesh8()});
+  const auto steps =
+      rule.explain(RuleInput{"mlp/up/w", {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh()});
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_FALSE(steps[0].decided);
   EXPECT_THAT(steps[0].description, ::testing::HasSubstr("no match"));
