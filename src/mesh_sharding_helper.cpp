@@ -346,6 +346,15 @@ Tree<MaybeSharding> MeshShardingHelper::match(const RuleTree& rules,
   return data.unflatten(std::move(p.shardings));
 }
 
+std::ostream& operator<<(std::ostream& os, const ShardingAssignment& a) {
+  os << "ShardingAssignment(" << a.leaf_sharding.size() << " leaves, " << a.shardings.size()
+     << " shardings";
+  for (std::size_t i = 0; i < a.shardings.size(); ++i) {
+    os << (i ? ", " : ": ") << a.shardings[i].spec().to_string();
+  }
+  return os << ")";
+}
+
 ShardingAssignment MeshShardingHelper::resolve(const RuleTree& rules,
                                                const Tree<TensorSpec>& data) const {
   Planner p(mesh_, Planner::Output::kIndices);

@@ -131,10 +131,10 @@ std::string NamedSharding::visualize(const Shape& global) const {
   std::vector<std::vector<int>> cell(static_cast<std::size_t>(rows * cols));
   for (std::int64_t pos = 0; pos < impl_->mesh.size(); ++pos) {
     auto coords = impl_->mesh.coords_of_position(pos);
-    std::int64_t r = global.rank() == 2 ? block_index(coords, 0) : 0;
-    std::int64_t c = global.rank() == 2 ? (impl_->spec.size() > 1 ? block_index(coords, 1) : 0)
-                                        : (impl_->spec.size() > 0 ? block_index(coords, 0) : 0);
-    if (global.rank() == 2 && impl_->spec.size() == 0) r = 0;
+    // Dimensions past the end of the spec are not sharded: block 0 (and no axis_ids entry).
+    auto index = [&](int dim) { return dim < impl_->spec.size() ? block_index(coords, dim) : 0; };
+    const std::int64_t r = global.rank() == 2 ? index(0) : 0;
+    const std::int64_t c = global.rank() == 2 ? index(1) : index(0);
     cell[static_cast<std::size_t>(r * cols + c)].push_back(impl_->mesh.devices()[static_cast<std::size_t>(pos)]);
   }
   std::vector<std::string> labels;

@@ -211,4 +211,23 @@ std::string PlanReport::to_json(int indent) const {
 
 std::ostream& operator<<(std::ostream& os, const PlanReport& report) { return os << report.table(); }
 
+std::ostream& operator<<(std::ostream& os, const LeafPlan& l) {
+  os << l.path << " " << l.tensor << " " << (l.spec ? l.spec->to_spec_string() : "unspecified")
+     << " -> " << l.shard_shape << ", " << l.bytes_per_device << " bytes/device, rule #"
+     << l.rule_index;
+  if (l.entry >= 0) os << " [" << l.entry << "]";
+  if (l.fell_through) os << " (fell through)";
+  return os;
+}
+
+std::ostream& operator<<(std::ostream& os, const RuleInfo& r) {
+  return os << "#" << r.rule_index << " at '" << r.rule_path << "': " << r.rule;
+}
+
+std::ostream& operator<<(std::ostream& os, const UnmatchedRule& u) {
+  os << "#" << u.rule_index << " " << u.rule;
+  if (u.entry >= 0) os << " [" << u.entry << "]";
+  return os << ": '" << u.label << "'";
+}
+
 }  // namespace shardplan

@@ -14,4 +14,16 @@ std::ostream& operator<<(std::ostream& os, const RuleLeaf& leaf) {
   return os << "Unspecified";
 }
 
+std::ostream& operator<<(std::ostream& os, const RuleDecision& d) {
+  os << "RuleDecision(" << d.spec << ", entry " << d.entry;
+  if (!d.reason.empty()) os << ", " << d.reason;
+  if (d.fell_through) os << ", fell through";
+  return os << ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const RuleStep& step) {
+  return os << "entry " << step.entry << ": " << step.description
+            << (step.decided ? " (decided)" : "");
+}
+
 }  // namespace shardplan

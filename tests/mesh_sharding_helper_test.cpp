@@ -3,6 +3,7 @@
 #include "shardplan/mesh_sharding_helper.hpp"
 
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
@@ -118,6 +119,13 @@ TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
   EXPECT_EQ(a.leaf_sharding[3], -1);  // "step", unspecified, is last in flatten order
   // Distinct shardings only: P(None, 'x') for a, P('x') for b, P(('x','y'), None) for mu.
   EXPECT_EQ(a.shardings.size(), 3u);
+  EXPECT_EQ(a, helper.resolve(rules, data));
+  std::ostringstream os;
+  os << a;
+  // In order of first use, leaves in flatten order: opt_state/mu, params/a, params/b.
+  EXPECT_EQ(os.str(),
+            "ShardingAssignment(4 leaves, 3 shardings: PartitionSpec(('x', 'y'), None), "
+            "PartitionSpec(None, 'x'), PartitionSpec('x'))");
   EXPECT_THROW_WITH(helper.resolve(RuleTree(P("x", "y")), data), SpecError, "'params/b'", "[64]");
 }
 

@@ -111,5 +111,136 @@ TEST(Tree, PrintsReadably) {
   EXPECT_EQ(os.str(), "{a: 1, b: [2]}");
 }
 
+
+TEST(Tree, NestedInitializerListsBuildDictsOfListsOfDicts) {
+  const auto t = IntTree::dict(
+      {{"h", IntTree::list({IntTree::dict({{"w", 1}}), IntTree::dict({{"w", 2}, {"b", 3}})})},
+       {"emb", 0}});
+  EXPECT_EQ(t.paths(), (std::vector<std::string>{"emb", "h/0/w", "h/1/b", "h/1/w"}));
+  EXPECT_EQ(t.leaves(), (std::vector<int>{0, 1, 3, 2}));
+  EXPECT_EQ(t.at("h").at(1).at("b").leaf(), 3);
+  EXPECT_TRUE(t.at("h").is_list());
+  EXPECT_EQ(t.num_leaves(), 4u);
+}
+
+TEST(Tree, EmptyDictAndListHoldNoLeaves) {
+  const auto t = IntTree::dict({{"a", IntTree::dict({})}, {"b", IntTree::list({})}});
+  EXPECT_TRUE(t.flatten().empty());
+  EXPECT_TRUE(t.at("a").is_dict());
+  EXPECT_TRUE(t.at("b").is_list());
+  EXPECT_FALSE(t.same_structure(IntTree::dict({{"a", IntTree::list({})}, {"b", IntTree::list({})}})));
+}
+
+TEST(Tree, LeafAccessOnANonLeafNamesTheKind) {
+  EXPECT_THROW_WITH(sample().leaf(), TreeError, "dict", "not a leaf");
+  EXPECT_THROW_WITH(IntTree::none().leaf(), TreeError, "none");
+}
+
+TEST(Tree, AtPathRejectsHugeAndNonNumericListIndices) {
+  EXPECT_THROW_WITH(sample().at_path("layers/99999999999999999999999"), TreeError,
+                    "99999999999999999999999", "size 2");
+  EXPECT_THROW_WITH(sample().at_path("layers/x"), TreeError, "'x'", "layers/x");
+  EXPECT_THROW_WITH(sample().at_path("layers/-1"), TreeError, "'-1'");
+}
+
+TEST(Tree, AtWithMissingKeyListsTheKeysPresent) {
+  EXPECT_THROW_WITH(sample().at("q"), TreeError, "'q'", "'b'", "'layers'", "'w'");
+  EXPECT_THROW_WITH(sample().at(9), TreeError, "9", "size 3");
+}
+
+TEST(Tree, MapWithPathSeesEscapedKeysAndPrefix) {
+  const auto t = IntTree::dict({{"a/b", IntTree::list({1})}, {"c", 2}});
+  const auto paths = t.map_with_path([](const std::string& p, int) { return p; }, "root");
+  EXPECT_EQ(paths.leaves(), (std::vector<std::string>{"root/a~1b/0", "root/c"}));
+  // The escaped path leads back to the leaf.
+  EXPECT_EQ(t.at_path(t.paths()[0]).leaf(), 1);
+}
+
+TEST(Tree, UnflattenToAnotherTypeKeepsStructureAndOrder) {
+  const auto t = sample();
+  const auto s = t.unflatten(std::vector<std::string>{"x", "y", "z"});
+  EXPECT_TRUE(s.same_structure(t));
+  EXPECT_EQ(s.at_path("layers/0").leaf(), "x");
+  EXPECT_EQ(s.at_path("w").leaf(), "z");
+  EXPECT_TRUE(s.at("b").is_none());
+}
+
+TEST(Tree, SameStructureComparesKindsAndListLengths) {
+  EXPECT_FALSE(IntTree::list({1, 2}).same_structure(IntTree::list({1})));
+  EXPECT_FALSE(IntTree::list({1}).same_structure(IntTree::dict({{"0", 1}})));
+  EXPECT_FALSE(IntTree(1).same_structure(IntTree::none()));
+  EXPECT_TRUE(IntTree::none().same_structure(Tree<double>::none()));
+}
+
+TEST(Tree, EqualityComparesLeafValues) {
+  EXPECT_EQ(sample(), sample());
+  EXPECT_NE(sample(), sample().map([](int x) { return x + 1; }));
+}
+
+TEST(Tree, PrefixLeafOrNoneCoversAnySubtree) {
+  const auto full = IntTree::dict({{"a", IntTree::dict({{"x", 1}})}, {"b", IntTree::list({2})}});
+  EXPECT_EQ(prefix_mismatch(Tree<char>('r'), full), "");
+  EXPECT_EQ(prefix_mismatch(Tree<char>::dict({{"a", Tree<char>::none()}, {"b", 'r'}}), full), "");
+}
+
+TEST(Tree, PrefixMismatchNamesTheDeepestDifferingPath) {
+  const auto full = IntTree::dict(
+      {{"a", IntTree::dict({{"b", IntTree::dict({{"x", 1}, {"y", 2}})}})}, {"c", 3}});
+  const auto bad = Tree<char>::dict(
+      {{"a", Tree<char>::dict({{"b", Tree<char>::dict({{"x", 'r'}, {"z", 'r'}})}})}, {"c", 'r'}});
+  const std::string m = prefix_mismatch(bad, full);
+  EXPECT_THAT(m, ::testing::HasSubstr("'a/b'"));
+  EXPECT_THAT(m, ::testing::HasSubstr("keys [x, z]"));
+  EXPECT_THAT(m, ::testing::HasSubstr("keys [x, y]"));
+  EXPECT_THROW_WITH(
+      (map_prefix<int>(bad, full,
+                       [](const std::string&, const char*, const IntTree& t) { return t; })),
+      TreeError, "not a prefix", "'a/b'", "keys [x, z]", "keys [x, y]");
+}
+
+TEST(Tree, PrefixMismatchNamesListLengths) {
+  const auto full = IntTree::dict({{"h", IntTree::list({1, 2, 3})}});
+  const auto bad = Tree<char>::dict({{"h", Tree<char>::list({'r', 'r'})}});
+  const std::string m = prefix_mismatch(bad, full);
+  EXPECT_THAT(m, ::testing::HasSubstr("'h'"));
+  EXPECT_THAT(m, ::testing::HasSubstr("list of length 2"));
+  EXPECT_THAT(m, ::testing::HasSubstr("list of length 3"));
+}
+
+TEST(Tree, PrefixMismatchAtTheRootSaysSo) {
+  EXPECT_THAT(prefix_mismatch(Tree<char>::list({'r'}), IntTree::dict({{"a", 1}})),
+              ::testing::HasSubstr("the root"));
+}
+
+TEST(Tree, MapPrefixGivesEachPrefixLeafItsSubtreeAndPath) {
+  const auto full = IntTree::dict(
+      {{"h", IntTree::list({IntTree::dict({{"w", 1}}), IntTree::dict({{"w", 2}})})}, {"e", 5}});
+  const auto prefix = Tree<char>::dict({{"h", Tree<char>::list({'a', Tree<char>::none()})}, {"e", 'b'}});
+  std::vector<std::string> seen;
+  const auto out = map_prefix<int>(prefix, full, [&](const std::string& path, const char* p,
+                                                     const IntTree& sub) {
+    seen.push_back(path + "=" + (p ? std::string(1, *p) : std::string("none")));
+    return sub.map([&](int x) { return p ? x * 10 : -x; });
+  });
+  EXPECT_EQ(seen, (std::vector<std::string>{"e=b", "h/0=a", "h/1=none"}));
+  EXPECT_TRUE(out.same_structure(full));
+  EXPECT_EQ(out.flatten(), (std::vector<std::pair<std::string, int>>{
+                               {"e", 50}, {"h/0/w", 10}, {"h/1/w", -2}}));
+}
+
+TEST(Tree, JoinAndSplitPathRoundTripEscapedKeys) {
+  EXPECT_EQ(join_path("", "a"), "a");
+  EXPECT_EQ(join_path("a", escape_key("b/c")), "a/b~1c");
+  EXPECT_EQ(split_path(""), std::vector<std::string>{});
+  EXPECT_EQ(split_path(join_path("a", escape_key("b/c"))), (std::vector<std::string>{"a", "b/c"}));
+  EXPECT_THROW_WITH(split_path("a/b~"), TreeError, "b~");
+}
+
+TEST(Tree, NodeKindPrints) {
+  std::ostringstream os;
+  os << NodeKind::kList << " " << IntTree::none();
+  EXPECT_EQ(os.str(), "list None");
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string_view>
 #include <vector>
 
@@ -29,7 +30,11 @@ struct ShardingAssignment {
     if (k < 0) return std::nullopt;
     return shardings[static_cast<std::size_t>(k)];
   }
+  friend bool operator==(const ShardingAssignment&, const ShardingAssignment&) = default;
 };
+
+/// "ShardingAssignment(90427 leaves, 9 shardings: PartitionSpec(...), ...)".
+std::ostream& operator<<(std::ostream& os, const ShardingAssignment& a);
 
 /// One entry of an explanation of a leaf's sharding.
 struct ExplainStep {

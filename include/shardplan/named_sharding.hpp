@@ -18,6 +18,10 @@ struct DimSlice {
   std::int64_t start = 0;
   std::int64_t size = 0;
   friend bool operator==(const DimSlice&, const DimSlice&) = default;
+  /// "[start:start+size]", the Python slice it stands for.
+  friend std::ostream& operator<<(std::ostream& os, const DimSlice& s) {
+    return os << "[" << s.start << ":" << s.start + s.size << "]";
+  }
 };
 
 /// A device's block of a global array: one DimSlice per dimension.

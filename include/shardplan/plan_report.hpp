@@ -98,5 +98,11 @@ struct PlanReport {
 std::string format_bytes(std::int64_t bytes);
 
 std::ostream& operator<<(std::ostream& os, const PlanReport& report);
+/// "params/w f32[8, 4] ["x"] -> [4, 4], 64 bytes/device, rule #0 [1]".
+std::ostream& operator<<(std::ostream& os, const LeafPlan& leaf);
+/// "#0 at 'params': TreePathShardingRule(...)".
+std::ostream& operator<<(std::ostream& os, const RuleInfo& rule);
+/// "#0 TreePathShardingRule(...) [2]: 'w_out'" (no "[e]" when the whole rule matched nothing).
+std::ostream& operator<<(std::ostream& os, const UnmatchedRule& rule);
 
 }  // namespace shardplan

@@ -32,6 +32,7 @@ struct RuleDecision {
   std::string reason;
   /// True when no specific entry matched and a catch-all or default decided.
   bool fell_through = false;
+  friend bool operator==(const RuleDecision&, const RuleDecision&) = default;
 };
 
 /// One step of an explanation: an entry tried on a leaf and whether it decided.
@@ -39,6 +40,7 @@ struct RuleStep {
   int entry = -1;
   std::string description;
   bool decided = false;
+  friend bool operator==(const RuleStep&, const RuleStep&) = default;
 };
 
 /// A deterministic automaton over path bytes that a rule's decisions depend on (a regex table's
@@ -94,5 +96,9 @@ using RuleLeaf = std::variant<RulePtr, PartitionSpec, Replicated, Unspecified>;
 using RuleTree = Tree<RuleLeaf>;
 
 std::ostream& operator<<(std::ostream& os, const RuleLeaf& leaf);
+/// "RuleDecision(PartitionSpec('x'), entry 2, regex 'w' matched)", with ", fell through" when set.
+std::ostream& operator<<(std::ostream& os, const RuleDecision& decision);
+/// "entry 2: regex 'w' (decided)".
+std::ostream& operator<<(std::ostream& os, const RuleStep& step);
 
 }  // namespace shardplan

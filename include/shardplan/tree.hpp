@@ -22,6 +22,8 @@ enum class NodeKind { kNone, kLeaf, kDict, kList };
 
 /// "none", "leaf", "dict" or "list".
 std::string_view to_string(NodeKind kind);
+/// Prints to_string(kind).
+inline std::ostream& operator<<(std::ostream& os, NodeKind kind) { return os << to_string(kind); }
 
 /// Escapes one key for use in a path: `~` becomes `~0` and `/` becomes `~1` (as in JSON Pointer,
 /// RFC 6901), so a key that holds `/` never splits. Thread-safe.
@@ -148,7 +150,9 @@ class Tree {
         bool ok = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
           return c >= '0' && c <= '9';
         });
-        if (ok) idx = std::stoul(key);
+        // Longer digit strings cannot index any list (and would overflow std::stoul).
+        ok = ok && key.size() <= 18;
+        if (ok) idx = static_cast<std::size_t>(std::stoull(key));
         if (!ok || idx >= node->size()) {
           throw TreeError("[tree] no element '" + key + "' in list of size " +
                           std::to_string(node->size()) + " at path '" + std::string(path) + "'");
@@ -354,8 +358,11 @@ template <class R, class P, class T, class F>
 Tree<R> map_prefix(const Tree<P>& prefix, const Tree<T>& full, F&& f, std::string path = {}) {
   if (prefix.is_leaf()) return f(path, &prefix.leaf(), full);
   if (prefix.is_none()) return f(path, static_cast<const P*>(nullptr), full);
-  if (std::string m = prefix_mismatch(prefix, full, path); !m.empty()) {
-    throw TreeError("[tree] not a prefix: " + m);
+  // Only this level is compared here (the recursion checks the levels below, in flatten order),
+  // so a deep rule tree costs one pass rather than one pass per level.
+  if (prefix.kind() != full.kind() || prefix.size() != full.size() ||
+      (prefix.is_dict() && prefix.keys() != full.keys())) {
+    throw TreeError("[tree] not a prefix: " + prefix_mismatch(prefix, full, path));
   }
   std::vector<Tree<R>> kids;
   kids.reserve(full.size());
