@@ -43,7 +43,8 @@ Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::vector<i
   positions_.assign(devices.size(), -1);
   for (std::size_t i = 0; i < devices.size(); ++i) {
     int d = devices[i];
-    if (d < 0 || static_cast<std::size_t>(d) >= devices.size() || positions_[static_cast<std::size_t>(d)] != -1) {
+    if (d < 0 || static_cast<std::size_t>(d) >= devices.size() ||
+        positions_[static_cast<std::size_t>(d)] != -1) {
       throw SpecError(fmt::format(
           "[mesh] device ids must be a permutation of 0..{}; got [{}] (id {} at position {})",
           devices.size() - 1, fmt::join(devices, ", "), d, i));
@@ -65,7 +66,8 @@ void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int
     if (name.empty()) throw SpecError(fmt::format("[mesh] axis {} has an empty name", i));
     for (std::size_t j = 0; j < i; ++j) {
       if (axes[j].first == name) {
-        throw SpecError(fmt::format("[mesh] duplicate axis name '{}' (axes {} and {})", name, j, i));
+        throw SpecError(
+            fmt::format("[mesh] duplicate axis name '{}' (axes {} and {})", name, j, i));
       }
     }
     if (size == -1) {
@@ -75,10 +77,11 @@ void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int
       }
       infer = static_cast<int>(i);
     } else if (size <= 0) {
-      throw SpecError(fmt::format("[mesh] axis '{}' has size {}; sizes must be positive (or -1 to infer)",
-                                  name, size));
-    } else {
-      known *= size;
+      throw SpecError(fmt::format(
+          "[mesh] axis '{}' has size {}; sizes must be positive (or -1 to infer)", name, size));
+    } else if (__builtin_mul_overflow(known, size, &known)) {
+      // Checked so that absurd sizes are an error rather than a wrapped (undefined) product.
+      throw SpecError(fmt::format("[mesh] axis sizes overflow at axis '{}' (size {})", name, size));
     }
   }
   auto describe = [&] {
@@ -94,8 +97,9 @@ void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int
     }
     axes[static_cast<std::size_t>(infer)].second = device_count / known;
   } else if (known != device_count) {
-    throw SpecError(fmt::format("[mesh] axis sizes of mesh {} multiply to {}, not the device count {}",
-                                describe(), known, device_count));
+    throw SpecError(
+        fmt::format("[mesh] axis sizes of mesh {} multiply to {}, not the device count {}",
+                    describe(), known, device_count));
   }
   for (auto& [name, size] : axes) {
     names_.push_back(std::move(name));
@@ -119,8 +123,8 @@ Mesh Mesh::parse(std::string_view text, std::int64_t device_count,
       name = std::string(trim(part.substr(0, colon)));
       num = trim(part.substr(colon + 1));
       if (!names.empty() && name != names[i]) {
-        throw SpecError(fmt::format("[mesh] entry {} of '{}' is named '{}' but names[{}] is '{}'", i,
-                                    text, name, i, names[i]));
+        throw SpecError(fmt::format("[mesh] entry {} of '{}' is named '{}' but names[{}] is '{}'",
+                                    i, text, name, i, names[i]));
       }
     } else if (!names.empty()) {
       name = names[i];
@@ -132,8 +136,8 @@ Mesh Mesh::parse(std::string_view text, std::int64_t device_count,
     std::int64_t size = 0;
     auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), size);
     if (num.empty() || ec != std::errc() || ptr != num.data() + num.size()) {
-      throw SpecError(fmt::format("[mesh] size '{}' of axis '{}' in '{}' is not an integer", num,
-                                  name, text));
+      throw SpecError(
+          fmt::format("[mesh] size '{}' of axis '{}' in '{}' is not an integer", num, name, text));
     }
     axes.emplace_back(std::move(name), size);
   }
@@ -164,13 +168,15 @@ std::vector<std::int64_t> Mesh::coords_of_position(std::int64_t position) const 
 
 std::string Mesh::to_string() const {
   std::vector<std::string> parts;
-  for (std::size_t i = 0; i < names_.size(); ++i) parts.push_back(fmt::format("'{}': {}", names_[i], sizes_[i]));
+  for (std::size_t i = 0; i < names_.size(); ++i)
+    parts.push_back(fmt::format("'{}': {}", names_[i], sizes_[i]));
   return fmt::format("Mesh({})", fmt::join(parts, ", "));
 }
 
 std::string Mesh::to_spec_string() const {
   std::vector<std::string> parts;
-  for (std::size_t i = 0; i < names_.size(); ++i) parts.push_back(fmt::format("{}:{}", names_[i], sizes_[i]));
+  for (std::size_t i = 0; i < names_.size(); ++i)
+    parts.push_back(fmt::format("{}:{}", names_[i], sizes_[i]));
   return fmt::format("{}", fmt::join(parts, ","));
 }
 

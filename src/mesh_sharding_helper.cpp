@@ -414,11 +414,11 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
     }
     std::size_t idx = 0;
     if (d->is_list()) {
-      try {
-        idx = std::stoul(keys[k]);
-      } catch (const std::exception&) {
-        idx = d->size();
-      }
+      // Only a plain decimal index names an element ("1x" or "-1" must not find element 1).
+      const std::string& key = keys[k];
+      const bool digits = !key.empty() && key.size() <= 18 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      idx = digits ? static_cast<std::size_t>(std::stoull(key)) : d->size();
     } else {
       auto it = std::find(d->keys().begin(), d->keys().end(), keys[k]);
       idx = static_cast<std::size_t>(it - d->keys().begin());

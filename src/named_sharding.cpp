@@ -24,7 +24,8 @@ NamedSharding::NamedSharding(Mesh mesh, PartitionSpec spec) {
 std::int64_t NamedSharding::num_shards(int dim) const {
   if (dim < 0 || dim >= impl_->spec.size()) return 1;
   std::int64_t n = 1;
-  for (int id : impl_->axis_ids[static_cast<std::size_t>(dim)]) n *= impl_->mesh.axis_sizes()[static_cast<std::size_t>(id)];
+  for (int id : impl_->axis_ids[static_cast<std::size_t>(dim)])
+    n *= impl_->mesh.axis_sizes()[static_cast<std::size_t>(id)];
   return n;
 }
 
@@ -44,9 +45,11 @@ Shape NamedSharding::shard_shape(const Shape& global, std::string_view path) con
     if (global[d] % k != 0) {
       const auto& axes = spec[d];
       std::vector<std::string> sizes;
-      for (const auto& a : axes) sizes.push_back(fmt::format("'{}' (size {})", a, impl_->mesh.axis_size(a)));
+      for (const auto& a : axes)
+        sizes.push_back(fmt::format("'{}' (size {})", a, impl_->mesh.axis_size(a)));
       throw SpecError(fmt::format(
-          "[plan] dim {} of {} (shape {}) is not divisible by mesh {} {}{}; {} is not a multiple of {}",
+          "[plan] dim {} of {} (shape {}) is not divisible by mesh {} {}{}; {} is not a multiple "
+          "of {}",
           d, where(), global.to_string(), axes.size() == 1 ? "axis" : "axes",
           fmt::join(sizes, " x "), axes.size() == 1 ? "" : fmt::format(" = {}", k), global[d], k));
     }
@@ -63,7 +66,8 @@ std::int64_t NamedSharding::shard_bytes(const Shape& global, std::size_t element
 std::int64_t NamedSharding::block_index(const std::vector<std::int64_t>& coords, int dim) const {
   std::int64_t idx = 0;
   for (int id : impl_->axis_ids[static_cast<std::size_t>(dim)]) {
-    idx = idx * impl_->mesh.axis_sizes()[static_cast<std::size_t>(id)] + coords[static_cast<std::size_t>(id)];
+    idx = idx * impl_->mesh.axis_sizes()[static_cast<std::size_t>(id)] +
+          coords[static_cast<std::size_t>(id)];
   }
   return idx;
 }
@@ -78,7 +82,8 @@ std::vector<Block> NamedSharding::device_blocks(const Shape& global) const {
       std::int64_t idx = d < impl_->spec.size() ? block_index(coords, d) : 0;
       block[static_cast<std::size_t>(d)] = DimSlice{idx * shard[d], shard[d]};
     }
-    out[static_cast<std::size_t>(impl_->mesh.devices()[static_cast<std::size_t>(pos)])] = std::move(block);
+    out[static_cast<std::size_t>(impl_->mesh.devices()[static_cast<std::size_t>(pos)])] =
+        std::move(block);
   }
   return out;
 }
@@ -88,7 +93,8 @@ std::vector<std::vector<int>> NamedSharding::replica_groups(const Shape& global)
   std::vector<std::vector<int>> groups;
   std::vector<const Block*> keys;
   for (std::size_t id = 0; id < blocks.size(); ++id) {
-    auto it = std::find_if(keys.begin(), keys.end(), [&](const Block* b) { return *b == blocks[id]; });
+    auto it =
+        std::find_if(keys.begin(), keys.end(), [&](const Block* b) { return *b == blocks[id]; });
     if (it == keys.end()) {
       keys.push_back(&blocks[id]);
       groups.push_back({static_cast<int>(id)});
@@ -135,13 +141,15 @@ std::string NamedSharding::visualize(const Shape& global) const {
     auto index = [&](int dim) { return dim < impl_->spec.size() ? block_index(coords, dim) : 0; };
     const std::int64_t r = global.rank() == 2 ? index(0) : 0;
     const std::int64_t c = global.rank() == 2 ? index(1) : index(0);
-    cell[static_cast<std::size_t>(r * cols + c)].push_back(impl_->mesh.devices()[static_cast<std::size_t>(pos)]);
+    cell[static_cast<std::size_t>(r * cols + c)].push_back(
+        impl_->mesh.devices()[static_cast<std::size_t>(pos)]);
   }
   std::vector<std::string> labels;
   std::size_t width = 0;
   for (auto& devs : cell) {
     std::sort(devs.begin(), devs.end());
-    labels.push_back(fmt::format("{} {}", devs.size() == 1 ? "device" : "devices", fmt::join(devs, ",")));
+    labels.push_back(
+        fmt::format("{} {}", devs.size() == 1 ? "device" : "devices", fmt::join(devs, ",")));
     width = std::max(width, labels.back().size());
   }
   width += 4;
@@ -174,7 +182,8 @@ std::string NamedSharding::visualize(const Shape& global) const {
 }
 
 std::string NamedSharding::to_string() const {
-  return fmt::format("NamedSharding(mesh={}, spec={})", impl_->mesh.to_string(), impl_->spec.to_string());
+  return fmt::format("NamedSharding(mesh={}, spec={})", impl_->mesh.to_string(),
+                     impl_->spec.to_string());
 }
 
 std::ostream& operator<<(std::ostream& os, const NamedSharding& s) { return os << s.to_string(); }

@@ -58,7 +58,8 @@ const LeafPlan* PlanReport::find(std::string_view path) const {
 
 const RuleInfo& PlanReport::rule_of(const LeafPlan& leaf) const {
   static const RuleInfo kNone{-1, "", "None", {}};
-  if (leaf.rule_index < 0 || static_cast<std::size_t>(leaf.rule_index) >= rules.size()) return kNone;
+  if (leaf.rule_index < 0 || static_cast<std::size_t>(leaf.rule_index) >= rules.size())
+    return kNone;
   return rules[static_cast<std::size_t>(leaf.rule_index)];
 }
 
@@ -171,7 +172,8 @@ std::string PlanReport::table(std::size_t largest_n) const {
 
 std::string PlanReport::to_json(int indent) const {
   nlohmann::json j;
-  j["mesh"] = {{"axes", mesh.axis_names()}, {"shape", mesh.axis_sizes()}, {"devices", mesh.devices()}};
+  j["mesh"] = {
+      {"axes", mesh.axis_names()}, {"shape", mesh.axis_sizes()}, {"devices", mesh.devices()}};
   nlohmann::json ls = nlohmann::json::array();
   for (const auto& l : leaves) {
     nlohmann::json o;
@@ -193,14 +195,18 @@ std::string PlanReport::to_json(int indent) const {
   }
   j["leaves"] = std::move(ls);
   nlohmann::json devs = nlohmann::json::array();
-  for (std::size_t i = 0; i < device_bytes.size(); ++i) devs.push_back({{"id", i}, {"bytes", device_bytes[i]}});
+  for (std::size_t i = 0; i < device_bytes.size(); ++i)
+    devs.push_back({{"id", i}, {"bytes", device_bytes[i]}});
   j["devices"] = std::move(devs);
   j["total_bytes"] = total_bytes;
   j["bytes_per_device"] = {{"min", min_device_bytes()}, {"max", max_device_bytes()}};
   nlohmann::json um = nlohmann::json::array();
   for (const auto& u : unmatched_rules) {
-    um.push_back({{"rule_index", u.rule_index}, {"rule_path", u.rule_path}, {"rule", u.rule},
-                  {"entry", u.entry}, {"label", u.label}});
+    um.push_back({{"rule_index", u.rule_index},
+                  {"rule_path", u.rule_path},
+                  {"rule", u.rule},
+                  {"entry", u.entry},
+                  {"label", u.label}});
   }
   j["unmatched_rules"] = std::move(um);
   nlohmann::json ft = nlohmann::json::array();
@@ -209,7 +215,9 @@ std::string PlanReport::to_json(int indent) const {
   return j.dump(indent);
 }
 
-std::ostream& operator<<(std::ostream& os, const PlanReport& report) { return os << report.table(); }
+std::ostream& operator<<(std::ostream& os, const PlanReport& report) {
+  return os << report.table();
+}
 
 std::ostream& operator<<(std::ostream& os, const LeafPlan& l) {
   os << l.path << " " << l.tensor << " " << (l.spec ? l.spec->to_spec_string() : "unspecified")

@@ -3,6 +3,7 @@
 #include "shardplan/dtype.hpp"
 
 #include <set>
+#include <sstream>
 
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
@@ -36,6 +37,45 @@ TEST(DType, ParseAcceptsOwnAndSafetensorsNames) {
     EXPECT_EQ(parse_dtype(safetensors_name(d)), d);
   }
   EXPECT_THROW_WITH(parse_dtype("F12"), SpecError, "'F12'", "BF16");
+}
+
+// Sizes from the formats' definitions (bits / 8), listed independently of the library's table.
+TEST(DType, EveryDTypeHasItsSizeAndRoundTripsThroughBothNames) {
+  const std::vector<std::pair<DType, std::size_t>> expect{
+      {DType::kBool, 1}, {DType::kI8, 1},     {DType::kI16, 2},    {DType::kI32, 4},
+      {DType::kI64, 8},  {DType::kU8, 1},     {DType::kU16, 2},    {DType::kU32, 4},
+      {DType::kU64, 8},  {DType::kF8E4M3, 1}, {DType::kF8E5M2, 1}, {DType::kF16, 2},
+      {DType::kBF16, 2}, {DType::kF32, 4},    {DType::kF64, 8}};
+  std::set<std::string> names;
+  for (const auto& [d, size] : expect) {
+    EXPECT_EQ(size_of(d), size) << name(d);
+    EXPECT_EQ(parse_dtype(name(d)), d);
+    EXPECT_EQ(parse_dtype(safetensors_name(d)), d);
+    names.insert(std::string(name(d)));
+  }
+  EXPECT_EQ(names.size(), expect.size());
+}
+
+TEST(DType, ParsesNumpyStyleAliases) {
+  EXPECT_EQ(parse_dtype("float32"), DType::kF32);
+  EXPECT_EQ(parse_dtype("bfloat16"), DType::kBF16);
+  EXPECT_EQ(parse_dtype("float8_e4m3fn"), DType::kF8E4M3);
+  EXPECT_EQ(parse_dtype("Int64"), DType::kI64);
+}
+
+TEST(DType, RejectsEmptyAndNearMissNames) {
+  EXPECT_THROW_WITH(parse_dtype(""), SpecError, "''", "F32");
+  EXPECT_THROW_WITH(parse_dtype("bf16 "), SpecError, "'bf16 '");
+}
+
+TEST(DType, FloatingTypesAndPrinting) {
+  EXPECT_TRUE(is_floating(DType::kBF16));
+  EXPECT_TRUE(is_floating(DType::kF8E5M2));
+  EXPECT_FALSE(is_floating(DType::kI32));
+  EXPECT_FALSE(is_floating(DType::kBool));
+  std::ostringstream os;
+  os << DType::kF8E4M3 << " " << DType::kU32;
+  EXPECT_EQ(os.str(), "f8_e4m3 u32");
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include "shardplan/mesh_sharding_helper.hpp"
 
+#include <algorithm>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -183,6 +185,140 @@ TEST(MeshShardingHelper, SubtreeReuseStillReportsErrorsOfTheFirstSubtree) {
   EXPECT_THROW_WITH(
       MeshShardingHelper(Mesh::parse("x:4", 4)).resolve(RuleTree(RulePtr(rule)), data), SpecError,
       "'experts/0/w'", "[6, 8]", "'x'");
+}
+
+/// A user's rule, written here against the public interface only: records the (relative) paths
+/// it is shown, shards dim 1 over "y" for "w_out" leaves, reports "w_in" as a catch-all decision,
+/// and rejects anything named "bad".
+class RecordingRule : public ShardingRule {
+ public:
+  RuleDecision apply(const RuleInput& in) const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_.emplace_back(in.path);
+    }
+    if (in.path.find("bad") != std::string_view::npos) {
+      throw RuleError("[rule] RecordingRule cannot decide '" + std::string(in.path) + "'");
+    }
+    RuleDecision d;
+    if (in.path.ends_with("w_out")) {
+      d.spec = P(nullptr, "y");
+      d.entry = 0;
+    } else {
+      d.entry = 1;
+      d.fell_through = true;
+      d.reason = "catch-all";
+    }
+    return d;
+  }
+  std::string name() const override { return "RecordingRule"; }
+  std::vector<std::string> entry_labels() const override { return {"w_out", "*"}; }
+  std::vector<std::string> seen() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto out = seen_;
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<std::string> seen_;
+};
+
+TEST(MeshShardingHelper, UserRuleAppliedToAListSeesPathsRelativeToIt) {
+  auto rule = std::make_shared<RecordingRule>();
+  const RuleTree rules = RuleTree::dict({
+      {"step", Replicated{}},
+      {"params", RuleTree::dict({{"embed", P("x")}, {"h", RulePtr(rule)}})},
+      {"opt_state", Unspecified{}},
+  });
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
+  EXPECT_EQ(rule->seen(), (std::vector<std::string>{"0/w_in", "0/w_out", "1/w_in", "1/w_out"}));
+  const LeafPlan* w_out = report.find("params/h/1/w_out");
+  ASSERT_NE(w_out, nullptr);
+  ASSERT_TRUE(w_out->spec.has_value());
+  EXPECT_EQ(*w_out->spec, P(nullptr, "y"));
+  EXPECT_EQ(w_out->shard_shape, Shape({256, 32}));
+  EXPECT_EQ(report.rule_of(*w_out).rule_path, "params/h");
+  EXPECT_EQ(report.rule_of(*w_out).rule, "RecordingRule");
+  EXPECT_EQ(report.find("params/embed")->shard_shape, Shape({256, 64}));
+  EXPECT_EQ(report.rule_of(*report.find("params/embed")).rule_path, "params/embed");
+}
+
+TEST(MeshShardingHelper, FellThroughLeavesAreReported) {
+  const RuleTree rules = RuleTree::dict({
+      {"step", Replicated{}},
+      {"params", RuleTree::dict(
+                     {{"embed", Replicated{}}, {"h", RulePtr(std::make_shared<RecordingRule>())}})},
+      {"opt_state", Replicated{}},
+  });
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
+  std::vector<std::string> fell;
+  for (auto i : report.fell_through()) fell.push_back(report.leaves[i].path);
+  EXPECT_EQ(fell, (std::vector<std::string>{"params/h/0/w_in", "params/h/1/w_in"}));
+  EXPECT_EQ(report.reason_of(*report.find("params/h/0/w_in")), "catch-all");
+  const auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["fell_through"], (nlohmann::json{"params/h/0/w_in", "params/h/1/w_in"}));
+  EXPECT_THAT(report.table(), ::testing::HasSubstr("fell through to a default or catch-all: 2"));
+}
+
+TEST(MeshShardingHelper, ErrorFromARuleDeepInTheTreeNamesLeafRuleIndexAndName) {
+  const Data data = Data::dict(
+      {{"a", bf16({4})}, {"m", Data::dict({{"bad", bf16({8, 8})}, {"w_out", bf16({8, 8})}})}});
+  const RuleTree rules =
+      RuleTree::dict({{"a", Replicated{}}, {"m", RulePtr(std::make_shared<RecordingRule>())}});
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(rules, data), RuleError, "'m/bad'", "rule 1",
+                    "RecordingRule", "at 'm'");
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).match(rules, data), RuleError, "'m/bad'",
+                    "RecordingRule");
+}
+
+TEST(MeshShardingHelper, SpecFromARuleIsValidatedAgainstTheLeaf) {
+  const Data data = Data::dict({{"w_out", bf16({8, 6})}});
+  EXPECT_THROW_WITH(MeshShardingHelper(Mesh::parse("x:2,y:4", 8))
+                        .plan(RuleTree(RulePtr(std::make_shared<RecordingRule>())), data),
+                    SpecError, "'w_out'", "[8, 6]", "dim 1", "'y' (size 4)");
+  EXPECT_THROW_WITH(MeshShardingHelper(Mesh::parse("x:8", 8))
+                        .plan(RuleTree(RulePtr(std::make_shared<RecordingRule>())), data),
+                    SpecError, "'y'", "w_out");
+}
+
+TEST(MeshShardingHelper, ExplainRejectsPathsThatAreNotLeaves) {
+  const RuleTree rules = RuleTree::dict({
+      {"step", Replicated{}},
+      {"params", RuleTree::dict({{"embed", P("x")}, {"h", RuleTree::list({P("x"), P("y")})}})},
+      {"opt_state", Replicated{}},
+  });
+  const MeshShardingHelper helper(xy_mesh());
+  EXPECT_THROW_WITH(helper.explain(rules, small_model(), "params/h/1x/w_in"), TreeError,
+                    "'params/h/1x/w_in'");
+  EXPECT_THROW_WITH(helper.explain(rules, small_model(), "params/h"), TreeError, "'params/h'",
+                    "not a leaf");
+  EXPECT_THROW_WITH(helper.explain(rules, small_model(), "params/h/1"), TreeError, "'params/h/1'",
+                    "not a leaf");
+  const auto steps = helper.explain(rules, small_model(), "params/h/1/w_in");
+  ASSERT_FALSE(steps.empty());
+  // Rule leaves in flatten order: opt_state (0), params/embed (1), params/h/0 (2), params/h/1 (3).
+  EXPECT_EQ(steps.back().rule_index, 3);
+}
+
+TEST(MeshShardingHelper, NullRulePointerIsAnErrorNamingTheRule) {
+  const RuleTree rules = RuleTree::dict({{"a", RulePtr()}});
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(rules, Data::dict({{"a", bf16({4})}})),
+                    RuleError, "null rule", "at 'a'");
+}
+
+TEST(MeshShardingHelper, MatchGivesNamedShardingsOnTheHelpersMesh) {
+  const Mesh mesh = Mesh::parse("x:2,y:4", 8);
+  const RuleTree rules =
+      RuleTree::dict({{"step", Replicated{}}, {"params", P("x")}, {"opt_state", P(nullptr, "y")}});
+  const auto shardings = MeshShardingHelper(mesh).match(rules, small_model());
+  shardings.for_each_leaf([&](const std::string& path, const MaybeSharding& s) {
+    ASSERT_TRUE(s.has_value()) << path;
+    EXPECT_EQ(s->mesh(), mesh) << path;
+  });
+  EXPECT_EQ(*shardings.at_path("params/h/0/w_in").leaf(), NamedSharding(mesh, P("x")));
+  EXPECT_EQ(*shardings.at_path("step").leaf(), NamedSharding(mesh, P()));
 }
 
 }  // namespace

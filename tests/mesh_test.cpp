@@ -51,7 +51,6 @@ TEST(Mesh, ErrorsNameTheProblem) {
   EXPECT_THROW_WITH(Mesh::parse("fsdp:4", 4).axis_index("tp"), SpecError, "'tp'", "fsdp");
 }
 
-
 TEST(Mesh, RejectsDuplicateAxisNames) {
   EXPECT_THROW_WITH(Mesh({{"x", 2}, {"y", 1}, {"x", 2}}, 4), SpecError, "duplicate", "'x'",
                     "axes 0 and 2");
@@ -69,6 +68,10 @@ TEST(Mesh, RejectsTwoInferredAxes) {
 TEST(Mesh, RejectsZeroAndNegativeSizes) {
   EXPECT_THROW_WITH(Mesh({{"x", 0}}, 1), SpecError, "'x'", "size 0", "positive");
   EXPECT_THROW_WITH(Mesh({{"x", 2}, {"y", -2}}, 4), SpecError, "'y'", "size -2");
+}
+
+TEST(Mesh, RejectsSizesWhoseProductOverflows) {
+  EXPECT_THROW_WITH(Mesh::parse("x:4294967296,y:4294967296", 8), SpecError, "overflow", "'y'");
 }
 
 TEST(Mesh, RejectsAnInferredAxisThatCannotDivide) {

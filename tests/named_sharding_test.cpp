@@ -2,7 +2,9 @@
 
 #include "shardplan/named_sharding.hpp"
 
+#include <algorithm>
 #include <set>
+#include <sstream>
 
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
@@ -95,6 +97,11 @@ TEST(NamedSharding, UnknownAxisFailsAtConstruction) {
   EXPECT_THROW_WITH(NamedSharding(Mesh::parse("x:2", 2), P("y")), SpecError, "'y'");
 }
 
+TEST(NamedSharding, AxisUsedTwiceFailsAtConstruction) {
+  EXPECT_THROW_WITH(NamedSharding(Mesh::parse("x:2,y:2", 4), P("x", AxisNames{"y", "x"})),
+                    SpecError, "'x'", "more than once", "dim 1");
+}
+
 TEST(NamedSharding, Visualize2DDrawsAGridLabelledByDevice) {
   const NamedSharding s(Mesh::parse("x:4,y:2", 8), P("x", "y"));
   const std::string pic = s.visualize(Shape{8192, 8192});
@@ -117,6 +124,165 @@ TEST(NamedSharding, Visualize1DAndRankErrors) {
   const NamedSharding s(Mesh::parse("x:4", 4), P("x"));
   EXPECT_EQ(labels(s.visualize(Shape{16})).size(), 4u);
   EXPECT_THROW_WITH(s.visualize(Shape{4, 4, 4}), SpecError, "[4, 4, 4]");
+}
+
+TEST(NamedSharding, NonDivisibleSingleAxisMessageReadsAsTheStyleGuide) {
+  const NamedSharding s(Mesh::parse("fsdp:1,tp:8", 8), P(nullptr, "tp"));
+  EXPECT_THROW_WITH(s.shard_shape(Shape{4096, 11006}, "params/h/3/mlp/w_in"), SpecError,
+                    "dim 1 of 'params/h/3/mlp/w_in' (shape [4096, 11006]) is not divisible by "
+                    "mesh axis 'tp' (size 8)");
+}
+
+TEST(NamedSharding, ShardBytesAndSpecPastTheRankErrorsNameThePath) {
+  const NamedSharding s(Mesh::parse("x:4", 4), P(nullptr, "x"));
+  EXPECT_EQ(s.shard_bytes(Shape{3, 8}, 4), 3 * 2 * 4);
+  EXPECT_THROW_WITH(s.shard_bytes(Shape{6}, 4, "w"), SpecError, "'w'", "[6]", "rank 1");
+  EXPECT_THROW_WITH(s.device_blocks(Shape{3, 6}), SpecError, "[3, 6]", "'x' (size 4)");
+}
+
+TEST(NamedSharding, ScalarIsOneEmptyBlockPerDevice) {
+  const NamedSharding s(Mesh::parse("x:2", 2), P());
+  EXPECT_EQ(s.shard_shape(Shape{}), Shape{});
+  EXPECT_EQ(s.device_blocks(Shape{}), (std::vector<Block>{Block{}, Block{}}));
+  EXPECT_EQ(s.replica_groups(Shape{}), (std::vector<std::vector<int>>{{0, 1}}));
+}
+
+// Independent: device at mesh position p has coordinates c (row-major); along a dimension sharded
+// over axes (a1..ak) its block index is the mixed-radix number c[a1]..c[ak].
+Block expected_block(const Mesh& m, const PartitionSpec& spec, const Shape& g, int device) {
+  std::int64_t pos = 0;
+  while (m.devices()[static_cast<std::size_t>(pos)] != device) ++pos;
+  std::vector<std::int64_t> c(m.axis_sizes().size());
+  std::int64_t rest = pos;
+  for (std::size_t i = c.size(); i-- > 0;) {
+    c[i] = rest % m.axis_sizes()[i];
+    rest /= m.axis_sizes()[i];
+  }
+  Block b;
+  for (int d = 0; d < g.rank(); ++d) {
+    std::int64_t idx = 0, parts = 1;
+    for (const auto& a : spec[d]) {
+      const auto ai = static_cast<std::size_t>(m.axis_index(a));
+      idx = idx * m.axis_sizes()[ai] + c[ai];
+      parts *= m.axis_sizes()[ai];
+    }
+    b.push_back(DimSlice{idx * (g[d] / parts), g[d] / parts});
+  }
+  return b;
+}
+
+TEST(NamedSharding, DeviceBlocksFor1DAnd2DMeshesWithCustomDeviceOrder) {
+  const std::vector<Mesh> meshes{
+      Mesh({{"x", 8}}, std::vector<int>{7, 6, 5, 4, 3, 2, 1, 0}),
+      Mesh({{"x", 4}, {"y", 2}}, std::vector<int>{4, 0, 5, 1, 6, 2, 7, 3}),
+      Mesh::parse("x:2,y:4", 8)};
+  for (const Mesh& m : meshes) {
+    std::vector<PartitionSpec> specs{P(), P(m.axis_names()[0]), P(nullptr, m.axis_names()[0])};
+    if (m.ndim() == 2) {
+      specs.push_back(P("y", "x"));
+      specs.push_back(P(AxisNames{"y", "x"}));
+      specs.push_back(P(nullptr, AxisNames{"x", "y"}));
+    }
+    const Shape g{16, 24};
+    for (const auto& spec : specs) {
+      const NamedSharding s(m, spec);
+      const auto blocks = s.device_blocks(g);
+      ASSERT_EQ(blocks.size(), 8u);
+      for (int dev = 0; dev < 8; ++dev) {
+        EXPECT_EQ(blocks[static_cast<std::size_t>(dev)], expected_block(m, spec, g, dev))
+            << m << " " << spec << " device " << dev;
+      }
+    }
+  }
+}
+
+TEST(NamedSharding, ReplicaGroupsMatchAnIndependentGrouping) {
+  const Mesh m({{"a", 2}, {"b", 3}, {"c", 2}},
+               std::vector<int>{11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0});
+  const Shape g{12, 12};
+  for (const PartitionSpec& spec :
+       {P("b"), P(AxisNames{"c", "a"}), P(nullptr, "c"), P(), P("a", AxisNames{"b", "c"})}) {
+    std::vector<std::vector<int>> expect;
+    std::vector<Block> seen;
+    for (int dev = 0; dev < 12; ++dev) {
+      const Block b = expected_block(m, spec, g, dev);
+      auto it = std::find(seen.begin(), seen.end(), b);
+      if (it == seen.end()) {
+        seen.push_back(b);
+        expect.push_back({dev});
+      } else {
+        expect[static_cast<std::size_t>(it - seen.begin())].push_back(dev);
+      }
+    }
+    const NamedSharding s(m, spec);
+    EXPECT_EQ(s.replica_groups(g), expect) << spec;
+    EXPECT_EQ(s.replication_factor(), 12 / static_cast<std::int64_t>(expect.size())) << spec;
+  }
+}
+
+TEST(NamedSharding, EquivalenceNeedsTheSameMeshAndPaddedSpec) {
+  const Mesh m = Mesh::parse("x:2,y:2", 4);
+  EXPECT_FALSE(NamedSharding(m, P("x")).is_equivalent_to(NamedSharding(m, P("y")), 1));
+  EXPECT_FALSE(NamedSharding(m, P(AxisNames{"x", "y"}))
+                   .is_equivalent_to(NamedSharding(m, P(AxisNames{"y", "x"})), 1));
+  EXPECT_TRUE(NamedSharding(m, P()).is_equivalent_to(NamedSharding(m, P(nullptr, nullptr)), 2));
+  EXPECT_FALSE(NamedSharding(m, P("x")).is_equivalent_to(
+      NamedSharding(Mesh::parse("y:2,x:2", 4), P("x")), 1));
+}
+
+TEST(NamedSharding, EqualityAndPrinting) {
+  const Mesh m = Mesh::parse("x:4,y:2", 8);
+  EXPECT_EQ(NamedSharding(m, P("x", "y")), NamedSharding(Mesh::parse("x:4,y:2", 8), P("x", "y")));
+  EXPECT_NE(NamedSharding(m, P("x", "y")), NamedSharding(m, P("x")));
+  std::ostringstream os;
+  os << NamedSharding(m, P("x", "y")) << " " << DimSlice{4, 2};
+  EXPECT_EQ(os.str(),
+            "NamedSharding(mesh=Mesh('x': 4, 'y': 2), spec=PartitionSpec('x', 'y')) [4:6]");
+}
+
+TEST(NamedSharding, VisualizeReplicated2DIsOneBlockWithEveryDevice) {
+  const NamedSharding s(Mesh::parse("x:4,y:2", 8), P());
+  const std::string pic = s.visualize(Shape{8, 8});
+  EXPECT_EQ(labels(pic), (std::vector<std::string>{"devices 0,1,2,3,4,5,6,7"}));
+  EXPECT_EQ(std::count(pic.begin(), pic.end(), '\n'), 1 * 4 + 1);
+}
+
+TEST(NamedSharding, Visualize2DTransposedSpecPutsMinorAxisOnRows) {
+  // P('y', 'x') on x:4,y:2: rows follow y (2), columns follow x (4); block (r, c) is held by
+  // the device at coordinates x=c, y=r, i.e. mesh position 2c + r.
+  const NamedSharding s(Mesh::parse("x:4,y:2", 8), P("y", "x"));
+  const std::string pic = s.visualize(Shape{8, 8});
+  std::vector<std::string> expect;
+  for (int r = 0; r < 2; ++r) {
+    for (int c = 0; c < 4; ++c) expect.push_back("device " + std::to_string(2 * c + r));
+  }
+  EXPECT_EQ(labels(pic), expect);
+  EXPECT_EQ(std::count(pic.begin(), pic.end(), '\n'), 2 * 4 + 1);
+  // Four columns: the top border has three inner junctions.
+  const std::string top = pic.substr(0, pic.find('\n'));
+  std::size_t junctions = 0;
+  for (std::size_t p = top.find("┬"); p != std::string::npos; p = top.find("┬", p + 1)) ++junctions;
+  EXPECT_EQ(junctions, 3u);
+}
+
+TEST(NamedSharding, Visualize2DColumnsOnlyAndReplicatedColumns) {
+  const NamedSharding s(Mesh::parse("x:4,y:2", 8), P(nullptr, "y"));
+  EXPECT_EQ(labels(s.visualize(Shape{8, 8})),
+            (std::vector<std::string>{"devices 0,2,4,6", "devices 1,3,5,7"}));
+}
+
+TEST(NamedSharding, Visualize1DOverOneAxisOfA2DMesh) {
+  const NamedSharding s(Mesh({{"x", 4}, {"y", 2}}, std::vector<int>{7, 6, 5, 4, 3, 2, 1, 0}),
+                        P("x"));
+  // x = 0 holds positions 0, 1 (devices 7, 6), and so on; labels list devices sorted.
+  EXPECT_EQ(labels(s.visualize(Shape{16})),
+            (std::vector<std::string>{"devices 6,7", "devices 4,5", "devices 2,3", "devices 0,1"}));
+}
+
+TEST(NamedSharding, VisualizeRejectsScalarsAndNonDivisibleShapes) {
+  const NamedSharding s(Mesh::parse("x:4", 4), P("x"));
+  EXPECT_THROW_WITH(s.visualize(Shape{}), SpecError, "1-D and 2-D", "[]");
+  EXPECT_THROW_WITH(s.visualize(Shape{6}), SpecError, "[6]", "'x' (size 4)");
 }
 
 }  // namespace

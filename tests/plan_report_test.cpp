@@ -1,6 +1,7 @@
 // PlanReport: bytes per device, rule records, unmatched rules, JSON and table.
 
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
@@ -120,6 +121,66 @@ TEST(PlanReport, TableListsEveryLeafAndTheSummary) {
   EXPECT_THAT(t, ::testing::HasSubstr("bytes per device"));
   EXPECT_THAT(t, ::testing::HasSubstr("largest tensors"));
   EXPECT_THAT(t, ::testing::HasSubstr("FSDPShardingRule(axis=x, min_size=1)"));
+}
+
+TEST(PlanReport, UnspecifiedLeavesKeepTheGlobalShapeAndHoldNoBytes) {
+  const RuleTree rules =
+      RuleTree::dict({{"step", Unspecified{}}, {"params", Replicated{}}, {"opt_state", P("x")}});
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
+  const LeafPlan* step = report.find("step");
+  ASSERT_NE(step, nullptr);
+  EXPECT_FALSE(step->spec.has_value());
+  EXPECT_EQ(step->shard_shape, Shape{});
+  EXPECT_EQ(step->bytes_per_device, 0);
+  const auto j = nlohmann::json::parse(report.to_json());
+  const auto& last = j["leaves"].back();
+  EXPECT_EQ(last["path"], "step");
+  EXPECT_TRUE(last["spec"].is_null());
+  EXPECT_EQ(last["bytes_per_device"], 0);
+  EXPECT_EQ(j["leaves"][0]["rule"], "PartitionSpec");
+  EXPECT_EQ(j["leaves"][0]["spec"], nlohmann::json::parse(R"(["x"])"));
+}
+
+TEST(PlanReport, DeviceBytesSumTheLeavesBytesPerDevice) {
+  const RuleTree rules = RuleTree::dict(
+      {{"step", Replicated{}}, {"params", P(nullptr, "y")}, {"opt_state", P("x", "y")}});
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
+  // Every spec here divides evenly, so each device holds the sum of the shard bytes.
+  std::int64_t per_device = 0;
+  for (const auto& l : report.leaves) {
+    std::int64_t parts = 1;
+    for (int d = 0; d < l.tensor.shape.rank(); ++d) {
+      for (const auto& a : (*l.spec)[d]) parts *= xy_mesh().axis_size(a);
+    }
+    EXPECT_EQ(l.bytes_per_device, l.tensor.bytes() / parts) << l.path;
+    per_device += l.bytes_per_device;
+  }
+  EXPECT_EQ(report.device_bytes, std::vector<std::int64_t>(8, per_device));
+}
+
+TEST(PlanReport, ValueTypeComparesAndPrints) {
+  const RuleTree rules = RuleTree::dict({
+      {"step", Replicated{}},
+      {"params", RulePtr(std::make_shared<FirstDimUnderH>())},
+      {"opt_state", Replicated{}},
+  });
+  const PlanReport a = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
+  EXPECT_EQ(a, MeshShardingHelper(xy_mesh()).plan(rules, small_model()));
+  std::ostringstream os;
+  os << *a.find("params/h/0/w_in") << "\n" << a.rules[1] << "\n" << a.unmatched_rules[0];
+  EXPECT_EQ(os.str(),
+            "params/h/0/w_in bf16[64, 256] [\"x\"] -> [16, 256], 8192 bytes/device, rule #1 [0]\n"
+            "#1 at 'params': FirstDimUnderH\n"
+            "#1 FirstDimUnderH [2]: 'never'");
+  std::ostringstream table;
+  table << a;
+  EXPECT_EQ(table.str(), a.table());
+}
+
+TEST(PlanReport, FormatBytesUsesBinaryUnits) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(3LL << 30), "3.00 GiB");
 }
 
 }  // namespace

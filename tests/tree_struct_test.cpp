@@ -50,7 +50,6 @@ TEST(TreeStruct, MissingMemberIsAnErrorNamingIt) {
   EXPECT_THROW_WITH(from_tree<TrainState>(t), TreeError, "opt_state");
 }
 
-
 TEST(TreeStruct, TensorSpecTrainStateYieldsStepParamsAndOptStatePaths) {
   const TensorSpec w{Shape{8, 4}, DType::kBF16};
   const SpecState s{TensorSpec{Shape{}, DType::kI32},
@@ -77,8 +76,7 @@ TEST(TreeStruct, NestedRegisteredStructsNestTheirPaths) {
 TEST(TreeStruct, LeafMemberGivenASubtreeIsAnErrorNamingTheMemberPath) {
   const auto t = IntTree::dict(
       {{"extra", 1},
-       {"state",
-        IntTree::dict({{"step", IntTree::list({1})}, {"params", 1}, {"opt_state", 1}})}});
+       {"state", IntTree::dict({{"step", IntTree::list({1})}, {"params", 1}, {"opt_state", 1}})}});
   EXPECT_THROW_WITH(from_tree<Outer>(t), TreeError, "'state/step'", "list");
 }
 

@@ -111,7 +111,6 @@ TEST(Tree, PrintsReadably) {
   EXPECT_EQ(os.str(), "{a: 1, b: [2]}");
 }
 
-
 TEST(Tree, NestedInitializerListsBuildDictsOfListsOfDicts) {
   const auto t = IntTree::dict(
       {{"h", IntTree::list({IntTree::dict({{"w", 1}}), IntTree::dict({{"w", 2}, {"b", 3}})})},
@@ -128,7 +127,8 @@ TEST(Tree, EmptyDictAndListHoldNoLeaves) {
   EXPECT_TRUE(t.flatten().empty());
   EXPECT_TRUE(t.at("a").is_dict());
   EXPECT_TRUE(t.at("b").is_list());
-  EXPECT_FALSE(t.same_structure(IntTree::dict({{"a", IntTree::list({})}, {"b", IntTree::list({})}})));
+  EXPECT_FALSE(
+      t.same_structure(IntTree::dict({{"a", IntTree::list({})}, {"b", IntTree::list({})}})));
 }
 
 TEST(Tree, LeafAccessOnANonLeafNamesTheKind) {
@@ -184,8 +184,8 @@ TEST(Tree, PrefixLeafOrNoneCoversAnySubtree) {
 }
 
 TEST(Tree, PrefixMismatchNamesTheDeepestDifferingPath) {
-  const auto full = IntTree::dict(
-      {{"a", IntTree::dict({{"b", IntTree::dict({{"x", 1}, {"y", 2}})}})}, {"c", 3}});
+  const auto full =
+      IntTree::dict({{"a", IntTree::dict({{"b", IntTree::dict({{"x", 1}, {"y", 2}})}})}, {"c", 3}});
   const auto bad = Tree<char>::dict(
       {{"a", Tree<char>::dict({{"b", Tree<char>::dict({{"x", 'r'}, {"z", 'r'}})}})}, {"c", 'r'}});
   const std::string m = prefix_mismatch(bad, full);
@@ -215,17 +215,18 @@ TEST(Tree, PrefixMismatchAtTheRootSaysSo) {
 TEST(Tree, MapPrefixGivesEachPrefixLeafItsSubtreeAndPath) {
   const auto full = IntTree::dict(
       {{"h", IntTree::list({IntTree::dict({{"w", 1}}), IntTree::dict({{"w", 2}})})}, {"e", 5}});
-  const auto prefix = Tree<char>::dict({{"h", Tree<char>::list({'a', Tree<char>::none()})}, {"e", 'b'}});
+  const auto prefix =
+      Tree<char>::dict({{"h", Tree<char>::list({'a', Tree<char>::none()})}, {"e", 'b'}});
   std::vector<std::string> seen;
-  const auto out = map_prefix<int>(prefix, full, [&](const std::string& path, const char* p,
-                                                     const IntTree& sub) {
-    seen.push_back(path + "=" + (p ? std::string(1, *p) : std::string("none")));
-    return sub.map([&](int x) { return p ? x * 10 : -x; });
-  });
+  const auto out = map_prefix<int>(
+      prefix, full, [&](const std::string& path, const char* p, const IntTree& sub) {
+        seen.push_back(path + "=" + (p ? std::string(1, *p) : std::string("none")));
+        return sub.map([&](int x) { return p ? x * 10 : -x; });
+      });
   EXPECT_EQ(seen, (std::vector<std::string>{"e=b", "h/0=a", "h/1=none"}));
   EXPECT_TRUE(out.same_structure(full));
-  EXPECT_EQ(out.flatten(), (std::vector<std::pair<std::string, int>>{
-                               {"e", 50}, {"h/0/w", 10}, {"h/1/w", -2}}));
+  EXPECT_EQ(out.flatten(),
+            (std::vector<std::pair<std::string, int>>{{"e", 50}, {"h/0/w", 10}, {"h/1/w", -2}}));
 }
 
 TEST(Tree, JoinAndSplitPathRoundTripEscapedKeys) {

@@ -52,7 +52,7 @@ struct UnmatchedRule {
   int rule_index = -1;
   std::string rule_path;
   std::string rule;
-  int entry = -1;       // -1: the whole rule covered no leaf
+  int entry = -1;  // -1: the whole rule covered no leaf
   std::string label;
   friend bool operator==(const UnmatchedRule&, const UnmatchedRule&) = default;
 };
@@ -72,7 +72,7 @@ struct PlanReport {
 
   std::int64_t min_device_bytes() const;
   std::int64_t max_device_bytes() const;
-  /// Indices into `leaves` of the `n` largest tensors, largest first (ties in path order).
+  /// Indices into `leaves` of the `n` largest tensors, largest first (ties in flatten order).
   std::vector<std::size_t> largest(std::size_t n) const;
   /// Indices into `leaves` of the leaves a default or catch-all decided.
   std::vector<std::size_t> fell_through() const;

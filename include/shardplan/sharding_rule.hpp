@@ -15,7 +15,8 @@
 
 namespace shardplan {
 
-/// What a rule sees of one leaf: its path relative to where the rule is applied, its spec, the mesh.
+/// What a rule sees of one leaf: its path relative to where the rule is applied, its spec, the
+/// mesh.
 struct RuleInput {
   std::string_view path;
   const TensorSpec& tensor;

@@ -55,9 +55,9 @@ class Tree {
   Tree(T value) : kind_(NodeKind::kLeaf), leaf_(std::move(value)) {}  // NOLINT: implicit
   /// A leaf from anything T is constructible from (a rule pointer, a spec).
   template <class U>
-    requires(!std::is_same_v<std::remove_cvref_t<U>, Tree> &&
-             !std::is_same_v<std::remove_cvref_t<U>, T> && std::is_constructible_v<T, U &&>)
-  Tree(U&& value)  // NOLINT: implicit
+  requires(!std::is_same_v<std::remove_cvref_t<U>, Tree> &&
+           !std::is_same_v<std::remove_cvref_t<U>, T> && std::is_constructible_v<T, U&&>)
+      Tree(U&& value)  // NOLINT: implicit
       : kind_(NodeKind::kLeaf), leaf_(T(std::forward<U>(value))) {}
 
   /// A none node.
@@ -101,11 +101,13 @@ class Tree {
 
   /// The leaf value. Throws TreeError if this node is not a leaf.
   const T& leaf() const {
-    if (!is_leaf()) throw TreeError("[tree] node is a " + std::string(to_string(kind_)) + ", not a leaf");
+    if (!is_leaf())
+      throw TreeError("[tree] node is a " + std::string(to_string(kind_)) + ", not a leaf");
     return *leaf_;
   }
   T& leaf() {
-    if (!is_leaf()) throw TreeError("[tree] node is a " + std::string(to_string(kind_)) + ", not a leaf");
+    if (!is_leaf())
+      throw TreeError("[tree] node is a " + std::string(to_string(kind_)) + ", not a leaf");
     return *leaf_;
   }
 
@@ -121,7 +123,9 @@ class Tree {
   const Tree* find(std::string_view key) const {
     if (!is_dict()) return nullptr;
     auto it = std::lower_bound(keys_.begin(), keys_.end(), key,
-                               [](const std::string& a, std::string_view b) { return a.compare(0, a.size(), b.data(), b.size()) < 0; });
+                               [](const std::string& a, std::string_view b) {
+                                 return a.compare(0, a.size(), b.data(), b.size()) < 0;
+                               });
     if (it == keys_.end() || *it != key) return nullptr;
     return &children_[static_cast<std::size_t>(it - keys_.begin())];
   }
@@ -130,8 +134,8 @@ class Tree {
     if (const Tree* c = find(key)) return *c;
     std::string known;
     for (const auto& k : keys_) known += (known.empty() ? "'" : ", '") + k + "'";
-    throw TreeError("[tree] no key '" + std::string(key) + "' in " +
-                    std::string(to_string(kind_)) + (is_dict() ? " with keys " + known : ""));
+    throw TreeError("[tree] no key '" + std::string(key) + "' in " + std::string(to_string(kind_)) +
+                    (is_dict() ? " with keys " + known : ""));
   }
   /// The i-th child of a list or dict. Throws TreeError when out of range.
   const Tree& at(std::size_t i) const {
@@ -147,9 +151,8 @@ class Tree {
     for (const std::string& key : split_path(path)) {
       if (node->is_list()) {
         std::size_t idx = 0;
-        bool ok = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
-          return c >= '0' && c <= '9';
-        });
+        bool ok = !key.empty() &&
+                  std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
         // Longer digit strings cannot index any list (and would overflow std::stoul).
         ok = ok && key.size() <= 18;
         if (ok) idx = static_cast<std::size_t>(std::stoull(key));
@@ -255,8 +258,10 @@ class Tree {
   /// Prints `{a: 1, b: [2, 3]}`, `None` for none nodes; leaves use their operator<<.
   friend std::ostream& operator<<(std::ostream& os, const Tree& t) {
     switch (t.kind_) {
-      case NodeKind::kNone: return os << "None";
-      case NodeKind::kLeaf: return os << *t.leaf_;
+      case NodeKind::kNone:
+        return os << "None";
+      case NodeKind::kLeaf:
+        return os << *t.leaf_;
       case NodeKind::kDict:
         os << "{";
         for (std::size_t i = 0; i < t.size(); ++i) {
@@ -373,7 +378,8 @@ Tree<R> map_prefix(const Tree<P>& prefix, const Tree<T>& full, F&& f, std::strin
   if (full.is_list()) return Tree<R>::list(std::move(kids));
   std::vector<typename Tree<R>::DictEntry> entries;
   entries.reserve(kids.size());
-  for (std::size_t i = 0; i < kids.size(); ++i) entries.emplace_back(full.keys()[i], std::move(kids[i]));
+  for (std::size_t i = 0; i < kids.size(); ++i)
+    entries.emplace_back(full.keys()[i], std::move(kids[i]));
   return Tree<R>::dict(std::move(entries));
 }
 
