@@ -19,7 +19,8 @@ namespace {
 using namespace shardplan;
 
 struct Workload {
-  Tree<TensorSpec> tree;
+  Tree<TensorSpec> tree;           // as tree_from_names builds it: equal subtrees shared
+  Tree<TensorSpec> unshared_tree;  // the same tree with every node stored on its own
   std::vector<std::pair<std::string, TensorSpec>> leaves;
   std::shared_ptr<const TreePathShardingRule> rule;
   Mesh mesh;
@@ -30,7 +31,8 @@ const Workload& workload() {
     auto named = bench::deepseek_v3_tensors();
     Tree<TensorSpec> tree = tree_from_names(named);
     auto leaves = tree.flatten();
-    return Workload{std::move(tree), std::move(leaves),
+    Tree<TensorSpec> unshared = tree.map([](const TensorSpec& t) { return t; });
+    return Workload{std::move(tree), std::move(unshared), std::move(leaves),
                     std::make_shared<TreePathShardingRule>(bench::deepseek_v3_rules()),
                     Mesh::parse(bench::kDeepseekMesh, 64)};
   }();
@@ -74,12 +76,35 @@ void BM_Resolve(benchmark::State& state) {
 }
 BENCHMARK(BM_Resolve)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
+// resolve() on a tree whose equal subtrees are stored apart (built in code, node by node):
+// repeated subtrees are then found equal by comparing them node by node.
+void BM_ResolveUnshared(benchmark::State& state) {
+  const Workload& w = workload();
+  const MeshShardingHelper helper(w.mesh);
+  const RuleTree rules{RulePtr(w.rule)};
+  for (auto _ : state) {
+    auto a = helper.resolve(rules, w.unshared_tree);
+    benchmark::DoNotOptimize(a);
+  }
+}
+BENCHMARK(BM_ResolveUnshared)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
+// Tree::share_equal_subtrees on the unshared tree: what tree_from_names adds to share them.
+void BM_ShareEqualSubtrees(benchmark::State& state) {
+  const Workload& w = workload();
+  for (auto _ : state) {
+    auto t = w.unshared_tree.share_equal_subtrees();
+    benchmark::DoNotOptimize(t);
+  }
+}
+BENCHMARK(BM_ShareEqualSubtrees)->Unit(benchmark::kMillisecond);
+
 // Only visiting every node of the tree (counting leaves): the floor under any planner that walks
 // this tree.
 void BM_WalkOnly(benchmark::State& state) {
   const Workload& w = workload();
   for (auto _ : state) {
-    auto n = w.tree.num_leaves();
+    auto n = w.unshared_tree.num_leaves();
     benchmark::DoNotOptimize(n);
   }
 }

@@ -17,9 +17,10 @@ python3 - <<'PY'
 import re
 bench = open("/tmp/plan_bench.txt").read()
 ref = float(re.search(r"python_reference_ms ([0-9.]+)", open("/tmp/plan_reference.txt").read()).group(1))
-for name in ("BM_Plan", "BM_Match", "BM_Resolve", "BM_RuleApplyOnly", "BM_BoostRegexOnly"):
-    m = re.search(name + r"\S*\s+([0-9.]+) ms", bench)
+for name in ("BM_Plan", "BM_Match", "BM_Resolve", "BM_ResolveUnshared", "BM_RuleApplyOnly",
+             "BM_BoostRegexOnly"):
+    m = re.search(name + r"(?:/\S*)?\s+([0-9.]+) ms", bench)
     if m:
         t = float(m.group(1))
-        print(f"{name}: {t:.2f} ms, {ref / t:.1f}x faster than the Python reference ({ref:.1f} ms)")
+        print(f"{name}: {t:.3f} ms, {ref / t:.1f}x faster than the Python reference ({ref:.1f} ms)")
 PY

@@ -5,9 +5,10 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstring>
 #include <deque>
-#include <unordered_map>
 #include <exception>
+#include <unordered_map>
 
 #include "shardplan/error.hpp"
 
@@ -26,15 +27,54 @@ struct RuleSlot {
   const PathAutomaton* automaton = nullptr;  // the rule's, when it has one
 };
 
+// Short keys ("weight", "0", "experts") dominate model trees: compare them inline rather than
+// through a memcmp call.
+inline bool same_key(const std::string& a, const std::string& b) {
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  const char* x = a.data();
+  const char* y = b.data();
+  if (n > 24) return std::memcmp(x, y, n) == 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (x[i] != y[i]) return false;
+  }
+  return true;
+}
+
+inline bool same_spec(const TensorSpec& a, const TensorSpec& b) {
+  if (a.dtype != b.dtype || !(a.shape == b.shape)) return false;
+  if (a.logical_axes.empty() && b.logical_axes.empty()) return true;
+  return a.logical_axes == b.logical_axes;
+}
+
 /// True when two subtrees have the same kinds, keys and leaf specs: a rule that exposes a
-/// PathAutomaton decides them alike when reached in the same state.
+/// PathAutomaton decides them alike when reached in the same state. Subtrees that share their
+/// branch (Tree::share_equal_subtrees, as the model loaders build them) are equal at once;
+/// others are compared node by node, which is then most of what resolve() costs on a large
+/// model, so it is written for speed.
 bool same_subtree(const Tree<TensorSpec>& a, const Tree<TensorSpec>& b) {
-  if (&a == &b) return true;
-  if (a.kind() != b.kind() || a.size() != b.size()) return false;
-  if (a.is_leaf()) return a.leaf() == b.leaf();
-  if (a.is_dict() && a.keys() != b.keys()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!same_subtree(a.children()[i], b.children()[i])) return false;
+  if (&a == &b || a.shares_branch_with(b)) return true;
+  if (a.kind() != b.kind()) return false;
+  if (a.is_leaf()) return same_spec(*a.leaf_ptr(), *b.leaf_ptr());
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  if (a.is_dict()) {
+    const std::string* ka = a.keys().data();
+    const std::string* kb = b.keys().data();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!same_key(ka[i], kb[i])) return false;
+    }
+  }
+  const Tree<TensorSpec>* ca = a.children().data();
+  const Tree<TensorSpec>* cb = b.children().data();
+  // The walk is bound by memory latency (each dict holds its keys and children in two heap
+  // blocks): ask for the children's blocks before comparing the first of them.
+  for (std::size_t i = 0; i < n; ++i) {
+    __builtin_prefetch(cb[i].keys().data());
+    __builtin_prefetch(cb[i].children().data());
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!same_subtree(ca[i], cb[i])) return false;
   }
   return true;
 }
@@ -102,14 +142,14 @@ struct SpecEntry {
 
 class Planner {
  public:
-  /// What to produce per leaf: a sharding (match), a report row too (plan), or only the index of
-  /// the leaf's distinct sharding (resolve).
-  enum class Output { kShardings, kReport, kIndices };
+  /// What to produce per leaf: a report row (plan), or only the index of the leaf's distinct
+  /// sharding (resolve, match).
+  enum class Output { kReport, kIndices };
   Planner(const Mesh& mesh, Output output)
       : mesh_(mesh),
         fill_report_(output == Output::kReport),
         indices_only_(output == Output::kIndices),
-        memo_enabled_(output != Output::kReport) {}
+        memo_enabled_(output == Output::kIndices) {}
 
   void walk(const RuleTree& rules, const Tree<TensorSpec>& data) {
     if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
@@ -122,7 +162,6 @@ class Planner {
   }
 
   std::vector<LeafPlan> leaves;
-  std::vector<MaybeSharding> shardings;
   std::vector<std::int32_t> indices;
   std::vector<RuleSlot> slots;
 
@@ -168,7 +207,8 @@ class Planner {
                  std::string& path, std::size_t rel_start, PathAutomaton::State state) {
     if (data.is_leaf()) {
       const std::string_view full(path);
-      const std::string_view rel = full.size() >= rel_start ? full.substr(rel_start) : std::string_view();
+      const std::string_view rel =
+          full.size() >= rel_start ? full.substr(rel_start) : std::string_view();
       decide(slot, full, rel, data.leaf());
       return;
     }
@@ -201,7 +241,8 @@ class Planner {
     if (candidates != nullptr) {
       // Found again: the recursion may have rehashed the map.
       auto& list = memo_[(static_cast<std::uint64_t>(slot_id) << 32) | state];
-      if (list.size() < kMaxCandidates) list.push_back(MemoEntry{&data, begin, output_size() - begin});
+      if (list.size() < kMaxCandidates)
+        list.push_back(MemoEntry{&data, begin, output_size() - begin});
     }
   }
 
@@ -212,16 +253,14 @@ class Planner {
   };
   static constexpr std::size_t kMaxCandidates = 4;
 
-  std::size_t output_size() const { return indices_only_ ? indices.size() : shardings.size(); }
+  std::size_t output_size() const { return indices_only_ ? indices.size() : leaves.size(); }
 
   void repeat_outputs(std::size_t begin, std::size_t count) {
-    if (indices_only_) {
-      indices.reserve(indices.size() + count);
-      for (std::size_t k = 0; k < count; ++k) indices.push_back(indices[begin + k]);
-    } else {
-      shardings.reserve(shardings.size() + count);
-      for (std::size_t k = 0; k < count; ++k) shardings.push_back(shardings[begin + k]);
-    }
+    // resize, not reserve: reserve(size + count) would reallocate on every repeat.
+    const std::size_t end = indices.size();
+    indices.resize(end + count);
+    std::copy_n(indices.begin() + static_cast<std::ptrdiff_t>(begin), count,
+                indices.begin() + static_cast<std::ptrdiff_t>(end));
   }
 
   std::string where(const RuleSlot& slot) const {
@@ -244,8 +283,8 @@ class Planner {
       } catch (const SpecError& e) {
         throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
       } catch (const std::exception& e) {
-        throw RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}", where(slot), full,
-                                    t.shape.to_string(), e.what()));
+        throw RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}", where(slot),
+                                    full, t.shape.to_string(), e.what()));
       }
       if (d.entry >= 0 && static_cast<std::size_t>(d.entry) < slot.entry_hits.size()) {
         ++slot.entry_hits[static_cast<std::size_t>(d.entry)];
@@ -261,10 +300,9 @@ class Planner {
     if (unspecified) {
       if (indices_only_) {
         indices.push_back(-1);
-        return;
+      } else {
+        push_leaf(slot, full, t, d, std::nullopt, t.shape, 0);
       }
-      shardings.emplace_back();
-      if (fill_report_) push_leaf(slot, full, t, d, std::nullopt, t.shape, 0);
       return;
     }
     SpecEntry& e = entry_for(d, slot, full);
@@ -288,11 +326,8 @@ class Planner {
       indices.push_back(e.index);
       return;
     }
-    shardings.emplace_back(e.sharding);
-    if (fill_report_) {
-      push_leaf(slot, full, t, d, d.spec, seen->shard,
-                seen->shard_numel * static_cast<std::int64_t>(size_of(t.dtype)));
-    }
+    push_leaf(slot, full, t, d, d.spec, seen->shard,
+              seen->shard_numel * static_cast<std::int64_t>(size_of(t.dtype)));
   }
 
   void push_leaf(const RuleSlot& slot, std::string_view full, const TensorSpec& t, RuleDecision& d,
@@ -337,13 +372,75 @@ class Planner {
   std::deque<SpecEntry> cache_;
 };
 
+// Builds match()'s tree from resolve()'s answer. A data subtree that shares its branch with one
+// built before and got the same sharding indices gets that subtree's output (sharing its
+// branch too), so a model of repeated layers costs one output layer, not one per layer.
+class ShardingTreeBuilder {
+ public:
+  ShardingTreeBuilder(const std::vector<NamedSharding>& distinct,
+                      const std::vector<std::int32_t>& indices)
+      : distinct_(distinct), indices_(indices) {}
+
+  Tree<MaybeSharding> build(const Tree<TensorSpec>& node) {
+    if (node.is_none()) return Tree<MaybeSharding>();
+    if (node.is_leaf()) {
+      const std::int32_t k = indices_[next_++];
+      return k < 0 ? Tree<MaybeSharding>(MaybeSharding())
+                   : Tree<MaybeSharding>(MaybeSharding(distinct_[static_cast<std::size_t>(k)]));
+    }
+    const void* id = node.branch_identity();
+    auto& seen = built_[id];
+    for (const Built& b : seen) {
+      if (next_ + b.count <= indices_.size() &&
+          std::equal(indices_.begin() + static_cast<std::ptrdiff_t>(b.begin),
+                     indices_.begin() + static_cast<std::ptrdiff_t>(b.begin + b.count),
+                     indices_.begin() + static_cast<std::ptrdiff_t>(next_))) {
+        next_ += b.count;
+        return b.tree;
+      }
+    }
+    const std::size_t begin = next_;
+    std::vector<Tree<MaybeSharding>> kids;
+    kids.reserve(node.size());
+    for (const auto& c : node.children()) kids.push_back(build(c));
+    Tree<MaybeSharding> out;
+    if (node.is_list()) {
+      out = Tree<MaybeSharding>::list(std::move(kids));
+    } else {
+      std::vector<Tree<MaybeSharding>::DictEntry> entries;
+      entries.reserve(kids.size());
+      for (std::size_t i = 0; i < kids.size(); ++i) {
+        entries.emplace_back(node.keys()[i], std::move(kids[i]));
+      }
+      out = Tree<MaybeSharding>::dict(std::move(entries));
+    }
+    // The map may have rehashed while building the children.
+    auto& list = built_[id];
+    if (list.size() < kMaxCandidates) list.push_back(Built{begin, next_ - begin, out});
+    return out;
+  }
+
+ private:
+  struct Built {
+    std::size_t begin;
+    std::size_t count;
+    Tree<MaybeSharding> tree;
+  };
+  static constexpr std::size_t kMaxCandidates = 4;
+  const std::vector<NamedSharding>& distinct_;
+  const std::vector<std::int32_t>& indices_;
+  std::size_t next_ = 0;
+  std::unordered_map<const void*, std::vector<Built>> built_;
+};
+
 }  // namespace
 
 Tree<MaybeSharding> MeshShardingHelper::match(const RuleTree& rules,
                                               const Tree<TensorSpec>& data) const {
-  Planner p(mesh_, Planner::Output::kShardings);
+  Planner p(mesh_, Planner::Output::kIndices);
   p.walk(rules, data);
-  return data.unflatten(std::move(p.shardings));
+  const std::vector<NamedSharding> distinct = p.distinct_shardings();
+  return ShardingTreeBuilder(distinct, p.indices).build(data);
 }
 
 std::ostream& operator<<(std::ostream& os, const ShardingAssignment& a) {
@@ -382,7 +479,8 @@ PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec
     }
     for (std::size_t e = 0; e < s.entry_hits.size(); ++e) {
       if (s.entry_hits[e] == 0) {
-        report.unmatched_rules.push_back({s.index, s.path, s.name, static_cast<int>(e), s.labels[e]});
+        report.unmatched_rules.push_back(
+            {s.index, s.path, s.name, static_cast<int>(e), s.labels[e]});
       }
     }
   }
@@ -416,8 +514,9 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
     if (d->is_list()) {
       // Only a plain decimal index names an element ("1x" or "-1" must not find element 1).
       const std::string& key = keys[k];
-      const bool digits = !key.empty() && key.size() <= 18 &&
-                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const bool digits =
+          !key.empty() && key.size() <= 18 &&
+          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
       idx = digits ? static_cast<std::size_t>(std::stoull(key)) : d->size();
     } else {
       auto it = std::find(d->keys().begin(), d->keys().end(), keys[k]);
@@ -439,7 +538,8 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
     throw TreeError(fmt::format("[explain] no leaf '{}' in the tree: {}", path, e.what()));
   }
   const Tree<TensorSpec>& leaf = *found;
-  if (!leaf.is_leaf()) throw TreeError(fmt::format("[explain] '{}' is not a leaf of the tree", path));
+  if (!leaf.is_leaf())
+    throw TreeError(fmt::format("[explain] '{}' is not a leaf of the tree", path));
   const RuleLeaf* rl = r->is_leaf() ? &r->leaf() : nullptr;
   std::string name = rule_name(rl);
   if (!r->is_leaf()) rule_index = -1;

@@ -144,7 +144,9 @@ Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, Tensor
     node->name = name;
   }
   if (named.empty()) return Tree<TensorSpec>::dict({});
-  return to_tree(root);
+  // Equal subtrees (every expert of a layer, every layer of a kind) share one stored branch, so
+  // the planner decides each once at the cost of a pointer comparison.
+  return to_tree(root).share_equal_subtrees();
 }
 
 std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::string_view json,

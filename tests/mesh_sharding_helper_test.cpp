@@ -149,32 +149,45 @@ TEST(MeshShardingHelper, SubtreeReuseNeverChangesADecision) {
         Data::dict({{"experts", Data::list(std::move(experts))},
                     {l == 5 ? "norm_b" : "norm_a", TensorSpec{Shape{32}, DType::kF32}}}));
   }
-  const Data data = Data::dict({{"layers", Data::list(std::move(layers))}});
-  const auto rule = std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
-      {"layers/1[01]/experts/[0-9]+/w_in", P(nullptr, "y")},  // only layers 10 and 11
-      {"experts/2/w_out$", P("y")},                           // only expert 2 of every layer
-      {"experts/[0-9]+/w_in$", P("x")},
-      {"experts/[0-9]+/w_out$", P(nullptr, "x")},
-      {"norm_b", P("x")},
-      {".*", P()},
-  });
-  ASSERT_NE(rule->path_automaton(), nullptr);
-  const MeshShardingHelper helper(Mesh::parse("x:4,y:2", 8));
-  const PlanReport report = helper.plan(RuleTree(RulePtr(rule)), data);
-  const ShardingAssignment a = helper.resolve(RuleTree(RulePtr(rule)), data);
-  const auto matched = helper.match(RuleTree(RulePtr(rule)), data).leaves();
-  ASSERT_EQ(a.leaf_sharding.size(), report.leaves.size());
-  for (std::size_t i = 0; i < report.leaves.size(); ++i) {
-    const LeafPlan& l = report.leaves[i];
-    EXPECT_EQ(a.sharding_of(i)->spec(), *l.spec) << l.path;
-    EXPECT_EQ(matched[i]->spec(), *l.spec) << l.path;
+  // Also with equal subtrees sharing one branch (as the model loaders build trees): layers 10
+  // and 11 share layer 3's branch but are reached in other automaton states.
+  const Data built = Data::dict({{"layers", Data::list(std::move(layers))}});
+  const Data shared = built.share_equal_subtrees();
+  ASSERT_TRUE(shared.at_path("layers/3").shares_branch_with(shared.at_path("layers/10")));
+  for (const Data* tree : {&built, &shared}) {
+    SCOPED_TRACE(tree == &built ? "built" : "shared");
+    const Data& data = *tree;
+    const auto rule =
+        std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
+            {"layers/1[01]/experts/[0-9]+/w_in", P(nullptr, "y")},  // only layers 10 and 11
+            {"experts/2/w_out$", P("y")},                           // only expert 2 of every layer
+            {"experts/[0-9]+/w_in$", P("x")},
+            {"experts/[0-9]+/w_out$", P(nullptr, "x")},
+            {"norm_b", P("x")},
+            {".*", P()},
+        });
+    ASSERT_NE(rule->path_automaton(), nullptr);
+    const MeshShardingHelper helper(Mesh::parse("x:4,y:2", 8));
+    const PlanReport report = helper.plan(RuleTree(RulePtr(rule)), data);
+    const ShardingAssignment a = helper.resolve(RuleTree(RulePtr(rule)), data);
+    const auto matched = helper.match(RuleTree(RulePtr(rule)), data).leaves();
+    ASSERT_EQ(a.leaf_sharding.size(), report.leaves.size());
+    for (std::size_t i = 0; i < report.leaves.size(); ++i) {
+      const LeafPlan& l = report.leaves[i];
+      EXPECT_EQ(a.sharding_of(i)->spec(), *l.spec) << l.path;
+      EXPECT_EQ(matched[i]->spec(), *l.spec) << l.path;
+    }
+    // Spot checks against the table, by hand.
+    EXPECT_EQ(*report.find("layers/10/experts/4/w_in")->spec, P(nullptr, "y"));
+    EXPECT_EQ(*report.find("layers/3/experts/4/w_in")->spec, P("x"));
+    EXPECT_EQ(*report.find("layers/3/experts/2/w_out")->spec, P("y"));
+    EXPECT_EQ(*report.find("layers/5/norm_b")->spec, P("x"));
+    EXPECT_EQ(report.find("layers/7/experts/3/w_in")->shard_shape, Shape({6, 32}));
+    const auto paths = data.paths();
+    const auto at = std::find(paths.begin(), paths.end(), "layers/11/experts/0/w_in");
+    ASSERT_NE(at, paths.end());
+    EXPECT_EQ(a.sharding_of(static_cast<std::size_t>(at - paths.begin()))->spec(), P(nullptr, "y"));
   }
-  // Spot checks against the table, by hand.
-  EXPECT_EQ(*report.find("layers/10/experts/4/w_in")->spec, P(nullptr, "y"));
-  EXPECT_EQ(*report.find("layers/3/experts/4/w_in")->spec, P("x"));
-  EXPECT_EQ(*report.find("layers/3/experts/2/w_out")->spec, P("y"));
-  EXPECT_EQ(*report.find("layers/5/norm_b")->spec, P("x"));
-  EXPECT_EQ(report.find("layers/7/experts/3/w_in")->shard_shape, Shape({6, 32}));
 }
 
 TEST(MeshShardingHelper, SubtreeReuseStillReportsErrorsOfTheFirstSubtree) {

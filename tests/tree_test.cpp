@@ -237,6 +237,76 @@ TEST(Tree, JoinAndSplitPathRoundTripEscapedKeys) {
   EXPECT_THROW_WITH(split_path("a/b~"), TreeError, "b~");
 }
 
+TEST(Tree, CopiesShareBranchesUntilOneIsChanged) {
+  IntTree a = sample();
+  IntTree b = a;
+  EXPECT_TRUE(a.shares_branch_with(b));
+  b.children()[1].children()[0] = IntTree(20);  // layers/0 of the copy only
+  EXPECT_FALSE(a.shares_branch_with(b));
+  EXPECT_EQ(a.at_path("layers/0").leaf(), 2);
+  EXPECT_EQ(b.at_path("layers/0").leaf(), 20);
+  EXPECT_EQ(b.at_path("layers/1").leaf(), 3);
+  EXPECT_NE(a, b);
+}
+
+TEST(Tree, LeavesAndNoneNeverShareABranch) {
+  const IntTree leaf(1);
+  const IntTree none;
+  EXPECT_FALSE(leaf.shares_branch_with(leaf));
+  EXPECT_FALSE(none.shares_branch_with(none));
+}
+
+TEST(Tree, ShareEqualSubtreesMergesEqualSubtreesOnly) {
+  auto block = [](int w, int b) { return IntTree::dict({{"w", w}, {"b", b}}); };
+  const IntTree t = IntTree::dict({
+      {"layers", IntTree::list({block(1, 2), block(1, 2), block(1, 3), block(1, 2)})},
+      {"other", IntTree::dict({{"w", 1}, {"b", 2}})},  // equal to layers/0, elsewhere
+      {"as_list", IntTree::list({2, 1})},              // same leaves, another kind
+      {"empty_dict", IntTree::dict({})},
+      {"empty_list", IntTree::list({})},
+  });
+  const IntTree s = t.share_equal_subtrees();
+  EXPECT_EQ(s, t);
+  EXPECT_EQ(s.flatten(), t.flatten());
+  const auto& layers = s.at("layers").children();
+  EXPECT_TRUE(layers[0].shares_branch_with(layers[1]));
+  EXPECT_TRUE(layers[0].shares_branch_with(layers[3]));
+  EXPECT_FALSE(layers[0].shares_branch_with(layers[2]));  // b differs
+  EXPECT_TRUE(layers[0].shares_branch_with(s.at("other")));
+  EXPECT_FALSE(s.at("as_list").shares_branch_with(layers[0]));
+  EXPECT_FALSE(s.at("empty_dict").shares_branch_with(s.at("empty_list")));
+  // The source tree is left as it was: nothing in it was merged.
+  EXPECT_FALSE(t.at("layers").children()[0].shares_branch_with(t.at("layers").children()[1]));
+}
+
+TEST(Tree, ChangingAMergedSubtreeLeavesItsTwinsAlone) {
+  const IntTree t = IntTree::list({IntTree::dict({{"w", 1}}), IntTree::dict({{"w", 1}})});
+  IntTree s = t.share_equal_subtrees();
+  ASSERT_TRUE(s.children()[0].shares_branch_with(s.children()[1]));
+  s.children()[1].children()[0] = IntTree(5);
+  EXPECT_EQ(s.at_path("0/w").leaf(), 1);
+  EXPECT_EQ(s.at_path("1/w").leaf(), 5);
+}
+
+TEST(Tree, ShareEqualSubtreesUsesTheGivenLeafHash) {
+  // A hash that sends every leaf to one bucket still gives a correct result (equality decides).
+  const IntTree t =
+      IntTree::list({IntTree::list({1, 2}), IntTree::list({2, 1}), IntTree::list({1, 2})});
+  const IntTree s = t.share_equal_subtrees([](int) { return std::size_t{7}; });
+  EXPECT_EQ(s, t);
+  EXPECT_TRUE(s.children()[0].shares_branch_with(s.children()[2]));
+  EXPECT_FALSE(s.children()[0].shares_branch_with(s.children()[1]));
+}
+
+TEST(Tree, TensorSpecsHashByShapeDtypeAndAxes) {
+  const std::hash<TensorSpec> h;
+  const TensorSpec a{Shape{4, 8}, DType::kBF16};
+  EXPECT_EQ(h(a), h(TensorSpec{Shape{4, 8}, DType::kBF16}));
+  EXPECT_NE(h(a), h(TensorSpec{Shape{8, 4}, DType::kBF16}));
+  EXPECT_NE(h(a), h(TensorSpec{Shape{4, 8}, DType::kF32}));
+  EXPECT_NE(h(a), h(TensorSpec{Shape{4, 8}, DType::kBF16, {"embed", "mlp"}}));
+}
+
 TEST(Tree, NodeKindPrints) {
   std::ostringstream os;
   os << NodeKind::kList << " " << IntTree::none();

@@ -14,7 +14,8 @@ namespace shardplan {
 /// Builds a tree from dotted names ("model.layers.0.mlp.up_proj.weight" -> path
 /// "model/layers/0/mlp/up_proj/weight"). A dict whose keys are exactly 0..n-1 becomes a list,
 /// so layers flatten in numeric order. Throws IoError when a name is both a tensor and a prefix
-/// of another, or appears twice, naming both.
+/// of another, or appears twice, naming both. Equal subtrees of the result share their storage
+/// (Tree::share_equal_subtrees).
 Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, TensorSpec>>& named,
                                  char separator = '.');
 

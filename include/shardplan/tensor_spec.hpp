@@ -1,6 +1,8 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -31,3 +33,18 @@ struct TensorSpec {
 std::ostream& operator<<(std::ostream& os, const TensorSpec& spec);
 
 }  // namespace shardplan
+
+/// Hashes shape, dtype and logical axes (for Tree::share_equal_subtrees and hash maps).
+template <>
+struct std::hash<shardplan::TensorSpec> {
+  std::size_t operator()(const shardplan::TensorSpec& t) const noexcept {
+    std::size_t h = static_cast<std::size_t>(t.dtype) * 0x9e3779b97f4a7c15ULL + t.shape.rank();
+    for (const std::int64_t d : t.shape) {
+      h ^= static_cast<std::size_t>(d) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    for (const auto& a : t.logical_axes) {
+      h ^= std::hash<std::string>()(a) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return h;
+  }
+};

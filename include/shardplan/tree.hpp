@@ -5,11 +5,13 @@
 #include <cstddef>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -72,15 +74,17 @@ class Tree {
                      [](const DictEntry& a, const DictEntry& b) { return a.first < b.first; });
     Tree t;
     t.kind_ = NodeKind::kDict;
-    t.keys_.reserve(entries.size());
-    t.children_.reserve(entries.size());
+    auto b = std::make_shared<Branch>();
+    b->keys.reserve(entries.size());
+    b->children.reserve(entries.size());
     for (auto& [key, child] : entries) {
-      if (!t.keys_.empty() && t.keys_.back() == key) {
+      if (!b->keys.empty() && b->keys.back() == key) {
         throw TreeError("[tree] duplicate dict key '" + key + "'");
       }
-      t.keys_.push_back(std::move(key));
-      t.children_.push_back(std::move(child));
+      b->keys.push_back(std::move(key));
+      b->children.push_back(std::move(child));
     }
+    t.branch_ = std::move(b);
     return t;
   }
   /// A list.
@@ -89,7 +93,8 @@ class Tree {
   static Tree list(std::vector<Tree> items) {
     Tree t;
     t.kind_ = NodeKind::kList;
-    t.children_ = std::move(items);
+    t.branch_ = std::make_shared<Branch>();
+    t.branch_->children = std::move(items);
     return t;
   }
 
@@ -111,39 +116,72 @@ class Tree {
     return *leaf_;
   }
 
+  /// The leaf value, or nullptr if this node is not a leaf (no throw, for hot loops).
+  const T* leaf_ptr() const { return leaf_ ? &*leaf_ : nullptr; }
+
   /// Number of children of a dict or list (0 for leaves and none).
-  std::size_t size() const { return children_.size(); }
+  std::size_t size() const { return branch_ ? branch_->children.size() : 0; }
   /// Keys of a dict, sorted (empty for other kinds).
-  const std::vector<std::string>& keys() const { return keys_; }
+  const std::vector<std::string>& keys() const { return branch_ ? branch_->keys : no_keys(); }
   /// Children in flatten order.
-  const std::vector<Tree>& children() const { return children_; }
-  std::vector<Tree>& children() { return children_; }
+  const std::vector<Tree>& children() const { return branch_ ? branch_->children : no_children(); }
+  /// Children in flatten order, for changing them: copies of a tree share their branches until
+  /// one of them is changed (copy on write), so this first makes the branch this tree's own.
+  std::vector<Tree>& children() {
+    if (!branch_) {
+      branch_ = std::make_shared<Branch>();
+    } else if (branch_.use_count() > 1) {
+      branch_ = std::make_shared<Branch>(*branch_);
+    }
+    return branch_->children;
+  }
+
+  /// True when this node and `other` are dicts or lists that share one stored branch (a copy, or
+  /// equal subtrees merged by share_equal_subtrees), and therefore equal without looking below.
+  bool shares_branch_with(const Tree& other) const {
+    return branch_ != nullptr && branch_ == other.branch_;
+  }
+
+  /// The address of this node's stored branch (shared by copies and merged equal subtrees),
+  /// nullptr for leaves and none: a key for memo tables.
+  const void* branch_identity() const noexcept { return branch_.get(); }
+
+  /// A tree equal to this one in which equal subtrees share one stored branch (hash-consing), so
+  /// that comparing them (as the planner does to decide a repeated subtree once) costs a pointer
+  /// comparison. `leaf_hash` hashes a leaf value; leaves compare with `==`. Costs one pass.
+  template <class Hash = std::hash<T>>
+  Tree share_equal_subtrees(const Hash& leaf_hash = Hash()) const {
+    Tree out = *this;
+    std::unordered_map<std::size_t, std::vector<std::shared_ptr<Branch>>> table;
+    out.intern(table, leaf_hash);
+    return out;
+  }
 
   /// The child of a dict under `key`, or nullptr.
   const Tree* find(std::string_view key) const {
     if (!is_dict()) return nullptr;
-    auto it = std::lower_bound(keys_.begin(), keys_.end(), key,
+    auto it = std::lower_bound(keys().begin(), keys().end(), key,
                                [](const std::string& a, std::string_view b) {
                                  return a.compare(0, a.size(), b.data(), b.size()) < 0;
                                });
-    if (it == keys_.end() || *it != key) return nullptr;
-    return &children_[static_cast<std::size_t>(it - keys_.begin())];
+    if (it == keys().end() || *it != key) return nullptr;
+    return &children()[static_cast<std::size_t>(it - keys().begin())];
   }
   /// The child of a dict under `key`. Throws TreeError naming the key and the keys present.
   const Tree& at(std::string_view key) const {
     if (const Tree* c = find(key)) return *c;
     std::string known;
-    for (const auto& k : keys_) known += (known.empty() ? "'" : ", '") + k + "'";
+    for (const auto& k : keys()) known += (known.empty() ? "'" : ", '") + k + "'";
     throw TreeError("[tree] no key '" + std::string(key) + "' in " + std::string(to_string(kind_)) +
                     (is_dict() ? " with keys " + known : ""));
   }
   /// The i-th child of a list or dict. Throws TreeError when out of range.
   const Tree& at(std::size_t i) const {
-    if (i >= children_.size()) {
+    if (i >= size()) {
       throw TreeError("[tree] index " + std::to_string(i) + " out of range for " +
                       std::string(to_string(kind_)) + " of size " + std::to_string(size()));
     }
-    return children_[i];
+    return children()[i];
   }
   /// The child under a path of `/`-joined escaped keys and indices. Throws TreeError.
   const Tree& at_path(std::string_view path) const {
@@ -160,7 +198,7 @@ class Tree {
           throw TreeError("[tree] no element '" + key + "' in list of size " +
                           std::to_string(node->size()) + " at path '" + std::string(path) + "'");
         }
-        node = &node->children_[idx];
+        node = &node->children()[idx];
       } else {
         node = &node->at(key);
       }
@@ -170,14 +208,14 @@ class Tree {
 
   /// The path segment of child i: its escaped key in a dict, its index in a list.
   std::string segment(std::size_t i) const {
-    return is_dict() ? escape_key(keys_[i]) : std::to_string(i);
+    return is_dict() ? escape_key(keys()[i]) : std::to_string(i);
   }
 
   /// Number of leaves below this node.
   std::size_t num_leaves() const {
     if (is_leaf()) return 1;
     std::size_t n = 0;
-    for (const auto& c : children_) n += c.num_leaves();
+    for (const auto& c : children()) n += c.num_leaves();
     return n;
   }
 
@@ -244,15 +282,16 @@ class Tree {
     if (kind() != other.kind() || size() != other.size()) return false;
     if (is_dict() && keys() != other.keys()) return false;
     for (std::size_t i = 0; i < size(); ++i) {
-      if (!children_[i].same_structure(other.children()[i])) return false;
+      if (!children()[i].same_structure(other.children()[i])) return false;
     }
     return true;
   }
 
   /// Leaves and structure equal.
   friend bool operator==(const Tree& a, const Tree& b) {
-    return a.kind_ == b.kind_ && a.keys_ == b.keys_ && a.children_ == b.children_ &&
-           (!a.is_leaf() || *a.leaf_ == *b.leaf_);
+    if (a.kind_ != b.kind_) return false;
+    if (a.is_leaf()) return *a.leaf_ == *b.leaf_;
+    return a.branch_ == b.branch_ || (a.keys() == b.keys() && a.children() == b.children());
   }
 
   /// Prints `{a: 1, b: [2, 3]}`, `None` for none nodes; leaves use their operator<<.
@@ -265,12 +304,12 @@ class Tree {
       case NodeKind::kDict:
         os << "{";
         for (std::size_t i = 0; i < t.size(); ++i) {
-          os << (i ? ", " : "") << t.keys_[i] << ": " << t.children_[i];
+          os << (i ? ", " : "") << t.keys()[i] << ": " << t.children()[i];
         }
         return os << "}";
       case NodeKind::kList:
         os << "[";
-        for (std::size_t i = 0; i < t.size(); ++i) os << (i ? ", " : "") << t.children_[i];
+        for (std::size_t i = 0; i < t.size(); ++i) os << (i ? ", " : "") << t.children()[i];
         return os << "]";
     }
     return os;
@@ -287,10 +326,10 @@ class Tree {
       return;
     }
     const std::size_t base = path.size();
-    for (std::size_t i = 0; i < children_.size(); ++i) {
+    for (std::size_t i = 0; i < size(); ++i) {
       if (base) path += '/';
       path += segment(i);
-      children_[i].visit_leaves(f, path);
+      children()[i].visit_leaves(f, path);
       path.resize(base);
     }
   }
@@ -305,24 +344,81 @@ class Tree {
       out.leaf_.emplace(f(path ? *path : kEmpty, *leaf_));
       return out;
     }
-    out.keys_ = keys_;
-    out.children_.reserve(children_.size());
+    if (!branch_) return out;
+    out.branch_ = std::make_shared<typename Tree<R>::Branch>();
+    out.branch_->keys = branch_->keys;
+    auto& out_children = out.branch_->children;
+    out_children.reserve(size());
     const std::size_t base = path ? path->size() : 0;
-    for (std::size_t i = 0; i < children_.size(); ++i) {
+    for (std::size_t i = 0; i < size(); ++i) {
       if (path) {
         if (base) *path += '/';
         *path += segment(i);
       }
-      out.children_.push_back(children_[i].template map_impl<R>(f, path));
+      out_children.push_back(children()[i].template map_impl<R>(f, path));
       if (path) path->resize(base);
     }
     return out;
   }
 
+  // A dict's or list's keys and children, shared between copies (copy on write).
+  struct Branch {
+    std::vector<std::string> keys;  // dicts only
+    std::vector<Tree> children;
+  };
+
+  static const std::vector<std::string>& no_keys() {
+    static const std::vector<std::string> empty;
+    return empty;
+  }
+  static const std::vector<Tree>& no_children() {
+    static const std::vector<Tree> empty;
+    return empty;
+  }
+
+  static std::size_t mix(std::size_t seed, std::size_t v) {
+    return seed ^ (v + 0x9e3779b97f4a7c15ULL + (seed << 12) + (seed >> 4));
+  }
+
+  // Replaces this node's branch by an equal one already in `table` (children first); returns
+  // the node's structural hash.
+  template <class Hash>
+  std::size_t intern(std::unordered_map<std::size_t, std::vector<std::shared_ptr<Branch>>>& table,
+                     const Hash& leaf_hash) {
+    if (is_none()) return 0x51ed270b27a1c3d5ULL;
+    if (is_leaf()) return mix(0x2545f4914f6cdd1dULL, leaf_hash(*leaf_));
+    std::size_t h = mix(static_cast<std::size_t>(kind_), size());
+    std::vector<Tree>& kids = children();
+    for (std::size_t i = 0; i < kids.size(); ++i) {
+      if (is_dict()) h = mix(h, std::hash<std::string>()(branch_->keys[i]));
+      h = mix(h, kids[i].intern(table, leaf_hash));
+    }
+    auto& bucket = table[h];
+    for (const auto& candidate : bucket) {
+      if (candidate->keys == branch_->keys && same_children(candidate->children, kids)) {
+        branch_ = candidate;
+        return h;
+      }
+    }
+    bucket.push_back(branch_);
+    return h;
+  }
+
+  // Children already interned: equal subtrees share their branch.
+  static bool same_children(const std::vector<Tree>& a, const std::vector<Tree>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (a[i].kind_ != b[i].kind_) return false;
+      if (a[i].is_leaf() ? !(*a[i].leaf_ == *b[i].leaf_) : a[i].branch_ != b[i].branch_) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   NodeKind kind_ = NodeKind::kNone;
   std::optional<T> leaf_;
-  std::vector<std::string> keys_;
-  std::vector<Tree> children_;
+  std::shared_ptr<Branch> branch_;  // dicts and lists
 };
 
 /// Describes, for the first place where `prefix` is not a prefix of `full`, the path and what each
