@@ -35,4 +35,29 @@ class IoError : public Error {
   using Error::Error;
 };
 
+/// A task that failed on one device of an Executor. The message names the device and holds the
+/// original message; the original exception is nested (std::rethrow_if_nested gets it back).
+class DeviceError : public Error {
+ public:
+  DeviceError(int device, const std::string& what) : Error(what), device_(device) {}
+  int device() const { return device_; }
+
+ private:
+  int device_;
+};
+
+/// An allocation past a device's memory limit. Names the device, the bytes asked for, the bytes in
+/// use and the limit.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Arrays that cannot meet in one operation (different meshes, executors or device orders), or an
+/// operation the arrays' state does not allow.
+class ArrayError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace shardplan

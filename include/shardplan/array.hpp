@@ -1,0 +1,141 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "shardplan/executor.hpp"
+#include "shardplan/named_sharding.hpp"
+#include "shardplan/tensor.hpp"
+#include "shardplan/tree.hpp"
+
+namespace shardplan {
+
+/// How the per-device values of a pending (partial) array combine into the true value.
+enum class ReduceOp { kSum, kMean, kMax, kMin };
+std::string_view to_string(ReduceOp op);
+
+/// A reduction not yet done: the true value of a block is `op` over the values held by the
+/// devices that differ only along `axes` (as after a contraction over a sharded dimension, where
+/// each device holds a partial sum). Empty `axes`: nothing pending.
+struct Pending {
+  ReduceOp op = ReduceOp::kSum;
+  std::vector<std::string> axes;
+  bool empty() const { return axes.empty(); }
+  friend bool operator==(const Pending&, const Pending&) = default;
+};
+
+/// A global array sharded over the devices of an Executor, as jax.Array: a global shape, a
+/// dtype, a NamedSharding, and one buffer per mesh device holding exactly that device's block
+/// (replicas hold copies). Optionally pending: each device's buffer is a summand (or a value to
+/// max/min/mean) over some mesh axes, reduced by reshard() or all_reduce().
+///
+/// A handle: copies share the (immutable) buffers.
+class Array {
+ public:
+  /// An empty handle (valid() is false).
+  Array() = default;
+
+  /// Low level: an array made of one buffer per device id (devices outside the mesh hold an
+  /// empty pointer), each of the shard's bytes. Throws ArrayError when a buffer is missing, has
+  /// the wrong size or lives on another device, and SpecError for a shape the sharding cannot
+  /// split or pending axes that are not mesh axes unused by the spec.
+  static Array from_buffers(Executor executor, Shape shape, DType dtype, NamedSharding sharding,
+                            std::vector<std::shared_ptr<Buffer>> buffers, Pending pending = {});
+
+  /// An array whose element at each global row-major index is the generator's; every device
+  /// fills only its own block (no device, nor the host, ever holds the whole array).
+  static Array generate(Shape shape, DType dtype, const NamedSharding& sharding,
+                        const Executor& executor, const Generator& g);
+  static Array zeros(Shape shape, DType dtype, const NamedSharding& sharding,
+                     const Executor& executor) {
+    return generate(std::move(shape), dtype, sharding, executor, Generator::full(0));
+  }
+  static Array ones(Shape shape, DType dtype, const NamedSharding& sharding,
+                    const Executor& executor) {
+    return generate(std::move(shape), dtype, sharding, executor, Generator::full(1));
+  }
+  static Array normal(Shape shape, DType dtype, const NamedSharding& sharding,
+                      const Executor& executor, std::uint64_t seed, double mean = 0,
+                      double stddev = 1) {
+    return generate(std::move(shape), dtype, sharding, executor,
+                    Generator::normal(seed, mean, stddev));
+  }
+  static Array uniform(Shape shape, DType dtype, const NamedSharding& sharding,
+                       const Executor& executor, std::uint64_t seed, double low = 0,
+                       double high = 1) {
+    return generate(std::move(shape), dtype, sharding, executor,
+                    Generator::uniform(seed, low, high));
+  }
+
+  bool valid() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  DType dtype() const { return impl().dtype; }
+  const NamedSharding& sharding() const { return impl().sharding; }
+  const Mesh& mesh() const { return impl().sharding.mesh(); }
+  const Executor& executor() const { return impl().executor; }
+  const Pending& pending() const { return impl().pending; }
+  bool is_pending() const { return !impl().pending.empty(); }
+  /// The shape of each device's block.
+  const Shape& shard_shape() const { return impl().shard_shape; }
+  std::int64_t shard_nbytes() const {
+    return shard_shape().numel() * static_cast<std::int64_t>(size_of(dtype()));
+  }
+  /// Bytes of the global array.
+  std::int64_t nbytes() const {
+    return shape().numel() * static_cast<std::int64_t>(size_of(dtype()));
+  }
+  /// The block of the global array that `device` holds. Throws ArrayError for a device outside
+  /// the mesh.
+  const Block& block(int device) const;
+  /// The buffer of `device`. Throws ArrayError for a device outside the mesh.
+  const Buffer& shard(int device) const;
+  /// A host copy of `device`'s buffer, with the shard's shape.
+  Tensor shard_tensor(int device) const;
+  /// The global array on the host (gathered; a pending array is reduced first, in a fixed
+  /// device order).
+  Tensor to_host() const;
+  /// The picture of the sharding (1-D and 2-D), with a line for a pending reduction.
+  std::string visualize() const;
+
+  /// "Array(f32[8, 4], NamedSharding(...))".
+  std::string to_string() const;
+
+ private:
+  struct Impl {
+    Executor executor;
+    Shape shape;
+    DType dtype;
+    NamedSharding sharding;
+    Shape shard_shape;
+    std::vector<Block> blocks;  // by device id
+    Pending pending;
+    std::vector<std::shared_ptr<Buffer>> buffers;  // by device id
+  };
+  const Impl& impl() const;
+  std::shared_ptr<const Impl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Array& a);
+
+/// jax.device_put: the tensor split over the sharding's mesh, each device given its block.
+/// Throws SpecError when the shape does not divide (naming shape, dimension and axes) and
+/// ArrayError when the mesh names devices the executor does not have.
+Array device_put(const Tensor& tensor, const NamedSharding& sharding, const Executor& executor);
+/// Every leaf put with the sharding of the leaf of `shardings` that covers it (`shardings` is a
+/// prefix of `tensors`). Throws TreeError naming the path where the structures differ.
+Tree<Array> device_put(const Tree<Tensor>& tensors, const Tree<NamedSharding>& shardings,
+                       const Executor& executor);
+/// Every leaf gathered to the host.
+Tree<Tensor> to_host(const Tree<Array>& arrays);
+/// The picture of an array's sharding, as jax.debug.visualize_array_sharding.
+inline std::string visualize(const Array& a) { return a.visualize(); }
+
+/// Device ids that differ from `device` only along `axes` (itself included), in mesh order: the
+/// group a collective over `axes` runs in. Throws SpecError for an unknown axis.
+std::vector<int> device_group(const Mesh& mesh, int device, const std::vector<std::string>& axes);
+
+}  // namespace shardplan

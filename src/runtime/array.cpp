@@ -1,0 +1,296 @@
+#include "shardplan/array.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "box_copy.hpp"
+#include "reduce.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan {
+namespace {
+
+std::vector<std::int64_t> origin_of(const Block& b) {
+  std::vector<std::int64_t> o;
+  o.reserve(b.size());
+  for (const auto& s : b) o.push_back(s.start);
+  return o;
+}
+
+void check_devices(const Mesh& mesh, const Executor& executor, std::string_view where) {
+  int most = -1;
+  for (const int d : mesh.devices()) most = std::max(most, d);
+  if (most >= executor.num_devices()) {
+    throw ArrayError(fmt::format("[{}] {} uses device {}, but the executor has {} device{}", where,
+                                 mesh.to_string(), most, executor.num_devices(),
+                                 executor.num_devices() == 1 ? "" : "s"));
+  }
+}
+
+void check_pending(const Pending& p, const NamedSharding& sharding) {
+  for (const auto& axis : p.axes) {
+    if (!sharding.mesh().has_axis(axis)) {
+      throw SpecError(fmt::format("[array] pending axis '{}' is not an axis of {}", axis,
+                                  sharding.mesh().to_string()));
+    }
+    for (const auto& entry : sharding.spec().dims()) {
+      for (const auto& a : entry) {
+        if (a == axis) {
+          throw SpecError(fmt::format("[array] pending axis '{}' also shards a dimension in {}",
+                                      axis, sharding.spec().to_string()));
+        }
+      }
+    }
+  }
+}
+
+// Buffers for every mesh device, allocated on the host thread: all or nothing.
+std::vector<std::shared_ptr<Buffer>> allocate_shards(const Executor& executor, const Mesh& mesh,
+                                                     std::int64_t bytes) {
+  std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
+  for (const int d : mesh.devices()) {
+    out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMean:
+      return "mean";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
+
+std::vector<int> device_group(const Mesh& mesh, int device, const std::vector<std::string>& axes) {
+  std::vector<bool> varies(static_cast<std::size_t>(mesh.ndim()), false);
+  for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  const auto coords = mesh.coords_of_position(mesh.position_of_device(device));
+  std::vector<int> out;
+  for (std::int64_t pos = 0; pos < mesh.size(); ++pos) {
+    const auto c = mesh.coords_of_position(pos);
+    bool same = true;
+    for (int i = 0; i < mesh.ndim(); ++i) {
+      same = same && (varies[static_cast<std::size_t>(i)] ||
+                      c[static_cast<std::size_t>(i)] == coords[static_cast<std::size_t>(i)]);
+    }
+    if (same) out.push_back(mesh.devices()[static_cast<std::size_t>(pos)]);
+  }
+  return out;
+}
+
+const Array::Impl& Array::impl() const {
+  if (!impl_) throw ArrayError("[array] this Array is empty (default-constructed)");
+  return *impl_;
+}
+
+Array Array::from_buffers(Executor executor, Shape shape, DType dtype, NamedSharding sharding,
+                          std::vector<std::shared_ptr<Buffer>> buffers, Pending pending) {
+  const Mesh& mesh = sharding.mesh();
+  check_devices(mesh, executor, "array");
+  check_pending(pending, sharding);
+  auto impl = std::make_shared<Impl>(
+      Impl{executor, shape, dtype, sharding, sharding.shard_shape(shape),
+           sharding.device_blocks(shape), std::move(pending), std::move(buffers)});
+  impl->buffers.resize(static_cast<std::size_t>(executor.num_devices()));
+  const std::int64_t bytes = impl->shard_shape.numel() * static_cast<std::int64_t>(size_of(dtype));
+  for (const int d : mesh.devices()) {
+    const auto& b = impl->buffers[static_cast<std::size_t>(d)];
+    if (!b || b->size() != bytes || (bytes > 0 && b->device() != d)) {
+      throw ArrayError(fmt::format(
+          "[array] device {} needs a buffer of {} bytes on itself for a shard of {} {}; got {}", d,
+          bytes, name(dtype), impl->shard_shape.to_string(),
+          !b ? std::string("none") : fmt::format("{} bytes on device {}", b->size(), b->device())));
+    }
+  }
+  Array a;
+  a.impl_ = std::move(impl);
+  return a;
+}
+
+Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
+                      const Executor& executor, const Generator& g) {
+  if (!is_computable(dtype)) {
+    throw SpecError(
+        fmt::format("[array] cannot generate {} values (f32, f64, bf16, i32, i64)", name(dtype)));
+  }
+  const Mesh& mesh = sharding.mesh();
+  check_devices(mesh, executor, "array");
+  const Shape shard = sharding.shard_shape(shape);
+  const auto blocks = sharding.device_blocks(shape);
+  const std::size_t elem = size_of(dtype);
+  auto buffers = allocate_shards(executor, mesh, shard.numel() * static_cast<std::int64_t>(elem));
+  const int rank = shape.rank();
+  executor.run(mesh.devices(), [&](int d) {
+    std::byte* out = buffers[static_cast<std::size_t>(d)]->data();
+    const Block& b = blocks[static_cast<std::size_t>(d)];
+    const std::int64_t n = shard.numel();
+    if (n == 0) return;
+    // Walk the block in row-major order, tracking the global row-major index.
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(rank), 0);
+    std::vector<std::int64_t> gstride(static_cast<std::size_t>(rank), 1);
+    for (int k = rank - 2; k >= 0; --k) {
+      gstride[static_cast<std::size_t>(k)] =
+          gstride[static_cast<std::size_t>(k + 1)] * shape[k + 1];
+    }
+    const std::int64_t inner = rank == 0 ? 1 : shard[rank - 1];
+    for (std::int64_t done = 0; done < n; done += inner) {
+      std::int64_t base = 0;
+      for (int k = 0; k < rank; ++k) {
+        base += (b[static_cast<std::size_t>(k)].start + idx[static_cast<std::size_t>(k)]) *
+                gstride[static_cast<std::size_t>(k)];
+      }
+      for (std::int64_t j = 0; j < inner; ++j) {
+        store_value(dtype, out + (done + j) * static_cast<std::int64_t>(elem),
+                    g.value_at(static_cast<std::uint64_t>(base + j)));
+      }
+      for (int k = rank - 2; k >= 0; --k) {
+        if (++idx[static_cast<std::size_t>(k)] < shard[k]) break;
+        idx[static_cast<std::size_t>(k)] = 0;
+      }
+    }
+  });
+  return from_buffers(executor, std::move(shape), dtype, sharding, std::move(buffers));
+}
+
+const Block& Array::block(int device) const {
+  const Impl& i = impl();
+  if (device < 0 || device >= static_cast<int>(i.buffers.size()) ||
+      !i.buffers[static_cast<std::size_t>(device)]) {
+    throw ArrayError(fmt::format("[array] device {} holds no shard of this array (mesh {})", device,
+                                 mesh().to_string()));
+  }
+  return i.blocks[static_cast<std::size_t>(device)];
+}
+
+const Buffer& Array::shard(int device) const {
+  block(device);  // checks the device
+  return *impl().buffers[static_cast<std::size_t>(device)];
+}
+
+Tensor Array::shard_tensor(int device) const {
+  const Buffer& b = shard(device);
+  Tensor t(shard_shape(), dtype());
+  if (b.size() > 0) std::memcpy(t.bytes(), b.data(), static_cast<std::size_t>(b.size()));
+  return t;
+}
+
+Tensor Array::to_host() const {
+  const Impl& i = impl();
+  Tensor out(i.shape, i.dtype);
+  const Mesh& m = mesh();
+  const int rank = i.shape.rank();
+  const std::size_t elem = size_of(i.dtype);
+  // One device per distinct block writes it: the first of its replica group, reducing over the
+  // pending axes in mesh order when the array is pending.
+  std::vector<int> writers;
+  std::vector<std::vector<int>> summands;
+  for (const auto& group : i.sharding.replica_groups(i.shape)) {
+    const int first = group.front();
+    writers.push_back(first);
+    summands.push_back(i.pending.empty() ? std::vector<int>{first}
+                                         : device_group(m, first, i.pending.axes));
+  }
+  std::vector<int> slots(writers.size());
+  for (std::size_t k = 0; k < slots.size(); ++k) slots[k] = static_cast<int>(k);
+  const std::int64_t shard_n = i.shard_shape.numel();
+  i.executor.run(writers, [&](int d) {
+    const std::size_t k =
+        static_cast<std::size_t>(std::find(writers.begin(), writers.end(), d) - writers.begin());
+    const Block& b = i.blocks[static_cast<std::size_t>(d)];
+    const auto origin = origin_of(b);
+    const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
+    const std::byte* src = i.buffers[static_cast<std::size_t>(d)]->data();
+    Tensor reduced;
+    if (summands[k].size() > 1) {
+      std::vector<const std::byte*> parts;
+      for (const int s : summands[k])
+        parts.push_back(i.buffers[static_cast<std::size_t>(s)]->data());
+      reduced = Tensor(i.shard_shape, i.dtype);
+      detail::reduce_into(i.dtype, i.pending.op, parts, reduced.bytes(), shard_n);
+      src = reduced.bytes();
+    }
+    detail::copy_box(src, i.shard_shape.begin(), zero.data(), out.bytes(), i.shape.begin(),
+                     origin.data(), i.shard_shape.begin(), rank, elem);
+  });
+  return out;
+}
+
+std::string Array::visualize() const {
+  std::string pic = sharding().visualize(shape());
+  if (is_pending()) {
+    std::string axes;
+    for (const auto& a : pending().axes) axes += (axes.empty() ? "'" : ", '") + a + "'";
+    pic += fmt::format("pending {} over {}\n", shardplan::to_string(pending().op), axes);
+  }
+  return pic;
+}
+
+std::string Array::to_string() const {
+  if (!impl_) return "Array(empty)";
+  std::string s =
+      fmt::format("Array({}{}, {}", name(dtype()), shape().to_string(), sharding().to_string());
+  if (is_pending()) {
+    std::string axes;
+    for (const auto& a : pending().axes) axes += (axes.empty() ? "'" : ", '") + a + "'";
+    s += fmt::format(", pending {} over {}", shardplan::to_string(pending().op), axes);
+  }
+  return s + ")";
+}
+
+std::ostream& operator<<(std::ostream& os, const Array& a) { return os << a.to_string(); }
+
+Array device_put(const Tensor& tensor, const NamedSharding& sharding, const Executor& executor) {
+  const Mesh& mesh = sharding.mesh();
+  check_devices(mesh, executor, "device_put");
+  const Shape shard = sharding.shard_shape(tensor.shape());
+  const auto blocks = sharding.device_blocks(tensor.shape());
+  const std::size_t elem = size_of(tensor.dtype());
+  auto buffers = allocate_shards(executor, mesh, shard.numel() * static_cast<std::int64_t>(elem));
+  const int rank = tensor.shape().rank();
+  executor.run(mesh.devices(), [&](int d) {
+    const auto origin = origin_of(blocks[static_cast<std::size_t>(d)]);
+    const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
+    detail::copy_box(tensor.bytes(), tensor.shape().begin(), origin.data(),
+                     buffers[static_cast<std::size_t>(d)]->data(), shard.begin(), zero.data(),
+                     shard.begin(), rank, elem);
+  });
+  return Array::from_buffers(executor, tensor.shape(), tensor.dtype(), sharding,
+                             std::move(buffers));
+}
+
+Tree<Array> device_put(const Tree<Tensor>& tensors, const Tree<NamedSharding>& shardings,
+                       const Executor& executor) {
+  return map_prefix<Array>(
+      shardings, tensors,
+      [&](const std::string& path, const NamedSharding* s, const Tree<Tensor>& sub) {
+        if (s == nullptr) {
+          throw TreeError(fmt::format("[device_put] no sharding for the subtree at '{}'", path));
+        }
+        return sub.map_with_path(
+            [&](const std::string& leaf_path, const Tensor& t) {
+              try {
+                return device_put(t, *s, executor);
+              } catch (const SpecError& e) {
+                throw SpecError(fmt::format("{} (leaf '{}')", e.what(), leaf_path));
+              }
+            },
+            path);
+      });
+}
+
+Tree<Tensor> to_host(const Tree<Array>& arrays) {
+  return arrays.map([](const Array& a) { return a.to_host(); });
+}
+
+}  // namespace shardplan

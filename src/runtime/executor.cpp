@@ -1,0 +1,320 @@
+#include "shardplan/executor.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "shardplan/error.hpp"
+#include "shardplan/plan_report.hpp"  // format_bytes
+
+#if defined(SHARDPLAN_EXECUTOR_TBB)
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+#include <tbb/task_group.h>
+#endif
+
+namespace shardplan {
+namespace detail {
+
+// One cache line per device, so devices allocating at once do not share a line.
+struct alignas(64) DeviceAccount {
+  std::atomic<std::int64_t> in_use{0};
+  std::atomic<std::int64_t> peak{0};
+};
+
+struct DeviceAccounts {
+  explicit DeviceAccounts(int n)
+      : num_devices(n), accounts(new DeviceAccount[static_cast<std::size_t>(n)]) {}
+  int num_devices;
+  std::unique_ptr<DeviceAccount[]> accounts;
+  std::atomic<std::int64_t> limit{0};
+
+  DeviceAccount& operator[](int device) { return accounts[static_cast<std::size_t>(device)]; }
+
+  // Counts `bytes` on `device`, or throws when that would pass the limit.
+  void reserve(int device, std::int64_t bytes) {
+    DeviceAccount& a = (*this)[device];
+    const std::int64_t lim = limit.load(std::memory_order_relaxed);
+    std::int64_t cur = a.in_use.load(std::memory_order_relaxed);
+    do {
+      if (lim > 0 && cur + bytes > lim) {
+        throw OutOfMemoryError(fmt::format(
+            "[executor] out of memory on device {}: asked for {} ({} bytes) with {} in use and a "
+            "limit of {} per device",
+            device, format_bytes(bytes), bytes, format_bytes(cur), format_bytes(lim)));
+      }
+    } while (!a.in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
+    const std::int64_t now = cur + bytes;
+    std::int64_t p = a.peak.load(std::memory_order_relaxed);
+    while (now > p && !a.peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+    }
+  }
+  void unreserve(int device, std::int64_t bytes) noexcept {
+    (*this)[device].in_use.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace detail
+
+// ---- Buffer ----
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      device_(std::exchange(other.device_, -1)),
+      accounts_(std::move(other.accounts_)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    device_ = std::exchange(other.device_, -1);
+    accounts_ = std::move(other.accounts_);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() noexcept {
+  if (accounts_) accounts_->unreserve(device_, size_);
+  std::free(data_);
+  data_ = nullptr;
+  size_ = 0;
+  accounts_.reset();
+}
+
+// ---- Executor ----
+
+struct Executor::Impl {
+  explicit Impl(int n) : accounts(std::make_shared<detail::DeviceAccounts>(n)) {}
+  std::shared_ptr<detail::DeviceAccounts> accounts;
+#if defined(SHARDPLAN_EXECUTOR_TBB)
+  tbb::task_arena arena{static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
+#endif
+};
+
+Executor::Executor(int num_devices, std::int64_t memory_limit) {
+  if (num_devices < 1) {
+    throw SpecError(fmt::format("[executor] needs at least one device, got {}", num_devices));
+  }
+  if (memory_limit < 0) {
+    throw SpecError(
+        fmt::format("[executor] memory limit must be >= 0 bytes, got {}", memory_limit));
+  }
+  impl_ = std::make_shared<Impl>(num_devices);
+  impl_->accounts->limit = memory_limit;
+}
+
+int Executor::default_device_count() {
+  if (const char* env = std::getenv("SHARDPLAN_DEVICES"); env != nullptr) {
+    const std::string text(env);
+    int n = 0;
+    bool ok = !text.empty() && text.size() <= 6;
+    for (const char c : text) {
+      ok = ok && c >= '0' && c <= '9';
+      if (ok) n = n * 10 + (c - '0');
+    }
+    if (!ok || n < 1) {
+      throw SpecError(fmt::format(
+          "[executor] SHARDPLAN_DEVICES='{}' is not a device count (a positive integer)", text));
+    }
+    return n;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::string_view Executor::backend() {
+#if defined(SHARDPLAN_EXECUTOR_TBB)
+  return "tbb";
+#elif defined(SHARDPLAN_EXECUTOR_THREADS)
+  return "threads";
+#else
+  return "serial";
+#endif
+}
+
+int Executor::num_devices() const { return impl_->accounts->num_devices; }
+
+namespace {
+
+// What the tasks of one step share: the first failures and whether to stop.
+class StepErrors {
+ public:
+  bool stopped() const { return stopped_.load(std::memory_order_relaxed); }
+  void record(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_ || device < device_) {
+      device_ = device;
+      error_ = std::current_exception();
+    }
+    stopped_.store(true, std::memory_order_relaxed);
+  }
+  // Throws the failure of the lowest device, if any.
+  void rethrow() const {
+    if (!error_) return;
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    try {
+      std::rethrow_exception(error_);
+    } catch (...) {
+      std::throw_with_nested(
+          DeviceError(device_, fmt::format("[executor] device {} failed: {}", device_, what)));
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::atomic<bool> stopped_{false};
+  int device_ = 0;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+// Calls one(i) for i in [0, count) on the backend's threads.
+template <class F>
+void for_each_index(Executor::Impl& impl, int count, F& one) {
+#if defined(SHARDPLAN_EXECUTOR_TBB)
+  if (count == 1) {
+    one(0);
+  } else if (count > 1) {
+    impl.arena.execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<int>(0, count, 1),
+          [&](const tbb::blocked_range<int>& r) {
+            for (int i = r.begin(); i != r.end(); ++i) one(i);
+          },
+          tbb::simple_partitioner());
+    });
+  }
+#elif defined(SHARDPLAN_EXECUTOR_THREADS)
+  (void)impl;
+  const int workers =
+      std::min(count, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  std::atomic<int> next{0};
+  auto loop = [&] {
+    for (int i = next.fetch_add(1); i < count; i = next.fetch_add(1)) one(i);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < workers; ++i) threads.emplace_back(loop);
+  loop();
+  for (auto& t : threads) t.join();
+#else
+  (void)impl;
+  for (int i = 0; i < count; ++i) one(i);
+#endif
+}
+
+void Executor::run(DeviceTask task) const {
+  StepErrors errors;
+  auto one = [&](int d) {
+    if (errors.stopped()) return;
+    try {
+      task(d);
+    } catch (...) {
+      errors.record(d);
+    }
+  };
+  for_each_index(*impl_, num_devices(), one);
+  errors.rethrow();
+}
+
+void Executor::run(const std::vector<int>& devices, DeviceTask task) const {
+  const int n = num_devices();
+  for (const int d : devices) {
+    if (d < 0 || d >= n) {
+      throw SpecError(fmt::format("[executor] no device {} (this executor has {})", d, n));
+    }
+  }
+  StepErrors errors;
+  auto one = [&](int i) {
+    const int d = devices[static_cast<std::size_t>(i)];
+    if (errors.stopped()) return;
+    try {
+      task(d);
+    } catch (...) {
+      errors.record(d);
+    }
+  };
+  for_each_index(*impl_, static_cast<int>(devices.size()), one);
+  errors.rethrow();
+}
+
+Buffer Executor::allocate(int device, std::int64_t bytes) const {
+  const int n = num_devices();
+  if (device < 0 || device >= n) {
+    throw SpecError(fmt::format("[executor] no device {} (this executor has {})", device, n));
+  }
+  if (bytes < 0) {
+    throw SpecError(fmt::format("[executor] cannot allocate {} bytes on device {}", bytes, device));
+  }
+  Buffer b;
+  b.device_ = device;
+  if (bytes == 0) return b;
+  impl_->accounts->reserve(device, bytes);
+  const auto rounded = static_cast<std::size_t>((bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    impl_->accounts->unreserve(device, bytes);
+    throw OutOfMemoryError(fmt::format("[executor] the host could not allocate {} for device {}",
+                                       format_bytes(bytes), device));
+  }
+  b.data_ = static_cast<std::byte*>(p);
+  b.size_ = bytes;
+  b.accounts_ = impl_->accounts;
+  return b;
+}
+
+DeviceMemory Executor::memory(int device) const {
+  const int n = num_devices();
+  if (device < 0 || device >= n) {
+    throw SpecError(fmt::format("[executor] no device {} (this executor has {})", device, n));
+  }
+  auto& a = (*impl_->accounts)[device];
+  return DeviceMemory{device, a.in_use.load(), a.peak.load(), impl_->accounts->limit.load()};
+}
+
+std::vector<DeviceMemory> Executor::memory() const {
+  std::vector<DeviceMemory> out;
+  for (int d = 0; d < num_devices(); ++d) out.push_back(memory(d));
+  return out;
+}
+
+void Executor::set_memory_limit(std::int64_t bytes) const {
+  if (bytes < 0) {
+    throw SpecError(fmt::format("[executor] memory limit must be >= 0 bytes, got {}", bytes));
+  }
+  impl_->accounts->limit = bytes;
+}
+
+void Executor::reset_peak() const {
+  for (int d = 0; d < num_devices(); ++d) {
+    auto& a = (*impl_->accounts)[d];
+    a.peak.store(a.in_use.load());
+  }
+}
+
+std::string Executor::memory_report() const {
+  std::string out =
+      fmt::format("{:>6}  {:>12}  {:>12}  {:>12}\n", "device", "in use", "peak", "limit");
+  for (const DeviceMemory& m : memory()) {
+    out += fmt::format("{:>6}  {:>12}  {:>12}  {:>12}\n", m.device, format_bytes(m.in_use),
+                       format_bytes(m.peak), m.limit > 0 ? format_bytes(m.limit) : "none");
+  }
+  return out;
+}
+
+}  // namespace shardplan

@@ -1,0 +1,162 @@
+// Executor: one task per device, errors, memory accounting and limits, concurrent use.
+#include "shardplan/executor.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "shardplan/error.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+TEST(Executor, RunsEveryDeviceExactlyOnceEvenWithMoreDevicesThanCores) {
+  for (const int n : {1, 2, 8, 33}) {
+    const Executor exec(n);
+    std::vector<std::atomic<int>> calls(static_cast<std::size_t>(n));
+    exec.run([&](int d) { calls[static_cast<std::size_t>(d)]++; });
+    for (int d = 0; d < n; ++d) EXPECT_EQ(calls[static_cast<std::size_t>(d)].load(), 1) << d;
+  }
+}
+
+TEST(Executor, RunsOnlyTheListedDevices) {
+  const Executor exec(8);
+  std::vector<std::atomic<int>> calls(8);
+  exec.run(std::vector<int>{1, 6}, [&](int d) { calls[static_cast<std::size_t>(d)]++; });
+  for (int d = 0; d < 8; ++d)
+    EXPECT_EQ(calls[static_cast<std::size_t>(d)].load(), d == 1 || d == 6);
+  EXPECT_THROW_WITH(exec.run(std::vector<int>{8}, [](int) {}), SpecError, "no device 8", "has 8");
+}
+
+TEST(Executor, AFailingTaskNamesTheLowestFailedDeviceAndNestsTheOriginal) {
+  const Executor exec(8);
+  try {
+    exec.run([](int d) {
+      if (d == 5 || d == 3) throw std::runtime_error("kernel blew up on " + std::to_string(d));
+    });
+    FAIL() << "expected DeviceError";
+  } catch (const DeviceError& e) {
+    // Both may fail before the step stops; the lowest failed device is reported.
+    EXPECT_TRUE(e.device() == 3 || e.device() == 5);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("device " + std::to_string(e.device()) + " failed"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("kernel blew up on " + std::to_string(e.device())));
+    try {
+      std::rethrow_if_nested(e);
+      FAIL() << "expected a nested exception";
+    } catch (const std::runtime_error& inner) {
+      EXPECT_THAT(inner.what(), ::testing::HasSubstr("kernel blew up"));
+    }
+  }
+  // Still usable.
+  std::atomic<int> n{0};
+  exec.run([&](int) { ++n; });
+  EXPECT_EQ(n.load(), 8);
+}
+
+TEST(Executor, AFailureSkipsDevicesThatHaveNotStarted) {
+  const int n = 64;
+  const Executor exec(n);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(exec.run([&](int d) {
+    ++ran;
+    if (d == 0) throw std::runtime_error("stop");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }),
+               DeviceError);
+  EXPECT_LT(ran.load(), n);
+}
+
+TEST(Executor, AccountsBuffersInUseAndPeak) {
+  const Executor exec(4);
+  {
+    Buffer a = exec.allocate(2, 1000);
+    EXPECT_EQ(a.size(), 1000);
+    EXPECT_EQ(a.device(), 2);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data()) % 64, 0u);
+    Buffer b = exec.allocate(2, 24);
+    EXPECT_EQ(exec.memory(2), (DeviceMemory{2, 1024, 1024, 0}));
+    EXPECT_EQ(exec.memory(1), (DeviceMemory{1, 0, 0, 0}));
+    Buffer moved = std::move(b);
+    EXPECT_EQ(exec.memory(2).in_use, 1024);
+  }
+  EXPECT_EQ(exec.memory(2), (DeviceMemory{2, 0, 1024, 0}));
+  exec.reset_peak();
+  EXPECT_EQ(exec.memory(2).peak, 0);
+  EXPECT_THAT(exec.memory_report(), ::testing::HasSubstr("peak"));
+}
+
+TEST(Executor, AllocationPastTheLimitFailsNamingDeviceBytesInUseAndLimit) {
+  const Executor exec(2, 4096);
+  Buffer a = exec.allocate(1, 3000);
+  EXPECT_THROW_WITH(exec.allocate(1, 2000), OutOfMemoryError, "device 1", "2000 bytes",
+                    "2.93 KiB in use", "limit of 4.00 KiB");
+  EXPECT_EQ(exec.memory(1).in_use, 3000);  // the failed allocation counted nothing
+  Buffer other = exec.allocate(0, 4096);   // another device has its own budget
+  exec.set_memory_limit(0);
+  Buffer big = exec.allocate(1, 1 << 20);
+  EXPECT_EQ(exec.memory(1).in_use, 3000 + (1 << 20));
+}
+
+TEST(Executor, OutOfMemoryInsideAStepArrivesAsADeviceError) {
+  const Executor exec(4, 100);
+  try {
+    exec.run([&](int d) {
+      if (d == 2) Buffer b = exec.allocate(d, 200);
+    });
+    FAIL();
+  } catch (const DeviceError& e) {
+    EXPECT_EQ(e.device(), 2);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("out of memory on device 2"));
+  }
+}
+
+TEST(Executor, BadArgumentsAreErrors) {
+  EXPECT_THROW_WITH(Executor(0), SpecError, "at least one device", "0");
+  EXPECT_THROW_WITH(Executor(2, -1), SpecError, "memory limit", "-1");
+  const Executor exec(2);
+  EXPECT_THROW_WITH(exec.allocate(2, 8), SpecError, "no device 2");
+  EXPECT_THROW_WITH(exec.allocate(0, -8), SpecError, "-8 bytes");
+  EXPECT_THROW_WITH(exec.memory(-1), SpecError, "no device -1");
+}
+
+TEST(Executor, DefaultDeviceCountComesFromTheEnvironment) {
+  ::setenv("SHARDPLAN_DEVICES", "6", 1);
+  EXPECT_EQ(Executor::default_device_count(), 6);
+  EXPECT_EQ(Executor().num_devices(), 6);
+  ::setenv("SHARDPLAN_DEVICES", "six", 1);
+  EXPECT_THROW_WITH(Executor::default_device_count(), SpecError, "SHARDPLAN_DEVICES='six'");
+  ::setenv("SHARDPLAN_DEVICES", "0", 1);
+  EXPECT_THROW_WITH(Executor::default_device_count(), SpecError, "SHARDPLAN_DEVICES='0'");
+  ::unsetenv("SHARDPLAN_DEVICES");
+  EXPECT_GE(Executor::default_device_count(), 1);
+}
+
+TEST(Executor, TwoHostThreadsCanRunStepsAtOnce) {
+  const Executor exec(8);
+  auto worker = [&](int seed, std::vector<long>& out) {
+    out.assign(8, 0);
+    for (int step = 0; step < 200; ++step) {
+      exec.run([&](int d) { out[static_cast<std::size_t>(d)] += seed * (d + 1); });
+    }
+  };
+  std::vector<long> a, b;
+  std::thread t1(worker, 1, std::ref(a));
+  std::thread t2(worker, 7, std::ref(b));
+  t1.join();
+  t2.join();
+  for (int d = 0; d < 8; ++d) {
+    EXPECT_EQ(a[static_cast<std::size_t>(d)], 200L * 1 * (d + 1));
+    EXPECT_EQ(b[static_cast<std::size_t>(d)], 200L * 7 * (d + 1));
+  }
+}
+
+TEST(Executor, BackendIsOneOfTheConfiguredOnes) {
+  const std::string b(Executor::backend());
+  EXPECT_TRUE(b == "tbb" || b == "threads" || b == "serial") << b;
+}
+
+}  // namespace
+}  // namespace shardplan
