@@ -101,6 +101,10 @@ class Array {
   /// The picture of the sharding (1-D and 2-D), with a line for a pending reduction.
   std::string visualize() const;
 
+  /// The same buffers under an equivalent sharding (one that places every element on the same
+  /// devices, e.g. naming a size-1 axis). Throws SpecError when `sharding` is not equivalent.
+  Array relabel(const NamedSharding& sharding) const;
+
   /// "Array(f32[8, 4], NamedSharding(...))".
   std::string to_string() const;
 

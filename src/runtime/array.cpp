@@ -226,6 +226,16 @@ Tensor Array::to_host() const {
   return out;
 }
 
+Array Array::relabel(const NamedSharding& sharding) const {
+  const Impl& i = impl();
+  if (!(sharding.mesh() == i.sharding.mesh()) ||
+      !sharding.is_equivalent_to(i.sharding, i.shape.rank())) {
+    throw SpecError(fmt::format("[array] {} is not equivalent to {} for shape {}",
+                                sharding.to_string(), i.sharding.to_string(), i.shape.to_string()));
+  }
+  return from_buffers(i.executor, i.shape, i.dtype, sharding, i.buffers, i.pending);
+}
+
 std::string Array::visualize() const {
   std::string pic = sharding().visualize(shape());
   if (is_pending()) {

@@ -9,43 +9,28 @@
 
 namespace shardplan::detail {
 
-/// One row-major array: its base address and dimensions.
-struct BoxView {
-  const std::byte* data;
-  const std::int64_t* dims;
-};
-
-/// Copies the box of `extent` starting at `src_origin` in `src` to `dst_origin` in `dst` (both
-/// row-major, `rank` dimensions, `elem`-byte elements). Trailing dimensions that both arrays
-/// cover in full are merged, so the inner loop is one memcpy per contiguous run.
-inline void copy_box(const std::byte* src, const std::int64_t* src_dims,
-                     const std::int64_t* src_origin, std::byte* dst, const std::int64_t* dst_dims,
-                     const std::int64_t* dst_origin, const std::int64_t* extent, int rank,
-                     std::size_t elem) {
+/// Calls f(src_offset, dst_offset, run_bytes) for each contiguous run of the box of `extent`
+/// starting at `src_origin` in an array of `src_dims` and at `dst_origin` in one of `dst_dims`
+/// (row-major, `rank` dimensions, `elem`-byte elements). Trailing dimensions both arrays cover in
+/// full are merged into one run.
+template <class F>
+void for_each_run(const std::int64_t* src_dims, const std::int64_t* src_origin,
+                  const std::int64_t* dst_dims, const std::int64_t* dst_origin,
+                  const std::int64_t* extent, int rank, std::size_t elem, F&& f) {
   for (int d = 0; d < rank; ++d) {
     if (extent[d] == 0) return;
   }
   if (rank == 0) {
-    std::memcpy(dst, src, elem);
+    f(std::int64_t{0}, std::int64_t{0}, static_cast<std::int64_t>(elem));
     return;
   }
-  // Strides in bytes.
-  std::int64_t src_stride[16];
-  std::int64_t dst_stride[16];
-  std::vector<std::int64_t> big_src, big_dst;
-  std::int64_t* ss = src_stride;
-  std::int64_t* ds = dst_stride;
-  if (rank > 16) {
-    big_src.resize(static_cast<std::size_t>(rank));
-    big_dst.resize(static_cast<std::size_t>(rank));
-    ss = big_src.data();
-    ds = big_dst.data();
-  }
-  ss[rank - 1] = static_cast<std::int64_t>(elem);
-  ds[rank - 1] = static_cast<std::int64_t>(elem);
+  std::vector<std::int64_t> ss(static_cast<std::size_t>(rank));
+  std::vector<std::int64_t> ds(static_cast<std::size_t>(rank));
+  ss[static_cast<std::size_t>(rank - 1)] = static_cast<std::int64_t>(elem);
+  ds[static_cast<std::size_t>(rank - 1)] = static_cast<std::int64_t>(elem);
   for (int d = rank - 1; d > 0; --d) {
-    ss[d - 1] = ss[d] * src_dims[d];
-    ds[d - 1] = ds[d] * dst_dims[d];
+    ss[static_cast<std::size_t>(d - 1)] = ss[static_cast<std::size_t>(d)] * src_dims[d];
+    ds[static_cast<std::size_t>(d - 1)] = ds[static_cast<std::size_t>(d)] * dst_dims[d];
   }
   // The contiguous run: the last dimension, widened over dimensions covered in full.
   int inner = rank - 1;
@@ -54,26 +39,26 @@ inline void copy_box(const std::byte* src, const std::int64_t* src_dims,
     --inner;
     run *= extent[inner];
   }
-  const std::byte* s0 = src;
-  std::byte* d0 = dst;
+  std::int64_t s0 = 0;
+  std::int64_t d0 = 0;
   for (int d = 0; d < rank; ++d) {
-    s0 += src_origin[d] * ss[d];
-    d0 += dst_origin[d] * ds[d];
+    s0 += src_origin[d] * ss[static_cast<std::size_t>(d)];
+    d0 += dst_origin[d] * ds[static_cast<std::size_t>(d)];
   }
   if (inner == 0) {
-    std::memcpy(d0, s0, static_cast<std::size_t>(run));
+    f(s0, d0, run);
     return;
   }
   // Odometer over dimensions [0, inner).
   std::vector<std::int64_t> idx(static_cast<std::size_t>(inner), 0);
   while (true) {
-    const std::byte* s = s0;
-    std::byte* t = d0;
+    std::int64_t s = s0;
+    std::int64_t t = d0;
     for (int d = 0; d < inner; ++d) {
-      s += idx[static_cast<std::size_t>(d)] * ss[d];
-      t += idx[static_cast<std::size_t>(d)] * ds[d];
+      s += idx[static_cast<std::size_t>(d)] * ss[static_cast<std::size_t>(d)];
+      t += idx[static_cast<std::size_t>(d)] * ds[static_cast<std::size_t>(d)];
     }
-    std::memcpy(t, s, static_cast<std::size_t>(run));
+    f(s, t, run);
     int d = inner - 1;
     while (d >= 0 && ++idx[static_cast<std::size_t>(d)] == extent[d]) {
       idx[static_cast<std::size_t>(d)] = 0;
@@ -81,6 +66,17 @@ inline void copy_box(const std::byte* src, const std::int64_t* src_dims,
     }
     if (d < 0) break;
   }
+}
+
+/// Copies the box of `extent` at `src_origin` in `src` to `dst_origin` in `dst`.
+inline void copy_box(const std::byte* src, const std::int64_t* src_dims,
+                     const std::int64_t* src_origin, std::byte* dst, const std::int64_t* dst_dims,
+                     const std::int64_t* dst_origin, const std::int64_t* extent, int rank,
+                     std::size_t elem) {
+  for_each_run(src_dims, src_origin, dst_dims, dst_origin, extent, rank, elem,
+               [&](std::int64_t s, std::int64_t d, std::int64_t n) {
+                 std::memcpy(dst + d, src + s, static_cast<std::size_t>(n));
+               });
 }
 
 }  // namespace shardplan::detail

@@ -1,0 +1,467 @@
+#include "shardplan/collectives.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "box_copy.hpp"
+#include "reduce.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/plan_report.hpp"  // format_bytes
+
+namespace shardplan {
+namespace {
+
+std::string quoted(const std::vector<std::string>& axes) {
+  std::string s;
+  for (const auto& a : axes) s += (s.empty() ? "'" : ", '") + a + "'";
+  return s.empty() ? "no axes" : s;
+}
+
+std::vector<AxisNames> padded_dims(const PartitionSpec& spec, int rank) {
+  std::vector<AxisNames> dims(spec.dims().begin(), spec.dims().end());
+  if (static_cast<int>(dims.size()) < rank) dims.resize(static_cast<std::size_t>(rank));
+  return dims;
+}
+
+// A spec from per-dimension entries, without trailing unsharded ones (P('x'), not P('x', None)).
+PartitionSpec make_spec(std::vector<AxisNames> dims) {
+  while (!dims.empty() && dims.back().empty()) dims.pop_back();
+  return PartitionSpec(std::move(dims));
+}
+
+std::vector<std::shared_ptr<Buffer>> allocate_like(const Array& x, const Mesh& mesh,
+                                                   std::int64_t bytes) {
+  std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(x.executor().num_devices()));
+  for (const int d : mesh.devices()) {
+    out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(x.executor().allocate(d, bytes));
+  }
+  return out;
+}
+
+CollectiveRecord make_record(std::string kind, std::vector<std::string> axes, const Array& x) {
+  return CollectiveRecord{
+      std::move(kind), std::move(axes),
+      std::vector<std::int64_t>(static_cast<std::size_t>(x.executor().num_devices()), 0)};
+}
+
+void require_not_pending(const Array& x, std::string_view op) {
+  if (x.is_pending()) {
+    throw ArrayError(
+        fmt::format("[{}] {} is pending a {} over {}; reduce it first (all_reduce, "
+                    "reduce_scatter or reshard)",
+                    op, x.to_string(), to_string(x.pending().op), quoted(x.pending().axes)));
+  }
+}
+
+// The member of `group` sharing the most mesh coordinates with `device` (the first on ties).
+int nearest(const Mesh& mesh, const std::vector<int>& group, int device) {
+  const auto c = mesh.coords_of_position(mesh.position_of_device(device));
+  int best = group.front();
+  int best_same = -1;
+  for (const int g : group) {
+    const auto gc = mesh.coords_of_position(mesh.position_of_device(g));
+    int same = 0;
+    for (std::size_t i = 0; i < c.size(); ++i) same += gc[i] == c[i];
+    if (same > best_same) {
+      best_same = same;
+      best = g;
+    }
+  }
+  return best;
+}
+
+// The data movement under all_gather, all_to_all and reshard: each device builds its block of
+// `target` from the source blocks that overlap it, reading its own buffer where it holds the
+// part and the nearest replica otherwise; only bytes read from other devices count.
+Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec) {
+  const Shape& shape = x.shape();
+  const int rank = shape.rank();
+  const std::size_t elem = size_of(x.dtype());
+  const Mesh& mesh = target.mesh();
+  const Shape tshard = target.shard_shape(shape);
+  const auto tblocks = target.device_blocks(shape);
+  const auto groups = x.sharding().replica_groups(shape);
+  auto out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
+  const Shape& sshard = x.shard_shape();
+  x.executor().run(mesh.devices(), [&](int d) {
+    const Block& bt = tblocks[static_cast<std::size_t>(d)];
+    std::byte* dst = out[static_cast<std::size_t>(d)]->data();
+    std::vector<std::int64_t> src_origin(static_cast<std::size_t>(rank));
+    std::vector<std::int64_t> dst_origin(static_cast<std::size_t>(rank));
+    std::vector<std::int64_t> extent(static_cast<std::size_t>(rank));
+    for (const auto& group : groups) {
+      const Block& bs = x.block(group.front());
+      bool empty = false;
+      std::int64_t numel = 1;
+      for (int k = 0; k < rank; ++k) {
+        const auto i = static_cast<std::size_t>(k);
+        const std::int64_t lo = std::max(bt[i].start, bs[i].start);
+        const std::int64_t hi = std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size);
+        if (hi <= lo) {
+          empty = true;
+          break;
+        }
+        src_origin[i] = lo - bs[i].start;
+        dst_origin[i] = lo - bt[i].start;
+        extent[i] = hi - lo;
+        numel *= hi - lo;
+      }
+      if (empty) continue;
+      const bool holds = std::find(group.begin(), group.end(), d) != group.end();
+      const int src = holds ? d : nearest(mesh, group, d);
+      detail::copy_box(x.shard(src).data(), sshard.begin(), src_origin.data(), dst, tshard.begin(),
+                       dst_origin.data(), extent.data(), rank, elem);
+      if (src != d)
+        rec.bytes_in[static_cast<std::size_t>(d)] += numel * static_cast<std::int64_t>(elem);
+    }
+  });
+  return Array::from_buffers(x.executor(), shape, x.dtype(), target, std::move(out));
+}
+
+std::vector<std::string> reduced_axes(const Array& x, const std::vector<std::string>& axes,
+                                      std::string_view op) {
+  if (!x.is_pending()) {
+    throw ArrayError(fmt::format("[{}] {} is not pending: nothing to reduce", op, x.to_string()));
+  }
+  if (axes.empty()) return x.pending().axes;
+  for (const auto& a : axes) {
+    const auto& p = x.pending().axes;
+    if (std::find(p.begin(), p.end(), a) == p.end()) {
+      throw SpecError(fmt::format("[{}] axis '{}' is not pending in {} (pending: {})", op, a,
+                                  x.to_string(), quoted(p)));
+    }
+  }
+  return axes;
+}
+
+Pending remaining_pending(const Array& x, const std::vector<std::string>& reduced) {
+  Pending rest{x.pending().op, {}};
+  for (const auto& a : x.pending().axes) {
+    if (std::find(reduced.begin(), reduced.end(), a) == reduced.end()) rest.axes.push_back(a);
+  }
+  return rest;
+}
+
+}  // namespace
+
+std::int64_t CollectiveRecord::max_bytes_in() const {
+  return bytes_in.empty() ? 0 : *std::max_element(bytes_in.begin(), bytes_in.end());
+}
+
+std::int64_t CollectiveRecord::total_bytes_in() const {
+  return std::accumulate(bytes_in.begin(), bytes_in.end(), std::int64_t{0});
+}
+
+std::string CollectiveRecord::to_string() const {
+  return fmt::format("{} over {}: {} max per device, {} in all", kind, quoted(axes),
+                     format_bytes(max_bytes_in()), format_bytes(total_bytes_in()));
+}
+
+std::ostream& operator<<(std::ostream& os, const CollectiveRecord& r) {
+  return os << r.to_string();
+}
+
+std::int64_t ReshardResult::max_bytes_in() const {
+  std::int64_t n = 0;
+  for (const auto& s : steps) n += s.max_bytes_in();
+  return n;
+}
+
+void check_same_placement(const Array& a, const Array& b, std::string_view where) {
+  if (!(a.executor() == b.executor())) {
+    throw ArrayError(fmt::format("[{}] the arrays live on different executors: {} and {}", where,
+                                 a.to_string(), b.to_string()));
+  }
+  if (!(a.mesh() == b.mesh())) {
+    throw ArrayError(fmt::format(
+        "[{}] the arrays are on different meshes or device orders: {} with devices {} and {} with "
+        "devices {}",
+        where, a.mesh().to_string(), fmt::join(a.mesh().devices(), ","), b.mesh().to_string(),
+        fmt::join(b.mesh().devices(), ",")));
+  }
+}
+
+Array all_gather(const Array& x, const std::vector<std::string>& axes, CollectiveRecord* record) {
+  require_not_pending(x, "all_gather");
+  const int rank = x.shape().rank();
+  auto dims = padded_dims(x.sharding().spec(), rank);
+  for (const auto& a : axes) {
+    bool found = false;
+    for (auto& e : dims) {
+      const auto it = std::find(e.begin(), e.end(), a);
+      if (it != e.end()) {
+        e.erase(it);
+        found = true;
+      }
+    }
+    if (!found) {
+      throw SpecError(
+          fmt::format("[all_gather] axis '{}' shards no dimension of {}", a, x.to_string()));
+    }
+  }
+  CollectiveRecord rec = make_record("all_gather", axes, x);
+  Array out = move_to(x, NamedSharding(x.mesh(), make_spec(dims)), rec);
+  if (record) *record = std::move(rec);
+  return out;
+}
+
+Array all_to_all(const Array& x, const std::vector<std::string>& axes, int from_dim, int to_dim,
+                 CollectiveRecord* record) {
+  require_not_pending(x, "all_to_all");
+  const int rank = x.shape().rank();
+  if (from_dim < 0 || from_dim >= rank || to_dim < 0 || to_dim >= rank || from_dim == to_dim) {
+    throw SpecError(fmt::format("[all_to_all] dimensions {} -> {} are not two dimensions of {}",
+                                from_dim, to_dim, x.to_string()));
+  }
+  auto dims = padded_dims(x.sharding().spec(), rank);
+  auto& from = dims[static_cast<std::size_t>(from_dim)];
+  if (axes.empty() || axes.size() > from.size() ||
+      !std::equal(axes.begin(), axes.end(),
+                  from.end() - static_cast<std::ptrdiff_t>(axes.size()))) {
+    throw SpecError(fmt::format("[all_to_all] {} are not the minor axes of dimension {} of {}",
+                                quoted(axes), from_dim, x.to_string()));
+  }
+  from.resize(from.size() - axes.size());
+  auto& to = dims[static_cast<std::size_t>(to_dim)];
+  to.insert(to.end(), axes.begin(), axes.end());
+  CollectiveRecord rec = make_record("all_to_all", axes, x);
+  Array out = move_to(x, NamedSharding(x.mesh(), make_spec(dims)), rec);
+  if (record) *record = std::move(rec);
+  return out;
+}
+
+Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
+                 CollectiveRecord* record) {
+  const auto axes = reduced_axes(x, axes_in, "all_reduce");
+  const Mesh& mesh = x.mesh();
+  const std::size_t elem = size_of(x.dtype());
+  const std::int64_t total = x.shard_shape().numel();
+  CollectiveRecord rec = make_record("all_reduce", axes, x);
+  const std::size_t n_dev = static_cast<std::size_t>(x.executor().num_devices());
+  std::vector<std::vector<int>> group(n_dev);
+  std::vector<std::size_t> rank_in(n_dev);
+  for (const int d : mesh.devices()) {
+    auto g = device_group(mesh, d, axes);
+    rank_in[static_cast<std::size_t>(d)] =
+        static_cast<std::size_t>(std::find(g.begin(), g.end(), d) - g.begin());
+    group[static_cast<std::size_t>(d)] = std::move(g);
+  }
+  auto lo_of = [&](std::size_t r, std::size_t n) {
+    return static_cast<std::int64_t>(r) * total / static_cast<std::int64_t>(n);
+  };
+  // Phase 1 (reduce-scatter inside each group): the member of rank r reduces chunk r.
+  std::vector<std::shared_ptr<Buffer>> part(n_dev);
+  for (const int d : mesh.devices()) {
+    const std::size_t n = group[static_cast<std::size_t>(d)].size();
+    const std::size_t r = rank_in[static_cast<std::size_t>(d)];
+    part[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(x.executor().allocate(
+        d, (lo_of(r + 1, n) - lo_of(r, n)) * static_cast<std::int64_t>(elem)));
+  }
+  x.executor().run(mesh.devices(), [&](int d) {
+    const auto& g = group[static_cast<std::size_t>(d)];
+    const std::size_t r = rank_in[static_cast<std::size_t>(d)];
+    const std::int64_t lo = lo_of(r, g.size());
+    const std::int64_t count = lo_of(r + 1, g.size()) - lo;
+    std::vector<const std::byte*> parts;
+    for (const int m : g) parts.push_back(x.shard(m).data() + lo * static_cast<std::int64_t>(elem));
+    detail::reduce_into(x.dtype(), x.pending().op, parts, part[static_cast<std::size_t>(d)]->data(),
+                        count);
+    rec.bytes_in[static_cast<std::size_t>(d)] +=
+        static_cast<std::int64_t>(g.size() - 1) * count * static_cast<std::int64_t>(elem);
+  });
+  // Phase 2 (all-gather inside each group): every member copies every reduced chunk.
+  auto out = allocate_like(x, mesh, total * static_cast<std::int64_t>(elem));
+  x.executor().run(mesh.devices(), [&](int d) {
+    const auto& g = group[static_cast<std::size_t>(d)];
+    std::byte* dst = out[static_cast<std::size_t>(d)]->data();
+    for (std::size_t r = 0; r < g.size(); ++r) {
+      const std::int64_t lo = lo_of(r, g.size());
+      const std::int64_t bytes = (lo_of(r + 1, g.size()) - lo) * static_cast<std::int64_t>(elem);
+      if (bytes == 0) continue;
+      std::memcpy(dst + lo * static_cast<std::int64_t>(elem),
+                  part[static_cast<std::size_t>(g[r])]->data(), static_cast<std::size_t>(bytes));
+      if (g[r] != d) rec.bytes_in[static_cast<std::size_t>(d)] += bytes;
+    }
+  });
+  part.clear();
+  Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), x.sharding(),
+                                     std::move(out), remaining_pending(x, axes));
+  if (record) *record = std::move(rec);
+  return result;
+}
+
+Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& axes_in,
+                     CollectiveRecord* record) {
+  const auto axes = reduced_axes(x, axes_in, "reduce_scatter");
+  const int rank = x.shape().rank();
+  if (dim < 0 || dim >= rank) {
+    throw SpecError(fmt::format("[reduce_scatter] no dimension {} in {}", dim, x.to_string()));
+  }
+  auto dims = padded_dims(x.sharding().spec(), rank);
+  auto& e = dims[static_cast<std::size_t>(dim)];
+  e.insert(e.end(), axes.begin(), axes.end());
+  const NamedSharding target(x.mesh(), make_spec(dims));
+  const Shape tshard = target.shard_shape(x.shape(), "reduce_scatter");
+  const auto tblocks = target.device_blocks(x.shape());
+  const std::size_t elem = size_of(x.dtype());
+  const Mesh& mesh = x.mesh();
+  CollectiveRecord rec = make_record("reduce_scatter", axes, x);
+  auto out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
+  x.executor().run(mesh.devices(), [&](int d) {
+    const auto g = device_group(mesh, d, axes);
+    const Block& old_block = x.block(d);
+    const Block& nb = tblocks[static_cast<std::size_t>(d)];
+    std::vector<std::int64_t> offset(static_cast<std::size_t>(rank));
+    for (int k = 0; k < rank; ++k) {
+      offset[static_cast<std::size_t>(k)] =
+          nb[static_cast<std::size_t>(k)].start - old_block[static_cast<std::size_t>(k)].start;
+    }
+    const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
+    std::byte* dst = out[static_cast<std::size_t>(d)]->data();
+    std::vector<const std::byte*> parts(g.size());
+    detail::for_each_run(x.shard_shape().begin(), offset.data(), tshard.begin(), zero.data(),
+                         tshard.begin(), rank, elem,
+                         [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
+                           for (std::size_t m = 0; m < g.size(); ++m) {
+                             parts[m] = x.shard(g[m]).data() + s;
+                           }
+                           detail::reduce_into(x.dtype(), x.pending().op, parts, dst + t,
+                                               bytes / static_cast<std::int64_t>(elem));
+                         });
+    rec.bytes_in[static_cast<std::size_t>(d)] +=
+        static_cast<std::int64_t>(g.size() - 1) * tshard.numel() * static_cast<std::int64_t>(elem);
+  });
+  Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), target, std::move(out),
+                                     remaining_pending(x, axes));
+  if (record) *record = std::move(rec);
+  return result;
+}
+
+Array permute(const Array& x, const std::string& axis,
+              const std::vector<std::pair<int, int>>& pairs, CollectiveRecord* record) {
+  const Mesh& mesh = x.mesh();
+  const int ax = mesh.axis_index(axis);
+  const std::int64_t size = mesh.axis_sizes()[static_cast<std::size_t>(ax)];
+  std::vector<int> source_of(static_cast<std::size_t>(size), -1);
+  for (const auto& [from, to] : pairs) {
+    if (from < 0 || from >= size || to < 0 || to >= size) {
+      throw SpecError(fmt::format("[permute] pair ({}, {}) is outside axis '{}' of size {}", from,
+                                  to, axis, size));
+    }
+    if (source_of[static_cast<std::size_t>(to)] >= 0) {
+      throw SpecError(fmt::format("[permute] coordinate {} of axis '{}' receives twice", to, axis));
+    }
+    source_of[static_cast<std::size_t>(to)] = from;
+  }
+  const std::int64_t bytes = x.shard_nbytes();
+  CollectiveRecord rec = make_record("permute", {axis}, x);
+  auto out = allocate_like(x, mesh, bytes);
+  x.executor().run(mesh.devices(), [&](int d) {
+    auto c = mesh.coords_of_position(mesh.position_of_device(d));
+    const int from = source_of[static_cast<std::size_t>(c[static_cast<std::size_t>(ax)])];
+    std::byte* dst = out[static_cast<std::size_t>(d)]->data();
+    if (from < 0) {
+      if (bytes > 0) std::memset(dst, 0, static_cast<std::size_t>(bytes));
+      return;
+    }
+    c[static_cast<std::size_t>(ax)] = from;
+    std::int64_t pos = 0;
+    for (int i = 0; i < mesh.ndim(); ++i) {
+      pos = pos * mesh.axis_sizes()[static_cast<std::size_t>(i)] + c[static_cast<std::size_t>(i)];
+    }
+    const int src = mesh.devices()[static_cast<std::size_t>(pos)];
+    if (bytes > 0) std::memcpy(dst, x.shard(src).data(), static_cast<std::size_t>(bytes));
+    if (src != d) rec.bytes_in[static_cast<std::size_t>(d)] += bytes;
+  });
+  Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), x.sharding(),
+                                     std::move(out), x.pending());
+  if (record) *record = std::move(rec);
+  return result;
+}
+
+ReshardResult reshard(const Array& x, const NamedSharding& target) {
+  if (!(x.mesh() == target.mesh())) {
+    throw ArrayError(fmt::format(
+        "[reshard] {} is on {} with devices {}; the new sharding is on {} with devices {} (reshard "
+        "moves between shardings of one mesh)",
+        x.to_string(), x.mesh().to_string(), fmt::join(x.mesh().devices(), ","),
+        target.mesh().to_string(), fmt::join(target.mesh().devices(), ",")));
+  }
+  const int rank = x.shape().rank();
+  target.spec().validate(target.mesh(), rank, "reshard");
+  target.shard_shape(x.shape(), "reshard");
+  ReshardResult result{x, {}};
+  Array& cur = result.array;
+  if (cur.is_pending()) {
+    // Reduce-scatter when the target shards a dimension over exactly the pending axes (after
+    // what that dimension already has); all-reduce otherwise.
+    const auto& pend = cur.pending().axes;
+    const auto cdims = padded_dims(cur.sharding().spec(), rank);
+    const auto tdims = padded_dims(target.spec(), rank);
+    int scatter_dim = -1;
+    std::vector<std::string> order;
+    for (int d = 0; d < rank && scatter_dim < 0; ++d) {
+      const auto& ce = cdims[static_cast<std::size_t>(d)];
+      const auto& te = tdims[static_cast<std::size_t>(d)];
+      if (te.size() != ce.size() + pend.size() || !std::equal(ce.begin(), ce.end(), te.begin())) {
+        continue;
+      }
+      std::vector<std::string> suffix(te.begin() + static_cast<std::ptrdiff_t>(ce.size()),
+                                      te.end());
+      if (std::is_permutation(suffix.begin(), suffix.end(), pend.begin(), pend.end())) {
+        scatter_dim = d;
+        order = suffix;
+      }
+    }
+    CollectiveRecord rec;
+    cur = scatter_dim >= 0 ? reduce_scatter(cur, scatter_dim, order, &rec)
+                           : all_reduce(cur, {}, &rec);
+    result.steps.push_back(std::move(rec));
+  }
+  if (cur.sharding().is_equivalent_to(target, rank)) {
+    // The same blocks, perhaps under another name (size-1 axes): no data moves.
+    if (!(cur.sharding() == target)) cur = cur.relabel(target);
+    return result;
+  }
+  const auto cdims = padded_dims(cur.sharding().spec(), rank);
+  const auto tdims = padded_dims(target.spec(), rank);
+  auto is_prefix = [](const AxisNames& a, const AxisNames& b) {
+    return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+  };
+  bool refines = true, coarsens = true;
+  std::vector<std::string> used_c, used_t, removed;
+  for (int d = 0; d < rank; ++d) {
+    const auto& ce = cdims[static_cast<std::size_t>(d)];
+    const auto& te = tdims[static_cast<std::size_t>(d)];
+    refines = refines && is_prefix(ce, te);
+    coarsens = coarsens && is_prefix(te, ce);
+    used_c.insert(used_c.end(), ce.begin(), ce.end());
+    used_t.insert(used_t.end(), te.begin(), te.end());
+    if (is_prefix(te, ce))
+      removed.insert(removed.end(), ce.begin() + static_cast<std::ptrdiff_t>(te.size()), ce.end());
+  }
+  std::string kind = "general";
+  std::vector<std::string> axes;
+  if (refines) {
+    kind = "slice";
+  } else if (coarsens) {
+    kind = "all_gather";
+    axes = removed;
+  } else if (std::is_permutation(used_c.begin(), used_c.end(), used_t.begin(), used_t.end())) {
+    kind = "all_to_all";
+    for (int d = 0; d < rank; ++d) {
+      for (const auto& a : tdims[static_cast<std::size_t>(d)]) {
+        const auto& ce = cdims[static_cast<std::size_t>(d)];
+        if (std::find(ce.begin(), ce.end(), a) == ce.end()) axes.push_back(a);
+      }
+    }
+  }
+  CollectiveRecord rec = make_record(kind, axes, cur);
+  cur = move_to(cur, target, rec);
+  result.steps.push_back(std::move(rec));
+  return result;
+}
+
+}  // namespace shardplan

@@ -1,0 +1,269 @@
+// Collectives and reshard: values kept bit-exactly between every pair of shardings, results
+// against plain references, the routes reshard picks and the bytes they move, errors.
+#include "shardplan/collectives.hpp"
+
+#include <fmt/format.h>
+
+#include "runtime_fixtures.hpp"
+#include "shardplan/error.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+using test::all_specs;
+using test::slice_of;
+
+TEST(Reshard, EveryPairOfShardingsKeepsTheValuesBitExactly) {
+  const struct {
+    const char* axes;
+    int devices;
+  } meshes[] = {{"x:1", 1}, {"x:2", 2}, {"x:2,y:2", 4}, {"x:4,y:2", 8}, {"x:2,y:2,z:2", 8}};
+  int pairs = 0;
+  for (const auto& mc : meshes) {
+    const Executor exec(mc.devices);
+    const Mesh mesh = Mesh::parse(mc.axes, mc.devices);
+    for (const Shape& shape : {Shape{16}, Shape{8, 16}, Shape{8, 8, 16}}) {
+      // Rank 3 on the 3-axis mesh has 120 specs; every pair is 14,400 reshards. Keep every pair
+      // for the rest and every spec from and to a fixed set of sources there.
+      const auto specs = all_specs(mesh, shape.rank());
+      const bool all_pairs = specs.size() <= 60;
+      const Tensor host = Tensor::uniform(shape, DType::kF32, 5, -1, 1);
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        if (!all_pairs && i % 7 != 0) continue;
+        const Array src = device_put(host, NamedSharding(mesh, specs[i]), exec);
+        for (const PartitionSpec& to : specs) {
+          const NamedSharding target(mesh, to);
+          SCOPED_TRACE(fmt::format("{} {}: {} -> {}", mesh.to_string(), shape.to_string(),
+                                   specs[i].to_string(), to.to_string()));
+          const ReshardResult r = reshard(src, target);
+          ASSERT_EQ(r.array.sharding().spec(), to);
+          const auto blocks = target.device_blocks(shape);
+          for (const int d : mesh.devices()) {
+            ASSERT_TRUE(r.array.shard_tensor(d) ==
+                        slice_of(host, blocks[static_cast<std::size_t>(d)]));
+          }
+          ++pairs;
+        }
+      }
+    }
+  }
+  EXPECT_GT(pairs, 5000);
+}
+
+TEST(Reshard, PicksTheCheapestRouteAndCountsItsBytes) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:4,y:2", 8);
+  const Shape shape{64, 32};  // f32: 8 KiB
+  const std::int64_t total = 64 * 32 * 4;
+  const Array a = Array::normal(shape, DType::kF32, NamedSharding(mesh, P("x")), exec, 1);
+
+  // Splitting further: a local slice, nothing moves.
+  ReshardResult r = reshard(a, NamedSharding(mesh, P("x", "y")));
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].kind, "slice");
+  EXPECT_EQ(r.steps[0].total_bytes_in(), 0);
+
+  // Merging: all-gather; each device receives the 3/4 of the array it does not hold.
+  r = reshard(a, NamedSharding(mesh, P()));
+  EXPECT_EQ(r.steps[0].kind, "all_gather");
+  EXPECT_EQ(r.steps[0].axes, (std::vector<std::string>{"x"}));
+  for (int d = 0; d < 8; ++d)
+    EXPECT_EQ(r.steps[0].bytes_in[static_cast<std::size_t>(d)], total * 3 / 4);
+
+  // A split moving to the other dimension: all-to-all; each device keeps 1/4 of its new block.
+  r = reshard(a, NamedSharding(mesh, P(nullptr, "x")));
+  EXPECT_EQ(r.steps[0].kind, "all_to_all");
+  EXPECT_EQ(r.steps[0].max_bytes_in(), total / 4 * 3 / 4);
+
+  // Equivalent shardings: nothing at all.
+  const Mesh m1 = Mesh::parse("x:4,one:1,y:2", 8);
+  const Array b = Array::zeros(shape, DType::kF32, NamedSharding(m1, P("x")), exec);
+  r = reshard(b, NamedSharding(m1, P(AxisNames{"x", "one"})));
+  EXPECT_TRUE(r.steps.empty());
+  EXPECT_EQ(r.array.shard(0).data(), b.shard(0).data());
+
+  // Anything else: one general step, still fetching only what each device lacks.
+  r = reshard(a, NamedSharding(mesh, P("y", "x")));
+  EXPECT_EQ(r.steps[0].kind, "general");
+  EXPECT_TRUE(r.array.to_host() == a.to_host());
+}
+
+// Per-device f32 summands: device d holds value (d + 1) * (i + 1) / 7 at element i of its block.
+Array pending_array(const Executor& exec, const NamedSharding& s, const Shape& shape,
+                    const Pending& p, DType dtype = DType::kF32) {
+  const Shape shard = s.shard_shape(shape);
+  std::vector<std::shared_ptr<Buffer>> bufs(static_cast<std::size_t>(exec.num_devices()));
+  for (const int d : s.mesh().devices()) {
+    Tensor t = Tensor::generate(shard, dtype, Generator::iota((d + 1) / 7.0, (d + 1) / 7.0));
+    auto b = std::make_shared<Buffer>(exec.allocate(d, t.nbytes()));
+    std::memcpy(b->data(), t.bytes(), static_cast<std::size_t>(t.nbytes()));
+    bufs[static_cast<std::size_t>(d)] = b;
+  }
+  return Array::from_buffers(exec, shape, dtype, s, bufs, p);
+}
+
+// The reference: op over the group's shards in group order, in f32 (as the runtime accumulates).
+Tensor reference_reduce(const Array& x, int device, const std::vector<std::string>& axes,
+                        ReduceOp op) {
+  const auto g = device_group(x.mesh(), device, axes);
+  Tensor out = x.shard_tensor(g[0]);
+  Tensor acc(out.shape(), DType::kF32);
+  for (std::int64_t i = 0; i < out.numel(); ++i) acc.set(i, out.get(i));
+  for (std::size_t k = 1; k < g.size(); ++k) {
+    const Tensor t = x.shard_tensor(g[k]);
+    for (std::int64_t i = 0; i < out.numel(); ++i) {
+      const float a = static_cast<float>(acc.get(i));
+      const float v = static_cast<float>(t.get(i));
+      acc.set(i, op == ReduceOp::kMax   ? std::max(a, v)
+                 : op == ReduceOp::kMin ? std::min(a, v)
+                                        : a + v);
+    }
+  }
+  for (std::int64_t i = 0; i < out.numel(); ++i) {
+    const float a = static_cast<float>(acc.get(i));
+    out.set(i, op == ReduceOp::kMean ? a / static_cast<float>(g.size()) : a);
+  }
+  return out;
+}
+
+TEST(Collectives, AllReduceMatchesAPlainReferenceForEveryOp) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:2,y:4", 8);
+  const NamedSharding s(mesh, P("x"));
+  for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kMin}) {
+    const Array x = pending_array(exec, s, Shape{6, 5}, Pending{op, {"y"}});
+    CollectiveRecord rec;
+    const Array y = all_reduce(x, {}, &rec);
+    EXPECT_FALSE(y.is_pending());
+    for (int d = 0; d < 8; ++d) {
+      EXPECT_TRUE(y.shard_tensor(d) == reference_reduce(x, d, {"y"}, op)) << to_string(op) << d;
+    }
+    EXPECT_TRUE(y.to_host() == x.to_host());  // to_host of the pending array reduces alike
+    // Busbw convention: 2 (n-1)/n of the shard per device (15 elements split into 4 chunks).
+    EXPECT_EQ(rec.kind, "all_reduce");
+    EXPECT_NEAR(static_cast<double>(rec.max_bytes_in()), 2.0 * 3 / 4 * 15 * 4, 8.0);
+  }
+}
+
+TEST(Collectives, AllReduceIsBitwiseTheSameEveryRunAndFreesItsTemporaries) {
+  const Executor exec(8);
+  const NamedSharding s(Mesh::parse("x:8", 8), P());
+  const Array x = pending_array(exec, s, Shape{1000}, Pending{ReduceOp::kSum, {"x"}});
+  const std::int64_t before = exec.memory(3).in_use;
+  const Tensor first = all_reduce(x).shard_tensor(3);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(all_reduce(x).shard_tensor(3) == first);
+  EXPECT_EQ(exec.memory(3).in_use, before);
+}
+
+TEST(Collectives, Bf16ReducesInF32AndRoundsOnce) {
+  const Executor exec(4);
+  const NamedSharding s(Mesh::parse("x:4", 4), P());
+  const Array x = pending_array(exec, s, Shape{16}, Pending{ReduceOp::kSum, {"x"}}, DType::kBF16);
+  const Array y = all_reduce(x);
+  for (std::int64_t i = 0; i < 16; ++i) {
+    float acc = 0;
+    for (int d = 0; d < 4; ++d) acc += static_cast<float>(x.shard_tensor(d).get(i));
+    EXPECT_EQ(y.shard_tensor(0).get(i), static_cast<double>(static_cast<float>(bf16(acc))));
+  }
+}
+
+TEST(Collectives, ReducingSomePendingAxesLeavesTheRestPending) {
+  const Executor exec(8);
+  const NamedSharding s(Mesh::parse("x:2,y:2,z:2", 8), P());
+  const Array x = pending_array(exec, s, Shape{4}, Pending{ReduceOp::kSum, {"y", "z"}});
+  const Array y = all_reduce(x, {"z"});
+  EXPECT_EQ(y.pending().axes, (std::vector<std::string>{"y"}));
+  EXPECT_TRUE(all_reduce(y).to_host() == all_reduce(x).to_host());
+}
+
+TEST(Collectives, ReduceScatterLeavesEachDeviceItsPartOfTheSum) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:2,y:4", 8);
+  const Array x =
+      pending_array(exec, NamedSharding(mesh, P("x")), Shape{4, 8}, Pending{ReduceOp::kSum, {"y"}});
+  CollectiveRecord rec;
+  const Array y = reduce_scatter(x, 1, {}, &rec);
+  EXPECT_EQ(y.sharding().spec(), P("x", "y"));
+  EXPECT_FALSE(y.is_pending());
+  const Tensor full = x.to_host();
+  const auto blocks = y.sharding().device_blocks(y.shape());
+  for (int d = 0; d < 8; ++d) {
+    EXPECT_TRUE(y.shard_tensor(d) == slice_of(full, blocks[static_cast<std::size_t>(d)])) << d;
+    EXPECT_EQ(rec.bytes_in[static_cast<std::size_t>(d)], 3 * y.shard_nbytes());
+  }
+  // Reshard picks reduce-scatter for the same move, all-reduce for another target.
+  EXPECT_EQ(reshard(x, NamedSharding(mesh, P("x", "y"))).steps.front().kind, "reduce_scatter");
+  const ReshardResult r = reshard(x, NamedSharding(mesh, P(nullptr, "x")));
+  EXPECT_EQ(r.steps.front().kind, "all_reduce");
+  EXPECT_TRUE(r.array.to_host() == full);
+}
+
+TEST(Collectives, AllGatherAndAllToAllKeepTheValue) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:4,y:2", 8);
+  const Tensor host = Tensor::normal(Shape{8, 8}, DType::kF64, 2);
+  const Array a = device_put(host, NamedSharding(mesh, P(AxisNames{"x", "y"})), exec);
+  const Array g = all_gather(a, {"y"});
+  EXPECT_EQ(g.sharding().spec(), P("x"));
+  EXPECT_TRUE(g.to_host() == host);
+  const Array t = all_to_all(a, {"y"}, 0, 1);
+  EXPECT_EQ(t.sharding().spec(), P("x", "y"));
+  EXPECT_TRUE(t.to_host() == host);
+}
+
+TEST(Collectives, PermuteShiftsBlocksAlongAnAxis) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:4,y:2", 8);
+  const Array a = Array::generate(Shape{8, 2}, DType::kI32, NamedSharding(mesh, P("x", "y")), exec,
+                                  Generator::iota());
+  CollectiveRecord rec;
+  // A ring: coordinate i sends to i+1; coordinate 0 receives from 3.
+  const Array b = permute(a, "x", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}, &rec);
+  for (int d = 0; d < 8; ++d) {
+    const auto c = mesh.coords_of_position(mesh.position_of_device(d));
+    const int from = static_cast<int>((c[0] + 3) % 4 * 2 + c[1]);
+    EXPECT_TRUE(b.shard_tensor(d) == a.shard_tensor(from)) << d;
+    EXPECT_EQ(rec.bytes_in[static_cast<std::size_t>(d)], a.shard_nbytes());
+  }
+  const Array c = permute(a, "x", {{0, 1}});
+  EXPECT_EQ(c.shard_tensor(0).to_doubles(), (std::vector<double>{0, 0}));  // nobody sends to 0
+  EXPECT_TRUE(c.shard_tensor(2) == a.shard_tensor(0));
+}
+
+TEST(Collectives, ErrorsNameTheArrayAndTheAxes) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:4,y:2", 8);
+  const Array a = Array::zeros(Shape{8, 8}, DType::kF32, NamedSharding(mesh, P("x")), exec);
+  EXPECT_THROW_WITH(all_gather(a, {"y"}), SpecError, "axis 'y' shards no dimension");
+  EXPECT_THROW_WITH(all_reduce(a), ArrayError, "not pending");
+  EXPECT_THROW_WITH(all_to_all(a, {"y"}, 0, 1), SpecError, "'y'", "minor axes of dimension 0");
+  EXPECT_THROW_WITH(all_to_all(a, {"x"}, 0, 0), SpecError, "dimensions 0 -> 0");
+  EXPECT_THROW_WITH(permute(a, "x", {{0, 4}}), SpecError, "(0, 4)", "size 4");
+  EXPECT_THROW_WITH(permute(a, "x", {{0, 1}, {2, 1}}), SpecError, "receives twice");
+  const Array p =
+      pending_array(exec, NamedSharding(mesh, P("x")), Shape{8}, {ReduceOp::kSum, {"y"}});
+  EXPECT_THROW_WITH(all_gather(p, {"x"}), ArrayError, "pending a sum over 'y'");
+  EXPECT_THROW_WITH(all_reduce(p, {"x"}), SpecError, "axis 'x' is not pending");
+  const Mesh other = Mesh(std::vector<std::pair<std::string, std::int64_t>>{{"x", 4}, {"y", 2}},
+                          std::vector<int>{7, 6, 5, 4, 3, 2, 1, 0});
+  EXPECT_THROW_WITH(reshard(a, NamedSharding(other, P("x"))), ArrayError, "devices 0,1,2",
+                    "devices 7,6,5");
+  EXPECT_THROW_WITH(reshard(a, NamedSharding(mesh, P(nullptr, "z"))), SpecError, "'z'");
+  const Array b = Array::zeros(Shape{8, 8}, DType::kF32, NamedSharding(other, P("x")), exec);
+  EXPECT_THROW_WITH(check_same_placement(a, b, "add"), ArrayError, "[add]", "different meshes");
+  EXPECT_THROW_WITH(
+      check_same_placement(
+          a, Array::zeros(Shape{8}, DType::kF32, NamedSharding(mesh, P()), Executor(8)), "add"),
+      ArrayError, "different executors");
+}
+
+TEST(Collectives, RecordsPrintWhatMoved) {
+  CollectiveRecord r{"all_gather", {"x"}, {0, 1024, 2048}};
+  EXPECT_EQ(r.max_bytes_in(), 2048);
+  EXPECT_EQ(r.total_bytes_in(), 3072);
+  EXPECT_EQ(r.to_string(), "all_gather over 'x': 2.00 KiB max per device, 3.00 KiB in all");
+}
+
+}  // namespace
+}  // namespace shardplan
