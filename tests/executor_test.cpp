@@ -153,6 +153,30 @@ TEST(Executor, TwoHostThreadsCanRunStepsAtOnce) {
   }
 }
 
+TEST(Executor, FreedBuffersAreCachedForReuseButNotCountedInUse) {
+  const Executor exec(2);
+  const std::byte* first = nullptr;
+  {
+    Buffer a = exec.allocate(0, 1 << 20);
+    first = a.data();
+  }
+  EXPECT_EQ(exec.memory(0).in_use, 0);
+  EXPECT_EQ(exec.cached_bytes(0), 1 << 20);
+  EXPECT_EQ(exec.cached_bytes(1), 0);
+  {
+    Buffer b = exec.allocate(0, 1 << 20);  // the same size again: the cached block
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(exec.cached_bytes(0), 0);
+    EXPECT_EQ(exec.memory(0).in_use, 1 << 20);
+  }
+  exec.release_cached();
+  EXPECT_EQ(exec.cached_bytes(0), 0);
+  exec.set_cache_limit(0);
+  { Buffer c = exec.allocate(1, 4096); }
+  EXPECT_EQ(exec.cached_bytes(1), 0);
+  EXPECT_THROW_WITH(exec.set_cache_limit(-1), SpecError, "cache limit");
+}
+
 TEST(Executor, BackendIsOneOfTheConfiguredOnes) {
   const std::string b(Executor::backend());
   EXPECT_TRUE(b == "tbb" || b == "threads" || b == "serial") << b;

@@ -104,6 +104,14 @@ class Executor {
   std::vector<DeviceMemory> memory() const;
   /// The per-device limit in bytes (0: none); applies to later allocations.
   void set_memory_limit(std::int64_t bytes) const;
+  /// Freed buffers are kept per device for reuse (up to a cache limit, 1 GiB per device by
+  /// default), so that repeated steps do not fault in fresh pages; they do not count as in use.
+  /// The bytes `device` keeps cached now.
+  std::int64_t cached_bytes(int device) const;
+  /// Returns every cached block to the system.
+  void release_cached() const;
+  /// The most bytes each device keeps cached (0: none, and the cache is emptied).
+  void set_cache_limit(std::int64_t bytes) const;
   /// Starts the peaks again from the bytes in use now.
   void reset_peak() const;
   /// A table: device, in use, peak, limit (human-readable sizes).

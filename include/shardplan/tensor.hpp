@@ -104,6 +104,11 @@ struct Generator {
   double value_at(std::uint64_t index) const;
 };
 
+/// Writes the generator's values for row-major indices [first, first + count) to `out` as
+/// `dtype`. Throws SpecError for a dtype that is not computable.
+void generate_into(DType dtype, std::byte* out, std::int64_t count, std::uint64_t first,
+                   const Generator& g);
+
 /// An owning host tensor: shape, dtype and 64-byte-aligned row-major storage. A value type:
 /// copies copy the elements; moves are cheap. Eigen views are in shardplan/eigen.hpp.
 class Tensor {

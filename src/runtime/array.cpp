@@ -150,10 +150,8 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
         base += (b[static_cast<std::size_t>(k)].start + idx[static_cast<std::size_t>(k)]) *
                 gstride[static_cast<std::size_t>(k)];
       }
-      for (std::int64_t j = 0; j < inner; ++j) {
-        store_value(dtype, out + (done + j) * static_cast<std::int64_t>(elem),
-                    g.value_at(static_cast<std::uint64_t>(base + j)));
-      }
+      generate_into(dtype, out + done * static_cast<std::int64_t>(elem), inner,
+                    static_cast<std::uint64_t>(base), g);
       for (int k = rank - 2; k >= 0; --k) {
         if (++idx[static_cast<std::size_t>(k)] < shard[k]) break;
         idx[static_cast<std::size_t>(k)] = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -28,12 +29,76 @@ struct alignas(64) DeviceAccount {
   std::atomic<std::int64_t> peak{0};
 };
 
+// Freed blocks kept for reuse, per device: a step that allocates what the last one freed (every
+// training step, every benchmark iteration) then touches memory that is already mapped, instead
+// of faulting in fresh pages. Blocks are matched by their rounded size.
+struct BlockCache {
+  std::mutex mu;
+  std::multimap<std::size_t, void*> blocks;  // rounded size -> block
+  std::size_t bytes = 0;
+};
+
 struct DeviceAccounts {
   explicit DeviceAccounts(int n)
-      : num_devices(n), accounts(new DeviceAccount[static_cast<std::size_t>(n)]) {}
+      : num_devices(n),
+        accounts(new DeviceAccount[static_cast<std::size_t>(n)]),
+        caches(new BlockCache[static_cast<std::size_t>(n)]) {}
+  ~DeviceAccounts() {
+    for (int d = 0; d < num_devices; ++d) drop_cache(d);
+  }
   int num_devices;
   std::unique_ptr<DeviceAccount[]> accounts;
+  std::unique_ptr<BlockCache[]> caches;
   std::atomic<std::int64_t> limit{0};
+  std::atomic<std::int64_t> cache_limit{std::int64_t{1} << 30};  // per device
+
+  static std::size_t rounded(std::int64_t bytes) {
+    const auto b = static_cast<std::size_t>(bytes);
+    const std::size_t unit = b >= (std::size_t{1} << 16) ? 4096 : 64;
+    return (b + unit - 1) / unit * unit;
+  }
+
+  // A block of at least `bytes`, from the cache when one of the same rounded size is there.
+  void* take(int device, std::int64_t bytes) {
+    const std::size_t size = rounded(bytes);
+    BlockCache& c = caches[static_cast<std::size_t>(device)];
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      auto it = c.blocks.find(size);
+      if (it != c.blocks.end()) {
+        void* p = it->second;
+        c.blocks.erase(it);
+        c.bytes -= size;
+        return p;
+      }
+    }
+    return std::aligned_alloc(64, size);
+  }
+  void give_back(int device, void* p, std::int64_t bytes) noexcept {
+    const std::size_t size = rounded(bytes);
+    BlockCache& c = caches[static_cast<std::size_t>(device)];
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (c.bytes + size <= static_cast<std::size_t>(cache_limit.load(std::memory_order_relaxed))) {
+        c.blocks.emplace(size, p);
+        c.bytes += size;
+        return;
+      }
+    }
+    std::free(p);
+  }
+  std::int64_t cached(int device) {
+    BlockCache& c = caches[static_cast<std::size_t>(device)];
+    std::lock_guard<std::mutex> lock(c.mu);
+    return static_cast<std::int64_t>(c.bytes);
+  }
+  void drop_cache(int device) noexcept {
+    BlockCache& c = caches[static_cast<std::size_t>(device)];
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto& [size, p] : c.blocks) std::free(p);
+    c.blocks.clear();
+    c.bytes = 0;
+  }
 
   DeviceAccount& operator[](int device) { return accounts[static_cast<std::size_t>(device)]; }
 
@@ -84,8 +149,12 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 Buffer::~Buffer() { release(); }
 
 void Buffer::release() noexcept {
-  if (accounts_) accounts_->unreserve(device_, size_);
-  std::free(data_);
+  if (accounts_) {
+    accounts_->unreserve(device_, size_);
+    accounts_->give_back(device_, data_, size_);
+  } else {
+    std::free(data_);
+  }
   data_ = nullptr;
   size_ = 0;
   accounts_.reset();
@@ -265,8 +334,7 @@ Buffer Executor::allocate(int device, std::int64_t bytes) const {
   b.device_ = device;
   if (bytes == 0) return b;
   impl_->accounts->reserve(device, bytes);
-  const auto rounded = static_cast<std::size_t>((bytes + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, rounded);
+  void* p = impl_->accounts->take(device, bytes);
   if (p == nullptr) {
     impl_->accounts->unreserve(device, bytes);
     throw OutOfMemoryError(fmt::format("[executor] the host could not allocate {} for device {}",
@@ -298,6 +366,23 @@ void Executor::set_memory_limit(std::int64_t bytes) const {
     throw SpecError(fmt::format("[executor] memory limit must be >= 0 bytes, got {}", bytes));
   }
   impl_->accounts->limit = bytes;
+}
+
+std::int64_t Executor::cached_bytes(int device) const {
+  memory(device);  // checks the device
+  return impl_->accounts->cached(device);
+}
+
+void Executor::release_cached() const {
+  for (int d = 0; d < num_devices(); ++d) impl_->accounts->drop_cache(d);
+}
+
+void Executor::set_cache_limit(std::int64_t bytes) const {
+  if (bytes < 0) {
+    throw SpecError(fmt::format("[executor] cache limit must be >= 0 bytes, got {}", bytes));
+  }
+  impl_->accounts->cache_limit = bytes;
+  if (bytes == 0) release_cached();
 }
 
 void Executor::reset_peak() const {

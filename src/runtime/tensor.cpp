@@ -136,15 +136,20 @@ Tensor& Tensor::operator=(const Tensor& other) {
   return *this;
 }
 
-Tensor Tensor::generate(Shape shape, DType dtype, const Generator& g) {
-  Tensor t(std::move(shape), dtype);
+void generate_into(DType dtype, std::byte* out, std::int64_t count, std::uint64_t first,
+                   const Generator& g) {
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    T* p = reinterpret_cast<T*>(t.bytes());
-    const std::int64_t n = t.numel();
-    for (std::int64_t i = 0; i < n; ++i)
-      p[i] = convert<T>(g.value_at(static_cast<std::uint64_t>(i)));
+    T* p = reinterpret_cast<T*>(out);
+    for (std::int64_t i = 0; i < count; ++i) {
+      p[i] = convert<T>(g.value_at(first + static_cast<std::uint64_t>(i)));
+    }
   });
+}
+
+Tensor Tensor::generate(Shape shape, DType dtype, const Generator& g) {
+  Tensor t(std::move(shape), dtype);
+  generate_into(dtype, t.bytes(), t.numel(), 0, g);
   return t;
 }
 
