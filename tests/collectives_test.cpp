@@ -34,6 +34,13 @@ TEST(Reshard, EveryPairOfShardingsKeepsTheValuesBitExactly) {
                                    specs[i].to_string(), to.to_string()));
           const ReshardResult r = reshard(src, target);
           ASSERT_EQ(r.array.sharding().spec(), to);
+          // The static plan (used to cost programs) agrees with what ran, byte for byte.
+          const auto planned = plan_reshard(shape, DType::kF32, src.sharding(), {}, target);
+          ASSERT_EQ(planned.size(), r.steps.size());
+          for (std::size_t k = 0; k < planned.size(); ++k) {
+            ASSERT_EQ(planned[k].kind, r.steps[k].kind);
+            ASSERT_EQ(planned[k].bytes_in, r.steps[k].bytes_in);
+          }
           const auto blocks = target.device_blocks(shape);
           for (const int d : mesh.devices()) {
             ASSERT_TRUE(r.array.shard_tensor(d) ==
@@ -190,6 +197,17 @@ TEST(Collectives, ReduceScatterLeavesEachDeviceItsPartOfTheSum) {
   for (int d = 0; d < 8; ++d) {
     EXPECT_TRUE(y.shard_tensor(d) == slice_of(full, blocks[static_cast<std::size_t>(d)])) << d;
     EXPECT_EQ(rec.bytes_in[static_cast<std::size_t>(d)], 3 * y.shard_nbytes());
+  }
+  // The static plan of a pending reshard matches what runs.
+  for (const PartitionSpec& to : {P("x", "y"), P(nullptr, "x"), P()}) {
+    const ReshardResult ran = reshard(x, NamedSharding(mesh, to));
+    const auto planned =
+        plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), NamedSharding(mesh, to));
+    ASSERT_EQ(planned.size(), ran.steps.size()) << to.to_string();
+    for (std::size_t k = 0; k < planned.size(); ++k) {
+      EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
+      EXPECT_EQ(planned[k].bytes_in, ran.steps[k].bytes_in) << to.to_string() << k;
+    }
   }
   // Reshard picks reduce-scatter for the same move, all-reduce for another target.
   EXPECT_EQ(reshard(x, NamedSharding(mesh, P("x", "y"))).steps.front().kind, "reduce_scatter");

@@ -14,6 +14,10 @@
 
 namespace shardplan {
 
+namespace detail {
+struct ArrayAccess;
+}  // namespace detail
+
 /// How the per-device values of a pending (partial) array combine into the true value.
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 std::string_view to_string(ReduceOp op);
@@ -72,9 +76,13 @@ class Array {
   }
 
   bool valid() const { return impl_ != nullptr; }
+  /// True for the stand-ins sjit passes to a function while tracing it: they have a shape and a
+  /// dtype but no buffers (their values and shardings are decided when the program is compiled).
+  bool is_tracer() const { return impl().trace != nullptr; }
   const Shape& shape() const { return impl().shape; }
   DType dtype() const { return impl().dtype; }
-  const NamedSharding& sharding() const { return impl().sharding; }
+  /// Throws ArrayError for a tracer.
+  const NamedSharding& sharding() const { return concrete("sharding").sharding; }
   const Mesh& mesh() const { return impl().sharding.mesh(); }
   const Executor& executor() const { return impl().executor; }
   const Pending& pending() const { return impl().pending; }
@@ -118,8 +126,13 @@ class Array {
     std::vector<Block> blocks;  // by device id
     Pending pending;
     std::vector<std::shared_ptr<Buffer>> buffers;  // by device id
+    // Tracers: the trace they belong to and their node in its graph (no buffers).
+    const void* trace = nullptr;
+    int node = -1;
   };
   const Impl& impl() const;
+  const Impl& concrete(std::string_view what) const;  // throws ArrayError for a tracer
+  friend struct detail::ArrayAccess;
   std::shared_ptr<const Impl> impl_;
 };
 

@@ -64,6 +64,13 @@ struct ReshardResult {
 /// or device order, SpecError for a shape the new sharding cannot split.
 ReshardResult reshard(const Array& x, const NamedSharding& target);
 
+/// What reshard() would run for an array of this shape, dtype, sharding and pending state,
+/// without running it: its steps and the bytes each device would receive (for costing programs
+/// too large to run here). Throws as reshard.
+std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
+                                           const NamedSharding& from, const Pending& pending,
+                                           const NamedSharding& target);
+
 /// Throws ArrayError naming both when `a` and `b` are on different executors, meshes or device
 /// orders (what an operation on both requires), `where` naming the operation.
 void check_same_placement(const Array& a, const Array& b, std::string_view where);

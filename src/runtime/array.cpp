@@ -161,8 +161,19 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
   return from_buffers(executor, std::move(shape), dtype, sharding, std::move(buffers));
 }
 
-const Block& Array::block(int device) const {
+const Array::Impl& Array::concrete(std::string_view what) const {
   const Impl& i = impl();
+  if (i.trace != nullptr) {
+    throw ArrayError(fmt::format(
+        "[array] the {} of a tracer ({}{} inside sjit) is not known while tracing; it is decided "
+        "when the program is compiled",
+        what, name(i.dtype), i.shape.to_string()));
+  }
+  return i;
+}
+
+const Block& Array::block(int device) const {
+  const Impl& i = concrete("shards");
   if (device < 0 || device >= static_cast<int>(i.buffers.size()) ||
       !i.buffers[static_cast<std::size_t>(device)]) {
     throw ArrayError(fmt::format("[array] device {} holds no shard of this array (mesh {})", device,
@@ -184,7 +195,7 @@ Tensor Array::shard_tensor(int device) const {
 }
 
 Tensor Array::to_host() const {
-  const Impl& i = impl();
+  const Impl& i = concrete("value");
   Tensor out(i.shape, i.dtype);
   const Mesh& m = mesh();
   const int rank = i.shape.rank();
@@ -225,7 +236,7 @@ Tensor Array::to_host() const {
 }
 
 Array Array::relabel(const NamedSharding& sharding) const {
-  const Impl& i = impl();
+  const Impl& i = concrete("sharding");
   if (!(sharding.mesh() == i.sharding.mesh()) ||
       !sharding.is_equivalent_to(i.sharding, i.shape.rank())) {
     throw SpecError(fmt::format("[array] {} is not equivalent to {} for shape {}",
@@ -246,6 +257,9 @@ std::string Array::visualize() const {
 
 std::string Array::to_string() const {
   if (!impl_) return "Array(empty)";
+  if (impl_->trace != nullptr) {
+    return fmt::format("Tracer({}{}, %{})", name(dtype()), shape().to_string(), impl_->node);
+  }
   std::string s =
       fmt::format("Array({}{}, {}", name(dtype()), shape().to_string(), sharding().to_string());
   if (is_pending()) {

@@ -381,52 +381,36 @@ Array permute(const Array& x, const std::string& axis,
   return result;
 }
 
-ReshardResult reshard(const Array& x, const NamedSharding& target) {
-  if (!(x.mesh() == target.mesh())) {
-    throw ArrayError(fmt::format(
-        "[reshard] {} is on {} with devices {}; the new sharding is on {} with devices {} (reshard "
-        "moves between shardings of one mesh)",
-        x.to_string(), x.mesh().to_string(), fmt::join(x.mesh().devices(), ","),
-        target.mesh().to_string(), fmt::join(target.mesh().devices(), ",")));
-  }
-  const int rank = x.shape().rank();
-  target.spec().validate(target.mesh(), rank, "reshard");
-  target.shard_shape(x.shape(), "reshard");
-  ReshardResult result{x, {}};
-  Array& cur = result.array;
-  if (cur.is_pending()) {
-    // Reduce-scatter when the target shards a dimension over exactly the pending axes (after
-    // what that dimension already has); all-reduce otherwise.
-    const auto& pend = cur.pending().axes;
-    const auto cdims = padded_dims(cur.sharding().spec(), rank);
-    const auto tdims = padded_dims(target.spec(), rank);
-    int scatter_dim = -1;
-    std::vector<std::string> order;
-    for (int d = 0; d < rank && scatter_dim < 0; ++d) {
-      const auto& ce = cdims[static_cast<std::size_t>(d)];
-      const auto& te = tdims[static_cast<std::size_t>(d)];
-      if (te.size() != ce.size() + pend.size() || !std::equal(ce.begin(), ce.end(), te.begin())) {
-        continue;
-      }
-      std::vector<std::string> suffix(te.begin() + static_cast<std::ptrdiff_t>(ce.size()),
-                                      te.end());
-      if (std::is_permutation(suffix.begin(), suffix.end(), pend.begin(), pend.end())) {
-        scatter_dim = d;
-        order = suffix;
-      }
+namespace {
+
+// How a pending array is reduced on the way to `target`: the dimension to reduce-scatter into
+// (and the axes in their order) when the target shards one dimension over exactly the pending
+// axes after what it already has; -1 for an all-reduce.
+std::pair<int, std::vector<std::string>> pending_route(const PartitionSpec& cur,
+                                                       const Pending& pending,
+                                                       const PartitionSpec& target, int rank) {
+  const auto& pend = pending.axes;
+  const auto cdims = padded_dims(cur, rank);
+  const auto tdims = padded_dims(target, rank);
+  for (int d = 0; d < rank; ++d) {
+    const auto& ce = cdims[static_cast<std::size_t>(d)];
+    const auto& te = tdims[static_cast<std::size_t>(d)];
+    if (te.size() != ce.size() + pend.size() || !std::equal(ce.begin(), ce.end(), te.begin())) {
+      continue;
     }
-    CollectiveRecord rec;
-    cur = scatter_dim >= 0 ? reduce_scatter(cur, scatter_dim, order, &rec)
-                           : all_reduce(cur, {}, &rec);
-    result.steps.push_back(std::move(rec));
+    std::vector<std::string> suffix(te.begin() + static_cast<std::ptrdiff_t>(ce.size()), te.end());
+    if (std::is_permutation(suffix.begin(), suffix.end(), pend.begin(), pend.end())) {
+      return {d, suffix};
+    }
   }
-  if (cur.sharding().is_equivalent_to(target, rank)) {
-    // The same blocks, perhaps under another name (size-1 axes): no data moves.
-    if (!(cur.sharding() == target)) cur = cur.relabel(target);
-    return result;
-  }
-  const auto cdims = padded_dims(cur.sharding().spec(), rank);
-  const auto tdims = padded_dims(target.spec(), rank);
+  return {-1, {}};
+}
+
+// The name and axes of the move from `cur` to `target` (not equivalent, nothing pending).
+std::pair<std::string, std::vector<std::string>> move_route(const PartitionSpec& cur,
+                                                            const PartitionSpec& target, int rank) {
+  const auto cdims = padded_dims(cur, rank);
+  const auto tdims = padded_dims(target, rank);
   auto is_prefix = [](const AxisNames& a, const AxisNames& b) {
     return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
   };
@@ -439,29 +423,137 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
     coarsens = coarsens && is_prefix(te, ce);
     used_c.insert(used_c.end(), ce.begin(), ce.end());
     used_t.insert(used_t.end(), te.begin(), te.end());
-    if (is_prefix(te, ce))
+    if (is_prefix(te, ce)) {
       removed.insert(removed.end(), ce.begin() + static_cast<std::ptrdiff_t>(te.size()), ce.end());
+    }
   }
-  std::string kind = "general";
-  std::vector<std::string> axes;
-  if (refines) {
-    kind = "slice";
-  } else if (coarsens) {
-    kind = "all_gather";
-    axes = removed;
-  } else if (std::is_permutation(used_c.begin(), used_c.end(), used_t.begin(), used_t.end())) {
-    kind = "all_to_all";
+  if (refines) return {"slice", {}};
+  if (coarsens) return {"all_gather", removed};
+  if (std::is_permutation(used_c.begin(), used_c.end(), used_t.begin(), used_t.end())) {
+    std::vector<std::string> axes;
     for (int d = 0; d < rank; ++d) {
+      const auto& ce = cdims[static_cast<std::size_t>(d)];
       for (const auto& a : tdims[static_cast<std::size_t>(d)]) {
-        const auto& ce = cdims[static_cast<std::size_t>(d)];
         if (std::find(ce.begin(), ce.end(), a) == ce.end()) axes.push_back(a);
       }
     }
+    return {"all_to_all", axes};
   }
+  return {"general", {}};
+}
+
+void check_reshard(const Mesh& mesh, const NamedSharding& target, const Shape& shape,
+                   const std::string& what) {
+  if (!(mesh == target.mesh())) {
+    throw ArrayError(fmt::format(
+        "[reshard] {} is on {} with devices {}; the new sharding is on {} with devices {} (reshard "
+        "moves between shardings of one mesh)",
+        what, mesh.to_string(), fmt::join(mesh.devices(), ","), target.mesh().to_string(),
+        fmt::join(target.mesh().devices(), ",")));
+  }
+  target.spec().validate(target.mesh(), shape.rank(), "reshard");
+  target.shard_shape(shape, "reshard");
+}
+
+// Bytes each device would receive moving from `from` to `target` (see move_to).
+std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
+                                     const NamedSharding& from, const NamedSharding& target) {
+  const int rank = shape.rank();
+  const Mesh& mesh = target.mesh();
+  const auto tblocks = target.device_blocks(shape);
+  const auto fblocks = from.device_blocks(shape);
+  const auto groups = from.replica_groups(shape);
+  std::vector<std::int64_t> bytes(tblocks.size(), 0);
+  for (const int d : mesh.devices()) {
+    const Block& bt = tblocks[static_cast<std::size_t>(d)];
+    for (const auto& group : groups) {
+      if (std::find(group.begin(), group.end(), d) != group.end()) continue;
+      const Block& bs = fblocks[static_cast<std::size_t>(group.front())];
+      std::int64_t n = 1;
+      for (int k = 0; k < rank && n > 0; ++k) {
+        const auto i = static_cast<std::size_t>(k);
+        n *=
+            std::max<std::int64_t>(0, std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size) -
+                                          std::max(bt[i].start, bs[i].start));
+      }
+      bytes[static_cast<std::size_t>(d)] += n * static_cast<std::int64_t>(elem);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+ReshardResult reshard(const Array& x, const NamedSharding& target) {
+  check_reshard(x.mesh(), target, x.shape(), x.to_string());
+  const int rank = x.shape().rank();
+  ReshardResult result{x, {}};
+  Array& cur = result.array;
+  if (cur.is_pending()) {
+    const auto [scatter_dim, order] =
+        pending_route(cur.sharding().spec(), cur.pending(), target.spec(), rank);
+    CollectiveRecord rec;
+    cur = scatter_dim >= 0 ? reduce_scatter(cur, scatter_dim, order, &rec)
+                           : all_reduce(cur, {}, &rec);
+    result.steps.push_back(std::move(rec));
+  }
+  if (cur.sharding().is_equivalent_to(target, rank)) {
+    // The same blocks, perhaps under another name (size-1 axes): no data moves.
+    if (!(cur.sharding() == target)) cur = cur.relabel(target);
+    return result;
+  }
+  auto [kind, axes] = move_route(cur.sharding().spec(), target.spec(), rank);
   CollectiveRecord rec = make_record(kind, axes, cur);
   cur = move_to(cur, target, rec);
   result.steps.push_back(std::move(rec));
   return result;
+}
+
+std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
+                                           const NamedSharding& from, const Pending& pending,
+                                           const NamedSharding& target) {
+  check_reshard(from.mesh(), target, shape, fmt::format("{}{}", name(dtype), shape.to_string()));
+  const int rank = shape.rank();
+  const std::size_t elem = size_of(dtype);
+  const Mesh& mesh = from.mesh();
+  const auto num =
+      static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1);
+  std::vector<CollectiveRecord> steps;
+  NamedSharding cur = from;
+  if (!pending.empty()) {
+    const auto [scatter_dim, order] = pending_route(from.spec(), pending, target.spec(), rank);
+    if (scatter_dim >= 0) {
+      auto dims = padded_dims(from.spec(), rank);
+      auto& e = dims[static_cast<std::size_t>(scatter_dim)];
+      e.insert(e.end(), order.begin(), order.end());
+      cur = NamedSharding(mesh, make_spec(dims));
+      const std::int64_t shard = cur.shard_shape(shape).numel() * static_cast<std::int64_t>(elem);
+      CollectiveRecord rec{"reduce_scatter", order, std::vector<std::int64_t>(num, 0)};
+      for (const int d : mesh.devices()) {
+        const auto n = static_cast<std::int64_t>(device_group(mesh, d, order).size());
+        rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
+      }
+      steps.push_back(std::move(rec));
+    } else {
+      const std::int64_t total = from.shard_shape(shape).numel();
+      CollectiveRecord rec{"all_reduce", pending.axes, std::vector<std::int64_t>(num, 0)};
+      for (const int d : mesh.devices()) {
+        const auto g = device_group(mesh, d, pending.axes);
+        const auto n = static_cast<std::int64_t>(g.size());
+        const auto r = static_cast<std::int64_t>(std::find(g.begin(), g.end(), d) - g.begin());
+        const std::int64_t chunk = (r + 1) * total / n - r * total / n;
+        rec.bytes_in[static_cast<std::size_t>(d)] =
+            ((n - 1) * chunk + (total - chunk)) * static_cast<std::int64_t>(elem);
+      }
+      steps.push_back(std::move(rec));
+    }
+  }
+  if (cur.is_equivalent_to(target, rank)) return steps;
+  auto [kind, axes] = move_route(cur.spec(), target.spec(), rank);
+  CollectiveRecord rec{kind, axes, move_bytes(shape, elem, cur, target)};
+  rec.bytes_in.resize(num, 0);
+  steps.push_back(std::move(rec));
+  return steps;
 }
 
 }  // namespace shardplan
