@@ -125,7 +125,9 @@ class Array {
     Shape shard_shape;
     std::vector<Block> blocks;  // by device id
     Pending pending;
-    std::vector<std::shared_ptr<Buffer>> buffers;  // by device id
+    // By device id. Mutable only for donation (sjit's donate_argnums), which takes them.
+    mutable std::vector<std::shared_ptr<Buffer>> buffers;
+    mutable bool donated = false;
     // Tracers: the trace they belong to and their node in its graph (no buffers).
     const void* trace = nullptr;
     int node = -1;

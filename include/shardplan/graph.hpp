@@ -20,9 +20,32 @@ namespace shardplan {
 /// kernels and (later) gradients are written once per primitive.
 enum class Op : std::uint8_t {
   // Elementwise, one operand.
-  kNeg, kExp, kLog, kSqrt, kRsqrt, kSin, kCos, kTanh, kRelu, kGelu, kSigmoid, kAbs,
+  kNeg,
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kSin,
+  kCos,
+  kTanh,
+  kRelu,
+  kGelu,
+  kSigmoid,
+  kAbs,
   // Elementwise, two operands of one shape and dtype; comparisons give bool.
-  kAdd, kSub, kMul, kDiv, kMax, kMin, kPow, kEq, kNe, kLt, kLe, kGt, kGe,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMax,
+  kMin,
+  kPow,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
   // select(pred: bool, on_true, on_false), one shape.
   kSelect,
   // Cast to the node's dtype.
@@ -30,7 +53,9 @@ enum class Op : std::uint8_t {
   // dot_general: result dimensions are batch, then lhs free, then rhs free (as XLA's DotGeneral).
   kDot,
   // Reductions over `axes` (removed from the shape).
-  kReduceSum, kReduceMax, kReduceMin,
+  kReduceSum,
+  kReduceMax,
+  kReduceMin,
   // Row-major reshape to the node's shape.
   kReshape,
   // result dim i = operand dim perm[i] (`axes` holds perm).

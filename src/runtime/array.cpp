@@ -163,6 +163,12 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
 
 const Array::Impl& Array::concrete(std::string_view what) const {
   const Impl& i = impl();
+  if (i.donated) {
+    throw ArrayError(fmt::format(
+        "[array] this {}{} array was donated to an sjit call (donate_argnums) and its buffers "
+        "reused; use the call's outputs instead",
+        name(i.dtype), i.shape.to_string()));
+  }
   if (i.trace != nullptr) {
     throw ArrayError(fmt::format(
         "[array] the {} of a tracer ({}{} inside sjit) is not known while tracing; it is decided "

@@ -1,0 +1,117 @@
+#pragma once
+// Operations on sharded arrays. Outside sjit they run at once, shard by shard, under the same
+// sharding rules sjit uses (sin of a sharded array is computed where its shards are, as in JAX);
+// inside sjit they record the traced program. Shape errors name the op and the shapes.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardplan/array.hpp"
+#include "shardplan/graph.hpp"
+
+namespace shardplan {
+
+// Elementwise.
+Array neg(const Array& x);
+Array exp(const Array& x);
+Array log(const Array& x);
+Array sqrt(const Array& x);
+Array rsqrt(const Array& x);
+Array sin(const Array& x);
+Array cos(const Array& x);
+Array tanh(const Array& x);
+Array relu(const Array& x);
+/// The tanh approximation, as jax.nn.gelu's default.
+Array gelu(const Array& x);
+Array sigmoid(const Array& x);
+Array abs(const Array& x);
+
+// Binary, with numpy broadcasting; both operands of one dtype (a double adopts the array's).
+Array add(const Array& a, const Array& b);
+Array subtract(const Array& a, const Array& b);
+Array multiply(const Array& a, const Array& b);
+Array divide(const Array& a, const Array& b);
+Array maximum(const Array& a, const Array& b);
+Array minimum(const Array& a, const Array& b);
+Array power(const Array& a, const Array& b);
+// Comparisons give bool arrays.
+Array equal(const Array& a, const Array& b);
+Array not_equal(const Array& a, const Array& b);
+Array less(const Array& a, const Array& b);
+Array less_equal(const Array& a, const Array& b);
+Array greater(const Array& a, const Array& b);
+Array greater_equal(const Array& a, const Array& b);
+/// cond ? a : b, elementwise, broadcasting all three.
+Array where(const Array& cond, const Array& a, const Array& b);
+
+Array operator-(const Array& x);
+Array operator+(const Array& a, const Array& b);
+Array operator-(const Array& a, const Array& b);
+Array operator*(const Array& a, const Array& b);
+Array operator/(const Array& a, const Array& b);
+Array operator+(const Array& a, double b);
+Array operator-(const Array& a, double b);
+Array operator*(const Array& a, double b);
+Array operator/(const Array& a, double b);
+Array operator+(double a, const Array& b);
+Array operator-(double a, const Array& b);
+Array operator*(double a, const Array& b);
+Array operator/(double a, const Array& b);
+/// A scalar of `x`'s dtype, broadcast to `x`'s shape, on `x`'s devices.
+Array full_like(const Array& x, double value);
+
+Array astype(const Array& x, DType dtype);
+
+// Contractions.
+/// XLA's dot_general: result dims are batch, lhs free, rhs free.
+Array dot_general(const Array& a, const Array& b, const DotDims& dims);
+/// a[..., k] x b[k, n] (b of rank 2), or batched a[B..., m, k] x b[B..., k, n] (same batch).
+Array matmul(const Array& a, const Array& b);
+
+// Reductions (negative axes count from the end).
+Array sum(const Array& x, std::vector<int> axes, bool keepdims = false);
+Array mean(const Array& x, std::vector<int> axes, bool keepdims = false);
+Array max(const Array& x, std::vector<int> axes, bool keepdims = false);
+Array min(const Array& x, std::vector<int> axes, bool keepdims = false);
+/// Over every axis.
+Array sum(const Array& x);
+Array mean(const Array& x);
+
+// Shapes.
+Array reshape(const Array& x, const Shape& shape);
+Array transpose(const Array& x, std::vector<int> perm);
+Array broadcast_to(const Array& x, const Shape& shape);
+/// jax.lax.broadcast_in_dim: operand dim i becomes result dim dims[i].
+Array broadcast_in_dim(const Array& x, const Shape& shape, std::vector<int> dims);
+Array slice(const Array& x, std::vector<std::int64_t> starts, std::vector<std::int64_t> limits);
+Array concatenate(const std::vector<Array>& xs, int axis);
+/// x's dimension `axis` indexed by `indices` (i32), as jnp.take (indices clipped into range).
+Array take(const Array& x, const Array& indices, int axis = 0);
+/// labels (i32) -> `dtype` one-hot vectors of length n along a new last axis.
+Array one_hot(const Array& labels, std::int64_t n, DType dtype = DType::kF32);
+/// Values along `axis`, shaped like `like` (any dtype).
+Array iota_like(const Array& like, int axis, DType dtype = DType::kI32);
+
+// Neural-network pieces (built from the ops above).
+Array softmax(const Array& x, int axis = -1);
+Array log_softmax(const Array& x, int axis = -1);
+/// Per-example cross-entropy of logits [..., C] against integer labels [...] (optax's
+/// softmax_cross_entropy_with_integer_labels).
+Array cross_entropy(const Array& logits, const Array& labels);
+/// Over the last axis, then * scale + bias (both of the last dimension's size).
+Array layer_norm(const Array& x, const Array& scale, const Array& bias, double eps = 1e-5);
+Array rms_norm(const Array& x, const Array& scale, double eps = 1e-6);
+/// Scores [..., T, T] with every position j > i of the last two dimensions set to a large
+/// negative value (causal attention).
+Array causal_mask(const Array& scores);
+
+/// jax.lax.with_sharding_constraint: inside sjit, fixes the sharding of x at this point of the
+/// program; outside, reshards x at once.
+Array with_sharding_constraint(const Array& x, const PartitionSpec& spec);
+/// scalax's with_sharding_annotation: inside sjit, x takes the sharding the sjit was given for
+/// `name` (an unknown name is an error listing the known ones, unless the sjit allows it);
+/// outside any sjit, x unchanged.
+Array with_sharding_annotation(const Array& x, const std::string& name);
+
+}  // namespace shardplan

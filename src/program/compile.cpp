@@ -1,0 +1,544 @@
+#include "compile.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "array_access.hpp"
+#include "factors.hpp"
+#include "kernels.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/plan_report.hpp"  // format_bytes
+
+namespace shardplan {
+
+std::string ProgramCost::to_string() const {
+  const double most_flops = flops.empty() ? 0 : *std::max_element(flops.begin(), flops.end());
+  const std::int64_t most_peak =
+      peak_bytes.empty() ? 0 : *std::max_element(peak_bytes.begin(), peak_bytes.end());
+  std::string s = fmt::format("flops per device: {:.4g}\n", most_flops);
+  if (bytes_by_kind.empty()) {
+    s += "communication: none\n";
+  } else {
+    for (const auto& [kind, bytes] : bytes_by_kind) {
+      s += fmt::format("{}: {} per device\n", kind, format_bytes(bytes));
+    }
+  }
+  s += fmt::format("peak memory per device: {}\n", format_bytes(most_peak));
+  return s;
+}
+
+namespace detail {
+namespace {
+
+std::vector<AxisNames> padded(const PartitionSpec& spec, int rank) {
+  std::vector<AxisNames> dims(spec.dims().begin(), spec.dims().end());
+  dims.resize(static_cast<std::size_t>(std::max(rank, static_cast<int>(dims.size()))));
+  return dims;
+}
+
+PartitionSpec spec_of_dims(std::vector<AxisNames> dims) {
+  while (!dims.empty() && dims.back().empty()) dims.pop_back();
+  return PartitionSpec(std::move(dims));
+}
+
+std::int64_t product(const Mesh& mesh, const AxisNames& axes) {
+  std::int64_t p = 1;
+  for (const auto& a : axes) p *= mesh.axis_size(a);
+  return p;
+}
+
+// A value's sharding while propagating.
+struct Sharding {
+  std::vector<AxisNames> dims;
+  bool known = false;
+  bool fixed = false;
+  std::string origin;
+
+  bool uses(const std::string& axis) const {
+    for (const auto& d : dims) {
+      if (std::find(d.begin(), d.end(), axis) != d.end()) return true;
+    }
+    return false;
+  }
+};
+
+std::string value_name(int id) { return fmt::format("%{}", id); }
+
+class Propagator {
+ public:
+  Propagator(const Graph& g, const Mesh& mesh) : g_(g), mesh_(mesh) {
+    sh_.resize(g.nodes.size());
+    factors_.reserve(g.nodes.size());
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+      sh_[i].dims.resize(static_cast<std::size_t>(g.nodes[i].type.shape.rank()));
+      factors_.push_back(factors_of(g, g.nodes[i]));
+    }
+  }
+
+  void fix(int id, const PartitionSpec& spec, std::string origin) {
+    const Node& n = g_.nodes[static_cast<std::size_t>(id)];
+    const int rank = n.type.shape.rank();
+    spec.validate(mesh_, rank, value_name(id));
+    NamedSharding(mesh_, spec).shard_shape(n.type.shape, value_name(id));
+    Sharding& s = sh_[static_cast<std::size_t>(id)];
+    s.dims = padded(spec, rank);
+    s.dims.resize(static_cast<std::size_t>(rank));
+    s.known = s.fixed = true;
+    s.origin = std::move(origin);
+  }
+
+  void run() {
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      // Elementwise ops first, to a fixed point; then every op once; again until nothing moves.
+      bool inner = true;
+      while (inner) {
+        inner = sweep(true);
+        changed |= inner;
+      }
+      changed |= sweep(false);
+    }
+    for (std::size_t i = 0; i < sh_.size(); ++i) {
+      if (!sh_[i].known) {
+        sh_[i].known = true;
+        sh_[i].origin = "no sharding reached it: replicated";
+      }
+    }
+  }
+
+  const Sharding& at(int id) const { return sh_[static_cast<std::size_t>(id)]; }
+  const OpFactors& factors(int id) const { return factors_[static_cast<std::size_t>(id)]; }
+
+ private:
+  bool sweep(bool elementwise_only) {
+    bool changed = false;
+    const int n = static_cast<int>(g_.nodes.size());
+    for (int i = 0; i < n; ++i) changed |= through(i, elementwise_only);
+    for (int i = n - 1; i >= 0; --i) changed |= through(i, elementwise_only);
+    return changed;
+  }
+
+  // The tensors an op touches: its operands, then itself (the result).
+  struct Slot {
+    int value;
+    const std::vector<int>* dims;
+  };
+
+  bool through(int id, bool elementwise_only) {
+    const Node& node = g_.nodes[static_cast<std::size_t>(id)];
+    const bool identity = node.op == Op::kConstraint || node.op == Op::kAnnotation;
+    if (elementwise_only && !is_elementwise(node.op) && !identity && node.op != Op::kConvert &&
+        node.op != Op::kSelect) {
+      return false;
+    }
+    const OpFactors& f = factors_[static_cast<std::size_t>(id)];
+    std::vector<Slot> slots;
+    for (std::size_t k = 0; k < node.operands.size(); ++k) {
+      slots.push_back({node.operands[k], &f.operands[k]});
+    }
+    slots.push_back({id, &f.result});
+    bool changed = false;
+    for (int fac = 0; fac < static_cast<int>(f.sizes.size()); ++fac) {
+      if (f.kinds[static_cast<std::size_t>(fac)] == FactorKind::kReplicate) continue;
+      // The best proposal for this factor: fixed shardings first, then the larger tensor.
+      const AxisNames* best = nullptr;
+      int best_value = -1;
+      std::pair<int, std::int64_t> best_rank{-1, -1};
+      for (const Slot& s : slots) {
+        const Sharding& sh = sh_[static_cast<std::size_t>(s.value)];
+        if (!sh.known) continue;
+        for (std::size_t d = 0; d < s.dims->size(); ++d) {
+          if ((*s.dims)[d] != fac || sh.dims[d].empty()) continue;
+          const std::pair<int, std::int64_t> r{
+              sh.fixed ? 1 : 0, g_.nodes[static_cast<std::size_t>(s.value)].type.shape.numel()};
+          if (r > best_rank) {
+            best_rank = r;
+            best = &sh.dims[d];
+            best_value = s.value;
+          }
+        }
+      }
+      if (best == nullptr) continue;
+      const AxisNames axes = *best;  // a copy: the slots below may change
+      const std::int64_t p = product(mesh_, axes);
+      if (f.sizes[static_cast<std::size_t>(fac)] % p != 0) continue;
+      for (const Slot& s : slots) {
+        Sharding& sh = sh_[static_cast<std::size_t>(s.value)];
+        if (sh.fixed || s.value == best_value) continue;
+        const Shape& shape = g_.nodes[static_cast<std::size_t>(s.value)].type.shape;
+        for (std::size_t d = 0; d < s.dims->size(); ++d) {
+          if ((*s.dims)[d] != fac || !sh.dims[d].empty()) continue;
+          if (shape[static_cast<int>(d)] % p != 0) continue;
+          bool free = true;
+          for (const auto& a : axes) free = free && !sh.uses(a);
+          if (!free) continue;
+          sh.dims[d] = axes;
+          if (!sh.known || sh.origin.empty()) {
+            sh.origin = fmt::format("from {} through {}", value_name(best_value),
+                                    s.value == id ? std::string(name(node.op))
+                                                  : fmt::format("{} (backward)", name(node.op)));
+          } else {
+            sh.origin += fmt::format("; dim {} from {} through {}", d, value_name(best_value),
+                                     name(node.op));
+          }
+          sh.known = true;
+          changed = true;
+        }
+      }
+    }
+    return changed;
+  }
+
+  const Graph& g_;
+  const Mesh& mesh_;
+  std::vector<Sharding> sh_;
+  std::vector<OpFactors> factors_;
+};
+
+ReduceOp pending_op(Op op) {
+  switch (op) {
+    case Op::kReduceMax:
+      return ReduceOp::kMax;
+    case Op::kReduceMin:
+      return ReduceOp::kMin;
+    default:
+      return ReduceOp::kSum;
+  }
+}
+
+// The local (per-device) version of a node, given the shape of its result block.
+Node localize(const Node& n, const Shape& local, const std::vector<Shape>& in_local,
+              const Graph& g) {
+  Node l = n;
+  l.type.shape = local;
+  if (n.op == Op::kSlice) {
+    const Shape& in = g.nodes[static_cast<std::size_t>(n.operands[0])].type.shape;
+    for (int d = 0; d < in.rank(); ++d) {
+      const auto i = static_cast<std::size_t>(d);
+      if (n.starts[i] == 0 && n.limits[i] == in[d])
+        l.limits[i] = in_local[0][d];  // whole, maybe sharded
+    }
+  }
+  return l;
+}
+
+}  // namespace
+
+Program compile(const Graph& input_graph, const CompileSpec& spec) {
+  Program prog(spec.mesh);
+  const Mesh& mesh = spec.mesh;
+  // Outputs with a sharding get a constraint node, so that the output's own computation and
+  // its other users are free to differ.
+  Graph g = input_graph;
+  for (std::size_t k = 0; k < g.outputs.size(); ++k) {
+    if (k < spec.outputs.size() && spec.outputs[k]) {
+      Node c;
+      c.op = Op::kConstraint;
+      c.operands = {g.outputs[k]};
+      c.type = g.nodes[static_cast<std::size_t>(g.outputs[k])].type;
+      c.spec = spec.outputs[k];
+      c.name = fmt::format("output {}", k);
+      g.outputs[k] = g.add(std::move(c));
+    }
+  }
+  Propagator prop(g, mesh);
+  for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+    const Node& n = g.nodes[static_cast<std::size_t>(i)];
+    if (n.op == Op::kInput) {
+      const auto& in = spec.inputs.at(static_cast<std::size_t>(n.index));
+      if (in.spec) prop.fix(i, *in.spec, in.origin);
+    } else if (n.op == Op::kConstraint) {
+      prop.fix(
+          i, *n.spec,
+          n.name.empty() ? "with_sharding_constraint" : fmt::format("{} (out_shardings)", n.name));
+    } else if (n.op == Op::kAnnotation && n.spec) {
+      prop.fix(i, *n.spec, fmt::format("annotation '{}'", n.name));
+    }
+  }
+  prop.run();
+
+  const int num = static_cast<int>(g.nodes.size());
+  prog.specs_.resize(static_cast<std::size_t>(num));
+  prog.origins_.resize(static_cast<std::size_t>(num));
+  for (int i = 0; i < num; ++i) {
+    prog.specs_[static_cast<std::size_t>(i)] = spec_of_dims(prop.at(i).dims);
+    prog.origins_[static_cast<std::size_t>(i)] = prop.at(i).origin;
+  }
+
+  // Partitioning: every value lives in a slot with its current sharding and pending state.
+  struct State {
+    int slot = -1;
+    PartitionSpec spec;
+    Pending pending;
+  };
+  std::vector<State> state(static_cast<std::size_t>(num));
+  std::map<std::pair<int, std::string>, int> resharded;  // (value, spec) -> slot
+  const auto num_devices = static_cast<std::size_t>(mesh.size());
+  prog.cost_.flops.assign(num_devices, 0);
+  int next_slot = 0;
+
+  auto require = [&](int value, const PartitionSpec& want) -> int {
+    State& st = state[static_cast<std::size_t>(value)];
+    const TensorType& t = g.nodes[static_cast<std::size_t>(value)].type;
+    const NamedSharding cur(mesh, st.spec);
+    const NamedSharding target(mesh, want);
+    if (st.pending.empty() && cur.is_equivalent_to(target, t.shape.rank())) return st.slot;
+    const auto key = std::make_pair(value, want.to_string());
+    if (auto it = resharded.find(key); it != resharded.end()) return it->second;
+    Step step;
+    step.kind = Step::Kind::kReshard;
+    step.node = value;
+    step.in = {st.slot};
+    step.out = next_slot++;
+    step.type = t;
+    step.sharding = target;
+    step.cost = plan_reshard(t.shape, t.dtype, cur, st.pending, target);
+    for (const auto& rec : step.cost) {
+      auto& b = prog.cost_.bytes_by_kind[rec.kind];
+      b += rec.max_bytes_in();
+    }
+    prog.steps_.push_back(std::move(step));
+    resharded[key] = prog.steps_.back().out;
+    return prog.steps_.back().out;
+  };
+
+  for (int i = 0; i < num; ++i) {
+    const Node& n = g.nodes[static_cast<std::size_t>(i)];
+    State& st = state[static_cast<std::size_t>(i)];
+    if (n.op == Op::kInput) {
+      const auto& in = spec.inputs.at(static_cast<std::size_t>(n.index));
+      st.slot = next_slot++;
+      st.spec = prog.specs_[static_cast<std::size_t>(i)];
+      st.pending = in.spec ? in.pending : Pending{};
+      if (static_cast<int>(prog.input_slots_.size()) <= n.index) {
+        prog.input_slots_.resize(static_cast<std::size_t>(n.index) + 1, -1);
+        prog.input_shardings_.resize(static_cast<std::size_t>(n.index) + 1,
+                                     NamedSharding(mesh, PartitionSpec()));
+        prog.input_pending_.resize(static_cast<std::size_t>(n.index) + 1);
+      }
+      prog.input_slots_[static_cast<std::size_t>(n.index)] = st.slot;
+      prog.input_shardings_[static_cast<std::size_t>(n.index)] = NamedSharding(mesh, st.spec);
+      prog.input_pending_[static_cast<std::size_t>(n.index)] = st.pending;
+      continue;
+    }
+    const OpFactors& f = prop.factors(i);
+    // Axes per factor: pass factors from the result's sharding; reduce factors from the
+    // operands (their first sharded dimension), without axes the pass factors use.
+    std::vector<AxisNames> axes(f.sizes.size());
+    std::set<std::string> used;
+    const auto& rdims = prop.at(i).dims;
+    for (std::size_t d = 0; d < f.result.size(); ++d) {
+      const int fac = f.result[d];
+      if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kPass) continue;
+      if (!axes[static_cast<std::size_t>(fac)].empty()) continue;
+      axes[static_cast<std::size_t>(fac)] = rdims[d];
+      used.insert(rdims[d].begin(), rdims[d].end());
+    }
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const auto& odims = prop.at(n.operands[k]).dims;
+      for (std::size_t d = 0; d < f.operands[k].size(); ++d) {
+        const int fac = f.operands[k][d];
+        if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kReduce) continue;
+        if (!axes[static_cast<std::size_t>(fac)].empty() || odims[d].empty()) continue;
+        bool free = true;
+        for (const auto& a : odims[d]) free = free && !used.count(a);
+        if (!free || f.sizes[static_cast<std::size_t>(fac)] % product(mesh, odims[d]) != 0)
+          continue;
+        axes[static_cast<std::size_t>(fac)] = odims[d];
+        used.insert(odims[d].begin(), odims[d].end());
+      }
+    }
+    // Operands brought to the sharding the factors ask for.
+    std::vector<int> in_slots;
+    std::vector<Shape> in_local;
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const int o = n.operands[k];
+      const Shape& os = g.nodes[static_cast<std::size_t>(o)].type.shape;
+      std::vector<AxisNames> want(static_cast<std::size_t>(os.rank()));
+      for (std::size_t d = 0; d < want.size(); ++d) {
+        const int fac = f.operands[k][d];
+        if (fac >= 0 &&
+            os[static_cast<int>(d)] %
+                    std::max<std::int64_t>(1, product(mesh, axes[static_cast<std::size_t>(fac)])) ==
+                0) {
+          want[d] = axes[static_cast<std::size_t>(fac)];
+        }
+      }
+      const PartitionSpec ws = spec_of_dims(want);
+      in_slots.push_back(require(o, ws));
+      in_local.push_back(NamedSharding(mesh, ws).shard_shape(os));
+    }
+    // The result as computed: its pass factors' axes, pending over the reduce factors' axes.
+    std::vector<AxisNames> out_dims(static_cast<std::size_t>(n.type.shape.rank()));
+    for (std::size_t d = 0; d < out_dims.size(); ++d) {
+      const int fac = f.result[d];
+      if (fac >= 0 &&
+          n.type.shape[static_cast<int>(d)] %
+                  std::max<std::int64_t>(1, product(mesh, axes[static_cast<std::size_t>(fac)])) ==
+              0) {
+        out_dims[d] = axes[static_cast<std::size_t>(fac)];
+      }
+    }
+    Pending pend{pending_op(n.op), {}};
+    for (std::size_t fac = 0; fac < f.sizes.size(); ++fac) {
+      if (f.kinds[fac] == FactorKind::kReduce)
+        pend.axes.insert(pend.axes.end(), axes[fac].begin(), axes[fac].end());
+    }
+    st.spec = spec_of_dims(out_dims);
+    st.pending = pend;
+    if (n.op == Op::kConstraint || n.op == Op::kAnnotation) {  // identities: no kernel
+      st.slot = in_slots[0];
+      st.pending = Pending{};
+      continue;
+    }
+    const NamedSharding out_sharding(mesh, st.spec);
+    const Shape local = out_sharding.shard_shape(n.type.shape);
+    Step step;
+    step.kind = Step::Kind::kKernel;
+    step.node = i;
+    step.local = localize(n, local, in_local, g);
+    step.in = in_slots;
+    step.out = next_slot++;
+    step.type = n.type;
+    step.sharding = out_sharding;
+    step.pending = pend;
+    step.flops = kernel_flops(step.local, in_local, local);
+    for (auto& fl : prog.cost_.flops) fl += step.flops;
+    st.slot = step.out;
+    prog.steps_.push_back(std::move(step));
+  }
+  // Outputs in their chosen shardings, nothing pending.
+  for (const int o : g.outputs) {
+    const PartitionSpec& want = prog.specs_[static_cast<std::size_t>(o)];
+    prog.output_slots_.push_back(require(o, want));
+    prog.output_shardings_.emplace_back(mesh, want);
+  }
+  prog.num_slots_ = next_slot;
+  // When each slot is last needed, and the peak of what lives at once.
+  std::vector<int> last(static_cast<std::size_t>(next_slot), -1);
+  for (std::size_t s = 0; s < prog.steps_.size(); ++s) {
+    for (const int in : prog.steps_[s].in) last[static_cast<std::size_t>(in)] = static_cast<int>(s);
+  }
+  std::set<int> keep(prog.output_slots_.begin(), prog.output_slots_.end());
+  keep.insert(prog.input_slots_.begin(), prog.input_slots_.end());
+  prog.free_after_.resize(prog.steps_.size());
+  for (int s = 0; s < next_slot; ++s) {
+    if (last[static_cast<std::size_t>(s)] >= 0 && !keep.count(s)) {
+      prog.free_after_[static_cast<std::size_t>(last[static_cast<std::size_t>(s)])].push_back(s);
+    }
+  }
+  std::vector<std::int64_t> slot_bytes(static_cast<std::size_t>(next_slot), 0);
+  std::int64_t live = 0;
+  for (std::size_t k = 0; k < prog.input_slots_.size(); ++k) {
+    const int s = prog.input_slots_[k];
+    if (s < 0) continue;
+    const Node* in = nullptr;
+    for (const auto& n : g.nodes) {
+      if (n.op == Op::kInput && n.index == static_cast<int>(k)) in = &n;
+    }
+    if (in == nullptr) continue;
+    slot_bytes[static_cast<std::size_t>(s)] =
+        prog.input_shardings_[k].shard_shape(in->type.shape).numel() *
+        static_cast<std::int64_t>(size_of(in->type.dtype));
+    live += slot_bytes[static_cast<std::size_t>(s)];
+  }
+  std::int64_t peak = live;
+  for (std::size_t s = 0; s < prog.steps_.size(); ++s) {
+    const Step& st = prog.steps_[s];
+    const std::int64_t b = st.sharding->shard_shape(st.type.shape).numel() *
+                           static_cast<std::int64_t>(size_of(st.type.dtype));
+    slot_bytes[static_cast<std::size_t>(st.out)] = b;
+    live += b;
+    peak = std::max(peak, live);
+    for (const int f : prog.free_after_[s]) live -= slot_bytes[static_cast<std::size_t>(f)];
+  }
+  prog.cost_.peak_bytes.assign(num_devices, peak);
+  prog.graph_ = std::move(g);
+  return prog;
+}
+
+std::vector<Array> Program::run(const Executor& executor, const std::vector<Array>& inputs) const {
+  std::vector<Array> slots(static_cast<std::size_t>(num_slots_));
+  for (std::size_t k = 0; k < input_slots_.size(); ++k) {
+    if (input_slots_[k] < 0) continue;
+    const Array& a = inputs.at(k);
+    const NamedSharding& want = input_shardings_[k];
+    const bool same =
+        a.pending() == input_pending_[k] && a.sharding().is_equivalent_to(want, a.shape().rank());
+    slots[static_cast<std::size_t>(input_slots_[k])] = same ? a : reshard(a, want).array;
+  }
+  for (std::size_t s = 0; s < steps_.size(); ++s) {
+    const Step& st = steps_[s];
+    if (st.kind == Step::Kind::kReshard) {
+      slots[static_cast<std::size_t>(st.out)] =
+          reshard(slots[static_cast<std::size_t>(st.in[0])], *st.sharding).array;
+    } else {
+      const Shape& local = st.local.type.shape;
+      const std::int64_t bytes = local.numel() * static_cast<std::int64_t>(size_of(st.type.dtype));
+      std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
+      for (const int d : mesh_.devices()) {
+        out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
+      }
+      const auto blocks = st.sharding->device_blocks(st.type.shape);
+      std::vector<const Array*> ins;
+      for (const int in : st.in) ins.push_back(&slots[static_cast<std::size_t>(in)]);
+      executor.run(mesh_.devices(), [&](int d) {
+        std::vector<ConstBlock> in_blocks;
+        in_blocks.reserve(ins.size());
+        for (const Array* a : ins) {
+          in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
+        }
+        std::vector<std::int64_t> offset;
+        for (const auto& b : blocks[static_cast<std::size_t>(d)]) offset.push_back(b.start);
+        run_kernel(st.local, in_blocks,
+                   MutBlock{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype},
+                   offset);
+      });
+      slots[static_cast<std::size_t>(st.out)] = Array::from_buffers(
+          executor, st.type.shape, st.type.dtype, *st.sharding, std::move(out), st.pending);
+    }
+    for (const int f : free_after_[s]) slots[static_cast<std::size_t>(f)] = Array();
+  }
+  std::vector<Array> outs;
+  for (const int s : output_slots_) outs.push_back(slots[static_cast<std::size_t>(s)]);
+  return outs;
+}
+
+std::string Program::text() const {
+  std::string s = fmt::format("program on {} ({} steps)\n", mesh_.to_string(), steps_.size());
+  for (std::size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    std::string operands;
+    for (const int o : n.operands) operands += (operands.empty() ? "" : ", ") + value_name(o);
+    std::string head = n.op == Op::kInput ? fmt::format("input {}", n.index)
+                                          : fmt::format("{}({})", name(n.op), operands);
+    if (n.op == Op::kAnnotation) head += fmt::format(" '{}'", n.name);
+    s += fmt::format("  {:>4} = {:<32} {:<16} {:<24} <- {}\n", value_name(static_cast<int>(i)),
+                     head, to_string(n.type), specs_[i].to_string(), origins_[i]);
+  }
+  s += "steps:\n";
+  for (const Step& st : steps_) {
+    if (st.kind == Step::Kind::kKernel) {
+      s += fmt::format("  kernel  {} = {} on blocks {}{}\n", value_name(st.node), name(st.local.op),
+                       st.local.type.shape.to_string(),
+                       st.pending.empty() ? ""
+                                          : fmt::format(" (pending {} over {})",
+                                                        shardplan::to_string(st.pending.op),
+                                                        fmt::join(st.pending.axes, ", ")));
+    } else {
+      for (const auto& rec : st.cost) {
+        s += fmt::format("  reshard {} -> {}: {}\n", value_name(st.node),
+                         st.sharding->spec().to_string(), rec.to_string());
+      }
+    }
+  }
+  s += cost_.to_string();
+  return s;
+}
+
+}  // namespace detail
+}  // namespace shardplan

@@ -1,0 +1,89 @@
+#pragma once
+// From a traced graph to an SPMD program: sharding propagation (every value gets a sharding and
+// remembers where it came from), partitioning into per-device kernels and reshards, the static
+// cost report, and running the program on an executor.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardplan/array.hpp"
+#include "shardplan/collectives.hpp"
+#include "shardplan/graph.hpp"
+#include "shardplan/program_cost.hpp"
+
+namespace shardplan::detail {
+
+/// What is known of an input when compiling: its sharding when fixed (in_shardings, or the
+/// array's own when it is resharded at call time anyway), and whether it arrives pending.
+struct InputSpec {
+  std::optional<PartitionSpec> spec;
+  Pending pending;
+  std::string origin;  // "input 0 (in_shardings)", "argument 'params/w'"
+};
+
+struct CompileSpec {
+  Mesh mesh;
+  std::vector<InputSpec> inputs;                      // by kInput index
+  std::vector<std::optional<PartitionSpec>> outputs;  // by output position; nullopt: open
+};
+
+using CostReport = ProgramCost;
+
+struct Step {
+  enum class Kind { kKernel, kReshard };
+  Kind kind = Kind::kKernel;
+  int node = -1;                          // the graph node it computes (kernel) or feeds (reshard)
+  Node local;                             // kernel: the node with local attributes and shape
+  std::vector<int> in;                    // slots
+  int out = -1;                           // slot
+  TensorType type;                        // global type of the result
+  std::optional<NamedSharding> sharding;  // of the result (always set)
+  Pending pending;                        // kernel result
+  std::vector<CollectiveRecord> cost;     // reshard: the collectives it will run (static)
+  double flops = 0;                       // kernel: per device (the most of any device)
+};
+
+class Program {
+ public:
+  explicit Program(Mesh mesh) : mesh_(std::move(mesh)) {}
+  /// Runs on `executor`: `inputs` in kInput order (resharded to the compiled input shardings
+  /// when they differ). Returns the outputs.
+  std::vector<Array> run(const Executor& executor, const std::vector<Array>& inputs) const;
+
+  /// The program as text: each value with its sharding and where the sharding came from, each
+  /// reshard with its collectives, then the cost.
+  std::string text() const;
+  const CostReport& cost() const { return cost_; }
+  /// The sharding chosen for node `n` and its origin.
+  const PartitionSpec& spec_of(int n) const { return specs_[static_cast<std::size_t>(n)]; }
+  const std::string& origin_of(int n) const { return origins_[static_cast<std::size_t>(n)]; }
+  const std::vector<NamedSharding>& output_shardings() const { return output_shardings_; }
+  const std::vector<NamedSharding>& input_shardings() const { return input_shardings_; }
+  const Graph& graph() const { return graph_; }
+
+ private:
+  friend Program compile(const Graph& graph, const CompileSpec& spec);
+  Graph graph_;
+  Mesh mesh_;
+  std::vector<PartitionSpec> specs_;  // per node (after propagation)
+  std::vector<std::string> origins_;
+  std::vector<Step> steps_;
+  int num_slots_ = 0;
+  std::vector<int> input_slots_;
+  std::vector<int> output_slots_;
+  std::vector<NamedSharding> input_shardings_;
+  std::vector<Pending> input_pending_;
+  std::vector<NamedSharding> output_shardings_;
+  std::vector<std::vector<int>> free_after_;  // per step: slots no longer needed
+  CostReport cost_;
+};
+
+/// Propagates shardings through `graph` and partitions it. Annotation nodes carry the spec their
+/// name resolved to while tracing (none: left to propagation). Throws SpecError for a constraint
+/// that names an unknown axis or does not divide.
+Program compile(const Graph& graph, const CompileSpec& spec);
+
+}  // namespace shardplan::detail

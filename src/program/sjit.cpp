@@ -1,0 +1,257 @@
+#include "shardplan/sjit.hpp"
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "compile.hpp"
+#include "shardplan/collectives.hpp"
+#include "shardplan/error.hpp"
+#include "trace.hpp"
+
+namespace shardplan {
+namespace detail {
+
+struct Compiled {
+  explicit Compiled(Program p) : program(std::move(p)) {}
+  Program program;
+  Tree<int> out_structure;      // leaf: output position
+  std::vector<Array> captured;  // arrays the function used from outside, extra inputs
+  std::string jaxpr;
+};
+
+void add_array_arg(CallArgs& call, int position, const Tree<Array>& tree) {
+  call.positions.push_back(position);
+  call.structures.push_back(tree.map([&](const Array& a) {
+    call.leaves.push_back(ArgLeaf{TensorType{a.shape(), a.dtype()}, a});
+    return static_cast<int>(call.leaves.size()) - 1;
+  }));
+}
+
+void add_spec_arg(CallArgs& call, int position, const Tree<TensorSpec>& tree) {
+  call.positions.push_back(position);
+  call.structures.push_back(tree.map([&](const TensorSpec& t) {
+    call.leaves.push_back(ArgLeaf{TensorType{t.shape, t.dtype}, Array()});
+    return static_cast<int>(call.leaves.size()) - 1;
+  }));
+}
+
+namespace {
+
+// The signature a compiled program is cached under: structures, positions, types, the
+// shardings arguments arrive with, statics.
+std::string signature(const CallArgs& call) {
+  std::string key = call.static_key;
+  for (std::size_t k = 0; k < call.structures.size(); ++k) {
+    std::ostringstream os;
+    os << call.structures[k];
+    key += fmt::format("|arg{}:{}", call.positions[k], os.str());
+  }
+  for (const ArgLeaf& l : call.leaves) {
+    key += "|" + to_string(l.type);
+    if (l.array.valid()) {
+      key += l.array.sharding().to_string();
+      key += fmt::format("{}", fmt::join(l.array.mesh().devices(), ","));
+      if (l.array.is_pending()) {
+        key += fmt::format("~{}:{}", static_cast<int>(l.array.pending().op),
+                           fmt::join(l.array.pending().axes, ","));
+      }
+    } else {
+      key += "~abstract";
+    }
+  }
+  return key;
+}
+
+Tree<TensorSpec> specs_of(const CallArgs& call) {
+  std::vector<Tree<TensorSpec>> args;
+  for (const auto& s : call.structures) {
+    args.push_back(s.map([&](int i) {
+      const auto& t = call.leaves[static_cast<std::size_t>(i)].type;
+      return TensorSpec{t.shape, t.dtype};
+    }));
+  }
+  return Tree<TensorSpec>::list(std::move(args));
+}
+
+// The leaf shardings a rule tree gives the argument list (nullopt where unspecified).
+std::vector<MaybeSharding> resolve(const Mesh& mesh, const std::optional<RuleTree>& rules,
+                                   const Tree<TensorSpec>& specs, std::string_view what) {
+  if (!rules) return std::vector<MaybeSharding>(specs.num_leaves());
+  try {
+    return MeshShardingHelper(mesh).match(*rules, specs).leaves();
+  } catch (const Error& e) {
+    throw SpecError(fmt::format("[sjit] {}: {}", what, e.what()));
+  }
+}
+
+const Executor& placeholder_executor() {
+  static const Executor exec(1);
+  return exec;
+}
+
+}  // namespace
+
+struct SjitCore::State {
+  State(Mesh m, SjitOptions o) : mesh(std::move(m)), options(std::move(o)) {}
+  Mesh mesh;
+  SjitOptions options;
+  mutable std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<const Compiled>> cache;
+};
+
+SjitCore::SjitCore(Mesh mesh, SjitOptions options)
+    : s_(std::make_unique<State>(std::move(mesh), std::move(options))) {}
+SjitCore::~SjitCore() = default;
+
+std::size_t SjitCore::cache_size() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->cache.size();
+}
+
+std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
+  const std::string key = signature(call);
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (auto it = s_->cache.find(key); it != s_->cache.end()) return it->second;
+  }
+  const Mesh& mesh = s_->mesh;
+  const SjitOptions& o = s_->options;
+  for (const int p : o.static_argnums) {
+    for (const int q : call.positions) {
+      if (p == q) {
+        throw SpecError(
+            fmt::format("[sjit] argument {} is listed in static_argnums but is an "
+                        "array argument",
+                        p));
+      }
+    }
+  }
+  const Executor* exec = o.executor ? &*o.executor : nullptr;
+  for (const ArgLeaf& l : call.leaves) {
+    if (exec == nullptr && l.array.valid()) exec = &l.array.executor();
+    if (l.array.valid() && !(l.array.mesh() == mesh)) {
+      throw ArrayError(fmt::format(
+          "[sjit] an argument is on {} with devices {}, but this sjit runs on {} with devices {}",
+          l.array.mesh().to_string(), fmt::join(l.array.mesh().devices(), ","), mesh.to_string(),
+          fmt::join(mesh.devices(), ",")));
+    }
+  }
+  TraceContext ctx(exec ? *exec : placeholder_executor(), mesh);
+  ctx.annotation_rules = &o.annotation_shardings;
+  ctx.allow_unknown_annotations = o.allow_unknown_annotations;
+  const Tree<TensorSpec> arg_specs = specs_of(call);
+  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
+  const auto constraint_sh =
+      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
+  Tree<Array> out;
+  {
+    TraceScope scope(&ctx);
+    std::vector<Array> leaf_tracers;
+    for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+      Array t = ctx.add_argument(call.leaves[i].type);
+      if (constraint_sh[i]) t = with_sharding_constraint(t, constraint_sh[i]->spec());
+      leaf_tracers.push_back(std::move(t));
+    }
+    std::vector<Tree<Array>> tracers;
+    for (const auto& s : call.structures) {
+      tracers.push_back(s.map([&](int i) { return leaf_tracers[static_cast<std::size_t>(i)]; }));
+    }
+    out = trace(tracers);
+  }
+  // Outputs as graph nodes (an output may be an argument or a captured array).
+  std::vector<int> out_nodes;
+  Tree<int> out_structure = out.map([&](const Array& a) {
+    TraceScope scope(&ctx);
+    out_nodes.push_back(ctx.node_of(a));
+    return static_cast<int>(out_nodes.size()) - 1;
+  });
+  Graph g = ctx.graph;
+  g.outputs = out_nodes;
+  int next_index = ctx.num_args;
+  for (auto& n : g.nodes) {
+    if (n.op == Op::kInput && n.index < 0) n.index = next_index++;
+  }
+  g.num_inputs = next_index;
+  CompileSpec spec{mesh, {}, {}};
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    const ArgLeaf& l = call.leaves[i];
+    InputSpec in;
+    if (in_sh[i]) {
+      in.spec = in_sh[i]->spec();
+      in.origin = fmt::format("in_shardings (argument leaf {})", i);
+    } else if (l.array.valid()) {
+      in.spec = l.array.sharding().spec();
+      in.pending = l.array.pending();
+      in.origin = fmt::format("argument leaf {} as passed", i);
+    }
+    spec.inputs.push_back(std::move(in));
+  }
+  for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
+    const Array& a = ctx.captured[k];
+    spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
+                                    fmt::format("array captured from outside ({})", k)});
+  }
+  const Tree<TensorSpec> out_specs = out.map([](const Array& a) {
+    return TensorSpec{a.shape(), a.dtype()};
+  });
+  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out_specs, "out_shardings")) {
+    spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
+  }
+  auto compiled = std::make_shared<Compiled>(compile(g, spec));
+  compiled->out_structure = std::move(out_structure);
+  compiled->captured = ctx.captured;
+  compiled->jaxpr = g.to_string();
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->cache.emplace(key, std::move(compiled)).first->second;
+}
+
+Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
+  std::vector<Array> inputs;
+  inputs.reserve(call.leaves.size() + compiled.captured.size());
+  const Executor* exec = s_->options.executor ? &*s_->options.executor : nullptr;
+  for (const ArgLeaf& l : call.leaves) {
+    if (!l.array.valid()) {
+      throw ArrayError(
+          "[sjit] an argument is a TensorSpec: call with arrays, or use lower() to "
+          "compile without running");
+    }
+    if (exec == nullptr) exec = &l.array.executor();
+    inputs.push_back(l.array);
+  }
+  if (exec == nullptr) {
+    throw ArrayError(
+        "[sjit] no array argument says which executor to run on: set "
+        "SjitOptions::executor");
+  }
+  inputs.insert(inputs.end(), compiled.captured.begin(), compiled.captured.end());
+  // Donated arguments give their buffers up: the program frees them after their last use, and
+  // the executor's block cache hands them to outputs of the same size.
+  for (const int p : s_->options.donate_argnums) {
+    for (std::size_t k = 0; k < call.positions.size(); ++k) {
+      if (call.positions[k] != p) continue;
+      call.structures[k].for_each_leaf([&](const std::string&, int i) {
+        inputs[static_cast<std::size_t>(i)] =
+            ArrayAccess::donate(inputs[static_cast<std::size_t>(i)]);
+      });
+    }
+  }
+  const std::vector<Array> outs = compiled.program.run(*exec, inputs);
+  inputs.clear();
+  return compiled.out_structure.map([&](int i) { return outs[static_cast<std::size_t>(i)]; });
+}
+
+}  // namespace detail
+
+std::string Lowered::text() const { return c_->program.text(); }
+std::string Lowered::jaxpr() const { return c_->jaxpr; }
+const ProgramCost& Lowered::cost() const { return c_->program.cost(); }
+std::vector<NamedSharding> Lowered::input_shardings() const {
+  return c_->program.input_shardings();
+}
+std::vector<NamedSharding> Lowered::output_shardings() const {
+  return c_->program.output_shardings();
+}
+
+}  // namespace shardplan

@@ -1,0 +1,76 @@
+#include "trace.hpp"
+
+#include <fmt/format.h>
+
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+namespace {
+thread_local TraceContext* g_current = nullptr;
+}  // namespace
+
+TraceContext* current_trace() { return g_current; }
+
+TraceScope::TraceScope(TraceContext* ctx) : previous_(g_current) { g_current = ctx; }
+TraceScope::~TraceScope() { g_current = previous_; }
+
+Array TraceContext::add_argument(const TensorType& type) {
+  Node n;
+  n.op = Op::kInput;
+  n.type = type;
+  n.index = num_args++;
+  graph.num_inputs = num_args + static_cast<int>(captured.size());
+  return record(std::move(n));
+}
+
+int TraceContext::node_of(const Array& a) {
+  if (a.is_tracer()) {
+    if (ArrayAccess::trace(a) != this) {
+      throw ArrayError(fmt::format(
+          "[sjit] {} belongs to another trace (a tracer kept from an earlier call, or from another "
+          "sjit); pass it as an argument instead",
+          a.to_string()));
+    }
+    return ArrayAccess::node(a);
+  }
+  const void* id = ArrayAccess::identity(a);
+  if (auto it = captured_node.find(id); it != captured_node.end()) return it->second;
+  if (!(a.mesh() == mesh)) {
+    throw ArrayError(fmt::format(
+        "[sjit] {} used inside the function is on {} with devices {}, but this sjit runs on {} "
+        "with devices {}",
+        a.to_string(), a.mesh().to_string(), fmt::join(a.mesh().devices(), ","), mesh.to_string(),
+        fmt::join(mesh.devices(), ",")));
+  }
+  Node n;
+  n.op = Op::kInput;
+  n.type = TensorType{a.shape(), a.dtype()};
+  n.index = -1;  // numbered when the trace ends (after the arguments)
+  captured.push_back(a);
+  const int node = graph.add(std::move(n));
+  captured_node[id] = node;
+  return node;
+}
+
+const RuleTree* TraceContext::annotation_rule(const std::string& name) const {
+  if (annotation_rules != nullptr) {
+    if (auto it = annotation_rules->find(name); it != annotation_rules->end()) return &it->second;
+  }
+  if (allow_unknown_annotations) return nullptr;
+  std::string known;
+  if (annotation_rules != nullptr) {
+    for (const auto& [k, v] : *annotation_rules) known += (known.empty() ? "'" : ", '") + k + "'";
+  }
+  throw SpecError(fmt::format(
+      "[sjit] with_sharding_annotation('{}'): no sharding was given for that name (known: {}); "
+      "add it to annotation_shardings, or set allow_unknown_annotations",
+      name, known.empty() ? "none" : known));
+}
+
+Array TraceContext::record(Node n) {
+  const TensorType type = n.type;
+  const int id = graph.add(std::move(n));
+  return ArrayAccess::tracer(executor, mesh, type, this, id);
+}
+
+}  // namespace shardplan::detail

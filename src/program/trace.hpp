@@ -1,0 +1,54 @@
+#pragma once
+// Tracing: while a function runs under sjit, ops on its tracer arguments record nodes of a graph
+// instead of computing. The context is per thread; arrays from outside the function that it
+// uses (closure values) become extra inputs of the graph.
+
+#include <map>
+#include <vector>
+
+#include "array_access.hpp"
+#include "shardplan/graph.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
+
+namespace shardplan::detail {
+
+struct TraceContext {
+  TraceContext(Executor e, Mesh m) : executor(std::move(e)), mesh(std::move(m)) {}
+  Graph graph;
+  Executor executor;
+  Mesh mesh;
+  int num_args = 0;
+  std::vector<Array> captured;  // concrete arrays used inside, inputs num_args + k
+  std::map<const void*, int> captured_node;
+  const std::map<std::string, RuleTree>* annotation_rules = nullptr;
+  bool allow_unknown_annotations = false;
+
+  /// The rule given for annotation `name`, or nullptr when unknown names may pass. Throws
+  /// SpecError listing the known names otherwise.
+  const RuleTree* annotation_rule(const std::string& name) const;
+
+  /// A tracer for a new argument input of `type`.
+  Array add_argument(const TensorType& type);
+  /// The node of `a` in this trace: its own node for a tracer of this trace; a new input for a
+  /// concrete array (captured once). Throws ArrayError for a tracer of another trace.
+  int node_of(const Array& a);
+  /// Adds `n` and returns a tracer for it.
+  Array record(Node n);
+};
+
+/// The trace this thread is recording, or nullptr.
+TraceContext* current_trace();
+
+/// Makes `ctx` the current trace for its lifetime (nesting restores the previous one).
+class TraceScope {
+ public:
+  explicit TraceScope(TraceContext* ctx);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  TraceContext* previous_;
+};
+
+}  // namespace shardplan::detail
