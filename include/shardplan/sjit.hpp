@@ -35,25 +35,25 @@ namespace shardplan {
 struct SjitOptions {
   /// Over the list of array arguments (statics left out), e.g. RuleTree::list({rules, P("data")}).
   /// Unspecified: an argument keeps the sharding it arrives with.
-  std::optional<RuleTree> in_shardings;
+  std::optional<RuleTree> in_shardings = std::nullopt;
   /// Over the function's output tree. Unspecified: left to propagation.
-  std::optional<RuleTree> out_shardings;
+  std::optional<RuleTree> out_shardings = std::nullopt;
   /// Over the list of array arguments: constraints applied as the function starts.
-  std::optional<RuleTree> args_sharding_constraint;
+  std::optional<RuleTree> args_sharding_constraint = std::nullopt;
   /// name -> sharding for with_sharding_annotation(x, name) inside the function.
-  std::map<std::string, RuleTree> annotation_shardings;
+  std::map<std::string, RuleTree> annotation_shardings = {};
   /// Positions of static arguments; any argument that is not an Array, a Tree<Array>, a
   /// registered struct of Arrays or a TensorSpec (tree) is static anyway. Statics are part of the
   /// cache key (they need std::hash or operator<<).
-  std::vector<int> static_argnums;
+  std::vector<int> static_argnums = {};
   /// Positions of arguments whose buffers the program may reuse for its outputs; the arrays
   /// passed there cannot be used afterwards (ArrayError).
-  std::vector<int> donate_argnums;
+  std::vector<int> donate_argnums = {};
   /// Let with_sharding_annotation names without a sharding pass (as scalax does); otherwise an
   /// unknown name is an error listing the known ones.
   bool allow_unknown_annotations = false;
   /// The executor for calls without array arguments (else the arguments' own).
-  std::optional<Executor> executor;
+  std::optional<Executor> executor = std::nullopt;
 };
 
 namespace detail {

@@ -1,0 +1,224 @@
+// Ops on sharded arrays outside sjit: computed shard by shard under the same sharding rules, with
+// values equal to plain host references, shardings that follow the data, and clear shape errors.
+#include "shardplan/ops.hpp"
+
+#include <cmath>
+
+#include "shardplan/collectives.hpp"
+#include "shardplan/error.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+struct Fixture {
+  Executor exec{8};
+  Mesh mesh = Mesh::parse("a:4,b:2", 8);
+  Array put(const Tensor& t, const PartitionSpec& spec) const {
+    return device_put(t, NamedSharding(mesh, spec), exec);
+  }
+};
+
+// Max |a - b| over the elements.
+double max_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double m = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.get(i) - b.get(i)));
+  return m;
+}
+
+// A host tensor from a function of the flat index.
+template <class F>
+Tensor host(Shape shape, F f) {
+  Tensor t(shape, DType::kF64);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, f(i));
+  return t;
+}
+
+TEST(Ops, ElementwiseOpsRunShardByShardAndKeepTheSharding) {
+  Fixture fx;
+  const Tensor x = Tensor::normal(Shape{8, 8}, DType::kF32, 1);
+  const Array y = fx.put(x, P("a", "b"));
+  const struct {
+    const char* name;
+    Array (*op)(const Array&);
+    double (*ref)(double);
+  } cases[] = {
+      {"sin", &sin, [](double v) { return std::sin(v); }},
+      {"exp", &exp, [](double v) { return std::exp(v); }},
+      {"tanh", &tanh, [](double v) { return std::tanh(v); }},
+      {"relu", &relu, [](double v) { return std::max(v, 0.0); }},
+      {"abs", &abs, [](double v) { return std::abs(v); }},
+      {"sigmoid", &sigmoid, [](double v) { return 1 / (1 + std::exp(-v)); }},
+      {"gelu", &gelu,
+       [](double v) {
+         return 0.5 * v *
+                (1 + std::tanh(std::sqrt(2 / 3.141592653589793) * (v + 0.044715 * v * v * v)));
+       }},
+  };
+  for (const auto& c : cases) {
+    const Array r = c.op(y);
+    EXPECT_EQ(r.sharding().spec(), P("a", "b")) << c.name;
+    const Tensor expect = host(Shape{8, 8}, [&](std::int64_t i) { return c.ref(x.get(i)); });
+    EXPECT_LT(max_diff(r.to_host(), expect), 1e-5) << c.name;
+  }
+}
+
+TEST(Ops, BinaryOpsBroadcastLikeNumpy) {
+  Fixture fx;
+  const Tensor x = Tensor::normal(Shape{8, 4}, DType::kF32, 2);
+  const Tensor b = Tensor::normal(Shape{4}, DType::kF32, 3);
+  const Array r = fx.put(x, P("a")) + fx.put(b, P());
+  EXPECT_EQ(r.sharding().spec(), P("a"));
+  EXPECT_LT(max_diff(r.to_host(),
+                     host(Shape{8, 4}, [&](std::int64_t i) { return x.get(i) + b.get(i % 4); })),
+            1e-6);
+  const Array s = fx.put(x, P("a", "b")) * 2.0 - 1.0;
+  EXPECT_LT(
+      max_diff(s.to_host(), host(Shape{8, 4}, [&](std::int64_t i) { return 2 * x.get(i) - 1; })),
+      1e-6);
+  const Array m = maximum(fx.put(x, P("a")), full_like(fx.put(x, P("a")), 0.25));
+  EXPECT_LT(max_diff(m.to_host(),
+                     host(Shape{8, 4}, [&](std::int64_t i) { return std::max(x.get(i), 0.25); })),
+            1e-7);
+  const Array w = where(greater(fx.put(x, P("a")), full_like(fx.put(x, P("a")), 0.0)),
+                        fx.put(x, P("a")), full_like(fx.put(x, P("a")), -1.0));
+  EXPECT_LT(
+      max_diff(w.to_host(),
+               host(Shape{8, 4}, [&](std::int64_t i) { return x.get(i) > 0 ? x.get(i) : -1.0; })),
+      1e-7);
+}
+
+TEST(Ops, MatmulOfRowAndColumnShardsNeedsNoCommunication) {
+  Fixture fx;
+  const Tensor x = Tensor::normal(Shape{8, 16}, DType::kF32, 4);
+  const Tensor w = Tensor::normal(Shape{16, 8}, DType::kF32, 5);
+  const Array r = matmul(fx.put(x, P("a", nullptr)), fx.put(w, P(nullptr, "b")));
+  EXPECT_EQ(r.sharding().spec(), P("a", "b"));
+  const Tensor expect = host(Shape{8, 8}, [&](std::int64_t i) {
+    double acc = 0;
+    for (int k = 0; k < 16; ++k) acc += x.get(i / 8 * 16 + k) * w.get(k * 8 + i % 8);
+    return acc;
+  });
+  EXPECT_LT(max_diff(r.to_host(), expect), 1e-4);
+}
+
+TEST(Ops, ContractingAShardedDimensionReducesThePartialSums) {
+  Fixture fx;
+  const Tensor x = Tensor::normal(Shape{4, 16}, DType::kF64, 6);
+  const Tensor w = Tensor::normal(Shape{16, 4}, DType::kF64, 7);
+  const Array r = matmul(fx.put(x, P(nullptr, "a")), fx.put(w, P("a", nullptr)));
+  EXPECT_FALSE(r.is_pending());
+  const Tensor expect = host(Shape{4, 4}, [&](std::int64_t i) {
+    double acc = 0;
+    for (int k = 0; k < 16; ++k) acc += x.get(i / 4 * 16 + k) * w.get(k * 4 + i % 4);
+    return acc;
+  });
+  EXPECT_LT(max_diff(r.to_host(), expect), 1e-12);
+  // A sum over a sharded axis too.
+  const Array s = sum(fx.put(x, P(nullptr, "a")), {1});
+  EXPECT_LT(max_diff(s.to_host(), host(Shape{4},
+                                       [&](std::int64_t i) {
+                                         double acc = 0;
+                                         for (int k = 0; k < 16; ++k) acc += x.get(i * 16 + k);
+                                         return acc;
+                                       })),
+            1e-12);
+}
+
+TEST(Ops, ShapeOpsMoveTheRightElements) {
+  Fixture fx;
+  const Tensor x = Tensor::generate(Shape{8, 4}, DType::kF32, Generator::iota());
+  const Array a = fx.put(x, P("a", "b"));
+  EXPECT_EQ(transpose(a, {1, 0}).to_host().to_doubles(), host(Shape{4, 8}, [](std::int64_t i) {
+                                                           return double(i % 8 * 4 + i / 8);
+                                                         }).to_doubles());
+  EXPECT_EQ(reshape(a, Shape{4, 8}).to_host().to_doubles(), x.to_doubles());
+  EXPECT_EQ(slice(a, {2, 1}, {5, 3}).to_host().to_doubles(),
+            (std::vector<double>{9, 10, 13, 14, 17, 18}));
+  EXPECT_EQ(concatenate({a, a}, 1).shape(), Shape({8, 8}));
+  EXPECT_EQ(concatenate({a, a}, 1).to_host().get(5), 1.0);
+  const Array idx = device_put(Tensor::from<std::int32_t>(Shape{3}, {7, 0, 2}),
+                               NamedSharding(fx.mesh, P()), fx.exec);
+  EXPECT_EQ(take(a, idx, 0).to_host().to_doubles(),
+            (std::vector<double>{28, 29, 30, 31, 0, 1, 2, 3, 8, 9, 10, 11}));
+  EXPECT_EQ(one_hot(idx, 8).to_host().get(7), 1.0);
+  EXPECT_EQ(one_hot(idx, 8).to_host().get(8), 1.0);
+  EXPECT_EQ(sum(one_hot(idx, 8)).to_host().get(0), 3.0);
+}
+
+TEST(Ops, NeuralNetworkPiecesMatchTheirDefinitions) {
+  Fixture fx;
+  const Tensor x = Tensor::normal(Shape{8, 6}, DType::kF64, 9);
+  const Array a = fx.put(x, P("a"));
+  auto row = [&](std::int64_t r, int c) { return x.get(r * 6 + c); };
+  const Tensor sm = softmax(a).to_host();
+  const Tensor ls = log_softmax(a).to_host();
+  for (std::int64_t r = 0; r < 8; ++r) {
+    double z = 0;
+    for (int c = 0; c < 6; ++c) z += std::exp(row(r, c));
+    for (int c = 0; c < 6; ++c) {
+      EXPECT_NEAR(sm.get(r * 6 + c), std::exp(row(r, c)) / z, 1e-12);
+      EXPECT_NEAR(ls.get(r * 6 + c), row(r, c) - std::log(z), 1e-12);
+    }
+  }
+  const Array labels = device_put(Tensor::from<std::int32_t>(Shape{8}, {0, 1, 2, 3, 4, 5, 0, 1}),
+                                  NamedSharding(fx.mesh, P("a")), fx.exec);
+  const Tensor ce = cross_entropy(a, labels).to_host();
+  for (std::int64_t r = 0; r < 8; ++r) {
+    EXPECT_NEAR(ce.get(r), -ls.get(r * 6 + labels.to_host().get(r)), 1e-12);
+  }
+  const Tensor scale = Tensor::uniform(Shape{6}, DType::kF64, 1, 0.5, 1.5);
+  const Tensor bias = Tensor::uniform(Shape{6}, DType::kF64, 2);
+  const Tensor ln = layer_norm(a, fx.put(scale, P()), fx.put(bias, P()), 1e-5).to_host();
+  const Tensor rn = rms_norm(a, fx.put(scale, P()), 1e-6).to_host();
+  for (std::int64_t r = 0; r < 8; ++r) {
+    double mu = 0, ms = 0, var = 0;
+    for (int c = 0; c < 6; ++c) mu += row(r, c) / 6;
+    for (int c = 0; c < 6; ++c) {
+      var += (row(r, c) - mu) * (row(r, c) - mu) / 6;
+      ms += row(r, c) * row(r, c) / 6;
+    }
+    for (int c = 0; c < 6; ++c) {
+      EXPECT_NEAR(ln.get(r * 6 + c),
+                  (row(r, c) - mu) / std::sqrt(var + 1e-5) * scale.get(c) + bias.get(c), 1e-10);
+      EXPECT_NEAR(rn.get(r * 6 + c), row(r, c) / std::sqrt(ms + 1e-6) * scale.get(c), 1e-10);
+    }
+  }
+  const Tensor masked =
+      causal_mask(fx.put(Tensor::ones(Shape{4, 4}, DType::kF32), P("a"))).to_host();
+  EXPECT_EQ(masked.get(0 * 4 + 0), 1.0);
+  EXPECT_LT(masked.get(0 * 4 + 1), -1e29);
+  EXPECT_EQ(masked.get(3 * 4 + 2), 1.0);
+}
+
+TEST(Ops, ConstraintOutsideSjitReshardsAtOnceAndAnnotationIsIdentity) {
+  Fixture fx;
+  const Tensor x = Tensor::normal(Shape{8, 8}, DType::kF32, 3);
+  const Array a = fx.put(x, P("a"));
+  const Array c = with_sharding_constraint(a, P(nullptr, "b"));
+  EXPECT_EQ(c.sharding().spec(), P(nullptr, "b"));
+  EXPECT_TRUE(c.to_host() == x);
+  EXPECT_EQ(with_sharding_annotation(a, "anything").sharding().spec(), P("a"));
+}
+
+TEST(Ops, ShapeAndDtypeErrorsNameTheOpAndTheShapes) {
+  Fixture fx;
+  const Array a = fx.put(Tensor::ones(Shape{8, 4}, DType::kF32), P("a"));
+  const Array b = fx.put(Tensor::ones(Shape{8, 3}, DType::kF32), P("a"));
+  EXPECT_THROW_WITH(a + b, SpecError, "[add]", "f32[8, 4]", "f32[8, 3]", "do not broadcast");
+  EXPECT_THROW_WITH(matmul(a, b), SpecError, "[matmul]", "f32[8, 4]", "f32[8, 3]", "4 != 8");
+  EXPECT_THROW_WITH(a + fx.put(Tensor::ones(Shape{8, 4}, DType::kF64), P()), SpecError, "[add]",
+                    "different dtypes");
+  EXPECT_THROW_WITH(reshape(a, Shape{5, 5}), SpecError, "[reshape]", "[8, 4]", "[5, 5]");
+  EXPECT_THROW_WITH(sin(fx.put(Tensor::ones(Shape{8}, DType::kI32), P())), SpecError, "[sin]",
+                    "i32[8]");
+  EXPECT_THROW_WITH(transpose(a, {0, 0}), SpecError, "[transpose]", "not a permutation");
+  const Executor other(8);
+  EXPECT_THROW_WITH(
+      a + device_put(Tensor::ones(Shape{8, 4}, DType::kF32), NamedSharding(fx.mesh, P()), other),
+      ArrayError, "different executors");
+}
+
+}  // namespace
+}  // namespace shardplan

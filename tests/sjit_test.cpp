@@ -1,0 +1,304 @@
+// sjit: tracing, propagation (with origins), partitioning, the compiled-program cache,
+// constraints, annotations, donation, lower() on abstract arguments, and the examples of JAX's
+// "Distributed arrays" guide and Flax's DotReluDot, each against the single-device result.
+#include "shardplan/sjit.hpp"
+
+#include <cmath>
+
+#include "shardplan/collectives.hpp"
+#include "shardplan/error.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+double max_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double m = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.get(i) - b.get(i)));
+  return m;
+}
+
+struct Meshes {
+  Executor exec{8};
+  Mesh mesh = Mesh::parse("data:4,model:2", 8);
+  Executor one{1};
+  Mesh single = Mesh::parse("data:1,model:1", 1);  // same axis names, one device
+  Array put(const Tensor& t, const PartitionSpec& s) const {
+    return device_put(t, NamedSharding(mesh, s), exec);
+  }
+  Array put1(const Tensor& t) const { return device_put(t, NamedSharding(single, P()), one); }
+};
+
+Array dot_relu_dot(const Array& x, const Array& w1, const Array& w2) {
+  Array h = relu(matmul(x, w1));
+  h = with_sharding_constraint(h, P("data", "model"));
+  return matmul(h, w2);
+}
+
+TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
+  Meshes s;
+  const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 1);
+  const Tensor w1 = Tensor::normal(Shape{8, 32}, DType::kF32, 2);
+  const Tensor w2 = Tensor::normal(Shape{32, 8}, DType::kF32, 3);
+  SjitOptions o;
+  o.out_shardings = RuleTree(P("data", nullptr));
+  auto step = MeshShardingHelper(s.mesh).sjit(&dot_relu_dot, o);
+  const Array xs = s.put(x, P("data")), w1s = s.put(w1, P(nullptr, "model")),
+              w2s = s.put(w2, P("model"));
+  const Array y = step(xs, w1s, w2s);
+  EXPECT_EQ(y.sharding().spec(), P("data"));
+  const Array y1 = dot_relu_dot(s.put1(x), s.put1(w1), s.put1(w2));
+  EXPECT_LT(max_diff(y.to_host(), y1.to_host()), 1e-4);
+  const Lowered low = step.lower(xs, w1s, w2s);
+  const std::string text = low.text();
+  // The hidden activation is sharded by the constraint, the first dot takes it by propagation,
+  // and the second dot's partial sums over 'model' are reduced for the ('data', None) output.
+  EXPECT_THAT(text, ::testing::HasSubstr("with_sharding_constraint"));
+  EXPECT_THAT(text, ::testing::HasSubstr("pending sum over model"));
+  EXPECT_THAT(text, ::testing::HasSubstr("all_reduce over 'model'"));
+  EXPECT_THAT(text, ::testing::HasSubstr("output 0 (out_shardings)"));
+  EXPECT_EQ(low.cost().bytes_by_kind.count("all_reduce"), 1u);
+  // Bitwise the same from run to run.
+  EXPECT_TRUE(step(xs, w1s, w2s).to_host() == y.to_host());
+}
+
+TEST(Sjit, TheGuidesDotNeedsNoCommunication) {
+  Meshes s;
+  auto dot = sjit(s.mesh, [](const Array& a, const Array& b) { return matmul(a, b); });
+  const Tensor a = Tensor::normal(Shape{16, 8}, DType::kF32, 4);
+  const Tensor b = Tensor::normal(Shape{8, 16}, DType::kF32, 5);
+  const Array as = s.put(a, P("data", nullptr)), bs = s.put(b, P(nullptr, "model"));
+  const Array c = dot(as, bs);
+  EXPECT_EQ(c.sharding().spec(), P("data", "model"));
+  EXPECT_TRUE(dot.lower(as, bs).cost().bytes_by_kind.empty());
+  EXPECT_LT(max_diff(c.to_host(), matmul(s.put1(a), s.put1(b)).to_host()), 1e-5);
+  // sin of an array sharded 4 x 2 keeps its sharding.
+  auto f = sjit(s.mesh, [](const Array& v) { return sin(v); });
+  EXPECT_EQ(f(s.put(a, P("data", "model"))).sharding().spec(), P("data", "model"));
+}
+
+TEST(Sjit, ProgramsAreCachedPerSignature) {
+  Meshes s;
+  int traces = 0;
+  auto f = sjit(s.mesh, [&](const Array& x, int power) {
+    ++traces;
+    Array y = x;
+    for (int i = 1; i < power; ++i) y = y * x;
+    return y;
+  });
+  const Array a = s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P("data"));
+  f(a, 2);
+  f(a, 2);
+  EXPECT_EQ(traces, 1);
+  EXPECT_EQ(f.cache_size(), 1u);
+  f(a, 3);  // another static value
+  EXPECT_EQ(traces, 2);
+  f(s.put(Tensor::ones(Shape{8, 16}, DType::kF32), P("data")), 2);  // another shape
+  EXPECT_EQ(traces, 3);
+  f(s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P(nullptr, "model")), 2);  // another sharding
+  EXPECT_EQ(traces, 4);
+  f(s.put(Tensor::ones(Shape{8, 8}, DType::kBF16), P("data")), 2);  // another dtype
+  EXPECT_EQ(traces, 5);
+  f(a, 2);
+  EXPECT_EQ(traces, 5);
+  EXPECT_EQ(f.cache_size(), 5u);
+}
+
+TEST(Sjit, InShardingsReshardArgumentsAndTreesWork) {
+  Meshes s;
+  auto f = sjit(
+      s.mesh,
+      [](const Tree<Array>& params, const Array& x) {
+        return Tree<Array>::dict(
+            {{"y", matmul(x, params.at("w").leaf()) + params.at("b").leaf()}, {"x", x}});
+      },
+      SjitOptions{.in_shardings = RuleTree::list(
+                      {RuleTree::dict({{"w", RuleTree(P(nullptr, "model"))}, {"b", RuleTree(P())}}),
+                       RuleTree(P("data"))})});
+  const Tensor w = Tensor::normal(Shape{8, 4}, DType::kF32, 1);
+  const Tensor b = Tensor::normal(Shape{4}, DType::kF32, 2);
+  const Tensor x = Tensor::normal(Shape{8, 8}, DType::kF32, 3);
+  const Tree<Array> params = Tree<Array>::dict({{"w", s.put(w, P())}, {"b", s.put(b, P())}});
+  const Tree<Array> out = f(params, s.put(x, P()));
+  EXPECT_EQ(out.at("x").leaf().sharding().spec(), P("data"));
+  EXPECT_EQ(out.at("y").leaf().sharding().spec(), P("data", "model"));
+  const Array ref = matmul(s.put1(x), s.put1(w)) + s.put1(b);
+  EXPECT_LT(max_diff(out.at("y").leaf().to_host(), ref.to_host()), 1e-5);
+}
+
+Array annotated(const Array& x, const Array& w) {
+  const Array h = with_sharding_annotation(relu(matmul(x, w)), "hidden");
+  return sum(h, {1});
+}
+
+TEST(Sjit, OneFunctionTwoAnnotationMapsTwoPrograms) {
+  Meshes s;
+  const Tensor x = Tensor::normal(Shape{8, 8}, DType::kF32, 6);
+  const Tensor w = Tensor::normal(Shape{8, 16}, DType::kF32, 7);
+  const Array xs = s.put(x, P()), ws = s.put(w, P());
+  SjitOptions by_rows, by_cols;
+  by_rows.annotation_shardings = {{"hidden", RuleTree(P("data", nullptr))}};
+  by_cols.annotation_shardings = {{"hidden", RuleTree(P(nullptr, "model"))}};
+  auto f_rows = sjit(s.mesh, &annotated, by_rows);
+  auto f_cols = sjit(s.mesh, &annotated, by_cols);
+  const std::string rows = f_rows.lower(xs, ws).text();
+  const std::string cols = f_cols.lower(xs, ws).text();
+  EXPECT_NE(rows, cols);
+  EXPECT_THAT(rows, ::testing::HasSubstr("annotation 'hidden'"));
+  EXPECT_THAT(cols, ::testing::HasSubstr("reduce_sum on blocks [8] (pending sum over model)"));
+  const Tensor ref = annotated(s.put1(x), s.put1(w)).to_host();
+  EXPECT_LT(max_diff(f_rows(xs, ws).to_host(), ref), 1e-5);
+  EXPECT_LT(max_diff(f_cols(xs, ws).to_host(), ref), 1e-5);
+  // A name the sjit was not given is an error listing the known ones, unless allowed.
+  SjitOptions other;
+  other.annotation_shardings = {{"embed", RuleTree(P())}};
+  EXPECT_THROW_WITH(sjit(s.mesh, &annotated, other)(xs, ws), SpecError, "'hidden'", "'embed'");
+  other.allow_unknown_annotations = true;
+  EXPECT_LT(max_diff(sjit(s.mesh, &annotated, other)(xs, ws).to_host(), ref), 1e-5);
+}
+
+TEST(Sjit, ArgsShardingConstraintAppliesOnEntry) {
+  Meshes s;
+  SjitOptions o;
+  o.args_sharding_constraint = RuleTree::list({RuleTree(P("data", "model"))});
+  auto f = sjit(
+      s.mesh, [](const Array& x) { return exp(x); }, o);
+  const Array x = s.put(Tensor::normal(Shape{8, 8}, DType::kF32, 1), P());
+  EXPECT_EQ(f(x).sharding().spec(), P("data", "model"));
+  EXPECT_THAT(f.lower(x).text(), ::testing::HasSubstr("with_sharding_constraint"));
+}
+
+TEST(Sjit, DonatedArgumentsCannotBeUsedAfterwards) {
+  Meshes s;
+  SjitOptions o;
+  o.donate_argnums = {0};
+  auto f = sjit(
+      s.mesh, [](const Array& x) { return x * 2.0; }, o);
+  Array x = s.put(Tensor::ones(Shape{64, 64}, DType::kF32), P("data"));
+  const Array y = f(x);
+  EXPECT_EQ(y.to_host().get(0), 2.0);
+  EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
+  // Only the output lives on: the donated buffers went back to the executor.
+  EXPECT_EQ(s.exec.memory(0).in_use, y.shard_nbytes());
+}
+
+TEST(Sjit, LowerWorksOnAbstractArgumentsTooLargeToRun) {
+  Meshes s;
+  auto f = sjit(
+      s.mesh, [](const Array& x, const Array& w) { return relu(matmul(x, w)); },
+      SjitOptions{.in_shardings =
+                      RuleTree::list({RuleTree(P("data")), RuleTree(P(nullptr, "model"))})});
+  // 64 GiB of weights: never allocated.
+  const TensorSpec x{Shape{1024, 131072}, DType::kF32};
+  const TensorSpec w{Shape{131072, 131072}, DType::kF32};
+  const std::int64_t before = s.exec.memory(0).in_use;
+  const Lowered low = f.lower(x, w);
+  EXPECT_EQ(s.exec.memory(0).in_use, before);
+  // Per device: x/4 (128 MiB) + w/2 (32 GiB) + the result block [256, 65536] (64 MiB), twice
+  // (dot, then relu; the dot's block is freed after relu).
+  const std::int64_t expect =
+      1024LL * 131072 * 4 / 4 + 131072LL * 131072 * 4 / 2 + 2 * 256LL * 65536 * 4;
+  EXPECT_EQ(low.cost().peak_bytes[0], expect);
+  EXPECT_DOUBLE_EQ(low.cost().flops[0], 2.0 * 256 * 131072 * 65536 + 256.0 * 65536);
+  EXPECT_THROW_WITH(f(x, w), ArrayError, "TensorSpec", "lower()");
+}
+
+struct State {
+  Array step;
+  Tree<Array> params;
+};
+SHARDPLAN_TREE_STRUCT(State, step, params)
+
+TEST(Sjit, RegisteredStructsGoInAndComeOut) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const State& st) {
+    return State{st.step + 1.0, st.params.map([](const Array& p) { return p * 0.5; })};
+  });
+  const State st{
+      s.put(Tensor::zeros(Shape{}, DType::kF32), P()),
+      Tree<Array>::dict({{"w", s.put(Tensor::ones(Shape{8, 2}, DType::kF32), P("data"))}})};
+  const State next = f(st);
+  EXPECT_EQ(next.step.to_host().get(0), 1.0);
+  EXPECT_EQ(next.params.at("w").leaf().to_host().get(3), 0.5);
+  EXPECT_EQ(next.params.at("w").leaf().sharding().spec(), P("data"));
+}
+
+TEST(Sjit, TracersDoNotEscape) {
+  Meshes s;
+  Array leaked;
+  auto f = sjit(s.mesh, [&](const Array& x) {
+    leaked = x;
+    EXPECT_TRUE(x.is_tracer());
+    EXPECT_THROW_WITH(x.to_host(), ArrayError, "tracer");
+    return x + 1.0;
+  });
+  f(s.put(Tensor::ones(Shape{8}, DType::kF32), P("data")));
+  EXPECT_THROW_WITH(sin(leaked), ArrayError, "tracer", "outside");
+}
+
+TEST(Sjit, ArraysFromOutsideAreCapturedAsInputs) {
+  Meshes s;
+  const Array bias = s.put(Tensor::ones(Shape{8}, DType::kF32), P("data"));
+  auto f = sjit(s.mesh, [&](const Array& x) { return x + bias; });
+  const Array y = f(s.put(Tensor::ones(Shape{8}, DType::kF32), P()));
+  EXPECT_EQ(y.to_host().to_doubles(), std::vector<double>(8, 2.0));
+}
+
+// The guide's MLP (smaller layers): forward loss with 8-way data parallelism and with 4-way data
+// x 2-way tensor parallelism, equal to the single-device loss.
+Array mlp_loss(const Tree<Array>& params, const Array& x, const Array& labels) {
+  Array h = x;
+  const auto& layers = params.children();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    h = matmul(h, layers[i].at("w").leaf()) + layers[i].at("b").leaf();
+    if (i + 1 < layers.size()) h = relu(h);
+  }
+  return mean(cross_entropy(h, labels));
+}
+
+TEST(Sjit, TheGuidesMlpLossIsTheSameDataParallelAndTensorParallel) {
+  const std::vector<std::int64_t> sizes = {64, 128, 128, 128, 10};
+  std::vector<Tensor> ws, bs;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    ws.push_back(Tensor::normal(Shape{sizes[i], sizes[i + 1]}, DType::kF32, 10 + i, 0,
+                                1.0 / std::sqrt(static_cast<double>(sizes[i]))));
+    bs.push_back(Tensor::normal(Shape{sizes[i + 1]}, DType::kF32, 20 + i, 0, 0.1));
+  }
+  const Tensor x = Tensor::normal(Shape{32, 64}, DType::kF32, 1);
+  std::vector<std::int32_t> lab;
+  for (int i = 0; i < 32; ++i) lab.push_back(i % 10);
+  const Tensor labels = Tensor::from<std::int32_t>(Shape{32}, lab);
+
+  auto run = [&](const Mesh& mesh, const Executor& exec, auto w_spec, const PartitionSpec& batch) {
+    std::vector<Tree<Array>> layers;
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      const auto [wsp, bsp] = w_spec(i);
+      layers.push_back(
+          Tree<Array>::dict({{"w", device_put(ws[i], NamedSharding(mesh, wsp), exec)},
+                             {"b", device_put(bs[i], NamedSharding(mesh, bsp), exec)}}));
+    }
+    auto loss = sjit(mesh, &mlp_loss);
+    return loss(Tree<Array>::list(layers), device_put(x, NamedSharding(mesh, batch), exec),
+                device_put(labels, NamedSharding(mesh, batch), exec))
+        .to_host()
+        .get(0);
+  };
+  const Executor one(1), eight(8);
+  const auto replicated = [](std::size_t) { return std::pair{P(), P()}; };
+  const double single = run(Mesh::parse("data:1,model:1", 1), one, replicated, P());
+  const double dp = run(Mesh::parse("data:8", 8), eight, replicated, P("data"));
+  // W2 P(None, 'model'), W3 P('model', None), as in the guide.
+  const auto tp = [](std::size_t i) {
+    if (i == 1) return std::pair{P(nullptr, "model"), P("model")};
+    if (i == 2) return std::pair{P("model", nullptr), P()};
+    return std::pair{P(), P()};
+  };
+  const double dp_tp = run(Mesh::parse("data:4,model:2", 8), eight, tp, P("data"));
+  EXPECT_GT(single, 1.0);  // about log(10) for an untrained net
+  EXPECT_NEAR(dp, single, 1e-5);
+  EXPECT_NEAR(dp_tp, single, 1e-5);
+}
+
+}  // namespace
+}  // namespace shardplan
