@@ -174,13 +174,27 @@ TEST(Sjit, DonatedArgumentsCannotBeUsedAfterwards) {
   SjitOptions o;
   o.donate_argnums = {0};
   auto f = sjit(
-      s.mesh, [](const Array& x) { return x * 2.0; }, o);
+      s.mesh, [](const Array& x) { return x + x; }, o);
   Array x = s.put(Tensor::ones(Shape{64, 64}, DType::kF32), P("data"));
   const Array y = f(x);
   EXPECT_EQ(y.to_host().get(0), 2.0);
   EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
   // Only the output lives on: the donated buffers went back to the executor.
   EXPECT_EQ(s.exec.memory(0).in_use, y.shard_nbytes());
+}
+
+TEST(Sjit, ConstantsAreComputedOncePerExecutorAndStayCorrect) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x) { return x * 2.0 + 1.0; });
+  const Tensor t = Tensor::normal(Shape{8, 8}, DType::kF32, 3);
+  const Tensor expect = (s.put1(t) * 2.0 + 1.0).to_host();
+  EXPECT_LT(max_diff(f(s.put(t, P("data"))).to_host(), expect), 1e-6);
+  EXPECT_LT(max_diff(f(s.put(t, P("data"))).to_host(), expect), 1e-6);  // constants cached
+  const Executor other(8);  // another executor: its own constants
+  const Array on_other = device_put(t, NamedSharding(s.mesh, P("data")), other);
+  const Array y = f(on_other);
+  EXPECT_EQ(y.executor(), other);
+  EXPECT_LT(max_diff(y.to_host(), expect), 1e-6);
 }
 
 TEST(Sjit, LowerWorksOnAbstractArgumentsTooLargeToRun) {

@@ -49,6 +49,11 @@ class Array {
   /// split or pending axes that are not mesh axes unused by the spec.
   static Array from_buffers(Executor executor, Shape shape, DType dtype, NamedSharding sharding,
                             std::vector<std::shared_ptr<Buffer>> buffers, Pending pending = {});
+  /// As above, with the sharding's device blocks for `shape` already computed (a program
+  /// computes them once per step, not once per run).
+  static Array from_buffers(Executor executor, Shape shape, DType dtype, NamedSharding sharding,
+                            std::shared_ptr<const std::vector<Block>> blocks,
+                            std::vector<std::shared_ptr<Buffer>> buffers, Pending pending = {});
 
   /// An array whose element at each global row-major index is the generator's; every device
   /// fills only its own block (no device, nor the host, ever holds the whole array).
@@ -123,7 +128,7 @@ class Array {
     DType dtype;
     NamedSharding sharding;
     Shape shard_shape;
-    std::vector<Block> blocks;  // by device id
+    std::shared_ptr<const std::vector<Block>> blocks;  // by device id (shared: programs reuse them)
     Pending pending;
     // By device id. Mutable only for donation (sjit's donate_argnums), which takes them.
     mutable std::vector<std::shared_ptr<Buffer>> buffers;

@@ -95,6 +95,9 @@ class Executor {
   void run(DeviceTask task) const;
   /// Runs task(device) for the listed devices only.
   void run(const std::vector<int>& devices, DeviceTask task) const;
+  /// As run(devices, task), on the calling thread one device after another when `parallel` is
+  /// false (tiny steps, where waking the pool costs more than the work); errors alike.
+  void run(const std::vector<int>& devices, DeviceTask task, bool parallel) const;
 
   /// A buffer of `bytes` on `device`. Throws OutOfMemoryError past the device's limit (naming the
   /// device, the bytes asked for, in use and the limit), SpecError for a bad device.
@@ -116,6 +119,9 @@ class Executor {
   void reset_peak() const;
   /// A table: device, in use, peak, limit (human-readable sizes).
   std::string memory_report() const;
+
+  /// An address naming these devices (equal for copies of the handle).
+  const void* identity() const { return impl_.get(); }
 
   /// True when both handles refer to the same devices.
   friend bool operator==(const Executor& a, const Executor& b) { return a.impl_ == b.impl_; }

@@ -177,13 +177,14 @@ class Propagator {
           for (const auto& a : axes) free = free && !sh.uses(a);
           if (!free) continue;
           sh.dims[d] = axes;
+          const std::string note =
+              fmt::format("from {} through {}", value_name(best_value),
+                          s.value == id ? std::string(name(node.op))
+                                        : fmt::format("{} (backward)", name(node.op)));
           if (!sh.known || sh.origin.empty()) {
-            sh.origin = fmt::format("from {} through {}", value_name(best_value),
-                                    s.value == id ? std::string(name(node.op))
-                                                  : fmt::format("{} (backward)", name(node.op)));
-          } else {
-            sh.origin += fmt::format("; dim {} from {} through {}", d, value_name(best_value),
-                                     name(node.op));
+            sh.origin = note;
+          } else if (sh.origin.find(note) == std::string::npos) {
+            sh.origin += fmt::format("; dim {} {}", d, note);
           }
           sh.known = true;
           changed = true;
@@ -276,6 +277,17 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     Pending pending;
   };
   std::vector<State> state(static_cast<std::size_t>(num));
+  // Values that depend on no input (constants, iotas and what is computed from them only).
+  std::vector<bool> is_constant(static_cast<std::size_t>(num), false);
+  for (int i = 0; i < num; ++i) {
+    const Node& n = g.nodes[static_cast<std::size_t>(i)];
+    bool c = n.op == Op::kConstant || n.op == Op::kIota;
+    if (n.op != Op::kInput && !n.operands.empty()) {
+      c = true;
+      for (const int o : n.operands) c = c && is_constant[static_cast<std::size_t>(o)];
+    }
+    is_constant[static_cast<std::size_t>(i)] = c;
+  }
   std::map<std::pair<int, std::string>, int> resharded;  // (value, spec) -> slot
   const auto num_devices = static_cast<std::size_t>(mesh.size());
   prog.cost_.flops.assign(num_devices, 0);
@@ -297,6 +309,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     step.type = t;
     step.sharding = target;
     step.cost = plan_reshard(t.shape, t.dtype, cur, st.pending, target);
+    step.constant = is_constant[static_cast<std::size_t>(value)];
     for (const auto& rec : step.cost) {
       auto& b = prog.cost_.bytes_by_kind[rec.kind];
       b += rec.max_bytes_in();
@@ -406,7 +419,15 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     step.type = n.type;
     step.sharding = out_sharding;
     step.pending = pend;
+    step.blocks =
+        std::make_shared<const std::vector<Block>>(out_sharding.device_blocks(n.type.shape));
+    for (const Block& b : *step.blocks) {
+      std::vector<std::int64_t> o;
+      for (const auto& dim : b) o.push_back(dim.start);
+      step.offsets.push_back(std::move(o));
+    }
     step.flops = kernel_flops(step.local, in_local, local);
+    step.constant = is_constant[static_cast<std::size_t>(i)];
     for (auto& fl : prog.cost_.flops) fl += step.flops;
     st.slot = step.out;
     prog.steps_.push_back(std::move(step));
@@ -425,6 +446,12 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   }
   std::set<int> keep(prog.output_slots_.begin(), prog.output_slots_.end());
   keep.insert(prog.input_slots_.begin(), prog.input_slots_.end());
+  for (const Step& st : prog.steps_) {
+    if (st.constant) {
+      prog.constant_slots_.push_back(st.out);
+      keep.insert(st.out);  // cached for the next run
+    }
+  }
   prog.free_after_.resize(prog.steps_.size());
   for (int s = 0; s < next_slot; ++s) {
     if (last[static_cast<std::size_t>(s)] >= 0 && !keep.count(s)) {
@@ -471,8 +498,19 @@ std::vector<Array> Program::run(const Executor& executor, const std::vector<Arra
         a.pending() == input_pending_[k] && a.sharding().is_equivalent_to(want, a.shape().rank());
     slots[static_cast<std::size_t>(input_slots_[k])] = same ? a : reshard(a, want).array;
   }
+  // Constant steps ran on this executor before: take their results.
+  bool have_constants = false;
+  if (!constant_slots_.empty()) {
+    std::lock_guard<std::mutex> lock(constants_->mu);
+    auto it = constants_->by_executor.find(executor.identity());
+    if (it != constants_->by_executor.end()) {
+      for (const auto& [slot, a] : it->second) slots[static_cast<std::size_t>(slot)] = a;
+      have_constants = true;
+    }
+  }
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
+    if (st.constant && have_constants) continue;
     if (st.kind == Step::Kind::kReshard) {
       slots[static_cast<std::size_t>(st.out)] =
           reshard(slots[static_cast<std::size_t>(st.in[0])], *st.sharding).array;
@@ -483,25 +521,36 @@ std::vector<Array> Program::run(const Executor& executor, const std::vector<Arra
       for (const int d : mesh_.devices()) {
         out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
       }
-      const auto blocks = st.sharding->device_blocks(st.type.shape);
       std::vector<const Array*> ins;
       for (const int in : st.in) ins.push_back(&slots[static_cast<std::size_t>(in)]);
-      executor.run(mesh_.devices(), [&](int d) {
-        std::vector<ConstBlock> in_blocks;
-        in_blocks.reserve(ins.size());
-        for (const Array* a : ins) {
-          in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
-        }
-        std::vector<std::int64_t> offset;
-        for (const auto& b : blocks[static_cast<std::size_t>(d)]) offset.push_back(b.start);
-        run_kernel(st.local, in_blocks,
-                   MutBlock{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype},
-                   offset);
-      });
-      slots[static_cast<std::size_t>(st.out)] = Array::from_buffers(
-          executor, st.type.shape, st.type.dtype, *st.sharding, std::move(out), st.pending);
+      // Steps of a few KiB run inline: waking the pool would cost more than the work.
+      const bool parallel = bytes * static_cast<std::int64_t>(mesh_.devices().size()) > (64 << 10);
+      executor.run(
+          mesh_.devices(),
+          [&](int d) {
+            std::vector<ConstBlock> in_blocks;
+            in_blocks.reserve(ins.size());
+            for (const Array* a : ins) {
+              in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
+            }
+            run_kernel(st.local, in_blocks,
+                       MutBlock{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype},
+                       st.offsets[static_cast<std::size_t>(d)]);
+          },
+          parallel);
+      slots[static_cast<std::size_t>(st.out)] =
+          Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
+                              std::move(out), st.pending);
     }
     for (const int f : free_after_[s]) slots[static_cast<std::size_t>(f)] = Array();
+  }
+  if (!constant_slots_.empty() && !have_constants) {
+    std::vector<std::pair<int, Array>> made;
+    for (const int slot : constant_slots_)
+      made.emplace_back(slot, slots[static_cast<std::size_t>(slot)]);
+    std::lock_guard<std::mutex> lock(constants_->mu);
+    if (constants_->by_executor.size() > 16) constants_->by_executor.clear();
+    constants_->by_executor.emplace(executor.identity(), std::move(made));
   }
   std::vector<Array> outs;
   for (const int s : output_slots_) outs.push_back(slots[static_cast<std::size_t>(s)]);

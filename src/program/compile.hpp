@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,8 +44,11 @@ struct Step {
   TensorType type;                        // global type of the result
   std::optional<NamedSharding> sharding;  // of the result (always set)
   Pending pending;                        // kernel result
-  std::vector<CollectiveRecord> cost;     // reshard: the collectives it will run (static)
-  double flops = 0;                       // kernel: per device (the most of any device)
+  std::shared_ptr<const std::vector<Block>> blocks;  // kernel: the result's blocks by device
+  std::vector<std::vector<std::int64_t>> offsets;    // kernel: their starts, by device
+  std::vector<CollectiveRecord> cost;  // reshard: the collectives it will run (static)
+  double flops = 0;                    // kernel: per device (the most of any device)
+  bool constant = false;               // depends on no input: run once per executor, then cached
 };
 
 class Program {
@@ -78,6 +83,13 @@ class Program {
   std::vector<Pending> input_pending_;
   std::vector<NamedSharding> output_shardings_;
   std::vector<std::vector<int>> free_after_;  // per step: slots no longer needed
+  // Results of the constant steps, per executor (they never change).
+  struct ConstantCache {
+    std::mutex mu;
+    std::map<const void*, std::vector<std::pair<int, Array>>> by_executor;
+  };
+  std::shared_ptr<ConstantCache> constants_ = std::make_shared<ConstantCache>();
+  std::vector<int> constant_slots_;
   CostReport cost_;
 };
 

@@ -488,9 +488,60 @@ void batched_matmul(const C* l, const C* r, C* y, const DotLayout& d) {
   }
 }
 
+// [batch, contract, free] order: the layout of a plain x @ w right operand ([k, n]).
+std::vector<int> contract_first_dims(int rank, const std::vector<int>& batch,
+                                     const std::vector<int>& contract) {
+  std::vector<int> perm = batch;
+  perm.insert(perm.end(), contract.begin(), contract.end());
+  for (int d = 0; d < rank; ++d) {
+    const bool paired = std::find(batch.begin(), batch.end(), d) != batch.end() ||
+                        std::find(contract.begin(), contract.end(), d) != contract.end();
+    if (!paired) perm.push_back(d);
+  }
+  return perm;
+}
+
+// f32/f64 operands already laid out as [batch, m, k] / [batch, k, n] (or [batch, k, m] /
+// [batch, n, k]) are multiplied in place, with Eigen told which ones are transposed, instead of
+// being copied into [batch, free, contract] first: x @ w never copies w.
+template <class T>
+bool dot_in_place(const Call& c, const DotLayout& d) {
+  const DotDims& dims = c.node.dot;
+  const bool l_mk = is_identity(d.lhs_perm);
+  const bool l_km =
+      is_identity(contract_first_dims(c.in[0].shape.rank(), dims.lhs_batch, dims.lhs_contract));
+  const bool r_nk = is_identity(d.rhs_perm);
+  const bool r_kn =
+      is_identity(contract_first_dims(c.in[1].shape.rank(), dims.rhs_batch, dims.rhs_contract));
+  if (!(l_mk || l_km) || !(r_nk || r_kn) || d.k == 0) return false;
+  const auto* l = c.in[0].data;
+  const auto* r = c.in[1].data;
+  auto* y = c.out.data;
+  const auto step = static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t b = 0; b < d.batch; ++b) {
+    const std::byte* lb = l + b * d.m * d.k * step;
+    const std::byte* rb = r + b * d.n * d.k * step;
+    auto out = as_matrix<T>(y + b * d.m * d.n * step, d.m, d.n);
+    if (l_mk && r_kn) {
+      out.noalias() = as_matrix<T>(lb, d.m, d.k) * as_matrix<T>(rb, d.k, d.n);
+    } else if (l_mk) {
+      out.noalias() = as_matrix<T>(lb, d.m, d.k) * as_matrix<T>(rb, d.n, d.k).transpose();
+    } else if (r_kn) {
+      out.noalias() = as_matrix<T>(lb, d.k, d.m).transpose() * as_matrix<T>(rb, d.k, d.n);
+    } else {
+      out.noalias() =
+          as_matrix<T>(lb, d.k, d.m).transpose() * as_matrix<T>(rb, d.n, d.k).transpose();
+    }
+  }
+  return true;
+}
+
 template <class T>
 void dot(const Call& c) {
   const DotLayout d = dot_layout(c.node.dot, c.in[0].shape, c.in[1].shape);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (dot_in_place<T>(c, d)) return;
+  }
   std::vector<Calc<T>> lhs_storage, rhs_storage;
   const Calc<T>* lhs = arrange<T>(c.in[0], d.lhs_perm, lhs_storage);
   const Calc<T>* rhs = arrange<T>(c.in[1], d.rhs_perm, rhs_storage);

@@ -96,12 +96,21 @@ const Array::Impl& Array::impl() const {
 
 Array Array::from_buffers(Executor executor, Shape shape, DType dtype, NamedSharding sharding,
                           std::vector<std::shared_ptr<Buffer>> buffers, Pending pending) {
+  auto blocks = std::make_shared<const std::vector<Block>>(sharding.device_blocks(shape));
+  return from_buffers(std::move(executor), std::move(shape), dtype, std::move(sharding),
+                      std::move(blocks), std::move(buffers), std::move(pending));
+}
+
+Array Array::from_buffers(Executor executor, Shape shape, DType dtype, NamedSharding sharding,
+                          std::shared_ptr<const std::vector<Block>> blocks,
+                          std::vector<std::shared_ptr<Buffer>> buffers, Pending pending) {
   const Mesh& mesh = sharding.mesh();
   check_devices(mesh, executor, "array");
   check_pending(pending, sharding);
-  auto impl = std::make_shared<Impl>(
-      Impl{executor, shape, dtype, sharding, sharding.shard_shape(shape),
-           sharding.device_blocks(shape), std::move(pending), std::move(buffers)});
+  Shape shard_shape = sharding.shard_shape(shape);
+  auto impl = std::make_shared<Impl>(Impl{executor, std::move(shape), dtype, sharding,
+                                          std::move(shard_shape), std::move(blocks),
+                                          std::move(pending), std::move(buffers)});
   impl->buffers.resize(static_cast<std::size_t>(executor.num_devices()));
   const std::int64_t bytes = impl->shard_shape.numel() * static_cast<std::int64_t>(size_of(dtype));
   for (const int d : mesh.devices()) {
@@ -185,7 +194,7 @@ const Block& Array::block(int device) const {
     throw ArrayError(fmt::format("[array] device {} holds no shard of this array (mesh {})", device,
                                  mesh().to_string()));
   }
-  return i.blocks[static_cast<std::size_t>(device)];
+  return (*i.blocks)[static_cast<std::size_t>(device)];
 }
 
 const Buffer& Array::shard(int device) const {
@@ -222,7 +231,7 @@ Tensor Array::to_host() const {
   i.executor.run(writers, [&](int d) {
     const std::size_t k =
         static_cast<std::size_t>(std::find(writers.begin(), writers.end(), d) - writers.begin());
-    const Block& b = i.blocks[static_cast<std::size_t>(d)];
+    const Block& b = (*i.blocks)[static_cast<std::size_t>(d)];
     const auto origin = origin_of(b);
     const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
     const std::byte* src = i.buffers[static_cast<std::size_t>(d)]->data();

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "shardplan/error.hpp"
@@ -34,7 +34,7 @@ struct alignas(64) DeviceAccount {
 // of faulting in fresh pages. Blocks are matched by their rounded size.
 struct BlockCache {
   std::mutex mu;
-  std::multimap<std::size_t, void*> blocks;  // rounded size -> block
+  std::unordered_map<std::size_t, std::vector<void*>> blocks;  // rounded size -> blocks
   std::size_t bytes = 0;
 };
 
@@ -65,9 +65,9 @@ struct DeviceAccounts {
     {
       std::lock_guard<std::mutex> lock(c.mu);
       auto it = c.blocks.find(size);
-      if (it != c.blocks.end()) {
-        void* p = it->second;
-        c.blocks.erase(it);
+      if (it != c.blocks.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
         c.bytes -= size;
         return p;
       }
@@ -80,7 +80,7 @@ struct DeviceAccounts {
     {
       std::lock_guard<std::mutex> lock(c.mu);
       if (c.bytes + size <= static_cast<std::size_t>(cache_limit.load(std::memory_order_relaxed))) {
-        c.blocks.emplace(size, p);
+        c.blocks[size].push_back(p);
         c.bytes += size;
         return;
       }
@@ -95,7 +95,9 @@ struct DeviceAccounts {
   void drop_cache(int device) noexcept {
     BlockCache& c = caches[static_cast<std::size_t>(device)];
     std::lock_guard<std::mutex> lock(c.mu);
-    for (auto& [size, p] : c.blocks) std::free(p);
+    for (auto& [size, list] : c.blocks) {
+      for (void* p : list) std::free(p);
+    }
     c.blocks.clear();
     c.bytes = 0;
   }
@@ -298,6 +300,29 @@ void Executor::run(DeviceTask task) const {
     }
   };
   for_each_index(*impl_, num_devices(), one);
+  errors.rethrow();
+}
+
+void Executor::run(const std::vector<int>& devices, DeviceTask task, bool parallel) const {
+  if (parallel) {
+    run(devices, task);
+    return;
+  }
+  const int n = num_devices();
+  for (const int d : devices) {
+    if (d < 0 || d >= n) {
+      throw SpecError(fmt::format("[executor] no device {} (this executor has {})", d, n));
+    }
+  }
+  StepErrors errors;
+  for (const int d : devices) {
+    try {
+      task(d);
+    } catch (...) {
+      errors.record(d);
+      break;
+    }
+  }
   errors.rethrow();
 }
 
