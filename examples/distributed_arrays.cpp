@@ -4,6 +4,7 @@
 //
 //   build/examples/example_distributed_arrays
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "shardplan/collectives.hpp"
@@ -17,7 +18,9 @@ int main() {
 
   // x = jax.random.normal(key, (8192, 8192)); y = jax.device_put(x, NamedSharding(mesh, P('a',
   // 'b')))
-  const Tensor x = Tensor::normal(Shape{8192, 8192}, DType::kF32, 0);
+  // SHARDPLAN_EXAMPLE_SMALL=1 (set by ctest) shrinks the array to 1024 x 1024.
+  const std::int64_t n = std::getenv("SHARDPLAN_EXAMPLE_SMALL") != nullptr ? 1024 : 8192;
+  const Tensor x = Tensor::normal(Shape{n, n}, DType::kF32, 0);
   const Array y = device_put(x, NamedSharding(mesh, P("a", "b")), exec);
   std::cout << "y = device_put(x, P('a', 'b')): " << y << "\n" << visualize(y) << "\n";
   std::cout << "each device holds " << y.shard_shape().to_string() << " = "

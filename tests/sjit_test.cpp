@@ -61,6 +61,14 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   EXPECT_EQ(low.cost().bytes_by_kind.count("all_reduce"), 1u);
   // Bitwise the same from run to run.
   EXPECT_TRUE(step(xs, w1s, w2s).to_host() == y.to_host());
+  // A consumer that keeps the output split over 'model' gets a reduce-scatter instead.
+  SjitOptions split = o;
+  split.out_shardings = RuleTree(P("data", "model"));
+  auto step2 = MeshShardingHelper(s.mesh).sjit(&dot_relu_dot, split);
+  const Lowered low2 = step2.lower(xs, w1s, w2s);
+  EXPECT_THAT(low2.text(), ::testing::HasSubstr("reduce_scatter over 'model'"));
+  EXPECT_EQ(low2.cost().bytes_by_kind.count("all_reduce"), 0u);
+  EXPECT_LT(max_diff(step2(xs, w1s, w2s).to_host(), y1.to_host()), 1e-4);
 }
 
 TEST(Sjit, TheGuidesDotNeedsNoCommunication) {

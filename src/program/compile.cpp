@@ -339,31 +339,109 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
       continue;
     }
     const OpFactors& f = prop.factors(i);
-    // Axes per factor: pass factors from the result's sharding; reduce factors from the
-    // operands (their first sharded dimension), without axes the pass factors use.
-    std::vector<AxisNames> axes(f.sizes.size());
-    std::set<std::string> used;
+    // Axes per factor. Pass factors take the result's sharding and reduce factors the operands'
+    // (first sharded dimension), an axis going to one factor only; which of the two claims an
+    // axis they both want is decided by cost (the bytes of the reshards each choice needs).
     const auto& rdims = prop.at(i).dims;
-    for (std::size_t d = 0; d < f.result.size(); ++d) {
-      const int fac = f.result[d];
-      if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kPass) continue;
-      if (!axes[static_cast<std::size_t>(fac)].empty()) continue;
-      axes[static_cast<std::size_t>(fac)] = rdims[d];
-      used.insert(rdims[d].begin(), rdims[d].end());
-    }
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      const auto& odims = prop.at(n.operands[k]).dims;
-      for (std::size_t d = 0; d < f.operands[k].size(); ++d) {
-        const int fac = f.operands[k][d];
-        if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kReduce) continue;
-        if (!axes[static_cast<std::size_t>(fac)].empty() || odims[d].empty()) continue;
-        bool free = true;
-        for (const auto& a : odims[d]) free = free && !used.count(a);
-        if (!free || f.sizes[static_cast<std::size_t>(fac)] % product(mesh, odims[d]) != 0)
-          continue;
-        axes[static_cast<std::size_t>(fac)] = odims[d];
-        used.insert(odims[d].begin(), odims[d].end());
+    auto assign = [&](bool reduce_first) {
+      std::vector<AxisNames> axes(f.sizes.size());
+      std::set<std::string> used;
+      auto take_pass = [&] {
+        for (std::size_t d = 0; d < f.result.size(); ++d) {
+          const int fac = f.result[d];
+          if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kPass) continue;
+          if (!axes[static_cast<std::size_t>(fac)].empty()) continue;
+          AxisNames kept;
+          for (const auto& a : rdims[d]) {
+            if (used.count(a)) break;  // a major-to-minor prefix only
+            kept.push_back(a);
+          }
+          axes[static_cast<std::size_t>(fac)] = kept;
+          used.insert(kept.begin(), kept.end());
+        }
+      };
+      auto take_reduce = [&] {
+        for (std::size_t k = 0; k < n.operands.size(); ++k) {
+          const auto& odims = prop.at(n.operands[k]).dims;
+          for (std::size_t d = 0; d < f.operands[k].size(); ++d) {
+            const int fac = f.operands[k][d];
+            if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kReduce) continue;
+            if (!axes[static_cast<std::size_t>(fac)].empty() || odims[d].empty()) continue;
+            bool free = true;
+            for (const auto& a : odims[d]) free = free && !used.count(a);
+            if (!free || f.sizes[static_cast<std::size_t>(fac)] % product(mesh, odims[d]) != 0) {
+              continue;
+            }
+            axes[static_cast<std::size_t>(fac)] = odims[d];
+            used.insert(odims[d].begin(), odims[d].end());
+          }
+        }
+      };
+      if (reduce_first) {
+        take_reduce();
+        take_pass();
+      } else {
+        take_pass();
+        take_reduce();
       }
+      return axes;
+    };
+    struct Choice {
+      std::vector<AxisNames> axes;
+      std::vector<PartitionSpec> wants;  // per operand
+      std::vector<AxisNames> out_dims;
+      Pending pend;
+      std::int64_t cost = 0;
+    };
+    auto evaluate = [&](std::vector<AxisNames> axes) {
+      Choice c;
+      c.axes = std::move(axes);
+      auto fits = [&](std::int64_t size, int fac) {
+        return fac >= 0 && size % std::max<std::int64_t>(
+                                      1, product(mesh, c.axes[static_cast<std::size_t>(fac)])) ==
+                               0;
+      };
+      for (std::size_t k = 0; k < n.operands.size(); ++k) {
+        const int o = n.operands[k];
+        const TensorType& ot = g.nodes[static_cast<std::size_t>(o)].type;
+        std::vector<AxisNames> want(static_cast<std::size_t>(ot.shape.rank()));
+        for (std::size_t d = 0; d < want.size(); ++d) {
+          const int fac = f.operands[k][d];
+          if (fits(ot.shape[static_cast<int>(d)], fac))
+            want[d] = c.axes[static_cast<std::size_t>(fac)];
+        }
+        c.wants.push_back(spec_of_dims(want));
+        const State& os = state[static_cast<std::size_t>(o)];
+        for (const auto& rec : plan_reshard(ot.shape, ot.dtype, NamedSharding(mesh, os.spec),
+                                            os.pending, NamedSharding(mesh, c.wants.back()))) {
+          c.cost += rec.max_bytes_in();
+        }
+      }
+      c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
+      for (std::size_t d = 0; d < c.out_dims.size(); ++d) {
+        const int fac = f.result[d];
+        if (fits(n.type.shape[static_cast<int>(d)], fac))
+          c.out_dims[d] = c.axes[static_cast<std::size_t>(fac)];
+      }
+      c.pend = Pending{pending_op(n.op), {}};
+      for (std::size_t fac = 0; fac < f.sizes.size(); ++fac) {
+        if (f.kinds[fac] == FactorKind::kReduce) {
+          c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
+        }
+      }
+      // What the result then costs to reach its chosen sharding.
+      for (const auto& rec :
+           plan_reshard(n.type.shape, n.type.dtype, NamedSharding(mesh, spec_of_dims(c.out_dims)),
+                        c.pend, NamedSharding(mesh, spec_of_dims(rdims)))) {
+        c.cost += rec.max_bytes_in();
+      }
+      return c;
+    };
+    Choice choice = evaluate(assign(false));
+    if (std::any_of(f.kinds.begin(), f.kinds.end(),
+                    [](FactorKind k) { return k == FactorKind::kReduce; })) {
+      Choice other = evaluate(assign(true));
+      if (other.cost < choice.cost) choice = std::move(other);
     }
     // Operands brought to the sharding the factors ask for.
     std::vector<int> in_slots;
@@ -371,36 +449,11 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const int o = n.operands[k];
       const Shape& os = g.nodes[static_cast<std::size_t>(o)].type.shape;
-      std::vector<AxisNames> want(static_cast<std::size_t>(os.rank()));
-      for (std::size_t d = 0; d < want.size(); ++d) {
-        const int fac = f.operands[k][d];
-        if (fac >= 0 &&
-            os[static_cast<int>(d)] %
-                    std::max<std::int64_t>(1, product(mesh, axes[static_cast<std::size_t>(fac)])) ==
-                0) {
-          want[d] = axes[static_cast<std::size_t>(fac)];
-        }
-      }
-      const PartitionSpec ws = spec_of_dims(want);
-      in_slots.push_back(require(o, ws));
-      in_local.push_back(NamedSharding(mesh, ws).shard_shape(os));
+      in_slots.push_back(require(o, choice.wants[k]));
+      in_local.push_back(NamedSharding(mesh, choice.wants[k]).shard_shape(os));
     }
-    // The result as computed: its pass factors' axes, pending over the reduce factors' axes.
-    std::vector<AxisNames> out_dims(static_cast<std::size_t>(n.type.shape.rank()));
-    for (std::size_t d = 0; d < out_dims.size(); ++d) {
-      const int fac = f.result[d];
-      if (fac >= 0 &&
-          n.type.shape[static_cast<int>(d)] %
-                  std::max<std::int64_t>(1, product(mesh, axes[static_cast<std::size_t>(fac)])) ==
-              0) {
-        out_dims[d] = axes[static_cast<std::size_t>(fac)];
-      }
-    }
-    Pending pend{pending_op(n.op), {}};
-    for (std::size_t fac = 0; fac < f.sizes.size(); ++fac) {
-      if (f.kinds[fac] == FactorKind::kReduce)
-        pend.axes.insert(pend.axes.end(), axes[fac].begin(), axes[fac].end());
-    }
+    const std::vector<AxisNames>& out_dims = choice.out_dims;
+    const Pending& pend = choice.pend;
     st.spec = spec_of_dims(out_dims);
     st.pending = pend;
     if (n.op == Op::kConstraint || n.op == Op::kAnnotation) {  // identities: no kernel
