@@ -155,7 +155,8 @@ std::int64_t CollectiveRecord::total_bytes_in() const {
 }
 
 std::string CollectiveRecord::to_string() const {
-  return fmt::format("{} over {}: {} max per device, {} in all", kind, quoted(axes),
+  return fmt::format("{} over {}{}: {} max per device, {} in all", kind, quoted(axes),
+                     kind == "all_reduce" ? " (reduce-scatter, then all-gather)" : "",
                      format_bytes(max_bytes_in()), format_bytes(total_bytes_in()));
 }
 
