@@ -111,6 +111,7 @@ struct Node {
   DotDims dot;                               // dot
   std::shared_ptr<const Tensor> constant;    // constant
   std::optional<PartitionSpec> spec;         // constraint
+  int like = -1;                             // constraint without spec: shard like this node
   std::string name;                          // annotation
   int index = -1;                            // input
 };

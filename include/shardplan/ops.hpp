@@ -60,6 +60,8 @@ Array operator*(double a, const Array& b);
 Array operator/(double a, const Array& b);
 /// A scalar of `x`'s dtype, broadcast to `x`'s shape, on `x`'s devices.
 Array full_like(const Array& x, double value);
+/// `value` broadcast to `shape` as `dtype`, on the devices of `placement`.
+Array full(const Shape& shape, DType dtype, double value, const Array& placement);
 
 Array astype(const Array& x, DType dtype);
 

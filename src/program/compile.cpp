@@ -252,6 +252,12 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     if (n.op == Op::kInput) {
       const auto& in = spec.inputs.at(static_cast<std::size_t>(n.index));
       if (in.spec) prop.fix(i, *in.spec, in.origin);
+    } else if (n.op == Op::kConstraint && !n.spec) {
+      const int src = n.like;
+      if (src >= 0 && prop.at(src).fixed) {
+        prop.fix(i, spec_of_dims(prop.at(src).dims),
+                 fmt::format("sharded like {} (the gradient of a parameter)", value_name(src)));
+      }
     } else if (n.op == Op::kConstraint) {
       prop.fix(
           i, *n.spec,

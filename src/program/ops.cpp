@@ -98,6 +98,25 @@ Array emit(Node n, const std::vector<Array>& ins, const Array* placement = nullp
   return run_eager(std::move(n), ins, where);
 }
 
+}  // namespace
+
+Array detail::with_sharding_like(const Array& x, const Array& like) {
+  TraceContext* ctx = detail::current_trace();
+  if (ctx == nullptr) return with_sharding_constraint(x, like.sharding().spec());
+  Node n;
+  n.op = Op::kConstraint;
+  n.type = TensorType{x.shape(), x.dtype()};
+  n.like = ctx->node_of(like);
+  return emit(std::move(n), {x});
+}
+
+Array detail::apply_node(Node n, const std::vector<Array>& operands, const Array* placement) {
+  n.operands.clear();
+  return emit(std::move(n), operands, placement);
+}
+
+namespace {
+
 Node node(Op op, TensorType type) {
   Node n;
   n.op = op;
@@ -244,6 +263,9 @@ Array operator-(const Array& a, const Array& b) { return subtract(a, b); }
 Array operator*(const Array& a, const Array& b) { return multiply(a, b); }
 Array operator/(const Array& a, const Array& b) { return divide(a, b); }
 Array full_like(const Array& x, double value) { return scalar(value, x.dtype(), x.shape(), x); }
+Array full(const Shape& shape, DType dtype, double value, const Array& placement) {
+  return scalar(value, dtype, shape, placement);
+}
 Array operator+(const Array& a, double b) { return add(a, full_like(a, b)); }
 Array operator-(const Array& a, double b) { return subtract(a, full_like(a, b)); }
 Array operator*(const Array& a, double b) { return multiply(a, full_like(a, b)); }
@@ -457,6 +479,9 @@ Array take(const Array& x, const Array& indices, int axis) {
 }
 
 Array iota_like(const Array& like, int axis, DType dtype) {
+  if (like.shape().rank() == 0) {
+    throw SpecError(fmt::format("[iota] needs an array with an axis, got {}", type_str(like)));
+  }
   axis = norm_axis(axis, like.shape().rank(), "iota", like);
   Node n = node(Op::kIota, TensorType{like.shape(), dtype});
   n.axis = axis;

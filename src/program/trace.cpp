@@ -24,7 +24,7 @@ Array TraceContext::add_argument(const TensorType& type) {
 }
 
 int TraceContext::node_of(const Array& a) {
-  if (a.is_tracer()) {
+  if (a.is_tracer() && !(capture_foreign && ArrayAccess::trace(a) != this)) {
     if (ArrayAccess::trace(a) != this) {
       throw ArrayError(fmt::format(
           "[sjit] {} belongs to another trace (a tracer kept from an earlier call, or from another "
@@ -35,7 +35,7 @@ int TraceContext::node_of(const Array& a) {
   }
   const void* id = ArrayAccess::identity(a);
   if (auto it = captured_node.find(id); it != captured_node.end()) return it->second;
-  if (!(a.mesh() == mesh)) {
+  if (!a.is_tracer() && !(a.mesh() == mesh)) {
     throw ArrayError(fmt::format(
         "[sjit] {} used inside the function is on {} with devices {}, but this sjit runs on {} "
         "with devices {}",

@@ -22,6 +22,9 @@ struct TraceContext {
   std::map<const void*, int> captured_node;
   const std::map<std::string, RuleTree>* annotation_rules = nullptr;
   bool allow_unknown_annotations = false;
+  // Tracers of other traces (the enclosing one, for grad inside sjit) are captured as inputs,
+  // like concrete arrays, instead of being an error.
+  bool capture_foreign = false;
 
   /// The rule given for annotation `name`, or nullptr when unknown names may pass. Throws
   /// SpecError listing the known names otherwise.
@@ -35,6 +38,14 @@ struct TraceContext {
   /// Adds `n` and returns a tracer for it.
   Array record(Node n);
 };
+
+/// Records (inside a trace) or runs (outside) the op `n` on `operands`; `placement` gives the
+/// mesh and executor of ops without operands. Defined with the ops.
+Array apply_node(Node n, const std::vector<Array>& operands, const Array* placement);
+
+/// Inside a trace: x constrained to the sharding `like` (a tracer of the same trace) gets when
+/// compiled (a gradient sharded like its parameter).
+Array with_sharding_like(const Array& x, const Array& like);
 
 /// The trace this thread is recording, or nullptr.
 TraceContext* current_trace();

@@ -1,0 +1,92 @@
+#pragma once
+// Reverse-mode differentiation of functions of sharded arrays, as jax.grad / jax.value_and_grad:
+// the function is traced once into the primitive graph, then its forward pass and the
+// vector-Jacobian products of every primitive are emitted as ordinary ops. So grad works the
+// same outside sjit (eagerly, shard by shard) and inside it (where it becomes part of the traced
+// program, with the collectives the shardings need), and gradients come out sharded like their
+// parameters: a replicated weight's gradient is all-reduced, an FSDP-sharded one reduce-scattered.
+
+#include <functional>
+#include <type_traits>
+#include <utility>
+
+#include "shardplan/array.hpp"
+#include "shardplan/tree_struct.hpp"
+
+namespace shardplan {
+
+namespace detail {
+
+/// The value of `fn(params)` (a scalar of a float dtype) and its gradient with respect to every
+/// leaf of `params`, and the auxiliary outputs `fn` returns beside the value.
+struct ValueAndGrad {
+  Array value;
+  Tree<Array> grads;
+  Tree<Array> aux;
+};
+ValueAndGrad value_and_grad_impl(
+    const Tree<Array>& params,
+    const std::function<std::pair<Array, Tree<Array>>(const Tree<Array>&)>& fn);
+
+template <class P>
+Tree<Array> to_array_tree(const P& p) {
+  if constexpr (std::is_same_v<P, Array>) {
+    return Tree<Array>(p);
+  } else if constexpr (std::is_same_v<P, Tree<Array>>) {
+    return p;
+  } else {
+    return to_tree<Array>(p);
+  }
+}
+template <class P>
+P from_array_tree(const Tree<Array>& t) {
+  if constexpr (std::is_same_v<P, Array>) {
+    return t.leaf();
+  } else if constexpr (std::is_same_v<P, Tree<Array>>) {
+    return t;
+  } else {
+    return from_tree<P>(t);
+  }
+}
+
+}  // namespace detail
+
+/// jax.value_and_grad(f): a callable taking f's arguments and returning {f(...), df/dfirst}, the
+/// gradient with respect to the first argument (an Array, a Tree<Array> or a registered struct)
+/// in the same shape. f returns a scalar Array.
+template <class F>
+auto value_and_grad(F f) {
+  return [f](const auto& params, const auto&... rest) {
+    using P = std::remove_cvref_t<decltype(params)>;
+    auto r = detail::value_and_grad_impl(detail::to_array_tree(params), [&](const Tree<Array>& p) {
+      return std::pair<Array, Tree<Array>>{f(detail::from_array_tree<P>(p), rest...),
+                                           Tree<Array>()};
+    });
+    return std::pair<Array, P>{r.value, detail::from_array_tree<P>(r.grads)};
+  };
+}
+
+/// value_and_grad with auxiliary outputs (has_aux=True): f returns {loss, aux} with aux a
+/// Tree<Array>; the callable returns {{loss, aux}, grads}.
+template <class F>
+auto value_and_grad_with_aux(F f) {
+  return [f](const auto& params, const auto&... rest) {
+    using P = std::remove_cvref_t<decltype(params)>;
+    auto r = detail::value_and_grad_impl(detail::to_array_tree(params), [&](const Tree<Array>& p) {
+      auto [loss, aux] = f(detail::from_array_tree<P>(p), rest...);
+      return std::pair<Array, Tree<Array>>{loss, aux};
+    });
+    return std::pair<std::pair<Array, Tree<Array>>, P>{{r.value, r.aux},
+                                                       detail::from_array_tree<P>(r.grads)};
+  };
+}
+
+/// jax.grad(f): the gradient only.
+template <class F>
+auto grad(F f) {
+  return [f](const auto& params, const auto&... rest) {
+    return value_and_grad(f)(params, rest...).second;
+  };
+}
+
+}  // namespace shardplan
