@@ -9,8 +9,21 @@ namespace shardplan {
 
 /// Element types. Sizes are in bytes; the f8 formats and bool take one byte each.
 enum class DType : std::uint8_t {
-  kBool, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64,
-  kF8E4M3, kF8E5M2, kF16, kBF16, kF32, kF64,
+  kBool,
+  kI8,
+  kI16,
+  kI32,
+  kI64,
+  kU8,
+  kU16,
+  kU32,
+  kU64,
+  kF8E4M3,
+  kF8E5M2,
+  kF16,
+  kBF16,
+  kF32,
+  kF64,
 };
 
 /// Bytes per element.

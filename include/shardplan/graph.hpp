@@ -72,6 +72,9 @@ enum class Op : std::uint8_t {
   kIota,
   // A host tensor (`constant`), the same on every device; no operands.
   kConstant,
+  // Counter-based random values (`generator`) at each global index of the node's shape (kept in
+  // `limits` when the node is made local); no operands. Each device makes only its block.
+  kRandom,
   // Identity whose result has a fixed sharding (`spec`): with_sharding_constraint.
   kConstraint,
   // Identity whose result takes the sharding given to `name`: with_sharding_annotation.
@@ -110,6 +113,7 @@ struct Node {
   int axis = 0;                              // concat, take, iota
   DotDims dot;                               // dot
   std::shared_ptr<const Tensor> constant;    // constant
+  Generator generator;                       // random
   std::optional<PartitionSpec> spec;         // constraint
   int like = -1;                             // constraint without spec: shard like this node
   std::string name;                          // annotation

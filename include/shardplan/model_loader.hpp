@@ -28,7 +28,8 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(
 /// Loads the tensors of a model, by file name: `*.safetensors` (header only),
 /// `*.safetensors.index.json` (each shard's header, from `weight_map`), or any other `*.json`
 /// as a model description. Throws IoError naming the file.
-std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(const std::filesystem::path& file);
+std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(
+    const std::filesystem::path& file);
 
 /// load_model_tensors, then tree_from_names.
 Tree<TensorSpec> load_model(const std::filesystem::path& file);

@@ -92,6 +92,16 @@ Array concatenate(const std::vector<Array>& xs, int axis);
 Array take(const Array& x, const Array& indices, int axis = 0);
 /// labels (i32) -> `dtype` one-hot vectors of length n along a new last axis.
 Array one_hot(const Array& labels, std::int64_t n, DType dtype = DType::kF32);
+/// Random arrays inside sjit (counter-based, as Array::normal / uniform: the value at each index
+/// depends only on the seed and the index): each device makes only its block of the sharding
+/// the program gives the result (choose it with out_shardings or a constraint), so a sharded
+/// model is initialised without any device holding a whole weight. Throws ArrayError outside
+/// sjit (use Array::normal with a sharding there).
+Array random_normal(const Shape& shape, DType dtype, std::uint64_t seed, double mean = 0,
+                    double stddev = 1);
+Array random_uniform(const Shape& shape, DType dtype, std::uint64_t seed, double low = 0,
+                     double high = 1);
+
 /// Values along `axis`, shaped like `like` (any dtype).
 Array iota_like(const Array& like, int axis, DType dtype = DType::kI32);
 

@@ -20,11 +20,11 @@ using AxisNames = std::vector<std::string>;
 /// `{"fsdp", "tp"}` (sharded over the product of both axes).
 struct DimSharding {
   AxisNames axes;
-  DimSharding(std::nullptr_t) {}                                            // NOLINT
-  DimSharding(const char* axis) : axes{axis} {}                             // NOLINT
-  DimSharding(std::string axis) : axes{std::move(axis)} {}                  // NOLINT
-  DimSharding(std::initializer_list<std::string> group) : axes(group) {}    // NOLINT
-  DimSharding(AxisNames group) : axes(std::move(group)) {}                  // NOLINT
+  DimSharding(std::nullptr_t) {}                                          // NOLINT
+  DimSharding(const char* axis) : axes{axis} {}                           // NOLINT
+  DimSharding(std::string axis) : axes{std::move(axis)} {}                // NOLINT
+  DimSharding(std::initializer_list<std::string> group) : axes(group) {}  // NOLINT
+  DimSharding(AxisNames group) : axes(std::move(group)) {}                // NOLINT
 };
 
 /// How each dimension of a tensor maps onto mesh axes, as jax.sharding.PartitionSpec.

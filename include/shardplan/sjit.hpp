@@ -204,6 +204,8 @@ class Lowered {
   /// The shardings of the array arguments' leaves (in order) and of the outputs' leaves.
   std::vector<NamedSharding> input_shardings() const;
   std::vector<NamedSharding> output_shardings() const;
+  /// The outputs' shapes and dtypes, in the output tree's shape (jax.eval_shape).
+  Tree<TensorSpec> output_specs() const;
 
  private:
   std::shared_ptr<const detail::Compiled> c_;
@@ -291,6 +293,15 @@ Sjit<F> MeshShardingHelper::sjit(F f, SjitOptions options) const {
 template <class F>
 Sjit<F> MeshShardingHelper::sjit(F f) const {
   return Sjit<F>(std::move(f), mesh_, SjitOptions{});
+}
+
+/// jax.eval_shape: the shapes and dtypes `f` returns for these arguments (arrays or TensorSpec
+/// trees), found by tracing it; nothing is allocated or run.
+template <class F, class... Args>
+Tree<TensorSpec> eval_shape(const Mesh& mesh, F f, const Args&... args) {
+  SjitOptions options;
+  options.allow_unknown_annotations = true;
+  return sjit(mesh, std::move(f), std::move(options)).lower(args...).output_specs();
 }
 
 /// with_sharding_constraint on every leaf of a tree, the specs resolved from a rule tree (a

@@ -17,9 +17,9 @@
 /// gives `to_tree<TensorSpec>(state)` with paths `step`, `params/...`, `opt_state/...`, and
 /// `from_tree<TrainState>(tree)` back. Members may be a leaf T, a Tree<T>, or another registered
 /// struct. Use at namespace scope, in the struct's namespace or the global one (up to 16 members).
-#define SHARDPLAN_TREE_STRUCT(Type, ...)                                              \
-  [[maybe_unused]] inline auto shardplan_tree_fields(const Type*) {                   \
-    using ShardplanSelf = Type;                                                       \
+#define SHARDPLAN_TREE_STRUCT(Type, ...)                                                    \
+  [[maybe_unused]] inline auto shardplan_tree_fields(const Type*) {                         \
+    using ShardplanSelf = Type;                                                             \
     return std::make_tuple(SHARDPLAN_DETAIL_FOR_EACH(SHARDPLAN_DETAIL_FIELD, __VA_ARGS__)); \
   }
 
@@ -27,7 +27,9 @@ namespace shardplan {
 
 /// True for types registered with SHARDPLAN_TREE_STRUCT.
 template <class S>
-concept TreeStruct = requires(const S* s) { shardplan_tree_fields(s); };
+concept TreeStruct = requires(const S* s) {
+  shardplan_tree_fields(s);
+};
 
 namespace detail {
 
@@ -73,8 +75,7 @@ void from_tree_impl(S& s, const Tree<T>& t, const std::string& path) {
   std::apply(
       [&](const auto&... field) {
         (member_from_tree<T>(s.*(field.second), t.at(field.first),
-                             path.empty() ? std::string(field.first)
-                                          : path + "/" + field.first),
+                             path.empty() ? std::string(field.first) : path + "/" + field.first),
          ...);
       },
       shardplan_tree_fields(static_cast<const S*>(nullptr)));

@@ -254,6 +254,7 @@ std::vector<Array> vjp(const Node& n, const std::vector<Array>& in, const Array&
       return {g};
     case Op::kIota:
     case Op::kConstant:
+    case Op::kRandom:
     case Op::kInput:
       return {};
   }

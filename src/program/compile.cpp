@@ -216,6 +216,7 @@ Node localize(const Node& n, const Shape& local, const std::vector<Shape>& in_lo
               const Graph& g) {
   Node l = n;
   l.type.shape = local;
+  if (n.op == Op::kRandom) l.limits = n.type.shape.dims();  // the global shape
   if (n.op == Op::kSlice) {
     const Shape& in = g.nodes[static_cast<std::size_t>(n.operands[0])].type.shape;
     for (int d = 0; d < in.rank(); ++d) {

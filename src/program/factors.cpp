@@ -239,6 +239,7 @@ OpFactors factors_of(const Graph& graph, const Node& node) {
       return take_factors(graph, node);
     case Op::kIota:
     case Op::kConstant:
+    case Op::kRandom:
     case Op::kInput:
       return result_only(node);
     default:  // elementwise, select, convert, constraint, annotation

@@ -84,6 +84,8 @@ std::string_view name(Op op) {
       return "iota";
     case Op::kConstant:
       return "constant";
+    case Op::kRandom:
+      return "random";
     case Op::kConstraint:
       return "sharding_constraint";
     case Op::kAnnotation:

@@ -705,6 +705,37 @@ void iota(const Call& c) {
   }
 }
 
+// Each element from the generator at its global row-major index: the global shape is in
+// node.limits (the partitioner keeps it there), the block's place in out_offset.
+void random(const Call& c) {
+  const Shape& s = c.out.shape;
+  const std::vector<std::int64_t>& global = c.node.limits;
+  const int rank = s.rank();
+  const std::int64_t n = s.numel();
+  if (n == 0) return;
+  std::vector<std::int64_t> stride(static_cast<std::size_t>(rank), 1);
+  for (int k = rank - 2; k >= 0; --k) {
+    stride[static_cast<std::size_t>(k)] =
+        stride[static_cast<std::size_t>(k + 1)] * global[static_cast<std::size_t>(k + 1)];
+  }
+  const std::int64_t inner = rank == 0 ? 1 : s[rank - 1];
+  const auto elem = static_cast<std::int64_t>(size_of(c.out.dtype));
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(rank), 0);
+  for (std::int64_t done = 0; done < n; done += inner) {
+    std::int64_t base = 0;
+    for (int k = 0; k < rank; ++k) {
+      base += (c.out_offset[static_cast<std::size_t>(k)] + idx[static_cast<std::size_t>(k)]) *
+              stride[static_cast<std::size_t>(k)];
+    }
+    generate_into(c.out.dtype, c.out.data + done * elem, inner, static_cast<std::uint64_t>(base),
+                  c.node.generator);
+    for (int k = rank - 2; k >= 0; --k) {
+      if (++idx[static_cast<std::size_t>(k)] < s[k]) break;
+      idx[static_cast<std::size_t>(k)] = 0;
+    }
+  }
+}
+
 void constant(const Call& c) {
   const Tensor& t = *c.node.constant;
   if (t.dtype() != c.out.dtype) {
@@ -778,6 +809,8 @@ void run_kernel(const Node& node, const std::vector<ConstBlock>& in, const MutBl
       return dispatch(c, out.dtype, [&]<class T>(Tag<T>) { iota<T>(c); });
     case Op::kConstant:
       return constant(c);
+    case Op::kRandom:
+      return random(c);
     case Op::kInput:
       break;
   }

@@ -478,6 +478,33 @@ Array take(const Array& x, const Array& indices, int axis) {
   return emit(std::move(n), {x, indices});
 }
 
+namespace {
+Array random_array(const Shape& shape, DType dtype, const Generator& g, std::string_view what) {
+  TraceContext* ctx = detail::current_trace();
+  if (ctx == nullptr) {
+    throw ArrayError(fmt::format(
+        "[{}] outside sjit there is no sharding to make the shards of; use Array::{} with a "
+        "NamedSharding",
+        what, what == "random_normal" ? "normal" : "uniform"));
+  }
+  if (!is_computable(dtype)) {
+    throw SpecError(fmt::format("[{}] cannot make {} values", what, name(dtype)));
+  }
+  Node n = node(Op::kRandom, TensorType{shape, dtype});
+  n.generator = g;
+  return ctx->record(std::move(n));
+}
+}  // namespace
+
+Array random_normal(const Shape& shape, DType dtype, std::uint64_t seed, double mean,
+                    double stddev) {
+  return random_array(shape, dtype, Generator::normal(seed, mean, stddev), "random_normal");
+}
+
+Array random_uniform(const Shape& shape, DType dtype, std::uint64_t seed, double low, double high) {
+  return random_array(shape, dtype, Generator::uniform(seed, low, high), "random_uniform");
+}
+
 Array iota_like(const Array& like, int axis, DType dtype) {
   if (like.shape().rank() == 0) {
     throw SpecError(fmt::format("[iota] needs an array with an axis, got {}", type_str(like)));

@@ -253,5 +253,13 @@ std::vector<NamedSharding> Lowered::input_shardings() const {
 std::vector<NamedSharding> Lowered::output_shardings() const {
   return c_->program.output_shardings();
 }
+Tree<TensorSpec> Lowered::output_specs() const {
+  const Graph& g = c_->program.graph();
+  return c_->out_structure.map([&](int i) {
+    const TensorType& t =
+        g.nodes[static_cast<std::size_t>(g.outputs[static_cast<std::size_t>(i)])].type;
+    return TensorSpec{t.shape, t.dtype};
+  });
+}
 
 }  // namespace shardplan
