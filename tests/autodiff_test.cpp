@@ -324,6 +324,51 @@ TEST(Autodiff, InsideSjitGradientsAreShardedLikeTheirParameters) {
   for (std::int64_t i = 0; i < g1.numel(); ++i) EXPECT_NEAR(gf.get(i), g1.get(i), 1e-12);
 }
 
+TEST(Autodiff, AccumulatedMicroBatchesGiveTheWholeBatchGradient) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("data:8", 8);
+  const auto loss = [](const Tree<Array>& p, const Array& x, const Array& y) {
+    const Array d = tanh(matmul(x, p.at("w").leaf())) - y;
+    return mean(d * d);
+  };
+  const Tree<Array> p =
+      Tree<Array>::dict({{"w", device_put(f64(Shape{6, 3}, 30), NamedSharding(mesh, P()), exec)}});
+  const Array x = device_put(f64(Shape{64, 6}, 31), NamedSharding(mesh, P("data")), exec);
+  const Array y = device_put(f64(Shape{64, 3}, 32), NamedSharding(mesh, P("data")), exec);
+  const auto [v1, g1] = value_and_grad(loss)(p, x, y);
+  auto step = sjit(mesh, [&](const Tree<Array>& ps, const Array& xb, const Array& yb) {
+    const auto [v, g] = value_and_grad_accumulated(loss, 4)(ps, xb, yb);
+    return Tree<Array>::dict({{"v", v}, {"g", g.at("w")}});
+  });
+  const Tree<Array> out = step(p, x, y);
+  EXPECT_NEAR(out.at("v").leaf().to_host().get(0), v1.to_host().get(0), 1e-12);
+  const Tensor a = out.at("g").leaf().to_host(), b = g1.at("w").leaf().to_host();
+  for (std::int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(a.get(i), b.get(i), 1e-12);
+  EXPECT_THROW_WITH(value_and_grad_accumulated(loss, 5)(p, x, y), SpecError, "64 rows",
+                    "5 micro-batches");
+}
+
+TEST(Autodiff, MixedPrecisionKeepsF32MasterGradients) {
+  const Executor one(1);
+  const Mesh m1 = Mesh::parse("x:1", 1);
+  const auto put = [&](const Tensor& t) { return device_put(t, NamedSharding(m1, P()), one); };
+  const Tensor w = Tensor::normal(Shape{16, 8}, DType::kF32, 40, 0, 0.3);
+  const Tensor x = Tensor::normal(Shape{32, 16}, DType::kF32, 41);
+  // bf16 compute, f32 master weights: the cast's gradient brings the cotangent back to f32.
+  const auto loss_bf16 = [](const Array& wm, const Array& xb) {
+    return astype(mean(tanh(matmul(astype(xb, DType::kBF16), astype(wm, DType::kBF16)))),
+                  DType::kF32);
+  };
+  const auto loss_f32 = [](const Array& wm, const Array& xb) { return mean(tanh(matmul(xb, wm))); };
+  const Array g16 = grad(loss_bf16)(put(w), put(x));
+  const Array g32 = grad(loss_f32)(put(w), put(x));
+  EXPECT_EQ(g16.dtype(), DType::kF32);
+  const Tensor a = g16.to_host(), b = g32.to_host();
+  double scale = 0;
+  for (std::int64_t i = 0; i < b.numel(); ++i) scale = std::max(scale, std::abs(b.get(i)));
+  for (std::int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(a.get(i), b.get(i), 0.02 * scale) << i;
+}
+
 TEST(Autodiff, AuxiliaryOutputsAndErrors) {
   const Executor one(1);
   const Mesh m1 = Mesh::parse("x:1", 1);

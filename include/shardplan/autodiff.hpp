@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "shardplan/array.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
 #include "shardplan/tree_struct.hpp"
 
 namespace shardplan {
@@ -78,6 +80,48 @@ auto value_and_grad_with_aux(F f) {
     });
     return std::pair<std::pair<Array, Tree<Array>>, P>{{r.value, r.aux},
                                                        detail::from_array_tree<P>(r.grads)};
+  };
+}
+
+/// value_and_grad over micro-batches (gradient accumulation): the array arguments after the
+/// first are split along their first dimension into `micro_batches` equal pieces, f's value and
+/// gradient are computed on each in turn and averaged, so a step needs the activations of one
+/// micro-batch at a time. Equal to value_and_grad(f) on the whole batch when f is a mean over
+/// rows. Throws SpecError when a batch does not split evenly.
+template <class F>
+auto value_and_grad_accumulated(F f, int micro_batches) {
+  return [f, micro_batches](const auto& params, const auto&... batch) {
+    using P = std::remove_cvref_t<decltype(params)>;
+    const auto piece = [micro_batches](const Array& a, int k) {
+      const std::int64_t rows = a.shape()[0];
+      if (micro_batches < 1 || rows % micro_batches != 0) {
+        throw SpecError("[grad] a batch of " + std::to_string(rows) + " rows does not split into " +
+                        std::to_string(micro_batches) + " micro-batches");
+      }
+      std::vector<std::int64_t> starts(static_cast<std::size_t>(a.shape().rank()), 0);
+      std::vector<std::int64_t> limits = a.shape().dims();
+      starts[0] = rows / micro_batches * k;
+      limits[0] = starts[0] + rows / micro_batches;
+      return slice(a, starts, limits);
+    };
+    Array total;
+    Tree<Array> grads;
+    for (int k = 0; k < micro_batches; ++k) {
+      auto [v, g] = value_and_grad(f)(params, piece(batch, k)...);
+      const Tree<Array> gt = detail::to_array_tree(g);
+      if (k == 0) {
+        total = v;
+        grads = gt;
+      } else {
+        total = total + v;
+        const auto gl = gt.leaves();
+        std::size_t i = 0;
+        grads = grads.map([&](const Array& a) { return a + gl[i++]; });
+      }
+    }
+    const double inv = 1.0 / micro_batches;
+    grads = grads.map([&](const Array& a) { return a * inv; });
+    return std::pair<Array, P>{total * inv, detail::from_array_tree<P>(grads)};
   };
 }
 
