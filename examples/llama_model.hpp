@@ -1,0 +1,117 @@
+#pragma once
+// The small LLaMA-style decoder of examples/llama_char.cpp (also benchmarked by
+// bench/train_bench.cpp): Hugging Face names and layouts, RMS norm, rotary positions, causal
+// attention, SwiGLU MLP.
+#include <cmath>
+
+#include "shardplan/autodiff.hpp"
+#include "shardplan/sjit.hpp"
+
+namespace llama {
+
+using namespace shardplan;
+
+struct Config {
+  std::int64_t vocab = 0, dim = 64, heads = 4, ffn = 128, layers = 2, seq = 32, batch = 16;
+};
+
+// y = x @ w^T for a Hugging Face Linear weight w [out, in].
+inline Array linear(const Array& x, const Array& w) {
+  return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {1}});
+}
+
+// Rotary position embedding on [B, H, T, Dh] (the rotate-half form of LLaMA).
+inline Array rotary(const Array& x) {
+  const std::int64_t t = x.shape()[2], dh = x.shape()[3], half = dh / 2;
+  const Shape table{t, half};
+  const Array pos = astype(iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32), DType::kF32);
+  const Array i = astype(iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32), DType::kF32);
+  const Array freq = exp(i * (-2.0 * std::log(10000.0) / static_cast<double>(dh)));
+  const Array angle = pos * freq;
+  const Shape full_shape = x.shape();
+  std::vector<std::int64_t> hs = full_shape.dims();
+  hs[3] = half;
+  const Array c = broadcast_in_dim(cos(angle), Shape(hs), {2, 3});
+  const Array s = broadcast_in_dim(sin(angle), Shape(hs), {2, 3});
+  std::vector<std::int64_t> lo(4, 0), mid = full_shape.dims(), hi = full_shape.dims();
+  mid[3] = half;
+  std::vector<std::int64_t> mid_start(4, 0);
+  mid_start[3] = half;
+  const Array x1 = slice(x, lo, mid);
+  const Array x2 = slice(x, mid_start, hi);
+  return concatenate({x1 * c - x2 * s, x2 * c + x1 * s}, 3);
+}
+
+inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) {
+  const std::int64_t b = x.shape()[0], t = x.shape()[1], dh = cfg.dim / cfg.heads;
+  const auto heads = [&](const Array& y) {  // [B, T, D] -> [B, H, T, Dh]
+    return transpose(reshape(y, Shape{b, t, cfg.heads, dh}), {0, 2, 1, 3});
+  };
+  const Array q = rotary(heads(linear(x, p.at_path("q_proj/weight").leaf())));
+  const Array k = rotary(heads(linear(x, p.at_path("k_proj/weight").leaf())));
+  const Array v = heads(linear(x, p.at_path("v_proj/weight").leaf()));
+  const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) *
+                       (1.0 / std::sqrt(static_cast<double>(dh)));
+  const Array probs = softmax(causal_mask(scores), -1);
+  const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});  // [B, H, T, Dh]
+  const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, cfg.dim});
+  return linear(merged, p.at_path("o_proj/weight").leaf());
+}
+
+inline Array mlp(const Tree<Array>& p, const Array& x) {
+  const Array gate = linear(x, p.at_path("gate_proj/weight").leaf());
+  const Array up = linear(x, p.at_path("up_proj/weight").leaf());
+  return linear(gate * sigmoid(gate) * up, p.at_path("down_proj/weight").leaf());
+}
+
+inline Array loss_fn(const Tree<Array>& params, const Array& tokens, const Array& targets,
+                     const Config& cfg) {
+  const Tree<Array>& m = params.at("model");
+  Array h = take(m.at_path("embed_tokens/weight").leaf(), tokens, 0);  // [B, T, D]
+  for (const auto& layer : m.at("layers").children()) {
+    h = h + attention(layer.at("self_attn"),
+                      rms_norm(h, layer.at_path("input_layernorm/weight").leaf()), cfg);
+    h = h +
+        mlp(layer.at("mlp"), rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()));
+  }
+  h = rms_norm(h, m.at_path("norm/weight").leaf());
+  const Array logits = linear(h, params.at_path("lm_head/weight").leaf());
+  return mean(cross_entropy(logits, targets));
+}
+
+// Parameters, each made on its devices by a random fill inside sjit (sharded initialisation).
+inline Tree<Array> init(const Config& cfg, std::uint64_t seed) {
+  std::uint64_t s = seed;
+  const auto w = [&](std::int64_t out, std::int64_t in) {
+    return Tree<Array>(random_normal(Shape{out, in}, DType::kF32, s++, 0,
+                                     1.0 / std::sqrt(static_cast<double>(in))));
+  };
+  const auto ones = [&](std::int64_t n) {
+    return Tree<Array>(random_uniform(Shape{n}, DType::kF32, s++, 1, 1));
+  };
+  std::vector<Tree<Array>> layers;
+  for (int l = 0; l < cfg.layers; ++l) {
+    layers.push_back(Tree<Array>::dict({
+        {"input_layernorm", Tree<Array>::dict({{"weight", ones(cfg.dim)}})},
+        {"post_attention_layernorm", Tree<Array>::dict({{"weight", ones(cfg.dim)}})},
+        {"self_attn",
+         Tree<Array>::dict({{"q_proj", Tree<Array>::dict({{"weight", w(cfg.dim, cfg.dim)}})},
+                            {"k_proj", Tree<Array>::dict({{"weight", w(cfg.dim, cfg.dim)}})},
+                            {"v_proj", Tree<Array>::dict({{"weight", w(cfg.dim, cfg.dim)}})},
+                            {"o_proj", Tree<Array>::dict({{"weight", w(cfg.dim, cfg.dim)}})}})},
+        {"mlp",
+         Tree<Array>::dict({{"gate_proj", Tree<Array>::dict({{"weight", w(cfg.ffn, cfg.dim)}})},
+                            {"up_proj", Tree<Array>::dict({{"weight", w(cfg.ffn, cfg.dim)}})},
+                            {"down_proj", Tree<Array>::dict({{"weight", w(cfg.dim, cfg.ffn)}})}})},
+    }));
+  }
+  return Tree<Array>::dict({
+      {"model",
+       Tree<Array>::dict({{"embed_tokens", Tree<Array>::dict({{"weight", w(cfg.vocab, cfg.dim)}})},
+                          {"layers", Tree<Array>::list(layers)},
+                          {"norm", Tree<Array>::dict({{"weight", ones(cfg.dim)}})}})},
+      {"lm_head", Tree<Array>::dict({{"weight", w(cfg.vocab, cfg.dim)}})},
+  });
+}
+
+}  // namespace llama
