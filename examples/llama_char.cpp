@@ -81,12 +81,14 @@ int main(int argc, char** argv) {
     auto step = sjit(
         mesh,
         [&](const Tree<Array>& p, const Tree<Array>& st, const Array& x, const Array& y) {
-          const auto [loss, g] =
-              value_and_grad([&](const Tree<Array>& pp, const Array& xx, const Array& yy) {
-                return llama::loss_fn(pp, xx, yy, cfg);
+          const auto [loss_aux, g] =
+              value_and_grad_with_aux([&](const Tree<Array>& pp, const Array& xx, const Array& yy) {
+                return llama::loss_and_accuracy(pp, xx, yy, cfg);
               })(p, x, y);
+          const auto& [loss, aux] = loss_aux;
           auto [np, ns] = opt.update(g, st, p);
-          return Tree<Array>::dict({{"loss", loss}, {"params", np}, {"state", ns}});
+          return Tree<Array>::dict(
+              {{"loss", loss}, {"accuracy", aux.at("accuracy")}, {"params", np}, {"state", ns}});
         },
         so);
     const NamedSharding batch(mesh, P(mesh.axis_names()[0]));
@@ -110,7 +112,10 @@ int main(int argc, char** argv) {
       params = out.at("params");
       state = out.at("state");
       last = out.at("loss").leaf().to_host().get(0);
-      if (print) std::cout << "step " << i << "  loss " << last << " nats/char\n";
+      if (print) {
+        std::cout << "step " << i << "  loss " << last << " nats/char  accuracy "
+                  << out.at("accuracy").leaf().to_host().get(0) << "\n";
+      }
     }
     return std::pair{last, state_bytes};
   };

@@ -64,8 +64,8 @@ inline Array mlp(const Tree<Array>& p, const Array& x) {
   return linear(gate * sigmoid(gate) * up, p.at_path("down_proj/weight").leaf());
 }
 
-inline Array loss_fn(const Tree<Array>& params, const Array& tokens, const Array& targets,
-                     const Config& cfg) {
+// Next-token logits [B, T, vocab].
+inline Array forward(const Tree<Array>& params, const Array& tokens, const Config& cfg) {
   const Tree<Array>& m = params.at("model");
   Array h = take(m.at_path("embed_tokens/weight").leaf(), tokens, 0);  // [B, T, D]
   for (const auto& layer : m.at("layers").children()) {
@@ -75,8 +75,22 @@ inline Array loss_fn(const Tree<Array>& params, const Array& tokens, const Array
         mlp(layer.at("mlp"), rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()));
   }
   h = rms_norm(h, m.at_path("norm/weight").leaf());
-  const Array logits = linear(h, params.at_path("lm_head/weight").leaf());
-  return mean(cross_entropy(logits, targets));
+  return linear(h, params.at_path("lm_head/weight").leaf());
+}
+
+inline Array loss_fn(const Tree<Array>& params, const Array& tokens, const Array& targets,
+                     const Config& cfg) {
+  return mean(cross_entropy(forward(params, tokens, cfg), targets));
+}
+
+// The loss, and as auxiliary output the fraction of next characters predicted right.
+inline std::pair<Array, Tree<Array>> loss_and_accuracy(const Tree<Array>& params,
+                                                       const Array& tokens, const Array& targets,
+                                                       const Config& cfg) {
+  const Array logits = forward(params, tokens, cfg);
+  const Array is_max = astype(equal(logits, max(logits, {2}, true)), DType::kF32);
+  const Array hit = sum(is_max * one_hot(targets, cfg.vocab), {2});
+  return {mean(cross_entropy(logits, targets)), Tree<Array>::dict({{"accuracy", mean(hit)}})};
 }
 
 // Parameters, each made on its devices by a random fill inside sjit (sharded initialisation).

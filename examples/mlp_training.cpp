@@ -15,18 +15,26 @@ using namespace shardplan;
 
 namespace {
 
-Array loss_fn(const Tree<Array>& params, const Array& x, const Array& y) {
+Array logits(const Tree<Array>& params, const Array& x) {
   Array h = x;
   const auto& layers = params.children();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     h = matmul(h, layers[i].at("w").leaf()) + layers[i].at("b").leaf();
     if (i + 1 < layers.size()) h = relu(h);
   }
-  return mean(cross_entropy(h, y));
+  return h;
 }
 
-std::vector<double> train(const std::vector<std::int64_t>& sizes, const Mesh& mesh,
-                          const Executor& exec, const std::vector<PartitionSpec>& w_specs,
+std::pair<Array, Tree<Array>> loss_fn(const Tree<Array>& params, const Array& x, const Array& y) {
+  const Array l = logits(params, x);
+  const Array is_max = astype(equal(l, max(l, {1}, true)), DType::kF32);
+  return {mean(cross_entropy(l, y)),
+          Tree<Array>::dict({{"accuracy", mean(sum(is_max * one_hot(y, 10), {1}))}})};
+}
+
+std::vector<double> train(const std::vector<std::int64_t>& sizes, std::vector<double>& accuracy,
+                          const Mesh& mesh, const Executor& exec,
+                          const std::vector<PartitionSpec>& w_specs,
                           const std::vector<PartitionSpec>& b_specs, const PartitionSpec& batch) {
   std::vector<Tree<Array>> layers;
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
@@ -51,9 +59,12 @@ std::vector<double> train(const std::vector<std::int64_t>& sizes, const Mesh& me
   auto step = sjit(
       mesh,
       [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb, const Array& yb) {
-        const auto [loss, g] = value_and_grad(loss_fn)(p, xb, yb);
+        const auto [loss_aux, g] = value_and_grad_with_aux(loss_fn)(p, xb, yb);
         auto [np, ns] = sgd.update(g, s, p);
-        return Tree<Array>::dict({{"loss", loss}, {"params", np}, {"state", ns}});
+        return Tree<Array>::dict({{"loss", loss_aux.first},
+                                  {"accuracy", loss_aux.second.at("accuracy")},
+                                  {"params", np},
+                                  {"state", ns}});
       },
       o);
   std::vector<double> losses;
@@ -62,6 +73,7 @@ std::vector<double> train(const std::vector<std::int64_t>& sizes, const Mesh& me
     params = out.at("params");
     state = out.at("state");
     losses.push_back(out.at("loss").leaf().to_host().get(0));
+    accuracy.push_back(out.at("accuracy").leaf().to_host().get(0));
   }
   return losses;
 }
@@ -73,15 +85,17 @@ int main() {
   const std::vector<std::int64_t> sizes = {784, hidden, hidden, hidden, 10};
   const Executor one(1), eight(8);
   const std::vector<PartitionSpec> none(4, P());
-  const auto single = train(sizes, Mesh::parse("batch:1,model:1", 1), one, none, none, P());
-  const auto dp = train(sizes, Mesh::parse("batch:8", 8), eight, none, none, P("batch"));
-  const auto tp = train(sizes, Mesh::parse("batch:4,model:2", 8), eight,
+  std::vector<double> acc1, acc8, acc42;
+  const auto single = train(sizes, acc1, Mesh::parse("batch:1,model:1", 1), one, none, none, P());
+  const auto dp = train(sizes, acc8, Mesh::parse("batch:8", 8), eight, none, none, P("batch"));
+  const auto tp = train(sizes, acc42, Mesh::parse("batch:4,model:2", 8), eight,
                         {P(), P(nullptr, "model"), P("model", nullptr), P()},
                         {P(), P("model"), P(), P()}, P("batch"));
   double most = 0;
   for (std::size_t i = 0; i < single.size(); ++i) {
     std::cout << "step " << i << "  loss: 1 device " << single[i] << ", 8-way data " << dp[i]
-              << ", 4x2 data x tensor " << tp[i] << "\n";
+              << ", 4x2 data x tensor " << tp[i] << "  accuracy " << acc1[i] << ", " << acc8[i]
+              << ", " << acc42[i] << "\n";
     most = std::max({most, std::abs(dp[i] - single[i]), std::abs(tp[i] - single[i])});
   }
   const bool ok = single.back() < single.front() && most < 1e-3;
