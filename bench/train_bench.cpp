@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 
 #include "../examples/llama_model.hpp"
+#include "../examples/mlp.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rule_file.hpp"
@@ -22,16 +23,6 @@ const std::vector<std::int64_t> kSizes = {784, 1024, 1024, 1024, 10};
 const Executor& exec(int n) {
   static const Executor e8(8), e1(1);
   return n == 8 ? e8 : e1;
-}
-
-Array mlp_loss(const Tree<Array>& params, const Array& x, const Array& y) {
-  Array h = x;
-  const auto& layers = params.children();
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    h = matmul(h, layers[i].at("w").leaf()) + layers[i].at("b").leaf();
-    if (i + 1 < layers.size()) h = relu(h);
-  }
-  return mean(cross_entropy(h, y));
 }
 
 void mlp_train(benchmark::State& state, int devices) {
@@ -55,7 +46,7 @@ void mlp_train(benchmark::State& state, int devices) {
   Tree<Array> st = sgd.init(params);
   auto step =
       sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb, const Array& yb) {
-        const auto [loss, g] = value_and_grad(mlp_loss)(p, xb, yb);
+        const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
         auto [np, ns] = sgd.update(g, s, p);
         return Tree<Array>::dict({{"params", np}, {"state", ns}});
       });

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "mlp.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/sjit.hpp"
@@ -63,20 +64,9 @@ Digits load(const std::string& path) {
   return s;
 }
 
-Array logits(const Tree<Array>& p, const Array& x) {
-  const Array h = relu(matmul(x, p.at("w1").leaf()) + p.at("b1").leaf());
-  return matmul(h, p.at("w2").leaf()) + p.at("b2").leaf();
-}
-
-Array loss_fn(const Tree<Array>& p, const Array& x, const Array& y) {
-  return mean(cross_entropy(logits(p, x), y));
-}
-
-// Fraction of rows whose largest logit is the label's.
+// The fraction of rows the network classifies right.
 Array accuracy(const Tree<Array>& p, const Array& x, const Array& y) {
-  const Array l = logits(p, x);
-  const Array is_max = astype(equal(l, max(l, {1}, true)), DType::kF32);
-  return mean(sum(is_max * one_hot(y, 10), {1}));
+  return mlp::accuracy(mlp::logits(p, x), y);
 }
 
 struct Run {
@@ -95,11 +85,12 @@ Run train(const Digits& d, const Mesh& mesh, const Executor& exec, int steps, bo
     return std::pair{device_put(Tensor::from<float>(Shape{n, 64}, px), s, exec),
                      device_put(Tensor::from<std::int32_t>(Shape{n}, lb), s, exec)};
   };
-  Tree<Array> params = Tree<Array>::dict(
-      {{"w1", device_put(Tensor::normal(Shape{64, 128}, DType::kF32, 1, 0, 0.125), rep, exec)},
-       {"b1", device_put(Tensor::zeros(Shape{128}, DType::kF32), rep, exec)},
-       {"w2", device_put(Tensor::normal(Shape{128, 10}, DType::kF32, 2, 0, 0.09), rep, exec)},
-       {"b2", device_put(Tensor::zeros(Shape{10}, DType::kF32), rep, exec)}});
+  const auto layer = [&](std::int64_t in, std::int64_t out, std::uint64_t seed, double scale) {
+    return Tree<Array>::dict(
+        {{"w", device_put(Tensor::normal(Shape{in, out}, DType::kF32, seed, 0, scale), rep, exec)},
+         {"b", device_put(Tensor::zeros(Shape{out}, DType::kF32), rep, exec)}});
+  };
+  Tree<Array> params = Tree<Array>::list({layer(64, 128, 1, 0.125), layer(128, 10, 2, 0.09)});
   const Optimizer opt = Optimizer::sgd(0.1, 0.9);
   Tree<Array> state = opt.init(params);
   SjitOptions o;
@@ -107,7 +98,7 @@ Run train(const Digits& d, const Mesh& mesh, const Executor& exec, int steps, bo
   auto step = sjit(
       mesh,
       [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x, const Array& y) {
-        const auto [loss, g] = value_and_grad(loss_fn)(p, x, y);
+        const auto [loss, g] = value_and_grad(mlp::loss)(p, x, y);
         auto [np, ns] = opt.update(g, s, p);
         return Tree<Array>::dict(
             {{"loss", loss}, {"acc", accuracy(p, x, y)}, {"params", np}, {"state", ns}});

@@ -4,6 +4,7 @@
 // attention, SwiGLU MLP.
 #include <cmath>
 
+#include "mlp.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/sjit.hpp"
 
@@ -88,9 +89,8 @@ inline std::pair<Array, Tree<Array>> loss_and_accuracy(const Tree<Array>& params
                                                        const Array& tokens, const Array& targets,
                                                        const Config& cfg) {
   const Array logits = forward(params, tokens, cfg);
-  const Array is_max = astype(equal(logits, max(logits, {2}, true)), DType::kF32);
-  const Array hit = sum(is_max * one_hot(targets, cfg.vocab), {2});
-  return {mean(cross_entropy(logits, targets)), Tree<Array>::dict({{"accuracy", mean(hit)}})};
+  return {mean(cross_entropy(logits, targets)),
+          Tree<Array>::dict({{"accuracy", mlp::accuracy(logits, targets)}})};
 }
 
 // Parameters, each made on its devices by a random fill inside sjit (sharded initialisation).

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "mlp.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/sjit.hpp"
@@ -15,21 +16,9 @@ using namespace shardplan;
 
 namespace {
 
-Array logits(const Tree<Array>& params, const Array& x) {
-  Array h = x;
-  const auto& layers = params.children();
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    h = matmul(h, layers[i].at("w").leaf()) + layers[i].at("b").leaf();
-    if (i + 1 < layers.size()) h = relu(h);
-  }
-  return h;
-}
-
 std::pair<Array, Tree<Array>> loss_fn(const Tree<Array>& params, const Array& x, const Array& y) {
-  const Array l = logits(params, x);
-  const Array is_max = astype(equal(l, max(l, {1}, true)), DType::kF32);
-  return {mean(cross_entropy(l, y)),
-          Tree<Array>::dict({{"accuracy", mean(sum(is_max * one_hot(y, 10), {1}))}})};
+  const Array l = mlp::logits(params, x);
+  return {mean(cross_entropy(l, y)), Tree<Array>::dict({{"accuracy", mlp::accuracy(l, y)}})};
 }
 
 std::vector<double> train(const std::vector<std::int64_t>& sizes, std::vector<double>& accuracy,

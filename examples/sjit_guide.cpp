@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "mlp.hpp"
 #include "shardplan/sjit.hpp"
 
 using namespace shardplan;
@@ -17,16 +18,6 @@ double max_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.get(i) - b.get(i)));
   return m;
-}
-
-Array mlp_loss(const Tree<Array>& params, const Array& x, const Array& labels) {
-  Array h = x;
-  const auto& layers = params.children();
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    h = matmul(h, layers[i].at("w").leaf()) + layers[i].at("b").leaf();
-    if (i + 1 < layers.size()) h = relu(h);
-  }
-  return mean(cross_entropy(h, labels));
 }
 
 }  // namespace
@@ -84,7 +75,7 @@ int main() {
            {"b",
             Array::zeros(Shape{sizes[i + 1]}, DType::kF32, NamedSharding(on, b_specs[i]), ex)}}));
     }
-    auto loss = sjit(on, &mlp_loss);
+    auto loss = sjit(on, &mlp::loss);
     return loss(Tree<Array>::list(layers), device_put(xb, NamedSharding(on, batch), ex),
                 device_put(labels, NamedSharding(on, batch), ex))
         .to_host()

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "../examples/mlp.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/error.hpp"
 #include "test_util.hpp"
@@ -269,16 +270,6 @@ TEST(Sjit, ArraysFromOutsideAreCapturedAsInputs) {
 
 // The guide's MLP (smaller layers): forward loss with 8-way data parallelism and with 4-way data
 // x 2-way tensor parallelism, equal to the single-device loss.
-Array mlp_loss(const Tree<Array>& params, const Array& x, const Array& labels) {
-  Array h = x;
-  const auto& layers = params.children();
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    h = matmul(h, layers[i].at("w").leaf()) + layers[i].at("b").leaf();
-    if (i + 1 < layers.size()) h = relu(h);
-  }
-  return mean(cross_entropy(h, labels));
-}
-
 TEST(Sjit, TheGuidesMlpLossIsTheSameDataParallelAndTensorParallel) {
   const std::vector<std::int64_t> sizes = {64, 128, 128, 128, 10};
   std::vector<Tensor> ws, bs;
@@ -300,7 +291,7 @@ TEST(Sjit, TheGuidesMlpLossIsTheSameDataParallelAndTensorParallel) {
           Tree<Array>::dict({{"w", device_put(ws[i], NamedSharding(mesh, wsp), exec)},
                              {"b", device_put(bs[i], NamedSharding(mesh, bsp), exec)}}));
     }
-    auto loss = sjit(mesh, &mlp_loss);
+    auto loss = sjit(mesh, &mlp::loss);
     return loss(Tree<Array>::list(layers), device_put(x, NamedSharding(mesh, batch), exec),
                 device_put(labels, NamedSharding(mesh, batch), exec))
         .to_host()
