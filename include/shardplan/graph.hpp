@@ -86,6 +86,8 @@ enum class Op : std::uint8_t {
 /// "sin", "dot_general", ...
 std::string_view name(Op op);
 bool is_elementwise(Op op);
+/// eq, ne, lt, le, gt, ge: their results are bool and carry no gradient.
+bool is_comparison(Op op);
 
 /// Shape and dtype of a value.
 struct TensorType {

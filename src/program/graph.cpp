@@ -98,6 +98,8 @@ std::string_view name(Op op) {
 
 bool is_elementwise(Op op) { return op <= Op::kGe; }
 
+bool is_comparison(Op op) { return op >= Op::kEq && op <= Op::kGe; }
+
 std::string to_string(const TensorType& t) {
   return fmt::format("{}{}", name(t.dtype), t.shape.to_string());
 }

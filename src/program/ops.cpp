@@ -163,9 +163,7 @@ Array binary(Op op, const Array& a, const Array& b) {
                                 name(op), type_str(a), type_str(b)));
   }
   const Shape shape = broadcast_shape(a.shape(), b.shape(), name(op), a, b);
-  const bool compare = op == Op::kEq || op == Op::kNe || op == Op::kLt || op == Op::kLe ||
-                       op == Op::kGt || op == Op::kGe;
-  return emit(node(op, TensorType{shape, compare ? DType::kBool : a.dtype()}),
+  return emit(node(op, TensorType{shape, is_comparison(op) ? DType::kBool : a.dtype()}),
               {broadcast_to_shape(a, shape), broadcast_to_shape(b, shape)});
 }
 

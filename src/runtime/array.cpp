@@ -218,28 +218,24 @@ Tensor Array::to_host() const {
   // One device per distinct block writes it: the first of its replica group, reducing over the
   // pending axes in mesh order when the array is pending.
   std::vector<int> writers;
-  std::vector<std::vector<int>> summands;
+  std::vector<std::vector<int>> summands(i.buffers.size());  // by writer's device id
   for (const auto& group : i.sharding.replica_groups(i.shape)) {
     const int first = group.front();
     writers.push_back(first);
-    summands.push_back(i.pending.empty() ? std::vector<int>{first}
-                                         : device_group(m, first, i.pending.axes));
+    summands[static_cast<std::size_t>(first)] =
+        i.pending.empty() ? std::vector<int>{first} : device_group(m, first, i.pending.axes);
   }
-  std::vector<int> slots(writers.size());
-  for (std::size_t k = 0; k < slots.size(); ++k) slots[k] = static_cast<int>(k);
   const std::int64_t shard_n = i.shard_shape.numel();
   i.executor.run(writers, [&](int d) {
-    const std::size_t k =
-        static_cast<std::size_t>(std::find(writers.begin(), writers.end(), d) - writers.begin());
+    const auto& parts_of = summands[static_cast<std::size_t>(d)];
     const Block& b = (*i.blocks)[static_cast<std::size_t>(d)];
     const auto origin = origin_of(b);
     const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
     const std::byte* src = i.buffers[static_cast<std::size_t>(d)]->data();
     Tensor reduced;
-    if (summands[k].size() > 1) {
+    if (parts_of.size() > 1) {
       std::vector<const std::byte*> parts;
-      for (const int s : summands[k])
-        parts.push_back(i.buffers[static_cast<std::size_t>(s)]->data());
+      for (const int s : parts_of) parts.push_back(i.buffers[static_cast<std::size_t>(s)]->data());
       reduced = Tensor(i.shard_shape, i.dtype);
       detail::reduce_into(i.dtype, i.pending.op, parts, reduced.bytes(), shard_n);
       src = reduced.bytes();
