@@ -388,5 +388,10 @@ TEST(Autodiff, AuxiliaryOutputsAndErrors) {
   EXPECT_THROW_WITH(grad([](const Array& v) { return sum(v); })(ints), SpecError, "i32");
 }
 
+TEST(Autodiff, ATreeWithoutArraysHasNothingToDifferentiate) {
+  EXPECT_THROW_WITH(grad([](const Tree<Array>&) { return Array(); })(Tree<Array>::dict({})),
+                    SpecError, "[grad]", "no arrays");
+}
+
 }  // namespace
 }  // namespace shardplan

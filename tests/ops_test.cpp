@@ -220,5 +220,30 @@ TEST(Ops, ShapeAndDtypeErrorsNameTheOpAndTheShapes) {
       ArrayError, "different executors");
 }
 
+TEST(Ops, MoreShapeErrorsNameTheOpAndTheShapes) {
+  Fixture fx;
+  const Array a = fx.put(Tensor::ones(Shape{8, 4}, DType::kF32), P("a"));
+  const Array v = fx.put(Tensor::ones(Shape{8}, DType::kF32), P());
+  const Array idx = fx.put(Tensor::ones(Shape{3}, DType::kI32), P());
+  EXPECT_THROW_WITH(concatenate({a, v}, 0), SpecError, "[concatenate]", "f32[8]", "f32[8, 4]");
+  EXPECT_THROW_WITH(concatenate({}, 0), SpecError, "[concatenate]", "at least one");
+  EXPECT_THROW_WITH(slice(a, {0, 2}, {8, 6}), SpecError, "[slice]", "[0, 2]", "[8, 6]",
+                    "f32[8, 4]");
+  EXPECT_THROW_WITH(take(a, v, 0), SpecError, "[take]", "i32", "f32[8]");
+  EXPECT_THROW_WITH(one_hot(v, 4), SpecError, "[one_hot]", "i32", "f32[8]");
+  EXPECT_THROW_WITH(dot_general(a, a, DotDims{{}, {}, {1}, {0}}), SpecError, "[dot_general]",
+                    "f32[8, 4]", "4 vs 8");
+  EXPECT_THROW_WITH(matmul(a, v), SpecError, "[matmul]", "f32[8, 4]", "f32[8]");
+  EXPECT_THROW_WITH(broadcast_in_dim(a, Shape{8, 5}, {0, 1}), SpecError, "[broadcast_in_dim]",
+                    "f32[8, 4]", "[8, 5]");
+  EXPECT_THROW_WITH(broadcast_to(a, Shape{8, 5}), SpecError, "f32[8, 4]", "[8, 5]");
+  EXPECT_THROW_WITH(causal_mask(a), SpecError, "[causal_mask]", "f32[8, 4]");
+  EXPECT_THROW_WITH(cross_entropy(a, a), SpecError, "[cross_entropy]", "f32[8, 4]", "rank 1");
+  EXPECT_THROW_WITH(where(a, a, a), SpecError, "[where]", "bool", "f32[8, 4]");
+  EXPECT_THROW_WITH(iota_like(sum(a), 0), SpecError, "[iota]", "f32[]");
+  EXPECT_THROW_WITH(sum(a, {2}), SpecError, "axis 2", "f32[8, 4]");
+  (void)idx;
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -163,5 +163,15 @@ TEST(Optim, ATrainingStepUnderSjitEqualsOneDevice) {
   EXPECT_LT(l1.back(), l1.front());
 }
 
+TEST(Optim, ErrorsSayWhatIsMissing) {
+  One o;
+  const Tree<Array> p = Tree<Array>::dict({{"w", o.put({1.0})}});
+  const Tree<Array> empty = Tree<Array>::dict({});
+  EXPECT_THROW_WITH(Optimizer::sgd(0.1).init(empty), SpecError, "[optim]", "no arrays");
+  EXPECT_THROW_WITH(global_norm(empty), SpecError, "[global_norm]", "no arrays");
+  EXPECT_THROW_WITH(Optimizer::sgd(0.1).update(p, Tree<Array>::dict({{"mu", p}}), p), TreeError,
+                    "'count'", "init()");
+}
+
 }  // namespace
 }  // namespace shardplan

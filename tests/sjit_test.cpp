@@ -313,5 +313,19 @@ TEST(Sjit, TheGuidesMlpLossIsTheSameDataParallelAndTensorParallel) {
   EXPECT_NEAR(dp_tp, single, 1e-5);
 }
 
+TEST(Sjit, ArgumentErrorsNameTheMeshesAndPositions) {
+  Meshes s;
+  auto f = sjit(
+      s.mesh, [](const Array& x, int) { return x + 1.0; }, SjitOptions{.static_argnums = {0}});
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF32), P());
+  EXPECT_THROW_WITH(f(x, 1), SpecError, "argument 0", "static_argnums");
+  auto g = sjit(s.mesh, [](const Array& v) { return v + 1.0; });
+  EXPECT_THROW_WITH(g(s.put1(Tensor::ones(Shape{8}, DType::kF32))), ArrayError,
+                    "Mesh('data': 1, 'model': 1)", "Mesh('data': 4, 'model': 2)");
+  auto h =
+      sjit(s.mesh, [](std::uint64_t seed) { return random_normal(Shape{8}, DType::kF32, seed); });
+  EXPECT_THROW_WITH(h(std::uint64_t{1}), ArrayError, "SjitOptions::executor");
+}
+
 }  // namespace
 }  // namespace shardplan

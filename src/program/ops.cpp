@@ -414,8 +414,13 @@ Array broadcast_in_dim(const Array& x, const Shape& shape, std::vector<int> dims
 }
 
 Array broadcast_to(const Array& x, const Shape& shape) {
-  const Shape s = broadcast_shape(x.shape(), shape, "broadcast_to", x, x);
-  if (!(s == shape)) {
+  // numpy's rule, one way: x's dimensions, aligned right, are 1 or equal to the target's.
+  bool ok = x.shape().rank() <= shape.rank();
+  for (int i = 0; ok && i < x.shape().rank(); ++i) {
+    const std::int64_t d = x.shape()[i];
+    ok = d == 1 || d == shape[shape.rank() - x.shape().rank() + i];
+  }
+  if (!ok) {
     throw SpecError(
         fmt::format("[broadcast_to] cannot broadcast {} to {}", type_str(x), shape.to_string()));
   }
