@@ -62,9 +62,6 @@ class Program {
   /// reshard with its collectives, then the cost.
   std::string text() const;
   const CostReport& cost() const { return cost_; }
-  /// The sharding chosen for node `n` and its origin.
-  const PartitionSpec& spec_of(int n) const { return specs_[static_cast<std::size_t>(n)]; }
-  const std::string& origin_of(int n) const { return origins_[static_cast<std::size_t>(n)]; }
   const std::vector<NamedSharding>& output_shardings() const { return output_shardings_; }
   const std::vector<NamedSharding>& input_shardings() const { return input_shardings_; }
   const Graph& graph() const { return graph_; }

@@ -130,6 +130,7 @@ std::string Graph::to_string() const {
                            fmt::join(n.dot.rhs_contract, ","));
     }
     if (n.spec) attrs += " spec=" + n.spec->to_string();
+    if (n.like >= 0) attrs += fmt::format(" like=%{}", n.like);
     if (n.op == Op::kAnnotation) attrs += fmt::format(" name='{}'", n.name);
     s += fmt::format("  %{}:{} = {}{}{}\n", i, shardplan::to_string(n.type), name(n.op), args,
                      attrs);
