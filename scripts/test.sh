@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds everything (Debug, warnings as errors) and runs every test,
-# then builds the libFuzzer targets with clang and runs each for a bounded number of inputs.
-# SHARDPLAN_FUZZ=0 skips the fuzzing step.
+# then builds it again with AddressSanitizer + UBSan (the asan preset's settings, in build-asan/)
+# and runs every test there, then builds the libFuzzer targets with clang and runs each for a
+# bounded number of inputs. SHARDPLAN_ASAN=0 skips the sanitized run, SHARDPLAN_FUZZ=0 the fuzzing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzz=${SHARDPLAN_FUZZ:-1}
+asan=${SHARDPLAN_ASAN:-1}
 extra=()
 [[ $fuzz == 1 ]] && extra=(clang libclang-rt-14-dev)
 ./scripts/deps.sh "${extra[@]}"
@@ -13,6 +15,12 @@ build=${SHARDPLAN_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
+if [[ $asan == 1 ]]; then
+  cmake -S . -B "$build-asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON \
+    -DSHARDPLAN_SANITIZE=address,undefined -DSHARDPLAN_BUILD_BENCH=OFF
+  cmake --build "$build-asan" -j "$jobs"
+  ctest --test-dir "$build-asan" --output-on-failure -j "$jobs"
+fi
 if [[ $fuzz == 1 ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSHARDPLAN_BUILD_FUZZ=ON -DSHARDPLAN_BUILD_TESTS=OFF -DSHARDPLAN_BUILD_EXAMPLES=OFF \
