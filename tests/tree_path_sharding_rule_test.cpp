@@ -6,6 +6,7 @@
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/logical_axis_rule.hpp"
 #include "shardplan/rules/policy_sharding_rule.hpp"
@@ -84,6 +85,43 @@ TEST(TreePathRule, LabelsAndName) {
   const TreePathShardingRule rule({{"a", P()}, {"b", P()}}, false);
   EXPECT_EQ(rule.entry_labels(), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(rule.name(), "TreePathShardingRule(2 rules, not strict)");
+}
+
+// The per-thread memo of DFA states must not survive its rule: rules built one after another in a
+// loop usually get the address of the one just destroyed.
+TEST(TreePathRule, ARuleBuiltWhereAnotherDiedDoesNotResumeItsStates) {
+  const TensorSpec t{Shape{8, 8}, DType::kF32};
+  for (int round = 0; round < 50; ++round) {
+    {
+      const TreePathShardingRule first({{"mlp/up$", P("tp")}, {"attn", P()}});
+      ASSERT_EQ(decide(first, "model/mlp/up", t, fsdp_tp_mesh()).entry, 0);
+    }
+    const TreePathShardingRule second({{"attn", P("fsdp")}, {"^model/(mlp|attn)/", P("tp")}},
+                                      false);
+    const auto d = decide(second, "model/mlp/up", t, fsdp_tp_mesh());
+    ASSERT_EQ(d.entry, 1) << "round " << round;
+    ASSERT_EQ(d.spec, P("tp"));
+    ASSERT_EQ(decide(second, "model/mlp/down", t, fsdp_tp_mesh()).entry, 1);
+    ASSERT_EQ(decide(second, "other/mlp/up", t, fsdp_tp_mesh()).entry, -1);
+  }
+}
+
+TEST(TreePathRule, TwoMatchCallsWithInlineRuleTreesDecideIndependently) {
+  const auto model = Tree<TensorSpec>::dict(
+      {{"mlp", Tree<TensorSpec>::dict({{"up", TensorSpec{Shape{8, 8}, DType::kF32}}})}});
+  const MeshShardingHelper helper(fsdp_tp_mesh());
+  for (int round = 0; round < 20; ++round) {
+    const auto a = helper.match(
+        RuleTree(RulePtr(std::make_shared<TreePathShardingRule>(
+            std::vector<TreePathShardingRule::Entry>{{"up$", P("tp")}, {".*", P()}}))),
+        model);
+    ASSERT_EQ(a.at_path("mlp/up").leaf()->spec(), P("tp"));
+    const auto b = helper.match(
+        RuleTree(RulePtr(std::make_shared<TreePathShardingRule>(
+            std::vector<TreePathShardingRule::Entry>{{"down$", P("tp")}, {"^mlp/", P("fsdp")}}))),
+        model);
+    ASSERT_EQ(b.at_path("mlp/up").leaf()->spec(), P("fsdp")) << "round " << round;
+  }
 }
 
 }  // namespace

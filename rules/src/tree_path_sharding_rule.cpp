@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/regex.hpp>
 #include <utility>
 
@@ -32,7 +33,15 @@ class DfaAutomaton : public PathAutomaton {
 
 }  // namespace
 
+namespace {
+/// Ids of rule tables, never reused in a process (2^64 constructions will not happen).
+std::atomic<std::uint64_t> next_table_id{1};
+}  // namespace
+
 struct TreePathShardingRule::Impl {
+  /// Keys the per-thread memo below. Not the address: a rule built after another was destroyed
+  /// may get the same address, and would resume from the dead rule's DFA states.
+  const std::uint64_t id = next_table_id.fetch_add(1, std::memory_order_relaxed);
   std::vector<boost::regex> regexes;
   /// Entries whose pattern matches the empty string: they match every path (catch-alls).
   std::vector<bool> catch_all;
@@ -54,13 +63,13 @@ struct TreePathShardingRule::Impl {
   // after each of its bytes, and resumes from the longest common prefix.
   int dfa_first_match(std::string_view path) const {
     struct Memo {
-      const Impl* owner = nullptr;
+      std::uint64_t owner = 0;  // Impl::id
       std::string last;
       std::vector<detail::PathMatcher::State> states;  // states[i]: after i bytes of `last`
     };
     thread_local Memo memo;
-    if (memo.owner != this || memo.states.empty()) {
-      memo.owner = this;
+    if (memo.owner != id || memo.states.empty()) {
+      memo.owner = id;
       memo.last.clear();
       memo.states.assign(1, dfa->start());
     }
