@@ -44,8 +44,10 @@ const Corpus& corpus() {
   static const Corpus c = [] {
     const auto out = std::filesystem::temp_directory_path() /
                      fmt::format("shardplan_py_re_corpus_{}.jsonl", ::getpid());
-    const std::string cmd = fmt::format("python3 '{}/scripts/py_re_corpus.py' '{}'",
-                                        SHARDPLAN_SOURCE_DIR, out.string());
+    // SHARDPLAN_PY_RE_ARGS (e.g. "--seed 7 --patterns 5000") runs a larger or other corpus.
+    const char* extra = std::getenv("SHARDPLAN_PY_RE_ARGS");
+    const std::string cmd = fmt::format("python3 '{}/scripts/py_re_corpus.py' '{}' {}",
+                                        SHARDPLAN_SOURCE_DIR, out.string(), extra ? extra : "");
     if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
     Corpus corpus;
     std::ifstream in(out);

@@ -124,5 +124,49 @@ TEST(TreePathRule, TwoMatchCallsWithInlineRuleTreesDecideIndependently) {
   }
 }
 
+// With an entry the DFA cannot decide (lookaround), the table is searched entry by entry; a
+// pattern that matches the empty string must still not match every path (the Boost fallback did).
+TEST(TreePathRule, EmptyMatchingPatternIsNotACatchAllForEveryPath) {
+  const TreePathShardingRule rule({{"(?<=mlp/)up", P("tp")}, {"^[^/]*$", P("fsdp")}}, false);
+  EXPECT_EQ(rule.path_automaton(), nullptr);
+  const TensorSpec t{Shape{8, 8}, DType::kF32};
+  EXPECT_EQ(decide(rule, "mlp/up", t, fsdp_tp_mesh()).entry, 0);
+  EXPECT_EQ(decide(rule, "embed", t, fsdp_tp_mesh()).entry, 1);
+  const auto d = decide(rule, "attn/w", t, fsdp_tp_mesh());
+  EXPECT_EQ(d.entry, -1);
+  EXPECT_EQ(d.spec, P());
+}
+
+// Consecutive paths that share a prefix ending inside a character (é and è share their first
+// byte; an invalid byte is decoded by looking at the next one) must not resume a wrong state.
+TEST(TreePathRule, ResumingAfterANonAsciiPrefixIsExact) {
+  const TreePathShardingRule rule(
+      {{"/\u00e9$", P("tp")}, {"/\u00e8$", P("fsdp")}, {"\u20ac$", P()}, {"\\udce2a$", P()}},
+      false);
+  const TensorSpec t{Shape{8, 8}, DType::kF32};
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(decide(rule, "a/\xc3\xa9", t, fsdp_tp_mesh()).entry, 0);
+    EXPECT_EQ(decide(rule, "a/\xc3\xa8", t, fsdp_tp_mesh()).entry, 1);
+    EXPECT_EQ(decide(rule, "a/\xe2" "a", t, fsdp_tp_mesh()).entry, 3);
+    EXPECT_EQ(decide(rule, "a/\xe2\x82\xac", t, fsdp_tp_mesh()).entry, 2);
+    EXPECT_EQ(decide(rule, "a/\xc3", t, fsdp_tp_mesh()).entry, -1);
+  }
+}
+
+TEST(TreePathRule, BacktrackingPastItsBoundIsARuleErrorNamingPatternAndPath) {
+  const TreePathShardingRule rule({{"^(?=(a*)*b)", P("tp")}});
+  const std::string path(40, 'a');
+  EXPECT_THROW_WITH(decide(rule, path, {Shape{8, 8}, DType::kF32}, fsdp_tp_mesh()), RuleError,
+                    "rule 0", "'^(?=(a*)*b)'", "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'",
+                    "backtracking steps");
+}
+
+TEST(TreePathRule, PythonSyntaxErrorsNameRulePatternPositionAndPythonsMessage) {
+  EXPECT_THROW_WITH(TreePathShardingRule({{"ok", P()}, {"mlp/(?P<n>up)(?P=m)", P()}}), RuleError,
+                    "rule 1", "'mlp/(?P<n>up)(?P=m)'", "position 17", "unknown group name 'm'");
+  EXPECT_THROW_WITH(TreePathShardingRule({{"(?i)mlp", P()}}), RuleError, "rule 0",
+                    "IGNORECASE");
+}
+
 }  // namespace
 }  // namespace shardplan
