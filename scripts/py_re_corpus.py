@@ -64,7 +64,7 @@ class Gen:
         inner = self.alt(depth + 1)
         kinds = ["(", "(?:", "(?P<", "(?s:", "(?m:", "(?a:", "(?-s:", "(?x:"]
         if self.backtrack:
-            kinds += ["(?=", "(?!", "(?>", "(?<=", "(?<!", "ref"]
+            kinds += ["(?=", "(?!", "(?>", "(?<=", "(?<!", "ref", "cond"]
         k = self.rng.choice(kinds)
         if k == "(":
             self.groups += 1
@@ -77,12 +77,17 @@ class Gen:
         if k in ("(?<=", "(?<!"):
             fixed = "".join(self.rng.choice(LITERALS[:20]) for _ in range(self.rng.randint(1, 3)))
             return k + re.escape(fixed) + ")"
+        if k == "cond":
+            if self.groups:
+                return "(?(%d)%s|%s)" % (self.rng.randint(1, self.groups), inner,
+                                         self.rng.choice(LITERALS))
+            return "(?:" + inner + ")"
         if k == "ref":
             if self.names and self.rng.random() < 0.5:
                 return "(?P=%s)" % self.rng.choice(self.names)
             if self.groups:
                 return "\\%d" % self.rng.randint(1, self.groups)
-            return "(a)\\%d" % (self.groups + 1) if False else "(?:a)"
+            return "(?:a)"
         return k + inner + ")"
 
     def piece(self, depth):
