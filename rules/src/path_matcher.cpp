@@ -205,7 +205,7 @@ class Builder {
   }
 
   std::uint64_t work = 0;
-  static constexpr std::uint64_t kWorkBudget = 200'000'000;
+  static constexpr std::uint64_t kWorkBudget = 20'000'000;
 
   Context context_of(std::size_t cls, std::size_t word_set, std::size_t ascii_word_set) const {
     return Context{false, cls == nl_class_, ab_.set_has[word_set][cls],
@@ -374,11 +374,19 @@ std::optional<PathMatcher> PathMatcher::compile(const std::vector<const Node*>& 
       const int match = nfa.add({NState::kMatch, -1, {}, {}, static_cast<int>(p)});
       nfa.starts.push_back(nfa.build(*patterns[p], match, static_cast<int>(p)));
     }
+    // The word sets split the alphabet only for tables that use \b or \B (the Unicode one has
+    // 700 ranges: every table would pay for it).
+    bool word = false, ascii_word = false;
+    for (const NState& st : nfa.states) {
+      if (st.kind != NState::kAssert) continue;
+      word |= st.assertion == Assertion::kWord || st.assertion == Assertion::kNotWord;
+      ascii_word |= st.assertion == Assertion::kAsciiWord || st.assertion == Assertion::kAsciiNotWord;
+    }
     std::vector<CharSet> sets = nfa.sets;
     const std::size_t word_set = sets.size();
-    sets.push_back(word_chars(false));
+    sets.push_back(word ? word_chars(false) : CharSet());
     const std::size_t ascii_word_set = sets.size();
-    sets.push_back(word_chars(true));
+    sets.push_back(ascii_word ? word_chars(true) : CharSet());
     sets.push_back(CharSet::of('\n', '\n'));
     const Alphabet ab(sets);
 
@@ -398,7 +406,10 @@ std::optional<PathMatcher> PathMatcher::compile(const std::vector<const Node*>& 
     auto intern = [&](DState d) -> State {
       const std::string k = Builder::key(d);
       if (auto it = index.find(k); it != index.end()) return it->second;
-      if (states.size() >= max_states) throw TooLarge{};
+      // Bounded in states and in table size (states x classes), so a hostile table cannot make
+      // building a rule slow or large: past either, the backtracker decides the table.
+      if (states.size() >= max_states || (states.size() + 1) * ab.num_classes > (1u << 22))
+        throw TooLarge{};
       const auto id = static_cast<State>(states.size());
       index.emplace(k, id);
       states.push_back(std::move(d));
@@ -472,7 +483,12 @@ PatternTable::PatternTable(const std::vector<std::string>& patterns, std::uint64
   std::vector<bool> in_dfa(parsed.size(), false);
   for (int e : dfa_entries_) in_dfa[static_cast<std::size_t>(e)] = true;
   for (std::size_t i = 0; i < parsed.size(); ++i) {
-    if (!in_dfa[i]) backtracked_.emplace_back(static_cast<int>(i), Backtracker(parsed[i]));
+    if (in_dfa[i]) continue;
+    try {
+      backtracked_.emplace_back(static_cast<int>(i), Backtracker(parsed[i]));
+    } catch (const PatternSyntaxError& e) {
+      throw TablePatternError{i, e};
+    }
   }
   // Which entries match the empty path (catch-alls); the backtracker decides that quickly.
   empty_.assign(parsed.size(), false);
@@ -481,6 +497,8 @@ PatternTable::PatternTable(const std::vector<std::string>& patterns, std::uint64
       empty_[i] = Backtracker(parsed[i]).search(std::u32string(), budget_);
     } catch (const BacktrackBudgetExceeded&) {
       throw TableBudgetError{i};
+    } catch (const PatternSyntaxError& e) {
+      throw TablePatternError{i, e};
     }
   }
 }

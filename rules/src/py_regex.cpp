@@ -34,6 +34,19 @@ void CharSet::add(char32_t lo, char32_t hi) {
   r_ = std::move(out);
 }
 
+CharSet CharSet::from_ranges(std::vector<Range> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  CharSet s;
+  for (const Range& x : ranges) {
+    if (!s.r_.empty() && x.first <= s.r_.back().second + 1) {
+      s.r_.back().second = std::max(s.r_.back().second, x.second);
+    } else {
+      s.r_.push_back(x);
+    }
+  }
+  return s;
+}
+
 void CharSet::add(const CharSet& o) {
   std::vector<Range> all;
   all.reserve(r_.size() + o.r_.size());
@@ -67,9 +80,9 @@ bool CharSet::contains(char32_t c) const {
 
 namespace {
 CharSet from_table(const CodeRange* t, std::size_t n) {
-  CharSet s;
-  for (std::size_t i = 0; i < n; ++i) s.add(CharSet::of(t[i].lo, t[i].hi));
-  return s;
+  std::vector<CharSet::Range> r;
+  for (std::size_t i = 0; i < n; ++i) r.push_back({t[i].lo, t[i].hi});
+  return CharSet::from_ranges(std::move(r));
 }
 }  // namespace
 
@@ -437,6 +450,15 @@ class Parser {
 
   std::optional<NodePtr> group(Flags& flags, int nested, bool first) {
     const std::size_t start = tell() - 1;
+    // Python's parser recurses as well, and fails (RecursionError) somewhere near 1000 levels.
+    if (++depth_ > kMaxDepth)
+      throw PatternSyntaxError{
+          fmt::format("groups nested deeper than {} are not supported by shardplan", kMaxDepth),
+          start};
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     bool capture = true, atomic = false;
     std::optional<std::u32string> name;
     Flags inner = flags;
@@ -899,6 +921,8 @@ class Parser {
   std::set<int> open_;
   int lookbehind_groups_ = -1;
   std::size_t flag_group_start_ = 0;
+  static constexpr int kMaxDepth = 200;
+  int depth_ = 0;
   bool needs_backtracker_ = false;
 };
 

@@ -27,6 +27,8 @@ class CharSet {
   }
   void add(char32_t lo, char32_t hi);
   void add(const CharSet& o);
+  /// The union of any ranges (unsorted, overlapping allowed).
+  static CharSet from_ranges(std::vector<Range> ranges);
   CharSet complement() const;
   bool contains(char32_t c) const;
   bool empty() const { return r_.empty(); }
