@@ -26,19 +26,25 @@ TEST(PatternTable, DollarMatchesAtTheEndOrBeforeAFinalNewline) {
 }
 
 TEST(PatternTable, DotAndClassesAreOnCodePoints) {
-  EXPECT_EQ(first({"^caf.$"}, "caf\xc3\xa9"), 0);          // é is one character
-  EXPECT_EQ(first({"^.{2}$"}, "\xf0\x9f\x98\x80x"), 0);    // so is an astral emoji
+  EXPECT_EQ(first({"^caf.$"}, "caf\xc3\xa9"), 0);                 // é is one character
+  EXPECT_EQ(first({"^.{2}$"}, "\xf0\x9f\x98\x80x"), 0);           // so is an astral emoji
   EXPECT_EQ(first({"^[α-ω]+$"}, "\xce\xb6\xcf\x89\xce\xb7"), 0);  // ζωη
-  EXPECT_EQ(first({"^[α-ω]+$"}, "\xce\xae"), -1);                    // ή is U+03AE
-  EXPECT_EQ(first({"^\\w+$"}, "e\xcc\x81"), -1);  // a combining mark is not \w
-  EXPECT_EQ(first({"^\\d$"}, "\xd9\xa3"), 0);     // Arabic-Indic three is \d
-  EXPECT_EQ(first({"^\\d$"}, "\xc2\xb2"), -1);    // superscript two is not \d
-  EXPECT_EQ(first({"^\\w$"}, "\xc2\xb2"), 0);     // but it is \w
+  EXPECT_EQ(first({"^[α-ω]+$"}, "\xce\xae"), -1);                 // ή is U+03AE
+  EXPECT_EQ(first({"^\\w+$"}, "e\xcc\x81"), -1);                  // a combining mark is not \w
+  EXPECT_EQ(first({"^\\d$"}, "\xd9\xa3"), 0);                     // Arabic-Indic three is \d
+  EXPECT_EQ(first({"^\\d$"}, "\xc2\xb2"), -1);                    // superscript two is not \d
+  EXPECT_EQ(first({"^\\w$"}, "\xc2\xb2"), 0);                     // but it is \w
   EXPECT_EQ(first({"(?a)^\\w$"}, "\xc3\xa9"), -1);
-  EXPECT_EQ(first({"\\s"}, "a\xc2\xa0" "b"), 0);  // no-break space
+  EXPECT_EQ(first({"\\s"},
+                  "a\xc2\xa0"
+                  "b"),
+            0);  // no-break space
   EXPECT_EQ(first({"a.b"}, "a\nb"), -1);
   EXPECT_EQ(first({"(?s)a.b"}, "a\nb"), 0);
-  EXPECT_EQ(first({"a.b"}, "a\xe2\x80\xa8" "b"), 0);  // U+2028 is not '\n'
+  EXPECT_EQ(first({"a.b"},
+                  "a\xe2\x80\xa8"
+                  "b"),
+            0);  // U+2028 is not '\n'
 }
 
 TEST(PatternTable, WordBoundariesUseUnicodeWords) {
@@ -58,8 +64,8 @@ TEST(PatternTable, NamedGroupsAndRepeatsAsPythonWritesThem) {
   EXPECT_EQ(first({"(?P<p>[a-z]+)_(?P=p)$"}, "up_down"), -1);
   EXPECT_EQ(first({"^a{,2}$"}, "aa"), 0);
   EXPECT_EQ(first({"^a{,2}$"}, "aaa"), -1);
-  EXPECT_EQ(first({"x{}"}, "x{}"), 0);       // "{}" is literal
-  EXPECT_EQ(first({"x{1,2"}, "x{1,2"), 0);   // so is an unfinished repeat
+  EXPECT_EQ(first({"x{}"}, "x{}"), 0);      // "{}" is literal
+  EXPECT_EQ(first({"x{1,2"}, "x{1,2"), 0);  // so is an unfinished repeat
   EXPECT_EQ(first({"(?x) a b  # comment"}, "ab"), 0);
 }
 
@@ -93,7 +99,10 @@ TEST(PatternTable, InvalidUtf8IsDecodedWithSurrogateEscape) {
   EXPECT_EQ(first({"^.{2}$"}, "\xc0\xaf"), 0);
   EXPECT_EQ(first({"^\\udced\\udca0\\udc80$"}, "\xed\xa0\x80"), 0);
   // A truncated sequence before an ASCII byte: each byte escaped.
-  EXPECT_EQ(first({"^\\udce2\\udc82a$"}, "\xe2\x82" "a"), 0);
+  EXPECT_EQ(first({"^\\udce2\\udc82a$"},
+                  "\xe2\x82"
+                  "a"),
+            0);
   EXPECT_EQ(decode_utf8("\xe2\x82\xac\xff"), (std::u32string{0x20ac, 0xdcff}));
 }
 
@@ -131,12 +140,13 @@ TEST(PatternTable, RejectsWhatPythonRejectsWithItsPosition) {
     }
     return std::make_pair(std::string("accepted"), std::size_t{0});
   };
-  EXPECT_EQ(error_of("mlp/(up"), std::make_pair(std::string("missing ), unterminated subpattern"),
-                                                std::size_t{4}));
+  EXPECT_EQ(error_of("mlp/(up"),
+            std::make_pair(std::string("missing ), unterminated subpattern"), std::size_t{4}));
   EXPECT_EQ(error_of("a**"), std::make_pair(std::string("multiple repeat"), std::size_t{2}));
   EXPECT_EQ(error_of("\\q"), std::make_pair(std::string("bad escape \\q"), std::size_t{0}));
-  EXPECT_EQ(error_of("(?<=a+)b"),
-            std::make_pair(std::string("look-behind requires fixed-width pattern"), std::size_t{0}));
+  EXPECT_EQ(
+      error_of("(?<=a+)b"),
+      std::make_pair(std::string("look-behind requires fixed-width pattern"), std::size_t{0}));
   // Python accepts these; shardplan rejects them, documented in docs/rule-files.md.
   EXPECT_THAT(error_of("(?i)abc").first, ::testing::HasSubstr("IGNORECASE"));
   EXPECT_THAT(error_of("\\N{DIGIT ONE}").first, ::testing::HasSubstr("\\N{...}"));

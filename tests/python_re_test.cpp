@@ -4,11 +4,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 
@@ -29,9 +28,12 @@ std::string unhex(const std::string& h) {
 std::string show(const std::string& s) {
   std::string out = "'";
   for (unsigned char c : s) {
-    if (c == '\n') out += "\\n";
-    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-    else out += static_cast<char>(c);
+    if (c == '\n')
+      out += "\\n";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += static_cast<char>(c);
   }
   return out + "'";
 }
@@ -62,8 +64,10 @@ const Corpus& corpus() {
 TEST(PythonRe, CorpusIsLargeAndCoversBothKinds) {
   std::size_t matches = 0, errors = 0, found = 0;
   for (const auto& r : corpus().records) {
-    if (r["k"] == "m") ++matches, found += r["r"].get<int>() >= 0;
-    else ++errors;
+    if (r["k"] == "m")
+      ++matches, found += r["r"].get<int>() >= 0;
+    else
+      ++errors;
   }
   EXPECT_GT(matches, 4000u);
   EXPECT_GT(found, 1000u);
@@ -97,8 +101,9 @@ TEST(PythonRe, SearchAgreesWithPythonOnEveryPair) {
         disagreements.push_back(fmt::format("patterns {}path {}: python {}, shardplan {}", table,
                                             show(path), want, got));
     } catch (const TablePatternError& e) {
-      disagreements.push_back(fmt::format("patterns {}: python accepts, shardplan rejects: {} at {}",
-                                          table, e.error.message, e.error.position));
+      disagreements.push_back(
+          fmt::format("patterns {}: python accepts, shardplan rejects: {} at {}", table,
+                      e.error.message, e.error.position));
     }
     if (disagreements.size() >= 20) break;
   }
@@ -117,10 +122,9 @@ TEST(PythonRe, RejectsWhatPythonRejectsAtTheSamePosition) {
                                           r["msg"].get<std::string>()));
     } catch (const TablePatternError& e) {
       if (!r["pos"].is_null() && r["pos"].get<std::size_t>() != e.error.position)
-        disagreements.push_back(fmt::format("{}: python '{}' at {}, shardplan '{}' at {}", show(p),
-                                            r["msg"].get<std::string>(),
-                                            r["pos"].get<std::size_t>(), e.error.message,
-                                            e.error.position));
+        disagreements.push_back(fmt::format(
+            "{}: python '{}' at {}, shardplan '{}' at {}", show(p), r["msg"].get<std::string>(),
+            r["pos"].get<std::size_t>(), e.error.message, e.error.position));
     }
   }
   EXPECT_TRUE(disagreements.empty()) << ::testing::PrintToString(disagreements);

@@ -45,12 +45,17 @@ struct Nfa {
   // Compiles `n` so that it continues at `next`; returns its entry state.
   int build(const Node& n, int next, int pattern) {
     switch (n.kind) {
-      case Node::kEmpty: return next;
-      case Node::kSet: return add({NState::kChar, intern_set(n.set), {}, {next}, pattern});
-      case Node::kAssert: return add({NState::kAssert, -1, n.assertion, {next}, pattern});
-      case Node::kGroup: return build(*n.kids[0], next, pattern);
+      case Node::kEmpty:
+        return next;
+      case Node::kSet:
+        return add({NState::kChar, intern_set(n.set), {}, {next}, pattern});
+      case Node::kAssert:
+        return add({NState::kAssert, -1, n.assertion, {next}, pattern});
+      case Node::kGroup:
+        return build(*n.kids[0], next, pattern);
       case Node::kConcat:
-        for (auto it = n.kids.rbegin(); it != n.kids.rend(); ++it) next = build(**it, next, pattern);
+        for (auto it = n.kids.rbegin(); it != n.kids.rend(); ++it)
+          next = build(**it, next, pattern);
         return next;
       case Node::kAlt: {
         std::vector<int> outs;
@@ -74,7 +79,8 @@ struct Nfa {
         for (int k = 0; k < n.min; ++k) tail = build(body, tail, pattern);
         return tail;
       }
-      default: throw TooLarge{};  // needs the backtracker: never given to the DFA
+      default:
+        throw TooLarge{};  // needs the backtracker: never given to the DFA
     }
   }
 };
@@ -82,8 +88,8 @@ struct Nfa {
 // ---- the alphabet: classes of code points ----
 
 struct Alphabet {
-  std::vector<char32_t> starts;     // elementary intervals, first code point
-  std::vector<std::uint16_t> cls;   // their class
+  std::vector<char32_t> starts;    // elementary intervals, first code point
+  std::vector<std::uint16_t> cls;  // their class
   std::size_t num_classes = 0;
   std::vector<std::vector<bool>> set_has;  // set index -> class -> member
 
@@ -180,7 +186,7 @@ struct Context {
 
 struct DState {
   std::vector<std::pair<int, int>> threads;  // (kChar or pending kMatch state, look), sorted
-  int matched = INT_MAX;                      // lowest pattern found so far
+  int matched = INT_MAX;                     // lowest pattern found so far
 };
 
 class Builder {
@@ -215,13 +221,20 @@ class Builder {
   // The look an assertion leaves on the next character, -1 when it fails, 0 when it passes.
   int assertion_look(Assertion a, const Context& ctx) const {
     switch (a) {
-      case Assertion::kBegin: return ctx.at_start ? 0 : -1;
-      case Assertion::kLineBegin: return ctx.at_start || ctx.newline ? 0 : -1;
-      case Assertion::kDollar: return dollar_;
-      case Assertion::kLineEnd: return line_end_;
-      case Assertion::kEnd: return looks_.end_only();
-      case Assertion::kWord: return ctx.word ? nonword_or_end_ : word_next_;
-      case Assertion::kAsciiWord: return ctx.ascii_word ? nonword_or_end_a() : aword_next_;
+      case Assertion::kBegin:
+        return ctx.at_start ? 0 : -1;
+      case Assertion::kLineBegin:
+        return ctx.at_start || ctx.newline ? 0 : -1;
+      case Assertion::kDollar:
+        return dollar_;
+      case Assertion::kLineEnd:
+        return line_end_;
+      case Assertion::kEnd:
+        return looks_.end_only();
+      case Assertion::kWord:
+        return ctx.word ? nonword_or_end_ : word_next_;
+      case Assertion::kAsciiWord:
+        return ctx.ascii_word ? nonword_or_end_a() : aword_next_;
       case Assertion::kNotWord:
         return ctx.word ? word_next_ : (ctx.at_start ? nonword_ : nonword_or_end_);
       case Assertion::kAsciiNotWord:
@@ -243,10 +256,14 @@ class Builder {
       const NState& st = nfa_.states[static_cast<std::size_t>(s)];
       if (st.pattern >= out.matched) continue;
       switch (st.kind) {
-        case NState::kChar: out.threads.push_back({s, look}); break;
+        case NState::kChar:
+          out.threads.push_back({s, look});
+          break;
         case NState::kMatch:
-          if (look == 0) out.matched = std::min(out.matched, st.pattern);
-          else out.threads.push_back({s, look});
+          if (look == 0)
+            out.matched = std::min(out.matched, st.pattern);
+          else
+            out.threads.push_back({s, look});
           break;
         case NState::kSplit:
           for (auto it = st.out.rbegin(); it != st.out.rend(); ++it) stack.push_back({*it, look});
@@ -296,14 +313,19 @@ class Builder {
       int after = 0;
       if (look != 0) {
         const Look& l = looks_[look];
-        if (l.next[cls]) after = 0;
-        else if (cls == nl_class_ && l.nl_end_ok) after = looks_.end_only();
-        else continue;
+        if (l.next[cls])
+          after = 0;
+        else if (cls == nl_class_ && l.nl_end_ok)
+          after = looks_.end_only();
+        else
+          continue;
       }
       const NState& st = nfa_.states[static_cast<std::size_t>(q)];
       if (st.kind == NState::kMatch) {
-        if (after == 0) out.matched = std::min(out.matched, st.pattern);
-        else seeds.push_back({q, after});
+        if (after == 0)
+          out.matched = std::min(out.matched, st.pattern);
+        else
+          seeds.push_back({q, after});
       } else if (ab_.set_has[static_cast<std::size_t>(st.set)][cls]) {
         seeds.push_back({st.out[0], after});
       }
@@ -342,7 +364,7 @@ class Builder {
 
 }  // namespace
 
-std::uint16_t PathMatcher::class_of(char32_t cp) const {
+std::uint16_t PathMatcher::class_in_mixed_page(char32_t cp) const {
   const auto it = std::upper_bound(starts_.begin(), starts_.end(), cp);
   return class_[static_cast<std::size_t>(it - starts_.begin()) - 1];
 }
@@ -359,7 +381,7 @@ PathMatcher::State PathMatcher::scan(State s, std::string_view text, bool partia
     }
     char32_t cp = 0;
     bool incomplete = false;
-    i += decode_utf8(p + i, n - i, cp, &incomplete);
+    i += decode(p + i, n - i, cp, &incomplete);
     if (incomplete && partial) return kIncomplete;
     s = step(s, cp);
   }
@@ -380,7 +402,8 @@ std::optional<PathMatcher> PathMatcher::compile(const std::vector<const Node*>& 
     for (const NState& st : nfa.states) {
       if (st.kind != NState::kAssert) continue;
       word |= st.assertion == Assertion::kWord || st.assertion == Assertion::kNotWord;
-      ascii_word |= st.assertion == Assertion::kAsciiWord || st.assertion == Assertion::kAsciiNotWord;
+      ascii_word |=
+          st.assertion == Assertion::kAsciiWord || st.assertion == Assertion::kAsciiNotWord;
     }
     std::vector<CharSet> sets = nfa.sets;
     const std::size_t word_set = sets.size();
@@ -398,7 +421,15 @@ std::optional<PathMatcher> PathMatcher::compile(const std::vector<const Node*>& 
     }
     m.starts_ = ab.starts;
     m.class_ = ab.cls;
-    const std::size_t nl_class = m.ascii_class_['\n'];
+    // Pages of 256 code points that lie in one class (almost all) skip the binary search.
+    m.page_class_.assign((CharSet::kMax >> 8) + 1, kMixedPage);
+    for (std::size_t k = 0; k < ab.starts.size(); ++k) {
+      const char32_t lo = ab.starts[k];
+      const char32_t hi = k + 1 < ab.starts.size() ? ab.starts[k + 1] - 1 : CharSet::kMax;
+      for (char32_t page = (lo + 255) >> 8; page <= hi >> 8 && (page << 8) + 255 <= hi; ++page)
+        m.page_class_[page] = ab.cls[k];
+    }
+    const std::size_t nl_class = m.ascii_class_[std::size_t{'\n'}];
 
     Builder b(nfa, ab, word_set, ascii_word_set, nl_class);
     std::vector<DState> states;
@@ -441,11 +472,13 @@ bool dfa_can(const Node& n) {
     case Node::kBackref:
     case Node::kLook:
     case Node::kAtomic:
-    case Node::kCond: return false;
+    case Node::kCond:
+      return false;
     case Node::kRepeat:
       if (n.possessive) return false;
       break;
-    default: break;
+    default:
+      break;
   }
   for (const auto& k : n.kids) {
     if (!dfa_can(*k)) return false;

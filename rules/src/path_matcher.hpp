@@ -36,6 +36,26 @@ class PathMatcher {
   State step(State s, char32_t cp) const {
     return next_[s * num_classes_ + (cp < 0x80 ? ascii_class_[cp] : class_of(cp))];
   }
+  /// Decodes the character at `p` (n > 0 bytes left; surrogateescape for invalid bytes) into
+  /// `cp` and returns its length; `incomplete` as decode_utf8. Inline for valid 2- and 3-byte
+  /// characters (Greek, CJK...), the rest in decode_utf8.
+  static std::size_t decode(const unsigned char* p, std::size_t n, char32_t& cp,
+                            bool* incomplete = nullptr) {
+    const unsigned char b = p[0];
+    if (b >= 0xc2 && b <= 0xdf && n >= 2 && (p[1] & 0xc0) == 0x80) {
+      cp = (static_cast<char32_t>(b & 0x1f) << 6) | (p[1] & 0x3f);
+      if (incomplete) *incomplete = false;
+      return 2;
+    }
+    if (b >= 0xe1 && b <= 0xef && b != 0xed && n >= 3 && (p[1] & 0xc0) == 0x80 &&
+        (p[2] & 0xc0) == 0x80) {
+      cp = (static_cast<char32_t>(b & 0x0f) << 12) | (static_cast<char32_t>(p[1] & 0x3f) << 6) |
+           (p[2] & 0x3f);
+      if (incomplete) *incomplete = false;
+      return 3;
+    }
+    return decode_utf8(p, n, cp, incomplete);
+  }
   /// The state after `text` (UTF-8, invalid bytes as surrogateescape) following `s`, or, when
   /// `partial` (more text may follow), kIncomplete if it ends in the middle of a character.
   State scan(State s, std::string_view text, bool partial = true) const;
@@ -47,7 +67,13 @@ class PathMatcher {
   std::size_t num_states() const { return result_.size(); }
 
  private:
-  std::uint16_t class_of(char32_t cp) const;
+  std::uint16_t class_of(char32_t cp) const {
+    const std::uint16_t c = page_class_[cp >> 8];
+    return c != kMixedPage ? c : class_in_mixed_page(cp);
+  }
+  std::uint16_t class_in_mixed_page(char32_t cp) const;
+  static constexpr std::uint16_t kMixedPage = 0xffff;
+  std::vector<std::uint16_t> page_class_;  // per 256 code points: their class, or kMixedPage
   std::size_t num_classes_ = 0;
   std::uint16_t ascii_class_[128] = {};
   std::vector<char32_t> starts_;      // class intervals above ASCII: first code point of each
@@ -88,8 +114,8 @@ class PatternTable {
 
  private:
   int first_from(const std::u32string* decoded, std::string_view path, int dfa_result) const;
-  std::optional<PathMatcher> dfa_;   // over dfa_entries_
-  std::vector<int> dfa_entries_;     // DFA pattern k is table entry dfa_entries_[k]
+  std::optional<PathMatcher> dfa_;  // over dfa_entries_
+  std::vector<int> dfa_entries_;    // DFA pattern k is table entry dfa_entries_[k]
   bool all_in_dfa_ = false;
   std::vector<std::pair<int, Backtracker>> backtracked_;  // (entry, matcher), in table order
   std::vector<bool> empty_;

@@ -199,9 +199,7 @@ std::string utf8(std::u32string_view s) {
 
 bool is_digit(char32_t c) { return c >= '0' && c <= '9'; }
 bool is_oct(char32_t c) { return c >= '0' && c <= '7'; }
-bool is_hex(char32_t c) {
-  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
+bool is_hex(char32_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 bool is_ascii_letter(char32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
 NodePtr make(Node::Kind k) {
@@ -359,8 +357,7 @@ class Parser {
           };
           const std::int64_t l = los.empty() ? 0 : number(los);
           const std::int64_t h = his.empty() ? -1 : number(his);
-          if (h >= 0 && h < l)
-            throw PatternSyntaxError{"min repeat greater than max repeat", here};
+          if (h >= 0 && h < l) throw PatternSyntaxError{"min repeat greater than max repeat", here};
           if (l > kMaxRepeat || h > kMaxRepeat)
             throw PatternSyntaxError{
                 fmt::format("repeat count above {} is not supported by shardplan", kMaxRepeat),
@@ -369,8 +366,7 @@ class Parser {
           hi = static_cast<int>(h);
         }
         const std::size_t err_pos = here - 1;
-        if (seq->kids.empty() || last_is_at)
-          throw PatternSyntaxError{"nothing to repeat", err_pos};
+        if (seq->kids.empty() || last_is_at) throw PatternSyntaxError{"nothing to repeat", err_pos};
         if (last_is_repeat) throw PatternSyntaxError{"multiple repeat", err_pos};
         auto r = make(Node::kRepeat);
         r->min = lo;
@@ -392,10 +388,12 @@ class Parser {
         if (!n) continue;  // a comment or global flags
         seq->kids.push_back(std::move(*n));
       } else if (c == '^') {
-        seq->kids.push_back(make_assert(flags.multiline ? Assertion::kLineBegin : Assertion::kBegin));
+        seq->kids.push_back(
+            make_assert(flags.multiline ? Assertion::kLineBegin : Assertion::kBegin));
         this_at = true;
       } else if (c == '$') {
-        seq->kids.push_back(make_assert(flags.multiline ? Assertion::kLineEnd : Assertion::kDollar));
+        seq->kids.push_back(
+            make_assert(flags.multiline ? Assertion::kLineEnd : Assertion::kDollar));
         this_at = true;
       } else {
         seq->kids.push_back(make_set(CharSet::of(c, c)));
@@ -416,8 +414,9 @@ class Parser {
     while (true) {
       if (at_end()) {
         if (result.empty()) throw error(std::string("missing ") + name, 0);
-        throw error(fmt::format("missing {}, unterminated name", utf8(std::u32string(1, terminator))),
-                    result.size());
+        throw error(
+            fmt::format("missing {}, unterminated name", utf8(std::u32string(1, terminator))),
+            result.size());
       }
       const char32_t c = next_;
       const bool esc = next_escaped_;
@@ -445,7 +444,8 @@ class Parser {
 
   void check_group_name(const std::u32string& name, std::size_t offset) {
     if (!is_identifier(name))
-      throw error(fmt::format("bad character in group name '{}'", utf8(name)), name.size() + offset);
+      throw error(fmt::format("bad character in group name '{}'", utf8(name)),
+                  name.size() + offset);
   }
 
   std::optional<NodePtr> group(Flags& flags, int nested, bool first) {
@@ -564,7 +564,8 @@ class Parser {
       } else if (!esc && (is_flag(ch) || ch == '-')) {
         flag_group_start_ = start;
         if (!parse_flags(ch, flags, inner)) {
-          if (!first) throw error("global flags not at the start of the expression", tell() - start);
+          if (!first)
+            throw error("global flags not at the start of the expression", tell() - start);
           return std::nullopt;
         }
         capture = false;
@@ -717,20 +718,34 @@ class Parser {
     };
     const std::string esc = token_text(c, true);
     switch (c) {
-      case 'd': return klass(digit_chars(flags.ascii));
-      case 'D': return klass(digit_chars(flags.ascii).complement());
-      case 'w': return klass(word_chars(flags.ascii));
-      case 'W': return klass(word_chars(flags.ascii).complement());
-      case 's': return klass(space_chars(flags.ascii));
-      case 'S': return klass(space_chars(flags.ascii).complement());
-      case 'a': return chr(7);
-      case 'f': return chr('\f');
-      case 'n': return chr('\n');
-      case 'r': return chr('\r');
-      case 't': return chr('\t');
-      case 'v': return chr('\v');
-      case '\\': return chr('\\');
-      default: break;
+      case 'd':
+        return klass(digit_chars(flags.ascii));
+      case 'D':
+        return klass(digit_chars(flags.ascii).complement());
+      case 'w':
+        return klass(word_chars(flags.ascii));
+      case 'W':
+        return klass(word_chars(flags.ascii).complement());
+      case 's':
+        return klass(space_chars(flags.ascii));
+      case 'S':
+        return klass(space_chars(flags.ascii).complement());
+      case 'a':
+        return chr(7);
+      case 'f':
+        return chr('\f');
+      case 'n':
+        return chr('\n');
+      case 'r':
+        return chr('\r');
+      case 't':
+        return chr('\t');
+      case 'v':
+        return chr('\v');
+      case '\\':
+        return chr('\\');
+      default:
+        break;
     }
     if (c == 'b') {
       if (in_class) return chr(8);
@@ -738,8 +753,8 @@ class Parser {
       return e;
     }
     if (!in_class && (c == 'A' || c == 'B' || c == 'Z')) {
-      e.node = make_assert(c == 'A'   ? Assertion::kBegin
-                           : c == 'Z' ? Assertion::kEnd
+      e.node = make_assert(c == 'A'      ? Assertion::kBegin
+                           : c == 'Z'    ? Assertion::kEnd
                            : flags.ascii ? Assertion::kAsciiNotWord
                                          : Assertion::kNotWord);
       return e;
@@ -751,8 +766,7 @@ class Parser {
       if (digits.size() != want)
         throw error(fmt::format("incomplete escape {}{}", esc, utf8(digits)), digits.size() + 2);
       std::uint64_t v = 0;
-      for (char32_t h : digits)
-        v = v * 16 + (is_digit(h) ? h - '0' : (h | 0x20) - 'a' + 10);
+      for (char32_t h : digits) v = v * 16 + (is_digit(h) ? h - '0' : (h | 0x20) - 'a' + 10);
       if (v > CharSet::kMax)
         throw error(fmt::format("bad escape {}{}", esc, utf8(digits)), digits.size() + 2);
       return chr(static_cast<char32_t>(v));
@@ -838,8 +852,10 @@ class Parser {
         const std::size_t len2 = next_len_;
         advance();
         if (!esc2 && d == ']') {
-          if (item.is_class) set.add(item.set);
-          else set.add(item.ch, item.ch);
+          if (item.is_class)
+            set.add(item.set);
+          else
+            set.add(item.ch, item.ch);
           set.add('-', '-');
           break;
         }
@@ -870,10 +886,13 @@ class Parser {
     switch (n.kind) {
       case Node::kEmpty:
       case Node::kAssert:
-      case Node::kLook: return {0, 0};
-      case Node::kSet: return {1, 1};
+      case Node::kLook:
+        return {0, 0};
+      case Node::kSet:
+        return {1, 1};
       case Node::kGroup:
-      case Node::kAtomic: return width(*n.kids[0]);
+      case Node::kAtomic:
+        return width(*n.kids[0]);
       case Node::kConcat: {
         std::pair<std::int64_t, std::int64_t> w{0, 0};
         for (const auto& k : n.kids) {
@@ -945,7 +964,20 @@ ParsedPattern parse_py_regex(std::string_view pattern) {
 // ---- the backtracker: a program of instructions run with an explicit backtrack stack ----
 
 struct Backtracker::Program {
-  enum Op { kChar, kAssert, kSplit, kJmp, kSave, kMark, kProgress, kBackref, kLook, kAtomic, kCond, kMatch };
+  enum Op {
+    kChar,
+    kAssert,
+    kSplit,
+    kJmp,
+    kSave,
+    kMark,
+    kProgress,
+    kBackref,
+    kLook,
+    kAtomic,
+    kCond,
+    kMatch
+  };
   struct Inst {
     Op op;
     int a = 0, b = 0;  // kChar: set; kSplit: targets; kJmp: a; kSave/kMark/kProgress: slot;
@@ -969,7 +1001,8 @@ struct Backtracker::Program {
   // Appends `n` at the end of the code (fall-through continuation).
   void compile(const Node& n) {
     switch (n.kind) {
-      case Node::kEmpty: return;
+      case Node::kEmpty:
+        return;
       case Node::kSet:
         sets.push_back(n.set);
         emit({kChar, static_cast<int>(sets.size()) - 1});
@@ -1018,7 +1051,9 @@ struct Backtracker::Program {
         repeat(n);
         return;
       }
-      case Node::kBackref: emit({kBackref, n.group}); return;
+      case Node::kBackref:
+        emit({kBackref, n.group});
+        return;
       case Node::kLook:
       case Node::kAtomic: {
         const int jmp = emit({kJmp});
@@ -1076,11 +1111,16 @@ struct Backtracker::Program {
   bool check(Assertion a, const std::u32string& t, std::size_t pos) const {
     const std::size_t n = t.size();
     switch (a) {
-      case Assertion::kBegin: return pos == 0;
-      case Assertion::kLineBegin: return pos == 0 || t[pos - 1] == '\n';
-      case Assertion::kDollar: return pos == n || (pos + 1 == n && t[pos] == '\n');
-      case Assertion::kLineEnd: return pos == n || t[pos] == '\n';
-      case Assertion::kEnd: return pos == n;
+      case Assertion::kBegin:
+        return pos == 0;
+      case Assertion::kLineBegin:
+        return pos == 0 || t[pos - 1] == '\n';
+      case Assertion::kDollar:
+        return pos == n || (pos + 1 == n && t[pos] == '\n');
+      case Assertion::kLineEnd:
+        return pos == n || t[pos] == '\n';
+      case Assertion::kEnd:
+        return pos == n;
       case Assertion::kWord:
       case Assertion::kAsciiWord:
       case Assertion::kNotWord:
@@ -1127,7 +1167,9 @@ struct Backtracker::Program {
           stack.push_back({in.b, pos, -1, 0});
           pc = in.a;
           break;
-        case kJmp: pc = in.a; break;
+        case kJmp:
+          pc = in.a;
+          break;
         case kSave:
         case kMark:
           set_slot(in.a, static_cast<std::int64_t>(pos));
@@ -1143,8 +1185,8 @@ struct Backtracker::Program {
           ok = b >= 0 && e >= b;
           if (ok) {
             const auto len = static_cast<std::size_t>(e - b);
-            ok = pos + len <= t.size() &&
-                 std::equal(t.begin() + b, t.begin() + e, t.begin() + static_cast<std::ptrdiff_t>(pos));
+            ok = pos + len <= t.size() && std::equal(t.begin() + b, t.begin() + e,
+                                                     t.begin() + static_cast<std::ptrdiff_t>(pos));
             if (ok) pos += len;
           }
           ++pc;

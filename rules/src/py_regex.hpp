@@ -40,29 +40,41 @@ class CharSet {
 
 /// Zero-width assertions, as Python's re means them without/with re.M and re.A.
 enum class Assertion {
-  kBegin,       // \A, or ^ without re.M: position 0
-  kLineBegin,   // ^ with re.M: position 0 or after '\n'
-  kDollar,      // $ without re.M: the end, or before a final '\n'
-  kLineEnd,     // $ with re.M: the end or before any '\n'
-  kEnd,         // \Z: the end
-  kWord,        // \b (Unicode \w)
-  kNotWord,     // \B (Unicode \w); never true in an empty text, as in Python before 3.14
-  kAsciiWord,   // \b with re.A
-  kAsciiNotWord // \B with re.A
+  kBegin,        // \A, or ^ without re.M: position 0
+  kLineBegin,    // ^ with re.M: position 0 or after '\n'
+  kDollar,       // $ without re.M: the end, or before a final '\n'
+  kLineEnd,      // $ with re.M: the end or before any '\n'
+  kEnd,          // \Z: the end
+  kWord,         // \b (Unicode \w)
+  kNotWord,      // \B (Unicode \w); never true in an empty text, as in Python before 3.14
+  kAsciiWord,    // \b with re.A
+  kAsciiNotWord  // \B with re.A
 };
 
 /// A node of a parsed pattern.
 struct Node {
-  enum Kind { kEmpty, kSet, kAssert, kConcat, kAlt, kRepeat, kGroup, kBackref, kLook, kAtomic, kCond };
+  enum Kind {
+    kEmpty,
+    kSet,
+    kAssert,
+    kConcat,
+    kAlt,
+    kRepeat,
+    kGroup,
+    kBackref,
+    kLook,
+    kAtomic,
+    kCond
+  };
   Kind kind = kEmpty;
-  CharSet set;                       // kSet
-  Assertion assertion{};             // kAssert
+  CharSet set;                              // kSet
+  Assertion assertion{};                    // kAssert
   std::vector<std::unique_ptr<Node>> kids;  // kCond: yes, no
-  int min = 0, max = 0;              // kRepeat; max < 0: unbounded
-  bool possessive = false;           // kRepeat
-  int group = 0;                     // kGroup (capturing: >= 1, else 0), kBackref, kCond
-  bool behind = false, negate = false;  // kLook
-  int width = 0;                     // kLook behind: the fixed width
+  int min = 0, max = 0;                     // kRepeat; max < 0: unbounded
+  bool possessive = false;                  // kRepeat
+  int group = 0;                            // kGroup (capturing: >= 1, else 0), kBackref, kCond
+  bool behind = false, negate = false;      // kLook
+  int width = 0;                            // kLook behind: the fixed width
 };
 using NodePtr = std::unique_ptr<Node>;
 

@@ -80,7 +80,8 @@ struct TreePathShardingRule::Impl {
     }
     const std::size_t n = std::min(path.size(), memo.last.size());
     std::size_t common = static_cast<std::size_t>(
-        std::mismatch(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(n), memo.last.begin())
+        std::mismatch(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(n),
+                      memo.last.begin())
             .first -
         path.begin());
     while (memo.states[common] == kNone) --common;  // states[0] is the start
@@ -96,7 +97,7 @@ struct TreePathShardingRule::Impl {
         continue;
       }
       char32_t cp = 0;
-      const std::size_t len = detail::decode_utf8(p + i, path.size() - i, cp);
+      const std::size_t len = detail::PathMatcher::decode(p + i, path.size() - i, cp);
       s = dfa.step(s, cp);
       for (std::size_t k = 1; k < len; ++k) memo.states[i + k] = kNone;
       i += len;
@@ -114,13 +115,15 @@ TreePathShardingRule::TreePathShardingRule(std::vector<Entry> entries, bool stri
   try {
     impl->table.emplace(patterns);
   } catch (const detail::TablePatternError& e) {
-    throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} has a bad regex '{}' at "
-                                "position {}: {}",
-                                e.index, patterns[e.index], e.error.position, e.error.message));
+    throw RuleError(
+        fmt::format("[rule] TreePathShardingRule: rule {} has a bad regex '{}' at "
+                    "position {}: {}",
+                    e.index, patterns[e.index], e.error.position, e.error.message));
   } catch (const detail::TableBudgetError& e) {
-    throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} ('{}') gave up on the empty "
-                                "path after {} backtracking steps",
-                                e.index, patterns[e.index], detail::Backtracker::kDefaultBudget));
+    throw RuleError(
+        fmt::format("[rule] TreePathShardingRule: rule {} ('{}') gave up on the empty "
+                    "path after {} backtracking steps",
+                    e.index, patterns[e.index], detail::Backtracker::kDefaultBudget));
   }
   for (std::size_t i = 0; i < patterns.size(); ++i)
     impl->catch_all.push_back(impl->table->matches_empty(i));
@@ -164,8 +167,8 @@ RuleDecision TreePathShardingRule::apply(const RuleInput& in) const {
     if (shown < entries_.size()) tried += fmt::format(", ... ({} in all)", entries_.size());
     if (entries_.empty()) tried = "none";
     throw RuleError(fmt::format(
-        "[rule] no rule of TreePathShardingRule matches '{}' (shape {}); rules tried: {}",
-        in.path, in.tensor.shape.to_string(), tried));
+        "[rule] no rule of TreePathShardingRule matches '{}' (shape {}); rules tried: {}", in.path,
+        in.tensor.shape.to_string(), tried));
   }
   RuleDecision d;
   d.reason = "no rule matched (not strict: replicated)";
@@ -192,8 +195,9 @@ std::vector<std::string> TreePathShardingRule::entry_labels() const {
 std::vector<RuleStep> TreePathShardingRule::explain(const RuleInput& in) const {
   std::vector<RuleStep> steps;
   if (is_trivial(in.tensor)) {
-    steps.push_back({-1, fmt::format("shape {} is a scalar or has one element: replicated",
-                                     in.tensor.shape.to_string()),
+    steps.push_back({-1,
+                     fmt::format("shape {} is a scalar or has one element: replicated",
+                                 in.tensor.shape.to_string()),
                      true});
     return steps;
   }
@@ -203,11 +207,11 @@ std::vector<RuleStep> TreePathShardingRule::explain(const RuleInput& in) const {
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const int index = static_cast<int>(i);
     if (index == winner) {
-      steps.push_back({index,
-                       fmt::format("rule {} '{}': matched -> {}{}", i, entries_[i].pattern,
-                                   entries_[i].spec.to_string(),
-                                   impl_->catch_all[i] ? " (catch-all)" : ""),
-                       true});
+      steps.push_back(
+          {index,
+           fmt::format("rule {} '{}': matched -> {}{}", i, entries_[i].pattern,
+                       entries_[i].spec.to_string(), impl_->catch_all[i] ? " (catch-all)" : ""),
+           true});
       return steps;
     }
     steps.push_back({index, fmt::format("rule {} '{}': no match", i, entries_[i].pattern), false});

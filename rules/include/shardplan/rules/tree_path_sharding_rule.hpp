@@ -13,10 +13,10 @@ namespace shardplan {
 /// Regex rules over tree paths, as scalax's TreePathShardingRule: (regex, spec) pairs tried in
 /// order with an unanchored search over the leaf's path, meaning what Python's
 /// `re.search(pattern, path)` means on the path decoded from UTF-8 (docs/rule-files.md, "Pattern
-/// dialect"); the first match wins. Scalars and one-element tensors are replicated before any rule is tried. No match
-/// is a RuleError naming the path when `strict`, else replicated (reported as fell through).
-/// An entry whose pattern matches the empty path (".*") is a catch-all: leaves it decides are
-/// reported as fell through. Thread-safe.
+/// dialect"); the first match wins. Scalars and one-element tensors are replicated before any rule
+/// is tried. No match is a RuleError naming the path when `strict`, else replicated (reported as
+/// fell through). An entry whose pattern matches the empty path (".*") is a catch-all: leaves it
+/// decides are reported as fell through. Thread-safe.
 class TreePathShardingRule : public ShardingRule {
  public:
   struct Entry {
