@@ -154,5 +154,39 @@ TEST(PatternTable, RejectsWhatPythonRejectsWithItsPosition) {
   EXPECT_THAT(error_of("caf\xc3").first, ::testing::HasSubstr("not valid UTF-8"));
 }
 
+TEST(PatternTable, CatchAllsAreThePatternsThatMatchTheEmptyPath) {
+  // Each checked with python3: re.search(p, "") is not None.
+  const PatternTable t({".*", "^$", "\\b", "\\B", "(x)?", "$\\Z", "a*b", "(?=)", "(?!x)y?",
+                        "(a|)+\\A"});
+  const std::vector<bool> want = {true, true, false, false, true, true, false, true, true, true};
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_EQ(t.matches_empty(i), want[i]) << i;
+}
+
+TEST(PatternTable, PatternsTooLargeOrTooDeepAreRejectedByName) {
+  const auto reject = [](const std::string& p, const char* part) {
+    try {
+      PatternTable t({p});
+      ADD_FAILURE() << "accepted";
+    } catch (const TablePatternError& e) {
+      EXPECT_THAT(e.error.message, ::testing::HasSubstr(part));
+    }
+  };
+  reject(std::string(201, '(') + std::string(201, ')'), "nested deeper than 200");
+  reject("((a{1000}){1000}){1000}", "too large");
+}
+
+TEST(PatternTable, ABacktrackerThatGivesUpOnTheEmptyPathFailsTheTable) {
+  // 2^26 ways to match the empty groups, then a lookahead that never passes.
+  std::string p;
+  for (int k = 0; k < 26; ++k) p += "(?:|)";
+  p += "(?!)";
+  try {
+    PatternTable t({"ok", p});
+    ADD_FAILURE() << "no TableBudgetError";
+  } catch (const TableBudgetError& e) {
+    EXPECT_EQ(e.index, 1u);
+  }
+}
+
 }  // namespace
 }  // namespace shardplan::detail

@@ -485,6 +485,38 @@ bool dfa_can(const Node& n) {
   }
   return true;
 }
+/// Whether `n` matches the empty text, or nullopt when that takes the backtracker. In an empty
+/// text every position is the start and the end: ^ \A $ \Z pass, \b and \B (Python before 3.14)
+/// fail, and no character can be read.
+std::optional<bool> matches_empty_text(const Node& n) {
+  switch (n.kind) {
+    case Node::kEmpty: return true;
+    case Node::kSet: return false;
+    case Node::kAssert:
+      return n.assertion != Assertion::kWord && n.assertion != Assertion::kNotWord &&
+             n.assertion != Assertion::kAsciiWord && n.assertion != Assertion::kAsciiNotWord;
+    case Node::kGroup: return matches_empty_text(*n.kids[0]);
+    case Node::kRepeat: {
+      if (n.possessive) return std::nullopt;
+      const auto body = matches_empty_text(*n.kids[0]);
+      if (!body) return std::nullopt;
+      return n.min == 0 || *body;
+    }
+    case Node::kConcat:
+    case Node::kAlt: {
+      bool all = true, any = false;
+      for (const auto& k : n.kids) {
+        const auto e = matches_empty_text(*k);
+        if (!e) return std::nullopt;
+        all = all && *e;
+        any = any || *e;
+      }
+      return n.kind == Node::kConcat ? all : any;
+    }
+    default: return std::nullopt;
+  }
+}
+
 }  // namespace
 
 PatternTable::PatternTable(const std::vector<std::string>& patterns, std::uint64_t budget)
@@ -523,9 +555,14 @@ PatternTable::PatternTable(const std::vector<std::string>& patterns, std::uint64
       throw TablePatternError{i, e};
     }
   }
-  // Which entries match the empty path (catch-alls); the backtracker decides that quickly.
+  // Which entries match the empty path (catch-alls): read off the syntax tree, or asked of the
+  // backtracker for lookaround and backreferences.
   empty_.assign(parsed.size(), false);
   for (std::size_t i = 0; i < parsed.size(); ++i) {
+    if (const auto e = matches_empty_text(*parsed[i].root)) {
+      empty_[i] = *e;
+      continue;
+    }
     try {
       empty_[i] = Backtracker(parsed[i]).search(std::u32string(), budget_);
     } catch (const BacktrackBudgetExceeded&) {
