@@ -630,7 +630,7 @@ class Parser {
       }
     }
     if (ch == ')') {
-      apply_flags(add, "", global, true);
+      apply_flags(add, "", global);
       scoped = global;
       return false;
     }
@@ -660,7 +660,7 @@ class Parser {
       if (del.find(f) != std::string::npos)
         throw error("bad inline flags: flag turned on and off", 1);
     }
-    apply_flags(add, del, scoped, false);
+    apply_flags(add, del, scoped);
     return true;
   }
 
@@ -670,7 +670,7 @@ class Parser {
     return is_ascii_letter(c) || (c >= 0x80 && w.contains(c) && !d.contains(c));
   }
 
-  void apply_flags(const std::string& add, const std::string& del, Flags& f, bool global) {
+  void apply_flags(const std::string& add, const std::string& del, Flags& f) {
     for (char c : add) {
       if (c == 'i')
         throw error("the flag 'i' (IGNORECASE) is not supported by shardplan rule patterns",
@@ -685,7 +685,6 @@ class Parser {
       if (c == 'm') f.multiline = false;
       if (c == 'x') f.verbose = false;
     }
-    (void)global;
   }
 
   void check_lookbehind_group(int g) {
