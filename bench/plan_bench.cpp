@@ -144,6 +144,60 @@ void BM_BoostRegexOnly(benchmark::State& state) {
 }
 BENCHMARK(BM_BoostRegexOnly)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
+// 1,000 tensors whose names hold a 10,000-character key, planned with the DeepSeek table:
+// ASCII keys (arg 0) against keys in Greek and CJK (arg 1, 2-3 bytes per character). Patterns
+// are matched on code points, so both go through the same DFA.
+Tree<TensorSpec> long_name_tree(bool non_ascii) {
+  const std::string unit = non_ascii
+                               ? "\xce\xb6\xcf\x89\xce\xae\xe5\xb1\x82\xe6\x9d\x83"  // ζωή层权
+                               : "zoelay";
+  std::vector<std::pair<std::string, TensorSpec>> named;
+  for (int i = 0; i < 1000; ++i) {
+    std::string key = std::to_string(i) + "_";
+    for (std::size_t chars = key.size(); chars < 10000; chars += non_ascii ? 5 : 6) key += unit;
+    named.push_back({"model/layers/" + std::to_string(i % 61) + "/" + key + "/mlp/up_proj/weight",
+                     TensorSpec{Shape{1024, 512}, DType::kBF16}});
+  }
+  return tree_from_names(named);
+}
+
+void BM_PlanLongNames(benchmark::State& state) {
+  const Workload& w = workload();
+  const Tree<TensorSpec> tree = long_name_tree(state.range(0) == 1);
+  const MeshShardingHelper helper(w.mesh);
+  const RuleTree rules{RulePtr(w.rule)};
+  for (auto _ : state) {
+    PlanReport r = helper.plan(rules, tree);
+    benchmark::DoNotOptimize(r);
+  }
+  state.SetLabel(state.range(0) == 1 ? "non-ASCII names" : "ASCII names");
+}
+BENCHMARK(BM_PlanLongNames)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// The matching alone on the same paths: TreePathShardingRule::apply on each flattened path.
+void BM_ApplyLongNames(benchmark::State& state) {
+  const Workload& w = workload();
+  const auto leaves = long_name_tree(state.range(0) == 1).flatten();
+  for (auto _ : state) {
+    int hits = 0;
+    for (const auto& [path, spec] : leaves)
+      hits += w.rule->apply(RuleInput{path, spec, w.mesh}).entry;
+    benchmark::DoNotOptimize(hits);
+  }
+  state.SetLabel(state.range(0) == 1 ? "non-ASCII names" : "ASCII names");
+}
+BENCHMARK(BM_ApplyLongNames)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// Compiling the 20-rule table (parsing, the DFA over code points) once.
+void BM_BuildRule(benchmark::State& state) {
+  const auto entries = bench::deepseek_v3_rules();
+  for (auto _ : state) {
+    TreePathShardingRule rule(entries);
+    benchmark::DoNotOptimize(rule);
+  }
+}
+BENCHMARK(BM_BuildRule)->Unit(benchmark::kMillisecond);
+
 // Building the tree from checkpoint names (what `shardplan plan --model` does before planning).
 void BM_TreeFromNames(benchmark::State& state) {
   const auto named = bench::deepseek_v3_tensors();

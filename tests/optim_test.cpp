@@ -74,6 +74,20 @@ TEST(Optim, AdamWDecaysOnlyTheMaskedPaths) {
   EXPECT_THROW_WITH(Optimizer::adamw(constant_schedule(0.1), 0.1, {"(bad"}), RuleError, "(bad");
 }
 
+TEST(Optim, DecayPathsArePythonPatternsLikeRulePatterns) {
+  One o;
+  const Tree<Array> p = Tree<Array>::dict({{"kernel", o.put({2.0})}, {"norm", o.put({2.0})}});
+  const Tree<Array> g = Tree<Array>::dict({{"kernel", o.put({1.0})}, {"norm", o.put({1.0})}});
+  // A named group and \Z, as Python writes them.
+  const Optimizer opt = Optimizer::adamw(constant_schedule(0.1), 0.5, {"(?P<k>kern)el\\Z"});
+  const auto [p1, s1] = opt.update(g, opt.init(p), p);
+  EXPECT_NEAR(host(p1, "kernel")[0], 2.0 - 0.1 - 0.1, 1e-6);
+  EXPECT_NEAR(host(p1, "norm")[0], 2.0 - 0.1, 1e-6);
+  // Python rejects "\\e" (Boost took it for ESC), at position 0, and so do decay paths.
+  EXPECT_THROW_WITH(Optimizer::adamw(constant_schedule(0.1), 0.1, {"\\e"}), RuleError,
+                    "'\\e'", "position 0", "bad escape");
+}
+
 TEST(Optim, ClippingBoundsTheGlobalNorm) {
   One o;
   const Tree<Array> p = Tree<Array>::dict({{"a", o.put({0.0, 0.0})}, {"b", o.put({0.0})}});

@@ -41,7 +41,8 @@ class Optimizer {
     return adam(constant_schedule(lr), b1, b2, eps);
   }
   /// Adam with decoupled weight decay on the leaves whose path matches one of `decay_paths`
-  /// (Boost regexes, searched; empty: every leaf), as EasyLM masks norms and biases out.
+  /// (Python re patterns, searched, as rule patterns; empty: every leaf), as EasyLM masks norms
+  /// and biases out.
   static Optimizer adamw(Schedule lr, double weight_decay,
                          std::vector<std::string> decay_paths = {}, double b1 = 0.9,
                          double b2 = 0.999, double eps = 1e-8);

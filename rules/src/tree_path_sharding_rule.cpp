@@ -3,7 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <boost/regex.hpp>
+#include <atomic>
+#include <optional>
 #include <utility>
 
 #include "path_matcher.hpp"
@@ -22,113 +23,111 @@ class DfaAutomaton : public PathAutomaton {
   State start() const override { return m_.start(); }
   State advance(State s, std::string_view bytes) const override {
     if (s == kUnknown) return kUnknown;
-    const auto next = m_.scan(s, bytes);
-    return next == detail::PathMatcher::kFallback ? kUnknown : next;
+    // A chunk that ends inside a character (invalid UTF-8 in a key) is left to the rule.
+    const auto next = m_.scan(s, bytes, /*partial=*/true);
+    return next == detail::PathMatcher::kIncomplete ? kUnknown : next;
   }
 
  private:
   const detail::PathMatcher& m_;
 };
 
+/// Ids of rule tables, never reused in a process (2^64 constructions will not happen).
+std::atomic<std::uint64_t> next_table_id{1};
+
 }  // namespace
 
 struct TreePathShardingRule::Impl {
-  std::vector<boost::regex> regexes;
-  /// Entries whose pattern matches the empty string: they match every path (catch-alls).
+  /// Keys the per-thread memo below. Not the address: a rule built after another was destroyed
+  /// may get the same address, and would resume from the dead rule's DFA states.
+  const std::uint64_t id = next_table_id.fetch_add(1, std::memory_order_relaxed);
+  std::vector<std::string> patterns;
+  std::optional<detail::PatternTable> table;
+  /// Entries whose pattern matches the empty string (catch-alls, reported as fell through).
   std::vector<bool> catch_all;
-  /// All patterns as one DFA, when they are in its subset (else Boost decides every path).
-  std::optional<detail::PathMatcher> dfa;
-  std::optional<DfaAutomaton> automaton;  // over `dfa`
+  std::optional<DfaAutomaton> automaton;  // over table->dfa(), when it decides every entry
 
-  /// Index of the first entry whose regex is found in `path`, or -1.
+  /// Index of the first entry whose pattern is found in `path` (re.search), or -1.
   int first_match(std::string_view path) const {
-    if (dfa) {
-      const int r = dfa_first_match(path);
-      if (r != -2) return r;
+    if (const detail::PathMatcher* dfa = table->dfa()) return dfa_first_match(*dfa, path);
+    try {
+      return table->first_match(path);
+    } catch (const detail::TableBudgetError& e) {
+      throw RuleError(fmt::format(
+          "[rule] TreePathShardingRule: rule {} ('{}') gave up on '{}' after {} backtracking "
+          "steps (lookaround or backreferences over a long path); simplify the pattern",
+          e.index, patterns[e.index], path, detail::Backtracker::kDefaultBudget));
     }
-    return boost_first_match(path);
   }
 
   // Callers visit leaves in flatten order, so consecutive paths share long prefixes
   // ("model/layers/17/mlp/experts/201/..."). Each thread remembers its last path and the DFA state
-  // after each of its bytes, and resumes from the longest common prefix.
-  int dfa_first_match(std::string_view path) const {
+  // after each of its bytes, and resumes from the longest common prefix. Inside a character (or
+  // after an invalid byte, whose decoding looked at the byte after it) there is no state.
+  int dfa_first_match(const detail::PathMatcher& dfa, std::string_view path) const {
+    using State = detail::PathMatcher::State;
+    constexpr State kNone = detail::PathMatcher::kIncomplete;
     struct Memo {
-      const Impl* owner = nullptr;
+      std::uint64_t owner = 0;  // Impl::id
       std::string last;
-      std::vector<detail::PathMatcher::State> states;  // states[i]: after i bytes of `last`
+      std::vector<State> states;  // states[i]: after i bytes of `last`, or kNone
     };
     thread_local Memo memo;
-    if (memo.owner != this || memo.states.empty()) {
-      memo.owner = this;
+    if (memo.owner != id || memo.states.empty()) {
+      memo.owner = id;
       memo.last.clear();
-      memo.states.assign(1, dfa->start());
+      memo.states.assign(1, dfa.start());
     }
-    // memo.states[i] is valid for i <= memo.last.size().
     const std::size_t n = std::min(path.size(), memo.last.size());
-    const std::size_t common = static_cast<std::size_t>(
-        std::mismatch(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(n), memo.last.begin())
+    std::size_t common = static_cast<std::size_t>(
+        std::mismatch(path.begin(), path.begin() + static_cast<std::ptrdiff_t>(n),
+                      memo.last.begin())
             .first -
         path.begin());
+    while (memo.states[common] == kNone) --common;  // states[0] is the start
     memo.last.resize(common);
     memo.last.append(path.substr(common));
     if (memo.states.size() < path.size() + 1) memo.states.resize(path.size() + 1);
-    detail::PathMatcher::State s = memo.states[common];
-    for (std::size_t i = common; i < path.size(); ++i) {
-      s = dfa->step(s, static_cast<unsigned char>(path[i]));
-      if (s == detail::PathMatcher::kFallback) {
-        memo.last.clear();
-        return -2;
+    State s = memo.states[common];
+    const auto* p = reinterpret_cast<const unsigned char*>(path.data());
+    for (std::size_t i = common; i < path.size();) {
+      if (p[i] < 0x80) {
+        s = dfa.step(s, p[i]);
+        memo.states[++i] = s;
+        continue;
       }
-      memo.states[i + 1] = s;
+      char32_t cp = 0;
+      const std::size_t len = detail::PathMatcher::decode(p + i, path.size() - i, cp);
+      s = dfa.step(s, cp);
+      for (std::size_t k = 1; k < len; ++k) memo.states[i + k] = kNone;
+      i += len;
+      memo.states[i] = len == 1 ? kNone : s;
     }
-    return dfa->first_match(s);
-  }
-
-  int boost_first_match(std::string_view path) const {
-    const char* begin = path.data();
-    const char* end = begin + path.size();
-    for (std::size_t i = 0; i < regexes.size(); ++i) {
-      if (catch_all[i]) return static_cast<int>(i);
-      try {
-        if (boost::regex_search(begin, end, regexes[i], boost::match_default)) {
-          return static_cast<int>(i);
-        }
-      } catch (const std::runtime_error& e) {
-        // Boost gives up on pathological patterns (too complex, memory exhausted).
-        throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} ('{}') failed on '{}': {}",
-                                    i, regexes[i].str(), path, e.what()));
-      }
-    }
-    return -1;
+    return dfa.first_match(s);
   }
 };
 
 TreePathShardingRule::TreePathShardingRule(std::vector<Entry> entries, bool strict)
     : entries_(std::move(entries)), strict_(strict) {
   auto impl = std::make_shared<Impl>();
-  impl->regexes.reserve(entries_.size());
-  for (std::size_t i = 0; i < entries_.size(); ++i) {
-    const std::string& pattern = entries_[i].pattern;
-    try {
-      impl->regexes.emplace_back(pattern, boost::regex::perl);
-    } catch (const boost::regex_error& e) {
-      throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} has a bad regex '{}' at "
-                                  "position {}: {}",
-                                  i, pattern, e.position(), e.what()));
-    }
-    const std::string empty;
-    try {
-      impl->catch_all.push_back(boost::regex_search(empty, impl->regexes.back()));
-    } catch (const std::runtime_error& e) {
-      throw RuleError(fmt::format("[rule] TreePathShardingRule: rule {} ('{}') cannot be used: {}",
-                                  i, pattern, e.what()));
-    }
+  for (const Entry& e : entries_) impl->patterns.push_back(e.pattern);
+  const std::vector<std::string>& patterns = impl->patterns;
+  try {
+    impl->table.emplace(patterns);
+  } catch (const detail::TablePatternError& e) {
+    throw RuleError(
+        fmt::format("[rule] TreePathShardingRule: rule {} has a bad regex '{}' at "
+                    "position {}: {}",
+                    e.index, patterns[e.index], e.error.position, e.error.message));
+  } catch (const detail::TableBudgetError& e) {
+    throw RuleError(
+        fmt::format("[rule] TreePathShardingRule: rule {} ('{}') gave up on the empty "
+                    "path after {} backtracking steps",
+                    e.index, patterns[e.index], detail::Backtracker::kDefaultBudget));
   }
-  std::vector<std::string> patterns;
-  for (const Entry& e : entries_) patterns.push_back(e.pattern);
-  impl->dfa = detail::PathMatcher::compile(patterns);
-  if (impl->dfa) impl->automaton.emplace(*impl->dfa);
+  for (std::size_t i = 0; i < patterns.size(); ++i)
+    impl->catch_all.push_back(impl->table->matches_empty(i));
+  if (const detail::PathMatcher* dfa = impl->table->dfa()) impl->automaton.emplace(*dfa);
   impl_ = std::move(impl);
 }
 
@@ -168,8 +167,8 @@ RuleDecision TreePathShardingRule::apply(const RuleInput& in) const {
     if (shown < entries_.size()) tried += fmt::format(", ... ({} in all)", entries_.size());
     if (entries_.empty()) tried = "none";
     throw RuleError(fmt::format(
-        "[rule] no rule of TreePathShardingRule matches '{}' (shape {}); rules tried: {}",
-        in.path, in.tensor.shape.to_string(), tried));
+        "[rule] no rule of TreePathShardingRule matches '{}' (shape {}); rules tried: {}", in.path,
+        in.tensor.shape.to_string(), tried));
   }
   RuleDecision d;
   d.reason = "no rule matched (not strict: replicated)";
@@ -196,8 +195,9 @@ std::vector<std::string> TreePathShardingRule::entry_labels() const {
 std::vector<RuleStep> TreePathShardingRule::explain(const RuleInput& in) const {
   std::vector<RuleStep> steps;
   if (is_trivial(in.tensor)) {
-    steps.push_back({-1, fmt::format("shape {} is a scalar or has one element: replicated",
-                                     in.tensor.shape.to_string()),
+    steps.push_back({-1,
+                     fmt::format("shape {} is a scalar or has one element: replicated",
+                                 in.tensor.shape.to_string()),
                      true});
     return steps;
   }
@@ -207,11 +207,11 @@ std::vector<RuleStep> TreePathShardingRule::explain(const RuleInput& in) const {
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const int index = static_cast<int>(i);
     if (index == winner) {
-      steps.push_back({index,
-                       fmt::format("rule {} '{}': matched -> {}{}", i, entries_[i].pattern,
-                                   entries_[i].spec.to_string(),
-                                   impl_->catch_all[i] ? " (catch-all)" : ""),
-                       true});
+      steps.push_back(
+          {index,
+           fmt::format("rule {} '{}': matched -> {}{}", i, entries_[i].pattern,
+                       entries_[i].spec.to_string(), impl_->catch_all[i] ? " (catch-all)" : ""),
+           true});
       return steps;
     }
     steps.push_back({index, fmt::format("rule {} '{}': no match", i, entries_[i].pattern), false});

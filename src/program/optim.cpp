@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <boost/regex.hpp>
 #include <cmath>
 #include <numbers>
 
+#include "../../rules/src/path_matcher.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
 #include "trace.hpp"
@@ -85,13 +85,15 @@ Optimizer Optimizer::adamw(Schedule lr, double weight_decay, std::vector<std::st
                            double b1, double b2, double eps) {
   Optimizer o = adam(std::move(lr), b1, b2, eps);
   o.weight_decay_ = weight_decay;
-  for (const auto& p : decay_paths) {
-    try {
-      boost::regex re(p);
-    } catch (const boost::regex_error& e) {
-      throw RuleError(
-          fmt::format("[optim] weight-decay path '{}' is not a valid regex: {}", p, e.what()));
-    }
+  // The same dialect as rule patterns (Python's re.search).
+  try {
+    detail::PatternTable table(decay_paths);
+  } catch (const detail::TablePatternError& e) {
+    throw RuleError(fmt::format("[optim] weight-decay path '{}' is not a valid regex at position {}: {}",
+                                decay_paths[e.index], e.error.position, e.error.message));
+  } catch (const detail::TableBudgetError& e) {
+    throw RuleError(fmt::format("[optim] weight-decay path '{}' gave up on the empty path",
+                                decay_paths[e.index]));
   }
   o.decay_paths_ = std::move(decay_paths);
   return o;
@@ -185,8 +187,7 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
     const Array c1 = 1.0 - exp(count64 * std::log(b1_));
     const Array c2 = 1.0 - exp(count64 * std::log(b2_));
     const auto leaves_nu = nu.leaves();
-    std::vector<boost::regex> decay;
-    for (const auto& p : decay_paths_) decay.emplace_back(p);
+    const detail::PatternTable decay(decay_paths_);  // validated by adamw()
     const auto mu_leaves = mu.leaves();
     std::size_t j = 0;
     new_params = params.map_with_path([&](const std::string& path, const Array& p) {
@@ -197,9 +198,15 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
       const Array vhat = v / astype(c2, v.dtype());
       Array upd = mhat / (sqrt(vhat) + eps_);
       bool decays = weight_decay_ > 0;
-      if (decays && !decay.empty()) {
-        decays = false;
-        for (const auto& re : decay) decays = decays || boost::regex_search(path, re);
+      if (decays && decay.size() > 0) {
+        try {
+          decays = decay.first_match(path) >= 0;
+        } catch (const detail::TableBudgetError& e) {
+          throw RuleError(fmt::format("[optim] weight-decay path '{}' gave up on '{}' after {} "
+                                      "backtracking steps",
+                                      decay_paths_[e.index], path,
+                                      detail::Backtracker::kDefaultBudget));
+        }
       }
       if (decays) upd = upd + p * weight_decay_;
       return p - upd * lr_as(p);

@@ -14,7 +14,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const shardplan::RulePtr rule = f.make_rule();
     const shardplan::Mesh mesh = shardplan::Mesh::parse("fsdp:2,tp:2", 4);
     const shardplan::TensorSpec t{shardplan::Shape{8, 8}, shardplan::DType::kF32};
-    for (std::string_view path : {"model/layers/0/mlp/up_proj/weight", "lm_head/weight", ""}) {
+    // ASCII, non-ASCII with a final newline, and invalid UTF-8 (decoded as surrogateescape).
+    for (std::string_view path : {"model/layers/0/mlp/up_proj/weight", "lm_head/weight", "",
+                                  "model/\xe5\xb1\x82/\xce\xb6_proj/weight\n", "a/\xc3/\xff"}) {
       try {
         rule->apply(shardplan::RuleInput{path, t, mesh});
       } catch (const shardplan::Error&) {
