@@ -13,6 +13,7 @@
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/shape.hpp"
+#include "shardplan/tensor_spec.hpp"
 
 namespace shardplan {
 
@@ -115,7 +116,8 @@ class Tensor {
  public:
   /// A f32 scalar 0.
   Tensor() : Tensor(Shape{}, DType::kF32) {}
-  /// Zeros.
+  /// Zeros. Throws SpecError, before allocating, when the byte size does not fit in int64
+  /// (see byte_size); std::bad_alloc when the host has no room.
   Tensor(Shape shape, DType dtype);
   /// From values in row-major order. Throws SpecError when their count is not the shape's.
   template <class T>
@@ -153,7 +155,7 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   std::int64_t numel() const { return shape_.numel(); }
-  std::int64_t nbytes() const { return numel() * static_cast<std::int64_t>(size_of(dtype_)); }
+  std::int64_t nbytes() const { return byte_size(shape_, dtype_); }
   std::byte* bytes() { return data_.get(); }
   const std::byte* bytes() const { return data_.get(); }
 

@@ -64,7 +64,8 @@ double widen(T v) {
 }
 
 std::byte* allocate_storage(std::int64_t bytes) {
-  const auto rounded = static_cast<std::size_t>((std::max<std::int64_t>(bytes, 1) + 63) / 64 * 64);
+  // In size_t: bytes <= INT64_MAX, so adding 63 cannot wrap.
+  const auto rounded = (static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, rounded);
