@@ -72,7 +72,8 @@ constexpr DType dtype_of() {
 
 /// True for the dtypes the runtime computes with (fills, reductions): f32, f64, bf16, i32, i64.
 bool is_computable(DType dtype);
-/// `value` converted to `dtype` (rounded for floats, truncated toward zero for integers) and
+/// `value` converted to `dtype` (rounded to nearest even for floats; truncated toward zero and
+/// saturated for integers, NaN giving 0: docs/runtime.md, "Numeric policy") and
 /// stored at `dst`. Throws SpecError for a dtype that is not computable.
 void store_value(DType dtype, std::byte* dst, double value);
 /// The element at `src` as a double. Throws SpecError for a dtype that is not computable.
