@@ -105,7 +105,7 @@ TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
 TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
   const RuleTree rules = RuleTree::dict({
       {"step", Unspecified{}},
-      {"params", RulePtr(std::make_shared<FSDPShardingRule>("x", 1))},
+      {"params", RulePtr(std::make_shared<FSDPShardingRule>(FSDPShardingRule::Options{.axis = "x", .min_size = 1}))},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });
   const MeshShardingHelper helper(Mesh::parse("x:4,y:2", 8));
