@@ -65,11 +65,11 @@ std::int64_t NamedSharding::shard_bytes(const Shape& global, std::size_t element
   std::int64_t bytes = 0;
   if (!detail::checked_nonzero_product(shard.begin(), shard.end(), detail::as_i64(element_size),
                                        &bytes)) {
-    throw SpecError(fmt::format("[plan] byte size of the shard {} of {} (shape {}, {} bytes per "
-                                "element) overflows int64",
-                                shard.to_string(),
-                                path.empty() ? std::string("a tensor") : fmt::format("'{}'", path),
-                                global.to_string(), element_size));
+    throw SpecError(fmt::format(
+        "[plan] byte size of the shard {} of {} (shape {}, {} bytes per "
+        "element) overflows int64",
+        shard.to_string(), path.empty() ? std::string("a tensor") : fmt::format("'{}'", path),
+        global.to_string(), element_size));
   }
   return shard.numel() == 0 ? 0 : bytes;
 }

@@ -201,7 +201,6 @@ TEST(Array, VisualizeDrawsTheShardingPicture) {
   EXPECT_EQ(visualize(a), s.visualize(Shape{8, 8}));
 }
 
-
 TEST(Array, ShapesWhoseGlobalBytesOverflowThrowBeforeAllocating) {
   const Executor exec(2);
   const NamedSharding s(Mesh::parse("x:2", 2), P("x"));
@@ -212,9 +211,8 @@ TEST(Array, ShapesWhoseGlobalBytesOverflowThrowBeforeAllocating) {
   EXPECT_EQ(exec.memory(0).peak, 0);
   EXPECT_EQ(exec.memory(1).peak, 0);
   std::vector<std::shared_ptr<Buffer>> none(2);
-  EXPECT_THROW_WITH(
-      Array::from_buffers(exec, Shape{2305843009213693952}, DType::kF32, s, none), SpecError,
-      "f32[2305843009213693952]");
+  EXPECT_THROW_WITH(Array::from_buffers(exec, Shape{2305843009213693952}, DType::kF32, s, none),
+                    SpecError, "f32[2305843009213693952]");
 }
 
 }  // namespace

@@ -81,9 +81,9 @@ TEST(DType, FloatingTypesAndPrinting) {
 TEST(DType, GetFloatDtypeByNameTakesScalaxNames) {
   // scalax's table: bf16/bfloat16, fp16/float16, fp32/float32, fp64/float64.
   const std::vector<std::pair<const char*, DType>> scalax{
-      {"bf16", DType::kBF16}, {"bfloat16", DType::kBF16}, {"fp16", DType::kF16},
-      {"float16", DType::kF16}, {"fp32", DType::kF32},    {"float32", DType::kF32},
-      {"fp64", DType::kF64},  {"float64", DType::kF64}};
+      {"bf16", DType::kBF16},   {"bfloat16", DType::kBF16}, {"fp16", DType::kF16},
+      {"float16", DType::kF16}, {"fp32", DType::kF32},      {"float32", DType::kF32},
+      {"fp64", DType::kF64},    {"float64", DType::kF64}};
   for (const auto& [text, d] : scalax) {
     EXPECT_EQ(get_float_dtype_by_name(text), d) << text;
     EXPECT_EQ(parse_dtype(text), d) << text;
@@ -106,8 +106,7 @@ TEST(DType, GetFloatDtypeByNameRejectsUnknownAndNonFloatNamesListingTheAccepted)
                     "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64");
   EXPECT_THROW_WITH(get_float_dtype_by_name("int32"), SpecError,
                     "i32 is not one of the float dtypes", "'int32'", "fp32");
-  EXPECT_THROW_WITH(get_float_dtype_by_name("F8_E4M3"), SpecError, "f8_e4m3 is not one of",
-                    "bf16");
+  EXPECT_THROW_WITH(get_float_dtype_by_name("F8_E4M3"), SpecError, "f8_e4m3 is not one of", "bf16");
   EXPECT_THROW_WITH(get_float_dtype_by_name(""), SpecError, "unknown dtype ''");
   EXPECT_THROW_WITH(parse_dtype("fp12"), SpecError, "'fp12'", "BF16", "half");
 }

@@ -1,10 +1,10 @@
 // Executor: one task per device, errors, memory accounting and limits, concurrent use.
 #include "shardplan/executor.hpp"
 
-#include <limits>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -182,7 +182,6 @@ TEST(Executor, BackendIsOneOfTheConfiguredOnes) {
   const std::string b(Executor::backend());
   EXPECT_TRUE(b == "tbb" || b == "threads" || b == "serial") << b;
 }
-
 
 TEST(Executor, ReservationsNearInt64MaxNeverWrapPastTheLimit) {
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();

@@ -85,8 +85,7 @@ TEST(FsdpRule, MissingMeshAxisIsAnErrorNamingIt) {
 }
 
 TEST(FsdpRule, BadConstructionIsAnError) {
-  EXPECT_THROW_WITH(FSDPShardingRule({.axis = "", .min_size = 4}), RuleError,
-                    "axis name is empty");
+  EXPECT_THROW_WITH(FSDPShardingRule({.axis = "", .min_size = 4}), RuleError, "axis name is empty");
   EXPECT_THROW_WITH(FSDPShardingRule({.min_size = -1}), RuleError, "axis=fsdp", "min_size -1");
   EXPECT_THROW_WITH(FSDPShardingRule({.axis = "dp", .axis_size = 0}), RuleError, "axis=dp",
                     "axis_size 0 is not positive");

@@ -2,8 +2,8 @@
 
 #include "shardplan/mesh_sharding_helper.hpp"
 
-#include <limits>
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -105,7 +105,8 @@ TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
 TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
   const RuleTree rules = RuleTree::dict({
       {"step", Unspecified{}},
-      {"params", RulePtr(std::make_shared<FSDPShardingRule>(FSDPShardingRule::Options{.axis = "x", .min_size = 1}))},
+      {"params", RulePtr(std::make_shared<FSDPShardingRule>(
+                     FSDPShardingRule::Options{.axis = "x", .min_size = 1}))},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });
   const MeshShardingHelper helper(Mesh::parse("x:4,y:2", 8));
@@ -334,7 +335,6 @@ TEST(MeshShardingHelper, MatchGivesNamedShardingsOnTheHelpersMesh) {
   EXPECT_EQ(*shardings.at_path("params/h/0/w_in").leaf(), NamedSharding(mesh, P("x")));
   EXPECT_EQ(*shardings.at_path("step").leaf(), NamedSharding(mesh, P()));
 }
-
 
 TEST(MeshShardingHelper, PlanTotalsUpToInt64MaxAreExactAndBeyondNameTheTensor) {
   const RuleTree rules = Replicated{};

@@ -285,7 +285,6 @@ TEST(NamedSharding, VisualizeRejectsScalarsAndNonDivisibleShapes) {
   EXPECT_THROW_WITH(s.visualize(Shape{6}), SpecError, "[6]", "'x' (size 4)");
 }
 
-
 TEST(NamedSharding, ShardBytesPastInt64NameThePathAndShapes) {
   const NamedSharding s(Mesh::parse("x:2", 2), P("x"));
   // 2^62 elements split in two: 2^61 per device, times 2 bytes = 2^62 fits, times 4 = 2^63 not.

@@ -65,7 +65,6 @@ TEST(TensorSpec, BytesEqualityAndPrinting) {
   EXPECT_EQ(os.str(), "f16[8, 4](embed, mlp) bool[3]");
 }
 
-
 // Limits: INT64_MAX = 9223372036854775807; 3037000499^2 = 9223372030926249001 fits,
 // 3037000500^2 = 9223372037000250000 does not.
 TEST(Shape, ElementCountsUpToInt64MaxAreAcceptedAndBeyondAreErrorsNamingTheShape) {
@@ -114,7 +113,7 @@ TEST(TensorSpec, ASpecWhoseFieldsWereAssignedPastInt64ThrowsFromBytes) {
   t.shape = Shape{2305843009213693952};  // 2^61 elements fit
   t.dtype = DType::kU16;
   EXPECT_EQ(t.bytes(), 4611686018427387904LL);  // 2^62
-  t.dtype = DType::kF32;                         // 2^63 does not
+  t.dtype = DType::kF32;                        // 2^63 does not
   EXPECT_THROW_WITH(t.bytes(), SpecError, "byte size of f32[2305843009213693952]");
 }
 

@@ -115,7 +115,6 @@ TEST(Tensor, Prints) {
   EXPECT_EQ(os.str(), "f32[2]{1, 2}");
 }
 
-
 TEST(Tensor, ShapesWhoseSizeOverflowsThrowBeforeAllocating) {
   // A SpecError, not std::bad_alloc: nothing was asked of the host.
   EXPECT_THROW_WITH(Tensor(Shape{2305843009213693952}, DType::kF32), SpecError,

@@ -18,8 +18,8 @@ FSDPShardingRule::FSDPShardingRule(Options options) : options_(std::move(options
   const Options& o = options_;
   if (o.axis.empty()) throw RuleError("[rule] FSDPShardingRule: the axis name is empty");
   if (o.min_size < 0) {
-    throw RuleError(fmt::format("[rule] FSDPShardingRule(axis={}): min_size {} is negative",
-                                o.axis, o.min_size));
+    throw RuleError(fmt::format("[rule] FSDPShardingRule(axis={}): min_size {} is negative", o.axis,
+                                o.min_size));
   }
   if (o.axis_size <= 0 && o.axis_size != -1) {
     throw RuleError(fmt::format(
@@ -88,10 +88,10 @@ RuleDecision FSDPShardingRule::apply(const RuleInput& in) const {
 }
 
 std::string FSDPShardingRule::name() const {
-  return fmt::format("FSDPShardingRule(axis={}{}, min_size={}{})", options_.axis,
-                     options_.axis_size > 0 ? fmt::format(", axis_size={}", options_.axis_size)
-                                            : std::string(),
-                     options_.min_size, options_.mode == Mode::kPowerOfTwo ? ", power_of_two" : "");
+  return fmt::format(
+      "FSDPShardingRule(axis={}{}, min_size={}{})", options_.axis,
+      options_.axis_size > 0 ? fmt::format(", axis_size={}", options_.axis_size) : std::string(),
+      options_.min_size, options_.mode == Mode::kPowerOfTwo ? ", power_of_two" : "");
 }
 
 }  // namespace shardplan

@@ -562,11 +562,12 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
         // ((n - 1) * chunk + total - chunk) * elem: close to twice the shard's bytes, which may
         // not fit even though the shard does.
         std::int64_t in = 0;
-        if (!detail::checked_mul(n - 1, chunk, &in) || !detail::checked_add(in, total - chunk, &in) ||
+        if (!detail::checked_mul(n - 1, chunk, &in) ||
+            !detail::checked_add(in, total - chunk, &in) ||
             !detail::checked_mul(in, static_cast<std::int64_t>(elem), &in)) {
           throw SpecError(fmt::format(
-              "[plan_reshard] bytes device {} receives in the all_reduce of {}{} overflow int64",
-              d, name(dtype), shape.to_string()));
+              "[plan_reshard] bytes device {} receives in the all_reduce of {}{} overflow int64", d,
+              name(dtype), shape.to_string()));
         }
         rec.bytes_in[static_cast<std::size_t>(d)] = in;
       }
