@@ -183,6 +183,22 @@ TEST_F(CliTest, ModelWhoseTensorSizeOverflowsExitsOneNamingTensorAndShape) {
   EXPECT_THAT(bytes.err, ::testing::HasSubstr("byte size of f32[2305843009213693952]"));
 }
 
+TEST_F(CliTest, SafetensorsHeaderWhoseTensorSizeOverflowsExitsOneNamingTensorAndShape) {
+  const std::string header =
+      R"({"model.embed.weight":{"dtype":"BF16","shape":[4294967296,4294967296,16],)"
+      R"("data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  const fs::path model = dir_ / "huge.safetensors";
+  std::ofstream(model, std::ios::binary) << bytes << header;
+  const Result r = run(fmt::format("plan --model '{}'", model.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("huge.safetensors"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("'model.embed.weight'"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("element count of [4294967296, 4294967296, 16] "
+                                          "overflows int64"));
+}
+
 TEST_F(CliTest, ModelWhoseTotalBytesOverflowExitsOneNamingTheTensorWhereTheSumPasses) {
   const fs::path model = dir_ / "many.json";
   // Tensors of 2^62 bytes each: each fits, but a + b = 2^63 is past INT64_MAX.
