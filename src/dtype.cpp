@@ -1,7 +1,11 @@
 #include "shardplan/dtype.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <array>
 #include <cctype>
+#include <optional>
 #include <string>
 
 #include "shardplan/error.hpp"
@@ -35,6 +39,24 @@ constexpr std::array<DTypeInfo, 15> kInfo{{
     {DType::kF64, 8, "f64", "F64", "float64"},
 }};
 
+// Further names of the float types: scalax's get_float_dtype_by_name (bf16, fp16, fp32, fp64,
+// besides bfloat16, float16, float32, float64 above) and C/PyTorch's half, float, double.
+struct Alias {
+  std::string_view name;
+  DType dtype;
+};
+constexpr std::array<Alias, 6> kFloatAliases{{
+    {"fp16", DType::kF16},
+    {"half", DType::kF16},
+    {"fp32", DType::kF32},
+    {"float", DType::kF32},
+    {"fp64", DType::kF64},
+    {"double", DType::kF64},
+}};
+
+// What get_float_dtype_by_name returns: scalax's four float types.
+constexpr std::array<DType, 4> kNamedFloats{DType::kBF16, DType::kF16, DType::kF32, DType::kF64};
+
 const DTypeInfo& info(DType d) { return kInfo[static_cast<std::size_t>(d)]; }
 
 bool iequals(std::string_view a, std::string_view b) {
@@ -64,15 +86,42 @@ bool is_floating(DType dtype) {
   }
 }
 
-DType parse_dtype(std::string_view text) {
+namespace {
+
+std::optional<DType> find_dtype(std::string_view text) {
   for (const auto& i : kInfo) {
     if (iequals(text, i.name) || iequals(text, i.safetensors) || iequals(text, i.alias)) {
       return i.dtype;
     }
   }
+  for (const auto& a : kFloatAliases) {
+    if (iequals(text, a.name)) return a.dtype;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+DType parse_dtype(std::string_view text) {
+  if (const auto d = find_dtype(text)) return *d;
   std::string known;
   for (const auto& i : kInfo) known += (known.empty() ? "" : ", ") + std::string(i.safetensors);
-  throw SpecError("[dtype] unknown dtype '" + std::string(text) + "'; expected one of " + known);
+  throw SpecError("[dtype] unknown dtype '" + std::string(text) + "'; expected one of " + known +
+                  " (any case; also i32, int32, fp32, float32, float, half, double, ...)");
+}
+
+DType get_float_dtype_by_name(std::string_view text) {
+  const auto d = find_dtype(text);
+  if (d && std::find(kNamedFloats.begin(), kNamedFloats.end(), *d) != kNamedFloats.end()) {
+    return *d;
+  }
+  throw SpecError(fmt::format(
+      "[dtype] {} '{}'; expected a float dtype name: bf16, bfloat16, fp16, float16, half, fp32, "
+      "float32, float, fp64, float64, double (any case; also f16, f32, f64 and the safetensors "
+      "names BF16, F16, F32, F64)",
+      d ? fmt::format("{} is not one of the float dtypes bf16, f16, f32, f64:", name(*d))
+        : std::string("unknown dtype"),
+      text));
 }
 
 std::ostream& operator<<(std::ostream& os, DType dtype) { return os << name(dtype); }

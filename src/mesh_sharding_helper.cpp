@@ -10,6 +10,7 @@
 #include <exception>
 #include <unordered_map>
 
+#include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan {
@@ -326,8 +327,18 @@ class Planner {
       indices.push_back(e.index);
       return;
     }
-    push_leaf(slot, full, t, d, d.spec, seen->shard,
-              seen->shard_numel * static_cast<std::int64_t>(size_of(t.dtype)));
+    push_leaf(slot, full, t, d, d.spec, seen->shard, shard_bytes(full, t, seen->shard));
+  }
+
+  // The bytes of a device's shard; the tensor's own bytes are checked first, so that a spec
+  // past int64 is named with its path even where its shard would fit.
+  static std::int64_t shard_bytes(std::string_view full, const TensorSpec& t, const Shape& shard) {
+    try {
+      t.bytes();
+      return byte_size(shard, t.dtype);
+    } catch (const SpecError& err) {
+      throw SpecError(fmt::format("[plan] '{}': {}", full, err.what()));
+    }
   }
 
   void push_leaf(const RuleSlot& slot, std::string_view full, const TensorSpec& t, RuleDecision& d,
@@ -465,8 +476,13 @@ PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec
   PlanReport report{mesh_, std::move(p.leaves), {}, 0, {}, {}};
   std::int64_t per_device = 0;
   for (const auto& l : report.leaves) {
-    per_device += l.bytes_per_device;
-    report.total_bytes += l.tensor.bytes();
+    const std::int64_t bytes = l.tensor.bytes();  // checked when the leaf was planned
+    if (!detail::checked_add(per_device, l.bytes_per_device, &per_device) ||
+        !detail::checked_add(report.total_bytes, bytes, &report.total_bytes)) {
+      throw SpecError(fmt::format(
+          "[plan] the tree's total bytes overflow int64 at '{}' ({}{}, {} bytes, {} per device)",
+          l.path, name(l.tensor.dtype), l.tensor.shape.to_string(), bytes, l.bytes_per_device));
+    }
   }
   report.device_bytes.assign(static_cast<std::size_t>(mesh_.size()), per_device);
   for (const auto& s : p.slots) {

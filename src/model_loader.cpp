@@ -187,9 +187,10 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
       throw bad("'dtype' must be a string such as \"BF16\" or \"F32\"");
     }
     TensorSpec spec;
-    spec.shape = Shape(std::move(dims));
-    try {
+    try {  // an element count or byte size past int64 is a SpecError naming the shape
+      spec.shape = Shape(std::move(dims));
       spec.dtype = parse_dtype(v["dtype"].get<std::string>());
+      spec.bytes();
     } catch (const SpecError& e) {
       throw bad(e.what());
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 
+#include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan {
@@ -60,7 +61,17 @@ Shape NamedSharding::shard_shape(const Shape& global, std::string_view path) con
 
 std::int64_t NamedSharding::shard_bytes(const Shape& global, std::size_t element_size,
                                         std::string_view path) const {
-  return shard_shape(global, path).numel() * static_cast<std::int64_t>(element_size);
+  const Shape shard = shard_shape(global, path);
+  std::int64_t bytes = 0;
+  if (!detail::checked_nonzero_product(shard.begin(), shard.end(), detail::as_i64(element_size),
+                                       &bytes)) {
+    throw SpecError(fmt::format(
+        "[plan] byte size of the shard {} of {} (shape {}, {} bytes per "
+        "element) overflows int64",
+        shard.to_string(), path.empty() ? std::string("a tensor") : fmt::format("'{}'", path),
+        global.to_string(), element_size));
+  }
+  return shard.numel() == 0 ? 0 : bytes;
 }
 
 std::int64_t NamedSharding::block_index(const std::vector<std::int64_t>& coords, int dim) const {

@@ -208,7 +208,9 @@ RulePtr RuleFile::make_rule() const {
     throw;
   }
   std::optional<FSDPShardingRule> fallback;
-  if (fsdp_fallback) fallback.emplace(fsdp_fallback->axis, fsdp_fallback->min_size);
+  if (fsdp_fallback)
+    fallback.emplace(FSDPShardingRule::Options{.axis = fsdp_fallback->axis,
+                                               .min_size = fsdp_fallback->min_size});
   std::optional<LogicalAxisRule> logical;
   if (!logical_axes.empty()) logical.emplace(logical_axes);
   return std::make_shared<RuleTableShardingRule>(source, std::move(table), std::move(fallback),

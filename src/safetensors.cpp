@@ -24,23 +24,6 @@ constexpr std::int64_t kMaxHeaderSize = 100'000'000;
   throw IoError(fmt::format("[safetensors] {}: {}", source, what));
 }
 
-std::int64_t checked_numel_bytes(const std::vector<std::int64_t>& dims, std::size_t elem,
-                                 bool* overflow) {
-  std::int64_t n = 1;
-  *overflow = false;
-  for (std::int64_t d : dims) {
-    if (d != 0 && n > INT64_MAX / d) *overflow = true;
-    if (*overflow) return 0;
-    n *= d;
-  }
-  const auto e = static_cast<std::int64_t>(elem);
-  if (n > INT64_MAX / e) {
-    *overflow = true;
-    return 0;
-  }
-  return n * e;
-}
-
 SafetensorsEntry parse_entry(std::string_view source, const std::string& name, const Json& v,
                              std::int64_t data_size) {
   if (!v.is_object()) {
@@ -98,15 +81,18 @@ SafetensorsEntry parse_entry(std::string_view source, const std::string& name, c
                              "bytes)",
                              name, begin, end, data_size));
   }
-  e.spec.shape = Shape(dims);
-  bool overflow = false;
-  const std::int64_t want = checked_numel_bytes(dims, size_of(e.spec.dtype), &overflow);
-  if (overflow || static_cast<std::uint64_t>(want) != end - begin) {
+  std::int64_t want = 0;
+  try {  // the element count and bytes must fit in int64 (Shape and byte_size check them)
+    e.spec.shape = Shape(dims);
+    want = byte_size(e.spec.shape, e.spec.dtype);
+  } catch (const SpecError& err) {
+    fail(source, fmt::format("tensor '{}': {}", name, err.what()));
+  }
+  if (static_cast<std::uint64_t>(want) != end - begin) {
     fail(source, fmt::format("tensor '{}': data_offsets [{}, {}] hold {} bytes but shape {} of {} "
                              "needs {}",
                              name, begin, end, end - begin, e.spec.shape.to_string(),
-                             safetensors_name(e.spec.dtype),
-                             overflow ? std::string("more than 2^63") : std::to_string(want)));
+                             safetensors_name(e.spec.dtype), want));
   }
   e.begin = static_cast<std::int64_t>(begin);
   e.end = static_cast<std::int64_t>(end);

@@ -15,6 +15,10 @@ void Shape::assign(const std::int64_t* first, std::size_t n) {
                                   fmt::join(first, first + n, ", ")));
     }
   }
+  if (std::int64_t count = 0; !detail::checked_nonzero_product(first, first + n, 1, &count)) {
+    throw SpecError(fmt::format("[shape] element count of [{}] overflows int64",
+                                fmt::join(first, first + n, ", ")));
+  }
   rank_ = static_cast<int>(n);
   if (rank_ > kInlineRank) {
     heap_.assign(first, first + n);
@@ -25,6 +29,20 @@ void Shape::assign(const std::int64_t* first, std::size_t n) {
 
 Shape::Shape(std::initializer_list<std::int64_t> dims) { assign(dims.begin(), dims.size()); }
 Shape::Shape(const std::vector<std::int64_t>& dims) { assign(dims.data(), dims.size()); }
+
+void Shape::throw_numel_overflow() const {
+  throw SpecError(fmt::format("[shape] element count of {} overflows int64", to_string()));
+}
+
+std::int64_t byte_size(const Shape& shape, DType dtype) {
+  std::int64_t bytes = 0;
+  if (!detail::checked_nonzero_product(shape.begin(), shape.end(),
+                                       static_cast<std::int64_t>(size_of(dtype)), &bytes)) {
+    throw SpecError(fmt::format("[shape] byte size of {}{} ({} bytes per element) overflows int64",
+                                name(dtype), shape.to_string(), size_of(dtype)));
+  }
+  return shape.numel() == 0 ? 0 : bytes;
+}
 
 std::string Shape::to_string() const { return fmt::format("[{}]", fmt::join(begin(), end(), ", ")); }
 

@@ -201,5 +201,19 @@ TEST(Array, VisualizeDrawsTheShardingPicture) {
   EXPECT_EQ(visualize(a), s.visualize(Shape{8, 8}));
 }
 
+TEST(Array, ShapesWhoseGlobalBytesOverflowThrowBeforeAllocating) {
+  const Executor exec(2);
+  const NamedSharding s(Mesh::parse("x:2", 2), P("x"));
+  // f32[2^61]: 2^63 bytes in all (past int64), though each shard's 2^62 would fit.
+  EXPECT_THROW_WITH(Array::zeros(Shape{2305843009213693952}, DType::kF32, s, exec), SpecError,
+                    "byte size of f32[2305843009213693952]", "overflows int64");
+  EXPECT_EQ(exec.memory(0).in_use, 0);
+  EXPECT_EQ(exec.memory(0).peak, 0);
+  EXPECT_EQ(exec.memory(1).peak, 0);
+  std::vector<std::shared_ptr<Buffer>> none(2);
+  EXPECT_THROW_WITH(Array::from_buffers(exec, Shape{2305843009213693952}, DType::kF32, s, none),
+                    SpecError, "f32[2305843009213693952]");
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -164,6 +164,54 @@ TEST_F(CliTest, CorruptSafetensorsExitsOneWithAClearMessage) {
   EXPECT_THAT(r.err, ::testing::HasSubstr("header length 16"));
 }
 
+TEST_F(CliTest, ModelWhoseTensorSizeOverflowsExitsOneNamingTensorAndShape) {
+  const fs::path model = dir_ / "huge.json";
+  // 2^32 * 2^32 * 16 elements = 2^68: past int64.
+  std::ofstream(model) << R"({"model.layers.0.mlp.w": {"shape": [4294967296, 4294967296, 16],)"
+                       << R"( "dtype": "F32"}, "b": {"shape": [4], "dtype": "F32"}})";
+  const Result r = run(fmt::format("plan --model '{}'", model.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("model.layers.0.mlp.w"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("element count of [4294967296, 4294967296, 16] "
+                                          "overflows int64"));
+
+  // 2^61 elements fit, their 2^63 bytes do not.
+  std::ofstream(model) << R"({"w": {"shape": [2305843009213693952], "dtype": "F32"}})";
+  const Result bytes = run(fmt::format("plan --model '{}'", model.string()));
+  EXPECT_EQ(bytes.code, 1);
+  EXPECT_THAT(bytes.err, ::testing::HasSubstr("'w'"));
+  EXPECT_THAT(bytes.err, ::testing::HasSubstr("byte size of f32[2305843009213693952]"));
+}
+
+TEST_F(CliTest, SafetensorsHeaderWhoseTensorSizeOverflowsExitsOneNamingTensorAndShape) {
+  const std::string header =
+      R"({"model.embed.weight":{"dtype":"BF16","shape":[4294967296,4294967296,16],)"
+      R"("data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  const fs::path model = dir_ / "huge.safetensors";
+  std::ofstream(model, std::ios::binary) << bytes << header;
+  const Result r = run(fmt::format("plan --model '{}'", model.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("huge.safetensors"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("'model.embed.weight'"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("element count of [4294967296, 4294967296, 16] "
+                                          "overflows int64"));
+}
+
+TEST_F(CliTest, ModelWhoseTotalBytesOverflowExitsOneNamingTheTensorWhereTheSumPasses) {
+  const fs::path model = dir_ / "many.json";
+  // Tensors of 2^62 bytes each: each fits, but a + b = 2^63 is past INT64_MAX.
+  std::ofstream(model) << R"({"a": {"shape": [4611686018427387904], "dtype": "U8"},)"
+                       << R"( "b": {"shape": [4611686018427387904], "dtype": "U8"},)"
+                       << R"( "c": {"shape": [4611686018427387904], "dtype": "U8"}})";
+  const Result r =
+      run(fmt::format("plan --model '{}' --rules preset:llama_fsdp --devices 8", model.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("total bytes overflow int64 at 'b'"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("u8[4611686018427387904]"));
+}
+
 TEST_F(CliTest, BadUsageExitsTwo) {
   EXPECT_EQ(run("plan --bogus").code, 2);
   EXPECT_EQ(run("").code, 2);

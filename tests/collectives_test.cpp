@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "runtime_fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "test_util.hpp"
@@ -280,6 +282,33 @@ TEST(Collectives, RecordsPrintWhatMoved) {
   EXPECT_EQ(r.max_bytes_in(), 2048);
   EXPECT_EQ(r.total_bytes_in(), 3072);
   EXPECT_EQ(r.to_string(), "all_gather over 'x': 2.00 KiB max per device, 3.00 KiB in all");
+}
+
+TEST(PlanReshard, ChunksOfHugeShardsAreCountedWithoutOverflow) {
+  const Mesh mesh = Mesh::parse("x:4", 4);
+  const NamedSharding rep(mesh, P());
+  // u8[2^62] pending over 4 devices: chunk = 2^60; each device receives 3 chunks in the
+  // reduce-scatter and 3 in the all-gather: 6 * 2^60 bytes (r * total would pass int64).
+  const auto steps = plan_reshard(Shape{4611686018427387904}, DType::kU8, rep,
+                                  Pending{ReduceOp::kSum, {"x"}}, rep);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].kind, "all_reduce");
+  for (const std::int64_t b : steps[0].bytes_in) EXPECT_EQ(b, 6917529027641081856LL);
+  // u8[7 * 2^60]: 1.5 times that per device, past int64.
+  EXPECT_THROW_WITH(plan_reshard(Shape{8070450532247928832}, DType::kU8, rep,
+                                 Pending{ReduceOp::kSum, {"x"}}, rep),
+                    SpecError, "all_reduce", "u8[8070450532247928832]", "overflow int64");
+  EXPECT_THROW_WITH(plan_reshard(Shape{2305843009213693952}, DType::kF32, rep, {}, rep), SpecError,
+                    "byte size of f32[2305843009213693952]");
+}
+
+TEST(CollectiveRecord, TotalsOfByteCountsSaturateAtInt64Max) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const CollectiveRecord rec{"all_gather", {"x"}, {kMax - 1, 5, 7}};
+  EXPECT_EQ(rec.total_bytes_in(), kMax);
+  EXPECT_EQ(rec.max_bytes_in(), kMax - 1);
+  const CollectiveRecord small{"all_gather", {"x"}, {3, 5, 7}};
+  EXPECT_EQ(small.total_bytes_in(), 15);
 }
 
 }  // namespace

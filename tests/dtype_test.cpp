@@ -78,5 +78,38 @@ TEST(DType, FloatingTypesAndPrinting) {
   EXPECT_EQ(os.str(), "f8_e4m3 u32");
 }
 
+TEST(DType, GetFloatDtypeByNameTakesScalaxNames) {
+  // scalax's table: bf16/bfloat16, fp16/float16, fp32/float32, fp64/float64.
+  const std::vector<std::pair<const char*, DType>> scalax{
+      {"bf16", DType::kBF16},   {"bfloat16", DType::kBF16}, {"fp16", DType::kF16},
+      {"float16", DType::kF16}, {"fp32", DType::kF32},      {"float32", DType::kF32},
+      {"fp64", DType::kF64},    {"float64", DType::kF64}};
+  for (const auto& [text, d] : scalax) {
+    EXPECT_EQ(get_float_dtype_by_name(text), d) << text;
+    EXPECT_EQ(parse_dtype(text), d) << text;
+  }
+  // C and PyTorch spellings; float is f32 (C++, torch.float), not NumPy's float64.
+  EXPECT_EQ(get_float_dtype_by_name("half"), DType::kF16);
+  EXPECT_EQ(get_float_dtype_by_name("float"), DType::kF32);
+  EXPECT_EQ(get_float_dtype_by_name("double"), DType::kF64);
+  // Case does not matter, and the safetensors and short names work too.
+  EXPECT_EQ(get_float_dtype_by_name("BF16"), DType::kBF16);
+  EXPECT_EQ(get_float_dtype_by_name("FP32"), DType::kF32);
+  EXPECT_EQ(get_float_dtype_by_name("Float64"), DType::kF64);
+  EXPECT_EQ(get_float_dtype_by_name("f16"), DType::kF16);
+  EXPECT_EQ(parse_dtype("HALF"), DType::kF16);
+  EXPECT_EQ(parse_dtype("Double"), DType::kF64);
+}
+
+TEST(DType, GetFloatDtypeByNameRejectsUnknownAndNonFloatNamesListingTheAccepted) {
+  EXPECT_THROW_WITH(get_float_dtype_by_name("fp8"), SpecError, "unknown dtype 'fp8'", "bf16",
+                    "bfloat16", "fp16", "float16", "fp32", "float32", "fp64", "float64");
+  EXPECT_THROW_WITH(get_float_dtype_by_name("int32"), SpecError,
+                    "i32 is not one of the float dtypes", "'int32'", "fp32");
+  EXPECT_THROW_WITH(get_float_dtype_by_name("F8_E4M3"), SpecError, "f8_e4m3 is not one of", "bf16");
+  EXPECT_THROW_WITH(get_float_dtype_by_name(""), SpecError, "unknown dtype ''");
+  EXPECT_THROW_WITH(parse_dtype("fp12"), SpecError, "'fp12'", "BF16", "half");
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -180,6 +181,42 @@ TEST(Executor, FreedBuffersAreCachedForReuseButNotCountedInUse) {
 TEST(Executor, BackendIsOneOfTheConfiguredOnes) {
   const std::string b(Executor::backend());
   EXPECT_TRUE(b == "tbb" || b == "threads" || b == "serial") << b;
+}
+
+TEST(Executor, ReservationsNearInt64MaxNeverWrapPastTheLimit) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const Executor exec(1, 100);
+  Buffer held = exec.allocate(0, 50);
+  // 50 + (kMax - 10) wraps to a negative sum when added plainly: it must still be refused.
+  EXPECT_THROW_WITH(exec.allocate(0, kMax - 10), OutOfMemoryError, "device 0", "overflows int64",
+                    "9223372036854775797 bytes");
+  EXPECT_THROW_WITH(exec.allocate(0, 51), OutOfMemoryError, "limit");  // 101 > 100
+  EXPECT_EQ(exec.memory(0).in_use, 50);
+  Buffer rest = exec.allocate(0, 50);  // exactly the limit
+  EXPECT_EQ(exec.memory(0).in_use, 100);
+}
+
+TEST(Executor, ReservationsNearInt64MaxWithoutALimitFailCleanly) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const Executor exec(1);
+  Buffer held = exec.allocate(0, 64);
+  EXPECT_THROW_WITH(exec.allocate(0, kMax), OutOfMemoryError, "overflows int64");
+  EXPECT_EQ(exec.memory(0).in_use, 64);
+  EXPECT_EQ(exec.memory(0).peak, 64);
+}
+
+TEST(Executor, AHostRefusalUndoesTheReservationWithoutRaisingThePeak) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "ASan aborts on an 8 EiB request instead of returning null";
+#endif
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const Executor exec(1);
+  Buffer held = exec.allocate(0, 64);
+  // kMax - 64 fits in the accounts; the host then refuses it (no 8 EiB here), and the
+  // reservation is undone without reaching the peak (that memory never existed).
+  EXPECT_THROW_WITH(exec.allocate(0, kMax - 64), OutOfMemoryError, "host could not allocate");
+  EXPECT_EQ(exec.memory(0).in_use, 64);
+  EXPECT_EQ(exec.memory(0).peak, 64);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "shardplan/mesh_sharding_helper.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -104,7 +105,8 @@ TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
 TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {
   const RuleTree rules = RuleTree::dict({
       {"step", Unspecified{}},
-      {"params", RulePtr(std::make_shared<FSDPShardingRule>("x", 1))},
+      {"params", RulePtr(std::make_shared<FSDPShardingRule>(
+                     FSDPShardingRule::Options{.axis = "x", .min_size = 1}))},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });
   const MeshShardingHelper helper(Mesh::parse("x:4,y:2", 8));
@@ -332,6 +334,31 @@ TEST(MeshShardingHelper, MatchGivesNamedShardingsOnTheHelpersMesh) {
   });
   EXPECT_EQ(*shardings.at_path("params/h/0/w_in").leaf(), NamedSharding(mesh, P("x")));
   EXPECT_EQ(*shardings.at_path("step").leaf(), NamedSharding(mesh, P()));
+}
+
+TEST(MeshShardingHelper, PlanTotalsUpToInt64MaxAreExactAndBeyondNameTheTensor) {
+  const RuleTree rules = Replicated{};
+  constexpr std::int64_t k62 = 4611686018427387904;  // 2^62
+  // 2^62 + (2^62 - 1) = INT64_MAX: fits exactly.
+  const Data fits = Data::dict(
+      {{"a", TensorSpec{Shape{k62}, DType::kU8}}, {"b", TensorSpec{Shape{k62 - 1}, DType::kU8}}});
+  const PlanReport r = MeshShardingHelper(xy_mesh()).plan(rules, fits);
+  EXPECT_EQ(r.total_bytes, std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(r.max_device_bytes(), std::numeric_limits<std::int64_t>::max());
+  // 2^62 + 2^62 does not.
+  const Data over = Data::dict(
+      {{"a", TensorSpec{Shape{k62}, DType::kU8}}, {"b", TensorSpec{Shape{k62}, DType::kU8}}});
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(rules, over), SpecError,
+                    "total bytes overflow int64 at 'b'", "u8[4611686018427387904]");
+}
+
+TEST(MeshShardingHelper, PlanNamesTheLeafWhoseBytesOverflow) {
+  TensorSpec t;  // fields assigned after construction escape the constructor's check
+  t.shape = Shape{2305843009213693952};
+  t.dtype = DType::kF32;
+  const Data data = Data::dict({{"params", Data::dict({{"w", t}})}});
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(RuleTree(Replicated{}), data), SpecError,
+                    "[plan] 'params/w'", "byte size of f32[2305843009213693952]");
 }
 
 }  // namespace

@@ -285,5 +285,14 @@ TEST(NamedSharding, VisualizeRejectsScalarsAndNonDivisibleShapes) {
   EXPECT_THROW_WITH(s.visualize(Shape{6}), SpecError, "[6]", "'x' (size 4)");
 }
 
+TEST(NamedSharding, ShardBytesPastInt64NameThePathAndShapes) {
+  const NamedSharding s(Mesh::parse("x:2", 2), P("x"));
+  // 2^62 elements split in two: 2^61 per device, times 2 bytes = 2^62 fits, times 4 = 2^63 not.
+  EXPECT_EQ(s.shard_bytes(Shape{4611686018427387904}, 2, "w"), 4611686018427387904LL);
+  EXPECT_THROW_WITH(s.shard_bytes(Shape{4611686018427387904}, 4, "params/w"), SpecError,
+                    "'params/w'", "[2305843009213693952]", "[4611686018427387904]",
+                    "overflows int64");
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -19,7 +19,8 @@ using Data = Tree<TensorSpec>;
 TEST(PlanReport, BytesPerDeviceEqualTheSumOfEachDevicesBlocks) {
   const RuleTree rules = RuleTree::dict({
       {"step", Replicated{}},
-      {"params", RulePtr(std::make_shared<FSDPShardingRule>("x", 1))},
+      {"params", RulePtr(std::make_shared<FSDPShardingRule>(
+                     FSDPShardingRule::Options{.axis = "x", .min_size = 1}))},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });
   const auto data = small_model();
@@ -114,7 +115,8 @@ TEST(PlanReport, JsonHasTheDocumentedFields) {
 }
 
 TEST(PlanReport, TableListsEveryLeafAndTheSummary) {
-  const RuleTree rules(RulePtr(std::make_shared<FSDPShardingRule>("x", 1)));
+  const RuleTree rules(RulePtr(
+      std::make_shared<FSDPShardingRule>(FSDPShardingRule::Options{.axis = "x", .min_size = 1})));
   const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
   const std::string t = report.table();
   for (const auto& l : report.leaves) EXPECT_THAT(t, ::testing::HasSubstr(l.path));

@@ -82,7 +82,11 @@ TEST(Safetensors, CorruptHeadersAreClearErrors) {
       IoError, "'w'", "'v'", "overlap");
   EXPECT_THROW_WITH(
       parse(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8),
-      IoError, "'w'", "2^63");
+      IoError, "'w'", "element count of [4611686018427387904, 4] overflows int64");
+  // The count fits (2^61) but the bytes (2^63) do not.
+  EXPECT_THROW_WITH(
+      parse(R"({"w":{"dtype":"F32","shape":[2305843009213693952],"data_offsets":[0,8]}})", 8),
+      IoError, "'w'", "byte size of f32[2305843009213693952]", "overflows int64");
   EXPECT_THROW_WITH(parse(R"({"__metadata__":{"a":1}})", 0), IoError, "__metadata__");
 }
 

@@ -37,7 +37,7 @@ TEST_P(ScalaxFsdp, ShardsAsScalaxTestExpects) {
       {"really_weird_matrix", f32({min_size + 1, min_size + 1})},
   });
   // scalax passes fsdp_axis_size explicitly; the mesh need not even have the axis.
-  const FSDPShardingRule rule("fsdp", min_size, axis_size);
+  const FSDPShardingRule rule({.axis = "fsdp", .axis_size = axis_size, .min_size = min_size});
   const Mesh mesh({{"x", 1}}, 1);
   const auto expected = Tree<PartitionSpec>::dict({
       {"scaler", P()},

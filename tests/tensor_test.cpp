@@ -115,5 +115,15 @@ TEST(Tensor, Prints) {
   EXPECT_EQ(os.str(), "f32[2]{1, 2}");
 }
 
+TEST(Tensor, ShapesWhoseSizeOverflowsThrowBeforeAllocating) {
+  // A SpecError, not std::bad_alloc: nothing was asked of the host.
+  EXPECT_THROW_WITH(Tensor(Shape{2305843009213693952}, DType::kF32), SpecError,
+                    "byte size of f32[2305843009213693952]", "overflows int64");
+  EXPECT_THROW_WITH(Tensor::zeros(Shape{1152921504606846976}, DType::kF64), SpecError,
+                    "f64[1152921504606846976]");
+  EXPECT_THROW_WITH(Tensor::from(Shape{4294967296, 4294967296}, std::vector<float>{}), SpecError,
+                    "element count of [4294967296, 4294967296]");
+}
+
 }  // namespace
 }  // namespace shardplan

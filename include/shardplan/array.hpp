@@ -94,13 +94,9 @@ class Array {
   bool is_pending() const { return !impl().pending.empty(); }
   /// The shape of each device's block.
   const Shape& shard_shape() const { return impl().shard_shape; }
-  std::int64_t shard_nbytes() const {
-    return shard_shape().numel() * static_cast<std::int64_t>(size_of(dtype()));
-  }
+  std::int64_t shard_nbytes() const { return byte_size(shard_shape(), dtype()); }
   /// Bytes of the global array.
-  std::int64_t nbytes() const {
-    return shape().numel() * static_cast<std::int64_t>(size_of(dtype()));
-  }
+  std::int64_t nbytes() const { return byte_size(shape(), dtype()); }
   /// The block of the global array that `device` holds. Throws ArrayError for a device outside
   /// the mesh.
   const Block& block(int device) const;

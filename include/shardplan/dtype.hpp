@@ -32,9 +32,15 @@ std::size_t size_of(DType dtype);
 std::string_view name(DType dtype);
 /// The safetensors name: "F32", "BF16", "F8_E4M3", "I32", "BOOL".
 std::string_view safetensors_name(DType dtype);
-/// Parses either name form, case-insensitively ("bf16", "BF16", "float32" too).
-/// Throws SpecError listing the accepted names.
+/// Parses any name of a dtype, case-insensitively: the short name ("bf16"), the safetensors name
+/// ("BF16"), the NumPy name ("bfloat16", "int32"), and for floats scalax's and C's names ("fp16",
+/// "fp32", "fp64", "half", "float" = f32, "double"). Throws SpecError listing the accepted names.
 DType parse_dtype(std::string_view text);
+/// scalax's get_float_dtype_by_name: "bf16"/"bfloat16", "fp16"/"float16"/"half",
+/// "fp32"/"float32"/"float", "fp64"/"float64"/"double" (any case, and every other name
+/// parse_dtype takes for these four types). Throws SpecError listing the accepted names for an
+/// unknown name or a dtype that is not bf16, f16, f32 or f64 ("int32", "f8_e4m3").
+DType get_float_dtype_by_name(std::string_view text);
 /// True for the floating-point types.
 bool is_floating(DType dtype);
 

@@ -44,6 +44,7 @@ class NamedSharding {
   /// dimension, the axes and their sizes.
   Shape shard_shape(const Shape& global, std::string_view path = {}) const;
   /// Bytes each device holds of a tensor of this shape with `element_size`-byte elements.
+  /// Throws as shard_shape, and SpecError naming `path` and the shapes when they pass int64.
   std::int64_t shard_bytes(const Shape& global, std::size_t element_size,
                            std::string_view path = {}) const;
   /// The block of each device, indexed by device id. Throws as shard_shape.

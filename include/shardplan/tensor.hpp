@@ -13,6 +13,7 @@
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/shape.hpp"
+#include "shardplan/tensor_spec.hpp"
 
 namespace shardplan {
 
@@ -71,7 +72,8 @@ constexpr DType dtype_of() {
 
 /// True for the dtypes the runtime computes with (fills, reductions): f32, f64, bf16, i32, i64.
 bool is_computable(DType dtype);
-/// `value` converted to `dtype` (rounded for floats, truncated toward zero for integers) and
+/// `value` converted to `dtype` (rounded to nearest even for floats; truncated toward zero and
+/// saturated for integers, NaN giving 0: docs/runtime.md, "Numeric policy") and
 /// stored at `dst`. Throws SpecError for a dtype that is not computable.
 void store_value(DType dtype, std::byte* dst, double value);
 /// The element at `src` as a double. Throws SpecError for a dtype that is not computable.
@@ -115,7 +117,8 @@ class Tensor {
  public:
   /// A f32 scalar 0.
   Tensor() : Tensor(Shape{}, DType::kF32) {}
-  /// Zeros.
+  /// Zeros. Throws SpecError, before allocating, when the byte size does not fit in int64
+  /// (see byte_size); std::bad_alloc when the host has no room.
   Tensor(Shape shape, DType dtype);
   /// From values in row-major order. Throws SpecError when their count is not the shape's.
   template <class T>
@@ -153,7 +156,7 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   std::int64_t numel() const { return shape_.numel(); }
-  std::int64_t nbytes() const { return numel() * static_cast<std::int64_t>(size_of(dtype_)); }
+  std::int64_t nbytes() const { return byte_size(shape_, dtype_); }
   std::byte* bytes() { return data_.get(); }
   const std::byte* bytes() const { return data_.get(); }
 

@@ -12,6 +12,11 @@
 
 namespace shardplan {
 
+/// numel * size_of(dtype). Throws SpecError naming the dtype and shape when the product of the
+/// non-zero dimensions times the element size (the largest byte stride) does not fit in int64,
+/// e.g. "[shape] byte size of f32[2305843009213693952, 2] (4 bytes per element) overflows int64".
+std::int64_t byte_size(const Shape& shape, DType dtype);
+
 /// What a leaf of a model is, without its values: shape, dtype and, optionally, one logical axis
 /// name per dimension (Flax style: "embed", "mlp", "heads"; "" for a dimension with no name).
 struct TensorSpec {
@@ -20,11 +25,15 @@ struct TensorSpec {
   std::vector<std::string> logical_axes;
 
   TensorSpec() = default;
+  /// Throws SpecError when the tensor's byte size does not fit in int64 (see byte_size).
   TensorSpec(Shape s, DType d, std::vector<std::string> axes = {})
-      : shape(std::move(s)), dtype(d), logical_axes(std::move(axes)) {}
+      : shape(std::move(s)), dtype(d), logical_axes(std::move(axes)) {
+    bytes();
+  }
 
-  /// Total bytes of the tensor.
-  std::int64_t bytes() const { return shape.numel() * static_cast<std::int64_t>(size_of(dtype)); }
+  /// Total bytes of the tensor. Throws SpecError when they do not fit in int64 (possible only
+  /// for a spec whose fields were assigned after construction).
+  std::int64_t bytes() const { return byte_size(shape, dtype); }
 
   friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };

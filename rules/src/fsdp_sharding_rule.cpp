@@ -14,17 +14,17 @@ std::int64_t largest_pow2_divisor(std::int64_t n) { return n & -n; }
 
 }  // namespace
 
-FSDPShardingRule::FSDPShardingRule(std::string axis, std::int64_t min_size,
-                                   std::optional<std::int64_t> axis_size, Mode mode)
-    : axis_(std::move(axis)), min_size_(min_size), axis_size_(axis_size), mode_(mode) {
-  if (axis_.empty()) throw RuleError("[rule] FSDPShardingRule: the axis name is empty");
-  if (min_size_ < 0) {
-    throw RuleError(fmt::format("[rule] FSDPShardingRule(axis={}): min_size {} is negative", axis_,
-                                min_size_));
+FSDPShardingRule::FSDPShardingRule(Options options) : options_(std::move(options)) {
+  const Options& o = options_;
+  if (o.axis.empty()) throw RuleError("[rule] FSDPShardingRule: the axis name is empty");
+  if (o.min_size < 0) {
+    throw RuleError(fmt::format("[rule] FSDPShardingRule(axis={}): min_size {} is negative", o.axis,
+                                o.min_size));
   }
-  if (axis_size_ && *axis_size_ <= 0) {
-    throw RuleError(fmt::format("[rule] FSDPShardingRule(axis={}): axis_size {} is not positive",
-                                axis_, *axis_size_));
+  if (o.axis_size <= 0 && o.axis_size != -1) {
+    throw RuleError(fmt::format(
+        "[rule] FSDPShardingRule(axis={}): axis_size {} is not positive (or -1 for the mesh's)",
+        o.axis, o.axis_size));
   }
 }
 
@@ -36,12 +36,13 @@ RuleDecision FSDPShardingRule::apply(const RuleInput& in) const {
     return d;
   }
   const std::int64_t numel = shape.numel();
-  if (numel < min_size_) {
-    d.reason = fmt::format("below min_size {}", min_size_);
+  const std::string& axis = options_.axis;
+  if (numel < options_.min_size) {
+    d.reason = fmt::format("below min_size {}", options_.min_size);
     return d;
   }
   int best = -1;
-  if (mode_ == Mode::kPowerOfTwo) {
+  if (options_.mode == Mode::kPowerOfTwo) {
     std::int64_t best_div = 0;
     for (int i = 0; i < shape.rank(); ++i) {
       if (shape[i] <= 1) continue;
@@ -59,15 +60,15 @@ RuleDecision FSDPShardingRule::apply(const RuleInput& in) const {
                            shape[best], best_div);
   } else {
     std::int64_t size = 0;
-    if (axis_size_) {
-      size = *axis_size_;
+    if (options_.axis_size > 0) {
+      size = options_.axis_size;
     } else {
-      if (!in.mesh.has_axis(axis_)) {
+      if (!in.mesh.has_axis(axis)) {
         throw RuleError(fmt::format(
             "[rule] FSDPShardingRule: axis '{}' is not in the mesh {} (needed for '{}', shape {})",
-            axis_, in.mesh.to_string(), in.path, shape.to_string()));
+            axis, in.mesh.to_string(), in.path, shape.to_string()));
       }
-      size = in.mesh.axis_size(axis_);
+      size = in.mesh.axis_size(axis);
     }
     for (int i = 0; i < shape.rank(); ++i) {
       if (shape[i] % size != 0) continue;
@@ -75,20 +76,22 @@ RuleDecision FSDPShardingRule::apply(const RuleInput& in) const {
     }
     if (best < 0) {
       d.reason = fmt::format("no dimension of {} is divisible by '{}' ({})", shape.to_string(),
-                             axis_, size);
+                             axis, size);
       return d;
     }
-    d.reason = fmt::format("dim {} ({}) divisible by '{}' ({})", best, shape[best], axis_, size);
+    d.reason = fmt::format("dim {} ({}) divisible by '{}' ({})", best, shape[best], axis, size);
   }
   std::vector<AxisNames> dims(static_cast<std::size_t>(shape.rank()));
-  dims[static_cast<std::size_t>(best)] = AxisNames{axis_};
+  dims[static_cast<std::size_t>(best)] = AxisNames{axis};
   d.spec = PartitionSpec(std::move(dims));
   return d;
 }
 
 std::string FSDPShardingRule::name() const {
-  return fmt::format("FSDPShardingRule(axis={}, min_size={}{})", axis_, min_size_,
-                     mode_ == Mode::kPowerOfTwo ? ", power_of_two" : "");
+  return fmt::format(
+      "FSDPShardingRule(axis={}{}, min_size={}{})", options_.axis,
+      options_.axis_size > 0 ? fmt::format(", axis_size={}", options_.axis_size) : std::string(),
+      options_.min_size, options_.mode == Mode::kPowerOfTwo ? ", power_of_two" : "");
 }
 
 }  // namespace shardplan

@@ -529,15 +529,13 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     }
     if (in == nullptr) continue;
     slot_bytes[static_cast<std::size_t>(s)] =
-        prog.input_shardings_[k].shard_shape(in->type.shape).numel() *
-        static_cast<std::int64_t>(size_of(in->type.dtype));
+        byte_size(prog.input_shardings_[k].shard_shape(in->type.shape), in->type.dtype);
     live += slot_bytes[static_cast<std::size_t>(s)];
   }
   std::int64_t peak = live;
   for (std::size_t s = 0; s < prog.steps_.size(); ++s) {
     const Step& st = prog.steps_[s];
-    const std::int64_t b = st.sharding->shard_shape(st.type.shape).numel() *
-                           static_cast<std::int64_t>(size_of(st.type.dtype));
+    const std::int64_t b = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
     slot_bytes[static_cast<std::size_t>(st.out)] = b;
     live += b;
     peak = std::max(peak, live);
@@ -576,7 +574,7 @@ std::vector<Array> Program::run(const Executor& executor, const std::vector<Arra
           reshard(slots[static_cast<std::size_t>(st.in[0])], *st.sharding).array;
     } else {
       const Shape& local = st.local.type.shape;
-      const std::int64_t bytes = local.numel() * static_cast<std::int64_t>(size_of(st.type.dtype));
+      const std::int64_t bytes = byte_size(local, st.type.dtype);
       std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
       for (const int d : mesh_.devices()) {
         out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "../runtime/box_copy.hpp"
+#include "../runtime/numeric.hpp"
 #include "shardplan/eigen.hpp"
 #include "shardplan/error.hpp"
 
@@ -29,19 +30,6 @@ struct Bool {
   std::uint8_t v;
 };
 
-// bf16 computes in float and rounds once, when the result is stored.
-template <class T>
-using Calc = std::conditional_t<std::is_same_v<T, bf16>, float, T>;
-
-template <class T>
-Calc<T> widen(T x) {
-  return static_cast<Calc<T>>(x);
-}
-template <class T>
-T narrow(Calc<T> x) {
-  return static_cast<T>(x);  // bf16's explicit constructor rounds to nearest even
-}
-
 template <class T>
 const T* elems(const ConstBlock& b) {
   return reinterpret_cast<const T*>(b.data);
@@ -49,70 +37,6 @@ const T* elems(const ConstBlock& b) {
 template <class T>
 T* elems(const MutBlock& b) {
   return reinterpret_cast<T*>(b.data);
-}
-
-// Integer arithmetic wraps (two's complement) instead of being undefined on overflow.
-template <class T>
-T add(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-  } else {
-    return a + b;
-  }
-}
-template <class T>
-T sub(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
-  } else {
-    return a - b;
-  }
-}
-template <class T>
-T mul(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-  } else {
-    return a * b;
-  }
-}
-template <class T>
-T negate(T x) {
-  if constexpr (std::is_integral_v<T>) {
-    return sub(T{0}, x);
-  } else {
-    return -x;
-  }
-}
-// Integer division truncates toward zero; x / 0 gives -1 and MIN / -1 gives MIN (XLA's values)
-// rather than trapping.
-template <class T>
-T divide(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    if (b == 0) return T{-1};
-    if (b == -1) return negate(a);
-  }
-  return a / b;
-}
-// max and min propagate NaN, as XLA's do.
-template <class T>
-T maximum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a)) return a;
-    if (std::isnan(b)) return b;
-  }
-  return a < b ? b : a;
-}
-template <class T>
-T minimum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a)) return a;
-    if (std::isnan(b)) return b;
-  }
-  return b < a ? b : a;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -360,18 +284,6 @@ auto exact(T x) {
   }
 }
 
-// Float to integer truncates toward zero and saturates (NaN gives 0), as XLA's convert does:
-// a plain cast of an out-of-range value would be undefined.
-template <class I>
-I saturate(double x) {
-  constexpr auto lo = std::numeric_limits<I>::min();
-  constexpr auto hi = std::numeric_limits<I>::max();
-  if (std::isnan(x)) return 0;
-  if (x <= static_cast<double>(lo)) return lo;
-  if (x >= static_cast<double>(hi)) return hi;
-  return static_cast<I>(x);
-}
-
 template <class To, class W>
 To convert_one(W x) {
   if constexpr (std::is_same_v<To, Bool>) {
@@ -550,7 +462,7 @@ void dot(const Call& c) {
   } else {
     std::vector<Calc<T>> result(static_cast<std::size_t>(c.out.shape.numel()));
     batched_matmul(lhs, rhs, result.data(), d);
-    std::transform(result.begin(), result.end(), elems<T>(c.out), narrow<T>);
+    std::transform(result.begin(), result.end(), elems<T>(c.out), narrow<T, Calc<T>>);
   }
 }
 
@@ -578,11 +490,6 @@ ReduceLayout reduce_layout(const Shape& s, const std::vector<int>& axes) {
   return l;
 }
 
-// Sums accumulate in float for f32 and bf16, double for f64, int64 for integers.
-template <class T>
-using SumAcc = std::conditional_t<std::is_integral_v<T>, std::int64_t,
-                                  std::conditional_t<std::is_same_v<T, double>, double, float>>;
-
 template <class T>
 void reduce(const Call& c) {
   const ReduceLayout l = reduce_layout(c.in[0].shape, c.node.axes);
@@ -592,21 +499,17 @@ void reduce(const Call& c) {
     for (std::size_t o = 0; o < l.kept.size(); ++o) {
       A acc = init;
       for (std::int64_t r : l.reduced) acc = f(acc, static_cast<A>(widen(x[l.kept[o] + r])));
-      y[o] = static_cast<T>(acc);
+      y[o] = narrow<T>(acc);
     }
   };
   using C = Calc<T>;
-  constexpr C kLowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
-                                                             : std::numeric_limits<C>::lowest();
-  constexpr C kHighest = std::numeric_limits<C>::has_infinity ? std::numeric_limits<C>::infinity()
-                                                              : std::numeric_limits<C>::max();
   switch (c.node.op) {
     case Op::kReduceSum:
       return fold(SumAcc<T>(0), add<SumAcc<T>>);
     case Op::kReduceMax:
-      return fold(kLowest, maximum<C>);
+      return fold(max_identity<C>(), maximum<C>);
     case Op::kReduceMin:
-      return fold(kHighest, minimum<C>);
+      return fold(min_identity<C>(), minimum<C>);
     default:
       break;
   }

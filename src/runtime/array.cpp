@@ -107,12 +107,13 @@ Array Array::from_buffers(Executor executor, Shape shape, DType dtype, NamedShar
   const Mesh& mesh = sharding.mesh();
   check_devices(mesh, executor, "array");
   check_pending(pending, sharding);
+  byte_size(shape, dtype);  // the global bytes must fit in int64, as a Tensor's do
   Shape shard_shape = sharding.shard_shape(shape);
   auto impl = std::make_shared<Impl>(Impl{executor, std::move(shape), dtype, sharding,
                                           std::move(shard_shape), std::move(blocks),
                                           std::move(pending), std::move(buffers)});
   impl->buffers.resize(static_cast<std::size_t>(executor.num_devices()));
-  const std::int64_t bytes = impl->shard_shape.numel() * static_cast<std::int64_t>(size_of(dtype));
+  const std::int64_t bytes = byte_size(impl->shard_shape, dtype);
   for (const int d : mesh.devices()) {
     const auto& b = impl->buffers[static_cast<std::size_t>(d)];
     if (!b || b->size() != bytes || (bytes > 0 && b->device() != d)) {
@@ -135,10 +136,11 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
   }
   const Mesh& mesh = sharding.mesh();
   check_devices(mesh, executor, "array");
+  byte_size(shape, dtype);  // throws before anything is allocated when the bytes overflow
   const Shape shard = sharding.shard_shape(shape);
   const auto blocks = sharding.device_blocks(shape);
   const std::size_t elem = size_of(dtype);
-  auto buffers = allocate_shards(executor, mesh, shard.numel() * static_cast<std::int64_t>(elem));
+  auto buffers = allocate_shards(executor, mesh, byte_size(shard, dtype));
   const int rank = shape.rank();
   executor.run(mesh.devices(), [&](int d) {
     std::byte* out = buffers[static_cast<std::size_t>(d)]->data();
@@ -289,7 +291,7 @@ Array device_put(const Tensor& tensor, const NamedSharding& sharding, const Exec
   const Shape shard = sharding.shard_shape(tensor.shape());
   const auto blocks = sharding.device_blocks(tensor.shape());
   const std::size_t elem = size_of(tensor.dtype());
-  auto buffers = allocate_shards(executor, mesh, shard.numel() * static_cast<std::int64_t>(elem));
+  auto buffers = allocate_shards(executor, mesh, byte_size(shard, tensor.dtype()));
   const int rank = tensor.shape().rank();
   executor.run(mesh.devices(), [&](int d) {
     const auto origin = origin_of(blocks[static_cast<std::size_t>(d)]);

@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "box_copy.hpp"
 #include "reduce.hpp"
+#include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/plan_report.hpp"  // format_bytes
 
@@ -144,6 +146,19 @@ Pending remaining_pending(const Array& x, const std::vector<std::string>& reduce
   return rest;
 }
 
+// Start of chunk r of `total` elements cut into n nearly equal chunks: floor(r * total / n),
+// written so that r * total is never formed (it can pass int64 for a large shard).
+std::int64_t chunk_start(std::int64_t r, std::int64_t total, std::int64_t n) {
+  return r * (total / n) + r * (total % n) / n;
+}
+
+// a + b for byte counts that are statistics (sums over devices or steps): they saturate at
+// INT64_MAX instead of wrapping (docs/runtime.md, "Sizes").
+std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  std::int64_t s = 0;
+  return detail::checked_add(a, b, &s) ? s : std::numeric_limits<std::int64_t>::max();
+}
+
 }  // namespace
 
 std::int64_t CollectiveRecord::max_bytes_in() const {
@@ -151,7 +166,7 @@ std::int64_t CollectiveRecord::max_bytes_in() const {
 }
 
 std::int64_t CollectiveRecord::total_bytes_in() const {
-  return std::accumulate(bytes_in.begin(), bytes_in.end(), std::int64_t{0});
+  return std::accumulate(bytes_in.begin(), bytes_in.end(), std::int64_t{0}, saturating_add);
 }
 
 std::string CollectiveRecord::to_string() const {
@@ -166,7 +181,7 @@ std::ostream& operator<<(std::ostream& os, const CollectiveRecord& r) {
 
 std::int64_t ReshardResult::max_bytes_in() const {
   std::int64_t n = 0;
-  for (const auto& s : steps) n += s.max_bytes_in();
+  for (const auto& s : steps) n = saturating_add(n, s.max_bytes_in());
   return n;
 }
 
@@ -250,7 +265,7 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
     group[static_cast<std::size_t>(d)] = std::move(g);
   }
   auto lo_of = [&](std::size_t r, std::size_t n) {
-    return static_cast<std::int64_t>(r) * total / static_cast<std::int64_t>(n);
+    return chunk_start(static_cast<std::int64_t>(r), total, static_cast<std::int64_t>(n));
   };
   // Phase 1 (reduce-scatter inside each group): the member of rank r reduces chunk r.
   std::vector<std::shared_ptr<Buffer>> part(n_dev);
@@ -514,6 +529,7 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
                                            const NamedSharding& from, const Pending& pending,
                                            const NamedSharding& target) {
   check_reshard(from.mesh(), target, shape, fmt::format("{}{}", name(dtype), shape.to_string()));
+  byte_size(shape, dtype);  // the global bytes fit; so do a shard's and a device's traffic below
   const int rank = shape.rank();
   const std::size_t elem = size_of(dtype);
   const Mesh& mesh = from.mesh();
@@ -528,7 +544,7 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
       auto& e = dims[static_cast<std::size_t>(scatter_dim)];
       e.insert(e.end(), order.begin(), order.end());
       cur = NamedSharding(mesh, make_spec(dims));
-      const std::int64_t shard = cur.shard_shape(shape).numel() * static_cast<std::int64_t>(elem);
+      const std::int64_t shard = byte_size(cur.shard_shape(shape), dtype);
       CollectiveRecord rec{"reduce_scatter", order, std::vector<std::int64_t>(num, 0)};
       for (const int d : mesh.devices()) {
         const auto n = static_cast<std::int64_t>(device_group(mesh, d, order).size());
@@ -542,9 +558,18 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
         const auto g = device_group(mesh, d, pending.axes);
         const auto n = static_cast<std::int64_t>(g.size());
         const auto r = static_cast<std::int64_t>(std::find(g.begin(), g.end(), d) - g.begin());
-        const std::int64_t chunk = (r + 1) * total / n - r * total / n;
-        rec.bytes_in[static_cast<std::size_t>(d)] =
-            ((n - 1) * chunk + (total - chunk)) * static_cast<std::int64_t>(elem);
+        const std::int64_t chunk = chunk_start(r + 1, total, n) - chunk_start(r, total, n);
+        // ((n - 1) * chunk + total - chunk) * elem: close to twice the shard's bytes, which may
+        // not fit even though the shard does.
+        std::int64_t in = 0;
+        if (!detail::checked_mul(n - 1, chunk, &in) ||
+            !detail::checked_add(in, total - chunk, &in) ||
+            !detail::checked_mul(in, static_cast<std::int64_t>(elem), &in)) {
+          throw SpecError(fmt::format(
+              "[plan_reshard] bytes device {} receives in the all_reduce of {}{} overflow int64", d,
+              name(dtype), shape.to_string()));
+        }
+        rec.bytes_in[static_cast<std::size_t>(d)] = in;
       }
       steps.push_back(std::move(rec));
     }

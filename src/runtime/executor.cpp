@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/plan_report.hpp"  // format_bytes
 
@@ -104,20 +105,34 @@ struct DeviceAccounts {
 
   DeviceAccount& operator[](int device) { return accounts[static_cast<std::size_t>(device)]; }
 
-  // Counts `bytes` on `device`, or throws when that would pass the limit.
-  void reserve(int device, std::int64_t bytes) {
+  // Counts `bytes` on `device` and returns the bytes then in use, or throws when that would pass
+  // the limit (or int64).
+  std::int64_t reserve(int device, std::int64_t bytes) {
     DeviceAccount& a = (*this)[device];
     const std::int64_t lim = limit.load(std::memory_order_relaxed);
     std::int64_t cur = a.in_use.load(std::memory_order_relaxed);
+    std::int64_t next = 0;
     do {
-      if (lim > 0 && cur + bytes > lim) {
+      // cur + bytes is checked: near INT64_MAX a plain sum would wrap below the limit.
+      const bool fits = detail::checked_add(cur, bytes, &next);
+      if (!fits) {
+        throw OutOfMemoryError(fmt::format(
+            "[executor] out of memory on device {}: asked for {} ({} bytes) with {} ({} bytes) in "
+            "use; the sum overflows int64",
+            device, format_bytes(bytes), bytes, format_bytes(cur), cur));
+      }
+      if (lim > 0 && next > lim) {
         throw OutOfMemoryError(fmt::format(
             "[executor] out of memory on device {}: asked for {} ({} bytes) with {} in use and a "
             "limit of {} per device",
             device, format_bytes(bytes), bytes, format_bytes(cur), format_bytes(lim)));
       }
-    } while (!a.in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
-    const std::int64_t now = cur + bytes;
+    } while (!a.in_use.compare_exchange_weak(cur, next, std::memory_order_relaxed));
+    return next;
+  }
+  // Raises the device's peak to `now` (called once the reserved memory is really there).
+  void record_peak(int device, std::int64_t now) {
+    DeviceAccount& a = (*this)[device];
     std::int64_t p = a.peak.load(std::memory_order_relaxed);
     while (now > p && !a.peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
     }
@@ -358,13 +373,14 @@ Buffer Executor::allocate(int device, std::int64_t bytes) const {
   Buffer b;
   b.device_ = device;
   if (bytes == 0) return b;
-  impl_->accounts->reserve(device, bytes);
+  const std::int64_t now = impl_->accounts->reserve(device, bytes);
   void* p = impl_->accounts->take(device, bytes);
   if (p == nullptr) {
     impl_->accounts->unreserve(device, bytes);
     throw OutOfMemoryError(fmt::format("[executor] the host could not allocate {} for device {}",
                                        format_bytes(bytes), device));
   }
+  impl_->accounts->record_peak(device, now);
   b.data_ = static_cast<std::byte*>(p);
   b.size_ = bytes;
   b.accounts_ = impl_->accounts;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "numeric.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/tensor.hpp"
 
@@ -13,36 +14,11 @@ namespace shardplan::detail {
 namespace {
 
 template <class T>
-struct Acc {
-  using type = std::conditional_t<std::is_integral_v<T>, std::int64_t,
-                                  std::conditional_t<std::is_same_v<T, double>, double, float>>;
-};
-template <>
-struct Acc<bf16> {
-  using type = float;
-};
-
-template <class T>
-typename Acc<T>::type up(T v) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return static_cast<float>(v);
-  } else {
-    return static_cast<typename Acc<T>::type>(v);
-  }
-}
-template <class T, class A>
-T down(A v) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return bf16(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
-template <class T>
 void reduce_typed(ReduceOp op, const std::vector<const std::byte*>& parts, std::byte* out_bytes,
                   std::int64_t count, std::int64_t begin) {
-  using A = typename Acc<T>::type;
+  // Sums and means accumulate in SumAcc<T>; max and min compare in the same type (exact for
+  // every element type: bf16 and f32 widen to float, integers to int64).
+  using A = SumAcc<T>;
   std::vector<const T*> p;
   p.reserve(parts.size());
   for (const std::byte* b : parts) p.push_back(reinterpret_cast<const T*>(b));
@@ -53,26 +29,30 @@ void reduce_typed(ReduceOp op, const std::vector<const std::byte*>& parts, std::
   A acc[kBlock];
   for (std::int64_t lo = begin; lo < begin + count; lo += kBlock) {
     const std::int64_t m = std::min(kBlock, begin + count - lo);
-    for (std::int64_t j = 0; j < m; ++j) acc[j] = up(p[0][lo + j]);
+    for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(widen(p[0][lo + j]));
     for (std::size_t k = 1; k < n; ++k) {
       const T* src = p[k] + lo;
       switch (op) {
         case ReduceOp::kSum:
         case ReduceOp::kMean:
-          for (std::int64_t j = 0; j < m; ++j) acc[j] += up(src[j]);
+          for (std::int64_t j = 0; j < m; ++j) acc[j] = add(acc[j], static_cast<A>(widen(src[j])));
           break;
         case ReduceOp::kMax:
-          for (std::int64_t j = 0; j < m; ++j) acc[j] = std::max(acc[j], up(src[j]));
+          for (std::int64_t j = 0; j < m; ++j) {
+            acc[j] = maximum(acc[j], static_cast<A>(widen(src[j])));
+          }
           break;
         case ReduceOp::kMin:
-          for (std::int64_t j = 0; j < m; ++j) acc[j] = std::min(acc[j], up(src[j]));
+          for (std::int64_t j = 0; j < m; ++j) {
+            acc[j] = minimum(acc[j], static_cast<A>(widen(src[j])));
+          }
           break;
       }
     }
     if (op == ReduceOp::kMean) {
       for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(acc[j] / static_cast<A>(n));
     }
-    for (std::int64_t j = 0; j < m; ++j) out[lo + j] = down<T>(acc[j]);
+    for (std::int64_t j = 0; j < m; ++j) out[lo + j] = narrow<T>(acc[j]);
   }
 }
 

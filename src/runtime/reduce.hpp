@@ -1,7 +1,8 @@
 #pragma once
 // Elementwise reduction of several equally shaped buffers, in the order given (so a result is
-// bitwise the same from run to run). Sums accumulate in f32 for bf16 and f32, f64 for f64, and
-// i64 for integers; mean divides the sum by the count.
+// bitwise the same from run to run). The scalar rules (accumulator types, wrapping integer sums,
+// NaN-propagating max/min) are numeric.hpp's, shared with the per-device kernels; mean divides
+// the sum by the count (truncating toward zero for integers).
 
 #include <cstddef>
 #include <cstdint>

@@ -7,6 +7,8 @@
 #include <new>
 #include <numbers>
 
+#include "numeric.hpp"
+
 namespace shardplan {
 namespace {
 
@@ -45,26 +47,9 @@ decltype(auto) dispatch(DType dtype, F&& f) {
   }
 }
 
-template <class T>
-T convert(double v) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return bf16(static_cast<float>(v));
-  } else {
-    return static_cast<T>(v);
-  }
-}
-
-template <class T>
-double widen(T v) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    return static_cast<double>(static_cast<float>(v));
-  } else {
-    return static_cast<double>(v);
-  }
-}
-
 std::byte* allocate_storage(std::int64_t bytes) {
-  const auto rounded = static_cast<std::size_t>((std::max<std::int64_t>(bytes, 1) + 63) / 64 * 64);
+  // In size_t: bytes <= INT64_MAX, so adding 63 cannot wrap.
+  const auto rounded = (static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, rounded);
@@ -81,7 +66,7 @@ bool is_computable(DType dtype) {
 void store_value(DType dtype, std::byte* dst, double value) {
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const T v = convert<T>(value);
+    const T v = detail::from_double<T>(value);
     std::memcpy(dst, &v, sizeof v);
   });
 }
@@ -91,7 +76,7 @@ double load_value(DType dtype, const std::byte* src) {
     using T = decltype(tag);
     T v;
     std::memcpy(&v, src, sizeof v);
-    return widen(v);
+    return detail::to_double(v);
   });
 }
 
@@ -142,7 +127,7 @@ void generate_into(DType dtype, std::byte* out, std::int64_t count, std::uint64_
     using T = decltype(tag);
     T* p = reinterpret_cast<T*>(out);
     for (std::int64_t i = 0; i < count; ++i) {
-      p[i] = convert<T>(g.value_at(first + static_cast<std::uint64_t>(i)));
+      p[i] = detail::from_double<T>(g.value_at(first + static_cast<std::uint64_t>(i)));
     }
   });
 }
