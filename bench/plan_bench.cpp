@@ -2,6 +2,10 @@
 //   plan_bench                         run the benchmarks
 //   plan_bench --dump-workload FILE    write {"patterns": [...], "paths": [...]} for the Python
 //                                      reference (scripts/plan_reference.py)
+//   plan_bench --dump-e2e DIR          write DIR/model.json (the model description),
+//                                      DIR/rules.yaml (the 20-rule table as a rule file) and
+//                                      DIR/rules.json (the same table for the Python reference),
+//                                      the end-to-end workload of scripts/bench_cli.sh
 #include <benchmark/benchmark.h>
 
 #include <boost/regex.hpp>
@@ -10,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "deepseek_v3.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -170,10 +175,51 @@ int dump_workload(const char* file) {
   return 0;
 }
 
+std::string yaml_axis_group(const AxisNames& d) {
+  if (d.empty()) return "null";
+  if (d.size() == 1) return d[0];
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + d[i];
+  return s + "]";
+}
+
+int dump_e2e(const std::string& dir) {
+  std::string text = "{";
+  bool first = true;
+  for (const auto& [name, spec] : bench::deepseek_v3_tensors()) {
+    nlohmann::json t{{"shape", spec.shape.dims()},
+                     {"dtype", std::string(safetensors_name(spec.dtype))}};
+    text += (first ? "\n" : ",\n") + nlohmann::json(name).dump() + ": " + t.dump();
+    first = false;
+  }
+  text += "\n}\n";
+  std::ofstream(dir + "/model.json") << text;
+  std::string yaml = fmt::format("mesh: \"{}\"\nstrict: true\nrules:\n", bench::kDeepseekMesh);
+  nlohmann::json rules;
+  rules["mesh"] = bench::kDeepseekMesh;
+  rules["rules"] = nlohmann::json::array();
+  for (const auto& e : bench::deepseek_v3_rules()) {
+    std::string spec = "[";
+    nlohmann::json dims = nlohmann::json::array();
+    for (std::size_t i = 0; i < e.spec.dims().size(); ++i) {
+      const AxisNames& d = e.spec.dims()[i];
+      spec += (i ? ", " : "") + yaml_axis_group(d);
+      dims.push_back(d);
+    }
+    spec += "]";
+    yaml += fmt::format("  - {{match: {}, spec: {}}}\n", nlohmann::json(e.pattern).dump(), spec);
+    rules["rules"].push_back({{"match", e.pattern}, {"spec", dims}});
+  }
+  std::ofstream(dir + "/rules.yaml") << yaml;
+  std::ofstream(dir + "/rules.json") << rules.dump(1);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--dump-workload") == 0) return dump_workload(argv[2]);
+  if (argc == 3 && std::strcmp(argv[1], "--dump-e2e") == 0) return dump_e2e(argv[2]);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -5,18 +5,20 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/safetensors.hpp"
+#include "json_impl.hpp"
 
 namespace shardplan {
 namespace {
 
-using Json = nlohmann::ordered_json;
+namespace json = detail::json;
 
 struct Node {
   std::optional<TensorSpec> leaf;
@@ -66,44 +68,83 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+/// Parses JSON text, naming the source and the byte of a syntax error.
+json::Document parse_json(std::string_view text, std::string_view source) {
+  try {
+    return json::Document(text);
+  } catch (const json::SyntaxError& e) {
+    throw IoError(fmt::format("[model] {}: not valid JSON (at byte {}): {}", source, e.byte,
+                              e.what()));
+  }
+}
+
+/// A shard file named by an index must lie in the index's directory or below it: a relative
+/// path without ".." parts. The check is on the name only; symbolic links are followed, as in
+/// the Hugging Face cache, whose snapshot files link to its blobs folder.
+void check_shard_name(std::string_view source, std::string_view tensor, std::string_view shard) {
+  const std::filesystem::path p{std::string(shard)};
+  auto bad = [&](std::string_view why) {
+    return IoError(fmt::format("[model] {}: tensor '{}' is mapped to shard file '{}', {}; shard "
+                               "files must be relative paths inside the index's directory",
+                               source, tensor, shard, why));
+  };
+  if (shard.empty()) throw bad("an empty name");
+  if (p.has_root_path()) throw bad("an absolute path");
+  for (const auto& part : p) {
+    if (part == "..") throw bad("which has a '..' part");
+  }
+  if (shard.find('\0') != std::string_view::npos) throw bad("which holds a NUL byte");
+}
+
 std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem::path& file) {
   const std::string source = file.string();
   const std::string text = read_file(file, "model");
-  Json doc;
-  try {
-    doc = Json::parse(text);
-  } catch (const Json::exception& e) {
-    throw IoError(fmt::format("[model] {}: not valid JSON: {}", source, e.what()));
+  const json::Document doc = parse_json(text, source);
+  std::optional<json::Value> weight_map;
+  if (doc.root().is_object()) {
+    for (auto it = doc.root().begin(); it != doc.root().end(); ++it) {
+      if (it.key() == "weight_map") weight_map = it.value();
+    }
   }
-  if (!doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object()) {
+  if (!weight_map || !weight_map->is_object()) {
     throw IoError(fmt::format("[model] {}: expected an object with a 'weight_map' object of "
                               "tensor name -> shard file",
                               source));
   }
   const auto dir = file.parent_path();
-  std::map<std::string, std::map<std::string, TensorSpec>> shards;  // shard file -> its tensors
+  // shard file -> its tensors
+  std::unordered_map<std::string_view, std::unordered_map<std::string, TensorSpec>> shards;
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(weight_map->size());
   std::vector<std::pair<std::string, TensorSpec>> out;
-  for (auto it = doc["weight_map"].begin(); it != doc["weight_map"].end(); ++it) {
-    if (!it->is_string()) {
+  out.reserve(weight_map->size());
+  for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
+    const std::string_view name = it.key();
+    if (!it.value().is_string()) {
       throw IoError(fmt::format("[model] {}: weight_map entry '{}' must name a shard file, got {}",
-                                source, it.key(), it->type_name()));
+                                source, name, it.value().type_name()));
     }
-    const std::string shard = it->get<std::string>();
+    if (!seen.insert(name).second) {
+      throw IoError(fmt::format("[model] {}: tensor '{}' appears twice in weight_map", source,
+                                name));
+    }
+    const std::string_view shard = it.value().str();
     auto found = shards.find(shard);
     if (found == shards.end()) {
-      std::map<std::string, TensorSpec> tensors;
-      for (auto& e : read_safetensors_header(dir / shard).tensors) {
+      check_shard_name(source, name, shard);
+      std::unordered_map<std::string, TensorSpec> tensors;
+      for (auto& e : read_safetensors_header(dir / std::string(shard)).tensors) {
         tensors.emplace(std::move(e.name), std::move(e.spec));
       }
       found = shards.emplace(shard, std::move(tensors)).first;
     }
-    auto t = found->second.find(it.key());
+    auto t = found->second.find(std::string(name));
     if (t == found->second.end()) {
       throw IoError(fmt::format("[model] {}: tensor '{}' is mapped to shard '{}', which does not "
                                 "hold it",
-                                source, it.key(), shard));
+                                source, name, shard));
     }
-    out.emplace_back(it.key(), t->second);
+    out.emplace_back(std::string(name), t->second);
   }
   return out;
 }
@@ -149,74 +190,83 @@ Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, Tensor
   return to_tree(root).share_equal_subtrees();
 }
 
-std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::string_view json,
+std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::string_view text,
                                                                         std::string_view source) {
-  Json doc;
-  try {
-    doc = Json::parse(json.begin(), json.end());
-  } catch (const Json::parse_error& e) {
-    throw IoError(fmt::format("[model] {}: not valid JSON (at byte {}): {}", source, e.byte, e.what()));
-  } catch (const Json::exception& e) {
-    throw IoError(fmt::format("[model] {}: not valid JSON: {}", source, e.what()));
-  }
-  if (!doc.is_object()) {
+  const json::Document doc = parse_json(text, source);
+  const json::Value root = doc.root();
+  if (!root.is_object()) {
     throw IoError(fmt::format("[model] {}: expected an object of tensor name -> {{\"shape\": [..], "
                               "\"dtype\": \"BF16\"}}, got {}",
-                              source, doc.type_name()));
+                              source, root.type_name()));
   }
   std::vector<std::pair<std::string, TensorSpec>> out;
-  for (auto it = doc.begin(); it != doc.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const std::string& name = it.key();
-    const Json& v = *it;
+  out.reserve(root.size());
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(root.size());
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string_view name = it.key();
+    if (name == "__metadata__") continue;
     auto bad = [&](const std::string& what) {
       return IoError(fmt::format("[model] {}: tensor '{}': {}", source, name, what));
     };
-    if (!v.is_object()) throw bad(fmt::format("expected an object with shape and dtype, got {}", v.type_name()));
-    if (!v.contains("shape") || !v["shape"].is_array()) {
-      throw bad("'shape' must be a list of non-negative integers");
+    if (!seen.insert(name).second) {
+      throw IoError(fmt::format("[model] {}: tensor '{}' appears twice", source, name));
     }
-    std::vector<std::int64_t> dims;
-    for (const Json& d : v["shape"]) {
-      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
-        throw bad(fmt::format("shape {} is not a list of non-negative integers", v["shape"].dump()));
+    const json::Value v = it.value();
+    if (!v.is_object()) {
+      throw bad(fmt::format("expected an object with shape and dtype, got {}", v.type_name()));
+    }
+    std::optional<json::Value> shape, dtype, logical_axes;
+    for (auto f = v.begin(); f != v.end(); ++f) {
+      std::optional<json::Value>* slot = f.key() == "shape"          ? &shape
+                                         : f.key() == "dtype"        ? &dtype
+                                         : f.key() == "logical_axes" ? &logical_axes
+                                                                     : nullptr;
+      if (slot == nullptr && f.key() != "data_offsets") {
+        throw bad(fmt::format("unknown field '{}' (expected shape, dtype, logical_axes)", f.key()));
       }
-      dims.push_back(d.get<std::int64_t>());
+      if (slot == nullptr) continue;
+      if (*slot) throw bad(fmt::format("field '{}' appears twice", f.key()));
+      *slot = f.value();
     }
-    if (!v.contains("dtype") || !v["dtype"].is_string()) {
+    if (!shape || !shape->is_array()) throw bad("'shape' must be a list of non-negative integers");
+    std::vector<std::int64_t> dims;
+    dims.reserve(shape->size());
+    for (auto d = shape->begin(); d != shape->end(); ++d) {
+      if (!(*d).is_uint() || (*d).as_uint() > static_cast<std::uint64_t>(INT64_MAX)) {
+        throw bad(fmt::format("shape {} is not a list of non-negative integers",
+                              shape->source_text()));
+      }
+      dims.push_back(static_cast<std::int64_t>((*d).as_uint()));
+    }
+    if (!dtype || !dtype->is_string()) {
       throw bad("'dtype' must be a string such as \"BF16\" or \"F32\"");
     }
     TensorSpec spec;
     spec.shape = Shape(std::move(dims));
     try {
-      spec.dtype = parse_dtype(v["dtype"].get<std::string>());
+      spec.dtype = parse_dtype(dtype->str());
     } catch (const SpecError& e) {
       throw bad(e.what());
     }
-    if (v.contains("logical_axes")) {
-      const Json& la = v["logical_axes"];
+    if (logical_axes) {
+      const json::Value& la = *logical_axes;
       if (!la.is_array() || la.size() != static_cast<std::size_t>(spec.shape.rank())) {
         throw bad(fmt::format("'logical_axes' must be a list of {} names (one per dimension of "
                               "shape {})",
                               spec.shape.rank(), spec.shape.to_string()));
       }
-      for (const Json& n : la) {
-        if (n.is_null()) {
+      for (auto n = la.begin(); n != la.end(); ++n) {
+        if ((*n).is_null()) {
           spec.logical_axes.emplace_back();
-        } else if (n.is_string()) {
-          spec.logical_axes.push_back(n.get<std::string>());
+        } else if ((*n).is_string()) {
+          spec.logical_axes.emplace_back(std::string((*n).str()));
         } else {
-          throw bad(fmt::format("logical axis {} is not a string or null", n.dump()));
+          throw bad(fmt::format("logical axis {} is not a string or null", (*n).source_text()));
         }
       }
     }
-    for (auto f = v.begin(); f != v.end(); ++f) {
-      if (f.key() != "shape" && f.key() != "dtype" && f.key() != "logical_axes" &&
-          f.key() != "data_offsets") {
-        throw bad(fmt::format("unknown field '{}' (expected shape, dtype, logical_axes)", f.key()));
-      }
-    }
-    out.emplace_back(name, std::move(spec));
+    out.emplace_back(std::string(name), std::move(spec));
   }
   return out;
 }
