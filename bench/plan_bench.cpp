@@ -14,10 +14,13 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "deepseek_v3.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/model_loader.hpp"
+#include "shardplan/plan_report.hpp"
 
 namespace {
 
@@ -159,6 +162,44 @@ void BM_TreeFromNames(benchmark::State& state) {
 }
 BENCHMARK(BM_TreeFromNames)->Unit(benchmark::kMillisecond);
 
+// The steps of `shardplan plan --model model.json --json` on this model, one by one (the whole
+// command is timed against the Python reference by scripts/bench_cli.sh).
+const std::string& model_json_text() {
+  static const std::string text = [] {
+    std::string t = "{";
+    for (const auto& [name, spec] : bench::deepseek_v3_tensors()) {
+      nlohmann::json v{{"shape", spec.shape.dims()},
+                       {"dtype", std::string(safetensors_name(spec.dtype))}};
+      t += (t.size() > 1 ? ",\n" : "\n") + nlohmann::json(name).dump() + ": " + v.dump();
+    }
+    return t + "\n}\n";
+  }();
+  return text;
+}
+
+void BM_ParseModelDescription(benchmark::State& state) {
+  const std::string& text = model_json_text();
+  for (auto _ : state) {
+    auto named = parse_model_description(text);
+    benchmark::DoNotOptimize(named);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * text.size()));
+}
+BENCHMARK(BM_ParseModelDescription)->Unit(benchmark::kMillisecond);
+
+void BM_ReportJson(benchmark::State& state) {
+  const Workload& w = workload();
+  const MeshShardingHelper helper(w.mesh);
+  const RuleTree rules{RulePtr(w.rule)};
+  const PlanReport r = helper.plan(rules, w.tree);
+  for (auto _ : state) {
+    std::ostringstream os;
+    r.write_json(os);
+    benchmark::DoNotOptimize(os);
+  }
+}
+BENCHMARK(BM_ReportJson)->Unit(benchmark::kMillisecond);
+
 int dump_workload(const char* file) {
   const Workload& w = workload();
   nlohmann::json j;
@@ -184,16 +225,7 @@ std::string yaml_axis_group(const AxisNames& d) {
 }
 
 int dump_e2e(const std::string& dir) {
-  std::string text = "{";
-  bool first = true;
-  for (const auto& [name, spec] : bench::deepseek_v3_tensors()) {
-    nlohmann::json t{{"shape", spec.shape.dims()},
-                     {"dtype", std::string(safetensors_name(spec.dtype))}};
-    text += (first ? "\n" : ",\n") + nlohmann::json(name).dump() + ": " + t.dump();
-    first = false;
-  }
-  text += "\n}\n";
-  std::ofstream(dir + "/model.json") << text;
+  std::ofstream(dir + "/model.json") << model_json_text();
   std::string yaml = fmt::format("mesh: \"{}\"\nstrict: true\nrules:\n", bench::kDeepseekMesh);
   nlohmann::json rules;
   rules["mesh"] = bench::kDeepseekMesh;

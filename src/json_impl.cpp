@@ -67,12 +67,14 @@ class Parser {
     while (i_ < s_.size() && is_ws(s_[i_])) ++i_;
   }
 
-  /// Appends the string at s_[i_] (a '"') to strings_; returns its offset and size.
-  std::pair<std::uint64_t, std::uint32_t> string() {
+  /// Reads the string at s_[i_] (a '"'); returns where its text is (Document::Node::number).
+  /// A string without escapes is its source text; others are decoded into strings_.
+  std::uint64_t string() {
     const std::size_t start = i_;
     ++i_;
     const std::size_t offset = strings_.size();
     std::size_t run = i_;  // start of the bytes not yet copied
+    bool escaped = false;
     while (true) {
       if (i_ >= s_.size()) fail(start, "unterminated string");
       const char c = s_[i_];
@@ -89,6 +91,7 @@ class Parser {
         ++i_;
         continue;
       }
+      escaped = true;
       strings_.append(s_.data() + run, i_ - run);
       const std::size_t esc = i_;
       if (i_ + 1 >= s_.size()) fail(esc, "unterminated string");
@@ -126,11 +129,14 @@ class Parser {
       }
       run = i_;
     }
+    if (!escaped) {
+      ++i_;  // the closing quote
+      return Document::kInSource | (std::uint64_t{start + 1} << 32) | (i_ - 2 - start);
+    }
     strings_.append(s_.data() + run, i_ - run);
-    ++i_;  // the closing quote
-    const std::size_t size = strings_.size() - offset;
-    if (size > std::numeric_limits<std::uint32_t>::max()) fail(start, "string too long");
-    return {offset, static_cast<std::uint32_t>(size)};
+    ++i_;
+    // Offsets and sizes fit 31 bits: the text is shorter than 2 GiB.
+    return (std::uint64_t{offset} << 32) | (strings_.size() - offset);
   }
 
   std::uint32_t hex4(std::size_t esc) {
@@ -207,8 +213,8 @@ class Parser {
 
   std::uint32_t push(Kind kind) {
     const auto idx = static_cast<std::uint32_t>(nodes_.size());
-    nodes_.push_back(Document::Node{kind, idx + 1, 0, static_cast<std::uint32_t>(i_),
-                                    static_cast<std::uint32_t>(i_), 0, 0});
+    nodes_.push_back(Document::Node{0, idx + 1, 0, static_cast<std::uint32_t>(i_),
+                                    static_cast<std::uint32_t>(i_), kind});
     return idx;
   }
 
@@ -226,9 +232,7 @@ class Parser {
         }
         ++nodes_[open.back()].size;
         const std::uint32_t k = push(Kind::kString);
-        const auto [offset, size] = string();
-        nodes_[k].number = offset;
-        nodes_[k].str_size = size;
+        nodes_[k].number = string();
         nodes_[k].src_end = static_cast<std::uint32_t>(i_);
         skip_ws();
         if (i_ >= s_.size() || s_[i_] != ':') {
@@ -263,10 +267,8 @@ class Parser {
         }
         const std::uint32_t idx = push(Kind::kNull);
         if (c == '"') {
-          const auto [offset, size] = string();
+          nodes_[idx].number = string();
           nodes_[idx].kind = Kind::kString;
-          nodes_[idx].number = offset;
-          nodes_[idx].str_size = size;
         } else if (c == '-' || is_digit(c)) {
           number(nodes_[idx]);
         } else if (c == 't') {
@@ -319,12 +321,10 @@ Document::Document(std::string_view text, std::size_t max_depth) : text_(text) {
 }
 
 void Document::parse(std::size_t max_depth) {
-  if (text_.size() >= std::numeric_limits<std::uint32_t>::max()) {
-    throw SyntaxError(0, "text of 4 GiB or more");
+  if (text_.size() >= std::numeric_limits<std::int32_t>::max()) {
+    throw SyntaxError(0, "text of 2 GiB or more");
   }
-  // A value takes at least one byte of text, usually several.
-  nodes_.reserve(text_.size() / 4 + 1);
-  strings_.reserve(text_.size() / 2);
+  nodes_.reserve(text_.size() / 8 + 1);
   Parser(text_, nodes_, strings_).run(max_depth);
 }
 
@@ -332,8 +332,11 @@ Kind Value::kind() const { return doc_->nodes_[i_].kind; }
 std::size_t Value::size() const { return doc_->nodes_[i_].size; }
 
 std::string_view Value::str() const {
-  const auto& n = doc_->nodes_[i_];
-  return std::string_view(doc_->strings_).substr(n.number, n.str_size);
+  const std::uint64_t v = doc_->nodes_[i_].number;
+  const std::size_t offset = (v & ~Document::kInSource) >> 32;
+  const std::size_t size = v & 0xFFFFFFFFu;
+  return (v & Document::kInSource ? doc_->text_ : std::string_view(doc_->strings_))
+      .substr(offset, size);
 }
 
 std::uint64_t Value::as_uint() const { return doc_->nodes_[i_].number; }

@@ -84,14 +84,15 @@ class Document {
 
   /// One value, in document order; an object's members are key, value, key, value...
   struct Node {
-    Kind kind;
+    std::uint64_t number;     // kUint/kInt value, kBool, or a string's text (see Value::str)
     std::uint32_t end;        // index of the node after this value's subtree
     std::uint32_t size;       // members or elements
     std::uint32_t src_begin;  // the value's text in the source
     std::uint32_t src_end;
-    std::uint64_t number;     // kUint/kInt value, or kBool, or a string's offset in strings_
-    std::uint32_t str_size;
+    Kind kind;
   };
+  /// A string's `number`: offset and size, in the source text (no escapes) or in strings_.
+  static constexpr std::uint64_t kInSource = std::uint64_t{1} << 63;
 
  private:
   friend class Value;
@@ -100,6 +101,56 @@ class Document {
   std::string_view text_;
   std::vector<Node> nodes_;
   std::string strings_;
+};
+
+/// A set of strings for duplicate checks over many keys: open addressing in one array (a
+/// std::unordered_set allocates a node per key). The strings must outlive the set.
+class KeySet {
+ public:
+  explicit KeySet(std::size_t expected) {
+    std::size_t cap = 16;
+    while (cap < 2 * expected) cap *= 2;
+    slots_.resize(cap);
+  }
+  /// Adds `key`; false if it was there already.
+  bool insert(std::string_view key) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    return place(key, hash(key));
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t hash = 0;  // 0: free
+    std::string_view key;
+  };
+  static std::uint64_t hash(std::string_view key) {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a, then never 0
+    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return h | 1;
+  }
+  bool place(std::string_view key, std::uint64_t h) {
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t i = static_cast<std::size_t>(h ^ (h >> 29)) & mask;; i = (i + 1) & mask) {
+      Slot& s = slots_[i];
+      if (s.hash == 0) {
+        s.hash = h;
+        s.key = key;
+        ++size_;
+        return true;
+      }
+      if (s.hash == h && s.key == key) return false;
+    }
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    size_ = 0;
+    for (const Slot& s : old) {
+      if (s.hash != 0) place(s.key, s.hash);
+    }
+  }
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0;
 };
 
 }  // namespace shardplan::detail::json

@@ -2,9 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
-#include <map>
-#include <memory>
 #include <optional>
 #include <sstream>
 #include <unordered_map>
@@ -20,48 +19,274 @@ namespace {
 
 namespace json = detail::json;
 
+/// A tensor name of more parts is rejected: trees are walked recursively, and real names have
+/// fewer than 20.
+constexpr std::size_t kMaxNameParts = 256;
+
+/// A node of the name tree while it is built: nodes live in one vector, children are linked
+/// in insertion order and found through one hash map keyed by (parent, key), so building is
+/// linear in the total length of the names.
 struct Node {
-  std::optional<TensorSpec> leaf;
-  std::string name;  // the full name of the tensor at this node, for messages
-  std::map<std::string, std::unique_ptr<Node>> children;
+  std::string_view key;
+  std::int32_t parent = -1;
+  std::int32_t first_child = -1;
+  std::int32_t last_child = -1;
+  std::int32_t next_sibling = -1;
+  std::int32_t leaf = -1;  // index of the tensor, for a leaf
+  std::int32_t children = 0;
 };
 
-/// Keys exactly "0".."n-1" (no leading zeros): the node is a list.
-bool is_list(const Node& node) {
-  if (node.children.empty()) return false;
-  std::vector<bool> seen(node.children.size(), false);
-  for (const auto& [key, child] : node.children) {
-    if (key.empty() || key.size() > 9 || (key.size() > 1 && key[0] == '0')) return false;
-    std::size_t v = 0;
-    for (char c : key) {
-      if (c < '0' || c > '9') return false;
-      v = v * 10 + static_cast<std::size_t>(c - '0');
-    }
-    if (v >= seen.size() || seen[v]) return false;
-    seen[v] = true;
+/// The index of a list element: a key "0".."n-1" without leading zeros, or -1.
+std::int64_t list_index(std::string_view key, std::size_t n) {
+  if (key.empty() || key.size() > 9 || (key.size() > 1 && key[0] == '0')) return -1;
+  std::size_t v = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return -1;
+    v = v * 10 + static_cast<std::size_t>(c - '0');
   }
-  return true;
+  return v < n ? static_cast<std::int64_t>(v) : -1;
 }
 
-Tree<TensorSpec> to_tree(Node& node) {
-  if (node.leaf) return Tree<TensorSpec>(std::move(*node.leaf));
-  if (is_list(node)) {
-    std::vector<Tree<TensorSpec>> items(node.children.size());
-    for (auto& [key, child] : node.children) items[std::stoul(key)] = to_tree(*child);
-    return Tree<TensorSpec>::list(std::move(items));
+class TreeBuilder {
+ public:
+  TreeBuilder(const std::vector<std::pair<std::string, TensorSpec>>& named, char separator)
+      : named_(named), separator_(separator) {
+    nodes_.reserve(named.size() * 2 + 1);
+    nodes_.emplace_back();
   }
-  std::vector<Tree<TensorSpec>::DictEntry> entries;
-  entries.reserve(node.children.size());
-  for (auto& [key, child] : node.children) entries.emplace_back(key, to_tree(*child));
-  return Tree<TensorSpec>::dict(std::move(entries));
-}
+
+  /// Adds every name, checking that none is empty in a part, repeated, or a prefix of another.
+  void add_all() {
+    for (std::size_t i = 0; i < named_.size(); ++i) add(static_cast<std::int32_t>(i));
+  }
+
+  /// The tree, built bottom-up (no recursion: a name may have many parts), with equal subtrees
+  /// sharing one stored branch (as Tree::share_equal_subtrees makes them): each node is looked up
+  /// by its keys and its children's identities before a branch is made for it, so a model of
+  /// 58 equal layers of 256 equal experts stores one expert.
+  Tree<TensorSpec> build() {
+    // A node's identity: 2 * index into leaves or branches, + 1 for a leaf.
+    std::vector<std::int64_t> id(nodes_.size());
+    std::unordered_map<TensorSpec, std::int64_t> leaf_ids;
+    std::vector<const TensorSpec*> leaves;
+    std::vector<std::int32_t> kids;
+    for (std::size_t n = nodes_.size(); n-- > 0;) {
+      const Node& node = nodes_[n];
+      if (node.leaf >= 0) {
+        const TensorSpec& spec = named_[static_cast<std::size_t>(node.leaf)].second;
+        auto [it, inserted] = leaf_ids.try_emplace(spec, static_cast<std::int64_t>(leaves.size()));
+        if (inserted) leaves.push_back(&spec);
+        id[n] = 2 * it->second + 1;
+        continue;
+      }
+      kids.clear();
+      for (std::int32_t c = node.first_child; c >= 0;
+           c = nodes_[static_cast<std::size_t>(c)].next_sibling) {
+        kids.push_back(c);
+      }
+      const bool list = order_children(kids);
+      id[n] = 2 * branch_id(kids, list, id, leaves);
+    }
+    return branches_[static_cast<std::size_t>(id[0] / 2)].tree;
+  }
+
+ private:
+  struct Branch {
+    bool list;
+    std::vector<std::pair<std::string_view, std::int64_t>> children;  // key ("" in a list), id
+    Tree<TensorSpec> tree;
+  };
+
+  /// Puts `kids` in the tree's order; true when they are a list (keys exactly "0".."n-1", no
+  /// leading zeros: layers flatten in numeric order), else they are sorted by key.
+  bool order_children(std::vector<std::int32_t>& kids) const {
+    std::vector<std::int32_t> slots(kids.size(), -1);
+    bool list = !kids.empty();
+    for (std::int32_t c : kids) {
+      const std::int64_t v = list_index(nodes_[static_cast<std::size_t>(c)].key, kids.size());
+      if (v < 0 || slots[static_cast<std::size_t>(v)] >= 0) {
+        list = false;
+        break;
+      }
+      slots[static_cast<std::size_t>(v)] = c;
+    }
+    if (list) {
+      kids = std::move(slots);
+    } else {
+      std::sort(kids.begin(), kids.end(), [&](std::int32_t a, std::int32_t b) {
+        return nodes_[static_cast<std::size_t>(a)].key < nodes_[static_cast<std::size_t>(b)].key;
+      });
+    }
+    return list;
+  }
+
+  /// The index in branches_ of the branch with these children, made if new.
+  std::int64_t branch_id(const std::vector<std::int32_t>& kids, bool list,
+                         const std::vector<std::int64_t>& id,
+                         const std::vector<const TensorSpec*>& leaves) {
+    std::vector<std::pair<std::string_view, std::int64_t>> sig;
+    sig.reserve(kids.size());
+    std::uint64_t h = list ? 0x9E3779B97F4A7C15ull : 0xC2B2AE3D27D4EB4Full;
+    for (std::int32_t c : kids) {
+      const std::string_view key = list ? std::string_view() : nodes_[static_cast<std::size_t>(c)].key;
+      const std::int64_t cid = id[static_cast<std::size_t>(c)];
+      sig.emplace_back(key, cid);
+      h = (h ^ std::hash<std::string_view>()(key)) * 0x100000001B3ull;
+      h = (h ^ static_cast<std::uint64_t>(cid)) * 0x100000001B3ull;
+    }
+    auto& bucket = branch_table_[h];
+    for (std::int64_t b : bucket) {
+      const Branch& other = branches_[static_cast<std::size_t>(b)];
+      if (other.list == list && other.children == sig) return b;
+    }
+    auto child_tree = [&](std::int64_t cid) {
+      return cid % 2 ? Tree<TensorSpec>(*leaves[static_cast<std::size_t>(cid / 2)])
+                     : branches_[static_cast<std::size_t>(cid / 2)].tree;
+    };
+    Tree<TensorSpec> tree;
+    if (list) {
+      std::vector<Tree<TensorSpec>> items;
+      items.reserve(sig.size());
+      for (const auto& [key, cid] : sig) items.push_back(child_tree(cid));
+      tree = Tree<TensorSpec>::list(std::move(items));
+    } else {
+      std::vector<Tree<TensorSpec>::DictEntry> entries;
+      entries.reserve(sig.size());
+      for (const auto& [key, cid] : sig) entries.emplace_back(std::string(key), child_tree(cid));
+      tree = Tree<TensorSpec>::dict(std::move(entries));
+    }
+    const auto b = static_cast<std::int64_t>(branches_.size());
+    branches_.push_back(Branch{list, std::move(sig), std::move(tree)});
+    bucket.push_back(b);
+    return b;
+  }
+
+  /// The full name of the tensors under node `n`, for messages: its first leaf's name.
+  std::string some_name_under(std::int32_t n) const {
+    while (nodes_[static_cast<std::size_t>(n)].leaf < 0) n = nodes_[static_cast<std::size_t>(n)].first_child;
+    return named_[static_cast<std::size_t>(nodes_[static_cast<std::size_t>(n)].leaf)].first;
+  }
+
+  void add(std::int32_t tensor) {
+    const std::string& name = named_[static_cast<std::size_t>(tensor)].first;
+    std::int32_t node = 0;
+    std::size_t start = 0;
+    std::size_t depth = 0;
+    // Checkpoints list names in a mostly sorted order: the parts shared with the previous name
+    // lead to the nodes found for it, without a lookup.
+    bool shared = true;
+    while (true) {
+      const std::size_t stop = name.find(separator_, start);
+      const std::string_view key = std::string_view(name).substr(
+          start, stop == std::string::npos ? std::string::npos : stop - start);
+      if (key.empty()) {
+        throw IoError(fmt::format("[model] tensor name '{}' has an empty part", name));
+      }
+      if (++depth > kMaxNameParts) {
+        throw IoError(fmt::format("[model] tensor name '{}' has more than {} parts",
+                                  name.substr(0, 200) + (name.size() > 200 ? "..." : ""),
+                                  kMaxNameParts));
+      }
+      if (nodes_[static_cast<std::size_t>(node)].leaf >= 0) {
+        throw IoError(fmt::format("[model] '{}' is both a tensor and a prefix of '{}'",
+                                  named_[static_cast<std::size_t>(nodes_[static_cast<std::size_t>(node)].leaf)].first, name));
+      }
+      const std::size_t d = depth - 1;
+      if (shared && d < prev_keys_.size() && prev_keys_[d] == key) {
+        node = prev_nodes_[d];
+      } else {
+        shared = false;
+        node = child(node, key);
+        prev_keys_.resize(d);
+        prev_nodes_.resize(d);
+        prev_keys_.push_back(key);
+        prev_nodes_.push_back(node);
+      }
+      if (stop == std::string::npos) break;
+      start = stop + 1;
+    }
+    Node& n = nodes_[static_cast<std::size_t>(node)];
+    if (n.leaf >= 0) throw IoError(fmt::format("[model] tensor '{}' appears twice", name));
+    if (n.first_child >= 0) {
+      throw IoError(fmt::format("[model] '{}' is both a tensor and a prefix of '{}'", name,
+                                some_name_under(n.first_child)));
+    }
+    n.leaf = tensor;
+  }
+
+  /// The child `key` of `parent`, made if new. The (parent, key) -> node table is open
+  /// addressing in one array.
+  std::int32_t child(std::int32_t parent, std::string_view key) {
+    const std::uint64_t h = hash(parent, key);
+    if (2 * (nodes_.size() + 1) > slots_.size()) grow();
+    const std::size_t mask = slots_.size() - 1;
+    std::size_t i = static_cast<std::size_t>(h ^ (h >> 29)) & mask;
+    for (; slots_[i] >= 0; i = (i + 1) & mask) {
+      const Node& n = nodes_[static_cast<std::size_t>(slots_[i])];
+      if (n.parent == parent && n.key == key) return slots_[i];
+    }
+    const auto id = static_cast<std::int32_t>(nodes_.size());
+    slots_[i] = id;
+    Node fresh;
+    fresh.key = key;
+    fresh.parent = parent;
+    nodes_.push_back(fresh);
+    Node& p = nodes_[static_cast<std::size_t>(parent)];
+    if (p.last_child >= 0) {
+      nodes_[static_cast<std::size_t>(p.last_child)].next_sibling = id;
+    } else {
+      p.first_child = id;
+    }
+    p.last_child = id;
+    ++p.children;
+    return id;
+  }
+
+  static std::uint64_t hash(std::int32_t parent, std::string_view key) {
+    std::uint64_t h = 1469598103934665603ull ^ static_cast<std::uint64_t>(parent);  // FNV-1a
+    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return h;
+  }
+
+  void grow() {
+    std::vector<std::int32_t> slots(std::max<std::size_t>(64, slots_.size() * 2), -1);
+    const std::size_t mask = slots.size() - 1;
+    for (std::size_t n = 1; n < nodes_.size(); ++n) {
+      const std::uint64_t h = hash(nodes_[n].parent, nodes_[n].key);
+      std::size_t i = static_cast<std::size_t>(h ^ (h >> 29)) & mask;
+      while (slots[i] >= 0) i = (i + 1) & mask;
+      slots[i] = static_cast<std::int32_t>(n);
+    }
+    slots_ = std::move(slots);
+  }
+
+  const std::vector<std::pair<std::string, TensorSpec>>& named_;
+  char separator_;
+  std::vector<Node> nodes_;
+  std::vector<std::int32_t> slots_;  // node ids by hash of (parent, key); -1 free
+  std::vector<Branch> branches_;     // distinct branches, children before parents
+  std::unordered_map<std::uint64_t, std::vector<std::int64_t>> branch_table_;  // by hash
+  std::vector<std::string_view> prev_keys_;  // the parts of the previous name
+  std::vector<std::int32_t> prev_nodes_;     // and their nodes
+};
 
 std::string read_file(const std::filesystem::path& file, std::string_view what) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw IoError(fmt::format("[{}] {}: cannot open for reading", what, file.string()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(file, ec);
+  std::string text;
+  if (!ec) {
+    text.resize(size);
+    in.read(text.data(), static_cast<std::streamsize>(size));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+  }
+  // Whatever is left (the file grew, or its size is unknown).
+  std::ostringstream rest;
+  rest << in.rdbuf();
+  const std::string more = rest.str();
+  if (!more.empty()) text += more;
+  return text;
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -114,8 +339,7 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
   const auto dir = file.parent_path();
   // shard file -> its tensors
   std::unordered_map<std::string_view, std::unordered_map<std::string, TensorSpec>> shards;
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(weight_map->size());
+  json::KeySet seen(weight_map->size());
   std::vector<std::pair<std::string, TensorSpec>> out;
   out.reserve(weight_map->size());
   for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
@@ -124,7 +348,7 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
       throw IoError(fmt::format("[model] {}: weight_map entry '{}' must name a shard file, got {}",
                                 source, name, it.value().type_name()));
     }
-    if (!seen.insert(name).second) {
+    if (!seen.insert(name)) {
       throw IoError(fmt::format("[model] {}: tensor '{}' appears twice in weight_map", source,
                                 name));
     }
@@ -153,41 +377,12 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
 
 Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, TensorSpec>>& named,
                                  char separator) {
-  Node root;
-  for (const auto& [name, spec] : named) {
-    Node* node = &root;
-    std::size_t start = 0;
-    while (true) {
-      const std::size_t stop = name.find(separator, start);
-      const std::string key =
-          name.substr(start, stop == std::string::npos ? std::string::npos : stop - start);
-      if (key.empty()) {
-        throw IoError(fmt::format("[model] tensor name '{}' has an empty part", name));
-      }
-      if (node->leaf) {
-        throw IoError(fmt::format("[model] '{}' is both a tensor and a prefix of '{}'", node->name,
-                                  name));
-      }
-      auto& child = node->children[key];
-      if (!child) child = std::make_unique<Node>();
-      node = child.get();
-      if (stop == std::string::npos) break;
-      start = stop + 1;
-    }
-    if (node->leaf) throw IoError(fmt::format("[model] tensor '{}' appears twice", name));
-    if (!node->children.empty()) {
-      throw IoError(fmt::format("[model] '{}' is both a tensor and a prefix of '{}'", name,
-                                node->children.begin()->second->name.empty()
-                                    ? name + separator + node->children.begin()->first
-                                    : node->children.begin()->second->name));
-    }
-    node->leaf = spec;
-    node->name = name;
-  }
   if (named.empty()) return Tree<TensorSpec>::dict({});
+  TreeBuilder builder(named, separator);
+  builder.add_all();
   // Equal subtrees (every expert of a layer, every layer of a kind) share one stored branch, so
   // the planner decides each once at the cost of a pointer comparison.
-  return to_tree(root).share_equal_subtrees();
+  return builder.build();
 }
 
 std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::string_view text,
@@ -201,15 +396,14 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
   }
   std::vector<std::pair<std::string, TensorSpec>> out;
   out.reserve(root.size());
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(root.size());
+  json::KeySet seen(root.size());
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string_view name = it.key();
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& what) {
       return IoError(fmt::format("[model] {}: tensor '{}': {}", source, name, what));
     };
-    if (!seen.insert(name).second) {
+    if (!seen.insert(name)) {
       throw IoError(fmt::format("[model] {}: tensor '{}' appears twice", source, name));
     }
     const json::Value v = it.value();

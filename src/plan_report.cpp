@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <ostream>
 #include <iterator>
 #include <numeric>
 #include <string_view>
@@ -90,18 +91,22 @@ std::string rule_column(const PlanReport& report, const LeafPlan& l) {
 /// took most of `shardplan plan --json`'s time.
 class JsonWriter {
  public:
-  explicit JsonWriter(int indent) : indent_(indent) {}
+  /// Writes into a string (take()), or, with `sink`, into the stream in pieces.
+  explicit JsonWriter(int indent, std::ostream* sink = nullptr) : indent_(indent), sink_(sink) {
+    if (sink_) out_.reserve(2 * kChunk);
+  }
 
   JsonWriter& begin_object() { return open('{'); }
   JsonWriter& end_object() { return close('}'); }
   JsonWriter& begin_array() { return open('['); }
   JsonWriter& end_array() { return close(']'); }
 
-  /// An object member's key; the value follows.
+  /// An object member's key (a plain identifier: written as it is); the value follows.
   JsonWriter& key(std::string_view k) {
     element();
-    string_text(k);
-    out_ += indent_ >= 0 ? ": " : ":";
+    out_ += '"';
+    out_ += k;
+    out_ += indent_ >= 0 ? "\": " : "\":";
     after_key_ = true;
     return *this;
   }
@@ -126,7 +131,8 @@ class JsonWriter {
     requires std::is_integral_v<T>
   JsonWriter& value(T v) {
     element();
-    fmt::format_to(std::back_inserter(out_), "{}", v);
+    const fmt::format_int text(v);
+    out_.append(text.data(), text.size());
     return *this;
   }
   template <typename Range>
@@ -137,6 +143,13 @@ class JsonWriter {
   }
 
   std::string take() { return std::move(out_); }
+  /// Hands what is buffered to the sink once it holds a chunk (or always, with `all`).
+  void flush(bool all = false) {
+    if (sink_ && (all || out_.size() >= kChunk)) {
+      sink_->write(out_.data(), static_cast<std::streamsize>(out_.size()));
+      out_.clear();
+    }
+  }
   void reserve(std::size_t n) { out_.reserve(n); }
 
  private:
@@ -176,7 +189,7 @@ class JsonWriter {
     std::size_t run = 0;
     for (std::size_t i = 0; i < s.size();) {
       const auto c = static_cast<unsigned char>(s[i]);
-      if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+      if (kPlain[c]) {
         ++i;
         continue;
       }
@@ -210,6 +223,12 @@ class JsonWriter {
     out_.append(s.data() + run, s.size() - run);
     out_ += '"';
   }
+  // Bytes written as they are: printable ASCII other than '"' and '\\'.
+  static constexpr std::array<bool, 256> kPlain = [] {
+    std::array<bool, 256> t{};
+    for (int c = 0x20; c < 0x80; ++c) t[static_cast<std::size_t>(c)] = c != '"' && c != '\\';
+    return t;
+  }();
   /// Length of the well-formed UTF-8 sequence at s[i] (a byte >= 0x80), or 0.
   static std::size_t utf8_length(std::string_view s, std::size_t i) {
     const auto b = [&](std::size_t k) {
@@ -229,7 +248,9 @@ class JsonWriter {
     return 0;
   }
 
+  static constexpr std::size_t kChunk = std::size_t{1} << 20;
   int indent_;
+  std::ostream* sink_;
   std::string out_;
   std::vector<bool> first_;  // per open container: no element written yet
   bool after_key_ = false;
@@ -249,6 +270,9 @@ void write_spec(JsonWriter& w, const PartitionSpec& spec) {
   }
   w.end_array();
 }
+
+/// The report as JSON (format in docs/cli.md).
+void write_report(JsonWriter& w, const PlanReport& report);
 
 }  // namespace
 
@@ -324,12 +348,27 @@ std::string PlanReport::table(std::size_t largest_n) const {
 }
 
 std::string PlanReport::to_json(int indent) const {
-  // Keys in sorted order, as the format has always listed them.
   JsonWriter w(indent);
   w.reserve(leaves.size() * (indent >= 0 ? 560 : 360) + 4096);
+  write_report(w, *this);
+  return w.take();
+}
+
+void PlanReport::write_json(std::ostream& os, int indent) const {
+  JsonWriter w(indent, &os);
+  write_report(w, *this);
+  w.flush(/*all=*/true);
+}
+
+namespace {
+
+void write_report(JsonWriter& w, const PlanReport& report) {
+  const auto& [mesh, leaves, device_bytes, total_bytes, unmatched_rules, rules] = report;
+  // Keys in sorted order, as the format has always listed them.
   w.begin_object();
   w.key("bytes_per_device").begin_object();
-  w.key("max").value(max_device_bytes()).key("min").value(min_device_bytes()).end_object();
+  w.key("max").value(report.max_device_bytes()).key("min").value(report.min_device_bytes());
+  w.end_object();
   w.key("devices").begin_array();
   for (std::size_t i = 0; i < device_bytes.size(); ++i) {
     w.begin_object().key("bytes").value(device_bytes[i]).key("id").value(i).end_object();
@@ -342,7 +381,7 @@ std::string PlanReport::to_json(int indent) const {
   w.end_array();
   w.key("leaves").begin_array();
   for (const auto& l : leaves) {
-    const RuleInfo& r = rule_of(l);
+    const RuleInfo& r = report.rule_of(l);
     w.begin_object();
     w.key("bytes").value(l.tensor.bytes());
     w.key("bytes_per_device").value(l.bytes_per_device);
@@ -350,7 +389,7 @@ std::string PlanReport::to_json(int indent) const {
     w.key("entry").value(l.entry);
     w.key("fell_through").value(l.fell_through);
     w.key("path").value(l.path);
-    w.key("reason").value(reason_of(l));
+    w.key("reason").value(report.reason_of(l));
     w.key("rule").value(r.rule);
     w.key("rule_index").value(l.rule_index);
     w.key("rule_path").value(r.rule_path);
@@ -363,6 +402,7 @@ std::string PlanReport::to_json(int indent) const {
       w.value(nullptr);
     }
     w.end_object();
+    w.flush();
   }
   w.end_array();
   w.key("mesh").begin_object();
@@ -383,8 +423,9 @@ std::string PlanReport::to_json(int indent) const {
   }
   w.end_array();
   w.end_object();
-  return w.take();
 }
+
+}  // namespace
 
 std::ostream& operator<<(std::ostream& os, const PlanReport& report) {
   return os << report.table();

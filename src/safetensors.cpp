@@ -165,11 +165,10 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, std::int64_t
   if (!doc.is_object()) {
     fail(source, fmt::format("header must be a JSON object, got {}", doc.type_name()));
   }
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(doc.size());
+  json::KeySet seen(doc.size());
   h.tensors.reserve(doc.size());
   for (auto it = doc.begin(); it != doc.end(); ++it) {
-    if (!seen.insert(it.key()).second) {
+    if (!seen.insert(it.key())) {
       fail(source, fmt::format("key '{}' appears twice in the header", it.key()));
     }
     if (it.key() == "__metadata__") {

@@ -89,7 +89,8 @@ int run_plan(const PlanOptions& o) {
   }
   const PlanReport report = helper.plan(rules, data);
   if (o.json) {
-    std::cout << report.to_json() << "\n";
+    report.write_json(std::cout);
+    std::cout << "\n";
   } else {
     std::cout << fmt::format("model {}, rules {}, mesh {}\n\n",
                              o.model.empty() ? "LLaMA-2-7B (embedded example)" : o.model,
