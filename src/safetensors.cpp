@@ -232,7 +232,13 @@ void write_safetensors_skeleton(const std::filesystem::path& file,
                                 const std::map<std::string, std::string>& metadata) {
   // Written by hand, in the given order (an ordered_json object looks keys up linearly).
   std::string text = "{";
-  if (!metadata.empty()) text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
+  if (!metadata.empty()) {
+    try {
+      text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(fmt::format("[safetensors] {}: metadata is not valid UTF-8", file.string()));
+    }
+  }
   std::unordered_set<std::string_view> seen;
   seen.reserve(tensors.size());
   std::int64_t offset = 0;
@@ -243,9 +249,15 @@ void write_safetensors_skeleton(const std::filesystem::path& file,
     }
     const std::int64_t bytes = spec.bytes();
     if (text.size() > 1) text += ',';
+    std::string key;
+    try {
+      key = nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(fmt::format("[safetensors] {}: tensor name '{}' is not valid UTF-8",
+                                file.string(), name));
+    }
     text += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                        nlohmann::json(name).dump(-1, ' ', false,
-                                                nlohmann::json::error_handler_t::strict),
+                        key,
                         safetensors_name(spec.dtype), fmt::join(spec.shape.dims(), ","), offset,
                         offset + bytes);
     offset += bytes;

@@ -148,5 +148,24 @@ TEST(Mesh, PrintsLikeJax) {
   EXPECT_EQ(os.str(), "Mesh('fsdp': 4, 'tp': 2)");
 }
 
+TEST(Mesh, DeviceCountsAreBounded) {
+  EXPECT_EQ(Mesh::kMaxDevices, 1'048'576);
+  // The bound itself is a mesh.
+  EXPECT_EQ(Mesh::parse("x:-1,y:2", Mesh::kMaxDevices).axis_sizes(),
+            (std::vector<std::int64_t>{524'288, 2}));
+  EXPECT_THROW_WITH(Mesh::parse("x:-1", 100'000'000), SpecError, "device count 100000000",
+                    "limit of 1048576 devices");
+  EXPECT_THROW_WITH(Mesh::parse("x:100000000", 100'000'000), SpecError, "100000000", "1048576");
+  EXPECT_THROW_WITH(Mesh::parse("x:2000000,y:-1", 8), SpecError, "axis 'x'", "size 2000000",
+                    "limit of 1048576 devices");
+  EXPECT_THROW_WITH(Mesh::parse("x:99999999999999999999", 8), SpecError,
+                    "size 99999999999999999999 of axis 'x'", "limit of 1048576 devices");
+  EXPECT_THROW_WITH(Mesh({{"x", -1}}, std::vector<int>(Mesh::kMaxDevices + 1)), SpecError,
+                    "device count 1048577");
+  // Axes under the bound whose product is over it: the count cannot match.
+  EXPECT_THROW_WITH(Mesh::parse("x:1048576,y:1048576,z:1048576,w:1048576", 8), SpecError,
+                    "overflow");
+}
+
 }  // namespace
 }  // namespace shardplan
