@@ -397,6 +397,8 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
   std::vector<std::pair<std::string, TensorSpec>> out;
   out.reserve(root.size());
   json::KeySet seen(root.size());
+  std::string_view last_dtype_text;  // empty: nothing parsed yet (no dtype is "")
+  DType last_dtype{};
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string_view name = it.key();
     if (name == "__metadata__") continue;
@@ -438,11 +440,16 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
     }
     TensorSpec spec;
     spec.shape = Shape(std::move(dims));
-    try {
-      spec.dtype = parse_dtype(dtype->str());
-    } catch (const SpecError& e) {
-      throw bad(e.what());
+    // A checkpoint names few dtypes: remember the last text parsed (compared by value).
+    if (dtype->str() != last_dtype_text) {
+      try {
+        last_dtype = parse_dtype(dtype->str());
+      } catch (const SpecError& e) {
+        throw bad(e.what());
+      }
+      last_dtype_text = dtype->str();
     }
+    spec.dtype = last_dtype;
     if (logical_axes) {
       const json::Value& la = *logical_axes;
       if (!la.is_array() || la.size() != static_cast<std::size_t>(spec.shape.rank())) {

@@ -117,6 +117,16 @@ class JsonWriter {
     return *this;
   }
   JsonWriter& value(const char* v) { return value(std::string_view(v)); }
+  /// One string value made of three parts.
+  JsonWriter& value_concat(std::string_view a, std::string_view b, std::string_view c) {
+    element();
+    out_ += '"';
+    string_body(a);
+    string_body(b);
+    string_body(c);
+    out_ += '"';
+    return *this;
+  }
   JsonWriter& value(bool v) {
     element();
     out_ += v ? "true" : "false";
@@ -186,6 +196,10 @@ class JsonWriter {
   // written as U+FFFD, so the output is always valid JSON.
   void string_text(std::string_view s) {
     out_ += '"';
+    string_body(s);
+    out_ += '"';
+  }
+  void string_body(std::string_view s) {
     std::size_t run = 0;
     for (std::size_t i = 0; i < s.size();) {
       const auto c = static_cast<unsigned char>(s[i]);
@@ -221,7 +235,6 @@ class JsonWriter {
       run = i;
     }
     out_.append(s.data() + run, s.size() - run);
-    out_ += '"';
   }
   // Bytes written as they are: printable ASCII other than '"' and '\\'.
   static constexpr std::array<bool, 256> kPlain = [] {
@@ -389,7 +402,15 @@ void write_report(JsonWriter& w, const PlanReport& report) {
     w.key("entry").value(l.entry);
     w.key("fell_through").value(l.fell_through);
     w.key("path").value(l.path);
-    w.key("reason").value(report.reason_of(l));
+    w.key("reason");
+    if (l.reason.empty() && l.entry >= 0 && static_cast<std::size_t>(l.entry) < r.labels.size()) {
+      // reason_of's text, written without building it.
+      w.value_concat("matched '", r.labels[static_cast<std::size_t>(l.entry)], "'");
+    } else if (!l.reason.empty()) {
+      w.value(l.reason);
+    } else {
+      w.value(report.reason_of(l));
+    }
     w.key("rule").value(r.rule);
     w.key("rule_index").value(l.rule_index);
     w.key("rule_path").value(r.rule_path);

@@ -71,7 +71,12 @@ TEST(Mesh, RejectsZeroAndNegativeSizes) {
 }
 
 TEST(Mesh, RejectsSizesWhoseProductOverflows) {
-  EXPECT_THROW_WITH(Mesh::parse("x:4294967296,y:4294967296", 8), SpecError, "overflow", "'y'");
+  // Each axis is within Mesh::kMaxDevices; the product of four is 2^80.
+  EXPECT_THROW_WITH(Mesh::parse("x:1048576,y:1048576,z:1048576,w:1048576", 8), SpecError,
+                    "overflow", "'w'");
+  // Larger axes are rejected one by one, before any product.
+  EXPECT_THROW_WITH(Mesh::parse("x:4294967296,y:4294967296", 8), SpecError, "'x'",
+                    "size 4294967296", "limit");
 }
 
 TEST(Mesh, RejectsAnInferredAxisThatCannotDivide) {
@@ -163,8 +168,8 @@ TEST(Mesh, DeviceCountsAreBounded) {
   EXPECT_THROW_WITH(Mesh({{"x", -1}}, std::vector<int>(Mesh::kMaxDevices + 1)), SpecError,
                     "device count 1048577");
   // Axes under the bound whose product is over it: the count cannot match.
-  EXPECT_THROW_WITH(Mesh::parse("x:1048576,y:1048576,z:1048576,w:1048576", 8), SpecError,
-                    "overflow");
+  EXPECT_THROW_WITH(Mesh::parse("x:1048576,y:2", 8), SpecError, "multiply to 2097152",
+                    "device count 8");
 }
 
 }  // namespace

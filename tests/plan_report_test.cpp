@@ -238,7 +238,7 @@ TEST(PlanReport, JsonTextIsWhatNlohmannWouldPrint) {
       {"step", Replicated{}},
       {"params", RulePtr(std::make_shared<TreePathShardingRule>(
                      std::vector<TreePathShardingRule::Entry>{{"embed", P("x")},
-                                                              {"never \"quoted\"\t\\", P()},
+                                                              {"never \"quoted\"\t\\\\", P()},
                                                               {".*", P()}}))},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });

@@ -91,7 +91,7 @@ TEST(Safetensors, DeepNestingRepeatsAndHugeNumbersAreClearErrors) {
   EXPECT_THROW_WITH(
       parse(R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,8]}})", 8), IoError,
       "m.safetensors", "not valid JSON", "nesting deeper than 256 levels");
-  EXPECT_THROW_WITH(parse(std::string(65'536, '{'), 0), IoError, "m.safetensors",
+  EXPECT_THROW_WITH(parse(std::string(65'536, '['), 0), IoError, "m.safetensors",
                     "nesting deeper than 256 levels");
   EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                           R"("w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
