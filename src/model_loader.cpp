@@ -397,8 +397,7 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
   std::vector<std::pair<std::string, TensorSpec>> out;
   out.reserve(root.size());
   json::KeySet seen(root.size());
-  std::string_view last_dtype_text;  // empty: nothing parsed yet (no dtype is "")
-  DType last_dtype{};
+  std::vector<std::pair<std::string_view, DType>> dtypes;  // texts seen, into `doc`
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string_view name = it.key();
     if (name == "__metadata__") continue;
@@ -440,16 +439,17 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
     }
     TensorSpec spec;
     spec.shape = Shape(std::move(dims));
-    // A checkpoint names few dtypes: remember the last text parsed (compared by value).
-    if (dtype->str() != last_dtype_text) {
+    // A checkpoint names few dtypes: each distinct text is parsed once (looked up by value).
+    auto known = std::find_if(dtypes.begin(), dtypes.end(),
+                              [&](const auto& d) { return d.first == dtype->str(); });
+    if (known == dtypes.end()) {
       try {
-        last_dtype = parse_dtype(dtype->str());
+        known = dtypes.emplace(dtypes.end(), dtype->str(), parse_dtype(dtype->str()));
       } catch (const SpecError& e) {
         throw bad(e.what());
       }
-      last_dtype_text = dtype->str();
     }
-    spec.dtype = last_dtype;
+    spec.dtype = known->second;
     if (logical_axes) {
       const json::Value& la = *logical_axes;
       if (!la.is_array() || la.size() != static_cast<std::size_t>(spec.shape.rank())) {
