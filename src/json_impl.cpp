@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <limits>
 
 namespace shardplan::detail::json {
@@ -54,6 +55,13 @@ std::size_t utf8_length(std::string_view s, std::size_t i) {
   return 0;
 }
 
+// Bytes a string holds as they are, without a closer look: ASCII but '"', '\\' and controls.
+constexpr std::array<bool, 256> kPlainInString = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0x20; c < 0x80; ++c) t[static_cast<std::size_t>(c)] = c != '"' && c != '\\';
+  return t;
+}();
+
 class Parser {
  public:
   Parser(std::string_view text, std::vector<Document::Node>& nodes, std::string& strings)
@@ -76,6 +84,8 @@ class Parser {
     std::size_t run = i_;  // start of the bytes not yet copied
     bool escaped = false;
     while (true) {
+      // Plain ASCII runs first, a table lookup a byte.
+      while (i_ < s_.size() && kPlainInString[static_cast<unsigned char>(s_[i_])]) ++i_;
       if (i_ >= s_.size()) fail(start, "unterminated string");
       const char c = s_[i_];
       const auto u = static_cast<unsigned char>(c);

@@ -124,8 +124,8 @@ class TreeBuilder {
   std::int64_t branch_id(const std::vector<std::int32_t>& kids, bool list,
                          const std::vector<std::int64_t>& id,
                          const std::vector<const TensorSpec*>& leaves) {
-    std::vector<std::pair<std::string_view, std::int64_t>> sig;
-    sig.reserve(kids.size());
+    std::vector<std::pair<std::string_view, std::int64_t>>& sig = sig_;
+    sig.clear();
     std::uint64_t h = list ? 0x9E3779B97F4A7C15ull : 0xC2B2AE3D27D4EB4Full;
     for (std::int32_t c : kids) {
       const std::string_view key = list ? std::string_view() : nodes_[static_cast<std::size_t>(c)].key;
@@ -156,7 +156,7 @@ class TreeBuilder {
       tree = Tree<TensorSpec>::dict(std::move(entries));
     }
     const auto b = static_cast<std::int64_t>(branches_.size());
-    branches_.push_back(Branch{list, std::move(sig), std::move(tree)});
+    branches_.push_back(Branch{list, sig, std::move(tree)});
     bucket.push_back(b);
     return b;
   }
@@ -265,6 +265,7 @@ class TreeBuilder {
   std::vector<Node> nodes_;
   std::vector<std::int32_t> slots_;  // node ids by hash of (parent, key); -1 free
   std::vector<Branch> branches_;     // distinct branches, children before parents
+  std::vector<std::pair<std::string_view, std::int64_t>> sig_;  // scratch: a node's children
   std::unordered_map<std::uint64_t, std::vector<std::int64_t>> branch_table_;  // by hash
   std::vector<std::string_view> prev_keys_;  // the parts of the previous name
   std::vector<std::int32_t> prev_nodes_;     // and their nodes
