@@ -108,14 +108,30 @@ class Parser {
       const char e = s_[i_ + 1];
       i_ += 2;
       switch (e) {
-        case '"': strings_ += '"'; break;
-        case '\\': strings_ += '\\'; break;
-        case '/': strings_ += '/'; break;
-        case 'b': strings_ += '\b'; break;
-        case 'f': strings_ += '\f'; break;
-        case 'n': strings_ += '\n'; break;
-        case 'r': strings_ += '\r'; break;
-        case 't': strings_ += '\t'; break;
+        case '"':
+          strings_ += '"';
+          break;
+        case '\\':
+          strings_ += '\\';
+          break;
+        case '/':
+          strings_ += '/';
+          break;
+        case 'b':
+          strings_ += '\b';
+          break;
+        case 'f':
+          strings_ += '\f';
+          break;
+        case 'n':
+          strings_ += '\n';
+          break;
+        case 'r':
+          strings_ += '\r';
+          break;
+        case 't':
+          strings_ += '\t';
+          break;
         case 'u': {
           std::uint32_t cp = hex4(esc);
           if (cp >= 0xD800 && cp <= 0xDBFF) {
@@ -135,7 +151,8 @@ class Parser {
           append_utf8(strings_, cp);
           break;
         }
-        default: fail(esc, fmt::format("invalid escape '\\{}' in a string", e));
+        default:
+          fail(esc, fmt::format("invalid escape '\\{}' in a string", e));
       }
       run = i_;
     }
@@ -246,8 +263,9 @@ class Parser {
         nodes_[k].src_end = static_cast<std::uint32_t>(i_);
         skip_ws();
         if (i_ >= s_.size() || s_[i_] != ':') {
-          fail(i_, i_ >= s_.size() ? "unexpected end of input; expected ':'"
-                                   : fmt::format("unexpected {}; expected ':'", describe_char(s_[i_])));
+          fail(i_, i_ >= s_.size()
+                       ? "unexpected end of input; expected ':'"
+                       : fmt::format("unexpected {}; expected ':'", describe_char(s_[i_])));
         }
         ++i_;
         next = Next::kValue;
@@ -296,12 +314,14 @@ class Parser {
       }
       // After a value: a separator, the end of its container, or the end of the text.
       if (open.empty()) {
-        if (i_ != s_.size()) fail(i_, fmt::format("unexpected {} after the value", describe_char(s_[i_])));
+        if (i_ != s_.size())
+          fail(i_, fmt::format("unexpected {} after the value", describe_char(s_[i_])));
         return;
       }
       Document::Node& top = nodes_[open.back()];
       const char close = top.kind == Kind::kObject ? '}' : ']';
-      if (i_ >= s_.size()) fail(i_, fmt::format("unexpected end of input; expected ',' or '{}'", close));
+      if (i_ >= s_.size())
+        fail(i_, fmt::format("unexpected end of input; expected ',' or '{}'", close));
       if (s_[i_] == ',') {
         ++i_;
         next = top.kind == Kind::kObject ? Next::kKey : Next::kValue;
@@ -326,9 +346,7 @@ class Parser {
 
 }  // namespace
 
-Document::Document(std::string_view text, std::size_t max_depth) : text_(text) {
-  parse(max_depth);
-}
+Document::Document(std::string_view text, std::size_t max_depth) : text_(text) { parse(max_depth); }
 
 void Document::parse(std::size_t max_depth) {
   if (text_.size() >= std::numeric_limits<std::int32_t>::max()) {
@@ -353,14 +371,20 @@ std::uint64_t Value::as_uint() const { return doc_->nodes_[i_].number; }
 
 const char* Value::type_name() const {
   switch (kind()) {
-    case Kind::kNull: return "null";
-    case Kind::kBool: return "boolean";
+    case Kind::kNull:
+      return "null";
+    case Kind::kBool:
+      return "boolean";
     case Kind::kUint:
     case Kind::kInt:
-    case Kind::kNumber: return "number";
-    case Kind::kString: return "string";
-    case Kind::kArray: return "array";
-    case Kind::kObject: return "object";
+    case Kind::kNumber:
+      return "number";
+    case Kind::kString:
+      return "string";
+    case Kind::kArray:
+      return "array";
+    case Kind::kObject:
+      return "object";
   }
   return "value";
 }

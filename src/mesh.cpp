@@ -143,9 +143,10 @@ Mesh Mesh::parse(std::string_view text, std::int64_t device_count,
     std::int64_t size = 0;
     auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), size);
     if (ec == std::errc::result_out_of_range && ptr == num.data() + num.size()) {
-      throw SpecError(fmt::format("[mesh] size {} of axis '{}' in '{}' is more than the limit of {} "
-                                  "devices",
-                                  num, name, text, kMaxDevices));
+      throw SpecError(
+          fmt::format("[mesh] size {} of axis '{}' in '{}' is more than the limit of {} "
+                      "devices",
+                      num, name, text, kMaxDevices));
     }
     if (num.empty() || ec != std::errc() || ptr != num.data() + num.size()) {
       throw SpecError(

@@ -299,8 +299,11 @@ class Planner {
       d.reason = "unspecified";
     } else if (const auto* r = std::get_if<RulePtr>(slot.leaf)) {
       if (!*r) throw RuleError(fmt::format("[plan] {} is a null rule pointer", where(slot)));
-      d = call_rule([&] { return (*r)->apply(RuleInput{rel, t, mesh_}); }, full, t.shape,
-                    where(slot));
+      d = call_rule(
+          [&] {
+            return (*r)->apply(RuleInput{rel, t, mesh_});
+          },
+          full, t.shape, where(slot));
       if (d.entry >= 0 && static_cast<std::size_t>(d.entry) < slot.entry_hits.size()) {
         ++slot.entry_hits[static_cast<std::size_t>(d.entry)];
       }
@@ -561,9 +564,11 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
   std::vector<ExplainStep> out;
   if (rl != nullptr) {
     if (const auto* rule = std::get_if<RulePtr>(rl); rule && *rule) {
-      auto steps = call_rule([&] { return (*rule)->explain(RuleInput{rel, leaf.leaf(), mesh_}); },
-                             path, leaf.leaf().shape,
-                             fmt::format("rule {} {}", rule_index, name));
+      auto steps = call_rule(
+          [&] {
+            return (*rule)->explain(RuleInput{rel, leaf.leaf(), mesh_});
+          },
+          path, leaf.leaf().shape, fmt::format("rule {} {}", rule_index, name));
       for (auto& s : steps) {
         out.push_back({rule_index, name, std::move(s)});
       }

@@ -9,10 +9,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "json_impl.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/safetensors.hpp"
-#include "json_impl.hpp"
 
 namespace shardplan {
 namespace {
@@ -128,7 +128,8 @@ class TreeBuilder {
     sig.clear();
     std::uint64_t h = list ? 0x9E3779B97F4A7C15ull : 0xC2B2AE3D27D4EB4Full;
     for (std::int32_t c : kids) {
-      const std::string_view key = list ? std::string_view() : nodes_[static_cast<std::size_t>(c)].key;
+      const std::string_view key =
+          list ? std::string_view() : nodes_[static_cast<std::size_t>(c)].key;
       const std::int64_t cid = id[static_cast<std::size_t>(c)];
       sig.emplace_back(key, cid);
       h = (h ^ std::hash<std::string_view>()(key)) * 0x100000001B3ull;
@@ -163,7 +164,8 @@ class TreeBuilder {
 
   /// The full name of the tensors under node `n`, for messages: its first leaf's name.
   std::string some_name_under(std::int32_t n) const {
-    while (nodes_[static_cast<std::size_t>(n)].leaf < 0) n = nodes_[static_cast<std::size_t>(n)].first_child;
+    while (nodes_[static_cast<std::size_t>(n)].leaf < 0)
+      n = nodes_[static_cast<std::size_t>(n)].first_child;
     return named_[static_cast<std::size_t>(nodes_[static_cast<std::size_t>(n)].leaf)].first;
   }
 
@@ -188,8 +190,10 @@ class TreeBuilder {
                                   kMaxNameParts));
       }
       if (nodes_[static_cast<std::size_t>(node)].leaf >= 0) {
-        throw IoError(fmt::format("[model] '{}' is both a tensor and a prefix of '{}'",
-                                  named_[static_cast<std::size_t>(nodes_[static_cast<std::size_t>(node)].leaf)].first, name));
+        throw IoError(fmt::format(
+            "[model] '{}' is both a tensor and a prefix of '{}'",
+            named_[static_cast<std::size_t>(nodes_[static_cast<std::size_t>(node)].leaf)].first,
+            name));
       }
       const std::size_t d = depth - 1;
       if (shared && d < prev_keys_.size() && prev_keys_[d] == key) {
@@ -299,8 +303,8 @@ json::Document parse_json(std::string_view text, std::string_view source) {
   try {
     return json::Document(text);
   } catch (const json::SyntaxError& e) {
-    throw IoError(fmt::format("[model] {}: not valid JSON (at byte {}): {}", source, e.byte,
-                              e.what()));
+    throw IoError(
+        fmt::format("[model] {}: not valid JSON (at byte {}): {}", source, e.byte, e.what()));
   }
 }
 
@@ -310,9 +314,10 @@ json::Document parse_json(std::string_view text, std::string_view source) {
 void check_shard_name(std::string_view source, std::string_view tensor, std::string_view shard) {
   const std::filesystem::path p{std::string(shard)};
   auto bad = [&](std::string_view why) {
-    return IoError(fmt::format("[model] {}: tensor '{}' is mapped to shard file '{}', {}; shard "
-                               "files must be relative paths inside the index's directory",
-                               source, tensor, shard, why));
+    return IoError(
+        fmt::format("[model] {}: tensor '{}' is mapped to shard file '{}', {}; shard "
+                    "files must be relative paths inside the index's directory",
+                    source, tensor, shard, why));
   };
   if (shard.empty()) throw bad("an empty name");
   if (p.has_root_path()) throw bad("an absolute path");
@@ -350,8 +355,8 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
                                 source, name, it.value().type_name()));
     }
     if (!seen.insert(name)) {
-      throw IoError(fmt::format("[model] {}: tensor '{}' appears twice in weight_map", source,
-                                name));
+      throw IoError(
+          fmt::format("[model] {}: tensor '{}' appears twice in weight_map", source, name));
     }
     const std::string_view shard = it.value().str();
     auto found = shards.find(shard);
@@ -365,9 +370,10 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
     }
     auto t = found->second.find(std::string(name));
     if (t == found->second.end()) {
-      throw IoError(fmt::format("[model] {}: tensor '{}' is mapped to shard '{}', which does not "
-                                "hold it",
-                                source, name, shard));
+      throw IoError(
+          fmt::format("[model] {}: tensor '{}' is mapped to shard '{}', which does not "
+                      "hold it",
+                      source, name, shard));
     }
     out.emplace_back(std::string(name), t->second);
   }
@@ -391,9 +397,10 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
   const json::Document doc = parse_json(text, source);
   const json::Value root = doc.root();
   if (!root.is_object()) {
-    throw IoError(fmt::format("[model] {}: expected an object of tensor name -> {{\"shape\": [..], "
-                              "\"dtype\": \"BF16\"}}, got {}",
-                              source, root.type_name()));
+    throw IoError(
+        fmt::format("[model] {}: expected an object of tensor name -> {{\"shape\": [..], "
+                    "\"dtype\": \"BF16\"}}, got {}",
+                    source, root.type_name()));
   }
   std::vector<std::pair<std::string, TensorSpec>> out;
   out.reserve(root.size());
@@ -430,8 +437,8 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
     dims.reserve(shape->size());
     for (auto d = shape->begin(); d != shape->end(); ++d) {
       if (!(*d).is_uint() || (*d).as_uint() > static_cast<std::uint64_t>(INT64_MAX)) {
-        throw bad(fmt::format("shape {} is not a list of non-negative integers",
-                              shape->source_text()));
+        throw bad(
+            fmt::format("shape {} is not a list of non-negative integers", shape->source_text()));
       }
       dims.push_back(static_cast<std::int64_t>((*d).as_uint()));
     }

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <array>
-#include <ostream>
 #include <iterator>
 #include <numeric>
+#include <ostream>
 #include <string_view>
 #include <type_traits>
 
@@ -138,8 +138,7 @@ class JsonWriter {
     return *this;
   }
   template <typename T>
-    requires std::is_integral_v<T>
-  JsonWriter& value(T v) {
+  requires std::is_integral_v<T> JsonWriter& value(T v) {
     element();
     const fmt::format_int text(v);
     out_.append(text.data(), text.size());
@@ -217,13 +216,27 @@ class JsonWriter {
       }
       out_.append(s.data() + run, i - run);
       switch (c) {
-        case '"': out_ += "\\\""; break;
-        case '\\': out_ += "\\\\"; break;
-        case '\b': out_ += "\\b"; break;
-        case '\f': out_ += "\\f"; break;
-        case '\n': out_ += "\\n"; break;
-        case '\r': out_ += "\\r"; break;
-        case '\t': out_ += "\\t"; break;
+        case '"':
+          out_ += "\\\"";
+          break;
+        case '\\':
+          out_ += "\\\\";
+          break;
+        case '\b':
+          out_ += "\\b";
+          break;
+        case '\f':
+          out_ += "\\f";
+          break;
+        case '\n':
+          out_ += "\\n";
+          break;
+        case '\r':
+          out_ += "\\r";
+          break;
+        case '\t':
+          out_ += "\\t";
+          break;
         default:
           if (c < 0x20) {
             fmt::format_to(std::back_inserter(out_), "\\u{:04x}", c);

@@ -33,8 +33,8 @@ void check_yaml_depth(std::string_view text, std::string_view source) {
   bool line_start = true;
   char quote = 0;
   auto fail = [&] {
-    throw IoError(fmt::format("[rules] {}:{}: nesting deeper than {} levels", source, line,
-                              kMaxYamlDepth));
+    throw IoError(
+        fmt::format("[rules] {}:{}: nesting deeper than {} levels", source, line, kMaxYamlDepth));
   };
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -73,8 +73,8 @@ void check_yaml_depth(std::string_view text, std::string_view source) {
     }
     if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) {
       while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
-    } else if ((c == '"' || c == '\'') &&
-               (i == 0 || std::string_view(" \t[{,:").find(text[i - 1]) != std::string_view::npos)) {
+    } else if ((c == '"' || c == '\'') && (i == 0 || std::string_view(" \t[{,:").find(
+                                                         text[i - 1]) != std::string_view::npos)) {
       quote = c;  // a quoted scalar starts a token; a quote inside a plain scalar is text
     } else if (c == '[' || c == '{') {
       if (block + ++flow > kMaxYamlDepth) fail();

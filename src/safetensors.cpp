@@ -12,9 +12,9 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "json_impl.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
-#include "json_impl.hpp"
 
 namespace shardplan {
 namespace {
@@ -102,8 +102,9 @@ SafetensorsEntry parse_entry(std::string_view source, std::string_view name, con
     }
   }
   if (!offsets_ok) {
-    fail(source, fmt::format("tensor '{}': 'data_offsets' must be two non-negative integers, got {}",
-                             name, offsets ? offsets->source_text() : std::string("nothing")));
+    fail(source,
+         fmt::format("tensor '{}': 'data_offsets' must be two non-negative integers, got {}", name,
+                     offsets ? offsets->source_text() : std::string("nothing")));
   }
   const std::uint64_t begin = range[0];
   const std::uint64_t end = range[1];
@@ -158,8 +159,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, std::int64_t
   try {
     parsed.emplace(text);
   } catch (const json::SyntaxError& e) {
-    fail(source, fmt::format("header is not valid JSON (at byte {} of the header): {}", e.byte,
-                             e.what()));
+    fail(source,
+         fmt::format("header is not valid JSON (at byte {} of the header): {}", e.byte, e.what()));
   }
   const json::Value doc = parsed->root();
   if (!doc.is_object()) {
@@ -256,8 +257,7 @@ void write_safetensors_skeleton(const std::filesystem::path& file,
       throw IoError(fmt::format("[safetensors] {}: tensor name '{}' is not valid UTF-8",
                                 file.string(), name));
     }
-    text += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                        key,
+    text += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", key,
                         safetensors_name(spec.dtype), fmt::join(spec.shape.dims(), ","), offset,
                         offset + bytes);
     offset += bytes;

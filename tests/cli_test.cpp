@@ -227,7 +227,8 @@ TEST_F(CliTest, DeviceCountsHaveABoundNamedInTheError) {
 
 TEST_F(CliTest, JsonIsValidWhenPatternsAreNotUtf8) {
   const fs::path rules = dir_ / "rules.yaml";
-  std::ofstream(rules) << "rules:\n  - {match: \"never\xff\", spec: []}\n  - {match: \".*\", spec: []}\n";
+  std::ofstream(rules)
+      << "rules:\n  - {match: \"never\xff\", spec: []}\n  - {match: \".*\", spec: []}\n";
   const Result r = run(fmt::format("plan --rules '{}' --json", rules.string()));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);  // strict: throws on invalid UTF-8

@@ -403,10 +403,11 @@ void expect_every_call_wraps(Make make, const std::string& what) {
   expect_wrapped<Original>([&] { (void)helper.explain(rules, data, "params/w"); }, "ThrowingRule",
                            what);
   // The same through a PolicyShardingRule, whose label is named too.
-  const RuleTree policy = RuleTree::dict({{"params", RulePtr(std::make_shared<PolicyShardingRule>(
-                                                         [make](std::string_view, const TensorSpec&)
-                                                             -> PartitionSpec { throw make(); },
-                                                         "my_policy"))}});
+  const RuleTree policy = RuleTree::dict(
+      {{"params",
+        RulePtr(std::make_shared<PolicyShardingRule>(
+            [make](std::string_view, const TensorSpec&) -> PartitionSpec { throw make(); },
+            "my_policy"))}});
   expect_wrapped<Original>([&] { (void)helper.plan(policy, data); }, "my_policy", what);
   expect_wrapped<Original>([&] { (void)helper.resolve(policy, data); }, "my_policy", what);
   expect_wrapped<Original>([&] { (void)helper.explain(policy, data, "params/w"); }, "my_policy",

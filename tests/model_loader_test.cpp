@@ -1,9 +1,8 @@
 // Model loading: names to trees, model descriptions, sharded checkpoints.
 #include "shardplan/model_loader.hpp"
 
-#include <unistd.h>
-
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -147,12 +146,12 @@ TEST(ModelLoader, EqualSubtreesShareTheirBranchAsShareEqualSubtreesMakesThem) {
   for (int l = 0; l < 4; ++l) {
     std::vector<Tree<TensorSpec>> experts;
     for (int e = 0; e < 3; ++e) {
-      experts.push_back(Tree<TensorSpec>::dict(
-          {{"w", TensorSpec{Shape{8, 4}, DType::kBF16}}, {"b", TensorSpec{Shape{8}, DType::kF32}}}));
+      experts.push_back(Tree<TensorSpec>::dict({{"w", TensorSpec{Shape{8, 4}, DType::kBF16}},
+                                                {"b", TensorSpec{Shape{8}, DType::kF32}}}));
     }
-    layers.push_back(Tree<TensorSpec>::dict(
-        {{"experts", Tree<TensorSpec>::list(experts)},
-         {"norm", TensorSpec{Shape{l == 3 ? 16 : 8}, DType::kF32}}}));
+    layers.push_back(
+        Tree<TensorSpec>::dict({{"experts", Tree<TensorSpec>::list(experts)},
+                                {"norm", TensorSpec{Shape{l == 3 ? 16 : 8}, DType::kF32}}}));
   }
   const auto expected = Tree<TensorSpec>::dict({{"layers", Tree<TensorSpec>::list(layers)}});
   EXPECT_EQ(tree, expected);
@@ -160,8 +159,8 @@ TEST(ModelLoader, EqualSubtreesShareTheirBranchAsShareEqualSubtreesMakesThem) {
   EXPECT_TRUE(got[0].shares_branch_with(got[1]));
   EXPECT_TRUE(got[0].shares_branch_with(got[2]));
   EXPECT_FALSE(got[0].shares_branch_with(got[3]));
-  EXPECT_TRUE(got[0].at("experts").children()[0].shares_branch_with(
-      got[3].at("experts").children()[2]));
+  EXPECT_TRUE(
+      got[0].at("experts").children()[0].shares_branch_with(got[3].at("experts").children()[2]));
   const auto shared = expected.share_equal_subtrees();
   const auto& want = shared.at("layers").children();
   EXPECT_TRUE(want[0].shares_branch_with(want[1]));
@@ -196,14 +195,14 @@ TEST(ModelLoader, DeepNestingIsAClearErrorNotACrash) {
   // 255 levels inside the top-level object are fine as JSON (and then not a shape).
   const std::string ok = std::string(254, '[') + "1" + std::string(254, ']');
   EXPECT_THROW_WITH(
-      parse_model_description(R"({"w": {"dtype": "F32", "shape": )" + ok + "}}", "m.json"),
-      IoError, "'w'", "not a list of non-negative integers");
+      parse_model_description(R"({"w": {"dtype": "F32", "shape": )" + ok + "}}", "m.json"), IoError,
+      "'w'", "not a list of non-negative integers");
 }
 
 TEST(ModelLoader, RejectsWhatIsNotJson) {
   auto bad = [](const std::string& text, const char* what) {
-    EXPECT_THROW_WITH(parse_model_description(text, "m.json"), IoError, "m.json",
-                      "not valid JSON", what);
+    EXPECT_THROW_WITH(parse_model_description(text, "m.json"), IoError, "m.json", "not valid JSON",
+                      what);
   };
   bad(R"({"w": {"shape": [1,], "dtype": "F32"}})", "expected a value");
   bad(R"({"w": {"shape": [01], "dtype": "F32"}})", "expected ',' or ']'");
@@ -235,10 +234,12 @@ TEST(ModelLoader, RepeatedNamesAndFieldsAreErrors) {
 }
 
 TEST(ModelLoader, NumbersThatAreNotDimensionsAreNamed) {
-  for (const char* shape : {"[99999999999999999999]", "[1.5]", "[-1]", "[1e3]", "[9223372036854775808]"}) {
-    EXPECT_THROW_WITH(parse_model_description(fmt::format(R"({{"w": {{"shape": {}, "dtype": "F32"}}}})", shape),
-                                              "m.json"),
-                      IoError, "'w'", shape, "not a list of non-negative integers");
+  for (const char* shape :
+       {"[99999999999999999999]", "[1.5]", "[-1]", "[1e3]", "[9223372036854775808]"}) {
+    EXPECT_THROW_WITH(
+        parse_model_description(fmt::format(R"({{"w": {{"shape": {}, "dtype": "F32"}}}})", shape),
+                                "m.json"),
+        IoError, "'w'", shape, "not a list of non-negative integers");
   }
   const auto named =
       parse_model_description(R"({"w": {"shape": [9223372036854775807, 0], "dtype": "F32"}})");

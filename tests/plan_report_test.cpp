@@ -186,17 +186,17 @@ TEST(PlanReport, FormatBytesUsesBinaryUnits) {
 /// The report as nlohmann builds it (keys sorted), the independent expectation for the writer.
 nlohmann::json report_dom(const PlanReport& r) {
   nlohmann::json j;
-  j["mesh"] = {{"axes", r.mesh.axis_names()},
-               {"shape", r.mesh.axis_sizes()},
-               {"devices", r.mesh.devices()}};
+  j["mesh"] = {
+      {"axes", r.mesh.axis_names()}, {"shape", r.mesh.axis_sizes()}, {"devices", r.mesh.devices()}};
   nlohmann::json leaves = nlohmann::json::array();
   for (const auto& l : r.leaves) {
     nlohmann::json spec = nullptr;
     if (l.spec) {
       spec = nlohmann::json::array();
       for (const auto& d : l.spec->dims()) {
-        spec.push_back(d.empty() ? nlohmann::json(nullptr)
-                                 : d.size() == 1 ? nlohmann::json(d[0]) : nlohmann::json(d));
+        spec.push_back(d.empty()       ? nlohmann::json(nullptr)
+                       : d.size() == 1 ? nlohmann::json(d[0])
+                                       : nlohmann::json(d));
       }
     }
     leaves.push_back({{"path", l.path},
@@ -236,10 +236,9 @@ nlohmann::json report_dom(const PlanReport& r) {
 TEST(PlanReport, JsonTextIsWhatNlohmannWouldPrint) {
   const RuleTree rules = RuleTree::dict({
       {"step", Replicated{}},
-      {"params", RulePtr(std::make_shared<TreePathShardingRule>(
-                     std::vector<TreePathShardingRule::Entry>{{"embed", P("x")},
-                                                              {"never \"quoted\"\t\\\\", P()},
-                                                              {".*", P()}}))},
+      {"params",
+       RulePtr(std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
+           {"embed", P("x")}, {"never \"quoted\"\t\\\\", P()}, {".*", P()}}))},
       {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
   });
   const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());

@@ -98,8 +98,8 @@ TEST(Safetensors, DeepNestingRepeatsAndHugeNumbersAreClearErrors) {
                           16),
                     IoError, "'w'", "twice");
   EXPECT_THROW_WITH(
-      parse(R"({"w":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8),
-      IoError, "'w'", "'dtype'", "twice");
+      parse(R"({"w":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8), IoError,
+      "'w'", "'dtype'", "twice");
   EXPECT_THROW_WITH(
       parse(R"({"w":{"dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,8]}})", 8),
       IoError, "'w'", "[99999999999999999999]", "not a list of non-negative integers");
@@ -116,10 +116,10 @@ TEST(Safetensors, DeepNestingRepeatsAndHugeNumbersAreClearErrors) {
 TEST(Safetensors, SkeletonWriterRejectsNamesThatAreNotUtf8) {
   TempDir dir;
   const fs::path file = dir.path() / "bad.safetensors";
-  EXPECT_THROW_WITH(write_safetensors_skeleton(file, {{"w\xff", {Shape{2}, DType::kF32}}}),
-                    IoError, "bad.safetensors", "not valid UTF-8");
-  EXPECT_THROW_WITH(write_safetensors_skeleton(file, {{"w", {Shape{2}, DType::kF32}},
-                                                      {"w", {Shape{2}, DType::kF32}}}),
+  EXPECT_THROW_WITH(write_safetensors_skeleton(file, {{"w\xff", {Shape{2}, DType::kF32}}}), IoError,
+                    "bad.safetensors", "not valid UTF-8");
+  EXPECT_THROW_WITH(write_safetensors_skeleton(
+                        file, {{"w", {Shape{2}, DType::kF32}}, {"w", {Shape{2}, DType::kF32}}}),
                     IoError, "bad.safetensors", "'w'", "duplicate");
   EXPECT_FALSE(fs::exists(file));
 }

@@ -150,10 +150,12 @@ int run_visualize(const VisualizeOptions& o) {
       std::int64_t v = 0;
       const auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), v);
       const bool whole = end == size.data() + size.size();
-      if (whole && (ec == std::errc::result_out_of_range || (ec == std::errc() && v > kMaxDevices))) {
-        throw UsageError(fmt::format("--mesh '{}': axis size {} is more than the limit of {} "
-                                     "devices",
-                                     o.mesh, size, kMaxDevices));
+      if (whole &&
+          (ec == std::errc::result_out_of_range || (ec == std::errc() && v > kMaxDevices))) {
+        throw UsageError(
+            fmt::format("--mesh '{}': axis size {} is more than the limit of {} "
+                        "devices",
+                        o.mesh, size, kMaxDevices));
       }
       if (!whole || ec != std::errc() || v <= 0) {
         throw UsageError(fmt::format("--mesh '{}': give every axis size, or --devices to infer a "
@@ -163,9 +165,10 @@ int run_visualize(const VisualizeOptions& o) {
       // Both factors are at most 2^20: the product fits before it is checked.
       devices *= v;
       if (devices > kMaxDevices) {
-        throw UsageError(fmt::format("--mesh '{}': the axis sizes multiply to more than the limit "
-                                     "of {} devices",
-                                     o.mesh, kMaxDevices));
+        throw UsageError(
+            fmt::format("--mesh '{}': the axis sizes multiply to more than the limit "
+                        "of {} devices",
+                        o.mesh, kMaxDevices));
       }
     }
   }
@@ -227,8 +230,9 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--mesh", plan.mesh,
                        "Mesh axes as name:size, one size may be -1 (inferred from --devices). "
                        "Default: the rule file's mesh, else fsdp:-1,tp:2. Example: --mesh fsdp:4,tp:2");
-  plan_cmd->add_option("--devices,-n", plan.devices,
-                       fmt::format("Number of devices, 1 to {}. Example: --devices 8", kMaxDevices))
+  plan_cmd
+      ->add_option("--devices,-n", plan.devices,
+                   fmt::format("Number of devices, 1 to {}. Example: --devices 8", kMaxDevices))
       ->check(CLI::Range(std::int64_t{1}, kMaxDevices))
       ->capture_default_str();
   plan_cmd->add_option("--rules,-r", plan.rules,
@@ -247,9 +251,10 @@ int main(int argc, char** argv) {
       "visualize", "Draw which device holds which block of a 1-D or 2-D array");
   vis_cmd->add_option("--shape", vis.shape, "Global shape. Example: --shape 8192,8192")->required();
   vis_cmd->add_option("--mesh", vis.mesh, "Mesh. Example: --mesh x:4,y:2")->required();
-  vis_cmd->add_option("--devices,-n", vis.devices,
-                      fmt::format("Number of devices, 1 to {} (needed only when the mesh has a -1)",
-                                  kMaxDevices))
+  vis_cmd
+      ->add_option("--devices,-n", vis.devices,
+                   fmt::format("Number of devices, 1 to {} (needed only when the mesh has a -1)",
+                               kMaxDevices))
       ->check(CLI::Range(std::int64_t{1}, kMaxDevices));
   vis_cmd->add_option("--spec", vis.spec,
                       "One entry per dimension: an axis, none (or -) for not sharded, x+y for "
