@@ -2,6 +2,10 @@
 //   plan_bench                         run the benchmarks
 //   plan_bench --dump-workload FILE    write {"patterns": [...], "paths": [...]} for the Python
 //                                      reference (scripts/plan_reference.py)
+//   plan_bench --dump-e2e DIR          write DIR/model.json (the model description),
+//                                      DIR/rules.yaml (the 20-rule table as a rule file) and
+//                                      DIR/rules.json (the same table for the Python reference),
+//                                      the end-to-end workload of scripts/bench_cli.sh
 #include <benchmark/benchmark.h>
 
 #include <boost/regex.hpp>
@@ -10,9 +14,13 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
 
 #include "deepseek_v3.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/model_loader.hpp"
+#include "shardplan/plan_report.hpp"
 
 namespace {
 
@@ -208,6 +216,44 @@ void BM_TreeFromNames(benchmark::State& state) {
 }
 BENCHMARK(BM_TreeFromNames)->Unit(benchmark::kMillisecond);
 
+// The steps of `shardplan plan --model model.json --json` on this model, one by one (the whole
+// command is timed against the Python reference by scripts/bench_cli.sh).
+const std::string& model_json_text() {
+  static const std::string text = [] {
+    std::string t = "{";
+    for (const auto& [name, spec] : bench::deepseek_v3_tensors()) {
+      nlohmann::json v{{"shape", spec.shape.dims()},
+                       {"dtype", std::string(safetensors_name(spec.dtype))}};
+      t += (t.size() > 1 ? ",\n" : "\n") + nlohmann::json(name).dump() + ": " + v.dump();
+    }
+    return t + "\n}\n";
+  }();
+  return text;
+}
+
+void BM_ParseModelDescription(benchmark::State& state) {
+  const std::string& text = model_json_text();
+  for (auto _ : state) {
+    auto named = parse_model_description(text);
+    benchmark::DoNotOptimize(named);
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * text.size()));
+}
+BENCHMARK(BM_ParseModelDescription)->Unit(benchmark::kMillisecond);
+
+void BM_ReportJson(benchmark::State& state) {
+  const Workload& w = workload();
+  const MeshShardingHelper helper(w.mesh);
+  const RuleTree rules{RulePtr(w.rule)};
+  const PlanReport r = helper.plan(rules, w.tree);
+  for (auto _ : state) {
+    std::ostringstream os;
+    r.write_json(os);
+    benchmark::DoNotOptimize(os);
+  }
+}
+BENCHMARK(BM_ReportJson)->Unit(benchmark::kMillisecond);
+
 int dump_workload(const char* file) {
   const Workload& w = workload();
   nlohmann::json j;
@@ -224,10 +270,42 @@ int dump_workload(const char* file) {
   return 0;
 }
 
+std::string yaml_axis_group(const AxisNames& d) {
+  if (d.empty()) return "null";
+  if (d.size() == 1) return d[0];
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + d[i];
+  return s + "]";
+}
+
+int dump_e2e(const std::string& dir) {
+  std::ofstream(dir + "/model.json") << model_json_text();
+  std::string yaml = fmt::format("mesh: \"{}\"\nstrict: true\nrules:\n", bench::kDeepseekMesh);
+  nlohmann::json rules;
+  rules["mesh"] = bench::kDeepseekMesh;
+  rules["rules"] = nlohmann::json::array();
+  for (const auto& e : bench::deepseek_v3_rules()) {
+    std::string spec = "[";
+    nlohmann::json dims = nlohmann::json::array();
+    for (std::size_t i = 0; i < e.spec.dims().size(); ++i) {
+      const AxisNames& d = e.spec.dims()[i];
+      spec += (i ? ", " : "") + yaml_axis_group(d);
+      dims.push_back(d);
+    }
+    spec += "]";
+    yaml += fmt::format("  - {{match: {}, spec: {}}}\n", nlohmann::json(e.pattern).dump(), spec);
+    rules["rules"].push_back({{"match", e.pattern}, {"spec", dims}});
+  }
+  std::ofstream(dir + "/rules.yaml") << yaml;
+  std::ofstream(dir + "/rules.json") << rules.dump(1);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--dump-workload") == 0) return dump_workload(argv[2]);
+  if (argc == 3 && std::strcmp(argv[1], "--dump-e2e") == 0) return dump_e2e(argv[2]);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -25,6 +25,7 @@ if [[ $fuzz == 1 ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSHARDPLAN_BUILD_FUZZ=ON -DSHARDPLAN_BUILD_TESTS=OFF -DSHARDPLAN_BUILD_EXAMPLES=OFF \
     -DSHARDPLAN_BUILD_BENCH=OFF
-  cmake --build "$build-fuzz" -j "$jobs" --target fuzz_safetensors_header fuzz_rule_file
+  cmake --build "$build-fuzz" -j "$jobs" --target fuzz_safetensors_header fuzz_rule_file \
+    fuzz_model_description
   ctest --test-dir "$build-fuzz" -L fuzz --output-on-failure -j "$jobs"
 fi

@@ -58,6 +58,10 @@ void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int
   if (device_count < 1) {
     throw SpecError(fmt::format("[mesh] device count must be at least 1, got {}", device_count));
   }
+  if (device_count > kMaxDevices) {
+    throw SpecError(fmt::format("[mesh] device count {} is more than the limit of {} devices",
+                                device_count, kMaxDevices));
+  }
   if (axes.empty()) throw SpecError("[mesh] a mesh needs at least one axis");
   int infer = -1;
   std::int64_t known = 1;
@@ -79,6 +83,9 @@ void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int
     } else if (size <= 0) {
       throw SpecError(fmt::format(
           "[mesh] axis '{}' has size {}; sizes must be positive (or -1 to infer)", name, size));
+    } else if (size > kMaxDevices) {
+      throw SpecError(fmt::format("[mesh] axis '{}' has size {}, more than the limit of {} devices",
+                                  name, size, kMaxDevices));
     } else if (__builtin_mul_overflow(known, size, &known)) {
       // Checked so that absurd sizes are an error rather than a wrapped (undefined) product.
       throw SpecError(fmt::format("[mesh] axis sizes overflow at axis '{}' (size {})", name, size));
@@ -135,6 +142,12 @@ Mesh Mesh::parse(std::string_view text, std::int64_t device_count,
     }
     std::int64_t size = 0;
     auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), size);
+    if (ec == std::errc::result_out_of_range && ptr == num.data() + num.size()) {
+      throw SpecError(
+          fmt::format("[mesh] size {} of axis '{}' in '{}' is more than the limit of {} "
+                      "devices",
+                      num, name, text, kMaxDevices));
+    }
     if (num.empty() || ec != std::errc() || ptr != num.data() + num.size()) {
       throw SpecError(
           fmt::format("[mesh] size '{}' of axis '{}' in '{}' is not an integer", num, name, text));

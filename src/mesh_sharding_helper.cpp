@@ -141,6 +141,29 @@ struct SpecEntry {
   }
 };
 
+/// Runs a rule's apply() or explain(), which may be a user's code. An exception of any type
+/// comes out as a RuleError (a SpecError stays a SpecError) naming the leaf, its shape and the
+/// rule (`rule`), with the original nested in it (std::rethrow_if_nested).
+template <class F>
+auto call_rule(F&& f, std::string_view leaf, const Shape& shape, const std::string& rule)
+    -> decltype(f()) {
+  try {
+    return f();
+  } catch (const RuleError& e) {
+    std::throw_with_nested(RuleError(fmt::format("{} (leaf '{}', {})", e.what(), leaf, rule)));
+  } catch (const SpecError& e) {
+    std::throw_with_nested(SpecError(fmt::format("{} (leaf '{}', {})", e.what(), leaf, rule)));
+  } catch (const std::exception& e) {
+    std::throw_with_nested(RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}",
+                                                 rule, leaf, shape.to_string(), e.what())));
+  } catch (...) {
+    std::throw_with_nested(RuleError(
+        fmt::format("[plan] {} failed on leaf '{}' (shape {}): it threw an exception that is not "
+                    "a std::exception",
+                    rule, leaf, shape.to_string())));
+  }
+}
+
 class Planner {
  public:
   /// What to produce per leaf: a report row (plan), or only the index of the leaf's distinct
@@ -277,16 +300,11 @@ class Planner {
       d.reason = "unspecified";
     } else if (const auto* r = std::get_if<RulePtr>(slot.leaf)) {
       if (!*r) throw RuleError(fmt::format("[plan] {} is a null rule pointer", where(slot)));
-      try {
-        d = (*r)->apply(RuleInput{rel, t, mesh_});
-      } catch (const RuleError& e) {
-        throw RuleError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
-      } catch (const SpecError& e) {
-        throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
-      } catch (const std::exception& e) {
-        throw RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}", where(slot),
-                                    full, t.shape.to_string(), e.what()));
-      }
+      d = call_rule(
+          [&] {
+            return (*r)->apply(RuleInput{rel, t, mesh_});
+          },
+          full, t.shape, where(slot));
       if (d.entry >= 0 && static_cast<std::size_t>(d.entry) < slot.entry_hits.size()) {
         ++slot.entry_hits[static_cast<std::size_t>(d.entry)];
       }
@@ -562,7 +580,12 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
   std::vector<ExplainStep> out;
   if (rl != nullptr) {
     if (const auto* rule = std::get_if<RulePtr>(rl); rule && *rule) {
-      for (auto& s : (*rule)->explain(RuleInput{rel, leaf.leaf(), mesh_})) {
+      auto steps = call_rule(
+          [&] {
+            return (*rule)->explain(RuleInput{rel, leaf.leaf(), mesh_});
+          },
+          path, leaf.leaf().shape, fmt::format("rule {} {}", rule_index, name));
+      for (auto& s : steps) {
         out.push_back({rule_index, name, std::move(s)});
       }
       return out;

@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <array>
-#include <nlohmann/json.hpp>
+#include <iterator>
 #include <numeric>
+#include <ostream>
+#include <string_view>
+#include <type_traits>
 
 namespace shardplan {
 
@@ -83,19 +86,219 @@ std::string rule_column(const PlanReport& report, const LeafPlan& l) {
   return s;
 }
 
-nlohmann::json spec_json(const PartitionSpec& spec) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& d : spec.dims()) {
-    if (d.empty()) {
-      out.push_back(nullptr);
-    } else if (d.size() == 1) {
-      out.push_back(d[0]);
-    } else {
-      out.push_back(d);
+/// Writes JSON text straight into a string, in the layout of nlohmann's dump(indent): with
+/// indent >= 0 one value per line, else no spaces. Building a DOM of a 90k-tensor report first
+/// took most of `shardplan plan --json`'s time.
+class JsonWriter {
+ public:
+  /// Writes into a string (take()), or, with `sink`, into the stream in pieces.
+  explicit JsonWriter(int indent, std::ostream* sink = nullptr) : indent_(indent), sink_(sink) {
+    if (sink_) out_.reserve(2 * kChunk);
+  }
+
+  JsonWriter& begin_object() { return open('{'); }
+  JsonWriter& end_object() { return close('}'); }
+  JsonWriter& begin_array() { return open('['); }
+  JsonWriter& end_array() { return close(']'); }
+
+  /// An object member's key (a plain identifier: written as it is); the value follows.
+  JsonWriter& key(std::string_view k) {
+    element();
+    out_ += '"';
+    out_ += k;
+    out_ += indent_ >= 0 ? "\": " : "\":";
+    after_key_ = true;
+    return *this;
+  }
+
+  JsonWriter& value(std::string_view v) {
+    element();
+    string_text(v);
+    return *this;
+  }
+  JsonWriter& value(const char* v) { return value(std::string_view(v)); }
+  /// One string value made of three parts.
+  JsonWriter& value_concat(std::string_view a, std::string_view b, std::string_view c) {
+    element();
+    out_ += '"';
+    string_body(a);
+    string_body(b);
+    string_body(c);
+    out_ += '"';
+    return *this;
+  }
+  JsonWriter& value(bool v) {
+    element();
+    out_ += v ? "true" : "false";
+    return *this;
+  }
+  JsonWriter& value(std::nullptr_t) {
+    element();
+    out_ += "null";
+    return *this;
+  }
+  template <typename T>
+  requires std::is_integral_v<T> JsonWriter& value(T v) {
+    element();
+    const fmt::format_int text(v);
+    out_.append(text.data(), text.size());
+    return *this;
+  }
+  template <typename Range>
+  JsonWriter& array_of(const Range& r) {
+    begin_array();
+    for (const auto& x : r) value(x);
+    return end_array();
+  }
+
+  std::string take() { return std::move(out_); }
+  /// Hands what is buffered to the sink once it holds a chunk (or always, with `all`).
+  void flush(bool all = false) {
+    if (sink_ && (all || out_.size() >= kChunk)) {
+      sink_->write(out_.data(), static_cast<std::streamsize>(out_.size()));
+      out_.clear();
     }
   }
-  return out;
+  void reserve(std::size_t n) { out_.reserve(n); }
+
+ private:
+  JsonWriter& open(char c) {
+    element();
+    out_ += c;
+    first_.push_back(true);
+    return *this;
+  }
+  JsonWriter& close(char c) {
+    const bool empty = first_.back();
+    first_.pop_back();
+    if (!empty) newline();
+    out_ += c;
+    return *this;
+  }
+  // Before a key or a value: a comma after a previous element, then its line.
+  void element() {
+    if (after_key_) {
+      after_key_ = false;
+      return;
+    }
+    if (first_.empty()) return;
+    if (!first_.back()) out_ += ',';
+    first_.back() = false;
+    newline();
+  }
+  void newline() {
+    if (indent_ < 0) return;
+    out_ += '\n';
+    out_.append(first_.size() * static_cast<std::size_t>(indent_), ' ');
+  }
+  // A JSON string. Bytes that are not UTF-8 (a pattern or a name from a file can hold any) are
+  // written as U+FFFD, so the output is always valid JSON.
+  void string_text(std::string_view s) {
+    out_ += '"';
+    string_body(s);
+    out_ += '"';
+  }
+  void string_body(std::string_view s) {
+    std::size_t run = 0;
+    for (std::size_t i = 0; i < s.size();) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (kPlain[c]) {
+        ++i;
+        continue;
+      }
+      std::size_t len = 1;
+      if (c >= 0x80) {
+        len = utf8_length(s, i);
+        if (len != 0) {
+          i += len;
+          continue;
+        }
+      }
+      out_.append(s.data() + run, i - run);
+      switch (c) {
+        case '"':
+          out_ += "\\\"";
+          break;
+        case '\\':
+          out_ += "\\\\";
+          break;
+        case '\b':
+          out_ += "\\b";
+          break;
+        case '\f':
+          out_ += "\\f";
+          break;
+        case '\n':
+          out_ += "\\n";
+          break;
+        case '\r':
+          out_ += "\\r";
+          break;
+        case '\t':
+          out_ += "\\t";
+          break;
+        default:
+          if (c < 0x20) {
+            fmt::format_to(std::back_inserter(out_), "\\u{:04x}", c);
+          } else {
+            out_ += "\\ufffd";
+          }
+      }
+      ++i;
+      run = i;
+    }
+    out_.append(s.data() + run, s.size() - run);
+  }
+  // Bytes written as they are: printable ASCII other than '"' and '\\'.
+  static constexpr std::array<bool, 256> kPlain = [] {
+    std::array<bool, 256> t{};
+    for (int c = 0x20; c < 0x80; ++c) t[static_cast<std::size_t>(c)] = c != '"' && c != '\\';
+    return t;
+  }();
+  /// Length of the well-formed UTF-8 sequence at s[i] (a byte >= 0x80), or 0.
+  static std::size_t utf8_length(std::string_view s, std::size_t i) {
+    const auto b = [&](std::size_t k) {
+      return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
+    };
+    auto cont = [&](std::size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) {
+      return b(k) >= lo && b(k) <= hi;
+    };
+    const unsigned c = b(0);
+    if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+    if (c == 0xE0) return cont(1, 0xA0) && cont(2) ? 3 : 0;
+    if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(1) && cont(2) ? 3 : 0;
+    if (c == 0xED) return cont(1, 0x80, 0x9F) && cont(2) ? 3 : 0;
+    if (c == 0xF0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
+    if (c >= 0xF1 && c <= 0xF3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
+    if (c == 0xF4) return cont(1, 0x80, 0x8F) && cont(2) && cont(3) ? 4 : 0;
+    return 0;
+  }
+
+  static constexpr std::size_t kChunk = std::size_t{1} << 20;
+  int indent_;
+  std::ostream* sink_;
+  std::string out_;
+  std::vector<bool> first_;  // per open container: no element written yet
+  bool after_key_ = false;
+};
+
+/// A spec as JSON: null for a replicated dimension, "x" for one axis, ["x", "y"] for several.
+void write_spec(JsonWriter& w, const PartitionSpec& spec) {
+  w.begin_array();
+  for (const auto& d : spec.dims()) {
+    if (d.empty()) {
+      w.value(nullptr);
+    } else if (d.size() == 1) {
+      w.value(d[0]);
+    } else {
+      w.array_of(d);
+    }
+  }
+  w.end_array();
 }
+
+/// The report as JSON (format in docs/cli.md).
+void write_report(JsonWriter& w, const PlanReport& report);
 
 }  // namespace
 
@@ -171,49 +374,92 @@ std::string PlanReport::table(std::size_t largest_n) const {
 }
 
 std::string PlanReport::to_json(int indent) const {
-  nlohmann::json j;
-  j["mesh"] = {
-      {"axes", mesh.axis_names()}, {"shape", mesh.axis_sizes()}, {"devices", mesh.devices()}};
-  nlohmann::json ls = nlohmann::json::array();
-  for (const auto& l : leaves) {
-    nlohmann::json o;
-    o["path"] = l.path;
-    o["shape"] = l.tensor.shape.dims();
-    o["dtype"] = std::string(safetensors_name(l.tensor.dtype));
-    o["spec"] = l.spec ? spec_json(*l.spec) : nlohmann::json(nullptr);
-    o["shard_shape"] = l.shard_shape.dims();
-    o["bytes"] = l.tensor.bytes();
-    o["bytes_per_device"] = l.bytes_per_device;
-    const RuleInfo& r = rule_of(l);
-    o["rule"] = r.rule;
-    o["rule_index"] = l.rule_index;
-    o["rule_path"] = r.rule_path;
-    o["entry"] = l.entry;
-    o["reason"] = reason_of(l);
-    o["fell_through"] = l.fell_through;
-    ls.push_back(std::move(o));
-  }
-  j["leaves"] = std::move(ls);
-  nlohmann::json devs = nlohmann::json::array();
-  for (std::size_t i = 0; i < device_bytes.size(); ++i)
-    devs.push_back({{"id", i}, {"bytes", device_bytes[i]}});
-  j["devices"] = std::move(devs);
-  j["total_bytes"] = total_bytes;
-  j["bytes_per_device"] = {{"min", min_device_bytes()}, {"max", max_device_bytes()}};
-  nlohmann::json um = nlohmann::json::array();
-  for (const auto& u : unmatched_rules) {
-    um.push_back({{"rule_index", u.rule_index},
-                  {"rule_path", u.rule_path},
-                  {"rule", u.rule},
-                  {"entry", u.entry},
-                  {"label", u.label}});
-  }
-  j["unmatched_rules"] = std::move(um);
-  nlohmann::json ft = nlohmann::json::array();
-  for (auto i : fell_through()) ft.push_back(leaves[i].path);
-  j["fell_through"] = std::move(ft);
-  return j.dump(indent);
+  JsonWriter w(indent);
+  w.reserve(leaves.size() * (indent >= 0 ? 560 : 360) + 4096);
+  write_report(w, *this);
+  return w.take();
 }
+
+void PlanReport::write_json(std::ostream& os, int indent) const {
+  JsonWriter w(indent, &os);
+  write_report(w, *this);
+  w.flush(/*all=*/true);
+}
+
+namespace {
+
+void write_report(JsonWriter& w, const PlanReport& report) {
+  const auto& [mesh, leaves, device_bytes, total_bytes, unmatched_rules, rules] = report;
+  // Keys in sorted order, as the format has always listed them.
+  w.begin_object();
+  w.key("bytes_per_device").begin_object();
+  w.key("max").value(report.max_device_bytes()).key("min").value(report.min_device_bytes());
+  w.end_object();
+  w.key("devices").begin_array();
+  for (std::size_t i = 0; i < device_bytes.size(); ++i) {
+    w.begin_object().key("bytes").value(device_bytes[i]).key("id").value(i).end_object();
+  }
+  w.end_array();
+  w.key("fell_through").begin_array();
+  for (const auto& l : leaves) {
+    if (l.fell_through) w.value(l.path);
+  }
+  w.end_array();
+  w.key("leaves").begin_array();
+  for (const auto& l : leaves) {
+    const RuleInfo& r = report.rule_of(l);
+    w.begin_object();
+    w.key("bytes").value(l.tensor.bytes());
+    w.key("bytes_per_device").value(l.bytes_per_device);
+    w.key("dtype").value(safetensors_name(l.tensor.dtype));
+    w.key("entry").value(l.entry);
+    w.key("fell_through").value(l.fell_through);
+    w.key("path").value(l.path);
+    w.key("reason");
+    if (l.reason.empty() && l.entry >= 0 && static_cast<std::size_t>(l.entry) < r.labels.size()) {
+      // reason_of's text, written without building it.
+      w.value_concat("matched '", r.labels[static_cast<std::size_t>(l.entry)], "'");
+    } else if (!l.reason.empty()) {
+      w.value(l.reason);
+    } else {
+      w.value(report.reason_of(l));
+    }
+    w.key("rule").value(r.rule);
+    w.key("rule_index").value(l.rule_index);
+    w.key("rule_path").value(r.rule_path);
+    w.key("shape").array_of(l.tensor.shape);
+    w.key("shard_shape").array_of(l.shard_shape);
+    w.key("spec");
+    if (l.spec) {
+      write_spec(w, *l.spec);
+    } else {
+      w.value(nullptr);
+    }
+    w.end_object();
+    w.flush();
+  }
+  w.end_array();
+  w.key("mesh").begin_object();
+  w.key("axes").array_of(mesh.axis_names());
+  w.key("devices").array_of(mesh.devices());
+  w.key("shape").array_of(mesh.axis_sizes());
+  w.end_object();
+  w.key("total_bytes").value(total_bytes);
+  w.key("unmatched_rules").begin_array();
+  for (const auto& u : unmatched_rules) {
+    w.begin_object();
+    w.key("entry").value(u.entry);
+    w.key("label").value(u.label);
+    w.key("rule").value(u.rule);
+    w.key("rule_index").value(u.rule_index);
+    w.key("rule_path").value(u.rule_path);
+    w.end_object();
+  }
+  w.end_array();
+  w.end_object();
+}
+
+}  // namespace
 
 std::ostream& operator<<(std::ostream& os, const PlanReport& report) {
   return os << report.table();

@@ -1,21 +1,25 @@
 #include "shardplan/safetensors.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <system_error>
+#include <unordered_set>
 
+#include "json_impl.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan {
 namespace {
 
-using Json = nlohmann::ordered_json;
+namespace json = detail::json;
 
 /// The format caps the header at 100 MB; a larger length is a corrupt or hostile file.
 constexpr std::int64_t kMaxHeaderSize = 100'000'000;
@@ -24,55 +28,69 @@ constexpr std::int64_t kMaxHeaderSize = 100'000'000;
   throw IoError(fmt::format("[safetensors] {}: {}", source, what));
 }
 
-SafetensorsEntry parse_entry(std::string_view source, const std::string& name, const Json& v,
+SafetensorsEntry parse_entry(std::string_view source, std::string_view name, const json::Value& v,
                              std::int64_t data_size) {
   if (!v.is_object()) {
     fail(source, fmt::format("tensor '{}': expected an object with dtype, shape and data_offsets, "
                              "got {}",
                              name, v.type_name()));
   }
+  std::optional<json::Value> dtype, shape, offsets;
   for (auto it = v.begin(); it != v.end(); ++it) {
-    if (it.key() != "dtype" && it.key() != "shape" && it.key() != "data_offsets") {
+    std::optional<json::Value>* slot = it.key() == "dtype"          ? &dtype
+                                       : it.key() == "shape"        ? &shape
+                                       : it.key() == "data_offsets" ? &offsets
+                                                                    : nullptr;
+    if (slot == nullptr) {
       fail(source, fmt::format("tensor '{}': unknown field '{}' (expected dtype, shape, "
                                "data_offsets)",
                                name, it.key()));
     }
+    if (*slot) fail(source, fmt::format("tensor '{}': field '{}' appears twice", name, it.key()));
+    *slot = it.value();
   }
-  auto dtype_it = v.find("dtype");
-  if (dtype_it == v.end() || !dtype_it->is_string()) {
+  if (!dtype || !dtype->is_string()) {
     fail(source, fmt::format("tensor '{}': 'dtype' must be a string", name));
   }
   SafetensorsEntry e;
-  e.name = name;
+  e.name = std::string(name);
   try {
-    e.spec.dtype = parse_dtype(dtype_it->get<std::string>());
+    e.spec.dtype = parse_dtype(dtype->str());
   } catch (const SpecError&) {
-    fail(source, fmt::format("tensor '{}': unknown dtype '{}'", name, dtype_it->get<std::string>()));
+    fail(source, fmt::format("tensor '{}': unknown dtype '{}'", name, dtype->str()));
   }
-  auto shape_it = v.find("shape");
-  if (shape_it == v.end() || !shape_it->is_array()) {
+  if (!shape || !shape->is_array()) {
     fail(source, fmt::format("tensor '{}': 'shape' must be a list of non-negative integers", name));
   }
   std::vector<std::int64_t> dims;
-  for (const Json& d : *shape_it) {
-    if (!d.is_number_integer() || (d.is_number_integer() && !d.is_number_unsigned() &&
-                                   d.get<std::int64_t>() < 0)) {
+  dims.reserve(shape->size());
+  for (auto it = shape->begin(); it != shape->end(); ++it) {
+    const json::Value d = *it;
+    if (!d.is_uint()) {
       fail(source, fmt::format("tensor '{}': shape {} is not a list of non-negative integers", name,
-                               shape_it->dump()));
+                               shape->source_text()));
     }
-    if (d.is_number_unsigned() && d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
-      fail(source, fmt::format("tensor '{}': dimension {} is too large", name, d.dump()));
+    if (d.as_uint() > static_cast<std::uint64_t>(INT64_MAX)) {
+      fail(source, fmt::format("tensor '{}': dimension {} is too large", name, d.as_uint()));
     }
-    dims.push_back(d.get<std::int64_t>());
+    dims.push_back(static_cast<std::int64_t>(d.as_uint()));
   }
-  auto off_it = v.find("data_offsets");
-  if (off_it == v.end() || !off_it->is_array() || off_it->size() != 2 ||
-      !(*off_it)[0].is_number_unsigned() || !(*off_it)[1].is_number_unsigned()) {
-    fail(source, fmt::format("tensor '{}': 'data_offsets' must be two non-negative integers, got {}",
-                             name, off_it == v.end() ? std::string("nothing") : off_it->dump()));
+  std::uint64_t range[2] = {0, 0};
+  bool offsets_ok = offsets && offsets->is_array() && offsets->size() == 2;
+  if (offsets_ok) {
+    int k = 0;
+    for (auto it = offsets->begin(); it != offsets->end(); ++it, ++k) {
+      if (!(*it).is_uint()) offsets_ok = false;
+      range[k] = (*it).as_uint();
+    }
   }
-  const auto begin = (*off_it)[0].get<std::uint64_t>();
-  const auto end = (*off_it)[1].get<std::uint64_t>();
+  if (!offsets_ok) {
+    fail(source,
+         fmt::format("tensor '{}': 'data_offsets' must be two non-negative integers, got {}", name,
+                     offsets ? offsets->source_text() : std::string("nothing")));
+  }
+  const std::uint64_t begin = range[0];
+  const std::uint64_t end = range[1];
   if (begin > end) {
     fail(source, fmt::format("tensor '{}': data_offsets [{}, {}] begin after end", name, begin, end));
   }
@@ -123,31 +141,36 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, std::int64_t
   h.header_size = static_cast<std::int64_t>(n);
   h.data_size = file_size - 8 - h.header_size;
   const std::string_view text = prefix.substr(8, n);
-  Json doc;
+  std::optional<json::Document> parsed;
   try {
-    doc = Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
-    fail(source, fmt::format("header is not valid JSON (at byte {} of the header): {}", e.byte,
-                             e.what()));
-  } catch (const Json::exception& e) {
-    fail(source, fmt::format("header is not valid JSON: {}", e.what()));
+    parsed.emplace(text);
+  } catch (const json::SyntaxError& e) {
+    fail(source,
+         fmt::format("header is not valid JSON (at byte {} of the header): {}", e.byte, e.what()));
   }
+  const json::Value doc = parsed->root();
   if (!doc.is_object()) {
     fail(source, fmt::format("header must be a JSON object, got {}", doc.type_name()));
   }
+  json::KeySet seen(doc.size());
+  h.tensors.reserve(doc.size());
   for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (!seen.insert(it.key())) {
+      fail(source, fmt::format("key '{}' appears twice in the header", it.key()));
+    }
     if (it.key() == "__metadata__") {
-      if (!it->is_object()) fail(source, "'__metadata__' must be an object of strings");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) {
+      const json::Value meta = it.value();
+      if (!meta.is_object()) fail(source, "'__metadata__' must be an object of strings");
+      for (auto m = meta.begin(); m != meta.end(); ++m) {
+        if (!m.value().is_string()) {
           fail(source, fmt::format("'__metadata__' value of '{}' must be a string, got {}", m.key(),
-                                   m->type_name()));
+                                   m.value().type_name()));
         }
-        h.metadata[m.key()] = m->get<std::string>();
+        h.metadata[std::string(m.key())] = std::string(m.value().str());
       }
       continue;
     }
-    h.tensors.push_back(parse_entry(source, it.key(), *it, h.data_size));
+    h.tensors.push_back(parse_entry(source, it.key(), it.value(), h.data_size));
   }
   // Byte ranges may not overlap (empty tensors occupy nothing).
   std::vector<const SafetensorsEntry*> order;
@@ -194,25 +217,38 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
 void write_safetensors_skeleton(const std::filesystem::path& file,
                                 const std::vector<std::pair<std::string, TensorSpec>>& tensors,
                                 const std::map<std::string, std::string>& metadata) {
-  Json header = Json::object();
+  // Written by hand, in the given order (an ordered_json object looks keys up linearly).
+  std::string text = "{";
   if (!metadata.empty()) {
-    Json meta = Json::object();
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    header["__metadata__"] = meta;
+    try {
+      text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(fmt::format("[safetensors] {}: metadata is not valid UTF-8", file.string()));
+    }
   }
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(tensors.size());
   std::int64_t offset = 0;
   for (const auto& [name, spec] : tensors) {
-    if (name == "__metadata__" || header.contains(name)) {
+    if (name == "__metadata__" || !seen.insert(name).second) {
       throw IoError(fmt::format("[safetensors] {}: duplicate or reserved tensor name '{}'",
                                 file.string(), name));
     }
     const std::int64_t bytes = spec.bytes();
-    header[name] = Json{{"dtype", std::string(safetensors_name(spec.dtype))},
-                        {"shape", spec.shape.dims()},
-                        {"data_offsets", {offset, offset + bytes}}};
+    if (text.size() > 1) text += ',';
+    std::string key;
+    try {
+      key = nlohmann::json(name).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(fmt::format("[safetensors] {}: tensor name '{}' is not valid UTF-8",
+                                file.string(), name));
+    }
+    text += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", key,
+                        safetensors_name(spec.dtype), fmt::join(spec.shape.dims(), ","), offset,
+                        offset + bytes);
     offset += bytes;
   }
-  std::string text = header.dump();
+  text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data section to 8 bytes
   std::array<char, 8> len{};
   auto n = static_cast<std::uint64_t>(text.size());

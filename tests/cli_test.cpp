@@ -253,5 +253,47 @@ TEST_F(CliTest, PresetsListsEveryPreset) {
   }
 }
 
+TEST_F(CliTest, DeviceCountsHaveABoundNamedInTheError) {
+  for (const char* args : {"plan --devices 100000000", "plan --devices 99999999999999999999",
+                           "visualize --shape 8 --mesh x:-1 --devices 100000000 --spec x"}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("--devices")) << args;
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
+  }
+  EXPECT_THAT(run("plan --devices 100000000").err, ::testing::HasSubstr("1048576"));
+  for (const char* mesh : {"x:100000000", "x:99999999999999999999", "x:1024,y:2048"}) {
+    const Result r = run(fmt::format("visualize --shape 8 --mesh {} --spec x", mesh));
+    EXPECT_EQ(r.code, 2) << mesh;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("limit of 1048576 devices")) << mesh;
+  }
+  const Result mesh = run("plan --mesh x:100000000,y:-1 --devices 8");
+  EXPECT_EQ(mesh.code, 1);
+  EXPECT_THAT(mesh.err, ::testing::HasSubstr("axis 'x' has size 100000000"));
+  EXPECT_THAT(mesh.err, ::testing::HasSubstr("limit of 1048576 devices"));
+}
+
+TEST_F(CliTest, JsonIsValidWhenPatternsAreNotUtf8) {
+  const fs::path rules = dir_ / "rules.yaml";
+  std::ofstream(rules)
+      << "rules:\n  - {match: \"never\xff\", spec: []}\n  - {match: \".*\", spec: []}\n";
+  const Result r = run(fmt::format("plan --rules '{}' --json", rules.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);  // strict: throws on invalid UTF-8
+  ASSERT_EQ(j["unmatched_rules"].size(), 1u);
+  EXPECT_THAT(j["unmatched_rules"][0]["label"].get<std::string>(),
+              ::testing::HasSubstr("never\xef\xbf\xbd"));
+}
+
+TEST_F(CliTest, DeeplyNestedModelIsAClearError) {
+  const fs::path model = dir_ / "deep.json";
+  std::ofstream(model) << R"({"w": {"dtype": "F32", "shape": )" << std::string(65'536, '[')
+                       << std::string(65'536, ']') << "}}";
+  const Result r = run(fmt::format("plan --model '{}'", model.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("deep.json"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("nesting deeper than 256 levels"));
+}
+
 }  // namespace
 }  // namespace shardplan

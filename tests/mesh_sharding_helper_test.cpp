@@ -11,6 +11,7 @@
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
+#include "shardplan/rules/policy_sharding_rule.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "test_util.hpp"
 
@@ -359,6 +360,95 @@ TEST(MeshShardingHelper, PlanNamesTheLeafWhoseBytesOverflow) {
   const Data data = Data::dict({{"params", Data::dict({{"w", t}})}});
   EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).plan(RuleTree(Replicated{}), data), SpecError,
                     "[plan] 'params/w'", "byte size of f32[2305843009213693952]");
+}
+
+/// Not derived from std::exception, as a user's own error type may be.
+struct NotAStdException {
+  int code;
+};
+
+/// A user's rule that throws `make()` from apply() (and so from the default explain()).
+template <class Make>
+class ThrowingRule : public ShardingRule {
+ public:
+  explicit ThrowingRule(Make make) : make_(make) {}
+  RuleDecision apply(const RuleInput&) const override { throw make_(); }
+  std::string name() const override { return "ThrowingRule"; }
+
+ private:
+  Make make_;
+};
+
+/// Runs `stmt`, expecting a RuleError naming the leaf and `rule`, with an `Original` nested.
+template <class Original, class F>
+void expect_wrapped(F stmt, const std::string& rule, const std::string& what) {
+  try {
+    stmt();
+    ADD_FAILURE() << "expected a RuleError";
+  } catch (const RuleError& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("'params/w'"));
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr(rule));
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr(what));
+    // Follow the nesting (a policy's RuleError nests the original, the planner's nests that)
+    // down to the innermost exception: the original, of its own type.
+    std::exception_ptr inner;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (...) {
+      inner = std::current_exception();
+    }
+    ASSERT_TRUE(inner) << "nothing nested in: " << e.what();
+    while (true) {
+      try {
+        std::rethrow_exception(inner);
+      } catch (const std::nested_exception& n) {
+        if (!n.nested_ptr()) break;
+        inner = n.nested_ptr();
+        continue;
+      } catch (...) {
+      }
+      break;
+    }
+    try {
+      std::rethrow_exception(inner);
+    } catch (const Original&) {
+    } catch (...) {
+      ADD_FAILURE() << "another type nested in: " << e.what();
+    }
+  }
+}
+
+template <class Original, class Make>
+void expect_every_call_wraps(Make make, const std::string& what) {
+  const Data data = Data::dict({{"params", Data::dict({{"w", bf16({4, 2})}})}});
+  const RuleTree rules =
+      RuleTree::dict({{"params", RulePtr(std::make_shared<ThrowingRule<Make>>(make))}});
+  const MeshShardingHelper helper(xy_mesh());
+  expect_wrapped<Original>([&] { (void)helper.plan(rules, data); }, "ThrowingRule", what);
+  expect_wrapped<Original>([&] { (void)helper.match(rules, data); }, "ThrowingRule", what);
+  expect_wrapped<Original>([&] { (void)helper.resolve(rules, data); }, "ThrowingRule", what);
+  expect_wrapped<Original>([&] { (void)helper.explain(rules, data, "params/w"); }, "ThrowingRule",
+                           what);
+  // The same through a PolicyShardingRule, whose label is named too.
+  const RuleTree policy = RuleTree::dict(
+      {{"params",
+        RulePtr(std::make_shared<PolicyShardingRule>(
+            [make](std::string_view, const TensorSpec&) -> PartitionSpec { throw make(); },
+            "my_policy"))}});
+  expect_wrapped<Original>([&] { (void)helper.plan(policy, data); }, "my_policy", what);
+  expect_wrapped<Original>([&] { (void)helper.resolve(policy, data); }, "my_policy", what);
+  expect_wrapped<Original>([&] { (void)helper.explain(policy, data, "params/w"); }, "my_policy",
+                           what);
+}
+
+TEST(MeshShardingHelper, ExceptionsOfAnyTypeFromARuleAreWrappedWithTheOriginalNested) {
+  expect_every_call_wraps<std::runtime_error>([] { return std::runtime_error("disk on fire"); },
+                                              "disk on fire");
+  expect_every_call_wraps<int>([] { return 42; }, "not a std::exception");
+  expect_every_call_wraps<NotAStdException>([] { return NotAStdException{7}; },
+                                            "not a std::exception");
+  // A RuleError of the user's own keeps its text, now with the leaf and the rule.
+  expect_every_call_wraps<RuleError>([] { return RuleError("[mine] no way"); }, "[mine] no way");
 }
 
 }  // namespace

@@ -71,7 +71,12 @@ TEST(Mesh, RejectsZeroAndNegativeSizes) {
 }
 
 TEST(Mesh, RejectsSizesWhoseProductOverflows) {
-  EXPECT_THROW_WITH(Mesh::parse("x:4294967296,y:4294967296", 8), SpecError, "overflow", "'y'");
+  // Each axis is within Mesh::kMaxDevices; the product of four is 2^80.
+  EXPECT_THROW_WITH(Mesh::parse("x:1048576,y:1048576,z:1048576,w:1048576", 8), SpecError,
+                    "overflow", "'w'");
+  // Larger axes are rejected one by one, before any product.
+  EXPECT_THROW_WITH(Mesh::parse("x:4294967296,y:4294967296", 8), SpecError, "'x'",
+                    "size 4294967296", "limit");
 }
 
 TEST(Mesh, RejectsAnInferredAxisThatCannotDivide) {
@@ -146,6 +151,25 @@ TEST(Mesh, PrintsLikeJax) {
   std::ostringstream os;
   os << Mesh::parse("fsdp:4,tp:2", 8);
   EXPECT_EQ(os.str(), "Mesh('fsdp': 4, 'tp': 2)");
+}
+
+TEST(Mesh, DeviceCountsAreBounded) {
+  EXPECT_EQ(Mesh::kMaxDevices, 1'048'576);
+  // The bound itself is a mesh.
+  EXPECT_EQ(Mesh::parse("x:-1,y:2", Mesh::kMaxDevices).axis_sizes(),
+            (std::vector<std::int64_t>{524'288, 2}));
+  EXPECT_THROW_WITH(Mesh::parse("x:-1", 100'000'000), SpecError, "device count 100000000",
+                    "limit of 1048576 devices");
+  EXPECT_THROW_WITH(Mesh::parse("x:100000000", 100'000'000), SpecError, "100000000", "1048576");
+  EXPECT_THROW_WITH(Mesh::parse("x:2000000,y:-1", 8), SpecError, "axis 'x'", "size 2000000",
+                    "limit of 1048576 devices");
+  EXPECT_THROW_WITH(Mesh::parse("x:99999999999999999999", 8), SpecError,
+                    "size 99999999999999999999 of axis 'x'", "limit of 1048576 devices");
+  EXPECT_THROW_WITH(Mesh({{"x", -1}}, std::vector<int>(Mesh::kMaxDevices + 1)), SpecError,
+                    "device count 1048577");
+  // Axes under the bound whose product is over it: the count cannot match.
+  EXPECT_THROW_WITH(Mesh::parse("x:1048576,y:2", 8), SpecError, "multiply to 2097152",
+                    "device count 8");
 }
 
 }  // namespace

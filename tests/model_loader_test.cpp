@@ -1,10 +1,12 @@
 // Model loading: names to trees, model descriptions, sharded checkpoints.
 #include "shardplan/model_loader.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
@@ -102,4 +104,183 @@ TEST(ModelLoader, LoadsShardedCheckpointsThroughTheIndex) {
 }
 
 }  // namespace
+TEST(ModelLoader, LargeModelDescriptionsParseInLinearTime) {
+  // 100,000 tensors: an object that looks each key up by scanning (the old reader) would do
+  // 5*10^9 string comparisons here and not finish in minutes; the reader does one pass.
+  constexpr int kTensors = 100'000;
+  std::string text = "{";
+  text.reserve(std::size_t{kTensors} * 48);
+  for (int i = 0; i < kTensors; ++i) {
+    text += i ? ",\"layers." : "\"layers.";
+    text += std::to_string(i);
+    text += ".w\": {\"shape\": [";
+    text += std::to_string(i % 7 + 1);
+    text += "], \"dtype\": \"F32\"}";
+  }
+  text += "}";
+  const auto named = parse_model_description(text, "big.json");
+  ASSERT_EQ(named.size(), static_cast<std::size_t>(kTensors));
+  // File order is kept.
+  EXPECT_EQ(named[0].first, "layers.0.w");
+  EXPECT_EQ(named[12'345].first, "layers.12345.w");
+  EXPECT_EQ(named[12'345].second.shape, Shape({12'345 % 7 + 1}));
+  const auto tree = tree_from_names(named);
+  ASSERT_TRUE(tree.at("layers").is_list());
+  EXPECT_EQ(tree.at("layers").size(), static_cast<std::size_t>(kTensors));
+  EXPECT_EQ(tree.at_path("layers/99999/w").leaf().shape, Shape({99'999 % 7 + 1}));
+}
+
+TEST(ModelLoader, EqualSubtreesShareTheirBranchAsShareEqualSubtreesMakesThem) {
+  std::vector<std::pair<std::string, TensorSpec>> named;
+  for (int l = 0; l < 4; ++l) {
+    for (int e = 0; e < 3; ++e) {
+      named.push_back({fmt::format("layers.{}.experts.{}.w", l, e), {Shape{8, 4}, DType::kBF16}});
+      named.push_back({fmt::format("layers.{}.experts.{}.b", l, e), {Shape{8}, DType::kF32}});
+    }
+    // Layer 3's norm differs: its layer is stored apart, its experts are still shared.
+    named.push_back({fmt::format("layers.{}.norm", l), {Shape{l == 3 ? 16 : 8}, DType::kF32}});
+  }
+  const auto tree = tree_from_names(named);
+  // The same tree built node by node, then shared by Tree::share_equal_subtrees.
+  std::vector<Tree<TensorSpec>> layers;
+  for (int l = 0; l < 4; ++l) {
+    std::vector<Tree<TensorSpec>> experts;
+    for (int e = 0; e < 3; ++e) {
+      experts.push_back(Tree<TensorSpec>::dict({{"w", TensorSpec{Shape{8, 4}, DType::kBF16}},
+                                                {"b", TensorSpec{Shape{8}, DType::kF32}}}));
+    }
+    layers.push_back(
+        Tree<TensorSpec>::dict({{"experts", Tree<TensorSpec>::list(experts)},
+                                {"norm", TensorSpec{Shape{l == 3 ? 16 : 8}, DType::kF32}}}));
+  }
+  const auto expected = Tree<TensorSpec>::dict({{"layers", Tree<TensorSpec>::list(layers)}});
+  EXPECT_EQ(tree, expected);
+  const auto& got = tree.at("layers").children();
+  EXPECT_TRUE(got[0].shares_branch_with(got[1]));
+  EXPECT_TRUE(got[0].shares_branch_with(got[2]));
+  EXPECT_FALSE(got[0].shares_branch_with(got[3]));
+  EXPECT_TRUE(
+      got[0].at("experts").children()[0].shares_branch_with(got[3].at("experts").children()[2]));
+  const auto shared = expected.share_equal_subtrees();
+  const auto& want = shared.at("layers").children();
+  EXPECT_TRUE(want[0].shares_branch_with(want[1]));
+  EXPECT_FALSE(want[0].shares_branch_with(want[3]));
+}
+
+TEST(ModelLoader, NamesOfTooManyPartsAreErrors) {
+  std::string name = "w";
+  for (int i = 0; i < 300; ++i) name += ".w";
+  EXPECT_THROW_WITH(tree_from_names({{name, {Shape{2}, DType::kF32}}}), IoError,
+                    "more than 256 parts", "'w.w.w");
+  std::string ok = "w";
+  for (int i = 0; i < 255; ++i) ok += ".w";
+  EXPECT_EQ(tree_from_names({{ok, {Shape{2}, DType::kF32}}}).num_leaves(), 1u);
+}
+
+TEST(ModelLoader, DeepNestingIsAClearErrorNotACrash) {
+  // 65,536 levels in a shape, and at the top: the reader is iterative and stops at 256.
+  const std::string deep = std::string(65'536, '[') + std::string(65'536, ']');
+  EXPECT_THROW_WITH(
+      parse_model_description(R"({"w": {"dtype": "F32", "shape": )" + deep + "}}", "m.json"),
+      IoError, "m.json", "nesting deeper than 256 levels");
+  EXPECT_THROW_WITH(parse_model_description(deep, "m.json"), IoError, "m.json",
+                    "nesting deeper than 256 levels", "at byte 256");
+  // Unclosed, as a fuzzer would write it.
+  EXPECT_THROW_WITH(parse_model_description(std::string(65'536, '['), "m.json"), IoError,
+                    "nesting deeper than 256 levels");
+  std::string objects;
+  for (int i = 0; i < 65'536; ++i) objects += "{\"a\":";
+  EXPECT_THROW_WITH(parse_model_description(objects, "m.json"), IoError,
+                    "nesting deeper than 256 levels");
+  // 255 levels inside the top-level object are fine as JSON (and then not a shape).
+  const std::string ok = std::string(254, '[') + "1" + std::string(254, ']');
+  EXPECT_THROW_WITH(
+      parse_model_description(R"({"w": {"dtype": "F32", "shape": )" + ok + "}}", "m.json"), IoError,
+      "'w'", "not a list of non-negative integers");
+}
+
+TEST(ModelLoader, RejectsWhatIsNotJson) {
+  auto bad = [](const std::string& text, const char* what) {
+    EXPECT_THROW_WITH(parse_model_description(text, "m.json"), IoError, "m.json", "not valid JSON",
+                      what);
+  };
+  bad(R"({"w": {"shape": [1,], "dtype": "F32"}})", "expected a value");
+  bad(R"({"w": {"shape": [01], "dtype": "F32"}})", "expected ',' or ']'");
+  bad(R"({"w": 1} x)", "after the value");
+  bad("{\"w\x01\": 1}", "control character");
+  bad("{\"w\xff\": 1}", "invalid UTF-8");
+  bad("{\"w\xc0\xaf\": 1}", "invalid UTF-8");  // an overlong '/'
+  bad(R"({"\ud800": 1})", "surrogate");
+  bad(R"({"\x": 1})", "invalid escape");
+  bad(R"({"w": tru})", "expected a value");
+  bad("", "end of input");
+}
+
+TEST(ModelLoader, DecodesEscapedNames) {
+  const auto named = parse_model_description(
+      R"({"caf\u00e9.\ud83d\ude00.a\"b\\c\/d": {"shape": [], "dtype": "F32"}})");
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].first, "caf\xc3\xa9.\xf0\x9f\x98\x80.a\"b\\c/d");
+}
+
+TEST(ModelLoader, RepeatedNamesAndFieldsAreErrors) {
+  EXPECT_THROW_WITH(parse_model_description(R"({"a": {"shape": [1], "dtype": "F32"},
+                                                "a": {"shape": [2], "dtype": "F32"}})",
+                                            "m.json"),
+                    IoError, "m.json", "'a'", "twice");
+  EXPECT_THROW_WITH(
+      parse_model_description(R"({"a": {"shape": [1], "shape": [2], "dtype": "F32"}})", "m.json"),
+      IoError, "'a'", "'shape'", "twice");
+}
+
+TEST(ModelLoader, NumbersThatAreNotDimensionsAreNamed) {
+  for (const char* shape :
+       {"[99999999999999999999]", "[1.5]", "[-1]", "[1e3]", "[9223372036854775808]"}) {
+    EXPECT_THROW_WITH(
+        parse_model_description(fmt::format(R"({{"w": {{"shape": {}, "dtype": "F32"}}}})", shape),
+                                "m.json"),
+        IoError, "'w'", shape, "not a list of non-negative integers");
+  }
+  const auto named =
+      parse_model_description(R"({"w": {"shape": [9223372036854775807, 0], "dtype": "F32"}})");
+  EXPECT_EQ(named[0].second.shape, Shape({INT64_MAX, 0}));
+}
+
+TEST(ModelLoader, IndexShardFilesStayInTheIndexDirectory) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "sub");
+  write_safetensors_skeleton(dir.path() / "sub" / "part.safetensors",
+                             {{"w", {Shape{4}, DType::kBF16}}});
+  const fs::path index = dir.path() / "model.safetensors.index.json";
+  // A subfolder is fine.
+  std::ofstream(index) << R"({"weight_map": {"w": "sub/part.safetensors"}})";
+  EXPECT_EQ(load_model(index).at("w").leaf().shape, Shape({4}));
+  auto rejects = [&](const std::string& shard, const char* why) {
+    std::ofstream(index) << nlohmann::json{{"weight_map", {{"w", shard}}}}.dump();
+    EXPECT_THROW_WITH(load_model(index), IoError, index.string(), std::string("'w'"),
+                      "'" + shard + "'", std::string(why),
+                      std::string("inside the index's directory"));
+  };
+  rejects((dir.path() / "sub" / "part.safetensors").string(), "absolute");
+  rejects("../part.safetensors", "'..'");
+  rejects("sub/../../x/part.safetensors", "'..'");
+  rejects("sub/..", "'..'");
+  rejects("", "empty");
+}
+
+TEST(ModelLoader, IndexErrors) {
+  TempDir dir;
+  write_safetensors_skeleton(dir.path() / "a.safetensors", {{"w", {Shape{4}, DType::kBF16}}});
+  const fs::path index = dir.path() / "model.safetensors.index.json";
+  std::ofstream(index) << R"({"weight_map": {"w": "a.safetensors", "w": "a.safetensors"}})";
+  EXPECT_THROW_WITH(load_model(index), IoError, "'w'", "twice");
+  std::ofstream(index) << R"({"weight_map": {"w": 3}})";
+  EXPECT_THROW_WITH(load_model(index), IoError, "'w'", "must name a shard file", "number");
+  std::ofstream(index) << R"({"weights": {}})";
+  EXPECT_THROW_WITH(load_model(index), IoError, "weight_map");
+  std::ofstream(index) << R"({"weight_map": )" + std::string(65'536, '[');
+  EXPECT_THROW_WITH(load_model(index), IoError, index.string(),
+                    std::string("nesting deeper than 256 levels"));
+}
+
 }  // namespace shardplan

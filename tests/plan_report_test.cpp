@@ -185,5 +185,90 @@ TEST(PlanReport, FormatBytesUsesBinaryUnits) {
   EXPECT_EQ(format_bytes(3LL << 30), "3.00 GiB");
 }
 
+/// The report as nlohmann builds it (keys sorted), the independent expectation for the writer.
+nlohmann::json report_dom(const PlanReport& r) {
+  nlohmann::json j;
+  j["mesh"] = {
+      {"axes", r.mesh.axis_names()}, {"shape", r.mesh.axis_sizes()}, {"devices", r.mesh.devices()}};
+  nlohmann::json leaves = nlohmann::json::array();
+  for (const auto& l : r.leaves) {
+    nlohmann::json spec = nullptr;
+    if (l.spec) {
+      spec = nlohmann::json::array();
+      for (const auto& d : l.spec->dims()) {
+        spec.push_back(d.empty()       ? nlohmann::json(nullptr)
+                       : d.size() == 1 ? nlohmann::json(d[0])
+                                       : nlohmann::json(d));
+      }
+    }
+    leaves.push_back({{"path", l.path},
+                      {"shape", l.tensor.shape.dims()},
+                      {"dtype", std::string(safetensors_name(l.tensor.dtype))},
+                      {"spec", spec},
+                      {"shard_shape", l.shard_shape.dims()},
+                      {"bytes", l.tensor.bytes()},
+                      {"bytes_per_device", l.bytes_per_device},
+                      {"rule", r.rule_of(l).rule},
+                      {"rule_index", l.rule_index},
+                      {"rule_path", r.rule_of(l).rule_path},
+                      {"entry", l.entry},
+                      {"reason", r.reason_of(l)},
+                      {"fell_through", l.fell_through}});
+  }
+  j["leaves"] = leaves;
+  j["devices"] = nlohmann::json::array();
+  for (std::size_t i = 0; i < r.device_bytes.size(); ++i) {
+    j["devices"].push_back({{"id", i}, {"bytes", r.device_bytes[i]}});
+  }
+  j["total_bytes"] = r.total_bytes;
+  j["bytes_per_device"] = {{"min", r.min_device_bytes()}, {"max", r.max_device_bytes()}};
+  j["unmatched_rules"] = nlohmann::json::array();
+  for (const auto& u : r.unmatched_rules) {
+    j["unmatched_rules"].push_back({{"rule_index", u.rule_index},
+                                    {"rule_path", u.rule_path},
+                                    {"rule", u.rule},
+                                    {"entry", u.entry},
+                                    {"label", u.label}});
+  }
+  j["fell_through"] = nlohmann::json::array();
+  for (auto i : r.fell_through()) j["fell_through"].push_back(r.leaves[i].path);
+  return j;
+}
+
+TEST(PlanReport, JsonTextIsWhatNlohmannWouldPrint) {
+  const RuleTree rules = RuleTree::dict({
+      {"step", Replicated{}},
+      {"params",
+       RulePtr(std::make_shared<TreePathShardingRule>(std::vector<TreePathShardingRule::Entry>{
+           {"embed", P("x")}, {"never \"quoted\"\t\\\\", P()}, {".*", P()}}))},
+      {"opt_state", P(AxisNames{"x", "y"}, nullptr)},
+  });
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
+  ASSERT_FALSE(report.unmatched_rules.empty());
+  for (int indent : {2, -1, 0, 4}) {
+    EXPECT_EQ(report.to_json(indent), report_dom(report).dump(indent)) << indent;
+    std::ostringstream os;
+    report.write_json(os, indent);
+    EXPECT_EQ(os.str(), report.to_json(indent)) << indent;
+  }
+}
+
+TEST(PlanReport, JsonReplacesBytesThatAreNotUtf8) {
+  // A rule file's pattern may hold any bytes; the JSON stays valid, each bad byte one U+FFFD.
+  const std::string pattern = "w\xff\xc3(\xe2\x82)?\x01\xc3\xa9";
+  const RuleTree rules(RulePtr(std::make_shared<TreePathShardingRule>(
+      std::vector<TreePathShardingRule::Entry>{{pattern, P()}, {".*", P()}})));
+  const PlanReport report =
+      MeshShardingHelper(xy_mesh()).plan(rules, Data::dict({{"w", bf16({4})}}));
+  const std::string text = report.to_json();
+  const auto j = nlohmann::json::parse(text);  // throws on invalid UTF-8
+  // ff, a lone c3, then e2 82 cut short are each replaced; U+0001 is escaped; é is kept.
+  const std::string want = "w\xef\xbf\xbd\xef\xbf\xbd(\xef\xbf\xbd\xef\xbf\xbd)?\x01\xc3\xa9";
+  ASSERT_EQ(j["unmatched_rules"].size(), 1u);
+  EXPECT_EQ(j["unmatched_rules"][0]["label"], want);
+  EXPECT_EQ(j["leaves"][0]["reason"], "matched '.*'");
+  EXPECT_THAT(text, ::testing::HasSubstr("\\u0001"));
+}
+
 }  // namespace
 }  // namespace shardplan

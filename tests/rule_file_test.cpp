@@ -67,5 +67,24 @@ TEST(RuleFile, BadRegexNamesTheFileLineAndPosition) {
   EXPECT_THROW_WITH(f.make_rule(), RuleError, "r.yaml:3", "'a(b'", "position");
 }
 
+TEST(RuleFile, DeepNestingIsAClearErrorNotACrash) {
+  // yaml-cpp recurses once per level: 65,536 levels are rejected before it parses.
+  const std::string flow =
+      "rules:\n  - {match: a, spec: " + std::string(65'536, '[') + std::string(65'536, ']') + "}\n";
+  EXPECT_THROW_WITH(parse_rule_file(flow, "deep.yaml"), IoError, "deep.yaml:2",
+                    "nesting deeper than 128 levels");
+  std::string block = "rules:\n  ";
+  for (int i = 0; i < 65'536; ++i) block += "- ";
+  block += "x\n";
+  EXPECT_THROW_WITH(parse_rule_file(block, "deep.yaml"), IoError, "deep.yaml:2",
+                    "nesting deeper than 128 levels");
+  // Brackets inside quoted patterns and comments do not count.
+  const std::string quoted =
+      "rules:  # [[[[[[[[\n  - {match: \"" + std::string(300, '[') + "\", spec: [x]}\n";
+  const RuleFile f = parse_rule_file(quoted, "q.yaml");
+  ASSERT_EQ(f.rules.size(), 1u);
+  EXPECT_EQ(f.rules[0].match, std::string(300, '['));
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -90,6 +90,44 @@ TEST(Safetensors, CorruptHeadersAreClearErrors) {
   EXPECT_THROW_WITH(parse(R"({"__metadata__":{"a":1}})", 0), IoError, "__metadata__");
 }
 
+TEST(Safetensors, DeepNestingRepeatsAndHugeNumbersAreClearErrors) {
+  const std::string deep = std::string(65'536, '[') + std::string(65'536, ']');
+  EXPECT_THROW_WITH(
+      parse(R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,8]}})", 8), IoError,
+      "m.safetensors", "not valid JSON", "nesting deeper than 256 levels");
+  EXPECT_THROW_WITH(parse(std::string(65'536, '['), 0), IoError, "m.safetensors",
+                    "nesting deeper than 256 levels");
+  EXPECT_THROW_WITH(parse(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                          R"("w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                          16),
+                    IoError, "'w'", "twice");
+  EXPECT_THROW_WITH(
+      parse(R"({"w":{"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8), IoError,
+      "'w'", "'dtype'", "twice");
+  EXPECT_THROW_WITH(
+      parse(R"({"w":{"dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,8]}})", 8),
+      IoError, "'w'", "[99999999999999999999]", "not a list of non-negative integers");
+  EXPECT_THROW_WITH(
+      parse(R"({"w":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8]}})", 8),
+      IoError, "'w'", "9223372036854775808", "too large");
+  EXPECT_THROW_WITH(
+      parse(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,99999999999999999999]}})", 8),
+      IoError, "'w'", "data_offsets", "99999999999999999999");
+  EXPECT_THROW_WITH(parse("{\"w\xff\":{}}", 0), IoError, "not valid JSON", "invalid UTF-8",
+                    "byte 3");
+}
+
+TEST(Safetensors, SkeletonWriterRejectsNamesThatAreNotUtf8) {
+  TempDir dir;
+  const fs::path file = dir.path() / "bad.safetensors";
+  EXPECT_THROW_WITH(write_safetensors_skeleton(file, {{"w\xff", {Shape{2}, DType::kF32}}}), IoError,
+                    "bad.safetensors", "not valid UTF-8");
+  EXPECT_THROW_WITH(write_safetensors_skeleton(
+                        file, {{"w", {Shape{2}, DType::kF32}}, {"w", {Shape{2}, DType::kF32}}}),
+                    IoError, "bad.safetensors", "'w'", "duplicate");
+  EXPECT_FALSE(fs::exists(file));
+}
+
 TEST(Safetensors, SkeletonWriterRoundTripsAndIsSparse) {
   TempDir dir;
   const fs::path file = dir.path() / "model.safetensors";

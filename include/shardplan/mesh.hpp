@@ -16,9 +16,14 @@ namespace shardplan {
 ///   Mesh mesh = Mesh::parse("fsdp:-1,tp:2", 8);   // fsdp=4, tp=2, devices 0..7
 class Mesh {
  public:
+  /// The most devices a mesh may have: 2^20 = 1,048,576 (the largest TPU and GPU clusters have
+  /// tens of thousands). A mesh stores a few bytes per device, and plans and drawings walk them.
+  static constexpr std::int64_t kMaxDevices = std::int64_t{1} << 20;
+
   /// Axes as (name, size) pairs; at most one size may be -1, inferred from `device_count`.
   /// Devices are 0..n-1 in mesh order. Throws SpecError on duplicate or empty names, two -1s,
-  /// zero or negative sizes, or sizes whose product is not `device_count`.
+  /// zero or negative sizes, sizes whose product is not `device_count`, or more than
+  /// kMaxDevices devices (in the count or in one axis).
   Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count);
   /// As above with explicit device ids in mesh order: a permutation of 0..n-1.
   Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::vector<int> devices);

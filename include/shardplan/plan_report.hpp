@@ -90,6 +90,9 @@ struct PlanReport {
   /// The JSON form documented in docs/cli.md (mesh, leaves, devices, total_bytes,
   /// unmatched_rules, fell_through). `indent` < 0 gives one line.
   std::string to_json(int indent = 2) const;
+  /// to_json written to `os` as it is produced (no copy of the whole text in memory). Names or
+  /// patterns that are not UTF-8 have each bad byte written as U+FFFD, so the text is valid JSON.
+  void write_json(std::ostream& os, int indent = 2) const;
 
   friend bool operator==(const PlanReport&, const PlanReport&) = default;
 };

@@ -19,8 +19,15 @@ RuleDecision PolicyShardingRule::apply(const RuleInput& in) const {
   try {
     d.spec = policy_(in.path, in.tensor);
   } catch (const std::exception& e) {
-    throw RuleError(fmt::format("[rule] policy '{}' failed on '{}' (shape {}): {}", label_, in.path,
-                                in.tensor.shape.to_string(), e.what()));
+    std::throw_with_nested(
+        RuleError(fmt::format("[rule] policy '{}' failed on '{}' (shape {}): {}", label_, in.path,
+                              in.tensor.shape.to_string(), e.what())));
+  } catch (...) {
+    // Not a std::exception (an int, a user's type): nested all the same.
+    std::throw_with_nested(RuleError(fmt::format(
+        "[rule] policy '{}' failed on '{}' (shape {}): it threw an exception that is not a "
+        "std::exception",
+        label_, in.path, in.tensor.shape.to_string())));
   }
   d.entry = -1;
   d.reason = fmt::format("policy '{}'", label_);
