@@ -4,6 +4,10 @@
 #include "shardplan/sjit.hpp"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/collectives.hpp"
@@ -112,6 +116,124 @@ TEST(Sjit, ProgramsAreCachedPerSignature) {
   f(a, 2);
   EXPECT_EQ(traces, 5);
   EXPECT_EQ(f.cache_size(), 5u);
+}
+
+// Statics are keyed by value: these pairs print alike (or hash alike) but are different values.
+TEST(Sjit, StaticFloatsAreKeyedByExactValue) {
+  Meshes s;
+  int traces = 0;
+  auto f = sjit(s.mesh, [&](const Array& x, double c) {
+    ++traces;
+    return x * c;
+  });
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF64), P("data"));
+  // Both print as "123457" with the stream's default precision.
+  EXPECT_EQ(f(x, 123456.7).to_host().get(3), 123456.7);
+  EXPECT_EQ(f(x, 123457.2).to_host().get(3), 123457.2);
+  EXPECT_EQ(traces, 2);
+  const double one_up = std::nextafter(1.0, 2.0);  // differs in the last bit
+  EXPECT_EQ(f(x, 1.0).to_host().get(0), 1.0);
+  EXPECT_EQ(f(x, one_up).to_host().get(0), one_up);
+  EXPECT_EQ(traces, 4);
+  // 0.0 == -0.0, but they are different statics (the sign of the result differs).
+  EXPECT_FALSE(std::signbit(f(x, 0.0).to_host().get(0)));
+  EXPECT_TRUE(std::signbit(f(x, -0.0).to_host().get(0)));
+  EXPECT_EQ(traces, 6);
+  // The same NaN bits are the same static: cached.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(f(x, nan).to_host().get(0)));
+  EXPECT_TRUE(std::isnan(f(x, nan).to_host().get(0)));
+  EXPECT_EQ(traces, 7);
+  f(x, 123456.7);
+  EXPECT_EQ(traces, 7);
+  EXPECT_EQ(f.cache_size(), 7u);
+}
+
+TEST(Sjit, StaticFloatsInsideContainersAreComparedBitwise) {
+  Meshes s;
+  int traces = 0;
+  auto f = sjit(s.mesh, [&](const Array& x, const std::vector<double>& c) {
+    ++traces;
+    return x * c.at(0);
+  });
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF64), P("data"));
+  EXPECT_FALSE(std::signbit(f(x, std::vector<double>{0.0}).to_host().get(0)));
+  EXPECT_TRUE(std::signbit(f(x, std::vector<double>{-0.0}).to_host().get(0)));
+  f(x, std::vector<double>{0.0});
+  EXPECT_EQ(traces, 2);
+}
+
+TEST(Sjit, StaticStringsAreKeyedByContent) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x, const std::string& op) {
+    return op == "sin" ? sin(x) : cos(x);
+  });
+  const Array x = s.put(Tensor::generate(Shape{8}, DType::kF64, Generator::full(0.5)), P("data"));
+  EXPECT_DOUBLE_EQ(f(x, std::string("sin")).to_host().get(0), std::sin(0.5));
+  EXPECT_DOUBLE_EQ(f(x, std::string("cos")).to_host().get(0), std::cos(0.5));
+  // Another string object with the same text: the same program.
+  std::string again = "si";
+  again += "n";
+  EXPECT_DOUBLE_EQ(f(x, again).to_host().get(0), std::sin(0.5));
+  EXPECT_EQ(f.cache_size(), 2u);
+  // A C string is keyed by its text, not its address.
+  auto g = sjit(s.mesh, [](const Array& v, const char* op) {
+    return std::string(op) == "sin" ? sin(v) : cos(v);
+  });
+  char buf[8] = "sin";
+  EXPECT_DOUBLE_EQ(g(x, static_cast<const char*>(buf)).to_host().get(0), std::sin(0.5));
+  std::strcpy(buf, "cos");  // same address, other text
+  EXPECT_DOUBLE_EQ(g(x, static_cast<const char*>(buf)).to_host().get(0), std::cos(0.5));
+  EXPECT_EQ(g.cache_size(), 2u);
+}
+
+struct Ratio {
+  int num = 1;
+  int den = 1;
+  friend bool operator==(const Ratio&, const Ratio&) = default;
+};
+// Every value hashes alike: only the equality can tell them apart.
+struct Colliding {
+  int value = 0;
+  friend bool operator==(const Colliding&, const Colliding&) = default;
+};
+
+}  // namespace
+}  // namespace shardplan
+
+template <>
+struct std::hash<shardplan::Ratio> {
+  std::size_t operator()(const shardplan::Ratio& r) const {
+    return std::hash<int>()(r.num) * 31 + std::hash<int>()(r.den);
+  }
+};
+template <>
+struct std::hash<shardplan::Colliding> {
+  std::size_t operator()(const shardplan::Colliding&) const { return 42; }
+};
+
+namespace shardplan {
+namespace {
+
+TEST(Sjit, UserStaticsUseTheirEqualityAndHashCollisionsDoNotFoolTheCache) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x, const Ratio& r) { return x * (double(r.num) / r.den); });
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF64), P("data"));
+  EXPECT_EQ(f(x, Ratio{1, 2}).to_host().get(0), 0.5);
+  EXPECT_EQ(f(x, Ratio{3, 4}).to_host().get(0), 0.75);
+  EXPECT_EQ(f(x, Ratio{1, 2}).to_host().get(0), 0.5);
+  EXPECT_EQ(f.cache_size(), 2u);
+  auto g = sjit(s.mesh, [](const Array& v, const Colliding& c) { return v + double(c.value); });
+  for (int round = 0; round < 2; ++round) {
+    for (int v = 0; v < 5; ++v) EXPECT_EQ(g(x, Colliding{v}).to_host().get(0), 1.0 + v);
+  }
+  EXPECT_EQ(g.cache_size(), 5u);
+  // The same value at another position, or the same bits under another type, is another key.
+  auto h = sjit(s.mesh, [](const Array& v, auto a, auto b) { return v * double(a) + double(b); });
+  EXPECT_EQ(h(x, 2, 3).to_host().get(0), 5.0);
+  EXPECT_EQ(h(x, 3, 2).to_host().get(0), 5.0);
+  EXPECT_EQ(h(x, 2u, 3).to_host().get(0), 5.0);
+  EXPECT_EQ(h.cache_size(), 3u);
 }
 
 TEST(Sjit, InShardingsReshardArgumentsAndTreesWork) {

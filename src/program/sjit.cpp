@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 #include "compile.hpp"
@@ -42,7 +43,7 @@ namespace {
 // The signature a compiled program is cached under: structures, positions, types, the
 // shardings arguments arrive with, statics.
 std::string signature(const CallArgs& call) {
-  std::string key = call.static_key;
+  std::string key = std::to_string(call.num_args);
   for (std::size_t k = 0; k < call.structures.size(); ++k) {
     std::ostringstream os;
     os << call.structures[k];
@@ -93,12 +94,27 @@ const Executor& placeholder_executor() {
 
 }  // namespace
 
+// A cache key: the arrays' signature and the static values (compared by value, see
+// static_equal; their hashes only pick the bucket).
+struct CacheKey {
+  std::string arrays;
+  std::vector<StaticValue> statics;
+  friend bool operator==(const CacheKey&, const CacheKey&) = default;
+};
+struct CacheKeyHash {
+  std::size_t operator()(const CacheKey& k) const {
+    std::size_t h = std::hash<std::string>()(k.arrays);
+    for (const StaticValue& v : k.statics) h = hash_combine(h, v.hash());
+    return h;
+  }
+};
+
 struct SjitCore::State {
   State(Mesh m, SjitOptions o) : mesh(std::move(m)), options(std::move(o)) {}
   Mesh mesh;
   SjitOptions options;
   mutable std::mutex mu;
-  std::unordered_map<std::string, std::shared_ptr<const Compiled>> cache;
+  std::unordered_map<CacheKey, std::shared_ptr<const Compiled>, CacheKeyHash> cache;
 };
 
 SjitCore::SjitCore(Mesh mesh, SjitOptions options)
@@ -111,7 +127,7 @@ std::size_t SjitCore::cache_size() const {
 }
 
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
-  const std::string key = signature(call);
+  CacheKey key{signature(call), call.statics};
   {
     std::lock_guard<std::mutex> lock(s_->mu);
     if (auto it = s_->cache.find(key); it != s_->cache.end()) return it->second;
@@ -204,7 +220,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   compiled->captured = ctx.captured;
   compiled->jaxpr = g.to_string();
   std::lock_guard<std::mutex> lock(s_->mu);
-  return s_->cache.emplace(key, std::move(compiled)).first->second;
+  return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
 }
 
 Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
