@@ -4,7 +4,9 @@
 #include "shardplan/sjit.hpp"
 
 #include <cmath>
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <limits>
 #include <string>
 #include <vector>
@@ -312,6 +314,160 @@ TEST(Sjit, DonatedArgumentsCannotBeUsedAfterwards) {
   EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
   // Only the output lives on: the donated buffers went back to the executor.
   EXPECT_EQ(s.exec.memory(0).in_use, y.shard_nbytes());
+}
+
+Array sin_cos_exp(const Array& x) { return sin(cos(exp(x))); }
+
+// x [1024, 64] f32 sharded 4 x 2: a shard is [256, 32], 32 KiB per device.
+constexpr std::int64_t kShard = 256 * 32 * 4;
+
+TEST(Sjit, DonationLowersPeakMemoryAndLowerAgreesWithTheExecutor) {
+  const Mesh mesh = Mesh::parse("data:4,model:2", 8);
+  const Tensor t = Tensor::normal(Shape{1024, 64}, DType::kF32, 1);
+  const Tensor expect = sin_cos_exp(device_put(t, NamedSharding(mesh, P()), Executor(8))).to_host();
+  SjitOptions donating;
+  donating.donate_argnums = {0};
+  for (const bool donate : {false, true}) {
+    SCOPED_TRACE(donate ? "donated" : "not donated");
+    const Executor exec(8);
+    auto f = sjit(mesh, &sin_cos_exp, donate ? donating : SjitOptions{});
+    Array x = device_put(t, NamedSharding(mesh, P("data", "model")), exec);
+    // x, exp(x), cos(..): three shards live at once unless x is freed after exp.
+    const std::int64_t peak = f.lower(x).cost().peak_bytes[0];
+    EXPECT_EQ(peak, (donate ? 2 : 3) * kShard);
+    exec.reset_peak();
+    const Array y = f(x);
+    EXPECT_LT(max_diff(y.to_host(), expect), 1e-6);
+    for (int d = 0; d < 8; ++d) EXPECT_EQ(exec.memory(d).peak, peak) << "device " << d;
+    EXPECT_EQ(exec.memory(0).in_use, donate ? kShard : 2 * kShard);
+  }
+  // With room for 2.5 shards per device the donated call fits and the other runs out.
+  for (const bool donate : {false, true}) {
+    const Executor exec(8, kShard * 5 / 2);
+    auto f = sjit(mesh, &sin_cos_exp, donate ? donating : SjitOptions{});
+    const Array x = device_put(t, NamedSharding(mesh, P("data", "model")), exec);
+    if (donate) {
+      EXPECT_LT(max_diff(f(x).to_host(), expect), 1e-6);
+      EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
+    } else {
+      EXPECT_THROW_WITH(f(x), OutOfMemoryError, "limit");
+      EXPECT_TRUE(x.to_host() == t);  // not donated: untouched
+    }
+  }
+}
+
+TEST(Sjit, DonatingOneArrayFromTwoThreadsConsumesItOnce) {
+  Meshes s;
+  SjitOptions o;
+  o.donate_argnums = {0};
+  auto f = sjit(
+      s.mesh, [](const Array& x) { return x * 2.0; }, o);
+  const Tensor t = Tensor::normal(Shape{64, 64}, DType::kF32, 3);
+  const Tensor twice = (s.put1(t) * 2.0).to_host();
+  f(s.put(t, P("data")));  // compiled before the race
+  for (int round = 0; round < 50; ++round) {
+    const Array x = s.put(t, P("data"));
+    std::atomic<int> ok{0};
+    std::vector<std::string> errors(2);
+    std::vector<Tensor> results(2);
+    auto call = [&](int k) {
+      try {
+        results[static_cast<std::size_t>(k)] = f(x).to_host();
+        ++ok;
+      } catch (const ArrayError& e) {
+        errors[static_cast<std::size_t>(k)] = e.what();
+      }
+    };
+    std::thread a(call, 0), b(call, 1);
+    a.join();
+    b.join();
+    ASSERT_EQ(ok.load(), 1) << "round " << round;
+    const std::size_t winner = errors[0].empty() ? 0 : 1;
+    EXPECT_TRUE(results[winner] == twice);
+    EXPECT_THAT(errors[1 - winner], ::testing::HasSubstr("argument 0"));
+    EXPECT_THAT(errors[1 - winner], ::testing::HasSubstr("donated"));
+    EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
+  }
+}
+
+TEST(Sjit, InvalidDonateArgnumsAreErrorsNamingThePosition) {
+  Meshes s;
+  const auto f = [](const Array& x, int k) { return x * double(k); };
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.donate_argnums = {-1}}), SpecError,
+                    "donate_argnums", "-1", "negative");
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.donate_argnums = {0, 0}}), SpecError,
+                    "donate_argnums", "0", "twice");
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.static_argnums = {1}, .donate_argnums = {1}}),
+                    SpecError, "donate_argnums", "1", "static_argnums");
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF32), P());
+  auto static_one = sjit(s.mesh, f, SjitOptions{.donate_argnums = {1}});
+  EXPECT_THROW_WITH(static_one(x, 2), SpecError, "argument 1", "static");
+  EXPECT_THROW_WITH(static_one.lower(x, 2), SpecError, "argument 1", "static");
+  auto out_of_range = sjit(s.mesh, f, SjitOptions{.donate_argnums = {2}});
+  EXPECT_THROW_WITH(out_of_range(x, 2), SpecError, "position 2", "out of range", "2 arguments");
+  EXPECT_EQ(x.to_host().get(0), 1.0);  // nothing was donated
+  // The same array donated and passed again (or captured) would be read after it is freed.
+  auto both = sjit(
+      s.mesh, [](const Array& a, const Array& b) { return a + b; },
+      SjitOptions{.donate_argnums = {0}});
+  EXPECT_THROW_WITH(both(x, x), ArrayError, "argument 0", "also passed as argument 1");
+  auto captures = sjit(
+      s.mesh, [&](const Array& a) { return a + x; }, SjitOptions{.donate_argnums = {0}});
+  EXPECT_THROW_WITH(captures(x), ArrayError, "argument 0", "captures");
+  EXPECT_EQ(x.to_host().get(0), 1.0);
+}
+
+TEST(Sjit, AFailedCallDoesNotConsumeItsDonatedArguments) {
+  const Mesh mesh = Mesh::parse("data:4,model:2", 8);
+  const Tensor t = Tensor::normal(Shape{1024, 64}, DType::kF32, 1);
+  SjitOptions o;
+  o.donate_argnums = {0};
+  {
+    Meshes s;
+    const Array x = s.put(Tensor::ones(Shape{8, 4}, DType::kF32), P("data"));
+    auto bad_shape = sjit(
+        s.mesh, [](const Array& a) { return matmul(a, a); }, o);
+    EXPECT_THROW_WITH(bad_shape(x), SpecError, "matmul");
+    auto throws = sjit(
+        s.mesh,
+        [](const Array& a) -> Array {
+          if (a.shape()[0] == 8) throw std::runtime_error("user error");
+          return a;
+        },
+        o);
+    EXPECT_THROW_WITH(throws(x), std::runtime_error, "user error");
+    EXPECT_EQ(x.to_host().get(5), 1.0);
+  }
+  // Out of memory at the program's first allocation: x is given back, and a later call with
+  // enough memory may donate it.
+  const Executor exec(8, kShard * 3 / 2);
+  auto f = sjit(mesh, &sin_cos_exp, o);
+  const Array x = device_put(t, NamedSharding(mesh, P("data", "model")), exec);
+  EXPECT_THROW_WITH(f(x), OutOfMemoryError, "limit");
+  EXPECT_TRUE(x.to_host() == t);
+  exec.set_memory_limit(kShard * 2);
+  const Array y = f(x);
+  EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
+  EXPECT_EQ(y.shape(), t.shape());
+}
+
+TEST(Sjit, ArraysOnAnotherExecutorAreErrorsAsForEagerOps) {
+  Meshes s;
+  const Executor other(8);
+  const Tensor t = Tensor::ones(Shape{8}, DType::kF32);
+  const Array bias = device_put(t, NamedSharding(s.mesh, P("data")), other);
+  auto f = sjit(s.mesh, [&](const Array& x) { return x + bias; });
+  EXPECT_THROW_WITH(f(s.put(t, P())), ArrayError, "different executors", "captured",
+                    "Array(f32[8], NamedSharding(", "argument 0");
+  // Eager ops say the same.
+  EXPECT_THROW_WITH(s.put(t, P()) + bias, ArrayError, "different executors");
+  auto g = sjit(s.mesh, [](const Array& a, const Array& b) { return a + b; });
+  EXPECT_THROW_WITH(g(s.put(t, P()), bias), ArrayError, "different executors", "argument 0",
+                    "argument 1");
+  auto h = sjit(
+      s.mesh, [](const Array& a) { return a + 1.0; }, SjitOptions{.executor = other});
+  EXPECT_THROW_WITH(h(s.put(t, P())), ArrayError, "argument 0", "SjitOptions::executor");
+  EXPECT_EQ(h(bias).to_host().get(0), 2.0);
 }
 
 TEST(Sjit, ConstantsAreComputedOncePerExecutorAndStayCorrect) {

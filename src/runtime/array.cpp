@@ -172,7 +172,7 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
 
 const Array::Impl& Array::concrete(std::string_view what) const {
   const Impl& i = impl();
-  if (i.donated) {
+  if (i.donated.set.load(std::memory_order_acquire)) {
     throw ArrayError(fmt::format(
         "[array] this {}{} array was donated to an sjit call (donate_argnums) and its buffers "
         "reused; use the call's outputs instead",
