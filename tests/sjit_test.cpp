@@ -470,6 +470,49 @@ TEST(Sjit, ArraysOnAnotherExecutorAreErrorsAsForEagerOps) {
   EXPECT_EQ(h(bias).to_host().get(0), 2.0);
 }
 
+TEST(Sjit, ANestedSjitIsTracedInlineWithItsShardingsAsConstraints) {
+  Meshes s;
+  SjitOptions inner_o;
+  inner_o.in_shardings = RuleTree::list({RuleTree(P(nullptr, "model"))});
+  inner_o.out_shardings = RuleTree(P("data", "model"));
+  inner_o.annotation_shardings = {{"hidden", RuleTree(P("data"))}};
+  int inner_traces = 0;
+  auto inner = sjit(
+      s.mesh,
+      [&](const Array& h) {
+        ++inner_traces;
+        return with_sharding_annotation(relu(h), "hidden") * 2.0;
+      },
+      inner_o);
+  auto outer = sjit(s.mesh, [&](const Array& x, const Array& w) {
+    return sum(inner(matmul(x, w)), {1});
+  });
+  const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 1);
+  const Tensor w = Tensor::normal(Shape{8, 32}, DType::kF32, 2);
+  const Array xs = s.put(x, P("data")), ws = s.put(w, P());
+  const Array y = outer(xs, ws);
+  EXPECT_EQ(outer.cache_size(), 1u);
+  EXPECT_EQ(inner.cache_size(), 0u);  // nothing compiled for the inner one
+  EXPECT_EQ(inner_traces, 1);
+  // The composition run eagerly on one device.
+  const Tensor ref = sum(relu(matmul(s.put1(x), s.put1(w))) * 2.0, {1}).to_host();
+  EXPECT_LT(max_diff(y.to_host(), ref), 1e-4);
+  const std::string text = outer.lower(xs, ws).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("nested sjit in_shardings (argument 0)"));
+  EXPECT_THAT(text, ::testing::HasSubstr("nested sjit out_shardings (output leaf 0)"));
+  EXPECT_THAT(text, ::testing::HasSubstr("annotation 'hidden'"));
+  // The inner function called on its own is compiled and cached as usual.
+  EXPECT_LT(max_diff(inner(matmul(xs, ws)).to_host(),
+                     (relu(matmul(s.put1(x), s.put1(w))) * 2.0).to_host()),
+            1e-4);
+  EXPECT_EQ(inner.cache_size(), 1u);
+  // A nested sjit on another mesh is an error naming both.
+  auto elsewhere = sjit(s.single, [](const Array& h) { return h + 1.0; });
+  auto bad = sjit(s.mesh, [&](const Array& v) { return elsewhere(v); });
+  EXPECT_THROW_WITH(bad(xs), ArrayError, "nested sjit", "Mesh('data': 1, 'model': 1)",
+                    "Mesh('data': 4, 'model': 2)");
+}
+
 TEST(Sjit, ConstantsAreComputedOncePerExecutorAndStayCorrect) {
   Meshes s;
   auto f = sjit(s.mesh, [](const Array& x) { return x * 2.0 + 1.0; });

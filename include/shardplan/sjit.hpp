@@ -338,12 +338,18 @@ class SjitCore {
   ~SjitCore();
   std::shared_ptr<const Compiled> get(const CallArgs& call, const TraceFn& trace);
   Tree<Array> run(const Compiled& compiled, const CallArgs& call);
+  /// Called while another sjit (or grad) traces: `trace` is recorded into that trace, the
+  /// shardings of this sjit's options becoming constraints (as a nested jax.jit).
+  Tree<Array> trace_inline(const CallArgs& call, const TraceFn& trace);
   std::size_t cache_size() const;
 
  private:
   struct State;
   std::unique_ptr<State> s_;
 };
+
+/// True while this thread traces a function (inside sjit or grad).
+bool tracing();
 
 }  // namespace detail
 
@@ -360,6 +366,9 @@ class Sjit {
   auto operator()(const Args&... args) {
     using R = std::remove_cvref_t<std::invoke_result_t<F&, detail::traced_t<Args>...>>;
     detail::CallArgs call = collect(args...);
+    if (detail::tracing()) {  // nested in another sjit: traced inline, as a nested jax.jit
+      return detail::from_output_tree<R>(core_->trace_inline(call, tracer(args...)));
+    }
     auto compiled = core_->get(call, tracer(args...));
     return detail::from_output_tree<R>(core_->run(*compiled, call));
   }

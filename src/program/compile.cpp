@@ -243,7 +243,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
       c.operands = {g.outputs[k]};
       c.type = g.nodes[static_cast<std::size_t>(g.outputs[k])].type;
       c.spec = spec.outputs[k];
-      c.name = fmt::format("output {}", k);
+      c.name = fmt::format("output {} (out_shardings)", k);
       g.outputs[k] = g.add(std::move(c));
     }
   }
@@ -262,7 +262,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     } else if (n.op == Op::kConstraint) {
       prop.fix(
           i, *n.spec,
-          n.name.empty() ? "with_sharding_constraint" : fmt::format("{} (out_shardings)", n.name));
+          n.name.empty() ? std::string("with_sharding_constraint") : n.name);
     } else if (n.op == Op::kAnnotation && n.spec) {
       prop.fix(i, *n.spec, fmt::format("annotation '{}'", n.name));
     }

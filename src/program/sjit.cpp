@@ -303,6 +303,92 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
 }
 
+bool tracing() { return current_trace() != nullptr; }
+
+Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
+  TraceContext& ctx = *current_trace();
+  const Mesh& mesh = s_->mesh;
+  const SjitOptions& o = s_->options;
+  if (!(ctx.mesh == mesh)) {
+    throw ArrayError(fmt::format(
+        "[sjit] a nested sjit runs on {} with devices {}, but the enclosing trace runs on {} with "
+        "devices {}",
+        mesh.to_string(), fmt::join(mesh.devices(), ","), ctx.mesh.to_string(),
+        fmt::join(ctx.mesh.devices(), ",")));
+  }
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    if (!call.leaves[i].array.valid()) {
+      throw ArrayError(fmt::format(
+          "[sjit] {} of a nested sjit is a TensorSpec: inside a trace, pass arrays",
+          leaf_name(call, i)));
+    }
+  }
+  for (const int p : o.static_argnums) {
+    if (std::find(call.positions.begin(), call.positions.end(), p) != call.positions.end()) {
+      throw SpecError(fmt::format(
+          "[sjit] argument {} is listed in static_argnums but is an array argument", p));
+    }
+  }
+  const Tree<TensorSpec> arg_specs = specs_of(call);
+  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
+  const auto constraint_sh =
+      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
+  auto constrain = [](const Array& x, const PartitionSpec& spec, std::string origin) {
+    Node n;
+    n.op = Op::kConstraint;
+    n.type = TensorType{x.shape(), x.dtype()};
+    n.spec = spec;
+    n.name = std::move(origin);
+    return apply_node(std::move(n), {x}, nullptr);
+  };
+  std::vector<Array> leaf_args;
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    Array t = call.leaves[i].array;
+    if (in_sh[i]) {
+      t = constrain(t, in_sh[i]->spec(),
+                    fmt::format("nested sjit in_shardings ({})", leaf_name(call, i)));
+    }
+    if (constraint_sh[i]) {
+      t = constrain(t, constraint_sh[i]->spec(),
+                    fmt::format("nested sjit args_sharding_constraint ({})", leaf_name(call, i)));
+    }
+    leaf_args.push_back(std::move(t));
+  }
+  std::vector<Tree<Array>> args;
+  for (const auto& st : call.structures) {
+    args.push_back(st.map([&](int i) { return leaf_args[static_cast<std::size_t>(i)]; }));
+  }
+  // This sjit's annotation shardings apply inside its body (over the enclosing ones), then the
+  // enclosing trace's are restored.
+  std::map<std::string, RuleTree> merged;
+  if (ctx.annotation_rules != nullptr) merged = *ctx.annotation_rules;
+  for (const auto& [k, v] : o.annotation_shardings) merged.insert_or_assign(k, v);
+  struct Restore {
+    TraceContext& ctx;
+    const std::map<std::string, RuleTree>* rules;
+    bool allow;
+    ~Restore() {
+      ctx.annotation_rules = rules;
+      ctx.allow_unknown_annotations = allow;
+    }
+  } restore{ctx, ctx.annotation_rules, ctx.allow_unknown_annotations};
+  ctx.annotation_rules = &merged;
+  ctx.allow_unknown_annotations = ctx.allow_unknown_annotations || o.allow_unknown_annotations;
+  Tree<Array> out = trace(args);
+  if (!o.out_shardings) return out;
+  const Tree<TensorSpec> out_specs = out.map([](const Array& x) {
+    return TensorSpec{x.shape(), x.dtype()};
+  });
+  const auto out_sh = resolve(mesh, o.out_shardings, out_specs, "out_shardings");
+  std::size_t k = 0;
+  return out.map([&](const Array& x) {
+    const MaybeSharding& sh = out_sh[k];
+    const std::size_t leaf = k++;
+    return sh ? constrain(x, sh->spec(), fmt::format("nested sjit out_shardings (output leaf {})", leaf))
+              : x;
+  });
+}
+
 Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
   std::vector<Array> inputs;
   inputs.reserve(call.leaves.size() + compiled.captured.size());
