@@ -6,6 +6,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
@@ -68,6 +69,43 @@ TEST(MeshShardingHelper, UnspecifiedLeavesHaveNoShardingAndNoneLeavesAreReplicat
     ASSERT_TRUE(s.has_value());
     EXPECT_EQ(s->spec(), P());
   }
+}
+
+TEST(MeshContext, IsScopedNestedAndThreadLocal) {
+  EXPECT_EQ(get_context(), nullptr);
+  EXPECT_THROW_WITH(get_global_mesh(), SpecError, "get_global_mesh", "no MeshContext");
+  const Mesh outer_mesh = Mesh::parse("x:8", 8);
+  const Mesh inner_mesh = Mesh::parse("x:4,y:2", 8);
+  {
+    MeshContext outer(MeshShardingHelper(outer_mesh), {{"act", RuleTree(P("x"))}});
+    EXPECT_EQ(get_context(), &outer);
+    EXPECT_EQ(get_global_mesh(), outer_mesh);
+    {
+      MeshContext inner(inner_mesh);
+      EXPECT_EQ(get_context(), &inner);
+      EXPECT_EQ(get_global_mesh(), inner_mesh);
+      EXPECT_TRUE(inner.annotation_shardings().empty());
+      // Another thread has no context of its own.
+      const MeshContext* seen = &inner;
+      bool threw = false;
+      std::thread t([&] {
+        seen = get_context();
+        try {
+          get_global_mesh();
+        } catch (const SpecError&) {
+          threw = true;
+        }
+      });
+      t.join();
+      EXPECT_EQ(seen, nullptr);
+      EXPECT_TRUE(threw);
+    }
+    EXPECT_EQ(get_context(), &outer);  // restored
+    EXPECT_EQ(get_global_mesh(), outer_mesh);
+    EXPECT_EQ(outer.annotation_shardings().count("act"), 1u);
+    EXPECT_EQ(outer.helper().mesh(), outer_mesh);
+  }
+  EXPECT_EQ(get_context(), nullptr);
 }
 
 TEST(MeshShardingHelper, RuleTreeThatIsNotAPrefixNamesThePath) {

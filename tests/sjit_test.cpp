@@ -513,6 +513,58 @@ TEST(Sjit, ANestedSjitIsTracedInlineWithItsShardingsAsConstraints) {
                     "Mesh('data': 4, 'model': 2)");
 }
 
+TEST(Sjit, NoneInShardingsMeansReplicatedAndUnspecifiedKeepsWhatItHas) {
+  Meshes s;
+  const Array x = s.put(Tensor::normal(Shape{8, 8}, DType::kF32, 1), P("data"));
+  auto none = sjit(
+      s.mesh, [](const Array& v) { return v * 2.0; },
+      SjitOptions{.in_shardings = RuleTree::list({RuleTree::none()}),
+                  .out_shardings = RuleTree::none()});
+  EXPECT_EQ(none.lower(x).input_shardings()[0], NamedSharding(s.mesh, P()));
+  EXPECT_EQ(none(x).sharding(), NamedSharding(s.mesh, P()));
+  auto keep = sjit(
+      s.mesh, [](const Array& v) { return v * 2.0; },
+      SjitOptions{.in_shardings = RuleTree::list({RuleTree(Unspecified{})}),
+                  .out_shardings = RuleTree(Unspecified{})});
+  EXPECT_EQ(keep.lower(x).input_shardings()[0], NamedSharding(s.mesh, P("data")));
+  EXPECT_EQ(keep(x).sharding(), NamedSharding(s.mesh, P("data")));
+  EXPECT_TRUE(none(x).to_host() == keep(x).to_host());
+}
+
+TEST(Sjit, AMeshContextGivesTheMeshAndTheAnnotationShardings) {
+  Meshes s;
+  const Tensor t = Tensor::normal(Shape{8, 8}, DType::kF32, 2);
+  const Array x = s.put(t, P());
+  EXPECT_THROW_WITH(sjit([](const Array& v) { return v + 1.0; }), SpecError, "no MeshContext");
+  // Outside any context an annotation outside sjit does nothing.
+  EXPECT_EQ(with_sharding_annotation(x, "act").sharding().spec(), P());
+  {
+    MeshContext ctx(MeshShardingHelper(s.mesh), {{"act", RuleTree(P("data", "model"))}});
+    // Outside sjit, the context's sharding applies at once; unknown names pass unchanged.
+    const Array a = with_sharding_annotation(x, "act");
+    EXPECT_EQ(a.sharding().spec(), P("data", "model"));
+    EXPECT_TRUE(a.to_host() == t);
+    EXPECT_EQ(with_sharding_annotation(x, "other").sharding().spec(), P());
+    // sjit without a mesh runs on the context's, with its annotation shardings.
+    auto f = sjit([](const Array& v) { return with_sharding_annotation(exp(v), "act"); });
+    const Array y = f(x);
+    EXPECT_EQ(y.sharding().spec(), P("data", "model"));
+    EXPECT_LT(max_diff(y.to_host(), exp(s.put1(t)).to_host()), 1e-6);
+    // An sjit's own annotation_shardings win over the context's.
+    auto g = sjit([](const Array& v) { return with_sharding_annotation(exp(v), "act"); },
+                  SjitOptions{.annotation_shardings = {{"act", RuleTree(P("data"))}}});
+    EXPECT_EQ(g(x).sharding().spec(), P("data"));
+  }
+  EXPECT_EQ(get_context(), nullptr);
+  // Mesh and annotations are taken when the sjit is built: it works the same after the context.
+  auto built = [&] {
+    MeshContext ctx(s.mesh, {{"act", RuleTree(P(nullptr, "model"))}});
+    return sjit([](const Array& v) { return with_sharding_annotation(v * 2.0, "act"); });
+  }();
+  EXPECT_EQ(get_context(), nullptr);
+  EXPECT_EQ(built(x).sharding().spec(), P(nullptr, "model"));
+}
+
 TEST(Sjit, ConstantsAreComputedOncePerExecutorAndStayCorrect) {
   Meshes s;
   auto f = sjit(s.mesh, [](const Array& x) { return x * 2.0 + 1.0; });

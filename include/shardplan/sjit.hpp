@@ -415,6 +415,13 @@ Sjit<F> sjit(const Mesh& mesh, F f, SjitOptions options = {}) {
   return Sjit<F>(std::move(f), mesh, std::move(options));
 }
 
+/// Wraps `f` to run over the mesh of this thread's MeshContext (scalax's global mesh). Throws
+/// SpecError when no context is active.
+template <class F>
+Sjit<F> sjit(F f, SjitOptions options = {}) {
+  return Sjit<F>(std::move(f), get_global_mesh(), std::move(options));
+}
+
 template <class F>
 Sjit<F> MeshShardingHelper::sjit(F f, SjitOptions options) const {
   return Sjit<F>(std::move(f), mesh_, std::move(options));
@@ -437,7 +444,7 @@ Tree<TensorSpec> eval_shape(const Mesh& mesh, F f, const Args&... args) {
 /// prefix of `tree`; Unspecified leaves are left alone).
 Tree<Array> with_sharding_constraint(const Tree<Array>& tree, const RuleTree& rules);
 /// with_sharding_annotation on every leaf of a tree: inside sjit, the rule given for `name` is
-/// resolved against the tree.
+/// resolved against the tree; outside, the active MeshContext's rule for `name` (if any) is.
 Tree<Array> with_sharding_annotation(const Tree<Array>& tree, const std::string& name);
 
 }  // namespace shardplan

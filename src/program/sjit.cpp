@@ -162,6 +162,13 @@ struct SjitCore::State {
 
 SjitCore::SjitCore(Mesh mesh, SjitOptions options)
     : s_(std::make_unique<State>(std::move(mesh), std::move(options))) {
+  // Built inside a MeshContext on the same mesh: its annotation shardings serve the names the
+  // options do not give (taken now, so that the cached programs do not depend on the caller).
+  if (const MeshContext* c = get_context(); c != nullptr && c->mesh() == s_->mesh) {
+    for (const auto& [name, rule] : c->annotation_shardings()) {
+      s_->options.annotation_shardings.emplace(name, rule);
+    }
+  }
   const SjitOptions& o = s_->options;
   for (std::size_t i = 0; i < o.donate_argnums.size(); ++i) {
     const int p = o.donate_argnums[i];
