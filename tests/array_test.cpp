@@ -171,8 +171,8 @@ TEST(Array, ANoneNodeInTheShardingTreeIsReplicated) {
   EXPECT_EQ(arrays.at("b").leaf().shard_shape(), Shape({6}));
   EXPECT_EQ(to_host(arrays), params);
   // With no sharding anywhere there is no mesh to replicate over.
-  EXPECT_THROW_WITH(device_put(params, Tree<NamedSharding>::none(), exec), TreeError,
-                    "the root", "None", "mesh");
+  EXPECT_THROW_WITH(device_put(params, Tree<NamedSharding>::none(), exec), TreeError, "the root",
+                    "None", "mesh");
 }
 
 TEST(Array, ErrorsNameWhatIsWrong) {

@@ -65,7 +65,8 @@ TEST(MeshShardingHelper, UnspecifiedLeavesHaveNoShardingAndNoneLeavesAreReplicat
   ASSERT_EQ(steps.size(), 1u);
   EXPECT_EQ(steps[0].step.description, "None: replicated");
   // A whole rule tree that is None replicates everything.
-  for (const auto& s : MeshShardingHelper(xy_mesh()).match(RuleTree::none(), small_model()).leaves()) {
+  for (const auto& s :
+       MeshShardingHelper(xy_mesh()).match(RuleTree::none(), small_model()).leaves()) {
     ASSERT_TRUE(s.has_value());
     EXPECT_EQ(s->spec(), P());
   }

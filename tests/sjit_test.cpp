@@ -3,12 +3,12 @@
 // "Distributed arrays" guide and Flax's DotReluDot, each against the single-device result.
 #include "shardplan/sjit.hpp"
 
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <cstring>
-#include <thread>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../examples/mlp.hpp"
@@ -167,9 +167,8 @@ TEST(Sjit, StaticFloatsInsideContainersAreComparedBitwise) {
 
 TEST(Sjit, StaticStringsAreKeyedByContent) {
   Meshes s;
-  auto f = sjit(s.mesh, [](const Array& x, const std::string& op) {
-    return op == "sin" ? sin(x) : cos(x);
-  });
+  auto f = sjit(
+      s.mesh, [](const Array& x, const std::string& op) { return op == "sin" ? sin(x) : cos(x); });
   const Array x = s.put(Tensor::generate(Shape{8}, DType::kF64, Generator::full(0.5)), P("data"));
   EXPECT_DOUBLE_EQ(f(x, std::string("sin")).to_host().get(0), std::sin(0.5));
   EXPECT_DOUBLE_EQ(f(x, std::string("cos")).to_host().get(0), std::cos(0.5));
@@ -484,9 +483,8 @@ TEST(Sjit, ANestedSjitIsTracedInlineWithItsShardingsAsConstraints) {
         return with_sharding_annotation(relu(h), "hidden") * 2.0;
       },
       inner_o);
-  auto outer = sjit(s.mesh, [&](const Array& x, const Array& w) {
-    return sum(inner(matmul(x, w)), {1});
-  });
+  auto outer =
+      sjit(s.mesh, [&](const Array& x, const Array& w) { return sum(inner(matmul(x, w)), {1}); });
   const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 1);
   const Tensor w = Tensor::normal(Shape{8, 32}, DType::kF32, 2);
   const Array xs = s.put(x, P("data")), ws = s.put(w, P());
@@ -563,6 +561,28 @@ TEST(Sjit, AMeshContextGivesTheMeshAndTheAnnotationShardings) {
   }();
   EXPECT_EQ(get_context(), nullptr);
   EXPECT_EQ(built(x).sharding().spec(), P(nullptr, "model"));
+}
+
+TEST(Sjit, GetJittedFunctionByArgsIsTheCacheEntryACallUses) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x, double c) { return x * c; });
+  const Array a = s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P("data"));
+  f(a, 2.0);
+  EXPECT_EQ(f.cache_size(), 1u);
+  const Lowered p = f.get_jitted_function_by_args(a, 2.0);
+  EXPECT_EQ(f.cache_size(), 1u);  // the call's program, not a new one
+  EXPECT_TRUE(p == f.compiled(a, 2.0));
+  EXPECT_TRUE(p == f.lower(a, 2.0));
+  EXPECT_EQ(p.input_shardings()[0], NamedSharding(s.mesh, P("data")));
+  // Other arguments, another program (compiled now, then used by the call).
+  const Lowered q = f.compiled(a, 3.0);
+  EXPECT_FALSE(p == q);
+  EXPECT_EQ(f.cache_size(), 2u);
+  f(a, 3.0);
+  EXPECT_EQ(f.cache_size(), 2u);
+  const Lowered r = f.compiled(s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P("model")), 2.0);
+  EXPECT_FALSE(p == r);
+  EXPECT_EQ(r.input_shardings()[0], NamedSharding(s.mesh, P("model")));
 }
 
 TEST(Sjit, ConstantsAreComputedOncePerExecutorAndStayCorrect) {

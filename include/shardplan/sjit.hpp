@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,7 +20,6 @@
 #include <tuple>
 #include <type_traits>
 #include <typeinfo>
-#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -88,7 +88,9 @@ concept StaticRange = !StaticString<T> && requires(const T& v) {
   std::size(v);
 };
 template <class T>
-concept StaticTuple = !StaticRange<T> && requires { std::tuple_size<T>::value; };
+concept StaticTuple = !StaticRange<T> && requires {
+  std::tuple_size<T>::value;
+};
 
 template <class T, std::size_t... I>
 bool static_tuple_equal(const T& a, const T& b, std::index_sequence<I...>) {
@@ -116,11 +118,13 @@ bool static_equal(const T& a, const T& b) {
     return true;
   } else if constexpr (StaticTuple<T>) {
     return static_tuple_equal(a, b, std::make_index_sequence<std::tuple_size_v<T>>());
+  } else if constexpr (requires { static_cast<bool>(a == b); }) {
+    return static_cast<bool>(a == b);
   } else {
-    static_assert(requires { static_cast<bool>(a == b); },
+    static_assert(!sizeof(T),
                   "a static sjit argument is part of the cache key and needs an exact "
                   "operator== (std::hash is optional); give the type one, or pass it as an Array");
-    return static_cast<bool>(a == b);
+    return false;
   }
 }
 
@@ -150,10 +154,9 @@ std::size_t static_hash(const T& v) {
 /// The type a static argument is stored as: C strings become std::string (their text, not their
 /// address, is the key).
 template <class T>
-using static_storage_t =
-    std::conditional_t<std::is_same_v<std::decay_t<T>, const char*> ||
-                           std::is_same_v<std::decay_t<T>, char*>,
-                       std::string, std::remove_cvref_t<T>>;
+using static_storage_t = std::conditional_t<std::is_same_v<std::decay_t<T>, const char*> ||
+                                                std::is_same_v<std::decay_t<T>, char*>,
+                                            std::string, std::remove_cvref_t<T>>;
 
 /// One static argument, by value: its position, its type (typeid) and a copy of it. Two are equal
 /// when position, type and value are (static_equal); the hash is only a hint.
@@ -168,8 +171,9 @@ class StaticValue {
     static_assert(!std::is_array_v<S>, "pass a static array argument as a std::array or vector");
     StaticValue out;
     auto h = std::make_shared<Holder<S>>(S(v));
-    out.hash_ = hash_combine(hash_combine(static_cast<std::size_t>(position), typeid(S).hash_code()),
-                             static_hash(h->value));
+    out.hash_ =
+        hash_combine(hash_combine(static_cast<std::size_t>(position), typeid(S).hash_code()),
+                     static_hash(h->value));
     out.position_ = position;
     out.holder_ = std::move(h);
     return out;
@@ -325,6 +329,8 @@ class Lowered {
   std::vector<NamedSharding> output_shardings() const;
   /// The outputs' shapes and dtypes, in the output tree's shape (jax.eval_shape).
   Tree<TensorSpec> output_specs() const;
+  /// True when both are the same compiled program (the same cache entry).
+  friend bool operator==(const Lowered& a, const Lowered& b) { return a.c_ == b.c_; }
 
  private:
   std::shared_ptr<const detail::Compiled> c_;
@@ -377,6 +383,18 @@ class Sjit {
   Lowered lower(const Args&... args) {
     detail::CallArgs call = collect(args...);
     return Lowered(core_->get(call, tracer(args...)));
+  }
+
+  /// The compiled program a call with these arguments runs: the cache entry the call would use
+  /// (compiled now when missing). Throws as a call does before running.
+  template <class... Args>
+  Lowered compiled(const Args&... args) {
+    return lower(args...);
+  }
+  /// scalax's name for compiled().
+  template <class... Args>
+  Lowered get_jitted_function_by_args(const Args&... args) {
+    return compiled(args...);
   }
 
   /// Programs compiled so far (one per signature).

@@ -260,9 +260,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
                  fmt::format("sharded like {} (the gradient of a parameter)", value_name(src)));
       }
     } else if (n.op == Op::kConstraint) {
-      prop.fix(
-          i, *n.spec,
-          n.name.empty() ? std::string("with_sharding_constraint") : n.name);
+      prop.fix(i, *n.spec, n.name.empty() ? std::string("with_sharding_constraint") : n.name);
     } else if (n.op == Op::kAnnotation && n.spec) {
       prop.fix(i, *n.spec, fmt::format("annotation '{}'", n.name));
     }

@@ -325,9 +325,9 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
   }
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     if (!call.leaves[i].array.valid()) {
-      throw ArrayError(fmt::format(
-          "[sjit] {} of a nested sjit is a TensorSpec: inside a trace, pass arrays",
-          leaf_name(call, i)));
+      throw ArrayError(
+          fmt::format("[sjit] {} of a nested sjit is a TensorSpec: inside a trace, pass arrays",
+                      leaf_name(call, i)));
     }
   }
   for (const int p : o.static_argnums) {
@@ -391,7 +391,8 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
   return out.map([&](const Array& x) {
     const MaybeSharding& sh = out_sh[k];
     const std::size_t leaf = k++;
-    return sh ? constrain(x, sh->spec(), fmt::format("nested sjit out_shardings (output leaf {})", leaf))
+    return sh ? constrain(x, sh->spec(),
+                          fmt::format("nested sjit out_shardings (output leaf {})", leaf))
               : x;
   });
 }
@@ -455,10 +456,9 @@ Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
     const void* id = ArrayAccess::identity(call.leaves[i].array);
     for (std::size_t j = 0; j < inputs.size(); ++j) {
       if (j == i || ArrayAccess::identity(inputs[j]) != id) continue;
-      const std::string other =
-          j < call.leaves.size()
-              ? leaf_name(call, j)
-              : std::string("an array the function captures from outside");
+      const std::string other = j < call.leaves.size()
+                                    ? leaf_name(call, j)
+                                    : std::string("an array the function captures from outside");
       throw ArrayError(fmt::format(
           "[sjit] {} is donated, but the same array is also {}{}; donate a copy, or do not "
           "donate it",
