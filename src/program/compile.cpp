@@ -509,6 +509,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   for (std::size_t k = 0; k < prog.input_slots_.size(); ++k) {
     if (k < spec.inputs.size() && spec.inputs[k].donated) {
       prog.input_donated_[k] = 1;
+      prog.any_donated_ = true;
     } else {
       keep.insert(prog.input_slots_[k]);
     }
@@ -566,11 +567,12 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
 std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& inputs) const {
   std::vector<Array> slots(static_cast<std::size_t>(num_slots_));
   // Donated inputs moved into their slots as they are: a failed run gives back those still there.
-  std::vector<char> moved_in(input_slots_.size(), 0);
+  std::vector<char> moved_in;
+  if (any_donated_) moved_in.assign(input_slots_.size(), 0);
   try {
     return run_steps(executor, inputs, slots, moved_in);
   } catch (...) {
-    for (std::size_t k = 0; k < input_slots_.size(); ++k) {
+    for (std::size_t k = 0; k < moved_in.size(); ++k) {
       if (!moved_in[k]) continue;
       Array& held = slots[static_cast<std::size_t>(input_slots_[k])];
       if (held.valid()) inputs[k] = std::move(held);

@@ -92,6 +92,7 @@ class Program {
   std::vector<std::vector<int>> free_after_;  // per step: slots no longer needed
   std::vector<int> free_at_start_;            // donated inputs no step uses
   std::vector<char> input_donated_;           // by input index
+  bool any_donated_ = false;
   // Results of the constant steps, per executor (they never change).
   struct ConstantCache {
     std::mutex mu;

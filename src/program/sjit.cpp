@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -72,21 +73,27 @@ ArrayError donated_error(const CallArgs& call, std::size_t leaf) {
 // shardings arguments arrive with, statics.
 std::string signature(const CallArgs& call) {
   std::string key = std::to_string(call.num_args);
+  auto out = std::back_inserter(key);
   for (std::size_t k = 0; k < call.structures.size(); ++k) {
+    if (call.structures[k].is_leaf()) {  // a plain Array argument (no tree text prints as '@')
+      fmt::format_to(out, "|arg{}:@", call.positions[k]);
+      continue;
+    }
     std::ostringstream os;
     os << call.structures[k];
-    key += fmt::format("|arg{}:{}", call.positions[k], os.str());
+    fmt::format_to(out, "|arg{}:{}", call.positions[k], os.str());
   }
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     const ArgLeaf& l = call.leaves[i];
-    key += "|" + to_string(l.type);
+    key += '|';
+    key += to_string(l.type);
     if (l.array.valid()) {
       if (ArrayAccess::is_donated(l.array)) throw donated_error(call, i);
       key += ArrayAccess::sharding(l.array).to_string();
-      key += fmt::format("{}", fmt::join(l.array.mesh().devices(), ","));
+      fmt::format_to(out, "{}", fmt::join(l.array.mesh().devices(), ","));
       if (l.array.is_pending()) {
-        key += fmt::format("~{}:{}", static_cast<int>(l.array.pending().op),
-                           fmt::join(l.array.pending().axes, ","));
+        fmt::format_to(out, "~{}:{}", static_cast<int>(l.array.pending().op),
+                       fmt::join(l.array.pending().axes, ","));
       }
     } else {
       key += "~abstract";
