@@ -295,7 +295,9 @@ class Planner {
   void decide(RuleSlot& slot, std::string_view full, std::string_view rel, const TensorSpec& t) {
     RuleDecision d;
     bool unspecified = false;
-    if (slot.leaf == nullptr || std::holds_alternative<Unspecified>(*slot.leaf)) {
+    if (slot.leaf == nullptr) {
+      d.reason = "None: replicated";  // None means replicated, as in JAX and scalax
+    } else if (std::holds_alternative<Unspecified>(*slot.leaf)) {
       unspecified = true;
       d.reason = "unspecified";
     } else if (const auto* r = std::get_if<RulePtr>(slot.leaf)) {
@@ -591,7 +593,7 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
       return out;
     }
   }
-  std::string what = rl == nullptr ? "left unspecified" : name;
+  std::string what = rl == nullptr ? "None: replicated" : name;
   if (rl) {
     if (const auto* p = std::get_if<PartitionSpec>(rl)) what = "spec " + p->to_string();
   }

@@ -157,6 +157,24 @@ TEST(Array, TreesArePutWithAPrefixTreeOfShardings) {
                     SpecError, "'w'", "[3]", "'x'");
 }
 
+TEST(Array, ANoneNodeInTheShardingTreeIsReplicated) {
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const Tree<Tensor> params =
+      Tree<Tensor>::dict({{"w", Tensor::normal(Shape{4, 2}, DType::kF32, 1)},
+                          {"b", Tensor::normal(Shape{6}, DType::kF32, 2)}});
+  const Tree<NamedSharding> shardings = Tree<NamedSharding>::dict(
+      {{"w", NamedSharding(mesh, P("x"))}, {"b", Tree<NamedSharding>::none()}});
+  const Tree<Array> arrays = device_put(params, shardings, exec);
+  EXPECT_EQ(arrays.at("w").leaf().shard_shape(), Shape({2, 2}));
+  EXPECT_EQ(arrays.at("b").leaf().sharding(), NamedSharding(mesh, P()));
+  EXPECT_EQ(arrays.at("b").leaf().shard_shape(), Shape({6}));
+  EXPECT_EQ(to_host(arrays), params);
+  // With no sharding anywhere there is no mesh to replicate over.
+  EXPECT_THROW_WITH(device_put(params, Tree<NamedSharding>::none(), exec), TreeError, "the root",
+                    "None", "mesh");
+}
+
 TEST(Array, ErrorsNameWhatIsWrong) {
   const Executor exec(4);
   const Mesh mesh8 = Mesh::parse("x:8", 8);

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
@@ -36,13 +37,78 @@ TEST(MeshShardingHelper, PrefixRuleTreeCoversSubtreesWithRelativePaths) {
   EXPECT_EQ(shardings.at_path("step").leaf()->mesh(), xy_mesh());
 }
 
-TEST(MeshShardingHelper, UnspecifiedAndNoneLeavesHaveNoSharding) {
+TEST(MeshShardingHelper, UnspecifiedLeavesHaveNoShardingAndNoneLeavesAreReplicated) {
   const RuleTree rules = RuleTree::dict(
       {{"step", Unspecified{}}, {"params", Replicated{}}, {"opt_state", RuleTree::none()}});
   const auto shardings = MeshShardingHelper(xy_mesh()).match(rules, small_model());
   EXPECT_FALSE(shardings.at_path("step").leaf().has_value());
-  EXPECT_FALSE(shardings.at_path("opt_state/mu").leaf().has_value());
   EXPECT_TRUE(shardings.at_path("params/embed").leaf().has_value());
+  // None means replicated, as NamedSharding(mesh, None) is PartitionSpec() in JAX and scalax.
+  ASSERT_TRUE(shardings.at_path("opt_state/mu").leaf().has_value());
+  EXPECT_EQ(shardings.at_path("opt_state/mu").leaf()->spec(), P());
+  EXPECT_EQ(shardings.at_path("opt_state/mu").leaf()->mesh(), xy_mesh());
+  // The compact form and the report agree.
+  const ShardingAssignment a = MeshShardingHelper(xy_mesh()).resolve(rules, small_model());
+  const auto leaves = shardings.leaves();
+  ASSERT_EQ(a.leaf_sharding.size(), leaves.size());
+  for (std::size_t i = 0; i < leaves.size(); ++i) EXPECT_EQ(a.sharding_of(i), leaves[i]);
+  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, small_model());
+  for (const auto& l : report.leaves) {
+    if (l.path.rfind("opt_state", 0) == 0) {
+      ASSERT_TRUE(l.spec.has_value()) << l.path;
+      EXPECT_EQ(*l.spec, P()) << l.path;
+      EXPECT_EQ(l.reason, "None: replicated") << l.path;
+    }
+    if (l.path == "step") {
+      EXPECT_FALSE(l.spec.has_value());
+    }
+  }
+  const auto steps = MeshShardingHelper(xy_mesh()).explain(rules, small_model(), "opt_state/mu");
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].step.description, "None: replicated");
+  // A whole rule tree that is None replicates everything.
+  for (const auto& s :
+       MeshShardingHelper(xy_mesh()).match(RuleTree::none(), small_model()).leaves()) {
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->spec(), P());
+  }
+}
+
+TEST(MeshContext, IsScopedNestedAndThreadLocal) {
+  EXPECT_EQ(get_context(), nullptr);
+  EXPECT_THROW_WITH(get_global_mesh(), SpecError, "get_global_mesh", "no MeshContext");
+  const Mesh outer_mesh = Mesh::parse("x:8", 8);
+  const Mesh inner_mesh = Mesh::parse("x:4,y:2", 8);
+  {
+    MeshContext outer(MeshShardingHelper(outer_mesh), {{"act", RuleTree(P("x"))}});
+    EXPECT_EQ(get_context(), &outer);
+    EXPECT_EQ(get_global_mesh(), outer_mesh);
+    {
+      MeshContext inner(inner_mesh);
+      EXPECT_EQ(get_context(), &inner);
+      EXPECT_EQ(get_global_mesh(), inner_mesh);
+      EXPECT_TRUE(inner.annotation_shardings().empty());
+      // Another thread has no context of its own.
+      const MeshContext* seen = &inner;
+      bool threw = false;
+      std::thread t([&] {
+        seen = get_context();
+        try {
+          get_global_mesh();
+        } catch (const SpecError&) {
+          threw = true;
+        }
+      });
+      t.join();
+      EXPECT_EQ(seen, nullptr);
+      EXPECT_TRUE(threw);
+    }
+    EXPECT_EQ(get_context(), &outer);  // restored
+    EXPECT_EQ(get_global_mesh(), outer_mesh);
+    EXPECT_EQ(outer.annotation_shardings().count("act"), 1u);
+    EXPECT_EQ(outer.helper().mesh(), outer_mesh);
+  }
+  EXPECT_EQ(get_context(), nullptr);
 }
 
 TEST(MeshShardingHelper, RuleTreeThatIsNotAPrefixNamesThePath) {

@@ -3,7 +3,13 @@
 // "Distributed arrays" guide and Flax's DotReluDot, each against the single-device result.
 #include "shardplan/sjit.hpp"
 
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/collectives.hpp"
@@ -114,6 +120,123 @@ TEST(Sjit, ProgramsAreCachedPerSignature) {
   EXPECT_EQ(f.cache_size(), 5u);
 }
 
+// Statics are keyed by value: these pairs print alike (or hash alike) but are different values.
+TEST(Sjit, StaticFloatsAreKeyedByExactValue) {
+  Meshes s;
+  int traces = 0;
+  auto f = sjit(s.mesh, [&](const Array& x, double c) {
+    ++traces;
+    return x * c;
+  });
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF64), P("data"));
+  // Both print as "123457" with the stream's default precision.
+  EXPECT_EQ(f(x, 123456.7).to_host().get(3), 123456.7);
+  EXPECT_EQ(f(x, 123457.2).to_host().get(3), 123457.2);
+  EXPECT_EQ(traces, 2);
+  const double one_up = std::nextafter(1.0, 2.0);  // differs in the last bit
+  EXPECT_EQ(f(x, 1.0).to_host().get(0), 1.0);
+  EXPECT_EQ(f(x, one_up).to_host().get(0), one_up);
+  EXPECT_EQ(traces, 4);
+  // 0.0 == -0.0, but they are different statics (the sign of the result differs).
+  EXPECT_FALSE(std::signbit(f(x, 0.0).to_host().get(0)));
+  EXPECT_TRUE(std::signbit(f(x, -0.0).to_host().get(0)));
+  EXPECT_EQ(traces, 6);
+  // The same NaN bits are the same static: cached.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(f(x, nan).to_host().get(0)));
+  EXPECT_TRUE(std::isnan(f(x, nan).to_host().get(0)));
+  EXPECT_EQ(traces, 7);
+  f(x, 123456.7);
+  EXPECT_EQ(traces, 7);
+  EXPECT_EQ(f.cache_size(), 7u);
+}
+
+TEST(Sjit, StaticFloatsInsideContainersAreComparedBitwise) {
+  Meshes s;
+  int traces = 0;
+  auto f = sjit(s.mesh, [&](const Array& x, const std::vector<double>& c) {
+    ++traces;
+    return x * c.at(0);
+  });
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF64), P("data"));
+  EXPECT_FALSE(std::signbit(f(x, std::vector<double>{0.0}).to_host().get(0)));
+  EXPECT_TRUE(std::signbit(f(x, std::vector<double>{-0.0}).to_host().get(0)));
+  f(x, std::vector<double>{0.0});
+  EXPECT_EQ(traces, 2);
+}
+
+TEST(Sjit, StaticStringsAreKeyedByContent) {
+  Meshes s;
+  auto f = sjit(
+      s.mesh, [](const Array& x, const std::string& op) { return op == "sin" ? sin(x) : cos(x); });
+  const Array x = s.put(Tensor::generate(Shape{8}, DType::kF64, Generator::full(0.5)), P("data"));
+  EXPECT_DOUBLE_EQ(f(x, std::string("sin")).to_host().get(0), std::sin(0.5));
+  EXPECT_DOUBLE_EQ(f(x, std::string("cos")).to_host().get(0), std::cos(0.5));
+  // Another string object with the same text: the same program.
+  std::string again = "si";
+  again += "n";
+  EXPECT_DOUBLE_EQ(f(x, again).to_host().get(0), std::sin(0.5));
+  EXPECT_EQ(f.cache_size(), 2u);
+  // A C string is keyed by its text, not its address.
+  auto g = sjit(s.mesh, [](const Array& v, const char* op) {
+    return std::string(op) == "sin" ? sin(v) : cos(v);
+  });
+  char buf[8] = "sin";
+  EXPECT_DOUBLE_EQ(g(x, static_cast<const char*>(buf)).to_host().get(0), std::sin(0.5));
+  std::strcpy(buf, "cos");  // same address, other text
+  EXPECT_DOUBLE_EQ(g(x, static_cast<const char*>(buf)).to_host().get(0), std::cos(0.5));
+  EXPECT_EQ(g.cache_size(), 2u);
+}
+
+struct Ratio {
+  int num = 1;
+  int den = 1;
+  friend bool operator==(const Ratio&, const Ratio&) = default;
+};
+// Every value hashes alike: only the equality can tell them apart.
+struct Colliding {
+  int value = 0;
+  friend bool operator==(const Colliding&, const Colliding&) = default;
+};
+
+}  // namespace
+}  // namespace shardplan
+
+template <>
+struct std::hash<shardplan::Ratio> {
+  std::size_t operator()(const shardplan::Ratio& r) const {
+    return std::hash<int>()(r.num) * 31 + std::hash<int>()(r.den);
+  }
+};
+template <>
+struct std::hash<shardplan::Colliding> {
+  std::size_t operator()(const shardplan::Colliding&) const { return 42; }
+};
+
+namespace shardplan {
+namespace {
+
+TEST(Sjit, UserStaticsUseTheirEqualityAndHashCollisionsDoNotFoolTheCache) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x, const Ratio& r) { return x * (double(r.num) / r.den); });
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF64), P("data"));
+  EXPECT_EQ(f(x, Ratio{1, 2}).to_host().get(0), 0.5);
+  EXPECT_EQ(f(x, Ratio{3, 4}).to_host().get(0), 0.75);
+  EXPECT_EQ(f(x, Ratio{1, 2}).to_host().get(0), 0.5);
+  EXPECT_EQ(f.cache_size(), 2u);
+  auto g = sjit(s.mesh, [](const Array& v, const Colliding& c) { return v + double(c.value); });
+  for (int round = 0; round < 2; ++round) {
+    for (int v = 0; v < 5; ++v) EXPECT_EQ(g(x, Colliding{v}).to_host().get(0), 1.0 + v);
+  }
+  EXPECT_EQ(g.cache_size(), 5u);
+  // The same value at another position, or the same bits under another type, is another key.
+  auto h = sjit(s.mesh, [](const Array& v, auto a, auto b) { return v * double(a) + double(b); });
+  EXPECT_EQ(h(x, 2, 3).to_host().get(0), 5.0);
+  EXPECT_EQ(h(x, 3, 2).to_host().get(0), 5.0);
+  EXPECT_EQ(h(x, 2u, 3).to_host().get(0), 5.0);
+  EXPECT_EQ(h.cache_size(), 3u);
+}
+
 TEST(Sjit, InShardingsReshardArgumentsAndTreesWork) {
   Meshes s;
   auto f = sjit(
@@ -190,6 +313,276 @@ TEST(Sjit, DonatedArgumentsCannotBeUsedAfterwards) {
   EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
   // Only the output lives on: the donated buffers went back to the executor.
   EXPECT_EQ(s.exec.memory(0).in_use, y.shard_nbytes());
+}
+
+Array sin_cos_exp(const Array& x) { return sin(cos(exp(x))); }
+
+// x [1024, 64] f32 sharded 4 x 2: a shard is [256, 32], 32 KiB per device.
+constexpr std::int64_t kShard = 256 * 32 * 4;
+
+TEST(Sjit, DonationLowersPeakMemoryAndLowerAgreesWithTheExecutor) {
+  const Mesh mesh = Mesh::parse("data:4,model:2", 8);
+  const Tensor t = Tensor::normal(Shape{1024, 64}, DType::kF32, 1);
+  const Tensor expect = sin_cos_exp(device_put(t, NamedSharding(mesh, P()), Executor(8))).to_host();
+  SjitOptions donating;
+  donating.donate_argnums = {0};
+  for (const bool donate : {false, true}) {
+    SCOPED_TRACE(donate ? "donated" : "not donated");
+    const Executor exec(8);
+    auto f = sjit(mesh, &sin_cos_exp, donate ? donating : SjitOptions{});
+    Array x = device_put(t, NamedSharding(mesh, P("data", "model")), exec);
+    // x, exp(x), cos(..): three shards live at once unless x is freed after exp.
+    const std::int64_t peak = f.lower(x).cost().peak_bytes[0];
+    EXPECT_EQ(peak, (donate ? 2 : 3) * kShard);
+    exec.reset_peak();
+    const Array y = f(x);
+    EXPECT_LT(max_diff(y.to_host(), expect), 1e-6);
+    for (int d = 0; d < 8; ++d) EXPECT_EQ(exec.memory(d).peak, peak) << "device " << d;
+    EXPECT_EQ(exec.memory(0).in_use, donate ? kShard : 2 * kShard);
+  }
+  // With room for 2.5 shards per device the donated call fits and the other runs out.
+  for (const bool donate : {false, true}) {
+    const Executor exec(8, kShard * 5 / 2);
+    auto f = sjit(mesh, &sin_cos_exp, donate ? donating : SjitOptions{});
+    const Array x = device_put(t, NamedSharding(mesh, P("data", "model")), exec);
+    if (donate) {
+      EXPECT_LT(max_diff(f(x).to_host(), expect), 1e-6);
+      EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
+    } else {
+      EXPECT_THROW_WITH(f(x), OutOfMemoryError, "limit");
+      EXPECT_TRUE(x.to_host() == t);  // not donated: untouched
+    }
+  }
+}
+
+TEST(Sjit, DonatingOneArrayFromTwoThreadsConsumesItOnce) {
+  Meshes s;
+  SjitOptions o;
+  o.donate_argnums = {0};
+  auto f = sjit(
+      s.mesh, [](const Array& x) { return x * 2.0; }, o);
+  const Tensor t = Tensor::normal(Shape{64, 64}, DType::kF32, 3);
+  const Tensor twice = (s.put1(t) * 2.0).to_host();
+  f(s.put(t, P("data")));  // compiled before the race
+  for (int round = 0; round < 50; ++round) {
+    const Array x = s.put(t, P("data"));
+    std::atomic<int> ok{0};
+    std::vector<std::string> errors(2);
+    std::vector<Tensor> results(2);
+    auto call = [&](int k) {
+      try {
+        results[static_cast<std::size_t>(k)] = f(x).to_host();
+        ++ok;
+      } catch (const ArrayError& e) {
+        errors[static_cast<std::size_t>(k)] = e.what();
+      }
+    };
+    std::thread a(call, 0), b(call, 1);
+    a.join();
+    b.join();
+    ASSERT_EQ(ok.load(), 1) << "round " << round;
+    const std::size_t winner = errors[0].empty() ? 0 : 1;
+    EXPECT_TRUE(results[winner] == twice);
+    EXPECT_THAT(errors[1 - winner], ::testing::HasSubstr("argument 0"));
+    EXPECT_THAT(errors[1 - winner], ::testing::HasSubstr("donated"));
+    EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
+  }
+}
+
+TEST(Sjit, InvalidDonateArgnumsAreErrorsNamingThePosition) {
+  Meshes s;
+  const auto f = [](const Array& x, int k) { return x * double(k); };
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.donate_argnums = {-1}}), SpecError,
+                    "donate_argnums", "-1", "negative");
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.donate_argnums = {0, 0}}), SpecError,
+                    "donate_argnums", "0", "twice");
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.static_argnums = {1}, .donate_argnums = {1}}),
+                    SpecError, "donate_argnums", "1", "static_argnums");
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF32), P());
+  auto static_one = sjit(s.mesh, f, SjitOptions{.donate_argnums = {1}});
+  EXPECT_THROW_WITH(static_one(x, 2), SpecError, "argument 1", "static");
+  EXPECT_THROW_WITH(static_one.lower(x, 2), SpecError, "argument 1", "static");
+  auto out_of_range = sjit(s.mesh, f, SjitOptions{.donate_argnums = {2}});
+  EXPECT_THROW_WITH(out_of_range(x, 2), SpecError, "position 2", "out of range", "2 arguments");
+  EXPECT_EQ(x.to_host().get(0), 1.0);  // nothing was donated
+  // The same array donated and passed again (or captured) would be read after it is freed.
+  auto both = sjit(
+      s.mesh, [](const Array& a, const Array& b) { return a + b; },
+      SjitOptions{.donate_argnums = {0}});
+  EXPECT_THROW_WITH(both(x, x), ArrayError, "argument 0", "also passed as argument 1");
+  auto captures = sjit(
+      s.mesh, [&](const Array& a) { return a + x; }, SjitOptions{.donate_argnums = {0}});
+  EXPECT_THROW_WITH(captures(x), ArrayError, "argument 0", "captures");
+  EXPECT_EQ(x.to_host().get(0), 1.0);
+}
+
+TEST(Sjit, AFailedCallDoesNotConsumeItsDonatedArguments) {
+  const Mesh mesh = Mesh::parse("data:4,model:2", 8);
+  const Tensor t = Tensor::normal(Shape{1024, 64}, DType::kF32, 1);
+  SjitOptions o;
+  o.donate_argnums = {0};
+  {
+    Meshes s;
+    const Array x = s.put(Tensor::ones(Shape{8, 4}, DType::kF32), P("data"));
+    auto bad_shape = sjit(
+        s.mesh, [](const Array& a) { return matmul(a, a); }, o);
+    EXPECT_THROW_WITH(bad_shape(x), SpecError, "matmul");
+    auto throws = sjit(
+        s.mesh,
+        [](const Array& a) -> Array {
+          if (a.shape()[0] == 8) throw std::runtime_error("user error");
+          return a;
+        },
+        o);
+    EXPECT_THROW_WITH(throws(x), std::runtime_error, "user error");
+    EXPECT_EQ(x.to_host().get(5), 1.0);
+  }
+  // Out of memory at the program's first allocation: x is given back, and a later call with
+  // enough memory may donate it.
+  const Executor exec(8, kShard * 3 / 2);
+  auto f = sjit(mesh, &sin_cos_exp, o);
+  const Array x = device_put(t, NamedSharding(mesh, P("data", "model")), exec);
+  EXPECT_THROW_WITH(f(x), OutOfMemoryError, "limit");
+  EXPECT_TRUE(x.to_host() == t);
+  exec.set_memory_limit(kShard * 2);
+  const Array y = f(x);
+  EXPECT_THROW_WITH(x.to_host(), ArrayError, "donated");
+  EXPECT_EQ(y.shape(), t.shape());
+}
+
+TEST(Sjit, ArraysOnAnotherExecutorAreErrorsAsForEagerOps) {
+  Meshes s;
+  const Executor other(8);
+  const Tensor t = Tensor::ones(Shape{8}, DType::kF32);
+  const Array bias = device_put(t, NamedSharding(s.mesh, P("data")), other);
+  auto f = sjit(s.mesh, [&](const Array& x) { return x + bias; });
+  EXPECT_THROW_WITH(f(s.put(t, P())), ArrayError, "different executors", "captured",
+                    "Array(f32[8], NamedSharding(", "argument 0");
+  // Eager ops say the same.
+  EXPECT_THROW_WITH(s.put(t, P()) + bias, ArrayError, "different executors");
+  auto g = sjit(s.mesh, [](const Array& a, const Array& b) { return a + b; });
+  EXPECT_THROW_WITH(g(s.put(t, P()), bias), ArrayError, "different executors", "argument 0",
+                    "argument 1");
+  auto h = sjit(
+      s.mesh, [](const Array& a) { return a + 1.0; }, SjitOptions{.executor = other});
+  EXPECT_THROW_WITH(h(s.put(t, P())), ArrayError, "argument 0", "SjitOptions::executor");
+  EXPECT_EQ(h(bias).to_host().get(0), 2.0);
+}
+
+TEST(Sjit, ANestedSjitIsTracedInlineWithItsShardingsAsConstraints) {
+  Meshes s;
+  SjitOptions inner_o;
+  inner_o.in_shardings = RuleTree::list({RuleTree(P(nullptr, "model"))});
+  inner_o.out_shardings = RuleTree(P("data", "model"));
+  inner_o.annotation_shardings = {{"hidden", RuleTree(P("data"))}};
+  int inner_traces = 0;
+  auto inner = sjit(
+      s.mesh,
+      [&](const Array& h) {
+        ++inner_traces;
+        return with_sharding_annotation(relu(h), "hidden") * 2.0;
+      },
+      inner_o);
+  auto outer =
+      sjit(s.mesh, [&](const Array& x, const Array& w) { return sum(inner(matmul(x, w)), {1}); });
+  const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 1);
+  const Tensor w = Tensor::normal(Shape{8, 32}, DType::kF32, 2);
+  const Array xs = s.put(x, P("data")), ws = s.put(w, P());
+  const Array y = outer(xs, ws);
+  EXPECT_EQ(outer.cache_size(), 1u);
+  EXPECT_EQ(inner.cache_size(), 0u);  // nothing compiled for the inner one
+  EXPECT_EQ(inner_traces, 1);
+  // The composition run eagerly on one device.
+  const Tensor ref = sum(relu(matmul(s.put1(x), s.put1(w))) * 2.0, {1}).to_host();
+  EXPECT_LT(max_diff(y.to_host(), ref), 1e-4);
+  const std::string text = outer.lower(xs, ws).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("nested sjit in_shardings (argument 0)"));
+  EXPECT_THAT(text, ::testing::HasSubstr("nested sjit out_shardings (output leaf 0)"));
+  EXPECT_THAT(text, ::testing::HasSubstr("annotation 'hidden'"));
+  // The inner function called on its own is compiled and cached as usual.
+  EXPECT_LT(max_diff(inner(matmul(xs, ws)).to_host(),
+                     (relu(matmul(s.put1(x), s.put1(w))) * 2.0).to_host()),
+            1e-4);
+  EXPECT_EQ(inner.cache_size(), 1u);
+  // A nested sjit on another mesh is an error naming both.
+  auto elsewhere = sjit(s.single, [](const Array& h) { return h + 1.0; });
+  auto bad = sjit(s.mesh, [&](const Array& v) { return elsewhere(v); });
+  EXPECT_THROW_WITH(bad(xs), ArrayError, "nested sjit", "Mesh('data': 1, 'model': 1)",
+                    "Mesh('data': 4, 'model': 2)");
+}
+
+TEST(Sjit, NoneInShardingsMeansReplicatedAndUnspecifiedKeepsWhatItHas) {
+  Meshes s;
+  const Array x = s.put(Tensor::normal(Shape{8, 8}, DType::kF32, 1), P("data"));
+  auto none = sjit(
+      s.mesh, [](const Array& v) { return v * 2.0; },
+      SjitOptions{.in_shardings = RuleTree::list({RuleTree::none()}),
+                  .out_shardings = RuleTree::none()});
+  EXPECT_EQ(none.lower(x).input_shardings()[0], NamedSharding(s.mesh, P()));
+  EXPECT_EQ(none(x).sharding(), NamedSharding(s.mesh, P()));
+  auto keep = sjit(
+      s.mesh, [](const Array& v) { return v * 2.0; },
+      SjitOptions{.in_shardings = RuleTree::list({RuleTree(Unspecified{})}),
+                  .out_shardings = RuleTree(Unspecified{})});
+  EXPECT_EQ(keep.lower(x).input_shardings()[0], NamedSharding(s.mesh, P("data")));
+  EXPECT_EQ(keep(x).sharding(), NamedSharding(s.mesh, P("data")));
+  EXPECT_TRUE(none(x).to_host() == keep(x).to_host());
+}
+
+TEST(Sjit, AMeshContextGivesTheMeshAndTheAnnotationShardings) {
+  Meshes s;
+  const Tensor t = Tensor::normal(Shape{8, 8}, DType::kF32, 2);
+  const Array x = s.put(t, P());
+  EXPECT_THROW_WITH(sjit([](const Array& v) { return v + 1.0; }), SpecError, "no MeshContext");
+  // Outside any context an annotation outside sjit does nothing.
+  EXPECT_EQ(with_sharding_annotation(x, "act").sharding().spec(), P());
+  {
+    MeshContext ctx(MeshShardingHelper(s.mesh), {{"act", RuleTree(P("data", "model"))}});
+    // Outside sjit, the context's sharding applies at once; unknown names pass unchanged.
+    const Array a = with_sharding_annotation(x, "act");
+    EXPECT_EQ(a.sharding().spec(), P("data", "model"));
+    EXPECT_TRUE(a.to_host() == t);
+    EXPECT_EQ(with_sharding_annotation(x, "other").sharding().spec(), P());
+    // sjit without a mesh runs on the context's, with its annotation shardings.
+    auto f = sjit([](const Array& v) { return with_sharding_annotation(exp(v), "act"); });
+    const Array y = f(x);
+    EXPECT_EQ(y.sharding().spec(), P("data", "model"));
+    EXPECT_LT(max_diff(y.to_host(), exp(s.put1(t)).to_host()), 1e-6);
+    // An sjit's own annotation_shardings win over the context's.
+    auto g = sjit([](const Array& v) { return with_sharding_annotation(exp(v), "act"); },
+                  SjitOptions{.annotation_shardings = {{"act", RuleTree(P("data"))}}});
+    EXPECT_EQ(g(x).sharding().spec(), P("data"));
+  }
+  EXPECT_EQ(get_context(), nullptr);
+  // Mesh and annotations are taken when the sjit is built: it works the same after the context.
+  auto built = [&] {
+    MeshContext ctx(s.mesh, {{"act", RuleTree(P(nullptr, "model"))}});
+    return sjit([](const Array& v) { return with_sharding_annotation(v * 2.0, "act"); });
+  }();
+  EXPECT_EQ(get_context(), nullptr);
+  EXPECT_EQ(built(x).sharding().spec(), P(nullptr, "model"));
+}
+
+TEST(Sjit, GetJittedFunctionByArgsIsTheCacheEntryACallUses) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x, double c) { return x * c; });
+  const Array a = s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P("data"));
+  f(a, 2.0);
+  EXPECT_EQ(f.cache_size(), 1u);
+  const Lowered p = f.get_jitted_function_by_args(a, 2.0);
+  EXPECT_EQ(f.cache_size(), 1u);  // the call's program, not a new one
+  EXPECT_TRUE(p == f.compiled(a, 2.0));
+  EXPECT_TRUE(p == f.lower(a, 2.0));
+  EXPECT_EQ(p.input_shardings()[0], NamedSharding(s.mesh, P("data")));
+  // Other arguments, another program (compiled now, then used by the call).
+  const Lowered q = f.compiled(a, 3.0);
+  EXPECT_FALSE(p == q);
+  EXPECT_EQ(f.cache_size(), 2u);
+  f(a, 3.0);
+  EXPECT_EQ(f.cache_size(), 2u);
+  const Lowered r = f.compiled(s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P("model")), 2.0);
+  EXPECT_FALSE(p == r);
+  EXPECT_EQ(r.input_shardings()[0], NamedSharding(s.mesh, P("model")));
 }
 
 TEST(Sjit, ConstantsAreComputedOncePerExecutorAndStayCorrect) {

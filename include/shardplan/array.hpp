@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -128,7 +129,19 @@ class Array {
     Pending pending;
     // By device id. Mutable only for donation (sjit's donate_argnums), which takes them.
     mutable std::vector<std::shared_ptr<Buffer>> buffers;
-    mutable bool donated = false;
+    // Set by the one sjit call that takes the buffers (an atomic exchange: of two calls donating
+    // the same array at once, exactly one wins); cleared when a failed call gives them back.
+    struct DonationFlag {
+      DonationFlag() = default;
+      DonationFlag(bool v) : set(v) {}  // NOLINT: aggregate initialisation of Impl
+      DonationFlag(const DonationFlag& o) : set(o.set.load()) {}
+      DonationFlag& operator=(const DonationFlag& o) {
+        set.store(o.set.load());
+        return *this;
+      }
+      mutable std::atomic<bool> set{false};
+    };
+    DonationFlag donated = false;
     // Tracers: the trace they belong to and their node in its graph (no buffers).
     const void* trace = nullptr;
     int node = -1;

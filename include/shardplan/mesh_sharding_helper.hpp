@@ -1,8 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -87,5 +89,41 @@ class MeshShardingHelper {
  private:
   Mesh mesh_;
 };
+
+/// A scoped, thread-local mesh context, as scalax's `with mesh_helper:`: while it lives,
+/// get_context() / get_global_mesh() return it on this thread (other threads do not see it),
+/// `sjit(f, options)` without a mesh runs on its mesh, an sjit built on the same mesh takes its
+/// annotation shardings for names its options do not give, and with_sharding_annotation outside
+/// any sjit reshards to the sharding given for the name. Nested contexts restore the previous one
+/// when they end; destroy them in reverse order of construction (keep them on the stack).
+///
+///   MeshContext ctx(MeshShardingHelper(Mesh::parse("data:8", 8)), {{"act", RuleTree(P("data"))}});
+///   auto step = sjit(&train_step);        // on data:8
+class MeshContext {
+ public:
+  explicit MeshContext(MeshShardingHelper helper,
+                       std::map<std::string, RuleTree> annotation_shardings = {});
+  explicit MeshContext(Mesh mesh, std::map<std::string, RuleTree> annotation_shardings = {})
+      : MeshContext(MeshShardingHelper(std::move(mesh)), std::move(annotation_shardings)) {}
+  ~MeshContext();
+  MeshContext(const MeshContext&) = delete;
+  MeshContext& operator=(const MeshContext&) = delete;
+
+  const MeshShardingHelper& helper() const { return helper_; }
+  const Mesh& mesh() const { return helper_.mesh(); }
+  /// name -> sharding for with_sharding_annotation (scalax's global annotation shardings).
+  const std::map<std::string, RuleTree>& annotation_shardings() const { return annotations_; }
+
+ private:
+  MeshShardingHelper helper_;
+  std::map<std::string, RuleTree> annotations_;
+  const MeshContext* previous_;
+};
+
+/// scalax's get_context(): this thread's innermost MeshContext, or nullptr when there is none.
+const MeshContext* get_context();
+/// scalax's get_global_mesh(): the mesh of this thread's innermost MeshContext. Throws SpecError
+/// when no context is active.
+const Mesh& get_global_mesh();
 
 }  // namespace shardplan

@@ -123,7 +123,7 @@ Array causal_mask(const Array& scores);
 Array with_sharding_constraint(const Array& x, const PartitionSpec& spec);
 /// scalax's with_sharding_annotation: inside sjit, x takes the sharding the sjit was given for
 /// `name` (an unknown name is an error listing the known ones, unless the sjit allows it);
-/// outside any sjit, x unchanged.
+/// outside any sjit, x resharded to the active MeshContext's sharding for `name`, else unchanged.
 Array with_sharding_annotation(const Array& x, const std::string& name);
 
 }  // namespace shardplan

@@ -35,16 +35,30 @@ struct ArrayAccess {
     return a.impl().buffers;
   }
   /// A new handle owning `a`'s buffers; `a` (and every copy of it) is left donated: any use of
-  /// it afterwards is an ArrayError.
-  static Array donate(const Array& a) {
-    const Array::Impl& impl = a.concrete("buffers");
+  /// it afterwards is an ArrayError. Returns an empty Array when `a` was donated already (by
+  /// another call, maybe on another thread: the exchange makes exactly one of them win).
+  static Array take(const Array& a) {
+    const Array::Impl& impl = a.impl();
+    if (impl.donated.set.exchange(true, std::memory_order_acq_rel)) return Array();
     auto taken = std::make_shared<Array::Impl>(impl);
+    taken->donated.set.store(false);
     impl.buffers.clear();
-    impl.donated = true;
     Array out;
     out.impl_ = std::move(taken);
     return out;
   }
+  /// Undoes take(): `a` gets the buffers of `taken` back (a call that failed before using them).
+  static void give_back(const Array& a, Array& taken) {
+    const Array::Impl& impl = a.impl();
+    impl.buffers = taken.impl().buffers;
+    taken = Array();
+    impl.donated.set.store(false, std::memory_order_release);
+  }
+  static bool is_donated(const Array& a) {
+    return a.impl().donated.set.load(std::memory_order_acquire);
+  }
+  /// The sharding without the checks of sharding() (a donated array still has one).
+  static const NamedSharding& sharding(const Array& a) { return a.impl().sharding; }
   /// Identity of the array's storage (arrays sharing it are the same value).
   static const void* identity(const Array& a) { return a.impl_.get(); }
 };

@@ -243,7 +243,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
       c.operands = {g.outputs[k]};
       c.type = g.nodes[static_cast<std::size_t>(g.outputs[k])].type;
       c.spec = spec.outputs[k];
-      c.name = fmt::format("output {}", k);
+      c.name = fmt::format("output {} (out_shardings)", k);
       g.outputs[k] = g.add(std::move(c));
     }
   }
@@ -260,9 +260,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
                  fmt::format("sharded like {} (the gradient of a parameter)", value_name(src)));
       }
     } else if (n.op == Op::kConstraint) {
-      prop.fix(
-          i, *n.spec,
-          n.name.empty() ? "with_sharding_constraint" : fmt::format("{} (out_shardings)", n.name));
+      prop.fix(i, *n.spec, n.name.empty() ? std::string("with_sharding_constraint") : n.name);
     } else if (n.op == Op::kAnnotation && n.spec) {
       prop.fix(i, *n.spec, fmt::format("annotation '{}'", n.name));
     }
@@ -504,8 +502,18 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   for (std::size_t s = 0; s < prog.steps_.size(); ++s) {
     for (const int in : prog.steps_[s].in) last[static_cast<std::size_t>(in)] = static_cast<int>(s);
   }
+  // Inputs stay alive (the caller holds them) unless donated: a donated input is freed after its
+  // last use, so that its memory serves what the program computes next.
+  prog.input_donated_.assign(prog.input_slots_.size(), 0);
   std::set<int> keep(prog.output_slots_.begin(), prog.output_slots_.end());
-  keep.insert(prog.input_slots_.begin(), prog.input_slots_.end());
+  for (std::size_t k = 0; k < prog.input_slots_.size(); ++k) {
+    if (k < spec.inputs.size() && spec.inputs[k].donated) {
+      prog.input_donated_[k] = 1;
+      prog.any_donated_ = true;
+    } else {
+      keep.insert(prog.input_slots_[k]);
+    }
+  }
   for (const Step& st : prog.steps_) {
     if (st.constant) {
       prog.constant_slots_.push_back(st.out);
@@ -516,6 +524,13 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   for (int s = 0; s < next_slot; ++s) {
     if (last[static_cast<std::size_t>(s)] >= 0 && !keep.count(s)) {
       prog.free_after_[static_cast<std::size_t>(last[static_cast<std::size_t>(s)])].push_back(s);
+    }
+  }
+  for (std::size_t k = 0; k < prog.input_slots_.size(); ++k) {
+    const int s = prog.input_slots_[k];
+    if (prog.input_donated_[k] && s >= 0 && last[static_cast<std::size_t>(s)] < 0 &&
+        !keep.count(s)) {
+      prog.free_at_start_.push_back(s);
     }
   }
   std::vector<std::int64_t> slot_bytes(static_cast<std::size_t>(next_slot), 0);
@@ -533,6 +548,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
     live += slot_bytes[static_cast<std::size_t>(s)];
   }
   std::int64_t peak = live;
+  for (const int f : prog.free_at_start_) live -= slot_bytes[static_cast<std::size_t>(f)];
   for (std::size_t s = 0; s < prog.steps_.size(); ++s) {
     const Step& st = prog.steps_[s];
     const std::int64_t b = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
@@ -546,16 +562,44 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   return prog;
 }
 
-std::vector<Array> Program::run(const Executor& executor, const std::vector<Array>& inputs) const {
+std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& inputs) const {
   std::vector<Array> slots(static_cast<std::size_t>(num_slots_));
+  // Donated inputs moved into their slots as they are: a failed run gives back those still there.
+  std::vector<char> moved_in;
+  if (any_donated_) moved_in.assign(input_slots_.size(), 0);
+  try {
+    return run_steps(executor, inputs, slots, moved_in);
+  } catch (...) {
+    for (std::size_t k = 0; k < moved_in.size(); ++k) {
+      if (!moved_in[k]) continue;
+      Array& held = slots[static_cast<std::size_t>(input_slots_[k])];
+      if (held.valid()) inputs[k] = std::move(held);
+    }
+    throw;
+  }
+}
+
+std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Array>& inputs,
+                                      std::vector<Array>& slots,
+                                      std::vector<char>& moved_in) const {
   for (std::size_t k = 0; k < input_slots_.size(); ++k) {
     if (input_slots_[k] < 0) continue;
-    const Array& a = inputs.at(k);
+    Array& a = inputs.at(k);
     const NamedSharding& want = input_shardings_[k];
     const bool same =
         a.pending() == input_pending_[k] && a.sharding().is_equivalent_to(want, a.shape().rank());
-    slots[static_cast<std::size_t>(input_slots_[k])] = same ? a : reshard(a, want).array;
+    Array& slot = slots[static_cast<std::size_t>(input_slots_[k])];
+    if (same && input_donated_[k]) {
+      slot = std::move(a);
+      moved_in[k] = 1;
+    } else if (same) {
+      slot = a;
+    } else {
+      slot = reshard(a, want).array;
+      if (input_donated_[k]) a = Array();  // its resharded copy is what the program uses
+    }
   }
+  for (const int f : free_at_start_) slots[static_cast<std::size_t>(f)] = Array();
   // Constant steps ran on this executor before: take their results.
   bool have_constants = false;
   if (!constant_slots_.empty()) {

@@ -24,6 +24,8 @@ struct InputSpec {
   std::optional<PartitionSpec> spec;
   Pending pending;
   std::string origin;  // "input 0 (in_shardings)", "argument 'params/w'"
+  // Donated (sjit's donate_argnums): the program owns the array and frees it after its last use.
+  bool donated = false;
 };
 
 struct CompileSpec {
@@ -55,8 +57,14 @@ class Program {
  public:
   explicit Program(Mesh mesh) : mesh_(std::move(mesh)) {}
   /// Runs on `executor`: `inputs` in kInput order (resharded to the compiled input shardings
-  /// when they differ). Returns the outputs.
-  std::vector<Array> run(const Executor& executor, const std::vector<Array>& inputs) const;
+  /// when they differ). Returns the outputs. The donated inputs are moved out of `inputs` and
+  /// released after their last use; when the run throws, those not yet released are put back.
+  std::vector<Array> run(const Executor& executor, std::vector<Array>& inputs) const;
+  /// As above, for a program without donated inputs.
+  std::vector<Array> run(const Executor& executor, const std::vector<Array>& inputs) const {
+    std::vector<Array> copy = inputs;
+    return run(executor, copy);
+  }
 
   /// The program as text: each value with its sharding and where the sharding came from, each
   /// reshard with its collectives, then the cost.
@@ -68,6 +76,8 @@ class Program {
 
  private:
   friend Program compile(const Graph& graph, const CompileSpec& spec);
+  std::vector<Array> run_steps(const Executor& executor, std::vector<Array>& inputs,
+                               std::vector<Array>& slots, std::vector<char>& moved_in) const;
   Graph graph_;
   Mesh mesh_;
   std::vector<PartitionSpec> specs_;  // per node (after propagation)
@@ -80,6 +90,9 @@ class Program {
   std::vector<Pending> input_pending_;
   std::vector<NamedSharding> output_shardings_;
   std::vector<std::vector<int>> free_after_;  // per step: slots no longer needed
+  std::vector<int> free_at_start_;            // donated inputs no step uses
+  std::vector<char> input_donated_;           // by input index
+  bool any_donated_ = false;
   // Results of the constant steps, per executor (they never change).
   struct ConstantCache {
     std::mutex mu;

@@ -610,7 +610,15 @@ Tree<Array> with_sharding_constraint(const Tree<Array>& tree, const RuleTree& ru
 
 Tree<Array> with_sharding_annotation(const Tree<Array>& tree, const std::string& name) {
   TraceContext* ctx = detail::current_trace();
-  if (ctx == nullptr) return tree;  // outside any sjit: nothing to annotate
+  if (ctx == nullptr) {
+    // Outside any sjit: the MeshContext's sharding for the name, if any, applies at once (as
+    // scalax's global annotation shardings); otherwise nothing to annotate.
+    const MeshContext* mc = get_context();
+    if (mc == nullptr) return tree;
+    const auto it = mc->annotation_shardings().find(name);
+    if (it == mc->annotation_shardings().end()) return tree;
+    return with_sharding_constraint(tree, it->second);
+  }
   const RuleTree* rule = ctx->annotation_rule(name);
   std::vector<MaybeSharding> shardings;
   if (rule != nullptr) {

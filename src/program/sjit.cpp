@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 #include "compile.hpp"
@@ -39,23 +42,58 @@ void add_spec_arg(CallArgs& call, int position, const Tree<TensorSpec>& tree) {
 
 namespace {
 
+// "argument 2" or "argument 2 (leaf 'w')" for leaf `leaf` of the call's array arguments.
+std::string leaf_name(const CallArgs& call, std::size_t leaf) {
+  for (std::size_t k = 0; k < call.structures.size(); ++k) {
+    std::string found;
+    bool hit = false;
+    call.structures[k].for_each_leaf([&](const std::string& path, int i) {
+      if (static_cast<std::size_t>(i) == leaf) {
+        hit = true;
+        found = path;
+      }
+    });
+    if (hit) {
+      return call.structures[k].is_leaf()
+                 ? fmt::format("argument {}", call.positions[k])
+                 : fmt::format("argument {} (leaf '{}')", call.positions[k], found);
+    }
+  }
+  return fmt::format("argument leaf {}", leaf);
+}
+
+ArrayError donated_error(const CallArgs& call, std::size_t leaf) {
+  return ArrayError(fmt::format(
+      "[sjit] {} was donated to another sjit call (donate_argnums) and its buffers are gone; "
+      "pass that call's result instead",
+      leaf_name(call, leaf)));
+}
+
 // The signature a compiled program is cached under: structures, positions, types, the
 // shardings arguments arrive with, statics.
 std::string signature(const CallArgs& call) {
-  std::string key = call.static_key;
+  std::string key = std::to_string(call.num_args);
+  auto out = std::back_inserter(key);
   for (std::size_t k = 0; k < call.structures.size(); ++k) {
+    if (call.structures[k].is_leaf()) {  // a plain Array argument (no tree text prints as '@')
+      fmt::format_to(out, "|arg{}:@", call.positions[k]);
+      continue;
+    }
     std::ostringstream os;
     os << call.structures[k];
-    key += fmt::format("|arg{}:{}", call.positions[k], os.str());
+    fmt::format_to(out, "|arg{}:{}", call.positions[k], os.str());
   }
-  for (const ArgLeaf& l : call.leaves) {
-    key += "|" + to_string(l.type);
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    const ArgLeaf& l = call.leaves[i];
+    key += '|';
+    key += to_string(l.type);
     if (l.array.valid()) {
-      key += l.array.sharding().to_string();
-      key += fmt::format("{}", fmt::join(l.array.mesh().devices(), ","));
+      if (ArrayAccess::is_donated(l.array)) throw donated_error(call, i);
+      key += ArrayAccess::sharding(l.array).to_string();
+      fmt::format_to(out, "{}", fmt::join(l.array.mesh().devices(), ","));
       if (l.array.is_pending()) {
-        key += fmt::format("~{}:{}", static_cast<int>(l.array.pending().op),
-                           fmt::join(l.array.pending().axes, ","));
+        fmt::format_to(out, "~{}:{}", static_cast<int>(l.array.pending().op),
+                       fmt::join(l.array.pending().axes, ","));
       }
     } else {
       key += "~abstract";
@@ -86,6 +124,19 @@ std::vector<MaybeSharding> resolve(const Mesh& mesh, const std::optional<RuleTre
   }
 }
 
+// Per argument leaf: whether donate_argnums names its argument.
+std::vector<char> donated_leaves(const CallArgs& call, const std::vector<int>& donate_argnums) {
+  std::vector<char> out(call.leaves.size(), 0);
+  for (const int p : donate_argnums) {
+    for (std::size_t k = 0; k < call.positions.size(); ++k) {
+      if (call.positions[k] != p) continue;
+      call.structures[k].for_each_leaf(
+          [&](const std::string&, int i) { out[static_cast<std::size_t>(i)] = 1; });
+    }
+  }
+  return out;
+}
+
 const Executor& placeholder_executor() {
   static const Executor exec(1);
   return exec;
@@ -93,16 +144,59 @@ const Executor& placeholder_executor() {
 
 }  // namespace
 
+// A cache key: the arrays' signature and the static values (compared by value, see
+// static_equal; their hashes only pick the bucket).
+struct CacheKey {
+  std::string arrays;
+  std::vector<StaticValue> statics;
+  friend bool operator==(const CacheKey&, const CacheKey&) = default;
+};
+struct CacheKeyHash {
+  std::size_t operator()(const CacheKey& k) const {
+    std::size_t h = std::hash<std::string>()(k.arrays);
+    for (const StaticValue& v : k.statics) h = hash_combine(h, v.hash());
+    return h;
+  }
+};
+
 struct SjitCore::State {
   State(Mesh m, SjitOptions o) : mesh(std::move(m)), options(std::move(o)) {}
   Mesh mesh;
   SjitOptions options;
   mutable std::mutex mu;
-  std::unordered_map<std::string, std::shared_ptr<const Compiled>> cache;
+  std::unordered_map<CacheKey, std::shared_ptr<const Compiled>, CacheKeyHash> cache;
 };
 
 SjitCore::SjitCore(Mesh mesh, SjitOptions options)
-    : s_(std::make_unique<State>(std::move(mesh), std::move(options))) {}
+    : s_(std::make_unique<State>(std::move(mesh), std::move(options))) {
+  // Built inside a MeshContext on the same mesh: its annotation shardings serve the names the
+  // options do not give (taken now, so that the cached programs do not depend on the caller).
+  if (const MeshContext* c = get_context(); c != nullptr && c->mesh() == s_->mesh) {
+    for (const auto& [name, rule] : c->annotation_shardings()) {
+      s_->options.annotation_shardings.emplace(name, rule);
+    }
+  }
+  const SjitOptions& o = s_->options;
+  for (std::size_t i = 0; i < o.donate_argnums.size(); ++i) {
+    const int p = o.donate_argnums[i];
+    if (p < 0) {
+      throw SpecError(fmt::format("[sjit] donate_argnums: position {} is negative", p));
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (o.donate_argnums[j] == p) {
+        throw SpecError(fmt::format("[sjit] donate_argnums: position {} is listed twice", p));
+      }
+    }
+    for (const int q : o.static_argnums) {
+      if (q == p) {
+        throw SpecError(fmt::format(
+            "[sjit] donate_argnums: position {} is also in static_argnums; a static argument has "
+            "no buffers to donate",
+            p));
+      }
+    }
+  }
+}
 SjitCore::~SjitCore() = default;
 
 std::size_t SjitCore::cache_size() const {
@@ -111,7 +205,7 @@ std::size_t SjitCore::cache_size() const {
 }
 
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
-  const std::string key = signature(call);
+  CacheKey key{signature(call), call.statics};
   {
     std::lock_guard<std::mutex> lock(s_->mu);
     if (auto it = s_->cache.find(key); it != s_->cache.end()) return it->second;
@@ -126,6 +220,20 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
                         "array argument",
                         p));
       }
+    }
+  }
+  for (const int p : o.donate_argnums) {
+    if (p >= call.num_args) {
+      throw SpecError(fmt::format(
+          "[sjit] donate_argnums: position {} is out of range: the function was called with {} "
+          "argument{}",
+          p, call.num_args, call.num_args == 1 ? "" : "s"));
+    }
+    if (std::find(call.positions.begin(), call.positions.end(), p) == call.positions.end()) {
+      throw SpecError(fmt::format(
+          "[sjit] donate_argnums: argument {} is static (not an array), so it has no buffers to "
+          "donate",
+          p));
     }
   }
   const Executor* exec = o.executor ? &*o.executor : nullptr;
@@ -175,6 +283,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   }
   g.num_inputs = next_index;
   CompileSpec spec{mesh, {}, {}};
+  const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     const ArgLeaf& l = call.leaves[i];
     InputSpec in;
@@ -186,6 +295,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
       in.pending = l.array.pending();
       in.origin = fmt::format("argument leaf {} as passed", i);
     }
+    in.donated = donated[i] != 0;
     spec.inputs.push_back(std::move(in));
   }
   for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
@@ -204,19 +314,108 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   compiled->captured = ctx.captured;
   compiled->jaxpr = g.to_string();
   std::lock_guard<std::mutex> lock(s_->mu);
-  return s_->cache.emplace(key, std::move(compiled)).first->second;
+  return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
+}
+
+bool tracing() { return current_trace() != nullptr; }
+
+Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
+  TraceContext& ctx = *current_trace();
+  const Mesh& mesh = s_->mesh;
+  const SjitOptions& o = s_->options;
+  if (!(ctx.mesh == mesh)) {
+    throw ArrayError(fmt::format(
+        "[sjit] a nested sjit runs on {} with devices {}, but the enclosing trace runs on {} with "
+        "devices {}",
+        mesh.to_string(), fmt::join(mesh.devices(), ","), ctx.mesh.to_string(),
+        fmt::join(ctx.mesh.devices(), ",")));
+  }
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    if (!call.leaves[i].array.valid()) {
+      throw ArrayError(
+          fmt::format("[sjit] {} of a nested sjit is a TensorSpec: inside a trace, pass arrays",
+                      leaf_name(call, i)));
+    }
+  }
+  for (const int p : o.static_argnums) {
+    if (std::find(call.positions.begin(), call.positions.end(), p) != call.positions.end()) {
+      throw SpecError(fmt::format(
+          "[sjit] argument {} is listed in static_argnums but is an array argument", p));
+    }
+  }
+  const Tree<TensorSpec> arg_specs = specs_of(call);
+  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
+  const auto constraint_sh =
+      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
+  auto constrain = [](const Array& x, const PartitionSpec& spec, std::string origin) {
+    Node n;
+    n.op = Op::kConstraint;
+    n.type = TensorType{x.shape(), x.dtype()};
+    n.spec = spec;
+    n.name = std::move(origin);
+    return apply_node(std::move(n), {x}, nullptr);
+  };
+  std::vector<Array> leaf_args;
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    Array t = call.leaves[i].array;
+    if (in_sh[i]) {
+      t = constrain(t, in_sh[i]->spec(),
+                    fmt::format("nested sjit in_shardings ({})", leaf_name(call, i)));
+    }
+    if (constraint_sh[i]) {
+      t = constrain(t, constraint_sh[i]->spec(),
+                    fmt::format("nested sjit args_sharding_constraint ({})", leaf_name(call, i)));
+    }
+    leaf_args.push_back(std::move(t));
+  }
+  std::vector<Tree<Array>> args;
+  for (const auto& st : call.structures) {
+    args.push_back(st.map([&](int i) { return leaf_args[static_cast<std::size_t>(i)]; }));
+  }
+  // This sjit's annotation shardings apply inside its body (over the enclosing ones), then the
+  // enclosing trace's are restored.
+  std::map<std::string, RuleTree> merged;
+  if (ctx.annotation_rules != nullptr) merged = *ctx.annotation_rules;
+  for (const auto& [k, v] : o.annotation_shardings) merged.insert_or_assign(k, v);
+  struct Restore {
+    TraceContext& ctx;
+    const std::map<std::string, RuleTree>* rules;
+    bool allow;
+    ~Restore() {
+      ctx.annotation_rules = rules;
+      ctx.allow_unknown_annotations = allow;
+    }
+  } restore{ctx, ctx.annotation_rules, ctx.allow_unknown_annotations};
+  ctx.annotation_rules = &merged;
+  ctx.allow_unknown_annotations = ctx.allow_unknown_annotations || o.allow_unknown_annotations;
+  Tree<Array> out = trace(args);
+  if (!o.out_shardings) return out;
+  const Tree<TensorSpec> out_specs = out.map([](const Array& x) {
+    return TensorSpec{x.shape(), x.dtype()};
+  });
+  const auto out_sh = resolve(mesh, o.out_shardings, out_specs, "out_shardings");
+  std::size_t k = 0;
+  return out.map([&](const Array& x) {
+    const MaybeSharding& sh = out_sh[k];
+    const std::size_t leaf = k++;
+    return sh ? constrain(x, sh->spec(),
+                          fmt::format("nested sjit out_shardings (output leaf {})", leaf))
+              : x;
+  });
 }
 
 Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
   std::vector<Array> inputs;
   inputs.reserve(call.leaves.size() + compiled.captured.size());
   const Executor* exec = s_->options.executor ? &*s_->options.executor : nullptr;
+  const Array* first = nullptr;  // the array the executor was taken from
   for (const ArgLeaf& l : call.leaves) {
     if (!l.array.valid()) {
       throw ArrayError(
           "[sjit] an argument is a TensorSpec: call with arrays, or use lower() to "
           "compile without running");
     }
+    if (first == nullptr) first = &l.array;
     if (exec == nullptr) exec = &l.array.executor();
     inputs.push_back(l.array);
   }
@@ -225,19 +424,78 @@ Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
         "[sjit] no array argument says which executor to run on: set "
         "SjitOptions::executor");
   }
-  inputs.insert(inputs.end(), compiled.captured.begin(), compiled.captured.end());
-  // Donated arguments give their buffers up: the program frees them after their last use, and
-  // the executor's block cache hands them to outputs of the same size.
-  for (const int p : s_->options.donate_argnums) {
-    for (std::size_t k = 0; k < call.positions.size(); ++k) {
-      if (call.positions[k] != p) continue;
-      call.structures[k].for_each_leaf([&](const std::string&, int i) {
-        inputs[static_cast<std::size_t>(i)] =
-            ArrayAccess::donate(inputs[static_cast<std::size_t>(i)]);
-      });
+  // Every array, arguments and captured ones alike, must live on the executor the call runs on,
+  // as for eager ops.
+  const bool exec_from_options = s_->options.executor.has_value();
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    const Array& a = call.leaves[i].array;
+    if (a.executor() == *exec) continue;
+    throw ArrayError(
+        exec_from_options
+            ? fmt::format("[sjit] {} lives on another executor than SjitOptions::executor: {}",
+                          leaf_name(call, i), a.to_string())
+            : fmt::format("[sjit] the arrays live on different executors: {} {} and {} {}",
+                          leaf_name(call, 0), first->to_string(), leaf_name(call, i),
+                          a.to_string()));
+  }
+  for (std::size_t k = 0; k < compiled.captured.size(); ++k) {
+    const Array& c = compiled.captured[k];
+    if (!(c.executor() == *exec)) {
+      throw ArrayError(fmt::format(
+          "[sjit] the arrays live on different executors: {} captured by the function (from "
+          "outside it) and the call's {}",
+          c.to_string(),
+          first != nullptr ? fmt::format("{} {}", leaf_name(call, 0), first->to_string())
+                           : std::string("SjitOptions::executor")));
     }
   }
-  const std::vector<Array> outs = compiled.program.run(*exec, inputs);
+  inputs.insert(inputs.end(), compiled.captured.begin(), compiled.captured.end());
+  if (s_->options.donate_argnums.empty()) {
+    const std::vector<Array> outs = compiled.program.run(*exec, inputs);
+    return compiled.out_structure.map([&](int i) { return outs[static_cast<std::size_t>(i)]; });
+  }
+  // Donated arguments give their buffers to the program, which frees them after their last use
+  // (the executor's block cache hands them to outputs of the same size). A donated array may not
+  // also be passed undonated, or captured: the program would read freed buffers.
+  const std::vector<char> donated = donated_leaves(call, s_->options.donate_argnums);
+  for (std::size_t i = 0; i < donated.size(); ++i) {
+    if (!donated[i]) continue;
+    const void* id = ArrayAccess::identity(call.leaves[i].array);
+    for (std::size_t j = 0; j < inputs.size(); ++j) {
+      if (j == i || ArrayAccess::identity(inputs[j]) != id) continue;
+      const std::string other = j < call.leaves.size()
+                                    ? leaf_name(call, j)
+                                    : std::string("an array the function captures from outside");
+      throw ArrayError(fmt::format(
+          "[sjit] {} is donated, but the same array is also {}{}; donate a copy, or do not "
+          "donate it",
+          leaf_name(call, i), j < call.leaves.size() ? "passed as " : "", other));
+    }
+  }
+  std::vector<std::size_t> taken;
+  auto give_back = [&] {
+    for (const std::size_t i : taken) {
+      if (inputs[i].valid()) ArrayAccess::give_back(call.leaves[i].array, inputs[i]);
+    }
+  };
+  for (std::size_t i = 0; i < donated.size(); ++i) {
+    if (!donated[i]) continue;
+    Array t = ArrayAccess::take(call.leaves[i].array);
+    if (!t.valid()) {
+      give_back();
+      throw donated_error(call, i);
+    }
+    inputs[i] = std::move(t);
+    taken.push_back(i);
+  }
+  std::vector<Array> outs;
+  try {
+    outs = compiled.program.run(*exec, inputs);
+  } catch (...) {
+    // The program put back the donated inputs it had not freed yet: their arrays stay usable.
+    give_back();
+    throw;
+  }
   inputs.clear();
   return compiled.out_structure.map([&](int i) { return outs[static_cast<std::size_t>(i)]; });
 }

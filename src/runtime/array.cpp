@@ -174,7 +174,7 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
 
 const Array::Impl& Array::concrete(std::string_view what) const {
   const Impl& i = impl();
-  if (i.donated) {
+  if (i.donated.set.load(std::memory_order_acquire)) {
     throw ArrayError(fmt::format(
         "[array] this {}{} array was donated to an sjit call (donate_argnums) and its buffers "
         "reused; use the call's outputs instead",
@@ -306,11 +306,22 @@ Array device_put(const Tensor& tensor, const NamedSharding& sharding, const Exec
 
 Tree<Array> device_put(const Tree<Tensor>& tensors, const Tree<NamedSharding>& shardings,
                        const Executor& executor) {
+  // A none node of `shardings` means replicated (as None in JAX), over the mesh of its leaves.
+  std::optional<NamedSharding> replicated;
+  if (const auto leaves = shardings.leaves(); !leaves.empty()) {
+    replicated.emplace(leaves.front().mesh(), PartitionSpec());
+  }
   return map_prefix<Array>(
       shardings, tensors,
       [&](const std::string& path, const NamedSharding* s, const Tree<Tensor>& sub) {
-        if (s == nullptr) {
-          throw TreeError(fmt::format("[device_put] no sharding for the subtree at '{}'", path));
+        if (s == nullptr && sub.num_leaves() > 0) {
+          if (!replicated) {
+            throw TreeError(fmt::format(
+                "[device_put] the subtree at '{}' is None (replicated), but no sharding in the "
+                "tree names a mesh to replicate it over",
+                path.empty() ? "the root" : path));
+          }
+          s = &*replicated;
         }
         return sub.map_with_path(
             [&](const std::string& leaf_path, const Tensor& t) {
