@@ -254,18 +254,19 @@ TEST(PlanReport, JsonTextIsWhatNlohmannWouldPrint) {
 }
 
 TEST(PlanReport, JsonReplacesBytesThatAreNotUtf8) {
-  // A rule file's pattern may hold any bytes; the JSON stays valid, each bad byte one U+FFFD.
-  const std::string pattern = "w\xff\xc3(\xe2\x82)?\x01\xc3\xa9";
+  // A tree built in C++ may have keys with any bytes (patterns must be UTF-8, as Python's str);
+  // the JSON stays valid, each bad byte one U+FFFD.
+  const std::string key = "w\xff\xc3(\xe2\x82)?\x01\xc3\xa9";
   const RuleTree rules(RulePtr(std::make_shared<TreePathShardingRule>(
-      std::vector<TreePathShardingRule::Entry>{{pattern, P()}, {".*", P()}})));
+      std::vector<TreePathShardingRule::Entry>{{"never", P()}, {".*", P()}})));
   const PlanReport report =
-      MeshShardingHelper(xy_mesh()).plan(rules, Data::dict({{"w", bf16({4})}}));
+      MeshShardingHelper(xy_mesh()).plan(rules, Data::dict({{key, bf16({4})}}));
   const std::string text = report.to_json();
   const auto j = nlohmann::json::parse(text);  // throws on invalid UTF-8
   // ff, a lone c3, then e2 82 cut short are each replaced; U+0001 is escaped; é is kept.
   const std::string want = "w\xef\xbf\xbd\xef\xbf\xbd(\xef\xbf\xbd\xef\xbf\xbd)?\x01\xc3\xa9";
-  ASSERT_EQ(j["unmatched_rules"].size(), 1u);
-  EXPECT_EQ(j["unmatched_rules"][0]["label"], want);
+  ASSERT_EQ(j["leaves"].size(), 1u);
+  EXPECT_EQ(j["leaves"][0]["path"], want);
   EXPECT_EQ(j["leaves"][0]["reason"], "matched '.*'");
   EXPECT_THAT(text, ::testing::HasSubstr("\\u0001"));
 }
