@@ -5,6 +5,8 @@
 #include <array>
 #include <limits>
 
+#include "shardplan/detail/utf8.hpp"
+
 namespace shardplan::detail::json {
 namespace {
 
@@ -17,42 +19,11 @@ std::string describe_char(char c) {
   return fmt::format("byte 0x{:02x}", u);
 }
 
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 /// Length of the well-formed UTF-8 sequence at s[i] (a byte >= 0x80), or 0 (Unicode 15, table
 /// 3-7: no overlong forms, no surrogates, nothing past U+10FFFF).
 std::size_t utf8_length(std::string_view s, std::size_t i) {
-  const auto b = [&](std::size_t k) {
-    return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
-  };
-  const unsigned c = b(0);
-  auto cont = [&](std::size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) {
-    return b(k) >= lo && b(k) <= hi;
-  };
-  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-  if (c == 0xE0) return cont(1, 0xA0) && cont(2) ? 3 : 0;
-  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(1) && cont(2) ? 3 : 0;
-  if (c == 0xED) return cont(1, 0x80, 0x9F) && cont(2) ? 3 : 0;
-  if (c == 0xF0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
-  if (c >= 0xF1 && c <= 0xF3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
-  if (c == 0xF4) return cont(1, 0x80, 0x8F) && cont(2) && cont(3) ? 4 : 0;
-  return 0;
+  char32_t cp = 0;
+  return utf8_decode(reinterpret_cast<const unsigned char*>(s.data()) + i, s.size() - i, cp);
 }
 
 // Bytes a string holds as they are, without a closer look: ASCII but '"', '\\' and controls.

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "shardplan/detail/utf8.hpp"
+
 namespace shardplan {
 
 std::string format_bytes(std::int64_t bytes) {
@@ -257,21 +259,9 @@ class JsonWriter {
   }();
   /// Length of the well-formed UTF-8 sequence at s[i] (a byte >= 0x80), or 0.
   static std::size_t utf8_length(std::string_view s, std::size_t i) {
-    const auto b = [&](std::size_t k) {
-      return i + k < s.size() ? static_cast<unsigned char>(s[i + k]) : 0u;
-    };
-    auto cont = [&](std::size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) {
-      return b(k) >= lo && b(k) <= hi;
-    };
-    const unsigned c = b(0);
-    if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-    if (c == 0xE0) return cont(1, 0xA0) && cont(2) ? 3 : 0;
-    if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(1) && cont(2) ? 3 : 0;
-    if (c == 0xED) return cont(1, 0x80, 0x9F) && cont(2) ? 3 : 0;
-    if (c == 0xF0) return cont(1, 0x90) && cont(2) && cont(3) ? 4 : 0;
-    if (c >= 0xF1 && c <= 0xF3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
-    if (c == 0xF4) return cont(1, 0x80, 0x8F) && cont(2) && cont(3) ? 4 : 0;
-    return 0;
+    char32_t cp = 0;
+    return detail::utf8_decode(reinterpret_cast<const unsigned char*>(s.data()) + i,
+                               s.size() - i, cp);
   }
 
   static constexpr std::size_t kChunk = std::size_t{1} << 20;

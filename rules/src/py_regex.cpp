@@ -9,6 +9,7 @@
 #include <set>
 
 #include "py_regex_tables.hpp"
+#include "shardplan/detail/utf8.hpp"
 
 namespace shardplan::detail {
 
@@ -113,42 +114,9 @@ CharSet space_chars(bool ascii) {
 // ---- UTF-8 ----
 
 std::size_t decode_utf8(const unsigned char* p, std::size_t n, char32_t& cp, bool* incomplete) {
-  if (incomplete) *incomplete = false;
-  const unsigned char b = p[0];
-  if (b < 0x80) {
-    cp = b;
-    return 1;
-  }
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xbf;  // the valid range of the second byte
-  if (b >= 0xc2 && b <= 0xdf) {
-    len = 2;
-  } else if (b >= 0xe0 && b <= 0xef) {
-    len = 3;
-    if (b == 0xe0) lo = 0xa0;
-    if (b == 0xed) hi = 0x9f;  // no surrogates
-  } else if (b >= 0xf0 && b <= 0xf4) {
-    len = 4;
-    if (b == 0xf0) lo = 0x90;
-    if (b == 0xf4) hi = 0x8f;
-  }
-  char32_t v = 0;
-  if (len) {
-    v = b & (0xff >> (len + 1));
-    std::size_t k = 1;
-    for (; k < len && k < n; ++k) {
-      const unsigned char c = p[k];
-      const unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
-      if (c < l || c > h) break;
-      v = (v << 6) | (c & 0x3f);
-    }
-    if (k == len) {
-      cp = v;
-      return len;
-    }
-    if (k == n && incomplete) *incomplete = true;
-  }
-  cp = 0xdc00 + b;  // surrogateescape
+  const std::size_t len = utf8_decode(p, n, cp, incomplete);
+  if (len != 0) return len;
+  cp = 0xdc00 + p[0];  // surrogateescape
   return 1;
 }
 
@@ -177,23 +145,7 @@ struct Flags {
 
 std::string utf8(std::u32string_view s) {
   std::string out;
-  for (char32_t c : s) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xc0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xe0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    }
-  }
+  for (const char32_t c : s) append_utf8(out, c);
   return out;
 }
 
