@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <iterator>
+#include <memory>
 #include <numeric>
 #include <ostream>
 #include <string_view>
@@ -91,6 +93,52 @@ std::string rule_column(const PlanReport& report, const LeafPlan& l) {
 /// Writes JSON text straight into a string, in the layout of nlohmann's dump(indent): with
 /// indent >= 0 one value per line, else no spaces. Building a DOM of a 90k-tensor report first
 /// took most of `shardplan plan --json`'s time.
+// The writer's output buffer: appends without std::string's terminator and out-of-line growth
+// path on every call (the report of a 90k-tensor plan is tens of megabytes of small appends).
+class Buffer {
+ public:
+  using value_type = char;  // for std::back_inserter
+  void reserve(std::size_t n) {
+    if (n > cap_) grow_to(n);
+  }
+  void push_back(char c) {
+    if (size_ == cap_) grow_to(size_ + 1);
+    data_[size_++] = c;
+  }
+  Buffer& operator+=(char c) {
+    push_back(c);
+    return *this;
+  }
+  Buffer& operator+=(std::string_view s) {
+    append(s.data(), s.size());
+    return *this;
+  }
+  void append(const char* p, std::size_t n) {
+    if (cap_ - size_ < n) grow_to(size_ + n);
+    if (n != 0) std::memcpy(data_.get() + size_, p, n);
+    size_ += n;
+  }
+  void append(std::size_t n, char c) {
+    if (cap_ - size_ < n) grow_to(size_ + n);
+    if (n != 0) std::memset(data_.get() + size_, c, n);
+    size_ += n;
+  }
+  const char* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+  void clear() { size_ = 0; }
+
+ private:
+  void grow_to(std::size_t n) {
+    const std::size_t cap = std::max(n, 2 * cap_ + 256);
+    auto data = std::make_unique_for_overwrite<char[]>(cap);
+    if (size_ != 0) std::memcpy(data.get(), data_.get(), size_);
+    data_ = std::move(data);
+    cap_ = cap;
+  }
+  std::unique_ptr<char[]> data_;
+  std::size_t size_ = 0, cap_ = 0;
+};
+
 class JsonWriter {
  public:
   /// Writes into a string (take()), or, with `sink`, into the stream in pieces.
@@ -153,7 +201,7 @@ class JsonWriter {
     return end_array();
   }
 
-  std::string take() { return std::move(out_); }
+  std::string take() const { return std::string(out_.data(), out_.size()); }
   /// Hands what is buffered to the sink once it holds a chunk (or always, with `all`).
   void flush(bool all = false) {
     if (sink_ && (all || out_.size() >= kChunk)) {
@@ -267,8 +315,9 @@ class JsonWriter {
   static constexpr std::size_t kChunk = std::size_t{1} << 20;
   int indent_;
   std::ostream* sink_;
-  std::string out_;
-  std::vector<bool> first_;  // per open container: no element written yet
+  Buffer out_;
+  std::vector<unsigned char> first_;  // per open container: no element written yet (not
+                                      // vector<bool>: its bit proxies cost on every element)
   bool after_key_ = false;
 };
 

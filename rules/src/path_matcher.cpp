@@ -245,13 +245,26 @@ class Builder {
   int nonword_or_end_a() const { return anonword_or_end_; }
 
   void closure(std::vector<std::pair<int, int>>& stack, const Context& ctx, DState& out) {
-    seen_.clear();
+    // (state, look) pairs already visited in this closure: look 0 (no pending assertion, nearly
+    // every pair) in a per-state generation stamp, other looks in a set cleared only when used
+    // (clearing a hash set costs its bucket count, and a closure runs per DFA transition).
+    if (++generation_ == 0) {
+      std::fill(stamp_.begin(), stamp_.end(), 0u);
+      generation_ = 1;
+    }
+    if (!seen_.empty()) seen_.clear();
     while (!stack.empty()) {
       const auto [s, look] = stack.back();
       stack.pop_back();
-      if (!seen_.insert((static_cast<std::uint64_t>(s) << 32) | static_cast<std::uint32_t>(look))
-               .second)
+      if (look == 0) {
+        std::uint32_t& stamp = stamp_[static_cast<std::size_t>(s)];
+        if (stamp == generation_) continue;
+        stamp = generation_;
+      } else if (!seen_.insert((static_cast<std::uint64_t>(s) << 32) |
+                               static_cast<std::uint32_t>(look))
+                      .second) {
         continue;
+      }
       if (++work > kWorkBudget) throw TooLarge{};
       const NState& st = nfa_.states[static_cast<std::size_t>(s)];
       if (st.pattern >= out.matched) continue;
@@ -359,6 +372,8 @@ class Builder {
   std::size_t nl_class_;
   int dollar_ = 0, line_end_ = 0, word_next_ = 0, nonword_or_end_ = 0, nonword_ = 0,
       aword_next_ = 0, anonword_or_end_ = 0, anonword_ = 0;
+  std::vector<std::uint32_t> stamp_ = std::vector<std::uint32_t>(nfa_.states.size(), 0u);
+  std::uint32_t generation_ = 0;
   std::unordered_set<std::uint64_t> seen_;
 };
 
