@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "path_matcher.hpp"
+#include "py_regex.hpp"
 #include "test_util.hpp"
 
 namespace shardplan::detail {
@@ -104,6 +105,42 @@ TEST(PythonRe, SearchAgreesWithPythonOnEveryPair) {
       disagreements.push_back(
           fmt::format("patterns {}: python accepts, shardplan rejects: {} at {}", table,
                       e.error.message, e.error.position));
+    }
+    if (disagreements.size() >= 20) break;
+  }
+  EXPECT_TRUE(disagreements.empty()) << ::testing::PrintToString(disagreements);
+  EXPECT_GT(checked, 4000u);
+}
+
+// The backtracker is the fallback for what the DFA cannot do; it must decide exactly as the DFA
+// and Python do on every pattern, not only on those that need it: run it alone on the corpus.
+TEST(PythonRe, TheBacktrackerAloneAgreesWithPythonOnEveryPair) {
+  std::vector<std::string> disagreements;
+  std::size_t checked = 0;
+  std::vector<std::string> last_patterns;
+  std::vector<Backtracker> matchers;
+  for (const auto& r : corpus().records) {
+    if (r["k"] != "m") continue;
+    std::vector<std::string> patterns;
+    for (const auto& p : r["p"]) patterns.push_back(unhex(p.get<std::string>()));
+    if (patterns != last_patterns) {
+      last_patterns = patterns;
+      matchers.clear();
+      for (const auto& p : patterns) matchers.emplace_back(parse_py_regex(p));
+    }
+    const std::string path = unhex(r["s"].get<std::string>());
+    const std::u32string text = decode_utf8(path);
+    int got = -1;
+    for (std::size_t i = 0; i < matchers.size() && got < 0; ++i) {
+      if (matchers[i].search(text, Backtracker::kDefaultBudget)) got = static_cast<int>(i);
+    }
+    ++checked;
+    const int want = r["r"].get<int>();
+    if (got != want) {
+      std::string table;
+      for (const auto& p : patterns) table += show(p) + " ";
+      disagreements.push_back(fmt::format("patterns {}path {}: python {}, backtracker {}", table,
+                                          show(path), want, got));
     }
     if (disagreements.size() >= 20) break;
   }
