@@ -6,12 +6,27 @@
 // messages instead of printing it again.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace shardplan::detail::json {
+
+/// True when the 8 bytes at `p` may all stand as they are inside a JSON string: printable
+/// ASCII (0x20-0x7f) other than '"' and '\\'. The reader and the report writer skip such
+/// words whole. (Each test is exact for "some byte of the word", which is all it needs: a
+/// borrow can only come from a byte that already failed.)
+inline bool plain_string_word(const char* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  constexpr std::uint64_t kOnes = 0x0101010101010101ull, kHigh = 0x8080808080808080ull;
+  auto has_zero = [](std::uint64_t x) { return (x - kOnes) & ~x & kHigh; };
+  const std::uint64_t below_space = (v - 0x20 * kOnes) & ~v & kHigh;
+  return ((v & kHigh) | below_space | has_zero(v ^ ('"' * kOnes)) | has_zero(v ^ ('\\' * kOnes))) ==
+         0;
+}
 
 /// Deeper nesting than this is rejected (model files and headers nest 3 or 4 levels).
 inline constexpr std::size_t kMaxDepth = 256;
@@ -124,9 +139,7 @@ class KeySet {
     std::string_view key;
   };
   static std::uint64_t hash(std::string_view key) {
-    std::uint64_t h = 1469598103934665603ull;  // FNV-1a, then never 0
-    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    return h | 1;
+    return std::hash<std::string_view>()(key) | 1;  // (a word at a time), never 0
   }
   bool place(std::string_view key, std::uint64_t h) {
     const std::size_t mask = slots_.size() - 1;

@@ -143,20 +143,25 @@ struct SpecEntry {
 
 /// Runs a rule's apply() or explain(), which may be a user's code. An exception of any type
 /// comes out as a RuleError (a SpecError stays a SpecError) naming the leaf, its shape and the
-/// rule (`rule`), with the original nested in it (std::rethrow_if_nested).
-template <class F>
-auto call_rule(F&& f, std::string_view leaf, const Shape& shape, const std::string& rule)
+/// rule (`where()`, built only for the message), with the original nested in it
+/// (std::rethrow_if_nested).
+template <class F, class Where>
+auto call_rule(F&& f, std::string_view leaf, const Shape& shape, const Where& where)
     -> decltype(f()) {
   try {
     return f();
   } catch (const RuleError& e) {
+    const std::string rule = where();
     std::throw_with_nested(RuleError(fmt::format("{} (leaf '{}', {})", e.what(), leaf, rule)));
   } catch (const SpecError& e) {
+    const std::string rule = where();
     std::throw_with_nested(SpecError(fmt::format("{} (leaf '{}', {})", e.what(), leaf, rule)));
   } catch (const std::exception& e) {
+    const std::string rule = where();
     std::throw_with_nested(RuleError(fmt::format("[plan] {} failed on leaf '{}' (shape {}): {}",
                                                  rule, leaf, shape.to_string(), e.what())));
   } catch (...) {
+    const std::string rule = where();
     std::throw_with_nested(RuleError(
         fmt::format("[plan] {} failed on leaf '{}' (shape {}): it threw an exception that is not "
                     "a std::exception",
@@ -306,7 +311,7 @@ class Planner {
           [&] {
             return (*r)->apply(RuleInput{rel, t, mesh_});
           },
-          full, t.shape, where(slot));
+          full, t.shape, [&] { return where(slot); });
       if (d.entry >= 0 && static_cast<std::size_t>(d.entry) < slot.entry_hits.size()) {
         ++slot.entry_hits[static_cast<std::size_t>(d.entry)];
       }
@@ -586,7 +591,7 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
           [&] {
             return (*rule)->explain(RuleInput{rel, leaf.leaf(), mesh_});
           },
-          path, leaf.leaf().shape, fmt::format("rule {} {}", rule_index, name));
+          path, leaf.leaf().shape, [&] { return fmt::format("rule {} {}", rule_index, name); });
       for (auto& s : steps) {
         out.push_back({rule_index, name, std::move(s)});
       }

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <exception>
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -99,8 +101,9 @@ class TreeBuilder {
 
   /// Puts `kids` in the tree's order; true when they are a list (keys exactly "0".."n-1", no
   /// leading zeros: layers flatten in numeric order), else they are sorted by key.
-  bool order_children(std::vector<std::int32_t>& kids) const {
-    std::vector<std::int32_t> slots(kids.size(), -1);
+  bool order_children(std::vector<std::int32_t>& kids) {
+    std::vector<std::int32_t>& slots = slots_scratch_;
+    slots.assign(kids.size(), -1);
     bool list = !kids.empty();
     for (std::int32_t c : kids) {
       const std::int64_t v = list_index(nodes_[static_cast<std::size_t>(c)].key, kids.size());
@@ -111,7 +114,7 @@ class TreeBuilder {
       slots[static_cast<std::size_t>(v)] = c;
     }
     if (list) {
-      kids = std::move(slots);
+      kids.swap(slots);
     } else {
       std::sort(kids.begin(), kids.end(), [&](std::int32_t a, std::int32_t b) {
         return nodes_[static_cast<std::size_t>(a)].key < nodes_[static_cast<std::size_t>(b)].key;
@@ -247,9 +250,8 @@ class TreeBuilder {
   }
 
   static std::uint64_t hash(std::int32_t parent, std::string_view key) {
-    std::uint64_t h = 1469598103934665603ull ^ static_cast<std::uint64_t>(parent);  // FNV-1a
-    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    return h;
+    return std::hash<std::string_view>()(key) ^
+           static_cast<std::uint64_t>(parent) * 0x9E3779B97F4A7C15ull;
   }
 
   void grow() {
@@ -270,6 +272,7 @@ class TreeBuilder {
   std::vector<std::int32_t> slots_;  // node ids by hash of (parent, key); -1 free
   std::vector<Branch> branches_;     // distinct branches, children before parents
   std::vector<std::pair<std::string_view, std::int64_t>> sig_;  // scratch: a node's children
+  std::vector<std::int32_t> slots_scratch_;                    // scratch: order_children
   std::unordered_map<std::uint64_t, std::vector<std::int64_t>> branch_table_;  // by hash
   std::vector<std::string_view> prev_keys_;  // the parts of the previous name
   std::vector<std::int32_t> prev_nodes_;     // and their nodes
@@ -392,6 +395,90 @@ Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, Tensor
   return builder.build();
 }
 
+namespace {
+
+/// One member of a model description as a tensor (the checks of parse_model_description).
+/// `dtypes` caches the dtype texts seen (a checkpoint names few), `dims` is scratch.
+TensorSpec tensor_of(json::Value::Iterator it, std::string_view source,
+                     std::vector<std::pair<std::string_view, DType>>& dtypes,
+                     std::vector<std::int64_t>& dims) {
+  const std::string_view name = it.key();
+  auto bad = [&](const std::string& what) {
+    return IoError(fmt::format("[model] {}: tensor '{}': {}", source, name, what));
+  };
+  const json::Value v = it.value();
+  if (!v.is_object()) {
+    throw bad(fmt::format("expected an object with shape and dtype, got {}", v.type_name()));
+  }
+  std::optional<json::Value> shape, dtype, logical_axes;
+  for (auto f = v.begin(); f != v.end(); ++f) {
+    std::optional<json::Value>* slot = f.key() == "shape"          ? &shape
+                                       : f.key() == "dtype"        ? &dtype
+                                       : f.key() == "logical_axes" ? &logical_axes
+                                                                   : nullptr;
+    if (slot == nullptr && f.key() != "data_offsets") {
+      throw bad(fmt::format("unknown field '{}' (expected shape, dtype, logical_axes)", f.key()));
+    }
+    if (slot == nullptr) continue;
+    if (*slot) throw bad(fmt::format("field '{}' appears twice", f.key()));
+    *slot = f.value();
+  }
+  if (!shape || !shape->is_array()) throw bad("'shape' must be a list of non-negative integers");
+  dims.clear();
+  for (auto d = shape->begin(); d != shape->end(); ++d) {
+    if (!(*d).is_uint() || (*d).as_uint() > static_cast<std::uint64_t>(INT64_MAX)) {
+      throw bad(
+          fmt::format("shape {} is not a list of non-negative integers", shape->source_text()));
+    }
+    dims.push_back(static_cast<std::int64_t>((*d).as_uint()));
+  }
+  if (!dtype || !dtype->is_string()) {
+    throw bad("'dtype' must be a string such as \"BF16\" or \"F32\"");
+  }
+  TensorSpec spec;
+  try {  // an element count past int64 is a SpecError naming the shape
+    spec.shape = Shape(dims);
+  } catch (const SpecError& e) {
+    throw bad(e.what());
+  }
+  // A checkpoint names few dtypes: each distinct text is parsed once (looked up by value).
+  auto known = std::find_if(dtypes.begin(), dtypes.end(),
+                            [&](const auto& d) { return d.first == dtype->str(); });
+  if (known == dtypes.end()) {
+    try {
+      known = dtypes.emplace(dtypes.end(), dtype->str(), parse_dtype(dtype->str()));
+    } catch (const SpecError& e) {
+      throw bad(e.what());
+    }
+  }
+  spec.dtype = known->second;
+  try {  // and so is a byte size past int64
+    spec.bytes();
+  } catch (const SpecError& e) {
+    throw bad(e.what());
+  }
+  if (logical_axes) {
+    const json::Value& la = *logical_axes;
+    if (!la.is_array() || la.size() != static_cast<std::size_t>(spec.shape.rank())) {
+      throw bad(fmt::format("'logical_axes' must be a list of {} names (one per dimension of "
+                            "shape {})",
+                            spec.shape.rank(), spec.shape.to_string()));
+    }
+    for (auto n = la.begin(); n != la.end(); ++n) {
+      if ((*n).is_null()) {
+        spec.logical_axes.emplace_back();
+      } else if ((*n).is_string()) {
+        spec.logical_axes.emplace_back(std::string((*n).str()));
+      } else {
+        throw bad(fmt::format("logical axis {} is not a string or null", (*n).source_text()));
+      }
+    }
+  }
+  return spec;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::string_view text,
                                                                         std::string_view source) {
   const json::Document doc = parse_json(text, source);
@@ -402,89 +489,57 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
                     "\"dtype\": \"BF16\"}}, got {}",
                     source, root.type_name()));
   }
-  std::vector<std::pair<std::string, TensorSpec>> out;
-  out.reserve(root.size());
+  // The members in order (without __metadata__), and the first that repeats a name.
+  std::vector<json::Value::Iterator> members;
+  members.reserve(root.size());
   json::KeySet seen(root.size());
-  std::vector<std::pair<std::string_view, DType>> dtypes;  // texts seen, into `doc`
+  std::size_t first_repeat = SIZE_MAX;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string_view name = it.key();
     if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& what) {
-      return IoError(fmt::format("[model] {}: tensor '{}': {}", source, name, what));
-    };
-    if (!seen.insert(name)) {
-      throw IoError(fmt::format("[model] {}: tensor '{}' appears twice", source, name));
-    }
-    const json::Value v = it.value();
-    if (!v.is_object()) {
-      throw bad(fmt::format("expected an object with shape and dtype, got {}", v.type_name()));
-    }
-    std::optional<json::Value> shape, dtype, logical_axes;
-    for (auto f = v.begin(); f != v.end(); ++f) {
-      std::optional<json::Value>* slot = f.key() == "shape"          ? &shape
-                                         : f.key() == "dtype"        ? &dtype
-                                         : f.key() == "logical_axes" ? &logical_axes
-                                                                     : nullptr;
-      if (slot == nullptr && f.key() != "data_offsets") {
-        throw bad(fmt::format("unknown field '{}' (expected shape, dtype, logical_axes)", f.key()));
-      }
-      if (slot == nullptr) continue;
-      if (*slot) throw bad(fmt::format("field '{}' appears twice", f.key()));
-      *slot = f.value();
-    }
-    if (!shape || !shape->is_array()) throw bad("'shape' must be a list of non-negative integers");
+    if (!seen.insert(name) && first_repeat == SIZE_MAX) first_repeat = members.size();
+    members.push_back(it);
+  }
+  // Each member converted on its own (two threads share a large description); the error
+  // reported is the one the serial loop would meet first: the first member that repeats a
+  // name or fails a check, a repeat before a failed check of the same member.
+  const std::size_t n = std::min(members.size(), first_repeat);
+  std::vector<std::pair<std::string, TensorSpec>> out(n);
+  struct Part {
+    std::size_t begin, end;
+    std::size_t failed = SIZE_MAX;  // the first member that failed, and why
+    std::exception_ptr error;
+  };
+  auto convert = [&](Part& part) {
+    std::vector<std::pair<std::string_view, DType>> dtypes;
     std::vector<std::int64_t> dims;
-    dims.reserve(shape->size());
-    for (auto d = shape->begin(); d != shape->end(); ++d) {
-      if (!(*d).is_uint() || (*d).as_uint() > static_cast<std::uint64_t>(INT64_MAX)) {
-        throw bad(
-            fmt::format("shape {} is not a list of non-negative integers", shape->source_text()));
-      }
-      dims.push_back(static_cast<std::int64_t>((*d).as_uint()));
-    }
-    if (!dtype || !dtype->is_string()) {
-      throw bad("'dtype' must be a string such as \"BF16\" or \"F32\"");
-    }
-    TensorSpec spec;
-    try {  // an element count past int64 is a SpecError naming the shape
-      spec.shape = Shape(std::move(dims));
-    } catch (const SpecError& e) {
-      throw bad(e.what());
-    }
-    // A checkpoint names few dtypes: each distinct text is parsed once (looked up by value).
-    auto known = std::find_if(dtypes.begin(), dtypes.end(),
-                              [&](const auto& d) { return d.first == dtype->str(); });
-    if (known == dtypes.end()) {
+    for (std::size_t k = part.begin; k < part.end; ++k) {
       try {
-        known = dtypes.emplace(dtypes.end(), dtype->str(), parse_dtype(dtype->str()));
-      } catch (const SpecError& e) {
-        throw bad(e.what());
+        out[k].second = tensor_of(members[k], source, dtypes, dims);
+        out[k].first = std::string(members[k].key());
+      } catch (...) {
+        part.failed = k;
+        part.error = std::current_exception();
+        return;
       }
     }
-    spec.dtype = known->second;
-    try {  // and so is a byte size past int64
-      spec.bytes();
-    } catch (const SpecError& e) {
-      throw bad(e.what());
-    }
-    if (logical_axes) {
-      const json::Value& la = *logical_axes;
-      if (!la.is_array() || la.size() != static_cast<std::size_t>(spec.shape.rank())) {
-        throw bad(fmt::format("'logical_axes' must be a list of {} names (one per dimension of "
-                              "shape {})",
-                              spec.shape.rank(), spec.shape.to_string()));
-      }
-      for (auto n = la.begin(); n != la.end(); ++n) {
-        if ((*n).is_null()) {
-          spec.logical_axes.emplace_back();
-        } else if ((*n).is_string()) {
-          spec.logical_axes.emplace_back(std::string((*n).str()));
-        } else {
-          throw bad(fmt::format("logical axis {} is not a string or null", (*n).source_text()));
-        }
-      }
-    }
-    out.emplace_back(std::string(name), std::move(spec));
+  };
+  constexpr std::size_t kParallelFrom = 16384;  // members; fewer are converted on one thread
+  Part parts[2] = {{0, n, SIZE_MAX, nullptr}, {n, n, SIZE_MAX, nullptr}};
+  if (n >= kParallelFrom && std::thread::hardware_concurrency() >= 2) {
+    parts[0].end = parts[1].begin = n / 2;
+    std::thread second([&] { convert(parts[1]); });
+    convert(parts[0]);
+    second.join();
+  } else {
+    convert(parts[0]);
+  }
+  for (const Part& part : parts) {
+    if (part.error) std::rethrow_exception(part.error);  // parts[0] holds the earlier members
+  }
+  if (first_repeat != SIZE_MAX) {
+    throw IoError(fmt::format("[model] {}: tensor '{}' appears twice", source,
+                              members[first_repeat].key()));
   }
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "fixtures.hpp"
@@ -128,6 +129,59 @@ TEST(ModelLoader, LargeModelDescriptionsParseInLinearTime) {
   ASSERT_TRUE(tree.at("layers").is_list());
   EXPECT_EQ(tree.at("layers").size(), static_cast<std::size_t>(kTensors));
   EXPECT_EQ(tree.at_path("layers/99999/w").leaf().shape, Shape({99'999 % 7 + 1}));
+}
+
+/// A description of `n` tensors "t<i>" of shape [i % 5 + 1], with some members replaced.
+std::string description(int n, const std::map<int, std::string>& replaced) {
+  std::string text = "{";
+  for (int i = 0; i < n; ++i) {
+    if (i) text += ",";
+    auto r = replaced.find(i);
+    text += r != replaced.end()
+                ? r->second
+                : fmt::format(R"("t{}": {{"shape": [{}], "dtype": "F32"}})", i, i % 5 + 1);
+  }
+  return text + "}";
+}
+
+TEST(ModelLoader, LargeDescriptionsReportTheErrorTheSerialReadingMeetsFirst) {
+  // Past 16,384 tensors the members are converted on two threads, each taking half; whichever
+  // finishes first, the error is the one of the earliest member, and a repeated name comes
+  // before a bad field of the same member, as when reading one member after another.
+  constexpr int kN = 40'000;
+  const std::string bad_shape_late = R"("late": {"shape": [-1], "dtype": "F32"})";
+  const std::string bad_dtype_early = R"("early": {"shape": [1], "dtype": "F33"})";
+  // A bad member in each half: the first half's.
+  EXPECT_THROW_WITH(
+      parse_model_description(description(kN, {{100, bad_dtype_early}, {30'000, bad_shape_late}}),
+                              "m.json"),
+      IoError, "'early'", "F33");
+  // Only the second half's.
+  EXPECT_THROW_WITH(parse_model_description(description(kN, {{30'000, bad_shape_late}}), "m.json"),
+                    IoError, "'late'", "[-1]");
+  // A repeated name before a bad member: the repeat.
+  const std::string repeat_of_7 = R"("t7": {"shape": [1], "dtype": "F32"})";
+  EXPECT_THROW_WITH(
+      parse_model_description(description(kN, {{25'000, repeat_of_7}, {30'000, bad_shape_late}}),
+                              "m.json"),
+      IoError, "'t7'", "twice");
+  // A bad member before a repeated name: the bad member.
+  EXPECT_THROW_WITH(
+      parse_model_description(description(kN, {{20'000, bad_shape_late}, {25'000, repeat_of_7}}),
+                              "m.json"),
+      IoError, "'late'", "[-1]");
+  // A member that repeats a name and is bad too: the repeat.
+  EXPECT_THROW_WITH(
+      parse_model_description(
+          description(kN, {{30'000, R"("t7": {"shape": [-1], "dtype": "F32"})"}}), "m.json"),
+      IoError, "'t7'", "twice");
+  // Without errors, every member in file order, from both halves.
+  const auto named = parse_model_description(description(kN, {}), "m.json");
+  ASSERT_EQ(named.size(), static_cast<std::size_t>(kN));
+  for (int i : {0, kN / 2 - 1, kN / 2, kN - 1}) {
+    EXPECT_EQ(named[static_cast<std::size_t>(i)].first, fmt::format("t{}", i));
+    EXPECT_EQ(named[static_cast<std::size_t>(i)].second.shape, Shape({i % 5 + 1}));
+  }
 }
 
 TEST(ModelLoader, EqualSubtreesShareTheirBranchAsShareEqualSubtreesMakesThem) {

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <exception>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -73,12 +74,40 @@ Tree<TensorSpec> load_data(const std::string& model) {
   return load_model(model);
 }
 
+/// A rule file, and its rule built (or why it could not be).
+struct LoadedRules {
+  RuleFile file;
+  RulePtr rule;
+  std::exception_ptr rule_error;
+};
+
 int run_plan(const PlanOptions& o) {
-  const RuleFile file = load_rules(o.rules);
-  const Tree<TensorSpec> data = load_data(o.model);
+  // The rule file is read and its patterns compiled on a second thread while the model loads.
+  // Errors are reported in the order of the serial steps: rule file, model, mesh, rule.
+  auto rules_job = std::async(std::launch::async, [&o] {
+    LoadedRules r{load_rules(o.rules), nullptr, nullptr};
+    try {
+      r.rule = r.file.make_rule();
+    } catch (...) {
+      r.rule_error = std::current_exception();
+    }
+    return r;
+  });
+  std::optional<Tree<TensorSpec>> loaded;
+  std::exception_ptr data_error;
+  try {
+    loaded.emplace(load_data(o.model));
+  } catch (...) {
+    data_error = std::current_exception();
+  }
+  const LoadedRules job = rules_job.get();  // throws the rule file's error
+  if (data_error) std::rethrow_exception(data_error);
+  const Tree<TensorSpec>& data = *loaded;
+  const RuleFile& file = job.file;
   const std::string mesh_text = !o.mesh.empty() ? o.mesh : file.mesh.value_or(kDefaultMesh);
   MeshShardingHelper helper(Mesh::parse(mesh_text, o.devices));
-  const RuleTree rules(file.make_rule());
+  if (job.rule_error) std::rethrow_exception(job.rule_error);
+  const RuleTree rules(job.rule);
   if (!o.explain.empty()) {
     const auto steps = helper.explain(rules, data, o.explain);
     std::cout << fmt::format("{} on mesh {}:\n", o.explain, helper.mesh().to_string());
