@@ -596,8 +596,11 @@ void write_leaves(JsonWriter& w, const PlanReport& report) {
   std::vector<std::optional<JsonWriter>> ready(chunks);
   std::size_t next = 0, written = 0;
   std::exception_ptr error;
+  // The chunks' writers start from this state, taken before any thread starts (`w` itself
+  // changes as chunks are spliced in).
+  const JsonWriter start(w, w.empty_container());
   auto format = [&](std::size_t c) {
-    JsonWriter part(w, c == 0 && w.empty_container());
+    JsonWriter part(start, c == 0 && start.empty_container());
     const std::size_t end = std::min(leaves.size(), (c + 1) * kLeavesPerChunk);
     for (std::size_t i = c * kLeavesPerChunk; i < end; ++i) {
       write_leaf(part, report, texts, leaves[i]);

@@ -1,0 +1,327 @@
+// The process group on Open MPI (or a group of one). See shardplan/distributed.hpp.
+//
+// The group is the one piece of process-wide state in the library: MPI is started once per
+// process and finished when the process exits (a static's destructor), as MPI requires.
+#include "shardplan/distributed.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+
+#if defined(SHARDPLAN_HAVE_MPI)
+// The C API only: mpi.h would otherwise pull in Open MPI's removed C++ bindings.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace shardplan::distributed {
+namespace {
+
+struct Group {
+  int index = 0;
+  int count = 1;
+  bool mpi = false;  // MPI was started here (and is finished at exit)
+#if defined(SHARDPLAN_HAVE_MPI)
+  ~Group() {
+    int finalized = 0;
+    if (mpi && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+  }
+#endif
+};
+
+Group& group() {
+  static Group g;
+  return g;
+}
+
+#if !defined(SHARDPLAN_HAVE_MPI)
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return *end == '\0' && n >= 0 && n <= INT_MAX ? static_cast<int>(n) : fallback;
+}
+#endif
+
+#if defined(SHARDPLAN_HAVE_MPI)
+/// Throws a DistributedError for a failed MPI call, with MPI's own text.
+void check(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw DistributedError(fmt::format("[distributed] {} failed on process {} of {}: {}", call,
+                                     group().index, group().count, std::string(text, len)));
+}
+
+/// An element count as MPI's int, or a DistributedError naming what is too large.
+int mpi_count(std::size_t n, std::string_view what) {
+  if (n > static_cast<std::size_t>(INT_MAX)) {
+    throw DistributedError(fmt::format(
+        "[distributed] {}: {} elements in one exchange; at most {} are supported", what, n,
+        INT_MAX));
+  }
+  return static_cast<int>(n);
+}
+
+template <class T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() {
+  return MPI_FLOAT;
+}
+template <>
+MPI_Datatype mpi_type<double>() {
+  return MPI_DOUBLE;
+}
+#endif
+
+/// Every process's count, in process order.
+std::vector<std::int64_t> allgather_count(std::int64_t mine) {
+  const Group& g = group();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(g.count), mine);
+#if defined(SHARDPLAN_HAVE_MPI)
+  if (g.mpi) {
+    check(MPI_Allgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD),
+          "MPI_Allgather");
+  }
+#endif
+  return all;
+}
+
+/// "process 0, 2: 4; process 1: 5" for the distinct values of `all`.
+template <class T, class Show>
+std::string by_value(const std::vector<T>& all, Show&& show) {
+  std::map<T, std::vector<int>> who;
+  for (std::size_t p = 0; p < all.size(); ++p) who[all[p]].push_back(static_cast<int>(p));
+  std::vector<std::pair<int, std::string>> parts;  // ordered by first process
+  for (const auto& [value, procs] : who) {
+    parts.emplace_back(procs.front(), fmt::format("process{} {}: {}", procs.size() > 1 ? "es" : "",
+                                                  fmt::join(procs, ", "), show(value)));
+  }
+  std::sort(parts.begin(), parts.end());
+  std::string out;
+  for (const auto& [first, text] : parts) out += (out.empty() ? "" : "; ") + text;
+  return out;
+}
+
+template <class T>
+void allreduce_sum_impl(std::span<T> data) {
+  initialize();
+  const Group& g = group();
+  const auto counts = allgather_count(static_cast<std::int64_t>(data.size()));
+  for (std::int64_t c : counts) {
+    if (c != counts[0]) {
+      throw DistributedError(fmt::format(
+          "[distributed] allreduce_sum: processes pass different element counts ({})",
+          by_value(counts, [](std::int64_t v) { return fmt::format("{}", v); })));
+    }
+  }
+  if (g.count == 1 || data.empty()) return;
+#if defined(SHARDPLAN_HAVE_MPI)
+  // Slice p of every process goes to process p, which adds the slices in process order; then
+  // every process gathers the sums. Each element is added in the same order wherever it is.
+  const std::size_t n = data.size();
+  const auto p_count = static_cast<std::size_t>(g.count);
+  std::vector<int> len(p_count), off(p_count);
+  for (std::size_t p = 0; p < p_count; ++p) {
+    const std::size_t b = n * p / p_count, e = n * (p + 1) / p_count;
+    off[p] = mpi_count(b, "allreduce_sum");
+    len[p] = mpi_count(e - b, "allreduce_sum");
+  }
+  const auto me = static_cast<std::size_t>(g.index);
+  const std::size_t mine = static_cast<std::size_t>(len[me]);
+  std::vector<T> parts(mine * p_count);
+  std::vector<int> recv_len(p_count, len[me]), recv_off(p_count);
+  for (std::size_t p = 0; p < p_count; ++p) recv_off[p] = mpi_count(p * mine, "allreduce_sum");
+  check(MPI_Alltoallv(data.data(), len.data(), off.data(), mpi_type<T>(), parts.data(),
+                      recv_len.data(), recv_off.data(), mpi_type<T>(), MPI_COMM_WORLD),
+        "MPI_Alltoallv");
+  std::vector<T> sum(parts.begin(), parts.begin() + static_cast<std::ptrdiff_t>(mine));
+  for (std::size_t p = 1; p < p_count; ++p) {
+    const T* from = parts.data() + p * mine;
+    for (std::size_t i = 0; i < mine; ++i) sum[i] += from[i];
+  }
+  check(MPI_Allgatherv(sum.data(), len[me], mpi_type<T>(), data.data(), len.data(), off.data(),
+                       mpi_type<T>(), MPI_COMM_WORLD),
+        "MPI_Allgatherv");
+#endif
+}
+
+}  // namespace
+
+bool built_with_mpi() {
+#if defined(SHARDPLAN_HAVE_MPI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+
+void initialize() {
+  static std::once_flag once;
+  static std::exception_ptr failed;
+  std::call_once(once, [] {
+    if (!launched_by_mpirun()) return;
+#if defined(SHARDPLAN_HAVE_MPI)
+    Group& g = group();
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      // Serialized: the group's calls may come from any thread, one at a time.
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+        failed = std::make_exception_ptr(
+            DistributedError("[distributed] MPI_Init_thread failed (started by mpirun)"));
+        return;
+      }
+      g.mpi = true;
+    }
+    // Errors come back as codes (turned into DistributedError), not an abort of the job.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g.index);
+    MPI_Comm_size(MPI_COMM_WORLD, &g.count);
+#else
+    const int size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    if (size > 1) {
+      failed = std::make_exception_ptr(DistributedError(fmt::format(
+          "[distributed] started by mpirun as one of {} processes, but this build of shardplan "
+          "has no MPI (configure with -DSHARDPLAN_WITH_MPI=ON and Open MPI installed); each "
+          "process would compute the whole job alone",
+          size)));
+    }
+#endif
+  });
+  if (failed) std::rethrow_exception(failed);
+}
+
+int process_index() {
+  initialize();
+  return group().index;
+}
+
+int process_count() {
+  initialize();
+  return group().count;
+}
+
+std::vector<int> local_devices(int global_devices) {
+  const int p = process_count();
+  if (global_devices <= 0 || global_devices % p != 0) {
+    throw DistributedError(fmt::format(
+        "[distributed] a mesh of {} devices does not split evenly over {} processes (each "
+        "process holds the same number of devices)",
+        global_devices, p));
+  }
+  const int local = global_devices / p;
+  std::vector<int> out(static_cast<std::size_t>(local));
+  for (int i = 0; i < local; ++i) out[static_cast<std::size_t>(i)] = process_index() * local + i;
+  return out;
+}
+
+int process_of_device(int device, int global_devices) {
+  const int local = static_cast<int>(local_devices(global_devices).size());
+  if (device < 0 || device >= global_devices) {
+    throw DistributedError(fmt::format("[distributed] device {} is not in a mesh of {} devices",
+                                       device, global_devices));
+  }
+  return device / local;
+}
+
+void barrier() {
+  initialize();
+#if defined(SHARDPLAN_HAVE_MPI)
+  if (group().mpi) check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+#endif
+}
+
+std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> mine) {
+  initialize();
+  const Group& g = group();
+  if (g.count == 1) return {std::vector<std::byte>(mine.begin(), mine.end())};
+  std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(g.count));
+#if defined(SHARDPLAN_HAVE_MPI)
+  const auto sizes = allgather_count(static_cast<std::int64_t>(mine.size()));
+  std::vector<int> len(sizes.size()), off(sizes.size());
+  std::size_t total = 0;
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    off[p] = mpi_count(total, "allgather_bytes");
+    len[p] = mpi_count(static_cast<std::size_t>(sizes[p]), "allgather_bytes");
+    total += static_cast<std::size_t>(sizes[p]);
+  }
+  mpi_count(total, "allgather_bytes");
+  std::vector<std::byte> all(total);
+  check(MPI_Allgatherv(mine.data(), len[static_cast<std::size_t>(g.index)], MPI_BYTE, all.data(),
+                       len.data(), off.data(), MPI_BYTE, MPI_COMM_WORLD),
+        "MPI_Allgatherv");
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    out[p].assign(all.begin() + off[p], all.begin() + off[p] + len[p]);
+  }
+#endif
+  return out;
+}
+
+void allreduce_sum(std::span<float> data) { allreduce_sum_impl(data); }
+void allreduce_sum(std::span<double> data) { allreduce_sum_impl(data); }
+
+void check_same(std::string_view what, std::string_view value) {
+  const auto all = allgather_bytes(std::as_bytes(std::span(value.data(), value.size())));
+  std::vector<std::string> values;
+  for (const auto& v : all) values.emplace_back(reinterpret_cast<const char*>(v.data()), v.size());
+  for (const std::string& v : values) {
+    if (v != values[0]) {
+      throw DistributedError(fmt::format(
+          "[distributed] the processes disagree on {}: {}", what,
+          by_value(values, [](const std::string& s) {
+            return fmt::format("'{}'", s.size() > 200 ? s.substr(0, 200) + "..." : s);
+          })));
+    }
+  }
+}
+
+void all_succeed(const std::function<void()>& step) {
+  initialize();
+  std::exception_ptr mine;
+  std::string message;
+  try {
+    step();
+  } catch (const std::exception& e) {
+    mine = std::current_exception();
+    message = e.what();
+  } catch (...) {
+    mine = std::current_exception();
+    message = "an exception that is not a std::exception";
+  }
+  // A byte for failed, then the message.
+  std::string status(1, mine ? '1' : '0');
+  status += message;
+  const auto all = allgather_bytes(std::as_bytes(std::span(status.data(), status.size())));
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    if (all[p].empty() || static_cast<char>(all[p][0]) != '1') continue;
+    const std::string text(reinterpret_cast<const char*>(all[p].data()) + 1, all[p].size() - 1);
+    const DistributedError error(fmt::format("[distributed] process {} of {} failed: {}", p,
+                                             all.size(), text));
+    if (static_cast<int>(p) == group().index && mine) {
+      try {
+        std::rethrow_exception(mine);
+      } catch (...) {
+        std::throw_with_nested(error);
+      }
+    }
+    throw error;
+  }
+}
+
+}  // namespace shardplan::distributed

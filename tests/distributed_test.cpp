@@ -1,0 +1,166 @@
+// The process group. ctest runs this file three ways: each test alone as one process, and the
+// whole binary under `mpirun -np 2` and `-np 4` (tests/CMakeLists.txt), where every process runs
+// every test and the collectives meet.
+#include "shardplan/distributed.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+namespace dist = shardplan::distributed;
+
+/// What mpirun told this process (the independent expectation), or a group of one.
+int env_or(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+int expected_count() { return env_or("OMPI_COMM_WORLD_SIZE", 1); }
+int expected_index() { return env_or("OMPI_COMM_WORLD_RANK", 0); }
+
+TEST(Distributed, TheGroupIsWhatMpirunStarted) {
+  EXPECT_EQ(dist::process_count(), expected_count());
+  EXPECT_EQ(dist::process_index(), expected_index());
+  EXPECT_EQ(dist::launched_by_mpirun(), std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr);
+  if (dist::launched_by_mpirun()) {
+    EXPECT_TRUE(dist::built_with_mpi());
+  }
+}
+
+TEST(Distributed, EachProcessHoldsConsecutiveDevicesInMeshOrder) {
+  const int p = dist::process_count(), me = dist::process_index();
+  const int global = 8 * p;  // divisible for 1, 2 and 4 processes
+  const std::vector<int> mine = dist::local_devices(global);
+  ASSERT_EQ(mine.size(), 8u);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(mine[static_cast<std::size_t>(i)], me * 8 + i);
+    EXPECT_EQ(dist::process_of_device(me * 8 + i, global), me);
+  }
+  // Over the group: every device exactly once, in order.
+  const auto all = dist::allgather_bytes(std::as_bytes(std::span(mine)));
+  std::vector<int> every;
+  for (const auto& bytes : all) {
+    const std::size_t n = bytes.size() / sizeof(int);
+    const std::size_t at = every.size();
+    every.resize(at + n);
+    std::memcpy(every.data() + at, bytes.data(), bytes.size());
+  }
+  ASSERT_EQ(every.size(), static_cast<std::size_t>(global));
+  for (int d = 0; d < global; ++d) EXPECT_EQ(every[static_cast<std::size_t>(d)], d);
+  EXPECT_THROW_WITH(dist::process_of_device(global, global), DistributedError,
+                    std::string("device ") + std::to_string(global));
+}
+
+TEST(Distributed, DevicesThatDoNotSplitEvenlyAreAnError) {
+  const int p = dist::process_count();
+  if (p == 1) {
+    EXPECT_EQ(dist::local_devices(3).size(), 3u);
+  } else {
+    EXPECT_THROW_WITH(dist::local_devices(4 * p + 1), DistributedError,
+                      std::to_string(4 * p + 1) + " devices", std::to_string(p) + std::string(" processes"));
+  }
+  EXPECT_THROW_WITH(dist::local_devices(0), DistributedError, "0 devices");
+}
+
+TEST(Distributed, AllgatherGivesEveryProcessesBytesInProcessOrder) {
+  const int me = dist::process_index();
+  // Process p sends p + 1 bytes of value p (sizes differ between processes).
+  const std::vector<std::byte> mine(static_cast<std::size_t>(me + 1),
+                                    static_cast<std::byte>(me));
+  const auto all = dist::allgather_bytes(mine);
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(expected_count()));
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    EXPECT_EQ(all[p], std::vector<std::byte>(p + 1, static_cast<std::byte>(p))) << p;
+  }
+  // Nothing from anyone.
+  const auto none = dist::allgather_bytes({});
+  for (const auto& v : none) EXPECT_TRUE(v.empty());
+}
+
+/// Process p's element i: magnitudes far apart, so that the order of the additions shows in
+/// the bits of the sum.
+float input(int p, std::size_t i) {
+  const float scale = p % 2 ? 1e-3f : 3e7f;
+  return scale * static_cast<float>((i * 7919 + static_cast<std::size_t>(p) * 104729) % 1000) /
+         997.0f;
+}
+
+TEST(Distributed, AllreduceAddsInProcessOrderBitForBit) {
+  const int p_count = dist::process_count(), me = dist::process_index();
+  // Not a multiple of the process count, fewer elements than processes, and none.
+  for (std::size_t n : {std::size_t{100'003}, std::size_t{3}, std::size_t{1}, std::size_t{0}}) {
+    std::vector<float> data(n);
+    for (std::size_t i = 0; i < n; ++i) data[i] = input(me, i);
+    dist::allreduce_sum(data);
+    for (std::size_t i = 0; i < n; ++i) {
+      float want = input(0, i);
+      for (int p = 1; p < p_count; ++p) want += input(p, i);
+      ASSERT_EQ(std::memcmp(&data[i], &want, sizeof(float)), 0)
+          << "n " << n << " element " << i << ": " << data[i] << " vs " << want;
+    }
+  }
+  std::vector<double> d{1.0 + me, 0.5};
+  dist::allreduce_sum(d);
+  EXPECT_EQ(d[0], p_count * (p_count + 1) / 2.0);
+  EXPECT_EQ(d[1], 0.5 * p_count);
+}
+
+TEST(Distributed, AllreduceOfDifferentCountsIsAnErrorOnEveryProcess) {
+  const int me = dist::process_index();
+  if (dist::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  std::vector<float> data(static_cast<std::size_t>(10 + (me == 1 ? 1 : 0)));
+  EXPECT_THROW_WITH(dist::allreduce_sum(data), DistributedError, "different element counts",
+                    "process 1: 11", "10");
+  // The group goes on.
+  std::vector<float> ok(2, 1.0f);
+  dist::allreduce_sum(ok);
+  EXPECT_EQ(ok[0], static_cast<float>(dist::process_count()));
+}
+
+TEST(Distributed, CheckSameNamesWhatDiffersAndWho) {
+  const int me = dist::process_index();
+  dist::check_same("program signature", "f32[8,4] -> f32[8]");  // the same everywhere: no error
+  if (dist::process_count() == 1) return;
+  const std::string shape = me == 1 ? "f32[8,5]" : "f32[8,4]";
+  EXPECT_THROW_WITH(dist::check_same("argument 0", shape), DistributedError, "argument 0",
+                    "process 1: 'f32[8,5]'", "'f32[8,4]'");
+}
+
+TEST(Distributed, AFailureOnOneProcessIsAnErrorOnEveryProcessNamingIt) {
+  const int p_count = dist::process_count(), me = dist::process_index();
+  const int failing = p_count - 1;
+  bool ran = false;
+  try {
+    dist::all_succeed([&] {
+      ran = true;
+      if (me == failing) throw std::runtime_error("cannot open shard 3");
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const DistributedError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of {} failed: cannot open "
+                                                           "shard 3",
+                                                           failing, p_count)));
+    // The failing process keeps its own exception, nested.
+    bool nested = false;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const std::runtime_error& inner) {
+      nested = std::string(inner.what()) == "cannot open shard 3";
+    }
+    EXPECT_EQ(nested, me == failing);
+  }
+  EXPECT_TRUE(ran);
+  // A step that succeeds everywhere, after a failure: no error, the group still works.
+  dist::all_succeed([] {});
+  dist::barrier();
+}
+
+}  // namespace
+}  // namespace shardplan
