@@ -106,7 +106,8 @@ class Array {
   /// A host copy of `device`'s buffer, with the shard's shape.
   Tensor shard_tensor(int device) const;
   /// The global array on the host (gathered; a pending array is reduced first, in a fixed
-  /// device order).
+  /// device order). When the array's devices span processes it is collective: every process
+  /// calls it and every process gets the whole array (process_allgather in JAX's terms).
   Tensor to_host() const;
   /// The picture of the sharding (1-D and 2-D), with a line for a pending reduction.
   std::string visualize() const;
@@ -119,6 +120,7 @@ class Array {
   std::string to_string() const;
 
  private:
+  Tensor to_host_over_processes() const;
   struct Impl {
     Executor executor;
     Shape shape;
@@ -164,6 +166,16 @@ Tree<Array> device_put(const Tree<Tensor>& tensors, const Tree<NamedSharding>& s
                        const Executor& executor);
 /// Every leaf gathered to the host.
 Tree<Tensor> to_host(const Tree<Array>& arrays);
+
+/// scalax's local_data_to_global_array (JAX's make_array_from_process_local_data): every process
+/// passes its rows, a tensor of the same shape and dtype on every process (checked: a
+/// DistributedError names what differs), and gets one global array that stacks them along
+/// dimension 0 in process order (shape [processes * rows, ...]), placed with `sharding`; each
+/// process fills only its own devices. Collective. When every device's block lies within the
+/// rows of the process holding it (a batch sharded over the devices in process order) no rows
+/// cross processes; otherwise the processes exchange their rows first.
+Array local_data_to_global_array(const Tensor& local, const NamedSharding& sharding,
+                                 const Executor& executor);
 /// The picture of an array's sharding, as jax.debug.visualize_array_sharding.
 inline std::string visualize(const Array& a) { return a.visualize(); }
 

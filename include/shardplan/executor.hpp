@@ -78,32 +78,48 @@ class DeviceTask {
 class Executor {
  public:
   /// `num_devices` >= 1 (throws SpecError otherwise). `memory_limit` bytes per device, 0 for none.
+  ///
+  /// The devices are global: in a program started by mpirun as P processes
+  /// (shardplan/distributed.hpp), each process holds num_devices / P consecutive ids of them
+  /// (local_devices()), runs its own devices' tasks and allocates only on them; the same
+  /// program with one process holds them all. num_devices must then be a multiple of P (a
+  /// SpecError names both).
   explicit Executor(int num_devices = default_device_count(), std::int64_t memory_limit = 0);
 
   /// SHARDPLAN_DEVICES if set (a positive integer; anything else throws SpecError naming it),
-  /// else the number of hardware threads.
+  /// else the number of hardware threads times the number of processes.
   static int default_device_count();
   /// "tbb", "threads" or "serial": the backend this library was configured with.
   static std::string_view backend();
 
+  /// The global number of devices (of every process).
   int num_devices() const;
+  /// The devices this process holds, in order (all of them with one process).
+  const std::vector<int>& local_devices() const;
+  /// True when this process holds `device`.
+  bool is_local(int device) const;
+  /// The process that holds `device` (0 with one process).
+  int process_of(int device) const;
 
-  /// Runs task(device) once for every device, in parallel, and returns when all are done. When a
-  /// task throws, devices that have not started are skipped, and once the running ones finish a
-  /// DeviceError naming the lowest failed device is thrown, with the original nested. The
-  /// executor stays usable.
+  /// Runs task(device) once for every local device, in parallel, and returns when all are done.
+  /// When a task throws, devices that have not started are skipped, and once the running ones
+  /// finish a DeviceError naming the lowest failed device is thrown, with the original nested.
+  /// The executor stays usable.
   void run(DeviceTask task) const;
-  /// Runs task(device) for the listed devices only.
+  /// Runs task(device) for the listed devices that are local (another process runs the others).
   void run(const std::vector<int>& devices, DeviceTask task) const;
   /// As run(devices, task), on the calling thread one device after another when `parallel` is
   /// false (tiny steps, where waking the pool costs more than the work); errors alike.
   void run(const std::vector<int>& devices, DeviceTask task, bool parallel) const;
 
   /// A buffer of `bytes` on `device`. Throws OutOfMemoryError past the device's limit (naming the
-  /// device, the bytes asked for, in use and the limit), SpecError for a bad device.
+  /// device, the bytes asked for, in use and the limit), SpecError for a bad device or one that
+  /// another process holds.
   Buffer allocate(int device, std::int64_t bytes) const;
 
+  /// A local device's memory (SpecError for a device another process holds).
   DeviceMemory memory(int device) const;
+  /// Every local device's memory.
   std::vector<DeviceMemory> memory() const;
   /// The per-device limit in bytes (0: none); applies to later allocations.
   void set_memory_limit(std::int64_t bytes) const;

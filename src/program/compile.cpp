@@ -621,6 +621,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
       const std::int64_t bytes = byte_size(local, st.type.dtype);
       std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
       for (const int d : mesh_.devices()) {
+        if (!executor.is_local(d)) continue;  // another process runs it
         out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
       }
       std::vector<const Array*> ins;

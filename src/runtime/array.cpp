@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <span>
 #include <sstream>
 
 #include "box_copy.hpp"
 #include "reduce.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan {
@@ -46,11 +49,13 @@ void check_pending(const Pending& p, const NamedSharding& sharding) {
   }
 }
 
-// Buffers for every mesh device, allocated on the host thread: all or nothing.
+// Buffers for every mesh device this process holds, allocated on the host thread: all or
+// nothing.
 std::vector<std::shared_ptr<Buffer>> allocate_shards(const Executor& executor, const Mesh& mesh,
                                                      std::int64_t bytes) {
   std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
   for (const int d : mesh.devices()) {
+    if (!executor.is_local(d)) continue;
     out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
   }
   return out;
@@ -115,6 +120,7 @@ Array Array::from_buffers(Executor executor, Shape shape, DType dtype, NamedShar
   impl->buffers.resize(static_cast<std::size_t>(executor.num_devices()));
   const std::int64_t bytes = byte_size(impl->shard_shape, dtype);
   for (const int d : mesh.devices()) {
+    if (!executor.is_local(d)) continue;  // another process holds its buffer
     const auto& b = impl->buffers[static_cast<std::size_t>(d)];
     if (!b || b->size() != bytes || (bytes > 0 && b->device() != d)) {
       throw ArrayError(fmt::format(
@@ -193,6 +199,11 @@ const Block& Array::block(int device) const {
   const Impl& i = concrete("shards");
   if (device < 0 || device >= static_cast<int>(i.buffers.size()) ||
       !i.buffers[static_cast<std::size_t>(device)]) {
+    if (device >= 0 && device < i.executor.num_devices() && !i.executor.is_local(device)) {
+      throw ArrayError(fmt::format(
+          "[array] device {} is held by process {}, not this one ({}); its shard is there",
+          device, i.executor.process_of(device), distributed::process_index()));
+    }
     throw ArrayError(fmt::format("[array] device {} holds no shard of this array (mesh {})", device,
                                  mesh().to_string()));
   }
@@ -211,8 +222,21 @@ Tensor Array::shard_tensor(int device) const {
   return t;
 }
 
+namespace {
+
+/// True when every device of the mesh is this process's.
+bool all_local(const Executor& e, const Mesh& m) {
+  for (const int d : m.devices()) {
+    if (!e.is_local(d)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Tensor Array::to_host() const {
   const Impl& i = concrete("value");
+  if (!all_local(i.executor, mesh())) return to_host_over_processes();
   Tensor out(i.shape, i.dtype);
   const Mesh& m = mesh();
   const int rank = i.shape.rank();
@@ -245,6 +269,48 @@ Tensor Array::to_host() const {
     detail::copy_box(src, i.shard_shape.begin(), zero.data(), out.bytes(), i.shape.begin(),
                      origin.data(), i.shard_shape.begin(), rank, elem);
   });
+  return out;
+}
+
+Tensor Array::to_host_over_processes() const {
+  const Impl& i = concrete("value");
+  if (!i.pending.empty()) {
+    throw ArrayError(fmt::format(
+        "[array] to_host of a pending (partial {}) array whose devices span processes is not "
+        "built yet; reduce it first (all_reduce or reshard)",
+        shardplan::to_string(i.pending.op)));
+  }
+  const int rank = i.shape.rank();
+  const std::size_t elem = size_of(i.dtype);
+  const std::int64_t shard_bytes = byte_size(i.shard_shape, i.dtype);
+  // Each distinct block is sent by the process of the first device holding it, in the order of
+  // the replica groups; every process receives all of them and places them.
+  const auto groups = i.sharding.replica_groups(i.shape);
+  std::vector<std::byte> mine;
+  for (const auto& group : groups) {
+    const int first = group.front();
+    if (!i.executor.is_local(first)) continue;
+    const Buffer& b = *i.buffers[static_cast<std::size_t>(first)];
+    mine.insert(mine.end(), b.data(), b.data() + shard_bytes);
+  }
+  const auto all = distributed::allgather_bytes(mine);
+  Tensor out(i.shape, i.dtype);
+  std::vector<std::size_t> taken(all.size(), 0);  // bytes used of each process's part
+  const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
+  for (const auto& group : groups) {
+    const int first = group.front();
+    const auto p = static_cast<std::size_t>(i.executor.process_of(first));
+    if (taken[p] + static_cast<std::size_t>(shard_bytes) > all[p].size()) {
+      throw DistributedError(fmt::format(
+          "[array] process {} sent {} bytes of blocks for a {}{} array, fewer than its devices "
+          "hold: the processes disagree on the array",
+          p, all[p].size(), name(i.dtype), i.shape.to_string()));
+    }
+    const auto origin = origin_of((*i.blocks)[static_cast<std::size_t>(first)]);
+    detail::copy_box(all[p].data() + taken[p], i.shard_shape.begin(), zero.data(), out.bytes(),
+                     i.shape.begin(), origin.data(), i.shard_shape.begin(), rank, elem);
+    taken[p] += static_cast<std::size_t>(shard_bytes);
+  }
   return out;
 }
 
@@ -337,6 +403,63 @@ Tree<Array> device_put(const Tree<Tensor>& tensors, const Tree<NamedSharding>& s
 
 Tree<Tensor> to_host(const Tree<Array>& arrays) {
   return arrays.map([](const Array& a) { return a.to_host(); });
+}
+
+Array local_data_to_global_array(const Tensor& local, const NamedSharding& sharding,
+                                 const Executor& executor) {
+  if (local.shape().rank() == 0) {
+    throw SpecError("[local_data_to_global_array] a process's data needs a dimension to stack "
+                    "along (it is a scalar)");
+  }
+  distributed::check_same("the shape and dtype of each process's local data",
+                          fmt::format("{}{}", name(local.dtype()), local.shape().to_string()));
+  const int processes = distributed::process_count();
+  const std::int64_t rows = local.shape()[0];
+  std::vector<std::int64_t> dims(local.shape().begin(), local.shape().end());
+  std::int64_t global_rows = 0;
+  if (!detail::checked_mul(rows, std::int64_t{processes}, &global_rows)) {
+    throw SpecError(fmt::format("[local_data_to_global_array] {} rows times {} processes "
+                                "overflow int64",
+                                rows, processes));
+  }
+  dims[0] = global_rows;
+  const Shape shape(dims);
+  const Mesh& mesh = sharding.mesh();
+  check_devices(mesh, executor, "local_data_to_global_array");
+  const auto blocks = sharding.device_blocks(shape);
+  // Every process decides the same way: from the blocks of every device, not only its own.
+  bool within = true;
+  for (const int d : mesh.devices()) {
+    const auto& b = blocks[static_cast<std::size_t>(d)];
+    const std::int64_t first = executor.process_of(d) * rows;
+    within = within && b[0].start >= first && b[0].start + b[0].size <= first + rows;
+  }
+  if (!within) {
+    // Rows cross processes: every process gets every process's rows, then places its blocks.
+    const auto all = distributed::allgather_bytes(std::span(
+        local.bytes(), static_cast<std::size_t>(byte_size(local.shape(), local.dtype()))));
+    Tensor global(shape, local.dtype());
+    std::size_t at = 0;
+    for (const auto& part : all) {
+      if (!part.empty()) std::memcpy(global.bytes() + at, part.data(), part.size());
+      at += part.size();
+    }
+    return device_put(global, sharding, executor);
+  }
+  const Shape shard = sharding.shard_shape(shape);
+  const std::size_t elem = size_of(local.dtype());
+  auto buffers = allocate_shards(executor, mesh, byte_size(shard, local.dtype()));
+  const int rank = shape.rank();
+  const std::int64_t my_first = distributed::process_index() * rows;
+  executor.run(mesh.devices(), [&](int d) {
+    auto origin = origin_of(blocks[static_cast<std::size_t>(d)]);
+    origin[0] -= my_first;  // into this process's rows
+    const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
+    detail::copy_box(local.bytes(), local.shape().begin(), origin.data(),
+                     buffers[static_cast<std::size_t>(d)]->data(), shard.begin(), zero.data(),
+                     shard.begin(), rank, elem);
+  });
+  return Array::from_buffers(executor, shape, local.dtype(), sharding, std::move(buffers));
 }
 
 }  // namespace shardplan

@@ -48,6 +48,20 @@ CollectiveRecord make_record(std::string kind, std::vector<std::string> axes, co
       std::vector<std::int64_t>(static_cast<std::size_t>(x.executor().num_devices()), 0)};
 }
 
+/// The device collectives move bytes between buffers of one process; over processes they are
+/// the next part of issue 11 (docs/distributed.md). Until then an array whose devices span
+/// processes is a clear error here, never a read of a buffer this process does not hold.
+void require_one_process(const Array& x, std::string_view op) {
+  for (const int d : x.mesh().devices()) {
+    if (!x.executor().is_local(d)) {
+      throw ArrayError(fmt::format(
+          "[{}] {} spans processes (device {} is held by process {}): collectives and reshard "
+          "between processes are not built yet; to_host, device_put and per-device steps are",
+          op, x.to_string(), d, x.executor().process_of(d)));
+    }
+  }
+}
+
 void require_not_pending(const Array& x, std::string_view op) {
   if (x.is_pending()) {
     throw ArrayError(
@@ -200,6 +214,7 @@ void check_same_placement(const Array& a, const Array& b, std::string_view where
 }
 
 Array all_gather(const Array& x, const std::vector<std::string>& axes, CollectiveRecord* record) {
+  require_one_process(x, "all_gather");
   require_not_pending(x, "all_gather");
   const int rank = x.shape().rank();
   auto dims = padded_dims(x.sharding().spec(), rank);
@@ -225,6 +240,7 @@ Array all_gather(const Array& x, const std::vector<std::string>& axes, Collectiv
 
 Array all_to_all(const Array& x, const std::vector<std::string>& axes, int from_dim, int to_dim,
                  CollectiveRecord* record) {
+  require_one_process(x, "all_to_all");
   require_not_pending(x, "all_to_all");
   const int rank = x.shape().rank();
   if (from_dim < 0 || from_dim >= rank || to_dim < 0 || to_dim >= rank || from_dim == to_dim) {
@@ -250,6 +266,7 @@ Array all_to_all(const Array& x, const std::vector<std::string>& axes, int from_
 
 Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
                  CollectiveRecord* record) {
+  require_one_process(x, "all_reduce");
   const auto axes = reduced_axes(x, axes_in, "all_reduce");
   const Mesh& mesh = x.mesh();
   const std::size_t elem = size_of(x.dtype());
@@ -310,6 +327,7 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
 
 Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& axes_in,
                      CollectiveRecord* record) {
+  require_one_process(x, "reduce_scatter");
   const auto axes = reduced_axes(x, axes_in, "reduce_scatter");
   const int rank = x.shape().rank();
   if (dim < 0 || dim >= rank) {
@@ -357,6 +375,7 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
 
 Array permute(const Array& x, const std::string& axis,
               const std::vector<std::pair<int, int>>& pairs, CollectiveRecord* record) {
+  require_one_process(x, "permute");
   const Mesh& mesh = x.mesh();
   const int ax = mesh.axis_index(axis);
   const std::int64_t size = mesh.axis_sizes()[static_cast<std::size_t>(ax)];
@@ -501,6 +520,7 @@ std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
 }  // namespace
 
 ReshardResult reshard(const Array& x, const NamedSharding& target) {
+  require_one_process(x, "reshard");
   check_reshard(x.mesh(), target, x.shape(), x.to_string());
   const int rank = x.shape().rank();
   ReshardResult result{x, {}};

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "shardplan/detail/checked.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/plan_report.hpp"  // format_bytes
 
@@ -182,6 +183,8 @@ void Buffer::release() noexcept {
 struct Executor::Impl {
   explicit Impl(int n) : accounts(std::make_shared<detail::DeviceAccounts>(n)) {}
   std::shared_ptr<detail::DeviceAccounts> accounts;
+  int per_process = 0;       // devices each process holds
+  std::vector<int> local;    // this process's: [first, first + per_process)
 #if defined(SHARDPLAN_EXECUTOR_TBB)
   tbb::task_arena arena{static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
 #endif
@@ -195,8 +198,18 @@ Executor::Executor(int num_devices, std::int64_t memory_limit) {
     throw SpecError(
         fmt::format("[executor] memory limit must be >= 0 bytes, got {}", memory_limit));
   }
+  const int processes = distributed::process_count();
+  if (num_devices % processes != 0) {
+    throw SpecError(fmt::format(
+        "[executor] {} devices do not split evenly over {} processes (each process holds the "
+        "same number of devices)",
+        num_devices, processes));
+  }
   impl_ = std::make_shared<Impl>(num_devices);
   impl_->accounts->limit = memory_limit;
+  impl_->per_process = num_devices / processes;
+  const int first = distributed::process_index() * impl_->per_process;
+  for (int i = 0; i < impl_->per_process; ++i) impl_->local.push_back(first + i);
 }
 
 int Executor::default_device_count() {
@@ -214,7 +227,8 @@ int Executor::default_device_count() {
     }
     return n;
   }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) *
+         distributed::process_count();
 }
 
 std::string_view Executor::backend() {
@@ -228,6 +242,39 @@ std::string_view Executor::backend() {
 }
 
 int Executor::num_devices() const { return impl_->accounts->num_devices; }
+
+const std::vector<int>& Executor::local_devices() const { return impl_->local; }
+
+bool Executor::is_local(int device) const {
+  return device >= impl_->local.front() && device <= impl_->local.back();
+}
+
+int Executor::process_of(int device) const {
+  const int n = num_devices();
+  if (device < 0 || device >= n) {
+    throw SpecError(fmt::format("[executor] no device {} (this executor has {})", device, n));
+  }
+  return device / impl_->per_process;
+}
+
+namespace {
+
+/// The SpecError for a device that is not this process's (or not a device at all).
+void check_local(const Executor& e, int device) {
+  const int n = e.num_devices();
+  if (device < 0 || device >= n) {
+    throw SpecError(fmt::format("[executor] no device {} (this executor has {})", device, n));
+  }
+  if (!e.is_local(device)) {
+    throw SpecError(fmt::format(
+        "[executor] device {} is held by process {}; this is process {}, which holds devices "
+        "{}-{}",
+        device, e.process_of(device), distributed::process_index(), e.local_devices().front(),
+        e.local_devices().back()));
+  }
+}
+
+}  // namespace
 
 namespace {
 
@@ -314,7 +361,9 @@ void Executor::run(DeviceTask task) const {
       errors.record(d);
     }
   };
-  for_each_index(*impl_, num_devices(), one);
+  const int first = impl_->local.front();
+  auto local_one = [&](int i) { one(first + i); };
+  for_each_index(*impl_, static_cast<int>(impl_->local.size()), local_one);
   errors.rethrow();
 }
 
@@ -331,6 +380,7 @@ void Executor::run(const std::vector<int>& devices, DeviceTask task, bool parall
   }
   StepErrors errors;
   for (const int d : devices) {
+    if (!is_local(d)) continue;  // another process runs it
     try {
       task(d);
     } catch (...) {
@@ -348,9 +398,18 @@ void Executor::run(const std::vector<int>& devices, DeviceTask task) const {
       throw SpecError(fmt::format("[executor] no device {} (this executor has {})", d, n));
     }
   }
+  // Another process runs the devices it holds.
+  const std::vector<int>* run_devices = &devices;
+  std::vector<int> local;
+  if (static_cast<int>(impl_->local.size()) != n) {
+    for (const int d : devices) {
+      if (is_local(d)) local.push_back(d);
+    }
+    run_devices = &local;
+  }
   StepErrors errors;
   auto one = [&](int i) {
-    const int d = devices[static_cast<std::size_t>(i)];
+    const int d = (*run_devices)[static_cast<std::size_t>(i)];
     if (errors.stopped()) return;
     try {
       task(d);
@@ -358,15 +417,12 @@ void Executor::run(const std::vector<int>& devices, DeviceTask task) const {
       errors.record(d);
     }
   };
-  for_each_index(*impl_, static_cast<int>(devices.size()), one);
+  for_each_index(*impl_, static_cast<int>(run_devices->size()), one);
   errors.rethrow();
 }
 
 Buffer Executor::allocate(int device, std::int64_t bytes) const {
-  const int n = num_devices();
-  if (device < 0 || device >= n) {
-    throw SpecError(fmt::format("[executor] no device {} (this executor has {})", device, n));
-  }
+  check_local(*this, device);
   if (bytes < 0) {
     throw SpecError(fmt::format("[executor] cannot allocate {} bytes on device {}", bytes, device));
   }
@@ -388,17 +444,14 @@ Buffer Executor::allocate(int device, std::int64_t bytes) const {
 }
 
 DeviceMemory Executor::memory(int device) const {
-  const int n = num_devices();
-  if (device < 0 || device >= n) {
-    throw SpecError(fmt::format("[executor] no device {} (this executor has {})", device, n));
-  }
+  check_local(*this, device);
   auto& a = (*impl_->accounts)[device];
   return DeviceMemory{device, a.in_use.load(), a.peak.load(), impl_->accounts->limit.load()};
 }
 
 std::vector<DeviceMemory> Executor::memory() const {
   std::vector<DeviceMemory> out;
-  for (int d = 0; d < num_devices(); ++d) out.push_back(memory(d));
+  for (const int d : impl_->local) out.push_back(memory(d));
   return out;
 }
 
