@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -147,14 +148,128 @@ TEST(MultiProcess, LocalDataBecomesOneGlobalArrayInProcessOrder) {
   }
 }
 
-TEST(MultiProcess, CollectivesBetweenProcessesAreAClearErrorUntilBuilt) {
-  if (dist::process_count() == 1) GTEST_SKIP() << "needs two processes";
+/// Checks that every local device of `a` holds exactly its block of the host tensor `x`.
+void expect_blocks_of(const Array& a, const Tensor& x, const std::string& what) {
+  const Executor& exec = a.executor();
+  const int rank = x.shape().rank();
+  for (const int d : a.mesh().devices()) {
+    if (!exec.is_local(d)) continue;
+    const Block& b = a.block(d);
+    const Tensor s = a.shard_tensor(d);
+    // Walk the block in row-major order.
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(rank), 0);
+    for (std::int64_t k = 0; k < s.shape().numel(); ++k) {
+      std::int64_t g = 0;
+      for (int r = 0; r < rank; ++r) {
+        g = g * x.shape()[r] + b[static_cast<std::size_t>(r)].start + idx[static_cast<std::size_t>(r)];
+      }
+      ASSERT_EQ(s.get(k), x.get(g)) << what << ", device " << d << ", element " << k;
+      for (int r = rank - 1; r >= 0; --r) {
+        if (++idx[static_cast<std::size_t>(r)] < b[static_cast<std::size_t>(r)].size) break;
+        idx[static_cast<std::size_t>(r)] = 0;
+      }
+    }
+  }
+}
+
+TEST(MultiProcess, GatherAllToAllAndReshardMoveTheRightBytesBetweenProcesses) {
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:4,b:2", 8);
+  const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 5);
+  const Array y = device_put(x, NamedSharding(mesh, P("a", "b")), exec);
+  const Array g = all_gather(y, {"a"});
+  EXPECT_EQ(g.sharding().spec(), P(nullptr, "b"));
+  expect_blocks_of(g, x, "all_gather a");
+  expect_blocks_of(all_gather(y, {"a", "b"}), x, "all_gather a, b");
+  expect_blocks_of(all_to_all(y, {"b"}, 1, 0), x, "all_to_all b 1 -> 0");
+  for (const PartitionSpec& target : {P(), P("b", "a"), P(AxisNames{"b", "a"}, nullptr),
+                                      P(nullptr, AxisNames{"a", "b"}), P("a")}) {
+    const Array r = reshard(y, NamedSharding(mesh, target)).array;
+    expect_blocks_of(r, x, "reshard to " + target.to_string());
+    EXPECT_EQ(r.to_host(), x) << target.to_string();
+  }
+}
+
+TEST(MultiProcess, PermuteSendsEachShardWhereThePairsSay) {
   Executor exec(8);
   const Mesh mesh = Mesh::parse("a:8", 8);
-  const Array y = device_put(Tensor::normal(Shape{8}, DType::kF32, 1), NamedSharding(mesh, P("a")),
-                             exec);
-  EXPECT_THROW_WITH(all_gather(y, {"a"}), ArrayError, "spans processes", "not built yet");
-  EXPECT_THROW_WITH(reshard(y, NamedSharding(mesh, P())), ArrayError, "spans processes");
+  const Tensor x = Tensor::normal(Shape{8, 3}, DType::kF32, 9);
+  const Array y = device_put(x, NamedSharding(mesh, P("a")), exec);
+  // A ring shift by 3, and one coordinate that receives nothing (zeros).
+  std::vector<std::pair<int, int>> pairs;
+  for (int i = 0; i < 8; ++i) {
+    if (i != 2) pairs.emplace_back(i, (i + 3) % 8);
+  }
+  const Array z = permute(y, "a", pairs);
+  for (const int d : exec.local_devices()) {
+    const Tensor s = z.shard_tensor(d);
+    const int from = (d + 8 - 3) % 8;
+    for (std::int64_t k = 0; k < 3; ++k) {
+      ASSERT_EQ(s.get(k), from == 2 ? 0.0 : x.get(from * 3 + k)) << "device " << d;
+    }
+  }
+}
+
+/// Device d's partial value at element i: magnitudes far apart, so that the order of the
+/// additions shows in the bits.
+float partial(int d, std::int64_t i) {
+  const float scale = d % 3 == 0 ? 1e7f : (d % 3 == 1 ? 1e-2f : 3.0f);
+  return scale * static_cast<float>((i * 31 + d * 17) % 101) / 7.0f;
+}
+
+/// A pending sum over axis 'b' of mesh a:4,b:2 with replicated spec: each local device holds
+/// its own partial values.
+Array pending_sum(const Executor& exec, const Mesh& mesh, const Shape& shape) {
+  std::vector<std::shared_ptr<Buffer>> buffers(8);
+  for (const int d : exec.local_devices()) {
+    buffers[static_cast<std::size_t>(d)] =
+        std::make_shared<Buffer>(exec.allocate(d, shape.numel() * 4));
+    auto* v = reinterpret_cast<float*>(buffers[static_cast<std::size_t>(d)]->data());
+    for (std::int64_t i = 0; i < shape.numel(); ++i) v[i] = partial(d, i);
+  }
+  return Array::from_buffers(exec, shape, DType::kF32, NamedSharding(mesh, P()),
+                             std::move(buffers), Pending{ReduceOp::kSum, {"a"}});
+}
+
+TEST(MultiProcess, ReductionsOverProcessesAddInDeviceOrderBitForBit) {
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:4,b:2", 8);
+  const Shape shape{8, 5};
+  const Array p = pending_sum(exec, mesh, shape);
+  // The expectation: for each element, the partials of the devices of a group over 'a' added
+  // in mesh order; device (a, b) is 2a + b, so the group of column b is b, b + 2, b + 4, b + 6.
+  auto reduced = [&](int b, std::int64_t i) {
+    float acc = partial(b, i);
+    for (int a = 1; a < 4; ++a) acc += partial(2 * a + b, i);
+    return acc;
+  };
+  const Array r = all_reduce(p);
+  EXPECT_FALSE(r.is_pending());
+  for (const int d : exec.local_devices()) {
+    const Tensor s = r.shard_tensor(d);
+    for (std::int64_t i = 0; i < shape.numel(); ++i) {
+      const float got = static_cast<float>(s.get(i)), want = reduced(d % 2, i);
+      ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "device " << d << " element " << i;
+    }
+  }
+  // Scattered over dimension 0: device (a, b) keeps rows [2a, 2a + 2) of its column's sum.
+  const Array rs = reduce_scatter(p, 0);
+  EXPECT_EQ(rs.sharding().spec(), P("a"));
+  for (const int d : exec.local_devices()) {
+    const Tensor s = rs.shard_tensor(d);
+    const Block& b = rs.block(d);
+    for (std::int64_t k = 0; k < s.shape().numel(); ++k) {
+      const std::int64_t i = b[0].start * 5 + k;
+      const float got = static_cast<float>(s.get(k)), want = reduced(d % 2, i);
+      ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "device " << d << " element " << k;
+    }
+  }
+  // to_host of the pending array reduces it the same way (every device's column 0 sum).
+  const Tensor host = p.to_host();
+  for (std::int64_t i = 0; i < shape.numel(); ++i) {
+    const float got = static_cast<float>(host.get(i)), want = reduced(0, i);
+    ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "element " << i;
+  }
 }
 
 }  // namespace

@@ -58,6 +58,18 @@ void barrier();
 /// Collective: every process's bytes, in process order (sizes may differ between processes).
 std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> mine);
 
+/// One message of exchange(): `bytes` bytes at `data`, to or from process `peer`.
+struct Message {
+  int peer = 0;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+/// Collective: sends and receives the given messages, all at once, and returns when all are
+/// done. Messages between two processes are matched in the order each side lists them (so both
+/// must list them in the same order: the runtime derives the lists from the shardings, which
+/// every process knows). A message to or from this process itself is an error.
+void exchange(const std::vector<Message>& sends, const std::vector<Message>& receives);
+
 /// Collective: the elementwise sum over processes of each process's `data`, into `data`, added
 /// in process order ((x0 + x1) + x2) + ... for every element, so the bits do not depend on how
 /// the group is laid out or on timing. Every process passes the same number of elements

@@ -273,6 +273,42 @@ std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> m
   return out;
 }
 
+void exchange(const std::vector<Message>& sends, const std::vector<Message>& receives) {
+  initialize();
+  const Group& g = group();
+  for (const auto* list : {&sends, &receives}) {
+    for (const Message& m : *list) {
+      if (m.peer < 0 || m.peer >= g.count || m.peer == g.index) {
+        throw DistributedError(fmt::format(
+            "[distributed] exchange: a message {} process {} (this is process {} of {})",
+            list == &sends ? "to" : "from", m.peer, g.index, g.count));
+      }
+    }
+  }
+#if defined(SHARDPLAN_HAVE_MPI)
+  // A message of more than INT_MAX bytes goes as several, cut the same way on both sides.
+  constexpr std::size_t kPiece = std::size_t{1} << 30;
+  std::vector<MPI_Request> requests;
+  auto post = [&](const Message& m, bool send) {
+    for (std::size_t at = 0; at < m.bytes || (at == 0 && m.bytes == 0); at += kPiece) {
+      const int n = static_cast<int>(std::min(kPiece, m.bytes - at));
+      MPI_Request r;
+      if (send) {
+        check(MPI_Isend(m.data + at, n, MPI_BYTE, m.peer, 0, MPI_COMM_WORLD, &r), "MPI_Isend");
+      } else {
+        check(MPI_Irecv(m.data + at, n, MPI_BYTE, m.peer, 0, MPI_COMM_WORLD, &r), "MPI_Irecv");
+      }
+      requests.push_back(r);
+      if (m.bytes == 0) break;
+    }
+  };
+  for (const Message& m : receives) post(m, false);
+  for (const Message& m : sends) post(m, true);
+  check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall");
+#endif
+}
+
 void allreduce_sum(std::span<float> data) { allreduce_sum_impl(data); }
 void allreduce_sum(std::span<double> data) { allreduce_sum_impl(data); }
 

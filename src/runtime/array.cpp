@@ -9,6 +9,7 @@
 
 #include "box_copy.hpp"
 #include "reduce.hpp"
+#include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 
@@ -275,10 +276,8 @@ Tensor Array::to_host() const {
 Tensor Array::to_host_over_processes() const {
   const Impl& i = concrete("value");
   if (!i.pending.empty()) {
-    throw ArrayError(fmt::format(
-        "[array] to_host of a pending (partial {}) array whose devices span processes is not "
-        "built yet; reduce it first (all_reduce or reshard)",
-        shardplan::to_string(i.pending.op)));
+    // Reduced over the pending axes first, in the same device order as the one-process path.
+    return all_reduce(*this, {}).to_host();
   }
   const int rank = i.shape.rank();
   const std::size_t elem = size_of(i.dtype);

@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <numeric>
 
 #include "box_copy.hpp"
 #include "reduce.hpp"
 #include "shardplan/detail/checked.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/plan_report.hpp"  // format_bytes
 
@@ -37,6 +39,7 @@ std::vector<std::shared_ptr<Buffer>> allocate_like(const Array& x, const Mesh& m
                                                    std::int64_t bytes) {
   std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(x.executor().num_devices()));
   for (const int d : mesh.devices()) {
+    if (!x.executor().is_local(d)) continue;  // another process's
     out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(x.executor().allocate(d, bytes));
   }
   return out;
@@ -48,19 +51,78 @@ CollectiveRecord make_record(std::string kind, std::vector<std::string> axes, co
       std::vector<std::int64_t>(static_cast<std::size_t>(x.executor().num_devices()), 0)};
 }
 
-/// The device collectives move bytes between buffers of one process; over processes they are
-/// the next part of issue 11 (docs/distributed.md). Until then an array whose devices span
-/// processes is a clear error here, never a read of a buffer this process does not hold.
-void require_one_process(const Array& x, std::string_view op) {
+/// True when some device of the array's mesh is held by another process.
+bool spans_processes(const Array& x) {
   for (const int d : x.mesh().devices()) {
-    if (!x.executor().is_local(d)) {
-      throw ArrayError(fmt::format(
-          "[{}] {} spans processes (device {} is held by process {}): collectives and reshard "
-          "between processes are not built yet; to_host, device_put and per-device steps are",
-          op, x.to_string(), d, x.executor().process_of(d)));
-    }
+    if (!x.executor().is_local(d)) return true;
   }
+  return false;
 }
+
+/// The shards a collective reads: this process's own, and a copy of each shard of another
+/// process that one of this process's devices reads. `reads(d)` lists the devices whose shards
+/// device d reads; every process evaluates it for every device, so each knows what to send
+/// to whom without asking, and the messages between two processes go in device order on both
+/// sides. A copy lives in this process's memory, counted on the first local device that reads
+/// it (it is what that device receives). Collective when the array spans processes.
+class ShardSource {
+ public:
+  ShardSource(const Array& x, const std::function<std::vector<int>(int)>& reads) : x_(x) {
+    if (!spans_processes(x)) return;
+    const Executor& e = x.executor();
+    const Mesh& mesh = x.mesh();
+    const int me = distributed::process_index();
+    const int processes = distributed::process_count();
+    const std::int64_t bytes = x.shard_nbytes();
+    // needed[p]: the other processes' devices whose shards process p's devices read, sorted;
+    // reader[m]: the first of this process's devices reading m.
+    std::vector<std::vector<int>> needed(static_cast<std::size_t>(processes));
+    std::vector<int> reader(static_cast<std::size_t>(e.num_devices()), -1);
+    for (const int d : mesh.devices()) {
+      const int p = e.process_of(d);
+      for (const int m : reads(d)) {
+        if (e.process_of(m) == p) continue;
+        needed[static_cast<std::size_t>(p)].push_back(m);
+        if (p == me && reader[static_cast<std::size_t>(m)] < 0) {
+          reader[static_cast<std::size_t>(m)] = d;
+        }
+      }
+    }
+    for (auto& v : needed) {
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+    }
+    remote_.resize(static_cast<std::size_t>(e.num_devices()));
+    if (bytes == 0) return;
+    std::vector<distributed::Message> sends, receives;
+    for (const int m : needed[static_cast<std::size_t>(me)]) {
+      auto& copy = remote_[static_cast<std::size_t>(m)];
+      copy = std::make_shared<Buffer>(e.allocate(reader[static_cast<std::size_t>(m)], bytes));
+      receives.push_back({e.process_of(m), copy->data(), static_cast<std::size_t>(bytes)});
+    }
+    for (int p = 0; p < processes; ++p) {
+      if (p == me) continue;
+      for (const int m : needed[static_cast<std::size_t>(p)]) {
+        if (e.process_of(m) != me) continue;
+        sends.push_back({p, const_cast<std::byte*>(x.shard(m).data()),
+                         static_cast<std::size_t>(bytes)});
+      }
+    }
+    distributed::exchange(sends, receives);
+  }
+
+  /// Device m's shard: its own buffer here, or the copy received from its process.
+  const std::byte* operator()(int m) const {
+    if (!remote_.empty() && remote_[static_cast<std::size_t>(m)]) {
+      return remote_[static_cast<std::size_t>(m)]->data();
+    }
+    return x_.shard(m).data();
+  }
+
+ private:
+  const Array& x_;
+  std::vector<std::shared_ptr<Buffer>> remote_;  // by device id
+};
 
 void require_not_pending(const Array& x, std::string_view op) {
   if (x.is_pending()) {
@@ -71,12 +133,18 @@ void require_not_pending(const Array& x, std::string_view op) {
   }
 }
 
-// The member of `group` sharing the most mesh coordinates with `device` (the first on ties).
-int nearest(const Mesh& mesh, const std::vector<int>& group, int device) {
+// The member of `group` sharing the most mesh coordinates with `device` (the first on ties),
+// among the members held by the process holding `device` when there are any (reading a replica
+// in memory, not over the network).
+int nearest(const Mesh& mesh, const Executor& e, const std::vector<int>& group, int device) {
   const auto c = mesh.coords_of_position(mesh.position_of_device(device));
+  const int process = e.process_of(device);
+  const bool any_here = std::any_of(group.begin(), group.end(),
+                                    [&](int g) { return e.process_of(g) == process; });
   int best = group.front();
   int best_same = -1;
   for (const int g : group) {
+    if (any_here && e.process_of(g) != process) continue;
     const auto gc = mesh.coords_of_position(mesh.position_of_device(g));
     int same = 0;
     for (std::size_t i = 0; i < c.size(); ++i) same += gc[i] == c[i];
@@ -99,6 +167,30 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
   const Shape tshard = target.shard_shape(shape);
   const auto tblocks = target.device_blocks(shape);
   const auto groups = x.sharding().replica_groups(shape);
+  const auto sblocks = x.sharding().device_blocks(shape);
+  // The groups whose block overlaps the target block of d, and the member d reads each from.
+  auto sources = [&](int d) {
+    std::vector<std::pair<const std::vector<int>*, int>> out;
+    const Block& bt = tblocks[static_cast<std::size_t>(d)];
+    for (const auto& group : groups) {
+      const Block& bs = sblocks[static_cast<std::size_t>(group.front())];
+      bool overlaps = true;
+      for (int k = 0; k < rank && overlaps; ++k) {
+        const auto i = static_cast<std::size_t>(k);
+        overlaps = std::max(bt[i].start, bs[i].start) <
+                   std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size);
+      }
+      if (!overlaps) continue;
+      const bool holds = std::find(group.begin(), group.end(), d) != group.end();
+      out.emplace_back(&group, holds ? d : nearest(mesh, x.executor(), group, d));
+    }
+    return out;
+  };
+  const ShardSource shard_of(x, [&](int d) {
+    std::vector<int> reads;
+    for (const auto& [group, src] : sources(d)) reads.push_back(src);
+    return reads;
+  });
   auto out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
   const Shape& sshard = x.shard_shape();
   x.executor().run(mesh.devices(), [&](int d) {
@@ -107,8 +199,9 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
     std::vector<std::int64_t> src_origin(static_cast<std::size_t>(rank));
     std::vector<std::int64_t> dst_origin(static_cast<std::size_t>(rank));
     std::vector<std::int64_t> extent(static_cast<std::size_t>(rank));
-    for (const auto& group : groups) {
-      const Block& bs = x.block(group.front());
+    for (const auto& [group_ptr, src] : sources(d)) {
+      const std::vector<int>& group = *group_ptr;
+      const Block& bs = sblocks[static_cast<std::size_t>(group.front())];
       bool empty = false;
       std::int64_t numel = 1;
       for (int k = 0; k < rank; ++k) {
@@ -125,9 +218,7 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
         numel *= hi - lo;
       }
       if (empty) continue;
-      const bool holds = std::find(group.begin(), group.end(), d) != group.end();
-      const int src = holds ? d : nearest(mesh, group, d);
-      detail::copy_box(x.shard(src).data(), sshard.begin(), src_origin.data(), dst, tshard.begin(),
+      detail::copy_box(shard_of(src), sshard.begin(), src_origin.data(), dst, tshard.begin(),
                        dst_origin.data(), extent.data(), rank, elem);
       if (src != d)
         rec.bytes_in[static_cast<std::size_t>(d)] += numel * static_cast<std::int64_t>(elem);
@@ -214,7 +305,6 @@ void check_same_placement(const Array& a, const Array& b, std::string_view where
 }
 
 Array all_gather(const Array& x, const std::vector<std::string>& axes, CollectiveRecord* record) {
-  require_one_process(x, "all_gather");
   require_not_pending(x, "all_gather");
   const int rank = x.shape().rank();
   auto dims = padded_dims(x.sharding().spec(), rank);
@@ -240,7 +330,6 @@ Array all_gather(const Array& x, const std::vector<std::string>& axes, Collectiv
 
 Array all_to_all(const Array& x, const std::vector<std::string>& axes, int from_dim, int to_dim,
                  CollectiveRecord* record) {
-  require_one_process(x, "all_to_all");
   require_not_pending(x, "all_to_all");
   const int rank = x.shape().rank();
   if (from_dim < 0 || from_dim >= rank || to_dim < 0 || to_dim >= rank || from_dim == to_dim) {
@@ -266,7 +355,6 @@ Array all_to_all(const Array& x, const std::vector<std::string>& axes, int from_
 
 Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
                  CollectiveRecord* record) {
-  require_one_process(x, "all_reduce");
   const auto axes = reduced_axes(x, axes_in, "all_reduce");
   const Mesh& mesh = x.mesh();
   const std::size_t elem = size_of(x.dtype());
@@ -280,6 +368,25 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
     rank_in[static_cast<std::size_t>(d)] =
         static_cast<std::size_t>(std::find(g.begin(), g.end(), d) - g.begin());
     group[static_cast<std::size_t>(d)] = std::move(g);
+  }
+  if (spans_processes(x)) {
+    // Over processes each device reduces its group's whole shards itself, in group order: the
+    // additions of every element are the ones of the chunked path below, so are the bits.
+    const ShardSource shard_of(x, [&](int d) { return group[static_cast<std::size_t>(d)]; });
+    auto out = allocate_like(x, mesh, total * static_cast<std::int64_t>(elem));
+    x.executor().run(mesh.devices(), [&](int d) {
+      const auto& g = group[static_cast<std::size_t>(d)];
+      std::vector<const std::byte*> parts;
+      for (const int m : g) parts.push_back(shard_of(m));
+      detail::reduce_into(x.dtype(), x.pending().op, parts, out[static_cast<std::size_t>(d)]->data(),
+                          total);
+      rec.bytes_in[static_cast<std::size_t>(d)] +=
+          static_cast<std::int64_t>(g.size() - 1) * total * static_cast<std::int64_t>(elem);
+    });
+    Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), x.sharding(),
+                                       std::move(out), remaining_pending(x, axes));
+    if (record) *record = std::move(rec);
+    return result;
   }
   auto lo_of = [&](std::size_t r, std::size_t n) {
     return chunk_start(static_cast<std::int64_t>(r), total, static_cast<std::int64_t>(n));
@@ -327,7 +434,6 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
 
 Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& axes_in,
                      CollectiveRecord* record) {
-  require_one_process(x, "reduce_scatter");
   const auto axes = reduced_axes(x, axes_in, "reduce_scatter");
   const int rank = x.shape().rank();
   if (dim < 0 || dim >= rank) {
@@ -342,6 +448,7 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
   const std::size_t elem = size_of(x.dtype());
   const Mesh& mesh = x.mesh();
   CollectiveRecord rec = make_record("reduce_scatter", axes, x);
+  const ShardSource shard_of(x, [&](int d) { return device_group(mesh, d, axes); });
   auto out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
   x.executor().run(mesh.devices(), [&](int d) {
     const auto g = device_group(mesh, d, axes);
@@ -359,7 +466,7 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
                          tshard.begin(), rank, elem,
                          [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
                            for (std::size_t m = 0; m < g.size(); ++m) {
-                             parts[m] = x.shard(g[m]).data() + s;
+                             parts[m] = shard_of(g[m]) + s;
                            }
                            detail::reduce_into(x.dtype(), x.pending().op, parts, dst + t,
                                                bytes / static_cast<std::int64_t>(elem));
@@ -375,7 +482,6 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
 
 Array permute(const Array& x, const std::string& axis,
               const std::vector<std::pair<int, int>>& pairs, CollectiveRecord* record) {
-  require_one_process(x, "permute");
   const Mesh& mesh = x.mesh();
   const int ax = mesh.axis_index(axis);
   const std::int64_t size = mesh.axis_sizes()[static_cast<std::size_t>(ax)];
@@ -392,22 +498,31 @@ Array permute(const Array& x, const std::string& axis,
   }
   const std::int64_t bytes = x.shard_nbytes();
   CollectiveRecord rec = make_record("permute", {axis}, x);
-  auto out = allocate_like(x, mesh, bytes);
-  x.executor().run(mesh.devices(), [&](int d) {
+  // The device whose shard d receives, or -1 (d gets zeros).
+  auto source = [&](int d) {
     auto c = mesh.coords_of_position(mesh.position_of_device(d));
     const int from = source_of[static_cast<std::size_t>(c[static_cast<std::size_t>(ax)])];
-    std::byte* dst = out[static_cast<std::size_t>(d)]->data();
-    if (from < 0) {
-      if (bytes > 0) std::memset(dst, 0, static_cast<std::size_t>(bytes));
-      return;
-    }
+    if (from < 0) return -1;
     c[static_cast<std::size_t>(ax)] = from;
     std::int64_t pos = 0;
     for (int i = 0; i < mesh.ndim(); ++i) {
       pos = pos * mesh.axis_sizes()[static_cast<std::size_t>(i)] + c[static_cast<std::size_t>(i)];
     }
-    const int src = mesh.devices()[static_cast<std::size_t>(pos)];
-    if (bytes > 0) std::memcpy(dst, x.shard(src).data(), static_cast<std::size_t>(bytes));
+    return mesh.devices()[static_cast<std::size_t>(pos)];
+  };
+  const ShardSource shard_of(x, [&](int d) {
+    const int src = source(d);
+    return src < 0 ? std::vector<int>{} : std::vector<int>{src};
+  });
+  auto out = allocate_like(x, mesh, bytes);
+  x.executor().run(mesh.devices(), [&](int d) {
+    std::byte* dst = out[static_cast<std::size_t>(d)]->data();
+    const int src = source(d);
+    if (src < 0) {
+      if (bytes > 0) std::memset(dst, 0, static_cast<std::size_t>(bytes));
+      return;
+    }
+    if (bytes > 0) std::memcpy(dst, shard_of(src), static_cast<std::size_t>(bytes));
     if (src != d) rec.bytes_in[static_cast<std::size_t>(d)] += bytes;
   });
   Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), x.sharding(),
@@ -520,7 +635,6 @@ std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
 }  // namespace
 
 ReshardResult reshard(const Array& x, const NamedSharding& target) {
-  require_one_process(x, "reshard");
   check_reshard(x.mesh(), target, x.shape(), x.to_string());
   const int rank = x.shape().rank();
   ReshardResult result{x, {}};
