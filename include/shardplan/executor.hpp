@@ -89,6 +89,10 @@ class Executor {
   /// SHARDPLAN_DEVICES if set (a positive integer; anything else throws SpecError naming it),
   /// else the number of hardware threads times the number of processes.
   static int default_device_count();
+  /// `num_devices` devices that all belong to this process, whatever the process group: for
+  /// work one process does alone (a reference run, a host-side computation) in a program
+  /// started by mpirun.
+  static Executor process_local(int num_devices, std::int64_t memory_limit = 0);
   /// "tbb", "threads" or "serial": the backend this library was configured with.
   static std::string_view backend();
 
@@ -143,6 +147,9 @@ class Executor {
   friend bool operator==(const Executor& a, const Executor& b) { return a.impl_ == b.impl_; }
 
  private:
+  struct Private {};
+  explicit Executor(Private) {}
+  static Executor make(int num_devices, std::int64_t memory_limit, bool process_local);
   struct Impl;
   template <class F>
   friend void for_each_index(Impl& impl, int count, F& one);

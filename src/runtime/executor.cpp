@@ -184,13 +184,21 @@ struct Executor::Impl {
   explicit Impl(int n) : accounts(std::make_shared<detail::DeviceAccounts>(n)) {}
   std::shared_ptr<detail::DeviceAccounts> accounts;
   int per_process = 0;       // devices each process holds
+  int process = -1;          // for a process-local executor: this process (holds them all)
   std::vector<int> local;    // this process's: [first, first + per_process)
 #if defined(SHARDPLAN_EXECUTOR_TBB)
   tbb::task_arena arena{static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
 #endif
 };
 
-Executor::Executor(int num_devices, std::int64_t memory_limit) {
+Executor::Executor(int num_devices, std::int64_t memory_limit)
+    : impl_(make(num_devices, memory_limit, /*process_local=*/false).impl_) {}
+
+Executor Executor::process_local(int num_devices, std::int64_t memory_limit) {
+  return make(num_devices, memory_limit, /*process_local=*/true);
+}
+
+Executor Executor::make(int num_devices, std::int64_t memory_limit, bool process_local) {
   if (num_devices < 1) {
     throw SpecError(fmt::format("[executor] needs at least one device, got {}", num_devices));
   }
@@ -198,18 +206,21 @@ Executor::Executor(int num_devices, std::int64_t memory_limit) {
     throw SpecError(
         fmt::format("[executor] memory limit must be >= 0 bytes, got {}", memory_limit));
   }
-  const int processes = distributed::process_count();
+  const int processes = process_local ? 1 : distributed::process_count();
   if (num_devices % processes != 0) {
     throw SpecError(fmt::format(
         "[executor] {} devices do not split evenly over {} processes (each process holds the "
         "same number of devices)",
         num_devices, processes));
   }
-  impl_ = std::make_shared<Impl>(num_devices);
-  impl_->accounts->limit = memory_limit;
-  impl_->per_process = num_devices / processes;
-  const int first = distributed::process_index() * impl_->per_process;
-  for (int i = 0; i < impl_->per_process; ++i) impl_->local.push_back(first + i);
+  Executor e(Private{});
+  e.impl_ = std::make_shared<Impl>(num_devices);
+  e.impl_->accounts->limit = memory_limit;
+  e.impl_->per_process = num_devices / processes;
+  e.impl_->process = process_local ? distributed::process_index() : -1;
+  const int first = process_local ? 0 : distributed::process_index() * e.impl_->per_process;
+  for (int i = 0; i < e.impl_->per_process; ++i) e.impl_->local.push_back(first + i);
+  return e;
 }
 
 int Executor::default_device_count() {
@@ -254,7 +265,7 @@ int Executor::process_of(int device) const {
   if (device < 0 || device >= n) {
     throw SpecError(fmt::format("[executor] no device {} (this executor has {})", device, n));
   }
-  return device / impl_->per_process;
+  return impl_->process >= 0 ? impl_->process : device / impl_->per_process;
 }
 
 namespace {

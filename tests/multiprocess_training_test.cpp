@@ -1,0 +1,100 @@
+// Training over processes gives the bits of training in one process. ctest runs this file one
+// process per test and under `mpirun -np 2` and `-np 4` (tests/CMakeLists.txt). In every run,
+// each process also trains the same model on 8 devices of its own (Executor::process_local):
+// that single-process run is the expectation, and every step's loss, and the final parameters,
+// must equal it bit for bit.
+#include <cstring>
+
+#include "../examples/mlp.hpp"
+#include "shardplan/autodiff.hpp"
+#include "shardplan/distributed.hpp"
+#include "shardplan/optim.hpp"
+#include "shardplan/sjit.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+struct TrainingRun {
+  std::vector<float> losses;
+  std::vector<Tensor> params;  // final, on the host
+};
+
+/// The MLP of examples/mlp_training.cpp (small), trained with SGD for `steps` steps.
+TrainingRun train(const Executor& exec, const Mesh& mesh, const std::vector<PartitionSpec>& w_specs,
+          const std::vector<PartitionSpec>& b_specs, const PartitionSpec& batch, int steps) {
+  const std::vector<std::int64_t> sizes = {32, 64, 64, 10};
+  std::vector<Tree<Array>> layers;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers.push_back(Tree<Array>::dict(
+        {{"w", Array::normal(Shape{sizes[i], sizes[i + 1]}, DType::kF32,
+                             NamedSharding(mesh, w_specs[i]), exec, 10 + i, 0, 0.2)},
+         {"b",
+          Array::zeros(Shape{sizes[i + 1]}, DType::kF32, NamedSharding(mesh, b_specs[i]), exec)}}));
+  }
+  Tree<Array> params = Tree<Array>::list(layers);
+  const Array x = Array::normal(Shape{64, 32}, DType::kF32, NamedSharding(mesh, batch), exec, 1);
+  std::vector<std::int32_t> lab;
+  for (int i = 0; i < 64; ++i) lab.push_back(i % 10);
+  const Array y =
+      device_put(Tensor::from<std::int32_t>(Shape{64}, lab), NamedSharding(mesh, batch), exec);
+  const Optimizer opt = Optimizer::adam(0.01);
+  Tree<Array> state = opt.init(params);
+  auto step = sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb,
+                             const Array& yb) {
+    const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
+    auto [np, ns] = opt.update(g, s, p);
+    return Tree<Array>::dict({{"loss", loss}, {"params", np}, {"state", ns}});
+  });
+  TrainingRun run;
+  for (int i = 0; i < steps; ++i) {
+    const Tree<Array> out = step(params, state, x, y);
+    params = out.at("params");
+    state = out.at("state");
+    run.losses.push_back(static_cast<float>(out.at("loss").leaf().to_host().get(0)));
+  }
+  for (const Array& a : params.leaves()) run.params.push_back(a.to_host());
+  return run;
+}
+
+void expect_same_bits(const TrainingRun& got, const TrainingRun& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (std::size_t i = 0; i < got.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&got.losses[i], &want.losses[i], sizeof(float)), 0)
+        << what << ", step " << i << ": " << got.losses[i] << " vs " << want.losses[i];
+  }
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (std::size_t i = 0; i < got.params.size(); ++i) {
+    EXPECT_EQ(got.params[i], want.params[i]) << what << ", parameter " << i;  // bitwise
+  }
+}
+
+TEST(MultiProcessTraining, DataParallelStepsAreTheOneProcessBits) {
+  const std::vector<PartitionSpec> none(3, P());
+  const Mesh mesh = Mesh::parse("batch:8", 8);
+  const TrainingRun here = train(Executor::process_local(8), mesh, none, none, P("batch"), 6);
+  const TrainingRun over = train(Executor(8), mesh, none, none, P("batch"), 6);
+  EXPECT_LT(here.losses.back(), here.losses.front());  // it learns
+  expect_same_bits(over, here, "8-way data parallel");
+}
+
+TEST(MultiProcessTraining, DataTimesTensorParallelStepsAreTheOneProcessBits) {
+  const Mesh mesh = Mesh::parse("batch:4,model:2", 8);
+  const std::vector<PartitionSpec> w = {P(), P(nullptr, "model"), P("model", nullptr)};
+  const std::vector<PartitionSpec> b = {P(), P("model"), P()};
+  const TrainingRun here = train(Executor::process_local(8), mesh, w, b, P("batch"), 6);
+  const TrainingRun over = train(Executor(8), mesh, w, b, P("batch"), 6);
+  expect_same_bits(over, here, "4-way data x 2-way tensor parallel");
+}
+
+TEST(MultiProcessTraining, FullyShardedParametersTrainToTheOneProcessBits) {
+  const Mesh mesh = Mesh::parse("fsdp:8", 8);
+  const std::vector<PartitionSpec> w = {P("fsdp"), P("fsdp"), P(nullptr, nullptr)};
+  const std::vector<PartitionSpec> b = {P(), P(), P()};
+  const TrainingRun here = train(Executor::process_local(8), mesh, w, b, P("fsdp"), 4);
+  const TrainingRun over = train(Executor(8), mesh, w, b, P("fsdp"), 4);
+  expect_same_bits(over, here, "FSDP");
+}
+
+}  // namespace
+}  // namespace shardplan
