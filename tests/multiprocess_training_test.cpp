@@ -96,5 +96,31 @@ TEST(MultiProcessTraining, FullyShardedParametersTrainToTheOneProcessBits) {
   expect_same_bits(over, here, "FSDP");
 }
 
+TEST(MultiProcessTraining, ProcessesRunningDifferentProgramsGetAnErrorNotAHang) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index();
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  auto f = sjit(mesh, [](const Array& x) { return sin(x) * 2.0; });
+  // Process 1 passes other shapes than the rest: every process is told, naming the shapes.
+  const std::int64_t rows = me == 1 ? 16 : 8;
+  const Array x = device_put(Tensor::normal(Shape{rows, 4}, DType::kF32, 1),
+                             NamedSharding(mesh, P("a")), exec);
+  EXPECT_THROW_WITH(f(x), DistributedError, "sjit program", "process 1",
+                    "f32[16, 4]", "f32[8, 4]");
+  // A static argument with another value on process 1.
+  auto g = sjit(
+      mesh, [](const Array& a, int k) { return a * static_cast<double>(k); },
+      SjitOptions{.static_argnums = {1}});
+  const Array y = device_put(Tensor::normal(Shape{8, 4}, DType::kF32, 1),
+                             NamedSharding(mesh, P("a")), exec);
+  EXPECT_THROW(g(y, me == 1 ? 3 : 2), DistributedError);
+  // The same program everywhere still runs, and the group is still in step.
+  EXPECT_EQ(g(y, 2).to_host(), (device_put(Tensor::normal(Shape{8, 4}, DType::kF32, 1),
+                                           NamedSharding(mesh, P("a")), Executor::process_local(8)) *
+                                2.0)
+                                   .to_host());
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <iterator>
 #include <mutex>
+#include <span>
 #include <sstream>
 #include <unordered_map>
 
 #include "compile.hpp"
 #include "shardplan/collectives.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "trace.hpp"
 
@@ -138,7 +140,7 @@ std::vector<char> donated_leaves(const CallArgs& call, const std::vector<int>& d
 }
 
 const Executor& placeholder_executor() {
-  static const Executor exec(1);
+  static const Executor exec = Executor::process_local(1);  // in any process group
   return exec;
 }
 
@@ -204,11 +206,57 @@ std::size_t SjitCore::cache_size() const {
   return s_->cache.size();
 }
 
+namespace {
+
+/// With a mesh whose devices span processes, every process must run the same program (SPMD):
+/// the same argument signature, statics and traced program. Checked on every call with one
+/// 8-byte hash per process; when they differ, the texts are exchanged so that every process
+/// throws a DistributedError saying which differs, instead of the processes entering different
+/// collectives and waiting for ever.
+void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& key,
+                        const Compiled& compiled) {
+  if (exec == nullptr) return;
+  bool spans = false;
+  for (const int d : mesh.devices()) spans = spans || !exec->is_local(d);
+  if (!spans) return;
+  const std::string text = key.arrays + "\n" + compiled.jaxpr;
+  const std::uint64_t h = CacheKeyHash()(key) ^ std::hash<std::string>()(compiled.jaxpr);
+  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(&h, 1)));
+  for (const auto& other : all) {
+    if (other != all.front()) {
+      // Every process is here (they all see the hashes differ): compare the texts, which names
+      // what differs; when they are the same, the static arguments differ.
+      distributed::check_same(
+          "the sjit program (argument shapes, dtypes and shardings, and the traced program)",
+          text);
+      throw DistributedError(
+          "[distributed] the processes disagree on the static arguments of an sjit call (their "
+          "values differ between processes; the traced programs are the same)");
+    }
+  }
+}
+
+/// The executor the call's arrays live on (or the options'), or null for abstract arguments.
+const Executor* executor_of(const CallArgs& call, const SjitOptions& o) {
+  if (o.executor) return &*o.executor;
+  for (const ArgLeaf& l : call.leaves) {
+    if (l.array.valid()) return &l.array.executor();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
   CacheKey key{signature(call), call.statics};
   {
-    std::lock_guard<std::mutex> lock(s_->mu);
-    if (auto it = s_->cache.find(key); it != s_->cache.end()) return it->second;
+    std::unique_lock<std::mutex> lock(s_->mu);
+    if (auto it = s_->cache.find(key); it != s_->cache.end()) {
+      std::shared_ptr<const Compiled> hit = it->second;
+      lock.unlock();
+      check_same_program(executor_of(call, s_->options), s_->mesh, key, *hit);
+      return hit;
+    }
   }
   const Mesh& mesh = s_->mesh;
   const SjitOptions& o = s_->options;
@@ -313,6 +361,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   compiled->out_structure = std::move(out_structure);
   compiled->captured = ctx.captured;
   compiled->jaxpr = g.to_string();
+  check_same_program(exec, mesh, key, *compiled);
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
 }
