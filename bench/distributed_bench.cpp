@@ -24,9 +24,9 @@ constexpr int kIterations = 20;
 
 void set_counters(benchmark::State& state, double bytes, double bus_factor) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
-  state.counters["busbw_GBps"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * bytes * bus_factor / 1e9,
-      benchmark::Counter::kIsRate);
+  state.counters["busbw_GBps"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * bytes * bus_factor / 1e9,
+                         benchmark::Counter::kIsRate);
 }
 
 std::vector<float> floats(std::int64_t bytes) {
@@ -72,8 +72,8 @@ void BM_MpiAllgather(benchmark::State& state) {
   std::vector<std::byte> mine(each, std::byte{1});
   std::vector<std::byte> all(each * static_cast<std::size_t>(p));
   for (auto _ : state) {
-    MPI_Allgather(mine.data(), static_cast<int>(each), MPI_BYTE, all.data(),
-                  static_cast<int>(each), MPI_BYTE, MPI_COMM_WORLD);
+    MPI_Allgather(mine.data(), static_cast<int>(each), MPI_BYTE, all.data(), static_cast<int>(each),
+                  MPI_BYTE, MPI_COMM_WORLD);
     benchmark::DoNotOptimize(all.data());
   }
   set_counters(state, static_cast<double>(state.range(0)), (p - 1.0) / p);

@@ -272,7 +272,7 @@ class TreeBuilder {
   std::vector<std::int32_t> slots_;  // node ids by hash of (parent, key); -1 free
   std::vector<Branch> branches_;     // distinct branches, children before parents
   std::vector<std::pair<std::string_view, std::int64_t>> sig_;  // scratch: a node's children
-  std::vector<std::int32_t> slots_scratch_;                    // scratch: order_children
+  std::vector<std::int32_t> slots_scratch_;                     // scratch: order_children
   std::unordered_map<std::uint64_t, std::vector<std::int64_t>> branch_table_;  // by hash
   std::vector<std::string_view> prev_keys_;  // the parts of the previous name
   std::vector<std::int32_t> prev_nodes_;     // and their nodes
@@ -460,9 +460,10 @@ TensorSpec tensor_of(json::Value::Iterator it, std::string_view source,
   if (logical_axes) {
     const json::Value& la = *logical_axes;
     if (!la.is_array() || la.size() != static_cast<std::size_t>(spec.shape.rank())) {
-      throw bad(fmt::format("'logical_axes' must be a list of {} names (one per dimension of "
-                            "shape {})",
-                            spec.shape.rank(), spec.shape.to_string()));
+      throw bad(
+          fmt::format("'logical_axes' must be a list of {} names (one per dimension of "
+                      "shape {})",
+                      spec.shape.rank(), spec.shape.to_string()));
     }
     for (auto n = la.begin(); n != la.end(); ++n) {
       if ((*n).is_null()) {
@@ -538,8 +539,8 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
     if (part.error) std::rethrow_exception(part.error);  // parts[0] holds the earlier members
   }
   if (first_repeat != SIZE_MAX) {
-    throw IoError(fmt::format("[model] {}: tensor '{}' appears twice", source,
-                              members[first_repeat].key()));
+    throw IoError(
+        fmt::format("[model] {}: tensor '{}' appears twice", source, members[first_repeat].key()));
   }
   return out;
 }

@@ -523,7 +523,8 @@ std::vector<RuleTexts> rule_texts(const PlanReport& report) {
     RuleTexts& t = out.emplace_back();
     t.rule = json_string(r.rule);
     t.rule_path = json_string(r.rule_path);
-    for (const std::string& label : r.labels) t.reasons.push_back(json_string("matched '", label, "'"));
+    for (const std::string& label : r.labels)
+      t.reasons.push_back(json_string("matched '", label, "'"));
   }
   return out;
 }

@@ -58,9 +58,9 @@ TEST(MultiProcess, TheExecutorHoldsItsProcessesDevicesOnly) {
     EXPECT_THROW_WITH(exec.allocate(other, 64), SpecError,
                       fmt::format("device {} is held by process {}", other, (me + 1) % p_count));
     EXPECT_THROW_WITH(exec.memory(other), SpecError, "held by process");
-    EXPECT_THROW_WITH(Executor(4 * p_count + 1), SpecError,
-                      fmt::format("{} devices do not split evenly over {} processes",
-                                  4 * p_count + 1, p_count));
+    EXPECT_THROW_WITH(
+        Executor(4 * p_count + 1), SpecError,
+        fmt::format("{} devices do not split evenly over {} processes", 4 * p_count + 1, p_count));
   }
   EXPECT_EQ(Executor::default_device_count() % p_count, 0);
 }
@@ -69,8 +69,8 @@ TEST(MultiProcess, DevicePutThenToHostGivesTheTensorBackOnEveryProcess) {
   Executor exec(8);
   const Mesh mesh = Mesh::parse("a:4,b:2", 8);
   const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, /*seed=*/7);
-  for (const PartitionSpec& spec : {P("a", "b"), P(), P(nullptr, "b"), P("b", "a"),
-                                    P(AxisNames{"a", "b"}, nullptr)}) {
+  for (const PartitionSpec& spec :
+       {P("a", "b"), P(), P(nullptr, "b"), P("b", "a"), P(AxisNames{"a", "b"}, nullptr)}) {
     const Array y = device_put(x, NamedSharding(mesh, spec), exec);
     EXPECT_EQ(y.to_host(), x) << spec.to_string();
     // Each local device holds exactly its block; another process's shard is not here.
@@ -114,7 +114,8 @@ TEST(MultiProcess, PerDeviceStepsRunOnEachProcessesOwnShards) {
 /// Process p's local rows: value p * 1000 + row-major index.
 Tensor local_rows(int p, std::int64_t rows, std::int64_t cols) {
   std::vector<float> v(static_cast<std::size_t>(rows * cols));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(p * 1000 + static_cast<int>(i));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<float>(p * 1000 + static_cast<int>(i));
   return Tensor::from<float>(Shape{rows, cols}, v);
 }
 
@@ -132,19 +133,19 @@ TEST(MultiProcess, LocalDataBecomesOneGlobalArrayInProcessOrder) {
   const Tensor want = Tensor::from<float>(Shape{rows * p_count, cols}, stacked);
   // Batch over 'data' (rows stay with their process), replicated, and over columns only (rows
   // cross processes).
-  for (const PartitionSpec& spec : {P(AxisNames{"data", "model"}), P("data", "model"), P(),
-                                    P(nullptr, "model")}) {
-    const Array g = local_data_to_global_array(local_rows(me, rows, cols),
-                                               NamedSharding(mesh, spec), exec);
+  for (const PartitionSpec& spec :
+       {P(AxisNames{"data", "model"}), P("data", "model"), P(), P(nullptr, "model")}) {
+    const Array g =
+        local_data_to_global_array(local_rows(me, rows, cols), NamedSharding(mesh, spec), exec);
     EXPECT_EQ(g.shape(), Shape({rows * p_count, cols})) << spec.to_string();
     EXPECT_EQ(g.to_host(), want) << spec.to_string();
   }
   if (p_count > 1) {
     // A process with other rows than the rest: an error on every process, not a hang.
     const std::int64_t my_rows = me == 1 ? rows + 1 : rows;
-    EXPECT_THROW_WITH(local_data_to_global_array(local_rows(me, my_rows, cols),
-                                                 NamedSharding(mesh, P()), exec),
-                      DistributedError, "local data", "process 1: 'f32[9, 4]'");
+    EXPECT_THROW_WITH(
+        local_data_to_global_array(local_rows(me, my_rows, cols), NamedSharding(mesh, P()), exec),
+        DistributedError, "local data", "process 1: 'f32[9, 4]'");
   }
 }
 
@@ -161,7 +162,8 @@ void expect_blocks_of(const Array& a, const Tensor& x, const std::string& what) 
     for (std::int64_t k = 0; k < s.shape().numel(); ++k) {
       std::int64_t g = 0;
       for (int r = 0; r < rank; ++r) {
-        g = g * x.shape()[r] + b[static_cast<std::size_t>(r)].start + idx[static_cast<std::size_t>(r)];
+        g = g * x.shape()[r] + b[static_cast<std::size_t>(r)].start +
+            idx[static_cast<std::size_t>(r)];
       }
       ASSERT_EQ(s.get(k), x.get(g)) << what << ", device " << d << ", element " << k;
       for (int r = rank - 1; r >= 0; --r) {
@@ -227,8 +229,8 @@ Array pending_sum(const Executor& exec, const Mesh& mesh, const Shape& shape) {
     auto* v = reinterpret_cast<float*>(buffers[static_cast<std::size_t>(d)]->data());
     for (std::int64_t i = 0; i < shape.numel(); ++i) v[i] = partial(d, i);
   }
-  return Array::from_buffers(exec, shape, DType::kF32, NamedSharding(mesh, P()),
-                             std::move(buffers), Pending{ReduceOp::kSum, {"a"}});
+  return Array::from_buffers(exec, shape, DType::kF32, NamedSharding(mesh, P()), std::move(buffers),
+                             Pending{ReduceOp::kSum, {"a"}});
 }
 
 TEST(MultiProcess, ReductionsOverProcessesAddInDeviceOrderBitForBit) {

@@ -3,6 +3,8 @@
 // each process also trains the same model on 8 devices of its own (Executor::process_local):
 // that single-process run is the expectation, and every step's loss, and the final parameters,
 // must equal it bit for bit.
+#include <fmt/format.h>
+
 #include <cstring>
 
 #include "../examples/mlp.hpp"
@@ -22,7 +24,8 @@ struct TrainingRun {
 
 /// The MLP of examples/mlp_training.cpp (small), trained with SGD for `steps` steps.
 TrainingRun train(const Executor& exec, const Mesh& mesh, const std::vector<PartitionSpec>& w_specs,
-          const std::vector<PartitionSpec>& b_specs, const PartitionSpec& batch, int steps) {
+                  const std::vector<PartitionSpec>& b_specs, const PartitionSpec& batch,
+                  int steps) {
   const std::vector<std::int64_t> sizes = {32, 64, 64, 10};
   std::vector<Tree<Array>> layers;
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
@@ -40,12 +43,12 @@ TrainingRun train(const Executor& exec, const Mesh& mesh, const std::vector<Part
       device_put(Tensor::from<std::int32_t>(Shape{64}, lab), NamedSharding(mesh, batch), exec);
   const Optimizer opt = Optimizer::adam(0.01);
   Tree<Array> state = opt.init(params);
-  auto step = sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb,
-                             const Array& yb) {
-    const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
-    auto [np, ns] = opt.update(g, s, p);
-    return Tree<Array>::dict({{"loss", loss}, {"params", np}, {"state", ns}});
-  });
+  auto step =
+      sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb, const Array& yb) {
+        const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
+        auto [np, ns] = opt.update(g, s, p);
+        return Tree<Array>::dict({{"loss", loss}, {"params", np}, {"state", ns}});
+      });
   TrainingRun run;
   for (int i = 0; i < steps; ++i) {
     const Tree<Array> out = step(params, state, x, y);
@@ -104,22 +107,49 @@ TEST(MultiProcessTraining, ProcessesRunningDifferentProgramsGetAnErrorNotAHang) 
   auto f = sjit(mesh, [](const Array& x) { return sin(x) * 2.0; });
   // Process 1 passes other shapes than the rest: every process is told, naming the shapes.
   const std::int64_t rows = me == 1 ? 16 : 8;
-  const Array x = device_put(Tensor::normal(Shape{rows, 4}, DType::kF32, 1),
-                             NamedSharding(mesh, P("a")), exec);
-  EXPECT_THROW_WITH(f(x), DistributedError, "sjit program", "process 1",
-                    "f32[16, 4]", "f32[8, 4]");
+  const Array x =
+      device_put(Tensor::normal(Shape{rows, 4}, DType::kF32, 1), NamedSharding(mesh, P("a")), exec);
+  EXPECT_THROW_WITH(f(x), DistributedError, "sjit program", "process 1", "f32[16, 4]", "f32[8, 4]");
   // A static argument with another value on process 1.
   auto g = sjit(
       mesh, [](const Array& a, int k) { return a * static_cast<double>(k); },
       SjitOptions{.static_argnums = {1}});
-  const Array y = device_put(Tensor::normal(Shape{8, 4}, DType::kF32, 1),
-                             NamedSharding(mesh, P("a")), exec);
+  const Array y =
+      device_put(Tensor::normal(Shape{8, 4}, DType::kF32, 1), NamedSharding(mesh, P("a")), exec);
   EXPECT_THROW(g(y, me == 1 ? 3 : 2), DistributedError);
   // The same program everywhere still runs, and the group is still in step.
-  EXPECT_EQ(g(y, 2).to_host(), (device_put(Tensor::normal(Shape{8, 4}, DType::kF32, 1),
-                                           NamedSharding(mesh, P("a")), Executor::process_local(8)) *
-                                2.0)
-                                   .to_host());
+  EXPECT_EQ(g(y, 2).to_host(),
+            (device_put(Tensor::normal(Shape{8, 4}, DType::kF32, 1), NamedSharding(mesh, P("a")),
+                        Executor::process_local(8)) *
+             2.0)
+                .to_host());
+}
+
+TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  // A kernel, then a reduction over the sharded axis (a step that communicates).
+  auto f = sjit(mesh, [](const Array& x) { return sum(exp(x), {0}); });
+  const Tensor host = Tensor::normal(Shape{64, 16}, DType::kF32, 4);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  const Array warm = f(x);  // compiled and run once everywhere
+  // The last process's devices may hold almost nothing more: its exp step runs out of memory.
+  const std::int64_t in_use = exec.memory(exec.local_devices().front()).in_use;
+  if (me == last) exec.set_memory_limit(in_use + 64);
+  try {
+    f(x);
+    ADD_FAILURE() << "no error on process " << me;
+  } catch (const DistributedError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of", last)));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("memory"));
+  }
+  exec.set_memory_limit(0);
+  // Every process is still in step: the next call runs and gives the host's sums.
+  const Tensor got = f(x).to_host();
+  const Tensor want = f(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host();
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace

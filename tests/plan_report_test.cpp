@@ -260,17 +260,27 @@ TEST(PlanReport, LargeReportsWrittenInParallelChunksReadAsNlohmannWouldPrintThem
   // around the 8-byte steps of the string scanner and bytes to escape at every offset, so
   // that chunk boundaries and the word-at-a-time path are both crossed.
   std::vector<Data::DictEntry> entries;
-  const std::string specials[] = {"\"", "\\", "\n", "\t", std::string(1, '\x01'), "\x7f",
-                                  "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "a"};
+  const std::string specials[] = {"\"",
+                                  "\\",
+                                  "\n",
+                                  "\t",
+                                  std::string(1, '\x01'),
+                                  "\x7f",
+                                  "\xc3\xa9",
+                                  "\xe2\x82\xac",
+                                  "\xf0\x9f\x98\x80",
+                                  "a"};
   for (int i = 0; i < 5000; ++i) {
-    std::string name = fmt::format("w{:05}_", i) + std::string(static_cast<std::size_t>(i % 23), 'x');
+    std::string name =
+        fmt::format("w{:05}_", i) + std::string(static_cast<std::size_t>(i % 23), 'x');
     const std::size_t at = static_cast<std::size_t>(i * 7) % (name.size() + 1);
     name.insert(at, specials[i % 10]);
     entries.emplace_back(name, bf16({4, 2 * (i % 5 + 1)}));
   }
   const RuleTree rules(RulePtr(std::make_shared<TreePathShardingRule>(
       std::vector<TreePathShardingRule::Entry>{{"w0[0-2]", P("x")}, {".*", P(nullptr, "y")}})));
-  const PlanReport report = MeshShardingHelper(xy_mesh()).plan(rules, Data::dict(std::move(entries)));
+  const PlanReport report =
+      MeshShardingHelper(xy_mesh()).plan(rules, Data::dict(std::move(entries)));
   ASSERT_EQ(report.leaves.size(), 5000u);
   for (int indent : {2, -1}) {
     const std::string text = report.to_json(indent);

@@ -8,13 +8,16 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #if defined(SHARDPLAN_HAVE_MPI)
 // The C API only: mpi.h would otherwise pull in Open MPI's removed C++ bindings.
@@ -64,12 +67,62 @@ void check(int rc, const char* call) {
                                      group().index, group().count, std::string(text, len)));
 }
 
+/// Seconds a collective may wait for the other processes: SHARDPLAN_COLLECTIVE_TIMEOUT
+/// (seconds, 0 for no limit), 600 by default.
+double timeout_seconds() {
+  static const double seconds = [] {
+    const char* v = std::getenv("SHARDPLAN_COLLECTIVE_TIMEOUT");
+    if (v == nullptr || *v == '\0') return 600.0;
+    char* end = nullptr;
+    const double t = std::strtod(v, &end);
+    return *end == '\0' && t >= 0 ? t : 600.0;
+  }();
+  return seconds;
+}
+
+/// Waits for `requests`. A wait past the timeout means a process never reached the collective
+/// (it failed outside one, or died): the job is aborted with a message naming this process and
+/// the collective, instead of hanging.
+void wait_all(std::vector<MPI_Request>& requests, const char* what) {
+  const double limit = timeout_seconds();
+  const int n = static_cast<int>(requests.size());
+  if (limit <= 0) {
+    check(MPI_Waitall(n, requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    return;
+  }
+  const double start = MPI_Wtime();
+  for (unsigned polls = 0;; ++polls) {
+    int done = 0;
+    check(MPI_Testall(n, requests.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) return;
+    if (MPI_Wtime() - start > limit) {
+      std::fprintf(stderr,
+                   "[distributed] process %d of %d: %s did not complete within %g s "
+                   "(SHARDPLAN_COLLECTIVE_TIMEOUT): another process never reached it or died; "
+                   "aborting the job\n",
+                   group().index, group().count, what, limit);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+    if (polls < 2000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void wait_one(MPI_Request request, const char* what) {
+  std::vector<MPI_Request> r{request};
+  wait_all(r, what);
+}
+
 /// An element count as MPI's int, or a DistributedError naming what is too large.
 int mpi_count(std::size_t n, std::string_view what) {
   if (n > static_cast<std::size_t>(INT_MAX)) {
-    throw DistributedError(fmt::format(
-        "[distributed] {}: {} elements in one exchange; at most {} are supported", what, n,
-        INT_MAX));
+    throw DistributedError(
+        fmt::format("[distributed] {}: {} elements in one exchange; at most {} are supported", what,
+                    n, INT_MAX));
   }
   return static_cast<int>(n);
 }
@@ -92,8 +145,10 @@ std::vector<std::int64_t> allgather_count(std::int64_t mine) {
   std::vector<std::int64_t> all(static_cast<std::size_t>(g.count), mine);
 #if defined(SHARDPLAN_HAVE_MPI)
   if (g.mpi) {
-    check(MPI_Allgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD),
-          "MPI_Allgather");
+    MPI_Request r;
+    check(MPI_Iallgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD, &r),
+          "MPI_Iallgather");
+    wait_one(r, "an all-gather of sizes");
   }
 #endif
   return all;
@@ -122,9 +177,9 @@ void allreduce_sum_impl(std::span<T> data) {
   const auto counts = allgather_count(static_cast<std::int64_t>(data.size()));
   for (std::int64_t c : counts) {
     if (c != counts[0]) {
-      throw DistributedError(fmt::format(
-          "[distributed] allreduce_sum: processes pass different element counts ({})",
-          by_value(counts, [](std::int64_t v) { return fmt::format("{}", v); })));
+      throw DistributedError(
+          fmt::format("[distributed] allreduce_sum: processes pass different element counts ({})",
+                      by_value(counts, [](std::int64_t v) { return fmt::format("{}", v); })));
     }
   }
   if (g.count == 1 || data.empty()) return;
@@ -144,17 +199,20 @@ void allreduce_sum_impl(std::span<T> data) {
   std::vector<T> parts(mine * p_count);
   std::vector<int> recv_len(p_count, len[me]), recv_off(p_count);
   for (std::size_t p = 0; p < p_count; ++p) recv_off[p] = mpi_count(p * mine, "allreduce_sum");
-  check(MPI_Alltoallv(data.data(), len.data(), off.data(), mpi_type<T>(), parts.data(),
-                      recv_len.data(), recv_off.data(), mpi_type<T>(), MPI_COMM_WORLD),
-        "MPI_Alltoallv");
+  MPI_Request r;
+  check(MPI_Ialltoallv(data.data(), len.data(), off.data(), mpi_type<T>(), parts.data(),
+                       recv_len.data(), recv_off.data(), mpi_type<T>(), MPI_COMM_WORLD, &r),
+        "MPI_Ialltoallv");
+  wait_one(r, "allreduce_sum (its exchange of slices)");
   std::vector<T> sum(parts.begin(), parts.begin() + static_cast<std::ptrdiff_t>(mine));
   for (std::size_t p = 1; p < p_count; ++p) {
     const T* from = parts.data() + p * mine;
     for (std::size_t i = 0; i < mine; ++i) sum[i] += from[i];
   }
-  check(MPI_Allgatherv(sum.data(), len[me], mpi_type<T>(), data.data(), len.data(), off.data(),
-                       mpi_type<T>(), MPI_COMM_WORLD),
-        "MPI_Allgatherv");
+  check(MPI_Iallgatherv(sum.data(), len[me], mpi_type<T>(), data.data(), len.data(), off.data(),
+                        mpi_type<T>(), MPI_COMM_WORLD, &r),
+        "MPI_Iallgatherv");
+  wait_one(r, "allreduce_sum (its gather of sums)");
 #endif
 }
 
@@ -243,7 +301,11 @@ int process_of_device(int device, int global_devices) {
 void barrier() {
   initialize();
 #if defined(SHARDPLAN_HAVE_MPI)
-  if (group().mpi) check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  if (group().mpi) {
+    MPI_Request r;
+    check(MPI_Ibarrier(MPI_COMM_WORLD, &r), "MPI_Ibarrier");
+    wait_one(r, "a barrier");
+  }
 #endif
 }
 
@@ -263,9 +325,11 @@ std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> m
   }
   mpi_count(total, "allgather_bytes");
   std::vector<std::byte> all(total);
-  check(MPI_Allgatherv(mine.data(), len[static_cast<std::size_t>(g.index)], MPI_BYTE, all.data(),
-                       len.data(), off.data(), MPI_BYTE, MPI_COMM_WORLD),
-        "MPI_Allgatherv");
+  MPI_Request r;
+  check(MPI_Iallgatherv(mine.data(), len[static_cast<std::size_t>(g.index)], MPI_BYTE, all.data(),
+                        len.data(), off.data(), MPI_BYTE, MPI_COMM_WORLD, &r),
+        "MPI_Iallgatherv");
+  wait_one(r, "an all-gather");
   for (std::size_t p = 0; p < sizes.size(); ++p) {
     out[p].assign(all.begin() + off[p], all.begin() + off[p] + len[p]);
   }
@@ -304,8 +368,7 @@ void exchange(const std::vector<Message>& sends, const std::vector<Message>& rec
   };
   for (const Message& m : receives) post(m, false);
   for (const Message& m : sends) post(m, true);
-  check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
-        "MPI_Waitall");
+  wait_all(requests, "an exchange of shards between processes");
 #endif
 }
 
@@ -318,11 +381,11 @@ void check_same(std::string_view what, std::string_view value) {
   for (const auto& v : all) values.emplace_back(reinterpret_cast<const char*>(v.data()), v.size());
   for (const std::string& v : values) {
     if (v != values[0]) {
-      throw DistributedError(fmt::format(
-          "[distributed] the processes disagree on {}: {}", what,
-          by_value(values, [](const std::string& s) {
-            return fmt::format("'{}'", s.size() > 200 ? s.substr(0, 200) + "..." : s);
-          })));
+      throw DistributedError(
+          fmt::format("[distributed] the processes disagree on {}: {}", what,
+                      by_value(values, [](const std::string& s) {
+                        return fmt::format("'{}'", s.size() > 200 ? s.substr(0, 200) + "..." : s);
+                      })));
     }
   }
 }
@@ -347,8 +410,8 @@ void all_succeed(const std::function<void()>& step) {
   for (std::size_t p = 0; p < all.size(); ++p) {
     if (all[p].empty() || static_cast<char>(all[p][0]) != '1') continue;
     const std::string text(reinterpret_cast<const char*>(all[p].data()) + 1, all[p].size() - 1);
-    const DistributedError error(fmt::format("[distributed] process {} of {} failed: {}", p,
-                                             all.size(), text));
+    const DistributedError error(
+        fmt::format("[distributed] process {} of {} failed: {}", p, all.size(), text));
     if (static_cast<int>(p) == group().index && mine) {
       try {
         std::rethrow_exception(mine);

@@ -9,6 +9,7 @@
 #include "array_access.hpp"
 #include "factors.hpp"
 #include "kernels.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/plan_report.hpp"  // format_bytes
 
@@ -610,43 +611,67 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
       have_constants = true;
     }
   }
+  // Over processes, a step that fails on one process must not leave the others waiting in the
+  // next reshard: the failing process skips to the next communicating step (or the end), where
+  // every process learns who failed (distributed::all_succeed) and throws.
+  bool spans = false;
+  for (const int d : mesh_.devices()) spans = spans || !executor.is_local(d);
+  std::exception_ptr failed;
+  auto agree = [&] {
+    if (spans) {
+      distributed::all_succeed([&] {
+        if (failed) std::rethrow_exception(failed);
+      });
+    } else if (failed) {
+      std::rethrow_exception(failed);
+    }
+  };
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
     if (st.constant && have_constants) continue;
+    if (failed && st.kind != Step::Kind::kReshard) continue;
     if (st.kind == Step::Kind::kReshard) {
+      agree();
       slots[static_cast<std::size_t>(st.out)] =
           reshard(slots[static_cast<std::size_t>(st.in[0])], *st.sharding).array;
     } else {
-      const Shape& local = st.local.type.shape;
-      const std::int64_t bytes = byte_size(local, st.type.dtype);
-      std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
-      for (const int d : mesh_.devices()) {
-        if (!executor.is_local(d)) continue;  // another process runs it
-        out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
+      try {
+        const Shape& local = st.local.type.shape;
+        const std::int64_t bytes = byte_size(local, st.type.dtype);
+        std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
+        for (const int d : mesh_.devices()) {
+          if (!executor.is_local(d)) continue;  // another process runs it
+          out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
+        }
+        std::vector<const Array*> ins;
+        for (const int in : st.in) ins.push_back(&slots[static_cast<std::size_t>(in)]);
+        // Steps of a few KiB run inline: waking the pool would cost more than the work.
+        const bool parallel =
+            bytes * static_cast<std::int64_t>(mesh_.devices().size()) > (64 << 10);
+        executor.run(
+            mesh_.devices(),
+            [&](int d) {
+              std::vector<ConstBlock> in_blocks;
+              in_blocks.reserve(ins.size());
+              for (const Array* a : ins) {
+                in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
+              }
+              run_kernel(st.local, in_blocks,
+                         MutBlock{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype},
+                         st.offsets[static_cast<std::size_t>(d)]);
+            },
+            parallel);
+        slots[static_cast<std::size_t>(st.out)] =
+            Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
+                                std::move(out), st.pending);
+      } catch (...) {
+        if (!spans) throw;
+        failed = std::current_exception();
       }
-      std::vector<const Array*> ins;
-      for (const int in : st.in) ins.push_back(&slots[static_cast<std::size_t>(in)]);
-      // Steps of a few KiB run inline: waking the pool would cost more than the work.
-      const bool parallel = bytes * static_cast<std::int64_t>(mesh_.devices().size()) > (64 << 10);
-      executor.run(
-          mesh_.devices(),
-          [&](int d) {
-            std::vector<ConstBlock> in_blocks;
-            in_blocks.reserve(ins.size());
-            for (const Array* a : ins) {
-              in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
-            }
-            run_kernel(st.local, in_blocks,
-                       MutBlock{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype},
-                       st.offsets[static_cast<std::size_t>(d)]);
-          },
-          parallel);
-      slots[static_cast<std::size_t>(st.out)] =
-          Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
-                              std::move(out), st.pending);
     }
     for (const int f : free_after_[s]) slots[static_cast<std::size_t>(f)] = Array();
   }
+  agree();
   if (!constant_slots_.empty() && !have_constants) {
     std::vector<std::pair<int, Array>> made;
     for (const int slot : constant_slots_)

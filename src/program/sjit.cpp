@@ -227,8 +227,7 @@ void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& 
       // Every process is here (they all see the hashes differ): compare the texts, which names
       // what differs; when they are the same, the static arguments differ.
       distributed::check_same(
-          "the sjit program (argument shapes, dtypes and shardings, and the traced program)",
-          text);
+          "the sjit program (argument shapes, dtypes and shardings, and the traced program)", text);
       throw DistributedError(
           "[distributed] the processes disagree on the static arguments of an sjit call (their "
           "values differ between processes; the traced programs are the same)");

@@ -202,8 +202,8 @@ const Block& Array::block(int device) const {
       !i.buffers[static_cast<std::size_t>(device)]) {
     if (device >= 0 && device < i.executor.num_devices() && !i.executor.is_local(device)) {
       throw ArrayError(fmt::format(
-          "[array] device {} is held by process {}, not this one ({}); its shard is there",
-          device, i.executor.process_of(device), distributed::process_index()));
+          "[array] device {} is held by process {}, not this one ({}); its shard is there", device,
+          i.executor.process_of(device), distributed::process_index()));
     }
     throw ArrayError(fmt::format("[array] device {} holds no shard of this array (mesh {})", device,
                                  mesh().to_string()));
@@ -407,8 +407,9 @@ Tree<Tensor> to_host(const Tree<Array>& arrays) {
 Array local_data_to_global_array(const Tensor& local, const NamedSharding& sharding,
                                  const Executor& executor) {
   if (local.shape().rank() == 0) {
-    throw SpecError("[local_data_to_global_array] a process's data needs a dimension to stack "
-                    "along (it is a scalar)");
+    throw SpecError(
+        "[local_data_to_global_array] a process's data needs a dimension to stack "
+        "along (it is a scalar)");
   }
   distributed::check_same("the shape and dtype of each process's local data",
                           fmt::format("{}{}", name(local.dtype()), local.shape().to_string()));
@@ -417,9 +418,10 @@ Array local_data_to_global_array(const Tensor& local, const NamedSharding& shard
   std::vector<std::int64_t> dims(local.shape().begin(), local.shape().end());
   std::int64_t global_rows = 0;
   if (!detail::checked_mul(rows, std::int64_t{processes}, &global_rows)) {
-    throw SpecError(fmt::format("[local_data_to_global_array] {} rows times {} processes "
-                                "overflow int64",
-                                rows, processes));
+    throw SpecError(
+        fmt::format("[local_data_to_global_array] {} rows times {} processes "
+                    "overflow int64",
+                    rows, processes));
   }
   dims[0] = global_rows;
   const Shape shape(dims);

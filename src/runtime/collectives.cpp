@@ -104,8 +104,8 @@ class ShardSource {
       if (p == me) continue;
       for (const int m : needed[static_cast<std::size_t>(p)]) {
         if (e.process_of(m) != me) continue;
-        sends.push_back({p, const_cast<std::byte*>(x.shard(m).data()),
-                         static_cast<std::size_t>(bytes)});
+        sends.push_back(
+            {p, const_cast<std::byte*>(x.shard(m).data()), static_cast<std::size_t>(bytes)});
       }
     }
     distributed::exchange(sends, receives);
@@ -139,8 +139,8 @@ void require_not_pending(const Array& x, std::string_view op) {
 int nearest(const Mesh& mesh, const Executor& e, const std::vector<int>& group, int device) {
   const auto c = mesh.coords_of_position(mesh.position_of_device(device));
   const int process = e.process_of(device);
-  const bool any_here = std::any_of(group.begin(), group.end(),
-                                    [&](int g) { return e.process_of(g) == process; });
+  const bool any_here =
+      std::any_of(group.begin(), group.end(), [&](int g) { return e.process_of(g) == process; });
   int best = group.front();
   int best_same = -1;
   for (const int g : group) {
@@ -378,8 +378,8 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
       const auto& g = group[static_cast<std::size_t>(d)];
       std::vector<const std::byte*> parts;
       for (const int m : g) parts.push_back(shard_of(m));
-      detail::reduce_into(x.dtype(), x.pending().op, parts, out[static_cast<std::size_t>(d)]->data(),
-                          total);
+      detail::reduce_into(x.dtype(), x.pending().op, parts,
+                          out[static_cast<std::size_t>(d)]->data(), total);
       rec.bytes_in[static_cast<std::size_t>(d)] +=
           static_cast<std::int64_t>(g.size() - 1) * total * static_cast<std::int64_t>(elem);
     });

@@ -183,9 +183,9 @@ void Buffer::release() noexcept {
 struct Executor::Impl {
   explicit Impl(int n) : accounts(std::make_shared<detail::DeviceAccounts>(n)) {}
   std::shared_ptr<detail::DeviceAccounts> accounts;
-  int per_process = 0;       // devices each process holds
-  int process = -1;          // for a process-local executor: this process (holds them all)
-  std::vector<int> local;    // this process's: [first, first + per_process)
+  int per_process = 0;     // devices each process holds
+  int process = -1;        // for a process-local executor: this process (holds them all)
+  std::vector<int> local;  // this process's: [first, first + per_process)
 #if defined(SHARDPLAN_EXECUTOR_TBB)
   tbb::task_arena arena{static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
 #endif
