@@ -162,6 +162,63 @@ TEST(Distributed, AFailureOnOneProcessIsAnErrorOnEveryProcessNamingIt) {
   dist::barrier();
 }
 
+/// Every process's int64 values, in process order.
+std::vector<std::vector<std::int64_t>> gather_all(const std::vector<std::int64_t>& mine) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (const auto& bytes : dist::allgather_bytes(std::as_bytes(std::span(mine)))) {
+    std::vector<std::int64_t> v(bytes.size() / sizeof(std::int64_t));
+    if (!v.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+TEST(Distributed, EachProcessGetsItsConsecutivePartOfADataset) {
+  const int p_count = dist::process_count(), me = dist::process_index();
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{10}, std::int64_t{1001}}) {
+    const auto r = dist::process_examples(n);
+    // The parts, in process order, are 0 .. n-1 cut into pieces that differ by at most one.
+    const auto all = gather_all({r.begin, r.end});
+    std::int64_t at = 0;
+    for (const auto& part : all) {
+      EXPECT_EQ(part[0], at) << n;
+      EXPECT_LE(part[1] - part[0], n / p_count + 1) << n;
+      EXPECT_GE(part[1] - part[0], n / p_count) << n;
+      at = part[1];
+    }
+    EXPECT_EQ(at, n);
+    const auto d = dist::process_examples(n, /*drop_remainder=*/true);
+    EXPECT_EQ(d, (dist::ExampleRange{me * (n / p_count), (me + 1) * (n / p_count)})) << n;
+  }
+  EXPECT_THROW_WITH(dist::process_examples(-1), DistributedError, "-1 examples");
+  // Near the top of int64 the bounds are still exact.
+  const auto big = dist::process_examples(INT64_MAX);
+  EXPECT_LE(big.begin, big.end);
+}
+
+TEST(Distributed, AnEpochsShuffledOrderIsOnePermutationSharedOut) {
+  const std::int64_t n = 1003;
+  const auto mine = dist::process_example_order(n, /*seed=*/42, /*epoch=*/3);
+  EXPECT_EQ(static_cast<std::int64_t>(mine.size()), dist::process_examples(n).size());
+  // Over the processes: every example exactly once.
+  std::vector<int> seen(static_cast<std::size_t>(n), 0);
+  for (const auto& part : gather_all(mine)) {
+    for (const std::int64_t i : part) ++seen[static_cast<std::size_t>(i)];
+  }
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[static_cast<std::size_t>(i)], 1) << i;
+  // Shuffled, and differently in another epoch; the same for the same (seed, epoch).
+  std::vector<std::int64_t> identity(mine.size());
+  for (std::size_t i = 0; i < identity.size(); ++i) {
+    identity[i] = dist::process_examples(n).begin + static_cast<std::int64_t>(i);
+  }
+  EXPECT_NE(mine, identity);
+  EXPECT_NE(mine, dist::process_example_order(n, 42, 4));
+  EXPECT_EQ(mine, dist::process_example_order(n, 42, 3));
+  // With drop_remainder every process gets n / P examples and none twice.
+  const auto dropped = dist::process_example_order(n, 42, 3, /*drop_remainder=*/true);
+  EXPECT_EQ(static_cast<std::int64_t>(dropped.size()), n / dist::process_count());
+}
+
 // Run only by the ctest `mpi.np2.collective_timeout` (with SHARDPLAN_COLLECTIVE_TIMEOUT=2),
 // which expects the job to end with the timeout's message: process 1 never joins the barrier.
 TEST(Distributed, DISABLED_ACollectiveAProcessNeverReachesEndsTheJob) {

@@ -9,6 +9,7 @@
 // failure is exchanged and every process throws a DistributedError naming the process that
 // failed (see all_succeed).
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -51,6 +52,26 @@ int process_count();
 std::vector<int> local_devices(int global_devices);
 /// The process that holds global device `device` of `global_devices`.
 int process_of_device(int device, int global_devices);
+
+/// This process's part of a dataset of `n` examples, as Grain's ShardByJaxProcess: process p
+/// takes the consecutive examples [begin, end) = [p * n / P, (p + 1) * n / P), so the parts
+/// differ by at most one example; with `drop_remainder` every part has n / P examples (the
+/// last n % P examples go unused). Throws DistributedError for a negative n.
+struct ExampleRange {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  std::int64_t size() const { return end - begin; }
+  friend bool operator==(const ExampleRange&, const ExampleRange&) = default;
+};
+ExampleRange process_examples(std::int64_t n, bool drop_remainder = false);
+
+/// An epoch's example order for this process, as PyTorch's DistributedSampler with shuffling:
+/// one permutation of 0 .. n-1 drawn from (seed, epoch), the same on every process without any
+/// message, cut as process_examples cuts 0 .. n-1; this process's part, in order. Every example
+/// goes to exactly one process (with `drop_remainder`, the last n % P of the permutation to
+/// none).
+std::vector<std::int64_t> process_example_order(std::int64_t n, std::uint64_t seed,
+                                                std::int64_t epoch, bool drop_remainder = false);
 
 /// Collective: waits for every process.
 void barrier();

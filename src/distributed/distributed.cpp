@@ -298,6 +298,45 @@ int process_of_device(int device, int global_devices) {
   return device / local;
 }
 
+ExampleRange process_examples(std::int64_t n, bool drop_remainder) {
+  if (n < 0) {
+    throw DistributedError(fmt::format("[distributed] a dataset of {} examples", n));
+  }
+  const std::int64_t p = process_index(), count = process_count();
+  if (drop_remainder) {
+    const std::int64_t each = n / count;
+    return {p * each, (p + 1) * each};
+  }
+  // p * n / count without forming p * n (n may be near INT64_MAX).
+  auto start = [&](std::int64_t q) { return q * (n / count) + q * (n % count) / count; };
+  return {start(p), start(p + 1)};
+}
+
+std::vector<std::int64_t> process_example_order(std::int64_t n, std::uint64_t seed,
+                                                std::int64_t epoch, bool drop_remainder) {
+  const ExampleRange mine = process_examples(n, drop_remainder);
+  // Fisher-Yates over 0..n-1 with SplitMix64 seeded from (seed, epoch): every process draws the
+  // same permutation and keeps its range of it.
+  std::uint64_t state = seed ^ (0x9E3779B97F4A7C15ull * (static_cast<std::uint64_t>(epoch) + 1));
+  auto next = [&state] {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    // An unbiased draw in [0, i]: reject the top of the range that does not divide evenly.
+    const auto bound = static_cast<std::uint64_t>(i) + 1;
+    const std::uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+    std::uint64_t r = next();
+    while (r >= limit) r = next();
+    std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(r % bound)]);
+  }
+  return std::vector<std::int64_t>(order.begin() + mine.begin, order.begin() + mine.end);
+}
+
 void barrier() {
   initialize();
 #if defined(SHARDPLAN_HAVE_MPI)
