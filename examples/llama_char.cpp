@@ -5,6 +5,7 @@
 // beside the unigram entropy of the text, and the bytes per device of parameters + optimizer
 // state against a replicated run. Exits non-zero unless the loss falls well below the unigram
 // entropy. SHARDPLAN_EXAMPLE_SMALL=1 (set by ctest) trains fewer steps.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -14,6 +15,7 @@
 
 #include "llama_model.hpp"
 #include "shardplan/autodiff.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/sjit.hpp"
@@ -58,15 +60,21 @@ int main(int argc, char** argv) {
           f / static_cast<double>(text.size()) * std::log(f / static_cast<double>(text.size()));
   }
   const bool small = std::getenv("SHARDPLAN_EXAMPLE_SMALL") != nullptr;
-  const int steps = small ? 150 : 600;
+  const char* steps_env = std::getenv("SHARDPLAN_EXAMPLE_STEPS");  // (the multi-process ctest)
+  const int steps = steps_env != nullptr ? std::max(1, std::atoi(steps_env)) : small ? 150 : 600;
+  const bool print_here = distributed::process_index() == 0;
 
+  // 8 devices over however many processes run (mpirun -np 2: 4 each).
   const Executor exec(8);
   const RuleFile preset = load_preset("llama_fsdp_tp");
   const RuleTree rules(preset.make_rule());
-  const auto run = [&](const Mesh& mesh, const RuleTree& param_rules, bool print) {
+  std::vector<double> losses;  // of the last run
+  const auto run = [&](const Mesh& mesh, const RuleTree& param_rules, bool print,
+                       const Executor& devices) {
+    losses.clear();
     SjitOptions io;
     io.out_shardings = param_rules;
-    io.executor = exec;
+    io.executor = devices;
     auto make = sjit(
         mesh, [&](std::uint64_t seed) { return llama::init(cfg, seed); }, io);
     Tree<Array> params = make(std::uint64_t{1});
@@ -105,31 +113,51 @@ int main(int argc, char** argv) {
         }
       }
       const Array x =
-          device_put(Tensor::from<std::int32_t>(Shape{cfg.batch, cfg.seq}, xs), batch, exec);
+          device_put(Tensor::from<std::int32_t>(Shape{cfg.batch, cfg.seq}, xs), batch, devices);
       const Array y =
-          device_put(Tensor::from<std::int32_t>(Shape{cfg.batch, cfg.seq}, ys), batch, exec);
+          device_put(Tensor::from<std::int32_t>(Shape{cfg.batch, cfg.seq}, ys), batch, devices);
       const Tree<Array> out = step(params, state, x, y);
       params = out.at("params");
       state = out.at("state");
       last = out.at("loss").leaf().to_host().get(0);
+      losses.push_back(last);
       if (print) {
-        std::cout << "step " << i << "  loss " << last << " nats/char  accuracy "
-                  << out.at("accuracy").leaf().to_host().get(0) << "\n";
+        // (to_host is collective over processes: every process calls it, one prints.)
+        const double acc = out.at("accuracy").leaf().to_host().get(0);
+        if (print_here) {
+          std::cout << "step " << i << "  loss " << last << " nats/char  accuracy " << acc << "\n";
+        }
       }
     }
     return std::pair{last, state_bytes};
   };
-  std::cout << "vocabulary " << next << " characters (padded to " << cfg.vocab
-            << "); unigram entropy " << unigram << " nats/char\n";
-  const auto [loss, sharded] = run(Mesh::parse("fsdp:4,tp:2", 8), rules, true);
+  if (print_here) {
+    std::cout << "vocabulary " << next << " characters (padded to " << cfg.vocab
+              << "); unigram entropy " << unigram << " nats/char\n";
+  }
+  const auto [loss, sharded] = run(Mesh::parse("fsdp:4,tp:2", 8), rules, true, exec);
+  const std::vector<double> sharded_losses = losses;
+  if (distributed::process_count() > 1) {
+    // Over processes: the loss curve of the same run on 8 devices of one process, bit for bit.
+    run(Mesh::parse("fsdp:4,tp:2", 8), rules, false, Executor::process_local(8));
+    const bool same = losses == sharded_losses;
+    if (print_here) {
+      std::cout << distributed::process_count() << " processes x " << exec.local_devices().size()
+                << " devices: every loss " << (same ? "is the same bits as" : "DIFFERS from")
+                << " 1 process x 8 devices\n";
+    }
+    if (!same) return 1;
+  }
   const auto [loss_rep, replicated] =
-      run(Mesh::parse("fsdp:4,tp:2", 8), RuleTree(Replicated{}), false);
-  std::cout << "parameters + optimizer state per device: " << sharded
-            << " bytes with the FSDP+TP rules, " << replicated << " replicated ("
-            << static_cast<double>(replicated) / static_cast<double>(sharded) << "x)\nfinal loss "
-            << loss << " (replicated run " << loss_rep << ")\n";
+      run(Mesh::parse("fsdp:4,tp:2", 8), RuleTree(Replicated{}), false, exec);
   const bool ok = loss < unigram - 0.4;
-  std::cout << (ok ? "ok: well below the unigram entropy\n"
-                   : "FAILED: not below the unigram entropy\n");
+  if (print_here) {
+    std::cout << "parameters + optimizer state per device: " << sharded
+              << " bytes with the FSDP+TP rules, " << replicated << " replicated ("
+              << static_cast<double>(replicated) / static_cast<double>(sharded)
+              << "x)\nfinal loss " << loss << " (replicated run " << loss_rep << ")\n";
+    std::cout << (ok ? "ok: well below the unigram entropy\n"
+                     : "FAILED: not below the unigram entropy\n");
+  }
   return ok ? 0 : 1;
 }

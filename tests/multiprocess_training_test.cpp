@@ -152,5 +152,24 @@ TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
   EXPECT_EQ(got, want);
 }
 
+TEST(MultiProcessTraining, AProcessInAnotherCollectiveIsNamedNotAHang) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index();
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  auto f = sjit(mesh, [](const Array& x) { return x * 2.0; });
+  const Tensor host = Tensor::normal(Shape{16, 4}, DType::kF32, 2);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  const Tensor twice = f(x).to_host();
+  // Process 0 calls the program; the others call to_host (collective too) instead.
+  if (me == 0) {
+    EXPECT_THROW_WITH(f(x), DistributedError, "process 1 is not calling this sjit program");
+  } else {
+    EXPECT_THROW_WITH(x.to_host(), DistributedError, "process 0 sent", "disagree");
+  }
+  // The mismatched calls met each other: the processes are in step again.
+  EXPECT_EQ(f(x).to_host(), twice);
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <span>
@@ -220,8 +221,22 @@ void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& 
   for (const int d : mesh.devices()) spans = spans || !exec->is_local(d);
   if (!spans) return;
   const std::string text = key.arrays + "\n" + compiled.jaxpr;
-  const std::uint64_t h = CacheKeyHash()(key) ^ std::hash<std::string>()(compiled.jaxpr);
-  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(&h, 1)));
+  // A tag, then the hash: a process that is in another collective (a to_host, say, that only
+  // some processes called) sends something else, and is named.
+  constexpr std::uint64_t kTag = 0x736a69745f737064ull;  // "sjit_spd"
+  const std::uint64_t mine[2] = {kTag, CacheKeyHash()(key) ^ std::hash<std::string>()(compiled.jaxpr)};
+  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine)));
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    std::uint64_t tag = 0;
+    if (all[p].size() == sizeof mine) std::memcpy(&tag, all[p].data(), sizeof tag);
+    if (tag != kTag) {
+      throw DistributedError(fmt::format(
+          "[distributed] process {} is not calling this sjit program with the others: it is in "
+          "another collective (every process must make the same calls that span processes, "
+          "such as sjit calls and to_host, in the same order)",
+          p));
+    }
+  }
   for (const auto& other : all) {
     if (other != all.front()) {
       // Every process is here (they all see the hashes differ): compare the texts, which names
