@@ -189,6 +189,36 @@ void BM_MlpTrainStep8Devices(benchmark::State& state) {
   state.counters["processes"] = dist::process_count();
 }
 
+// Sizing a cluster run from one machine: the MLP's gradient step (1024-8192-8192-1024, batch
+// 8192) lowered for 128 processes x 8 devices on abstract arguments (tests/
+// multiprocess_training_test.cpp checks its cost). Run it without mpirun.
+void BM_LowerStep1024Devices(benchmark::State& state) {
+  const Mesh mesh = Mesh::parse("data:128,model:8", 1024);
+  const std::vector<std::int64_t> sizes = {1024, 8192, 8192, 1024};
+  std::vector<Tree<TensorSpec>> layers;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers.push_back(Tree<TensorSpec>::dict(
+        {{"w", TensorSpec{Shape{sizes[i], sizes[i + 1]}, DType::kF32}},
+         {"b", TensorSpec{Shape{sizes[i + 1]}, DType::kF32}}}));
+  }
+  const Tree<TensorSpec> params = Tree<TensorSpec>::list(layers);
+  const TensorSpec x{Shape{8192, 1024}, DType::kF32}, y{Shape{8192}, DType::kI32};
+  SjitOptions o;
+  o.in_shardings = RuleTree::list(
+      {RuleTree::list({RuleTree::dict({{"w", P(nullptr, "model")}, {"b", P()}}),
+                       RuleTree::dict({{"w", P("model", nullptr)}, {"b", P()}}),
+                       RuleTree::dict({{"w", P()}, {"b", P()}})}),
+       RuleTree(P("data")), RuleTree(P("data"))});
+  for (auto _ : state) {
+    auto step = sjit(mesh, [&](const Tree<Array>& p, const Array& xb, const Array& yb) {
+      const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
+      return Tree<Array>::dict({{"loss", loss}, {"grads", g}});
+    }, o);
+    benchmark::DoNotOptimize(step.lower(params, x, y).cost().flops[0]);
+  }
+}
+BENCHMARK(BM_LowerStep1024Devices)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
+
 // Ours and MPI's alternate per size, so that both see the same machine.
 BENCHMARK(BM_AllreduceSum)->Arg(16 << 20)->Arg(64 << 20)->Iterations(kIterations)->UseRealTime();
 BENCHMARK(BM_MpiAllreduce)->Arg(16 << 20)->Arg(64 << 20)->Iterations(kIterations)->UseRealTime();

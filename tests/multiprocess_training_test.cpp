@@ -11,6 +11,7 @@
 #include "shardplan/autodiff.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/optim.hpp"
+#include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
@@ -169,6 +170,60 @@ TEST(MultiProcessTraining, AProcessInAnotherCollectiveIsNamedNotAHang) {
   }
   // The mismatched calls met each other: the processes are in step again.
   EXPECT_EQ(f(x).to_host(), twice);
+}
+
+TEST(MultiProcessTraining, AStepOnAThousandDevicesIsCostedFromAbstractArguments) {
+  // A cluster run sized from this machine: 128 processes x 8 devices, nothing allocated. (No
+  // process talks to another here: it runs once, not in the mpirun suites.)
+  if (distributed::process_count() > 1) GTEST_SKIP() << "planning needs one process";
+  const Mesh mesh = Mesh::parse("data:128,model:8", 1024);
+  const std::vector<std::int64_t> sizes = {1024, 8192, 8192, 1024};
+  std::vector<Tree<TensorSpec>> layers;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers.push_back(Tree<TensorSpec>::dict(
+        {{"w", TensorSpec{Shape{sizes[i], sizes[i + 1]}, DType::kF32}},
+         {"b", TensorSpec{Shape{sizes[i + 1]}, DType::kF32}}}));
+  }
+  const Tree<TensorSpec> params = Tree<TensorSpec>::list(layers);
+  const TensorSpec x{Shape{8192, 1024}, DType::kF32}, y{Shape{8192}, DType::kI32};
+  // Megatron-style: the first and last weights split over 'model' by columns and rows.
+  const RulePtr param_rules = std::make_shared<TreePathShardingRule>(
+      std::vector<TreePathShardingRule::Entry>{{"^0/w$", P(nullptr, "model")},
+                                               {"^1/w$", P("model", nullptr)},
+                                               {".*", P()}});
+  SjitOptions o;
+  o.in_shardings = RuleTree::list({RuleTree(param_rules), RuleTree(P("data")), RuleTree(P("data"))});
+  const Optimizer sgd = Optimizer::sgd(0.01);
+  auto step = sjit(mesh, [&](const Tree<Array>& p, const Array& xb, const Array& yb) {
+    const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
+    return Tree<Array>::dict({{"loss", loss}, {"grads", g}});
+  }, o);
+  const Lowered low = step.lower(params, x, y);
+  const ProgramCost& cost = low.cost();
+  ASSERT_EQ(cost.flops.size(), 1024u);
+  ASSERT_EQ(cost.peak_bytes.size(), 1024u);
+  // Every device does the same share of the work: the forward and backward matmuls, 6 flops per
+  // weight per example, the batch split over 'data' (128) and the first two weights over
+  // 'model' (8); the elementwise work adds little.
+  double matmul_flops = 0;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    const double split = i < 2 ? 8 : 1;
+    matmul_flops += 6.0 * (8192 / 128) * static_cast<double>(sizes[i] * sizes[i + 1]) / split;
+  }
+  EXPECT_GE(cost.flops[0], matmul_flops);
+  EXPECT_LE(cost.flops[0], matmul_flops * 1.05);
+  EXPECT_EQ(cost.flops[0], cost.flops[1023]);
+  // The gradients are summed over 'data': each device receives at least its gradient shards'
+  // bytes once, and a device never holds more than the unsharded parameters and batch.
+  std::int64_t grad_shard_bytes = 4 * (1024 * 8192 / 8 + 8192 * 8192 / 8 + 8192 * 1024 + 8192 +
+                                       8192 + 1024);
+  ASSERT_TRUE(cost.bytes_by_kind.count("all_reduce") || cost.bytes_by_kind.count("reduce_scatter"));
+  std::int64_t reduced = 0;
+  for (const auto& [kind, bytes] : cost.bytes_by_kind) {
+    if (kind == "all_reduce" || kind == "reduce_scatter") reduced += bytes;
+  }
+  EXPECT_GE(reduced, grad_shard_bytes / 2);
+  EXPECT_LT(cost.peak_bytes[0], 4 * (1024 * 8192 + 8192 * 8192 + 8192 * 1024) + 8192 * 1024 * 4);
 }
 
 }  // namespace
