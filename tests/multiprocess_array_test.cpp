@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "shardplan/array.hpp"
@@ -149,6 +150,27 @@ TEST(MultiProcess, LocalDataBecomesOneGlobalArrayInProcessOrder) {
   }
 }
 
+TEST(MultiProcess, ToHostOnOneProcessGivesTheArrayThereOnly) {
+  const int p_count = dist::process_count(), me = dist::process_index();
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:4,b:2", 8);
+  const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 21);
+  for (const PartitionSpec& spec : {P("a", "b"), P(), P(nullptr, "b")}) {
+    const Array y = device_put(x, NamedSharding(mesh, spec), exec);
+    for (const int root : {0, p_count - 1}) {
+      const std::optional<Tensor> got = to_host_on_process(y, root);
+      if (me == root) {
+        ASSERT_TRUE(got.has_value()) << spec.to_string();
+        EXPECT_EQ(*got, x) << spec.to_string() << " on process " << root;
+      } else {
+        EXPECT_FALSE(got.has_value());
+      }
+    }
+  }
+  EXPECT_THROW_WITH(to_host_on_process(device_put(x, NamedSharding(mesh, P()), exec), p_count),
+                    DistributedError, std::to_string(p_count) + " is not one of the");
+}
+
 /// Checks that every local device of `a` holds exactly its block of the host tensor `x`.
 void expect_blocks_of(const Array& a, const Tensor& x, const std::string& what) {
   const Executor& exec = a.executor();
@@ -266,8 +288,14 @@ TEST(MultiProcess, ReductionsOverProcessesAddInDeviceOrderBitForBit) {
       ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "device " << d << " element " << k;
     }
   }
-  // to_host of the pending array reduces it the same way (every device's column 0 sum).
+  // to_host of the pending array reduces it the same way (every device's column 0 sum), also
+  // onto one process.
+  const std::optional<Tensor> on_last = to_host_on_process(p, dist::process_count() - 1);
+  EXPECT_EQ(on_last.has_value(), dist::process_index() == dist::process_count() - 1);
   const Tensor host = p.to_host();
+  if (on_last) {
+    EXPECT_EQ(*on_last, host);
+  }
   for (std::int64_t i = 0; i < shape.numel(); ++i) {
     const float got = static_cast<float>(host.get(i)), want = reduced(0, i);
     ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "element " << i;

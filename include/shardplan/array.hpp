@@ -167,6 +167,12 @@ Tree<Array> device_put(const Tree<Tensor>& tensors, const Tree<NamedSharding>& s
 /// Every leaf gathered to the host.
 Tree<Tensor> to_host(const Tree<Array>& arrays);
 
+/// The global array on one process only (`process`; orbax and multihost_utils gather to one host
+/// this way): collective over processes when the array's devices span them, and only `process`
+/// receives bytes. Returns the array there, nullopt on every other process. Throws
+/// DistributedError for a process outside the group.
+std::optional<Tensor> to_host_on_process(const Array& a, int process);
+
 /// scalax's local_data_to_global_array (JAX's make_array_from_process_local_data): every process
 /// passes its rows, a tensor of the same shape and dtype on every process (checked: a
 /// DistributedError names what differs), and gets one global array that stacks them along

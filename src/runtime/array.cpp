@@ -233,6 +233,8 @@ bool all_local(const Executor& e, const Mesh& m) {
   return true;
 }
 
+bool spans_processes(const Executor& e, const Mesh& m) { return !all_local(e, m); }
+
 }  // namespace
 
 Tensor Array::to_host() const {
@@ -402,6 +404,65 @@ Tree<Array> device_put(const Tree<Tensor>& tensors, const Tree<NamedSharding>& s
 
 Tree<Tensor> to_host(const Tree<Array>& arrays) {
   return arrays.map([](const Array& a) { return a.to_host(); });
+}
+
+std::optional<Tensor> to_host_on_process(const Array& a, int process) {
+  const int me = distributed::process_index(), count = distributed::process_count();
+  if (process < 0 || process >= count) {
+    throw DistributedError(fmt::format("[to_host_on_process] process {} is not one of the {} "
+                                       "processes",
+                                       process, count));
+  }
+  if (!spans_processes(a.executor(), a.mesh())) {
+    if (me == process) return a.to_host();
+    return std::nullopt;
+  }
+  if (a.is_pending()) return to_host_on_process(all_reduce(a, {}), process);
+  const Shape& shape = a.shape();
+  const std::int64_t shard_bytes = a.shard_nbytes();
+  const auto groups = a.sharding().replica_groups(shape);
+  const Executor& e = a.executor();
+  // Each distinct block comes from the process of the first device holding it, in group order.
+  if (me != process) {
+    std::vector<distributed::Message> sends;
+    for (const auto& group : groups) {
+      if (!e.is_local(group.front()) || shard_bytes == 0) continue;
+      sends.push_back({process, const_cast<std::byte*>(a.shard(group.front()).data()),
+                       static_cast<std::size_t>(shard_bytes)});
+    }
+    distributed::exchange(sends, {});
+    return std::nullopt;
+  }
+  std::vector<Tensor> received;  // blocks of other processes, in group order
+  std::vector<distributed::Message> receives;
+  received.reserve(groups.size());
+  for (const auto& group : groups) {
+    if (e.is_local(group.front()) || shard_bytes == 0) continue;
+    Tensor& t = received.emplace_back(a.shard_shape(), a.dtype());
+    receives.push_back({e.process_of(group.front()), t.bytes(),
+                        static_cast<std::size_t>(shard_bytes)});
+  }
+  distributed::exchange({}, receives);
+  Tensor out(shape, a.dtype());
+  const int rank = shape.rank();
+  const std::size_t elem = size_of(a.dtype());
+  const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
+  const auto blocks = a.sharding().device_blocks(shape);
+  std::size_t next = 0;
+  for (const auto& group : groups) {
+    const int first = group.front();
+    const std::byte* src = nullptr;
+    if (e.is_local(first)) {
+      src = a.shard(first).data();
+    } else if (shard_bytes != 0) {
+      src = received[next++].bytes();
+    }
+    if (src == nullptr) continue;
+    const auto origin = origin_of(blocks[static_cast<std::size_t>(first)]);
+    detail::copy_box(src, a.shard_shape().begin(), zero.data(), out.bytes(), shape.begin(),
+                     origin.data(), a.shard_shape().begin(), rank, elem);
+  }
+  return out;
 }
 
 Array local_data_to_global_array(const Tensor& local, const NamedSharding& sharding,
