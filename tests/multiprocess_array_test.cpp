@@ -214,6 +214,26 @@ TEST(MultiProcess, GatherAllToAllAndReshardMoveTheRightBytesBetweenProcesses) {
   }
 }
 
+TEST(MultiProcess, ShardsReceivedStraightIntoTheirPlaceOrCopiedAreTheSame) {
+  // One device per process: a remote shard that only one device reads, and that lies in its
+  // output in one piece (rows), is received in place; columns are not in one piece and go
+  // through a copy. Both must give every device its block.
+  const int p_count = dist::process_count();
+  Executor exec(p_count);
+  const Mesh mesh = Mesh::parse(fmt::format("a:{}", p_count), p_count);
+  const Tensor rows = Tensor::normal(Shape{4 * p_count, 3}, DType::kF32, 31);
+  const Tensor cols = Tensor::normal(Shape{3, 4 * p_count}, DType::kF32, 32);
+  expect_blocks_of(all_gather(device_put(rows, NamedSharding(mesh, P("a")), exec), {"a"}), rows,
+                   "all_gather of rows");
+  expect_blocks_of(all_gather(device_put(cols, NamedSharding(mesh, P(nullptr, "a")), exec), {"a"}),
+                   cols, "all_gather of columns");
+  const Tensor square = Tensor::normal(Shape{4 * p_count, 4 * p_count}, DType::kF32, 33);
+  const Array r = reshard(device_put(square, NamedSharding(mesh, P("a")), exec),
+                          NamedSharding(mesh, P(nullptr, "a")))
+                      .array;
+  expect_blocks_of(r, square, "rows to columns");
+}
+
 TEST(MultiProcess, PermuteSendsEachShardWhereThePairsSay) {
   Executor exec(8);
   const Mesh mesh = Mesh::parse("a:8", 8);

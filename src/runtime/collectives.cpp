@@ -67,7 +67,13 @@ bool spans_processes(const Array& x) {
 /// it (it is what that device receives). Collective when the array spans processes.
 class ShardSource {
  public:
-  ShardSource(const Array& x, const std::function<std::vector<int>(int)>& reads) : x_(x) {
+  /// `place(m, d)`, when given, may name where in device d's output shard m belongs whole and in
+  /// one piece, for a shard of another process that only d reads here: it is then received
+  /// there directly (placed(m)), saving a copy.
+  using Place = std::function<std::byte*(int m, int d)>;
+  ShardSource(const Array& x, const std::function<std::vector<int>(int)>& reads,
+              const Place& place = {})
+      : x_(x) {
     if (!spans_processes(x)) return;
     const Executor& e = x.executor();
     const Mesh& mesh = x.mesh();
@@ -78,13 +84,15 @@ class ShardSource {
     // reader[m]: the first of this process's devices reading m.
     std::vector<std::vector<int>> needed(static_cast<std::size_t>(processes));
     std::vector<int> reader(static_cast<std::size_t>(e.num_devices()), -1);
+    std::vector<int> readers(static_cast<std::size_t>(e.num_devices()), 0);  // local readers
     for (const int d : mesh.devices()) {
       const int p = e.process_of(d);
       for (const int m : reads(d)) {
         if (e.process_of(m) == p) continue;
         needed[static_cast<std::size_t>(p)].push_back(m);
-        if (p == me && reader[static_cast<std::size_t>(m)] < 0) {
-          reader[static_cast<std::size_t>(m)] = d;
+        if (p == me) {
+          if (reader[static_cast<std::size_t>(m)] < 0) reader[static_cast<std::size_t>(m)] = d;
+          ++readers[static_cast<std::size_t>(m)];
         }
       }
     }
@@ -93,12 +101,21 @@ class ShardSource {
       v.erase(std::unique(v.begin(), v.end()), v.end());
     }
     remote_.resize(static_cast<std::size_t>(e.num_devices()));
+    placed_.assign(static_cast<std::size_t>(e.num_devices()), 0);
     if (bytes == 0) return;
     std::vector<distributed::Message> sends, receives;
     for (const int m : needed[static_cast<std::size_t>(me)]) {
-      auto& copy = remote_[static_cast<std::size_t>(m)];
-      copy = std::make_shared<Buffer>(e.allocate(reader[static_cast<std::size_t>(m)], bytes));
-      receives.push_back({e.process_of(m), copy->data(), static_cast<std::size_t>(bytes)});
+      const int d = reader[static_cast<std::size_t>(m)];
+      std::byte* into = nullptr;
+      if (place && readers[static_cast<std::size_t>(m)] == 1) into = place(m, d);
+      if (into != nullptr) {
+        placed_[static_cast<std::size_t>(m)] = 1;
+      } else {
+        auto& copy = remote_[static_cast<std::size_t>(m)];
+        copy = std::make_shared<Buffer>(e.allocate(d, bytes));
+        into = copy->data();
+      }
+      receives.push_back({e.process_of(m), into, static_cast<std::size_t>(bytes)});
     }
     for (int p = 0; p < processes; ++p) {
       if (p == me) continue;
@@ -111,6 +128,9 @@ class ShardSource {
     distributed::exchange(sends, receives);
   }
 
+  /// True when shard m was received straight into its reader's output (nothing left to copy).
+  bool placed(int m) const { return !placed_.empty() && placed_[static_cast<std::size_t>(m)]; }
+
   /// Device m's shard: its own buffer here, or the copy received from its process.
   const std::byte* operator()(int m) const {
     if (!remote_.empty() && remote_[static_cast<std::size_t>(m)]) {
@@ -122,7 +142,31 @@ class ShardSource {
  private:
   const Array& x_;
   std::vector<std::shared_ptr<Buffer>> remote_;  // by device id
+  std::vector<char> placed_;                     // by device id
 };
+
+/// Where block `bs` lies in the row-major buffer of block `bt`, in bytes, when it lies there
+/// whole and in one piece (dimensions of one index, then one partial dimension, then full
+/// ones); else -1.
+std::int64_t contiguous_offset(const Block& bs, const Block& bt, std::size_t elem) {
+  const std::size_t rank = bs.size();
+  for (std::size_t k = 0; k < rank; ++k) {
+    if (bs[k].start < bt[k].start || bs[k].start + bs[k].size > bt[k].start + bt[k].size) {
+      return -1;
+    }
+  }
+  std::size_t first = 0;  // the first dimension of more than one index
+  while (first < rank && bs[first].size == 1) ++first;
+  for (std::size_t k = first + 1; k < rank; ++k) {
+    if (bs[k].size != bt[k].size) return -1;
+  }
+  std::int64_t offset = 0, stride = 1;
+  for (std::size_t k = rank; k-- > 0;) {
+    offset += (bs[k].start - bt[k].start) * stride;
+    stride *= bt[k].size;
+  }
+  return offset * static_cast<std::int64_t>(elem);
+}
 
 void require_not_pending(const Array& x, std::string_view op) {
   if (x.is_pending()) {
@@ -186,12 +230,19 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
     }
     return out;
   };
-  const ShardSource shard_of(x, [&](int d) {
-    std::vector<int> reads;
-    for (const auto& [group, src] : sources(d)) reads.push_back(src);
-    return reads;
-  });
   auto out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
+  const ShardSource shard_of(
+      x,
+      [&](int d) {
+        std::vector<int> reads;
+        for (const auto& [group, src] : sources(d)) reads.push_back(src);
+        return reads;
+      },
+      [&](int m, int d) -> std::byte* {
+        const std::int64_t at = contiguous_offset(sblocks[static_cast<std::size_t>(m)],
+                                                  tblocks[static_cast<std::size_t>(d)], elem);
+        return at < 0 ? nullptr : out[static_cast<std::size_t>(d)]->data() + at;
+      });
   const Shape& sshard = x.shard_shape();
   x.executor().run(mesh.devices(), [&](int d) {
     const Block& bt = tblocks[static_cast<std::size_t>(d)];
@@ -218,6 +269,10 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
         numel *= hi - lo;
       }
       if (empty) continue;
+      if (src != d && shard_of.placed(src)) {  // received in place
+        rec.bytes_in[static_cast<std::size_t>(d)] += numel * static_cast<std::int64_t>(elem);
+        continue;
+      }
       detail::copy_box(shard_of(src), sshard.begin(), src_origin.data(), dst, tshard.begin(),
                        dst_origin.data(), extent.data(), rank, elem);
       if (src != d)
