@@ -219,6 +219,15 @@ TEST(Distributed, AnEpochsShuffledOrderIsOnePermutationSharedOut) {
   EXPECT_EQ(static_cast<std::int64_t>(dropped.size()), n / dist::process_count());
 }
 
+TEST(Distributed, AnExchangeWithItselfOrNoProcessIsAnError) {
+  std::byte b{};
+  const int me = dist::process_index(), n = dist::process_count();
+  EXPECT_THROW_WITH(dist::exchange({{me, &b, 1}}, {}), DistributedError,
+                    fmt::format("to process {} (this is process {} of {})", me, me, n));
+  EXPECT_THROW_WITH(dist::exchange({}, {{n, &b, 1}}), DistributedError,
+                    fmt::format("from process {}", n));
+}
+
 // Run only by the ctest `mpi.np2.collective_timeout` (with SHARDPLAN_COLLECTIVE_TIMEOUT=2),
 // which expects the job to end with the timeout's message: process 1 never joins the barrier.
 TEST(Distributed, DISABLED_ACollectiveAProcessNeverReachesEndsTheJob) {

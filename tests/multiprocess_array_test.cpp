@@ -141,6 +141,9 @@ TEST(MultiProcess, LocalDataBecomesOneGlobalArrayInProcessOrder) {
     EXPECT_EQ(g.shape(), Shape({rows * p_count, cols})) << spec.to_string();
     EXPECT_EQ(g.to_host(), want) << spec.to_string();
   }
+  EXPECT_THROW_WITH(local_data_to_global_array(Tensor::from<float>(Shape{}, {1.0f}),
+                                               NamedSharding(mesh, P()), exec),
+                    SpecError, "local_data_to_global_array", "scalar");
   if (p_count > 1) {
     // A process with other rows than the rest: an error on every process, not a hang.
     const std::int64_t my_rows = me == 1 ? rows + 1 : rows;

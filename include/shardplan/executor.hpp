@@ -104,6 +104,9 @@ class Executor {
   bool is_local(int device) const;
   /// The process that holds `device` (0 with one process).
   int process_of(int device) const;
+  /// True when this process holds every one of `devices` (a mesh's devices, say): work on
+  /// them needs no other process.
+  bool holds_all(const std::vector<int>& devices) const;
 
   /// Runs task(device) once for every local device, in parallel, and returns when all are done.
   /// When a task throws, devices that have not started are skipped, and once the running ones

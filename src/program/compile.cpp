@@ -614,8 +614,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   // Over processes, a step that fails on one process must not leave the others waiting in the
   // next reshard: the failing process skips to the next communicating step (or the end), where
   // every process learns who failed (distributed::all_succeed) and throws.
-  bool spans = false;
-  for (const int d : mesh_.devices()) spans = spans || !executor.is_local(d);
+  const bool spans = !executor.holds_all(mesh_.devices());
   std::exception_ptr failed;
   auto agree = [&] {
     if (spans) {

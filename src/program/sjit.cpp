@@ -217,10 +217,7 @@ namespace {
 void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& key,
                         const Compiled& compiled) {
   if (exec == nullptr) return;
-  bool spans = false;
-  for (const int d : mesh.devices()) spans = spans || !exec->is_local(d);
-  if (!spans) return;
-  const std::string text = key.arrays + "\n" + compiled.jaxpr;
+  if (exec->holds_all(mesh.devices())) return;
   // A tag, then the hash: a process that is in another collective (a to_host, say, that only
   // some processes called) sends something else, and is named.
   constexpr std::uint64_t kTag = 0x736a69745f737064ull;  // "sjit_spd"
@@ -242,7 +239,8 @@ void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& 
       // Every process is here (they all see the hashes differ): compare the texts, which names
       // what differs; when they are the same, the static arguments differ.
       distributed::check_same(
-          "the sjit program (argument shapes, dtypes and shardings, and the traced program)", text);
+          "the sjit program (argument shapes, dtypes and shardings, and the traced program)",
+          key.arrays + "\n" + compiled.jaxpr);
       throw DistributedError(
           "[distributed] the processes disagree on the static arguments of an sjit call (their "
           "values differ between processes; the traced programs are the same)");

@@ -223,23 +223,9 @@ Tensor Array::shard_tensor(int device) const {
   return t;
 }
 
-namespace {
-
-/// True when every device of the mesh is this process's.
-bool all_local(const Executor& e, const Mesh& m) {
-  for (const int d : m.devices()) {
-    if (!e.is_local(d)) return false;
-  }
-  return true;
-}
-
-bool spans_processes(const Executor& e, const Mesh& m) { return !all_local(e, m); }
-
-}  // namespace
-
 Tensor Array::to_host() const {
   const Impl& i = concrete("value");
-  if (!all_local(i.executor, mesh())) return to_host_over_processes();
+  if (!i.executor.holds_all(mesh().devices())) return to_host_over_processes();
   Tensor out(i.shape, i.dtype);
   const Mesh& m = mesh();
   const int rank = i.shape.rank();
@@ -413,7 +399,7 @@ std::optional<Tensor> to_host_on_process(const Array& a, int process) {
                                        "processes",
                                        process, count));
   }
-  if (!spans_processes(a.executor(), a.mesh())) {
+  if (a.executor().holds_all(a.mesh().devices())) {
     if (me == process) return a.to_host();
     return std::nullopt;
   }

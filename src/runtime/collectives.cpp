@@ -52,12 +52,7 @@ CollectiveRecord make_record(std::string kind, std::vector<std::string> axes, co
 }
 
 /// True when some device of the array's mesh is held by another process.
-bool spans_processes(const Array& x) {
-  for (const int d : x.mesh().devices()) {
-    if (!x.executor().is_local(d)) return true;
-  }
-  return false;
-}
+bool spans_processes(const Array& x) { return !x.executor().holds_all(x.mesh().devices()); }
 
 /// The shards a collective reads: this process's own, and a copy of each shard of another
 /// process that one of this process's devices reads. `reads(d)` lists the devices whose shards

@@ -260,6 +260,10 @@ bool Executor::is_local(int device) const {
   return device >= impl_->local.front() && device <= impl_->local.back();
 }
 
+bool Executor::holds_all(const std::vector<int>& devices) const {
+  return std::all_of(devices.begin(), devices.end(), [this](int d) { return is_local(d); });
+}
+
 int Executor::process_of(int device) const {
   const int n = num_devices();
   if (device < 0 || device >= n) {
