@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../examples/mlp.hpp"
+#include "mlp_train_step.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
@@ -153,39 +154,7 @@ void BM_DeviceAllGather(benchmark::State& state) {
 // devices: run with -np 1 (8 devices in one process) and -np 2 (4 in each) to compare.
 void BM_MlpTrainStep8Devices(benchmark::State& state) {
   static const Executor ex(8);
-  const std::vector<std::int64_t> sizes = {784, 1024, 1024, 1024, 10};
-  const std::int64_t batch = 4096;
-  const Mesh mesh = Mesh::parse("data:8", 8);
-  std::vector<Tree<Array>> layers;
-  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
-    layers.push_back(Tree<Array>::dict(
-        {{"w", Array::normal(Shape{sizes[i], sizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()),
-                             ex, i, 0, 0.03)},
-         {"b", Array::zeros(Shape{sizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()), ex)}}));
-  }
-  Tree<Array> params = Tree<Array>::list(layers);
-  const Array x =
-      Array::normal(Shape{batch, sizes[0]}, DType::kF32, NamedSharding(mesh, P("data")), ex, 9);
-  std::vector<std::int32_t> lab;
-  for (std::int64_t i = 0; i < batch; ++i) lab.push_back(static_cast<std::int32_t>(i % 10));
-  const Array y = device_put(Tensor::from<std::int32_t>(Shape{batch}, lab),
-                             NamedSharding(mesh, P("data")), ex);
-  const Optimizer sgd = Optimizer::sgd(0.01);
-  Tree<Array> st = sgd.init(params);
-  auto step =
-      sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb, const Array& yb) {
-        const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
-        auto [np, ns] = sgd.update(g, s, p);
-        return Tree<Array>::dict({{"params", np}, {"state", ns}});
-      });
-  {
-    const Tree<Array> warm = step(params, st, x, y);  // compiled outside the timing
-  }
-  for (auto _ : state) {
-    const Tree<Array> out = step(params, st, x, y);
-    params = out.at("params");
-    st = out.at("state");
-  }
+  bench::run_mlp_train_steps(state, ex, Mesh::parse("data:8", 8), /*warm_up=*/true);
   state.counters["processes"] = dist::process_count();
 }
 

@@ -8,6 +8,7 @@
 
 #include "../examples/llama_model.hpp"
 #include "../examples/mlp.hpp"
+#include "mlp_train_step.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rule_file.hpp"
@@ -17,8 +18,9 @@ namespace {
 
 using namespace shardplan;
 
-constexpr std::int64_t kBatch = 4096;
-const std::vector<std::int64_t> kSizes = {784, 1024, 1024, 1024, 10};
+// The same MLP and batch as the sjit step (bench/mlp_train_step.hpp), for the Eigen baseline.
+constexpr std::int64_t kBatch = bench::kMlpBatch;
+const std::vector<std::int64_t>& kSizes = bench::kMlpSizes;
 
 const Executor& exec(int n) {
   static const Executor e8(8), e1(1);
@@ -27,34 +29,7 @@ const Executor& exec(int n) {
 
 void mlp_train(benchmark::State& state, int devices) {
   const Mesh mesh = devices == 8 ? Mesh::parse("data:8", 8) : Mesh::parse("data:1", 1);
-  const Executor& ex = exec(devices);
-  std::vector<Tree<Array>> layers;
-  for (std::size_t i = 0; i + 1 < kSizes.size(); ++i) {
-    layers.push_back(Tree<Array>::dict(
-        {{"w", Array::normal(Shape{kSizes[i], kSizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()),
-                             ex, i, 0, 0.03)},
-         {"b", Array::zeros(Shape{kSizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()), ex)}}));
-  }
-  Tree<Array> params = Tree<Array>::list(layers);
-  const Array x =
-      Array::normal(Shape{kBatch, kSizes[0]}, DType::kF32, NamedSharding(mesh, P("data")), ex, 9);
-  std::vector<std::int32_t> lab;
-  for (std::int64_t i = 0; i < kBatch; ++i) lab.push_back(static_cast<std::int32_t>(i % 10));
-  const Array y = device_put(Tensor::from<std::int32_t>(Shape{kBatch}, lab),
-                             NamedSharding(mesh, P("data")), ex);
-  const Optimizer sgd = Optimizer::sgd(0.01);
-  Tree<Array> st = sgd.init(params);
-  auto step =
-      sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb, const Array& yb) {
-        const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
-        auto [np, ns] = sgd.update(g, s, p);
-        return Tree<Array>::dict({{"params", np}, {"state", ns}});
-      });
-  for (auto _ : state) {
-    const Tree<Array> out = step(params, st, x, y);
-    params = out.at("params");
-    st = out.at("state");
-  }
+  bench::run_mlp_train_steps(state, exec(devices), mesh, /*warm_up=*/false);
 }
 void BM_MlpTrainStep8Devices(benchmark::State& s) { mlp_train(s, 8); }
 void BM_MlpTrainStep1Device(benchmark::State& s) { mlp_train(s, 1); }

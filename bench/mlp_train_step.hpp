@@ -1,0 +1,54 @@
+#pragma once
+// The benchmarks' MLP training step (the guide's MLP, 784-1024-1024-1024-10, batch 4096,
+// forward, backward and SGD update under sjit), shared by train_bench (1 vs 8 devices) and
+// distributed_bench (8 devices over processes).
+#include <benchmark/benchmark.h>
+
+#include "../examples/mlp.hpp"
+#include "shardplan/autodiff.hpp"
+#include "shardplan/optim.hpp"
+#include "shardplan/sjit.hpp"
+
+namespace bench {
+
+inline constexpr std::int64_t kMlpBatch = 4096;
+inline const std::vector<std::int64_t> kMlpSizes = {784, 1024, 1024, 1024, 10};
+
+/// Runs the step once per benchmark iteration on `mesh` (its first axis splits the batch). With
+/// `warm_up`, one step is run (and compiled) before the timing starts.
+inline void run_mlp_train_steps(benchmark::State& state, const shardplan::Executor& ex,
+                                const shardplan::Mesh& mesh, bool warm_up) {
+  using namespace shardplan;
+  const PartitionSpec batch = P(mesh.axis_names()[0]);
+  std::vector<Tree<Array>> layers;
+  for (std::size_t i = 0; i + 1 < kMlpSizes.size(); ++i) {
+    layers.push_back(Tree<Array>::dict(
+        {{"w", Array::normal(Shape{kMlpSizes[i], kMlpSizes[i + 1]}, DType::kF32,
+                             NamedSharding(mesh, P()), ex, i, 0, 0.03)},
+         {"b",
+          Array::zeros(Shape{kMlpSizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()), ex)}}));
+  }
+  Tree<Array> params = Tree<Array>::list(layers);
+  const Array x =
+      Array::normal(Shape{kMlpBatch, kMlpSizes[0]}, DType::kF32, NamedSharding(mesh, batch), ex, 9);
+  std::vector<std::int32_t> lab;
+  for (std::int64_t i = 0; i < kMlpBatch; ++i) lab.push_back(static_cast<std::int32_t>(i % 10));
+  const Array y =
+      device_put(Tensor::from<std::int32_t>(Shape{kMlpBatch}, lab), NamedSharding(mesh, batch), ex);
+  const Optimizer sgd = Optimizer::sgd(0.01);
+  Tree<Array> st = sgd.init(params);
+  auto step =
+      sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb, const Array& yb) {
+        const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
+        auto [np, ns] = sgd.update(g, s, p);
+        return Tree<Array>::dict({{"params", np}, {"state", ns}});
+      });
+  if (warm_up) step(params, st, x, y);
+  for (auto _ : state) {
+    const Tree<Array> out = step(params, st, x, y);
+    params = out.at("params");
+    st = out.at("state");
+  }
+}
+
+}  // namespace bench
