@@ -325,5 +325,25 @@ TEST(MultiProcess, ReductionsOverProcessesAddInDeviceOrderBitForBit) {
   }
 }
 
+TEST(MultiProcess, ReductionsOfShardsSmallerThanTheirGroupLeaveSomeChunksEmpty) {
+  // A group of 4 members reduces a shard of 3 elements (chunks of 0, 1, 1 and 1) and one of a
+  // single element (chunks 0, 0, 0 and 1): the empty chunks cross no process and read nothing.
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:4,b:2", 8);
+  for (const Shape& shape : {Shape{3}, Shape{}}) {
+    const Array r = all_reduce(pending_sum(exec, mesh, shape));
+    for (const int d : exec.local_devices()) {
+      const Tensor s = r.shard_tensor(d);
+      for (std::int64_t i = 0; i < shape.numel(); ++i) {
+        float want = partial(d % 2, i);
+        for (int a = 1; a < 4; ++a) want += partial(2 * a + d % 2, i);
+        const float got = static_cast<float>(s.get(i));
+        ASSERT_EQ(std::memcmp(&got, &want, 4), 0)
+            << shape.to_string() << " device " << d << " element " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardplan

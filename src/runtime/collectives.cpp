@@ -419,63 +419,132 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
         static_cast<std::size_t>(std::find(g.begin(), g.end(), d) - g.begin());
     group[static_cast<std::size_t>(d)] = std::move(g);
   }
-  if (spans_processes(x)) {
-    // Over processes each device reduces its group's whole shards itself, in group order: the
-    // additions of every element are the ones of the chunked path below, so are the bits.
-    const ShardSource shard_of(x, [&](int d) { return group[static_cast<std::size_t>(d)]; });
-    auto out = allocate_like(x, mesh, total * static_cast<std::int64_t>(elem));
-    x.executor().run(mesh.devices(), [&](int d) {
-      const auto& g = group[static_cast<std::size_t>(d)];
-      std::vector<const std::byte*> parts;
-      for (const int m : g) parts.push_back(shard_of(m));
-      detail::reduce_into(x.dtype(), x.pending().op, parts,
-                          out[static_cast<std::size_t>(d)]->data(), total);
-      rec.bytes_in[static_cast<std::size_t>(d)] +=
-          static_cast<std::int64_t>(g.size() - 1) * total * static_cast<std::int64_t>(elem);
-    });
-    Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), x.sharding(),
-                                       std::move(out), remaining_pending(x, axes));
-    if (record) *record = std::move(rec);
-    return result;
-  }
   auto lo_of = [&](std::size_t r, std::size_t n) {
     return chunk_start(static_cast<std::int64_t>(r), total, static_cast<std::int64_t>(n));
   };
-  // Phase 1 (reduce-scatter inside each group): the member of rank r reduces chunk r.
-  std::vector<std::shared_ptr<Buffer>> part(n_dev);
+  const Executor& exec = x.executor();
+  const int me = distributed::process_index();
+  // Over processes the same two phases run with the chunks of other processes' members sent
+  // point to point (a message per chunk, listed in mesh order then group order on both sides,
+  // so each pair of processes agrees on the order): the additions of every element, and so the
+  // bits, are those of one process.
+  const bool remote = spans_processes(x);
+  // Phase 1 (reduce-scatter inside each group): the member of rank r reduces chunk r of every
+  // member's shard into chunk r of its output, receiving the chunks of members held by other
+  // processes.
+  auto out = allocate_like(x, mesh, total * static_cast<std::int64_t>(elem));
+  auto chunk = [&](int d, std::int64_t lo) {
+    return out[static_cast<std::size_t>(d)]->data() + lo * static_cast<std::int64_t>(elem);
+  };
+  std::vector<std::vector<std::shared_ptr<Buffer>>> received(n_dev);  // by reader, group order
+  std::vector<std::vector<const std::byte*>> sources(n_dev);  // where each received chunk lies
+  std::vector<char> in_place(n_dev, 0);
+  std::vector<distributed::Message> sends, receives;
   for (const int d : mesh.devices()) {
-    const std::size_t n = group[static_cast<std::size_t>(d)].size();
-    const std::size_t r = rank_in[static_cast<std::size_t>(d)];
-    part[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(x.executor().allocate(
-        d, (lo_of(r + 1, n) - lo_of(r, n)) * static_cast<std::int64_t>(elem)));
-  }
-  x.executor().run(mesh.devices(), [&](int d) {
     const auto& g = group[static_cast<std::size_t>(d)];
+    const std::size_t r = rank_in[static_cast<std::size_t>(d)];
+    const std::int64_t lo = lo_of(r, g.size());
+    const std::int64_t bytes = (lo_of(r + 1, g.size()) - lo) * static_cast<std::int64_t>(elem);
+    if (exec.is_local(d)) {
+      received[static_cast<std::size_t>(d)].resize(g.size());
+      sources[static_cast<std::size_t>(d)].resize(g.size());
+    }
+    if (!remote || bytes == 0) continue;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const int m = g[i];
+      if (exec.process_of(m) == exec.process_of(d)) continue;
+      if (exec.is_local(m)) {
+        sends.push_back(
+            {exec.process_of(d),
+             const_cast<std::byte*>(x.shard(m).data()) + lo * static_cast<std::int64_t>(elem),
+             static_cast<std::size_t>(bytes)});
+      } else if (exec.is_local(d)) {
+        // The first such chunk is received into d's output, where it is reduced in place.
+        auto& in = received[static_cast<std::size_t>(d)];
+        std::byte* into = nullptr;
+        if (!in_place[static_cast<std::size_t>(d)]) {
+          in_place[static_cast<std::size_t>(d)] = 1;
+          into = chunk(d, lo);
+        } else {
+          in[i] = std::make_shared<Buffer>(exec.allocate(d, bytes));
+          into = in[i]->data();
+        }
+        receives.push_back({exec.process_of(m), into, static_cast<std::size_t>(bytes)});
+        sources[static_cast<std::size_t>(d)][i] = into;
+      }
+    }
+  }
+  if (remote) distributed::exchange(sends, receives);
+  exec.run(mesh.devices(), [&](int d) {
+    const auto& g = group[static_cast<std::size_t>(d)];
+    const auto& in = sources[static_cast<std::size_t>(d)];
     const std::size_t r = rank_in[static_cast<std::size_t>(d)];
     const std::int64_t lo = lo_of(r, g.size());
     const std::int64_t count = lo_of(r + 1, g.size()) - lo;
     std::vector<const std::byte*> parts;
-    for (const int m : g) parts.push_back(x.shard(m).data() + lo * static_cast<std::int64_t>(elem));
-    detail::reduce_into(x.dtype(), x.pending().op, parts, part[static_cast<std::size_t>(d)]->data(),
-                        count);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      if (in[i] != nullptr) {
+        parts.push_back(in[i]);
+      } else if (exec.is_local(g[i])) {
+        parts.push_back(x.shard(g[i]).data() + lo * static_cast<std::int64_t>(elem));
+      } else {
+        parts.push_back(nullptr);  // an empty chunk of another process's member: nothing to read
+      }
+    }
+    detail::reduce_into(x.dtype(), x.pending().op, parts, chunk(d, lo), count);
     rec.bytes_in[static_cast<std::size_t>(d)] +=
         static_cast<std::int64_t>(g.size() - 1) * count * static_cast<std::int64_t>(elem);
   });
-  // Phase 2 (all-gather inside each group): every member copies every reduced chunk.
-  auto out = allocate_like(x, mesh, total * static_cast<std::int64_t>(elem));
-  x.executor().run(mesh.devices(), [&](int d) {
+  received.clear();
+  // Phase 2 (all-gather inside each group): every member copies every other reduced chunk. A
+  // chunk reduced on another process crosses once to each process holding members of its
+  // group, straight into the output of the first of them (in group order); the others copy it
+  // from there.
+  std::vector<int> holder(n_dev, -1);  // by reducing member: the local device it was received on
+  if (remote) {
+    sends.clear();
+    receives.clear();
+    for (const int m : mesh.devices()) {
+      const auto& g = group[static_cast<std::size_t>(m)];
+      const std::size_t r = rank_in[static_cast<std::size_t>(m)];
+      const std::int64_t lo = lo_of(r, g.size());
+      const std::int64_t bytes = (lo_of(r + 1, g.size()) - lo) * static_cast<std::int64_t>(elem);
+      if (bytes == 0) continue;
+      std::vector<int> first(static_cast<std::size_t>(distributed::process_count()), -1);
+      for (const int d : g) {
+        if (first[static_cast<std::size_t>(exec.process_of(d))] < 0)
+          first[static_cast<std::size_t>(exec.process_of(d))] = d;
+      }
+      const int owner = exec.process_of(m);
+      for (int p = 0; p < static_cast<int>(first.size()); ++p) {
+        if (p == owner || first[static_cast<std::size_t>(p)] < 0) continue;
+        if (owner == me) {
+          sends.push_back({p, chunk(m, lo), static_cast<std::size_t>(bytes)});
+        } else if (p == me) {
+          const int d = first[static_cast<std::size_t>(p)];
+          holder[static_cast<std::size_t>(m)] = d;
+          receives.push_back({owner, chunk(d, lo), static_cast<std::size_t>(bytes)});
+        }
+      }
+    }
+    distributed::exchange(sends, receives);
+  }
+  exec.run(mesh.devices(), [&](int d) {
     const auto& g = group[static_cast<std::size_t>(d)];
     std::byte* dst = out[static_cast<std::size_t>(d)]->data();
     for (std::size_t r = 0; r < g.size(); ++r) {
       const std::int64_t lo = lo_of(r, g.size());
       const std::int64_t bytes = (lo_of(r + 1, g.size()) - lo) * static_cast<std::int64_t>(elem);
       if (bytes == 0) continue;
-      std::memcpy(dst + lo * static_cast<std::int64_t>(elem),
-                  part[static_cast<std::size_t>(g[r])]->data(), static_cast<std::size_t>(bytes));
-      if (g[r] != d) rec.bytes_in[static_cast<std::size_t>(d)] += bytes;
+      const int m = g[r];
+      if (m == d) continue;  // reduced here
+      rec.bytes_in[static_cast<std::size_t>(d)] += bytes;
+      const int at = holder[static_cast<std::size_t>(m)];
+      if (at == d) continue;  // received here in place
+      std::memcpy(dst + lo * static_cast<std::int64_t>(elem), chunk(at >= 0 ? at : m, lo),
+                  static_cast<std::size_t>(bytes));
     }
   });
-  part.clear();
   Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), x.sharding(),
                                      std::move(out), remaining_pending(x, axes));
   if (record) *record = std::move(rec);
