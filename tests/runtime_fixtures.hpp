@@ -1,10 +1,14 @@
 #pragma once
-// Helpers shared by the runtime tests (array, collectives): every spec of a mesh, and a block of
-// a host tensor computed element by element (the independent expectation for shards).
+// Helpers shared by the runtime tests (array, collectives): every spec of a mesh, a block of a
+// host tensor computed element by element (the independent expectation for shards), and the
+// devices of a mesh this process holds (all of them unless the test runs under mpirun).
 #include <functional>
 #include <vector>
 
 #include "shardplan/array.hpp"
+#include "shardplan/collectives.hpp"
+#include "shardplan/distributed.hpp"
+#include "shardplan/executor.hpp"
 
 namespace shardplan::test {
 
@@ -53,6 +57,31 @@ inline Tensor slice_of(const Tensor& global, const Block& block) {
     out.set(i, global.get(g));
   }
   return out;
+}
+
+// The devices of `mesh` held by this process, in mesh order: a test that runs under mpirun
+// checks these shards, and every device's shard is checked by the process holding it.
+inline std::vector<int> local(const Mesh& mesh, const Executor& exec) {
+  std::vector<int> out;
+  for (const int d : mesh.devices()) {
+    if (exec.is_local(d)) out.push_back(d);
+  }
+  return out;
+}
+
+// The bytes a collective's record counts for this process's devices of `mesh` (over processes a
+// record counts only those; a plan counts every device).
+inline std::vector<std::int64_t> local_bytes(const CollectiveRecord& r, const Mesh& mesh,
+                                             const Executor& exec) {
+  std::vector<std::int64_t> out;
+  for (const int d : local(mesh, exec)) out.push_back(r.bytes_in.at(static_cast<std::size_t>(d)));
+  return out;
+}
+
+// True when `devices` can be spread evenly over this run's processes (an executor of that many
+// devices exists here); a test under mpirun skips the meshes for which it is false.
+inline bool divides_over_processes(int devices) {
+  return devices % distributed::process_count() == 0;
 }
 
 }  // namespace shardplan::test

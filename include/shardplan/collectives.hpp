@@ -15,7 +15,9 @@ namespace shardplan {
 struct CollectiveRecord {
   std::string kind;  // all_gather, all_reduce, reduce_scatter, all_to_all, permute, slice, general
   std::vector<std::string> axes;
-  std::vector<std::int64_t> bytes_in;  // by device id
+  /// By device id. When the mesh spans processes, each process counts its own devices only
+  /// (the others' entries are 0): plan_reshard gives every device's figure without running.
+  std::vector<std::int64_t> bytes_in;
   std::int64_t max_bytes_in() const;
   std::int64_t total_bytes_in() const;
   /// "all_gather over 'x': 384 B max per device, 1.50 KiB in all".

@@ -668,7 +668,11 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
         failed = std::current_exception();
       }
     }
-    for (const int f : free_after_[s]) slots[static_cast<std::size_t>(f)] = Array();
+    // After a failure nothing more is freed: donated inputs still held go back to the caller,
+    // as when the run stops at the failure in one process.
+    if (!failed) {
+      for (const int f : free_after_[s]) slots[static_cast<std::size_t>(f)] = Array();
+    }
   }
   agree();
   if (!constant_slots_.empty() && !have_constants) {
