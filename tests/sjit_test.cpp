@@ -2,7 +2,6 @@
 // constraints, annotations, donation, lower() on abstract arguments, and the examples of JAX's
 // "Distributed arrays" guide and Flax's DotReluDot, each against the single-device result.
 #include "shardplan/sjit.hpp"
-#include "shardplan/distributed.hpp"
 
 #include <atomic>
 #include <cmath>
@@ -14,6 +13,7 @@
 
 #include "../examples/mlp.hpp"
 #include "shardplan/collectives.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "test_util.hpp"
 
@@ -30,8 +30,8 @@ double max_diff(const Tensor& a, const Tensor& b) {
 struct Meshes {
   Executor exec{8};
   Mesh mesh = Mesh::parse("data:4,model:2", 8);
-  Executor one = Executor::process_local(1);  // each process's own reference device
-  int first = exec.local_devices().front();     // a device of this process
+  Executor one = Executor::process_local(1);       // each process's own reference device
+  int first = exec.local_devices().front();        // a device of this process
   Mesh single = Mesh::parse("data:1,model:1", 1);  // same axis names, one device
   Array put(const Tensor& t, const PartitionSpec& s) const {
     return device_put(t, NamedSharding(mesh, s), exec);
