@@ -214,9 +214,9 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
   return parse_safetensors_header(prefix, static_cast<std::int64_t>(size), source);
 }
 
-void write_safetensors_skeleton(const std::filesystem::path& file,
-                                const std::vector<std::pair<std::string, TensorSpec>>& tensors,
-                                const std::map<std::string, std::string>& metadata) {
+std::string safetensors_header_bytes(const std::filesystem::path& file,
+                                     const std::vector<std::pair<std::string, TensorSpec>>& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
   // Written by hand, in the given order (an ordered_json object looks keys up linearly).
   std::string text = "{";
   if (!metadata.empty()) {
@@ -250,16 +250,24 @@ void write_safetensors_skeleton(const std::filesystem::path& file,
   }
   text += '}';
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-  std::array<char, 8> len{};
-  auto n = static_cast<std::uint64_t>(text.size());
-  for (int i = 0; i < 8; ++i) len[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::string out(8, '\0');
+  const auto n = static_cast<std::uint64_t>(text.size());
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + text;
+}
 
+void write_safetensors_skeleton(const std::filesystem::path& file,
+                                const std::vector<std::pair<std::string, TensorSpec>>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
+  const std::string header = safetensors_header_bytes(file, tensors, metadata);
+  std::int64_t data = 0;
+  for (const auto& t : tensors) data += t.second.bytes();
   const std::filesystem::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw IoError(fmt::format("[safetensors] {}: cannot open for writing", tmp.string()));
-    out.write(len.data(), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
     out.close();
     if (!out) {
       std::filesystem::remove(tmp);
@@ -267,7 +275,7 @@ void write_safetensors_skeleton(const std::filesystem::path& file,
     }
   }
   std::error_code ec;
-  std::filesystem::resize_file(tmp, 8 + text.size() + static_cast<std::uint64_t>(offset), ec);
+  std::filesystem::resize_file(tmp, header.size() + static_cast<std::uint64_t>(data), ec);
   if (!ec) std::filesystem::rename(tmp, file, ec);
   if (ec) {
     std::filesystem::remove(tmp);

@@ -39,6 +39,14 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, std::int64_t
 /// Reads only the header of a .safetensors file (never the weights). Throws IoError.
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& file);
 
+/// The first bytes of a safetensors file holding these tensors in this order: the 8-byte length,
+/// then the JSON header (data offsets assigned in order, padded with spaces so that the data
+/// section starts at a multiple of 8). `file` names the file in errors. Throws IoError for a
+/// duplicate or reserved name, or text that is not UTF-8.
+std::string safetensors_header_bytes(const std::filesystem::path& file,
+                                     const std::vector<std::pair<std::string, TensorSpec>>& tensors,
+                                     const std::map<std::string, std::string>& metadata = {});
+
 /// Writes a safetensors file with these tensors; the data section is zeros, written sparsely
 /// (seek and truncate), so a multi-gigabyte model costs no disk. Offsets are assigned in order.
 /// Writes to a temporary file and renames, so a failure leaves nothing half-written.

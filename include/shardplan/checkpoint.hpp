@@ -1,0 +1,116 @@
+#pragma once
+// Sharded checkpoints: a tree of arrays saved as safetensors files that Hugging Face tools read,
+// and restored onto any mesh and sharding, each device reading only the bytes of its own block.
+//
+//   save_checkpoint("ckpt/step_100", state);             // any Tree<Array>
+//   Tree<Array> s = restore_checkpoint("ckpt/step_100", like);  // shapes, dtypes, shardings
+//
+// A checkpoint is a directory: the tensors in one or more safetensors files (each tensor once,
+// its global row-major bytes, however it was sharded or replicated), and
+// `model.safetensors.index.json`, Hugging Face's weight map, whose metadata also holds
+// shardplan's own record: the mesh, each tensor's sharding and dtype, the tree's structure, and
+// an XXH3-64 checksum of every file. The directory appears under its name only when complete
+// (written under a hidden temporary name, fsynced, then renamed). See docs/checkpoint.md.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardplan/array.hpp"
+#include "shardplan/named_sharding.hpp"
+#include "shardplan/tensor_spec.hpp"
+#include "shardplan/tree.hpp"
+
+namespace shardplan {
+
+struct CheckpointOptions {
+  /// A file holds at most this many bytes of tensors before the next file starts (a tensor
+  /// larger than this has a file of its own; tensors are never split). 0: one file.
+  std::int64_t max_file_bytes = std::int64_t{4} << 30;
+};
+
+/// Collective over processes. Saves every leaf of `tree` (arrays, neither pending nor donated)
+/// under its tree path as tensor name. `dir` must not exist; its parent is created. Each block
+/// is written once, by the process holding the first device of its replica group. Throws
+/// IoError (naming the file) or SpecError (naming the tree path); after a failure `dir` does not
+/// exist and the temporary directory is removed.
+void save_checkpoint(const std::filesystem::path& dir, const Tree<Array>& tree,
+                     const CheckpointOptions& options = {});
+
+/// One tensor of a checkpoint: where its bytes are.
+struct CheckpointTensor {
+  std::string name;
+  TensorSpec spec;
+  std::string file;         // relative to the checkpoint directory
+  std::int64_t offset = 0;  // of its first byte in the file
+  std::string sharding;     // as saved by shardplan ("P('data') on data:4,model:2"); "" otherwise
+};
+
+struct CheckpointFile {
+  std::string name;                   // relative to the checkpoint directory
+  std::optional<std::uint64_t> xxh3;  // the whole file's XXH3-64, when shardplan wrote it
+};
+
+/// What a checkpoint holds, read from its index and file headers only (no tensor data).
+struct CheckpointInfo {
+  std::filesystem::path dir;
+  std::vector<CheckpointTensor> tensors;  // by file, then in each file's order
+  std::vector<CheckpointFile> files;
+  bool shardplan = false;  // written by save_checkpoint (sharding, structure and checksums known)
+  std::string mesh;        // the mesh it was saved from, when shardplan
+  std::string structure;   // the tree's structure as JSON (leaves are tensor names), when shardplan
+  /// The tensor of this name, or null.
+  const CheckpointTensor* find(std::string_view name) const;
+  std::int64_t total_bytes() const;
+};
+
+/// Reads a checkpoint's layout: a directory with `model.safetensors.index.json` (shardplan's
+/// or Hugging Face's), a directory holding one `.safetensors` file, or a `.safetensors` file.
+/// Throws IoError naming the file for a missing or malformed index or header.
+CheckpointInfo read_checkpoint_info(const std::filesystem::path& path);
+
+/// Reads every file of a shardplan checkpoint and compares its checksum; throws IoError naming
+/// the first file that differs or cannot be read. Over processes, collective: each process
+/// checks some of the files.
+void verify_checkpoint(const CheckpointInfo& info);
+
+struct RestoreOptions {
+  /// Check every file's checksum before reading tensors (each file read once more).
+  bool verify = true;
+};
+
+/// Collective over processes. Restores the tensors named by the tree paths of `target` with
+/// those shardings, on `executor`: each device of this process reads only the byte ranges of its
+/// block, straight into its buffer (through a bounded staging buffer when the ranges are small).
+/// Throws IoError naming the tensor and the file (missing, truncated, checksum) and SpecError
+/// naming the tensor, its shape and the axis when a sharding does not divide it.
+Tree<Array> restore_checkpoint(const std::filesystem::path& dir, const Tree<NamedSharding>& target,
+                               const Executor& executor, const RestoreOptions& options = {});
+/// As above, with shapes, dtypes, shardings and executor taken from a template of arrays (their
+/// values are not read): a tensor whose shape or dtype differs from the template's is an error.
+Tree<Array> restore_checkpoint(const std::filesystem::path& dir, const Tree<Array>& like,
+                               const RestoreOptions& options = {});
+
+/// Numbered checkpoints under one root (`root/step_00000100`), keeping the last `keep`.
+/// Temporary directories of saves that never finished (hidden names) are ignored, and removed
+/// by the next save.
+class CheckpointManager {
+ public:
+  explicit CheckpointManager(std::filesystem::path root, int keep = 3);
+  /// Saves `tree` as step `step` (an existing step is an error), then removes the oldest
+  /// steps beyond `keep`. Collective over processes.
+  void save(std::int64_t step, const Tree<Array>& tree, const CheckpointOptions& options = {});
+  /// The complete steps, oldest first.
+  std::vector<std::int64_t> steps() const;
+  /// The newest complete step, if any.
+  std::optional<std::int64_t> latest() const;
+  std::filesystem::path path_of(std::int64_t step) const;
+
+ private:
+  std::filesystem::path root_;
+  int keep_;
+};
+
+}  // namespace shardplan

@@ -1,0 +1,702 @@
+#include "shardplan/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "../runtime/box_copy.hpp"
+#include "shardplan/distributed.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/safetensors.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace shardplan {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr int kFormatVersion = 1;
+// Reads of a device's block whose byte ranges are small go through a staging buffer of this
+// size (one per reading thread): the memory bound of a restore beyond the devices' own shards.
+constexpr std::int64_t kStageBytes = std::int64_t{4} << 20;
+
+[[noreturn]] void io_fail(const fs::path& file, std::string_view what, int err = 0) {
+  throw IoError(fmt::format("[checkpoint] {}: {}{}", file.string(), what,
+                            err != 0 ? fmt::format(" ({})", std::strerror(err)) : std::string()));
+}
+
+/// A file descriptor, closed on destruction.
+class File {
+ public:
+  File(const fs::path& path, int flags, mode_t mode = 0644) : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    if (fd_ < 0) io_fail(path, "cannot open", errno);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  const fs::path& path() const { return path_; }
+
+  void write_at(const void* data, std::int64_t bytes, std::int64_t offset) const {
+    const auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t n =
+          ::pwrite(fd_, p, static_cast<std::size_t>(std::min<std::int64_t>(bytes, 1 << 30)),
+                   static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        io_fail(path_, fmt::format("write of {} bytes at offset {} failed", bytes, offset),
+                n < 0 ? errno : ENOSPC);
+      p += n;
+      bytes -= n;
+      offset += n;
+    }
+  }
+  void read_at(void* data, std::int64_t bytes, std::int64_t offset) const {
+    auto* p = static_cast<char*>(data);
+    while (bytes > 0) {
+      const ssize_t n =
+          ::pread(fd_, p, static_cast<std::size_t>(std::min<std::int64_t>(bytes, 1 << 30)),
+                  static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        io_fail(path_, fmt::format("read of {} bytes at offset {} failed", bytes, offset), errno);
+      if (n == 0) {
+        io_fail(path_, fmt::format("the file ends before byte {} (truncated?)", offset + bytes));
+      }
+      p += n;
+      bytes -= n;
+      offset += n;
+    }
+  }
+  void sync() const {
+    if (::fsync(fd_) != 0) io_fail(path_, "fsync failed", errno);
+  }
+  void truncate(std::int64_t size) const {
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+      io_fail(path_, fmt::format("cannot size to {} bytes", size), errno);
+    }
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+void sync_directory(const fs::path& dir) {
+  const File d(dir, O_RDONLY | O_DIRECTORY);
+  d.sync();
+}
+
+/// The whole file's XXH3-64, read in pieces.
+std::uint64_t file_checksum(const fs::path& path) {
+  const File f(path, O_RDONLY);
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
+  for (;;) {
+    const ssize_t n = ::read(f.fd(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      XXH3_freeState(state);
+      io_fail(path, "read failed", errno);
+    }
+    if (n == 0) break;
+    XXH3_64bits_update(state, buf.data(), static_cast<std::size_t>(n));
+  }
+  const std::uint64_t h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return h;
+}
+
+/// Runs `step`; over processes, every process learns whether it failed anywhere (collective:
+/// distributed::all_succeed). In one process the step's own exception comes out as it is.
+void collectively(const std::function<void()>& step) {
+  if (distributed::process_count() == 1) {
+    step();
+  } else {
+    distributed::all_succeed(step);
+  }
+}
+
+/// Runs `step` on process 0 only; every process learns whether it failed (collective).
+void on_first_process(const std::function<void()>& step) {
+  collectively([&] {
+    if (distributed::process_index() == 0) step();
+  });
+}
+
+nlohmann::json structure_of(const Tree<Array>& t, std::string& path) {
+  switch (t.kind()) {
+    case NodeKind::kNone:
+      return nullptr;
+    case NodeKind::kLeaf:
+      return path;
+    case NodeKind::kDict:
+    case NodeKind::kList: {
+      nlohmann::json out = t.is_dict() ? nlohmann::json::object() : nlohmann::json::array();
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        const std::size_t keep = path.size();
+        const std::string seg = t.is_dict() ? escape_key(t.keys()[i]) : std::to_string(i);
+        path = join_path(path, seg);
+        if (t.is_dict()) {
+          out[t.keys()[i]] = structure_of(t.children()[i], path);
+        } else {
+          out.push_back(structure_of(t.children()[i], path));
+        }
+        path.resize(keep);
+      }
+      return out;
+    }
+  }
+  return nullptr;
+}
+
+std::string sharding_text(const NamedSharding& s) {
+  return fmt::format("{} on {}", s.spec().to_string(), s.mesh().to_string());
+}
+
+/// A name the index may hold for a file: relative, inside the directory.
+void check_file_name(const fs::path& index, const std::string& tensor, const std::string& file) {
+  const fs::path p(file);
+  bool bad = file.empty() || p.is_absolute();
+  for (const auto& part : p) bad = bad || part == "..";
+  if (bad) {
+    throw IoError(
+        fmt::format("[checkpoint] {}: tensor '{}' is mapped to file '{}', which is not a "
+                    "file name inside the checkpoint directory",
+                    index.string(), tensor, file));
+  }
+}
+
+}  // namespace
+
+const CheckpointTensor* CheckpointInfo::find(std::string_view name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::int64_t CheckpointInfo::total_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) n += t.spec.bytes();
+  return n;
+}
+
+void save_checkpoint(const fs::path& dir_in, const Tree<Array>& tree,
+                     const CheckpointOptions& options) {
+  const fs::path dir = fs::absolute(dir_in).lexically_normal();
+  if (!dir.has_filename()) {
+    throw IoError(fmt::format("[checkpoint] {}: not a directory name", dir_in.string()));
+  }
+  // The tensors, in flatten order, and the files they go to.
+  struct Planned {
+    std::string name;
+    const Array* array;
+    TensorSpec spec;
+    std::size_t file = 0;
+    std::int64_t offset = 0;  // in the file's data section
+  };
+  std::vector<Planned> planned;
+  const auto leaves = tree.flatten();
+  std::string mesh;
+  for (const auto& [path, a] : leaves) {
+    if (path.empty()) {
+      throw SpecError(
+          "[checkpoint] the tree is a single array: save a dict, so that the tensor "
+          "has a name");
+    }
+    if (!a.valid())
+      throw SpecError(fmt::format("[checkpoint] '{}' is an empty array handle", path));
+    if (a.is_pending()) {
+      throw SpecError(
+          fmt::format("[checkpoint] '{}' ({}) is pending a reduction; reduce it "
+                      "(all_reduce or reshard) before saving",
+                      path, a.to_string()));
+    }
+    if (mesh.empty()) mesh = a.mesh().to_string();
+    planned.push_back({path, &a, TensorSpec{a.shape(), a.dtype()}});
+  }
+  std::vector<std::vector<std::size_t>> files;
+  std::int64_t in_file = 0;
+  for (std::size_t i = 0; i < planned.size(); ++i) {
+    const std::int64_t bytes = planned[i].spec.bytes();
+    if (files.empty() ||
+        (options.max_file_bytes > 0 && in_file > 0 && in_file + bytes > options.max_file_bytes)) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    planned[i].file = files.size() - 1;
+    planned[i].offset = in_file;
+    in_file += bytes;
+    files.back().push_back(i);
+  }
+  if (files.empty()) files.emplace_back();
+  std::vector<std::string> names;
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    names.push_back(files.size() == 1
+                        ? "model.safetensors"
+                        : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, files.size()));
+  }
+  const fs::path tmp = dir.parent_path() / fmt::format(".{}.partial", dir.filename().string());
+  std::vector<std::string> headers(files.size());
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    std::vector<std::pair<std::string, TensorSpec>> specs;
+    for (const std::size_t i : files[f]) specs.emplace_back(planned[i].name, planned[i].spec);
+    headers[f] = safetensors_header_bytes(tmp / names[f], specs, {{"format", "pt"}});
+  }
+  try {
+    // 1. Process 0 makes the temporary directory and every file at its full size.
+    on_first_process([&] {
+      if (fs::exists(dir)) {
+        throw IoError(
+            fmt::format("[checkpoint] {}: already exists; save to a new directory (or "
+                        "remove it first)",
+                        dir.string()));
+      }
+      fs::create_directories(dir.parent_path());
+      fs::remove_all(tmp);
+      fs::create_directory(tmp);
+      for (std::size_t f = 0; f < files.size(); ++f) {
+        const File out(tmp / names[f], O_WRONLY | O_CREAT | O_TRUNC);
+        out.write_at(headers[f].data(), static_cast<std::int64_t>(headers[f].size()), 0);
+        std::int64_t data = 0;
+        for (const std::size_t i : files[f]) data += planned[i].spec.bytes();
+        out.truncate(static_cast<std::int64_t>(headers[f].size()) + data);
+      }
+    });
+    // 2. Each block is written once, by the process holding the first device of its replica
+    //    group, run by run into its place in the global row-major tensor.
+    collectively([&] {
+      std::vector<std::unique_ptr<File>> open(files.size());
+      for (const Planned& p : planned) {
+        const Array& a = *p.array;
+        const Executor& exec = a.executor();
+        const std::vector<Block> blocks = a.sharding().device_blocks(a.shape());
+        const Shape& shard = a.shard_shape();
+        const int rank = a.shape().rank();
+        const std::int64_t base = static_cast<std::int64_t>(headers[p.file].size()) + p.offset;
+        for (const auto& group : a.sharding().replica_groups(a.shape())) {
+          const int writer = group.front();
+          if (!exec.is_local(writer) || shard.numel() == 0) continue;
+          auto& file = open[p.file];
+          if (!file) file = std::make_unique<File>(tmp / names[p.file], O_WRONLY);
+          const Block& b = blocks[static_cast<std::size_t>(writer)];
+          std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
+          for (const auto& s : b) origin.push_back(s.start);
+          const std::byte* src = a.shard(writer).data();
+          detail::for_each_run(shard.begin(), zero.data(), a.shape().begin(), origin.data(),
+                               shard.begin(), rank, size_of(a.dtype()),
+                               [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
+                                 file->write_at(src + s, bytes, base + t);
+                               });
+        }
+      }
+      for (const auto& f : open) {
+        if (f) f->sync();
+      }
+    });
+    // 3. Process 0 checksums the files, writes the index last, and renames the directory.
+    on_first_process([&] {
+      nlohmann::json meta;
+      std::int64_t total = 0;
+      for (const Planned& p : planned) total += p.spec.bytes();
+      nlohmann::json record;
+      record["version"] = kFormatVersion;
+      record["mesh"] = mesh;
+      std::string path;
+      record["structure"] = structure_of(tree, path);
+      for (std::size_t f = 0; f < files.size(); ++f) {
+        const fs::path file = tmp / names[f];
+        File(file, O_RDONLY).sync();
+        record["files"][names[f]]["xxh3"] = fmt::format("{:016x}", file_checksum(file));
+      }
+      nlohmann::json weight_map = nlohmann::json::object();
+      for (const Planned& p : planned) {
+        weight_map[p.name] = names[p.file];
+        record["tensors"][p.name] = {{"sharding", sharding_text(p.array->sharding())},
+                                     {"dtype", std::string(safetensors_name(p.spec.dtype))}};
+      }
+      meta["metadata"] = {{"total_size", total}, {"shardplan", record}};
+      meta["weight_map"] = weight_map;
+      std::string text;
+      try {
+        text = meta.dump(1);
+      } catch (const nlohmann::json::exception&) {
+        throw IoError(
+            fmt::format("[checkpoint] {}: a tensor name is not valid UTF-8", dir.string()));
+      }
+      text += '\n';
+      {
+        const File index(tmp / kIndexName, O_WRONLY | O_CREAT | O_TRUNC);
+        index.write_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
+        index.sync();
+      }
+      sync_directory(tmp);
+      if (::rename(tmp.c_str(), dir.c_str()) != 0)
+        io_fail(dir, "cannot rename the saved checkpoint into place", errno);
+      sync_directory(dir.parent_path());
+    });
+  } catch (...) {
+    if (distributed::process_index() == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    throw;
+  }
+}
+
+CheckpointInfo read_checkpoint_info(const fs::path& path) {
+  CheckpointInfo info;
+  std::vector<std::string> file_names;
+  std::map<std::string, std::string> weight_map;  // from the index, when there is one
+  nlohmann::json record;
+  fs::path index_path;
+  if (fs::is_regular_file(path)) {
+    info.dir = path.parent_path();
+    file_names.push_back(path.filename().string());
+  } else if (fs::is_directory(path)) {
+    info.dir = path;
+    index_path = path / kIndexName;
+    if (!fs::exists(index_path)) {
+      // Hugging Face names the index after the weights file; take any single index.
+      std::vector<fs::path> indexes, weights;
+      for (const auto& e : fs::directory_iterator(path)) {
+        const std::string n = e.path().filename().string();
+        if (n.ends_with(".safetensors.index.json")) indexes.push_back(e.path());
+        if (n.ends_with(".safetensors") && e.is_regular_file()) weights.push_back(e.path());
+      }
+      index_path.clear();
+      if (indexes.size() == 1) {
+        index_path = indexes.front();
+      } else if (indexes.empty() && weights.size() == 1) {
+        file_names.push_back(weights.front().filename().string());
+      } else {
+        throw IoError(fmt::format(
+            "[checkpoint] {}: expected {} (or one *.safetensors.index.json, or a single "
+            ".safetensors file); found {} index files and {} .safetensors files",
+            path.string(), kIndexName, indexes.size(), weights.size()));
+      }
+    }
+  } else {
+    throw IoError(fmt::format("[checkpoint] {}: no such file or directory", path.string()));
+  }
+  if (!index_path.empty()) {
+    nlohmann::json index;
+    try {
+      std::string text;
+      {
+        const File f(index_path, O_RDONLY);
+        struct stat st {};
+        if (::fstat(f.fd(), &st) != 0) io_fail(index_path, "cannot stat", errno);
+        text.resize(static_cast<std::size_t>(st.st_size));
+        f.read_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
+      }
+      index = nlohmann::json::parse(text);
+      if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+        throw IoError(
+            fmt::format("[checkpoint] {}: no \"weight_map\" object", index_path.string()));
+      }
+      for (const auto& [name, file] : index["weight_map"].items()) {
+        if (!file.is_string()) {
+          throw IoError(fmt::format("[checkpoint] {}: tensor '{}' is mapped to {}, not a file name",
+                                    index_path.string(), name, file.dump()));
+        }
+        check_file_name(index_path, name, file.get<std::string>());
+        weight_map[name] = file.get<std::string>();
+        if (std::find(file_names.begin(), file_names.end(), file.get<std::string>()) ==
+            file_names.end()) {
+          file_names.push_back(file.get<std::string>());
+        }
+      }
+      if (index.contains("metadata") && index["metadata"].is_object() &&
+          index["metadata"].contains("shardplan")) {
+        record = index["metadata"]["shardplan"];
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw IoError(
+          fmt::format("[checkpoint] {}: not valid JSON: {}", index_path.string(), e.what()));
+    }
+    std::sort(file_names.begin(), file_names.end());
+  }
+  info.shardplan = record.is_object();
+  if (info.shardplan) {
+    try {
+      info.mesh = record.value("mesh", "");
+      info.structure = record.contains("structure") ? record["structure"].dump() : "";
+    } catch (const nlohmann::json::exception& e) {
+      throw IoError(fmt::format("[checkpoint] {}: malformed shardplan record: {}",
+                                index_path.string(), e.what()));
+    }
+  }
+  for (const std::string& name : file_names) {
+    const fs::path file = info.dir / name;
+    if (!fs::exists(file)) {
+      throw IoError(fmt::format("[checkpoint] {}: missing (the index {} maps tensors to it)",
+                                file.string(), index_path.string()));
+    }
+    CheckpointFile cf{name, std::nullopt};
+    if (info.shardplan) {
+      try {
+        const auto& h = record.at("files").at(name).at("xxh3");
+        cf.xxh3 = std::stoull(h.get<std::string>(), nullptr, 16);
+      } catch (const std::exception&) {
+        throw IoError(
+            fmt::format("[checkpoint] {}: no checksum for file '{}' in the shardplan "
+                        "record",
+                        index_path.string(), name));
+      }
+    }
+    info.files.push_back(cf);
+    const SafetensorsHeader h = read_safetensors_header(file);
+    for (const auto& e : h.tensors) {
+      if (!weight_map.empty()) {
+        const auto it = weight_map.find(e.name);
+        if (it == weight_map.end() || it->second != name) continue;  // the index names another
+      }
+      CheckpointTensor t{e.name, e.spec, name, 8 + h.header_size + e.begin, ""};
+      if (info.shardplan) {
+        const auto& tensors = record.contains("tensors") ? record["tensors"] : nlohmann::json();
+        if (tensors.is_object() && tensors.contains(e.name) && tensors[e.name].is_object()) {
+          t.sharding = tensors[e.name].value("sharding", "");
+        }
+      }
+      info.tensors.push_back(std::move(t));
+    }
+  }
+  for (const auto& [name, file] : weight_map) {
+    if (info.find(name) == nullptr) {
+      throw IoError(
+          fmt::format("[checkpoint] {}: the index maps tensor '{}' to it, but its "
+                      "header has no such tensor",
+                      (info.dir / file).string(), name));
+    }
+  }
+  return info;
+}
+
+void verify_checkpoint(const CheckpointInfo& info) {
+  collectively([&] {
+    const int me = distributed::process_index(), n = distributed::process_count();
+    for (std::size_t i = 0; i < info.files.size(); ++i) {
+      if (static_cast<int>(i % static_cast<std::size_t>(n)) != me) continue;
+      const CheckpointFile& f = info.files[i];
+      if (!f.xxh3) continue;
+      const std::uint64_t got = file_checksum(info.dir / f.name);
+      if (got != *f.xxh3) {
+        throw IoError(
+            fmt::format("[checkpoint] {}: checksum mismatch (XXH3 {:016x}, the index "
+                        "records {:016x}): the file was changed or damaged after saving",
+                        (info.dir / f.name).string(), got, *f.xxh3));
+      }
+    }
+  });
+}
+
+namespace {
+
+struct Wanted {
+  std::string name;
+  NamedSharding sharding;
+  std::optional<TensorSpec> like;
+};
+
+Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wanted,
+                           const Executor& exec, const RestoreOptions& options,
+                           const std::function<Tree<Array>(std::vector<Array>)>& build) {
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  if (options.verify) verify_checkpoint(info);
+  std::vector<Array> out;
+  collectively([&] {
+    std::map<std::string, std::unique_ptr<File>> open;
+    for (const Wanted& w : wanted) {
+      const CheckpointTensor* t = info.find(w.name);
+      if (t == nullptr) {
+        std::string some;
+        for (std::size_t i = 0; i < info.tensors.size() && i < 5; ++i) {
+          some += (i ? ", '" : "'") + info.tensors[i].name + "'";
+        }
+        throw IoError(fmt::format("[checkpoint] {}: no tensor '{}' (it holds {} tensors{}{})",
+                                  info.dir.string(), w.name, info.tensors.size(),
+                                  some.empty() ? "" : ": ", some));
+      }
+      const fs::path file = info.dir / t->file;
+      if (w.like && (w.like->shape != t->spec.shape || w.like->dtype != t->spec.dtype)) {
+        throw SpecError(fmt::format("[checkpoint] tensor '{}' in {} is {}{}, the target wants {}{}",
+                                    w.name, file.string(), name(t->spec.dtype),
+                                    t->spec.shape.to_string(), name(w.like->dtype),
+                                    w.like->shape.to_string()));
+      }
+      const Shape& shape = t->spec.shape;
+      Shape shard;
+      std::vector<Block> blocks;
+      try {
+        shard = w.sharding.shard_shape(shape, w.name);
+        blocks = w.sharding.device_blocks(shape);
+      } catch (const SpecError& e) {
+        throw SpecError(
+            fmt::format("[checkpoint] tensor '{}' in {}: {}", w.name, file.string(), e.what()));
+      }
+      auto& f = open[t->file];
+      if (!f) f = std::make_unique<File>(file, O_RDONLY);
+      const File& in = *f;
+      const std::size_t elem = size_of(t->spec.dtype);
+      const std::int64_t bytes = shard.numel() * static_cast<std::int64_t>(elem);
+      std::vector<std::shared_ptr<Buffer>> buffers(static_cast<std::size_t>(exec.num_devices()));
+      for (const int d : w.sharding.mesh().devices()) {
+        if (exec.is_local(d)) {
+          buffers[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(exec.allocate(d, bytes));
+        }
+      }
+      const int rank = shape.rank();
+      exec.run(w.sharding.mesh().devices(), [&](int d) {
+        if (bytes == 0) return;
+        const Block& b = blocks[static_cast<std::size_t>(d)];
+        std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
+        for (const auto& s : b) origin.push_back(s.start);
+        struct Run {
+          std::int64_t at, to, bytes;
+        };
+        std::vector<Run> runs;
+        detail::for_each_run(shape.begin(), origin.data(), shard.begin(), zero.data(),
+                             shard.begin(), rank, elem,
+                             [&](std::int64_t s, std::int64_t t2, std::int64_t n) {
+                               runs.push_back({t->offset + s, t2, n});
+                             });
+        std::byte* dst = buffers[static_cast<std::size_t>(d)]->data();
+        std::vector<std::byte> stage;
+        // Runs in file order; neighbours within one staging buffer are read together.
+        for (std::size_t i = 0; i < runs.size();) {
+          std::size_t j = i + 1;
+          while (j < runs.size() && runs[j].at + runs[j].bytes - runs[i].at <= kStageBytes) {
+            ++j;
+          }
+          if (j == i + 1) {
+            in.read_at(dst + runs[i].to, runs[i].bytes, runs[i].at);
+          } else {
+            const std::int64_t span = runs[j - 1].at + runs[j - 1].bytes - runs[i].at;
+            if (stage.empty()) stage.resize(static_cast<std::size_t>(kStageBytes));
+            in.read_at(stage.data(), span, runs[i].at);
+            for (std::size_t k = i; k < j; ++k) {
+              std::memcpy(dst + runs[k].to, stage.data() + (runs[k].at - runs[i].at),
+                          static_cast<std::size_t>(runs[k].bytes));
+            }
+          }
+          i = j;
+        }
+      });
+      out.push_back(
+          Array::from_buffers(exec, shape, t->spec.dtype, w.sharding, std::move(buffers)));
+    }
+  });
+  return build(std::move(out));
+}
+
+}  // namespace
+
+Tree<Array> restore_checkpoint(const fs::path& dir, const Tree<NamedSharding>& target,
+                               const Executor& executor, const RestoreOptions& options) {
+  std::vector<Wanted> wanted;
+  for (const auto& [path, s] : target.flatten()) wanted.push_back({path, s, std::nullopt});
+  return restore_leaves(dir, wanted, executor, options, [&](std::vector<Array> leaves) {
+    return target.unflatten(std::move(leaves));
+  });
+}
+
+Tree<Array> restore_checkpoint(const fs::path& dir, const Tree<Array>& like,
+                               const RestoreOptions& options) {
+  std::vector<Wanted> wanted;
+  std::optional<Executor> exec;
+  for (const auto& [path, a] : like.flatten()) {
+    if (!exec) exec = a.executor();
+    if (!(a.executor() == *exec)) {
+      throw SpecError(
+          fmt::format("[checkpoint] the template's arrays live on different executors "
+                      "('{}' is on another one than '{}')",
+                      path, like.paths().front()));
+    }
+    wanted.push_back({path, a.sharding(), TensorSpec{a.shape(), a.dtype()}});
+  }
+  if (!exec) return like;
+  return restore_leaves(dir, wanted, *exec, options, [&](std::vector<Array> leaves) {
+    return like.unflatten(std::move(leaves));
+  });
+}
+
+// ---- CheckpointManager --------------------------------------------------------------------
+
+CheckpointManager::CheckpointManager(fs::path root, int keep)
+    : root_(std::move(root)), keep_(keep) {
+  if (keep < 1) {
+    throw SpecError(fmt::format("[checkpoint] keep must be at least 1, got {}", keep));
+  }
+}
+
+fs::path CheckpointManager::path_of(std::int64_t step) const {
+  if (step < 0) throw SpecError(fmt::format("[checkpoint] step {} is negative", step));
+  return root_ / fmt::format("step_{:08d}", step);
+}
+
+std::vector<std::int64_t> CheckpointManager::steps() const {
+  std::vector<std::int64_t> out;
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root_, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!n.starts_with("step_") || n.size() < 6) continue;
+    const std::string digits = n.substr(5);
+    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+        digits.size() > 18) {
+      continue;
+    }
+    if (!fs::exists(e.path() / kIndexName)) continue;  // not a checkpoint (complete ones have it)
+    out.push_back(std::stoll(digits));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::int64_t> CheckpointManager::latest() const {
+  const auto s = steps();
+  if (s.empty()) return std::nullopt;
+  return s.back();
+}
+
+void CheckpointManager::save(std::int64_t step, const Tree<Array>& tree,
+                             const CheckpointOptions& options) {
+  // Saves that never finished (killed) left hidden directories: remove them first.
+  on_first_process([&] {
+    std::error_code ec;
+    if (!fs::is_directory(root_, ec)) return;
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(root_)) {
+      const std::string n = e.path().filename().string();
+      if (n.starts_with(".step_") && n.ends_with(".partial")) stale.push_back(e.path());
+    }
+    for (const auto& p : stale) fs::remove_all(p);
+  });
+  save_checkpoint(path_of(step), tree, options);
+  on_first_process([&] {
+    const auto all = steps();
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) {
+      fs::remove_all(path_of(all[i]));
+    }
+  });
+}
+
+}  // namespace shardplan

@@ -1,0 +1,405 @@
+// Sharded checkpoints: saved from one mesh and restored bit for bit onto others; the same bytes
+// from 1 device or 8; read back by an independent numpy reader of the public safetensors
+// format; damaged files, mismatched targets and failed saves give errors naming the file and
+// tensor and leave the previous checkpoint; a save killed with SIGKILL leaves no half
+// checkpoint that looks complete.
+#include "shardplan/checkpoint.hpp"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "fixtures.hpp"
+#include "shardplan/error.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+/// A train state with the kinds of leaf a checkpoint holds, on `exec` and `mesh` (axes data and
+/// model): weights sharded both ways, a bf16 bias, an int64 step, an optimizer list.
+Tree<Array> train_state(const Executor& exec, const Mesh& mesh) {
+  auto on = [&](const PartitionSpec& s) { return NamedSharding(mesh, s); };
+  return Tree<Array>::dict(
+      {{"params",
+        Tree<Array>::dict(
+            {{"w", Array::normal(Shape{16, 8}, DType::kF32, on(P("data", "model")), exec, 1)},
+             {"b", Array::normal(Shape{8}, DType::kBF16, on(P("model")), exec, 2)},
+             {"emb", Array::normal(Shape{6, 16}, DType::kF32, on(P(nullptr, "data")), exec, 3)}})},
+       {"step", Array::generate(Shape{}, DType::kI64, on(P()), exec, Generator::full(1234))},
+       {"opt",
+        Tree<Array>::list({Array::uniform(Shape{16, 8}, DType::kF32, on(P("data")), exec, 4, -1, 1),
+                           Tree<Array>::none()})}});
+}
+
+/// Shardings of the same tree for another mesh (`specs` by leaf path).
+Tree<NamedSharding> shardings_for(const Tree<Array>& like, const Mesh& mesh,
+                                  const std::map<std::string, PartitionSpec>& specs) {
+  return like.map_with_path([&](const std::string& path, const Array&) {
+    const auto it = specs.find(path);
+    return NamedSharding(mesh, it == specs.end() ? P() : it->second);
+  });
+}
+
+void expect_same_values(const Tree<Array>& got, const Tree<Array>& want) {
+  ASSERT_TRUE(got.same_structure(want));
+  const auto g = got.flatten();
+  const auto w = want.flatten();
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    EXPECT_EQ(g[i].first, w[i].first);
+    EXPECT_TRUE(g[i].second.to_host() == w[i].second.to_host()) << g[i].first;
+  }
+}
+
+TEST(Checkpoint, RestoresOntoOtherMeshesBitForBitReadingOnlyEachDevicesShards) {
+  TempDir tmp;
+  const Executor eight(8);
+  const Tree<Array> state = train_state(eight, Mesh::parse("data:4,model:2", 8));
+  save_checkpoint(tmp.path() / "ckpt", state);
+  struct Target {
+    const char* mesh;
+    int devices;
+    std::map<std::string, PartitionSpec> specs;
+  };
+  const Target targets[] = {
+      // 8 -> 4 devices, FSDP-style: every matrix split by rows.
+      {"data:4",
+       4,
+       {{"params/w", P("data")}, {"params/emb", P(nullptr, "data")}, {"opt/0", P("data")}}},
+      // 4x2 -> 2x4, the axes swapped on the weights (tensor parallel on the other dimension).
+      {"data:2,model:4",
+       8,
+       {{"params/w", P("model", "data")},
+        {"params/b", P("model")},
+        {"opt/0", P(nullptr, "model")}}},
+      // Onto one device.
+      {"data:1", 1, {}},
+  };
+  for (const Target& t : targets) {
+    SCOPED_TRACE(t.mesh);
+    const Executor exec(t.devices);
+    const Mesh mesh = Mesh::parse(t.mesh, t.devices);
+    const auto target = shardings_for(state, mesh, t.specs);
+    exec.reset_peak();
+    const Tree<Array> restored = restore_checkpoint(tmp.path() / "ckpt", target, exec);
+    expect_same_values(restored, state);
+    // Each device held its own shards and nothing else (reads are staged in host memory).
+    for (const int d : exec.local_devices()) {
+      std::int64_t shards = 0;
+      restored.for_each_leaf(
+          [&](const std::string&, const Array& a) { shards += a.shard_nbytes(); });
+      EXPECT_EQ(exec.memory(d).peak, shards) << "device " << d;
+    }
+    for (const auto& [path, a] : restored.flatten()) {
+      EXPECT_EQ(a.sharding(), target.at_path(path).leaf()) << path;
+    }
+  }
+}
+
+/// The bytes of every tensor of a checkpoint, by name, read from the files at their offsets.
+std::map<std::string, std::string> tensor_bytes(const fs::path& dir) {
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  std::map<std::string, std::string> out;
+  for (const auto& t : info.tensors) {
+    std::ifstream in(info.dir / t.file, std::ios::binary);
+    in.seekg(t.offset);
+    std::string bytes(static_cast<std::size_t>(t.spec.bytes()), '\0');
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out[t.name] = bytes;
+  }
+  return out;
+}
+
+TEST(Checkpoint, OneDeviceAndEightDevicesWriteTheSameTensorBytes) {
+  TempDir tmp;
+  const Executor one(1), eight(8);
+  save_checkpoint(tmp.path() / "one", train_state(one, Mesh::parse("data:1,model:1", 1)));
+  save_checkpoint(tmp.path() / "eight", train_state(eight, Mesh::parse("data:4,model:2", 8)));
+  const auto a = tensor_bytes(tmp.path() / "one");
+  const auto b = tensor_bytes(tmp.path() / "eight");
+  EXPECT_EQ(a.size(), 5u);
+  EXPECT_TRUE(a == b);
+  // And they are the host tensors' bytes (row-major, little-endian).
+  const Tensor w =
+      train_state(one, Mesh::parse("data:1,model:1", 1)).at_path("params/w").leaf().to_host();
+  EXPECT_EQ(a.at("params/w"), std::string(reinterpret_cast<const char*>(w.bytes()),
+                                          static_cast<std::size_t>(w.nbytes())));
+}
+
+TEST(Checkpoint, ANumpyReaderOfThePublicFormatReadsWhatWasSaved) {
+  TempDir tmp;
+  const Executor eight(8);
+  const Tree<Array> state = train_state(eight, Mesh::parse("data:4,model:2", 8));
+  // Small files: several, with an index that maps each tensor to its file.
+  save_checkpoint(tmp.path() / "ckpt", state, {.max_file_bytes = 600});
+  EXPECT_GT(read_checkpoint_info(tmp.path() / "ckpt").files.size(), 2u);
+  const fs::path out = tmp.path() / "values.bin";
+  const std::string python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string cmd =
+      fmt::format("{} '{}/scripts/read_safetensors_numpy.py' '{}' '{}'", python,
+                  SHARDPLAN_SOURCE_DIR, (tmp.path() / "ckpt").string(), out.string());
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string listing;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) listing += buf;
+  ASSERT_EQ(::pclose(pipe), 0) << cmd << "\n" << listing;
+  EXPECT_EQ(listing,
+            "opt/0 F32 16,8\n"
+            "params/b BF16 8\n"
+            "params/emb F32 6,16\n"
+            "params/w F32 16,8\n"
+            "step I64 \n");
+  std::ifstream in(out, std::ios::binary);
+  for (const char* name : {"opt/0", "params/b", "params/emb", "params/w", "step"}) {
+    const Tensor t = state.at_path(name).leaf().to_host();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      double v = 0;
+      in.read(reinterpret_cast<char*>(&v), sizeof v);
+      ASSERT_EQ(v, t.get(i)) << name << " element " << i;
+    }
+  }
+  EXPECT_EQ(in.peek(), std::char_traits<char>::eof());
+}
+
+TEST(Checkpoint, TheIndexRecordsShardingsStructureAndChecksums) {
+  TempDir tmp;
+  const Executor eight(8);
+  const Tree<Array> state = train_state(eight, Mesh::parse("data:4,model:2", 8));
+  save_checkpoint(tmp.path() / "ckpt", state);
+  const CheckpointInfo info = read_checkpoint_info(tmp.path() / "ckpt");
+  EXPECT_TRUE(info.shardplan);
+  EXPECT_EQ(info.mesh, Mesh::parse("data:4,model:2", 8).to_string());
+  ASSERT_EQ(info.files.size(), 1u);
+  EXPECT_EQ(info.files[0].name, "model.safetensors");
+  ASSERT_TRUE(info.files[0].xxh3.has_value());
+  EXPECT_THAT(info.find("params/w")->sharding, ::testing::HasSubstr("'data', 'model'"));
+  EXPECT_EQ(info.total_bytes(), 16 * 8 * 4 + 8 * 2 + 6 * 16 * 4 + 8 + 16 * 8 * 4);
+  EXPECT_EQ(nlohmann::json::parse(info.structure),
+            nlohmann::json::parse(R"({"opt": ["opt/0", null], "params": {"b": "params/b",
+                                   "emb": "params/emb", "w": "params/w"}, "step": "step"})"));
+  // Nothing else in the directory: the files, the index.
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(tmp.path())) names.push_back(e.path().filename());
+  EXPECT_EQ(names, std::vector<std::string>{"ckpt"});
+}
+
+void flip_byte(const fs::path& file, std::int64_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+TEST(Checkpoint, DamagedOrMissingFilesAreErrorsNamingTheFile) {
+  TempDir tmp;
+  const Executor four(4);
+  const Mesh mesh = Mesh::parse("data:4", 4);
+  const Tree<Array> state = Tree<Array>::dict(
+      {{"a", Array::normal(Shape{64, 4}, DType::kF32, NamedSharding(mesh, P("data")), four, 1)},
+       {"b", Array::normal(Shape{64}, DType::kF32, NamedSharding(mesh, P()), four, 2)}});
+  const fs::path dir = tmp.path() / "ckpt";
+  save_checkpoint(dir, state, {.max_file_bytes = 1024});
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  ASSERT_EQ(info.files.size(), 2u);
+  const fs::path second = dir / info.files[1].name;
+  // A changed byte: the checksum names the file; without checking, the changed value is read.
+  flip_byte(second, static_cast<std::int64_t>(fs::file_size(second)) - 3);
+  EXPECT_THROW_WITH(restore_checkpoint(dir, state), IoError, second.c_str(), "checksum mismatch");
+  const Tree<Array> unchecked = restore_checkpoint(dir, state, {.verify = false});
+  EXPECT_TRUE(unchecked.at_path("a").leaf().to_host() == state.at_path("a").leaf().to_host());
+  EXPECT_FALSE(unchecked.at_path("b").leaf().to_host() == state.at_path("b").leaf().to_host());
+  // Truncated: the header no longer fits the file.
+  fs::resize_file(second, fs::file_size(second) - 100);
+  EXPECT_THROW_WITH(restore_checkpoint(dir, state), IoError, second.c_str());
+  // Missing.
+  fs::remove(second);
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, second.c_str(), "missing");
+  // A malformed index.
+  std::ofstream(dir / "model.safetensors.index.json") << "{\"weight_map\": {";
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "model.safetensors.index.json",
+                    "not valid JSON");
+  EXPECT_THROW_WITH(read_checkpoint_info(tmp.path() / "nothing"), IoError, "no such file");
+}
+
+TEST(Checkpoint, TargetsThatDoNotMatchNameTheTensorTheFileAndTheAxis) {
+  TempDir tmp;
+  const Executor four(4);
+  const Mesh mesh = Mesh::parse("x:4", 4);
+  const fs::path dir = tmp.path() / "ckpt";
+  save_checkpoint(dir, Tree<Array>::dict({{"emb", Array::zeros(Shape{6, 16}, DType::kF32,
+                                                               NamedSharding(mesh, P()), four)}}));
+  const fs::path file = dir / "model.safetensors";
+  // Another shape or dtype in the template.
+  EXPECT_THROW_WITH(
+      restore_checkpoint(
+          dir, Tree<Array>::dict({{"emb", Array::zeros(Shape{6, 8}, DType::kF32,
+                                                       NamedSharding(mesh, P()), four)}})),
+      SpecError, "'emb'", file.c_str(), "f32[6, 16]", "f32[6, 8]");
+  EXPECT_THROW_WITH(
+      restore_checkpoint(
+          dir, Tree<Array>::dict({{"emb", Array::zeros(Shape{6, 16}, DType::kBF16,
+                                                       NamedSharding(mesh, P()), four)}})),
+      SpecError, "'emb'", "bf16[6, 16]");
+  // 6 rows do not split over 4 devices.
+  EXPECT_THROW_WITH(
+      restore_checkpoint(dir, Tree<NamedSharding>::dict({{"emb", NamedSharding(mesh, P("x"))}}),
+                         four),
+      SpecError, "'emb'", file.c_str(), "'x'", "6");
+  // A tensor the checkpoint does not have.
+  EXPECT_THROW_WITH(
+      restore_checkpoint(dir, Tree<NamedSharding>::dict({{"w", NamedSharding(mesh, P())}}), four),
+      IoError, "no tensor 'w'", "'emb'");
+}
+
+TEST(Checkpoint, SavingRefusesAnExistingDirectoryAndPendingArrays) {
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const auto a = Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), two);
+  save_checkpoint(tmp.path() / "c", Tree<Array>::dict({{"a", a}}));
+  EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "c", Tree<Array>::dict({{"a", a}})), IoError,
+                    "already exists");
+  std::vector<std::shared_ptr<Buffer>> bufs;
+  for (int d = 0; d < 2; ++d) bufs.push_back(std::make_shared<Buffer>(two.allocate(d, 16)));
+  const Array pending = Array::from_buffers(two, Shape{4}, DType::kF32, NamedSharding(mesh, P()),
+                                            bufs, Pending{ReduceOp::kSum, {"x"}});
+  EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "d", Tree<Array>::dict({{"p", pending}})),
+                    SpecError, "'p'", "pending");
+  EXPECT_FALSE(fs::exists(tmp.path() / "d"));
+  EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "e", Tree<Array>(a)), SpecError, "single array");
+}
+
+TEST(CheckpointManager, KeepsTheLastStepsAndAFailedSaveLosesNothing) {
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  CheckpointManager manager(tmp.path() / "run", 2);
+  auto state = [&](std::int64_t step, std::int64_t rows) {
+    return Tree<Array>::dict(
+        {{"w", Array::generate(Shape{rows, 256}, DType::kF32, NamedSharding(mesh, P("x")), two,
+                               Generator::iota(static_cast<double>(step)))}});
+  };
+  for (std::int64_t step = 1; step <= 4; ++step) manager.save(step * 10, state(step * 10, 8));
+  EXPECT_EQ(manager.steps(), (std::vector<std::int64_t>{30, 40}));
+  EXPECT_EQ(manager.latest(), 40);
+  EXPECT_THROW_WITH(manager.save(40, state(40, 8)), IoError, "already exists");
+  // Disk full, as a file size limit: writes past 1 MiB fail (EFBIG, SIGXFSZ ignored).
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* previous = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  try {
+    manager.save(50, state(50, 4096));  // 4 MiB
+    ADD_FAILURE() << "the save did not fail";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("model.safetensors"));
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, previous);
+  // Nothing of step 50 is left, hidden or not; step 40 restores.
+  EXPECT_EQ(manager.steps(), (std::vector<std::int64_t>{30, 40}));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(tmp.path() / "run"))
+    names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_00000030", "step_00000040"}));
+  const Tree<Array> back = restore_checkpoint(manager.path_of(40), state(0, 8));
+  EXPECT_TRUE(back.at_path("w").leaf().to_host() == state(40, 8).at_path("w").leaf().to_host());
+}
+
+// ---- Killed mid-save ---------------------------------------------------------------------------
+
+constexpr std::int64_t kRows = 2048;  // 2048 x 256 f32 per array: 2 MiB, two arrays a step
+
+Tree<Array> numbered_state(const Executor& exec, const Mesh& mesh, std::int64_t step) {
+  return Tree<Array>::dict(
+      {{"a", Array::generate(Shape{kRows, 256}, DType::kF32, NamedSharding(mesh, P("x")), exec,
+                             Generator::iota(static_cast<double>(step)))},
+       {"b", Array::generate(Shape{kRows, 256}, DType::kF32, NamedSharding(mesh, P(nullptr, "x")),
+                             exec, Generator::iota(static_cast<double>(-step)))}});
+}
+
+// Run by the test below in a child process (it re-runs this binary): saves steps forever
+// until killed.
+TEST(CheckpointChild, DISABLED_SavesStepsUntilKilled) {
+  const char* root = std::getenv("SHARDPLAN_TEST_CHECKPOINT_ROOT");
+  if (root == nullptr) GTEST_SKIP() << "run by KilledMidSave...";
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  CheckpointManager manager(root, 2);
+  for (std::int64_t step = manager.latest().value_or(0) + 1;; ++step) {
+    manager.save(step, numbered_state(exec, mesh, step), {.max_file_bytes = 1 << 20});
+  }
+}
+
+TEST(Checkpoint, ASaveKilledWithSigkillLeavesTheLastCheckpointRestorable) {
+  TempDir tmp;
+  const fs::path root = tmp.path() / "run";
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  CheckpointManager manager(root, 2);
+  for (int round = 0; round < 4; ++round) {
+    const std::optional<std::int64_t> before = manager.latest();
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::setenv("SHARDPLAN_TEST_CHECKPOINT_ROOT", root.c_str(), 1);
+      ::execl("/proc/self/exe", "checkpoint_test", "--gtest_also_run_disabled_tests",
+              "--gtest_filter=CheckpointChild.DISABLED_SavesStepsUntilKilled", nullptr);
+      std::_Exit(127);
+    }
+    // Wait for a step past the one there was, then kill at a different moment each round.
+    for (int i = 0; i < 3000 && manager.latest() == before; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 + 7 * round));
+    ASSERT_EQ(::kill(child, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the child ended by itself (status " << status << ")";
+    // Every checkpoint that looks complete is complete: it verifies and restores its step.
+    const auto steps = manager.steps();
+    ASSERT_FALSE(steps.empty()) << "round " << round;
+    for (const std::int64_t step : steps) {
+      SCOPED_TRACE(fmt::format("round {} step {}", round, step));
+      const Tree<Array> back =
+          restore_checkpoint(manager.path_of(step), numbered_state(exec, mesh, 0));
+      const Tree<Array> want = numbered_state(exec, mesh, step);
+      EXPECT_TRUE(back.at_path("a").leaf().to_host() == want.at_path("a").leaf().to_host());
+      EXPECT_TRUE(back.at_path("b").leaf().to_host() == want.at_path("b").leaf().to_host());
+    }
+    // Only complete steps and at most one hidden partial directory are there.
+    for (const auto& e : fs::directory_iterator(root)) {
+      const std::string n = e.path().filename();
+      EXPECT_TRUE(n.starts_with(".step_") || fs::exists(e.path() / "model.safetensors.index.json"))
+          << n;
+    }
+  }
+  // The next save, in the same root, clears the partial and succeeds.
+  const std::int64_t next = manager.latest().value() + 1;
+  manager.save(next, numbered_state(exec, mesh, next));
+  EXPECT_EQ(manager.latest(), next);
+}
+
+}  // namespace
+}  // namespace shardplan
