@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <thread>
 
 #include "../runtime/box_copy.hpp"
 #include "shardplan/distributed.hpp"
@@ -83,6 +86,14 @@ class File {
       offset += n;
     }
   }
+  /// Asks the kernel to start writing these bytes to disk now (without waiting), so that the
+  /// final fsync finds less to do; below 1 MiB the pages are left to the usual writeback.
+  void start_writeback(std::int64_t offset, std::int64_t bytes) const {
+    if (bytes >= (std::int64_t{1} << 20)) {
+      ::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes),
+                        SYNC_FILE_RANGE_WRITE);
+    }
+  }
   void sync() const {
     if (::fsync(fd_) != 0) io_fail(path_, "fsync failed", errno);
   }
@@ -121,6 +132,46 @@ std::uint64_t file_checksum(const fs::path& path) {
   const std::uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   return h;
+}
+
+/// The XXH3-64 of a file holding `header` then these arrays' global row-major bytes, computed
+/// from their shards (every block held by this process): for each array, the runs of one
+/// block per replica group, sorted by their offset in the tensor, fed in that order.
+std::uint64_t checksum_from_memory(const std::string& header,
+                                   const std::vector<const Array*>& arrays) {
+  XXH3_state_t* state = XXH3_createState();
+  struct Free {
+    XXH3_state_t* s;
+    ~Free() { XXH3_freeState(s); }
+  } free_state{state};
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, header.data(), header.size());
+  struct Run {
+    std::int64_t at;
+    const std::byte* src;
+    std::int64_t bytes;
+  };
+  for (const Array* a : arrays) {
+    const Shape& shard = a->shard_shape();
+    if (shard.numel() == 0) continue;
+    const int rank = a->shape().rank();
+    const std::vector<Block> blocks = a->sharding().device_blocks(a->shape());
+    std::vector<Run> runs;
+    for (const auto& group : a->sharding().replica_groups(a->shape())) {
+      const int d = group.front();
+      std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
+      for (const auto& sl : blocks[static_cast<std::size_t>(d)]) origin.push_back(sl.start);
+      const std::byte* src = a->shard(d).data();
+      detail::for_each_run(shard.begin(), zero.data(), a->shape().begin(), origin.data(),
+                           shard.begin(), rank, size_of(a->dtype()),
+                           [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
+                             runs.push_back({t, src + s, bytes});
+                           });
+    }
+    std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.at < y.at; });
+    for (const Run& r : runs) XXH3_64bits_update(state, r.src, static_cast<std::size_t>(r.bytes));
+  }
+  return XXH3_64bits_digest(state);
 }
 
 /// Runs `step`; over processes, every process learns whether it failed anywhere (collective:
@@ -280,6 +331,34 @@ void save_checkpoint(const fs::path& dir_in, const Tree<Array>& tree,
         out.truncate(static_cast<std::int64_t>(headers[f].size()) + data);
       }
     });
+    // While the blocks are written, when this process holds every block, the files' checksums
+    // are computed from memory on a second thread (the bytes in file order: each header, then
+    // each tensor's runs sorted by their place in it). Otherwise process 0 reads the files back.
+    std::vector<std::uint64_t> sums(files.size());
+    const bool all_here = std::all_of(planned.begin(), planned.end(), [](const Planned& p) {
+      return p.array->executor().holds_all(p.array->mesh().devices());
+    });
+    std::exception_ptr sum_error;
+    std::thread summer;
+    if (all_here) {
+      summer = std::thread([&] {
+        try {
+          for (std::size_t f = 0; f < files.size(); ++f) {
+            std::vector<const Array*> arrays;
+            for (const std::size_t i : files[f]) arrays.push_back(planned[i].array);
+            sums[f] = checksum_from_memory(headers[f], arrays);
+          }
+        } catch (...) {
+          sum_error = std::current_exception();
+        }
+      });
+    }
+    struct Join {
+      std::thread& t;
+      ~Join() {
+        if (t.joinable()) t.join();
+      }
+    } join{summer};
     // 2. Each block is written once, by the process holding the first device of its replica
     //    group, run by run into its place in the global row-major tensor.
     collectively([&] {
@@ -304,6 +383,7 @@ void save_checkpoint(const fs::path& dir_in, const Tree<Array>& tree,
                                shard.begin(), rank, size_of(a.dtype()),
                                [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
                                  file->write_at(src + s, bytes, base + t);
+                                 file->start_writeback(base + t, bytes);
                                });
         }
       }
@@ -321,10 +401,13 @@ void save_checkpoint(const fs::path& dir_in, const Tree<Array>& tree,
       record["mesh"] = mesh;
       std::string path;
       record["structure"] = structure_of(tree, path);
+      if (summer.joinable()) summer.join();
+      if (sum_error) std::rethrow_exception(sum_error);
       for (std::size_t f = 0; f < files.size(); ++f) {
         const fs::path file = tmp / names[f];
         File(file, O_RDONLY).sync();
-        record["files"][names[f]]["xxh3"] = fmt::format("{:016x}", file_checksum(file));
+        const std::uint64_t sum = all_here ? sums[f] : file_checksum(file);
+        record["files"][names[f]]["xxh3"] = fmt::format("{:016x}", sum);
       }
       nlohmann::json weight_map = nlohmann::json::object();
       for (const Planned& p : planned) {
@@ -516,6 +599,76 @@ struct Wanted {
   std::optional<TensorSpec> like;
 };
 
+/// `bytes` bytes at `at` in `file`, for `to`.
+struct ReadRun {
+  const File* file;
+  std::int64_t at;
+  std::byte* to;
+  std::int64_t bytes;
+};
+
+/// Reads every run: each large one straight into its place; small neighbours in the file (the
+/// rows of a column block, and the other devices' rows beside them) through a staging buffer
+/// read once and copied out, so that each byte of the file is read once, in order. The reads run
+/// on up to 4 threads (disks serve a few requests at once better than one).
+void read_runs(std::vector<ReadRun> runs) {
+  std::sort(runs.begin(), runs.end(), [](const ReadRun& x, const ReadRun& y) {
+    return x.file != y.file ? std::less<const File*>()(x.file, y.file) : x.at < y.at;
+  });
+  struct Read {
+    std::size_t first, last;  // runs [first, last)
+    std::int64_t begin, end;  // the bytes read (staged when last - first > 1)
+  };
+  std::vector<Read> reads;
+  constexpr std::int64_t kDirect = kStageBytes / 4;
+  for (std::size_t i = 0; i < runs.size();) {
+    std::size_t j = i + 1;
+    std::int64_t end = runs[i].at + runs[i].bytes;
+    if (runs[i].bytes < kDirect) {
+      while (j < runs.size() && runs[j].file == runs[i].file && runs[j].bytes < kDirect &&
+             std::max(end, runs[j].at + runs[j].bytes) - runs[i].at <= kStageBytes) {
+        end = std::max(end, runs[j].at + runs[j].bytes);
+        ++j;
+      }
+    }
+    reads.push_back({i, j, runs[i].at, end});
+    i = j;
+  }
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    std::vector<std::byte> stage;
+    try {
+      for (std::size_t k = next++; k < reads.size(); k = next++) {
+        const Read& r = reads[k];
+        const ReadRun& first = runs[r.first];
+        if (r.last - r.first == 1) {
+          first.file->read_at(first.to, first.bytes, first.at);
+          continue;
+        }
+        if (stage.empty()) stage.resize(static_cast<std::size_t>(kStageBytes));
+        first.file->read_at(stage.data(), r.end - r.begin, r.begin);
+        for (std::size_t i = r.first; i < r.last; ++i) {
+          std::memcpy(runs[i].to, stage.data() + (runs[i].at - r.begin),
+                      static_cast<std::size_t>(runs[i].bytes));
+        }
+      }
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      next = reads.size();
+    }
+  };
+  const std::size_t n =
+      std::min<std::size_t>({4, reads.size(), std::max(1u, std::thread::hardware_concurrency())});
+  std::vector<std::thread> threads;
+  for (std::size_t i = 1; i < n; ++i) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
 Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wanted,
                            const Executor& exec, const RestoreOptions& options,
                            const std::function<Tree<Array>(std::vector<Array>)>& build) {
@@ -524,6 +677,14 @@ Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wante
   std::vector<Array> out;
   collectively([&] {
     std::map<std::string, std::unique_ptr<File>> open;
+    std::vector<ReadRun> runs;
+    struct Made {
+      Shape shape;
+      DType dtype;
+      NamedSharding sharding;
+      std::vector<std::shared_ptr<Buffer>> buffers;
+    };
+    std::vector<Made> made;
     for (const Wanted& w : wanted) {
       const CheckpointTensor* t = info.find(w.name);
       if (t == nullptr) {
@@ -564,44 +725,22 @@ Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wante
         }
       }
       const int rank = shape.rank();
-      exec.run(w.sharding.mesh().devices(), [&](int d) {
-        if (bytes == 0) return;
-        const Block& b = blocks[static_cast<std::size_t>(d)];
+      for (const int d : w.sharding.mesh().devices()) {
+        if (!exec.is_local(d) || bytes == 0) continue;
         std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
-        for (const auto& s : b) origin.push_back(s.start);
-        struct Run {
-          std::int64_t at, to, bytes;
-        };
-        std::vector<Run> runs;
+        for (const auto& sl : blocks[static_cast<std::size_t>(d)]) origin.push_back(sl.start);
+        std::byte* dst = buffers[static_cast<std::size_t>(d)]->data();
         detail::for_each_run(shape.begin(), origin.data(), shard.begin(), zero.data(),
                              shard.begin(), rank, elem,
                              [&](std::int64_t s, std::int64_t t2, std::int64_t n) {
-                               runs.push_back({t->offset + s, t2, n});
+                               runs.push_back({&in, t->offset + s, dst + t2, n});
                              });
-        std::byte* dst = buffers[static_cast<std::size_t>(d)]->data();
-        std::vector<std::byte> stage;
-        // Runs in file order; neighbours within one staging buffer are read together.
-        for (std::size_t i = 0; i < runs.size();) {
-          std::size_t j = i + 1;
-          while (j < runs.size() && runs[j].at + runs[j].bytes - runs[i].at <= kStageBytes) {
-            ++j;
-          }
-          if (j == i + 1) {
-            in.read_at(dst + runs[i].to, runs[i].bytes, runs[i].at);
-          } else {
-            const std::int64_t span = runs[j - 1].at + runs[j - 1].bytes - runs[i].at;
-            if (stage.empty()) stage.resize(static_cast<std::size_t>(kStageBytes));
-            in.read_at(stage.data(), span, runs[i].at);
-            for (std::size_t k = i; k < j; ++k) {
-              std::memcpy(dst + runs[k].to, stage.data() + (runs[k].at - runs[i].at),
-                          static_cast<std::size_t>(runs[k].bytes));
-            }
-          }
-          i = j;
-        }
-      });
-      out.push_back(
-          Array::from_buffers(exec, shape, t->spec.dtype, w.sharding, std::move(buffers)));
+      }
+      made.push_back({shape, t->spec.dtype, w.sharding, std::move(buffers)});
+    }
+    read_runs(std::move(runs));
+    for (auto& m : made) {
+      out.push_back(Array::from_buffers(exec, m.shape, m.dtype, m.sharding, std::move(m.buffers)));
     }
   });
   return build(std::move(out));
