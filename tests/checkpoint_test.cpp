@@ -388,7 +388,7 @@ TEST(Checkpoint, ASaveKilledWithSigkillLeavesTheLastCheckpointRestorable) {
       EXPECT_TRUE(back.at_path("a").leaf().to_host() == want.at_path("a").leaf().to_host());
       EXPECT_TRUE(back.at_path("b").leaf().to_host() == want.at_path("b").leaf().to_host());
     }
-    // Only complete steps and at most one hidden partial directory are there.
+    // Only complete steps, and hidden directories of a save or a removal cut short.
     for (const auto& e : fs::directory_iterator(root)) {
       const std::string n = e.path().filename();
       EXPECT_TRUE(n.starts_with(".step_") || fs::exists(e.path() / "model.safetensors.index.json"))

@@ -94,7 +94,7 @@ Tree<Array> restore_checkpoint(const std::filesystem::path& dir, const Tree<Arra
                                const RestoreOptions& options = {});
 
 /// Numbered checkpoints under one root (`root/step_00000100`), keeping the last `keep`.
-/// Temporary directories of saves that never finished (hidden names) are ignored, and removed
+/// Hidden directories of saves or removals that never finished are ignored, and removed
 /// by the next save.
 class CheckpointManager {
  public:

@@ -825,7 +825,7 @@ void CheckpointManager::save(std::int64_t step, const Tree<Array>& tree,
     std::vector<fs::path> stale;
     for (const auto& e : fs::directory_iterator(root_)) {
       const std::string n = e.path().filename().string();
-      if (n.starts_with(".step_") && n.ends_with(".partial")) stale.push_back(e.path());
+      if (n.starts_with(".step_")) stale.push_back(e.path());  // .partial or .removing
     }
     for (const auto& p : stale) fs::remove_all(p);
   });
@@ -833,7 +833,13 @@ void CheckpointManager::save(std::int64_t step, const Tree<Array>& tree,
   on_first_process([&] {
     const auto all = steps();
     for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) {
-      fs::remove_all(path_of(all[i]));
+      // Renamed away first (atomic), then removed: a removal cut short leaves a hidden
+      // directory, never a step whose index survives some of its files.
+      const fs::path old = path_of(all[i]);
+      const fs::path gone = root_ / ("." + old.filename().string() + ".removing");
+      fs::remove_all(gone);
+      fs::rename(old, gone);
+      fs::remove_all(gone);
     }
   });
 }
