@@ -13,15 +13,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/rule_file.hpp"
+#include "shardplan/safetensors.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -325,6 +329,110 @@ TEST(CheckpointManager, KeepsTheLastStepsAndAFailedSaveLosesNothing) {
   EXPECT_EQ(names, (std::vector<std::string>{"step_00000030", "step_00000040"}));
   const Tree<Array> back = restore_checkpoint(manager.path_of(40), state(0, 8));
   EXPECT_TRUE(back.at_path("w").leaf().to_host() == state(40, 8).at_path("w").leaf().to_host());
+}
+
+// ---- Hugging Face checkpoints ---------------------------------------------------------------
+
+/// A tensor as a Hugging Face file holds it: name, spec, raw bytes; and the array shardplan
+/// should load from it.
+struct HfTensor {
+  std::string name;
+  TensorSpec spec;
+  std::string bytes;
+  Tensor expected;
+};
+
+HfTensor hf_tensor(std::string name, const Tensor& t) {
+  return {
+      std::move(name), TensorSpec{t.shape(), t.dtype()},
+      std::string(reinterpret_cast<const char*>(t.bytes()), static_cast<std::size_t>(t.nbytes())),
+      t};
+}
+
+/// An f16 tensor of `shape` cycling through half-precision bit patterns whose values are known:
+/// 1, -2, 0.333251953125, the smallest subnormal 2^-24, the largest finite 65504, -0, infinity.
+HfTensor hf_half_tensor(std::string name, const Shape& shape) {
+  const std::uint16_t bits[] = {0x3C00, 0xC000, 0x3555, 0x0001, 0x7BFF, 0x8000, 0x7C00};
+  const double values[] = {1.0,
+                           -2.0,
+                           0.333251953125,
+                           5.9604644775390625e-08,
+                           65504.0,
+                           -0.0,
+                           std::numeric_limits<double>::infinity()};
+  HfTensor t{std::move(name), TensorSpec{shape, DType::kF16}, "", Tensor(shape, DType::kF32)};
+  for (std::int64_t i = 0; i < shape.numel(); ++i) {
+    const std::uint16_t h = bits[i % 7];
+    t.bytes.push_back(static_cast<char>(h & 0xff));
+    t.bytes.push_back(static_cast<char>(h >> 8));
+    t.expected.set(i, values[i % 7]);
+  }
+  return t;
+}
+
+/// Writes a safetensors file as any other tool would: the header, then each tensor's bytes.
+void write_safetensors(const fs::path& file, const std::vector<HfTensor>& tensors) {
+  std::vector<std::pair<std::string, TensorSpec>> specs;
+  for (const auto& t : tensors) specs.emplace_back(t.name, t.spec);
+  std::ofstream out(file, std::ios::binary);
+  out << safetensors_header_bytes(file, specs, {{"format", "pt"}});
+  for (const auto& t : tensors) out << t.bytes;
+}
+
+TEST(Checkpoint, HuggingFaceCheckpointsLoadShardedByRules) {
+  TempDir tmp;
+  const std::vector<HfTensor> tensors = {
+      hf_tensor("model.embed_tokens.weight", Tensor::normal(Shape{32, 16}, DType::kBF16, 1)),
+      hf_half_tensor("model.layers.0.self_attn.q_proj.weight", Shape{16, 16}),
+      hf_half_tensor("model.layers.1.self_attn.q_proj.weight", Shape{16, 8}),
+      hf_tensor("model.norm.weight", Tensor::normal(Shape{16}, DType::kF32, 4))};
+  // One file, and the same tensors over two files with an index.
+  const fs::path single = tmp.path() / "single";
+  fs::create_directories(single);
+  write_safetensors(single / "model.safetensors", tensors);
+  const fs::path sharded = tmp.path() / "sharded";
+  fs::create_directories(sharded);
+  write_safetensors(sharded / "model-00001-of-00002.safetensors", {tensors[0], tensors[2]});
+  write_safetensors(sharded / "model-00002-of-00002.safetensors", {tensors[1], tensors[3]});
+  nlohmann::json index;
+  index["metadata"]["total_size"] = 32 * 16 * 2 + 16 * 16 * 2 + 16 * 8 * 2 + 16 * 4;
+  index["weight_map"] = {{tensors[0].name, "model-00001-of-00002.safetensors"},
+                         {tensors[2].name, "model-00001-of-00002.safetensors"},
+                         {tensors[1].name, "model-00002-of-00002.safetensors"},
+                         {tensors[3].name, "model-00002-of-00002.safetensors"}};
+  std::ofstream(sharded / "model.safetensors.index.json") << index.dump();
+
+  const RuleFile rules = parse_rule_file(R"(
+rules:
+  - {match: "q_proj/weight$", spec: [tp, fsdp]}
+  - {match: "embed_tokens/weight$", spec: [fsdp, tp]}
+  - {match: "norm", spec: []}
+)");
+  const Executor exec(8);
+  const MeshShardingHelper helper(Mesh::parse("fsdp:4,tp:2", 8));
+  for (const fs::path& source : {single, sharded, single / "model.safetensors"}) {
+    SCOPED_TRACE(source.string());
+    const CheckpointInfo info = read_checkpoint_info(source);
+    EXPECT_FALSE(info.shardplan);
+    EXPECT_EQ(info.tensors.size(), 4u);
+    EXPECT_EQ(info.find(tensors[1].name)->spec.dtype, DType::kF16);
+    const Tree<Array> model = load_checkpoint(source, helper, RuleTree(rules.make_rule()), exec);
+    const Array& q1 = model.at_path("model/layers/1/self_attn/q_proj/weight").leaf();
+    EXPECT_EQ(q1.sharding().spec(), P("tp", "fsdp"));
+    EXPECT_EQ(q1.dtype(), DType::kF32);  // widened from f16
+    EXPECT_EQ(model.at_path("model/embed_tokens/weight").leaf().sharding().spec(), P("fsdp", "tp"));
+    EXPECT_EQ(model.at_path("model/embed_tokens/weight").leaf().dtype(), DType::kBF16);
+    for (const auto& t : tensors) {
+      std::string path = t.name;
+      std::replace(path.begin(), path.end(), '.', '/');
+      const Tensor got = model.at_path(path).leaf().to_host();
+      ASSERT_EQ(got.shape(), t.expected.shape()) << t.name;
+      for (std::int64_t i = 0; i < got.numel(); ++i) {
+        const double g = got.get(i), w = t.expected.get(i);
+        ASSERT_TRUE(g == w && std::signbit(g) == std::signbit(w)) << t.name << " element " << i;
+      }
+    }
+  }
 }
 
 // ---- Killed mid-save ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shardplan/array.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/named_sharding.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/tree.hpp"
@@ -92,6 +93,17 @@ Tree<Array> restore_checkpoint(const std::filesystem::path& dir, const Tree<Name
 /// values are not read): a tensor whose shape or dtype differs from the template's is an error.
 Tree<Array> restore_checkpoint(const std::filesystem::path& dir, const Tree<Array>& like,
                                const RestoreOptions& options = {});
+
+/// Loads a checkpoint, Hugging Face's or shardplan's, as a tree built from its tensor names
+/// (Hugging Face's dotted names split at '.', as `shardplan plan` reads them; shardplan's tree
+/// paths at '/'), each tensor sharded as `rules` decide on `helper`'s mesh
+/// (MeshShardingHelper::match; a leaf no rule decides is replicated), on `executor`. Each device
+/// reads only its block, as restore_checkpoint. f16 tensors are widened to f32 (exactly; the
+/// runtime has no f16 arithmetic); bf16 and f32 stay as they are. Throws as match and as
+/// restore_checkpoint.
+Tree<Array> load_checkpoint(const std::filesystem::path& path, const MeshShardingHelper& helper,
+                            const RuleTree& rules, const Executor& executor,
+                            const RestoreOptions& options = {});
 
 /// Numbered checkpoints under one root (`root/step_00000100`), keeping the last `keep`.
 /// Hidden directories of saves or removals that never finished are ignored, and removed

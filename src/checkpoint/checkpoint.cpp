@@ -18,6 +18,7 @@
 #include "../runtime/box_copy.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/model_loader.hpp"
 #include "shardplan/safetensors.hpp"
 
 #define XXH_INLINE_ALL
@@ -597,7 +598,45 @@ struct Wanted {
   std::string name;
   NamedSharding sharding;
   std::optional<TensorSpec> like;
+  bool widen_f16 = false;  // an f16 tensor becomes f32 (the runtime computes in f32, bf16, ...)
 };
+
+/// An IEEE 754 half's value as a float (exact: every half is a float).
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t mant = h & 0x3ffu;
+  std::uint32_t bits = 0;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, NaN (payload kept)
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;  // +-0
+  } else {        // subnormal: normalise
+    int e = -1;
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    bits = sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f = 0;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// The halves in the upper half of `buf` (n of them, at byte 2n) become floats over the whole
+/// buffer, front to back: element i is read before bytes [4i, 4i + 4) are written, and those
+/// never reach an unread half (4i + 4 <= 2n + 2i + 2 for i < n).
+void widen_halves_in_place(std::byte* buf, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint16_t h = 0;
+    std::memcpy(&h, buf + 2 * n + 2 * i, 2);
+    const float f = half_to_float(h);
+    std::memcpy(buf + 4 * i, &f, 4);
+  }
+}
 
 /// `bytes` bytes at `at` in `file`, for `to`.
 struct ReadRun {
@@ -685,6 +724,7 @@ Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wante
       std::vector<std::shared_ptr<Buffer>> buffers;
     };
     std::vector<Made> made;
+    std::vector<std::pair<std::shared_ptr<Buffer>, std::int64_t>> widened;  // buffer, halves
     for (const Wanted& w : wanted) {
       const CheckpointTensor* t = info.find(w.name);
       if (t == nullptr) {
@@ -718,10 +758,16 @@ Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wante
       const File& in = *f;
       const std::size_t elem = size_of(t->spec.dtype);
       const std::int64_t bytes = shard.numel() * static_cast<std::int64_t>(elem);
+      // An f16 tensor widened to f32 is read into the upper half of its f32 buffer.
+      const bool widen = w.widen_f16 && t->spec.dtype == DType::kF16;
+      const DType dtype = widen ? DType::kF32 : t->spec.dtype;
+      const std::int64_t image = widen ? bytes : 0;
       std::vector<std::shared_ptr<Buffer>> buffers(static_cast<std::size_t>(exec.num_devices()));
       for (const int d : w.sharding.mesh().devices()) {
         if (exec.is_local(d)) {
-          buffers[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(exec.allocate(d, bytes));
+          buffers[static_cast<std::size_t>(d)] =
+              std::make_shared<Buffer>(exec.allocate(d, bytes + image));
+          if (widen) widened.emplace_back(buffers[static_cast<std::size_t>(d)], shard.numel());
         }
       }
       const int rank = shape.rank();
@@ -733,12 +779,13 @@ Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wante
         detail::for_each_run(shape.begin(), origin.data(), shard.begin(), zero.data(),
                              shard.begin(), rank, elem,
                              [&](std::int64_t s, std::int64_t t2, std::int64_t n) {
-                               runs.push_back({&in, t->offset + s, dst + t2, n});
+                               runs.push_back({&in, t->offset + s, dst + image + t2, n});
                              });
       }
-      made.push_back({shape, t->spec.dtype, w.sharding, std::move(buffers)});
+      made.push_back({shape, dtype, w.sharding, std::move(buffers)});
     }
     read_runs(std::move(runs));
+    for (const auto& [buffer, n] : widened) widen_halves_in_place(buffer->data(), n);
     for (auto& m : made) {
       out.push_back(Array::from_buffers(exec, m.shape, m.dtype, m.sharding, std::move(m.buffers)));
     }
@@ -774,6 +821,43 @@ Tree<Array> restore_checkpoint(const fs::path& dir, const Tree<Array>& like,
   if (!exec) return like;
   return restore_leaves(dir, wanted, *exec, options, [&](std::vector<Array> leaves) {
     return like.unflatten(std::move(leaves));
+  });
+}
+
+Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& helper,
+                            const RuleTree& rules, const Executor& executor,
+                            const RestoreOptions& options) {
+  const CheckpointInfo info = read_checkpoint_info(path);
+  const char separator = info.shardplan ? '/' : '.';
+  std::vector<std::pair<std::string, TensorSpec>> named;
+  std::map<std::string, std::string> name_of;  // tree path -> tensor name
+  for (const auto& t : info.tensors) {
+    named.emplace_back(t.name, t.spec);
+    std::string p;
+    std::size_t from = 0;
+    for (;;) {
+      const std::size_t at = t.name.find(separator, from);
+      const std::string seg =
+          t.name.substr(from, at == std::string::npos ? std::string::npos : at - from);
+      p = join_path(p, info.shardplan ? seg : escape_key(seg));
+      if (at == std::string::npos) break;
+      from = at + 1;
+    }
+    name_of[p] = t.name;
+  }
+  const Tree<TensorSpec> data = tree_from_names(named, separator);
+  const Tree<MaybeSharding> decided = helper.match(rules, data);
+  std::vector<Wanted> wanted;
+  for (const auto& [p, s] : decided.flatten()) {
+    const auto it = name_of.find(p);
+    if (it == name_of.end()) {
+      throw IoError(fmt::format("[checkpoint] {}: no tensor for tree path '{}'", path.string(), p));
+    }
+    wanted.push_back(
+        {it->second, s.value_or(NamedSharding(helper.mesh(), P())), std::nullopt, true});
+  }
+  return restore_leaves(path, wanted, executor, options, [&](std::vector<Array> leaves) {
+    return decided.unflatten(std::move(leaves));
   });
 }
 
