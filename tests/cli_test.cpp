@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "shardplan/checkpoint.hpp"
 #include "shardplan/safetensors.hpp"
 #include "test_util.hpp"
 
@@ -76,6 +78,77 @@ class CliTest : public ::testing::Test {
 
   fs::path dir_;
 };
+
+/// The bytes of each tensor of a checkpoint, by name (read at the offsets its headers give).
+std::map<std::string, std::string> checkpoint_tensor_bytes(const fs::path& dir) {
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  std::map<std::string, std::string> out;
+  for (const auto& t : info.tensors) {
+    std::ifstream in(info.dir / t.file, std::ios::binary);
+    in.seekg(t.offset);
+    std::string bytes(static_cast<std::size_t>(t.spec.bytes()), '\0');
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out[t.name] = bytes;
+  }
+  return out;
+}
+
+TEST_F(CliTest, CheckpointInspectReshardAndConsolidate) {
+  // A Hugging Face checkpoint, written as any tool would: header, then the tensors' bytes.
+  const Tensor emb = Tensor::normal(Shape{32, 16}, DType::kF32, 1);
+  const Tensor norm = Tensor::normal(Shape{16}, DType::kBF16, 2);
+  fs::create_directories(dir_ / "hf");
+  {
+    std::ofstream out(dir_ / "hf" / "model.safetensors", std::ios::binary);
+    out << safetensors_header_bytes("model.safetensors",
+                                    {{"model.embed_tokens.weight", {emb.shape(), emb.dtype()}},
+                                     {"model.norm.weight", {norm.shape(), norm.dtype()}}},
+                                    {{"format", "pt"}});
+    out.write(reinterpret_cast<const char*>(emb.bytes()), emb.nbytes());
+    out.write(reinterpret_cast<const char*>(norm.bytes()), norm.nbytes());
+  }
+  std::ofstream(dir_ / "rules.yaml") << "rules:\n  - {match: embed_tokens, spec: [fsdp, tp]}\n"
+                                        "  - {match: norm, spec: []}\n";
+  const std::string hf = (dir_ / "hf").string(), sp = (dir_ / "sp").string(),
+                    back = (dir_ / "back").string(), rules = (dir_ / "rules.yaml").string();
+  Result r = run("checkpoint inspect '" + hf + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("model.embed_tokens.weight"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("[32, 16]"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("Hugging Face safetensors"));
+
+  r = run(fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:4,tp:2 --rules '{}'", hf, sp, rules));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("checkpoint inspect --json '" + sp + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["format"], "shardplan");
+  EXPECT_THAT(j["tensors"][0]["sharding"].get<std::string>(), ::testing::HasSubstr("'fsdp', 'tp'"));
+  EXPECT_EQ(j["tensors"][0]["name"], "model.embed_tokens.weight");
+  EXPECT_EQ(j["files"][0]["xxh3"].get<std::string>().size(), 16u);
+
+  r = run(fmt::format("checkpoint consolidate '{}' '{}'", sp, back));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(read_checkpoint_info(back).shardplan);
+  const auto want = checkpoint_tensor_bytes(hf);
+  EXPECT_EQ(want.size(), 2u);
+  EXPECT_TRUE(checkpoint_tensor_bytes(sp) == want);
+  EXPECT_TRUE(checkpoint_tensor_bytes(back) == want);
+
+  // A mesh that does not divide: exit 1 naming the tensor, shape and axis; nothing written.
+  r = run(fmt::format("checkpoint reshard '{}' '{}/x' --mesh fsdp:3,tp:2 --rules '{}'", hf,
+                      dir_.string(), rules));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("model/embed_tokens/weight"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("'fsdp' (size 3)"));
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+  r = run(fmt::format("checkpoint consolidate '{}' '{}'", sp, back));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("already exists"));
+  r = run("checkpoint inspect '" + (dir_ / "missing").string() + "'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("no such file or directory"));
+}
 
 TEST_F(CliTest, DemoPlansTheEmbeddedModel) {
   const Result r = run("plan");

@@ -13,6 +13,7 @@
 // (written under a hidden temporary name, fsynced, then renamed). See docs/checkpoint.md.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -62,6 +63,9 @@ struct CheckpointInfo {
   bool shardplan = false;  // written by save_checkpoint (sharding, structure and checksums known)
   std::string mesh;        // the mesh it was saved from, when shardplan
   std::string structure;   // the tree's structure as JSON (leaves are tensor names), when shardplan
+  /// How tensor names split into tree paths: '/' (shardplan's tree paths), '.' (Hugging Face's
+  /// dotted names, also kept by a shardplan checkpoint converted from one).
+  char name_separator = '.';
   /// The tensor of this name, or null.
   const CheckpointTensor* find(std::string_view name) const;
   std::int64_t total_bytes() const;
@@ -104,6 +108,25 @@ Tree<Array> restore_checkpoint(const std::filesystem::path& dir, const Tree<Arra
 Tree<Array> load_checkpoint(const std::filesystem::path& path, const MeshShardingHelper& helper,
                             const RuleTree& rules, const Executor& executor,
                             const RestoreOptions& options = {});
+
+struct ConvertOptions {
+  std::int64_t max_file_bytes = std::int64_t{4} << 30;  // as CheckpointOptions
+  /// Called as bytes are copied (done, total), e.g. for a progress bar.
+  std::function<void(std::int64_t done, std::int64_t total)> progress;
+};
+
+/// Offline, streaming through one 4 MiB buffer: a shardplan (checksums checked first) or Hugging
+/// Face checkpoint rewritten as plain Hugging Face safetensors (+ index), the tensors' names and
+/// bytes as they were. `dst` must not exist; written atomically, as save_checkpoint.
+void consolidate_checkpoint(const std::filesystem::path& src, const std::filesystem::path& dst,
+                            const ConvertOptions& options = {});
+/// Offline, streaming: a shardplan or Hugging Face checkpoint rewritten as a shardplan checkpoint
+/// laid out for `helper`'s mesh: each tensor's sharding decided by `rules` (and checked, before
+/// anything is written, to divide it), recorded with the mesh, structure and checksums. The
+/// tensors' bytes do not depend on the mesh (they are global), so they are copied as they are.
+void reshard_checkpoint(const std::filesystem::path& src, const std::filesystem::path& dst,
+                        const MeshShardingHelper& helper, const RuleTree& rules,
+                        const ConvertOptions& options = {});
 
 /// Numbered checkpoints under one root (`root/step_00000100`), keeping the last `keep`.
 /// Hidden directories of saves or removals that never finished are ignored, and removed

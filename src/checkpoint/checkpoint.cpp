@@ -175,6 +175,21 @@ std::uint64_t checksum_from_memory(const std::string& header,
   return XXH3_64bits_digest(state);
 }
 
+/// The tree path of a tensor name: its parts split at `separator`, each escaped as a tree key
+/// (a name of shardplan's is already a path).
+std::string tree_path_of(const std::string& name, char separator) {
+  if (separator == '/') return name;
+  std::string p;
+  std::size_t from = 0;
+  for (;;) {
+    const std::size_t at = name.find(separator, from);
+    p = join_path(
+        p, escape_key(name.substr(from, at == std::string::npos ? std::string::npos : at - from)));
+    if (at == std::string::npos) return p;
+    from = at + 1;
+  }
+}
+
 /// Runs `step`; over processes, every process learns whether it failed anywhere (collective:
 /// distributed::all_succeed). In one process the step's own exception comes out as it is.
 void collectively(const std::function<void()>& step) {
@@ -192,7 +207,8 @@ void on_first_process(const std::function<void()>& step) {
   });
 }
 
-nlohmann::json structure_of(const Tree<Array>& t, std::string& path) {
+template <class T>
+nlohmann::json structure_of(const Tree<T>& t, std::string& path) {
   switch (t.kind()) {
     case NodeKind::kNone:
       return nullptr;
@@ -522,6 +538,7 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
   if (info.shardplan) {
     try {
       info.mesh = record.value("mesh", "");
+      info.name_separator = record.value("names", "tree paths") == "dotted" ? '.' : '/';
       info.structure = record.contains("structure") ? record["structure"].dump() : "";
     } catch (const nlohmann::json::exception& e) {
       throw IoError(fmt::format("[checkpoint] {}: malformed shardplan record: {}",
@@ -828,21 +845,12 @@ Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& help
                             const RuleTree& rules, const Executor& executor,
                             const RestoreOptions& options) {
   const CheckpointInfo info = read_checkpoint_info(path);
-  const char separator = info.shardplan ? '/' : '.';
+  const char separator = info.name_separator;
   std::vector<std::pair<std::string, TensorSpec>> named;
   std::map<std::string, std::string> name_of;  // tree path -> tensor name
   for (const auto& t : info.tensors) {
     named.emplace_back(t.name, t.spec);
-    std::string p;
-    std::size_t from = 0;
-    for (;;) {
-      const std::size_t at = t.name.find(separator, from);
-      const std::string seg =
-          t.name.substr(from, at == std::string::npos ? std::string::npos : at - from);
-      p = join_path(p, info.shardplan ? seg : escape_key(seg));
-      if (at == std::string::npos) break;
-      from = at + 1;
-    }
+    const std::string p = tree_path_of(t.name, separator);
     name_of[p] = t.name;
   }
   const Tree<TensorSpec> data = tree_from_names(named, separator);
@@ -859,6 +867,153 @@ Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& help
   return restore_leaves(path, wanted, executor, options, [&](std::vector<Array> leaves) {
     return decided.unflatten(std::move(leaves));
   });
+}
+
+// ---- Offline conversions ------------------------------------------------------------------
+
+namespace {
+
+/// Copies every tensor of `info`, in its order, into new safetensors files in `dst` (written as
+/// save_checkpoint writes: hidden directory, fsync, index last, rename), through one bounded
+/// buffer. `record`, when given, becomes the index's shardplan record (its "files" filled here).
+void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
+                  std::optional<nlohmann::json> record, const ConvertOptions& options) {
+  const fs::path dst = fs::absolute(dst_in).lexically_normal();
+  if (fs::exists(dst)) {
+    throw IoError(
+        fmt::format("[checkpoint] {}: already exists; convert into a new directory", dst.string()));
+  }
+  std::vector<std::vector<std::size_t>> files;
+  std::int64_t in_file = 0;
+  for (std::size_t i = 0; i < info.tensors.size(); ++i) {
+    const std::int64_t bytes = info.tensors[i].spec.bytes();
+    if (files.empty() ||
+        (options.max_file_bytes > 0 && in_file > 0 && in_file + bytes > options.max_file_bytes)) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    in_file += bytes;
+    files.back().push_back(i);
+  }
+  if (files.empty()) files.emplace_back();
+  const fs::path tmp = dst.parent_path() / fmt::format(".{}.partial", dst.filename().string());
+  const std::int64_t total = info.total_bytes();
+  std::int64_t done = 0;
+  try {
+    fs::create_directories(dst.parent_path());
+    fs::remove_all(tmp);
+    fs::create_directory(tmp);
+    std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
+    std::map<std::string, std::unique_ptr<File>> sources;
+    nlohmann::json weight_map = nlohmann::json::object();
+    nlohmann::json sums = nlohmann::json::object();
+    for (std::size_t f = 0; f < files.size(); ++f) {
+      const std::string name = files.size() == 1 ? std::string("model.safetensors")
+                                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors",
+                                                               f + 1, files.size());
+      std::vector<std::pair<std::string, TensorSpec>> specs;
+      for (const std::size_t i : files[f])
+        specs.emplace_back(info.tensors[i].name, info.tensors[i].spec);
+      const std::string header = safetensors_header_bytes(tmp / name, specs, {{"format", "pt"}});
+      const File out(tmp / name, O_WRONLY | O_CREAT | O_TRUNC);
+      XXH3_state_t* state = XXH3_createState();
+      struct Free {
+        XXH3_state_t* s;
+        ~Free() { XXH3_freeState(s); }
+      } free_state{state};
+      XXH3_64bits_reset(state);
+      out.write_at(header.data(), static_cast<std::int64_t>(header.size()), 0);
+      XXH3_64bits_update(state, header.data(), header.size());
+      std::int64_t at = static_cast<std::int64_t>(header.size());
+      for (const std::size_t i : files[f]) {
+        const CheckpointTensor& t = info.tensors[i];
+        auto& in = sources[t.file];
+        if (!in) in = std::make_unique<File>(info.dir / t.file, O_RDONLY);
+        for (std::int64_t off = 0; off < t.spec.bytes();) {
+          const std::int64_t n = std::min(kStageBytes, t.spec.bytes() - off);
+          in->read_at(buf.data(), n, t.offset + off);
+          out.write_at(buf.data(), n, at);
+          out.start_writeback(at, n);
+          XXH3_64bits_update(state, buf.data(), static_cast<std::size_t>(n));
+          off += n;
+          at += n;
+          done += n;
+          if (options.progress) options.progress(done, total);
+        }
+        weight_map[t.name] = name;
+      }
+      out.sync();
+      sums[name] = {{"xxh3", fmt::format("{:016x}", XXH3_64bits_digest(state))}};
+    }
+    nlohmann::json index;
+    index["metadata"]["total_size"] = total;
+    if (record) {
+      (*record)["files"] = sums;
+      index["metadata"]["shardplan"] = *record;
+    }
+    index["weight_map"] = weight_map;
+    const std::string text = index.dump(1) + "\n";
+    {
+      const File out(tmp / kIndexName, O_WRONLY | O_CREAT | O_TRUNC);
+      out.write_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
+      out.sync();
+    }
+    sync_directory(tmp);
+    if (::rename(tmp.c_str(), dst.c_str()) != 0) io_fail(dst, "cannot rename into place", errno);
+    sync_directory(dst.parent_path());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace
+
+void consolidate_checkpoint(const fs::path& src, const fs::path& dst,
+                            const ConvertOptions& options) {
+  const CheckpointInfo info = read_checkpoint_info(src);
+  if (info.shardplan) verify_checkpoint(info);
+  copy_tensors(info, dst, std::nullopt, options);
+}
+
+void reshard_checkpoint(const fs::path& src, const fs::path& dst, const MeshShardingHelper& helper,
+                        const RuleTree& rules, const ConvertOptions& options) {
+  const CheckpointInfo info = read_checkpoint_info(src);
+  if (info.shardplan) verify_checkpoint(info);
+  std::vector<std::pair<std::string, TensorSpec>> named;
+  for (const auto& t : info.tensors) named.emplace_back(t.name, t.spec);
+  const Tree<TensorSpec> data = tree_from_names(named, info.name_separator);
+  // Decided (and checked: axes, divisibility) before anything is written.
+  const Tree<MaybeSharding> decided = helper.match(rules, data);
+  const auto leaves = decided.flatten();
+  nlohmann::json record;
+  record["version"] = kFormatVersion;
+  record["mesh"] = helper.mesh().to_string();
+  record["names"] = info.name_separator == '.' ? "dotted" : "tree paths";
+  // The leaves of `data` are in tree order, the tensors in file order: match them by path.
+  const auto data_paths = data.paths();
+  std::map<std::string, std::size_t> by_path;
+  for (std::size_t i = 0; i < data_paths.size(); ++i) by_path[data_paths[i]] = i;
+  std::map<std::string, std::string> name_at;  // tree path -> tensor name
+  for (const auto& t : info.tensors) {
+    const std::string p = tree_path_of(t.name, info.name_separator);
+    const auto it = by_path.find(p);
+    if (it == by_path.end()) {
+      throw IoError(fmt::format("[checkpoint] {}: tensor '{}' has no place in the tree",
+                                src.string(), t.name));
+    }
+    name_at[p] = t.name;
+    const MaybeSharding& s = leaves[it->second].second;
+    record["tensors"][t.name] = {
+        {"sharding", sharding_text(s.value_or(NamedSharding(helper.mesh(), P())))},
+        {"dtype", std::string(safetensors_name(t.spec.dtype))}};
+  }
+  const Tree<std::string> names =
+      data.map_with_path([&](const std::string& p, const TensorSpec&) { return name_at.at(p); });
+  std::string path;
+  record["structure"] = structure_of(names, path);
+  copy_tensors(info, dst, record, options);
 }
 
 // ---- CheckpointManager --------------------------------------------------------------------

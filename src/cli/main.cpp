@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint_cmd.hpp"
 #include "example_model.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -245,7 +246,8 @@ int main(int argc, char** argv) {
       "  shardplan plan --model model.safetensors.index.json --rules rules/presets/llama_fsdp_tp.yaml "
       "--mesh fsdp:4,tp:2\n"
       "  shardplan visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y\n"
-      "  shardplan presets",
+      "  shardplan presets\n"
+      "  shardplan checkpoint inspect runs/llama/step_00000100",
       "shardplan"};
   app.require_subcommand(1);
 
@@ -291,6 +293,9 @@ int main(int argc, char** argv) {
 
   app.add_subcommand("presets", "List the built-in rule presets");
 
+  cli::CheckpointCommand ckpt;
+  cli::add_checkpoint_commands(app, ckpt, kMaxDevices);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -300,6 +305,7 @@ int main(int argc, char** argv) {
   try {
     if (plan_cmd->parsed()) return run_plan(plan);
     if (vis_cmd->parsed()) return run_visualize(vis);
+    if (ckpt.command->parsed()) return cli::run_checkpoint(ckpt, load_rules);
     return run_presets();
   } catch (const UsageError& e) {
     std::cerr << "shardplan: " << e.what() << "\n";
