@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <map>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -117,7 +117,8 @@ TEST_F(CliTest, CheckpointInspectReshardAndConsolidate) {
   EXPECT_THAT(r.out, ::testing::HasSubstr("[32, 16]"));
   EXPECT_THAT(r.out, ::testing::HasSubstr("Hugging Face safetensors"));
 
-  r = run(fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:4,tp:2 --rules '{}'", hf, sp, rules));
+  r = run(
+      fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:4,tp:2 --rules '{}'", hf, sp, rules));
   ASSERT_EQ(r.code, 0) << r.err;
   r = run("checkpoint inspect --json '" + sp + "'");
   ASSERT_EQ(r.code, 0) << r.err;

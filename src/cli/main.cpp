@@ -242,8 +242,10 @@ int main(int argc, char** argv) {
   CLI::App app{
       "shardplan: plans how every tensor of a model is split over a device mesh.\n"
       "Examples:\n"
-      "  shardplan plan                                   # LLaMA-2-7B, preset llama_fsdp_tp, 8 devices\n"
-      "  shardplan plan --model model.safetensors.index.json --rules rules/presets/llama_fsdp_tp.yaml "
+      "  shardplan plan                                   # LLaMA-2-7B, preset llama_fsdp_tp, 8 "
+      "devices\n"
+      "  shardplan plan --model model.safetensors.index.json --rules "
+      "rules/presets/llama_fsdp_tp.yaml "
       "--mesh fsdp:4,tp:2\n"
       "  shardplan visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y\n"
       "  shardplan presets\n"
