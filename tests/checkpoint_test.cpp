@@ -26,6 +26,7 @@
 #include "shardplan/error.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/safetensors.hpp"
+#include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -433,6 +434,44 @@ rules:
       }
     }
   }
+}
+
+// ---- Asynchronous saves -----------------------------------------------------------------------
+
+TEST(AsyncCheckpointer, TheStepRunsOnWhileASnapshotIsWritten) {
+  TempDir tmp;
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  Tree<Array> state = Tree<Array>::dict(
+      {{"w", Array::normal(Shape{512, 256}, DType::kF32, NamedSharding(mesh, P("x")), exec, 1)},
+       {"b", Array::normal(Shape{16}, DType::kF32, NamedSharding(mesh, P()), exec, 2)}});
+  const Tensor w0 = state.at_path("w").leaf().to_host();
+  const Tensor b0 = state.at_path("b").leaf().to_host();
+  // A step that donates the state: its buffers are reused for the result while the save runs.
+  auto step = sjit(
+      mesh, [](const Tree<Array>& s) { return s.map([](const Array& a) { return a * 2.0; }); },
+      SjitOptions{.donate_argnums = {0}});
+  {
+    AsyncCheckpointer saver(tmp.path() / "run", 2);
+    saver.save(1, state);
+    // The copy: each block once (w's two halves, b's one replica of the two), on the host.
+    EXPECT_EQ(saver.pending_bytes(), 512 * 256 * 4 + 16 * 4);
+    for (int i = 0; i < 3; ++i) state = step(state);
+    saver.wait();
+    EXPECT_EQ(saver.pending_bytes(), 0);
+    EXPECT_EQ(saver.manager().steps(), std::vector<std::int64_t>{1});
+    const Tree<Array> back = restore_checkpoint(saver.manager().path_of(1), state);
+    EXPECT_TRUE(back.at_path("w").leaf().to_host() == w0);
+    EXPECT_TRUE(back.at_path("b").leaf().to_host() == b0);
+    // An error found before writing (the step exists) comes out of save() itself.
+    EXPECT_THROW_WITH(saver.save(1, state), IoError, "already exists");
+    saver.save(2, state);  // then left to the destructor to finish
+    saver.save(3, state);  // waits for 2 first
+  }
+  CheckpointManager manager(tmp.path() / "run", 2);
+  EXPECT_EQ(manager.steps(), (std::vector<std::int64_t>{2, 3}));  // keep 2
+  const Tree<Array> back = restore_checkpoint(manager.path_of(3), state);
+  EXPECT_TRUE(back.at_path("w").leaf().to_host() == state.at_path("w").leaf().to_host());
 }
 
 // ---- Killed mid-save ---------------------------------------------------------------------------

@@ -12,11 +12,14 @@
 // an XXH3-64 checksum of every file. The directory appears under its name only when complete
 // (written under a hidden temporary name, fsynced, then renamed). See docs/checkpoint.md.
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "shardplan/array.hpp"
@@ -142,10 +145,45 @@ class CheckpointManager {
   /// The newest complete step, if any.
   std::optional<std::int64_t> latest() const;
   std::filesystem::path path_of(std::int64_t step) const;
+  int keep() const { return keep_; }
+  /// Removes hidden directories left by saves or removals that never finished (process 0).
+  void remove_unfinished() const;
+  /// Removes the oldest complete steps beyond `keep` (process 0; each renamed away first).
+  void remove_old_steps() const;
 
  private:
   std::filesystem::path root_;
   int keep_;
+};
+
+class SaveJob;
+
+/// Saves in the background, as Orbax's async checkpointing: save() waits for the previous save
+/// still running (if any), copies this process's blocks to host memory (at most one copy of each
+/// device's shards: a replicated block once), and returns while a background thread writes the
+/// files. wait() returns when the last save is complete on disk and rethrows its error; the
+/// destructor waits too (printing an error it cannot throw). A step appears in
+/// manager().steps() once complete. Over processes save() and wait() are collective, and the
+/// background thread never communicates: the files are created in save(), and the index written
+/// and the directory renamed in the next wait() or save().
+class AsyncCheckpointer {
+ public:
+  explicit AsyncCheckpointer(std::filesystem::path root, int keep = 3);
+  ~AsyncCheckpointer();
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  void save(std::int64_t step, const Tree<Array>& tree, const CheckpointOptions& options = {});
+  void wait();
+  /// Host bytes held by the save in flight (its copy of this process's blocks); 0 when idle.
+  std::int64_t pending_bytes() const;
+  const CheckpointManager& manager() const { return manager_; }
+
+ private:
+  CheckpointManager manager_;
+  std::unique_ptr<SaveJob> job_;
+  std::thread thread_;
+  std::exception_ptr error_;
 };
 
 }  // namespace shardplan

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -135,46 +136,6 @@ std::uint64_t file_checksum(const fs::path& path) {
   return h;
 }
 
-/// The XXH3-64 of a file holding `header` then these arrays' global row-major bytes, computed
-/// from their shards (every block held by this process): for each array, the runs of one
-/// block per replica group, sorted by their offset in the tensor, fed in that order.
-std::uint64_t checksum_from_memory(const std::string& header,
-                                   const std::vector<const Array*>& arrays) {
-  XXH3_state_t* state = XXH3_createState();
-  struct Free {
-    XXH3_state_t* s;
-    ~Free() { XXH3_freeState(s); }
-  } free_state{state};
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, header.data(), header.size());
-  struct Run {
-    std::int64_t at;
-    const std::byte* src;
-    std::int64_t bytes;
-  };
-  for (const Array* a : arrays) {
-    const Shape& shard = a->shard_shape();
-    if (shard.numel() == 0) continue;
-    const int rank = a->shape().rank();
-    const std::vector<Block> blocks = a->sharding().device_blocks(a->shape());
-    std::vector<Run> runs;
-    for (const auto& group : a->sharding().replica_groups(a->shape())) {
-      const int d = group.front();
-      std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
-      for (const auto& sl : blocks[static_cast<std::size_t>(d)]) origin.push_back(sl.start);
-      const std::byte* src = a->shard(d).data();
-      detail::for_each_run(shard.begin(), zero.data(), a->shape().begin(), origin.data(),
-                           shard.begin(), rank, size_of(a->dtype()),
-                           [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
-                             runs.push_back({t, src + s, bytes});
-                           });
-    }
-    std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.at < y.at; });
-    for (const Run& r : runs) XXH3_64bits_update(state, r.src, static_cast<std::size_t>(r.bytes));
-  }
-  return XXH3_64bits_digest(state);
-}
-
 /// The tree path of a tensor name: its parts split at `separator`, each escaped as a tree key
 /// (a name of shardplan's is already a path).
 std::string tree_path_of(const std::string& name, char separator) {
@@ -266,105 +227,140 @@ std::int64_t CheckpointInfo::total_bytes() const {
   return n;
 }
 
-void save_checkpoint(const fs::path& dir_in, const Tree<Array>& tree,
-                     const CheckpointOptions& options) {
-  const fs::path dir = fs::absolute(dir_in).lexically_normal();
-  if (!dir.has_filename()) {
-    throw IoError(fmt::format("[checkpoint] {}: not a directory name", dir_in.string()));
-  }
-  // The tensors, in flatten order, and the files they go to.
-  struct Planned {
-    std::string name;
-    const Array* array;
-    TensorSpec spec;
-    std::size_t file = 0;
-    std::int64_t offset = 0;  // in the file's data section
-  };
-  std::vector<Planned> planned;
-  const auto leaves = tree.flatten();
-  std::string mesh;
-  for (const auto& [path, a] : leaves) {
-    if (path.empty()) {
-      throw SpecError(
-          "[checkpoint] the tree is a single array: save a dict, so that the tensor "
-          "has a name");
+namespace {
+
+/// One tensor to save: what the file records, and the blocks this process writes (of each
+/// replica group whose first device is here: that device's block and shard bytes).
+struct SaveTensor {
+  std::string name;
+  TensorSpec spec;
+  std::string sharding;
+  Shape shard;
+  std::vector<std::pair<Block, const std::byte*>> blocks;
+  std::size_t file = 0;
+  std::int64_t offset = 0;  // in the file's data section
+};
+
+}  // namespace
+
+/// A save in steps, so that the synchronous and the asynchronous save share them:
+/// begin (collective: process 0 makes the hidden directory and every file at its full size),
+/// write (this process's blocks, fsync; no communication), commit (process 0: checksums, the
+/// index last, rename), abort (process 0 removes the hidden directory).
+class SaveJob {
+ public:
+  SaveJob(const fs::path& dir_in, const Tree<Array>& tree, const CheckpointOptions& options)
+      : dir_(fs::absolute(dir_in).lexically_normal()) {
+    if (!dir_.has_filename()) {
+      throw IoError(fmt::format("[checkpoint] {}: not a directory name", dir_in.string()));
     }
-    if (!a.valid())
-      throw SpecError(fmt::format("[checkpoint] '{}' is an empty array handle", path));
-    if (a.is_pending()) {
-      throw SpecError(
-          fmt::format("[checkpoint] '{}' ({}) is pending a reduction; reduce it "
-                      "(all_reduce or reshard) before saving",
-                      path, a.to_string()));
+    tmp_ = dir_.parent_path() / fmt::format(".{}.partial", dir_.filename().string());
+    std::string path;
+    structure_ = structure_of(tree, path);
+    for (const auto& [name, a] : tree.flatten()) {
+      if (name.empty()) {
+        throw SpecError(
+            "[checkpoint] the tree is a single array: save a dict, so that the tensor has a "
+            "name");
+      }
+      if (!a.valid()) {
+        throw SpecError(fmt::format("[checkpoint] '{}' is an empty array handle", name));
+      }
+      if (a.is_pending()) {
+        throw SpecError(fmt::format(
+            "[checkpoint] '{}' ({}) is pending a reduction; reduce it (all_reduce or reshard) "
+            "before saving",
+            name, a.to_string()));
+      }
+      if (mesh_.empty()) mesh_ = a.mesh().to_string();
+      all_local_ = all_local_ && a.executor().holds_all(a.mesh().devices());
+      SaveTensor t{
+          name, TensorSpec{a.shape(), a.dtype()}, sharding_text(a.sharding()), a.shard_shape(), {}};
+      if (a.shard_shape().numel() > 0) {
+        const std::vector<Block> blocks = a.sharding().device_blocks(a.shape());
+        for (const auto& group : a.sharding().replica_groups(a.shape())) {
+          const int d = group.front();
+          if (!a.executor().is_local(d)) continue;
+          t.blocks.emplace_back(blocks[static_cast<std::size_t>(d)], a.shard(d).data());
+        }
+      }
+      tensors_.push_back(std::move(t));
     }
-    if (mesh.empty()) mesh = a.mesh().to_string();
-    planned.push_back({path, &a, TensorSpec{a.shape(), a.dtype()}});
-  }
-  std::vector<std::vector<std::size_t>> files;
-  std::int64_t in_file = 0;
-  for (std::size_t i = 0; i < planned.size(); ++i) {
-    const std::int64_t bytes = planned[i].spec.bytes();
-    if (files.empty() ||
-        (options.max_file_bytes > 0 && in_file > 0 && in_file + bytes > options.max_file_bytes)) {
-      files.emplace_back();
-      in_file = 0;
+    std::int64_t in_file = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      const std::int64_t bytes = tensors_[i].spec.bytes();
+      if (files_.empty() ||
+          (options.max_file_bytes > 0 && in_file > 0 && in_file + bytes > options.max_file_bytes)) {
+        files_.emplace_back();
+        in_file = 0;
+      }
+      tensors_[i].file = files_.size() - 1;
+      tensors_[i].offset = in_file;
+      in_file += bytes;
+      files_.back().push_back(i);
     }
-    planned[i].file = files.size() - 1;
-    planned[i].offset = in_file;
-    in_file += bytes;
-    files.back().push_back(i);
+    if (files_.empty()) files_.emplace_back();
+    for (std::size_t f = 0; f < files_.size(); ++f) {
+      names_.push_back(files_.size() == 1 ? "model.safetensors"
+                                          : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1,
+                                                        files_.size()));
+      std::vector<std::pair<std::string, TensorSpec>> specs;
+      for (const std::size_t i : files_[f]) specs.emplace_back(tensors_[i].name, tensors_[i].spec);
+      headers_.push_back(safetensors_header_bytes(tmp_ / names_[f], specs, {{"format", "pt"}}));
+    }
   }
-  if (files.empty()) files.emplace_back();
-  std::vector<std::string> names;
-  for (std::size_t f = 0; f < files.size(); ++f) {
-    names.push_back(files.size() == 1
-                        ? "model.safetensors"
-                        : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, files.size()));
+
+  /// Copies this process's blocks into host memory owned by the job, so that the arrays may
+  /// change or go while it writes (the asynchronous save's only synchronous work).
+  void snapshot() {
+    for (SaveTensor& t : tensors_) {
+      const std::int64_t bytes = t.shard.numel() * static_cast<std::int64_t>(size_of(t.spec.dtype));
+      for (auto& [block, data] : t.blocks) {
+        copies_.emplace_back(static_cast<std::size_t>(bytes));
+        if (bytes > 0) std::memcpy(copies_.back().data(), data, static_cast<std::size_t>(bytes));
+        data = copies_.back().data();
+      }
+    }
   }
-  const fs::path tmp = dir.parent_path() / fmt::format(".{}.partial", dir.filename().string());
-  std::vector<std::string> headers(files.size());
-  for (std::size_t f = 0; f < files.size(); ++f) {
-    std::vector<std::pair<std::string, TensorSpec>> specs;
-    for (const std::size_t i : files[f]) specs.emplace_back(planned[i].name, planned[i].spec);
-    headers[f] = safetensors_header_bytes(tmp / names[f], specs, {{"format", "pt"}});
+
+  std::int64_t snapshot_bytes() const {
+    std::int64_t n = 0;
+    for (const auto& c : copies_) n += static_cast<std::int64_t>(c.size());
+    return n;
   }
-  try {
-    // 1. Process 0 makes the temporary directory and every file at its full size.
+
+  void begin() {
     on_first_process([&] {
-      if (fs::exists(dir)) {
-        throw IoError(
-            fmt::format("[checkpoint] {}: already exists; save to a new directory (or "
-                        "remove it first)",
-                        dir.string()));
+      if (fs::exists(dir_)) {
+        throw IoError(fmt::format(
+            "[checkpoint] {}: already exists; save to a new directory (or remove it first)",
+            dir_.string()));
       }
-      fs::create_directories(dir.parent_path());
-      fs::remove_all(tmp);
-      fs::create_directory(tmp);
-      for (std::size_t f = 0; f < files.size(); ++f) {
-        const File out(tmp / names[f], O_WRONLY | O_CREAT | O_TRUNC);
-        out.write_at(headers[f].data(), static_cast<std::int64_t>(headers[f].size()), 0);
+      fs::create_directories(dir_.parent_path());
+      fs::remove_all(tmp_);
+      fs::create_directory(tmp_);
+      for (std::size_t f = 0; f < files_.size(); ++f) {
+        const File out(tmp_ / names_[f], O_WRONLY | O_CREAT | O_TRUNC);
+        out.write_at(headers_[f].data(), static_cast<std::int64_t>(headers_[f].size()), 0);
         std::int64_t data = 0;
-        for (const std::size_t i : files[f]) data += planned[i].spec.bytes();
-        out.truncate(static_cast<std::int64_t>(headers[f].size()) + data);
+        for (const std::size_t i : files_[f]) data += tensors_[i].spec.bytes();
+        out.truncate(static_cast<std::int64_t>(headers_[f].size()) + data);
       }
     });
-    // While the blocks are written, when this process holds every block, the files' checksums
-    // are computed from memory on a second thread (the bytes in file order: each header, then
-    // each tensor's runs sorted by their place in it). Otherwise process 0 reads the files back.
-    std::vector<std::uint64_t> sums(files.size());
-    const bool all_here = std::all_of(planned.begin(), planned.end(), [](const Planned& p) {
-      return p.array->executor().holds_all(p.array->mesh().devices());
-    });
+  }
+
+  /// Writes this process's blocks, run by run into their places in the global row-major
+  /// tensors, and fsyncs. When this process holds every block, the files' checksums are
+  /// computed from memory on a second thread meanwhile (each header, then each tensor's runs in
+  /// file order); otherwise commit() reads the files back.
+  void write() {
     std::exception_ptr sum_error;
     std::thread summer;
-    if (all_here) {
+    if (all_local_) {
+      sums_.assign(files_.size(), 0);
       summer = std::thread([&] {
         try {
-          for (std::size_t f = 0; f < files.size(); ++f) {
-            std::vector<const Array*> arrays;
-            for (const std::size_t i : files[f]) arrays.push_back(planned[i].array);
-            sums[f] = checksum_from_memory(headers[f], arrays);
-          }
+          for (std::size_t f = 0; f < files_.size(); ++f) sums_[f] = checksum_from_memory(f);
         } catch (...) {
           sum_error = std::current_exception();
         }
@@ -376,87 +372,137 @@ void save_checkpoint(const fs::path& dir_in, const Tree<Array>& tree,
         if (t.joinable()) t.join();
       }
     } join{summer};
-    // 2. Each block is written once, by the process holding the first device of its replica
-    //    group, run by run into its place in the global row-major tensor.
-    collectively([&] {
-      std::vector<std::unique_ptr<File>> open(files.size());
-      for (const Planned& p : planned) {
-        const Array& a = *p.array;
-        const Executor& exec = a.executor();
-        const std::vector<Block> blocks = a.sharding().device_blocks(a.shape());
-        const Shape& shard = a.shard_shape();
-        const int rank = a.shape().rank();
-        const std::int64_t base = static_cast<std::int64_t>(headers[p.file].size()) + p.offset;
-        for (const auto& group : a.sharding().replica_groups(a.shape())) {
-          const int writer = group.front();
-          if (!exec.is_local(writer) || shard.numel() == 0) continue;
-          auto& file = open[p.file];
-          if (!file) file = std::make_unique<File>(tmp / names[p.file], O_WRONLY);
-          const Block& b = blocks[static_cast<std::size_t>(writer)];
-          std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
-          for (const auto& s : b) origin.push_back(s.start);
-          const std::byte* src = a.shard(writer).data();
-          detail::for_each_run(shard.begin(), zero.data(), a.shape().begin(), origin.data(),
-                               shard.begin(), rank, size_of(a.dtype()),
-                               [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
-                                 file->write_at(src + s, bytes, base + t);
-                                 file->start_writeback(base + t, bytes);
-                               });
-        }
+    std::vector<std::unique_ptr<File>> open(files_.size());
+    for (const SaveTensor& t : tensors_) {
+      const int rank = t.spec.shape.rank();
+      const std::int64_t base = static_cast<std::int64_t>(headers_[t.file].size()) + t.offset;
+      for (const auto& [block, src] : t.blocks) {
+        auto& file = open[t.file];
+        if (!file) file = std::make_unique<File>(tmp_ / names_[t.file], O_WRONLY);
+        std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
+        for (const auto& sl : block) origin.push_back(sl.start);
+        detail::for_each_run(t.shard.begin(), zero.data(), t.spec.shape.begin(), origin.data(),
+                             t.shard.begin(), rank, size_of(t.spec.dtype),
+                             [&](std::int64_t s, std::int64_t at, std::int64_t bytes) {
+                               file->write_at(src + s, bytes, base + at);
+                               file->start_writeback(base + at, bytes);
+                             });
       }
-      for (const auto& f : open) {
-        if (f) f->sync();
-      }
-    });
-    // 3. Process 0 checksums the files, writes the index last, and renames the directory.
-    on_first_process([&] {
-      nlohmann::json meta;
-      std::int64_t total = 0;
-      for (const Planned& p : planned) total += p.spec.bytes();
-      nlohmann::json record;
-      record["version"] = kFormatVersion;
-      record["mesh"] = mesh;
-      std::string path;
-      record["structure"] = structure_of(tree, path);
-      if (summer.joinable()) summer.join();
-      if (sum_error) std::rethrow_exception(sum_error);
-      for (std::size_t f = 0; f < files.size(); ++f) {
-        const fs::path file = tmp / names[f];
-        File(file, O_RDONLY).sync();
-        const std::uint64_t sum = all_here ? sums[f] : file_checksum(file);
-        record["files"][names[f]]["xxh3"] = fmt::format("{:016x}", sum);
-      }
-      nlohmann::json weight_map = nlohmann::json::object();
-      for (const Planned& p : planned) {
-        weight_map[p.name] = names[p.file];
-        record["tensors"][p.name] = {{"sharding", sharding_text(p.array->sharding())},
-                                     {"dtype", std::string(safetensors_name(p.spec.dtype))}};
-      }
-      meta["metadata"] = {{"total_size", total}, {"shardplan", record}};
-      meta["weight_map"] = weight_map;
-      std::string text;
-      try {
-        text = meta.dump(1);
-      } catch (const nlohmann::json::exception&) {
-        throw IoError(
-            fmt::format("[checkpoint] {}: a tensor name is not valid UTF-8", dir.string()));
-      }
-      text += '\n';
-      {
-        const File index(tmp / kIndexName, O_WRONLY | O_CREAT | O_TRUNC);
-        index.write_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
-        index.sync();
-      }
-      sync_directory(tmp);
-      if (::rename(tmp.c_str(), dir.c_str()) != 0)
-        io_fail(dir, "cannot rename the saved checkpoint into place", errno);
-      sync_directory(dir.parent_path());
-    });
-  } catch (...) {
+    }
+    for (const auto& f : open) {
+      if (f) f->sync();
+    }
+    if (summer.joinable()) summer.join();
+    if (sum_error) std::rethrow_exception(sum_error);
+    sums_ready_ = all_local_;
+  }
+
+  /// Process 0: the checksums, the index (last), fsync, rename into place.
+  void commit() {
+    std::int64_t total = 0;
+    for (const SaveTensor& t : tensors_) total += t.spec.bytes();
+    nlohmann::json record;
+    record["version"] = kFormatVersion;
+    record["mesh"] = mesh_;
+    record["structure"] = structure_;
+    for (std::size_t f = 0; f < files_.size(); ++f) {
+      const fs::path file = tmp_ / names_[f];
+      File(file, O_RDONLY).sync();
+      const std::uint64_t sum = sums_ready_ ? sums_[f] : file_checksum(file);
+      record["files"][names_[f]]["xxh3"] = fmt::format("{:016x}", sum);
+    }
+    nlohmann::json weight_map = nlohmann::json::object();
+    for (const SaveTensor& t : tensors_) {
+      weight_map[t.name] = names_[t.file];
+      record["tensors"][t.name] = {{"sharding", t.sharding},
+                                   {"dtype", std::string(safetensors_name(t.spec.dtype))}};
+    }
+    nlohmann::json meta;
+    meta["metadata"] = {{"total_size", total}, {"shardplan", record}};
+    meta["weight_map"] = weight_map;
+    std::string text;
+    try {
+      text = meta.dump(1);
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(
+          fmt::format("[checkpoint] {}: a tensor name is not valid UTF-8", dir_.string()));
+    }
+    text += '\n';
+    {
+      const File index(tmp_ / kIndexName, O_WRONLY | O_CREAT | O_TRUNC);
+      index.write_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
+      index.sync();
+    }
+    sync_directory(tmp_);
+    if (::rename(tmp_.c_str(), dir_.c_str()) != 0) {
+      io_fail(dir_, "cannot rename the saved checkpoint into place", errno);
+    }
+    sync_directory(dir_.parent_path());
+  }
+
+  void abort() const noexcept {
     if (distributed::process_index() == 0) {
       std::error_code ec;
-      fs::remove_all(tmp, ec);
+      fs::remove_all(tmp_, ec);
     }
+  }
+
+ private:
+  /// XXH3-64 of file f as written: its header, then each tensor's runs sorted by place.
+  std::uint64_t checksum_from_memory(std::size_t f) const {
+    XXH3_state_t* state = XXH3_createState();
+    struct Free {
+      XXH3_state_t* s;
+      ~Free() { XXH3_freeState(s); }
+    } free_state{state};
+    XXH3_64bits_reset(state);
+    XXH3_64bits_update(state, headers_[f].data(), headers_[f].size());
+    struct Run {
+      std::int64_t at;
+      const std::byte* src;
+      std::int64_t bytes;
+    };
+    for (const std::size_t i : files_[f]) {
+      const SaveTensor& t = tensors_[i];
+      const int rank = t.spec.shape.rank();
+      std::vector<Run> runs;
+      for (const auto& [block, src] : t.blocks) {
+        std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
+        for (const auto& sl : block) origin.push_back(sl.start);
+        const std::byte* from = src;
+        detail::for_each_run(t.shard.begin(), zero.data(), t.spec.shape.begin(), origin.data(),
+                             t.shard.begin(), rank, size_of(t.spec.dtype),
+                             [&](std::int64_t s, std::int64_t at, std::int64_t bytes) {
+                               runs.push_back({at, from + s, bytes});
+                             });
+      }
+      std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.at < y.at; });
+      for (const Run& r : runs) XXH3_64bits_update(state, r.src, static_cast<std::size_t>(r.bytes));
+    }
+    return XXH3_64bits_digest(state);
+  }
+
+  fs::path dir_, tmp_;
+  std::string mesh_;
+  nlohmann::json structure_;
+  bool all_local_ = true;
+  std::vector<SaveTensor> tensors_;
+  std::vector<std::vector<std::size_t>> files_;
+  std::vector<std::string> names_, headers_;
+  std::vector<std::uint64_t> sums_;
+  bool sums_ready_ = false;
+  std::vector<std::vector<std::byte>> copies_;
+};
+
+void save_checkpoint(const fs::path& dir, const Tree<Array>& tree,
+                     const CheckpointOptions& options) {
+  SaveJob job(dir, tree, options);
+  try {
+    job.begin();
+    collectively([&] { job.write(); });
+    on_first_process([&] { job.commit(); });
+  } catch (...) {
+    job.abort();
     throw;
   }
 }
@@ -1055,32 +1101,102 @@ std::optional<std::int64_t> CheckpointManager::latest() const {
   return s.back();
 }
 
+void CheckpointManager::remove_unfinished() const {
+  if (distributed::process_index() != 0) return;
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(root_)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with(".step_")) stale.push_back(e.path());  // .partial or .removing
+  }
+  for (const auto& p : stale) fs::remove_all(p);
+}
+
+void CheckpointManager::remove_old_steps() const {
+  if (distributed::process_index() != 0) return;
+  const auto all = steps();
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) {
+    // Renamed away first (atomic), then removed: a removal cut short leaves a hidden
+    // directory, never a step whose index survives some of its files.
+    const fs::path old = path_of(all[i]);
+    const fs::path gone = root_ / ("." + old.filename().string() + ".removing");
+    fs::remove_all(gone);
+    fs::rename(old, gone);
+    fs::remove_all(gone);
+  }
+}
+
 void CheckpointManager::save(std::int64_t step, const Tree<Array>& tree,
                              const CheckpointOptions& options) {
-  // Saves that never finished (killed) left hidden directories: remove them first.
-  on_first_process([&] {
-    std::error_code ec;
-    if (!fs::is_directory(root_, ec)) return;
-    std::vector<fs::path> stale;
-    for (const auto& e : fs::directory_iterator(root_)) {
-      const std::string n = e.path().filename().string();
-      if (n.starts_with(".step_")) stale.push_back(e.path());  // .partial or .removing
-    }
-    for (const auto& p : stale) fs::remove_all(p);
-  });
+  on_first_process([&] { remove_unfinished(); });
   save_checkpoint(path_of(step), tree, options);
-  on_first_process([&] {
-    const auto all = steps();
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) {
-      // Renamed away first (atomic), then removed: a removal cut short leaves a hidden
-      // directory, never a step whose index survives some of its files.
-      const fs::path old = path_of(all[i]);
-      const fs::path gone = root_ / ("." + old.filename().string() + ".removing");
-      fs::remove_all(gone);
-      fs::rename(old, gone);
-      fs::remove_all(gone);
+  on_first_process([&] { remove_old_steps(); });
+}
+
+// ---- AsyncCheckpointer ------------------------------------------------------------------------
+
+AsyncCheckpointer::AsyncCheckpointer(fs::path root, int keep) : manager_(std::move(root), keep) {}
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[checkpoint] the last asynchronous save failed: %s\n", e.what());
+  }
+}
+
+std::int64_t AsyncCheckpointer::pending_bytes() const { return job_ ? job_->snapshot_bytes() : 0; }
+
+void AsyncCheckpointer::save(std::int64_t step, const Tree<Array>& tree,
+                             const CheckpointOptions& options) {
+  wait();
+  on_first_process([&] { manager_.remove_unfinished(); });
+  auto job = std::make_unique<SaveJob>(manager_.path_of(step), tree, options);
+  job->snapshot();
+  try {
+    job->begin();
+  } catch (...) {
+    job->abort();
+    throw;
+  }
+  job_ = std::move(job);
+  error_ = nullptr;
+  const bool alone = distributed::process_count() == 1;
+  thread_ = std::thread([this, alone] {
+    try {
+      job_->write();
+      if (alone) {  // nothing to agree on: finish here
+        job_->commit();
+        manager_.remove_old_steps();
+      }
+    } catch (...) {
+      error_ = std::current_exception();
     }
   });
+}
+
+void AsyncCheckpointer::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (!job_) return;
+  std::unique_ptr<SaveJob> job = std::move(job_);
+  try {
+    if (distributed::process_count() == 1) {
+      if (error_) std::rethrow_exception(error_);
+    } else {
+      distributed::all_succeed([&] {
+        if (error_) std::rethrow_exception(error_);
+      });
+      on_first_process([&] {
+        job->commit();
+        manager_.remove_old_steps();
+      });
+    }
+  } catch (...) {
+    job->abort();
+    error_ = nullptr;
+    throw;
+  }
 }
 
 }  // namespace shardplan
