@@ -5,16 +5,25 @@
 // beside the unigram entropy of the text, and the bytes per device of parameters + optimizer
 // state against a replicated run. Exits non-zero unless the loss falls well below the unigram
 // entropy. SHARDPLAN_EXAMPLE_SMALL=1 (set by ctest) trains fewer steps.
+//
+// With SHARDPLAN_CHECKPOINT_DIR=DIR it trains the sharded run only, saving params + optimizer
+// state every SHARDPLAN_SAVE_EVERY steps (default 10) in the background (AsyncCheckpointer,
+// keeping the last 2), and resumes from the latest checkpoint in DIR when there is one: killed
+// and restarted, it prints the same losses as a run never stopped (scripts/llama_resume_check.sh).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "llama_model.hpp"
 #include "shardplan/autodiff.hpp"
+#include "shardplan/checkpoint.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rule_file.hpp"
@@ -69,8 +78,11 @@ int main(int argc, char** argv) {
   const RuleFile preset = load_preset("llama_fsdp_tp");
   const RuleTree rules(preset.make_rule());
   std::vector<double> losses;  // of the last run
+  const char* checkpoint_dir = std::getenv("SHARDPLAN_CHECKPOINT_DIR");
+  const char* every_env = std::getenv("SHARDPLAN_SAVE_EVERY");
+  const int save_every = every_env != nullptr ? std::max(1, std::atoi(every_env)) : 10;
   const auto run = [&](const Mesh& mesh, const RuleTree& param_rules, bool print,
-                       const Executor& devices) {
+                       const Executor& devices, const char* resumable = nullptr) {
     losses.clear();
     SjitOptions io;
     io.out_shardings = param_rules;
@@ -101,7 +113,22 @@ int main(int argc, char** argv) {
         so);
     const NamedSharding batch(mesh, P(mesh.axis_names()[0]));
     double last = 0;
-    for (int i = 0; i < steps; ++i) {
+    int first = 0;
+    std::optional<AsyncCheckpointer> saver;
+    if (resumable != nullptr) {
+      saver.emplace(resumable, 2);
+      if (const auto latest = saver->manager().latest()) {
+        // The template gives shapes, dtypes and shardings; the values come from the files.
+        const Tree<Array> back = restore_checkpoint(
+            saver->manager().path_of(*latest),
+            Tree<Array>::dict({{"params", params}, {"state", state}}));
+        params = back.at("params");
+        state = back.at("state");
+        first = static_cast<int>(*latest);
+        if (print_here) std::cout << "resumed from step " << first << "\n";
+      }
+    }
+    for (int i = first; i < steps; ++i) {
       std::vector<std::int32_t> xs, ys;
       for (std::int64_t r = 0; r < cfg.batch; ++r) {
         const auto start =
@@ -119,13 +146,19 @@ int main(int argc, char** argv) {
       const Tree<Array> out = step(params, state, x, y);
       params = out.at("params");
       state = out.at("state");
+      if (saver && (i + 1) % save_every == 0) {
+        // Step i + 1 is the next to run; the copy is taken before the next step donates them.
+        saver->save(i + 1, Tree<Array>::dict({{"params", params}, {"state", state}}));
+      }
       last = out.at("loss").leaf().to_host().get(0);
       losses.push_back(last);
       if (print) {
         // (to_host is collective over processes: every process calls it, one prints.)
         const double acc = out.at("accuracy").leaf().to_host().get(0);
         if (print_here) {
-          std::cout << "step " << i << "  loss " << last << " nats/char  accuracy " << acc << "\n";
+          // The shortest text that reads back as the same double: losses compare bit for bit.
+          std::cout << fmt::format("step {}  loss {} nats/char  accuracy {}\n", i, last, acc)
+                    << std::flush;  // (a killed run's lines are not lost in a buffer)
         }
       }
     }
@@ -134,6 +167,10 @@ int main(int argc, char** argv) {
   if (print_here) {
     std::cout << "vocabulary " << next << " characters (padded to " << cfg.vocab
               << "); unigram entropy " << unigram << " nats/char\n";
+  }
+  if (checkpoint_dir != nullptr) {
+    run(Mesh::parse("fsdp:4,tp:2", 8), rules, true, exec, checkpoint_dir);
+    return 0;
   }
   const auto [loss, sharded] = run(Mesh::parse("fsdp:4,tp:2", 8), rules, true, exec);
   const std::vector<double> sharded_losses = losses;
