@@ -1,0 +1,112 @@
+// Checkpoints over processes (ctest runs this binary alone and under mpirun -np 2 and -np 4):
+// every process writes only the blocks whose replica group starts on one of its devices and
+// reads only its devices' blocks; what is restored, on another mesh, equals what was saved.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "shardplan/checkpoint.hpp"
+#include "shardplan/distributed.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+namespace dist = shardplan::distributed;
+namespace fs = std::filesystem;
+
+/// A directory every process agrees on (process 0's name), removed at the end.
+class SharedDir {
+ public:
+  SharedDir() {
+    std::string mine =
+        (fs::temp_directory_path() / fmt::format("shardplan_mp_ckpt_{}_{}", ::getpid(), counter_++))
+            .string();
+    const auto all = dist::allgather_bytes(std::as_bytes(std::span(mine.data(), mine.size())));
+    path_ = std::string(reinterpret_cast<const char*>(all[0].data()), all[0].size());
+    if (dist::process_index() == 0) fs::create_directories(path_);
+    dist::barrier();
+  }
+  ~SharedDir() {
+    dist::barrier();
+    if (dist::process_index() == 0) fs::remove_all(path_);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+Tree<Array> state_on(const Executor& exec, const Mesh& mesh) {
+  auto on = [&](const PartitionSpec& s) { return NamedSharding(mesh, s); };
+  return Tree<Array>::dict(
+      {{"w", Array::normal(Shape{16, 8}, DType::kF32, on(P("data", "model")), exec, 1)},
+       {"emb", Array::normal(Shape{6, 16}, DType::kBF16, on(P(nullptr, "data")), exec, 2)},
+       {"b", Array::normal(Shape{8}, DType::kF32, on(P()), exec, 3)},
+       {"step", Array::generate(Shape{}, DType::kI64, on(P()), exec, Generator::full(77))}});
+}
+
+TEST(MultiProcessCheckpoint, SavedOnOneMeshRestoredOnAnotherEqualsTheSavedValues) {
+  SharedDir dir;
+  const Executor exec(8);
+  const Tree<Array> state = state_on(exec, Mesh::parse("data:4,model:2", 8));
+  save_checkpoint(dir.path() / "ckpt", state, {.max_file_bytes = 256});
+  const CheckpointInfo info = read_checkpoint_info(dir.path() / "ckpt");
+  EXPECT_GT(info.files.size(), 1u);
+  verify_checkpoint(info);
+  // Onto 2 x 4 with the axes swapped, and onto 8 devices of this process alone.
+  const Mesh other = Mesh::parse("data:2,model:4", 8);
+  const Tree<NamedSharding> target =
+      Tree<NamedSharding>::dict({{"w", NamedSharding(other, P("model", "data"))},
+                                 {"emb", NamedSharding(other, P(nullptr, "model"))},
+                                 {"b", NamedSharding(other, P("model"))},
+                                 {"step", NamedSharding(other, P())}});
+  const Tree<Array> back = restore_checkpoint(dir.path() / "ckpt", target, exec);
+  for (const auto& [path, a] : state.flatten()) {
+    EXPECT_TRUE(back.at_path(path).leaf().to_host() == a.to_host()) << path;
+  }
+  // Every device's memory holds its shards of the restored tree and of the state, no more.
+  std::int64_t shards = 0;
+  for (const Array& a : back.leaves()) shards += a.shard_nbytes();
+  for (const Array& a : state.leaves()) shards += a.shard_nbytes();
+  for (const int d : exec.local_devices()) EXPECT_EQ(exec.memory(d).in_use, shards) << d;
+  // A damaged file is an error on every process, naming the file.
+  if (dist::process_index() == 0) {
+    std::fstream f(dir.path() / "ckpt" / info.files.back().name,
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x7f');
+  }
+  dist::barrier();
+  EXPECT_THROW_WITH(restore_checkpoint(dir.path() / "ckpt", state), Error, "checksum mismatch",
+                    info.files.back().name.c_str());
+}
+
+TEST(MultiProcessCheckpoint, AsynchronousSavesFinishInTheNextCall) {
+  SharedDir dir;
+  const Executor exec(8);
+  const Tree<Array> state = state_on(exec, Mesh::parse("data:4,model:2", 8));
+  {
+    AsyncCheckpointer saver(dir.path() / "run", 2);
+    saver.save(1, state);
+    saver.save(2, state);
+    saver.wait();
+    EXPECT_EQ(saver.manager().steps(), (std::vector<std::int64_t>{1, 2}));
+    saver.save(3, state);
+  }  // the destructor finishes step 3 (collectively: every process destroys its saver)
+  dist::barrier();
+  const CheckpointManager manager(dir.path() / "run", 2);
+  EXPECT_EQ(manager.steps(), (std::vector<std::int64_t>{2, 3}));
+  const Tree<Array> back = restore_checkpoint(manager.path_of(3), state);
+  for (const auto& [path, a] : state.flatten()) {
+    EXPECT_TRUE(back.at_path(path).leaf().to_host() == a.to_host()) << path;
+  }
+}
+
+}  // namespace
+}  // namespace shardplan
