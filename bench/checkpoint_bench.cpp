@@ -118,13 +118,23 @@ void BM_RestoreCheckpoint(benchmark::State& st) {
   const Tree<NamedSharding> target =
       state().map([&](const Array&) { return NamedSharding(mesh, P("data", "model")); });
   const bool verify = st.range(0) != 0;
+  std::int64_t peak = 0, shards = 0;
   for (auto _ : st) {
     st.PauseTiming();
     drop_cache_dir(dir);
+    other.reset_peak();
     st.ResumeTiming();
-    benchmark::DoNotOptimize(restore_checkpoint(dir, target, other, {.verify = verify}));
+    const Tree<Array> back = restore_checkpoint(dir, target, other, {.verify = verify});
+    st.PauseTiming();
+    for (const int d : other.local_devices()) peak = std::max(peak, other.memory(d).peak);
+    shards = 0;
+    for (const Array& a : back.leaves()) shards += a.shard_nbytes();
+    st.ResumeTiming();
   }
   set_counters(st);
+  // Device memory: the largest peak of a device during the restore, against its shards.
+  st.counters["peak_MiB"] = static_cast<double>(peak) / (1 << 20);
+  st.counters["shards_MiB"] = static_cast<double>(shards) / (1 << 20);
 }
 
 // Alternating ours and dd's, so that both see the same disk.

@@ -1120,7 +1120,7 @@ void CheckpointManager::remove_old_steps() const {
     // Renamed away first (atomic), then removed: a removal cut short leaves a hidden
     // directory, never a step whose index survives some of its files.
     const fs::path old = path_of(all[i]);
-    const fs::path gone = root_ / ("." + old.filename().string() + ".removing");
+    const fs::path gone = root_ / fmt::format(".{}.removing", old.filename().string());
     fs::remove_all(gone);
     fs::rename(old, gone);
     fs::remove_all(gone);
