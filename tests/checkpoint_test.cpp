@@ -27,6 +27,7 @@
 #include "shardplan/rule_file.hpp"
 #include "shardplan/safetensors.hpp"
 #include "shardplan/sjit.hpp"
+#include "checkpoint_fixtures.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -115,27 +116,14 @@ TEST(Checkpoint, RestoresOntoOtherMeshesBitForBitReadingOnlyEachDevicesShards) {
   }
 }
 
-/// The bytes of every tensor of a checkpoint, by name, read from the files at their offsets.
-std::map<std::string, std::string> tensor_bytes(const fs::path& dir) {
-  const CheckpointInfo info = read_checkpoint_info(dir);
-  std::map<std::string, std::string> out;
-  for (const auto& t : info.tensors) {
-    std::ifstream in(info.dir / t.file, std::ios::binary);
-    in.seekg(t.offset);
-    std::string bytes(static_cast<std::size_t>(t.spec.bytes()), '\0');
-    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out[t.name] = bytes;
-  }
-  return out;
-}
 
 TEST(Checkpoint, OneDeviceAndEightDevicesWriteTheSameTensorBytes) {
   TempDir tmp;
   const Executor one(1), eight(8);
   save_checkpoint(tmp.path() / "one", train_state(one, Mesh::parse("data:1,model:1", 1)));
   save_checkpoint(tmp.path() / "eight", train_state(eight, Mesh::parse("data:4,model:2", 8)));
-  const auto a = tensor_bytes(tmp.path() / "one");
-  const auto b = tensor_bytes(tmp.path() / "eight");
+  const auto a = test::checkpoint_tensor_bytes(tmp.path() / "one");
+  const auto b = test::checkpoint_tensor_bytes(tmp.path() / "eight");
   EXPECT_EQ(a.size(), 5u);
   EXPECT_TRUE(a == b);
   // And they are the host tensors' bytes (row-major, little-endian).

@@ -12,6 +12,7 @@
 
 #include "shardplan/checkpoint.hpp"
 #include "shardplan/safetensors.hpp"
+#include "checkpoint_fixtures.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -79,19 +80,6 @@ class CliTest : public ::testing::Test {
   fs::path dir_;
 };
 
-/// The bytes of each tensor of a checkpoint, by name (read at the offsets its headers give).
-std::map<std::string, std::string> checkpoint_tensor_bytes(const fs::path& dir) {
-  const CheckpointInfo info = read_checkpoint_info(dir);
-  std::map<std::string, std::string> out;
-  for (const auto& t : info.tensors) {
-    std::ifstream in(info.dir / t.file, std::ios::binary);
-    in.seekg(t.offset);
-    std::string bytes(static_cast<std::size_t>(t.spec.bytes()), '\0');
-    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out[t.name] = bytes;
-  }
-  return out;
-}
 
 TEST_F(CliTest, CheckpointInspectReshardAndConsolidate) {
   // A Hugging Face checkpoint, written as any tool would: header, then the tensors' bytes.
@@ -131,10 +119,10 @@ TEST_F(CliTest, CheckpointInspectReshardAndConsolidate) {
   r = run(fmt::format("checkpoint consolidate '{}' '{}'", sp, back));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(read_checkpoint_info(back).shardplan);
-  const auto want = checkpoint_tensor_bytes(hf);
+  const auto want = test::checkpoint_tensor_bytes(hf);
   EXPECT_EQ(want.size(), 2u);
-  EXPECT_TRUE(checkpoint_tensor_bytes(sp) == want);
-  EXPECT_TRUE(checkpoint_tensor_bytes(back) == want);
+  EXPECT_TRUE(test::checkpoint_tensor_bytes(sp) == want);
+  EXPECT_TRUE(test::checkpoint_tensor_bytes(back) == want);
 
   // A mesh that does not divide: exit 1 naming the tensor, shape and axis; nothing written.
   r = run(fmt::format("checkpoint reshard '{}' '{}/x' --mesh fsdp:3,tp:2 --rules '{}'", hf,

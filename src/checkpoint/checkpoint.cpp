@@ -115,25 +115,61 @@ void sync_directory(const fs::path& dir) {
   d.sync();
 }
 
+/// An XXH3-64 over bytes given in pieces.
+class Hasher {
+ public:
+  Hasher() : state_(XXH3_createState()) {
+    if (state_ == nullptr) throw std::bad_alloc();
+    XXH3_64bits_reset(state_);
+  }
+  ~Hasher() { XXH3_freeState(state_); }
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+  void update(const void* data, std::size_t bytes) { XXH3_64bits_update(state_, data, bytes); }
+  std::uint64_t digest() const { return XXH3_64bits_digest(state_); }
+
+ private:
+  XXH3_state_t* state_;
+};
+
 /// The whole file's XXH3-64, read in pieces.
 std::uint64_t file_checksum(const fs::path& path) {
   const File f(path, O_RDONLY);
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
+  Hasher h;
   std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
   for (;;) {
     const ssize_t n = ::read(f.fd(), buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      XXH3_freeState(state);
-      io_fail(path, "read failed", errno);
-    }
+    if (n < 0) io_fail(path, "read failed", errno);
     if (n == 0) break;
-    XXH3_64bits_update(state, buf.data(), static_cast<std::size_t>(n));
+    h.update(buf.data(), static_cast<std::size_t>(n));
   }
-  const std::uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return h;
+  return h.digest();
+}
+
+/// Tensors of these sizes, in order, cut into files of at most `max_file_bytes` (0: one file;
+/// a larger tensor has a file of its own; never an empty list).
+std::vector<std::vector<std::size_t>> plan_files(const std::vector<std::int64_t>& sizes,
+                                                 std::int64_t max_file_bytes) {
+  std::vector<std::vector<std::size_t>> files;
+  std::int64_t in_file = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (files.empty() ||
+        (max_file_bytes > 0 && in_file > 0 && in_file + sizes[i] > max_file_bytes)) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    in_file += sizes[i];
+    files.back().push_back(i);
+  }
+  if (files.empty()) files.emplace_back();
+  return files;
+}
+
+/// Hugging Face's names: model.safetensors, or model-00001-of-00003.safetensors...
+std::string file_name(std::size_t f, std::size_t count) {
+  return count == 1 ? std::string("model.safetensors")
+                    : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, count);
 }
 
 /// The tree path of a tensor name: its parts split at `separator`, each escaped as a tree key
@@ -286,24 +322,19 @@ class SaveJob {
       }
       tensors_.push_back(std::move(t));
     }
-    std::int64_t in_file = 0;
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
-      const std::int64_t bytes = tensors_[i].spec.bytes();
-      if (files_.empty() ||
-          (options.max_file_bytes > 0 && in_file > 0 && in_file + bytes > options.max_file_bytes)) {
-        files_.emplace_back();
-        in_file = 0;
-      }
-      tensors_[i].file = files_.size() - 1;
-      tensors_[i].offset = in_file;
-      in_file += bytes;
-      files_.back().push_back(i);
-    }
-    if (files_.empty()) files_.emplace_back();
+    std::vector<std::int64_t> sizes;
+    for (const SaveTensor& t : tensors_) sizes.push_back(t.spec.bytes());
+    files_ = plan_files(sizes, options.max_file_bytes);
     for (std::size_t f = 0; f < files_.size(); ++f) {
-      names_.push_back(files_.size() == 1 ? "model.safetensors"
-                                          : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1,
-                                                        files_.size()));
+      std::int64_t offset = 0;
+      for (const std::size_t i : files_[f]) {
+        tensors_[i].file = f;
+        tensors_[i].offset = offset;
+        offset += sizes[i];
+      }
+    }
+    for (std::size_t f = 0; f < files_.size(); ++f) {
+      names_.push_back(file_name(f, files_.size()));
       std::vector<std::pair<std::string, TensorSpec>> specs;
       for (const std::size_t i : files_[f]) specs.emplace_back(tensors_[i].name, tensors_[i].spec);
       headers_.push_back(safetensors_header_bytes(tmp_ / names_[f], specs, {{"format", "pt"}}));
@@ -450,13 +481,8 @@ class SaveJob {
  private:
   /// XXH3-64 of file f as written: its header, then each tensor's runs sorted by place.
   std::uint64_t checksum_from_memory(std::size_t f) const {
-    XXH3_state_t* state = XXH3_createState();
-    struct Free {
-      XXH3_state_t* s;
-      ~Free() { XXH3_freeState(s); }
-    } free_state{state};
-    XXH3_64bits_reset(state);
-    XXH3_64bits_update(state, headers_[f].data(), headers_[f].size());
+    Hasher h;
+    h.update(headers_[f].data(), headers_[f].size());
     struct Run {
       std::int64_t at;
       const std::byte* src;
@@ -477,9 +503,9 @@ class SaveJob {
                              });
       }
       std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.at < y.at; });
-      for (const Run& r : runs) XXH3_64bits_update(state, r.src, static_cast<std::size_t>(r.bytes));
+      for (const Run& r : runs) h.update(r.src, static_cast<std::size_t>(r.bytes));
     }
-    return XXH3_64bits_digest(state);
+    return h.digest();
   }
 
   fs::path dir_, tmp_;
@@ -929,19 +955,9 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
     throw IoError(
         fmt::format("[checkpoint] {}: already exists; convert into a new directory", dst.string()));
   }
-  std::vector<std::vector<std::size_t>> files;
-  std::int64_t in_file = 0;
-  for (std::size_t i = 0; i < info.tensors.size(); ++i) {
-    const std::int64_t bytes = info.tensors[i].spec.bytes();
-    if (files.empty() ||
-        (options.max_file_bytes > 0 && in_file > 0 && in_file + bytes > options.max_file_bytes)) {
-      files.emplace_back();
-      in_file = 0;
-    }
-    in_file += bytes;
-    files.back().push_back(i);
-  }
-  if (files.empty()) files.emplace_back();
+  std::vector<std::int64_t> sizes;
+  for (const auto& t : info.tensors) sizes.push_back(t.spec.bytes());
+  const auto files = plan_files(sizes, options.max_file_bytes);
   const fs::path tmp = dst.parent_path() / fmt::format(".{}.partial", dst.filename().string());
   const std::int64_t total = info.total_bytes();
   std::int64_t done = 0;
@@ -954,22 +970,15 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
     nlohmann::json weight_map = nlohmann::json::object();
     nlohmann::json sums = nlohmann::json::object();
     for (std::size_t f = 0; f < files.size(); ++f) {
-      const std::string name = files.size() == 1 ? std::string("model.safetensors")
-                                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors",
-                                                               f + 1, files.size());
+      const std::string name = file_name(f, files.size());
       std::vector<std::pair<std::string, TensorSpec>> specs;
       for (const std::size_t i : files[f])
         specs.emplace_back(info.tensors[i].name, info.tensors[i].spec);
       const std::string header = safetensors_header_bytes(tmp / name, specs, {{"format", "pt"}});
       const File out(tmp / name, O_WRONLY | O_CREAT | O_TRUNC);
-      XXH3_state_t* state = XXH3_createState();
-      struct Free {
-        XXH3_state_t* s;
-        ~Free() { XXH3_freeState(s); }
-      } free_state{state};
-      XXH3_64bits_reset(state);
+      Hasher h;
       out.write_at(header.data(), static_cast<std::int64_t>(header.size()), 0);
-      XXH3_64bits_update(state, header.data(), header.size());
+      h.update(header.data(), header.size());
       std::int64_t at = static_cast<std::int64_t>(header.size());
       for (const std::size_t i : files[f]) {
         const CheckpointTensor& t = info.tensors[i];
@@ -980,7 +989,7 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
           in->read_at(buf.data(), n, t.offset + off);
           out.write_at(buf.data(), n, at);
           out.start_writeback(at, n);
-          XXH3_64bits_update(state, buf.data(), static_cast<std::size_t>(n));
+          h.update(buf.data(), static_cast<std::size_t>(n));
           off += n;
           at += n;
           done += n;
@@ -989,7 +998,7 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
         weight_map[t.name] = name;
       }
       out.sync();
-      sums[name] = {{"xxh3", fmt::format("{:016x}", XXH3_64bits_digest(state))}};
+      sums[name] = {{"xxh3", fmt::format("{:016x}", h.digest())}};
     }
     nlohmann::json index;
     index["metadata"]["total_size"] = total;
