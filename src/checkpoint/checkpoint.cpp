@@ -407,7 +407,8 @@ class SaveJob {
     for (const SaveTensor& t : tensors_) {
       const int rank = t.spec.shape.rank();
       const std::int64_t base = static_cast<std::int64_t>(headers_[t.file].size()) + t.offset;
-      for (const auto& [block, src] : t.blocks) {
+      for (const auto& [block, data] : t.blocks) {
+        const std::byte* src = data;  // (a lambda may not capture a structured binding)
         auto& file = open[t.file];
         if (!file) file = std::make_unique<File>(tmp_ / names_[t.file], O_WRONLY);
         std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
