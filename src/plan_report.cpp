@@ -23,17 +23,6 @@
 
 namespace shardplan {
 
-std::string format_bytes(std::int64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 5) {
-    v /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", v, kUnits[u]);
-}
-
 std::int64_t PlanReport::min_device_bytes() const {
   return device_bytes.empty() ? 0 : *std::min_element(device_bytes.begin(), device_bytes.end());
 }

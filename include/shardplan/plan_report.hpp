@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shardplan/format_bytes.hpp"  // (part of this header's API before it moved)
 #include "shardplan/mesh.hpp"
 #include "shardplan/partition_spec.hpp"
 #include "shardplan/shape.hpp"
@@ -96,9 +97,6 @@ struct PlanReport {
 
   friend bool operator==(const PlanReport&, const PlanReport&) = default;
 };
-
-/// "1.50 GiB"-style size.
-std::string format_bytes(std::int64_t bytes);
 
 std::ostream& operator<<(std::ostream& os, const PlanReport& report);
 /// "params/w f32[8, 4] ["x"] -> [4, 4], 64 bytes/device, rule #0 [1]".

@@ -9,7 +9,7 @@
 
 #include "shardplan/checkpoint.hpp"
 #include "shardplan/error.hpp"
-#include "shardplan/plan_report.hpp"  // format_bytes
+#include "shardplan/format_bytes.hpp"
 
 namespace shardplan::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include "kernels.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
-#include "shardplan/plan_report.hpp"  // format_bytes
+#include "shardplan/format_bytes.hpp"
 
 namespace shardplan {
 

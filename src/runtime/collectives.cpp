@@ -12,7 +12,7 @@
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
-#include "shardplan/plan_report.hpp"  // format_bytes
+#include "shardplan/format_bytes.hpp"
 
 namespace shardplan {
 namespace {

@@ -13,7 +13,7 @@
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
-#include "shardplan/plan_report.hpp"  // format_bytes
+#include "shardplan/format_bytes.hpp"
 
 #if defined(SHARDPLAN_EXECUTOR_TBB)
 #include <tbb/blocked_range.h>
