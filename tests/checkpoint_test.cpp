@@ -22,12 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "checkpoint_fixtures.hpp"
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/safetensors.hpp"
 #include "shardplan/sjit.hpp"
-#include "checkpoint_fixtures.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -115,7 +115,6 @@ TEST(Checkpoint, RestoresOntoOtherMeshesBitForBitReadingOnlyEachDevicesShards) {
     }
   }
 }
-
 
 TEST(Checkpoint, OneDeviceAndEightDevicesWriteTheSameTensorBytes) {
   TempDir tmp;
@@ -230,6 +229,42 @@ TEST(Checkpoint, DamagedOrMissingFilesAreErrorsNamingTheFile) {
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "model.safetensors.index.json",
                     "not valid JSON");
   EXPECT_THROW_WITH(read_checkpoint_info(tmp.path() / "nothing"), IoError, "no such file");
+}
+
+TEST(Checkpoint, MalformedIndexesAndArgumentsNameWhatIsWrong) {
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const fs::path dir = tmp.path() / "ckpt";
+  const Array a = Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), two);
+  save_checkpoint(dir, Tree<Array>::dict({{"a", a}}));
+  const fs::path index = dir / "model.safetensors.index.json";
+  auto write_index = [&](const std::string& text) { std::ofstream(index) << text; };
+  write_index(R"({"weight_map": {"a": "../x.safetensors"}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "'a'", "'../x.safetensors'",
+                    "not a file name inside");
+  write_index(R"({"weight_map": {"a": 3}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a' is mapped to 3");
+  write_index("{}");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "no \"weight_map\" object");
+  write_index(R"({"weight_map": {"a": "model.safetensors", "ghost": "model.safetensors"}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "model.safetensors", "'ghost'",
+                    "no such tensor");
+  // No index and two weight files: which one is meant is not guessed.
+  fs::remove(index);
+  fs::copy_file(dir / "model.safetensors", dir / "other.safetensors");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "found 0 index files and 2 .safetensors");
+  // Arguments.
+  EXPECT_THROW_WITH(CheckpointManager(tmp.path() / "run", 0), SpecError, "keep must be at least 1");
+  EXPECT_THROW_WITH(CheckpointManager(tmp.path() / "run").path_of(-1), SpecError,
+                    "step -1 is negative");
+  EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "e", Tree<Array>::dict({{"x", Array()}})),
+                    SpecError, "'x'", "empty array handle");
+  EXPECT_FALSE(fs::exists(tmp.path() / "e"));
+  const Executor other(2);
+  const Tree<Array> mixed = Tree<Array>::dict(
+      {{"a", a}, {"b", Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), other)}});
+  EXPECT_THROW_WITH(restore_checkpoint(dir, mixed), SpecError, "different executors", "'b'");
 }
 
 TEST(Checkpoint, TargetsThatDoNotMatchNameTheTensorTheFileAndTheAxis) {

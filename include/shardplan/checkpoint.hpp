@@ -69,7 +69,7 @@ struct CheckpointInfo {
   /// How tensor names split into tree paths: '/' (shardplan's tree paths), '.' (Hugging Face's
   /// dotted names, also kept by a shardplan checkpoint converted from one).
   char name_separator = '.';
-  /// The tensor of this name, or null.
+  /// The tensor of this name, or null (a linear scan).
   const CheckpointTensor* find(std::string_view name) const;
   std::int64_t total_bytes() const;
 };

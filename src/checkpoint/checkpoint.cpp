@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "../runtime/box_copy.hpp"
 #include "shardplan/distributed.hpp"
@@ -653,8 +655,10 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
       info.tensors.push_back(std::move(t));
     }
   }
+  std::unordered_set<std::string_view> found;
+  for (const auto& t : info.tensors) found.insert(t.name);
   for (const auto& [name, file] : weight_map) {
-    if (info.find(name) == nullptr) {
+    if (!found.contains(name)) {
       throw IoError(
           fmt::format("[checkpoint] {}: the index maps tensor '{}' to it, but its "
                       "header has no such tensor",
@@ -798,11 +802,13 @@ void read_runs(std::vector<ReadRun> runs) {
   if (error) std::rethrow_exception(error);
 }
 
-Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wanted,
+Tree<Array> restore_leaves(const CheckpointInfo& info, const std::vector<Wanted>& wanted,
                            const Executor& exec, const RestoreOptions& options,
                            const std::function<Tree<Array>(std::vector<Array>)>& build) {
-  const CheckpointInfo info = read_checkpoint_info(dir);
   if (options.verify) verify_checkpoint(info);
+  // Tensors by name (CheckpointInfo::find is a linear scan: once per tensor would be quadratic).
+  std::unordered_map<std::string_view, const CheckpointTensor*> by_name;
+  for (const auto& t : info.tensors) by_name.emplace(t.name, &t);
   std::vector<Array> out;
   collectively([&] {
     std::map<std::string, std::unique_ptr<File>> open;
@@ -816,7 +822,8 @@ Tree<Array> restore_leaves(const fs::path& dir, const std::vector<Wanted>& wante
     std::vector<Made> made;
     std::vector<std::pair<std::shared_ptr<Buffer>, std::int64_t>> widened;  // buffer, halves
     for (const Wanted& w : wanted) {
-      const CheckpointTensor* t = info.find(w.name);
+      const auto found = by_name.find(w.name);
+      const CheckpointTensor* t = found == by_name.end() ? nullptr : found->second;
       if (t == nullptr) {
         std::string some;
         for (std::size_t i = 0; i < info.tensors.size() && i < 5; ++i) {
@@ -889,9 +896,9 @@ Tree<Array> restore_checkpoint(const fs::path& dir, const Tree<NamedSharding>& t
                                const Executor& executor, const RestoreOptions& options) {
   std::vector<Wanted> wanted;
   for (const auto& [path, s] : target.flatten()) wanted.push_back({path, s, std::nullopt});
-  return restore_leaves(dir, wanted, executor, options, [&](std::vector<Array> leaves) {
-    return target.unflatten(std::move(leaves));
-  });
+  return restore_leaves(
+      read_checkpoint_info(dir), wanted, executor, options,
+      [&](std::vector<Array> leaves) { return target.unflatten(std::move(leaves)); });
 }
 
 Tree<Array> restore_checkpoint(const fs::path& dir, const Tree<Array>& like,
@@ -909,9 +916,9 @@ Tree<Array> restore_checkpoint(const fs::path& dir, const Tree<Array>& like,
     wanted.push_back({path, a.sharding(), TensorSpec{a.shape(), a.dtype()}});
   }
   if (!exec) return like;
-  return restore_leaves(dir, wanted, *exec, options, [&](std::vector<Array> leaves) {
-    return like.unflatten(std::move(leaves));
-  });
+  return restore_leaves(
+      read_checkpoint_info(dir), wanted, *exec, options,
+      [&](std::vector<Array> leaves) { return like.unflatten(std::move(leaves)); });
 }
 
 Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& helper,
@@ -937,7 +944,7 @@ Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& help
     wanted.push_back(
         {it->second, s.value_or(NamedSharding(helper.mesh(), P())), std::nullopt, true});
   }
-  return restore_leaves(path, wanted, executor, options, [&](std::vector<Array> leaves) {
+  return restore_leaves(info, wanted, executor, options, [&](std::vector<Array> leaves) {
     return decided.unflatten(std::move(leaves));
   });
 }

@@ -125,6 +125,15 @@ int run_inspect(const CheckpointCommand& c) {
   return 0;
 }
 
+/// What both conversions take: the source, the destination, the largest file.
+void add_conversion_options(CLI::App& cmd, CheckpointCommand& c) {
+  cmd.add_option("src", c.src, "The checkpoint to read")->required();
+  cmd.add_option("dst", c.dst, "The directory to write (must not exist)")->required();
+  cmd.add_option("--max-file-mib", c.max_file_mib, "Largest file, in MiB")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
+      ->capture_default_str();
+}
+
 }  // namespace
 
 CheckpointCommand& add_checkpoint_commands(CLI::App& app, CheckpointCommand& c,
@@ -145,8 +154,7 @@ CheckpointCommand& add_checkpoint_commands(CLI::App& app, CheckpointCommand& c,
       "reshard",
       "Rewrite a checkpoint as a shardplan checkpoint laid out for another mesh "
       "(streaming: memory bounded by a 4 MiB buffer)");
-  c.reshard->add_option("src", c.src, "The checkpoint to read")->required();
-  c.reshard->add_option("dst", c.dst, "The directory to write (must not exist)")->required();
+  add_conversion_options(*c.reshard, c);
   c.reshard->add_option("--mesh", c.mesh, "Mesh axes as name:size. Example: --mesh fsdp:4,tp:2")
       ->required();
   c.reshard
@@ -156,19 +164,12 @@ CheckpointCommand& add_checkpoint_commands(CLI::App& app, CheckpointCommand& c,
       ->check(CLI::Range(std::int64_t{1}, max_devices));
   c.reshard->add_option("--rules,-r", c.rules,
                         "A YAML rule file, or preset:NAME. Default: preset:llama_fsdp_tp");
-  c.reshard->add_option("--max-file-mib", c.max_file_mib, "Largest file, in MiB")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
-      ->capture_default_str();
 
   c.consolidate = c.command->add_subcommand(
       "consolidate",
       "Rewrite a checkpoint as plain Hugging Face safetensors (+ index when more "
       "than one file), tensors byte for byte");
-  c.consolidate->add_option("src", c.src, "The checkpoint to read")->required();
-  c.consolidate->add_option("dst", c.dst, "The directory to write (must not exist)")->required();
-  c.consolidate->add_option("--max-file-mib", c.max_file_mib, "Largest file, in MiB")
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
-      ->capture_default_str();
+  add_conversion_options(*c.consolidate, c);
   return c;
 }
 
