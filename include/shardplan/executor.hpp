@@ -146,6 +146,12 @@ class Executor {
   /// An address naming these devices (equal for copies of the handle).
   const void* identity() const { return impl_.get(); }
 
+  /// State a higher layer keeps per executor (the program layer's compiled one-op programs), so
+  /// that it lives and dies with the executor instead of the process: made by `create` on first
+  /// use under `key` (the address of a static object of the layer that owns it). The state must
+  /// not hold arrays or buffers of this executor (they would keep it alive).
+  std::shared_ptr<void> attachment(const void* key, std::shared_ptr<void> (*create)()) const;
+
   /// True when both handles refer to the same devices.
   friend bool operator==(const Executor& a, const Executor& b) { return a.impl_ == b.impl_; }
 

@@ -8,9 +8,14 @@
 #include <vector>
 
 #include "shardplan/array.hpp"
-#include "shardplan/graph.hpp"
 
 namespace shardplan {
+
+/// The dimensions of a dot_general: batch pairs and contracting pairs (XLA's DotDimensionNumbers).
+struct DotDims {
+  std::vector<int> lhs_batch, rhs_batch, lhs_contract, rhs_contract;
+  friend bool operator==(const DotDims&, const DotDims&) = default;
+};
 
 // Elementwise.
 Array neg(const Array& x);

@@ -63,7 +63,7 @@ class SjitCore;
 
 /// One argument leaf as sjit sees it.
 struct ArgLeaf {
-  TensorType type;
+  TensorSpec type;
   Array array;  // empty for an abstract (TensorSpec) argument
 };
 

@@ -43,27 +43,27 @@ struct Nfa {
   }
 
   // Compiles `n` so that it continues at `next`; returns its entry state.
-  int build(const Node& n, int next, int pattern) {
+  int build(const RegexNode& n, int next, int pattern) {
     switch (n.kind) {
-      case Node::kEmpty:
+      case RegexNode::kEmpty:
         return next;
-      case Node::kSet:
+      case RegexNode::kSet:
         return add({NState::kChar, intern_set(n.set), {}, {next}, pattern});
-      case Node::kAssert:
+      case RegexNode::kAssert:
         return add({NState::kAssert, -1, n.assertion, {next}, pattern});
-      case Node::kGroup:
+      case RegexNode::kGroup:
         return build(*n.kids[0], next, pattern);
-      case Node::kConcat:
+      case RegexNode::kConcat:
         for (auto it = n.kids.rbegin(); it != n.kids.rend(); ++it)
           next = build(**it, next, pattern);
         return next;
-      case Node::kAlt: {
+      case RegexNode::kAlt: {
         std::vector<int> outs;
         for (const auto& k : n.kids) outs.push_back(build(*k, next, pattern));
         return add({NState::kSplit, -1, {}, std::move(outs), pattern});
       }
-      case Node::kRepeat: {
-        const Node& body = *n.kids[0];
+      case RegexNode::kRepeat: {
+        const RegexNode& body = *n.kids[0];
         int tail = next;
         if (n.max < 0) {
           const int loop = add({NState::kSplit, -1, {}, {}, pattern});
@@ -403,7 +403,7 @@ PathMatcher::State PathMatcher::scan(State s, std::string_view text, bool partia
   return s;
 }
 
-std::optional<PathMatcher> PathMatcher::compile(const std::vector<const Node*>& patterns,
+std::optional<PathMatcher> PathMatcher::compile(const std::vector<const RegexNode*>& patterns,
                                                 std::size_t max_states) {
   try {
     Nfa nfa;
@@ -482,14 +482,14 @@ std::optional<PathMatcher> PathMatcher::compile(const std::vector<const Node*>& 
 // ---- PatternTable ----
 
 namespace {
-bool dfa_can(const Node& n) {
+bool dfa_can(const RegexNode& n) {
   switch (n.kind) {
-    case Node::kBackref:
-    case Node::kLook:
-    case Node::kAtomic:
-    case Node::kCond:
+    case RegexNode::kBackref:
+    case RegexNode::kLook:
+    case RegexNode::kAtomic:
+    case RegexNode::kCond:
       return false;
-    case Node::kRepeat:
+    case RegexNode::kRepeat:
       if (n.possessive) return false;
       break;
     default:
@@ -503,22 +503,22 @@ bool dfa_can(const Node& n) {
 /// Whether `n` matches the empty text, or nullopt when that takes the backtracker. In an empty
 /// text every position is the start and the end: ^ \A $ \Z pass, \b and \B (Python before 3.14)
 /// fail, and no character can be read.
-std::optional<bool> matches_empty_text(const Node& n) {
+std::optional<bool> matches_empty_text(const RegexNode& n) {
   switch (n.kind) {
-    case Node::kEmpty: return true;
-    case Node::kSet: return false;
-    case Node::kAssert:
+    case RegexNode::kEmpty: return true;
+    case RegexNode::kSet: return false;
+    case RegexNode::kAssert:
       return n.assertion != Assertion::kWord && n.assertion != Assertion::kNotWord &&
              n.assertion != Assertion::kAsciiWord && n.assertion != Assertion::kAsciiNotWord;
-    case Node::kGroup: return matches_empty_text(*n.kids[0]);
-    case Node::kRepeat: {
+    case RegexNode::kGroup: return matches_empty_text(*n.kids[0]);
+    case RegexNode::kRepeat: {
       if (n.possessive) return std::nullopt;
       const auto body = matches_empty_text(*n.kids[0]);
       if (!body) return std::nullopt;
       return n.min == 0 || *body;
     }
-    case Node::kConcat:
-    case Node::kAlt: {
+    case RegexNode::kConcat:
+    case RegexNode::kAlt: {
       bool all = true, any = false;
       for (const auto& k : n.kids) {
         const auto e = matches_empty_text(*k);
@@ -526,7 +526,7 @@ std::optional<bool> matches_empty_text(const Node& n) {
         all = all && *e;
         any = any || *e;
       }
-      return n.kind == Node::kConcat ? all : any;
+      return n.kind == RegexNode::kConcat ? all : any;
     }
     default: return std::nullopt;
   }
@@ -545,7 +545,7 @@ PatternTable::PatternTable(const std::vector<std::string>& patterns, std::uint64
       throw TablePatternError{i, e};
     }
   }
-  std::vector<const Node*> dfa_roots;
+  std::vector<const RegexNode*> dfa_roots;
   for (std::size_t i = 0; i < parsed.size(); ++i) {
     if (!parsed[i].needs_backtracker && dfa_can(*parsed[i].root)) {
       dfa_roots.push_back(parsed[i].root.get());

@@ -27,7 +27,7 @@ class PathMatcher {
   static constexpr State kIncomplete = 0xffffffffu;
 
   /// The DFA of these patterns (none may need the backtracker), or nullopt past `max_states`.
-  static std::optional<PathMatcher> compile(const std::vector<const Node*>& patterns,
+  static std::optional<PathMatcher> compile(const std::vector<const RegexNode*>& patterns,
                                             std::size_t max_states = 20000);
 
   /// The state before any text.

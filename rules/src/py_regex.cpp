@@ -154,18 +154,18 @@ bool is_oct(char32_t c) { return c >= '0' && c <= '7'; }
 bool is_hex(char32_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 bool is_ascii_letter(char32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
-NodePtr make(Node::Kind k) {
-  auto n = std::make_unique<Node>();
+NodePtr make(RegexNode::Kind k) {
+  auto n = std::make_unique<RegexNode>();
   n->kind = k;
   return n;
 }
 NodePtr make_set(CharSet s) {
-  auto n = make(Node::kSet);
+  auto n = make(RegexNode::kSet);
   n->set = std::move(s);
   return n;
 }
 NodePtr make_assert(Assertion a) {
-  auto n = make(Node::kAssert);
+  auto n = make(RegexNode::kAssert);
   n->assertion = a;
   return n;
 }
@@ -234,7 +234,7 @@ class Parser {
 
   // ---- structure ----
   NodePtr parse_sub(Flags& flags, int nested) {
-    auto alt = make(Node::kAlt);
+    auto alt = make(RegexNode::kAlt);
     while (true) {
       alt->kids.push_back(parse_seq(flags, nested + 1, nested == 0 && alt->kids.empty()));
       if (!match('|')) break;
@@ -244,7 +244,7 @@ class Parser {
   }
 
   NodePtr parse_seq(Flags& flags, int nested, bool first) {
-    auto seq = make(Node::kConcat);
+    auto seq = make(RegexNode::kConcat);
     bool last_is_repeat = false, last_is_at = false;
     while (!at_end()) {
       if (!next_escaped_ && (next_ == '|' || next_ == ')')) break;
@@ -266,7 +266,7 @@ class Parser {
       if (escaped) {
         Escape e = escape(c, flags, /*in_class=*/false);
         if (e.node) {
-          this_at = e.node->kind == Node::kAssert;
+          this_at = e.node->kind == RegexNode::kAssert;
           seq->kids.push_back(std::move(e.node));
         } else if (e.is_class) {
           seq->kids.push_back(make_set(std::move(e.set)));
@@ -320,7 +320,7 @@ class Parser {
         const std::size_t err_pos = here - 1;
         if (seq->kids.empty() || last_is_at) throw PatternSyntaxError{"nothing to repeat", err_pos};
         if (last_is_repeat) throw PatternSyntaxError{"multiple repeat", err_pos};
-        auto r = make(Node::kRepeat);
+        auto r = make(RegexNode::kRepeat);
         r->min = lo;
         r->max = hi;
         if (match('?')) {
@@ -467,7 +467,7 @@ class Parser {
         NodePtr p = parse_sub(inner, nested + 1);
         if (behind && outer) lookbehind_groups_ = -1;
         if (!match(')')) throw error("missing ), unterminated subpattern", tell() - start);
-        auto n = make(Node::kLook);
+        auto n = make(RegexNode::kLook);
         n->behind = behind;
         n->negate = kind == '!';
         if (behind) {
@@ -504,10 +504,10 @@ class Parser {
           if (next_is('|')) throw error("conditional backref with more than two branches", 0);
         }
         if (!match(')')) throw error("missing ), unterminated subpattern", tell() - start);
-        auto n = make(Node::kCond);
+        auto n = make(RegexNode::kCond);
         n->group = g;
         n->kids.push_back(std::move(yes));
-        n->kids.push_back(no ? std::move(no) : make(Node::kEmpty));
+        n->kids.push_back(no ? std::move(no) : make(RegexNode::kEmpty));
         needs_backtracker_ = true;
         return n;
       } else if (!esc && ch == '>') {
@@ -544,12 +544,12 @@ class Parser {
       group_widths_[gid] = width(*p);
     }
     if (atomic) {
-      auto n = make(Node::kAtomic);
+      auto n = make(RegexNode::kAtomic);
       n->kids.push_back(std::move(p));
       needs_backtracker_ = true;
       return n;
     }
-    auto n = make(Node::kGroup);
+    auto n = make(RegexNode::kGroup);
     n->group = gid;
     n->kids.push_back(std::move(p));
     return n;
@@ -648,7 +648,7 @@ class Parser {
   }
 
   NodePtr backref(int g) {
-    auto n = make(Node::kBackref);
+    auto n = make(RegexNode::kBackref);
     n->group = g;
     needs_backtracker_ = true;
     return n;
@@ -831,20 +831,20 @@ class Parser {
   }
 
   // The (min, max) width of a node in code points (max -1: unbounded), as Python's getwidth.
-  std::pair<std::int64_t, std::int64_t> width(const Node& n) const {
+  std::pair<std::int64_t, std::int64_t> width(const RegexNode& n) const {
     constexpr std::int64_t kInf = -1;
     auto add = [](std::int64_t a, std::int64_t b) { return a < 0 || b < 0 ? kInf : a + b; };
     switch (n.kind) {
-      case Node::kEmpty:
-      case Node::kAssert:
-      case Node::kLook:
+      case RegexNode::kEmpty:
+      case RegexNode::kAssert:
+      case RegexNode::kLook:
         return {0, 0};
-      case Node::kSet:
+      case RegexNode::kSet:
         return {1, 1};
-      case Node::kGroup:
-      case Node::kAtomic:
+      case RegexNode::kGroup:
+      case RegexNode::kAtomic:
         return width(*n.kids[0]);
-      case Node::kConcat: {
+      case RegexNode::kConcat: {
         std::pair<std::int64_t, std::int64_t> w{0, 0};
         for (const auto& k : n.kids) {
           const auto kw = width(*k);
@@ -853,8 +853,8 @@ class Parser {
         }
         return w;
       }
-      case Node::kAlt:
-      case Node::kCond: {
+      case RegexNode::kAlt:
+      case RegexNode::kCond: {
         std::pair<std::int64_t, std::int64_t> w{-2, 0};
         for (const auto& k : n.kids) {
           const auto kw = width(*k);
@@ -864,13 +864,13 @@ class Parser {
         if (w.first == -2) w.first = 0;
         return w;
       }
-      case Node::kRepeat: {
+      case RegexNode::kRepeat: {
         const auto kw = width(*n.kids[0]);
         const std::int64_t hi =
             n.max < 0 ? (kw.second == 0 ? 0 : kInf) : (kw.second < 0 ? kInf : kw.second * n.max);
         return {kw.first * n.min, hi};
       }
-      case Node::kBackref: {
+      case RegexNode::kBackref: {
         auto it = group_widths_.find(n.group);
         return it == group_widths_.end() ? std::pair<std::int64_t, std::int64_t>{0, kInf}
                                          : it->second;
@@ -950,24 +950,24 @@ struct Backtracker::Program {
   }
 
   // Appends `n` at the end of the code (fall-through continuation).
-  void compile(const Node& n) {
+  void compile(const RegexNode& n) {
     switch (n.kind) {
-      case Node::kEmpty:
+      case RegexNode::kEmpty:
         return;
-      case Node::kSet:
+      case RegexNode::kSet:
         sets.push_back(n.set);
         emit({kChar, static_cast<int>(sets.size()) - 1});
         return;
-      case Node::kAssert: {
+      case RegexNode::kAssert: {
         Inst i{kAssert};
         i.assertion = n.assertion;
         emit(i);
         return;
       }
-      case Node::kConcat:
+      case RegexNode::kConcat:
         for (const auto& k : n.kids) compile(*k);
         return;
-      case Node::kAlt: {
+      case RegexNode::kAlt: {
         std::vector<int> jumps;
         for (std::size_t k = 0; k < n.kids.size(); ++k) {
           if (k + 1 < n.kids.size()) {
@@ -983,12 +983,12 @@ struct Backtracker::Program {
         for (int j : jumps) code[static_cast<std::size_t>(j)].a = static_cast<int>(code.size());
         return;
       }
-      case Node::kGroup:
+      case RegexNode::kGroup:
         if (n.group > 0) emit({kSave, 2 * n.group});
         compile(*n.kids[0]);
         if (n.group > 0) emit({kSave, 2 * n.group + 1});
         return;
-      case Node::kRepeat: {
+      case RegexNode::kRepeat: {
         if (n.possessive) {
           // An atomic group around the greedy repeat.
           const int jmp = emit({kJmp});
@@ -1002,22 +1002,22 @@ struct Backtracker::Program {
         repeat(n);
         return;
       }
-      case Node::kBackref:
+      case RegexNode::kBackref:
         emit({kBackref, n.group});
         return;
-      case Node::kLook:
-      case Node::kAtomic: {
+      case RegexNode::kLook:
+      case RegexNode::kAtomic: {
         const int jmp = emit({kJmp});
         const int sub = static_cast<int>(code.size());
         compile(*n.kids[0]);
         emit({kMatch});
         code[static_cast<std::size_t>(jmp)].a = static_cast<int>(code.size());
-        Inst i{n.kind == Node::kLook ? kLook : kAtomic, sub};
+        Inst i{n.kind == RegexNode::kLook ? kLook : kAtomic, sub};
         i.behind = n.behind, i.negate = n.negate, i.width = n.width;
         emit(i);
         return;
       }
-      case Node::kCond: {
+      case RegexNode::kCond: {
         const int cond = emit({kCond, n.group});
         compile(*n.kids[0]);
         const int jmp = emit({kJmp});
@@ -1029,8 +1029,8 @@ struct Backtracker::Program {
     }
   }
 
-  void repeat(const Node& n) {
-    const Node& body = *n.kids[0];
+  void repeat(const RegexNode& n) {
+    const RegexNode& body = *n.kids[0];
     for (int k = 0; k < n.min; ++k) compile(body);
     if (n.max < 0) {
       // L: split(B, exit); B: mark; body; progress; jmp L. An iteration that consumes nothing

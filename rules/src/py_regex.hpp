@@ -52,7 +52,7 @@ enum class Assertion {
 };
 
 /// A node of a parsed pattern.
-struct Node {
+struct RegexNode {
   enum Kind {
     kEmpty,
     kSet,
@@ -69,14 +69,14 @@ struct Node {
   Kind kind = kEmpty;
   CharSet set;                              // kSet
   Assertion assertion{};                    // kAssert
-  std::vector<std::unique_ptr<Node>> kids;  // kCond: yes, no
+  std::vector<std::unique_ptr<RegexNode>> kids;  // kCond: yes, no
   int min = 0, max = 0;                     // kRepeat; max < 0: unbounded
   bool possessive = false;                  // kRepeat
   int group = 0;                            // kGroup (capturing: >= 1, else 0), kBackref, kCond
   bool behind = false, negate = false;      // kLook
   int width = 0;                            // kLook behind: the fixed width
 };
-using NodePtr = std::unique_ptr<Node>;
+using NodePtr = std::unique_ptr<RegexNode>;
 
 /// A syntax error, with Python's message (where Python rejects the pattern) and the position
 /// in code points, as re.error.pos.

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "shardplan/array.hpp"
-#include "shardplan/graph.hpp"
+#include "graph.hpp"
 
 namespace shardplan::detail {
 

@@ -1,7 +1,9 @@
 #pragma once
-// From a traced graph to an SPMD program: sharding propagation (every value gets a sharding and
-// remembers where it came from), partitioning into per-device kernels and reshards, the static
-// cost report, and running the program on an executor.
+// From a traced graph to an SPMD program. compile() runs the passes in order:
+//   propagate.cpp  every value gets a sharding and remembers where it came from;
+//   partition.cpp  per node, the factor axes, the reshards of the operands, the kernel step;
+//   memory.cpp     when each slot is last needed (what to free after each step), peak bytes;
+// and program.cpp runs the result (Program::run, the interpreter) and prints it.
 
 #include <cstdint>
 #include <map>
@@ -11,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "graph.hpp"
 #include "shardplan/array.hpp"
 #include "shardplan/collectives.hpp"
-#include "shardplan/graph.hpp"
 #include "shardplan/program_cost.hpp"
 
 namespace shardplan::detail {
@@ -30,19 +32,26 @@ struct InputSpec {
 
 struct CompileSpec {
   Mesh mesh;
-  std::vector<InputSpec> inputs;                      // by kInput index
+  std::vector<InputSpec> inputs;                      // by input index
   std::vector<std::optional<PartitionSpec>> outputs;  // by output position; nullopt: open
+  /// Keep the results of constant steps per executor for the next run (sjit). Off for the eager
+  /// one-op programs, which the executor itself caches: they must hold no arrays.
+  bool cache_constants = true;
 };
 
 using CostReport = ProgramCost;
 
+/// Where a program keeps a value while it runs.
+enum class SlotId : std::int32_t {};
+constexpr std::size_t index(SlotId s) { return static_cast<std::size_t>(s); }
+
 struct Step {
   enum class Kind { kKernel, kReshard };
   Kind kind = Kind::kKernel;
-  int node = -1;                          // the graph node it computes (kernel) or feeds (reshard)
+  ValueId node{};                         // the graph node it computes (kernel) or feeds (reshard)
   Node local;                             // kernel: the node with local attributes and shape
-  std::vector<int> in;                    // slots
-  int out = -1;                           // slot
+  std::vector<SlotId> in;
+  SlotId out{};
   TensorType type;                        // global type of the result
   std::optional<NamedSharding> sharding;  // of the result (always set)
   Pending pending;                        // kernel result
@@ -56,7 +65,7 @@ struct Step {
 class Program {
  public:
   explicit Program(Mesh mesh) : mesh_(std::move(mesh)) {}
-  /// Runs on `executor`: `inputs` in kInput order (resharded to the compiled input shardings
+  /// Runs on `executor`: `inputs` in input order (resharded to the compiled input shardings
   /// when they differ). Returns the outputs. The donated inputs are moved out of `inputs` and
   /// released after their last use; when the run throws, those not yet released are put back.
   std::vector<Array> run(const Executor& executor, std::vector<Array>& inputs) const;
@@ -78,28 +87,30 @@ class Program {
   friend Program compile(const Graph& graph, const CompileSpec& spec);
   std::vector<Array> run_steps(const Executor& executor, std::vector<Array>& inputs,
                                std::vector<Array>& slots, std::vector<char>& moved_in) const;
+  void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
+
   Graph graph_;
   Mesh mesh_;
-  std::vector<PartitionSpec> specs_;  // per node (after propagation)
-  std::vector<std::string> origins_;
+  ValueMap<PartitionSpec> specs_;  // after propagation
+  ValueMap<std::string> origins_;
   std::vector<Step> steps_;
   int num_slots_ = 0;
-  std::vector<int> input_slots_;
-  std::vector<int> output_slots_;
+  std::vector<SlotId> input_slots_;  // by input index
+  std::vector<SlotId> output_slots_;
   std::vector<NamedSharding> input_shardings_;
   std::vector<Pending> input_pending_;
   std::vector<NamedSharding> output_shardings_;
-  std::vector<std::vector<int>> free_after_;  // per step: slots no longer needed
-  std::vector<int> free_at_start_;            // donated inputs no step uses
-  std::vector<char> input_donated_;           // by input index
+  std::vector<std::vector<SlotId>> free_after_;  // per step: slots no longer needed
+  std::vector<SlotId> free_at_start_;            // donated inputs no step uses
+  std::vector<char> input_donated_;              // by input index
   bool any_donated_ = false;
   // Results of the constant steps, per executor (they never change).
   struct ConstantCache {
     std::mutex mu;
-    std::map<const void*, std::vector<std::pair<int, Array>>> by_executor;
+    std::map<const void*, std::vector<std::pair<SlotId, Array>>> by_executor;
   };
   std::shared_ptr<ConstantCache> constants_ = std::make_shared<ConstantCache>();
-  std::vector<int> constant_slots_;
+  std::vector<SlotId> constant_slots_;
   CostReport cost_;
 };
 

@@ -4,9 +4,10 @@
 // shared by tensors is sharded alike on all of them.
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
-#include "shardplan/graph.hpp"
+#include "shardplan/shape.hpp"
 
 namespace shardplan::detail {
 
@@ -29,7 +30,11 @@ struct OpFactors {
   }
 };
 
-/// The factors of `node`, whose operands are nodes of `graph`.
-OpFactors factors_of(const Graph& graph, const Node& node);
+/// One pass factor per dimension of `result`, shared by every operand (each of the same shape):
+/// elementwise ops, select, convert, the sharding identities.
+OpFactors same_dims(const Shape& result, std::span<const Shape> operands);
+/// Factors for the result only (no operands): any sharding of it can be made locally (iota,
+/// constant, random values, inputs).
+OpFactors result_only(const Shape& result);
 
 }  // namespace shardplan::detail

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "compile.hpp"
+#include "primitives.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -30,7 +31,7 @@ struct Compiled {
 void add_array_arg(CallArgs& call, int position, const Tree<Array>& tree) {
   call.positions.push_back(position);
   call.structures.push_back(tree.map([&](const Array& a) {
-    call.leaves.push_back(ArgLeaf{TensorType{a.shape(), a.dtype()}, a});
+    call.leaves.push_back(ArgLeaf{TensorSpec{a.shape(), a.dtype()}, a});
     return static_cast<int>(call.leaves.size()) - 1;
   }));
 }
@@ -38,7 +39,7 @@ void add_array_arg(CallArgs& call, int position, const Tree<Array>& tree) {
 void add_spec_arg(CallArgs& call, int position, const Tree<TensorSpec>& tree) {
   call.positions.push_back(position);
   call.structures.push_back(tree.map([&](const TensorSpec& t) {
-    call.leaves.push_back(ArgLeaf{TensorType{t.shape, t.dtype}, Array()});
+    call.leaves.push_back(ArgLeaf{TensorSpec{t.shape, t.dtype}, Array()});
     return static_cast<int>(call.leaves.size()) - 1;
   }));
 }
@@ -89,7 +90,7 @@ std::string signature(const CallArgs& call) {
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     const ArgLeaf& l = call.leaves[i];
     key += '|';
-    key += to_string(l.type);
+    key += to_string(TensorType{l.type.shape, l.type.dtype});
     if (l.array.valid()) {
       if (ArrayAccess::is_donated(l.array)) throw donated_error(call, i);
       key += ArrayAccess::sharding(l.array).to_string();
@@ -318,7 +319,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
     TraceScope scope(&ctx);
     std::vector<Array> leaf_tracers;
     for (std::size_t i = 0; i < call.leaves.size(); ++i) {
-      Array t = ctx.add_argument(call.leaves[i].type);
+      Array t = ctx.add_argument(TensorType{call.leaves[i].type.shape, call.leaves[i].type.dtype});
       if (constraint_sh[i]) t = with_sharding_constraint(t, constraint_sh[i]->spec());
       leaf_tracers.push_back(std::move(t));
     }
@@ -329,7 +330,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
     out = trace(tracers);
   }
   // Outputs as graph nodes (an output may be an argument or a captured array).
-  std::vector<int> out_nodes;
+  std::vector<ValueId> out_nodes;
   Tree<int> out_structure = out.map([&](const Array& a) {
     TraceScope scope(&ctx);
     out_nodes.push_back(ctx.node_of(a));
@@ -339,10 +340,12 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   g.outputs = out_nodes;
   int next_index = ctx.num_args;
   for (auto& n : g.nodes) {
-    if (n.op == Op::kInput && n.index < 0) n.index = next_index++;
+    if (n.is(prim::input) && n.attr<InputAttrs>().index < 0) {
+      n.attrs = InputAttrs{next_index++, n.type};
+    }
   }
   g.num_inputs = next_index;
-  CompileSpec spec{mesh, {}, {}};
+  CompileSpec spec{.mesh = mesh};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     const ArgLeaf& l = call.leaves[i];
@@ -409,12 +412,8 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
   const auto constraint_sh =
       resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
   auto constrain = [](const Array& x, const PartitionSpec& spec, std::string origin) {
-    Node n;
-    n.op = Op::kConstraint;
-    n.type = TensorType{x.shape(), x.dtype()};
-    n.spec = spec;
-    n.name = std::move(origin);
-    return apply_node(std::move(n), {x}, nullptr);
+    return apply(prim::sharding_constraint,
+                 ConstraintAttrs{.spec = spec, .origin = std::move(origin)}, {x});
   };
   std::vector<Array> leaf_args;
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
@@ -573,10 +572,10 @@ std::vector<NamedSharding> Lowered::output_shardings() const {
   return c_->program.output_shardings();
 }
 Tree<TensorSpec> Lowered::output_specs() const {
-  const Graph& g = c_->program.graph();
+  const detail::Graph& g = c_->program.graph();
   return c_->out_structure.map([&](int i) {
-    const TensorType& t =
-        g.nodes[static_cast<std::size_t>(g.outputs[static_cast<std::size_t>(i)])].type;
+    const detail::TensorType& t =
+        g[g.outputs[static_cast<std::size_t>(i)]].type;
     return TensorSpec{t.shape, t.dtype};
   });
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "primitives.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
@@ -15,15 +16,12 @@ TraceScope::TraceScope(TraceContext* ctx) : previous_(g_current) { g_current = c
 TraceScope::~TraceScope() { g_current = previous_; }
 
 Array TraceContext::add_argument(const TensorType& type) {
-  Node n;
-  n.op = Op::kInput;
-  n.type = type;
-  n.index = num_args++;
+  const int index = num_args++;
   graph.num_inputs = num_args + static_cast<int>(captured.size());
-  return record(std::move(n));
+  return record(Node{.op = &prim::input, .type = type, .attrs = InputAttrs{index, type}});
 }
 
-int TraceContext::node_of(const Array& a) {
+ValueId TraceContext::node_of(const Array& a) {
   if (a.is_tracer() && !(capture_foreign && ArrayAccess::trace(a) != this)) {
     if (ArrayAccess::trace(a) != this) {
       throw ArrayError(fmt::format(
@@ -31,7 +29,7 @@ int TraceContext::node_of(const Array& a) {
           "sjit); pass it as an argument instead",
           a.to_string()));
     }
-    return ArrayAccess::node(a);
+    return value_id(static_cast<std::size_t>(ArrayAccess::node(a)));
   }
   const void* id = ArrayAccess::identity(a);
   if (auto it = captured_node.find(id); it != captured_node.end()) return it->second;
@@ -42,12 +40,11 @@ int TraceContext::node_of(const Array& a) {
         a.to_string(), a.mesh().to_string(), fmt::join(a.mesh().devices(), ","), mesh.to_string(),
         fmt::join(mesh.devices(), ",")));
   }
-  Node n;
-  n.op = Op::kInput;
-  n.type = TensorType{a.shape(), a.dtype()};
-  n.index = -1;  // numbered when the trace ends (after the arguments)
+  const TensorType type{a.shape(), a.dtype()};
   captured.push_back(a);
-  const int node = graph.add(std::move(n));
+  // Numbered when the trace ends (after the arguments).
+  const ValueId node =
+      graph.add(Node{.op = &prim::input, .type = type, .attrs = InputAttrs{-1, type}});
   captured_node[id] = node;
   return node;
 }
@@ -69,8 +66,8 @@ const RuleTree* TraceContext::annotation_rule(const std::string& name) const {
 
 Array TraceContext::record(Node n) {
   const TensorType type = n.type;
-  const int id = graph.add(std::move(n));
-  return ArrayAccess::tracer(executor, mesh, type, this, id);
+  const ValueId id = graph.add(std::move(n));
+  return ArrayAccess::tracer(executor, mesh, type, this, static_cast<int>(index(id)));
 }
 
 }  // namespace shardplan::detail

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "array_access.hpp"
-#include "shardplan/graph.hpp"
+#include "graph.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 
 namespace shardplan::detail {
@@ -19,7 +19,7 @@ struct TraceContext {
   Mesh mesh;
   int num_args = 0;
   std::vector<Array> captured;  // concrete arrays used inside, inputs num_args + k
-  std::map<const void*, int> captured_node;
+  std::map<const void*, ValueId> captured_node;
   const std::map<std::string, RuleTree>* annotation_rules = nullptr;
   bool allow_unknown_annotations = false;
   // Tracers of other traces (the enclosing one, for grad inside sjit) are captured as inputs,
@@ -34,14 +34,10 @@ struct TraceContext {
   Array add_argument(const TensorType& type);
   /// The node of `a` in this trace: its own node for a tracer of this trace; a new input for a
   /// concrete array (captured once). Throws ArrayError for a tracer of another trace.
-  int node_of(const Array& a);
+  ValueId node_of(const Array& a);
   /// Adds `n` and returns a tracer for it.
   Array record(Node n);
 };
-
-/// Records (inside a trace) or runs (outside) the op `n` on `operands`; `placement` gives the
-/// mesh and executor of ops without operands. Defined with the ops.
-Array apply_node(Node n, const std::vector<Array>& operands, const Array* placement);
 
 /// Inside a trace: x constrained to the sharding `like` (a tracer of the same trace) gets when
 /// compiled (a gradient sharded like its parameter).

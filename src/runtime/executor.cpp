@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -186,10 +187,20 @@ struct Executor::Impl {
   int per_process = 0;     // devices each process holds
   int process = -1;        // for a process-local executor: this process (holds them all)
   std::vector<int> local;  // this process's: [first, first + per_process)
+  std::mutex attachments_mu;
+  std::map<const void*, std::shared_ptr<void>> attachments;  // see Executor::attachment
 #if defined(SHARDPLAN_EXECUTOR_TBB)
   tbb::task_arena arena{static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))};
 #endif
 };
+
+std::shared_ptr<void> Executor::attachment(const void* key,
+                                           std::shared_ptr<void> (*create)()) const {
+  std::lock_guard<std::mutex> lock(impl_->attachments_mu);
+  std::shared_ptr<void>& slot = impl_->attachments[key];
+  if (!slot) slot = create();
+  return slot;
+}
 
 Executor::Executor(int num_devices, std::int64_t memory_limit)
     : impl_(make(num_devices, memory_limit, /*process_local=*/false).impl_) {}

@@ -1,0 +1,124 @@
+// apply(): the one way an op becomes a node. Inside a trace the node is recorded; outside, a
+// one-op program is compiled (once per key, cached by the executor) and run at once.
+#include <fmt/format.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "compile.hpp"
+#include "primitives.hpp"
+#include "trace.hpp"
+
+namespace shardplan::detail {
+namespace {
+
+// What a one-op program depends on: the primitive, its attributes (compared field by field,
+// floats bitwise, host tensors by value), and each operand's type, sharding and pending state on
+// one mesh. Equality decides; the hash only picks the bucket.
+struct EagerKey {
+  const Primitive* op = nullptr;
+  Attrs attrs;
+  std::vector<TensorType> types;
+  std::vector<PartitionSpec> specs;
+  std::vector<Pending> pending;
+  Mesh mesh;
+  friend bool operator==(const EagerKey&, const EagerKey&) = default;
+};
+
+struct EagerKeyHash {
+  std::size_t operator()(const EagerKey& k) const {
+    std::size_t h = mix(std::hash<const void*>()(k.op), k.attrs.hash());
+    for (std::size_t i = 0; i < k.types.size(); ++i) {
+      h = mix(h, hash_of(k.types[i].shape));
+      h = mix(h, static_cast<std::size_t>(k.types[i].dtype));
+      h = mix(h, hash_of(k.specs[i]));
+      h = mix(h, hash_of(k.pending[i].axes));
+    }
+    return mix(h, hash_of(k.mesh.devices()));
+  }
+};
+
+// The one-op programs an executor has run. They hold no arrays (compiled without cached
+// constants), so they keep no device memory and no reference to the executor.
+struct EagerCache {
+  static constexpr std::size_t kMaxEntries = 4096;  // then cleared: a bound, not a policy
+  std::mutex mu;
+  std::unordered_map<EagerKey, std::shared_ptr<const Program>, EagerKeyHash> programs;
+};
+constexpr char kEagerCacheTag = 0;  // its address names the executor's attachment
+
+EagerCache& eager_cache(const Executor& executor) {
+  const std::shared_ptr<void> p = executor.attachment(
+      &kEagerCacheTag, [] { return std::static_pointer_cast<void>(std::make_shared<EagerCache>()); });
+  return *static_cast<EagerCache*>(p.get());  // the executor keeps it alive
+}
+
+Array run_eager(Node n, const std::vector<Array>& ins, const Array& placement) {
+  for (std::size_t k = 1; k < ins.size(); ++k) check_same_placement(ins[0], ins[k], n.op->name);
+  EagerKey key{n.op, n.attrs, {}, {}, {}, placement.mesh()};
+  Graph g;
+  CompileSpec spec{.mesh = placement.mesh(), .outputs = {std::nullopt}, .cache_constants = false};
+  for (std::size_t k = 0; k < ins.size(); ++k) {
+    const TensorType type{ins[k].shape(), ins[k].dtype()};
+    n.operands.push_back(
+        g.add(Node{.op = &prim::input, .type = type, .attrs = InputAttrs{static_cast<int>(k), type}}));
+    spec.inputs.push_back(InputSpec{.spec = ins[k].sharding().spec(),
+                                    .pending = ins[k].pending(),
+                                    .origin = fmt::format("operand {}", k)});
+    key.types.push_back(type);
+    key.specs.push_back(ins[k].sharding().spec());
+    key.pending.push_back(ins[k].pending());
+  }
+  g.num_inputs = static_cast<int>(ins.size());
+  g.outputs = {g.add(std::move(n))};
+  EagerCache& cache = eager_cache(placement.executor());
+  std::shared_ptr<const Program> prog;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    if (auto it = cache.programs.find(key); it != cache.programs.end()) prog = it->second;
+  }
+  if (!prog) {
+    prog = std::make_shared<const Program>(compile(g, spec));
+    std::lock_guard<std::mutex> lock(cache.mu);
+    if (cache.programs.size() >= EagerCache::kMaxEntries) cache.programs.clear();
+    cache.programs.emplace(std::move(key), prog);
+  }
+  return prog->run(placement.executor(), ins)[0];
+}
+
+}  // namespace
+
+TensorType infer_type(const Primitive& op, const Attrs& attrs, const std::vector<Array>& operands) {
+  const auto count = static_cast<int>(operands.size());
+  if (op.arity == kVariadic ? count == 0 : count != op.arity) {
+    throw SpecError(fmt::format("[{}] takes {} operand{}, got {}", op.name,
+                                op.arity == kVariadic ? std::string("one or more")
+                                                      : std::to_string(op.arity),
+                                op.arity == 1 ? "" : "s", count));
+  }
+  std::vector<TensorType> types;
+  types.reserve(operands.size());
+  for (const Array& a : operands) types.push_back(TensorType{a.shape(), a.dtype()});
+  const Node probe{.op = &op, .attrs = attrs};
+  return op.infer(probe, types);
+}
+
+Array apply(const Primitive& op, Attrs attrs, const std::vector<Array>& operands,
+            const Array* placement) {
+  TensorType type = infer_type(op, attrs, operands);
+  TraceContext* ctx = current_trace();
+  bool traced = ctx != nullptr;
+  for (const Array& a : operands) traced = traced || a.is_tracer();
+  Node n{.op = &op, .type = std::move(type), .attrs = std::move(attrs)};
+  if (traced) {
+    if (ctx == nullptr) {
+      throw ArrayError(fmt::format("[{}] {} is a tracer used outside the sjit that made it",
+                                   op.name, type_str(operands[0])));
+    }
+    for (const Array& a : operands) n.operands.push_back(ctx->node_of(a));
+    return ctx->record(std::move(n));
+  }
+  return run_eager(std::move(n), operands, placement != nullptr ? *placement : operands.at(0));
+}
+
+}  // namespace shardplan::detail

@@ -1,0 +1,91 @@
+#include "memory.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "primitives.hpp"
+#include "shardplan/detail/checked.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+namespace {
+
+std::int64_t add_live(std::int64_t live, std::int64_t bytes) {
+  std::int64_t out = 0;
+  if (!checked_add(live, bytes, &out)) {
+    throw SpecError(fmt::format(
+        "[compile] the bytes live at once on a device overflow int64 ({} + {} bytes)", live,
+        bytes));
+  }
+  return out;
+}
+
+}  // namespace
+
+Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& spec) {
+  Liveness l;
+  const auto num_slots = static_cast<std::size_t>(p.num_slots);
+  // When each slot is last read.
+  std::vector<int> last(num_slots, -1);
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    for (const SlotId in : p.steps[s].in) last[index(in)] = static_cast<int>(s);
+  }
+  // Inputs stay alive (the caller holds them) unless donated: a donated input is freed after its
+  // last use, so that its memory serves what the program computes next.
+  l.input_donated.assign(p.input_slots.size(), 0);
+  std::set<SlotId> keep(p.output_slots.begin(), p.output_slots.end());
+  for (std::size_t k = 0; k < p.input_slots.size(); ++k) {
+    if (k < spec.inputs.size() && spec.inputs[k].donated) {
+      l.input_donated[k] = 1;
+      l.any_donated = true;
+    } else {
+      keep.insert(p.input_slots[k]);
+    }
+  }
+  if (spec.cache_constants) {
+    for (const Step& st : p.steps) {
+      if (st.constant) {
+        l.constant_slots.push_back(st.out);
+        keep.insert(st.out);  // cached for the next run
+      }
+    }
+  }
+  l.free_after.resize(p.steps.size());
+  for (std::size_t s = 0; s < num_slots; ++s) {
+    if (last[s] >= 0 && !keep.count(static_cast<SlotId>(s))) {
+      l.free_after[static_cast<std::size_t>(last[s])].push_back(static_cast<SlotId>(s));
+    }
+  }
+  for (std::size_t k = 0; k < p.input_slots.size(); ++k) {
+    const SlotId s = p.input_slots[k];
+    if (l.input_donated[k] && index(s) < num_slots && last[index(s)] < 0 && !keep.count(s)) {
+      l.free_at_start.push_back(s);
+    }
+  }
+  // The peak: inputs first, then each step's result, minus what each step frees.
+  std::vector<std::int64_t> slot_bytes(num_slots, 0);
+  std::int64_t live = 0;
+  for (const Node& n : g.nodes) {
+    if (!n.is(prim::input)) continue;
+    const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
+    if (k >= p.input_slots.size() || index(p.input_slots[k]) >= num_slots) continue;
+    const std::size_t s = index(p.input_slots[k]);
+    slot_bytes[s] = byte_size(p.input_shardings[k].shard_shape(n.type.shape), n.type.dtype);
+    live = add_live(live, slot_bytes[s]);
+  }
+  std::int64_t peak = live;
+  for (const SlotId f : l.free_at_start) live -= slot_bytes[index(f)];
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    const Step& st = p.steps[s];
+    slot_bytes[index(st.out)] = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
+    live = add_live(live, slot_bytes[index(st.out)]);
+    peak = std::max(peak, live);
+    for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
+  }
+  l.peak_bytes = peak;
+  return l;
+}
+
+}  // namespace shardplan::detail

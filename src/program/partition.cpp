@@ -1,0 +1,319 @@
+#include "partition.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "primitive.hpp"
+#include "primitives.hpp"
+#include "shardplan/detail/checked.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+namespace {
+
+// a + b, or SpecError naming what overflowed (a plan of absurd sizes, never a wrapped number).
+std::int64_t add_bytes(std::int64_t a, std::int64_t b, std::string_view what) {
+  std::int64_t out = 0;
+  if (!checked_add(a, b, &out)) {
+    throw SpecError(fmt::format("[compile] {} overflows int64 ({} + {} bytes)", what, a, b));
+  }
+  return out;
+}
+
+std::int64_t bytes_received(const std::vector<CollectiveRecord>& records) {
+  std::int64_t total = 0;
+  for (const auto& rec : records) total = add_bytes(total, rec.max_bytes_in(), "a reshard's bytes");
+  return total;
+}
+
+// One way to run a node: the axes of each factor, what each operand must be resharded to, the
+// result's sharding and pending state, and what the reshards cost.
+struct Choice {
+  std::vector<AxisNames> axes;       // per factor
+  std::vector<PartitionSpec> wants;  // per operand
+  std::vector<AxisNames> out_dims;
+  Pending pend;
+  std::int64_t cost = 0;
+};
+
+class Partitioner {
+ public:
+  Partitioner(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
+              const CompileSpec& spec)
+      : g_(g),
+        prop_(prop),
+        specs_(specs),
+        spec_(spec),
+        mesh_(spec.mesh),
+        state_(g.size()),
+        resharded_(g.size()) {
+    out_.flops.assign(static_cast<std::size_t>(mesh_.size()), 0);
+    mark_constants();
+  }
+
+  Partitioned run() {
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId id = value_id(i);
+      if (g_[id].is(prim::input)) {
+        bind_input(id);
+      } else {
+        partition_node(id);
+      }
+    }
+    // Outputs in their propagated shardings, nothing pending.
+    for (const ValueId o : g_.outputs) {
+      out_.output_slots.push_back(require(o, specs_[o]));
+      out_.output_shardings.emplace_back(mesh_, specs_[o]);
+    }
+    out_.num_slots = next_slot_;
+    return std::move(out_);
+  }
+
+ private:
+  // Where a value lives while the program runs: its slot, sharding and pending state.
+  struct State {
+    SlotId slot{-1};
+    PartitionSpec spec;
+    Pending pending;
+  };
+
+  SlotId new_slot() { return static_cast<SlotId>(next_slot_++); }
+
+  // Values that depend on no input: cacheable sources and what is computed from them only.
+  void mark_constants() {
+    constant_ = ValueMap<char>(g_.size(), 0);
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      bool c = n.op->cacheable;
+      if (!n.is(prim::input) && !n.operands.empty()) {
+        c = std::all_of(n.operands.begin(), n.operands.end(),
+                        [&](ValueId o) { return constant_[o] != 0; });
+      }
+      constant_[value_id(i)] = c ? 1 : 0;
+    }
+  }
+
+  void bind_input(ValueId id) {
+    const auto k = static_cast<std::size_t>(g_[id].attr<InputAttrs>().index);
+    const InputSpec& in = spec_.inputs.at(k);
+    State& st = state_[id];
+    st.slot = new_slot();
+    st.spec = specs_[id];
+    st.pending = in.spec ? in.pending : Pending{};
+    if (out_.input_slots.size() <= k) {
+      out_.input_slots.resize(k + 1, SlotId{-1});
+      out_.input_shardings.resize(k + 1, NamedSharding(mesh_, PartitionSpec()));
+      out_.input_pending.resize(k + 1);
+    }
+    out_.input_slots[k] = st.slot;
+    out_.input_shardings[k] = NamedSharding(mesh_, st.spec);
+    out_.input_pending[k] = st.pending;
+  }
+
+  // The slot holding `value` in sharding `want` (nothing pending), adding a reshard step when it
+  // is not there yet (once per value and sharding).
+  SlotId require(ValueId value, const PartitionSpec& want) {
+    const State& st = state_[value];
+    const TensorType& t = g_[value].type;
+    const NamedSharding cur(mesh_, st.spec);
+    const NamedSharding target(mesh_, want);
+    if (st.pending.empty() && cur.is_equivalent_to(target, t.shape.rank())) return st.slot;
+    for (const auto& [done, slot] : resharded_[value]) {
+      if (done == want) return slot;
+    }
+    Step step{.kind = Step::Kind::kReshard,
+              .node = value,
+              .in = {st.slot},
+              .out = new_slot(),
+              .type = t,
+              .sharding = target,
+              .cost = plan_reshard(t.shape, t.dtype, cur, st.pending, target),
+              .constant = constant_[value] != 0};
+    for (const auto& rec : step.cost) {
+      std::int64_t& b = out_.bytes_by_kind[rec.kind];
+      b = add_bytes(b, rec.max_bytes_in(), "the bytes received per step");
+    }
+    resharded_[value].emplace_back(want, step.out);
+    out_.steps.push_back(std::move(step));
+    return out_.steps.back().out;
+  }
+
+  // Axes per factor. Pass factors take the result's sharding and reduce factors the operands'
+  // (first sharded dimension), an axis going to one factor only; `reduce_first` says which of
+  // the two claims an axis they both want.
+  std::vector<AxisNames> assign(ValueId id, bool reduce_first) const {
+    const Node& n = g_[id];
+    const OpFactors& f = prop_.factors(id);
+    const auto& rdims = prop_.at(id).dims;
+    std::vector<AxisNames> axes(f.sizes.size());
+    std::set<std::string> used;
+    auto take_pass = [&] {
+      for (std::size_t d = 0; d < f.result.size(); ++d) {
+        const int fac = f.result[d];
+        if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kPass) continue;
+        if (!axes[static_cast<std::size_t>(fac)].empty()) continue;
+        AxisNames kept;
+        for (const auto& a : rdims[d]) {
+          if (used.count(a)) break;  // a major-to-minor prefix only
+          kept.push_back(a);
+        }
+        axes[static_cast<std::size_t>(fac)] = kept;
+        used.insert(kept.begin(), kept.end());
+      }
+    };
+    auto take_reduce = [&] {
+      for (std::size_t k = 0; k < n.operands.size(); ++k) {
+        const auto& odims = prop_.at(n.operands[k]).dims;
+        for (std::size_t d = 0; d < f.operands[k].size(); ++d) {
+          const int fac = f.operands[k][d];
+          if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kReduce) continue;
+          if (!axes[static_cast<std::size_t>(fac)].empty() || odims[d].empty()) continue;
+          const bool free = std::none_of(odims[d].begin(), odims[d].end(),
+                                         [&](const auto& a) { return used.count(a) > 0; });
+          if (!free || f.sizes[static_cast<std::size_t>(fac)] % product(mesh_, odims[d]) != 0) {
+            continue;
+          }
+          axes[static_cast<std::size_t>(fac)] = odims[d];
+          used.insert(odims[d].begin(), odims[d].end());
+        }
+      }
+    };
+    if (reduce_first) {
+      take_reduce();
+      take_pass();
+    } else {
+      take_pass();
+      take_reduce();
+    }
+    return axes;
+  }
+
+  // What running node `id` with these factor axes asks of its operands and gives its result, and
+  // the bytes of the reshards that needs (the operands', then the result's to its propagated
+  // sharding).
+  Choice evaluate(ValueId id, std::vector<AxisNames> axes) const {
+    const Node& n = g_[id];
+    const OpFactors& f = prop_.factors(id);
+    Choice c;
+    c.axes = std::move(axes);
+    auto fits = [&](std::int64_t size, int fac) {
+      return fac >= 0 &&
+             size % std::max<std::int64_t>(
+                        1, product(mesh_, c.axes[static_cast<std::size_t>(fac)])) == 0;
+    };
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const ValueId o = n.operands[k];
+      const TensorType& ot = g_[o].type;
+      std::vector<AxisNames> want(static_cast<std::size_t>(ot.shape.rank()));
+      for (std::size_t d = 0; d < want.size(); ++d) {
+        const int fac = f.operands[k][d];
+        if (fits(ot.shape[static_cast<int>(d)], fac))
+          want[d] = c.axes[static_cast<std::size_t>(fac)];
+      }
+      c.wants.push_back(spec_of_dims(want));
+      const State& os = state_[o];
+      c.cost = add_bytes(c.cost,
+                         bytes_received(plan_reshard(ot.shape, ot.dtype,
+                                                     NamedSharding(mesh_, os.spec), os.pending,
+                                                     NamedSharding(mesh_, c.wants.back()))),
+                         "a node's reshard cost");
+    }
+    c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
+    for (std::size_t d = 0; d < c.out_dims.size(); ++d) {
+      const int fac = f.result[d];
+      if (fits(n.type.shape[static_cast<int>(d)], fac))
+        c.out_dims[d] = c.axes[static_cast<std::size_t>(fac)];
+    }
+    c.pend = Pending{n.op->partial, {}};
+    for (std::size_t fac = 0; fac < f.sizes.size(); ++fac) {
+      if (f.kinds[fac] == FactorKind::kReduce) {
+        c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
+      }
+    }
+    c.cost = add_bytes(
+        c.cost,
+        bytes_received(plan_reshard(n.type.shape, n.type.dtype,
+                                    NamedSharding(mesh_, spec_of_dims(c.out_dims)), c.pend,
+                                    NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
+        "a node's reshard cost");
+    return c;
+  }
+
+  void partition_node(ValueId id) {
+    const Node& n = g_[id];
+    const OpFactors& f = prop_.factors(id);
+    Choice choice = evaluate(id, assign(id, false));
+    if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
+      Choice other = evaluate(id, assign(id, true));
+      if (other.cost < choice.cost) choice = std::move(other);
+    }
+    // Operands brought to the sharding the factors ask for.
+    std::vector<SlotId> in_slots;
+    std::vector<Shape> in_local;
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const ValueId o = n.operands[k];
+      in_slots.push_back(require(o, choice.wants[k]));
+      in_local.push_back(NamedSharding(mesh_, choice.wants[k]).shard_shape(g_[o].type.shape));
+    }
+    State& st = state_[id];
+    st.spec = spec_of_dims(choice.out_dims);
+    st.pending = choice.pend;
+    if (n.op->sharding_identity) {  // no kernel: the value is its operand's
+      st.slot = in_slots[0];
+      st.pending = Pending{};
+      return;
+    }
+    emit_kernel(id, std::move(in_slots), in_local);
+  }
+
+  void emit_kernel(ValueId id, std::vector<SlotId> in_slots, const std::vector<Shape>& in_local) {
+    const Node& n = g_[id];
+    State& st = state_[id];
+    const NamedSharding out_sharding(mesh_, st.spec);
+    Node local = n;
+    local.type.shape = out_sharding.shard_shape(n.type.shape);
+    if (n.op->localize != nullptr) n.op->localize(local, operand_shapes(g_, n), in_local);
+    Step step{.kind = Step::Kind::kKernel,
+              .node = id,
+              .local = std::move(local),
+              .in = std::move(in_slots),
+              .out = new_slot(),
+              .type = n.type,
+              .sharding = out_sharding,
+              .pending = st.pending,
+              .blocks = std::make_shared<const std::vector<Block>>(
+                  out_sharding.device_blocks(n.type.shape)),
+              .constant = constant_[id] != 0};
+    for (const Block& b : *step.blocks) {
+      std::vector<std::int64_t> starts;
+      for (const auto& dim : b) starts.push_back(dim.start);
+      step.offsets.push_back(std::move(starts));
+    }
+    step.flops = n.op->flops(step.local, in_local, step.local.type.shape);
+    for (double& fl : out_.flops) fl += step.flops;
+    st.slot = step.out;
+    out_.steps.push_back(std::move(step));
+  }
+
+  const Graph& g_;
+  const Propagator& prop_;
+  const ValueMap<PartitionSpec>& specs_;
+  const CompileSpec& spec_;
+  const Mesh& mesh_;
+  ValueMap<State> state_;
+  ValueMap<char> constant_;
+  ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
+  int next_slot_ = 0;
+  Partitioned out_;
+};
+
+}  // namespace
+
+Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
+                      const CompileSpec& spec) {
+  return Partitioner(g, prop, specs, spec).run();
+}
+
+}  // namespace shardplan::detail

@@ -1,0 +1,33 @@
+#pragma once
+// Pass 2, partitioning. Input: the graph, the propagated shardings and factors (propagate.hpp),
+// the compile spec. Output: the program's steps in order, each a kernel run on every device's
+// blocks or a reshard of a value to the sharding a user needs, with the slots they read and
+// write, the input and output slots, and the static FLOPs and bytes per collective kind.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compile.hpp"
+#include "propagate.hpp"
+
+namespace shardplan::detail {
+
+struct Partitioned {
+  std::vector<Step> steps;
+  int num_slots = 0;
+  std::vector<SlotId> input_slots;  // by input index
+  std::vector<NamedSharding> input_shardings;
+  std::vector<Pending> input_pending;
+  std::vector<SlotId> output_slots;
+  std::vector<NamedSharding> output_shardings;
+  std::vector<double> flops;                          // by device
+  std::map<std::string, std::int64_t> bytes_by_kind;  // most bytes a device receives, per kind
+};
+
+/// `specs` are the propagated shardings of the values (the outputs are delivered in theirs).
+/// Throws SpecError when a byte count overflows int64.
+Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
+                      const CompileSpec& spec);
+
+}  // namespace shardplan::detail

@@ -1,0 +1,129 @@
+#pragma once
+// A primitive, defined once: its name, arity, attributes, shape and dtype rule, factor (sharding)
+// rule, per-device kernel, FLOP count and VJP together, in the spirit of MLX's Primitive and
+// JAX's primitive registrations. Every primitive is a `const Primitive` in one file of
+// src/program/primitives/, listed in primitives.hpp; docs/design.md ("The program layer") says how
+// to add one. The required parts have no default: leaving one out of a definition does not
+// compile, and giving a null function fails the build too (the definitions are constexpr).
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "factors.hpp"
+#include "graph.hpp"
+#include "shardplan/array.hpp"
+
+namespace shardplan::detail {
+
+/// One device's block of a value: row-major, `shape` is the local (block) shape.
+struct ConstBlock {
+  const std::byte* data;
+  Shape shape;
+  DType dtype;
+};
+struct MutBlock {
+  std::byte* data;
+  Shape shape;
+  DType dtype;
+};
+
+/// What a kernel computes: `node` with local attributes and result shape (see Primitive::localize),
+/// in[i] operand i's block, `out` the result block (preallocated, contents undefined), and
+/// `out_offset` the global index of out's first element along each result dimension.
+struct KernelArgs {
+  const Node& node;
+  const std::vector<ConstBlock>& in;
+  const MutBlock& out;
+  const std::vector<std::int64_t>& out_offset;
+};
+
+/// A function every primitive must give: no default constructor, and null is refused while the
+/// constexpr definition is built (a compile error).
+template <class F>
+class Required {
+ public:
+  constexpr Required(F* f) : f_(f) {  // NOLINT: built from the function it names
+    if (f == nullptr) throw "a primitive's required function is null";
+  }
+  F* operator->() const { return f_; }
+  template <class... A>
+  decltype(auto) operator()(A&&... a) const {
+    return f_(std::forward<A>(a)...);
+  }
+
+ private:
+  F* f_;
+};
+
+/// The result type of `node` (its op and attributes set, its type not yet) for these operand
+/// types; throws SpecError naming the op, the operands and what is wrong (a dtype the op does not
+/// take, shapes that do not fit).
+using InferFn = TensorType(const Node& node, std::span<const TensorType> operands);
+/// The op's sharding rule as factors (factors.hpp), given the operand shapes.
+using FactorsFn = OpFactors(const Node& node, std::span<const Shape> operands);
+/// Computes the node on one device's blocks.
+using KernelFn = void(const KernelArgs& k);
+/// Floating-point operations of the kernel on these local shapes.
+using FlopsFn = double(const Node& node, std::span<const Shape> operands, const Shape& result);
+/// The cotangents of the operands (an empty Array where none flows) given the operands, the
+/// result and the result's cotangent `g`, written with the public ops (so they are traced,
+/// sharded and differentiated again like any code).
+using VjpFn = std::vector<Array>(const Node& node, const std::vector<Array>& operands,
+                                 const Array& result, const Array& g);
+/// The node a device runs: attributes that depend on the block made local (slice limits of a
+/// sharded dimension). `local` starts as a copy of the node with the block's result shape; the
+/// operands' global and block shapes are given.
+using LocalizeFn = void(Node& local, std::span<const Shape> global_operands,
+                        std::span<const Shape> local_operands);
+
+/// Operand count of a variadic primitive (concatenate).
+inline constexpr int kVariadic = -1;
+
+struct Primitive {
+  std::string_view name;
+  int arity;  // operands, or kVariadic (one or more)
+  Required<InferFn> infer;
+  Required<FactorsFn> factors;
+  Required<KernelFn> kernel;
+  Required<FlopsFn> flops;
+  Required<VjpFn> vjp;
+  /// Optional: most kernels take the global attributes as they are.
+  LocalizeFn* localize = nullptr;
+  /// The result's dimensions are the operands' (all of the result's shape): propagation settles
+  /// these first, to a fixed point (elementwise ops, select, convert, the sharding identities).
+  bool pointwise = false;
+  /// An identity that only fixes a sharding (constraint, annotation): no kernel step runs.
+  bool sharding_identity = false;
+  /// A value with no operands that is the same on every call (constant, iota): computed once per
+  /// executor by a program and kept.
+  bool cacheable = false;
+  /// How the partial results of this op's reduce factors combine (dot, reduce_sum: sum).
+  ReduceOp partial = ReduceOp::kSum;
+};
+
+// ---- Pieces shared by definitions -----------------------------------------------------------
+
+/// No cotangent for any operand (comparisons, iota, constants, random values, inputs).
+std::vector<Array> no_gradient(const Node& node, const std::vector<Array>& operands,
+                               const Array& result, const Array& g);
+/// No floating-point work (data movement).
+double no_flops(const Node& node, std::span<const Shape> operands, const Shape& result);
+/// One operation per result element (elementwise).
+double flops_per_result(const Node& node, std::span<const Shape> operands, const Shape& result);
+/// A kernel for primitives that never run one: inputs are bound, not computed; the sharding
+/// identities are removed by the partitioner.
+void no_kernel(const KernelArgs& k);
+
+/// "f32[8, 16]" of each operand, joined: "f32[8], i32[3]".
+std::string describe(std::span<const TensorType> operands);
+/// Throws SpecError "[op] ...: <why>" naming the operands.
+[[noreturn]] void reject(std::string_view op, std::span<const TensorType> operands,
+                         std::string_view why);
+
+/// For nodes of a primitive without attributes.
+struct NoAttrs {};
+inline std::string format_attrs(const NoAttrs&) { return {}; }
+
+}  // namespace shardplan::detail

@@ -1,0 +1,101 @@
+#pragma once
+// Every primitive of the program layer, one line each (the definitions are in
+// src/program/primitives/), the attributes the compiler itself reads, and `apply`, the one way an
+// op becomes a node: recorded inside a trace, run at once outside.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "primitive.hpp"
+#include "shardplan/partition_spec.hpp"
+#include "shardplan/tensor.hpp"
+
+namespace shardplan::detail {
+
+// X(name): the `const Primitive prim::name` defined in src/program/primitives/.
+#define SHARDPLAN_PRIMITIVES(X)                                                            \
+  /* elementwise.cpp */                                                                    \
+  X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(relu) X(gelu) X(sigmoid)   \
+  X(abs) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(eq) X(ne) X(lt) X(le)   \
+  X(gt) X(ge) X(select) X(convert)                                                         \
+  /* dot.cpp */ X(dot_general)                                                             \
+  /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                               \
+  /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)   \
+  X(take)                                                                                  \
+  /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                 \
+  /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation)
+
+namespace prim {
+#define SHARDPLAN_DECLARE_PRIMITIVE(n) extern const Primitive n;
+SHARDPLAN_PRIMITIVES(SHARDPLAN_DECLARE_PRIMITIVE)
+#undef SHARDPLAN_DECLARE_PRIMITIVE
+}  // namespace prim
+
+/// Every primitive, in the order listed above.
+std::span<const Primitive* const> all_primitives();
+
+// ---- Attributes the compiler reads ----------------------------------------------------------
+
+/// input: argument `index` of the traced function (-1 for an array captured from outside, until
+/// the trace is finished and numbers it after the arguments), of type `type`.
+struct InputAttrs {
+  int index = -1;
+  TensorType type;
+};
+/// sharding_constraint: the result has the sharding `spec`; or, without one, the sharding `like`
+/// gets when compiled (a gradient sharded like its parameter). `origin` is what the program's
+/// text says it came from ("output 0 (out_shardings)"; empty: with_sharding_constraint).
+struct ConstraintAttrs {
+  std::optional<PartitionSpec> spec;
+  std::optional<ValueId> like;
+  std::string origin;
+};
+/// sharding_annotation: with_sharding_annotation(x, name), and the spec the name resolved to
+/// while tracing (none: left to propagation).
+struct AnnotationAttrs {
+  std::string name;
+  std::optional<PartitionSpec> spec;
+};
+/// constant: a host tensor, the same on every device (compared by value).
+struct ConstantAttrs {
+  std::shared_ptr<const Tensor> value;
+};
+std::string format_attrs(const InputAttrs&);
+std::string format_attrs(const ConstraintAttrs&);
+std::string format_attrs(const AnnotationAttrs&);
+std::string format_attrs(const ConstantAttrs&);
+
+/// "f32[8, 16]".
+std::string type_str(const Array& a);
+
+/// `axis` counted from the end when negative; throws SpecError "[op] axis 5 is out of range for
+/// f32[2, 3]".
+int normalize_axis(int axis, const Array& x, std::string_view op);
+/// Each axis normalized, sorted; throws SpecError for one out of range or repeated.
+std::vector<int> normalize_axes(std::vector<int> axes, const Array& x, std::string_view op);
+
+/// The permutation that puts a result whose dimension t is operand dimension order[t] back in
+/// operand order (the inverse permutation).
+std::vector<int> inverse_permutation(const std::vector<int>& order);
+/// transpose(x, perm), or x itself when perm is the identity.
+Array maybe_transpose(const Array& x, const std::vector<int>& perm);
+/// from, from + 1, ..., to - 1.
+std::vector<int> int_range(int from, int to);
+
+/// The result type `op` gives these operands (arity and the primitive's checks; nothing runs).
+TensorType infer_type(const Primitive& op, const Attrs& attrs, const std::vector<Array>& operands);
+
+/// x annotated with `name` (sharding_annotation), with the spec the name resolved to, if any.
+Array annotate(const Array& x, const std::string& name, std::optional<PartitionSpec> spec);
+
+/// The one way an op is applied: checks the operand count, infers the result type (the
+/// primitive's checks throw SpecError at the op, before anything runs), then records a node in
+/// the current trace, or, outside any trace, runs a one-op program on the operands' devices
+/// (`placement` gives mesh and executor to an op without operands). Throws ArrayError for a
+/// tracer used outside its trace.
+Array apply(const Primitive& op, Attrs attrs, const std::vector<Array>& operands,
+            const Array* placement = nullptr);
+
+}  // namespace shardplan::detail

@@ -1,0 +1,134 @@
+// What the primitive definitions share: the list of all primitives, the explicit "none" parts
+// (no gradient, no FLOPs, no kernel), the factor shapes most ops use, and kernel helpers.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <numeric>
+
+#include "../kernel_util.hpp"
+#include "../primitives.hpp"
+#include "shardplan/ops.hpp"
+
+namespace shardplan::detail {
+
+std::span<const Primitive* const> all_primitives() {
+#define SHARDPLAN_ADDRESS_OF(n) &prim::n,
+  static const Primitive* const all[] = {SHARDPLAN_PRIMITIVES(SHARDPLAN_ADDRESS_OF)};
+#undef SHARDPLAN_ADDRESS_OF
+  return all;
+}
+
+std::vector<Array> no_gradient(const Node&, const std::vector<Array>& operands, const Array&,
+                               const Array&) {
+  return std::vector<Array>(operands.size());
+}
+
+double no_flops(const Node&, std::span<const Shape>, const Shape&) { return 0; }
+
+double flops_per_result(const Node&, std::span<const Shape>, const Shape& result) {
+  return static_cast<double>(result.numel());
+}
+
+void no_kernel(const KernelArgs& k) {
+  throw Error(fmt::format("[kernel] {} has no kernel (inputs are bound, not computed)",
+                          k.node.op->name));
+}
+
+std::string type_str(const Array& a) {
+  return fmt::format("{}{}", name(a.dtype()), a.shape().to_string());
+}
+
+int normalize_axis(int axis, const Array& x, std::string_view op) {
+  const int rank = x.shape().rank();
+  const int a = axis < 0 ? axis + rank : axis;
+  if (a < 0 || a >= std::max(rank, 1)) {
+    throw SpecError(fmt::format("[{}] axis {} is out of range for {}", op, axis, type_str(x)));
+  }
+  return a;
+}
+
+std::vector<int> normalize_axes(std::vector<int> axes, const Array& x, std::string_view op) {
+  for (int& a : axes) a = normalize_axis(a, x, op);
+  std::sort(axes.begin(), axes.end());
+  if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) {
+    throw SpecError(fmt::format("[{}] an axis appears twice in [{}]", op, fmt::join(axes, ", ")));
+  }
+  return axes;
+}
+
+std::vector<int> inverse_permutation(const std::vector<int>& order) {
+  std::vector<int> perm(order.size());
+  for (std::size_t t = 0; t < order.size(); ++t)
+    perm[static_cast<std::size_t>(order[t])] = static_cast<int>(t);
+  return perm;
+}
+
+Array maybe_transpose(const Array& x, const std::vector<int>& perm) {
+  for (std::size_t i = 0; i < perm.size(); ++i) {
+    if (perm[i] != static_cast<int>(i)) return transpose(x, perm);
+  }
+  return x;
+}
+
+std::vector<int> int_range(int from, int to) {
+  std::vector<int> v(static_cast<std::size_t>(std::max(0, to - from)));
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+std::string describe(std::span<const TensorType> operands) {
+  std::vector<std::string> parts;
+  for (const TensorType& t : operands) parts.push_back(to_string(t));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+void reject(std::string_view op, std::span<const TensorType> operands, std::string_view why) {
+  throw SpecError(fmt::format("[{}] {}: {}", op, describe(operands), why));
+}
+
+void unsupported(const KernelArgs& k, DType dtype) {
+  std::vector<std::string> operands;
+  for (const ConstBlock& b : k.in) operands.push_back(describe(b.dtype, b.shape));
+  throw SpecError(fmt::format("[kernel] {} does not support dtype {} (operands ({}), result {})",
+                              k.node.op->name, name(dtype), fmt::join(operands, ", "),
+                              describe(k.out.dtype, k.out.shape)));
+}
+
+std::vector<std::int64_t> row_major_strides(const Shape& s) {
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(s.rank()), 1);
+  for (int d = s.rank() - 2; d >= 0; --d) strides[d] = strides[d + 1] * s[d + 1];
+  return strides;
+}
+
+void gather(const KernelArgs& k, const std::vector<std::int64_t>& strides) {
+  visit_dtype(k.out.dtype, [&]<class T>(Tag<T>) {
+    using U = bits_t<T>;
+    const U* x = elems<U>(k.in[0]);
+    U* y = elems<U>(k.out);
+    for_each_offset(k.out.shape.dims(), strides, [&](std::int64_t off) { *y++ = x[off]; });
+  });
+}
+
+std::vector<int> free_dims(int rank, const std::vector<int>& a, const std::vector<int>& b) {
+  std::vector<int> f;
+  for (int d = 0; d < rank; ++d) {
+    if (std::find(a.begin(), a.end(), d) == a.end() && std::find(b.begin(), b.end(), d) == b.end())
+      f.push_back(d);
+  }
+  return f;
+}
+
+OpFactors same_dims(const Shape& result, std::span<const Shape> operands) {
+  OpFactors f;
+  for (int d = 0; d < result.rank(); ++d) f.result.push_back(f.add(result[d], FactorKind::kPass));
+  for (const Shape& s : operands) {
+    std::vector<int> dims(static_cast<std::size_t>(s.rank()));
+    std::iota(dims.begin(), dims.end(), 0);
+    f.operands.push_back(std::move(dims));
+  }
+  return f;
+}
+
+OpFactors result_only(const Shape& result) { return same_dims(result, {}); }
+
+}  // namespace shardplan::detail

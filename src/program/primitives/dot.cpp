@@ -1,0 +1,364 @@
+// dot_general (XLA's DotGeneral): result dimensions are batch, then lhs free, then rhs free.
+// Sharding a contracting dimension leaves a partial sum, reduced where the result is consumed.
+#include <algorithm>
+
+#include "../kernel_util.hpp"
+#include "../primitives.hpp"
+#include "shardplan/eigen.hpp"
+#include "shardplan/ops.hpp"
+
+namespace shardplan::detail {
+
+/// dot_general's dimensions.
+struct DotAttrs {
+  DotDims dims;
+};
+std::string format_attrs(const DotAttrs& a) {
+  const DotDims& d = a.dims;
+  return fmt::format(" batch=[{}]x[{}] contract=[{}]x[{}]", fmt::join(d.lhs_batch, ","),
+                     fmt::join(d.rhs_batch, ","), fmt::join(d.lhs_contract, ","),
+                     fmt::join(d.rhs_contract, ","));
+}
+
+namespace {
+
+TensorType dot_type(const Node& n, std::span<const TensorType> in) {
+  const DotDims& d = n.attr<DotAttrs>().dims;
+  const Shape& a = in[0].shape;
+  const Shape& b = in[1].shape;
+  auto fail = [&](const std::string& why) {
+    return SpecError(fmt::format("[dot_general] {} and {}: {}", to_string(in[0]),
+                                 to_string(in[1]), why));
+  };
+  if (in[0].dtype != in[1].dtype) throw fail("different dtypes");
+  if (!is_computable(in[0].dtype)) {
+    throw fail(fmt::format("dtype {} is not supported", name(in[0].dtype)));
+  }
+  if (d.lhs_batch.size() != d.rhs_batch.size() || d.lhs_contract.size() != d.rhs_contract.size()) {
+    throw fail("batch and contracting dimensions must pair up");
+  }
+  std::vector<bool> la(static_cast<std::size_t>(a.rank()), false);
+  std::vector<bool> rb(static_cast<std::size_t>(b.rank()), false);
+  auto mark = [&](std::vector<bool>& used, int dim, const Shape& x) {
+    if (dim < 0 || dim >= x.rank() || used[static_cast<std::size_t>(dim)]) {
+      throw fail(fmt::format("dimension {} is out of range or used twice", dim));
+    }
+    used[static_cast<std::size_t>(dim)] = true;
+  };
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i < d.lhs_batch.size(); ++i) {
+    mark(la, d.lhs_batch[i], a);
+    mark(rb, d.rhs_batch[i], b);
+    if (a[d.lhs_batch[i]] != b[d.rhs_batch[i]]) {
+      throw fail(fmt::format("batch dimensions {} and {} differ", d.lhs_batch[i], d.rhs_batch[i]));
+    }
+    out.push_back(a[d.lhs_batch[i]]);
+  }
+  for (std::size_t i = 0; i < d.lhs_contract.size(); ++i) {
+    mark(la, d.lhs_contract[i], a);
+    mark(rb, d.rhs_contract[i], b);
+    if (a[d.lhs_contract[i]] != b[d.rhs_contract[i]]) {
+      throw fail(fmt::format("contracting dimensions {} and {} differ ({} vs {})",
+                             d.lhs_contract[i], d.rhs_contract[i], a[d.lhs_contract[i]],
+                             b[d.rhs_contract[i]]));
+    }
+  }
+  for (int i = 0; i < a.rank(); ++i) {
+    if (!la[static_cast<std::size_t>(i)]) out.push_back(a[i]);
+  }
+  for (int i = 0; i < b.rank(); ++i) {
+    if (!rb[static_cast<std::size_t>(i)]) out.push_back(b[i]);
+  }
+  return TensorType{Shape(out), in[0].dtype};
+}
+
+// Batch dimensions pass; contracting dimensions are reduce factors; free dimensions pass.
+OpFactors dot_factors(const Node& n, std::span<const Shape> in) {
+  const DotDims& d = n.attr<DotAttrs>().dims;
+  OpFactors f;
+  const Shape& l = in[0];
+  const Shape& r = in[1];
+  std::vector<int> lf(static_cast<std::size_t>(l.rank()), -1);
+  std::vector<int> rf(static_cast<std::size_t>(r.rank()), -1);
+  for (std::size_t i = 0; i < d.lhs_batch.size(); ++i) {
+    const int id = f.add(l[d.lhs_batch[i]], FactorKind::kPass);
+    lf[static_cast<std::size_t>(d.lhs_batch[i])] = id;
+    rf[static_cast<std::size_t>(d.rhs_batch[i])] = id;
+    f.result.push_back(id);
+  }
+  for (std::size_t i = 0; i < d.lhs_contract.size(); ++i) {
+    const int id = f.add(l[d.lhs_contract[i]], FactorKind::kReduce);
+    lf[static_cast<std::size_t>(d.lhs_contract[i])] = id;
+    rf[static_cast<std::size_t>(d.rhs_contract[i])] = id;
+  }
+  for (const int dim : free_dims(l.rank(), d.lhs_batch, d.lhs_contract)) {
+    lf[static_cast<std::size_t>(dim)] = f.add(l[dim], FactorKind::kPass);
+    f.result.push_back(lf[static_cast<std::size_t>(dim)]);
+  }
+  for (const int dim : free_dims(r.rank(), d.rhs_batch, d.rhs_contract)) {
+    rf[static_cast<std::size_t>(dim)] = f.add(r[dim], FactorKind::kPass);
+    f.result.push_back(rf[static_cast<std::size_t>(dim)]);
+  }
+  f.operands = {lf, rf};
+  return f;
+}
+
+// dot_general: each operand is seen as [batch, free, contract] (batch and contracting dims in the
+// order of their pairs), so that out[b] = lhs[b] (m x k) * rhs[b]^T (k x n).
+
+struct DotLayout {
+  std::vector<int> lhs_perm, rhs_perm;  // the operand dims in [batch, free, contract] order
+  std::int64_t batch = 1, m = 1, n = 1, k = 1;
+};
+
+std::vector<int> arranged_dims(int rank, const std::vector<int>& batch,
+                               const std::vector<int>& contract) {
+  std::vector<int> perm = batch;
+  for (int d = 0; d < rank; ++d) {
+    const bool paired = std::find(batch.begin(), batch.end(), d) != batch.end() ||
+                        std::find(contract.begin(), contract.end(), d) != contract.end();
+    if (!paired) perm.push_back(d);
+  }
+  perm.insert(perm.end(), contract.begin(), contract.end());
+  return perm;
+}
+
+DotLayout dot_layout(const DotDims& dims, const Shape& lhs, const Shape& rhs) {
+  DotLayout l;
+  l.lhs_perm = arranged_dims(lhs.rank(), dims.lhs_batch, dims.lhs_contract);
+  l.rhs_perm = arranged_dims(rhs.rank(), dims.rhs_batch, dims.rhs_contract);
+  const std::size_t nb = dims.lhs_batch.size();
+  const std::size_t lhs_free_end = l.lhs_perm.size() - dims.lhs_contract.size();
+  const std::size_t rhs_free_end = l.rhs_perm.size() - dims.rhs_contract.size();
+  for (std::size_t i = 0; i < l.lhs_perm.size(); ++i) {
+    std::int64_t& part = i < nb ? l.batch : (i < lhs_free_end ? l.m : l.k);
+    part *= lhs[l.lhs_perm[i]];
+  }
+  for (std::size_t i = nb; i < rhs_free_end; ++i) l.n *= rhs[l.rhs_perm[i]];
+  return l;
+}
+
+bool is_identity(const std::vector<int>& perm) {
+  for (std::size_t i = 0; i < perm.size(); ++i) {
+    if (perm[i] != static_cast<int>(i)) return false;
+  }
+  return true;
+}
+
+// The operand's elements as Calc<T> in the dimension order `perm`: the block itself when that is
+// already its layout and type, else a copy into `storage`.
+template <class T>
+const Calc<T>* arrange(const ConstBlock& b, const std::vector<int>& perm,
+                       std::vector<Calc<T>>& storage) {
+  if (is_identity(perm) && std::is_same_v<T, Calc<T>>) {
+    return reinterpret_cast<const Calc<T>*>(b.data);
+  }
+  const std::vector<std::int64_t> strides = row_major_strides(b.shape);
+  std::vector<std::int64_t> dims, perm_strides;
+  for (int d : perm) {
+    dims.push_back(b.shape[d]);
+    perm_strides.push_back(strides[d]);
+  }
+  storage.resize(static_cast<std::size_t>(b.shape.numel()));
+  const T* x = elems<T>(b);
+  Calc<T>* y = storage.data();
+  for_each_offset(dims, perm_strides, [&](std::int64_t off) { *y++ = widen(x[off]); });
+  return storage.data();
+}
+
+// y[b] = l[b] * r[b]^T for each batch; l is [batch, m, k], r is [batch, n, k], y is [batch, m, n].
+template <class C>
+void batched_matmul(const C* l, const C* r, C* y, const DotLayout& d) {
+  if (d.k == 0) {
+    std::fill(y, y + d.batch * d.m * d.n, C(0));
+    return;
+  }
+  for (std::int64_t b = 0; b < d.batch; ++b) {
+    const C* lb = l + b * d.m * d.k;
+    const C* rb = r + b * d.n * d.k;
+    C* yb = y + b * d.m * d.n;
+    if constexpr (std::is_floating_point_v<C>) {
+      const auto as_bytes = [](const C* p) { return reinterpret_cast<const std::byte*>(p); };
+      as_matrix<C>(reinterpret_cast<std::byte*>(yb), d.m, d.n).noalias() =
+          as_matrix<C>(as_bytes(lb), d.m, d.k) * as_matrix<C>(as_bytes(rb), d.n, d.k).transpose();
+    } else {
+      using A = SumAcc<C>;  // the one accumulator type (integers: int64, wrapping)
+      for (std::int64_t i = 0; i < d.m; ++i) {
+        for (std::int64_t j = 0; j < d.n; ++j) {
+          A acc = 0;
+          for (std::int64_t p = 0; p < d.k; ++p)
+            acc = add(acc, mul<A>(lb[i * d.k + p], rb[j * d.k + p]));
+          yb[i * d.n + j] = narrow<C>(acc);
+        }
+      }
+    }
+  }
+}
+
+// [batch, contract, free] order: the layout of a plain x @ w right operand ([k, n]).
+std::vector<int> contract_first_dims(int rank, const std::vector<int>& batch,
+                                     const std::vector<int>& contract) {
+  std::vector<int> perm = batch;
+  perm.insert(perm.end(), contract.begin(), contract.end());
+  for (int d = 0; d < rank; ++d) {
+    const bool paired = std::find(batch.begin(), batch.end(), d) != batch.end() ||
+                        std::find(contract.begin(), contract.end(), d) != contract.end();
+    if (!paired) perm.push_back(d);
+  }
+  return perm;
+}
+
+// f32/f64 operands already laid out as [batch, m, k] / [batch, k, n] (or [batch, k, m] /
+// [batch, n, k]) are multiplied in place, with Eigen told which ones are transposed, instead of
+// being copied into [batch, free, contract] first: x @ w never copies w.
+template <class T>
+bool dot_in_place(const KernelArgs& c, const DotLayout& d) {
+  const DotDims& dims = c.node.attr<DotAttrs>().dims;
+  const bool l_mk = is_identity(d.lhs_perm);
+  const bool l_km =
+      is_identity(contract_first_dims(c.in[0].shape.rank(), dims.lhs_batch, dims.lhs_contract));
+  const bool r_nk = is_identity(d.rhs_perm);
+  const bool r_kn =
+      is_identity(contract_first_dims(c.in[1].shape.rank(), dims.rhs_batch, dims.rhs_contract));
+  if (!(l_mk || l_km) || !(r_nk || r_kn) || d.k == 0) return false;
+  const auto* l = c.in[0].data;
+  const auto* r = c.in[1].data;
+  auto* y = c.out.data;
+  const auto step = static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t b = 0; b < d.batch; ++b) {
+    const std::byte* lb = l + b * d.m * d.k * step;
+    const std::byte* rb = r + b * d.n * d.k * step;
+    auto out = as_matrix<T>(y + b * d.m * d.n * step, d.m, d.n);
+    if (l_mk && r_kn) {
+      out.noalias() = as_matrix<T>(lb, d.m, d.k) * as_matrix<T>(rb, d.k, d.n);
+    } else if (l_mk) {
+      out.noalias() = as_matrix<T>(lb, d.m, d.k) * as_matrix<T>(rb, d.n, d.k).transpose();
+    } else if (r_kn) {
+      out.noalias() = as_matrix<T>(lb, d.k, d.m).transpose() * as_matrix<T>(rb, d.k, d.n);
+    } else {
+      out.noalias() =
+          as_matrix<T>(lb, d.k, d.m).transpose() * as_matrix<T>(rb, d.n, d.k).transpose();
+    }
+  }
+  return true;
+}
+
+template <class T>
+void dot(const KernelArgs& c) {
+  const DotLayout d = dot_layout(c.node.attr<DotAttrs>().dims, c.in[0].shape, c.in[1].shape);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (dot_in_place<T>(c, d)) return;
+  }
+  std::vector<Calc<T>> lhs_storage, rhs_storage;
+  const Calc<T>* lhs = arrange<T>(c.in[0], d.lhs_perm, lhs_storage);
+  const Calc<T>* rhs = arrange<T>(c.in[1], d.rhs_perm, rhs_storage);
+  if constexpr (std::is_same_v<T, Calc<T>>) {
+    batched_matmul(lhs, rhs, elems<T>(c.out), d);
+  } else {
+    std::vector<Calc<T>> result(static_cast<std::size_t>(c.out.shape.numel()));
+    batched_matmul(lhs, rhs, result.data(), d);
+    std::transform(result.begin(), result.end(), elems<T>(c.out), narrow<T, Calc<T>>);
+  }
+}
+
+void dot_kernel(const KernelArgs& k) {
+  dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) { dot<T>(k); });
+}
+
+double dot_flops(const Node& n, std::span<const Shape> in, const Shape&) {
+  const DotLayout d = dot_layout(n.attr<DotAttrs>().dims, in[0], in[1]);
+  return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) *
+         static_cast<double>(d.n) * static_cast<double>(d.k);
+}
+
+// Gradient with respect to the lhs (rhs when `for_rhs`): a dot of the cotangent with the other
+// operand over the other operand's free dimensions, put back in order.
+Array dot_operand_vjp(const Array& g, const Array& lhs, const Array& rhs, const DotDims& d,
+                      bool for_rhs) {
+  const int nb = static_cast<int>(d.lhs_batch.size());
+  const auto lfree = free_dims(lhs.shape().rank(), d.lhs_batch, d.lhs_contract);
+  const auto rfree = free_dims(rhs.shape().rank(), d.rhs_batch, d.rhs_contract);
+  const int nl = static_cast<int>(lfree.size());
+  const int nr = static_cast<int>(rfree.size());
+  // g dims: [batch (nb), lhs free (nl), rhs free (nr)].
+  const std::vector<int> g_batch = int_range(0, nb);
+  if (!for_rhs) {
+    DotDims dd{g_batch, d.rhs_batch, int_range(nb + nl, nb + nl + nr), rfree};
+    const Array r = dot_general(g, rhs, dd);
+    // Result dims: batch, lhs free, then rhs's remaining dims (its contracting dims, ascending),
+    // each standing for the lhs dimension paired with it.
+    std::vector<std::pair<int, int>> rc;
+    for (std::size_t j = 0; j < d.rhs_contract.size(); ++j)
+      rc.emplace_back(d.rhs_contract[j], d.lhs_contract[j]);
+    std::sort(rc.begin(), rc.end());
+    std::vector<int> order = d.lhs_batch;
+    order.insert(order.end(), lfree.begin(), lfree.end());
+    for (const auto& [r_dim, l_dim] : rc) order.push_back(l_dim);
+    return maybe_transpose(r, inverse_permutation(order));
+  }
+  DotDims dd{g_batch, d.lhs_batch, int_range(nb, nb + nl), lfree};
+  const Array r = dot_general(g, lhs, dd);
+  std::vector<std::pair<int, int>> lc;
+  for (std::size_t j = 0; j < d.lhs_contract.size(); ++j)
+    lc.emplace_back(d.lhs_contract[j], d.rhs_contract[j]);
+  std::sort(lc.begin(), lc.end());
+  std::vector<int> order = d.rhs_batch;
+  order.insert(order.end(), rfree.begin(), rfree.end());
+  for (const auto& [l_dim, r_dim] : lc) order.push_back(r_dim);
+  return maybe_transpose(r, inverse_permutation(order));
+}
+
+std::vector<Array> dot_vjp(const Node& n, const std::vector<Array>& in, const Array&,
+                           const Array& g) {
+  const DotDims& d = n.attr<DotAttrs>().dims;
+  return {dot_operand_vjp(g, in[0], in[1], d, false), dot_operand_vjp(g, in[0], in[1], d, true)};
+}
+
+}  // namespace
+
+namespace prim {
+constinit const Primitive dot_general{.name = "dot_general",
+                                      .arity = 2,
+                                      .infer = dot_type,
+                                      .factors = dot_factors,
+                                      .kernel = dot_kernel,
+                                      .flops = dot_flops,
+                                      .vjp = dot_vjp,
+                                      .partial = ReduceOp::kSum};
+}  // namespace prim
+
+}  // namespace shardplan::detail
+
+namespace shardplan {
+
+Array dot_general(const Array& a, const Array& b, const DotDims& dims) {
+  return detail::apply(detail::prim::dot_general, detail::DotAttrs{dims}, {a, b});
+}
+
+Array matmul(const Array& a, const Array& b) {
+  using detail::type_str;
+  const int ra = a.shape().rank(), rb = b.shape().rank();
+  if (ra < 1 || rb < 2) {
+    throw SpecError(fmt::format("[matmul] needs a of rank >= 1 and b of rank >= 2, got {} and {}",
+                                type_str(a), type_str(b)));
+  }
+  if (a.shape()[ra - 1] != b.shape()[rb - 2]) {
+    throw SpecError(fmt::format("[matmul] {} and {} do not contract: {} != {}", type_str(a),
+                                type_str(b), a.shape()[ra - 1], b.shape()[rb - 2]));
+  }
+  if (rb == 2) return dot_general(a, b, DotDims{{}, {}, {ra - 1}, {0}});
+  if (ra != rb) {
+    throw SpecError(fmt::format("[matmul] batched operands need the same rank: {} and {}",
+                                type_str(a), type_str(b)));
+  }
+  DotDims d;
+  for (int i = 0; i < ra - 2; ++i) {
+    d.lhs_batch.push_back(i);
+    d.rhs_batch.push_back(i);
+  }
+  d.lhs_contract = {ra - 1};
+  d.rhs_contract = {rb - 2};
+  return dot_general(a, b, d);
+}
+
+}  // namespace shardplan

@@ -1,0 +1,203 @@
+// Reductions over a set of axes (removed from the shape): reduce_sum, reduce_max, reduce_min.
+// Sharding a reduced dimension leaves a partial result (sum, max or min) for the consumer.
+#include <algorithm>
+#include <numeric>
+
+#include "../kernel_util.hpp"
+#include "../primitives.hpp"
+#include "shardplan/ops.hpp"
+
+namespace shardplan::detail {
+
+/// The reduced axes, ascending.
+struct ReduceAttrs {
+  std::vector<int> axes;
+};
+std::string format_attrs(const ReduceAttrs& a) {
+  return a.axes.empty() ? std::string() : fmt::format(" axes=[{}]", fmt::join(a.axes, ","));
+}
+
+namespace {
+
+TensorType reduce_type(const Node& n, std::span<const TensorType> in) {
+  const std::vector<int>& axes = n.attr<ReduceAttrs>().axes;
+  if (!is_computable(in[0].dtype)) {
+    reject(n.op->name, in, fmt::format("cannot reduce {} values", name(in[0].dtype)));
+  }
+  const Shape& s = in[0].shape;
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    if (axes[i] < 0 || axes[i] >= s.rank() || (i > 0 && axes[i] <= axes[i - 1])) {
+      reject(n.op->name, in, fmt::format("axes [{}] are not ascending axes of the operand",
+                                         fmt::join(axes, ", ")));
+    }
+  }
+  std::vector<std::int64_t> kept;
+  for (int d = 0; d < s.rank(); ++d) {
+    if (!std::binary_search(axes.begin(), axes.end(), d)) kept.push_back(s[d]);
+  }
+  return TensorType{Shape(kept), in[0].dtype};
+}
+
+// Reduced dimensions are reduce factors; the others pass to the result.
+OpFactors reduce_factors(const Node& n, std::span<const Shape> in) {
+  const std::vector<int>& axes = n.attr<ReduceAttrs>().axes;
+  OpFactors f;
+  std::vector<int> dims(static_cast<std::size_t>(in[0].rank()));
+  for (int d = 0; d < in[0].rank(); ++d) {
+    const bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
+    dims[static_cast<std::size_t>(d)] =
+        f.add(in[0][d], reduced ? FactorKind::kReduce : FactorKind::kPass);
+    if (!reduced) f.result.push_back(dims[static_cast<std::size_t>(d)]);
+  }
+  f.operands = {dims};
+  return f;
+}
+
+// Operand offsets of the kept and of the reduced elements, each in row-major order: result
+// element o folds operand elements kept[o] + reduced[r] for r = 0, 1, ...
+struct ReduceLayout {
+  std::vector<std::int64_t> kept, reduced;
+};
+
+ReduceLayout reduce_layout(const Shape& s, const std::vector<int>& axes) {
+  const std::vector<std::int64_t> strides = row_major_strides(s);
+  std::vector<std::int64_t> kept_dims, kept_strides, reduced_dims, reduced_strides;
+  for (int d = 0; d < s.rank(); ++d) {
+    const bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
+    (reduced ? reduced_dims : kept_dims).push_back(s[d]);
+    (reduced ? reduced_strides : kept_strides).push_back(strides[d]);
+  }
+  ReduceLayout l;
+  for_each_offset(kept_dims, kept_strides, [&](std::int64_t off) { l.kept.push_back(off); });
+  for_each_offset(reduced_dims, reduced_strides,
+                  [&](std::int64_t off) { l.reduced.push_back(off); });
+  return l;
+}
+
+// Folds each kept element's reduced elements, in row-major order, starting from Fold::init in
+// the accumulator type Fold::Acc.
+template <template <class> class Fold>
+void reduce_kernel(const KernelArgs& k) {
+  dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) {
+    using F = Fold<T>;
+    using A = typename F::Acc;
+    const ReduceLayout l = reduce_layout(k.in[0].shape, k.node.attr<ReduceAttrs>().axes);
+    const T* x = elems<T>(k.in[0]);
+    T* y = elems<T>(k.out);
+    for (std::size_t o = 0; o < l.kept.size(); ++o) {
+      A acc = F::init();
+      for (const std::int64_t r : l.reduced) {
+        acc = F::f(acc, static_cast<A>(widen(x[l.kept[o] + r])));
+      }
+      y[o] = narrow<T>(acc);
+    }
+  });
+}
+template <class T>
+struct SumFold {
+  using Acc = SumAcc<T>;
+  static Acc init() { return Acc(0); }
+  static Acc f(Acc a, Acc b) { return add<Acc>(a, b); }
+};
+template <class T>
+struct MaxFold {
+  using Acc = Calc<T>;
+  static Acc init() { return max_identity<Acc>(); }
+  static Acc f(Acc a, Acc b) { return maximum<Acc>(a, b); }
+};
+template <class T>
+struct MinFold {
+  using Acc = Calc<T>;
+  static Acc init() { return min_identity<Acc>(); }
+  static Acc f(Acc a, Acc b) { return minimum<Acc>(a, b); }
+};
+
+double reduce_flops(const Node&, std::span<const Shape> in, const Shape&) {
+  return static_cast<double>(in[0].numel());
+}
+
+// The operand's shape with the reduced axes kept as 1.
+Shape keep_dims(const Shape& s, const std::vector<int>& axes) {
+  std::vector<std::int64_t> keep = s.dims();
+  for (const int a : axes) keep[static_cast<std::size_t>(a)] = 1;
+  return Shape(keep);
+}
+
+std::vector<Array> sum_vjp(const Node& n, const std::vector<Array>& in, const Array&,
+                           const Array& g) {
+  const Shape& s = in[0].shape();
+  return {broadcast_to(reshape(g, keep_dims(s, n.attr<ReduceAttrs>().axes)), s)};
+}
+
+// The cotangent goes to the elements equal to the result, split evenly between ties.
+std::vector<Array> extremum_vjp(const Node& n, const std::vector<Array>& in, const Array& out,
+                                const Array& g) {
+  const std::vector<int>& axes = n.attr<ReduceAttrs>().axes;
+  const Shape& s = in[0].shape();
+  const Shape keep = keep_dims(s, axes);
+  const Array y = broadcast_to(reshape(out, keep), s);
+  const Array mask = astype(equal(in[0], y), g.dtype());
+  const Array count = broadcast_to(sum(mask, axes, true), s);
+  return {broadcast_to(reshape(g, keep), s) * mask / count};
+}
+
+constexpr Primitive reduction(std::string_view name, KernelFn* kernel, VjpFn* vjp,
+                              ReduceOp partial) {
+  return Primitive{.name = name,
+                   .arity = 1,
+                   .infer = reduce_type,
+                   .factors = reduce_factors,
+                   .kernel = kernel,
+                   .flops = reduce_flops,
+                   .vjp = vjp,
+                   .partial = partial};
+}
+
+std::vector<int> all_axes(const Array& x) {
+  std::vector<int> a(static_cast<std::size_t>(x.shape().rank()));
+  std::iota(a.begin(), a.end(), 0);
+  return a;
+}
+
+Array reduce(const Primitive& op, const Array& x, std::vector<int> axes, bool keepdims) {
+  axes = normalize_axes(std::move(axes), x, op.name);
+  Array out = apply(op, ReduceAttrs{axes}, {x});
+  return keepdims ? reshape(out, keep_dims(x.shape(), axes)) : out;
+}
+
+}  // namespace
+
+namespace prim {
+constinit const Primitive reduce_sum =
+    reduction("reduce_sum", reduce_kernel<SumFold>, sum_vjp, ReduceOp::kSum);
+constinit const Primitive reduce_max =
+    reduction("reduce_max", reduce_kernel<MaxFold>, extremum_vjp, ReduceOp::kMax);
+constinit const Primitive reduce_min =
+    reduction("reduce_min", reduce_kernel<MinFold>, extremum_vjp, ReduceOp::kMin);
+}  // namespace prim
+
+}  // namespace shardplan::detail
+
+namespace shardplan {
+namespace prim = detail::prim;
+
+Array sum(const Array& x, std::vector<int> axes, bool keepdims) {
+  return detail::reduce(prim::reduce_sum, x, std::move(axes), keepdims);
+}
+Array max(const Array& x, std::vector<int> axes, bool keepdims) {
+  return detail::reduce(prim::reduce_max, x, std::move(axes), keepdims);
+}
+Array min(const Array& x, std::vector<int> axes, bool keepdims) {
+  return detail::reduce(prim::reduce_min, x, std::move(axes), keepdims);
+}
+Array mean(const Array& x, std::vector<int> axes, bool keepdims) {
+  const auto norm = detail::normalize_axes(axes, x, "mean");
+  double count = 1;
+  for (const int a : norm) count *= static_cast<double>(x.shape()[a]);
+  const Array s = sum(x, norm, keepdims);
+  return s * (1.0 / count);
+}
+Array sum(const Array& x) { return sum(x, detail::all_axes(x)); }
+Array mean(const Array& x) { return mean(x, detail::all_axes(x)); }
+
+}  // namespace shardplan

@@ -1,0 +1,94 @@
+// The sharding identities: sharding_constraint (with_sharding_constraint, in/out shardings,
+// gradients sharded like their parameters) and sharding_annotation (with_sharding_annotation).
+// They compute nothing: the partitioner gives the operand the fixed sharding and runs no kernel.
+#include <fmt/format.h>
+
+#include "../kernel_util.hpp"
+#include "../primitives.hpp"
+#include "../trace.hpp"
+#include "shardplan/collectives.hpp"
+#include "shardplan/ops.hpp"
+
+namespace shardplan::detail {
+
+std::string format_attrs(const ConstraintAttrs& a) {
+  std::string s;
+  if (a.spec) s += " spec=" + a.spec->to_string();
+  if (a.like) s += " like=" + value_name(*a.like);
+  return s;
+}
+std::string format_attrs(const AnnotationAttrs& a) {
+  std::string s;
+  if (a.spec) s += " spec=" + a.spec->to_string();
+  return s + fmt::format(" name='{}'", a.name);
+}
+
+namespace {
+
+TensorType identity_type(const Node&, std::span<const TensorType> in) { return in[0]; }
+
+OpFactors identity_factors(const Node& n, std::span<const Shape> in) {
+  return same_dims(n.type.shape, in);
+}
+
+// Run only when a node is computed on its own (a kernel test): the value unchanged.
+void copy_kernel(const KernelArgs& k) {
+  const auto bytes = static_cast<std::size_t>(k.out.shape.numel()) * size_of(k.out.dtype);
+  if (bytes > 0) std::memcpy(k.out.data, k.in[0].data, bytes);
+}
+
+// The cotangent is constrained like the value (a fixed spec; a "like" constraint is the
+// gradient's own, nothing to carry back).
+std::vector<Array> constraint_vjp(const Node& n, const std::vector<Array>&, const Array&,
+                                  const Array& g) {
+  const auto& spec = n.attr<ConstraintAttrs>().spec;
+  return {spec ? with_sharding_constraint(g, *spec) : g};
+}
+
+std::vector<Array> annotation_vjp(const Node&, const std::vector<Array>&, const Array&,
+                                  const Array& g) {
+  return {g};
+}
+
+constexpr Primitive identity(std::string_view name, VjpFn* vjp) {
+  return Primitive{.name = name,
+                   .arity = 1,
+                   .infer = identity_type,
+                   .factors = identity_factors,
+                   .kernel = copy_kernel,
+                   .flops = no_flops,
+                   .vjp = vjp,
+                   .pointwise = true,
+                   .sharding_identity = true};
+}
+
+}  // namespace
+
+namespace prim {
+constinit const Primitive sharding_constraint = identity("sharding_constraint", constraint_vjp);
+constinit const Primitive sharding_annotation = identity("sharding_annotation", annotation_vjp);
+}  // namespace prim
+
+Array with_sharding_like(const Array& x, const Array& like) {
+  TraceContext* ctx = current_trace();
+  if (ctx == nullptr) return with_sharding_constraint(x, like.sharding().spec());
+  return apply(prim::sharding_constraint, ConstraintAttrs{.like = ctx->node_of(like)}, {x});
+}
+
+Array annotate(const Array& x, const std::string& name, std::optional<PartitionSpec> spec) {
+  return apply(prim::sharding_annotation, AnnotationAttrs{name, std::move(spec)}, {x});
+}
+
+}  // namespace shardplan::detail
+
+namespace shardplan {
+
+Array with_sharding_constraint(const Array& x, const PartitionSpec& spec) {
+  if (detail::current_trace() != nullptr || x.is_tracer()) {
+    return detail::apply(detail::prim::sharding_constraint, detail::ConstraintAttrs{.spec = spec},
+                         {x});
+  }
+  return reshard(x, NamedSharding(x.mesh(), spec)).array;
+}
+
+}  // namespace shardplan

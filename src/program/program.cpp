@@ -1,0 +1,204 @@
+// The program: Program::run (the interpreter: binds the inputs, runs each step on the
+// executor, frees what is no longer needed) and its text.
+#include "compile.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "primitive.hpp"
+#include "primitives.hpp"
+#include "shardplan/distributed.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/format_bytes.hpp"
+
+namespace shardplan {
+
+std::string ProgramCost::to_string() const {
+  const double most_flops = flops.empty() ? 0 : *std::max_element(flops.begin(), flops.end());
+  const std::int64_t most_peak =
+      peak_bytes.empty() ? 0 : *std::max_element(peak_bytes.begin(), peak_bytes.end());
+  std::string s = fmt::format("flops per device: {:.4g}\n", most_flops);
+  if (bytes_by_kind.empty()) {
+    s += "communication: none\n";
+  } else {
+    for (const auto& [kind, bytes] : bytes_by_kind) {
+      s += fmt::format("{}: {} per device\n", kind, format_bytes(bytes));
+    }
+  }
+  s += fmt::format("peak memory per device: {}\n", format_bytes(most_peak));
+  return s;
+}
+
+namespace detail {
+
+std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& inputs) const {
+  std::vector<Array> slots(static_cast<std::size_t>(num_slots_));
+  // Donated inputs moved into their slots as they are: a failed run gives back those still there.
+  std::vector<char> moved_in;
+  if (any_donated_) moved_in.assign(input_slots_.size(), 0);
+  try {
+    return run_steps(executor, inputs, slots, moved_in);
+  } catch (...) {
+    for (std::size_t k = 0; k < moved_in.size(); ++k) {
+      if (!moved_in[k]) continue;
+      Array& held = slots[index(input_slots_[k])];
+      if (held.valid()) inputs[k] = std::move(held);
+    }
+    throw;
+  }
+}
+
+std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Array>& inputs,
+                                      std::vector<Array>& slots,
+                                      std::vector<char>& moved_in) const {
+  for (std::size_t k = 0; k < input_slots_.size(); ++k) {
+    if (index(input_slots_[k]) >= slots.size()) continue;
+    Array& a = inputs.at(k);
+    const NamedSharding& want = input_shardings_[k];
+    const bool same =
+        a.pending() == input_pending_[k] && a.sharding().is_equivalent_to(want, a.shape().rank());
+    Array& slot = slots[index(input_slots_[k])];
+    if (same && input_donated_[k]) {
+      slot = std::move(a);
+      moved_in[k] = 1;
+    } else if (same) {
+      slot = a;
+    } else {
+      slot = reshard(a, want).array;
+      if (input_donated_[k]) a = Array();  // its resharded copy is what the program uses
+    }
+  }
+  for (const SlotId f : free_at_start_) slots[index(f)] = Array();
+  // Constant steps ran on this executor before: take their results.
+  bool have_constants = false;
+  if (!constant_slots_.empty()) {
+    std::lock_guard<std::mutex> lock(constants_->mu);
+    auto it = constants_->by_executor.find(executor.identity());
+    if (it != constants_->by_executor.end()) {
+      for (const auto& [slot, a] : it->second) slots[index(slot)] = a;
+      have_constants = true;
+    }
+  }
+  // Over processes, a step that fails on one process must not leave the others waiting in the
+  // next reshard: the failing process skips to the next communicating step (or the end), where
+  // every process learns who failed (distributed::all_succeed) and throws.
+  const bool spans = !executor.holds_all(mesh_.devices());
+  std::exception_ptr failed;
+  auto agree = [&] {
+    if (spans) {
+      distributed::all_succeed([&] {
+        if (failed) std::rethrow_exception(failed);
+      });
+    } else if (failed) {
+      std::rethrow_exception(failed);
+    }
+  };
+  for (std::size_t s = 0; s < steps_.size(); ++s) {
+    const Step& st = steps_[s];
+    if (st.constant && have_constants) continue;
+    if (failed && st.kind != Step::Kind::kReshard) continue;
+    if (st.kind == Step::Kind::kReshard) {
+      agree();
+      slots[index(st.out)] =
+          reshard(slots[index(st.in[0])], *st.sharding).array;
+    } else {
+      try {
+        run_kernel_step(executor, st, slots);
+      } catch (...) {
+        if (!spans) throw;
+        failed = std::current_exception();
+      }
+    }
+    // After a failure nothing more is freed: donated inputs still held go back to the caller,
+    // as when the run stops at the failure in one process.
+    if (!failed) {
+      for (const SlotId f : free_after_[s]) slots[index(f)] = Array();
+    }
+  }
+  agree();
+  if (!constant_slots_.empty() && !have_constants) {
+    std::vector<std::pair<SlotId, Array>> made;
+    for (const SlotId slot : constant_slots_)
+      made.emplace_back(slot, slots[index(slot)]);
+    std::lock_guard<std::mutex> lock(constants_->mu);
+    if (constants_->by_executor.size() > 16) constants_->by_executor.clear();
+    constants_->by_executor.emplace(executor.identity(), std::move(made));
+  }
+  std::vector<Array> outs;
+  for (const SlotId s : output_slots_) outs.push_back(slots[index(s)]);
+  return outs;
+}
+
+// One kernel step: a result buffer per local device, the primitive's kernel on each device's
+// blocks, the result array.
+void Program::run_kernel_step(const Executor& executor, const Step& st,
+                              std::vector<Array>& slots) const {
+    const Shape& local = st.local.type.shape;
+    const std::int64_t bytes = byte_size(local, st.type.dtype);
+    std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
+    for (const int d : mesh_.devices()) {
+      if (!executor.is_local(d)) continue;  // another process runs it
+      out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
+    }
+    std::vector<const Array*> ins;
+    for (const SlotId in : st.in) ins.push_back(&slots[index(in)]);
+    // Steps of a few KiB run inline: waking the pool would cost more than the work.
+    const bool parallel =
+        bytes * static_cast<std::int64_t>(mesh_.devices().size()) > (64 << 10);
+    executor.run(
+        mesh_.devices(),
+        [&](int d) {
+          std::vector<ConstBlock> in_blocks;
+          in_blocks.reserve(ins.size());
+          for (const Array* a : ins) {
+            in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
+          }
+          const MutBlock out_block{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype};
+          st.local.op->kernel(
+              KernelArgs{st.local, in_blocks, out_block, st.offsets[static_cast<std::size_t>(d)]});
+        },
+        parallel);
+    slots[index(st.out)] =
+        Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
+                            std::move(out), st.pending);
+}
+
+std::string Program::text() const {
+  std::string s = fmt::format("program on {} ({} steps)\n", mesh_.to_string(), steps_.size());
+  for (std::size_t i = 0; i < graph_.nodes.size(); ++i) {
+    const Node& n = graph_.nodes[i];
+    const ValueId id = value_id(i);
+    std::vector<std::string> operands;
+    for (const ValueId o : n.operands) operands.push_back(value_name(o));
+    std::string head = n.is(prim::input)
+                           ? fmt::format("input {}", n.attr<InputAttrs>().index)
+                           : fmt::format("{}({})", n.op->name, fmt::join(operands, ", "));
+    if (n.is(prim::sharding_annotation)) {
+      head += fmt::format(" '{}'", n.attr<AnnotationAttrs>().name);
+    }
+    s += fmt::format("  {:>4} = {:<32} {:<16} {:<24} <- {}\n", value_name(id), head,
+                     to_string(n.type), specs_[id].to_string(), origins_[id]);
+  }
+  s += "steps:\n";
+  for (const Step& st : steps_) {
+    if (st.kind == Step::Kind::kKernel) {
+      s += fmt::format("  kernel  {} = {} on blocks {}{}\n", value_name(st.node), st.local.op->name,
+                       st.local.type.shape.to_string(),
+                       st.pending.empty() ? ""
+                                          : fmt::format(" (pending {} over {})",
+                                                        shardplan::to_string(st.pending.op),
+                                                        fmt::join(st.pending.axes, ", ")));
+    } else {
+      for (const auto& rec : st.cost) {
+        s += fmt::format("  reshard {} -> {}: {}\n", value_name(st.node),
+                         st.sharding->spec().to_string(), rec.to_string());
+      }
+    }
+  }
+  s += cost_.to_string();
+  return s;
+}
+
+}  // namespace detail
+}  // namespace shardplan
