@@ -169,5 +169,60 @@ TEST(PrimitiveTypes, DtypesAreCheckedAtTheOp) {
   EXPECT_THROW_WITH(g.lower(i), SpecError, "[reduce_sum]", "cannot reduce bool");
 }
 
+// erf, the primitive added to prove the design: one definition (elementwise.cpp), one line in
+// primitives.hpp, its public function. Values against Python's math.erf, its gradient against
+// finite differences, a sharded run against the unsharded one.
+TEST(Erf, MatchesPythonsMathErf) {
+  Eager e;
+  Tensor x(Shape{3}, DType::kF64);
+  const std::vector<double> xs = {0.5, -1.25, 2};
+  const std::vector<double> want = {0.5204998778130465, -0.9229001282564582, 0.9953222650189527};
+  for (std::size_t i = 0; i < xs.size(); ++i) x.set(static_cast<std::int64_t>(i), xs[i]);
+  const Tensor got = erf(e.put(x)).to_host();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_NEAR(got.get(static_cast<std::int64_t>(i)), want[i], 1e-15);
+  }
+  EXPECT_THROW_WITH(erf(e.put(filled(Shape{2}, DType::kI32, 1))), SpecError, "[erf]", "i32[2]");
+}
+
+TEST(Erf, GradientMatchesFiniteDifferences) {
+  Eager e;
+  const Tensor x = Tensor::uniform(Shape{8}, DType::kF64, 5, -2, 2);
+  const auto [value, grads] = value_and_grad([](const Array& a) { return sum(erf(a)); })(e.put(x, P("x")));
+  const Tensor g = grads.to_host();
+  for (std::int64_t i = 0; i < 8; ++i) {
+    const double h = 1e-6, v = x.get(i);
+    EXPECT_NEAR(g.get(i), (std::erf(v + h) - std::erf(v - h)) / (2 * h), 1e-8);
+  }
+}
+
+TEST(Erf, ShardedEqualsUnshardedInsideSjit) {
+  Eager e;
+  const Tensor x = Tensor::uniform(Shape{8, 4}, DType::kF32, 6, -3, 3);
+  auto f = sjit(e.mesh, [](const Array& a) { return erf(a) * 2.0; });
+  const Tensor sharded = f(e.put(x, P("x"))).to_host();
+  const Tensor whole = f(e.put(x)).to_host();
+  EXPECT_TRUE(sharded == whole);
+  EXPECT_NEAR(sharded.get(3), 2 * std::erf(static_cast<double>(x.get(3))), 1e-6);
+}
+
+// Exact GELU is x * Phi(x); expected values from Python's statistics.NormalDist (PyTorch's
+// F.gelu default).
+TEST(Erf, ExactGeluIsXTimesTheNormalCdf) {
+  Eager e;
+  const std::vector<double> xs = {-2, -0.5, 0, 1, 3};
+  const std::vector<double> want = {-0.04550026389635842, -0.15426876936299344, 0.0,
+                                    0.8413447460685429, 2.99595030590511};
+  Tensor x(Shape{5}, DType::kF64);
+  for (std::size_t i = 0; i < xs.size(); ++i) x.set(static_cast<std::int64_t>(i), xs[i]);
+  const Tensor exact = gelu(e.put(x), false).to_host();
+  const Tensor approx = gelu(e.put(x), true).to_host();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_NEAR(exact.get(static_cast<std::int64_t>(i)), want[i], 1e-15);
+    EXPECT_NEAR(approx.get(static_cast<std::int64_t>(i)), want[i], 1e-3);  // the approximation
+  }
+  EXPECT_TRUE(approx == gelu(e.put(x)).to_host());
+}
+
 }  // namespace
 }  // namespace shardplan::detail

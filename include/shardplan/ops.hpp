@@ -31,6 +31,11 @@ Array relu(const Array& x);
 Array gelu(const Array& x);
 Array sigmoid(const Array& x);
 Array abs(const Array& x);
+/// The error function (floats).
+Array erf(const Array& x);
+/// jax.nn.gelu(x, approximate): the tanh approximation when `approximate` (as gelu(x)), else the
+/// exact 0.5 x (1 + erf(x / sqrt 2)) (PyTorch's default).
+Array gelu(const Array& x, bool approximate);
 
 // Binary, with numpy broadcasting; both operands of one dtype (a double adopts the array's).
 Array add(const Array& a, const Array& b);

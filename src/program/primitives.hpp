@@ -18,7 +18,7 @@ namespace shardplan::detail {
 #define SHARDPLAN_PRIMITIVES(X)                                                            \
   /* elementwise.cpp */                                                                    \
   X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(relu) X(gelu) X(sigmoid)   \
-  X(abs) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(eq) X(ne) X(lt) X(le)   \
+  X(abs) X(erf) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(eq) X(ne) X(lt) X(le)   \
   X(gt) X(ge) X(select) X(convert)                                                         \
   /* dot.cpp */ X(dot_general)                                                             \
   /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                               \

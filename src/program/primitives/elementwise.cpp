@@ -129,6 +129,12 @@ struct Gelu {  // the tanh approximation, jax.nn.gelu's default
     return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
   }
 };
+struct Erf {
+  template <class C>
+  static C f(C x) {
+    return std::erf(x);
+  }
+};
 struct Sigmoid {
   template <class C>
   static C f(C x) {
@@ -171,6 +177,10 @@ Arrays sigmoid_vjp(const Node&, const Arrays&, const Array& y, const Array& g) {
 }
 Arrays abs_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
   return {g * sign(in[0])};
+}
+// d/dx erf(x) = 2 / sqrt(pi) * exp(-x^2).
+Arrays erf_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
+  return {g * (exp(-(in[0] * in[0])) * (2.0 / std::sqrt(std::numbers::pi)))};
 }
 Arrays gelu_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
   const Array& x = in[0];
@@ -412,6 +422,7 @@ constinit const Primitive gelu =
     unary("gelu", float_unary, unary_kernel<IsFloating, Gelu>, gelu_vjp);
 constinit const Primitive sigmoid =
     unary("sigmoid", float_unary, unary_kernel<IsFloating, Sigmoid>, sigmoid_vjp);
+constinit const Primitive erf = unary("erf", float_unary, unary_kernel<IsFloating, Erf>, erf_vjp);
 constinit const Primitive abs = unary("abs", numeric_unary, unary_kernel<IsNumeric, Abs>, abs_vjp);
 
 constinit const Primitive add = binary("add", arithmetic, binary_kernel<IsNumeric, Add>, add_vjp);
@@ -466,6 +477,11 @@ Array relu(const Array& x) { return apply(prim::relu, NoAttrs{}, {x}); }
 Array gelu(const Array& x) { return apply(prim::gelu, NoAttrs{}, {x}); }
 Array sigmoid(const Array& x) { return apply(prim::sigmoid, NoAttrs{}, {x}); }
 Array abs(const Array& x) { return apply(prim::abs, NoAttrs{}, {x}); }
+Array erf(const Array& x) { return apply(prim::erf, NoAttrs{}, {x}); }
+Array gelu(const Array& x, bool approximate) {
+  if (approximate) return gelu(x);
+  return x * 0.5 * (erf(x * (1.0 / std::numbers::sqrt2)) + 1.0);  // 0.5 x (1 + erf(x / sqrt 2))
+}
 
 Array add(const Array& a, const Array& b) { return detail::binary_op(prim::add, a, b); }
 Array subtract(const Array& a, const Array& b) { return detail::binary_op(prim::sub, a, b); }
