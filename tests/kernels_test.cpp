@@ -1,8 +1,4 @@
 // Per-device kernels: every op against a reference computed here with plain loops in double.
-#include "primitives.hpp"
-#include "shardplan/ops.hpp"
-#include "trace.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,7 +6,10 @@
 #include <numbers>
 #include <string>
 
+#include "primitives.hpp"
+#include "shardplan/ops.hpp"
 #include "test_util.hpp"
+#include "trace.hpp"
 
 namespace shardplan::detail {
 namespace {
@@ -236,7 +235,9 @@ TEST(Kernels, BinaryArithmeticOnIntegersTruncatesDivisionTowardZero) {
     SCOPED_TRACE(name(dtype));
     const Tensor x = make(Shape{2, 3}, dtype, {-7, 7, -7, 9, 0, 100});
     const Tensor y = make(Shape{2, 3}, dtype, {2, -2, -2, 3, 5, -7});
-    const auto get = [&](const Primitive* op) { return run(make_node(op), {&x, &y}, x.shape(), dtype); };
+    const auto get = [&](const Primitive* op) {
+      return run(make_node(op), {&x, &y}, x.shape(), dtype);
+    };
     EXPECT_EQ(get(&prim::add).to_doubles(), (std::vector<double>{-5, 5, -9, 12, 5, 93}));
     EXPECT_EQ(get(&prim::sub).to_doubles(), (std::vector<double>{-9, 9, -5, 6, -5, 107}));
     EXPECT_EQ(get(&prim::mul).to_doubles(), (std::vector<double>{-14, -14, 14, 27, 0, -700}));
@@ -445,9 +446,9 @@ TEST(Kernels, DotIsBitwiseDeterministic) {
 
 TEST(Kernels, DotRejectsU8) {
   const Tensor x(Shape{2, 2}, DType::kU8);
-  EXPECT_THROW_WITH(run(dot_node(DotDims{{}, {}, {1}, {0}}, Shape{2, 2}, Shape{2, 2}), {&x, &x}, Shape{2, 2},
-                        DType::kU8), SpecError,
-                    "[kernel] dot_general", "dtype u8", "u8[2, 2]");
+  EXPECT_THROW_WITH(run(dot_node(DotDims{{}, {}, {1}, {0}}, Shape{2, 2}, Shape{2, 2}), {&x, &x},
+                        Shape{2, 2}, DType::kU8),
+                    SpecError, "[kernel] dot_general", "dtype u8", "u8[2, 2]");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -467,10 +468,10 @@ TEST(Kernels, ReductionsOverAnySetOfAxes) {
         const Shape out(kept);
         SCOPED_TRACE(label(dtype, shape) + " -> " + out.to_string() + " op " +
                      std::string(op->name));
-        std::vector<double> want(static_cast<std::size_t>(out.numel()), op == &prim::reduce_sum ? 0.0
-                                                                        : op == &prim::reduce_max
-                                                                            ? -HUGE_VAL
-                                                                            : HUGE_VAL);
+        std::vector<double> want(static_cast<std::size_t>(out.numel()),
+                                 op == &prim::reduce_sum   ? 0.0
+                                 : op == &prim::reduce_max ? -HUGE_VAL
+                                                           : HUGE_VAL);
         for (std::int64_t i = 0; i < x.numel(); ++i) {
           const std::vector<std::int64_t> xi = unravel(i, shape);
           std::vector<std::int64_t> oi;
@@ -479,7 +480,9 @@ TEST(Kernels, ReductionsOverAnySetOfAxes) {
           }
           double& w = want[static_cast<std::size_t>(ravel(oi, out))];
           const double v = x.get(i);
-          w = op == &prim::reduce_sum ? w + v : op == &prim::reduce_max ? std::max(w, v) : std::min(w, v);
+          w = op == &prim::reduce_sum   ? w + v
+              : op == &prim::reduce_max ? std::max(w, v)
+                                        : std::min(w, v);
         }
         Node node =
             recorded([&](const std::vector<Array>& a) { return sum(a[0], axes); }, {f32(shape)});
@@ -534,8 +537,8 @@ TEST(Kernels, TransposeByPermutation) {
         for (int d = 0; d < 3; ++d) xi[perm[d]] = oi[d];
         want.push_back(x.get(ravel(xi, in_shape)));
       }
-      const Node node = recorded(
-          [&](const std::vector<Array>& a) { return transpose(a[0], perm); }, {f32(in_shape)});
+      const Node node = recorded([&](const std::vector<Array>& a) { return transpose(a[0], perm); },
+                                 {f32(in_shape)});
       EXPECT_EQ(run(node, {&x}, out_shape, dtype).to_doubles(), want);
     }
   }
@@ -586,7 +589,9 @@ TEST(Kernels, SliceWithStartsAndLimits) {
     const Tensor x = random(in_shape, dtype, 18, -9, 9);
     const std::vector<std::int64_t> starts = {1, 0, 2};
     const Node node = recorded(
-        [&](const std::vector<Array>& a) { return slice(a[0], starts, {3, 5, 5}); },
+        [&](const std::vector<Array>& a) {
+          return slice(a[0], starts, {3, 5, 5});
+        },
         {f32(in_shape)});
     const Shape out_shape{2, 5, 3};
     std::vector<double> want;
@@ -617,9 +622,8 @@ TEST(Kernels, ConcatAlongAnAxis) {
       while (oi[1] >= parts[p].shape()[1]) oi[1] -= parts[p++].shape()[1];
       want.push_back(parts[p].get(ravel(oi, parts[p].shape())));
     }
-    const Node node =
-        recorded([](const std::vector<Array>& a) { return concatenate(a, 1); },
-                 {f32(Shape{2, 1, 3}), f32(Shape{2, 4, 3}), f32(Shape{2, 2, 3})});
+    const Node node = recorded([](const std::vector<Array>& a) { return concatenate(a, 1); },
+                               {f32(Shape{2, 1, 3}), f32(Shape{2, 4, 3}), f32(Shape{2, 2, 3})});
     EXPECT_EQ(run(node, {&parts[0], &parts[1], &parts[2]}, out_shape, dtype).to_doubles(), want);
   }
   const Tensor a = make(Shape{2}, DType::kF32, {1, 2});
@@ -652,9 +656,8 @@ TEST(Kernels, TakeAlongAnAxisClampsOutOfRangeIndices) {
     SCOPED_TRACE(name(dtype));
     const Tensor x = random(Shape{4, 5}, dtype, 22, -9, 9);
     const Tensor indices = make(Shape{4}, DType::kI32, {2, -1, 7, 0});
-    const Node node =
-        recorded([](const std::vector<Array>& a) { return take(a[0], a[1], 0); },
-                 {f32(Shape{4, 5}), TensorType{Shape{4}, DType::kI32}});
+    const Node node = recorded([](const std::vector<Array>& a) { return take(a[0], a[1], 0); },
+                               {f32(Shape{4, 5}), TensorType{Shape{4}, DType::kI32}});
     const Tensor out = run(node, {&x, &indices}, Shape{4, 5}, dtype);
     EXPECT_EQ(out.to_doubles(), take_reference(x, indices, 0, Shape{4, 5}));
     EXPECT_EQ(out.get(5), x.get(0));    // -1 -> 0
@@ -686,9 +689,9 @@ TEST(Kernels, TakeRejectsFloatIndices) {
   const Tensor x(Shape{3}, DType::kF32);
   const Tensor indices(Shape{2}, DType::kF32);
   EXPECT_THROW_WITH(run(recorded([](const std::vector<Array>& a) { return take(a[0], a[1], 0); },
-                             {f32(Shape{3}), TensorType{Shape{2}, DType::kI32}}),
-                    {&x, &indices}, Shape{2}, DType::kF32), SpecError,
-                    "[kernel] take", "dtype f32", "f32[3], f32[2]");
+                                 {f32(Shape{3}), TensorType{Shape{2}, DType::kI32}}),
+                        {&x, &indices}, Shape{2}, DType::kF32),
+                    SpecError, "[kernel] take", "dtype f32", "f32[3], f32[2]");
 }
 
 TEST(Kernels, IotaCountsFromTheBlockOffset) {
@@ -701,9 +704,9 @@ TEST(Kernels, IotaCountsFromTheBlockOffset) {
       for (std::int64_t o = 0; o < shape.numel(); ++o) {
         want.push_back(static_cast<double>(offset[axis] + unravel(o, shape)[axis]));
       }
-      const Node node = recorded(
-          [&](const std::vector<Array>& a) { return iota_like(a[0], axis, DType::kF32); },
-          {f32(shape)});
+      const Node node =
+          recorded([&](const std::vector<Array>& a) { return iota_like(a[0], axis, DType::kF32); },
+                   {f32(shape)});
       EXPECT_EQ(run(node, {}, shape, dtype, offset).to_doubles(), want);
     }
   }
@@ -740,7 +743,8 @@ TEST(Kernels, ConstraintAndAnnotationAreIdentities) {
 }
 
 TEST(Kernels, InputHasNoKernel) {
-  EXPECT_THROW_WITH(run(make_node(prim::input), {}, Shape{2}, DType::kF32), Error, "[kernel] input");
+  EXPECT_THROW_WITH(run(make_node(prim::input), {}, Shape{2}, DType::kF32), Error,
+                    "[kernel] input");
 }
 
 TEST(Kernels, UnsupportedDtypeNamesOpDtypeAndShapes) {
@@ -767,8 +771,8 @@ TEST(Kernels, FlopsCountDotElementwiseAndReductions) {
   EXPECT_EQ(flops(make_node(prim::gelu), {Shape{2, 3}}, Shape{2, 3}), 6.0);
   EXPECT_EQ(flops(make_node(prim::lt), {Shape{4}, Shape{4}}, Shape{4}), 4.0);
   EXPECT_EQ(flops(make_node(prim::select), {Shape{4}, Shape{4}, Shape{4}}, Shape{4}), 4.0);
-  const Node sum_node = recorded([](const std::vector<Array>& a) { return sum(a[0], {1}); },
-                                 {f32(Shape{2, 3, 4})});
+  const Node sum_node =
+      recorded([](const std::vector<Array>& a) { return sum(a[0], {1}); }, {f32(Shape{2, 3, 4})});
   EXPECT_EQ(flops(sum_node, {Shape{2, 3, 4}}, Shape{2, 4}), 24.0);
   for (const Primitive* op :
        {&prim::reshape, &prim::transpose, &prim::broadcast_in_dim, &prim::slice, &prim::concatenate,

@@ -90,9 +90,8 @@ TEST(EagerCache, ARandomOpWithAnotherSeedIsAnotherProgram) {
   for (int round = 0; round < 2; ++round) {
     for (const std::uint64_t seed : {1u, 2u}) {
       SCOPED_TRACE(seed);
-      const auto [value, grads] = value_and_grad([&](const Array& q) {
-        return sum(q * random_normal(Shape{8}, DType::kF32, seed));
-      })(p);
+      const auto [value, grads] = value_and_grad(
+          [&](const Array& q) { return sum(q * random_normal(Shape{8}, DType::kF32, seed)); })(p);
       // d/dp sum(p * r) = r: the seed's own numbers, as Tensor::normal makes them.
       const Tensor want = Tensor::normal(Shape{8}, DType::kF32, seed);
       EXPECT_EQ(grads.to_host().to_doubles(), want.to_doubles());
@@ -130,9 +129,8 @@ TEST(EagerCache, MemoryReturnsToTheBaselineWhenTheArraysAreGone) {
   {
     const Array x = e.put(filled(Shape{8, 4}, DType::kF32, 2.0), P("x"));
     const Array y = softmax(x * 3.0 + 1.0) - full_like(x, 0.5);
-    const auto [value, grads] = value_and_grad([&](const Array& a) {
-      return sum(a * iota_like(a, 1, DType::kF32) + 4.0);
-    })(x);
+    const auto [value, grads] = value_and_grad(
+        [&](const Array& a) { return sum(a * iota_like(a, 1, DType::kF32) + 4.0); })(x);
     EXPECT_GT(in_use(), baseline);
     EXPECT_EQ(grads.to_host().get(5), 1.0);  // d/da of a * iota: the column index
     EXPECT_EQ(y.shape(), x.shape());
@@ -188,7 +186,8 @@ TEST(Erf, MatchesPythonsMathErf) {
 TEST(Erf, GradientMatchesFiniteDifferences) {
   Eager e;
   const Tensor x = Tensor::uniform(Shape{8}, DType::kF64, 5, -2, 2);
-  const auto [value, grads] = value_and_grad([](const Array& a) { return sum(erf(a)); })(e.put(x, P("x")));
+  const auto [value, grads] =
+      value_and_grad([](const Array& a) { return sum(erf(a)); })(e.put(x, P("x")));
   const Tensor g = grads.to_host();
   for (std::int64_t i = 0; i < 8; ++i) {
     const double h = 1e-6, v = x.get(i);

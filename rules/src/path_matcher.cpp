@@ -505,12 +505,15 @@ bool dfa_can(const RegexNode& n) {
 /// fail, and no character can be read.
 std::optional<bool> matches_empty_text(const RegexNode& n) {
   switch (n.kind) {
-    case RegexNode::kEmpty: return true;
-    case RegexNode::kSet: return false;
+    case RegexNode::kEmpty:
+      return true;
+    case RegexNode::kSet:
+      return false;
     case RegexNode::kAssert:
       return n.assertion != Assertion::kWord && n.assertion != Assertion::kNotWord &&
              n.assertion != Assertion::kAsciiWord && n.assertion != Assertion::kAsciiNotWord;
-    case RegexNode::kGroup: return matches_empty_text(*n.kids[0]);
+    case RegexNode::kGroup:
+      return matches_empty_text(*n.kids[0]);
     case RegexNode::kRepeat: {
       if (n.possessive) return std::nullopt;
       const auto body = matches_empty_text(*n.kids[0]);

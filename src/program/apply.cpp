@@ -48,8 +48,9 @@ struct EagerCache {
 constexpr char kEagerCacheTag = 0;  // its address names the executor's attachment
 
 EagerCache& eager_cache(const Executor& executor) {
-  const std::shared_ptr<void> p = executor.attachment(
-      &kEagerCacheTag, [] { return std::static_pointer_cast<void>(std::make_shared<EagerCache>()); });
+  const std::shared_ptr<void> p = executor.attachment(&kEagerCacheTag, [] {
+    return std::static_pointer_cast<void>(std::make_shared<EagerCache>());
+  });
   return *static_cast<EagerCache*>(p.get());  // the executor keeps it alive
 }
 
@@ -60,8 +61,8 @@ Array run_eager(Node n, const std::vector<Array>& ins, const Array& placement) {
   CompileSpec spec{.mesh = placement.mesh(), .outputs = {std::nullopt}, .cache_constants = false};
   for (std::size_t k = 0; k < ins.size(); ++k) {
     const TensorType type{ins[k].shape(), ins[k].dtype()};
-    n.operands.push_back(
-        g.add(Node{.op = &prim::input, .type = type, .attrs = InputAttrs{static_cast<int>(k), type}}));
+    n.operands.push_back(g.add(
+        Node{.op = &prim::input, .type = type, .attrs = InputAttrs{static_cast<int>(k), type}}));
     spec.inputs.push_back(InputSpec{.spec = ins[k].sharding().spec(),
                                     .pending = ins[k].pending(),
                                     .origin = fmt::format("operand {}", k)});
@@ -91,10 +92,10 @@ Array run_eager(Node n, const std::vector<Array>& ins, const Array& placement) {
 TensorType infer_type(const Primitive& op, const Attrs& attrs, const std::vector<Array>& operands) {
   const auto count = static_cast<int>(operands.size());
   if (op.arity == kVariadic ? count == 0 : count != op.arity) {
-    throw SpecError(fmt::format("[{}] takes {} operand{}, got {}", op.name,
-                                op.arity == kVariadic ? std::string("one or more")
-                                                      : std::to_string(op.arity),
-                                op.arity == 1 ? "" : "s", count));
+    throw SpecError(
+        fmt::format("[{}] takes {} operand{}, got {}", op.name,
+                    op.arity == kVariadic ? std::string("one or more") : std::to_string(op.arity),
+                    op.arity == 1 ? "" : "s", count));
   }
   std::vector<TensorType> types;
   types.reserve(operands.size());

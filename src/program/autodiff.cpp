@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
-#include "shardplan/error.hpp"
-#include "shardplan/ops.hpp"
 #include "primitive.hpp"
 #include "primitives.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
 #include "trace.hpp"
 
 namespace shardplan::detail {

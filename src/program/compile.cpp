@@ -19,12 +19,12 @@ Graph constrain_outputs(Graph g, const CompileSpec& spec) {
   for (std::size_t k = 0; k < g.outputs.size() && k < spec.outputs.size(); ++k) {
     if (!spec.outputs[k]) continue;
     const ValueId out = g.outputs[k];
-    g.outputs[k] = g.add(Node{
-        .op = &prim::sharding_constraint,
-        .operands = {out},
-        .type = g[out].type,
-        .attrs = ConstraintAttrs{.spec = spec.outputs[k],
-                                 .origin = fmt::format("output {} (out_shardings)", k)}});
+    g.outputs[k] = g.add(
+        Node{.op = &prim::sharding_constraint,
+             .operands = {out},
+             .type = g[out].type,
+             .attrs = ConstraintAttrs{.spec = spec.outputs[k],
+                                      .origin = fmt::format("output {} (out_shardings)", k)}});
   }
   return g;
 }
@@ -40,7 +40,8 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
     } else if (n.is(prim::sharding_constraint)) {
       const ConstraintAttrs& c = n.attr<ConstraintAttrs>();
       if (c.spec) {
-        prop.fix(id, *c.spec, c.origin.empty() ? std::string("with_sharding_constraint") : c.origin);
+        prop.fix(id, *c.spec,
+                 c.origin.empty() ? std::string("with_sharding_constraint") : c.origin);
       } else if (c.like && prop.at(*c.like).fixed) {
         prop.fix(id, spec_of_dims(prop.at(*c.like).dims),
                  fmt::format("sharded like {} (the gradient of a parameter)", value_name(*c.like)));

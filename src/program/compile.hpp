@@ -48,13 +48,13 @@ constexpr std::size_t index(SlotId s) { return static_cast<std::size_t>(s); }
 struct Step {
   enum class Kind { kKernel, kReshard };
   Kind kind = Kind::kKernel;
-  ValueId node{};                         // the graph node it computes (kernel) or feeds (reshard)
-  Node local;                             // kernel: the node with local attributes and shape
+  ValueId node{};  // the graph node it computes (kernel) or feeds (reshard)
+  Node local;      // kernel: the node with local attributes and shape
   std::vector<SlotId> in;
   SlotId out{};
-  TensorType type;                        // global type of the result
-  std::optional<NamedSharding> sharding;  // of the result (always set)
-  Pending pending;                        // kernel result
+  TensorType type;                                   // global type of the result
+  std::optional<NamedSharding> sharding;             // of the result (always set)
+  Pending pending;                                   // kernel result
   std::shared_ptr<const std::vector<Block>> blocks;  // kernel: the result's blocks by device
   std::vector<std::vector<std::int64_t>> offsets;    // kernel: their starts, by device
   std::vector<CollectiveRecord> cost;  // reshard: the collectives it will run (static)

@@ -102,9 +102,15 @@ bool same(const T& a, const T& b) {
   } else if constexpr (std::is_same_v<T, std::shared_ptr<const Tensor>>) {
     // By value: a host tensor freed and another made at its address must not match.
     return a == b || (a && b && same_value(*a, *b));
-  } else if constexpr (requires { a.has_value(); *a; }) {  // std::optional
+  } else if constexpr (requires {
+                         a.has_value();
+                         *a;
+                       }) {  // std::optional
     return a.has_value() == b.has_value() && (!a || same(*a, *b));
-  } else if constexpr (requires { a.size(); a.begin(); }) {  // std::vector
+  } else if constexpr (requires {
+                         a.size();
+                         a.begin();
+                       }) {  // std::vector
     if (a.size() != b.size()) return false;
     for (std::size_t i = 0; i < a.size(); ++i) {
       if (!same(a[i], b[i])) return false;
@@ -138,9 +144,15 @@ std::size_t hash_of(const T& v) {
   } else if constexpr (std::is_same_v<T, std::shared_ptr<const Tensor>>) {
     // Shape and dtype only: equal values must hash alike, and the bytes may be large.
     return v ? mix(hash_of(v->shape()), static_cast<std::size_t>(v->dtype())) : 0;
-  } else if constexpr (requires { v.has_value(); *v; }) {
+  } else if constexpr (requires {
+                         v.has_value();
+                         *v;
+                       }) {
     return v ? mix(1, hash_of(*v)) : 0;
-  } else if constexpr (requires { v.size(); v.begin(); }) {
+  } else if constexpr (requires {
+                         v.size();
+                         v.begin();
+                       }) {
     std::size_t h = v.size();
     for (const auto& e : v) h = mix(h, hash_of(e));
     return h;

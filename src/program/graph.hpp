@@ -58,8 +58,8 @@ class Attrs {
  public:
   Attrs() = default;
   template <class T>
-    requires(!std::is_same_v<std::remove_cvref_t<T>, Attrs>)
-  Attrs(T value)  // NOLINT: attributes convert implicitly, as in Node{.attrs = Reduce{...}}
+  requires(!std::is_same_v<std::remove_cvref_t<T>, Attrs>)
+      Attrs(T value)  // NOLINT: attributes convert implicitly, as in Node{.attrs = Reduce{...}}
       : p_(std::make_shared<const Model<std::remove_cvref_t<T>>>(std::move(value))) {}
 
   bool empty() const { return p_ == nullptr; }

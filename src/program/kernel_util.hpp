@@ -36,8 +36,7 @@ struct Opaque {
 /// The types kernels compute with: f32, f64, bf16, i32, i64 (is_computable).
 template <class T>
 concept Numeric = std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                  std::is_same_v<T, bf16> || std::is_same_v<T, std::int32_t> ||
-                  std::is_same_v<T, std::int64_t>;
+    std::is_same_v<T, bf16> || std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
 template <class T>
 concept Floating = std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>;
 

@@ -15,9 +15,9 @@ namespace {
 std::int64_t add_live(std::int64_t live, std::int64_t bytes) {
   std::int64_t out = 0;
   if (!checked_add(live, bytes, &out)) {
-    throw SpecError(fmt::format(
-        "[compile] the bytes live at once on a device overflow int64 ({} + {} bytes)", live,
-        bytes));
+    throw SpecError(
+        fmt::format("[compile] the bytes live at once on a device overflow int64 ({} + {} bytes)",
+                    live, bytes));
   }
   return out;
 }

@@ -199,9 +199,9 @@ class Partitioner {
     Choice c;
     c.axes = std::move(axes);
     auto fits = [&](std::int64_t size, int fac) {
-      return fac >= 0 &&
-             size % std::max<std::int64_t>(
-                        1, product(mesh_, c.axes[static_cast<std::size_t>(fac)])) == 0;
+      return fac >= 0 && size % std::max<std::int64_t>(
+                                    1, product(mesh_, c.axes[static_cast<std::size_t>(fac)])) ==
+                             0;
     };
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
@@ -214,11 +214,11 @@ class Partitioner {
       }
       c.wants.push_back(spec_of_dims(want));
       const State& os = state_[o];
-      c.cost = add_bytes(c.cost,
-                         bytes_received(plan_reshard(ot.shape, ot.dtype,
-                                                     NamedSharding(mesh_, os.spec), os.pending,
-                                                     NamedSharding(mesh_, c.wants.back()))),
-                         "a node's reshard cost");
+      c.cost =
+          add_bytes(c.cost,
+                    bytes_received(plan_reshard(ot.shape, ot.dtype, NamedSharding(mesh_, os.spec),
+                                                os.pending, NamedSharding(mesh_, c.wants.back()))),
+                    "a node's reshard cost");
     }
     c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
     for (std::size_t d = 0; d < c.out_dims.size(); ++d) {
@@ -232,12 +232,12 @@ class Partitioner {
         c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
       }
     }
-    c.cost = add_bytes(
-        c.cost,
-        bytes_received(plan_reshard(n.type.shape, n.type.dtype,
-                                    NamedSharding(mesh_, spec_of_dims(c.out_dims)), c.pend,
-                                    NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
-        "a node's reshard cost");
+    c.cost =
+        add_bytes(c.cost,
+                  bytes_received(plan_reshard(
+                      n.type.shape, n.type.dtype, NamedSharding(mesh_, spec_of_dims(c.out_dims)),
+                      c.pend, NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
+                  "a node's reshard cost");
     return c;
   }
 

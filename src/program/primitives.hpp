@@ -15,17 +15,19 @@
 namespace shardplan::detail {
 
 // X(name): the `const Primitive prim::name` defined in src/program/primitives/.
-#define SHARDPLAN_PRIMITIVES(X)                                                            \
-  /* elementwise.cpp */                                                                    \
-  X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(relu) X(gelu) X(sigmoid)   \
-  X(abs) X(erf) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(eq) X(ne) X(lt) X(le)   \
-  X(gt) X(ge) X(select) X(convert)                                                         \
-  /* dot.cpp */ X(dot_general)                                                             \
-  /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                               \
-  /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)   \
-  X(take)                                                                                  \
-  /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                 \
+// clang-format off
+#define SHARDPLAN_PRIMITIVES(X)                                                               \
+  /* elementwise.cpp */                                                                       \
+  X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(relu) X(gelu) X(sigmoid)      \
+  X(abs) X(erf) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(eq) X(ne) X(lt) X(le)      \
+  X(gt) X(ge) X(select) X(convert)                                                            \
+  /* dot.cpp */ X(dot_general)                                                                \
+  /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                                  \
+  /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \
+  X(take)                                                                                     \
+  /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                    \
   /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation)
+// clang-format on
 
 namespace prim {
 #define SHARDPLAN_DECLARE_PRIMITIVE(n) extern const Primitive n;

@@ -1,11 +1,10 @@
 // The program: Program::run (the interpreter: binds the inputs, runs each step on the
 // executor, frees what is no longer needed) and its text.
-#include "compile.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 
+#include "compile.hpp"
 #include "primitive.hpp"
 #include "primitives.hpp"
 #include "shardplan/distributed.hpp"
@@ -100,8 +99,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
     if (failed && st.kind != Step::Kind::kReshard) continue;
     if (st.kind == Step::Kind::kReshard) {
       agree();
-      slots[index(st.out)] =
-          reshard(slots[index(st.in[0])], *st.sharding).array;
+      slots[index(st.out)] = reshard(slots[index(st.in[0])], *st.sharding).array;
     } else {
       try {
         run_kernel_step(executor, st, slots);
@@ -119,8 +117,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   agree();
   if (!constant_slots_.empty() && !have_constants) {
     std::vector<std::pair<SlotId, Array>> made;
-    for (const SlotId slot : constant_slots_)
-      made.emplace_back(slot, slots[index(slot)]);
+    for (const SlotId slot : constant_slots_) made.emplace_back(slot, slots[index(slot)]);
     std::lock_guard<std::mutex> lock(constants_->mu);
     if (constants_->by_executor.size() > 16) constants_->by_executor.clear();
     constants_->by_executor.emplace(executor.identity(), std::move(made));
@@ -134,34 +131,32 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
 // blocks, the result array.
 void Program::run_kernel_step(const Executor& executor, const Step& st,
                               std::vector<Array>& slots) const {
-    const Shape& local = st.local.type.shape;
-    const std::int64_t bytes = byte_size(local, st.type.dtype);
-    std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
-    for (const int d : mesh_.devices()) {
-      if (!executor.is_local(d)) continue;  // another process runs it
-      out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
-    }
-    std::vector<const Array*> ins;
-    for (const SlotId in : st.in) ins.push_back(&slots[index(in)]);
-    // Steps of a few KiB run inline: waking the pool would cost more than the work.
-    const bool parallel =
-        bytes * static_cast<std::int64_t>(mesh_.devices().size()) > (64 << 10);
-    executor.run(
-        mesh_.devices(),
-        [&](int d) {
-          std::vector<ConstBlock> in_blocks;
-          in_blocks.reserve(ins.size());
-          for (const Array* a : ins) {
-            in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
-          }
-          const MutBlock out_block{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype};
-          st.local.op->kernel(
-              KernelArgs{st.local, in_blocks, out_block, st.offsets[static_cast<std::size_t>(d)]});
-        },
-        parallel);
-    slots[index(st.out)] =
-        Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
-                            std::move(out), st.pending);
+  const Shape& local = st.local.type.shape;
+  const std::int64_t bytes = byte_size(local, st.type.dtype);
+  std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
+  for (const int d : mesh_.devices()) {
+    if (!executor.is_local(d)) continue;  // another process runs it
+    out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(executor.allocate(d, bytes));
+  }
+  std::vector<const Array*> ins;
+  for (const SlotId in : st.in) ins.push_back(&slots[index(in)]);
+  // Steps of a few KiB run inline: waking the pool would cost more than the work.
+  const bool parallel = bytes * static_cast<std::int64_t>(mesh_.devices().size()) > (64 << 10);
+  executor.run(
+      mesh_.devices(),
+      [&](int d) {
+        std::vector<ConstBlock> in_blocks;
+        in_blocks.reserve(ins.size());
+        for (const Array* a : ins) {
+          in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
+        }
+        const MutBlock out_block{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype};
+        st.local.op->kernel(
+            KernelArgs{st.local, in_blocks, out_block, st.offsets[static_cast<std::size_t>(d)]});
+      },
+      parallel);
+  slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
+                                             st.blocks, std::move(out), st.pending);
 }
 
 std::string Program::text() const {

@@ -574,8 +574,7 @@ std::vector<NamedSharding> Lowered::output_shardings() const {
 Tree<TensorSpec> Lowered::output_specs() const {
   const detail::Graph& g = c_->program.graph();
   return c_->out_structure.map([&](int i) {
-    const detail::TensorType& t =
-        g[g.outputs[static_cast<std::size_t>(i)]].type;
+    const detail::TensorType& t = g[g.outputs[static_cast<std::size_t>(i)]].type;
     return TensorSpec{t.shape, t.dtype};
   });
 }

@@ -30,8 +30,8 @@ double flops_per_result(const Node&, std::span<const Shape>, const Shape& result
 }
 
 void no_kernel(const KernelArgs& k) {
-  throw Error(fmt::format("[kernel] {} has no kernel (inputs are bound, not computed)",
-                          k.node.op->name));
+  throw Error(
+      fmt::format("[kernel] {} has no kernel (inputs are bound, not computed)", k.node.op->name));
 }
 
 std::string type_str(const Array& a) {

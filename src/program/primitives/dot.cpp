@@ -27,8 +27,8 @@ TensorType dot_type(const Node& n, std::span<const TensorType> in) {
   const Shape& a = in[0].shape;
   const Shape& b = in[1].shape;
   auto fail = [&](const std::string& why) {
-    return SpecError(fmt::format("[dot_general] {} and {}: {}", to_string(in[0]),
-                                 to_string(in[1]), why));
+    return SpecError(
+        fmt::format("[dot_general] {} and {}: {}", to_string(in[0]), to_string(in[1]), why));
   };
   if (in[0].dtype != in[1].dtype) throw fail("different dtypes");
   if (!is_computable(in[0].dtype)) {
@@ -267,8 +267,8 @@ void dot_kernel(const KernelArgs& k) {
 
 double dot_flops(const Node& n, std::span<const Shape> in, const Shape&) {
   const DotLayout d = dot_layout(n.attr<DotAttrs>().dims, in[0], in[1]);
-  return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) *
-         static_cast<double>(d.n) * static_cast<double>(d.k);
+  return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
+         static_cast<double>(d.k);
 }
 
 // Gradient with respect to the lhs (rhs when `for_rhs`): a dot of the cotangent with the other

@@ -151,9 +151,7 @@ using Arrays = std::vector<Array>;
 
 Arrays neg_vjp(const Node&, const Arrays&, const Array&, const Array& g) { return {-g}; }
 Arrays exp_vjp(const Node&, const Arrays&, const Array& y, const Array& g) { return {g * y}; }
-Arrays log_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
-  return {g / in[0]};
-}
+Arrays log_vjp(const Node&, const Arrays& in, const Array&, const Array& g) { return {g / in[0]}; }
 Arrays sqrt_vjp(const Node&, const Arrays&, const Array& y, const Array& g) {
   return {g * 0.5 / y};
 }
@@ -201,8 +199,7 @@ TensorType same_type(const Node& n, std::span<const TensorType> in, bool (*ok)(D
   }
   if (in[0].shape != in[1].shape) reject(n.op->name, in, "shapes differ");
   if (!ok(in[0].dtype)) {
-    reject(n.op->name, in,
-           fmt::format("{} does not take {}", n.op->name, name(in[0].dtype)));
+    reject(n.op->name, in, fmt::format("{} does not take {}", n.op->name, name(in[0].dtype)));
   }
   return TensorType{in[0].shape, result};
 }
@@ -225,10 +222,12 @@ void binary_kernel(const KernelArgs& k) {
     const std::int64_t n = k.out.shape.numel();
     if constexpr (std::is_same_v<decltype(Fn::template f<C>(C(), C())), bool>) {
       std::uint8_t* y = elems<std::uint8_t>(k.out);
-      for (std::int64_t i = 0; i < n; ++i) y[i] = Fn::template f<C>(widen(a[i]), widen(b[i])) ? 1 : 0;
+      for (std::int64_t i = 0; i < n; ++i)
+        y[i] = Fn::template f<C>(widen(a[i]), widen(b[i])) ? 1 : 0;
     } else {
       T* y = elems<T>(k.out);
-      for (std::int64_t i = 0; i < n; ++i) y[i] = narrow<T>(Fn::template f<C>(widen(a[i]), widen(b[i])));
+      for (std::int64_t i = 0; i < n; ++i)
+        y[i] = narrow<T>(Fn::template f<C>(widen(a[i]), widen(b[i])));
     }
   });
 }
@@ -499,14 +498,15 @@ Array greater_equal(const Array& a, const Array& b) { return detail::binary_op(p
 
 Array where(const Array& cond, const Array& a, const Array& b) {
   if (cond.dtype() != DType::kBool) {
-    throw SpecError(fmt::format("[where] the condition must be bool, got {}", detail::type_str(cond)));
+    throw SpecError(
+        fmt::format("[where] the condition must be bool, got {}", detail::type_str(cond)));
   }
   if (a.dtype() != b.dtype()) {
     throw SpecError(fmt::format("[where] branches have different dtypes: {} and {}",
                                 detail::type_str(a), detail::type_str(b)));
   }
-  const Shape s1 =
-      detail::broadcast_shape(a.shape(), b.shape(), "where", detail::type_str(a), detail::type_str(b));
+  const Shape s1 = detail::broadcast_shape(a.shape(), b.shape(), "where", detail::type_str(a),
+                                           detail::type_str(b));
   const Shape shape = detail::broadcast_shape(cond.shape(), s1, "where", detail::type_str(cond),
                                               detail::type_str(a));
   return apply(prim::select, NoAttrs{},

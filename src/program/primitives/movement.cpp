@@ -267,7 +267,8 @@ OpFactors slice_factors(const Node& n, std::span<const Shape> operands) {
 }
 
 // A dimension taken whole may be sharded: its limit is the block's size.
-void slice_localize(Node& local, std::span<const Shape> global_in, std::span<const Shape> local_in) {
+void slice_localize(Node& local, std::span<const Shape> global_in,
+                    std::span<const Shape> local_in) {
   SliceAttrs a = local.attr<SliceAttrs>();
   for (int d = 0; d < global_in[0].rank(); ++d) {
     if (whole(a, global_in[0], d)) a.limits[static_cast<std::size_t>(d)] = local_in[0][d];
@@ -279,8 +280,7 @@ void slice_kernel(const KernelArgs& k) {
   const Shape& in = k.in[0].shape;
   const std::vector<std::int64_t> zeros(static_cast<std::size_t>(in.rank()), 0);
   copy_box(k.in[0].data, in.begin(), k.node.attr<SliceAttrs>().starts.data(), k.out.data,
-           k.out.shape.begin(), zeros.data(), k.out.shape.begin(), in.rank(),
-           size_of(k.out.dtype));
+           k.out.shape.begin(), zeros.data(), k.out.shape.begin(), in.rank(), size_of(k.out.dtype));
 }
 
 // The cotangent padded with zeros back to the operand's shape.
@@ -551,7 +551,8 @@ Array broadcast_to(const Array& x, const Shape& shape) {
         fmt::format("[broadcast_to] cannot broadcast {} to {}", type_str(x), shape.to_string()));
   }
   if (x.shape() == shape) return x;
-  return broadcast_in_dim(x, shape, detail::int_range(shape.rank() - x.shape().rank(), shape.rank()));
+  return broadcast_in_dim(x, shape,
+                          detail::int_range(shape.rank() - x.shape().rank(), shape.rank()));
 }
 
 Array slice(const Array& x, std::vector<std::int64_t> starts, std::vector<std::int64_t> limits) {

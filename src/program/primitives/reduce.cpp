@@ -27,8 +27,8 @@ TensorType reduce_type(const Node& n, std::span<const TensorType> in) {
   const Shape& s = in[0].shape;
   for (std::size_t i = 0; i < axes.size(); ++i) {
     if (axes[i] < 0 || axes[i] >= s.rank() || (i > 0 && axes[i] <= axes[i - 1])) {
-      reject(n.op->name, in, fmt::format("axes [{}] are not ascending axes of the operand",
-                                         fmt::join(axes, ", ")));
+      reject(n.op->name, in,
+             fmt::format("axes [{}] are not ascending axes of the operand", fmt::join(axes, ", ")));
     }
   }
   std::vector<std::int64_t> kept;

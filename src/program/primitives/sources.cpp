@@ -27,7 +27,9 @@ std::string format_attrs(const ConstantAttrs&) { return {}; }
 
 namespace {
 
-OpFactors source_factors(const Node& n, std::span<const Shape>) { return result_only(n.type.shape); }
+OpFactors source_factors(const Node& n, std::span<const Shape>) {
+  return result_only(n.type.shape);
+}
 
 // ---- iota -------------------------------------------------------------------------------------
 
@@ -37,8 +39,8 @@ TensorType iota_type(const Node& n, std::span<const TensorType>) {
     throw SpecError(fmt::format("[iota] cannot count in {}", name(a.dtype)));
   }
   if (a.axis < 0 || a.axis >= a.shape.rank()) {
-    throw SpecError(fmt::format("[iota] axis {} is out of range for {}", a.axis,
-                                a.shape.to_string()));
+    throw SpecError(
+        fmt::format("[iota] axis {} is out of range for {}", a.axis, a.shape.to_string()));
   }
   return TensorType{a.shape, a.dtype};
 }
@@ -160,8 +162,7 @@ namespace shardplan {
 
 Array random_normal(const Shape& shape, DType dtype, std::uint64_t seed, double mean,
                     double stddev) {
-  return detail::random_array(shape, dtype, Generator::normal(seed, mean, stddev),
-                              "random_normal");
+  return detail::random_array(shape, dtype, Generator::normal(seed, mean, stddev), "random_normal");
 }
 
 Array random_uniform(const Shape& shape, DType dtype, std::uint64_t seed, double low, double high) {
@@ -174,8 +175,7 @@ Array iota_like(const Array& like, int axis, DType dtype) {
         fmt::format("[iota] needs an array with an axis, got {}", detail::type_str(like)));
   }
   axis = detail::normalize_axis(axis, like, "iota");
-  return detail::apply(detail::prim::iota, detail::IotaAttrs{like.shape(), dtype, axis}, {},
-                       &like);
+  return detail::apply(detail::prim::iota, detail::IotaAttrs{like.shape(), dtype, axis}, {}, &like);
 }
 
 }  // namespace shardplan
