@@ -1,6 +1,6 @@
 #pragma once
 // The scalar numeric policy, defined once for everything that computes values: the per-device
-// kernels (src/program/kernels.cpp), the ordered cross-device reductions (reduce.cpp) and host
+// kernels (src/program/primitives/), the ordered cross-device reductions (reduce.cpp) and host
 // tensors (tensor.cpp). A sharded result can then differ from the unsharded one only by the order
 // of float additions, never by how NaN, -0.0 or integer overflow are treated.
 // docs/runtime.md, "Numeric policy", states the same rules for users.
