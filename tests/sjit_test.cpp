@@ -15,6 +15,7 @@
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -739,6 +740,37 @@ TEST(Sjit, ArgumentErrorsNameTheMeshesAndPositions) {
   auto h =
       sjit(s.mesh, [](std::uint64_t seed) { return random_normal(Shape{8}, DType::kF32, seed); });
   EXPECT_THROW_WITH(h(std::uint64_t{1}), ArrayError, "SjitOptions::executor");
+}
+
+// The options' rule trees are resolved by the planner; its errors keep their type (callers catch
+// a structure mismatch as TreeError, a rule that cannot decide as RuleError) and say which
+// option they come from.
+TEST(Sjit, ShardingOptionErrorsKeepTheirTypeAndNameTheOption) {
+  Meshes s;
+  const Array x = s.put(Tensor::normal(Shape{8, 8}, DType::kF32, 1), P());
+  const Tree<Array> params = Tree<Array>::dict({{"w", x}});
+  const auto f = [](const Tree<Array>& p, const Array& v) { return matmul(v, p.at("w").leaf()); };
+  // The first argument's tree has key 'w', the rule tree 'b': not a prefix.
+  const RuleTree wrong_keys =
+      RuleTree::list({RuleTree::dict({{"b", RuleTree(P())}}), RuleTree(P())});
+  auto in = sjit(s.mesh, f, SjitOptions{.in_shardings = wrong_keys});
+  EXPECT_THROW_WITH(in(params, x), TreeError, "[sjit] in_shardings: ", "not a prefix", "at '0'",
+                    "keys [b]");
+  EXPECT_THROW_WITH(in.lower(params, x), TreeError, "[sjit] in_shardings: ");
+  auto constraint = sjit(s.mesh, f, SjitOptions{.args_sharding_constraint = wrong_keys});
+  EXPECT_THROW_WITH(constraint(params, x), TreeError, "[sjit] args_sharding_constraint: ");
+  auto out = sjit(s.mesh, f, SjitOptions{.out_shardings = RuleTree::list({RuleTree(P())})});
+  EXPECT_THROW_WITH(out(params, x), TreeError, "[sjit] out_shardings: ");
+  // A strict path rule with no entry for '0/w' cannot decide it: a RuleError naming the path.
+  const auto strict = std::make_shared<TreePathShardingRule>(
+      std::vector<TreePathShardingRule::Entry>{{"bias", P()}});
+  auto rule = sjit(s.mesh, f, SjitOptions{.in_shardings = RuleTree(strict)});
+  EXPECT_THROW_WITH(rule(params, x), RuleError, "[sjit] in_shardings: ", "0/w");
+  // A spec that does not divide the shape stays a SpecError (6 rows over 'data' of size 4).
+  auto spec = sjit(
+      s.mesh, f, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P()), RuleTree(P("data"))})});
+  EXPECT_THROW_WITH(spec(params, s.put(Tensor::normal(Shape{6, 8}, DType::kF32, 2), P())),
+                    SpecError, "[sjit] in_shardings: ");
 }
 
 }  // namespace

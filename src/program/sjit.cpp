@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "compile.hpp"
+#include "resolve_rules.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -116,15 +117,13 @@ Tree<TensorSpec> specs_of(const CallArgs& call) {
   return Tree<TensorSpec>::list(std::move(args));
 }
 
-// The leaf shardings a rule tree gives the argument list (nullopt where unspecified).
+// The leaf shardings one of the options' rule trees gives `tree` (nullopt where unspecified or
+// when the option is not set). Errors keep their type, with "[sjit] {what}: " before them.
+template <class T>
 std::vector<MaybeSharding> resolve(const Mesh& mesh, const std::optional<RuleTree>& rules,
-                                   const Tree<TensorSpec>& specs, std::string_view what) {
-  if (!rules) return std::vector<MaybeSharding>(specs.num_leaves());
-  try {
-    return MeshShardingHelper(mesh).match(*rules, specs).leaves();
-  } catch (const Error& e) {
-    throw SpecError(fmt::format("[sjit] {}: {}", what, e.what()));
-  }
+                                   const Tree<T>& tree, std::string_view what) {
+  if (!rules) return std::vector<MaybeSharding>(tree.num_leaves());
+  return resolve_rules(mesh, *rules, tree, fmt::format("[sjit] {}", what));
 }
 
 // Per argument leaf: whether donate_argnums names its argument.
@@ -363,10 +362,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
     spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
                                     fmt::format("array captured from outside ({})", k)});
   }
-  const Tree<TensorSpec> out_specs = out.map([](const Array& a) {
-    return TensorSpec{a.shape(), a.dtype()};
-  });
-  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out_specs, "out_shardings")) {
+  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
     spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
   }
   auto compiled = std::make_shared<Compiled>(compile(g, spec));
@@ -451,10 +447,7 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
   ctx.allow_unknown_annotations = ctx.allow_unknown_annotations || o.allow_unknown_annotations;
   Tree<Array> out = trace(args);
   if (!o.out_shardings) return out;
-  const Tree<TensorSpec> out_specs = out.map([](const Array& x) {
-    return TensorSpec{x.shape(), x.dtype()};
-  });
-  const auto out_sh = resolve(mesh, o.out_shardings, out_specs, "out_shardings");
+  const auto out_sh = resolve(mesh, o.out_shardings, out, "out_shardings");
   std::size_t k = 0;
   return out.map([&](const Array& x) {
     const MaybeSharding& sh = out_sh[k];
