@@ -773,5 +773,25 @@ TEST(Sjit, ShardingOptionErrorsKeepTheirTypeAndNameTheOption) {
                     SpecError, "[sjit] in_shardings: ");
 }
 
+TEST(Sjit, OriginsAndErrorsNameTheArgumentAndTheLeafsPath) {
+  Meshes s;
+  const auto f = [](const Tree<Array>& p, const Array& v) {
+    return matmul(v, p.at("layer").at("w").leaf());
+  };
+  const Tree<Array> params = Tree<Array>::dict(
+      {{"layer", Tree<Array>::dict({{"w", s.put(Tensor::ones(Shape{8, 4}, DType::kF32), P())}})}});
+  const Array x = s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P("data"));
+  auto step = sjit(s.mesh, f,
+                   SjitOptions{.in_shardings = RuleTree::list(
+                                   {RuleTree(P(nullptr, "model")), RuleTree(Unspecified{})})});
+  const std::string text = step.lower(params, x).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("in_shardings (argument 0 'layer/w')"));
+  EXPECT_THAT(text, ::testing::HasSubstr("argument 1 as passed"));
+  // A donated leaf is named by its argument and path when it is passed again.
+  auto donating = sjit(s.mesh, f, SjitOptions{.donate_argnums = {0}});
+  donating(params, x);
+  EXPECT_THROW_WITH(step(params, x), ArrayError, "argument 0 'layer/w' was donated");
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -46,25 +46,26 @@ void add_spec_arg(CallArgs& call, int position, const Tree<TensorSpec>& tree) {
 
 namespace {
 
-// "argument 2" or "argument 2 (leaf 'w')" for leaf `leaf` of the call's array arguments.
-std::string leaf_name(const CallArgs& call, std::size_t leaf) {
+// Per leaf of the call's array arguments, its name for messages and origins: "argument 2" for a
+// plain Array argument, "argument 0 'params/w'" for a leaf of a tree or struct argument.
+// O(leaves): computed once when compiling, or on an error path.
+std::vector<std::string> leaf_names(const CallArgs& call) {
+  std::vector<std::string> names(call.leaves.size());
   for (std::size_t k = 0; k < call.structures.size(); ++k) {
-    std::string found;
-    bool hit = false;
-    call.structures[k].for_each_leaf([&](const std::string& path, int i) {
-      if (static_cast<std::size_t>(i) == leaf) {
-        hit = true;
-        found = path;
-      }
-    });
-    if (hit) {
-      return call.structures[k].is_leaf()
-                 ? fmt::format("argument {}", call.positions[k])
-                 : fmt::format("argument {} (leaf '{}')", call.positions[k], found);
+    const Tree<int>& st = call.structures[k];
+    if (st.is_leaf()) {
+      names[static_cast<std::size_t>(st.leaf())] = fmt::format("argument {}", call.positions[k]);
+      continue;
     }
+    st.for_each_leaf([&](const std::string& path, int i) {
+      names[static_cast<std::size_t>(i)] = fmt::format("argument {} '{}'", call.positions[k], path);
+    });
   }
-  return fmt::format("argument leaf {}", leaf);
+  return names;
 }
+
+// The name of one leaf (an error path: O(leaves)).
+std::string leaf_name(const CallArgs& call, std::size_t leaf) { return leaf_names(call)[leaf]; }
 
 ArrayError donated_error(const CallArgs& call, std::size_t leaf) {
   return ArrayError(fmt::format(
@@ -343,16 +344,17 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   g.num_inputs = next_index;
   CompileSpec spec{mesh, {}, {}};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
+  const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     const ArgLeaf& l = call.leaves[i];
     InputSpec in;
     if (in_sh[i]) {
       in.spec = in_sh[i]->spec();
-      in.origin = fmt::format("in_shardings (argument leaf {})", i);
+      in.origin = fmt::format("in_shardings ({})", names[i]);
     } else if (l.array.valid()) {
       in.spec = l.array.sharding().spec();
       in.pending = l.array.pending();
-      in.origin = fmt::format("argument leaf {} as passed", i);
+      in.origin = fmt::format("{} as passed", names[i]);
     }
     in.donated = donated[i] != 0;
     spec.inputs.push_back(std::move(in));
@@ -412,16 +414,16 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
     n.name = std::move(origin);
     return apply_node(std::move(n), {x}, nullptr);
   };
+  const std::vector<std::string> names = leaf_names(call);
   std::vector<Array> leaf_args;
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     Array t = call.leaves[i].array;
     if (in_sh[i]) {
-      t = constrain(t, in_sh[i]->spec(),
-                    fmt::format("nested sjit in_shardings ({})", leaf_name(call, i)));
+      t = constrain(t, in_sh[i]->spec(), fmt::format("nested sjit in_shardings ({})", names[i]));
     }
     if (constraint_sh[i]) {
       t = constrain(t, constraint_sh[i]->spec(),
-                    fmt::format("nested sjit args_sharding_constraint ({})", leaf_name(call, i)));
+                    fmt::format("nested sjit args_sharding_constraint ({})", names[i]));
     }
     leaf_args.push_back(std::move(t));
   }
