@@ -53,7 +53,7 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   const Tensor w2 = Tensor::normal(Shape{32, 8}, DType::kF32, 3);
   SjitOptions o;
   o.out_shardings = RuleTree(P("data", nullptr));
-  auto step = MeshShardingHelper(s.mesh).sjit(&dot_relu_dot, o);
+  auto step = sjit(MeshShardingHelper(s.mesh), &dot_relu_dot, o);
   const Array xs = s.put(x, P("data")), w1s = s.put(w1, P(nullptr, "model")),
               w2s = s.put(w2, P("model"));
   const Array y = step(xs, w1s, w2s);
@@ -74,7 +74,7 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   // A consumer that keeps the output split over 'model' gets a reduce-scatter instead.
   SjitOptions split = o;
   split.out_shardings = RuleTree(P("data", "model"));
-  auto step2 = MeshShardingHelper(s.mesh).sjit(&dot_relu_dot, split);
+  auto step2 = sjit(MeshShardingHelper(s.mesh), &dot_relu_dot, split);
   const Lowered low2 = step2.lower(xs, w1s, w2s);
   EXPECT_THAT(low2.text(), ::testing::HasSubstr("reduce_scatter over 'model'"));
   EXPECT_EQ(low2.cost().bytes_by_kind.count("all_reduce"), 0u);

@@ -119,7 +119,7 @@ class Sjit {
   std::shared_ptr<detail::SjitCore> core_;
 };
 
-/// Wraps `f` to run over `mesh` (MeshShardingHelper::sjit does the same with its mesh).
+/// Wraps `f` to run over `mesh`.
 template <class F>
 Sjit<F> sjit(const Mesh& mesh, F f, SjitOptions options = {}) {
   return Sjit<F>(std::move(f), mesh, std::move(options));
@@ -132,13 +132,10 @@ Sjit<F> sjit(F f, SjitOptions options = {}) {
   return Sjit<F>(std::move(f), get_global_mesh(), std::move(options));
 }
 
+/// scalax's mesh.sjit: `f` wrapped to run over the helper's mesh, as sjit(helper.mesh(), f).
 template <class F>
-Sjit<F> MeshShardingHelper::sjit(F f, SjitOptions options) const {
-  return Sjit<F>(std::move(f), mesh_, std::move(options));
-}
-template <class F>
-Sjit<F> MeshShardingHelper::sjit(F f) const {
-  return Sjit<F>(std::move(f), mesh_, SjitOptions{});
+Sjit<F> sjit(const MeshShardingHelper& helper, F f, SjitOptions options = {}) {
+  return Sjit<F>(std::move(f), helper.mesh(), std::move(options));
 }
 
 /// jax.eval_shape: the shapes and dtypes `f` returns for these arguments (arrays or TensorSpec
