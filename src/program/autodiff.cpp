@@ -282,8 +282,8 @@ ValueAndGrad value_and_grad_impl(
   inner.capture_foreign = true;
   inner.annotation_rules = outer != nullptr ? outer->annotation_rules : nullptr;
   inner.allow_unknown_annotations = outer == nullptr || outer->allow_unknown_annotations;
-  int loss_node = -1;
-  Tree<int> aux_nodes;
+  Graph g;  // outputs: the loss, then the aux leaves
+  Tree<int> aux_structure;
   {
     TraceScope scope(&inner);
     std::vector<Array> tracers;
@@ -296,21 +296,24 @@ ValueAndGrad value_and_grad_impl(
       throw SpecError(fmt::format("[grad] the function must return a float scalar, got {}{}",
                                   name(loss.dtype()), loss.shape().to_string()));
     }
-    loss_node = inner.node_of(loss);
-    aux_nodes = aux.map([&](const Array& a) { return inner.node_of(a); });
+    std::vector<Array> outputs{loss};
+    int next_output = 1;
+    aux_structure = aux.map([&](const Array& a) {
+      outputs.push_back(a);
+      return next_output++;
+    });
+    g = inner.finish(outputs);
   }
-  const Graph& g = inner.graph;
+  const int loss_node = g.outputs[0];
+  const std::size_t num_args = leaves.size();
   const Array& placement = leaves[0];
   // The forward pass again, as ops of the enclosing trace (or eagerly).
   std::vector<Array> vals(g.nodes.size());
-  std::map<int, Array> captured;
-  for (const Array& a : inner.captured)
-    captured[inner.captured_node.at(ArrayAccess::identity(a))] = a;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     if (n.op == Op::kInput) {
-      vals[i] = n.index >= 0 ? leaves[static_cast<std::size_t>(n.index)]
-                             : captured.at(static_cast<int>(i));
+      const auto input = static_cast<std::size_t>(n.index);
+      vals[i] = input < num_args ? leaves[input] : inner.captured[input - num_args];
       continue;
     }
     std::vector<Array> ins;
@@ -336,7 +339,8 @@ ValueAndGrad value_and_grad_impl(
   std::vector<Array> grads(leaves.size());
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    if (n.op == Op::kInput && n.index >= 0) grads[static_cast<std::size_t>(n.index)] = ct[i];
+    if (n.op == Op::kInput && static_cast<std::size_t>(n.index) < num_args)
+      grads[static_cast<std::size_t>(n.index)] = ct[i];
   }
   for (std::size_t p = 0; p < leaves.size(); ++p) {
     const Array& leaf = leaves[p];
@@ -351,7 +355,9 @@ ValueAndGrad value_and_grad_impl(
   ValueAndGrad out;
   out.value = vals[static_cast<std::size_t>(loss_node)];
   out.grads = params.map([&](const Array&) { return grads[k++]; });
-  out.aux = aux_nodes.map([&](int node) { return vals[static_cast<std::size_t>(node)]; });
+  out.aux = aux_structure.map([&](int output) {
+    return vals[static_cast<std::size_t>(g.outputs[static_cast<std::size_t>(output)])];
+  });
   return out;
 }
 

@@ -328,20 +328,9 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
     }
     out = trace(tracers);
   }
-  // Outputs as graph nodes (an output may be an argument or a captured array).
-  std::vector<int> out_nodes;
-  Tree<int> out_structure = out.map([&](const Array& a) {
-    TraceScope scope(&ctx);
-    out_nodes.push_back(ctx.node_of(a));
-    return static_cast<int>(out_nodes.size()) - 1;
-  });
-  Graph g = ctx.graph;
-  g.outputs = out_nodes;
-  int next_index = ctx.num_args;
-  for (auto& n : g.nodes) {
-    if (n.op == Op::kInput && n.index < 0) n.index = next_index++;
-  }
-  g.num_inputs = next_index;
+  const Graph g = ctx.finish(out.leaves());
+  int next_output = 0;
+  Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
   CompileSpec spec{mesh, {}, {}};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   const std::vector<std::string> names = leaf_names(call);

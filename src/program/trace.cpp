@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
@@ -19,7 +23,6 @@ Array TraceContext::add_argument(const TensorType& type) {
   n.op = Op::kInput;
   n.type = type;
   n.index = num_args++;
-  graph.num_inputs = num_args + static_cast<int>(captured.size());
   return record(std::move(n));
 }
 
@@ -45,7 +48,7 @@ int TraceContext::node_of(const Array& a) {
   Node n;
   n.op = Op::kInput;
   n.type = TensorType{a.shape(), a.dtype()};
-  n.index = -1;  // numbered when the trace ends (after the arguments)
+  n.index = -1;  // numbered by finish() (after the arguments)
   captured.push_back(a);
   const int node = graph.add(std::move(n));
   captured_node[id] = node;
@@ -57,20 +60,33 @@ const RuleTree* TraceContext::annotation_rule(const std::string& name) const {
     if (auto it = annotation_rules->find(name); it != annotation_rules->end()) return &it->second;
   }
   if (allow_unknown_annotations) return nullptr;
-  std::string known;
+  std::vector<std::string> known;
   if (annotation_rules != nullptr) {
-    for (const auto& [k, v] : *annotation_rules) known += (known.empty() ? "'" : ", '") + k + "'";
+    for (const auto& [k, v] : *annotation_rules) known.push_back(fmt::format("'{}'", k));
   }
   throw SpecError(fmt::format(
       "[sjit] with_sharding_annotation('{}'): no sharding was given for that name (known: {}); "
       "add it to annotation_shardings, or set allow_unknown_annotations",
-      name, known.empty() ? "none" : known));
+      name, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
 }
 
 Array TraceContext::record(Node n) {
   const TensorType type = n.type;
   const int id = graph.add(std::move(n));
   return ArrayAccess::tracer(executor, mesh, type, this, id);
+}
+
+Graph TraceContext::finish(const std::vector<Array>& outputs) {
+  std::vector<int> out_nodes;
+  out_nodes.reserve(outputs.size());
+  for (const Array& a : outputs) out_nodes.push_back(node_of(a));  // may capture an input
+  for (std::size_t k = 0; k < captured.size(); ++k) {
+    const int node = captured_node.at(ArrayAccess::identity(captured[k]));
+    graph.nodes[static_cast<std::size_t>(node)].index = num_args + static_cast<int>(k);
+  }
+  graph.outputs = std::move(out_nodes);
+  graph.num_inputs = num_args + static_cast<int>(captured.size());
+  return std::move(graph);
 }
 
 }  // namespace shardplan::detail
