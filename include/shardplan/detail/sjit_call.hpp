@@ -258,10 +258,12 @@ traced_t<A> make_param(const A& arg, const std::vector<Tree<Array>>& tracers, st
 template <class F, class... Args>
 using sjit_result_t = std::remove_cvref_t<std::invoke_result_t<F&, traced_t<Args>...>>;
 
-/// Runs `f` on tracers standing for `args` (their trees from `tracers`, one per array-like
-/// argument, in order) and returns its output as a tree. `f` and `args` must outlive it.
+/// Runs the function on tracers (one tree per array-like argument, in order) and returns its
+/// output as a tree.
 using TraceFn = std::function<Tree<Array>(const std::vector<Tree<Array>>&)>;
 
+/// A TraceFn calling `f` with tracers for the array-like `args` and the statics themselves.
+/// `f` and `args` must outlive it.
 template <class F, class... Args>
 TraceFn trace_fn(F& f, const Args&... args) {
   return [&f, &args...](const std::vector<Tree<Array>>& tracers) {
