@@ -25,7 +25,7 @@ int main() {
   options.in_shardings = RuleTree::list(
       {RuleTree(P("data", nullptr)), RuleTree(P(nullptr, "model")), RuleTree(P("model", nullptr))});
   options.out_shardings = RuleTree(P("data", nullptr));
-  auto step = MeshShardingHelper(mesh).sjit(&dot_relu_dot, options);
+  auto step = sjit(MeshShardingHelper(mesh), &dot_relu_dot, options);
   const NamedSharding replicated(mesh, P());
   const Array xs = device_put(x, replicated, exec), w1s = device_put(w1, replicated, exec),
               w2s = device_put(w2, replicated, exec);
@@ -47,7 +47,7 @@ int main() {
   // reduce-scattered, and half the bytes move:
   SjitOptions scattered = options;
   scattered.out_shardings = RuleTree(P("data", "model"));
-  auto step2 = MeshShardingHelper(mesh).sjit(&dot_relu_dot, scattered);
+  auto step2 = sjit(MeshShardingHelper(mesh), &dot_relu_dot, scattered);
   const Lowered low2 = step2.lower(xs, w1s, w2s);
   std::cout << low2.text();
   const bool has_rs = low2.cost().bytes_by_kind.count("reduce_scatter") == 1;

@@ -15,6 +15,7 @@
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -52,7 +53,7 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   const Tensor w2 = Tensor::normal(Shape{32, 8}, DType::kF32, 3);
   SjitOptions o;
   o.out_shardings = RuleTree(P("data", nullptr));
-  auto step = MeshShardingHelper(s.mesh).sjit(&dot_relu_dot, o);
+  auto step = sjit(MeshShardingHelper(s.mesh), &dot_relu_dot, o);
   const Array xs = s.put(x, P("data")), w1s = s.put(w1, P(nullptr, "model")),
               w2s = s.put(w2, P("model"));
   const Array y = step(xs, w1s, w2s);
@@ -73,7 +74,7 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   // A consumer that keeps the output split over 'model' gets a reduce-scatter instead.
   SjitOptions split = o;
   split.out_shardings = RuleTree(P("data", "model"));
-  auto step2 = MeshShardingHelper(s.mesh).sjit(&dot_relu_dot, split);
+  auto step2 = sjit(MeshShardingHelper(s.mesh), &dot_relu_dot, split);
   const Lowered low2 = step2.lower(xs, w1s, w2s);
   EXPECT_THAT(low2.text(), ::testing::HasSubstr("reduce_scatter over 'model'"));
   EXPECT_EQ(low2.cost().bytes_by_kind.count("all_reduce"), 0u);
@@ -739,6 +740,57 @@ TEST(Sjit, ArgumentErrorsNameTheMeshesAndPositions) {
   auto h =
       sjit(s.mesh, [](std::uint64_t seed) { return random_normal(Shape{8}, DType::kF32, seed); });
   EXPECT_THROW_WITH(h(std::uint64_t{1}), ArrayError, "SjitOptions::executor");
+}
+
+// The options' rule trees are resolved by the planner; its errors keep their type (callers catch
+// a structure mismatch as TreeError, a rule that cannot decide as RuleError) and say which
+// option they come from.
+TEST(Sjit, ShardingOptionErrorsKeepTheirTypeAndNameTheOption) {
+  Meshes s;
+  const Array x = s.put(Tensor::normal(Shape{8, 8}, DType::kF32, 1), P());
+  const Tree<Array> params = Tree<Array>::dict({{"w", x}});
+  const auto f = [](const Tree<Array>& p, const Array& v) { return matmul(v, p.at("w").leaf()); };
+  // The first argument's tree has key 'w', the rule tree 'b': not a prefix.
+  const RuleTree wrong_keys =
+      RuleTree::list({RuleTree::dict({{"b", RuleTree(P())}}), RuleTree(P())});
+  auto in = sjit(s.mesh, f, SjitOptions{.in_shardings = wrong_keys});
+  EXPECT_THROW_WITH(in(params, x), TreeError, "[sjit] in_shardings: ", "not a prefix", "at '0'",
+                    "keys [b]");
+  EXPECT_THROW_WITH(in.lower(params, x), TreeError, "[sjit] in_shardings: ");
+  auto constraint = sjit(s.mesh, f, SjitOptions{.args_sharding_constraint = wrong_keys});
+  EXPECT_THROW_WITH(constraint(params, x), TreeError, "[sjit] args_sharding_constraint: ");
+  auto out = sjit(s.mesh, f, SjitOptions{.out_shardings = RuleTree::list({RuleTree(P())})});
+  EXPECT_THROW_WITH(out(params, x), TreeError, "[sjit] out_shardings: ");
+  // A strict path rule with no entry for '0/w' cannot decide it: a RuleError naming the path.
+  const auto strict = std::make_shared<TreePathShardingRule>(
+      std::vector<TreePathShardingRule::Entry>{{"bias", P()}});
+  auto rule = sjit(s.mesh, f, SjitOptions{.in_shardings = RuleTree(strict)});
+  EXPECT_THROW_WITH(rule(params, x), RuleError, "[sjit] in_shardings: ", "0/w");
+  // A spec that does not divide the shape stays a SpecError (6 rows over 'data' of size 4).
+  auto spec = sjit(
+      s.mesh, f, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P()), RuleTree(P("data"))})});
+  EXPECT_THROW_WITH(spec(params, s.put(Tensor::normal(Shape{6, 8}, DType::kF32, 2), P())),
+                    SpecError, "[sjit] in_shardings: ");
+}
+
+TEST(Sjit, OriginsAndErrorsNameTheArgumentAndTheLeafsPath) {
+  Meshes s;
+  const auto f = [](const Tree<Array>& p, const Array& v) {
+    return matmul(v, p.at("layer").at("w").leaf());
+  };
+  const Tree<Array> params = Tree<Array>::dict(
+      {{"layer", Tree<Array>::dict({{"w", s.put(Tensor::ones(Shape{8, 4}, DType::kF32), P())}})}});
+  const Array x = s.put(Tensor::ones(Shape{8, 8}, DType::kF32), P("data"));
+  auto step = sjit(s.mesh, f,
+                   SjitOptions{.in_shardings = RuleTree::list(
+                                   {RuleTree(P(nullptr, "model")), RuleTree(Unspecified{})})});
+  const std::string text = step.lower(params, x).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("in_shardings (argument 0 'layer/w')"));
+  EXPECT_THAT(text, ::testing::HasSubstr("argument 1 as passed"));
+  // A donated leaf is named by its argument and path when it is passed again.
+  auto donating = sjit(s.mesh, f, SjitOptions{.donate_argnums = {0}});
+  donating(params, x);
+  EXPECT_THROW_WITH(step(params, x), ArrayError, "argument 0 'layer/w' was donated");
 }
 
 }  // namespace

@@ -121,21 +121,23 @@ class Array {
 
  private:
   Tensor to_host_over_processes() const;
+  // Built by name (designated initialisers) in src/runtime/array.cpp and
+  // src/program/array_access.hpp. Defined here because the accessors above are inline.
   struct Impl {
     Executor executor;
     Shape shape;
     DType dtype;
     NamedSharding sharding;
     Shape shard_shape;
-    std::shared_ptr<const std::vector<Block>> blocks;  // by device id (shared: programs reuse them)
-    Pending pending;
+    // By device id (shared: programs reuse them).
+    std::shared_ptr<const std::vector<Block>> blocks = {};
+    Pending pending = {};
     // By device id. Mutable only for donation (sjit's donate_argnums), which takes them.
-    mutable std::vector<std::shared_ptr<Buffer>> buffers;
+    mutable std::vector<std::shared_ptr<Buffer>> buffers = {};
     // Set by the one sjit call that takes the buffers (an atomic exchange: of two calls donating
     // the same array at once, exactly one wins); cleared when a failed call gives them back.
     struct DonationFlag {
       DonationFlag() = default;
-      DonationFlag(bool v) : set(v) {}  // NOLINT: aggregate initialisation of Impl
       DonationFlag(const DonationFlag& o) : set(o.set.load()) {}
       DonationFlag& operator=(const DonationFlag& o) {
         set.store(o.set.load());
@@ -143,7 +145,7 @@ class Array {
       }
       mutable std::atomic<bool> set{false};
     };
-    DonationFlag donated = false;
+    DonationFlag donated = {};
     // Tracers: the trace they belong to and their node in its graph (no buffers).
     const void* trace = nullptr;
     int node = -1;

@@ -11,9 +11,9 @@
 #include <utility>
 
 #include "shardplan/array.hpp"
+#include "shardplan/detail/array_tree.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
-#include "shardplan/tree_struct.hpp"
 
 namespace shardplan {
 
@@ -29,27 +29,6 @@ struct ValueAndGrad {
 ValueAndGrad value_and_grad_impl(
     const Tree<Array>& params,
     const std::function<std::pair<Array, Tree<Array>>(const Tree<Array>&)>& fn);
-
-template <class P>
-Tree<Array> to_array_tree(const P& p) {
-  if constexpr (std::is_same_v<P, Array>) {
-    return Tree<Array>(p);
-  } else if constexpr (std::is_same_v<P, Tree<Array>>) {
-    return p;
-  } else {
-    return to_tree<Array>(p);
-  }
-}
-template <class P>
-P from_array_tree(const Tree<Array>& t) {
-  if constexpr (std::is_same_v<P, Array>) {
-    return t.leaf();
-  } else if constexpr (std::is_same_v<P, Tree<Array>>) {
-    return t;
-  } else {
-    return from_tree<P>(t);
-  }
-}
 
 }  // namespace detail
 

@@ -52,22 +52,11 @@ struct ExplainStep {
 ///   RuleTree rules = std::make_shared<FSDPShardingRule>();
 ///   PlanReport report = helper.plan(rules, params);   // params: Tree<TensorSpec>
 ///   std::cout << report;
-struct SjitOptions;
-template <class F>
-class Sjit;
-
 class MeshShardingHelper {
  public:
   explicit MeshShardingHelper(Mesh mesh) : mesh_(std::move(mesh)) {}
 
   const Mesh& mesh() const { return mesh_; }
-
-  /// scalax's mesh.sjit: `f` wrapped to run SPMD over this mesh (shardplan/sjit.hpp, which
-  /// defines these, must be included to call them).
-  template <class F>
-  Sjit<F> sjit(F f, SjitOptions options) const;
-  template <class F>
-  Sjit<F> sjit(F f) const;
 
   /// The sharding of every leaf of `data`: each leaf of `rules` (a prefix of `data`) covers the
   /// subtree below it, and a rule sees paths relative to that subtree. Throws TreeError when

@@ -1,14 +1,26 @@
 #pragma once
 
-// The public headers of shardplan, and nothing else.
+// The public headers of shardplan, and nothing else. (eigen.hpp brings in Eigen/Core: code that
+// does not compute with host tensors may include the headers it needs instead.)
+#include "shardplan/array.hpp"
+#include "shardplan/autodiff.hpp"
+#include "shardplan/checkpoint.hpp"
+#include "shardplan/collectives.hpp"
+#include "shardplan/distributed.hpp"
 #include "shardplan/dtype.hpp"
+#include "shardplan/eigen.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/executor.hpp"
+#include "shardplan/format_bytes.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/model_loader.hpp"
 #include "shardplan/named_sharding.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/optim.hpp"
 #include "shardplan/partition_spec.hpp"
 #include "shardplan/plan_report.hpp"
+#include "shardplan/program_cost.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/logical_axis_rule.hpp"
@@ -17,7 +29,10 @@
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "shardplan/safetensors.hpp"
 #include "shardplan/shape.hpp"
+#include "shardplan/shard_and_gather.hpp"
 #include "shardplan/sharding_rule.hpp"
+#include "shardplan/sjit.hpp"
+#include "shardplan/tensor.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/tree.hpp"
 #include "shardplan/tree_struct.hpp"

@@ -14,17 +14,15 @@ struct ArrayAccess {
   /// A tracer of `type` for node `node` of the trace `trace` (no buffers).
   static Array tracer(const Executor& executor, const Mesh& mesh, const TensorType& type,
                       const void* trace, int node) {
-    auto impl = std::make_shared<Array::Impl>(Array::Impl{executor,
-                                                          type.shape,
-                                                          type.dtype,
-                                                          NamedSharding(mesh, PartitionSpec()),
-                                                          type.shape,
-                                                          {},
-                                                          {},
-                                                          {},
-                                                          false,
-                                                          trace,
-                                                          node});
+    // No blocks, buffers or pending reduction: a tracer has none.
+    auto impl =
+        std::make_shared<Array::Impl>(Array::Impl{.executor = executor,
+                                                  .shape = type.shape,
+                                                  .dtype = type.dtype,
+                                                  .sharding = NamedSharding(mesh, PartitionSpec()),
+                                                  .shard_shape = type.shape,
+                                                  .trace = trace,
+                                                  .node = node});
     Array a;
     a.impl_ = std::move(impl);
     return a;

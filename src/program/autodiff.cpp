@@ -34,8 +34,8 @@ ValueAndGrad value_and_grad_impl(
   inner.capture_foreign = true;
   inner.annotation_rules = outer != nullptr ? outer->annotation_rules : nullptr;
   inner.allow_unknown_annotations = outer == nullptr || outer->allow_unknown_annotations;
-  ValueId loss_node{};
-  Tree<ValueId> aux_nodes;
+  Graph g;  // outputs: the loss, then the aux leaves
+  Tree<int> aux_structure;
   {
     TraceScope scope(&inner);
     std::vector<Array> tracers;
@@ -48,22 +48,25 @@ ValueAndGrad value_and_grad_impl(
       throw SpecError(fmt::format("[grad] the function must return a float scalar, got {}{}",
                                   name(loss.dtype()), loss.shape().to_string()));
     }
-    loss_node = inner.node_of(loss);
-    aux_nodes = aux.map([&](const Array& a) { return inner.node_of(a); });
+    std::vector<Array> outputs{loss};
+    int next_output = 1;
+    aux_structure = aux.map([&](const Array& a) {
+      outputs.push_back(a);
+      return next_output++;
+    });
+    g = inner.finish(outputs);
   }
-  const Graph& g = inner.graph;
+  const ValueId loss_node = g.outputs[0];
+  const std::size_t num_args = leaves.size();
   const Array& placement = leaves[0];
   // The forward pass again, as ops of the enclosing trace (or eagerly).
   ValueMap<Array> vals(g.size());
-  std::map<ValueId, Array> captured;
-  for (const Array& a : inner.captured)
-    captured[inner.captured_node.at(ArrayAccess::identity(a))] = a;
   for (std::size_t i = 0; i < g.size(); ++i) {
     const ValueId id = value_id(i);
     const Node& n = g[id];
     if (n.is(prim::input)) {
-      const int index = n.attr<InputAttrs>().index;
-      vals[id] = index >= 0 ? leaves[static_cast<std::size_t>(index)] : captured.at(id);
+      const auto input = static_cast<std::size_t>(n.attr<InputAttrs>().index);
+      vals[id] = input < num_args ? leaves[input] : inner.captured[input - num_args];
       continue;
     }
     std::vector<Array> ins;
@@ -89,7 +92,7 @@ ValueAndGrad value_and_grad_impl(
   std::vector<Array> grads(leaves.size());
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes[i];
-    if (n.is(prim::input) && n.attr<InputAttrs>().index >= 0) {
+    if (n.is(prim::input) && static_cast<std::size_t>(n.attr<InputAttrs>().index) < num_args) {
       grads[static_cast<std::size_t>(n.attr<InputAttrs>().index)] = ct[value_id(i)];
     }
   }
@@ -106,7 +109,8 @@ ValueAndGrad value_and_grad_impl(
   ValueAndGrad out;
   out.value = vals[loss_node];
   out.grads = params.map([&](const Array&) { return grads[k++]; });
-  out.aux = aux_nodes.map([&](ValueId node) { return vals[node]; });
+  out.aux = aux_structure.map(
+      [&](int output) { return vals[g.outputs[static_cast<std::size_t>(output)]]; });
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "primitives.hpp"
+#include "resolve_rules.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/sjit.hpp"
@@ -119,10 +120,7 @@ Tree<Array> with_sharding_constraint(const Tree<Array>& tree, const RuleTree& ru
   if (leaves.empty()) return tree;
   TraceContext* ctx = detail::current_trace();
   const Mesh mesh = ctx != nullptr ? ctx->mesh : leaves.front().mesh();
-  const Tree<TensorSpec> specs = tree.map([](const Array& a) {
-    return TensorSpec{a.shape(), a.dtype()};
-  });
-  const auto shardings = MeshShardingHelper(mesh).match(rules, specs).leaves();
+  const auto shardings = detail::resolve_rules(mesh, rules, tree, "");
   std::size_t k = 0;
   return tree.map([&](const Array& a) {
     const MaybeSharding& s = shardings[k++];
@@ -143,12 +141,7 @@ Tree<Array> with_sharding_annotation(const Tree<Array>& tree, const std::string&
   }
   const RuleTree* rule = ctx->annotation_rule(name);
   std::vector<MaybeSharding> shardings;
-  if (rule != nullptr) {
-    const Tree<TensorSpec> specs = tree.map([](const Array& a) {
-      return TensorSpec{a.shape(), a.dtype()};
-    });
-    shardings = MeshShardingHelper(ctx->mesh).match(*rule, specs).leaves();
-  }
+  if (rule != nullptr) shardings = detail::resolve_rules(ctx->mesh, *rule, tree, "");
   std::size_t k = 0;
   return tree.map([&](const Array& a) {
     std::optional<PartitionSpec> spec;

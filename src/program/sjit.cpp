@@ -12,6 +12,7 @@
 
 #include "compile.hpp"
 #include "primitives.hpp"
+#include "resolve_rules.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -46,25 +47,26 @@ void add_spec_arg(CallArgs& call, int position, const Tree<TensorSpec>& tree) {
 
 namespace {
 
-// "argument 2" or "argument 2 (leaf 'w')" for leaf `leaf` of the call's array arguments.
-std::string leaf_name(const CallArgs& call, std::size_t leaf) {
+// Per leaf of the call's array arguments, its name for messages and origins: "argument 2" for a
+// plain Array argument, "argument 0 'params/w'" for a leaf of a tree or struct argument.
+// O(leaves): computed once when compiling, or on an error path.
+std::vector<std::string> leaf_names(const CallArgs& call) {
+  std::vector<std::string> names(call.leaves.size());
   for (std::size_t k = 0; k < call.structures.size(); ++k) {
-    std::string found;
-    bool hit = false;
-    call.structures[k].for_each_leaf([&](const std::string& path, int i) {
-      if (static_cast<std::size_t>(i) == leaf) {
-        hit = true;
-        found = path;
-      }
-    });
-    if (hit) {
-      return call.structures[k].is_leaf()
-                 ? fmt::format("argument {}", call.positions[k])
-                 : fmt::format("argument {} (leaf '{}')", call.positions[k], found);
+    const Tree<int>& st = call.structures[k];
+    if (st.is_leaf()) {
+      names[static_cast<std::size_t>(st.leaf())] = fmt::format("argument {}", call.positions[k]);
+      continue;
     }
+    st.for_each_leaf([&](const std::string& path, int i) {
+      names[static_cast<std::size_t>(i)] = fmt::format("argument {} '{}'", call.positions[k], path);
+    });
   }
-  return fmt::format("argument leaf {}", leaf);
+  return names;
 }
+
+// The name of one leaf (an error path: O(leaves)).
+std::string leaf_name(const CallArgs& call, std::size_t leaf) { return leaf_names(call)[leaf]; }
 
 ArrayError donated_error(const CallArgs& call, std::size_t leaf) {
   return ArrayError(fmt::format(
@@ -117,15 +119,13 @@ Tree<TensorSpec> specs_of(const CallArgs& call) {
   return Tree<TensorSpec>::list(std::move(args));
 }
 
-// The leaf shardings a rule tree gives the argument list (nullopt where unspecified).
+// The leaf shardings one of the options' rule trees gives `tree` (nullopt where unspecified or
+// when the option is not set). Errors keep their type, with "[sjit] {what}: " before them.
+template <class T>
 std::vector<MaybeSharding> resolve(const Mesh& mesh, const std::optional<RuleTree>& rules,
-                                   const Tree<TensorSpec>& specs, std::string_view what) {
-  if (!rules) return std::vector<MaybeSharding>(specs.num_leaves());
-  try {
-    return MeshShardingHelper(mesh).match(*rules, specs).leaves();
-  } catch (const Error& e) {
-    throw SpecError(fmt::format("[sjit] {}: {}", what, e.what()));
-  }
+                                   const Tree<T>& tree, std::string_view what) {
+  if (!rules) return std::vector<MaybeSharding>(tree.num_leaves());
+  return resolve_rules(mesh, *rules, tree, fmt::format("[sjit] {}", what));
 }
 
 // Per argument leaf: whether donate_argnums names its argument.
@@ -329,34 +329,22 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
     }
     out = trace(tracers);
   }
-  // Outputs as graph nodes (an output may be an argument or a captured array).
-  std::vector<ValueId> out_nodes;
-  Tree<int> out_structure = out.map([&](const Array& a) {
-    TraceScope scope(&ctx);
-    out_nodes.push_back(ctx.node_of(a));
-    return static_cast<int>(out_nodes.size()) - 1;
-  });
-  Graph g = ctx.graph;
-  g.outputs = out_nodes;
-  int next_index = ctx.num_args;
-  for (auto& n : g.nodes) {
-    if (n.is(prim::input) && n.attr<InputAttrs>().index < 0) {
-      n.attrs = InputAttrs{next_index++, n.type};
-    }
-  }
-  g.num_inputs = next_index;
+  const Graph g = ctx.finish(out.leaves());
+  int next_output = 0;
+  Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
   CompileSpec spec{.mesh = mesh};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
+  const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     const ArgLeaf& l = call.leaves[i];
     InputSpec in;
     if (in_sh[i]) {
       in.spec = in_sh[i]->spec();
-      in.origin = fmt::format("in_shardings (argument leaf {})", i);
+      in.origin = fmt::format("in_shardings ({})", names[i]);
     } else if (l.array.valid()) {
       in.spec = l.array.sharding().spec();
       in.pending = l.array.pending();
-      in.origin = fmt::format("argument leaf {} as passed", i);
+      in.origin = fmt::format("{} as passed", names[i]);
     }
     in.donated = donated[i] != 0;
     spec.inputs.push_back(std::move(in));
@@ -366,10 +354,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
     spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
                                     fmt::format("array captured from outside ({})", k)});
   }
-  const Tree<TensorSpec> out_specs = out.map([](const Array& a) {
-    return TensorSpec{a.shape(), a.dtype()};
-  });
-  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out_specs, "out_shardings")) {
+  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
     spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
   }
   auto compiled = std::make_shared<Compiled>(compile(g, spec));
@@ -415,16 +400,16 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
     return apply(prim::sharding_constraint,
                  ConstraintAttrs{.spec = spec, .origin = std::move(origin)}, {x});
   };
+  const std::vector<std::string> names = leaf_names(call);
   std::vector<Array> leaf_args;
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     Array t = call.leaves[i].array;
     if (in_sh[i]) {
-      t = constrain(t, in_sh[i]->spec(),
-                    fmt::format("nested sjit in_shardings ({})", leaf_name(call, i)));
+      t = constrain(t, in_sh[i]->spec(), fmt::format("nested sjit in_shardings ({})", names[i]));
     }
     if (constraint_sh[i]) {
       t = constrain(t, constraint_sh[i]->spec(),
-                    fmt::format("nested sjit args_sharding_constraint ({})", leaf_name(call, i)));
+                    fmt::format("nested sjit args_sharding_constraint ({})", names[i]));
     }
     leaf_args.push_back(std::move(t));
   }
@@ -450,10 +435,7 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
   ctx.allow_unknown_annotations = ctx.allow_unknown_annotations || o.allow_unknown_annotations;
   Tree<Array> out = trace(args);
   if (!o.out_shardings) return out;
-  const Tree<TensorSpec> out_specs = out.map([](const Array& x) {
-    return TensorSpec{x.shape(), x.dtype()};
-  });
-  const auto out_sh = resolve(mesh, o.out_shardings, out_specs, "out_shardings");
+  const auto out_sh = resolve(mesh, o.out_shardings, out, "out_shardings");
   std::size_t k = 0;
   return out.map([&](const Array& x) {
     const MaybeSharding& sh = out_sh[k];

@@ -3,6 +3,11 @@
 #include <fmt/format.h>
 
 #include "primitives.hpp"
+
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
@@ -17,7 +22,6 @@ TraceScope::~TraceScope() { g_current = previous_; }
 
 Array TraceContext::add_argument(const TensorType& type) {
   const int index = num_args++;
-  graph.num_inputs = num_args + static_cast<int>(captured.size());
   return record(Node{.op = &prim::input, .type = type, .attrs = InputAttrs{index, type}});
 }
 
@@ -54,20 +58,33 @@ const RuleTree* TraceContext::annotation_rule(const std::string& name) const {
     if (auto it = annotation_rules->find(name); it != annotation_rules->end()) return &it->second;
   }
   if (allow_unknown_annotations) return nullptr;
-  std::string known;
+  std::vector<std::string> known;
   if (annotation_rules != nullptr) {
-    for (const auto& [k, v] : *annotation_rules) known += (known.empty() ? "'" : ", '") + k + "'";
+    for (const auto& [k, v] : *annotation_rules) known.push_back(fmt::format("'{}'", k));
   }
   throw SpecError(fmt::format(
       "[sjit] with_sharding_annotation('{}'): no sharding was given for that name (known: {}); "
       "add it to annotation_shardings, or set allow_unknown_annotations",
-      name, known.empty() ? "none" : known));
+      name, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
 }
 
 Array TraceContext::record(Node n) {
   const TensorType type = n.type;
   const ValueId id = graph.add(std::move(n));
   return ArrayAccess::tracer(executor, mesh, type, this, static_cast<int>(index(id)));
+}
+
+Graph TraceContext::finish(const std::vector<Array>& outputs) {
+  std::vector<ValueId> out_nodes;
+  out_nodes.reserve(outputs.size());
+  for (const Array& a : outputs) out_nodes.push_back(node_of(a));  // may capture an input
+  for (std::size_t k = 0; k < captured.size(); ++k) {
+    Node& n = graph[captured_node.at(ArrayAccess::identity(captured[k]))];
+    n.attrs = InputAttrs{num_args + static_cast<int>(k), n.type};
+  }
+  graph.outputs = std::move(out_nodes);
+  graph.num_inputs = num_args + static_cast<int>(captured.size());
+  return std::move(graph);
 }
 
 }  // namespace shardplan::detail

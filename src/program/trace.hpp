@@ -37,6 +37,10 @@ struct TraceContext {
   ValueId node_of(const Array& a);
   /// Adds `n` and returns a tracer for it.
   Array record(Node n);
+  /// Ends the trace and returns its graph (moved out: call once). `outputs` become the graph's
+  /// outputs, in order (an output may be an argument or an array captured from outside); the
+  /// captured inputs are numbered after the arguments (input num_args + k is captured[k]).
+  Graph finish(const std::vector<Array>& outputs);
 };
 
 /// Inside a trace: x constrained to the sharding `like` (a tracer of the same trace) gets when

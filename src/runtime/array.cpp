@@ -115,9 +115,14 @@ Array Array::from_buffers(Executor executor, Shape shape, DType dtype, NamedShar
   check_pending(pending, sharding);
   byte_size(shape, dtype);  // the global bytes must fit in int64, as a Tensor's do
   Shape shard_shape = sharding.shard_shape(shape);
-  auto impl = std::make_shared<Impl>(Impl{executor, std::move(shape), dtype, sharding,
-                                          std::move(shard_shape), std::move(blocks),
-                                          std::move(pending), std::move(buffers)});
+  auto impl = std::make_shared<Impl>(Impl{.executor = executor,
+                                          .shape = std::move(shape),
+                                          .dtype = dtype,
+                                          .sharding = sharding,
+                                          .shard_shape = std::move(shard_shape),
+                                          .blocks = std::move(blocks),
+                                          .pending = std::move(pending),
+                                          .buffers = std::move(buffers)});
   impl->buffers.resize(static_cast<std::size_t>(executor.num_devices()));
   const std::int64_t bytes = byte_size(impl->shard_shape, dtype);
   for (const int d : mesh.devices()) {
