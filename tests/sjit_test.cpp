@@ -191,6 +191,33 @@ TEST(Sjit, StaticStringsAreKeyedByContent) {
   EXPECT_EQ(g.cache_size(), 2u);
 }
 
+// The cache key is structured (issue 13; it was text): trees that differ only in their keys or
+// kinds, or an equivalent spec written differently, are other entries; the same call is the
+// same entry.
+TEST(Sjit, TheCacheKeyTellsCallsApartByStructureAndSpec) {
+  Meshes s;
+  int traces = 0;
+  auto f = sjit(s.mesh, [&](const Tree<Array>& t) {
+    ++traces;
+    const std::vector<Array> l = t.leaves();
+    return l[0] + l[1] * 2.0;
+  });
+  const Array x = s.put(Tensor::ones(Shape{8, 4}, DType::kF32), P("data"));
+  const Array y = s.put(Tensor::ones(Shape{8, 4}, DType::kF32), P("data"));
+  f(Tree<Array>::dict({{"a", x}, {"b", y}}));
+  f(Tree<Array>::dict({{"a", y}, {"b", x}}));  // other arrays, same key: the same entry
+  EXPECT_EQ(f.cache_size(), 1u);
+  f(Tree<Array>::dict({{"a", x}, {"c", y}}));  // another key
+  f(Tree<Array>::list({x, y}));                // a list, not a dict
+  EXPECT_EQ(f.cache_size(), 3u);
+  const Array written_longer = s.put(Tensor::ones(Shape{8, 4}, DType::kF32), P("data", nullptr));
+  f(Tree<Array>::list({written_longer, y}));  // equivalent, written differently: its own entry
+  EXPECT_EQ(f.cache_size(), 4u);
+  EXPECT_EQ(traces, 4);
+  f(Tree<Array>::list({x, y}));
+  EXPECT_EQ(traces, 4);
+}
+
 struct Ratio {
   int num = 1;
   int den = 1;

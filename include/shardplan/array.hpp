@@ -84,17 +84,17 @@ class Array {
   bool valid() const { return impl_ != nullptr; }
   /// True for the stand-ins sjit passes to a function while tracing it: they have a shape and a
   /// dtype but no buffers (their values and shardings are decided when the program is compiled).
-  bool is_tracer() const { return impl().trace != nullptr; }
-  const Shape& shape() const { return impl().shape; }
-  DType dtype() const { return impl().dtype; }
+  bool is_tracer() const;
+  const Shape& shape() const;
+  DType dtype() const;
   /// Throws ArrayError for a tracer.
-  const NamedSharding& sharding() const { return concrete("sharding").sharding; }
-  const Mesh& mesh() const { return impl().sharding.mesh(); }
-  const Executor& executor() const { return impl().executor; }
-  const Pending& pending() const { return impl().pending; }
-  bool is_pending() const { return !impl().pending.empty(); }
+  const NamedSharding& sharding() const;
+  const Mesh& mesh() const;
+  const Executor& executor() const;
+  const Pending& pending() const;
+  bool is_pending() const;
   /// The shape of each device's block.
-  const Shape& shard_shape() const { return impl().shard_shape; }
+  const Shape& shard_shape() const;
   std::int64_t shard_nbytes() const { return byte_size(shard_shape(), dtype()); }
   /// Bytes of the global array.
   std::int64_t nbytes() const { return byte_size(shape(), dtype()); }
@@ -121,40 +121,18 @@ class Array {
 
  private:
   Tensor to_host_over_processes() const;
-  // Built by name (designated initialisers) in src/runtime/array.cpp and
-  // src/program/array_access.hpp. Defined here because the accessors above are inline.
-  struct Impl {
-    Executor executor;
-    Shape shape;
-    DType dtype;
-    NamedSharding sharding;
-    Shape shard_shape;
-    // By device id (shared: programs reuse them).
-    std::shared_ptr<const std::vector<Block>> blocks = {};
-    Pending pending = {};
-    // By device id. Mutable only for donation (sjit's donate_argnums), which takes them.
-    mutable std::vector<std::shared_ptr<Buffer>> buffers = {};
-    // Set by the one sjit call that takes the buffers (an atomic exchange: of two calls donating
-    // the same array at once, exactly one wins); cleared when a failed call gives them back.
-    struct DonationFlag {
-      DonationFlag() = default;
-      DonationFlag(const DonationFlag& o) : set(o.set.load()) {}
-      DonationFlag& operator=(const DonationFlag& o) {
-        set.store(o.set.load());
-        return *this;
-      }
-      mutable std::atomic<bool> set{false};
-    };
-    DonationFlag donated = {};
-    // Tracers: the trace they belong to and their node in its graph (no buffers).
-    const void* trace = nullptr;
-    int node = -1;
-  };
+  struct Impl;  // shardplan/detail/array_impl.hpp
   const Impl& impl() const;
   const Impl& concrete(std::string_view what) const;  // throws ArrayError for a tracer
   friend struct detail::ArrayAccess;
   std::shared_ptr<const Impl> impl_;
 };
+
+}  // namespace shardplan
+
+#include "shardplan/detail/array_impl.hpp"  // Array::Impl and the inline accessors
+
+namespace shardplan {
 
 std::ostream& operator<<(std::ostream& os, const Array& a);
 

@@ -23,6 +23,10 @@ struct OpFactors {
   std::vector<std::vector<int>> operands;  // per operand, per dimension: factor or -1
   std::vector<int> result;                 // per result dimension: factor or -1
 
+  FactorKind kind(int factor) const { return kinds[static_cast<std::size_t>(factor)]; }
+  std::int64_t size(int factor) const { return sizes[static_cast<std::size_t>(factor)]; }
+  int count() const { return static_cast<int>(sizes.size()); }
+
   int add(std::int64_t size, FactorKind kind) {
     sizes.push_back(size);
     kinds.push_back(kind);

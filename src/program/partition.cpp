@@ -28,10 +28,21 @@ std::int64_t bytes_received(const std::vector<CollectiveRecord>& records) {
   return total;
 }
 
+// Mesh axes per factor of a node.
+class FactorAxes {
+ public:
+  explicit FactorAxes(int factors = 0) : axes_(static_cast<std::size_t>(factors)) {}
+  AxisNames& operator[](int factor) { return axes_[static_cast<std::size_t>(factor)]; }
+  const AxisNames& operator[](int factor) const { return axes_[static_cast<std::size_t>(factor)]; }
+
+ private:
+  std::vector<AxisNames> axes_;
+};
+
 // One way to run a node: the axes of each factor, what each operand must be resharded to, the
 // result's sharding and pending state, and what the reshards cost.
 struct Choice {
-  std::vector<AxisNames> axes;       // per factor
+  FactorAxes axes;
   std::vector<PartitionSpec> wants;  // per operand
   std::vector<AxisNames> out_dims;
   Pending pend;
@@ -143,23 +154,23 @@ class Partitioner {
   // Axes per factor. Pass factors take the result's sharding and reduce factors the operands'
   // (first sharded dimension), an axis going to one factor only; `reduce_first` says which of
   // the two claims an axis they both want.
-  std::vector<AxisNames> assign(ValueId id, bool reduce_first) const {
+  FactorAxes assign(ValueId id, bool reduce_first) const {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     const auto& rdims = prop_.at(id).dims;
-    std::vector<AxisNames> axes(f.sizes.size());
+    FactorAxes axes(f.count());
     std::set<std::string> used;
     auto take_pass = [&] {
       for (std::size_t d = 0; d < f.result.size(); ++d) {
         const int fac = f.result[d];
-        if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kPass) continue;
-        if (!axes[static_cast<std::size_t>(fac)].empty()) continue;
+        if (fac < 0 || f.kind(fac) != FactorKind::kPass) continue;
+        if (!axes[fac].empty()) continue;
         AxisNames kept;
         for (const auto& a : rdims[d]) {
           if (used.count(a)) break;  // a major-to-minor prefix only
           kept.push_back(a);
         }
-        axes[static_cast<std::size_t>(fac)] = kept;
+        axes[fac] = kept;
         used.insert(kept.begin(), kept.end());
       }
     };
@@ -168,14 +179,14 @@ class Partitioner {
         const auto& odims = prop_.at(n.operands[k]).dims;
         for (std::size_t d = 0; d < f.operands[k].size(); ++d) {
           const int fac = f.operands[k][d];
-          if (fac < 0 || f.kinds[static_cast<std::size_t>(fac)] != FactorKind::kReduce) continue;
-          if (!axes[static_cast<std::size_t>(fac)].empty() || odims[d].empty()) continue;
+          if (fac < 0 || f.kind(fac) != FactorKind::kReduce) continue;
+          if (!axes[fac].empty() || odims[d].empty()) continue;
           const bool free = std::none_of(odims[d].begin(), odims[d].end(),
                                          [&](const auto& a) { return used.count(a) > 0; });
-          if (!free || f.sizes[static_cast<std::size_t>(fac)] % product(mesh_, odims[d]) != 0) {
+          if (!free || f.size(fac) % product(mesh_, odims[d]) != 0) {
             continue;
           }
-          axes[static_cast<std::size_t>(fac)] = odims[d];
+          axes[fac] = odims[d];
           used.insert(odims[d].begin(), odims[d].end());
         }
       }
@@ -193,14 +204,14 @@ class Partitioner {
   // What running node `id` with these factor axes asks of its operands and gives its result, and
   // the bytes of the reshards that needs (the operands', then the result's to its propagated
   // sharding).
-  Choice evaluate(ValueId id, std::vector<AxisNames> axes) const {
+  Choice evaluate(ValueId id, FactorAxes axes) const {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     Choice c;
     c.axes = std::move(axes);
     auto fits = [&](std::int64_t size, int fac) {
       return fac >= 0 && size % std::max<std::int64_t>(
-                                    1, product(mesh_, c.axes[static_cast<std::size_t>(fac)])) ==
+                                    1, product(mesh_, c.axes[fac])) ==
                              0;
     };
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
@@ -210,7 +221,7 @@ class Partitioner {
       for (std::size_t d = 0; d < want.size(); ++d) {
         const int fac = f.operands[k][d];
         if (fits(ot.shape[static_cast<int>(d)], fac))
-          want[d] = c.axes[static_cast<std::size_t>(fac)];
+          want[d] = c.axes[fac];
       }
       c.wants.push_back(spec_of_dims(want));
       const State& os = state_[o];
@@ -224,11 +235,11 @@ class Partitioner {
     for (std::size_t d = 0; d < c.out_dims.size(); ++d) {
       const int fac = f.result[d];
       if (fits(n.type.shape[static_cast<int>(d)], fac))
-        c.out_dims[d] = c.axes[static_cast<std::size_t>(fac)];
+        c.out_dims[d] = c.axes[fac];
     }
     c.pend = Pending{n.op->partial, {}};
-    for (std::size_t fac = 0; fac < f.sizes.size(); ++fac) {
-      if (f.kinds[fac] == FactorKind::kReduce) {
+    for (int fac = 0; fac < f.count(); ++fac) {
+      if (f.kind(fac) == FactorKind::kReduce) {
         c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
       }
     }

@@ -108,8 +108,8 @@ bool Propagator::through(ValueId id, bool pointwise_only) {
   }
   touched.push_back({id, &f.result});
   bool changed = false;
-  for (int fac = 0; fac < static_cast<int>(f.sizes.size()); ++fac) {
-    if (f.kinds[static_cast<std::size_t>(fac)] == FactorKind::kReplicate) continue;
+  for (int fac = 0; fac < f.count(); ++fac) {
+    if (f.kind(fac) == FactorKind::kReplicate) continue;
     const AxisNames* best = nullptr;
     ValueId best_value{-1};
     std::pair<int, std::int64_t> best_rank{-1, -1};
@@ -129,7 +129,7 @@ bool Propagator::through(ValueId id, bool pointwise_only) {
     if (best == nullptr) continue;
     const AxisNames axes = *best;  // a copy: the shardings below may change
     const std::int64_t p = product(mesh_, axes);
-    if (f.sizes[static_cast<std::size_t>(fac)] % p != 0) continue;
+    if (f.size(fac) % p != 0) continue;
     for (const Touched& t : touched) {
       Sharding& sh = sh_[t.value];
       if (sh.fixed || t.value == best_value) continue;

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "compile.hpp"
+#include "fields.hpp"
 #include "primitives.hpp"
 #include "resolve_rules.hpp"
 #include "shardplan/collectives.hpp"
@@ -75,39 +76,6 @@ ArrayError donated_error(const CallArgs& call, std::size_t leaf) {
       leaf_name(call, leaf)));
 }
 
-// The signature a compiled program is cached under: structures, positions, types, the
-// shardings arguments arrive with, statics.
-std::string signature(const CallArgs& call) {
-  std::string key = std::to_string(call.num_args);
-  auto out = std::back_inserter(key);
-  for (std::size_t k = 0; k < call.structures.size(); ++k) {
-    if (call.structures[k].is_leaf()) {  // a plain Array argument (no tree text prints as '@')
-      fmt::format_to(out, "|arg{}:@", call.positions[k]);
-      continue;
-    }
-    std::ostringstream os;
-    os << call.structures[k];
-    fmt::format_to(out, "|arg{}:{}", call.positions[k], os.str());
-  }
-  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
-    const ArgLeaf& l = call.leaves[i];
-    key += '|';
-    key += to_string(TensorType{l.type.shape, l.type.dtype});
-    if (l.array.valid()) {
-      if (ArrayAccess::is_donated(l.array)) throw donated_error(call, i);
-      key += ArrayAccess::sharding(l.array).to_string();
-      fmt::format_to(out, "{}", fmt::join(l.array.mesh().devices(), ","));
-      if (l.array.is_pending()) {
-        fmt::format_to(out, "~{}:{}", static_cast<int>(l.array.pending().op),
-                       fmt::join(l.array.pending().axes, ","));
-      }
-    } else {
-      key += "~abstract";
-    }
-  }
-  return key;
-}
-
 Tree<TensorSpec> specs_of(const CallArgs& call) {
   std::vector<Tree<TensorSpec>> args;
   for (const auto& s : call.structures) {
@@ -148,20 +116,86 @@ const Executor& placeholder_executor() {
 
 }  // namespace
 
-// A cache key: the arrays' signature and the static values (compared by value, see
-// static_equal; their hashes only pick the bucket).
+// A cache key: the call's structure (argument positions and trees), each array leaf's shape,
+// dtype, sharding (with its mesh's devices) and pending state, and the static values (compared
+// by value, see static_equal). Equality decides; the hash only picks the bucket.
+struct LeafKey {
+  Shape shape;
+  DType dtype = DType::kF32;
+  std::optional<NamedSharding> sharding;  // nullopt: an abstract (TensorSpec) argument
+  Pending pending;
+  friend bool operator==(const LeafKey&, const LeafKey&) = default;
+};
 struct CacheKey {
-  std::string arrays;
+  int num_args = 0;
+  std::vector<int> positions;
+  std::vector<Tree<int>> structures;
+  std::vector<LeafKey> leaves;
   std::vector<StaticValue> statics;
   friend bool operator==(const CacheKey&, const CacheKey&) = default;
+
+  /// The arrays' part as text, for telling processes apart when their programs differ.
+  std::string text() const {
+    std::string key = std::to_string(num_args);
+    auto out = std::back_inserter(key);
+    for (std::size_t k = 0; k < structures.size(); ++k) {
+      if (structures[k].is_leaf()) {  // a plain Array argument (no tree text prints as '@')
+        fmt::format_to(out, "|arg{}:@", positions[k]);
+        continue;
+      }
+      std::ostringstream os;
+      os << structures[k];
+      fmt::format_to(out, "|arg{}:{}", positions[k], os.str());
+    }
+    for (const LeafKey& l : leaves) {
+      fmt::format_to(out, "|{}", to_string(TensorType{l.shape, l.dtype}));
+      if (!l.sharding) {
+        key += "~abstract";
+        continue;
+      }
+      fmt::format_to(out, "{}{}", l.sharding->to_string(),
+                     fmt::join(l.sharding->mesh().devices(), ","));
+      if (!l.pending.empty()) {
+        fmt::format_to(out, "~{}:{}", static_cast<int>(l.pending.op),
+                       fmt::join(l.pending.axes, ","));
+      }
+    }
+    return key;
+  }
 };
 struct CacheKeyHash {
   std::size_t operator()(const CacheKey& k) const {
-    std::size_t h = std::hash<std::string>()(k.arrays);
+    std::size_t h = hash_combine(static_cast<std::size_t>(k.num_args), k.leaves.size());
+    for (const int p : k.positions) h = hash_combine(h, static_cast<std::size_t>(p));
+    for (const LeafKey& l : k.leaves) {
+      for (const std::int64_t d : l.shape) h = hash_combine(h, static_cast<std::size_t>(d));
+      h = hash_combine(h, static_cast<std::size_t>(l.dtype));
+      h = hash_combine(h, l.sharding ? hash_of(l.sharding->spec()) : 1);
+      h = hash_combine(h, l.pending.axes.size());
+    }
     for (const StaticValue& v : k.statics) h = hash_combine(h, v.hash());
     return h;
   }
 };
+
+CacheKey cache_key(const CallArgs& call) {
+  CacheKey key{.num_args = call.num_args,
+               .positions = call.positions,
+               .structures = call.structures,
+               .statics = call.statics};
+  key.leaves.reserve(call.leaves.size());
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    const ArgLeaf& l = call.leaves[i];
+    LeafKey leaf{.shape = l.type.shape, .dtype = l.type.dtype};
+    if (l.array.valid()) {
+      if (ArrayAccess::is_donated(l.array)) throw donated_error(call, i);
+      leaf.sharding = ArrayAccess::sharding(l.array);
+      leaf.pending = l.array.pending();
+    }
+    key.leaves.push_back(std::move(leaf));
+  }
+  return key;
+}
 
 struct SjitCore::State {
   State(Mesh m, SjitOptions o) : mesh(std::move(m)), options(std::move(o)) {}
@@ -222,7 +256,10 @@ void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& 
   // A tag, then the hash: a process that is in another collective (a to_host, say, that only
   // some processes called) sends something else, and is named.
   constexpr std::uint64_t kTag = 0x736a69745f737064ull;  // "sjit_spd"
-  const std::uint64_t mine[2] = {kTag, CacheKeyHash()(key) ^ std::hash<std::string>()(compiled.jaxpr)};
+  // The hash of the text: the same on every process for the same call (no addresses in it).
+  std::size_t h = std::hash<std::string>()(key.text() + "\n" + compiled.jaxpr);
+  for (const StaticValue& v : key.statics) h = hash_combine(h, v.hash());
+  const std::uint64_t mine[2] = {kTag, h};
   const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine)));
   for (std::size_t p = 0; p < all.size(); ++p) {
     std::uint64_t tag = 0;
@@ -241,7 +278,7 @@ void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& 
       // what differs; when they are the same, the static arguments differ.
       distributed::check_same(
           "the sjit program (argument shapes, dtypes and shardings, and the traced program)",
-          key.arrays + "\n" + compiled.jaxpr);
+          key.text() + "\n" + compiled.jaxpr);
       throw DistributedError(
           "[distributed] the processes disagree on the static arguments of an sjit call (their "
           "values differ between processes; the traced programs are the same)");
@@ -261,7 +298,7 @@ const Executor* executor_of(const CallArgs& call, const SjitOptions& o) {
 }  // namespace
 
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
-  CacheKey key{signature(call), call.statics};
+  CacheKey key = cache_key(call);
   {
     std::unique_lock<std::mutex> lock(s_->mu);
     if (auto it = s_->cache.find(key); it != s_->cache.end()) {
