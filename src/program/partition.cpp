@@ -210,9 +210,7 @@ class Partitioner {
     Choice c;
     c.axes = std::move(axes);
     auto fits = [&](std::int64_t size, int fac) {
-      return fac >= 0 && size % std::max<std::int64_t>(
-                                    1, product(mesh_, c.axes[fac])) ==
-                             0;
+      return fac >= 0 && size % std::max<std::int64_t>(1, product(mesh_, c.axes[fac])) == 0;
     };
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
@@ -220,8 +218,7 @@ class Partitioner {
       std::vector<AxisNames> want(static_cast<std::size_t>(ot.shape.rank()));
       for (std::size_t d = 0; d < want.size(); ++d) {
         const int fac = f.operands[k][d];
-        if (fits(ot.shape[static_cast<int>(d)], fac))
-          want[d] = c.axes[fac];
+        if (fits(ot.shape[static_cast<int>(d)], fac)) want[d] = c.axes[fac];
       }
       c.wants.push_back(spec_of_dims(want));
       const State& os = state_[o];
@@ -234,8 +231,7 @@ class Partitioner {
     c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
     for (std::size_t d = 0; d < c.out_dims.size(); ++d) {
       const int fac = f.result[d];
-      if (fits(n.type.shape[static_cast<int>(d)], fac))
-        c.out_dims[d] = c.axes[fac];
+      if (fits(n.type.shape[static_cast<int>(d)], fac)) c.out_dims[d] = c.axes[fac];
     }
     c.pend = Pending{n.op->partial, {}};
     for (int fac = 0; fac < f.count(); ++fac) {
