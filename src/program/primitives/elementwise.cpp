@@ -58,12 +58,15 @@ constexpr Primitive unary(std::string_view name, InferFn* infer, KernelFn* kerne
                    .pointwise = true};
 }
 
-struct Neg {
-  template <class C>
-  static C f(C x) {
-    return negate(x);
-  }
-};
+// The scalar functions of the one-operand primitives, in the compute type C of an element.
+#define SHARDPLAN_UNARY(Name, ...) \
+  struct Name {                    \
+    template <class C>             \
+    static C f(C x) {              \
+      return __VA_ARGS__;          \
+    }                              \
+  };
+SHARDPLAN_UNARY(Neg, negate(x))
 struct Abs {
   template <class C>
   static C f(C x) {
@@ -74,54 +77,14 @@ struct Abs {
     }
   }
 };
-struct Relu {
-  template <class C>
-  static C f(C x) {
-    return maximum(x, C(0));
-  }
-};
-struct Exp {
-  template <class C>
-  static C f(C x) {
-    return std::exp(x);
-  }
-};
-struct Log {
-  template <class C>
-  static C f(C x) {
-    return std::log(x);
-  }
-};
-struct Sqrt {
-  template <class C>
-  static C f(C x) {
-    return std::sqrt(x);
-  }
-};
-struct Rsqrt {
-  template <class C>
-  static C f(C x) {
-    return C(1) / std::sqrt(x);
-  }
-};
-struct Sin {
-  template <class C>
-  static C f(C x) {
-    return std::sin(x);
-  }
-};
-struct Cos {
-  template <class C>
-  static C f(C x) {
-    return std::cos(x);
-  }
-};
-struct Tanh {
-  template <class C>
-  static C f(C x) {
-    return std::tanh(x);
-  }
-};
+SHARDPLAN_UNARY(Relu, maximum(x, C(0)))
+SHARDPLAN_UNARY(Exp, std::exp(x))
+SHARDPLAN_UNARY(Log, std::log(x))
+SHARDPLAN_UNARY(Sqrt, std::sqrt(x))
+SHARDPLAN_UNARY(Rsqrt, C(1) / std::sqrt(x))
+SHARDPLAN_UNARY(Sin, std::sin(x))
+SHARDPLAN_UNARY(Cos, std::cos(x))
+SHARDPLAN_UNARY(Tanh, std::tanh(x))
 struct Gelu {  // the tanh approximation, jax.nn.gelu's default
   template <class C>
   static C f(C x) {
@@ -129,18 +92,9 @@ struct Gelu {  // the tanh approximation, jax.nn.gelu's default
     return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
   }
 };
-struct Erf {
-  template <class C>
-  static C f(C x) {
-    return std::erf(x);
-  }
-};
-struct Sigmoid {
-  template <class C>
-  static C f(C x) {
-    return C(1) / (C(1) + std::exp(-x));
-  }
-};
+SHARDPLAN_UNARY(Erf, std::erf(x))
+SHARDPLAN_UNARY(Sigmoid, C(1) / (C(1) + std::exp(-x)))
+#undef SHARDPLAN_UNARY
 
 Array sign(const Array& x) {
   const Array zero = full_like(x, 0);
