@@ -19,6 +19,9 @@ TEST(Primitives, EachIsListedOnceWithItsOwnName) {
     EXPECT_TRUE(names.insert(p->name).second) << p->name << " is listed twice";
     EXPECT_TRUE(p->arity == kVariadic || p->arity >= 0) << p->name;
     EXPECT_FALSE(p->sharding_identity && !p->pointwise) << p->name;
+    EXPECT_TRUE(p->infer.is_set() && p->factors.is_set() && p->kernel.is_set() &&
+                p->flops.is_set() && p->vjp.is_set())
+        << p->name << " has a null required function";
   }
   // The ops the compiler itself names.
   for (const std::string_view n : {"input", "sharding_constraint", "sharding_annotation",

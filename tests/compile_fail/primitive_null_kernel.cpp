@@ -1,5 +1,5 @@
-// Must not compile: a primitive whose kernel is null (the definition is checked while it is
-// constant-initialised). Run by ctest (primitive.compile_fail.*).
+// Must not compile: a primitive whose kernel is given as nullptr (Required has no constructor
+// from nullptr). Run by ctest (primitive.compile_fail.*).
 #include "primitives.hpp"
 
 namespace shardplan::detail {
