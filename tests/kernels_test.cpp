@@ -493,6 +493,79 @@ TEST(Kernels, ReductionsOverAnySetOfAxes) {
   }
 }
 
+// A sum node over `axes` of an f32 operand of `shape` (the kernel runs it on any dtype).
+Node sum_node(const Shape& shape, const std::vector<int>& axes) {
+  return recorded([&](const std::vector<Array>& a) { return sum(a[0], axes); }, {f32(shape)});
+}
+
+// x with its dimensions permuted: result dimension d is x's dimension perm[d].
+Tensor permuted(const Tensor& x, const std::vector<int>& perm) {
+  std::vector<std::int64_t> dims;
+  for (const int p : perm) dims.push_back(x.shape()[p]);
+  Tensor y(Shape(dims), x.dtype());
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const std::vector<std::int64_t> yi = unravel(i, y.shape());
+    std::vector<std::int64_t> xi(yi.size());
+    for (std::size_t d = 0; d < perm.size(); ++d) xi[static_cast<std::size_t>(perm[d])] = yi[d];
+    y.set(i, x.get(ravel(xi, x.shape())));
+  }
+  return y;
+}
+
+TEST(Kernels, SumsArePairwiseAndAsAccurateAsTheirFloatsAllow) {
+  // 2^22 float32 values in [0, 1): a left-to-right float sum is off by ~1e-5 relative here (each
+  // addition rounds at the size of the running total); a pairwise sum by a few roundings.
+  const Shape shape{std::int64_t{1} << 22};
+  const Tensor x = random(shape, DType::kF32, 21, 0, 1);
+  long double exact = 0;
+  float naive = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    exact += static_cast<long double>(x.data<float>()[i]);
+    naive += x.data<float>()[i];
+  }
+  const double got = run(sum_node(shape, {0}), {&x}, Shape{}, DType::kF32).get(0);
+  const double relative = std::abs(got - static_cast<double>(exact)) / static_cast<double>(exact);
+  const double naive_relative =
+      std::abs(static_cast<double>(naive) - static_cast<double>(exact)) / static_cast<double>(exact);
+  EXPECT_LT(relative, 2.5e-7) << "pairwise sum " << got << ", exact " << static_cast<double>(exact);
+  EXPECT_GT(naive_relative, 10 * relative) << "the data do not tell the two summations apart";
+}
+
+TEST(Kernels, EverySumPathAddsInTheSameOrderBitwise) {
+  // reduce_sum has three paths: a contiguous run (the last axes), a cache line of adjacent runs
+  // at once (leading axes; 16 f32 lanes plus a scalar tail) and a gathered run (axes that are not
+  // consecutive). Laying the same runs out for another path must give the same bits.
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF64}) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    // [300, 37] over axis 0 (lanes and tail) == its transpose [37, 300] over axis 1 (contiguous).
+    const Tensor a = random(Shape{300, 37}, dtype, 22, -1, 1);
+    const Tensor by_lanes = run(sum_node(a.shape(), {0}), {&a}, Shape{37}, dtype);
+    const Tensor at = permuted(a, {1, 0});
+    EXPECT_TRUE(by_lanes == run(sum_node(at.shape(), {1}), {&at}, Shape{37}, dtype));
+    // [20, 300, 13] over axes {0, 2} (gathered, runs of 260 > one block) == its permutation
+    // [300, 20, 13] over axes {1, 2} (contiguous runs in the same order).
+    const Tensor b = random(Shape{20, 300, 13}, dtype, 23, -1, 1);
+    const Tensor gathered = run(sum_node(b.shape(), {0, 2}), {&b}, Shape{300}, dtype);
+    const Tensor bt = permuted(b, {1, 0, 2});
+    EXPECT_TRUE(gathered == run(sum_node(bt.shape(), {1, 2}), {&bt}, Shape{300}, dtype));
+  }
+}
+
+TEST(Kernels, SumsOverLeadingAxesMatchTheReferenceForEveryType) {
+  // The lane path for each element size (16 f32, 32 bf16, 8 f64, 16 i32 lanes) with a tail.
+  const Shape shape{3, 150, 41};
+  for (const DType dtype : kNumericTypes) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    const Tensor x = quarters(shape, dtype, 24);
+    std::vector<double> want(static_cast<std::size_t>(3 * 41), 0.0);
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const auto xi = unravel(i, shape);
+      want[static_cast<std::size_t>(xi[0] * 41 + xi[2])] += x.get(i);
+    }
+    expect_close(run(sum_node(shape, {1}), {&x}, Shape{3, 41}, dtype), want);
+  }
+}
+
 TEST(Kernels, SumOfAScalarIsItself) {
   const Tensor x = make(Shape{}, DType::kF64, {2.5});
   const Node node =

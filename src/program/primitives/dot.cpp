@@ -4,7 +4,7 @@
 
 #include "../kernel_util.hpp"
 #include "../primitives.hpp"
-#include "shardplan/eigen.hpp"
+#include "../../runtime/gemm.hpp"
 #include "shardplan/ops.hpp"
 
 namespace shardplan::detail {
@@ -178,9 +178,7 @@ void batched_matmul(const C* l, const C* r, C* y, const DotLayout& d) {
     const C* rb = r + b * d.n * d.k;
     C* yb = y + b * d.m * d.n;
     if constexpr (std::is_floating_point_v<C>) {
-      const auto as_bytes = [](const C* p) { return reinterpret_cast<const std::byte*>(p); };
-      as_matrix<C>(reinterpret_cast<std::byte*>(yb), d.m, d.n).noalias() =
-          as_matrix<C>(as_bytes(lb), d.m, d.k) * as_matrix<C>(as_bytes(rb), d.n, d.k).transpose();
+      gemm(false, true, d.m, d.n, d.k, lb, rb, yb);
     } else {
       using A = SumAcc<C>;  // the one accumulator type (integers: int64, wrapping)
       for (std::int64_t i = 0; i < d.m; ++i) {
@@ -209,7 +207,7 @@ std::vector<int> contract_first_dims(int rank, const std::vector<int>& batch,
 }
 
 // f32/f64 operands already laid out as [batch, m, k] / [batch, k, n] (or [batch, k, m] /
-// [batch, n, k]) are multiplied in place, with Eigen told which ones are transposed, instead of
+// [batch, n, k]) are multiplied in place, with the GEMM told which ones are transposed, instead of
 // being copied into [batch, free, contract] first: x @ w never copies w.
 template <class T>
 bool dot_in_place(const KernelArgs& c, const DotLayout& d) {
@@ -221,24 +219,11 @@ bool dot_in_place(const KernelArgs& c, const DotLayout& d) {
   const bool r_kn =
       is_identity(contract_first_dims(c.in[1].shape.rank(), dims.rhs_batch, dims.rhs_contract));
   if (!(l_mk || l_km) || !(r_nk || r_kn) || d.k == 0) return false;
-  const auto* l = c.in[0].data;
-  const auto* r = c.in[1].data;
-  auto* y = c.out.data;
-  const auto step = static_cast<std::int64_t>(sizeof(T));
+  const T* l = reinterpret_cast<const T*>(c.in[0].data);
+  const T* r = reinterpret_cast<const T*>(c.in[1].data);
+  T* y = reinterpret_cast<T*>(c.out.data);
   for (std::int64_t b = 0; b < d.batch; ++b) {
-    const std::byte* lb = l + b * d.m * d.k * step;
-    const std::byte* rb = r + b * d.n * d.k * step;
-    auto out = as_matrix<T>(y + b * d.m * d.n * step, d.m, d.n);
-    if (l_mk && r_kn) {
-      out.noalias() = as_matrix<T>(lb, d.m, d.k) * as_matrix<T>(rb, d.k, d.n);
-    } else if (l_mk) {
-      out.noalias() = as_matrix<T>(lb, d.m, d.k) * as_matrix<T>(rb, d.n, d.k).transpose();
-    } else if (r_kn) {
-      out.noalias() = as_matrix<T>(lb, d.k, d.m).transpose() * as_matrix<T>(rb, d.k, d.n);
-    } else {
-      out.noalias() =
-          as_matrix<T>(lb, d.k, d.m).transpose() * as_matrix<T>(rb, d.n, d.k).transpose();
-    }
+    gemm(!l_mk, !r_kn, d.m, d.n, d.k, l + b * d.m * d.k, r + b * d.n * d.k, y + b * d.m * d.n);
   }
   return true;
 }

@@ -75,7 +75,7 @@ ReduceLayout reduce_layout(const Shape& s, const std::vector<int>& axes) {
 }
 
 // Folds each kept element's reduced elements, in row-major order, starting from Fold::init in
-// the accumulator type Fold::Acc.
+// the accumulator type Fold::Acc. Exact for max and min, so the order does not matter there.
 template <template <class> class Fold>
 void reduce_kernel(const KernelArgs& k) {
   dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) {
@@ -93,12 +93,94 @@ void reduce_kernel(const KernelArgs& k) {
     }
   });
 }
-template <class T>
-struct SumFold {
-  using Acc = SumAcc<T>;
-  static Acc init() { return Acc(0); }
-  static Acc f(Acc a, Acc b) { return add<Acc>(a, b); }
-};
+
+// ---- Sums: pairwise, so that rounding error grows with log n rather than n -------------------
+// Every sum, whatever the layout, adds its reduced elements (taken in row-major order) the same
+// way: a run of at most kSumBlock elements goes into 8 interleaved accumulators (element i into
+// accumulator i mod 8) combined as ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)); a longer run is split at
+// a block boundary (half the blocks, rounded down, on the left) and the halves' sums added. So a
+// float32 sum of n elements is off by O(log n) roundings, not O(n), and the result of each output
+// element does not depend on which path below computed it.
+constexpr std::int64_t kSumBlock = 128;
+
+// W adjacent output elements at once (lanes): lane j sums x[j + i * step] for i in [0, n). Each
+// lane does the scalar operations in the scalar order, so W changes the speed, never the result.
+template <int W, class A, class T>
+void pairwise_sum(const T* x, std::int64_t step, std::int64_t n, A* out) {
+  if (n > kSumBlock) {
+    const std::int64_t mid = (n + kSumBlock - 1) / kSumBlock / 2 * kSumBlock;
+    A left[W], right[W];
+    pairwise_sum<W>(x, step, mid, left);
+    pairwise_sum<W>(x + mid * step, step, n - mid, right);
+    for (int j = 0; j < W; ++j) out[j] = add<A>(left[j], right[j]);
+    return;
+  }
+  A acc[8][W];
+  for (auto& a : acc) std::fill(a, a + W, A(0));
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int a = 0; a < 8; ++a) {
+      const T* row = x + (i + a) * step;
+      for (int j = 0; j < W; ++j) acc[a][j] = add<A>(acc[a][j], static_cast<A>(widen(row[j])));
+    }
+  }
+  for (; i < n; ++i) {
+    const T* row = x + i * step;
+    A* a = acc[i % 8];
+    for (int j = 0; j < W; ++j) a[j] = add<A>(a[j], static_cast<A>(widen(row[j])));
+  }
+  for (int j = 0; j < W; ++j) {
+    out[j] = add<A>(add<A>(add<A>(acc[0][j], acc[1][j]), add<A>(acc[2][j], acc[3][j])),
+                    add<A>(add<A>(acc[4][j], acc[5][j]), add<A>(acc[6][j], acc[7][j])));
+  }
+}
+
+// reduce_sum. Axes that are consecutive (the common case: the last axis, the batch axes, all)
+// make the operand [outer, reduced, inner]: each output element's run has stride `inner`, and
+// adjacent output elements are summed together a cache line at a time. Other axes gather each
+// output element's run into a buffer first. Both paths call pairwise_sum on the same run.
+void sum_kernel(const KernelArgs& k) {
+  dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) {
+    using A = SumAcc<T>;
+    const std::vector<int>& axes = k.node.attr<ReduceAttrs>().axes;
+    const Shape& s = k.in[0].shape;
+    const T* x = elems<T>(k.in[0]);
+    T* y = elems<T>(k.out);
+    const bool consecutive =
+        axes.empty() || axes.back() - axes.front() + 1 == static_cast<int>(axes.size());
+    if (!consecutive) {
+      const ReduceLayout l = reduce_layout(s, axes);
+      std::vector<T> run(l.reduced.size());
+      for (std::size_t o = 0; o < l.kept.size(); ++o) {
+        for (std::size_t r = 0; r < run.size(); ++r) run[r] = x[l.kept[o] + l.reduced[r]];
+        A acc;
+        pairwise_sum<1>(run.data(), 1, static_cast<std::int64_t>(run.size()), &acc);
+        y[o] = narrow<T>(acc);
+      }
+      return;
+    }
+    const int first = axes.empty() ? s.rank() : axes.front();
+    const int last = axes.empty() ? s.rank() : axes.back() + 1;
+    std::int64_t outer = 1, reduced = 1, inner = 1;
+    for (int d = 0; d < s.rank(); ++d) (d < first ? outer : d < last ? reduced : inner) *= s[d];
+    constexpr int kLanes = sizeof(T) >= 64 ? 1 : static_cast<int>(64 / sizeof(T));
+    for (std::int64_t o = 0; o < outer; ++o) {
+      const T* xo = x + o * reduced * inner;
+      T* yo = y + o * inner;
+      std::int64_t j = 0;
+      A acc[kLanes];
+      for (; j + kLanes <= inner; j += kLanes) {
+        pairwise_sum<kLanes>(xo + j, inner, reduced, acc);
+        for (int l = 0; l < kLanes; ++l) yo[j + l] = narrow<T>(acc[l]);
+      }
+      for (; j < inner; ++j) {
+        pairwise_sum<1>(xo + j, inner, reduced, acc);
+        yo[j] = narrow<T>(acc[0]);
+      }
+    }
+  });
+}
+
 template <class T>
 struct MaxFold {
   using Acc = Calc<T>;
@@ -169,7 +251,7 @@ Array reduce(const Primitive& op, const Array& x, std::vector<int> axes, bool ke
 
 namespace prim {
 constinit const Primitive reduce_sum =
-    reduction("reduce_sum", reduce_kernel<SumFold>, sum_vjp, ReduceOp::kSum);
+    reduction("reduce_sum", sum_kernel, sum_vjp, ReduceOp::kSum);
 constinit const Primitive reduce_max =
     reduction("reduce_max", reduce_kernel<MaxFold>, extremum_vjp, ReduceOp::kMax);
 constinit const Primitive reduce_min =
