@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 
 #include "../examples/llama_model.hpp"
+#include "gemm.hpp"
 #include "../examples/mlp.hpp"
 #include "mlp_train_step.hpp"
 #include "shardplan/autodiff.hpp"
@@ -36,10 +37,21 @@ void BM_MlpTrainStep1Device(benchmark::State& s) { mlp_train(s, 1); }
 BENCHMARK(BM_MlpTrainStep8Devices)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_MlpTrainStep1Device)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
-// The same step by hand: Eigen on one thread, forward, softmax cross-entropy, backward, SGD.
+using M = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using V = Eigen::Matrix<float, 1, Eigen::Dynamic>;
+
+// op(a) * op(b) with the GEMM the library's kernels use (the best variant this CPU runs).
+M product(const M& a, bool trans_a, const M& b, bool trans_b) {
+  const Eigen::Index m = trans_a ? a.cols() : a.rows(), k = trans_a ? a.rows() : a.cols();
+  const Eigen::Index n = trans_b ? b.rows() : b.cols();
+  M y(m, n);
+  shardplan::detail::gemm(trans_a, trans_b, m, n, k, a.data(), b.data(), y.data());
+  return y;
+}
+
+// The same step by hand on one thread, with the same kernels: the library's GEMM for the
+// products, Eigen for the rest (forward, softmax cross-entropy, backward, SGD).
 void BM_MlpTrainStepEigen(benchmark::State& state) {
-  using M = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using V = Eigen::Matrix<float, 1, Eigen::Dynamic>;
   std::vector<M> w;
   std::vector<V> b;
   for (std::size_t i = 0; i + 1 < kSizes.size(); ++i) {
@@ -55,7 +67,7 @@ void BM_MlpTrainStepEigen(benchmark::State& state) {
   for (auto _ : state) {
     acts[0] = x;
     for (std::size_t i = 0; i < w.size(); ++i) {
-      M z = acts[i] * w[i];
+      M z = product(acts[i], false, w[i], false);
       z.rowwise() += b[i];
       acts[i + 1] = i + 1 < w.size() ? M(z.cwiseMax(0.0f)) : z;
     }
@@ -69,10 +81,10 @@ void BM_MlpTrainStepEigen(benchmark::State& state) {
     }
     d /= static_cast<float>(kBatch);
     for (std::size_t i = w.size(); i-- > 0;) {
-      const M dw = acts[i].transpose() * d;
+      const M dw = product(acts[i], true, d, false);
       const V db = d.colwise().sum();
       if (i > 0)
-        d = ((d * w[i].transpose()).array() * (acts[i].array() > 0).cast<float>()).matrix();
+        d = (product(d, false, w[i], true).array() * (acts[i].array() > 0).cast<float>()).matrix();
       w[i] -= lr * dw;
       b[i] -= lr * db;
     }

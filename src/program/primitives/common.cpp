@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "../kernel_util.hpp"
@@ -101,11 +102,44 @@ std::vector<std::int64_t> row_major_strides(const Shape& s) {
 }
 
 void gather(const KernelArgs& k, const std::vector<std::int64_t>& strides) {
+  // Dimensions of size 1 dropped and neighbours that walk memory as one merged (a broadcast over
+  // leading dimensions becomes [rows, row]); then each innermost run is a copy (stride 1), a fill
+  // (stride 0, a broadcast) or a strided loop (a transpose), instead of one call per element.
+  std::vector<std::int64_t> dims, steps;
+  for (int d = 0; d < k.out.shape.rank(); ++d) {
+    const std::int64_t n = k.out.shape[d];
+    const std::int64_t st = strides[static_cast<std::size_t>(d)];
+    if (n == 0) return;
+    if (n == 1) continue;
+    if (!dims.empty() && steps.back() == st * n) {
+      dims.back() *= n;
+      steps.back() = st;
+    } else {
+      dims.push_back(n);
+      steps.push_back(st);
+    }
+  }
+  const std::int64_t inner = dims.empty() ? 1 : dims.back();
+  const std::int64_t step = dims.empty() ? 0 : steps.back();
+  if (!dims.empty()) {
+    dims.pop_back();
+    steps.pop_back();
+  }
   visit_dtype(k.out.dtype, [&]<class T>(Tag<T>) {
     using U = bits_t<T>;
     const U* x = elems<U>(k.in[0]);
     U* y = elems<U>(k.out);
-    for_each_offset(k.out.shape.dims(), strides, [&](std::int64_t off) { *y++ = x[off]; });
+    for_each_offset(dims, steps, [&](std::int64_t base) {
+      const U* from = x + base;
+      if (step == 1) {
+        std::copy(from, from + inner, y);
+      } else if (step == 0) {
+        std::fill(y, y + inner, *from);
+      } else {
+        for (std::int64_t i = 0; i < inner; ++i) y[i] = from[i * step];
+      }
+      y += inner;
+    });
   });
 }
 
