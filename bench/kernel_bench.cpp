@@ -22,9 +22,9 @@ std::vector<float> filled(std::int64_t n, float v) {
 }
 
 void report_flops(benchmark::State& state, double m, double n, double k) {
-  state.counters["GFLOP/s"] = benchmark::Counter(2 * m * n * k * static_cast<double>(state.iterations()),
-                                                 benchmark::Counter::kIsRate,
-                                                 benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2 * m * n * k * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["GFLOP/s"].value /= 1e9;
 }
 
@@ -65,21 +65,26 @@ void BM_GemmTwoThreads(benchmark::State& state) {
     other.join();
     benchmark::DoNotOptimize(y0.data());
   }
-  report_flops(state, 2.0 * static_cast<double>(m), static_cast<double>(n),
-               static_cast<double>(k));
+  report_flops(state, 2.0 * static_cast<double>(m), static_cast<double>(n), static_cast<double>(k));
 }
-BENCHMARK(BM_GemmPlainEigen)->Args({1024, 1024, 1024})->Args({512, 1024, 1024})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_GemmTwoThreads)->Args({1024, 1024, 1024})->Args({512, 1024, 1024})
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmPlainEigen)
+    ->Args({1024, 1024, 1024})
+    ->Args({512, 1024, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_GemmTwoThreads)
+    ->Args({1024, 1024, 1024})
+    ->Args({512, 1024, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // sum() of 2^22 f32 values on one device (the pairwise kernel) beside a left-to-right loop.
 void BM_SumF32Pairwise(benchmark::State& state) {
   using namespace shardplan;
   const Mesh mesh = Mesh::parse("x:1", 1);
   const Executor ex(1);
-  const Array x = Array::normal(Shape{std::int64_t{1} << 22}, DType::kF32,
-                                NamedSharding(mesh, P()), ex, 1);
+  const Array x =
+      Array::normal(Shape{std::int64_t{1} << 22}, DType::kF32, NamedSharding(mesh, P()), ex, 1);
   for (auto _ : state) benchmark::DoNotOptimize(sum(x));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * (4 << 22));
 }
@@ -100,8 +105,9 @@ BENCHMARK(BM_SumF32Loop)->Unit(benchmark::kMillisecond)->UseRealTime();
 int main(int argc, char** argv) {
   for (const GemmIsa isa : shardplan::detail::gemm_isas()) {
     const std::string name(shardplan::detail::name(isa));
-    for (const auto& [suffix, ta, tb] : {std::tuple{"", false, false}, std::tuple{"_BT", false, true},
-                                         std::tuple{"_AT", true, false}}) {
+    for (const auto& [suffix, ta, tb] :
+         {std::tuple{"", false, false}, std::tuple{"_BT", false, true},
+          std::tuple{"_AT", true, false}}) {
       benchmark::RegisterBenchmark(("BM_Gemm_" + name + suffix).c_str(), BM_Gemm, isa, ta, tb)
           ->Args({1024, 1024, 1024})
           ->Args({512, 1024, 1024})

@@ -7,8 +7,8 @@
 #include <Eigen/Core>
 
 #include "../examples/llama_model.hpp"
-#include "gemm.hpp"
 #include "../examples/mlp.hpp"
+#include "gemm.hpp"
 #include "mlp_train_step.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"

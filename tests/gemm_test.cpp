@@ -27,16 +27,17 @@ std::vector<T> random_values(std::size_t n, unsigned seed) {
 
 // op(a) * op(b) by definition, in long double.
 template <class T>
-std::vector<long double> reference(bool ta, bool tb, std::int64_t m, std::int64_t n,
-                                   std::int64_t k, const std::vector<T>& a,
-                                   const std::vector<T>& b) {
+std::vector<long double> reference(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                                   const std::vector<T>& a, const std::vector<T>& b) {
   std::vector<long double> y(static_cast<std::size_t>(m * n), 0.0L);
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
       long double acc = 0;
       for (std::int64_t p = 0; p < k; ++p) {
-        const T av = ta ? a[static_cast<std::size_t>(p * m + i)] : a[static_cast<std::size_t>(i * k + p)];
-        const T bv = tb ? b[static_cast<std::size_t>(j * k + p)] : b[static_cast<std::size_t>(p * n + j)];
+        const T av =
+            ta ? a[static_cast<std::size_t>(p * m + i)] : a[static_cast<std::size_t>(i * k + p)];
+        const T bv =
+            tb ? b[static_cast<std::size_t>(j * k + p)] : b[static_cast<std::size_t>(p * n + j)];
         acc += static_cast<long double>(av) * static_cast<long double>(bv);
       }
       y[static_cast<std::size_t>(i * n + j)] = acc;
@@ -49,7 +50,7 @@ struct Size {
   std::int64_t m, n, k;
 };
 // Sizes around the kernels' register and cache blocks, a row, a column and an empty contraction.
-const std::vector<Size> kSizes = {{1, 1, 1},   {3, 5, 7},  {16, 16, 16}, {17, 33, 65},
+const std::vector<Size> kSizes = {{1, 1, 1},   {3, 5, 7},   {16, 16, 16},  {17, 33, 65},
                                   {1, 200, 9}, {97, 1, 40}, {64, 48, 300}, {5, 6, 0}};
 
 template <class T>
@@ -58,7 +59,8 @@ void check_every_variant(double tolerance) {
     for (const Size& s : kSizes) {
       for (const bool ta : {false, true}) {
         for (const bool tb : {false, true}) {
-          SCOPED_TRACE(fmt::format("{} m={} n={} k={} ta={} tb={}", name(isa), s.m, s.n, s.k, ta, tb));
+          SCOPED_TRACE(
+              fmt::format("{} m={} n={} k={} ta={} tb={}", name(isa), s.m, s.n, s.k, ta, tb));
           const auto a = random_values<T>(static_cast<std::size_t>(s.m * s.k), 1);
           const auto b = random_values<T>(static_cast<std::size_t>(s.k * s.n), 2);
           std::vector<T> y(static_cast<std::size_t>(s.m * s.n), T(12345));  // overwritten

@@ -525,8 +525,8 @@ TEST(Kernels, SumsArePairwiseAndAsAccurateAsTheirFloatsAllow) {
   }
   const double got = run(sum_node(shape, {0}), {&x}, Shape{}, DType::kF32).get(0);
   const double relative = std::abs(got - static_cast<double>(exact)) / static_cast<double>(exact);
-  const double naive_relative =
-      std::abs(static_cast<double>(naive) - static_cast<double>(exact)) / static_cast<double>(exact);
+  const double naive_relative = std::abs(static_cast<double>(naive) - static_cast<double>(exact)) /
+                                static_cast<double>(exact);
   EXPECT_LT(relative, 2.5e-7) << "pairwise sum " << got << ", exact " << static_cast<double>(exact);
   EXPECT_GT(naive_relative, 10 * relative) << "the data do not tell the two summations apart";
 }

@@ -10,9 +10,9 @@ namespace shardplan::detail {
 
 // The variants CMakeLists.txt built (SHARDPLAN_GEMM_AVX2/AVX512 say which), each compiled from
 // gemm/variant.cpp with its own instruction set.
-#define SHARDPLAN_DECLARE_GEMM(fn)                                                           \
-  void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*, const float*, \
-          float*);                                                                           \
+#define SHARDPLAN_DECLARE_GEMM(fn)                                                            \
+  void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*, const float*,   \
+          float*);                                                                            \
   void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*, const double*, \
           double*);
 SHARDPLAN_DECLARE_GEMM(gemm_generic)
@@ -55,12 +55,13 @@ struct Supported {
 
 Supported find_supported() {
   Supported s;
-  for (const GemmIsa isa : {GemmIsa::kGeneric,
+  for (const GemmIsa isa : {
+         GemmIsa::kGeneric,
 #if defined(SHARDPLAN_GEMM_AVX2)
-                            GemmIsa::kAvx2,
+             GemmIsa::kAvx2,
 #endif
 #if defined(SHARDPLAN_GEMM_AVX512)
-                            GemmIsa::kAvx512
+             GemmIsa::kAvx512
 #endif
        }) {
     if (cpu_runs(isa)) s.isas[s.count++] = isa;

@@ -2,9 +2,9 @@
 // Sharding a contracting dimension leaves a partial sum, reduced where the result is consumed.
 #include <algorithm>
 
+#include "../../runtime/gemm.hpp"
 #include "../kernel_util.hpp"
 #include "../primitives.hpp"
-#include "../../runtime/gemm.hpp"
 #include "shardplan/ops.hpp"
 
 namespace shardplan::detail {

@@ -250,8 +250,7 @@ Array reduce(const Primitive& op, const Array& x, std::vector<int> axes, bool ke
 }  // namespace
 
 namespace prim {
-constinit const Primitive reduce_sum =
-    reduction("reduce_sum", sum_kernel, sum_vjp, ReduceOp::kSum);
+constinit const Primitive reduce_sum = reduction("reduce_sum", sum_kernel, sum_vjp, ReduceOp::kSum);
 constinit const Primitive reduce_max =
     reduction("reduce_max", reduce_kernel<MaxFold>, extremum_vjp, ReduceOp::kMax);
 constinit const Primitive reduce_min =

@@ -18,8 +18,8 @@ namespace shardplan::detail {
 namespace {
 
 template <class T>
-void product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-             const T* a, const T* b, T* y) {
+void product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+             const T* b, T* y) {
   using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using In = Eigen::Map<const Matrix>;
   Eigen::Map<Matrix> out(y, m, n);
