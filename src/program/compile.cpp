@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "fuse.hpp"
 #include "memory.hpp"
 #include "partition.hpp"
 #include "primitives.hpp"
@@ -71,6 +72,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   }
 
   Partitioned parts = partition(g, prop, prog.specs_, spec);
+  if (spec.fuse && fusion_enabled()) fuse_pointwise(g, parts);
   Liveness live = plan_memory(g, parts, spec);
 
   prog.steps_ = std::move(parts.steps);

@@ -2,6 +2,7 @@
 // From a traced graph to an SPMD program. compile() runs the passes in order:
 //   propagate.cpp  every value gets a sharding and remembers where it came from;
 //   partition.cpp  per node, the factor axes, the reshards of the operands, the kernel step;
+//   fuse.cpp       groups of pointwise kernel steps become one step that runs chunk by chunk;
 //   memory.cpp     when each slot is last needed (what to free after each step), peak bytes;
 // and program.cpp runs the result (Program::run, the interpreter) and prints it.
 
@@ -37,6 +38,8 @@ struct CompileSpec {
   /// Keep the results of constant steps per executor for the next run (sjit). Off for the eager
   /// one-op programs, which the executor itself caches: they must hold no arrays.
   bool cache_constants = true;
+  /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program.
+  bool fuse = true;
 };
 
 using CostReport = ProgramCost;
@@ -44,6 +47,15 @@ using CostReport = ProgramCost;
 /// Where a program keeps a value while it runs.
 enum class SlotId : std::int32_t {};
 constexpr std::size_t index(SlotId s) { return static_cast<std::size_t>(s); }
+
+/// One kernel of a fused step (fuse.hpp): `args[i] >= 0` is the fused step's input args[i],
+/// `args[i] < 0` the result of the group's op -1 - args[i]. With `period` > 0 the op is not run:
+/// its result element i is its one operand's element i mod period (Primitive::repeat).
+struct FusedOp {
+  Node local;
+  std::vector<int> args;
+  std::int64_t period = 0;
+};
 
 struct Step {
   enum class Kind { kKernel, kReshard };
@@ -60,6 +72,8 @@ struct Step {
   std::vector<CollectiveRecord> cost;  // reshard: the collectives it will run (static)
   double flops = 0;                    // kernel: per device (the most of any device)
   bool constant = false;               // depends on no input: run once per executor, then cached
+  // kernel: pointwise ops fused into this step, in order (the last computes `out`); empty: `local`
+  std::shared_ptr<const std::vector<FusedOp>> fused;
 };
 
 class Program {

@@ -81,6 +81,12 @@ using VjpFn = std::vector<Array>(const Node& node, const std::vector<Array>& ope
 using LocalizeFn = void(Node& local, std::span<const Shape> global_operands,
                         std::span<const Shape> local_operands);
 
+/// For fusion (fuse.hpp): when the result, in row-major order, is the operand's elements repeated
+/// (result element i is operand element i mod period), the period for these local shapes; else 0.
+/// A fused step then reads the operand instead of materialising the result (a bias or scalar
+/// broadcast, a reshape).
+using RepeatFn = std::int64_t(const Node& local, const Shape& local_operand);
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -94,8 +100,12 @@ struct Primitive {
   Required<VjpFn> vjp;
   /// Optional: most kernels take the global attributes as they are.
   LocalizeFn* localize = nullptr;
+  /// Optional: the op is a repetition of its one operand (see RepeatFn).
+  RepeatFn* repeat = nullptr;
   /// The result's dimensions are the operands' (all of the result's shape): propagation settles
   /// these first, to a fixed point (elementwise ops, select, convert, the sharding identities).
+  /// The kernel of a pointwise op must compute element i from the operands' elements i alone,
+  /// whatever the blocks' shapes: fusion runs it on flat chunks.
   bool pointwise = false;
   /// An identity that only fixes a sharding (constraint, annotation): no kernel step runs.
   bool sharding_identity = false;

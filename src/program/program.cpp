@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "compile.hpp"
+#include "fuse.hpp"
 #include "primitive.hpp"
 #include "primitives.hpp"
 #include "shardplan/distributed.hpp"
@@ -151,8 +152,12 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
           in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
         }
         const MutBlock out_block{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype};
-        st.local.op->kernel(
-            KernelArgs{st.local, in_blocks, out_block, st.offsets[static_cast<std::size_t>(d)]});
+        if (st.fused) {
+          run_fused(*st.fused, in_blocks, out_block);
+        } else {
+          st.local.op->kernel(
+              KernelArgs{st.local, in_blocks, out_block, st.offsets[static_cast<std::size_t>(d)]});
+        }
       },
       parallel);
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
@@ -178,7 +183,13 @@ std::string Program::text() const {
   s += "steps:\n";
   for (const Step& st : steps_) {
     if (st.kind == Step::Kind::kKernel) {
-      s += fmt::format("  kernel  {} = {} on blocks {}{}\n", value_name(st.node), st.local.op->name,
+      std::string what(st.local.op->name);
+      if (st.fused) {
+        std::vector<std::string_view> names;
+        for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
+        what = fmt::format("fused({})", fmt::join(names, ", "));
+      }
+      s += fmt::format("  kernel  {} = {} on blocks {}{}\n", value_name(st.node), what,
                        st.local.type.shape.to_string(),
                        st.pending.empty() ? ""
                                           : fmt::format(" (pending {} over {})",

@@ -281,15 +281,19 @@ Array dot_operand_vjp(const Array& g, const Array& lhs, const Array& rhs, const 
     for (const auto& [r_dim, l_dim] : rc) order.push_back(l_dim);
     return maybe_transpose(r, inverse_permutation(order));
   }
-  DotDims dd{g_batch, d.lhs_batch, int_range(nb, nb + nl), lfree};
-  const Array r = dot_general(g, lhs, dd);
+  // lhs first: the result is [batch, lhs's contracting dims, rhs free], which for x @ w (w [k, n])
+  // is w's own order, so no transpose of the weight's gradient follows (one per device).
+  DotDims dd{d.lhs_batch, g_batch, lfree, int_range(nb, nb + nl)};
+  const Array r = dot_general(lhs, g, dd);
+  // Result dims: batch, then lhs's remaining dims (its contracting dims, ascending), each standing
+  // for the rhs dimension paired with it, then rhs free.
   std::vector<std::pair<int, int>> lc;
   for (std::size_t j = 0; j < d.lhs_contract.size(); ++j)
     lc.emplace_back(d.lhs_contract[j], d.rhs_contract[j]);
   std::sort(lc.begin(), lc.end());
   std::vector<int> order = d.rhs_batch;
-  order.insert(order.end(), rfree.begin(), rfree.end());
   for (const auto& [l_dim, r_dim] : lc) order.push_back(r_dim);
+  order.insert(order.end(), rfree.begin(), rfree.end());
   return maybe_transpose(r, inverse_permutation(order));
 }
 

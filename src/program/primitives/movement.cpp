@@ -50,6 +50,9 @@ namespace {
 
 using Arrays = std::vector<Array>;
 
+// A reshape keeps the row-major order: result element i is operand element i.
+std::int64_t reshape_repeat(const Node&, const Shape& operand) { return operand.numel(); }
+
 void copy_kernel(const KernelArgs& k) {
   const auto bytes = static_cast<std::size_t>(k.out.shape.numel()) * size_of(k.out.dtype);
   if (bytes > 0) std::memcpy(k.out.data, k.in[0].data, bytes);
@@ -193,6 +196,21 @@ OpFactors broadcast_factors(const Node& n, std::span<const Shape> operands) {
   }
   f.operands = {inf};
   return f;
+}
+
+// A repetition when the operand's dimensions other than 1 are the result's last ones, in order and
+// of the same sizes (a bias [n] to [m, n], a scalar to anything): result element i is operand
+// element i mod (operand elements).
+std::int64_t broadcast_repeat(const Node& n, const Shape& operand) {
+  const std::vector<int>& dims = n.attr<BroadcastAttrs>().dims;
+  const Shape& out = n.type.shape;
+  int next = out.rank();
+  for (int d = operand.rank() - 1; d >= 0; --d) {
+    if (operand[d] == 1) continue;
+    --next;
+    if (dims[static_cast<std::size_t>(d)] != next || out[next] != operand[d]) return 0;
+  }
+  return operand.numel();
 }
 
 void broadcast_kernel(const KernelArgs& k) {
@@ -472,7 +490,8 @@ constinit const Primitive reshape{.name = "reshape",
                                   .factors = reshape_factors,
                                   .kernel = copy_kernel,
                                   .flops = no_flops,
-                                  .vjp = reshape_vjp};
+                                  .vjp = reshape_vjp,
+                                  .repeat = reshape_repeat};
 constinit const Primitive transpose{.name = "transpose",
                                     .arity = 1,
                                     .infer = transpose_type,
@@ -486,7 +505,8 @@ constinit const Primitive broadcast_in_dim{.name = "broadcast_in_dim",
                                            .factors = broadcast_factors,
                                            .kernel = broadcast_kernel,
                                            .flops = no_flops,
-                                           .vjp = broadcast_vjp};
+                                           .vjp = broadcast_vjp,
+                                           .repeat = broadcast_repeat};
 constinit const Primitive slice{.name = "slice",
                                 .arity = 1,
                                 .infer = slice_type,

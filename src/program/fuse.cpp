@@ -1,0 +1,207 @@
+#include "fuse.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string_view>
+
+#include "primitive.hpp"
+#include "primitives.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+namespace {
+
+bool fusible(const Step& st) {
+  return st.kind == Step::Kind::kKernel && st.local.op->pointwise && !st.constant &&
+         st.pending.empty();
+}
+
+std::int64_t local_numel(const Step& st) { return st.local.type.shape.numel(); }
+
+// The local shape of every slot: a step's result block, an input's block.
+std::vector<Shape> slot_shapes(const Graph& g, const Partitioned& p) {
+  std::vector<Shape> shapes(static_cast<std::size_t>(p.num_slots));
+  for (const Node& n : g.nodes) {
+    if (!n.is(prim::input)) continue;
+    const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
+    if (k >= p.input_slots.size() || index(p.input_slots[k]) >= shapes.size()) continue;
+    shapes[index(p.input_slots[k])] = p.input_shardings[k].shard_shape(n.type.shape);
+  }
+  for (const Step& st : p.steps) {
+    shapes[index(st.out)] = st.kind == Step::Kind::kKernel
+                                ? st.local.type.shape
+                                : st.sharding->shard_shape(st.type.shape);
+  }
+  return shapes;
+}
+
+// The period when step `st` only repeats its operand (Primitive::repeat), else 0.
+std::int64_t repeat_period(const Step& st, const std::vector<Shape>& shapes) {
+  if (st.kind != Step::Kind::kKernel || st.local.op->repeat == nullptr || !st.pending.empty() ||
+      st.in.size() != 1) {
+    return 0;
+  }
+  return st.local.op->repeat(st.local, shapes[index(st.in[0])]);
+}
+
+}  // namespace
+
+bool fusion_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SHARDPLAN_FUSE");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return enabled;
+}
+
+void fuse_pointwise(const Graph& g, Partitioned& p) {
+  const auto num_slots = static_cast<std::size_t>(p.num_slots);
+  const std::vector<Shape> shapes = slot_shapes(g, p);
+  std::vector<std::int64_t> period(p.steps.size(), 0);
+  for (std::size_t s = 0; s < p.steps.size(); ++s) period[s] = repeat_period(p.steps[s], shapes);
+  std::vector<int> uses(num_slots, 0);
+  std::vector<int> producer(num_slots, -1);
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    for (const SlotId in : p.steps[s].in) ++uses[index(in)];
+    producer[index(p.steps[s].out)] = static_cast<int>(s);
+  }
+  for (const SlotId out : p.output_slots) uses[index(out)] += 2;  // kept: never fused away
+
+  // group[s]: the step whose fused kernel computes step s (itself when not fused into another).
+  std::vector<int> group(p.steps.size());
+  for (std::size_t s = 0; s < group.size(); ++s) group[s] = static_cast<int>(s);
+  std::vector<std::vector<int>> members(p.steps.size());
+  for (std::size_t t = 0; t < p.steps.size(); ++t) {
+    members[t] = {static_cast<int>(t)};
+    const Step& consumer = p.steps[t];
+    if (!fusible(consumer)) continue;
+    for (const SlotId in : consumer.in) {
+      const int s = producer[index(in)];
+      if (s < 0 || uses[index(in)] != 1 || group[static_cast<std::size_t>(s)] != s) continue;
+      const Step& made = p.steps[static_cast<std::size_t>(s)];
+      const bool joins = fusible(made) || period[static_cast<std::size_t>(s)] > 0;
+      if (!joins || local_numel(made) != local_numel(consumer)) continue;
+      for (const int m : members[static_cast<std::size_t>(s)]) {
+        group[static_cast<std::size_t>(m)] = static_cast<int>(t);
+        members[t].push_back(m);
+      }
+      members[static_cast<std::size_t>(s)].clear();
+    }
+    std::sort(members[t].begin(), members[t].end());  // program order: operands first
+  }
+
+  std::vector<Step> steps;
+  for (std::size_t t = 0; t < p.steps.size(); ++t) {
+    if (group[t] != static_cast<int>(t)) continue;  // computed inside a later fused step
+    if (members[t].size() == 1) {
+      steps.push_back(std::move(p.steps[t]));
+      continue;
+    }
+    Step fused = p.steps[t];
+    fused.in.clear();
+    fused.flops = 0;
+    auto ops = std::make_shared<std::vector<FusedOp>>();
+    std::vector<std::pair<SlotId, int>> made;  // slot -> position of the op computing it
+    for (const int m : members[t]) {
+      const Step& st = p.steps[static_cast<std::size_t>(m)];
+      FusedOp op{.local = st.local, .period = period[static_cast<std::size_t>(m)]};
+      for (const SlotId in : st.in) {
+        const auto inside =
+            std::find_if(made.begin(), made.end(), [&](const auto& e) { return e.first == in; });
+        if (inside != made.end()) {
+          op.args.push_back(-1 - inside->second);
+          continue;
+        }
+        const auto known = std::find(fused.in.begin(), fused.in.end(), in);
+        op.args.push_back(static_cast<int>(known - fused.in.begin()));
+        if (known == fused.in.end()) fused.in.push_back(in);
+      }
+      fused.flops += st.flops;
+      made.emplace_back(st.out, static_cast<int>(ops->size()));
+      ops->push_back(std::move(op));
+    }
+    fused.fused = std::move(ops);
+    steps.push_back(std::move(fused));
+  }
+  p.steps = std::move(steps);
+}
+
+void run_fused(const std::vector<FusedOp>& ops, const std::vector<ConstBlock>& in,
+               const MutBlock& out) {
+  const std::int64_t n = out.shape.numel();
+  // Every input block holds as many elements as the result, or as the period of the repetition
+  // that reads it: a kernel would otherwise read past its end.
+  for (const FusedOp& op : ops) {
+    for (const int a : op.args) {
+      if (a < 0) continue;
+      const std::int64_t want = op.period > 0 ? op.period : n;
+      const std::int64_t have = in[static_cast<std::size_t>(a)].shape.numel();
+      if (have != want) {
+        throw SpecError(fmt::format(
+            "[fused kernel] {} reads a block of {} elements where {} are needed (result of {})",
+            op.local.op->name, have, want, n));
+      }
+    }
+  }
+  // One chunk of each intermediate (all ops but the last), 8 bytes an element at most.
+  const std::size_t num_scratch = ops.size() - 1;
+  std::vector<std::byte> scratch(num_scratch * static_cast<std::size_t>(kFusedChunk) * 8);
+  auto scratch_of = [&](std::size_t op) {
+    return scratch.data() + op * static_cast<std::size_t>(kFusedChunk) * 8;
+  };
+  const Shape full{kFusedChunk}, tail{n % kFusedChunk};
+  const std::vector<std::int64_t> zero{0};
+  std::vector<ConstBlock> blocks;
+  for (std::int64_t c = 0; c < n; c += kFusedChunk) {
+    const Shape& shape = n - c >= kFusedChunk ? full : tail;
+    const std::int64_t len = shape[0];
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const FusedOp& op = ops[i];
+      const MutBlock o =
+          i + 1 == ops.size()
+              ? MutBlock{out.data + c * static_cast<std::int64_t>(size_of(out.dtype)), shape,
+                         out.dtype}
+              : MutBlock{scratch_of(i), shape, op.local.type.dtype};
+      if (op.period > 0) {  // elements c .. c + len of the repeated operand
+        const ConstBlock& from = in[static_cast<std::size_t>(op.args[0])];
+        const auto size = static_cast<std::int64_t>(size_of(from.dtype));
+        std::byte* to = o.data;
+        if (op.period == 1) {  // a scalar: the first element, then doubling copies
+          std::memcpy(to, from.data, static_cast<std::size_t>(size));
+          for (std::int64_t have = 1; have < len; have *= 2) {
+            std::memcpy(to + have * size, to,
+                        static_cast<std::size_t>(std::min(have, len - have) * size));
+          }
+          continue;
+        }
+        std::int64_t at = c % op.period;
+        for (std::int64_t left = len; left > 0;) {
+          const std::int64_t run = std::min(op.period - at, left);
+          std::memcpy(to, from.data + at * size, static_cast<std::size_t>(run * size));
+          to += run * size;
+          left -= run;
+          at = 0;
+        }
+        continue;
+      }
+      blocks.clear();
+      for (const int a : op.args) {
+        if (a >= 0) {
+          const ConstBlock& b = in[static_cast<std::size_t>(a)];
+          blocks.push_back(
+              {b.data + c * static_cast<std::int64_t>(size_of(b.dtype)), shape, b.dtype});
+        } else {
+          const auto j = static_cast<std::size_t>(-1 - a);
+          blocks.push_back({scratch_of(j), shape, ops[j].local.type.dtype});
+        }
+      }
+      op.local.op->kernel(KernelArgs{op.local, blocks, o, zero});
+    }
+  }
+}
+
+}  // namespace shardplan::detail

@@ -1,0 +1,148 @@
+// Fusion of pointwise steps (src/program/fuse.hpp): under sjit a group of pointwise ops runs as
+// one step, chunk by chunk, and gives bitwise what the same ops give run one by one (eagerly,
+// where every op is a program of its own and nothing is fused).
+#include "fuse.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "primitives.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/sjit.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+struct Devices {
+  Executor exec{8};
+  Mesh mesh = Mesh::parse("data:4,model:2", 8);
+  Array put(const Tensor& t, const PartitionSpec& s) const {
+    return device_put(t, NamedSharding(mesh, s), exec);
+  }
+};
+
+// Blocks of [250, 42] = 10,500 elements: two whole chunks and a tail.
+const Shape kShape{1000, 84};
+static_assert(detail::kFusedChunk == 4096);
+
+Array chain(const Array& x, const Array& y) { return relu(x * y + exp(x)) - y; }
+
+TEST(Fusion, AChainRunsAsOneStepAndEqualsTheOpsRunOneByOne) {
+  Devices s;
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF64}) {
+    SCOPED_TRACE(std::string(name(dtype)));
+    const Array x = s.put(Tensor::uniform(kShape, dtype, 1, -2, 2), P("data", "model"));
+    const Array y = s.put(Tensor::uniform(kShape, dtype, 2, -2, 2), P("data", "model"));
+    auto f = sjit(s.mesh, &chain);
+    const std::string text = f.lower(x, y).text();
+    // (The operands of + are traced in the order the compiler evaluates them.)
+    EXPECT_THAT(text, ::testing::ContainsRegex("fused\\((exp, mul|mul, exp), add, relu, sub\\)"))
+        << text;
+    // bf16 intermediates are rounded to bf16 in the fused step too: the same bits.
+    EXPECT_TRUE(f(x, y).to_host() == chain(x, y).to_host());
+  }
+}
+
+TEST(Fusion, DtypeChangesComparisonsAndSelectFuseToo) {
+  Devices s;
+  auto g = [](const Array& x) {
+    const Array big = greater(x, full(x.shape(), x.dtype(), 0.5, x));
+    return astype(where(big, x * 2.0, -x), DType::kBF16);
+  };
+  const Array x = s.put(Tensor::uniform(kShape, DType::kF32, 3, -1, 1), P("data"));
+  auto f = sjit(s.mesh, g);
+  const std::string text = f.lower(x).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("fused(")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("convert)")) << text;
+  EXPECT_TRUE(f(x).to_host() == g(x).to_host());
+}
+
+TEST(Fusion, AResultUsedTwiceOrReturnedIsKeptAndComputedOnce) {
+  Devices s;
+  const Array x = s.put(Tensor::uniform(kShape, DType::kF32, 4, -1, 1), P("data", "model"));
+  // e is read by sin and by mul: it stays a step of its own; sin and mul fuse.
+  auto twice = [](const Array& v) {
+    const Array e = exp(v);
+    return e * sin(e);
+  };
+  auto f = sjit(s.mesh, twice);
+  const std::string text = f.lower(x).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("= exp on blocks")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("fused(sin, mul)")) << text;
+  EXPECT_TRUE(f(x).to_host() == twice(x).to_host());
+  // An intermediate that is also an output is not fused away.
+  auto both = [](const Array& v) {
+    const Array e = exp(v);
+    return Tree<Array>::dict({{"e", e}, {"c", cos(e)}});
+  };
+  auto g = sjit(s.mesh, both);
+  const Tree<Array> got = g(x);
+  const Tree<Array> want = both(x);
+  for (const char* k : {"e", "c"}) {
+    EXPECT_TRUE(got.at(k).leaf().to_host() == want.at(k).leaf().to_host()) << k;
+  }
+  EXPECT_THAT(g.lower(x).text(), ::testing::Not(::testing::HasSubstr("fused(")));
+}
+
+TEST(Fusion, FusedIntermediatesTakeNoMemory) {
+  Devices s;
+  const Array x =
+      s.put(Tensor::uniform(Shape{1024, 64}, DType::kF32, 5, -1, 1), P("data", "model"));
+  auto f = sjit(s.mesh, [](const Array& v) { return sin(cos(exp(v))); });
+  // x and the result, a [256, 32] f32 block each: exp(x) and cos(..) are never allocated.
+  const std::int64_t shard = 256 * 32 * 4;
+  const std::int64_t planned = f.lower(x).cost().peak_bytes[0];
+  EXPECT_EQ(planned, 2 * shard);
+  s.exec.reset_peak();
+  const std::int64_t before = s.exec.memory(0).in_use;
+  const Array y = f(x);
+  EXPECT_EQ(s.exec.memory(0).peak - before, shard);  // the result only
+}
+
+TEST(Fusion, ABroadcastThatRepeatsItsOperandIsReadInPlaceOthersAreNot) {
+  Devices s;
+  const Shape sq{64, 64};
+  // Replicated, so that every device's blocks are square too.
+  const Array x = s.put(Tensor::uniform(sq, DType::kF32, 6, -1, 1), P());
+  const Array b = s.put(Tensor::uniform(Shape{64}, DType::kF32, 7, -1, 1), P());
+  // Along the last dimension (a bias): a repetition of b, fused. Along the first (each row one
+  // value of b): the same shapes, but not a repetition; it must stay a broadcast step, or the
+  // fused kernel would read b in the wrong order. Both square, so only the dims tell them apart.
+  auto rows = [](const Array& v, const Array& w) {
+    return relu(v + broadcast_in_dim(w, v.shape(), {1}));
+  };
+  auto cols = [](const Array& v, const Array& w) {
+    return relu(v + broadcast_in_dim(w, v.shape(), {0}));
+  };
+  auto scalar = [](const Array& v, const Array& w) {
+    return v * broadcast_in_dim(reshape(slice(w, {0}, {1}), Shape{}), v.shape(), {}) - v;
+  };
+  auto f_rows = sjit(s.mesh, rows);
+  auto f_cols = sjit(s.mesh, cols);
+  auto f_scalar = sjit(s.mesh, scalar);
+  EXPECT_THAT(f_rows.lower(x, b).text(),
+              ::testing::HasSubstr("fused(broadcast_in_dim, add, relu)"));
+  const std::string col_text = f_cols.lower(x, b).text();
+  EXPECT_THAT(col_text, ::testing::HasSubstr("= broadcast_in_dim on blocks")) << col_text;
+  EXPECT_THAT(col_text, ::testing::HasSubstr("fused(add, relu)")) << col_text;
+  EXPECT_THAT(f_scalar.lower(x, b).text(),
+              ::testing::HasSubstr("fused(broadcast_in_dim, mul, sub)"));
+  EXPECT_TRUE(f_rows(x, b).to_host() == rows(x, b).to_host());
+  EXPECT_TRUE(f_cols(x, b).to_host() == cols(x, b).to_host());
+  EXPECT_TRUE(f_scalar(x, b).to_host() == scalar(x, b).to_host());
+}
+
+TEST(Fusion, TheFusedKernelRefusesBlocksOfAnotherSize) {
+  // A block that does not hold as many elements as the result would be read past its end.
+  Tensor a(Shape{10}, DType::kF32), out(Shape{12}, DType::kF32);
+  const detail::Node node{.op = &detail::prim::exp, .type = {Shape{12}, DType::kF32}};
+  const std::vector<detail::FusedOp> ops = {{.local = node, .args = {0}},
+                                            {.local = node, .args = {-1}}};
+  EXPECT_THROW_WITH(detail::run_fused(ops, {{a.bytes(), a.shape(), DType::kF32}},
+                                      {out.bytes(), out.shape(), DType::kF32}),
+                    SpecError, "10 elements", "12");
+}
+
+}  // namespace
+}  // namespace shardplan
