@@ -4,6 +4,9 @@
 // distributed_bench (8 devices over processes).
 #include <benchmark/benchmark.h>
 
+#include <functional>
+#include <memory>
+
 #include "../examples/mlp.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"
@@ -14,12 +17,19 @@ namespace bench {
 inline constexpr std::int64_t kMlpBatch = 4096;
 inline const std::vector<std::int64_t> kMlpSizes = {784, 1024, 1024, 1024, 10};
 
-/// Runs the step once per benchmark iteration on `mesh` (its first axis splits the batch). With
-/// `warm_up`, one step is run (and compiled) before the timing starts.
-inline void run_mlp_train_steps(benchmark::State& state, const shardplan::Executor& ex,
-                                const shardplan::Mesh& mesh, bool warm_up) {
+/// The step on `mesh` (its first axis splits the batch) as a function that runs it once, updating
+/// the parameters it holds.
+inline std::function<void()> make_mlp_train_step(const shardplan::Executor& ex,
+                                                 const shardplan::Mesh& mesh,
+                                                 std::int64_t batch_size = kMlpBatch) {
   using namespace shardplan;
   const PartitionSpec batch = P(mesh.axis_names()[0]);
+  struct State {
+    Tree<Array> params, opt_state;
+    Array x, y;
+    Optimizer sgd = Optimizer::sgd(0.01);
+  };
+  auto st = std::make_shared<State>();
   std::vector<Tree<Array>> layers;
   for (std::size_t i = 0; i + 1 < kMlpSizes.size(); ++i) {
     layers.push_back(Tree<Array>::dict(
@@ -28,27 +38,34 @@ inline void run_mlp_train_steps(benchmark::State& state, const shardplan::Execut
          {"b",
           Array::zeros(Shape{kMlpSizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()), ex)}}));
   }
-  Tree<Array> params = Tree<Array>::list(layers);
-  const Array x =
-      Array::normal(Shape{kMlpBatch, kMlpSizes[0]}, DType::kF32, NamedSharding(mesh, batch), ex, 9);
+  st->params = Tree<Array>::list(layers);
+  st->x = Array::normal(Shape{batch_size, kMlpSizes[0]}, DType::kF32, NamedSharding(mesh, batch),
+                        ex, 9);
   std::vector<std::int32_t> lab;
-  for (std::int64_t i = 0; i < kMlpBatch; ++i) lab.push_back(static_cast<std::int32_t>(i % 10));
-  const Array y =
-      device_put(Tensor::from<std::int32_t>(Shape{kMlpBatch}, lab), NamedSharding(mesh, batch), ex);
-  const Optimizer sgd = Optimizer::sgd(0.01);
-  Tree<Array> st = sgd.init(params);
-  auto step =
-      sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb, const Array& yb) {
-        const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
-        auto [np, ns] = sgd.update(g, s, p);
-        return Tree<Array>::dict({{"params", np}, {"state", ns}});
-      });
-  if (warm_up) step(params, st, x, y);
-  for (auto _ : state) {
-    const Tree<Array> out = step(params, st, x, y);
-    params = out.at("params");
-    st = out.at("state");
-  }
+  for (std::int64_t i = 0; i < batch_size; ++i) lab.push_back(static_cast<std::int32_t>(i % 10));
+  st->y = device_put(Tensor::from<std::int32_t>(Shape{batch_size}, lab), NamedSharding(mesh, batch),
+                     ex);
+  st->opt_state = st->sgd.init(st->params);
+  auto step = sjit(mesh, [st](const Tree<Array>& p, const Tree<Array>& s, const Array& xb,
+                              const Array& yb) {
+    const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
+    auto [np, ns] = st->sgd.update(g, s, p);
+    return Tree<Array>::dict({{"params", np}, {"state", ns}});
+  });
+  return [st, step]() mutable {
+    const Tree<Array> out = step(st->params, st->opt_state, st->x, st->y);
+    st->params = out.at("params");
+    st->opt_state = out.at("state");
+  };
+}
+
+/// Runs the step once per benchmark iteration on `mesh`. With `warm_up`, one step is run (and
+/// compiled) before the timing starts.
+inline void run_mlp_train_steps(benchmark::State& state, const shardplan::Executor& ex,
+                                const shardplan::Mesh& mesh, bool warm_up) {
+  std::function<void()> step = make_mlp_train_step(ex, mesh);
+  if (warm_up) step();
+  for (auto _ : state) step();
 }
 
 }  // namespace bench
