@@ -136,9 +136,15 @@ Mesh Mesh::parse(std::string_view text, std::int64_t device_count,
     } else if (!names.empty()) {
       name = names[i];
     } else {
+      std::string hint;
+      if (text.find('=') != std::string_view::npos && text.find(':') == std::string_view::npos) {
+        std::string fixed(text);
+        std::replace(fixed.begin(), fixed.end(), '=', ':');
+        hint = fmt::format(" (did you mean '{}'?)", fixed);
+      }
       throw SpecError(fmt::format(
-          "[mesh] entry '{}' of '{}' has no axis name; write 'name:size' or pass axis names", part,
-          text));
+          "[mesh] entry '{}' of '{}' has no axis name; write 'name:size' or pass axis names{}",
+          part, text, hint));
     }
     std::int64_t size = 0;
     auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), size);

@@ -373,8 +373,8 @@ class JsonWriter {
   /// Length of the well-formed UTF-8 sequence at s[i] (a byte >= 0x80), or 0.
   static std::size_t utf8_length(std::string_view s, std::size_t i) {
     char32_t cp = 0;
-    return detail::utf8_decode(reinterpret_cast<const unsigned char*>(s.data()) + i,
-                               s.size() - i, cp);
+    return detail::utf8_decode(reinterpret_cast<const unsigned char*>(s.data()) + i, s.size() - i,
+                               cp);
   }
 
   static constexpr std::size_t kChunk = std::size_t{1} << 20;
@@ -439,7 +439,13 @@ std::string PlanReport::table(std::size_t largest_n) const {
       out += std::string(std::min<std::size_t>(total, 160), '-') + "\n";
     }
   }
-  out += "\nrules:\n";
+  out += "\n";
+  out += summary(largest_n);
+  return out;
+}
+
+std::string PlanReport::summary(std::size_t largest_n) const {
+  std::string out = "rules:\n";
   for (const RuleInfo& r : rules) {
     out += fmt::format("  #{} at '{}': {}\n", r.rule_index, r.rule_path, r.rule);
   }

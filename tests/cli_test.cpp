@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint_fixtures.hpp"
 #include "shardplan/checkpoint.hpp"
 #include "shardplan/safetensors.hpp"
-#include "checkpoint_fixtures.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -79,7 +79,6 @@ class CliTest : public ::testing::Test {
 
   fs::path dir_;
 };
-
 
 TEST_F(CliTest, CheckpointInspectReshardAndConsolidate) {
   // A Hugging Face checkpoint, written as any tool would: header, then the tensors' bytes.
@@ -193,6 +192,50 @@ TEST_F(CliTest, PlansASafetensorsCheckpointWithThePresetFile) {
     EXPECT_EQ(leaf["bytes_per_device"].get<std::int64_t>(), bytes / 8) << leaf["path"];
   }
   EXPECT_EQ(large, 2 + 2 * 7);
+}
+
+TEST_F(CliTest, ACheckpointDirectoryIsReadThroughItsSafetensorsFile) {
+  const fs::path model = llama_checkpoint(1);  // dir_/model.safetensors
+  const Result by_file = run(fmt::format("plan --model '{}' --json", model.string()));
+  const Result by_dir = run(fmt::format("plan --model '{}' --json", dir_.string()));
+  ASSERT_EQ(by_dir.code, 0) << by_dir.err;
+  EXPECT_EQ(by_dir.out, by_file.out);
+  const fs::path empty = dir_ / "empty";
+  fs::create_directories(empty);
+  const Result none = run(fmt::format("plan --model '{}'", empty.string()));
+  EXPECT_EQ(none.code, 2);
+  EXPECT_THAT(none.err, ::testing::HasSubstr("neither model.safetensors.index.json nor "
+                                             "model.safetensors"));
+}
+
+TEST_F(CliTest, TheDeviceCountDefaultsToTheMeshsSize) {
+  const Result r = run("plan --mesh fsdp:8,tp:2 --summary");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("(16 devices)"));
+  // With an axis left to infer, the documented default of 8.
+  EXPECT_THAT(run("plan --mesh fsdp:-1,tp:2 --summary").out, ::testing::HasSubstr("(8 devices)"));
+  // '=' instead of ':' is answered with the spelling meant.
+  const Result eq = run("plan --mesh fsdp=4,tp=2");
+  EXPECT_EQ(eq.code, 1);
+  EXPECT_THAT(eq.err, ::testing::HasSubstr("did you mean 'fsdp:4,tp:2'?"));
+}
+
+TEST_F(CliTest, SummaryLeavesOutTheRowPerTensor) {
+  const Result full = run("plan");
+  const Result summary = run("plan --summary");
+  ASSERT_EQ(summary.code, 0) << summary.err;
+  EXPECT_THAT(full.out, ::testing::HasSubstr("bytes/device"));
+  EXPECT_THAT(summary.out, ::testing::Not(::testing::HasSubstr("bytes/device")));
+  EXPECT_THAT(full.out, ::testing::HasSubstr("model/layers/31/input_layernorm/weight"));
+  EXPECT_THAT(summary.out,
+              ::testing::Not(::testing::HasSubstr("model/layers/31/input_layernorm/weight")));
+  // The summary is the end of the full output, word for word.
+  const std::size_t at = summary.out.find("rules:");
+  ASSERT_NE(at, std::string::npos);
+  const std::string tail = summary.out.substr(at);
+  ASSERT_GE(full.out.size(), tail.size());
+  EXPECT_EQ(full.out.substr(full.out.size() - tail.size()), tail);
+  EXPECT_LT(std::count(summary.out.begin(), summary.out.end(), '\n'), 30);
 }
 
 TEST_F(CliTest, ExplainShowsEveryRuleTried) {

@@ -88,6 +88,8 @@ struct PlanReport {
   /// by the summary: bytes per device (min, max), the largest tensors, unmatched rules, leaves
   /// that fell through.
   std::string table(std::size_t largest_n = 5) const;
+  /// The summary alone (what table() prints after the rows): for large models.
+  std::string summary(std::size_t largest_n = 5) const;
   /// The JSON form documented in docs/cli.md (mesh, leaves, devices, total_bytes,
   /// unmatched_rules, fell_through). `indent` < 0 gives one line.
   std::string to_json(int indent = 2) const;

@@ -41,9 +41,10 @@ struct UsageError : std::runtime_error {
 struct PlanOptions {
   std::string model;
   std::string mesh;
-  std::int64_t devices = 8;
+  std::int64_t devices = 0;  // 0: the mesh's size when every axis size is given, else 8
   std::string rules;
   bool json = false;
+  bool summary = false;
   std::string explain;
   int largest = 5;
 };
@@ -60,9 +61,10 @@ RuleFile load_rules(const std::string& rules) {
     return load_preset(name);
   }
   if (!std::filesystem::exists(rules)) {
-    throw UsageError(fmt::format("--rules: no such file '{}' (use preset:NAME for a built-in "
-                                 "preset; `shardplan presets` lists them)",
-                                 rules));
+    throw UsageError(
+        fmt::format("--rules: no such file '{}' (use preset:NAME for a built-in "
+                    "preset; `shardplan presets` lists them)",
+                    rules));
   }
   return load_rule_file(rules);
 }
@@ -72,7 +74,62 @@ Tree<TensorSpec> load_data(const std::string& model) {
   if (!std::filesystem::exists(model)) {
     throw UsageError(fmt::format("--model: no such file '{}'", model));
   }
+  if (std::filesystem::is_directory(model)) {
+    // A Hugging Face checkpoint directory: the index of a sharded checkpoint, else the one file.
+    for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
+      const std::filesystem::path file = std::filesystem::path(model) / name;
+      if (std::filesystem::is_regular_file(file)) return load_model(file.string());
+    }
+    throw UsageError(
+        fmt::format("--model: the directory '{}' holds neither "
+                    "model.safetensors.index.json nor model.safetensors",
+                    model));
+  }
   return load_model(model);
+}
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto stop = text.find(sep, start);
+    out.push_back(text.substr(start, stop == std::string::npos ? std::string::npos : stop - start));
+    if (stop == std::string::npos) return out;
+    start = stop + 1;
+  }
+}
+
+/// The device count for `mesh`: `devices` when given (> 0), else the product of the mesh's axis
+/// sizes ("x:4,y:2": 8). When an axis has no size (-1, or not a number): `fallback` when > 0,
+/// else a UsageError asking for every size or --devices. A product over the device limit is a
+/// UsageError naming the limit.
+std::int64_t devices_for(const std::string& mesh, std::int64_t devices, std::int64_t fallback) {
+  if (devices > 0) return devices;
+  std::int64_t product = 1;
+  for (const std::string& entry : split(mesh, ',')) {
+    const auto colon = entry.find(':');
+    const std::string size = colon == std::string::npos ? entry : entry.substr(colon + 1);
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), v);
+    const bool whole = end == size.data() + size.size();
+    if (whole && (ec == std::errc::result_out_of_range || (ec == std::errc() && v > kMaxDevices))) {
+      throw UsageError(fmt::format("--mesh '{}': axis size {} is more than the limit of {} devices",
+                                   mesh, size, kMaxDevices));
+    }
+    if (!whole || ec != std::errc() || v <= 0) {
+      if (fallback > 0) return fallback;
+      throw UsageError(
+          fmt::format("--mesh '{}': give every axis size, or --devices to infer a -1", mesh));
+    }
+    // Both factors are at most 2^20: the product fits before it is checked.
+    product *= v;
+    if (product > kMaxDevices) {
+      throw UsageError(
+          fmt::format("--mesh '{}': the axis sizes multiply to more than the limit of {} devices",
+                      mesh, kMaxDevices));
+    }
+  }
+  return product;
 }
 
 /// A rule file, and its rule built (or why it could not be).
@@ -106,7 +163,7 @@ int run_plan(const PlanOptions& o) {
   const Tree<TensorSpec>& data = *loaded;
   const RuleFile& file = job.file;
   const std::string mesh_text = !o.mesh.empty() ? o.mesh : file.mesh.value_or(kDefaultMesh);
-  MeshShardingHelper helper(Mesh::parse(mesh_text, o.devices));
+  MeshShardingHelper helper(Mesh::parse(mesh_text, devices_for(mesh_text, o.devices, 8)));
   if (job.rule_error) std::rethrow_exception(job.rule_error);
   const RuleTree rules(job.rule);
   if (!o.explain.empty()) {
@@ -117,7 +174,8 @@ int run_plan(const PlanOptions& o) {
     }
     const PlanReport report = helper.plan(rules, data);
     if (const LeafPlan* leaf = report.find(o.explain)) {
-      std::cout << fmt::format("  spec {} shard {} ({} per device)\n", leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
+      std::cout << fmt::format("  spec {} shard {} ({} per device)\n",
+                               leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
                                leaf->shard_shape.to_string(), format_bytes(leaf->bytes_per_device));
     }
     return kOk;
@@ -130,7 +188,8 @@ int run_plan(const PlanOptions& o) {
     std::cout << fmt::format("model {}, rules {}, mesh {}\n\n",
                              o.model.empty() ? "LLaMA-2-7B (embedded example)" : o.model,
                              file.source, helper.mesh().to_string());
-    std::cout << report.table(static_cast<std::size_t>(o.largest));
+    const auto largest = static_cast<std::size_t>(o.largest);
+    std::cout << (o.summary ? report.summary(largest) : report.table(largest));
   }
   return kOk;
 }
@@ -141,17 +200,6 @@ struct VisualizeOptions {
   std::int64_t devices = 0;
   std::string spec;
 };
-
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto stop = text.find(sep, start);
-    out.push_back(text.substr(start, stop == std::string::npos ? std::string::npos : stop - start));
-    if (stop == std::string::npos) return out;
-    start = stop + 1;
-  }
-}
 
 int run_visualize(const VisualizeOptions& o) {
   std::vector<std::int64_t> dims;
@@ -164,44 +212,14 @@ int run_visualize(const VisualizeOptions& o) {
       used = 0;
     }
     if (used != d.size() || v < 0) {
-      throw UsageError(fmt::format("--shape: '{}' is not a list of non-negative integers like "
-                                   "8192,8192",
-                                   o.shape));
+      throw UsageError(
+          fmt::format("--shape: '{}' is not a list of non-negative integers like "
+                      "8192,8192",
+                      o.shape));
     }
     dims.push_back(v);
   }
-  std::int64_t devices = o.devices;
-  if (devices <= 0) {
-    // Without --devices the mesh must give every size: the product of "x:4,y:2".
-    devices = 1;
-    for (const std::string& entry : split(o.mesh, ',')) {
-      const auto colon = entry.find(':');
-      const std::string size = colon == std::string::npos ? entry : entry.substr(colon + 1);
-      std::int64_t v = 0;
-      const auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), v);
-      const bool whole = end == size.data() + size.size();
-      if (whole &&
-          (ec == std::errc::result_out_of_range || (ec == std::errc() && v > kMaxDevices))) {
-        throw UsageError(
-            fmt::format("--mesh '{}': axis size {} is more than the limit of {} "
-                        "devices",
-                        o.mesh, size, kMaxDevices));
-      }
-      if (!whole || ec != std::errc() || v <= 0) {
-        throw UsageError(fmt::format("--mesh '{}': give every axis size, or --devices to infer a "
-                                     "-1",
-                                     o.mesh));
-      }
-      // Both factors are at most 2^20: the product fits before it is checked.
-      devices *= v;
-      if (devices > kMaxDevices) {
-        throw UsageError(
-            fmt::format("--mesh '{}': the axis sizes multiply to more than the limit "
-                        "of {} devices",
-                        o.mesh, kMaxDevices));
-      }
-    }
-  }
+  const std::int64_t devices = devices_for(o.mesh, o.devices, 0);
   const Mesh mesh = Mesh::parse(o.mesh, devices);
   std::vector<AxisNames> spec_dims;
   if (!o.spec.empty()) {
@@ -257,21 +275,28 @@ int main(int argc, char** argv) {
   CLI::App* plan_cmd = app.add_subcommand("plan", "Plan a model against a rule file and report it");
   plan_cmd->add_option("--model,-m", plan.model,
                        "A .safetensors file (only its header is read), a *.safetensors.index.json "
-                       "of a sharded checkpoint, or a JSON model description "
+                       "of a sharded checkpoint, a checkpoint directory holding either, or a JSON "
+                       "model description "
                        "{\"name\": {\"shape\": [..], \"dtype\": \"BF16\"}}. "
                        "Default: an embedded LLaMA-2-7B. Example: --model model.safetensors");
-  plan_cmd->add_option("--mesh", plan.mesh,
-                       "Mesh axes as name:size, one size may be -1 (inferred from --devices). "
-                       "Default: the rule file's mesh, else fsdp:-1,tp:2. Example: --mesh fsdp:4,tp:2");
+  plan_cmd->add_option(
+      "--mesh", plan.mesh,
+      "Mesh axes as name:size, one size may be -1 (inferred from --devices). "
+      "Default: the rule file's mesh, else fsdp:-1,tp:2. Example: --mesh fsdp:4,tp:2");
   plan_cmd
       ->add_option("--devices,-n", plan.devices,
-                   fmt::format("Number of devices, 1 to {}. Example: --devices 8", kMaxDevices))
-      ->check(CLI::Range(std::int64_t{1}, kMaxDevices))
-      ->capture_default_str();
-  plan_cmd->add_option("--rules,-r", plan.rules,
-                       "A YAML rule file, or preset:NAME for a built-in preset (see `shardplan "
-                       "presets`). Default: preset:llama_fsdp_tp. Example: --rules preset:llama_fsdp");
+                   fmt::format("Number of devices, 1 to {}. Default: the mesh's size when every "
+                               "axis size is given, else 8. Example: --devices 8",
+                               kMaxDevices))
+      ->check(CLI::Range(std::int64_t{1}, kMaxDevices));
+  plan_cmd->add_option(
+      "--rules,-r", plan.rules,
+      "A YAML rule file, or preset:NAME for a built-in preset (see `shardplan "
+      "presets`). Default: preset:llama_fsdp_tp. Example: --rules preset:llama_fsdp");
   plan_cmd->add_flag("--json", plan.json, "Print the plan as JSON (schema in docs/cli.md)");
+  plan_cmd->add_flag("--summary", plan.summary,
+                     "Print only the summary (bytes per device, largest tensors, unmatched rules), "
+                     "not a row per tensor");
   plan_cmd->add_option("--explain", plan.explain,
                        "Show every rule tried on one tensor path and which one decided. Example: "
                        "--explain model/layers/0/mlp/down_proj/weight");
@@ -280,8 +305,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   VisualizeOptions vis;
-  CLI::App* vis_cmd = app.add_subcommand(
-      "visualize", "Draw which device holds which block of a 1-D or 2-D array");
+  CLI::App* vis_cmd =
+      app.add_subcommand("visualize", "Draw which device holds which block of a 1-D or 2-D array");
   vis_cmd->add_option("--shape", vis.shape, "Global shape. Example: --shape 8192,8192")->required();
   vis_cmd->add_option("--mesh", vis.mesh, "Mesh. Example: --mesh x:4,y:2")->required();
   vis_cmd
