@@ -528,9 +528,39 @@ PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec
   return report;
 }
 
+std::ostream& operator<<(std::ostream& os, const ExplainStep& step) {
+  return os << (step.step.decided ? "=> " : "   ") << step.step.description;
+}
+
 std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
                                                      const Tree<TensorSpec>& data,
                                                      std::string_view path) const {
+  try {
+    return explain_path(rules, data, path);
+  } catch (const TreeError& e) {
+    // A checkpoint's own name ("h.0.attn.c_attn.bias"): the tree path load_model made of it.
+    if (path.find('.') == std::string_view::npos || path.find('/') != std::string_view::npos) {
+      throw;
+    }
+    std::string as_path;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t dot = path.find('.', start);
+      as_path = join_path(as_path, escape_key(std::string(path.substr(start, dot - start))));
+      if (dot == std::string_view::npos) break;
+      start = dot + 1;
+    }
+    try {
+      return explain_path(rules, data, as_path);
+    } catch (const TreeError&) {
+      throw TreeError(fmt::format("{} (nor as the tree path '{}')", e.what(), as_path));
+    }
+  }
+}
+
+std::vector<ExplainStep> MeshShardingHelper::explain_path(const RuleTree& rules,
+                                                          const Tree<TensorSpec>& data,
+                                                          std::string_view path) const {
   if (std::string m = prefix_mismatch(rules, data); !m.empty()) {
     throw TreeError("[explain] the rule tree is not a prefix of the data tree: " + m);
   }

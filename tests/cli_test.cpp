@@ -238,6 +238,27 @@ TEST_F(CliTest, SummaryLeavesOutTheRowPerTensor) {
   EXPECT_LT(std::count(summary.out.begin(), summary.out.end(), '\n'), 30);
 }
 
+TEST_F(CliTest, ExplainTakesTheCheckpointsNameAndPrintsJson) {
+  const fs::path model = llama_checkpoint(1);
+  const Result by_path = run(
+      fmt::format("plan --model '{}' --explain model/layers/0/mlp/up_proj/weight", model.string()));
+  const Result by_name = run(
+      fmt::format("plan --model '{}' --explain model.layers.0.mlp.up_proj.weight", model.string()));
+  ASSERT_EQ(by_name.code, 0) << by_name.err;
+  // The same steps and result; only the name in the first line differs.
+  EXPECT_EQ(by_name.out.substr(by_name.out.find('\n')), by_path.out.substr(by_path.out.find('\n')));
+  const Result json = run(fmt::format(
+      "plan --model '{}' --explain model.layers.0.mlp.up_proj.weight --json", model.string()));
+  ASSERT_EQ(json.code, 0) << json.err;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["path"], "model/layers/0/mlp/up_proj/weight");
+  EXPECT_EQ(j["shard_shape"], nlohmann::json::array({5504, 1024}));
+  int decided = 0;
+  for (const auto& s : j["steps"]) decided += s["decided"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(decided, 1);
+  EXPECT_GE(j["steps"].size(), 2u);
+}
+
 TEST_F(CliTest, ExplainShowsEveryRuleTried) {
   const Result r = run("plan --explain model/layers/0/mlp/down_proj/weight");
   ASSERT_EQ(r.code, 0) << r.err;

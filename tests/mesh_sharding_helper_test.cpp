@@ -167,6 +167,15 @@ TEST(MeshShardingHelper, ExplainListsEveryEntryTried) {
   EXPECT_EQ(steps[1].step.entry, 1);
   EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).explain(rules, small_model(), "params/h/9/w_out"),
                     TreeError, "params/h/9/w_out");
+  // A checkpoint's own name of the tensor explains the same leaf; a name that is neither says
+  // which tree path it was also tried as.
+  EXPECT_EQ(MeshShardingHelper(xy_mesh()).explain(rules, small_model(), "params.h.1.w_out"), steps);
+  EXPECT_THROW_WITH(MeshShardingHelper(xy_mesh()).explain(rules, small_model(), "params.h.9.w_out"),
+                    TreeError, "params.h.9.w_out", "nor as the tree path 'params/h/9/w_out'");
+  // Each step prints as the command shows it.
+  std::ostringstream os;
+  os << steps[0] << "|" << steps[1];
+  EXPECT_EQ(os.str(), "   " + steps[0].step.description + "|=> " + steps[1].step.description);
 }
 
 TEST(MeshShardingHelper, ResolveAgreesWithMatchLeafByLeaf) {

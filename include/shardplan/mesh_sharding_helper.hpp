@@ -43,7 +43,11 @@ struct ExplainStep {
   int rule_index = -1;
   std::string rule;
   RuleStep step;
+  friend bool operator==(const ExplainStep&, const ExplainStep&) = default;
 };
+/// One line of an explanation: "=> <description>" for the entry that decided, else
+/// "   <description>".
+std::ostream& operator<<(std::ostream& os, const ExplainStep& step);
 
 /// A named device mesh that resolves rule trees against data trees, as scalax's
 /// MeshShardingHelper. Immutable after construction; all methods are thread-safe.
@@ -70,12 +74,16 @@ class MeshShardingHelper {
   /// per device; rule entries that matched nothing; leaves that fell through. Throws as match.
   PlanReport plan(const RuleTree& rules, const Tree<TensorSpec>& data) const;
 
-  /// Every entry tried on the leaf at `path` and which one decided. Throws TreeError when no
-  /// leaf has that path.
+  /// Every entry tried on the leaf at `path` and which one decided. `path` is a tree path
+  /// ("model/layers/0/mlp/up_proj/weight") or, when no leaf has it, a checkpoint's own name of
+  /// the tensor ("model.layers.0.mlp.up_proj.weight", read with '.' as the separator, as
+  /// load_model builds the tree). Throws TreeError when neither names a leaf.
   std::vector<ExplainStep> explain(const RuleTree& rules, const Tree<TensorSpec>& data,
                                    std::string_view path) const;
 
  private:
+  std::vector<ExplainStep> explain_path(const RuleTree& rules, const Tree<TensorSpec>& data,
+                                        std::string_view path) const;
   Mesh mesh_;
 };
 

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <algorithm>
 #include <charconv>
 #include <exception>
 #include <filesystem>
@@ -168,12 +170,39 @@ int run_plan(const PlanOptions& o) {
   const RuleTree rules(job.rule);
   if (!o.explain.empty()) {
     const auto steps = helper.explain(rules, data, o.explain);
-    std::cout << fmt::format("{} on mesh {}:\n", o.explain, helper.mesh().to_string());
-    for (const ExplainStep& s : steps) {
-      std::cout << fmt::format("  {} {}\n", s.step.decided ? "=>" : "  ", s.step.description);
-    }
     const PlanReport report = helper.plan(rules, data);
-    if (const LeafPlan* leaf = report.find(o.explain)) {
+    // The leaf by its tree path, or by the checkpoint's name (explain() accepts both).
+    const LeafPlan* leaf = report.find(o.explain);
+    if (leaf == nullptr) {
+      std::string dotted = o.explain;
+      std::replace(dotted.begin(), dotted.end(), '.', '/');
+      leaf = report.find(dotted);
+    }
+    if (o.json) {
+      nlohmann::ordered_json j;
+      j["name"] = o.explain;
+      j["mesh"] = helper.mesh().to_string();
+      j["steps"] = nlohmann::ordered_json::array();
+      for (const ExplainStep& s : steps) {
+        j["steps"].push_back({{"rule_index", s.rule_index},
+                              {"rule", s.rule},
+                              {"entry", s.step.entry},
+                              {"decided", s.step.decided},
+                              {"description", s.step.description}});
+      }
+      if (leaf != nullptr) {
+        j["path"] = leaf->path;
+        j["spec"] = leaf->spec ? nlohmann::ordered_json(leaf->spec->to_string())
+                               : nlohmann::ordered_json(nullptr);
+        j["shard_shape"] = leaf->shard_shape.dims();
+        j["bytes_per_device"] = leaf->bytes_per_device;
+      }
+      std::cout << j.dump(2) << "\n";
+      return kOk;
+    }
+    std::cout << fmt::format("{} on mesh {}:\n", o.explain, helper.mesh().to_string());
+    for (const ExplainStep& s : steps) std::cout << "  " << s << "\n";
+    if (leaf != nullptr) {
       std::cout << fmt::format("  spec {} shard {} ({} per device)\n",
                                leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
                                leaf->shard_shape.to_string(), format_bytes(leaf->bytes_per_device));
@@ -298,7 +327,8 @@ int main(int argc, char** argv) {
                      "Print only the summary (bytes per device, largest tensors, unmatched rules), "
                      "not a row per tensor");
   plan_cmd->add_option("--explain", plan.explain,
-                       "Show every rule tried on one tensor path and which one decided. Example: "
+                       "Show every rule tried on one tensor (its tree path or the checkpoint's own "
+                       "name) and which one decided; with --json as JSON. Example: "
                        "--explain model/layers/0/mlp/down_proj/weight");
   plan_cmd->add_option("--largest", plan.largest, "How many of the largest tensors to list")
       ->check(CLI::NonNegativeNumber)
