@@ -259,6 +259,25 @@ TEST_F(CliTest, ExplainTakesTheCheckpointsNameAndPrintsJson) {
   EXPECT_GE(j["steps"].size(), 2u);
 }
 
+TEST_F(CliTest, ForgettingRulesOnAnotherModelNamesTheOtherPresets) {
+  const fs::path model = dir_ / "gpt2.json";
+  std::ofstream(model) << R"({"wte.weight": {"shape": [50257, 768], "dtype": "F32"},
+                             "h.0.attn.c_attn.bias": {"shape": [2304], "dtype": "F32"}})";
+  const Result r = run(fmt::format("plan --model '{}'", model.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("h/0/attn/c_attn/bias"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("default preset llama_fsdp_tp is for LLaMA"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("gpt2"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("t5"));
+  // With the right preset it plans; with rules given, the error is the rule's alone.
+  EXPECT_EQ(
+      run(fmt::format("plan --model '{}' --rules preset:gpt2 --summary", model.string())).code, 0);
+  const Result given =
+      run(fmt::format("plan --model '{}' --rules preset:llama_fsdp_tp", model.string()));
+  EXPECT_EQ(given.code, 1);
+  EXPECT_THAT(given.err, ::testing::Not(::testing::HasSubstr("default preset")));
+}
+
 TEST_F(CliTest, ExplainShowsEveryRuleTried) {
   const Result r = run("plan --explain model/layers/0/mlp/down_proj/weight");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -1,6 +1,7 @@
 // The `shardplan` command: plans checkpoints against rule files, draws shardings, lists presets.
 // Exit codes: 0 success, 1 the plan (or its input) failed, 2 bad usage.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -141,7 +142,28 @@ struct LoadedRules {
   std::exception_ptr rule_error;
 };
 
+int plan_with(const PlanOptions& o);
+
+// Without --rules the LLaMA preset is used; a model it does not fit (no rule matches a tensor)
+// is usually another family, so the error says so and names the other presets.
 int run_plan(const PlanOptions& o) {
+  try {
+    return plan_with(o);
+  } catch (const RuleError& e) {
+    if (!o.rules.empty()) throw;
+    std::vector<std::string> others;
+    for (const std::string& name : preset_names()) {
+      const std::string stem = name.substr(0, name.rfind(".yaml"));
+      if (stem != kDefaultPreset) others.push_back(stem);
+    }
+    throw RuleError(fmt::format(
+        "{}\n(no --rules was given, and the default preset {} is for LLaMA checkpoints; for "
+        "another model pass --rules preset:NAME, one of: {}; `shardplan presets` lists them)",
+        e.what(), kDefaultPreset, fmt::join(others, ", ")));
+  }
+}
+
+int plan_with(const PlanOptions& o) {
   // The rule file is read and its patterns compiled on a second thread while the model loads.
   // Errors are reported in the order of the serial steps: rule file, model, mesh, rule.
   auto rules_job = std::async(std::launch::async, [&o] {
