@@ -381,6 +381,15 @@ TEST_F(CliTest, VisualizeDrawsTheGrid) {
   const Result r = run("visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y");
   ASSERT_EQ(r.code, 0) << r.err;
   for (int d = 0; d < 8; ++d) EXPECT_THAT(r.out, ::testing::HasSubstr(fmt::format("device {}", d)));
+  // 8192 x 8192 f32 over 4 x 2: [2048, 4096] blocks of 32 MiB, of 256 MiB in all.
+  EXPECT_THAT(r.out,
+              ::testing::HasSubstr("each device holds a [2048, 4096] block of f32: 32.00 MiB "
+                                   "(256.00 MiB in all)"));
+  EXPECT_THAT(run("visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y --dtype bf16").out,
+              ::testing::HasSubstr("[2048, 4096] block of bf16: 16.00 MiB"));
+  const Result bad_dtype = run("visualize --shape 8 --mesh x:2 --spec x --dtype f33");
+  EXPECT_EQ(bad_dtype.code, 2);
+  EXPECT_THAT(bad_dtype.err, ::testing::HasSubstr("--dtype"));
   const Result multi = run("visualize --shape 64 --mesh x:4,y:2 --spec x+y");
   ASSERT_EQ(multi.code, 0) << multi.err;
   EXPECT_THAT(multi.out, ::testing::HasSubstr("device 7"));

@@ -20,10 +20,12 @@
 #include "checkpoint_cmd.hpp"
 #include "example_model.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/format_bytes.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/model_loader.hpp"
 #include "shardplan/named_sharding.hpp"
 #include "shardplan/rule_file.hpp"
+#include "shardplan/tensor_spec.hpp"
 
 namespace {
 
@@ -250,6 +252,7 @@ struct VisualizeOptions {
   std::string mesh;
   std::int64_t devices = 0;
   std::string spec;
+  std::string dtype = "f32";
 };
 
 int run_visualize(const VisualizeOptions& o) {
@@ -284,8 +287,18 @@ int run_visualize(const VisualizeOptions& o) {
   }
   const Shape shape(dims);
   const NamedSharding sharding(mesh, PartitionSpec(spec_dims));
-  sharding.shard_shape(shape);  // validates: the spec fits the rank and every dimension divides
+  DType dtype{};
+  try {
+    dtype = parse_dtype(o.dtype);
+  } catch (const Error& e) {
+    throw UsageError(fmt::format("--dtype: {}", e.what()));
+  }
+  // Validates: the spec fits the rank and every dimension divides.
+  const Shape shard = sharding.shard_shape(shape);
   std::cout << sharding.visualize(shape);
+  std::cout << fmt::format("each device holds a {} block of {}: {} ({} in all)\n",
+                           shard.to_string(), name(dtype), format_bytes(byte_size(shard, dtype)),
+                           format_bytes(byte_size(shape, dtype)));
   return kOk;
 }
 
@@ -369,6 +382,10 @@ int main(int argc, char** argv) {
   vis_cmd->add_option("--spec", vis.spec,
                       "One entry per dimension: an axis, none (or -) for not sharded, x+y for "
                       "both axes. Example: --spec x,y  or  --spec x+y,none");
+  vis_cmd
+      ->add_option("--dtype", vis.dtype,
+                   "Element type, for the bytes per device. Example: --dtype bf16")
+      ->capture_default_str();
 
   app.add_subcommand("presets", "List the built-in rule presets");
 
