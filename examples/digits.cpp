@@ -134,7 +134,13 @@ Run train(const Digits& d, const Mesh& mesh, const Executor& exec, int steps, bo
 
 int main(int argc, char** argv) {
   const char* env = std::getenv("SHARDPLAN_DIGITS");
-  const std::string path = argc > 1 ? argv[1] : env != nullptr ? env : "build/data/digits.csv";
+  // The build directory's copy (CMake fetches it there) whatever the working directory.
+#if defined(SHARDPLAN_DIGITS_DEFAULT)
+  const char* built = SHARDPLAN_DIGITS_DEFAULT;
+#else
+  const char* built = "build/data/digits.csv";
+#endif
+  const std::string path = argc > 1 ? argv[1] : env != nullptr ? env : built;
   const Digits d = load(path);
   const int steps = 270;  // 30 epochs of 9 batches
   // 8 devices over however many processes run (mpirun -np 2: 4 each); 1 device of this process.
