@@ -12,14 +12,24 @@ extra=()
 ./scripts/deps.sh "${extra[@]}"
 jobs=${SHARDPLAN_JOBS:-2}
 build=${SHARDPLAN_BUILD_DIR:-build}
+# Each stage's ctest summary ("... out of N") is kept for the one line printed at the end.
+counts=()
+run_ctest() {  # label, ctest arguments...
+  local label=$1 log
+  shift
+  log=$(mktemp)
+  ctest "$@" | tee "$log"
+  counts+=("$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1) $label")
+  rm -f "$log"
+}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON
 cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" --output-on-failure -j "$jobs"
+run_ctest "Debug" --test-dir "$build" --output-on-failure -j "$jobs"
 if [[ $asan == 1 ]]; then
   cmake -S . -B "$build-asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON \
     -DSHARDPLAN_SANITIZE=address,undefined -DSHARDPLAN_BUILD_BENCH=OFF
   cmake --build "$build-asan" -j "$jobs"
-  ctest --test-dir "$build-asan" --output-on-failure -j "$jobs"
+  run_ctest "ASan+UBSan" --test-dir "$build-asan" --output-on-failure -j "$jobs"
 fi
 if [[ $fuzz == 1 ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -27,5 +37,13 @@ if [[ $fuzz == 1 ]]; then
     -DSHARDPLAN_BUILD_BENCH=OFF
   cmake --build "$build-fuzz" -j "$jobs" --target fuzz_safetensors_header fuzz_rule_file \
     fuzz_model_description
-  ctest --test-dir "$build-fuzz" -L fuzz --output-on-failure -j "$jobs"
+  run_ctest "fuzzers" --test-dir "$build-fuzz" -L fuzz --output-on-failure -j "$jobs"
 fi
+total=0
+parts=()
+for c in "${counts[@]}"; do
+  total=$((total + ${c%% *}))
+  parts+=("${c%% *} ${c#* }")
+done
+summary=$(printf '%s + ' "${parts[@]}")
+echo "all ${total} tests passed (${summary% + })"
