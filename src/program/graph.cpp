@@ -25,12 +25,18 @@ std::string Graph::to_string() const {
     const Node& n = nodes[i];
     if (n.is(prim::input)) continue;
     std::string args;
-    for (const ValueId o : n.operands) args += " " + value_name(o);
+    for (const ValueId o : n.operands) {
+      args += ' ';  // (not " " + ...: GCC 12 warns falsely on that in Release, -Wrestrict)
+      args += value_name(o);
+    }
     s += fmt::format("  {}:{} = {}{}{}\n", value_name(value_id(i)), detail::to_string(n.type),
                      n.op->name, args, n.attrs.to_string());
   }
   std::string outs;
-  for (const ValueId o : outputs) outs += " " + value_name(o);
+  for (const ValueId o : outputs) {
+    outs += ' ';
+    outs += value_name(o);
+  }
   return s + fmt::format("  in ({} ) }}", outs);
 }
 
