@@ -12,6 +12,7 @@
 
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/model_loader.hpp"
 
 namespace shardplan {
 namespace {
@@ -542,14 +543,7 @@ std::vector<ExplainStep> MeshShardingHelper::explain(const RuleTree& rules,
     if (path.find('.') == std::string_view::npos || path.find('/') != std::string_view::npos) {
       throw;
     }
-    std::string as_path;
-    std::size_t start = 0;
-    while (true) {
-      const std::size_t dot = path.find('.', start);
-      as_path = join_path(as_path, escape_key(std::string(path.substr(start, dot - start))));
-      if (dot == std::string_view::npos) break;
-      start = dot + 1;
-    }
+    const std::string as_path = tree_path_of_name(path);
     try {
       return explain_path(rules, data, as_path);
     } catch (const TreeError&) {

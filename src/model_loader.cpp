@@ -341,9 +341,10 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
     }
   }
   if (!weight_map || !weight_map->is_object()) {
-    throw IoError(fmt::format("[model] {}: expected an object with a 'weight_map' object of "
-                              "tensor name -> shard file",
-                              source));
+    throw IoError(
+        fmt::format("[model] {}: expected an object with a 'weight_map' object of "
+                    "tensor name -> shard file",
+                    source));
   }
   const auto dir = file.parent_path();
   // shard file -> its tensors
@@ -384,6 +385,17 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
 }
 
 }  // namespace
+
+std::string tree_path_of_name(std::string_view name, char separator) {
+  std::string path;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t stop = name.find(separator, start);
+    path = join_path(path, escape_key(name.substr(start, stop - start)));
+    if (stop == std::string_view::npos) return path;
+    start = stop + 1;
+  }
+}
 
 Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, TensorSpec>>& named,
                                  char separator) {
@@ -545,21 +557,25 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
   return out;
 }
 
-std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(const std::filesystem::path& file) {
+std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(
+    const std::filesystem::path& file) {
   const std::string name = file.filename().string();
   if (!std::filesystem::exists(file)) {
     throw IoError(fmt::format("[model] {}: no such file", file.string()));
   }
   if (ends_with(name, ".safetensors")) {
     std::vector<std::pair<std::string, TensorSpec>> out;
-    for (auto& e : read_safetensors_header(file).tensors) out.emplace_back(std::move(e.name), std::move(e.spec));
+    for (auto& e : read_safetensors_header(file).tensors)
+      out.emplace_back(std::move(e.name), std::move(e.spec));
     return out;
   }
   if (ends_with(name, ".safetensors.index.json")) return load_index(file);
-  if (ends_with(name, ".json")) return parse_model_description(read_file(file, "model"), file.string());
-  throw IoError(fmt::format("[model] {}: unknown model file type (expected .safetensors, "
-                            ".safetensors.index.json or .json)",
-                            file.string()));
+  if (ends_with(name, ".json"))
+    return parse_model_description(read_file(file, "model"), file.string());
+  throw IoError(
+      fmt::format("[model] {}: unknown model file type (expected .safetensors, "
+                  ".safetensors.index.json or .json)",
+                  file.string()));
 }
 
 Tree<TensorSpec> load_model(const std::filesystem::path& file) {

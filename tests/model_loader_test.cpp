@@ -46,6 +46,20 @@ TEST(ModelLoader, KeysWithSlashesAreEscapedAndGapsStayDicts) {
   EXPECT_TRUE(tree.at("layers").is_dict());
 }
 
+TEST(ModelLoader, TreePathOfNameIsThePathTheTreeGivesTheTensor) {
+  // Segments with '/' and '~' are escaped as the tree escapes its keys: a plain '.'-to-'/'
+  // replace would name another (missing) leaf.
+  const std::vector<std::string> names = {"h.0.attn.c_attn.bias", "a/b.~w", "x"};
+  std::vector<std::pair<std::string, TensorSpec>> named;
+  for (const auto& n : names) named.push_back({n, {Shape{2}, DType::kF32}});
+  const auto tree = tree_from_names(named);
+  for (const auto& n : names) {
+    EXPECT_EQ(tree.at_path(tree_path_of_name(n)).leaf().shape, Shape({2})) << n;
+  }
+  EXPECT_EQ(tree_path_of_name("a/b.~w"), "a~1b/~0w");
+  EXPECT_EQ(tree_path_of_name("h/0", '/'), "h/0");
+}
+
 TEST(ModelLoader, ConflictingNamesAreErrors) {
   EXPECT_THROW_WITH(
       tree_from_names({{"a.b", {Shape{2}, DType::kF32}}, {"a.b.c", {Shape{2}, DType::kF32}}}),

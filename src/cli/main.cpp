@@ -197,11 +197,7 @@ int plan_with(const PlanOptions& o) {
     const PlanReport report = helper.plan(rules, data);
     // The leaf by its tree path, or by the checkpoint's name (explain() accepts both).
     const LeafPlan* leaf = report.find(o.explain);
-    if (leaf == nullptr) {
-      std::string dotted = o.explain;
-      std::replace(dotted.begin(), dotted.end(), '.', '/');
-      leaf = report.find(dotted);
-    }
+    if (leaf == nullptr) leaf = report.find(tree_path_of_name(o.explain));
     if (o.json) {
       nlohmann::ordered_json j;
       j["name"] = o.explain;
