@@ -6,6 +6,7 @@ packages=(build-essential cmake ninja-build ccache python3
           libboost-regex-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
           libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev libtbb-dev librange-v3-dev
           libopenmpi-dev openmpi-bin libxxhash-dev python3-numpy
+          chromium tesseract-ocr fonts-dejavu-core  # the HTML report's rendering test
           "$@")
 missing=()
 for p in "${packages[@]}"; do

@@ -259,6 +259,40 @@ TEST_F(CliTest, ExplainTakesTheCheckpointsNameAndPrintsJson) {
   EXPECT_GE(j["steps"].size(), 2u);
 }
 
+TEST_F(CliTest, HtmlWritesThePageBesideTheUsualOutput) {
+  const fs::path page = dir_ / "plan.html";
+  const Result r = run(fmt::format("plan --summary --mesh fsdp:4,tp:2 --html '{}'", page.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("bytes per device"));  // the summary, as without --html
+  std::ifstream in(page);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string html = buffer.str();
+  EXPECT_THAT(html, ::testing::HasSubstr("<title>shardplan: LLaMA-2-7B (embedded example) on "
+                                         "Mesh(&#39;fsdp&#39;: 4, &#39;tp&#39;: 2)</title>"));
+  EXPECT_THAT(html, ::testing::HasSubstr("lm_head/weight"));
+  EXPECT_EQ(std::count(html.begin(), html.end(), '\0'), 0);
+  EXPECT_TRUE(html.ends_with("</html>\n"));
+  EXPECT_FALSE(fs::exists(page.string() + ".partial"));
+  // With --json the JSON on stdout is untouched.
+  const fs::path page2 = dir_ / "plan2.html";
+  const Result j = run(fmt::format("plan --json --html '{}'", page2.string()));
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_TRUE(nlohmann::json::accept(j.out));
+  EXPECT_TRUE(fs::exists(page2));
+}
+
+TEST_F(CliTest, HtmlToAPathThatCannotBeWrittenFailsNamingItAndLeavesNothing) {
+  const fs::path page = dir_ / "no_such_dir" / "plan.html";
+  const Result r = run(fmt::format("plan --summary --html '{}'", page.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr(page.string()));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("No such file or directory"));
+  EXPECT_FALSE(fs::exists(page.parent_path()));
+  // --html draws a plan; --explain prints no plan.
+  EXPECT_EQ(run("plan --explain lm_head/weight --html x.html").code, 2);
+}
+
 TEST_F(CliTest, ForgettingRulesOnAnotherModelNamesTheOtherPresets) {
   const fs::path model = dir_ / "gpt2.json";
   std::ofstream(model) << R"({"wte.weight": {"shape": [50257, 768], "dtype": "F32"},

@@ -19,6 +19,7 @@
 #include "shardplan/ops.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/partition_spec.hpp"
+#include "shardplan/plan_html.hpp"
 #include "shardplan/plan_report.hpp"
 #include "shardplan/program_cost.hpp"
 #include "shardplan/rule_file.hpp"

@@ -24,6 +24,7 @@
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/model_loader.hpp"
 #include "shardplan/named_sharding.hpp"
+#include "shardplan/plan_html.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/tensor_spec.hpp"
 
@@ -52,6 +53,7 @@ struct PlanOptions {
   bool summary = false;
   std::string explain;
   int largest = 5;
+  std::string html;  // also write the report as an HTML page to this file
 };
 
 RuleFile load_rules(const std::string& rules) {
@@ -230,13 +232,19 @@ int plan_with(const PlanOptions& o) {
     return kOk;
   }
   const PlanReport report = helper.plan(rules, data);
+  const std::string model_name = o.model.empty() ? "LLaMA-2-7B (embedded example)" : o.model;
+  if (!o.html.empty()) {
+    // Before the text: a page that cannot be written fails the command before its long output.
+    write_plan_html(o.html, report,
+                    fmt::format("shardplan: {} on {}", model_name, helper.mesh().to_string()),
+                    std::max<std::size_t>(8, static_cast<std::size_t>(o.largest)));
+  }
   if (o.json) {
     report.write_json(std::cout);
     std::cout << "\n";
   } else {
-    std::cout << fmt::format("model {}, rules {}, mesh {}\n\n",
-                             o.model.empty() ? "LLaMA-2-7B (embedded example)" : o.model,
-                             file.source, helper.mesh().to_string());
+    std::cout << fmt::format("model {}, rules {}, mesh {}\n\n", model_name, file.source,
+                             helper.mesh().to_string());
     const auto largest = static_cast<std::size_t>(o.largest);
     std::cout << (o.summary ? report.summary(largest) : report.table(largest));
   }
@@ -364,6 +372,11 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--largest", plan.largest, "How many of the largest tensors to list")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  plan_cmd
+      ->add_option("--html", plan.html,
+                   "Also write the report as a self-contained HTML page (bytes per device as "
+                   "bars, the largest tensors' blocks over the mesh). Example: --html plan.html")
+      ->excludes("--explain");
 
   VisualizeOptions vis;
   CLI::App* vis_cmd =
