@@ -298,6 +298,12 @@ class Planner {
                        slot.path.empty() ? "" : fmt::format(" at '{}'", slot.path));
   }
 
+  static void count_hit(RuleSlot& slot, int entry) {
+    if (entry >= 0 && static_cast<std::size_t>(entry) < slot.entry_hits.size()) {
+      ++slot.entry_hits[static_cast<std::size_t>(entry)];
+    }
+  }
+
   void decide(RuleSlot& slot, std::string_view full, std::string_view rel, const TensorSpec& t) {
     RuleDecision d;
     bool unspecified = false;
@@ -313,9 +319,8 @@ class Planner {
             return (*r)->apply(RuleInput{rel, t, mesh_});
           },
           full, t.shape, [&] { return where(slot); });
-      if (d.entry >= 0 && static_cast<std::size_t>(d.entry) < slot.entry_hits.size()) {
-        ++slot.entry_hits[static_cast<std::size_t>(d.entry)];
-      }
+      count_hit(slot, d.entry);
+      for (const int e : d.also_decided) count_hit(slot, e);
     } else if (const auto* p = std::get_if<PartitionSpec>(slot.leaf)) {
       d.spec = *p;
       d.reason = "spec";

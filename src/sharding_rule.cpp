@@ -18,6 +18,9 @@ std::ostream& operator<<(std::ostream& os, const RuleDecision& d) {
   os << "RuleDecision(" << d.spec << ", entry " << d.entry;
   if (!d.reason.empty()) os << ", " << d.reason;
   if (d.fell_through) os << ", fell through";
+  for (std::size_t i = 0; i < d.also_decided.size(); ++i) {
+    os << (i == 0 ? ", also entries " : ", ") << d.also_decided[i];
+  }
   return os << ")";
 }
 

@@ -2,6 +2,7 @@
 
 #include "shardplan/rules/logical_axis_rule.hpp"
 
+#include <sstream>
 #include <stdexcept>
 
 #include "fixtures.hpp"
@@ -33,6 +34,28 @@ TEST(LogicalAxisRule, MapsNamesToMeshAxes) {
   const auto d = decide(rule, "w", t, mesh);
   EXPECT_EQ(d.spec, P(nullptr, "tp"));
   EXPECT_EQ(d.entry, 1);
+}
+
+TEST(LogicalAxisRule, EveryEntryThatDecidedADimensionIsReported) {
+  const Mesh mesh = Mesh::parse("data:4,tp:2", 8);
+  // "embed -> null" (3) decides dim 0 (not sharded), "mlp -> tp" (1) dim 1.
+  const auto w = decide(flax_rules(), "w", {Shape{8, 16}, DType::kF32, {"embed", "mlp"}}, mesh);
+  EXPECT_EQ(w.entry, 1);
+  EXPECT_EQ(w.also_decided, std::vector<int>{3});
+  // "vocab -> tp" (4) is skipped, tp being taken by "mlp" (1): it decided nothing.
+  const auto v = decide(flax_rules(), "v", {Shape{8, 16}, DType::kF32, {"vocab", "mlp"}}, mesh);
+  EXPECT_EQ(v.spec, P("data", "tp"));
+  EXPECT_EQ(v.entry, 5);
+  EXPECT_EQ(v.also_decided, std::vector<int>{1});
+  // No entry decides a name the mapping does not have ("length").
+  const auto x = decide(flax_rules(), "x", {Shape{8, 16}, DType::kF32, {"batch", "length"}}, mesh);
+  EXPECT_EQ(x.entry, 0);
+  EXPECT_TRUE(x.also_decided.empty());
+  std::ostringstream os;
+  os << w;
+  EXPECT_EQ(os.str(),
+            "RuleDecision(PartitionSpec(None, 'tp'), entry 1, logical axes [embed, mlp], "
+            "also entries 3)");
 }
 
 TEST(LogicalAxisRule, AnAxisAlreadyUsedFallsBackToTheNextEntry) {

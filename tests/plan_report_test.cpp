@@ -9,6 +9,7 @@
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
+#include "shardplan/rules/logical_axis_rule.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "test_util.hpp"
 
@@ -72,6 +73,30 @@ TEST(PlanReport, RecordsRuleIndexEntryUnmatchedEntriesAndLargest) {
   EXPECT_EQ(report.leaves[big[0]].path, "opt_state/mu");  // ties (1024x64) in path order
   EXPECT_EQ(report.leaves[big[1]].path, "params/embed");
   EXPECT_EQ(report.find("nope"), nullptr);
+}
+
+TEST(PlanReport, LogicalAxisMappingsThatDecidedADimensionAreNotUnmatched) {
+  // Each dimension is decided by one mapping entry; a tensor's first sharded dimension is not
+  // the only one that counts, and "embed -> null" decides too (not sharded).
+  const RuleTree rules(RulePtr(std::make_shared<LogicalAxisRule>(
+      LogicalAxisRule::Mapping{{"batch", AxisNames{"data"}},  // 0: x dim 0
+                               {"mlp", AxisNames{"tp"}},      // 1: w dim 1, v dim 0
+                               {"embed", std::nullopt},       // 2: w dim 0, x dim 1
+                               {"heads", AxisNames{"tp"}},    // 3: no tensor has heads
+                               {"vocab", AxisNames{"tp"}},    // 4: tp is taken in v: skipped
+                               {"vocab", AxisNames{"data"}}}  // 5: v dim 1
+      )));
+  const Data data = Data::dict({{"v", TensorSpec{Shape{8, 16}, DType::kF32, {"mlp", "vocab"}}},
+                                {"w", TensorSpec{Shape{8, 16}, DType::kF32, {"embed", "mlp"}}},
+                                {"x", TensorSpec{Shape{8, 16}, DType::kF32, {"batch", "embed"}}}});
+  const PlanReport report = MeshShardingHelper(Mesh::parse("data:4,tp:2", 8)).plan(rules, data);
+  EXPECT_EQ(report.find("v")->spec, P("tp", "data"));
+  EXPECT_EQ(report.find("w")->spec, P(nullptr, "tp"));
+  EXPECT_EQ(report.find("x")->spec, P("data", nullptr));
+  std::vector<std::pair<int, std::string>> unmatched;
+  for (const UnmatchedRule& u : report.unmatched_rules) unmatched.emplace_back(u.entry, u.label);
+  EXPECT_EQ(unmatched,
+            (std::vector<std::pair<int, std::string>>{{3, "heads -> tp"}, {4, "vocab -> tp"}}));
 }
 
 TEST(PlanReport, RuleCoveringNoLeafIsUnmatched) {

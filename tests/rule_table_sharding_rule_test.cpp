@@ -35,6 +35,24 @@ TEST(RuleTable, RegexThenFallbackThenLogicalAxes) {
   EXPECT_EQ(rule->entry_labels()[3], "fsdp_fallback");
 }
 
+TEST(RuleTable, LogicalAxesThatDecidedADimensionAreNotUnmatched) {
+  // Entries: 0 the regex, then the mappings 1..4 in the file's order.
+  const RulePtr rule = parse_rule_file(
+                           "rules:\n  - {match: norm, spec: []}\n"
+                           "logical_axes: {batch: data, mlp: tp, embed: null, heads: tp}\n",
+                           "r.yaml")
+                           .make_rule();
+  const Tree<TensorSpec> data =
+      Tree<TensorSpec>::dict({{"norm", TensorSpec{Shape{16}, DType::kF32}},
+                              {"w", TensorSpec{Shape{8, 16}, DType::kF32, {"embed", "mlp"}}},
+                              {"x", TensorSpec{Shape{8, 16}, DType::kF32, {"batch", "embed"}}}});
+  const PlanReport report =
+      MeshShardingHelper(Mesh::parse("data:4,tp:2", 8)).plan(RuleTree(rule), data);
+  ASSERT_EQ(report.unmatched_rules.size(), 1u);  // "heads" is on no tensor
+  EXPECT_EQ(report.unmatched_rules[0].entry, 4);
+  EXPECT_EQ(report.unmatched_rules[0].label, "heads -> tp");
+}
+
 TEST(RuleTable, StrictWithoutFallbackFailsNamingTheFileAndPath) {
   const RulePtr rule =
       parse_rule_file("rules:\n  - {match: attn, spec: []}\n", "r.yaml").make_rule();

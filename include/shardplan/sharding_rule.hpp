@@ -33,6 +33,10 @@ struct RuleDecision {
   std::string reason;
   /// True when no specific entry matched and a catch-all or default decided.
   bool fell_through = false;
+  /// The other entries that decided part of the spec, when several did (a logical-axis mapping
+  /// decides each dimension with its own entry, `embed -> null` too), without `entry`. The
+  /// planner counts them as matched, like `entry` (PlanReport::unmatched_rules).
+  std::vector<int> also_decided;
   friend bool operator==(const RuleDecision&, const RuleDecision&) = default;
 };
 

@@ -113,6 +113,14 @@ RuleDecision LogicalAxisRule::apply(const RuleInput& in) const {
       break;
     }
   }
+  // Every entry that decided a dimension (a null one decides "not sharded") took part: reports
+  // must not list it as unmatched because another dimension's entry is the one in `entry`.
+  for (const Slot& s : slots) {
+    if (s.assigned && s.entry != d.entry &&
+        std::find(d.also_decided.begin(), d.also_decided.end(), s.entry) == d.also_decided.end()) {
+      d.also_decided.push_back(s.entry);
+    }
+  }
   d.reason = fmt::format("logical axes [{}]", fmt::join(names, ", "));
   return d;
 }

@@ -27,6 +27,7 @@ RuleDecision RuleTableShardingRule::apply(const RuleInput& in) const {
   if (logical_ && !in.tensor.logical_axes.empty()) {
     RuleDecision d = logical_->apply(in);
     if (d.entry >= 0) d.entry += logical_offset_;
+    for (int& e : d.also_decided) e += logical_offset_;
     return d;
   }
   if (auto d = table_->try_match(in)) return std::move(*d);
