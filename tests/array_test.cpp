@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 #include <set>
 
@@ -137,6 +138,40 @@ TEST(Array, DeviceGroupsDifferOnlyAlongTheGivenAxes) {
   EXPECT_EQ(device_group(mesh, 5, {}), (std::vector<int>{5}));
   EXPECT_EQ(device_group(mesh, 5, {"x", "y"}).size(), 8u);
   EXPECT_THROW(device_group(mesh, 5, {"z"}), SpecError);
+}
+
+// device_group enumerates only the group's coordinates; check it against the definition (every
+// device whose mesh coordinates equal the given device's off the axes, in mesh order), on meshes
+// with a permuted device order and with axes named twice or out of mesh order.
+TEST(Array, DeviceGroupsMatchTheDefinitionOnPermutedMeshes) {
+  std::vector<int> order(24);
+  for (int i = 0; i < 24; ++i) order[static_cast<std::size_t>(i)] = (i * 7) % 24;  // a permutation
+  const std::vector<Mesh> meshes{Mesh::parse("a:2,b:3,c:4", 24),
+                                 Mesh({{"a", 2}, {"b", 3}, {"c", 4}}, order),
+                                 Mesh({{"a", 4}, {"b", 1}, {"c", 6}}, order)};
+  const std::vector<std::vector<std::string>> axes_sets{
+      {}, {"a"}, {"b"}, {"c"}, {"c", "a"}, {"a", "b", "c"}, {"b", "b"}, {"c", "b"}};
+  for (const Mesh& mesh : meshes) {
+    for (const auto& axes : axes_sets) {
+      for (const int d : mesh.devices()) {
+        const auto mine = mesh.coords_of_position(mesh.position_of_device(d));
+        std::vector<int> expect;
+        for (std::int64_t pos = 0; pos < mesh.size(); ++pos) {
+          const auto c = mesh.coords_of_position(pos);
+          bool same = true;
+          for (int i = 0; i < mesh.ndim(); ++i) {
+            const std::string& n = mesh.axis_names()[static_cast<std::size_t>(i)];
+            const bool varies = std::find(axes.begin(), axes.end(), n) != axes.end();
+            same = same && (varies || c[static_cast<std::size_t>(i)] ==
+                                          mine[static_cast<std::size_t>(i)]);
+          }
+          if (same) expect.push_back(mesh.devices()[static_cast<std::size_t>(pos)]);
+        }
+        ASSERT_EQ(device_group(mesh, d, axes), expect)
+            << mesh.to_string() << " device " << d << " axes " << axes.size();
+      }
+    }
+  }
 }
 
 TEST(Array, TreesArePutWithAPrefixTreeOfShardings) {

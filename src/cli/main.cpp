@@ -19,6 +19,8 @@
 
 #include "checkpoint_cmd.hpp"
 #include "example_model.hpp"
+#include "train_plan_cmd.hpp"
+#include "usage_error.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -39,10 +41,7 @@ constexpr const char* kDefaultPreset = "llama_fsdp_tp";
 constexpr const char* kDefaultMesh = "fsdp:-1,tp:2";
 constexpr std::int64_t kMaxDevices = Mesh::kMaxDevices;
 
-/// Bad usage found after parsing (a file that does not exist, an unknown preset).
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using cli::UsageError;
 
 struct PlanOptions {
   std::string model;
@@ -334,6 +333,8 @@ int main(int argc, char** argv) {
       "rules/presets/llama_fsdp_tp.yaml "
       "--mesh fsdp:4,tp:2\n"
       "  shardplan visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y\n"
+      "  shardplan train-plan --config config.json --mesh fsdp:64,tp:8 --batch 256 --seq 4096 "
+      "--device-memory 80GiB\n"
       "  shardplan presets\n"
       "  shardplan checkpoint inspect runs/llama/step_00000100",
       "shardplan"};
@@ -401,6 +402,9 @@ int main(int argc, char** argv) {
   cli::CheckpointCommand ckpt;
   cli::add_checkpoint_commands(app, ckpt, kMaxDevices);
 
+  cli::TrainPlanCommand train;
+  cli::add_train_plan_command(app, train, kMaxDevices);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -411,6 +415,11 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return run_plan(plan);
     if (vis_cmd->parsed()) return run_visualize(vis);
     if (ckpt.command->parsed()) return cli::run_checkpoint(ckpt, load_rules);
+    if (train.command->parsed()) {
+      return cli::run_train_plan(train, load_rules, [](const std::string& mesh, std::int64_t n) {
+        return devices_for(mesh, n, 0);
+      });
+    }
     return run_presets();
   } catch (const UsageError& e) {
     std::cerr << "shardplan: " << e.what() << "\n";

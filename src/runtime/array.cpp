@@ -79,18 +79,34 @@ std::string_view to_string(ReduceOp op) {
 }
 
 std::vector<int> device_group(const Mesh& mesh, int device, const std::vector<std::string>& axes) {
-  std::vector<bool> varies(static_cast<std::size_t>(mesh.ndim()), false);
+  // The members differ from `device` only in the coordinates of `axes`: enumerate those
+  // coordinates (the last mesh axis fastest), which lists the members in mesh order, in time
+  // proportional to the group rather than the mesh.
+  const auto ndim = static_cast<std::size_t>(mesh.ndim());
+  std::vector<bool> varies(ndim, false);
   for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
-  const auto coords = mesh.coords_of_position(mesh.position_of_device(device));
+  const std::vector<std::int64_t>& sizes = mesh.axis_sizes();
+  std::vector<std::int64_t> stride(ndim, 1);
+  for (std::size_t i = ndim; i-- > 1;) stride[i - 1] = stride[i] * sizes[i];
+  std::int64_t base = mesh.position_of_device(device);
+  std::int64_t count = 1;
+  for (std::size_t i = 0; i < ndim; ++i) {
+    if (!varies[i]) continue;
+    base -= (base / stride[i] % sizes[i]) * stride[i];  // coordinate i set to 0
+    count *= sizes[i];
+  }
   std::vector<int> out;
-  for (std::int64_t pos = 0; pos < mesh.size(); ++pos) {
-    const auto c = mesh.coords_of_position(pos);
-    bool same = true;
-    for (int i = 0; i < mesh.ndim(); ++i) {
-      same = same && (varies[static_cast<std::size_t>(i)] ||
-                      c[static_cast<std::size_t>(i)] == coords[static_cast<std::size_t>(i)]);
+  out.reserve(static_cast<std::size_t>(count));
+  std::vector<std::int64_t> coord(ndim, 0);
+  for (std::int64_t k = 0; k < count; ++k) {
+    std::int64_t pos = base;
+    for (std::size_t i = 0; i < ndim; ++i) pos += coord[i] * stride[i];
+    out.push_back(mesh.devices()[static_cast<std::size_t>(pos)]);
+    for (std::size_t i = ndim; i-- > 0;) {  // next coordinates, the last varying axis fastest
+      if (!varies[i]) continue;
+      if (++coord[i] < sizes[i]) break;
+      coord[i] = 0;
     }
-    if (same) out.push_back(mesh.devices()[static_cast<std::size_t>(pos)]);
   }
   return out;
 }

@@ -731,22 +731,21 @@ std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
   const Mesh& mesh = target.mesh();
   const auto tblocks = target.device_blocks(shape);
   const auto fblocks = from.device_blocks(shape);
-  const auto groups = from.replica_groups(shape);
+  // The source's distinct blocks tile the array, one per replica group, and every device is in
+  // exactly one group: what a device receives from the other groups is its target block less
+  // the part its own source block already holds (tests check this against the sum over groups).
   std::vector<std::int64_t> bytes(tblocks.size(), 0);
   for (const int d : mesh.devices()) {
     const Block& bt = tblocks[static_cast<std::size_t>(d)];
-    for (const auto& group : groups) {
-      if (std::find(group.begin(), group.end(), d) != group.end()) continue;
-      const Block& bs = fblocks[static_cast<std::size_t>(group.front())];
-      std::int64_t n = 1;
-      for (int k = 0; k < rank && n > 0; ++k) {
-        const auto i = static_cast<std::size_t>(k);
-        n *=
-            std::max<std::int64_t>(0, std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size) -
-                                          std::max(bt[i].start, bs[i].start));
-      }
-      bytes[static_cast<std::size_t>(d)] += n * static_cast<std::int64_t>(elem);
+    const Block& bs = fblocks[static_cast<std::size_t>(d)];
+    std::int64_t whole = 1, own = 1;
+    for (int k = 0; k < rank; ++k) {
+      const auto i = static_cast<std::size_t>(k);
+      whole *= bt[i].size;
+      own *= std::max<std::int64_t>(0, std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size) -
+                                           std::max(bt[i].start, bs[i].start));
     }
+    bytes[static_cast<std::size_t>(d)] = (whole - own) * static_cast<std::int64_t>(elem);
   }
   return bytes;
 }
@@ -778,6 +777,35 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
   return result;
 }
 
+namespace {
+
+/// The size of every device group over `axes` (each axis counted once).
+std::int64_t group_size(const Mesh& mesh, const std::vector<std::string>& axes) {
+  std::vector<bool> varies(static_cast<std::size_t>(mesh.ndim()), false);
+  for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  std::int64_t n = 1;
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    if (varies[static_cast<std::size_t>(i)]) n *= mesh.axis_sizes()[static_cast<std::size_t>(i)];
+  }
+  return n;
+}
+
+/// The index of `device` in device_group(mesh, device, axes) (which lists the group in mesh
+/// order): its coordinates on the varying axes read as one mixed-radix number.
+std::int64_t rank_in_group(const Mesh& mesh, int device, const std::vector<std::string>& axes) {
+  std::vector<bool> varies(static_cast<std::size_t>(mesh.ndim()), false);
+  for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  const auto coords = mesh.coords_of_position(mesh.position_of_device(device));
+  std::int64_t r = 0;
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    if (varies[k]) r = r * mesh.axis_sizes()[k] + coords[k];
+  }
+  return r;
+}
+
+}  // namespace
+
 std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
                                            const NamedSharding& from, const Pending& pending,
                                            const NamedSharding& target) {
@@ -799,18 +827,15 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
       cur = NamedSharding(mesh, make_spec(dims));
       const std::int64_t shard = byte_size(cur.shard_shape(shape), dtype);
       CollectiveRecord rec{"reduce_scatter", order, std::vector<std::int64_t>(num, 0)};
-      for (const int d : mesh.devices()) {
-        const auto n = static_cast<std::int64_t>(device_group(mesh, d, order).size());
-        rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
-      }
+      const std::int64_t n = group_size(mesh, order);  // every group has the same size
+      for (const int d : mesh.devices()) rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
       steps.push_back(std::move(rec));
     } else {
       const std::int64_t total = from.shard_shape(shape).numel();
       CollectiveRecord rec{"all_reduce", pending.axes, std::vector<std::int64_t>(num, 0)};
+      const std::int64_t n = group_size(mesh, pending.axes);
       for (const int d : mesh.devices()) {
-        const auto g = device_group(mesh, d, pending.axes);
-        const auto n = static_cast<std::int64_t>(g.size());
-        const auto r = static_cast<std::int64_t>(std::find(g.begin(), g.end(), d) - g.begin());
+        const std::int64_t r = rank_in_group(mesh, d, pending.axes);
         const std::int64_t chunk = chunk_start(r + 1, total, n) - chunk_start(r, total, n);
         // ((n - 1) * chunk + total - chunk) * elem: close to twice the shard's bytes, which may
         // not fit even though the shard does.

@@ -1,0 +1,157 @@
+#pragma once
+// Sizing a training run from the sharded program itself: a Hugging Face config.json becomes the
+// model family's parameter tree (as TensorSpecs) and training step (forward, loss, backward,
+// optimizer update), the step is lowered for a mesh with sjit on abstract arguments (nothing is
+// allocated), and the compiled program's cost gives the bytes each device holds, its FLOPs and
+// the bytes each collective moves.
+//
+//   const ModelConfig cfg = ModelConfig::load("Meta-Llama-3-70B/config.json");
+//   TrainPlanOptions o;
+//   o.batch = 256;
+//   o.seq = 4096;
+//   o.device_memory = parse_bytes("80GiB");
+//   const TrainPlan p = plan_training(cfg, Mesh::parse("fsdp:-1,tp:8", 512), rules, o);
+//   std::cout << p.table();
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardplan/dtype.hpp"
+#include "shardplan/mesh.hpp"
+#include "shardplan/sharding_rule.hpp"
+#include "shardplan/tensor_spec.hpp"
+#include "shardplan/tree.hpp"
+
+namespace shardplan {
+
+/// The model families whose training step shardplan can write.
+enum class ModelFamily {
+  kLlama,  // model_type llama, mistral, qwen2 (and others of the same layout)
+  kGpt2,   // model_type gpt2
+};
+
+/// The fields of a Hugging Face config.json a training step needs.
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kLlama;
+  std::string model_type;  // as the file says ("llama", "gpt2", ...)
+  std::int64_t vocab = 0;
+  std::int64_t hidden = 0;
+  std::int64_t layers = 0;
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;      // grouped-query attention; = heads when the file has none
+  std::int64_t intermediate = 0;  // the MLP's inner width
+  std::int64_t positions = 0;     // GPT-2's learned position table (n_positions)
+  bool tie_embeddings = false;    // the output projection is the embedding (no lm_head)
+  bool attention_bias = false;    // q/k/v projections have biases (Qwen2)
+
+  /// Parses config.json text. Throws IoError naming `source` and the missing or bad field, or
+  /// the model_type when the family has no training step here (listing the ones that do).
+  static ModelConfig parse(std::string_view json, std::string_view source = "<memory>");
+  /// Reads `path`: a config.json, or a checkpoint directory holding one. Throws IoError.
+  static ModelConfig load(const std::filesystem::path& path);
+
+  /// The parameters in Hugging Face naming, as a tree ("model/layers/0/mlp/up_proj/weight"),
+  /// every leaf of `dtype`. Throws SpecError when a size does not divide (hidden by heads).
+  Tree<TensorSpec> parameters(DType dtype) const;
+  /// Number of parameters (the elements of parameters()).
+  std::int64_t parameter_count() const;
+  /// "llama" / "gpt2".
+  std::string family_name() const;
+  /// Where the list of decoder layers sits in parameters(): "model/layers" / "h".
+  std::string layers_path() const;
+};
+
+enum class OptimizerKind { kSgd, kAdam, kAdamw };
+/// "sgd", "adam", "adamw". Throws SpecError naming the known ones.
+OptimizerKind parse_optimizer(std::string_view name);
+std::string_view name(OptimizerKind kind);
+
+/// What step to plan: the batch, the precision, the optimizer.
+struct TrainPlanOptions {
+  std::int64_t batch = 8;    // sequences per step (the global batch)
+  std::int64_t seq = 2048;   // tokens per sequence
+  OptimizerKind optimizer = OptimizerKind::kAdamw;
+  DType param_dtype = DType::kBF16;     // the weights as held and computed with
+  DType grad_dtype = DType::kBF16;      // gradients, accumulated and handed to the optimizer
+  DType optimizer_dtype = DType::kF32;  // the optimizer's moments; the update runs in it
+  int grad_accum = 1;                   // micro-batches per step (the batch splits evenly)
+  /// Keep only each layer's input in the forward pass and recompute the layer's activations in
+  /// the backward pass (gradient checkpointing per layer): less memory, one more forward.
+  bool recompute = false;
+  /// The mesh axes the batch is split over; empty: every axis except tensor-parallel ones
+  /// (tp, model, mp, tensor).
+  std::vector<std::string> batch_axes;
+  std::int64_t device_memory = 0;  // bytes per device; 0: do not check
+  double headroom = 0.1;           // fraction of device_memory kept free (runtime, fragments)
+};
+
+/// Per device (the most any device needs), for one training step.
+struct TrainPlan {
+  std::string model;  // "llama, 70.6B parameters"
+  std::string mesh;
+  std::int64_t devices = 0;
+  std::int64_t parameter_count = 0;
+  std::vector<std::string> batch_axes;
+  std::int64_t batch = 0, seq = 0;
+  int grad_accum = 1;
+  bool recompute = false;
+  std::string optimizer;
+  DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;
+
+  std::int64_t parameter_bytes = 0;  // this device's parameter shards
+  std::int64_t gradient_bytes = 0;   // its gradient shards (sharded like the parameters)
+  std::int64_t optimizer_bytes = 0;  // its optimizer-state shards
+  std::int64_t batch_bytes = 0;      // its tokens and targets
+  /// The program's peak: everything live at once (inputs, activations, gradients, temporaries).
+  std::int64_t peak_bytes = 0;
+  /// peak - (parameters + optimizer state + batch): activations, gradients and temporaries
+  /// live at the peak.
+  std::int64_t transient_bytes = 0;
+  double flops = 0;  // floating-point operations per step
+  std::map<std::string, std::int64_t> bytes_by_collective;  // bytes received, per kind
+  std::int64_t device_memory = 0;
+  double headroom = 0;
+  double seconds_to_plan = 0;
+  std::string rules;  // where the rules came from ("preset llama_fsdp_tp", a file name)
+  /// FLOPs of every device together (flops is the busiest device's).
+  double total_flops = 0;
+
+  /// Sum of bytes_by_collective.
+  std::int64_t bytes_moved() const;
+  /// device_memory * (1 - headroom); 0 when no memory was given.
+  std::int64_t usable_bytes() const;
+  /// Empty when no memory was given, else whether peak_bytes <= usable_bytes().
+  std::optional<bool> fits() const;
+
+  /// A few lines for people: the sizes per device, whether they fit, FLOPs, bytes moved.
+  std::string table() const;
+  /// The same as one JSON object (schema in docs/cli.md).
+  void write_json(std::ostream& os) const;
+};
+
+/// One row per plan (mesh, rules, peak, fits, bytes moved, FLOPs), then which of them is
+/// cheapest_fitting(), or a line saying none fits.
+std::string compare_table(const std::vector<TrainPlan>& plans);
+/// The plan that fits (fits() is true, or no memory was given) with the fewest bytes moved per
+/// step (ties: the lower peak, then the first); nullopt when none fits.
+std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans);
+/// The plans as {"plans": [...], "cheapest_fitting": index or null}.
+void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans);
+
+/// Plans one training step of `config` on `mesh`: parameters sharded by `rules` (the optimizer
+/// state like its parameter), the batch over the batch axes. Throws RuleError (a tensor no rule
+/// matches), SpecError (a shape that does not divide, an unknown axis, a batch that does not
+/// split) naming the path, shape and axis.
+TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                        const TrainPlanOptions& options);
+
+/// "80GiB", "80 GB", "1.5TiB", "1000000": bytes. Throws SpecError for anything else.
+std::int64_t parse_bytes(std::string_view text);
+
+}  // namespace shardplan

@@ -1,0 +1,43 @@
+#pragma once
+// `shardplan train-plan`: memory, FLOPs and communication of one training step of a Hugging Face
+// model on a mesh, derived from the lowered program (docs/cli.md).
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardplan/rule_file.hpp"
+
+namespace shardplan::cli {
+
+struct TrainPlanCommand {
+  CLI::App* command = nullptr;
+  std::string config;
+  std::vector<std::string> meshes;
+  std::vector<std::string> rules;
+  std::int64_t devices = 0;
+  std::int64_t batch = 8;
+  std::int64_t seq = 2048;
+  std::string optimizer = "adamw";
+  std::string param_dtype = "bf16", grad_dtype = "", optimizer_dtype = "f32";
+  int grad_accum = 1;
+  bool recompute = false;
+  std::string batch_axes;
+  std::string device_memory;
+  double headroom = 0.1;
+  bool json = false;
+  bool compare = false;
+};
+
+/// Registers `train-plan` under `app`; the returned options are filled by parsing.
+TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
+                                         std::int64_t max_devices);
+
+/// Runs it. `load_rules` reads --rules as `plan` does; `devices_for(mesh, devices)` gives the
+/// device count (a UsageError from either is reported by the caller). Returns the exit code.
+int run_train_plan(const TrainPlanCommand& c,
+                   const std::function<RuleFile(const std::string&)>& load_rules,
+                   const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for);
+
+}  // namespace shardplan::cli

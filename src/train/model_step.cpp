@@ -1,0 +1,259 @@
+// The families' forward passes (Hugging Face layouts) and their differentiation, whole or layer
+// by layer. Everything here is written with the public ops, so it traces into the program that
+// sjit lowers; nothing here runs on data.
+#include "model_step.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "shardplan/autodiff.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
+
+namespace shardplan::train {
+namespace {
+
+const Array& at(const Tree<Array>& t, std::string_view path) { return t.at_path(path).leaf(); }
+
+// y = x @ w^T for a Linear weight w [out, in].
+Array linear(const Array& x, const Array& w) {
+  return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {1}});
+}
+// y = x @ w for a Conv1D weight w [in, out] (GPT-2).
+Array conv1d(const Array& x, const Array& w) {
+  return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {0}});
+}
+
+// Rotary position embedding (LLaMA's rotate-half form) over the last two dimensions [..., t, dh].
+Array rotary(const Array& x) {
+  const int r = x.shape().rank();
+  const std::int64_t t = x.shape()[r - 2], dh = x.shape()[r - 1], half = dh / 2;
+  const Shape table{t, half};
+  const Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
+  const Array i = iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32);
+  const Array angle = pos * exp(i * (-2.0 * std::log(10000.0) / static_cast<double>(dh)));
+  std::vector<std::int64_t> half_dims = x.shape().dims();
+  half_dims[static_cast<std::size_t>(r - 1)] = half;
+  const Array c = broadcast_in_dim(astype(cos(angle), x.dtype()), Shape(half_dims), {r - 2, r - 1});
+  const Array s = broadcast_in_dim(astype(sin(angle), x.dtype()), Shape(half_dims), {r - 2, r - 1});
+  std::vector<std::int64_t> zero(static_cast<std::size_t>(r), 0), mid_start = zero;
+  mid_start[static_cast<std::size_t>(r - 1)] = half;
+  const Array x1 = slice(x, zero, half_dims);
+  const Array x2 = slice(x, mid_start, x.shape().dims());
+  return concatenate({x1 * c - x2 * s, x2 * c + x1 * s}, r - 1);
+}
+
+}  // namespace
+
+// The layout constraints: each is applied only when the dimension divides, so a model whose
+// heads do not split over the model axes is left to propagation instead of failing here.
+namespace {
+
+Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames*>>& dims,
+                const Layout& layout) {
+  std::vector<AxisNames> spec(static_cast<std::size_t>(x.shape().rank()));
+  for (const auto& [dim, axes] : dims) {
+    if (axes->empty()) continue;
+    const std::int64_t ways = axes == &layout.batch ? layout.batch_ways : layout.model_ways;
+    if (x.shape()[dim] % ways != 0) continue;
+    spec[static_cast<std::size_t>(dim)] = *axes;
+  }
+  return with_sharding_constraint(x, PartitionSpec(spec));
+}
+
+}  // namespace
+
+Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
+  const Layout& L = layout;
+  if (config.family == ModelFamily::kGpt2) {
+    const Array pos = iota_like(tokens, 1);
+    const Array h = take(at(rest, "wte/weight"), tokens, 0) + take(at(rest, "wpe/weight"), pos, 0);
+    return constrain(h, {{0, &L.batch}}, L);
+  }
+  return constrain(take(at(rest, "model/embed_tokens/weight"), tokens, 0), {{0, &L.batch}}, L);
+}
+
+Array ModelStep::layer(const Tree<Array>& p, const Array& h_in) const {
+  const Layout& L = layout;
+  const ModelConfig& c = config;
+  const std::int64_t b = h_in.shape()[0], t = h_in.shape()[1], d = c.hidden;
+  const std::int64_t dh = d / c.heads, kv = c.kv_heads, g = c.heads / c.kv_heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const Array h = constrain(h_in, {{0, &L.batch}}, L);
+  if (c.family == ModelFamily::kGpt2) {
+    const Array x = layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias"));
+    const Array qkv = conv1d(x, at(p, "attn/c_attn/weight")) + at(p, "attn/c_attn/bias");
+    const auto part = [&](std::int64_t k) {  // q, k or v as [b, heads, t, dh]
+      const Array y = slice(qkv, {0, 0, k * d}, {b, t, (k + 1) * d});
+      return constrain(transpose(reshape(y, Shape{b, t, c.heads, dh}), {0, 2, 1, 3}),
+                       {{0, &L.batch}, {1, &L.model}}, L);
+    };
+    const Array q = part(0), k = part(1), v = part(2);
+    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
+    const Array probs = softmax(causal_mask(scores), -1);
+    const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
+    const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
+    const Array h2 =
+        h + conv1d(merged, at(p, "attn/c_proj/weight")) + at(p, "attn/c_proj/bias");
+    const Array x2 = layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias"));
+    const Array inner = constrain(
+        gelu(conv1d(x2, at(p, "mlp/c_fc/weight")) + at(p, "mlp/c_fc/bias"), /*approximate=*/true),
+        {{0, &L.batch}, {2, &L.model}}, L);
+    return constrain(h2 + conv1d(inner, at(p, "mlp/c_proj/weight")) + at(p, "mlp/c_proj/bias"),
+                     {{0, &L.batch}}, L);
+  }
+  // LLaMA: grouped-query attention as [b, kv, group, t, dh] against keys [b, kv, t, dh].
+  const Array x = rms_norm(h, at(p, "input_layernorm/weight"));
+  const auto proj = [&](const char* name) {
+    Array y = linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
+    if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
+    return y;
+  };
+  const Array q = constrain(
+      rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4})),
+      {{0, &L.batch}, {1, &L.model}}, L);
+  const Array k =
+      constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
+                {{0, &L.batch}, {1, &L.model}}, L);
+  const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
+                            {{0, &L.batch}, {1, &L.model}}, L);
+  const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {4}, {3}}) * scale;
+  const Array probs = softmax(causal_mask(scores), -1);                    // [b, kv, g, t, t]
+  const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
+  const Array merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, d});
+  const Array h2 = h + linear(merged, at(p, "self_attn/o_proj/weight"));
+  const Array x2 = rms_norm(h2, at(p, "post_attention_layernorm/weight"));
+  const Array gate = linear(x2, at(p, "mlp/gate_proj/weight"));
+  const Array up = linear(x2, at(p, "mlp/up_proj/weight"));
+  const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {2, &L.model}}, L);
+  return constrain(h2 + linear(inner, at(p, "mlp/down_proj/weight")), {{0, &L.batch}}, L);
+}
+
+Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targets) const {
+  Array logits;
+  if (config.family == ModelFamily::kGpt2) {
+    const Array x = layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias"));
+    logits = linear(x, at(rest, config.tie_embeddings ? "wte/weight" : "lm_head/weight"));
+  } else {
+    const Array x = rms_norm(h, at(rest, "model/norm/weight"));
+    logits = linear(
+        x, at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"));
+  }
+  return mean(cross_entropy(logits, targets));
+}
+
+Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
+                              const Array& targets) const {
+  Array h = embed(params, tokens);
+  for (const Tree<Array>& l : params.at_path(config.layers_path()).children()) h = layer(l, h);
+  return loss(params, h, targets);
+}
+
+template <class T>
+Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T>& subtree) {
+  if (path.empty()) return subtree;
+  const auto slash = path.find('/');
+  const std::string_view key = path.substr(0, slash);
+  const std::string_view rest = slash == std::string_view::npos ? "" : path.substr(slash + 1);
+  if (!tree.is_dict() || tree.find(key) == nullptr) {
+    throw TreeError(fmt::format("[train] the parameter tree has no '{}'", key));
+  }
+  std::vector<typename Tree<T>::DictEntry> entries;
+  for (std::size_t i = 0; i < tree.size(); ++i) {
+    const std::string& k = tree.keys()[i];
+    entries.emplace_back(k, k == key ? replace_at_path(tree.children()[i], rest, subtree)
+                                     : tree.children()[i]);
+  }
+  return Tree<T>::dict(std::move(entries));
+}
+template Tree<Array> replace_at_path(const Tree<Array>&, std::string_view, const Tree<Array>&);
+
+namespace {
+
+/// The part of `tree` holding only the leaves at `paths` (nested as in `tree`).
+Tree<Array> subtree(const Tree<Array>& tree, const std::vector<std::string>& paths) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;  // first segment -> rest
+  for (const std::string& p : paths) {
+    const auto slash = p.find('/');
+    const std::string key = p.substr(0, slash);
+    const std::string rest = slash == std::string::npos ? "" : p.substr(slash + 1);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
+    if (!rest.empty()) it->second.push_back(rest);
+  }
+  std::vector<Tree<Array>::DictEntry> entries;
+  for (const auto& [key, rest] : groups) {
+    const Tree<Array>& child = tree.at(key);
+    entries.emplace_back(key, rest.empty() ? child : subtree(child, rest));
+  }
+  return Tree<Array>::dict(std::move(entries));
+}
+
+/// The parameters (outside the layers) the embedding and the head read.
+std::vector<std::string> embed_paths(const ModelConfig& c) {
+  if (c.family == ModelFamily::kGpt2) return {"wpe/weight", "wte/weight"};
+  return {"model/embed_tokens/weight"};
+}
+std::vector<std::string> head_paths(const ModelConfig& c) {
+  if (c.family == ModelFamily::kGpt2) {
+    return {"ln_f/bias", "ln_f/weight", c.tie_embeddings ? "wte/weight" : "lm_head/weight"};
+  }
+  return {"model/norm/weight",
+          c.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"};
+}
+
+}  // namespace
+
+std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
+                                             const Array& tokens, const Array& targets,
+                                             bool recompute) {
+  if (!recompute) {
+    return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
+      return model.forward_loss(p, x, y);
+    })(params, tokens, targets);
+  }
+  // Activation recomputation (gradient checkpointing per layer): the forward pass keeps only
+  // each layer's input; the backward pass runs each layer's forward pass again and takes its
+  // vector-Jacobian product with the incoming gradient (the gradient of <layer(p, x), g>). Each
+  // part is differentiated only with respect to the parameters it reads.
+  const std::string path = model.config.layers_path();
+  const std::vector<Tree<Array>>& layers = params.at_path(path).children();
+  const Tree<Array> rest = replace_at_path(params, path, Tree<Array>::list({}));
+  std::vector<Array> inputs{model.embed(rest, tokens)};
+  for (const Tree<Array>& l : layers) inputs.push_back(model.layer(l, inputs.back()));
+  std::map<std::string, Array> rest_grads;
+  const auto accumulate = [&](const Tree<Array>& grads) {
+    for (const auto& [p, g] : grads.flatten()) {
+      auto [it, fresh] = rest_grads.emplace(p, g);
+      if (!fresh) it->second = it->second + g;
+    }
+  };
+  auto [loss, head] = value_and_grad([&](const Tree<Array>& t) {
+    return model.loss(t.at("rest"), t.at("h").leaf(), targets);
+  })(Tree<Array>::dict(
+      {{"h", Tree<Array>(inputs.back())}, {"rest", subtree(rest, head_paths(model.config))}}));
+  accumulate(head.at("rest"));
+  Array g = head.at("h").leaf();
+  std::vector<Tree<Array>> layer_grads(layers.size());
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    const Array cotangent = g;
+    auto [unused, grads] = value_and_grad([&](const Tree<Array>& t) {
+      return sum(astype(model.layer(t.at("p"), t.at("x").leaf()) * cotangent, DType::kF32));
+    })(Tree<Array>::dict({{"p", layers[i]}, {"x", Tree<Array>(inputs[i])}}));
+    layer_grads[i] = grads.at("p");
+    g = grads.at("x").leaf();
+  }
+  const Array cotangent = g;
+  auto [unused, embed_grads] = value_and_grad([&](const Tree<Array>& r) {
+    return sum(astype(model.embed(r, tokens) * cotangent, DType::kF32));
+  })(subtree(rest, embed_paths(model.config)));
+  accumulate(embed_grads);
+  const Tree<Array> rest_tree = rest.map_with_path(
+      [&](const std::string& p, const Array&) { return rest_grads.at(p); });
+  return {loss, replace_at_path(rest_tree, path, Tree<Array>::list(std::move(layer_grads)))};
+}
+
+}  // namespace shardplan::train

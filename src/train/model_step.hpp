@@ -1,0 +1,52 @@
+#pragma once
+// The training steps train-plan lowers: each family's forward pass split into the embedding,
+// one decoder layer and the head with its loss, so that the step can be differentiated whole or
+// layer by layer (activation recomputation). Private to the library.
+#include <optional>
+
+#include "shardplan/array.hpp"
+#include "shardplan/partition_spec.hpp"
+#include "shardplan/train_plan.hpp"
+#include "shardplan/tree.hpp"
+
+namespace shardplan::train {
+
+/// How activations are laid out: the batch over `batch` axes, heads and the MLP's inner width
+/// over `model` axes (each spec entry names the axes, empty for none). The constraints are
+/// applied only where the sizes divide.
+struct Layout {
+  AxisNames batch;
+  AxisNames model;
+  std::int64_t batch_ways = 1;  // product of the batch axes' sizes
+  std::int64_t model_ways = 1;  // product of the model axes' sizes
+};
+
+/// The family's forward pass in three parts. `rest` is the parameter tree without its layers
+/// (the layers list replaced by an empty list); `layer` one element of the layers list.
+struct ModelStep {
+  const ModelConfig& config;
+  Layout layout;
+
+  /// tokens [b, t] (i32) -> hidden [b, t, d].
+  Array embed(const Tree<Array>& rest, const Array& tokens) const;
+  /// hidden [b, t, d] -> hidden [b, t, d].
+  Array layer(const Tree<Array>& layer, const Array& h) const;
+  /// The mean next-token cross-entropy of hidden [b, t, d] against targets [b, t].
+  Array loss(const Tree<Array>& rest, const Array& h, const Array& targets) const;
+  /// The whole forward pass and its loss over the full parameter tree.
+  Array forward_loss(const Tree<Array>& params, const Array& tokens, const Array& targets) const;
+};
+
+/// `tree` with the subtree at `path` ("model/layers") replaced by `subtree`. Throws TreeError
+/// when the path is missing.
+template <class T>
+Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T>& subtree);
+
+/// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch:
+/// whole-graph differentiation, or with `recompute` a forward pass that keeps only each layer's
+/// input, then layer by layer backwards re-running that layer's forward pass to differentiate it.
+std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
+                                             const Array& tokens, const Array& targets,
+                                             bool recompute);
+
+}  // namespace shardplan::train

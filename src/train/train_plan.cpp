@@ -1,0 +1,405 @@
+// plan_training: the family's training step traced on abstract arguments, lowered for a mesh,
+// and its per-device cost read off the compiled program.
+#include "shardplan/train_plan.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "model_step.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/format_bytes.hpp"
+#include "shardplan/optim.hpp"
+#include "shardplan/sjit.hpp"
+
+namespace shardplan {
+namespace {
+
+/// Mesh axes that are tensor (model) parallel by name: the batch is not split over them.
+bool is_model_axis(std::string_view name) {
+  return name == "tp" || name == "model" || name == "mp" || name == "tensor";
+}
+
+Optimizer make_optimizer(OptimizerKind kind) {
+  // The rates do not change the program's shape or cost; any value would do.
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return Optimizer::sgd(1e-3);
+    case OptimizerKind::kAdam:
+      return Optimizer::adam(1e-3);
+    case OptimizerKind::kAdamw:
+      break;
+  }
+  return Optimizer::adamw(constant_schedule(1e-3), 0.1);
+}
+
+Tree<Array> cast(const Tree<Array>& t, DType dtype) {
+  return t.map([&](const Array& a) { return a.dtype() == dtype ? a : astype(a, dtype); });
+}
+
+/// Bytes one device holds of each leaf (every device holds the same: shapes must divide).
+std::int64_t shard_bytes(const std::vector<NamedSharding>& shardings, std::size_t first,
+                         const std::vector<TensorSpec>& leaves, DType as = DType::kBool,
+                         bool use_as = false) {
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Shape shard = shardings[first + i].shard_shape(leaves[i].shape);
+    total += byte_size(shard, use_as ? as : leaves[i].dtype);
+  }
+  return total;
+}
+
+std::string flops_text(double f) {
+  if (f <= 0) return "0";
+  return fmt::format("{:.3g}", f);
+}
+
+}  // namespace
+
+OptimizerKind parse_optimizer(std::string_view n) {
+  if (n == "sgd") return OptimizerKind::kSgd;
+  if (n == "adam") return OptimizerKind::kAdam;
+  if (n == "adamw") return OptimizerKind::kAdamw;
+  throw SpecError(fmt::format("[train] unknown optimizer '{}' (known: sgd, adam, adamw)", n));
+}
+
+std::string_view name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kAdamw:
+      break;
+  }
+  return "adamw";
+}
+
+std::int64_t parse_bytes(std::string_view text) {
+  const auto fail = [&](std::string_view why) -> std::int64_t {
+    throw SpecError(fmt::format(
+        "[bytes] '{}' {} (write a size like 80GiB, 80GB, 1.5TiB or 1000000)", text, why));
+  };
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  const std::string number(text.substr(0, i));
+  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1) {
+    return fail("is not a size");
+  }
+  std::string unit(text.substr(i));
+  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  double scale = 0;
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"", 1},       {"b", 1},          {"kb", 1e3},         {"mb", 1e6},
+      {"gb", 1e9},   {"tb", 1e12},      {"kib", 0x1p10},     {"mib", 0x1p20},
+      {"gib", 0x1p30}, {"tib", 0x1p40}, {"k", 0x1p10},       {"m", 0x1p20},
+      {"g", 0x1p30}, {"t", 0x1p40},
+  };
+  for (const auto& [u, s] : kUnits) {
+    if (unit == u) scale = s;
+  }
+  if (scale == 0) return fail("has an unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+  const double value = std::stod(number) * scale;
+  if (!(value >= 1) || value >= 0x1p62) return fail("is out of range (1 byte to 4 EiB)");
+  return static_cast<std::int64_t>(std::llround(value));
+}
+
+std::int64_t TrainPlan::bytes_moved() const {
+  std::int64_t total = 0;
+  for (const auto& [kind, bytes] : bytes_by_collective) total += bytes;
+  return total;
+}
+
+std::int64_t TrainPlan::usable_bytes() const {
+  if (device_memory <= 0) return 0;
+  return static_cast<std::int64_t>(static_cast<double>(device_memory) * (1 - headroom));
+}
+
+std::optional<bool> TrainPlan::fits() const {
+  if (device_memory <= 0) return std::nullopt;
+  return peak_bytes <= usable_bytes();
+}
+
+TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                        const TrainPlanOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
+    throw SpecError(fmt::format(
+        "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
+        o.batch, o.seq, o.grad_accum));
+  }
+  if (o.headroom < 0 || o.headroom >= 1) {
+    throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
+  }
+  if (config.family == ModelFamily::kGpt2 && o.seq > config.positions) {
+    throw SpecError(fmt::format(
+        "[train] sequence length {} is longer than the model's {} learned positions "
+        "(n_positions)",
+        o.seq, config.positions));
+  }
+  train::Layout layout;
+  std::vector<std::string> batch_axes = o.batch_axes;
+  if (batch_axes.empty()) {
+    for (const std::string& a : mesh.axis_names()) {
+      if (!is_model_axis(a)) batch_axes.push_back(a);
+    }
+  }
+  for (const std::string& a : batch_axes) {
+    mesh.axis_index(a);  // throws naming the axis and the mesh's axes
+    layout.batch.push_back(a);
+    layout.batch_ways *= mesh.axis_size(a);
+  }
+  for (const std::string& a : mesh.axis_names()) {
+    if (std::find(batch_axes.begin(), batch_axes.end(), a) != batch_axes.end()) continue;
+    layout.model.push_back(a);
+    layout.model_ways *= mesh.axis_size(a);
+  }
+  const std::int64_t micro = o.batch / o.grad_accum;
+  if (o.batch % o.grad_accum != 0 || micro % layout.batch_ways != 0) {
+    throw SpecError(fmt::format(
+        "[train] a batch of {} sequences does not split into {} micro-batch{} over the batch "
+        "axes [{}] of {} devices (each micro-batch must be a multiple of {})",
+        o.batch, o.grad_accum, o.grad_accum == 1 ? "" : "es", fmt::join(batch_axes, ", "),
+        layout.batch_ways, layout.batch_ways));
+  }
+
+  const Tree<TensorSpec> params = config.parameters(o.param_dtype);
+  const Optimizer optimizer = make_optimizer(o.optimizer);
+  const auto moments = [&] {
+    return params.map([&](const TensorSpec& t) { return TensorSpec{t.shape, o.optimizer_dtype}; });
+  };
+  std::vector<Tree<TensorSpec>::DictEntry> state_entries{
+      {"count", Tree<TensorSpec>(TensorSpec{Shape{}, DType::kF32})}};
+  std::vector<RuleTree::DictEntry> state_rules{{"count", RuleTree(Replicated{})}};
+  if (o.optimizer != OptimizerKind::kSgd) {
+    for (const char* key : {"mu", "nu"}) {
+      state_entries.emplace_back(key, moments());
+      state_rules.emplace_back(key, RuleTree(rules));
+    }
+  }
+  const Tree<TensorSpec> state = Tree<TensorSpec>::dict(std::move(state_entries));
+  const RuleTree state_rule = RuleTree::dict(std::move(state_rules));
+  const PartitionSpec batch_spec =
+      o.grad_accum == 1 ? PartitionSpec({layout.batch}) : PartitionSpec({AxisNames{}, layout.batch});
+  const TensorSpec tokens{o.grad_accum == 1 ? Shape{o.batch, o.seq} : Shape{o.grad_accum, micro, o.seq},
+                          DType::kI32};
+
+  const train::ModelStep model{config, layout};
+  const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
+                        const Array& y) {
+    Array loss;
+    Tree<Array> grads;
+    if (o.grad_accum == 1) {
+      std::tie(loss, grads) = train::loss_and_grads(model, p, x, y, o.recompute);
+    } else {
+      // Micro-batches one after another, gradients summed: the activations of one at a time.
+      const auto piece = [&](const Array& a, std::int64_t k) {
+        return reshape(slice(a, {k, 0, 0}, {k + 1, micro, o.seq}), Shape{micro, o.seq});
+      };
+      for (std::int64_t k = 0; k < o.grad_accum; ++k) {
+        auto [l, g] = train::loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute);
+        if (k == 0) {
+          loss = l;
+          grads = g;
+        } else {
+          loss = loss + l;
+          std::vector<Array> sum_leaves = grads.leaves();
+          const std::vector<Array> add = g.leaves();
+          for (std::size_t i = 0; i < sum_leaves.size(); ++i) sum_leaves[i] = sum_leaves[i] + add[i];
+          grads = grads.unflatten(std::move(sum_leaves));
+        }
+      }
+      const double inv = 1.0 / static_cast<double>(o.grad_accum);
+      loss = loss * inv;
+      grads = grads.map([&](const Array& g) { return g * inv; });
+    }
+    grads = cast(grads, o.grad_dtype);
+    auto [new_params, new_state] =
+        optimizer.update(cast(grads, o.optimizer_dtype), s, cast(p, o.optimizer_dtype));
+    return Tree<Array>::dict({{"loss", Tree<Array>(loss)},
+                              {"params", cast(new_params, o.param_dtype)},
+                              {"state", new_state}});
+  };
+  SjitOptions options;
+  options.in_shardings = RuleTree::list(
+      {RuleTree(rules), state_rule, RuleTree(batch_spec), RuleTree(batch_spec)});
+  options.out_shardings = RuleTree::dict(
+      {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", state_rule}});
+  options.donate_argnums = {0, 1};
+  const Lowered low = sjit(mesh, step, std::move(options)).lower(params, state, tokens, tokens);
+
+  TrainPlan plan;
+  plan.model = fmt::format("{} ({}), {:.3g}B parameters", config.family_name(), config.model_type,
+                           static_cast<double>(config.parameter_count()) / 1e9);
+  plan.mesh = mesh.to_string();
+  plan.devices = mesh.size();
+  plan.parameter_count = config.parameter_count();
+  plan.batch_axes = batch_axes;
+  plan.batch = o.batch;
+  plan.seq = o.seq;
+  plan.grad_accum = o.grad_accum;
+  plan.recompute = o.recompute;
+  plan.optimizer = std::string(name(o.optimizer));
+  plan.param_dtype = o.param_dtype;
+  plan.grad_dtype = o.grad_dtype;
+  plan.optimizer_dtype = o.optimizer_dtype;
+  const std::vector<NamedSharding> in = low.input_shardings();
+  const std::vector<TensorSpec> p_leaves = params.leaves(), s_leaves = state.leaves();
+  plan.parameter_bytes = shard_bytes(in, 0, p_leaves);
+  plan.gradient_bytes = shard_bytes(in, 0, p_leaves, o.grad_dtype, true);
+  plan.optimizer_bytes = shard_bytes(in, p_leaves.size(), s_leaves);
+  plan.batch_bytes = shard_bytes(in, p_leaves.size() + s_leaves.size(), {tokens, tokens});
+  const ProgramCost& cost = low.cost();
+  plan.peak_bytes = *std::max_element(cost.peak_bytes.begin(), cost.peak_bytes.end());
+  plan.transient_bytes =
+      plan.peak_bytes - plan.parameter_bytes - plan.optimizer_bytes - plan.batch_bytes;
+  plan.flops = *std::max_element(cost.flops.begin(), cost.flops.end());
+  for (double f : cost.flops) plan.total_flops += f;
+  plan.bytes_by_collective = cost.bytes_by_kind;
+  plan.device_memory = o.device_memory;
+  plan.headroom = o.headroom;
+  plan.seconds_to_plan =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return plan;
+}
+
+std::string TrainPlan::table() const {
+  std::string out;
+  out += fmt::format("{} on {} ({} devices), rules {}\n", model, mesh, devices, rules);
+  out += fmt::format(
+      "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
+      "optimizer state {}, recompute {}\n\n",
+      batch, seq, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es", optimizer,
+      name(param_dtype), name(grad_dtype), name(optimizer_dtype), recompute ? "on" : "off");
+  out += "per device\n";
+  const auto row = [&](std::string_view what, std::int64_t bytes) {
+    out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
+  };
+  row("parameters", parameter_bytes);
+  row("gradients", gradient_bytes);
+  row("optimizer state", optimizer_bytes);
+  row("batch (tokens, targets)", batch_bytes);
+  row("activations, gradients, temporaries", transient_bytes);
+  row("peak", peak_bytes);
+  if (const auto f = fits()) {
+    out += fmt::format("  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
+                       format_bytes(device_memory), format_bytes(usable_bytes()), headroom * 100,
+                       *f ? "fits"
+                          : fmt::format("does NOT fit, {} short",
+                                        format_bytes(peak_bytes - usable_bytes())));
+  }
+  out += fmt::format("  {:<40} {:>12}\n", "FLOPs per step", flops_text(flops));
+  out += "bytes received per device per step\n";
+  if (bytes_by_collective.empty()) out += "  (no collectives)\n";
+  for (const auto& [kind, bytes] : bytes_by_collective) {
+    out += fmt::format("  {:<40} {:>12}\n", kind, format_bytes(bytes));
+  }
+  if (bytes_by_collective.size() > 1) {
+    out += fmt::format("  {:<40} {:>12}\n", "total", format_bytes(bytes_moved()));
+  }
+  out += fmt::format("FLOPs per step, all devices: {}; planned in {:.2f} s\n",
+                     flops_text(total_flops), seconds_to_plan);
+  return out;
+}
+
+namespace {
+
+nlohmann::ordered_json to_json(const TrainPlan& p) {
+  nlohmann::ordered_json j;
+  j["model"] = p.model;
+  j["mesh"] = p.mesh;
+  j["devices"] = p.devices;
+  j["rules"] = p.rules;
+  j["parameter_count"] = p.parameter_count;
+  j["batch"] = p.batch;
+  j["seq"] = p.seq;
+  j["batch_axes"] = p.batch_axes;
+  j["grad_accum"] = p.grad_accum;
+  j["recompute"] = p.recompute;
+  j["optimizer"] = p.optimizer;
+  j["param_dtype"] = std::string(name(p.param_dtype));
+  j["grad_dtype"] = std::string(name(p.grad_dtype));
+  j["optimizer_dtype"] = std::string(name(p.optimizer_dtype));
+  j["per_device"] = {{"parameter_bytes", p.parameter_bytes},
+                     {"gradient_bytes", p.gradient_bytes},
+                     {"optimizer_bytes", p.optimizer_bytes},
+                     {"batch_bytes", p.batch_bytes},
+                     {"transient_bytes", p.transient_bytes},
+                     {"peak_bytes", p.peak_bytes},
+                     {"flops", p.flops}};
+  j["bytes_received_per_device"] = p.bytes_by_collective;
+  j["bytes_moved_per_device"] = p.bytes_moved();
+  j["total_flops"] = p.total_flops;
+  if (const auto f = p.fits()) {
+    j["device_memory"] = p.device_memory;
+    j["headroom"] = p.headroom;
+    j["usable_bytes"] = p.usable_bytes();
+    j["fits"] = *f;
+  } else {
+    j["fits"] = nullptr;
+  }
+  j["seconds_to_plan"] = p.seconds_to_plan;
+  return j;
+}
+
+}  // namespace
+
+void TrainPlan::write_json(std::ostream& os) const { os << to_json(*this).dump(2); }
+
+std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans) {
+  std::optional<std::size_t> best;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].fits() == false) continue;
+    if (!best) {
+      best = i;
+      continue;
+    }
+    const TrainPlan& a = plans[i];
+    const TrainPlan& b = plans[*best];
+    if (a.bytes_moved() < b.bytes_moved() ||
+        (a.bytes_moved() == b.bytes_moved() && a.peak_bytes < b.peak_bytes)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+std::string compare_table(const std::vector<TrainPlan>& plans) {
+  std::string out = fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", "#", "mesh",
+                                "rules", "peak/device", "fits", "moved/device", "FLOPs/dev");
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const TrainPlan& p = plans[i];
+    const auto f = p.fits();
+    out += fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", i, p.mesh, p.rules,
+                       format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-",
+                       format_bytes(p.bytes_moved()), flops_text(p.flops));
+  }
+  if (const auto best = cheapest_fitting(plans)) {
+    const TrainPlan& p = plans[*best];
+    out += fmt::format(
+        "cheapest that fits: #{} {} with rules {} ({} moved per device per step, peak {})\n",
+        *best, p.mesh, p.rules, format_bytes(p.bytes_moved()), format_bytes(p.peak_bytes));
+  } else {
+    out += "none of these fits: try more devices, --recompute, gradient accumulation or a "
+           "smaller batch\n";
+  }
+  return out;
+}
+
+void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans) {
+  nlohmann::ordered_json j;
+  j["plans"] = nlohmann::ordered_json::array();
+  for (const TrainPlan& p : plans) j["plans"].push_back(to_json(p));
+  const auto best = cheapest_fitting(plans);
+  j["cheapest_fitting"] = best ? nlohmann::ordered_json(*best) : nlohmann::ordered_json(nullptr);
+  os << j.dump(2);
+}
+
+}  // namespace shardplan
