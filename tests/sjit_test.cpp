@@ -345,6 +345,43 @@ TEST(Sjit, DonatedArgumentsCannotBeUsedAfterwards) {
   EXPECT_EQ(s.exec.memory(s.first).in_use, y.shard_nbytes());
 }
 
+// Constants (values made from no input) up to 1 MiB per device are kept for the next run; a
+// larger one, as a causal mask's index arrays over [B, H, T, T], is made again each run and
+// freed: kept, a model's per-layer masks would stay resident between steps. The second and third
+// runs (the small constant from the cache, the large one made again) give the first run's values.
+TEST(Sjit, LargeConstantsAreMadeAgainEachRunNotKept) {
+  Meshes s;
+  SjitOptions o;
+  o.donate_argnums = {0};
+  auto f = sjit(
+      s.mesh,
+      [](const Array& x) {
+        // iota over [8, 512, 512] i32 is 2 MiB per device on data:4: not kept. The [512] one is.
+        const Array small = astype(iota_like(full(Shape{512}, DType::kF32, 0, x), 0), DType::kF32);
+        return causal_mask(x) + small;
+      },
+      o);
+  const Tensor host = Tensor::uniform(Shape{8, 4, 512, 512}, DType::kF32, 3, -1, 1);
+  std::vector<double> first;
+  for (int run = 0; run < 3; ++run) {
+    Array x = s.put(host, P("data"));
+    const Array y = f(x);
+    const Tensor out = y.to_host();
+    if (run == 0) {
+      first = out.to_doubles();
+      // Checked against the definition at a few places: j > i masked, else x + j.
+      const auto at = [](int i, int j) { return (std::int64_t{3} * 512 + i) * 512 + j; };
+      EXPECT_LT(first[static_cast<std::size_t>(at(5, 6))], -1e29);
+      EXPECT_FLOAT_EQ(static_cast<float>(first[static_cast<std::size_t>(at(6, 5))]),
+                      static_cast<float>(host.get(static_cast<std::size_t>(at(6, 5))) + 5));
+    } else {
+      ASSERT_EQ(out.to_doubles(), first) << "run " << run;
+    }
+    // Only the output and the small cached constant stay: no mask-sized buffer is kept.
+    EXPECT_LT(s.exec.memory(s.first).in_use, y.shard_nbytes() + (1 << 20)) << "run " << run;
+  }
+}
+
 Array sin_cos_exp(const Array& x) { return sin(cos(exp(x))); }
 // The same with a transpose between exp and sin: three steps no fusion joins (a transpose is not
 // pointwise), each result a block of the input's size ([256, 32] -> [32, 256]).

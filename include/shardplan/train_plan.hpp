@@ -74,8 +74,8 @@ std::string_view name(OptimizerKind kind);
 
 /// What step to plan: the batch, the precision, the optimizer.
 struct TrainPlanOptions {
-  std::int64_t batch = 8;    // sequences per step (the global batch)
-  std::int64_t seq = 2048;   // tokens per sequence
+  std::int64_t batch = 8;   // sequences per step (the global batch)
+  std::int64_t seq = 2048;  // tokens per sequence
   OptimizerKind optimizer = OptimizerKind::kAdamw;
   DType param_dtype = DType::kBF16;     // the weights as held and computed with
   DType grad_dtype = DType::kBF16;      // gradients, accumulated and handed to the optimizer
@@ -113,7 +113,7 @@ struct TrainPlan {
   /// peak - (parameters + optimizer state + batch): activations, gradients and temporaries
   /// live at the peak.
   std::int64_t transient_bytes = 0;
-  double flops = 0;  // floating-point operations per step
+  double flops = 0;                                         // floating-point operations per step
   std::map<std::string, std::int64_t> bytes_by_collective;  // bytes received, per kind
   std::int64_t device_memory = 0;
   double headroom = 0;

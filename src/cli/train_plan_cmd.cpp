@@ -86,9 +86,9 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   return c;
 }
 
-int run_train_plan(const TrainPlanCommand& c,
-                   const std::function<RuleFile(const std::string&)>& load_rules,
-                   const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
+int run_train_plan(
+    const TrainPlanCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
+    const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
   const ModelConfig config = [&] {
     if (!std::filesystem::exists(c.config)) {
       throw UsageError(fmt::format("--config: no such file or directory '{}'", c.config));
@@ -109,8 +109,8 @@ int run_train_plan(const TrainPlanCommand& c,
                                       {"--grad-dtype", o.grad_dtype},
                                       {"--optimizer-dtype", o.optimizer_dtype}}) {
     if (!is_floating(dtype) || size_of(dtype) < 2) {
-      throw UsageError(fmt::format("{}: {} is not a training dtype (bf16, f16, f32, f64)", option,
-                                   name(dtype)));
+      throw UsageError(
+          fmt::format("{}: {} is not a training dtype (bf16, f16, f32, f64)", option, name(dtype)));
     }
   }
   o.grad_accum = c.grad_accum;
@@ -133,9 +133,9 @@ int run_train_plan(const TrainPlanCommand& c,
   o.headroom = c.headroom;
 
   const std::vector<std::string> rule_names =
-      c.rules.empty() ? std::vector<std::string>{std::string("preset:") +
-                                                 default_preset(config.family)}
-                      : c.rules;
+      c.rules.empty()
+          ? std::vector<std::string>{std::string("preset:") + default_preset(config.family)}
+          : c.rules;
   std::vector<TrainPlan> plans;
   for (const std::string& rules_name : rule_names) {
     const RuleFile file = load_rules(rules_name);
@@ -143,8 +143,8 @@ int run_train_plan(const TrainPlanCommand& c,
     std::vector<std::string> meshes = c.meshes;
     if (meshes.empty()) {
       if (!file.mesh) {
-        throw UsageError(fmt::format("--mesh: the rule file {} names no mesh; give --mesh",
-                                     file.source));
+        throw UsageError(
+            fmt::format("--mesh: the rule file {} names no mesh; give --mesh", file.source));
       }
       meshes.push_back(*file.mesh);
     }

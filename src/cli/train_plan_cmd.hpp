@@ -36,8 +36,8 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
 
 /// Runs it. `load_rules` reads --rules as `plan` does; `devices_for(mesh, devices)` gives the
 /// device count (a UsageError from either is reported by the caller). Returns the exit code.
-int run_train_plan(const TrainPlanCommand& c,
-                   const std::function<RuleFile(const std::string&)>& load_rules,
-                   const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for);
+int run_train_plan(
+    const TrainPlanCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
+    const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for);
 
 }  // namespace shardplan::cli

@@ -90,6 +90,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.input_donated_ = std::move(live.input_donated);
   prog.any_donated_ = live.any_donated;
   prog.constant_slots_ = std::move(live.constant_slots);
+  prog.cached_step_ = std::move(live.cached_step);
   prog.graph_ = std::move(g);
   return prog;
 }

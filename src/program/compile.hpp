@@ -68,7 +68,9 @@ struct Step {
   std::optional<NamedSharding> sharding;             // of the result (always set)
   Pending pending;                                   // kernel result
   std::shared_ptr<const std::vector<Block>> blocks;  // kernel: the result's blocks by device
-  std::vector<std::vector<std::int64_t>> offsets;    // kernel: their starts, by device
+  /// kernel: their starts, by device. Both are shared by every step of the same result shape
+  /// and sharding (a large mesh would otherwise hold a copy per step and device).
+  std::shared_ptr<const std::vector<std::vector<std::int64_t>>> offsets;
   std::vector<CollectiveRecord> cost;  // reshard: the collectives it will run (static)
   double flops = 0;                    // kernel: per device (the most of any device)
   bool constant = false;               // depends on no input: run once per executor, then cached
@@ -125,6 +127,7 @@ class Program {
   };
   std::shared_ptr<ConstantCache> constants_ = std::make_shared<ConstantCache>();
   std::vector<SlotId> constant_slots_;
+  std::vector<char> cached_step_;  // per step: its result is in the constant cache
   CostReport cost_;
 };
 

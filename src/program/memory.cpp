@@ -44,12 +44,17 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
       keep.insert(p.input_slots[k]);
     }
   }
+  l.cached_step.assign(p.steps.size(), 0);
   if (spec.cache_constants) {
-    for (const Step& st : p.steps) {
-      if (st.constant) {
-        l.constant_slots.push_back(st.out);
-        keep.insert(st.out);  // cached for the next run
-      }
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+      const Step& st = p.steps[s];
+      if (!st.constant || !st.sharding) continue;
+      const std::int64_t bytes =
+          byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
+      if (bytes > kMaxCachedConstantBytes) continue;  // made again each run (see memory.hpp)
+      l.constant_slots.push_back(st.out);
+      l.cached_step[s] = 1;
+      keep.insert(st.out);  // cached for the next run
     }
   }
   l.free_after.resize(p.steps.size());

@@ -9,12 +9,19 @@
 
 namespace shardplan::detail {
 
+/// The most bytes per device a constant step's result may hold and still be kept for the next
+/// run. Larger constants (a causal mask of [batch, heads, T, T] is one) are computed again each
+/// run and freed after their last use, like any value: kept, every layer's copy would stay
+/// resident between steps.
+inline constexpr std::int64_t kMaxCachedConstantBytes = std::int64_t{1} << 20;
+
 struct Liveness {
   std::vector<std::vector<SlotId>> free_after;  // per step
   std::vector<SlotId> free_at_start;            // donated inputs no step uses
   std::vector<char> input_donated;              // by input index
   bool any_donated = false;
   std::vector<SlotId> constant_slots;  // results of constant steps, kept for the next run
+  std::vector<char> cached_step;       // per step: a constant step whose result is kept
   std::int64_t peak_bytes = 0;         // per device (every device holds blocks of one size)
 };
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
+#include <unordered_map>
 
 #include "primitive.hpp"
 #include "primitives.hpp"
@@ -290,14 +292,8 @@ class Partitioner {
               .type = n.type,
               .sharding = out_sharding,
               .pending = st.pending,
-              .blocks = std::make_shared<const std::vector<Block>>(
-                  out_sharding.device_blocks(n.type.shape)),
               .constant = constant_[id] != 0};
-    for (const Block& b : *step.blocks) {
-      std::vector<std::int64_t> starts;
-      for (const auto& dim : b) starts.push_back(dim.start);
-      step.offsets.push_back(std::move(starts));
-    }
+    std::tie(step.blocks, step.offsets) = blocks_of(st.spec, n.type.shape);
     step.flops = n.op->flops(step.local, in_local, step.local.type.shape);
     for (double& fl : out_.flops) fl += step.flops;
     st.slot = step.out;
@@ -312,6 +308,41 @@ class Partitioner {
   ValueMap<State> state_;
   ValueMap<char> constant_;
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
+
+  // Each device's block of a result, and the blocks' starts, made once per (spec, shape): the
+  // key compares both (the hash only picks the bucket).
+  struct BlocksKey {
+    PartitionSpec spec;
+    Shape shape;
+    friend bool operator==(const BlocksKey&, const BlocksKey&) = default;
+  };
+  struct BlocksKeyHash {
+    std::size_t operator()(const BlocksKey& k) const {
+      std::size_t h = std::hash<std::string>()(k.spec.to_string());
+      for (const std::int64_t d : k.shape.dims()) h = h * 1000003u ^ std::hash<std::int64_t>()(d);
+      return h;
+    }
+  };
+  using Offsets = std::vector<std::vector<std::int64_t>>;
+  using SharedBlocks =
+      std::pair<std::shared_ptr<const std::vector<Block>>, std::shared_ptr<const Offsets>>;
+  std::unordered_map<BlocksKey, SharedBlocks, BlocksKeyHash> blocks_;
+
+  SharedBlocks blocks_of(const PartitionSpec& spec, const Shape& shape) {
+    BlocksKey key{spec, shape};
+    if (const auto it = blocks_.find(key); it != blocks_.end()) return it->second;
+    auto blocks = std::make_shared<const std::vector<Block>>(
+        NamedSharding(mesh_, spec).device_blocks(shape));
+    auto offsets = std::make_shared<Offsets>();
+    for (const Block& b : *blocks) {
+      std::vector<std::int64_t> starts;
+      for (const auto& dim : b) starts.push_back(dim.start);
+      offsets->push_back(std::move(starts));
+    }
+    SharedBlocks made{std::move(blocks), std::move(offsets)};
+    blocks_.emplace(std::move(key), made);
+    return made;
+  }
   int next_slot_ = 0;
   Partitioned out_;
 };

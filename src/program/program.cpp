@@ -96,7 +96,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   };
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
-    if (st.constant && have_constants) continue;
+    if (have_constants && cached_step_[s] != 0) continue;  // taken from the cache
     if (failed && st.kind != Step::Kind::kReshard) continue;
     if (st.kind == Step::Kind::kReshard) {
       agree();
@@ -156,7 +156,7 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
           run_fused(*st.fused, in_blocks, out_block);
         } else {
           st.local.op->kernel(
-              KernelArgs{st.local, in_blocks, out_block, st.offsets[static_cast<std::size_t>(d)]});
+              KernelArgs{st.local, in_blocks, out_block, (*st.offsets)[static_cast<std::size_t>(d)]});
         }
       },
       parallel);

@@ -22,8 +22,10 @@ struct Family {
 };
 // The model types whose layout the family's step reproduces.
 constexpr Family kFamilies[] = {
-    {"llama", ModelFamily::kLlama},   {"mistral", ModelFamily::kLlama},
-    {"qwen2", ModelFamily::kLlama},   {"gpt2", ModelFamily::kGpt2},
+    {"llama", ModelFamily::kLlama},
+    {"mistral", ModelFamily::kLlama},
+    {"qwen2", ModelFamily::kLlama},
+    {"gpt2", ModelFamily::kGpt2},
 };
 
 std::string known_types() {
@@ -79,7 +81,8 @@ ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
     throw IoError(fmt::format("[config] {}: not JSON: {}", source, e.what()));
   }
   if (!j.is_object()) {
-    throw IoError(fmt::format("[config] {}: expected a JSON object, got {}", source, j.type_name()));
+    throw IoError(
+        fmt::format("[config] {}: expected a JSON object, got {}", source, j.type_name()));
   }
   const auto type = j.find("model_type");
   if (type == j.end() || !type->is_string()) {

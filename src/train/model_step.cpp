@@ -96,8 +96,7 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in) const {
     const Array probs = softmax(causal_mask(scores), -1);
     const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
     const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
-    const Array h2 =
-        h + conv1d(merged, at(p, "attn/c_proj/weight")) + at(p, "attn/c_proj/bias");
+    const Array h2 = h + conv1d(merged, at(p, "attn/c_proj/weight")) + at(p, "attn/c_proj/bias");
     const Array x2 = layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias"));
     const Array inner = constrain(
         gelu(conv1d(x2, at(p, "mlp/c_fc/weight")) + at(p, "mlp/c_fc/bias"), /*approximate=*/true),
@@ -112,16 +111,16 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in) const {
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
     return y;
   };
-  const Array q = constrain(
-      rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4})),
-      {{0, &L.batch}, {1, &L.model}}, L);
+  const Array q =
+      constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4})),
+                {{0, &L.batch}, {1, &L.model}}, L);
   const Array k =
       constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
                 {{0, &L.batch}, {1, &L.model}}, L);
   const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
                             {{0, &L.batch}, {1, &L.model}}, L);
   const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {4}, {3}}) * scale;
-  const Array probs = softmax(causal_mask(scores), -1);                    // [b, kv, g, t, t]
+  const Array probs = softmax(causal_mask(scores), -1);                        // [b, kv, g, t, t]
   const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
   const Array merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, d});
   const Array h2 = h + linear(merged, at(p, "self_attn/o_proj/weight"));
@@ -139,8 +138,8 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
     logits = linear(x, at(rest, config.tie_embeddings ? "wte/weight" : "lm_head/weight"));
   } else {
     const Array x = rms_norm(h, at(rest, "model/norm/weight"));
-    logits = linear(
-        x, at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"));
+    logits =
+        linear(x, at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"));
   }
   return mean(cross_entropy(logits, targets));
 }
@@ -164,14 +163,21 @@ Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T
   std::vector<typename Tree<T>::DictEntry> entries;
   for (std::size_t i = 0; i < tree.size(); ++i) {
     const std::string& k = tree.keys()[i];
-    entries.emplace_back(k, k == key ? replace_at_path(tree.children()[i], rest, subtree)
-                                     : tree.children()[i]);
+    entries.emplace_back(
+        k, k == key ? replace_at_path(tree.children()[i], rest, subtree) : tree.children()[i]);
   }
   return Tree<T>::dict(std::move(entries));
 }
 template Tree<Array> replace_at_path(const Tree<Array>&, std::string_view, const Tree<Array>&);
 
 namespace {
+
+/// A new value equal to each leaf: the program gathers it again where it is used instead of
+/// keeping the forward pass's gathered copy alive until the backward pass (as FSDP gathers a
+/// layer's weights again for its backward).
+Tree<Array> fresh(const Tree<Array>& tree) {
+  return tree.map([](const Array& a) { return a * 1.0; });
+}
 
 /// The part of `tree` holding only the leaves at `paths` (nested as in `tree`).
 Tree<Array> subtree(const Tree<Array>& tree, const std::vector<std::string>& paths) {
@@ -180,7 +186,8 @@ Tree<Array> subtree(const Tree<Array>& tree, const std::vector<std::string>& pat
     const auto slash = p.find('/');
     const std::string key = p.substr(0, slash);
     const std::string rest = slash == std::string::npos ? "" : p.substr(slash + 1);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
     if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
     if (!rest.empty()) it->second.push_back(rest);
   }
@@ -201,8 +208,7 @@ std::vector<std::string> head_paths(const ModelConfig& c) {
   if (c.family == ModelFamily::kGpt2) {
     return {"ln_f/bias", "ln_f/weight", c.tie_embeddings ? "wte/weight" : "lm_head/weight"};
   }
-  return {"model/norm/weight",
-          c.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"};
+  return {"model/norm/weight", c.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"};
 }
 
 }  // namespace
@@ -233,8 +239,8 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   };
   auto [loss, head] = value_and_grad([&](const Tree<Array>& t) {
     return model.loss(t.at("rest"), t.at("h").leaf(), targets);
-  })(Tree<Array>::dict(
-      {{"h", Tree<Array>(inputs.back())}, {"rest", subtree(rest, head_paths(model.config))}}));
+  })(Tree<Array>::dict({{"h", Tree<Array>(inputs.back())},
+                        {"rest", subtree(rest, head_paths(model.config))}}));
   accumulate(head.at("rest"));
   Array g = head.at("h").leaf();
   std::vector<Tree<Array>> layer_grads(layers.size());
@@ -242,7 +248,7 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
     const Array cotangent = g;
     auto [unused, grads] = value_and_grad([&](const Tree<Array>& t) {
       return sum(astype(model.layer(t.at("p"), t.at("x").leaf()) * cotangent, DType::kF32));
-    })(Tree<Array>::dict({{"p", layers[i]}, {"x", Tree<Array>(inputs[i])}}));
+    })(Tree<Array>::dict({{"p", fresh(layers[i])}, {"x", Tree<Array>(inputs[i])}}));
     layer_grads[i] = grads.at("p");
     g = grads.at("x").leaf();
   }
@@ -251,8 +257,8 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
     return sum(astype(model.embed(r, tokens) * cotangent, DType::kF32));
   })(subtree(rest, embed_paths(model.config)));
   accumulate(embed_grads);
-  const Tree<Array> rest_tree = rest.map_with_path(
-      [&](const std::string& p, const Array&) { return rest_grads.at(p); });
+  const Tree<Array> rest_tree =
+      rest.map_with_path([&](const std::string& p, const Array&) { return rest_grads.at(p); });
   return {loss, replace_at_path(rest_tree, path, Tree<Array>::list(std::move(layer_grads)))};
 }
 

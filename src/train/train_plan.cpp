@@ -97,10 +97,9 @@ std::int64_t parse_bytes(std::string_view text) {
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   double scale = 0;
   static constexpr std::pair<const char*, double> kUnits[] = {
-      {"", 1},       {"b", 1},          {"kb", 1e3},         {"mb", 1e6},
-      {"gb", 1e9},   {"tb", 1e12},      {"kib", 0x1p10},     {"mib", 0x1p20},
-      {"gib", 0x1p30}, {"tib", 0x1p40}, {"k", 0x1p10},       {"m", 0x1p20},
-      {"g", 0x1p30}, {"t", 0x1p40},
+      {"", 1},       {"b", 1},        {"kb", 1e3},     {"mb", 1e6},     {"gb", 1e9},
+      {"tb", 1e12},  {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30}, {"tib", 0x1p40},
+      {"k", 0x1p10}, {"m", 0x1p20},   {"g", 0x1p30},   {"t", 0x1p40},
   };
   for (const auto& [u, s] : kUnits) {
     if (unit == u) scale = s;
@@ -139,10 +138,10 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
     throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
   }
   if (config.family == ModelFamily::kGpt2 && o.seq > config.positions) {
-    throw SpecError(fmt::format(
-        "[train] sequence length {} is longer than the model's {} learned positions "
-        "(n_positions)",
-        o.seq, config.positions));
+    throw SpecError(
+        fmt::format("[train] sequence length {} is longer than the model's {} learned positions "
+                    "(n_positions)",
+                    o.seq, config.positions));
   }
   train::Layout layout;
   std::vector<std::string> batch_axes = o.batch_axes;
@@ -186,10 +185,10 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   }
   const Tree<TensorSpec> state = Tree<TensorSpec>::dict(std::move(state_entries));
   const RuleTree state_rule = RuleTree::dict(std::move(state_rules));
-  const PartitionSpec batch_spec =
-      o.grad_accum == 1 ? PartitionSpec({layout.batch}) : PartitionSpec({AxisNames{}, layout.batch});
-  const TensorSpec tokens{o.grad_accum == 1 ? Shape{o.batch, o.seq} : Shape{o.grad_accum, micro, o.seq},
-                          DType::kI32};
+  const PartitionSpec batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch})
+                                                     : PartitionSpec({AxisNames{}, layout.batch});
+  const TensorSpec tokens{
+      o.grad_accum == 1 ? Shape{o.batch, o.seq} : Shape{o.grad_accum, micro, o.seq}, DType::kI32};
 
   const train::ModelStep model{config, layout};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
@@ -204,7 +203,11 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
         return reshape(slice(a, {k, 0, 0}, {k + 1, micro, o.seq}), Shape{micro, o.seq});
       };
       for (std::int64_t k = 0; k < o.grad_accum; ++k) {
-        auto [l, g] = train::loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute);
+        auto [l, g_pending] =
+            train::loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute);
+        // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
+        // is held sharded rather than as every device's unreduced full-size partial sums.
+        const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
         if (k == 0) {
           loss = l;
           grads = g;
@@ -212,7 +215,8 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
           loss = loss + l;
           std::vector<Array> sum_leaves = grads.leaves();
           const std::vector<Array> add = g.leaves();
-          for (std::size_t i = 0; i < sum_leaves.size(); ++i) sum_leaves[i] = sum_leaves[i] + add[i];
+          for (std::size_t i = 0; i < sum_leaves.size(); ++i)
+            sum_leaves[i] = sum_leaves[i] + add[i];
           grads = grads.unflatten(std::move(sum_leaves));
         }
       }
@@ -221,15 +225,42 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
       grads = grads.map([&](const Array& g) { return g * inv; });
     }
     grads = cast(grads, o.grad_dtype);
-    auto [new_params, new_state] =
-        optimizer.update(cast(grads, o.optimizer_dtype), s, cast(p, o.optimizer_dtype));
+    // The update one parameter at a time (as optimizers fused per tensor run), so that only one
+    // parameter's widened copies and new moments are live beside the state, not every one's.
+    const std::vector<Array> g_leaves = grads.leaves(), p_leaves = p.leaves();
+    const bool has_moments = s.find("mu") != nullptr;
+    const std::vector<Array> mu = has_moments ? s.at("mu").leaves() : std::vector<Array>{};
+    const std::vector<Array> nu = has_moments ? s.at("nu").leaves() : std::vector<Array>{};
+    std::vector<Array> new_p(p_leaves.size()), new_mu(mu.size()), new_nu(nu.size());
+    Array count;
+    for (std::size_t i = 0; i < p_leaves.size(); ++i) {
+      std::vector<Tree<Array>::DictEntry> entries{{"count", s.at("count")}};
+      if (has_moments) {
+        entries.emplace_back("mu", Tree<Array>(mu[i]));
+        entries.emplace_back("nu", Tree<Array>(nu[i]));
+      }
+      const auto [np, ns] = optimizer.update(Tree<Array>(astype(g_leaves[i], o.optimizer_dtype)),
+                                             Tree<Array>::dict(std::move(entries)),
+                                             Tree<Array>(astype(p_leaves[i], o.optimizer_dtype)));
+      new_p[i] = astype(np.leaf(), o.param_dtype);
+      if (has_moments) {
+        new_mu[i] = ns.at("mu").leaf();
+        new_nu[i] = ns.at("nu").leaf();
+      }
+      if (i == 0) count = ns.at("count").leaf();
+    }
+    std::vector<Tree<Array>::DictEntry> next{{"count", Tree<Array>(count)}};
+    if (has_moments) {
+      next.emplace_back("mu", s.at("mu").unflatten(std::move(new_mu)));
+      next.emplace_back("nu", s.at("nu").unflatten(std::move(new_nu)));
+    }
     return Tree<Array>::dict({{"loss", Tree<Array>(loss)},
-                              {"params", cast(new_params, o.param_dtype)},
-                              {"state", new_state}});
+                              {"params", p.unflatten(std::move(new_p))},
+                              {"state", Tree<Array>::dict(std::move(next))}});
   };
   SjitOptions options;
-  options.in_shardings = RuleTree::list(
-      {RuleTree(rules), state_rule, RuleTree(batch_spec), RuleTree(batch_spec)});
+  options.in_shardings =
+      RuleTree::list({RuleTree(rules), state_rule, RuleTree(batch_spec), RuleTree(batch_spec)});
   options.out_shardings = RuleTree::dict(
       {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", state_rule}});
   options.donate_argnums = {0, 1};
@@ -289,11 +320,11 @@ std::string TrainPlan::table() const {
   row("activations, gradients, temporaries", transient_bytes);
   row("peak", peak_bytes);
   if (const auto f = fits()) {
-    out += fmt::format("  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
-                       format_bytes(device_memory), format_bytes(usable_bytes()), headroom * 100,
-                       *f ? "fits"
-                          : fmt::format("does NOT fit, {} short",
-                                        format_bytes(peak_bytes - usable_bytes())));
+    out += fmt::format(
+        "  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
+        format_bytes(device_memory), format_bytes(usable_bytes()), headroom * 100,
+        *f ? "fits"
+           : fmt::format("does NOT fit, {} short", format_bytes(peak_bytes - usable_bytes())));
   }
   out += fmt::format("  {:<40} {:>12}\n", "FLOPs per step", flops_text(flops));
   out += "bytes received per device per step\n";
@@ -384,11 +415,12 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
   if (const auto best = cheapest_fitting(plans)) {
     const TrainPlan& p = plans[*best];
     out += fmt::format(
-        "cheapest that fits: #{} {} with rules {} ({} moved per device per step, peak {})\n",
-        *best, p.mesh, p.rules, format_bytes(p.bytes_moved()), format_bytes(p.peak_bytes));
+        "cheapest that fits: #{} {} with rules {} ({} moved per device per step, peak {})\n", *best,
+        p.mesh, p.rules, format_bytes(p.bytes_moved()), format_bytes(p.peak_bytes));
   } else {
-    out += "none of these fits: try more devices, --recompute, gradient accumulation or a "
-           "smaller batch\n";
+    out +=
+        "none of these fits: try more devices, --recompute, gradient accumulation or a "
+        "smaller batch\n";
   }
   return out;
 }
