@@ -49,8 +49,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
     for (std::size_t s = 0; s < p.steps.size(); ++s) {
       const Step& st = p.steps[s];
       if (!st.constant || !st.sharding) continue;
-      const std::int64_t bytes =
-          byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
+      const std::int64_t bytes = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
       if (bytes > kMaxCachedConstantBytes) continue;  // made again each run (see memory.hpp)
       l.constant_slots.push_back(st.out);
       l.cached_step[s] = 1;

@@ -331,8 +331,8 @@ class Partitioner {
   SharedBlocks blocks_of(const PartitionSpec& spec, const Shape& shape) {
     BlocksKey key{spec, shape};
     if (const auto it = blocks_.find(key); it != blocks_.end()) return it->second;
-    auto blocks = std::make_shared<const std::vector<Block>>(
-        NamedSharding(mesh_, spec).device_blocks(shape));
+    auto blocks =
+        std::make_shared<const std::vector<Block>>(NamedSharding(mesh_, spec).device_blocks(shape));
     auto offsets = std::make_shared<Offsets>();
     for (const Block& b : *blocks) {
       std::vector<std::int64_t> starts;

@@ -155,8 +155,8 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
         if (st.fused) {
           run_fused(*st.fused, in_blocks, out_block);
         } else {
-          st.local.op->kernel(
-              KernelArgs{st.local, in_blocks, out_block, (*st.offsets)[static_cast<std::size_t>(d)]});
+          st.local.op->kernel(KernelArgs{st.local, in_blocks, out_block,
+                                         (*st.offsets)[static_cast<std::size_t>(d)]});
         }
       },
       parallel);
