@@ -485,5 +485,140 @@ TEST_F(CliTest, DeeplyNestedModelIsAClearError) {
   EXPECT_THAT(r.err, ::testing::HasSubstr("nesting deeper than 256 levels"));
 }
 
+// train-plan: a Hugging Face config.json (LLaMA-2-7B's widths, two layers), one step sized.
+class TrainPlanCli : public CliTest {
+ protected:
+  fs::path config(const std::string& text, const std::string& name = "config.json") const {
+    const fs::path file = dir_ / name;
+    std::ofstream(file) << text;
+    return file;
+  }
+  fs::path llama() const {
+    return config(R"({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+      "intermediate_size": 11008, "num_hidden_layers": 2, "num_attention_heads": 32,
+      "num_key_value_heads": 32})");
+  }
+};
+
+TEST_F(TrainPlanCli, PrintsMemoryPerDeviceAndWhetherItFits) {
+  const Result r = run(fmt::format(
+      "train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128 --device-memory 80GiB",
+      llama().string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* part : {"Mesh('fsdp': 4, 'tp': 2) (8 devices)", "rules preset:llama_fsdp_tp",
+                           "parameters", "gradients", "optimizer state", "peak",
+                           "(72.00 GiB with 10% headroom): fits", "all_gather", "adamw"}) {
+    EXPECT_THAT(r.out, ::testing::HasSubstr(part)) << r.out;
+  }
+  // A checkpoint directory holding config.json is read the same way.
+  const Result d = run(fmt::format(
+      "train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128", dir_.string()));
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_THAT(d.out, ::testing::HasSubstr("parameters"));
+  // Too little memory: said, with by how much.
+  const Result small = run(fmt::format(
+      "train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128 --device-memory 100MB",
+      llama().string()));
+  ASSERT_EQ(small.code, 0) << small.err;
+  EXPECT_THAT(small.out, ::testing::HasSubstr("does NOT fit"));
+}
+
+TEST_F(TrainPlanCli, JsonAddsUp) {
+  const Result r = run(
+      fmt::format("train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128 --optimizer sgd "
+                  "--param-dtype f32 --device-memory 80GiB --json",
+                  llama().string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& d = j["per_device"];
+  EXPECT_EQ(d["peak_bytes"].get<std::int64_t>(),
+            d["parameter_bytes"].get<std::int64_t>() + d["optimizer_bytes"].get<std::int64_t>() +
+                d["batch_bytes"].get<std::int64_t>() + d["transient_bytes"].get<std::int64_t>());
+  EXPECT_EQ(d["optimizer_bytes"], 4);  // sgd without momentum keeps only its step count
+  EXPECT_EQ(d["gradient_bytes"], d["parameter_bytes"]);  // f32 like the parameters
+  EXPECT_EQ(j["devices"], 8);
+  EXPECT_EQ(j["param_dtype"], "f32");
+  EXPECT_EQ(j["fits"], true);
+  std::int64_t moved = 0;
+  for (const auto& [kind, bytes] : j["bytes_received_per_device"].items())
+    moved += bytes.get<std::int64_t>();
+  EXPECT_EQ(j["bytes_moved_per_device"], moved);
+}
+
+TEST_F(TrainPlanCli, CompareNamesTheCheapestThatFits) {
+  const Result r = run(fmt::format(
+      "train-plan --config '{}' --compare --mesh fsdp:8,tp:1 --mesh fsdp:4,tp:2 --mesh fsdp:2,tp:4 "
+      "--batch 8 --seq 128 --device-memory 4GiB --json",
+      llama().string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["plans"].size(), 3u);
+  // Worked out here from the rows: among those that fit, the fewest bytes moved.
+  int best = -1;
+  for (int i = 0; i < 3; ++i) {
+    const auto& p = j["plans"][static_cast<std::size_t>(i)];
+    if (p["fits"] != true) continue;
+    if (best < 0 || p["bytes_moved_per_device"] <
+                        j["plans"][static_cast<std::size_t>(best)]["bytes_moved_per_device"]) {
+      best = i;
+    }
+  }
+  ASSERT_GE(best, 0) << r.out;
+  EXPECT_EQ(j["cheapest_fitting"], best);
+  const Result t = run(fmt::format(
+      "train-plan --config '{}' --compare --mesh fsdp:8,tp:1 --mesh fsdp:4,tp:2 --mesh fsdp:2,tp:4 "
+      "--batch 8 --seq 128 --device-memory 4GiB",
+      llama().string()));
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_THAT(t.out, ::testing::HasSubstr(fmt::format("cheapest that fits: #{}", best)));
+  const Result none =
+      run(fmt::format("train-plan --config '{}' --compare --mesh fsdp:8,tp:1 --mesh fsdp:4,tp:2 "
+                      "--batch 8 --seq 128 "
+                      "--device-memory 10MB",
+                      llama().string()));
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_THAT(none.out, ::testing::HasSubstr("none of these fits"));
+  // A mesh the batch does not split over is a row that says why, and the others still plan.
+  const Result bad =
+      run(fmt::format("train-plan --config '{}' --compare --mesh fsdp:8,tp:1 --mesh fsdp:4,tp:2 "
+                      "--batch 4 --seq 128",
+                      llama().string()));
+  ASSERT_EQ(bad.code, 0) << bad.err;
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("cannot be planned: [train] a batch of 4"));
+  EXPECT_THAT(bad.out, ::testing::HasSubstr("cheapest that fits: #1"));
+}
+
+TEST_F(TrainPlanCli, Gpt2UsesItsOwnPreset) {
+  const fs::path c = config(R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768,
+    "n_layer": 2, "n_head": 12, "n_positions": 1024})");
+  const Result r = run(
+      fmt::format("train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 256", c.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("rules preset:gpt2"));
+}
+
+TEST_F(TrainPlanCli, BadInputIsAClearError) {
+  const std::string cfg = llama().string();
+  const auto check = [&](const std::string& args, int code, std::vector<std::string> parts) {
+    const Result r = run("train-plan " + args);
+    EXPECT_EQ(r.code, code) << args << "\n" << r.err;
+    for (const std::string& p : parts) EXPECT_THAT(r.err, ::testing::HasSubstr(p)) << args;
+  };
+  check("--config /no/such/config.json --mesh fsdp:8", 2, {"/no/such/config.json"});
+  const std::string t5 = config(R"({"model_type": "t5"})", "t5.json").string();
+  check(fmt::format("--config '{}' --mesh fsdp:8", t5), 1, {"t5.json", "'t5'", "llama"});
+  check(fmt::format("--config '{}' --mesh fsdp:8 --device-memory lots", cfg), 2,
+        {"--device-memory", "'lots'"});
+  check(fmt::format("--config '{}' --mesh fsdp:8 --mesh fsdp:4,tp:2", cfg), 2, {"--compare"});
+  check(fmt::format("--config '{}' --mesh fsdp:-1,tp:2", cfg), 2, {"--devices"});
+  check(fmt::format("--config '{}' --mesh fsdp:4,tp:2 --batch 6", cfg), 1,
+        {"batch of 6", "multiple of 4"});
+  check(fmt::format("--config '{}' --mesh fsdp:4,tp:2 --param-dtype i32", cfg), 2,
+        {"--param-dtype", "i32"});
+  check(fmt::format("--config '{}' --mesh fsdp:4,tp:2 --optimizer lion", cfg), 2, {"lion"});
+  check(fmt::format("--config '{}' --mesh fsdp:4,tp:2 --batch-axes data --batch 8", cfg), 1,
+        {"data"});
+}
+
 }  // namespace
 }  // namespace shardplan

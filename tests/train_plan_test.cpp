@@ -229,6 +229,13 @@ TEST(TrainPlan, FitsAndTheCheapestThatFits) {
   EXPECT_EQ(cheapest_fitting({a, b, c}), 0u);
   EXPECT_EQ(cheapest_fitting({c, b, a}), 2u);
   EXPECT_EQ(cheapest_fitting({c}), std::nullopt);
+  // A configuration that could not be planned never counts, whatever its figures say.
+  TrainPlan failed = b;
+  failed.bytes_by_collective = {};
+  failed.error = "[train] a batch of 6 sequences does not split";
+  EXPECT_EQ(cheapest_fitting({c, failed, b}), 2u);
+  EXPECT_NE(compare_table({failed}).find("cannot be planned: [train] a batch of 6"),
+            std::string::npos);
   EXPECT_NE(compare_table({c}).find("none of these fits"), std::string::npos);
   const std::string t = compare_table({a, b, c});
   EXPECT_NE(t.find("cheapest that fits: #0"), std::string::npos) << t;

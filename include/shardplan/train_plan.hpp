@@ -121,6 +121,8 @@ struct TrainPlan {
   std::string rules;  // where the rules came from ("preset llama_fsdp_tp", a file name)
   /// FLOPs of every device together (flops is the busiest device's).
   double total_flops = 0;
+  /// In a comparison, why this configuration could not be planned (empty: it was).
+  std::string error;
 
   /// Sum of bytes_by_collective.
   std::int64_t bytes_moved() const;
@@ -139,7 +141,8 @@ struct TrainPlan {
 /// cheapest_fitting(), or a line saying none fits.
 std::string compare_table(const std::vector<TrainPlan>& plans);
 /// The plan that fits (fits() is true, or no memory was given) with the fewest bytes moved per
-/// step (ties: the lower peak, then the first); nullopt when none fits.
+/// step (ties: the lower peak, then the first); plans with an error never count. nullopt when
+/// none fits.
 std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans);
 /// The plans as {"plans": [...], "cheapest_fitting": index or null}.
 void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans);

@@ -148,10 +148,20 @@ int run_train_plan(
       }
       meshes.push_back(*file.mesh);
     }
+    const std::string rules_label = rules_name.rfind("preset:", 0) == 0 ? rules_name : file.source;
     for (const std::string& mesh_text : meshes) {
       const Mesh mesh = Mesh::parse(mesh_text, devices_for(mesh_text, c.devices));
-      TrainPlan p = plan_training(config, mesh, rule, o);
-      p.rules = rules_name.rfind("preset:", 0) == 0 ? rules_name : file.source;
+      TrainPlan p;
+      try {
+        p = plan_training(config, mesh, rule, o);
+      } catch (const Error& e) {
+        if (!c.compare) throw;
+        // One configuration that cannot be planned is a row of the comparison, not its end.
+        p.mesh = mesh.to_string();
+        p.devices = mesh.size();
+        p.error = e.what();
+      }
+      p.rules = rules_label;
       plans.push_back(std::move(p));
     }
   }

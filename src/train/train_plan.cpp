@@ -344,6 +344,13 @@ namespace {
 
 nlohmann::ordered_json to_json(const TrainPlan& p) {
   nlohmann::ordered_json j;
+  if (!p.error.empty()) {
+    j["mesh"] = p.mesh;
+    j["rules"] = p.rules;
+    j["error"] = p.error;
+    j["fits"] = nullptr;
+    return j;
+  }
   j["model"] = p.model;
   j["mesh"] = p.mesh;
   j["devices"] = p.devices;
@@ -387,7 +394,7 @@ void TrainPlan::write_json(std::ostream& os) const { os << to_json(*this).dump(2
 std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans) {
   std::optional<std::size_t> best;
   for (std::size_t i = 0; i < plans.size(); ++i) {
-    if (plans[i].fits() == false) continue;
+    if (!plans[i].error.empty() || plans[i].fits() == false) continue;
     if (!best) {
       best = i;
       continue;
@@ -407,6 +414,11 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
                                 "rules", "peak/device", "fits", "moved/device", "FLOPs/dev");
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const TrainPlan& p = plans[i];
+    if (!p.error.empty()) {
+      out +=
+          fmt::format("{:<3} {:<34} {:<26} cannot be planned: {}\n", i, p.mesh, p.rules, p.error);
+      continue;
+    }
     const auto f = p.fits();
     out += fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", i, p.mesh, p.rules,
                        format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-",
