@@ -33,6 +33,14 @@ constexpr const char* kLlama7bTwoLayers = R"({"model_type": "llama", "vocab_size
 constexpr const char* kTinyLlama = R"({"model_type": "llama", "vocab_size": 64,
   "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
   "num_attention_heads": 4, "num_key_value_heads": 2})";
+constexpr const char* kMixtral8x7b = R"({"model_type": "mixtral", "vocab_size": 32000,
+  "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+  "num_experts_per_tok": 2})";
+constexpr const char* kTinyMixtral = R"({"model_type": "mixtral", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+  "num_experts_per_tok": 2})";
 constexpr const char* kTinyGpt2 = R"({"model_type": "gpt2", "vocab_size": 40, "n_embd": 16,
   "n_layer": 2, "n_head": 2, "n_positions": 16})";
 
@@ -43,6 +51,7 @@ TEST(ModelConfig, ParameterCountsAreThePublishedOnes) {
   EXPECT_EQ(ModelConfig::parse(kGpt2Small).parameter_count(), 124439808);
   EXPECT_EQ(ModelConfig::parse(kLlama2_7b).parameter_count(), 6738415616);
   EXPECT_EQ(ModelConfig::parse(kLlama3_70b).parameter_count(), 70553706496);
+  EXPECT_EQ(ModelConfig::parse(kMixtral8x7b).parameter_count(), 46702792704);
 }
 
 TEST(ModelConfig, ParametersUseTheCheckpointsNames) {
@@ -184,6 +193,39 @@ TEST(PlanTraining, RecomputeAndAccumulationLowerThePeak) {
   EXPECT_NEAR(acc.flops, base.flops, base.flops * 0.02);  // the same work in pieces
 }
 
+// Mixtral: every token through k of the E experts, so the expert matrix products cost k/E of
+// running every expert on every token; the router and attention as for a dense layer.
+TEST(PlanTraining, MixtralRunsEachTokenThroughKExperts) {
+  const ModelConfig c = ModelConfig::parse(kTinyMixtral);
+  EXPECT_EQ(c.family_name(), "mixtral");
+  EXPECT_EQ(c.parameters(DType::kF32)
+                .at_path("model/layers/1/block_sparse_moe/experts/3/w2/weight")
+                .leaf()
+                .shape,
+            (Shape{32, 24}));
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  o.optimizer = OptimizerKind::kSgd;
+  const TrainPlan p = plan_training(c, Mesh::parse("ep:1,fsdp:1", 1), preset("mixtral_ep"), o);
+  const double tokens = 4.0 * 16, d = 32, f = 24, kv = 16, v = 64, t = 16, layers = 2, e = 4, k = 2;
+  const double per_token_layer = 2 * (d * d + 2 * kv * d + d * d)  // attention projections
+                                 + 2 * 2 * t * d                   // scores, their product with v
+                                 + 2 * d * e                       // the router
+                                 + k * 2 * 3 * d * f;              // k experts' three matrices
+  const double forward = tokens * (layers * per_token_layer + 2 * d * v);
+  EXPECT_GE(p.flops, 3 * forward);
+  EXPECT_LE(p.flops, 3 * forward * 1.35);
+  // k x tokens must share evenly over the experts.
+  const ModelConfig odd = ModelConfig::parse(R"({"model_type": "mixtral", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_local_experts": 3, "num_experts_per_tok": 1})");
+  o.batch = 1;
+  o.seq = 16;
+  EXPECT_THROW_WITH(plan_training(odd, Mesh::parse("ep:1,fsdp:1", 1), preset("mixtral_ep"), o),
+                    SpecError, "16 tokens", "3 experts");
+}
+
 TEST(PlanTraining, BadOptionsNameWhatDoesNotSplit) {
   const ModelConfig c = ModelConfig::parse(kLlama7bTwoLayers);
   const RulePtr rules = preset("llama_fsdp_tp");
@@ -271,7 +313,7 @@ TEST(PlanTraining, JsonAndTableCarryTheFigures) {
 // differentiation (itself checked against finite differences in autodiff_test), sharded over
 // four devices, for both families.
 TEST(LossAndGrads, RecomputationGivesTheSameGradients) {
-  for (const char* text : {kTinyLlama, kTinyGpt2}) {
+  for (const char* text : {kTinyLlama, kTinyGpt2, kTinyMixtral}) {
     const ModelConfig c = ModelConfig::parse(text);
     SCOPED_TRACE(c.model_type);
     const Executor exec(4);

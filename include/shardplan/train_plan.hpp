@@ -32,8 +32,9 @@ namespace shardplan {
 
 /// The model families whose training step shardplan can write.
 enum class ModelFamily {
-  kLlama,  // model_type llama, mistral, qwen2 (and others of the same layout)
-  kGpt2,   // model_type gpt2
+  kLlama,    // model_type llama, mistral, qwen2 (and others of the same layout)
+  kGpt2,     // model_type gpt2
+  kMixtral,  // model_type mixtral: LLaMA attention, a mixture of experts for the MLP
 };
 
 /// The fields of a Hugging Face config.json a training step needs.
@@ -44,11 +45,13 @@ struct ModelConfig {
   std::int64_t hidden = 0;
   std::int64_t layers = 0;
   std::int64_t heads = 0;
-  std::int64_t kv_heads = 0;      // grouped-query attention; = heads when the file has none
-  std::int64_t intermediate = 0;  // the MLP's inner width
-  std::int64_t positions = 0;     // GPT-2's learned position table (n_positions)
-  bool tie_embeddings = false;    // the output projection is the embedding (no lm_head)
-  bool attention_bias = false;    // q/k/v projections have biases (Qwen2)
+  std::int64_t kv_heads = 0;           // grouped-query attention; = heads when the file has none
+  std::int64_t intermediate = 0;       // the MLP's inner width
+  std::int64_t positions = 0;          // GPT-2's learned position table (n_positions)
+  bool tie_embeddings = false;         // the output projection is the embedding (no lm_head)
+  bool attention_bias = false;         // q/k/v projections have biases (Qwen2)
+  std::int64_t experts = 0;            // Mixtral: experts per layer (num_local_experts)
+  std::int64_t experts_per_token = 0;  // Mixtral: experts each token goes to (top-k)
 
   /// Parses config.json text. Throws IoError naming `source` and the missing or bad field, or
   /// the model_type when the family has no training step here (listing the ones that do).
@@ -61,7 +64,7 @@ struct ModelConfig {
   Tree<TensorSpec> parameters(DType dtype) const;
   /// Number of parameters (the elements of parameters()).
   std::int64_t parameter_count() const;
-  /// "llama" / "gpt2".
+  /// "llama" / "gpt2" / "mixtral".
   std::string family_name() const;
   /// Where the list of decoder layers sits in parameters(): "model/layers" / "h".
   std::string layers_path() const;

@@ -14,7 +14,15 @@ namespace {
 
 /// The preset written for the family's layout, used when no --rules is given.
 const char* default_preset(ModelFamily family) {
-  return family == ModelFamily::kGpt2 ? "gpt2" : "llama_fsdp_tp";
+  switch (family) {
+    case ModelFamily::kGpt2:
+      return "gpt2";
+    case ModelFamily::kMixtral:
+      return "mixtral_ep";
+    case ModelFamily::kLlama:
+      break;
+  }
+  return "llama_fsdp_tp";
 }
 
 DType dtype_option(const char* option, const std::string& text) {
@@ -34,9 +42,10 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       "Size one training step (forward, loss, backward, optimizer) of a Hugging Face model on a "
       "mesh: memory per device, FLOPs, bytes moved, whether it fits");
   CLI::App* t = c.command;
-  t->add_option("--config,-c", c.config,
-                "A Hugging Face config.json, or a checkpoint directory holding one (model types "
-                "llama, mistral, qwen2, gpt2). Example: --config Meta-Llama-3-70B/config.json")
+  t->add_option(
+       "--config,-c", c.config,
+       "A Hugging Face config.json, or a checkpoint directory holding one (model types "
+       "llama, mistral, qwen2, mixtral, gpt2). Example: --config Meta-Llama-3-70B/config.json")
       ->required();
   t->add_option("--mesh", c.meshes,
                 "Mesh axes as name:size (one size may be -1). Repeat it with --compare. Default: "

@@ -22,9 +22,8 @@ struct Family {
 };
 // The model types whose layout the family's step reproduces.
 constexpr Family kFamilies[] = {
-    {"llama", ModelFamily::kLlama},
-    {"mistral", ModelFamily::kLlama},
-    {"qwen2", ModelFamily::kLlama},
+    {"llama", ModelFamily::kLlama}, {"mistral", ModelFamily::kLlama},
+    {"qwen2", ModelFamily::kLlama}, {"mixtral", ModelFamily::kMixtral},
     {"gpt2", ModelFamily::kGpt2},
 };
 
@@ -124,6 +123,14 @@ ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
     c.tie_embeddings = flag(j, "tie_word_embeddings", false, source);
     // Qwen2 always has q/k/v biases; LLaMA says so with attention_bias.
     c.attention_bias = flag(j, "attention_bias", c.model_type == "qwen2", source);
+    if (c.family == ModelFamily::kMixtral) {
+      c.experts = positive(j, "num_local_experts", source);
+      c.experts_per_token = positive(j, "num_experts_per_tok", source);
+      if (c.experts_per_token > c.experts) {
+        throw IoError(fmt::format("[config] {}: {} experts per token of only {} experts", source,
+                                  c.experts_per_token, c.experts));
+      }
+    }
   }
   if (c.hidden % c.heads != 0) {
     throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads", source,
@@ -134,7 +141,7 @@ ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
         fmt::format("[config] {}: {} attention heads do not group evenly over {} key/value heads",
                     source, c.heads, c.kv_heads));
   }
-  if ((c.hidden / c.heads) % 2 != 0 && c.family == ModelFamily::kLlama) {
+  if ((c.hidden / c.heads) % 2 != 0 && c.family != ModelFamily::kGpt2) {
     throw IoError(fmt::format(
         "[config] {}: head size {} is odd (rotary embeddings rotate pairs of dimensions)", source,
         c.hidden / c.heads));
@@ -157,7 +164,15 @@ ModelConfig ModelConfig::load(const std::filesystem::path& path) {
 }
 
 std::string ModelConfig::family_name() const {
-  return family == ModelFamily::kGpt2 ? "gpt2" : "llama";
+  switch (family) {
+    case ModelFamily::kGpt2:
+      return "gpt2";
+    case ModelFamily::kMixtral:
+      return "mixtral";
+    case ModelFamily::kLlama:
+      break;
+  }
+  return "llama";
 }
 
 std::string ModelConfig::layers_path() const {
@@ -209,6 +224,16 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
       }
       add(p + "self_attn.o_proj.weight", {hidden, hidden});
       add(p + "post_attention_layernorm.weight", {hidden});
+      if (family == ModelFamily::kMixtral) {
+        add(p + "block_sparse_moe.gate.weight", {experts, hidden});
+        for (std::int64_t e = 0; e < experts; ++e) {
+          const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", p, e);
+          add(x + "w1.weight", {intermediate, hidden});
+          add(x + "w2.weight", {hidden, intermediate});
+          add(x + "w3.weight", {intermediate, hidden});
+        }
+        continue;
+      }
       add(p + "mlp.gate_proj.weight", {intermediate, hidden});
       add(p + "mlp.up_proj.weight", {intermediate, hidden});
       add(p + "mlp.down_proj.weight", {hidden, intermediate});

@@ -125,10 +125,55 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in) const {
   const Array merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, d});
   const Array h2 = h + linear(merged, at(p, "self_attn/o_proj/weight"));
   const Array x2 = rms_norm(h2, at(p, "post_attention_layernorm/weight"));
+  if (c.family == ModelFamily::kMixtral) {
+    return constrain(h2 + mixture_of_experts(p.at("block_sparse_moe"), x2), {{0, &L.batch}}, L);
+  }
   const Array gate = linear(x2, at(p, "mlp/gate_proj/weight"));
   const Array up = linear(x2, at(p, "mlp/up_proj/weight"));
   const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {2, &L.model}}, L);
   return constrain(h2 + linear(inner, at(p, "mlp/down_proj/weight")), {{0, &L.batch}}, L);
+}
+
+// Mixtral's sparse MLP with routing taken as perfectly balanced: the router's softmax is
+// computed and differentiated, each token goes to `experts_per_token` experts, and every expert
+// receives the same share of the tokens (k N / E), so each expert's matrix products have the
+// sizes of a dropless top-k layer at capacity factor 1. Which tokens an expert gets is not
+// modelled (the FLOPs, memory and communication do not depend on it); the gate values are the
+// router's first k probabilities.
+Array ModelStep::mixture_of_experts(const Tree<Array>& moe, const Array& x) const {
+  const Layout& L = layout;
+  const ModelConfig& c = config;
+  const std::int64_t b = x.shape()[0], t = x.shape()[1], d = c.hidden;
+  const std::int64_t n = b * t, k = c.experts_per_token, e = c.experts;
+  if ((k * n) % e != 0) {
+    throw SpecError(fmt::format(
+        "[train] {} tokens x {} experts each do not share evenly over {} experts (balanced "
+        "routing needs k x tokens divisible by the expert count)",
+        n, k, e));
+  }
+  const std::int64_t share = k * n / e;
+  const Array flat = reshape(x, Shape{n, d});
+  const Array probs = softmax(linear(flat, at(moe, "gate/weight")), -1);  // [n, e]
+  const Array gates = slice(probs, {0, 0}, {n, k});                       // [n, k]
+  // Token copies [n, k] read as [share, e]: the token dimension stays the major one, so each
+  // device's tokens are split over the experts where they are (no data moves to route them).
+  const Array routed = constrain(
+      transpose(reshape(broadcast_in_dim(flat, Shape{n, k, d}, {0, 2}), Shape{share, e, d}),
+                {1, 0, 2}),
+      {{1, &L.batch}}, L);  // [e, share, d]
+  std::vector<Array> outs;
+  outs.reserve(static_cast<std::size_t>(e));
+  for (std::int64_t i = 0; i < e; ++i) {
+    const Tree<Array>& w = moe.at("experts").at(static_cast<std::size_t>(i));
+    const Array xe = reshape(slice(routed, {i, 0, 0}, {i + 1, share, d}), Shape{share, d});
+    const Array g = linear(xe, at(w, "w1/weight"));
+    const Array ye = linear(g * sigmoid(g) * linear(xe, at(w, "w3/weight")), at(w, "w2/weight"));
+    outs.push_back(reshape(ye, Shape{1, share, d}));
+  }
+  const Array y = reshape(transpose(constrain(concatenate(outs, 0), {{1, &L.batch}}, L), {1, 0, 2}),
+                          Shape{n, k, d});
+  const Array weights = broadcast_in_dim(gates, Shape{n, k, d}, {0, 1});
+  return reshape(sum(y * weights, {1}), Shape{b, t, d});
 }
 
 Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targets) const {

@@ -31,6 +31,8 @@ struct ModelStep {
   Array embed(const Tree<Array>& rest, const Array& tokens) const;
   /// hidden [b, t, d] -> hidden [b, t, d].
   Array layer(const Tree<Array>& layer, const Array& h) const;
+  /// Mixtral's sparse MLP on hidden [b, t, d] (routing taken as balanced; see the definition).
+  Array mixture_of_experts(const Tree<Array>& moe, const Array& x) const;
   /// The mean next-token cross-entropy of hidden [b, t, d] against targets [b, t].
   Array loss(const Tree<Array>& rest, const Array& h, const Array& targets) const;
   /// The whole forward pass and its loss over the full parameter tree.
