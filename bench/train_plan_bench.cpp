@@ -1,0 +1,60 @@
+// How long `shardplan train-plan` takes to size a LLaMA-3-70B-shaped training step (80 layers,
+// AdamW, bf16, recomputation) on 64 to 1,024 devices: tracing, propagation, partitioning and
+// memory planning of the whole step on abstract arguments. The baseline in the same run is the
+// weights-only plan of the same parameters (`shardplan plan`: rules resolved, no program).
+//
+//   build-release/bench/train_plan_bench
+#include <benchmark/benchmark.h>
+
+#include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/rule_file.hpp"
+#include "shardplan/train_plan.hpp"
+
+namespace {
+
+using namespace shardplan;
+
+const ModelConfig& llama3_70b() {
+  static const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama",
+    "vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8})");
+  return c;
+}
+
+void BM_TrainPlanLlama70B(benchmark::State& state) {
+  const std::int64_t devices = state.range(0);
+  const Mesh mesh = Mesh::parse("fsdp:-1,tp:8", devices);
+  const RulePtr rules = load_preset("llama_fsdp_tp").make_rule();
+  TrainPlanOptions o;
+  o.batch = devices / 8;  // one sequence per data-parallel rank
+  o.seq = 4096;
+  o.recompute = true;
+  std::int64_t peak = 0;
+  for (auto _ : state) {
+    const TrainPlan p = plan_training(llama3_70b(), mesh, rules, o);
+    peak = p.peak_bytes;
+    benchmark::DoNotOptimize(peak);
+  }
+  state.counters["peak_GiB"] = static_cast<double>(peak) / (1 << 30);
+}
+BENCHMARK(BM_TrainPlanLlama70B)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(2);
+
+void BM_WeightsOnlyPlanLlama70B(benchmark::State& state) {
+  const MeshShardingHelper helper(Mesh::parse("fsdp:-1,tp:8", state.range(0)));
+  const RuleTree rules(load_preset("llama_fsdp_tp").make_rule());
+  const Tree<TensorSpec> params = llama3_70b().parameters(DType::kBF16);
+  for (auto _ : state) {
+    const PlanReport r = helper.plan(rules, params);
+    benchmark::DoNotOptimize(r.device_bytes.data());
+  }
+}
+BENCHMARK(BM_WeightsOnlyPlanLlama70B)->Arg(64)->Arg(1024)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
