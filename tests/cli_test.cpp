@@ -588,13 +588,25 @@ TEST_F(TrainPlanCli, CompareNamesTheCheapestThatFits) {
   EXPECT_THAT(bad.out, ::testing::HasSubstr("cheapest that fits: #1"));
 }
 
-TEST_F(TrainPlanCli, Gpt2UsesItsOwnPreset) {
+TEST_F(TrainPlanCli, Gpt2AndT5UseTheirOwnPresets) {
   const fs::path c = config(R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768,
     "n_layer": 2, "n_head": 12, "n_positions": 1024})");
   const Result r = run(
       fmt::format("train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 256", c.string()));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, ::testing::HasSubstr("rules preset:gpt2"));
+  // T5 too, with the decoder's own length.
+  const fs::path t5 = config(R"({"model_type": "t5", "vocab_size": 32128, "d_model": 512,
+    "d_kv": 64, "d_ff": 2048, "num_layers": 2, "num_heads": 8})",
+                             "t5.json");
+  const Result t = run(fmt::format(
+      "train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 256 --target-seq 64 --json",
+      t5.string()));
+  ASSERT_EQ(t.code, 0) << t.err;
+  const auto j = nlohmann::json::parse(t.out);
+  EXPECT_EQ(j["rules"], "preset:t5");
+  EXPECT_EQ(j["target_seq"], 64);
+  EXPECT_EQ(j["per_device"]["batch_bytes"], (8 / 4) * (256 + 64 + 64) * 4);
 }
 
 TEST_F(TrainPlanCli, BadInputIsAClearError) {
@@ -605,8 +617,8 @@ TEST_F(TrainPlanCli, BadInputIsAClearError) {
     for (const std::string& p : parts) EXPECT_THAT(r.err, ::testing::HasSubstr(p)) << args;
   };
   check("--config /no/such/config.json --mesh fsdp:8", 2, {"/no/such/config.json"});
-  const std::string t5 = config(R"({"model_type": "t5"})", "t5.json").string();
-  check(fmt::format("--config '{}' --mesh fsdp:8", t5), 1, {"t5.json", "'t5'", "llama"});
+  const std::string bert = config(R"({"model_type": "bert"})", "bert.json").string();
+  check(fmt::format("--config '{}' --mesh fsdp:8", bert), 1, {"bert.json", "'bert'", "llama"});
   check(fmt::format("--config '{}' --mesh fsdp:8 --device-memory lots", cfg), 2,
         {"--device-memory", "'lots'"});
   check(fmt::format("--config '{}' --mesh fsdp:8 --mesh fsdp:4,tp:2", cfg), 2, {"--compare"});

@@ -1,9 +1,11 @@
 #include "shardplan/train_plan.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 #include "model_step.hpp"
 #include "nlohmann/json.hpp"
@@ -41,6 +43,17 @@ constexpr const char* kTinyMixtral = R"({"model_type": "mixtral", "vocab_size": 
   "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2,
   "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
   "num_experts_per_tok": 2})";
+constexpr const char* kT5Small = R"({"model_type": "t5", "vocab_size": 32128, "d_model": 512,
+  "d_kv": 64, "d_ff": 2048, "num_layers": 6, "num_decoder_layers": 6, "num_heads": 8,
+  "relative_attention_num_buckets": 32, "feed_forward_proj": "relu"})";
+constexpr const char* kFlanT5Base = R"({"model_type": "t5", "vocab_size": 32128, "d_model": 768,
+  "d_kv": 64, "d_ff": 2048, "num_layers": 12, "num_decoder_layers": 12, "num_heads": 12,
+  "relative_attention_num_buckets": 32, "feed_forward_proj": "gated-gelu",
+  "tie_word_embeddings": false})";
+constexpr const char* kTinyT5 = R"({"model_type": "t5", "vocab_size": 40, "d_model": 16,
+  "d_kv": 6, "d_ff": 24, "num_layers": 2, "num_decoder_layers": 1, "num_heads": 2,
+  "relative_attention_num_buckets": 8, "relative_attention_max_distance": 12,
+  "feed_forward_proj": "gated-gelu", "tie_word_embeddings": true})";
 constexpr const char* kTinyGpt2 = R"({"model_type": "gpt2", "vocab_size": 40, "n_embd": 16,
   "n_layer": 2, "n_head": 2, "n_positions": 16})";
 
@@ -52,6 +65,8 @@ TEST(ModelConfig, ParameterCountsAreThePublishedOnes) {
   EXPECT_EQ(ModelConfig::parse(kLlama2_7b).parameter_count(), 6738415616);
   EXPECT_EQ(ModelConfig::parse(kLlama3_70b).parameter_count(), 70553706496);
   EXPECT_EQ(ModelConfig::parse(kMixtral8x7b).parameter_count(), 46702792704);
+  EXPECT_EQ(ModelConfig::parse(kT5Small).parameter_count(), 60506624);
+  EXPECT_EQ(ModelConfig::parse(kFlanT5Base).parameter_count(), 247577856);
 }
 
 TEST(ModelConfig, ParametersUseTheCheckpointsNames) {
@@ -73,8 +88,10 @@ TEST(ModelConfig, ParametersUseTheCheckpointsNames) {
 
 TEST(ModelConfig, BadConfigsNameTheFileAndTheField) {
   EXPECT_THROW_WITH(ModelConfig::parse("{", "cfg.json"), IoError, "cfg.json", "not JSON");
-  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "t5"})", "cfg.json"), IoError, "cfg.json",
-                    "'t5'", "llama", "gpt2");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "bert"})", "cfg.json"), IoError,
+                    "cfg.json", "'bert'", "llama", "gpt2", "t5");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "t5", "vocab_size": 8})", "t.json"),
+                    IoError, "t.json", "'d_model' is missing");
   EXPECT_THROW_WITH(ModelConfig::parse(R"({"vocab_size": 3})", "cfg.json"), IoError, "model_type");
   EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 8})", "c.json"),
                     IoError, "c.json", "'hidden_size' is missing");
@@ -224,6 +241,109 @@ TEST(PlanTraining, MixtralRunsEachTokenThroughKExperts) {
   o.seq = 16;
   EXPECT_THROW_WITH(plan_training(odd, Mesh::parse("ep:1,fsdp:1", 1), preset("mixtral_ep"), o),
                     SpecError, "16 tokens", "3 experts");
+}
+
+// HF's bucketing of relative positions, written here from its definition with plain integers
+// and std::log, against the program's (a table whose bucket b holds b reads the bucket back).
+int t5_bucket(int rel, bool bidirectional, int buckets, int max_distance) {
+  int base = 0, n = 0;
+  if (bidirectional) {
+    buckets /= 2;
+    base = rel > 0 ? buckets : 0;
+    n = std::abs(rel);
+  } else {
+    n = std::max(-rel, 0);
+  }
+  const int exact = buckets / 2;
+  if (n < exact) return base + n;
+  const int far = exact + static_cast<int>(std::log(static_cast<float>(n) / exact) /
+                                           std::log(static_cast<float>(max_distance) / exact) *
+                                           static_cast<float>(buckets - exact));
+  return base + std::min(far, buckets - 1);
+}
+
+TEST(T5, RelativePositionBucketsAreHuggingFaces) {
+  const Executor exec(1);
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  for (const bool bidirectional : {true, false}) {
+    for (const auto& [buckets, distance, len] : {std::tuple{32, 128, 300}, std::tuple{8, 12, 40}}) {
+      SCOPED_TRACE(
+          fmt::format("bidirectional {} buckets {} distance {}", bidirectional, buckets, distance));
+      std::vector<float> table(static_cast<std::size_t>(buckets));
+      for (int b = 0; b < buckets; ++b) table[static_cast<std::size_t>(b)] = static_cast<float>(b);
+      const Array w = device_put(Tensor::from(Shape{buckets, 1}, table),
+                                 NamedSharding(mesh, PartitionSpec()), exec);
+      const Array bias = sjit(mesh, [&](const Array& t) {
+        return train::relative_bias(t, len, len, bidirectional, distance);
+      })(w);
+      ASSERT_EQ(bias.shape(), (Shape{1, len, len}));
+      const std::vector<double> got = bias.to_host().to_doubles();
+      for (int i = 0; i < len; ++i) {
+        for (int j = 0; j < len; ++j) {
+          ASSERT_EQ(got[static_cast<std::size_t>(i * len + j)],
+                    t5_bucket(j - i, bidirectional, buckets, distance))
+              << "query " << i << " key " << j;
+        }
+      }
+    }
+  }
+}
+
+// T5's step sharded over 4 devices (batch and heads split) gives the loss and gradients of one
+// device; the loss starts near log(vocab); recomputation is refused with a reason.
+TEST(T5, ShardedStepEqualsOneDevice) {
+  const ModelConfig c = ModelConfig::parse(kTinyT5);
+  EXPECT_EQ(c.parameters(DType::kF32)
+                .at_path("decoder/block/0/layer/1/EncDecAttention/q/weight")
+                .leaf()
+                .shape,
+            (Shape{12, 16}));
+  const auto run = [&](const char* axes, int n, const train::Layout& layout) {
+    const Executor exec(n);
+    const Mesh mesh = Mesh::parse(axes, n);
+    std::uint64_t seed = 7;
+    const Tree<Array> params = c.parameters(DType::kF32).map([&](const TensorSpec& s) {
+      return device_put(Tensor::uniform(s.shape, DType::kF32, seed++, -0.3, 0.3),
+                        NamedSharding(mesh, PartitionSpec()), exec);
+    });
+    std::vector<std::int32_t> ids(4 * 14), tgt(4 * 4);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 5) % 40);
+    for (std::size_t i = 0; i < tgt.size(); ++i) tgt[i] = static_cast<std::int32_t>((i * 3) % 40);
+    const Array x =
+        device_put(Tensor::from(Shape{4, 14}, ids), NamedSharding(mesh, PartitionSpec()), exec);
+    const Array y =
+        device_put(Tensor::from(Shape{4, 4}, tgt), NamedSharding(mesh, PartitionSpec()), exec);
+    const train::ModelStep model{c, layout};
+    const Tree<Array> out = sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
+      auto [loss, grads] = train::loss_and_grads(model, p, a, b, false);
+      return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+    })(params, x, y);
+    return to_host(out);
+  };
+  const Tree<Tensor> one = run("fsdp:1,tp:1", 1, train::Layout{});
+  const Tree<Tensor> four = run("fsdp:2,tp:2", 4, train::Layout{{"fsdp"}, {"tp"}, 2, 2});
+  const double loss = one.at("loss").leaf().get(0);
+  EXPECT_NEAR(loss, std::log(40.0), 1.0);
+  EXPECT_NEAR(four.at("loss").leaf().get(0), loss, 1e-5);
+  const auto a = one.at("grads").flatten(), b = four.at("grads").flatten();
+  ASSERT_EQ(a.size(), c.parameters(DType::kF32).num_leaves());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto x = a[i].second.to_doubles(), y = b[i].second.to_doubles();
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      ASSERT_NEAR(x[k], y[k], 1e-5 + 1e-4 * std::abs(x[k])) << a[i].first << " [" << k << "]";
+    }
+  }
+  // Planned: the decoder's tokens are their own length; recomputation is for decoder-only models.
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 32;
+  o.target_seq = 8;
+  const TrainPlan p = plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("t5"), o);
+  EXPECT_EQ(p.batch_bytes, (4 / 2) * (32 + 8 + 8) * 4);  // tokens (both parts) and targets, i32
+  EXPECT_NE(p.table().find("32 encoder + 8 decoder tokens"), std::string::npos) << p.table();
+  o.recompute = true;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("t5"), o), SpecError,
+                    "decoder-only", "T5");
 }
 
 TEST(PlanTraining, BadOptionsNameWhatDoesNotSplit) {

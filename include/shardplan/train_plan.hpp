@@ -35,6 +35,7 @@ enum class ModelFamily {
   kLlama,    // model_type llama, mistral, qwen2 (and others of the same layout)
   kGpt2,     // model_type gpt2
   kMixtral,  // model_type mixtral: LLaMA attention, a mixture of experts for the MLP
+  kT5,       // model_type t5 (T5, T5 v1.1, Flan-T5): encoder-decoder
 };
 
 /// The fields of a Hugging Face config.json a training step needs.
@@ -52,6 +53,11 @@ struct ModelConfig {
   bool attention_bias = false;         // q/k/v projections have biases (Qwen2)
   std::int64_t experts = 0;            // Mixtral: experts per layer (num_local_experts)
   std::int64_t experts_per_token = 0;  // Mixtral: experts each token goes to (top-k)
+  std::int64_t head_dim = 0;           // T5: d_kv (the heads' width need not be hidden / heads)
+  std::int64_t decoder_layers = 0;     // T5: num_decoder_layers (= layers when absent)
+  std::int64_t relative_buckets = 0;   // T5: relative_attention_num_buckets
+  std::int64_t relative_max_distance = 0;  // T5: relative_attention_max_distance
+  bool gated_mlp = false;  // T5 v1.1 / Flan-T5: wi_0, wi_1 (feed_forward_proj gated-*)
 
   /// Parses config.json text. Throws IoError naming `source` and the missing or bad field, or
   /// the model_type when the family has no training step here (listing the ones that do).
@@ -64,9 +70,10 @@ struct ModelConfig {
   Tree<TensorSpec> parameters(DType dtype) const;
   /// Number of parameters (the elements of parameters()).
   std::int64_t parameter_count() const;
-  /// "llama" / "gpt2" / "mixtral".
+  /// "llama" / "gpt2" / "mixtral" / "t5".
   std::string family_name() const;
-  /// Where the list of decoder layers sits in parameters(): "model/layers" / "h".
+  /// Where the list of decoder layers sits in parameters(): "model/layers" / "h" (T5 has two
+  /// stacks, "encoder/block" and "decoder/block"; this gives the decoder's).
   std::string layers_path() const;
 };
 
@@ -77,8 +84,9 @@ std::string_view name(OptimizerKind kind);
 
 /// What step to plan: the batch, the precision, the optimizer.
 struct TrainPlanOptions {
-  std::int64_t batch = 8;   // sequences per step (the global batch)
-  std::int64_t seq = 2048;  // tokens per sequence
+  std::int64_t batch = 8;       // sequences per step (the global batch)
+  std::int64_t seq = 2048;      // tokens per sequence (T5: the encoder's input)
+  std::int64_t target_seq = 0;  // T5: the decoder's tokens per sequence; 0: = seq
   OptimizerKind optimizer = OptimizerKind::kAdamw;
   DType param_dtype = DType::kBF16;     // the weights as held and computed with
   DType grad_dtype = DType::kBF16;      // gradients, accumulated and handed to the optimizer
@@ -102,6 +110,7 @@ struct TrainPlan {
   std::int64_t parameter_count = 0;
   std::vector<std::string> batch_axes;
   std::int64_t batch = 0, seq = 0;
+  std::int64_t target_seq = 0;  // T5: the decoder's tokens per sequence; 0 for decoder-only
   int grad_accum = 1;
   bool recompute = false;
   std::string optimizer;

@@ -19,6 +19,8 @@ const char* default_preset(ModelFamily family) {
       return "gpt2";
     case ModelFamily::kMixtral:
       return "mixtral_ep";
+    case ModelFamily::kT5:
+      return "t5";
     case ModelFamily::kLlama:
       break;
   }
@@ -45,7 +47,7 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_option(
        "--config,-c", c.config,
        "A Hugging Face config.json, or a checkpoint directory holding one (model types "
-       "llama, mistral, qwen2, mixtral, gpt2). Example: --config Meta-Llama-3-70B/config.json")
+       "llama, mistral, qwen2, mixtral, gpt2, t5). Example: --config Meta-Llama-3-70B/config.json")
       ->required();
   t->add_option("--mesh", c.meshes,
                 "Mesh axes as name:size (one size may be -1). Repeat it with --compare. Default: "
@@ -57,13 +59,16 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       ->check(CLI::Range(std::int64_t{1}, max_devices));
   t->add_option("--rules,-r", c.rules,
                 "A YAML rule file or preset:NAME. Repeat it with --compare. Default: the "
-                "family's preset (llama_fsdp_tp, gpt2)");
+                "family's preset (llama_fsdp_tp, mixtral_ep, gpt2, t5)");
   t->add_option("--batch,-b", c.batch, "Sequences per step (the global batch)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->capture_default_str();
   t->add_option("--seq,-s", c.seq, "Tokens per sequence")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
       ->capture_default_str();
+  t->add_option("--target-seq", c.target_seq,
+                "T5: the decoder's tokens per sequence (--seq is the encoder's). Default: --seq")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
   t->add_option("--optimizer", c.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
@@ -110,6 +115,7 @@ int run_train_plan(
   TrainPlanOptions o;
   o.batch = c.batch;
   o.seq = c.seq;
+  o.target_seq = c.target_seq;
   o.optimizer = parse_optimizer(c.optimizer);
   o.param_dtype = dtype_option("--param-dtype", c.param_dtype);
   o.grad_dtype = c.grad_dtype.empty() ? o.param_dtype : dtype_option("--grad-dtype", c.grad_dtype);

@@ -19,6 +19,7 @@ struct TrainPlanCommand {
   std::int64_t devices = 0;
   std::int64_t batch = 8;
   std::int64_t seq = 2048;
+  std::int64_t target_seq = 0;
   std::string optimizer = "adamw";
   std::string param_dtype = "bf16", grad_dtype = "", optimizer_dtype = "f32";
   int grad_accum = 1;

@@ -24,7 +24,7 @@ struct Family {
 constexpr Family kFamilies[] = {
     {"llama", ModelFamily::kLlama}, {"mistral", ModelFamily::kLlama},
     {"qwen2", ModelFamily::kLlama}, {"mixtral", ModelFamily::kMixtral},
-    {"gpt2", ModelFamily::kGpt2},
+    {"gpt2", ModelFamily::kGpt2},   {"t5", ModelFamily::kT5},
 };
 
 std::string known_types() {
@@ -113,6 +113,33 @@ ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
     c.positions = positive(j, "n_positions", source);
     c.tie_embeddings = flag(j, "tie_word_embeddings", true, source);
     c.attention_bias = true;
+  } else if (c.family == ModelFamily::kT5) {
+    c.vocab = positive(j, "vocab_size", source);
+    c.hidden = positive(j, "d_model", source);
+    c.head_dim = positive(j, "d_kv", source);
+    c.intermediate = positive(j, "d_ff", source);
+    c.layers = positive(j, "num_layers", source);
+    c.decoder_layers = positive(j, "num_decoder_layers", source, c.layers);
+    c.heads = positive(j, "num_heads", source);
+    c.kv_heads = c.heads;
+    c.relative_buckets = positive(j, "relative_attention_num_buckets", source, 32);
+    c.relative_max_distance = positive(j, "relative_attention_max_distance", source, 128);
+    c.tie_embeddings = flag(j, "tie_word_embeddings", true, source);
+    const auto proj = j.find("feed_forward_proj");
+    if (proj != j.end() && !proj->is_null()) {
+      if (!proj->is_string()) {
+        throw IoError(
+            fmt::format("[config] {}: the field 'feed_forward_proj' is {}, expected "
+                        "\"relu\" or \"gated-gelu\"",
+                        source, proj->dump()));
+      }
+      c.gated_mlp = proj->get<std::string>().rfind("gated-", 0) == 0;
+    }
+    if (c.relative_buckets < 4) {
+      throw IoError(fmt::format("[config] {}: relative_attention_num_buckets {} is below 4", source,
+                                c.relative_buckets));
+    }
+    return c;
   } else {
     c.vocab = positive(j, "vocab_size", source);
     c.hidden = positive(j, "hidden_size", source);
@@ -169,6 +196,8 @@ std::string ModelConfig::family_name() const {
       return "gpt2";
     case ModelFamily::kMixtral:
       return "mixtral";
+    case ModelFamily::kT5:
+      return "t5";
     case ModelFamily::kLlama:
       break;
   }
@@ -176,6 +205,7 @@ std::string ModelConfig::family_name() const {
 }
 
 std::string ModelConfig::layers_path() const {
+  if (family == ModelFamily::kT5) return "decoder/block";
   return family == ModelFamily::kGpt2 ? "h" : "model/layers";
 }
 
@@ -186,6 +216,47 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
     named.emplace_back(std::move(name), TensorSpec{Shape(std::move(dims)), dtype});
   };
   const std::int64_t dh = hidden / heads;
+  if (family == ModelFamily::kT5) {
+    // Linear weights [out, in]; attention's inner width is heads x d_kv. The relative position
+    // bias sits in the first block of each stack and serves every block.
+    const std::int64_t inner = checked_mul(heads, head_dim);
+    add("shared.weight", {vocab, hidden});
+    const auto attention = [&](const std::string& p, bool bias) {
+      add(p + "q.weight", {inner, hidden});
+      add(p + "k.weight", {inner, hidden});
+      add(p + "v.weight", {inner, hidden});
+      add(p + "o.weight", {hidden, inner});
+      if (bias) add(p + "relative_attention_bias.weight", {relative_buckets, heads});
+    };
+    const auto feed_forward = [&](const std::string& p) {
+      if (gated_mlp) {
+        add(p + "DenseReluDense.wi_0.weight", {intermediate, hidden});
+        add(p + "DenseReluDense.wi_1.weight", {intermediate, hidden});
+      } else {
+        add(p + "DenseReluDense.wi.weight", {intermediate, hidden});
+      }
+      add(p + "DenseReluDense.wo.weight", {hidden, intermediate});
+      add(p + "layer_norm.weight", {hidden});
+    };
+    for (std::int64_t l = 0; l < layers; ++l) {
+      const std::string p = fmt::format("encoder.block.{}.layer.", l);
+      attention(p + "0.SelfAttention.", l == 0);
+      add(p + "0.layer_norm.weight", {hidden});
+      feed_forward(p + "1.");
+    }
+    add("encoder.final_layer_norm.weight", {hidden});
+    for (std::int64_t l = 0; l < decoder_layers; ++l) {
+      const std::string p = fmt::format("decoder.block.{}.layer.", l);
+      attention(p + "0.SelfAttention.", l == 0);
+      add(p + "0.layer_norm.weight", {hidden});
+      attention(p + "1.EncDecAttention.", false);
+      add(p + "1.layer_norm.weight", {hidden});
+      feed_forward(p + "2.");
+    }
+    add("decoder.final_layer_norm.weight", {hidden});
+    if (!tie_embeddings) add("lm_head.weight", {vocab, hidden});
+    return tree_from_names(named);
+  }
   if (family == ModelFamily::kGpt2) {
     // Conv1D weights are stored [in, out].
     add("wte.weight", {vocab, hidden});

@@ -189,8 +189,101 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
   return mean(cross_entropy(logits, targets));
 }
 
+Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,
+                    std::int64_t max_distance) {
+  const Shape table{q, k};
+  const Array zeros = full(table, DType::kI32, 0, weight);
+  const Array rel = iota_like(zeros, 1) - iota_like(zeros, 0);  // key - query
+  std::int64_t buckets = weight.shape()[0];
+  Array base = zeros, n;
+  if (bidirectional) {
+    buckets /= 2;
+    base = where(greater(rel, zeros), full_like(zeros, static_cast<double>(buckets)), zeros);
+    n = abs(rel);
+  } else {
+    n = neg(minimum(rel, zeros));
+  }
+  const std::int64_t exact = buckets / 2;
+  const double e = static_cast<double>(exact);
+  const Array far = astype(log(astype(maximum(n, full_like(n, e)), DType::kF32) / e) /
+                               std::log(static_cast<double>(max_distance) / e) *
+                               static_cast<double>(buckets - exact),
+                           DType::kI32) +
+                    e;
+  const Array bucket = base + where(less(n, full_like(n, e)), n,
+                                    minimum(far, full_like(far, static_cast<double>(buckets - 1))));
+  return transpose(take(weight, bucket, 0), {2, 0, 1});  // [q, k, heads] -> [heads, q, k]
+}
+
+Array ModelStep::t5_loss(const Tree<Array>& params, const Array& tokens,
+                         const Array& targets) const {
+  const Layout& L = layout;
+  const ModelConfig& c = config;
+  const std::int64_t b = tokens.shape()[0], s_dec = targets.shape()[1];
+  const std::int64_t s_enc = tokens.shape()[1] - s_dec, dk = c.head_dim, heads = c.heads;
+  const Array& shared = at(params, "shared/weight");
+  const auto heads_of = [&](const Array& y, std::int64_t t) {  // [b, t, h dk] -> [b, h, t, dk]
+    return constrain(transpose(reshape(y, Shape{b, t, heads, dk}), {0, 2, 1, 3}),
+                     {{0, &L.batch}, {1, &L.model}}, L);
+  };
+  const auto attention = [&](const Tree<Array>& p, const Array& x, const Array& kv,
+                             const Array* bias, bool causal) {
+    const std::int64_t tq = x.shape()[1], tk = kv.shape()[1];
+    const Array q = heads_of(linear(x, at(p, "q/weight")), tq);
+    const Array k = heads_of(linear(kv, at(p, "k/weight")), tk);
+    const Array v = heads_of(linear(kv, at(p, "v/weight")), tk);
+    Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}});  // T5 does not scale
+    if (bias != nullptr) scores = scores + broadcast_in_dim(*bias, scores.shape(), {1, 2, 3});
+    if (causal) scores = causal_mask(scores);
+    const Array out = dot_general(softmax(scores, -1), v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
+    return linear(reshape(transpose(out, {0, 2, 1, 3}), Shape{b, tq, heads * dk}),
+                  at(p, "o/weight"));
+  };
+  const auto feed_forward = [&](const Tree<Array>& p, const Array& x) {
+    const Tree<Array>& d = p.at("DenseReluDense");
+    const Array inner =
+        c.gated_mlp ? gelu(linear(x, at(d, "wi_0/weight"))) * linear(x, at(d, "wi_1/weight"))
+                    : relu(linear(x, at(d, "wi/weight")));
+    return linear(constrain(inner, {{0, &L.batch}, {2, &L.model}}, L), at(d, "wo/weight"));
+  };
+  const auto hidden = [&](const Array& h) { return constrain(h, {{0, &L.batch}}, L); };
+
+  const Array enc_tokens = slice(tokens, {0, 0}, {b, s_enc});
+  const Array dec_tokens = slice(tokens, {0, s_enc}, {b, s_enc + s_dec});
+  const auto& enc_blocks = params.at_path("encoder/block").children();
+  const auto& dec_blocks = params.at_path("decoder/block").children();
+  const Array enc_bias =
+      relative_bias(at(enc_blocks[0], "layer/0/SelfAttention/relative_attention_bias/weight"),
+                    s_enc, s_enc, true, c.relative_max_distance);
+  Array h = hidden(take(shared, enc_tokens, 0));
+  for (const Tree<Array>& blk : enc_blocks) {
+    const Tree<Array>& ly = blk.at("layer");
+    const Array x = rms_norm(h, at(ly.at(0), "layer_norm/weight"));
+    h = hidden(h + attention(ly.at(0).at("SelfAttention"), x, x, &enc_bias, false));
+    h = hidden(h + feed_forward(ly.at(1), rms_norm(h, at(ly.at(1), "layer_norm/weight"))));
+  }
+  const Array enc_out = rms_norm(h, at(params, "encoder/final_layer_norm/weight"));
+  const Array dec_bias =
+      relative_bias(at(dec_blocks[0], "layer/0/SelfAttention/relative_attention_bias/weight"),
+                    s_dec, s_dec, false, c.relative_max_distance);
+  h = hidden(take(shared, dec_tokens, 0));
+  for (const Tree<Array>& blk : dec_blocks) {
+    const Tree<Array>& ly = blk.at("layer");
+    const Array x = rms_norm(h, at(ly.at(0), "layer_norm/weight"));
+    h = hidden(h + attention(ly.at(0).at("SelfAttention"), x, x, &dec_bias, true));
+    const Array y = rms_norm(h, at(ly.at(1), "layer_norm/weight"));
+    h = hidden(h + attention(ly.at(1).at("EncDecAttention"), y, enc_out, nullptr, false));
+    h = hidden(h + feed_forward(ly.at(2), rms_norm(h, at(ly.at(2), "layer_norm/weight"))));
+  }
+  Array out = rms_norm(h, at(params, "decoder/final_layer_norm/weight"));
+  if (c.tie_embeddings) out = out * (1.0 / std::sqrt(static_cast<double>(c.hidden)));
+  const Array logits = linear(out, c.tie_embeddings ? shared : at(params, "lm_head/weight"));
+  return mean(cross_entropy(logits, targets));
+}
+
 Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
                               const Array& targets) const {
+  if (config.family == ModelFamily::kT5) return t5_loss(params, tokens, targets);
   Array h = embed(params, tokens);
   for (const Tree<Array>& l : params.at_path(config.layers_path()).children()) h = layer(l, h);
   return loss(params, h, targets);
@@ -265,6 +358,11 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
     return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
       return model.forward_loss(p, x, y);
     })(params, tokens, targets);
+  }
+  if (model.config.family == ModelFamily::kT5) {
+    throw SpecError(
+        "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
+        "T5 without --recompute");
   }
   // Activation recomputation (gradient checkpointing per layer): the forward pass keeps only
   // each layer's input; the backward pass runs each layer's forward pass again and takes its

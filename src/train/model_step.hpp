@@ -35,9 +35,18 @@ struct ModelStep {
   Array mixture_of_experts(const Tree<Array>& moe, const Array& x) const;
   /// The mean next-token cross-entropy of hidden [b, t, d] against targets [b, t].
   Array loss(const Tree<Array>& rest, const Array& h, const Array& targets) const;
+  /// T5: tokens [b, s_enc + s_dec] (the encoder's input, then the decoder's), targets
+  /// [b, s_dec]; the mean cross-entropy of the decoder's predictions.
+  Array t5_loss(const Tree<Array>& params, const Array& tokens, const Array& targets) const;
   /// The whole forward pass and its loss over the full parameter tree.
   Array forward_loss(const Tree<Array>& params, const Array& tokens, const Array& targets) const;
 };
+
+/// T5's relative position bias [heads, q, k] from its table `weight` [buckets, heads]: the
+/// distance from query i to key j in buckets, exact below half the buckets (of each direction,
+/// for the encoder's `bidirectional` attention) and logarithmic up to `max_distance`.
+Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,
+                    std::int64_t max_distance);
 
 /// `tree` with the subtree at `path` ("model/layers") replaced by `subtree`. Throws TreeError
 /// when the path is missing.

@@ -134,6 +134,14 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
         "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
         o.batch, o.seq, o.grad_accum));
   }
+  if (o.target_seq < 0) {
+    throw SpecError(fmt::format("[train] target sequence length {} is negative", o.target_seq));
+  }
+  if (config.family == ModelFamily::kT5 && o.recompute) {
+    throw SpecError(
+        "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
+        "T5 without --recompute");
+  }
   if (o.headroom < 0 || o.headroom >= 1) {
     throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
   }
@@ -187,8 +195,16 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const RuleTree state_rule = RuleTree::dict(std::move(state_rules));
   const PartitionSpec batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch})
                                                      : PartitionSpec({AxisNames{}, layout.batch});
-  const TensorSpec tokens{
-      o.grad_accum == 1 ? Shape{o.batch, o.seq} : Shape{o.grad_accum, micro, o.seq}, DType::kI32};
+  // T5 reads the encoder's tokens and then the decoder's from one array; its targets are the
+  // decoder's.
+  const std::int64_t target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
+  const std::int64_t input_seq = config.family == ModelFamily::kT5 ? o.seq + target_seq : o.seq;
+  const auto batch_of = [&](std::int64_t len) {
+    return TensorSpec{o.grad_accum == 1 ? Shape{o.batch, len} : Shape{o.grad_accum, micro, len},
+                      DType::kI32};
+  };
+  const TensorSpec tokens = batch_of(input_seq);
+  const TensorSpec targets = batch_of(config.family == ModelFamily::kT5 ? target_seq : o.seq);
 
   const train::ModelStep model{config, layout};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
@@ -200,7 +216,8 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
     } else {
       // Micro-batches one after another, gradients summed: the activations of one at a time.
       const auto piece = [&](const Array& a, std::int64_t k) {
-        return reshape(slice(a, {k, 0, 0}, {k + 1, micro, o.seq}), Shape{micro, o.seq});
+        const std::int64_t len = a.shape()[2];
+        return reshape(slice(a, {k, 0, 0}, {k + 1, micro, len}), Shape{micro, len});
       };
       for (std::int64_t k = 0; k < o.grad_accum; ++k) {
         auto [l, g_pending] =
@@ -264,17 +281,20 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   options.out_shardings = RuleTree::dict(
       {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", state_rule}});
   options.donate_argnums = {0, 1};
-  const Lowered low = sjit(mesh, step, std::move(options)).lower(params, state, tokens, tokens);
+  const Lowered low = sjit(mesh, step, std::move(options)).lower(params, state, tokens, targets);
 
   TrainPlan plan;
-  plan.model = fmt::format("{} ({}), {:.3g}B parameters", config.family_name(), config.model_type,
-                           static_cast<double>(config.parameter_count()) / 1e9);
+  const auto count = static_cast<double>(config.parameter_count());
+  plan.model = fmt::format(
+      "{} ({}), {} parameters", config.family_name(), config.model_type,
+      count >= 1e9 ? fmt::format("{:.3g}B", count / 1e9) : fmt::format("{:.3g}M", count / 1e6));
   plan.mesh = mesh.to_string();
   plan.devices = mesh.size();
   plan.parameter_count = config.parameter_count();
   plan.batch_axes = batch_axes;
   plan.batch = o.batch;
   plan.seq = o.seq;
+  if (config.family == ModelFamily::kT5) plan.target_seq = target_seq;
   plan.grad_accum = o.grad_accum;
   plan.recompute = o.recompute;
   plan.optimizer = std::string(name(o.optimizer));
@@ -286,7 +306,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.parameter_bytes = shard_bytes(in, 0, p_leaves);
   plan.gradient_bytes = shard_bytes(in, 0, p_leaves, o.grad_dtype, true);
   plan.optimizer_bytes = shard_bytes(in, p_leaves.size(), s_leaves);
-  plan.batch_bytes = shard_bytes(in, p_leaves.size() + s_leaves.size(), {tokens, tokens});
+  plan.batch_bytes = shard_bytes(in, p_leaves.size() + s_leaves.size(), {tokens, targets});
   const ProgramCost& cost = low.cost();
   plan.peak_bytes = *std::max_element(cost.peak_bytes.begin(), cost.peak_bytes.end());
   plan.transient_bytes =
@@ -304,11 +324,15 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
 std::string TrainPlan::table() const {
   std::string out;
   out += fmt::format("{} on {} ({} devices), rules {}\n", model, mesh, devices, rules);
+  const std::string tokens = target_seq > 0
+                                 ? fmt::format("{} encoder + {} decoder", seq, target_seq)
+                                 : fmt::format("{}", seq);
   out += fmt::format(
       "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
       "optimizer state {}, recompute {}\n\n",
-      batch, seq, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es", optimizer,
-      name(param_dtype), name(grad_dtype), name(optimizer_dtype), recompute ? "on" : "off");
+      batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
+      optimizer, name(param_dtype), name(grad_dtype), name(optimizer_dtype),
+      recompute ? "on" : "off");
   out += "per device\n";
   const auto row = [&](std::string_view what, std::int64_t bytes) {
     out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
@@ -328,8 +352,9 @@ std::string TrainPlan::table() const {
   }
   out += fmt::format("  {:<40} {:>12}\n", "FLOPs per step", flops_text(flops));
   out += "bytes received per device per step\n";
-  if (bytes_by_collective.empty()) out += "  (no collectives)\n";
+  if (bytes_moved() == 0) out += "  (nothing)\n";
   for (const auto& [kind, bytes] : bytes_by_collective) {
+    if (bytes == 0) continue;  // a kind the program uses without moving data (a local slice)
     out += fmt::format("  {:<40} {:>12}\n", kind, format_bytes(bytes));
   }
   if (bytes_by_collective.size() > 1) {
@@ -358,6 +383,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["parameter_count"] = p.parameter_count;
   j["batch"] = p.batch;
   j["seq"] = p.seq;
+  if (p.target_seq > 0) j["target_seq"] = p.target_seq;
   j["batch_axes"] = p.batch_axes;
   j["grad_accum"] = p.grad_accum;
   j["recompute"] = p.recompute;
