@@ -107,6 +107,22 @@ TEST(ModelConfig, BadConfigsNameTheFileAndTheField) {
     "num_attention_heads": 4, "num_key_value_heads": 3})"),
                     IoError, "4 attention heads", "3 key/value heads");
   EXPECT_THROW_WITH(ModelConfig::load("/nonexistent/dir"), IoError, "/nonexistent/dir");
+  // A layer count nobody means is refused before a tree of a billion tensors is built.
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 8,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1000000000,
+    "num_attention_heads": 2})",
+                                       "big.json"),
+                    IoError, "big.json", "1000000000 layers", "1000000 tensors");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "mixtral", "vocab_size": 8,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 100,
+    "num_attention_heads": 2, "num_local_experts": 10000, "num_experts_per_tok": 2})"),
+                    IoError, "of 10000 experts");
+  // Sizes whose tensors overflow are an error, not a wrapped number.
+  EXPECT_THROW(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 4611686018427387904,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+    "num_attention_heads": 2})")
+                   .parameter_count(),
+               Error);
 }
 
 TEST(ParseBytes, ReadsBinaryAndDecimalUnits) {
@@ -120,6 +136,9 @@ TEST(ParseBytes, ReadsBinaryAndDecimalUnits) {
   EXPECT_THROW_WITH(parse_bytes("-5GB"), SpecError, "'-5GB'");
   EXPECT_THROW_WITH(parse_bytes("9999999999TiB"), SpecError, "out of range");
   EXPECT_THROW_WITH(parse_bytes("1.2.3"), SpecError, "not a size");
+  EXPECT_THROW_WITH(parse_bytes(".GB"), SpecError, "not a size");
+  EXPECT_THROW_WITH(parse_bytes(""), SpecError, "not a size");
+  EXPECT_EQ(parse_bytes(".5KiB"), 512);
 }
 
 TEST(ParseOptimizer, KnowsThree) {

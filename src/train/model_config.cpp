@@ -70,6 +70,23 @@ std::int64_t mul(std::int64_t a, std::int64_t b, std::string_view what) {
   return out;
 }
 
+/// The most tensors a config may describe (DeepSeek-V3 has about 92,000): a number of layers or
+/// experts beyond it is a mistake in the file, refused before anything is built for it.
+constexpr std::int64_t kMaxTensors = 1'000'000;
+
+void check_tensor_count(const ModelConfig& c, std::string_view source) {
+  // Tensors per layer, generously: 16, plus 3 per expert; T5's decoder layers count too.
+  const double per_layer = 16.0 + 3.0 * static_cast<double>(c.experts);
+  const double tensors =
+      per_layer * (static_cast<double>(c.layers) + static_cast<double>(c.decoder_layers)) + 8;
+  if (tensors > static_cast<double>(kMaxTensors)) {
+    throw IoError(fmt::format(
+        "[config] {}: {} layers{} describe more than {} tensors; is a field wrong?", source,
+        c.layers + c.decoder_layers,
+        c.experts > 0 ? fmt::format(" of {} experts", c.experts) : std::string(), kMaxTensors));
+  }
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
@@ -135,6 +152,7 @@ ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
       }
       c.gated_mlp = proj->get<std::string>().rfind("gated-", 0) == 0;
     }
+    check_tensor_count(c, source);
     if (c.relative_buckets < 4) {
       throw IoError(fmt::format("[config] {}: relative_attention_num_buckets {} is below 4", source,
                                 c.relative_buckets));
@@ -159,6 +177,7 @@ ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
       }
     }
   }
+  check_tensor_count(c, source);
   if (c.hidden % c.heads != 0) {
     throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads", source,
                               c.hidden, c.heads));

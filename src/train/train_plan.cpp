@@ -88,7 +88,8 @@ std::int64_t parse_bytes(std::string_view text) {
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
     ++i;
   const std::string number(text.substr(0, i));
-  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1) {
+  if (std::count(number.begin(), number.end(), '.') == static_cast<long>(number.size()) ||
+      std::count(number.begin(), number.end(), '.') > 1) {  // no digit, or two points
     return fail("is not a size");
   }
   std::string unit(text.substr(i));
