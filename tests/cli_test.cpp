@@ -534,6 +534,9 @@ TEST_F(TrainPlanCli, JsonAddsUp) {
   EXPECT_EQ(d["peak_bytes"].get<std::int64_t>(),
             d["parameter_bytes"].get<std::int64_t>() + d["optimizer_bytes"].get<std::int64_t>() +
                 d["batch_bytes"].get<std::int64_t>() + d["transient_bytes"].get<std::int64_t>());
+  EXPECT_EQ(d["peak_bytes"].get<std::int64_t>(), d["peak_held_bytes"].get<std::int64_t>() +
+                                                     d["peak_gathered_bytes"].get<std::int64_t>() +
+                                                     d["peak_computed_bytes"].get<std::int64_t>());
   EXPECT_EQ(d["optimizer_bytes"], 4);  // sgd without momentum keeps only its step count
   EXPECT_EQ(d["gradient_bytes"], d["parameter_bytes"]);  // f32 like the parameters
   EXPECT_EQ(j["devices"], 8);

@@ -167,6 +167,8 @@ TEST(PlanTraining, StateBytesAgreeWithThePlanner) {
   EXPECT_EQ(p.devices, 8);
   EXPECT_EQ(p.batch_axes, (std::vector<std::string>{"fsdp"}));
   EXPECT_GT(p.transient_bytes, 0);
+  EXPECT_EQ(p.peak_held_bytes + p.peak_gathered_bytes + p.peak_computed_bytes, p.peak_bytes);
+  EXPECT_GT(p.peak_computed_bytes, 0);
   EXPECT_EQ(p.peak_bytes,
             p.parameter_bytes + p.optimizer_bytes + p.batch_bytes + p.transient_bytes);
   EXPECT_GT(p.bytes_by_collective.at("all_gather"), 0);  // FSDP gathers its weights

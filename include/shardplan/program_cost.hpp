@@ -14,6 +14,11 @@ struct ProgramCost {
   std::vector<double> flops;                          // by device id
   std::map<std::string, std::int64_t> bytes_by_kind;  // most bytes a device receives, per kind
   std::vector<std::int64_t> peak_bytes;               // by device id
+  /// What is live at the (first) peak, by kind: "inputs" (the arguments still held),
+  /// "resharded inputs" (arguments gathered or moved to another sharding: FSDP's gathered
+  /// weights), "computed" (what the program made: activations, gradients, temporaries and
+  /// their reshardings). Adds up to the peak.
+  std::map<std::string, std::int64_t> peak_by_kind;
   /// Three or more lines: flops, bytes per collective kind, peak memory.
   std::string to_string() const;
 };

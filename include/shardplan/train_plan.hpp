@@ -125,6 +125,11 @@ struct TrainPlan {
   /// peak - (parameters + optimizer state + batch): activations, gradients and temporaries
   /// live at the peak.
   std::int64_t transient_bytes = 0;
+  /// What is live at the peak (adds up to peak_bytes): the arguments still held (parameters,
+  /// optimizer state and batch not yet given up to the new ones), the parameters gathered or
+  /// moved to the sharding an op needs (FSDP's gathered weights), and what the step computed
+  /// (activations, gradients, temporaries).
+  std::int64_t peak_held_bytes = 0, peak_gathered_bytes = 0, peak_computed_bytes = 0;
   double flops = 0;                                         // floating-point operations per step
   std::map<std::string, std::int64_t> bytes_by_collective;  // bytes received, per kind
   std::int64_t device_memory = 0;

@@ -85,6 +85,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.cost_.flops = std::move(parts.flops);
   prog.cost_.bytes_by_kind = std::move(parts.bytes_by_kind);
   prog.cost_.peak_bytes.assign(static_cast<std::size_t>(mesh.size()), live.peak_bytes);
+  prog.cost_.peak_by_kind = std::move(live.peak_by_kind);
   prog.free_after_ = std::move(live.free_after);
   prog.free_at_start_ = std::move(live.free_at_start);
   prog.input_donated_ = std::move(live.input_donated);

@@ -80,15 +80,45 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
     live = add_live(live, slot_bytes[s]);
   }
   std::int64_t peak = live;
+  std::size_t peak_step = p.steps.size();  // steps.size(): the peak is the inputs alone
   for (const SlotId f : l.free_at_start) live -= slot_bytes[index(f)];
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
     const Step& st = p.steps[s];
     slot_bytes[index(st.out)] = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
     live = add_live(live, slot_bytes[index(st.out)]);
-    peak = std::max(peak, live);
+    if (live > peak) {
+      peak = live;
+      peak_step = s;
+    }
     for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
   }
   l.peak_bytes = peak;
+  // What is live at the peak, by kind: replay the frees up to the peak step.
+  enum Kind : std::uint8_t { kNone, kInput, kResharded, kComputed };
+  std::vector<std::uint8_t> kind(num_slots, kNone), alive(num_slots, 0);
+  for (const SlotId in : p.input_slots) {
+    if (index(in) < num_slots) {
+      kind[index(in)] = kInput;
+      alive[index(in)] = 1;
+    }
+  }
+  if (peak_step < p.steps.size()) {
+    for (const SlotId f : l.free_at_start) alive[index(f)] = 0;
+    for (std::size_t s = 0; s <= peak_step; ++s) {
+      const Step& st = p.steps[s];
+      const bool of_input = st.kind == Step::Kind::kReshard && g[st.node].is(prim::input);
+      kind[index(st.out)] = of_input ? kResharded : kComputed;
+      alive[index(st.out)] = 1;
+      if (s < peak_step) {
+        for (const SlotId f : l.free_after[s]) alive[index(f)] = 0;
+      }
+    }
+  }
+  static constexpr const char* kNames[] = {"", "inputs", "resharded inputs", "computed"};
+  for (std::size_t s = 1; s < 4; ++s) l.peak_by_kind[kNames[s]] = 0;
+  for (std::size_t s = 0; s < num_slots; ++s) {
+    if (alive[s] != 0 && kind[s] != kNone) l.peak_by_kind[kNames[kind[s]]] += slot_bytes[s];
+  }
   return l;
 }
 

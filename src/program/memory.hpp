@@ -1,4 +1,6 @@
 #pragma once
+#include <map>
+#include <string>
 // Pass 3, liveness and memory. Input: the partitioned steps (partition.hpp) and which inputs are
 // donated. Output: the slots to free after each step (a donated input after its last use, never
 // a kept one: outputs, undonated inputs, cached constants), and the peak bytes a device holds.
@@ -23,6 +25,7 @@ struct Liveness {
   std::vector<SlotId> constant_slots;  // results of constant steps, kept for the next run
   std::vector<char> cached_step;       // per step: a constant step whose result is kept
   std::int64_t peak_bytes = 0;         // per device (every device holds blocks of one size)
+  std::map<std::string, std::int64_t> peak_by_kind;  // ProgramCost::peak_by_kind
 };
 
 /// Throws SpecError when a byte count overflows int64.

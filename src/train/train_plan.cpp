@@ -312,6 +312,13 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.peak_bytes = *std::max_element(cost.peak_bytes.begin(), cost.peak_bytes.end());
   plan.transient_bytes =
       plan.peak_bytes - plan.parameter_bytes - plan.optimizer_bytes - plan.batch_bytes;
+  const auto by_kind = [&](const char* kind) {
+    const auto it = cost.peak_by_kind.find(kind);
+    return it == cost.peak_by_kind.end() ? std::int64_t{0} : it->second;
+  };
+  plan.peak_held_bytes = by_kind("inputs");
+  plan.peak_gathered_bytes = by_kind("resharded inputs");
+  plan.peak_computed_bytes = by_kind("computed");
   plan.flops = *std::max_element(cost.flops.begin(), cost.flops.end());
   for (double f : cost.flops) plan.total_flops += f;
   plan.bytes_by_collective = cost.bytes_by_kind;
@@ -342,8 +349,11 @@ std::string TrainPlan::table() const {
   row("gradients", gradient_bytes);
   row("optimizer state", optimizer_bytes);
   row("batch (tokens, targets)", batch_bytes);
-  row("activations, gradients, temporaries", transient_bytes);
   row("peak", peak_bytes);
+  out += "  of which, at the peak\n";
+  row("  parameters, state, batch still held", peak_held_bytes);
+  row("  parameters gathered for use", peak_gathered_bytes);
+  row("  activations, gradients, temporaries", peak_computed_bytes);
   if (const auto f = fits()) {
     out += fmt::format(
         "  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
@@ -397,6 +407,9 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
                      {"optimizer_bytes", p.optimizer_bytes},
                      {"batch_bytes", p.batch_bytes},
                      {"transient_bytes", p.transient_bytes},
+                     {"peak_held_bytes", p.peak_held_bytes},
+                     {"peak_gathered_bytes", p.peak_gathered_bytes},
+                     {"peak_computed_bytes", p.peak_computed_bytes},
                      {"peak_bytes", p.peak_bytes},
                      {"flops", p.flops}};
   j["bytes_received_per_device"] = p.bytes_by_collective;
