@@ -3,9 +3,9 @@
 // 1 device and beside the same step written by hand with Eigen, and the tokens per second of the
 // LLaMA-style example model with the FSDP+TP preset against pure data parallelism.
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 
 #include <Eigen/Core>
-#include <fmt/format.h>
 #include <thread>
 
 #include "../examples/llama_model.hpp"
@@ -42,6 +42,16 @@ void BM_MlpTrainStep1Device(benchmark::State& s) { mlp_train(s, 1); }
 BENCHMARK(BM_MlpTrainStep2Devices)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_MlpTrainStep8Devices)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_MlpTrainStep1Device)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+// The same step with the update sharded (bench/mlp_train_step.hpp: reduce-scatter, update a
+// slice, all-gather): 8 virtual devices then update one replica's worth in all, not eight.
+void BM_MlpTrainStep8DevicesShardedUpdate(benchmark::State& state) {
+  bench::run_mlp_train_steps(state, exec(8), Mesh::parse("data:8", 8), /*warm_up=*/false,
+                             /*sharded_update=*/true);
+}
+BENCHMARK(BM_MlpTrainStep8DevicesShardedUpdate)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
 
 // The ceiling for 8 devices on 2 cores: two independent 1-device steps, each on half the batch,
 // on two threads at once (nothing shared but the machine). BM_MlpTrainStep1Device's time over

@@ -84,8 +84,8 @@ TEST(Optim, DecayPathsArePythonPatternsLikeRulePatterns) {
   EXPECT_NEAR(host(p1, "kernel")[0], 2.0 - 0.1 - 0.1, 1e-6);
   EXPECT_NEAR(host(p1, "norm")[0], 2.0 - 0.1, 1e-6);
   // Python rejects "\\e" (Boost took it for ESC), at position 0, and so do decay paths.
-  EXPECT_THROW_WITH(Optimizer::adamw(constant_schedule(0.1), 0.1, {"\\e"}), RuleError,
-                    "'\\e'", "position 0", "bad escape");
+  EXPECT_THROW_WITH(Optimizer::adamw(constant_schedule(0.1), 0.1, {"\\e"}), RuleError, "'\\e'",
+                    "position 0", "bad escape");
 }
 
 TEST(Optim, ClippingBoundsTheGlobalNorm) {
@@ -185,6 +185,45 @@ TEST(Optim, ErrorsSayWhatIsMissing) {
   EXPECT_THROW_WITH(global_norm(empty), SpecError, "[global_norm]", "no arrays");
   EXPECT_THROW_WITH(Optimizer::sgd(0.1).update(p, Tree<Array>::dict({{"mu", p}}), p), TreeError,
                     "'count'", "init()");
+}
+
+// The update written as a sharded weight update (bench/mlp_train_step.hpp's sharded_update:
+// gradients reduce-scattered over the batch axis, each device updating its slice, the new
+// weights all-gathered) gives the replicated update's weights, and they come out replicated.
+TEST(Optim, ShardedWeightUpdateEqualsTheReplicatedOne) {
+  const Executor exec(4);
+  const Mesh mesh = Mesh::parse("data:4", 4);
+  const Tree<Array> params =
+      Tree<Array>::dict({{"b", device_put(Tensor::uniform(Shape{6}, DType::kF32, 1, -1, 1),
+                                          NamedSharding(mesh, P()), exec)},
+                         {"w", device_put(Tensor::uniform(Shape{16, 6}, DType::kF32, 2, -1, 1),
+                                          NamedSharding(mesh, P()), exec)}});
+  const Array x = device_put(Tensor::uniform(Shape{32, 16}, DType::kF32, 3, -1, 1),
+                             NamedSharding(mesh, P("data")), exec);
+  const Optimizer adam = Optimizer::adam(0.01);
+  const auto step = [&](bool sharded) {
+    return sjit(mesh, [&, sharded](const Tree<Array>& p, const Array& xb) {
+      const auto [loss, g] = value_and_grad([](const Tree<Array>& q, const Array& v) {
+        return mean(tanh(matmul(v, q.at("w").leaf()) + q.at("b").leaf()));
+      })(p, xb);
+      const auto slice_of = [&](const Tree<Array>& t) {
+        return t.map([&](const Array& a) {
+          return sharded && a.shape()[0] % 4 == 0 ? with_sharding_constraint(a, P("data")) : a;
+        });
+      };
+      const Tree<Array> state = adam.init(p);
+      auto [np, ns] = adam.update(slice_of(g), state, slice_of(p));
+      return np.map([](const Array& a) { return with_sharding_constraint(a, P()); });
+    })(params, x);
+  };
+  const Tree<Array> plain = step(false), sharded = step(true);
+  for (const char* k : {"b", "w"}) {
+    EXPECT_EQ(sharded.at(k).leaf().sharding().spec(), P());
+    const auto a = host(plain, k), b = host(sharded, k);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << k << " " << i;
+    EXPECT_NE(a, host(params, k));  // the step moved the weights
+  }
 }
 
 }  // namespace
