@@ -404,6 +404,37 @@ TEST(Sjit, PeakByKindNamesHeldGatheredAndComputedBytes) {
   EXPECT_EQ(d.peak_bytes[0], d.peak_by_kind.at("resharded inputs") + d.peak_by_kind.at("computed"));
 }
 
+// A kernel step's per-device blocks are shared between steps of equal (spec, shape): steps of the
+// same shape under other specs, and of the same spec over other shapes, must get their own
+// (each result is checked whole against the host computation).
+TEST(Sjit, StepsOfOneShapeOrOneSpecKeepTheirOwnBlocks) {
+  Meshes s;
+  auto f = sjit(
+      s.mesh,
+      [](const Array& a, const Array& b, const Array& c) {
+        return Tree<Array>::dict({{"a", a + 1.0}, {"b", b * 2.0}, {"c", c - 3.0}});
+      },
+      SjitOptions{.in_shardings =
+                      RuleTree::list({RuleTree(P("data", "model")), RuleTree(P("model", "data")),
+                                      RuleTree(P("data", "model"))}),
+                  .out_shardings = RuleTree::dict({{"a", RuleTree(P("data", "model"))},
+                                                   {"b", RuleTree(P("model", "data"))},
+                                                   {"c", RuleTree(P("data", "model"))}})});
+  const Tensor a = Tensor::uniform(Shape{8, 8}, DType::kF32, 1, -1, 1);
+  const Tensor b = Tensor::uniform(Shape{8, 8}, DType::kF32, 2, -1, 1);
+  const Tensor c = Tensor::uniform(Shape{16, 4}, DType::kF32, 3, -1, 1);
+  const Tree<Array> out =
+      f(s.put(a, P("data", "model")), s.put(b, P("model", "data")), s.put(c, P("data", "model")));
+  const auto expect = [](const Tensor& t, double (*op)(double)) {
+    std::vector<double> v = t.to_doubles();
+    for (double& x : v) x = static_cast<double>(static_cast<float>(op(x)));
+    return v;
+  };
+  EXPECT_EQ(out.at("a").leaf().to_host().to_doubles(), expect(a, [](double x) { return x + 1; }));
+  EXPECT_EQ(out.at("b").leaf().to_host().to_doubles(), expect(b, [](double x) { return x * 2; }));
+  EXPECT_EQ(out.at("c").leaf().to_host().to_doubles(), expect(c, [](double x) { return x - 3; }));
+}
+
 Array sin_cos_exp(const Array& x) { return sin(cos(exp(x))); }
 // The same with a transpose between exp and sin: three steps no fusion joins (a transpose is not
 // pointwise), each result a block of the input's size ([256, 32] -> [32, 256]).
