@@ -633,6 +633,10 @@ TEST_F(TrainPlanCli, BadInputIsAClearError) {
   check(fmt::format("--config '{}' --mesh fsdp:4,tp:2 --optimizer lion", cfg), 2, {"lion"});
   check(fmt::format("--config '{}' --mesh fsdp:4,tp:2 --batch-axes data --batch 8", cfg), 1,
         {"data"});
+  const fs::path no_mesh = dir_ / "no_mesh.yaml";
+  std::ofstream(no_mesh) << "strict: false\nrules:\n  - {match: \"norm\", spec: []}\n";
+  check(fmt::format("--config '{}' --rules '{}'", cfg, no_mesh.string()), 2,
+        {"no_mesh.yaml", "names no mesh", "--mesh"});
 }
 
 }  // namespace

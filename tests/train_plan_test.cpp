@@ -107,6 +107,19 @@ TEST(ModelConfig, BadConfigsNameTheFileAndTheField) {
     "num_attention_heads": 4, "num_key_value_heads": 3})"),
                     IoError, "4 attention heads", "3 key/value heads");
   EXPECT_THROW_WITH(ModelConfig::load("/nonexistent/dir"), IoError, "/nonexistent/dir");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "t5", "vocab_size": 8, "d_model": 8,
+    "d_kv": 4, "d_ff": 8, "num_layers": 1, "num_heads": 2, "relative_attention_num_buckets": 2})",
+                                       "t.json"),
+                    IoError, "t.json", "relative_attention_num_buckets 2");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "t5", "vocab_size": 8, "d_model": 8,
+    "d_kv": 4, "d_ff": 8, "num_layers": 1, "num_heads": 2, "feed_forward_proj": 3})",
+                                       "t.json"),
+                    IoError, "'feed_forward_proj' is 3");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "mixtral", "vocab_size": 8,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "num_local_experts": 2, "num_experts_per_tok": 3})",
+                                       "m.json"),
+                    IoError, "m.json", "3 experts per token of only 2 experts");
   // A layer count nobody means is refused before a tree of a billion tensors is built.
   EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 8,
     "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1000000000,
@@ -375,7 +388,18 @@ TEST(PlanTraining, BadOptionsNameWhatDoesNotSplit) {
   o.seq = 16;
   EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError,
                     "batch of 6", "[fsdp]", "multiple of 4");
+  o.batch = 0;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError, "batch 0",
+                    "must be positive");
   o.batch = 8;
+  o.headroom = 1.5;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError,
+                    "headroom 1.5");
+  o.headroom = 0.1;
+  o.target_seq = -1;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError,
+                    "target sequence length -1");
+  o.target_seq = 0;
   o.grad_accum = 4;
   EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError,
                     "4 micro-batches");
