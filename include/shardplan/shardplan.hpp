@@ -35,5 +35,6 @@
 #include "shardplan/sjit.hpp"
 #include "shardplan/tensor.hpp"
 #include "shardplan/tensor_spec.hpp"
+#include "shardplan/train_plan.hpp"
 #include "shardplan/tree.hpp"
 #include "shardplan/tree_struct.hpp"
