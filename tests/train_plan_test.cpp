@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <tuple>
 
@@ -120,6 +121,21 @@ TEST(ModelConfig, BadConfigsNameTheFileAndTheField) {
     "num_local_experts": 2, "num_experts_per_tok": 3})",
                                        "m.json"),
                     IoError, "m.json", "3 experts per token of only 2 experts");
+  // Widths whose product overflows name the product and the fields.
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "gpt2", "vocab_size": 8,
+    "n_embd": 4611686018427387904, "n_layer": 1, "n_head": 1, "n_positions": 8})",
+                                       "g.json"),
+                    IoError, "n_inner = 4 x 4611686018427387904", "64 bits");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "t5", "vocab_size": 8, "d_model": 8,
+    "d_kv": 4294967296, "d_ff": 8, "num_layers": 1, "num_heads": 4294967296})")
+                        .parameters(DType::kF32),
+                    IoError, "num_heads x d_kv", "4294967296 x 4294967296");
+  // A checkpoint directory without config.json says that is what it looked for.
+  const auto dir = std::filesystem::temp_directory_path() / "shardplan_train_plan_test_empty";
+  std::filesystem::create_directories(dir);
+  EXPECT_THROW_WITH(ModelConfig::load(dir), IoError, "config.json",
+                    "a checkpoint directory holds config.json");
+  std::filesystem::remove_all(dir);
   // A layer count nobody means is refused before a tree of a billion tensors is built.
   EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 8,
     "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1000000000,

@@ -229,7 +229,6 @@ std::string ModelConfig::layers_path() const {
 }
 
 Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
-  const auto checked_mul = [](std::int64_t a, std::int64_t b) { return mul(a, b, "a size"); };
   std::vector<std::pair<std::string, TensorSpec>> named;
   const auto add = [&](std::string name, std::vector<std::int64_t> dims) {
     named.emplace_back(std::move(name), TensorSpec{Shape(std::move(dims)), dtype});
@@ -238,7 +237,7 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
   if (family == ModelFamily::kT5) {
     // Linear weights [out, in]; attention's inner width is heads x d_kv. The relative position
     // bias sits in the first block of each stack and serves every block.
-    const std::int64_t inner = checked_mul(heads, head_dim);
+    const std::int64_t inner = mul(heads, head_dim, "attention width num_heads x d_kv");
     add("shared.weight", {vocab, hidden});
     const auto attention = [&](const std::string& p, bool bias) {
       add(p + "q.weight", {inner, hidden});
@@ -284,8 +283,9 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
       const std::string p = fmt::format("h.{}.", l);
       add(p + "ln_1.weight", {hidden});
       add(p + "ln_1.bias", {hidden});
-      add(p + "attn.c_attn.weight", {hidden, checked_mul(3, hidden)});
-      add(p + "attn.c_attn.bias", {checked_mul(3, hidden)});
+      const std::int64_t qkv = mul(3, hidden, "c_attn width 3 x n_embd");
+      add(p + "attn.c_attn.weight", {hidden, qkv});
+      add(p + "attn.c_attn.bias", {qkv});
       add(p + "attn.c_proj.weight", {hidden, hidden});
       add(p + "attn.c_proj.bias", {hidden});
       add(p + "ln_2.weight", {hidden});
@@ -299,7 +299,7 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
     add("ln_f.bias", {hidden});
     if (!tie_embeddings) add("lm_head.weight", {vocab, hidden});
   } else {
-    const std::int64_t kv = checked_mul(kv_heads, dh);
+    const std::int64_t kv = mul(kv_heads, dh, "key/value width num_key_value_heads x head size");
     add("model.embed_tokens.weight", {vocab, hidden});
     for (std::int64_t l = 0; l < layers; ++l) {
       const std::string p = fmt::format("model.layers.{}.", l);

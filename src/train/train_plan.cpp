@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model_step.hpp"
+#include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/optim.hpp"
@@ -45,10 +46,14 @@ Tree<Array> cast(const Tree<Array>& t, DType dtype) {
 std::int64_t shard_bytes(const std::vector<NamedSharding>& shardings, std::size_t first,
                          const std::vector<TensorSpec>& leaves, DType as = DType::kBool,
                          bool use_as = false) {
+  // The program's memory plan has already summed these (with the rest) without overflowing;
+  // checked all the same, so a change there cannot turn this into a wrapped number.
   std::int64_t total = 0;
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     const Shape shard = shardings[first + i].shard_shape(leaves[i].shape);
-    total += byte_size(shard, use_as ? as : leaves[i].dtype);
+    if (!detail::checked_add(total, byte_size(shard, use_as ? as : leaves[i].dtype), &total)) {
+      throw SpecError("[train] the bytes one device holds overflow int64");
+    }
   }
   return total;
 }
@@ -285,13 +290,19 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const Lowered low = sjit(mesh, step, std::move(options)).lower(params, state, tokens, targets);
 
   TrainPlan plan;
-  const auto count = static_cast<double>(config.parameter_count());
+  std::int64_t parameter_count = 0;  // from the tree already built, not a second one
+  for (const TensorSpec& t : params.leaves()) {
+    if (!detail::checked_add(parameter_count, t.shape.numel(), &parameter_count)) {
+      throw SpecError("[train] the parameter count overflows int64");
+    }
+  }
+  const auto count = static_cast<double>(parameter_count);
   plan.model = fmt::format(
       "{} ({}), {} parameters", config.family_name(), config.model_type,
       count >= 1e9 ? fmt::format("{:.3g}B", count / 1e9) : fmt::format("{:.3g}M", count / 1e6));
   plan.mesh = mesh.to_string();
   plan.devices = mesh.size();
-  plan.parameter_count = config.parameter_count();
+  plan.parameter_count = parameter_count;
   plan.batch_axes = batch_axes;
   plan.batch = o.batch;
   plan.seq = o.seq;
