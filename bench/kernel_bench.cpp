@@ -67,6 +67,34 @@ void BM_GemmTwoThreads(benchmark::State& state) {
   }
   report_flops(state, 2.0 * static_cast<double>(m), static_cast<double>(n), static_cast<double>(k));
 }
+// One thread: y[m, n] = x[m, k] @ w[k, n] as `state.range(3)` GEMMs of m / parts rows each (one
+// per device of a data-parallel step sharing a core), each with its own x and y blocks and the
+// same w: what splitting the rows costs a core (w is packed once per GEMM).
+void BM_GemmRowsSplit(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const std::int64_t parts = state.range(3), rows = m / parts;
+  const auto w = filled(k * n, 0.25f);
+  std::vector<std::vector<float>> x, y;
+  for (std::int64_t p = 0; p < parts; ++p) {
+    x.push_back(filled(rows * k, 0.5f));
+    y.push_back(filled(rows * n, 0));
+  }
+  for (auto _ : state) {
+    for (std::int64_t p = 0; p < parts; ++p) {
+      const auto i = static_cast<std::size_t>(p);
+      gemm(false, false, rows, n, k, x[i].data(), w.data(), y[i].data());
+    }
+    benchmark::DoNotOptimize(y.back().data());
+  }
+  report_flops(state, static_cast<double>(m), static_cast<double>(n), static_cast<double>(k));
+}
+BENCHMARK(BM_GemmRowsSplit)
+    ->Args({1024, 2048, 2048, 1})
+    ->Args({1024, 2048, 2048, 4})
+    ->Args({2048, 1024, 1024, 1})
+    ->Args({2048, 1024, 1024, 4})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_GemmPlainEigen)
     ->Args({1024, 1024, 1024})
     ->Args({512, 1024, 1024})

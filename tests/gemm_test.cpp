@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -99,6 +100,75 @@ TEST(Gemm, VariantsAgreeAndEachIsBitwiseDeterministic) {
     EXPECT_EQ(first, second);
     for (std::size_t i = 0; i < first.size(); ++i) ASSERT_NEAR(first[i], generic[i], 1e-4) << i;
   }
+}
+
+// 64-byte aligned storage, as device buffers are.
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <class U>
+  explicit AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64));
+  }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  friend bool operator==(const AlignedAllocator&, const AlignedAllocator&) { return true; }
+};
+
+// gemm_shared_b (one packing of b for several parts) gives each part bitwise what gemm() gives
+// it alone, in every variant and transpose combination: sizes past Eigen's depth and row blocks
+// (k = 700, n = 600), parts smaller than a register block, the shapes Eigen multiplies another
+// way (a row, a column, the small coefficient-wise product, an empty contraction) and parts of
+// unequal rows (run one by one).
+template <class T>
+void check_shared_b() {
+  struct Case {
+    std::vector<std::int64_t> rows;
+    std::int64_t n, k;
+  };
+  const std::vector<Case> cases = {{{64, 64, 64, 64}, 600, 700},
+                                   {{7, 7, 7}, 33, 65},
+                                   {{256, 256}, 48, 300},
+                                   {{1, 1}, 40, 30},
+                                   {{5, 5}, 1, 40},
+                                   {{3, 3}, 4, 5},
+                                   {{9, 9}, 6, 0},
+                                   {{12, 40, 12}, 50, 70}};
+  for (const GemmIsa isa : gemm_isas()) {
+    for (const Case& c : cases) {
+      for (const bool ta : {false, true}) {
+        for (const bool tb : {false, true}) {
+          SCOPED_TRACE(fmt::format("{} rows={} n={} k={} ta={} tb={}", name(isa),
+                                   fmt::join(c.rows, ","), c.n, c.k, ta, tb));
+          // Device buffers are 64-byte aligned (Executor::allocate), and Eigen's small
+          // coefficient-wise product vectorizes by the result's alignment: aligned here too.
+          const auto b = random_values<T>(static_cast<std::size_t>(c.k * c.n), 7);
+          std::vector<std::vector<T, AlignedAllocator<T>>> alone, shared;
+          std::vector<std::vector<T>> as;
+          std::vector<GemmRows<T>> parts;
+          for (std::size_t p = 0; p < c.rows.size(); ++p) {
+            const auto m = static_cast<std::size_t>(c.rows[p]);
+            as.push_back(
+                random_values<T>(m * static_cast<std::size_t>(c.k), static_cast<unsigned>(10 + p)));
+            alone.emplace_back(m * static_cast<std::size_t>(c.n));
+            shared.emplace_back(m * static_cast<std::size_t>(c.n), T(12345));  // overwritten
+          }
+          for (std::size_t p = 0; p < c.rows.size(); ++p) {
+            gemm(isa, ta, tb, c.rows[p], c.n, c.k, as[p].data(), b.data(), alone[p].data());
+            parts.push_back({c.rows[p], as[p].data(), shared[p].data()});
+          }
+          gemm_shared_b(isa, ta, tb, c.n, c.k, b.data(), std::span<const GemmRows<T>>(parts));
+          for (std::size_t p = 0; p < c.rows.size(); ++p) EXPECT_EQ(shared[p], alone[p]) << p;
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, ASharedRightOperandGivesEachPartItsOwnProductBitwise) {
+  check_shared_b<float>();
+  check_shared_b<double>();
 }
 
 TEST(Gemm, TheVariantIsChosenByTheCpuOrByName) {

@@ -81,6 +81,106 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   EXPECT_LT(max_diff(step2(xs, w1s, w2s).to_host(), y1.to_host()), 1e-4);
 }
 
+// XLA's sharded weight update, made by the partitioner: `w - 0.1 * g` with w replicated and g a
+// sum pending over 'data' (the weight gradient of a data-parallel step) reduce-scatters g
+// instead of all-reducing it, updates a quarter of w on each device, and all-gathers the result
+// for the replicated output. The bytes are the all-reduce's (worked out here by hand) and the
+// values those of one device.
+TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
+  Meshes s;
+  const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 11);
+  const Tensor dy = Tensor::normal(Shape{16, 6}, DType::kF32, 12);
+  const Tensor w = Tensor::normal(Shape{8, 6}, DType::kF32, 13);
+  const auto update = [](const Array& xb, const Array& dyb, const Array& wb) {
+    const Array g = matmul(transpose(xb, {1, 0}), dyb);  // pending sum over 'data'
+    return wb - g * 0.1;
+  };
+  auto step = sjit(s.mesh, update);
+  const Array xs = s.put(x, P("data")), dys = s.put(dy, P("data")), ws = s.put(w, P());
+  const Lowered low = step.lower(xs, dys, ws);
+  const auto& bytes = low.cost().bytes_by_kind;
+  EXPECT_EQ(bytes.count("all_reduce"), 0u) << low.text();
+  // f32[8, 6] is 192 bytes; each of 4 devices of a 'data' group receives 3 quarters of it in the
+  // reduce-scatter and again in the all-gather: 144 + 144, the all-reduce's 2 * 3/4 * 192.
+  ASSERT_EQ(bytes.count("reduce_scatter"), 1u) << low.text();
+  ASSERT_EQ(bytes.count("all_gather"), 1u) << low.text();
+  EXPECT_EQ(bytes.at("reduce_scatter"), 144);
+  EXPECT_EQ(bytes.at("all_gather"), 144);
+  // Per device: the dot's 2 * 4 * 8 * 6 FLOPs, then the multiply and subtract on 2 of w's 8 rows.
+  const auto& flops = low.cost().flops;
+  EXPECT_DOUBLE_EQ(flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6 + 2.0 * 2 * 6);
+  const Array out = step(xs, dys, ws);
+  EXPECT_EQ(out.sharding().spec(), P());
+  const Array ref = update(s.put1(x), s.put1(dy), s.put1(w));
+  EXPECT_LT(max_diff(out.to_host(), ref.to_host()), 1e-5);
+  EXPECT_TRUE(step(xs, dys, ws).to_host() == out.to_host());  // bitwise run to run
+
+  // No dimension of f32[3, 5] divides by 4: the sum is all-reduced and the update runs whole.
+  const Tensor x2 = Tensor::normal(Shape{16, 3}, DType::kF32, 14);
+  const Tensor dy2 = Tensor::normal(Shape{16, 5}, DType::kF32, 15);
+  const Tensor w2 = Tensor::normal(Shape{3, 5}, DType::kF32, 16);
+  const Array x2s = s.put(x2, P("data")), dy2s = s.put(dy2, P("data")), w2s = s.put(w2, P());
+  const Lowered whole = step.lower(x2s, dy2s, w2s);
+  EXPECT_EQ(whole.cost().bytes_by_kind.count("all_reduce"), 1u) << whole.text();
+  EXPECT_EQ(whole.cost().bytes_by_kind.count("reduce_scatter"), 0u) << whole.text();
+  EXPECT_LT(max_diff(step(x2s, dy2s, w2s).to_host(),
+                     update(s.put1(x2), s.put1(dy2), s.put1(w2)).to_host()),
+            1e-5);
+
+  // A pending max (a max over the split batch) is reduce-scattered with max, not summed.
+  auto peak = sjit(s.mesh, [](const Array& xb, const Array& wb) { return wb + max(xb, {0}); });
+  const Tensor w8 = Tensor::normal(Shape{8}, DType::kF32, 17);
+  const Array y = peak(xs, s.put(w8, P()));
+  EXPECT_EQ(y.sharding().spec(), P());
+  EXPECT_LT(max_diff(y.to_host(), (s.put1(w8) + max(s.put1(x), {0})).to_host()), 1e-6);
+}
+
+// More devices than threads: the devices of one thread that hold the same weight block run their
+// dots as one GEMM call packing the weight once (the dot's group kernel). Each device's block of
+// the result must still be bitwise its own product, computed here on one device from its blocks.
+// Twice as many devices as threads, and the weight split over 'model' so that a thread's devices
+// hold two different blocks (two groups per thread).
+TEST(Sjit, DevicesSharingAThreadAndAWeightGetTheirOwnProductsBitwise) {
+  const int threads = Executor::process_local(1).concurrency();
+  const int n = 4 * std::max(1, threads);
+  const Executor exec(n);
+  const Mesh mesh = Mesh::parse("data:" + std::to_string(n / 2) + ",model:2", n);
+  const Executor one = Executor::process_local(1);
+  const Mesh single = Mesh::parse("data:1,model:1", 1);
+  const Tensor x = Tensor::normal(Shape{64 * (n / 2), 96}, DType::kF32, 21);
+  const Tensor w = Tensor::normal(Shape{96, 160}, DType::kF32, 22);
+  const Array xs = device_put(x, NamedSharding(mesh, P("data")), exec);
+  const Array ws = device_put(w, NamedSharding(mesh, P(nullptr, "model")), exec);
+  for (const bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "x @ w^T" : "x @ w");
+    // x @ w^T with w stored [160, 96] split over rows: the weight read transposed.
+    std::vector<float> w_t(static_cast<std::size_t>(w.numel()));
+    for (std::int64_t i = 0; i < 96; ++i) {
+      for (std::int64_t j = 0; j < 160; ++j) {
+        w_t[static_cast<std::size_t>(j * 96 + i)] = static_cast<float>(w.get(i * 160 + j));
+      }
+    }
+    const Array wt =
+        device_put(Tensor::from<float>(Shape{160, 96}, w_t), NamedSharding(mesh, P("model")), exec);
+    auto f = sjit(mesh, [transposed](const Array& a, const Array& b) {
+      return transposed ? matmul(a, transpose(b, {1, 0})) : matmul(a, b);
+    });
+    const Array y = transposed ? f(xs, wt) : f(xs, ws);
+    ASSERT_EQ(y.sharding().spec(), P("data", "model"));
+    for (const int d : exec.local_devices()) {
+      const Array xb = device_put(xs.shard_tensor(d), NamedSharding(single, P()), one);
+      const Array wb =
+          device_put((transposed ? wt : ws).shard_tensor(d), NamedSharding(single, P()), one);
+      const Tensor want =
+          (transposed ? matmul(xb, transpose(wb, {1, 0})) : matmul(xb, wb)).to_host();
+      const Tensor got = y.shard_tensor(d);
+      ASSERT_EQ(got.shape(), want.shape());
+      EXPECT_EQ(std::memcmp(got.bytes(), want.bytes(), static_cast<std::size_t>(got.nbytes())), 0)
+          << "device " << d;
+    }
+  }
+}
+
 TEST(Sjit, TheGuidesDotNeedsNoCommunication) {
   Meshes s;
   auto dot = sjit(s.mesh, [](const Array& a, const Array& b) { return matmul(a, b); });

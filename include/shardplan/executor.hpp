@@ -96,6 +96,8 @@ class Executor {
   /// "tbb", "threads" or "serial": the backend this library was configured with.
   static std::string_view backend();
 
+  /// How many device tasks run at once at most (the pool's threads; 1 for the serial backend).
+  int concurrency() const;
   /// The global number of devices (of every process).
   int num_devices() const;
   /// The devices this process holds, in order (all of them with one process).

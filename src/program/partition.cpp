@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -203,6 +204,65 @@ class Partitioner {
     return axes;
   }
 
+  // The sharded weight update XLA makes of an all-reduce followed by elementwise work, made
+  // here for every pointwise node: when the propagation leaves the result whole over mesh axes
+  // on which an operand is a pending sum (a gradient summed over the batch axis) or is already
+  // split (the previous node of such a chain), the node runs split over them instead: the pending
+  // operand is reduce-scattered rather than all-reduced, the other operands are sliced locally,
+  // each device does 1/n of the work, and the result is gathered only where a user needs it
+  // whole (the reduce-scatter and that all-gather are the all-reduce's own two halves). Returns
+  // the factor axes of that split, or nothing when no operand offers one. The caller keeps it
+  // only when its reshards cost no more bytes than `base`'s.
+  std::optional<FactorAxes> split_pointwise(ValueId id, const FactorAxes& base) const {
+    const Node& n = g_[id];
+    const OpFactors& f = prop_.factors(id);
+    if (n.op->sharding_identity || constant_[id] != 0 || n.operands.empty()) return std::nullopt;
+    if (std::any_of(f.kinds.begin(), f.kinds.end(),
+                    [](FactorKind k) { return k != FactorKind::kPass; })) {
+      return std::nullopt;
+    }
+    const Shape& shape = n.type.shape;
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      // Same shape, dimension by dimension on the result's factors: a pointwise node.
+      if (!(g_[n.operands[k]].type.shape == shape) || f.operands[k] != f.result) {
+        return std::nullopt;
+      }
+    }
+    std::set<std::string> used;
+    for (int fac = 0; fac < f.count(); ++fac) used.insert(base[fac].begin(), base[fac].end());
+    const auto free = [&](const AxisNames& axes) {
+      return !axes.empty() && std::none_of(axes.begin(), axes.end(),
+                                           [&](const auto& a) { return used.count(a) > 0; });
+    };
+    for (const ValueId o : n.operands) {
+      const State& os = state_[o];
+      FactorAxes axes = base;
+      bool changed = false;
+      if (!os.pending.empty()) {
+        // Split the first (most major) dimension that is whole and divides.
+        if (!free(os.pending.axes)) continue;
+        for (int d = 0; d < shape.rank() && !changed; ++d) {
+          const int fac = f.result[static_cast<std::size_t>(d)];
+          if (!axes[fac].empty() || shape[d] % product(mesh_, os.pending.axes) != 0) continue;
+          axes[fac] = os.pending.axes;
+          changed = true;
+        }
+      } else {
+        const auto dims = padded(os.spec, shape.rank());
+        for (int d = 0; d < shape.rank(); ++d) {
+          const auto& on = dims[static_cast<std::size_t>(d)];
+          const int fac = f.result[static_cast<std::size_t>(d)];
+          if (!axes[fac].empty() || !free(on)) continue;
+          axes[fac] = on;
+          used.insert(on.begin(), on.end());
+          changed = true;
+        }
+      }
+      if (changed) return axes;
+    }
+    return std::nullopt;
+  }
+
   // What running node `id` with these factor axes asks of its operands and gives its result, and
   // the bytes of the reshards that needs (the operands', then the result's to its propagated
   // sharding).
@@ -257,6 +317,10 @@ class Partitioner {
     if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
       Choice other = evaluate(id, assign(id, true));
       if (other.cost < choice.cost) choice = std::move(other);
+    }
+    if (auto axes = split_pointwise(id, choice.axes)) {
+      Choice split = evaluate(id, std::move(*axes));
+      if (split.cost <= choice.cost) choice = std::move(split);
     }
     // Operands brought to the sharding the factors ask for.
     std::vector<SlotId> in_slots;

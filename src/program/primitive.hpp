@@ -68,6 +68,12 @@ using InferFn = TensorType(const Node& node, std::span<const TensorType> operand
 using FactorsFn = OpFactors(const Node& node, std::span<const Shape> operands);
 /// Computes the node on one device's blocks.
 using KernelFn = void(const KernelArgs& k);
+/// The kernels of several devices (two or more) run by one thread, all of which hold the same
+/// values of operand `shared` (a block of a replicated weight): a chance to do once what each
+/// device's kernel would repeat (the dot packs the weight once for all of them). Each device's
+/// result must be bitwise what its own kernel gives. Returns false, having written nothing, to
+/// have each device's kernel run instead.
+using GroupKernelFn = bool(std::span<const KernelArgs> devices, int shared);
 /// Floating-point operations of the kernel on these local shapes.
 using FlopsFn = double(const Node& node, std::span<const Shape> operands, const Shape& result);
 /// The cotangents of the operands (an empty Array where none flows) given the operands, the
@@ -102,6 +108,8 @@ struct Primitive {
   LocalizeFn* localize = nullptr;
   /// Optional: the op is a repetition of its one operand (see RepeatFn).
   RepeatFn* repeat = nullptr;
+  /// Optional: runs the kernels of several devices sharing a thread (see GroupKernelFn).
+  GroupKernelFn* group_kernel = nullptr;
   /// The result's dimensions are the operands' (all of the result's shape): propagation settles
   /// these first, to a fixed point (elementwise ops, select, convert, the sharding identities).
   /// The kernel of a pointwise op must compute element i from the operands' elements i alone,

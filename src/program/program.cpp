@@ -143,23 +143,83 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
   for (const SlotId in : st.in) ins.push_back(&slots[index(in)]);
   // Steps of a few KiB run inline: waking the pool would cost more than the work.
   const bool parallel = bytes * static_cast<std::int64_t>(mesh_.devices().size()) > (64 << 10);
-  executor.run(
-      mesh_.devices(),
-      [&](int d) {
-        std::vector<ConstBlock> in_blocks;
-        in_blocks.reserve(ins.size());
-        for (const Array* a : ins) {
-          in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
+  const auto blocks_of = [&](int d) {
+    std::vector<ConstBlock> in_blocks;
+    in_blocks.reserve(ins.size());
+    for (const Array* a : ins) {
+      in_blocks.push_back(ConstBlock{a->shard(d).data(), a->shard_shape(), a->dtype()});
+    }
+    return in_blocks;
+  };
+  const auto out_of = [&](int d) {
+    return MutBlock{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype};
+  };
+  const auto one = [&](int d) {
+    const std::vector<ConstBlock> in_blocks = blocks_of(d);
+    const MutBlock out_block = out_of(d);
+    if (st.fused) {
+      run_fused(*st.fused, in_blocks, out_block);
+    } else {
+      st.local.op->kernel(
+          KernelArgs{st.local, in_blocks, out_block, (*st.offsets)[static_cast<std::size_t>(d)]});
+    }
+  };
+  if (parallel && !st.fused && st.local.op->group_kernel != nullptr && ins.size() > 1) {
+    // More devices than threads: each thread takes a run of consecutive devices, and those of a
+    // run that hold the same block of operand 1 (a replicated weight: the same values) go to
+    // the op's group kernel together.
+    std::vector<int> mine;
+    for (const int d : mesh_.devices()) {
+      if (executor.is_local(d)) mine.push_back(d);
+    }
+    const std::size_t threads = static_cast<std::size_t>(std::max(1, executor.concurrency()));
+    if (mine.size() > threads) {
+      std::vector<std::size_t> start_of(static_cast<std::size_t>(executor.num_devices()), 0);
+      std::vector<int> leaders;
+      for (std::size_t t = 0; t < threads; ++t) {
+        const std::size_t lo = t * mine.size() / threads;
+        leaders.push_back(mine[lo]);
+        start_of[static_cast<std::size_t>(mine[lo])] = lo;
+      }
+      const Array& shared = *ins[1];
+      executor.run(leaders, [&](int leader) {
+        const std::size_t lo = start_of[static_cast<std::size_t>(leader)];
+        const std::size_t t = static_cast<std::size_t>(
+            std::find(leaders.begin(), leaders.end(), leader) - leaders.begin());
+        const std::size_t hi = (t + 1) * mine.size() / threads;
+        std::vector<char> done(hi - lo, 0);
+        for (std::size_t i = lo; i < hi; ++i) {
+          if (done[i - lo]) continue;
+          std::vector<int> group;
+          for (std::size_t j = i; j < hi; ++j) {
+            if (!done[j - lo] && shared.block(mine[j]) == shared.block(mine[i])) {
+              group.push_back(mine[j]);
+              done[j - lo] = 1;
+            }
+          }
+          std::vector<std::vector<ConstBlock>> in_blocks;
+          std::vector<MutBlock> out_blocks;
+          std::vector<KernelArgs> args;
+          in_blocks.reserve(group.size());
+          out_blocks.reserve(group.size());
+          for (const int d : group) {
+            in_blocks.push_back(blocks_of(d));
+            out_blocks.push_back(out_of(d));
+            args.push_back(KernelArgs{st.local, in_blocks.back(), out_blocks.back(),
+                                      (*st.offsets)[static_cast<std::size_t>(d)]});
+          }
+          if (group.size() < 2 || !st.local.op->group_kernel(args, 1)) {
+            for (const int d : group) one(d);
+          }
         }
-        const MutBlock out_block{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype};
-        if (st.fused) {
-          run_fused(*st.fused, in_blocks, out_block);
-        } else {
-          st.local.op->kernel(KernelArgs{st.local, in_blocks, out_block,
-                                         (*st.offsets)[static_cast<std::size_t>(d)]});
-        }
-      },
-      parallel);
+      });
+      slots[index(st.out)] =
+          Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
+                              std::move(out), st.pending);
+      return;
+    }
+  }
+  executor.run(mesh_.devices(), one, parallel);
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, std::move(out), st.pending);
 }

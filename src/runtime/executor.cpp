@@ -263,6 +263,16 @@ std::string_view Executor::backend() {
 #endif
 }
 
+int Executor::concurrency() const {
+#if defined(SHARDPLAN_EXECUTOR_TBB)
+  return impl_->arena.max_concurrency();
+#elif defined(SHARDPLAN_EXECUTOR_THREADS)
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+#else
+  return 1;
+#endif
+}
+
 int Executor::num_devices() const { return impl_->accounts->num_devices; }
 
 const std::vector<int>& Executor::local_devices() const { return impl_->local; }

@@ -10,11 +10,13 @@ namespace shardplan::detail {
 
 // The variants CMakeLists.txt built (SHARDPLAN_GEMM_AVX2/AVX512 say which), each compiled from
 // gemm/variant.cpp with its own instruction set.
-#define SHARDPLAN_DECLARE_GEMM(fn)                                                            \
-  void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*, const float*,   \
-          float*);                                                                            \
-  void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*, const double*, \
-          double*);
+#define SHARDPLAN_DECLARE_GEMM(fn)                                                                 \
+  void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const float*, const float*,        \
+          float*);                                                                                 \
+  void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*, const double*,      \
+          double*);                                                                                \
+  void fn(bool, bool, std::int64_t, std::int64_t, const float*, std::span<const GemmRows<float>>); \
+  void fn(bool, bool, std::int64_t, std::int64_t, const double*, std::span<const GemmRows<double>>);
 SHARDPLAN_DECLARE_GEMM(gemm_generic)
 #if defined(SHARDPLAN_GEMM_AVX2)
 SHARDPLAN_DECLARE_GEMM(gemm_avx2)
@@ -125,7 +127,34 @@ void run(GemmIsa isa, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int
       throw Error("[gemm] the " + std::string(name(isa)) + " variant is not in this build");
   }
 }
+template <class T>
+void run_shared_b(GemmIsa isa, bool ta, bool tb, std::int64_t n, std::int64_t k, const T* b,
+                  std::span<const GemmRows<T>> parts) {
+  switch (isa) {
+#if defined(SHARDPLAN_GEMM_AVX512)
+    case GemmIsa::kAvx512:
+      return gemm_avx512(ta, tb, n, k, b, parts);
+#endif
+#if defined(SHARDPLAN_GEMM_AVX2)
+    case GemmIsa::kAvx2:
+      return gemm_avx2(ta, tb, n, k, b, parts);
+#endif
+    case GemmIsa::kGeneric:
+      return gemm_generic(ta, tb, n, k, b, parts);
+    default:
+      throw Error("[gemm] the " + std::string(name(isa)) + " variant is not in this build");
+  }
+}
 }  // namespace
+
+void gemm_shared_b(GemmIsa isa, bool ta, bool tb, std::int64_t n, std::int64_t k, const float* b,
+                   std::span<const GemmRows<float>> parts) {
+  run_shared_b(isa, ta, tb, n, k, b, parts);
+}
+void gemm_shared_b(GemmIsa isa, bool ta, bool tb, std::int64_t n, std::int64_t k, const double* b,
+                   std::span<const GemmRows<double>> parts) {
+  run_shared_b(isa, ta, tb, n, k, b, parts);
+}
 
 void gemm(GemmIsa isa, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
           const float* a, const float* b, float* y) {

@@ -42,6 +42,29 @@ void gemm(GemmIsa isa, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
 void gemm(GemmIsa isa, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
           const double* a, const double* b, double* y);
 
+/// One part of a product with a shared right operand: y (m x n) = op(a) (m x k) * op(b).
+template <class T>
+struct GemmRows {
+  std::int64_t m = 0;
+  const T* a = nullptr;
+  T* y = nullptr;
+};
+
+/// gemm(isa, trans_a, trans_b, part.m, n, k, part.a, b, part.y) for every part, bitwise, with b's
+/// blocks packed once for all the parts where each part's own product would pack them again: the
+/// devices of a data-parallel step that share a core and a replicated weight. Parts of unequal m
+/// (or shapes Eigen multiplies another way) are run one by one.
+void gemm_shared_b(GemmIsa isa, bool trans_a, bool trans_b, std::int64_t n, std::int64_t k,
+                   const float* b, std::span<const GemmRows<float>> parts);
+void gemm_shared_b(GemmIsa isa, bool trans_a, bool trans_b, std::int64_t n, std::int64_t k,
+                   const double* b, std::span<const GemmRows<double>> parts);
+
+template <class T>
+void gemm_shared_b(bool trans_a, bool trans_b, std::int64_t n, std::int64_t k, const T* b,
+                   std::span<const GemmRows<T>> parts) {
+  gemm_shared_b(gemm_isa(), trans_a, trans_b, n, k, b, parts);
+}
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
           const T* b, T* y) {

@@ -246,6 +246,47 @@ void dot(const KernelArgs& c) {
   }
 }
 
+// The devices' dots with the same right operand (a replicated weight), each as dot_in_place
+// would run it, as one GEMM call that packs the weight once for all of them (bitwise each
+// device's own product: gemm_shared_b). Anything dot_in_place would not take, or devices whose
+// blocks differ in shape, run one by one.
+template <class T>
+bool dot_shared_rhs(std::span<const KernelArgs> ks) {
+  const KernelArgs& c = ks.front();
+  for (const KernelArgs& o : ks) {
+    if (!(o.in[0].shape == c.in[0].shape) || !(o.in[1].shape == c.in[1].shape)) return false;
+  }
+  const DotDims& dims = c.node.attr<DotAttrs>().dims;
+  const DotLayout d = dot_layout(dims, c.in[0].shape, c.in[1].shape);
+  const bool l_mk = is_identity(d.lhs_perm);
+  const bool l_km =
+      is_identity(contract_first_dims(c.in[0].shape.rank(), dims.lhs_batch, dims.lhs_contract));
+  const bool r_nk = is_identity(d.rhs_perm);
+  const bool r_kn =
+      is_identity(contract_first_dims(c.in[1].shape.rank(), dims.rhs_batch, dims.rhs_contract));
+  if (!(l_mk || l_km) || !(r_nk || r_kn) || d.k == 0 || d.batch != 1) return false;
+  std::vector<GemmRows<T>> parts;
+  parts.reserve(ks.size());
+  for (const KernelArgs& o : ks) {
+    parts.push_back(
+        {d.m, reinterpret_cast<const T*>(o.in[0].data), reinterpret_cast<T*>(o.out.data)});
+  }
+  gemm_shared_b<T>(!l_mk, !r_kn, d.n, d.k, reinterpret_cast<const T*>(c.in[1].data), parts);
+  return true;
+}
+
+bool dot_group_kernel(std::span<const KernelArgs> ks, int shared) {
+  if (shared != 1 || ks.size() < 2) return false;
+  switch (ks.front().in[0].dtype) {
+    case DType::kF32:
+      return ks.front().in[1].dtype == DType::kF32 && dot_shared_rhs<float>(ks);
+    case DType::kF64:
+      return ks.front().in[1].dtype == DType::kF64 && dot_shared_rhs<double>(ks);
+    default:
+      return false;
+  }
+}
+
 void dot_kernel(const KernelArgs& k) {
   dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) { dot<T>(k); });
 }
@@ -313,6 +354,7 @@ constinit const Primitive dot_general{.name = "dot_general",
                                       .kernel = dot_kernel,
                                       .flops = dot_flops,
                                       .vjp = dot_vjp,
+                                      .group_kernel = dot_group_kernel,
                                       .partial = ReduceOp::kSum};
 }  // namespace prim
 
