@@ -72,6 +72,34 @@ BENCHMARK(BM_MlpTrainStepTwoHalvesSideBySide)
     ->UseRealTime()
     ->MinTime(3.0);
 
+// The ceiling for 8 devices on 2 cores with the work split as 8 devices split it: eight
+// independent 1-device steps, each on an eighth of the batch with its own copy of the weights,
+// four after one another on each of two threads (nothing shared, nothing communicated). Over
+// BM_MlpTrainStepTwoHalvesSideBySide it shows what splitting the step 8 ways rather than 2 costs
+// by itself (smaller GEMMs, 8 weight copies to read and update).
+void BM_MlpTrainStepEighthsSideBySide(benchmark::State& state) {
+  static const std::vector<Executor> execs = [] {
+    std::vector<Executor> e;
+    for (int i = 0; i < 8; ++i) e.emplace_back(1);  // eight executors (copies would share one)
+    return e;
+  }();
+  const Mesh mesh = Mesh::parse("data:1", 1);
+  std::vector<std::function<void()>> steps;
+  for (const Executor& e : execs) steps.push_back(bench::make_mlp_train_step(e, mesh, kBatch / 8));
+  const auto four = [&](std::size_t first) {
+    for (std::size_t i = first; i < first + 4; ++i) steps[i]();
+  };
+  for (auto _ : state) {
+    std::thread other(four, 4);
+    four(0);
+    other.join();
+  }
+}
+BENCHMARK(BM_MlpTrainStepEighthsSideBySide)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
+
 using M = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using V = Eigen::Matrix<float, 1, Eigen::Dynamic>;
 

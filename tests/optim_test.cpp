@@ -190,6 +190,66 @@ TEST(Optim, ErrorsSayWhatIsMissing) {
 // The update written as a sharded weight update (bench/mlp_train_step.hpp's sharded_update:
 // gradients reduce-scattered over the batch axis, each device updating its slice, the new
 // weights all-gathered) gives the replicated update's weights, and they come out replicated.
+// The plain data-parallel step (replicated parameters, no constraint written by the user) gets
+// the sharded weight update by itself: the gradients value_and_grad constrains to their
+// parameters' sharding stay pending until the update takes them reduce-scattered, and the
+// learning rate's broadcast is made in the update's split blocks (not made whole, then sliced).
+// The result equals the step on one device. A user's own constraint on a pending gradient is
+// resolved where it stands (an all-reduce).
+TEST(Optim, ThePlainDataParallelStepUpdatesItsWeightsSplit) {
+  const Executor exec(4);
+  const Mesh mesh = Mesh::parse("data:4", 4);
+  const Executor one(1);
+  const Mesh single = Mesh::parse("data:1", 1);
+  const Tensor w = Tensor::uniform(Shape{16, 8}, DType::kF32, 5, -1, 1);
+  const Tensor x = Tensor::uniform(Shape{32, 16}, DType::kF32, 6, -1, 1);
+  const Optimizer sgd = Optimizer::sgd(0.1);
+  const auto loss = [](const Tree<Array>& q, const Array& v) {
+    return mean(tanh(matmul(v, q.at("w").leaf())));
+  };
+  const auto make = [&](bool user_constraint) {
+    return [&, user_constraint](const Tree<Array>& p, const Array& xb) {
+      auto [value, g] = value_and_grad(loss)(p, xb);
+      if (user_constraint)
+        g = g.map([](const Array& a) { return with_sharding_constraint(a, P()); });
+      const Tree<Array> state = sgd.init(p);
+      return sgd.update(g, state, p).first;
+    };
+  };
+  const Tree<Array> params =
+      Tree<Array>::dict({{"w", device_put(w, NamedSharding(mesh, P()), exec)}});
+  const Array xs = device_put(x, NamedSharding(mesh, P("data")), exec);
+  auto step = sjit(mesh, make(false));
+  const Lowered low = step.lower(params, xs);
+  const auto& bytes = low.cost().bytes_by_kind;
+  // f32[16, 8] = 512 bytes: 3/4 of it received in the reduce-scatter and again in the all-gather.
+  // The only all-reduce is the loss's own scalar sum (f32 over 4 devices: 3 summands of 4
+  // bytes received), not the gradient's.
+  ASSERT_EQ(bytes.count("all_reduce"), 1u) << low.text();
+  EXPECT_EQ(bytes.at("all_reduce"), 12);
+  ASSERT_EQ(bytes.count("reduce_scatter"), 1u) << low.text();
+  EXPECT_EQ(bytes.at("reduce_scatter"), 384);
+  EXPECT_EQ(bytes.at("all_gather"), 384);
+  EXPECT_THAT(low.text(),
+              ::testing::Not(::testing::HasSubstr("broadcast_in_dim on blocks [16, 8]")));
+  EXPECT_THAT(low.text(), ::testing::HasSubstr("on blocks [4, 8]"));
+  const Tree<Array> out = step(params, xs);
+  EXPECT_EQ(out.at("w").leaf().sharding().spec(), P());
+  const Tree<Array> ref =
+      make(false)(Tree<Array>::dict({{"w", device_put(w, NamedSharding(single, P()), one)}}),
+                  device_put(x, NamedSharding(single, P()), one));
+  const auto a = host(out, "w"), b = host(ref, "w");
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << i;
+  EXPECT_NE(a, w.to_doubles());  // the step moved the weights
+
+  const Lowered user = sjit(mesh, make(true)).lower(params, xs);
+  // The loss's 12 bytes and the gradient's all-reduce: 2 * 3/4 of 512 bytes.
+  ASSERT_EQ(user.cost().bytes_by_kind.count("all_reduce"), 1u) << user.text();
+  EXPECT_EQ(user.cost().bytes_by_kind.at("all_reduce"), 12 + 768);
+  EXPECT_EQ(user.cost().bytes_by_kind.count("reduce_scatter"), 0u) << user.text();
+}
+
 TEST(Optim, ShardedWeightUpdateEqualsTheReplicatedOne) {
   const Executor exec(4);
   const Mesh mesh = Mesh::parse("data:4", 4);

@@ -65,6 +65,12 @@ class Partitioner {
         resharded_(g.size()) {
     out_.flops.assign(static_cast<std::size_t>(mesh_.size()), 0);
     mark_constants();
+    uses_ = ValueMap<int>(g.size(), 0);
+    for (const Node& n : g.nodes) {
+      for (const ValueId o : n.operands) ++uses_[o];
+    }
+    for (const ValueId o : g.outputs) ++uses_[o];
+    kernel_step_ = ValueMap<std::ptrdiff_t>(g.size(), -1);
   }
 
   Partitioned run() {
@@ -80,6 +86,14 @@ class Partitioner {
     for (const ValueId o : g_.outputs) {
       out_.output_slots.push_back(require(o, specs_[o]));
       out_.output_shardings.emplace_back(mesh_, specs_[o]);
+    }
+    if (!dead_.empty()) {
+      std::vector<Step> kept;
+      kept.reserve(out_.steps.size() - dead_.size());
+      for (std::size_t i = 0; i < out_.steps.size(); ++i) {
+        if (!dead_.count(i)) kept.push_back(std::move(out_.steps[i]));
+      }
+      out_.steps = std::move(kept);
     }
     out_.num_slots = next_slot_;
     return std::move(out_);
@@ -204,6 +218,56 @@ class Partitioner {
     return axes;
   }
 
+  // A repetition of its operand (a scalar or bias broadcast) made for one user only, which now
+  // wants it in another sharding (a split update): made again in that sharding, its first step
+  // dropped, rather than made whole and then sliced. Fusion then reads it as its operand again.
+  void remake_repeat(ValueId o, const PartitionSpec& want) {
+    const Node& rn = g_[o];
+    const std::ptrdiff_t at = kernel_step_[o];
+    if (rn.op->repeat == nullptr || uses_[o] != 1 || at < 0) return;
+    const State& os = state_[o];
+    if (!os.pending.empty() ||
+        NamedSharding(mesh_, os.spec)
+            .is_equivalent_to(NamedSharding(mesh_, want), rn.type.shape.rank())) {
+      return;
+    }
+    const OpFactors& f = prop_.factors(o);
+    FactorAxes axes(f.count());
+    const auto dims = padded(want, rn.type.shape.rank());
+    for (std::size_t d = 0; d < dims.size(); ++d) {
+      const int fac = f.result[d];
+      if (fac < 0 || f.kind(fac) != FactorKind::kPass) return;  // not made by its factors
+      axes[fac] = dims[d];
+    }
+    Choice c = evaluate(o, std::move(axes));
+    if (!NamedSharding(mesh_, spec_of_dims(c.out_dims))
+             .is_equivalent_to(NamedSharding(mesh_, want), rn.type.shape.rank())) {
+      return;
+    }
+    const auto old = static_cast<std::size_t>(at);
+    dead_.insert(old);
+    for (double& fl : out_.flops) fl -= out_.steps[old].flops;
+    std::vector<SlotId> in_slots;
+    std::vector<Shape> in_local;
+    for (std::size_t k = 0; k < rn.operands.size(); ++k) {
+      in_slots.push_back(require(rn.operands[k], c.wants[k]));
+      in_local.push_back(
+          NamedSharding(mesh_, c.wants[k]).shard_shape(g_[rn.operands[k]].type.shape));
+    }
+    State& st = state_[o];
+    st.spec = spec_of_dims(c.out_dims);
+    st.pending = Pending{};
+    emit_kernel(o, std::move(in_slots), in_local);
+  }
+
+  // True for the constraint value_and_grad puts on a gradient (sharded like its parameter)
+  // when the gradient is still a pending sum. A user's with_sharding_constraint, an output's
+  // sharding and an annotation are resolved where they stand.
+  bool defers_reduction(const Node& n) const {
+    if (!n.is(prim::sharding_constraint) || !n.attr<ConstraintAttrs>().like) return false;
+    return !state_[n.operands[0]].pending.empty();
+  }
+
   // The sharded weight update XLA makes of an all-reduce followed by elementwise work, made
   // here for every pointwise node: when the propagation leaves the result whole over mesh axes
   // on which an operand is a pending sum (a gradient summed over the batch axis) or is already
@@ -313,6 +377,14 @@ class Partitioner {
   void partition_node(ValueId id) {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
+    if (defers_reduction(n)) {
+      // A gradient "sharded like its parameter" that is still a pending sum stays pending: its
+      // users ask for the sharding they need (the propagation gave them the parameter's), so
+      // an elementwise update can take it reduce-scattered (split_pointwise) where resolving
+      // it here would all-reduce it first. An output is still reduced in full.
+      state_[id] = state_[n.operands[0]];
+      return;
+    }
     Choice choice = evaluate(id, assign(id, false));
     if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
       Choice other = evaluate(id, assign(id, true));
@@ -322,6 +394,8 @@ class Partitioner {
       Choice split = evaluate(id, std::move(*axes));
       if (split.cost <= choice.cost) choice = std::move(split);
     }
+    for (std::size_t k = 0; k < n.operands.size(); ++k)
+      remake_repeat(n.operands[k], choice.wants[k]);
     // Operands brought to the sharding the factors ask for.
     std::vector<SlotId> in_slots;
     std::vector<Shape> in_local;
@@ -361,6 +435,7 @@ class Partitioner {
     step.flops = n.op->flops(step.local, in_local, step.local.type.shape);
     for (double& fl : out_.flops) fl += step.flops;
     st.slot = step.out;
+    kernel_step_[id] = static_cast<std::ptrdiff_t>(out_.steps.size());
     out_.steps.push_back(std::move(step));
   }
 
@@ -371,6 +446,9 @@ class Partitioner {
   const Mesh& mesh_;
   ValueMap<State> state_;
   ValueMap<char> constant_;
+  ValueMap<int> uses_;                    // operand uses and outputs, by value
+  ValueMap<std::ptrdiff_t> kernel_step_;  // index of the value's kernel step, or -1
+  std::set<std::size_t> dead_;            // steps replaced by remake_repeat
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
 
   // Each device's block of a result, and the blocks' starts, made once per (spec, shape): the
