@@ -69,7 +69,8 @@ void BM_GemmTwoThreads(benchmark::State& state) {
 }
 // One thread: y[m, n] = x[m, k] @ w[k, n] as `state.range(3)` GEMMs of m / parts rows each (one
 // per device of a data-parallel step sharing a core), each with its own x and y blocks and the
-// same w: what splitting the rows costs a core (w is packed once per GEMM).
+// same w: what splitting the rows costs a core when w is packed once per GEMM (last argument 0)
+// or once for all of them (1: gemm_shared_b, what the dot's group kernel runs).
 void BM_GemmRowsSplit(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   const std::int64_t parts = state.range(3), rows = m / parts;
@@ -79,20 +80,29 @@ void BM_GemmRowsSplit(benchmark::State& state) {
     x.push_back(filled(rows * k, 0.5f));
     y.push_back(filled(rows * n, 0));
   }
+  const bool shared = state.range(4) != 0;
+  std::vector<shardplan::detail::GemmRows<float>> rows_of;
+  for (std::int64_t p = 0; p < parts; ++p) {
+    const auto i = static_cast<std::size_t>(p);
+    rows_of.push_back({rows, x[i].data(), y[i].data()});
+  }
   for (auto _ : state) {
-    for (std::int64_t p = 0; p < parts; ++p) {
-      const auto i = static_cast<std::size_t>(p);
-      gemm(false, false, rows, n, k, x[i].data(), w.data(), y[i].data());
+    if (shared) {
+      shardplan::detail::gemm_shared_b<float>(false, false, n, k, w.data(), rows_of);
+    } else {
+      for (const auto& r : rows_of) gemm(false, false, r.m, n, k, r.a, w.data(), r.y);
     }
     benchmark::DoNotOptimize(y.back().data());
   }
   report_flops(state, static_cast<double>(m), static_cast<double>(n), static_cast<double>(k));
 }
 BENCHMARK(BM_GemmRowsSplit)
-    ->Args({1024, 2048, 2048, 1})
-    ->Args({1024, 2048, 2048, 4})
-    ->Args({2048, 1024, 1024, 1})
-    ->Args({2048, 1024, 1024, 4})
+    ->Args({1024, 2048, 2048, 1, 0})
+    ->Args({1024, 2048, 2048, 4, 0})
+    ->Args({1024, 2048, 2048, 4, 1})
+    ->Args({2048, 1024, 1024, 1, 0})
+    ->Args({2048, 1024, 1024, 4, 0})
+    ->Args({2048, 1024, 1024, 4, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_GemmPlainEigen)

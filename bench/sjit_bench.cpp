@@ -3,6 +3,10 @@
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <thread>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/eigen.hpp"
@@ -33,17 +37,25 @@ BENCHMARK(BM_CachedDispatch)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The guide's matmul: [N, N] x [N, N], P('a', None) x P(None, 'b') on 4 x 2 devices (no
 // communication) vs the same program on one device.
-void matmul_case(benchmark::State& state, int devices) {
-  const std::int64_t n = state.range(0);
+// One call of the matmul on `devices` (8 or 1), compiled and run once beforehand.
+// [rows, n] x [n, n] (rows: n unless given); on one device, `own` (if given) is its executor.
+std::function<void()> make_matmul(std::int64_t n, int devices, std::int64_t rows = 0,
+                                  const Executor* own = nullptr) {
   const Mesh mesh = devices == 8 ? Mesh::parse("a:4,b:2", 8) : Mesh::parse("a:1,b:1", 1);
-  const Executor& exec = devices == 8 ? exec8() : exec1();
-  const Array a =
-      Array::normal(Shape{n, n}, DType::kF32, NamedSharding(mesh, P("a", nullptr)), exec, 1);
+  const Executor& exec = devices == 8 ? exec8() : own != nullptr ? *own : exec1();
+  const Array a = Array::normal(Shape{rows > 0 ? rows : n, n}, DType::kF32,
+                                NamedSharding(mesh, P("a", nullptr)), exec, 1);
   const Array b =
       Array::normal(Shape{n, n}, DType::kF32, NamedSharding(mesh, P(nullptr, "b")), exec, 2);
   auto f = sjit(mesh, [](const Array& x, const Array& y) { return matmul(x, y); });
   f(a, b);
-  for (auto _ : state) benchmark::DoNotOptimize(f(a, b));
+  return [f, a, b]() mutable { benchmark::DoNotOptimize(f(a, b)); };
+}
+
+void matmul_case(benchmark::State& state, int devices) {
+  const std::int64_t n = state.range(0);
+  std::function<void()> call = make_matmul(n, devices);
+  for (auto _ : state) call();
   state.counters["GFLOPs"] =
       benchmark::Counter(2.0 * n * n * n * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
@@ -69,10 +81,13 @@ BENCHMARK(BM_MatmulEigen)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->
 
 // The guide's MLP forward (layer sizes 784, 2048, 2048, 2048, 10; batch 2048), 8-way data
 // parallel vs one device.
-void mlp_case(benchmark::State& state, int devices) {
+// One forward call on `devices` (8 or 1) over `batch` rows; on one device, `own` (if given) is its
+// executor.
+std::function<void()> make_mlp_forward(int devices, std::int64_t batch = 2048,
+                                       const Executor* own = nullptr) {
   const std::vector<std::int64_t> sizes = {784, 2048, 2048, 2048, 10};
   const Mesh mesh = devices == 8 ? Mesh::parse("data:8", 8) : Mesh::parse("data:1", 1);
-  const Executor& exec = devices == 8 ? exec8() : exec1();
+  const Executor& exec = devices == 8 ? exec8() : own != nullptr ? *own : exec1();
   std::vector<Tree<Array>> layers;
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
     layers.push_back(Tree<Array>::dict(
@@ -82,15 +97,87 @@ void mlp_case(benchmark::State& state, int devices) {
   }
   const Tree<Array> params = Tree<Array>::list(layers);
   const Array x =
-      Array::normal(Shape{2048, 784}, DType::kF32, NamedSharding(mesh, P("data")), exec, 9);
+      Array::normal(Shape{batch, 784}, DType::kF32, NamedSharding(mesh, P("data")), exec, 9);
   auto f = sjit(mesh, &mlp::logits);
   f(params, x);
-  for (auto _ : state) benchmark::DoNotOptimize(f(params, x));
+  return [f, params, x]() mutable { benchmark::DoNotOptimize(f(params, x)); };
+}
+
+void mlp_case(benchmark::State& state, int devices) {
+  std::function<void()> call = make_mlp_forward(devices);
+  for (auto _ : state) call();
 }
 void BM_MlpForward8Devices(benchmark::State& s) { mlp_case(s, 8); }
 void BM_MlpForward1Device(benchmark::State& s) { mlp_case(s, 1); }
 BENCHMARK(BM_MlpForward8Devices)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_MlpForward1Device)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+
+// 8 devices against 1 measured in pairs (issue 14): each iteration times a 1-device call and an
+// 8-device call back to back, so that a machine slowing down for a while slows both alike.
+// Counters: the median call of each (ms_1, ms_8) and the median of the per-pair speed-ups (x_8).
+// With `halves` (two independent 1-device calls on half the data, on two threads: the ceiling
+// for 2 cores) also timed in each iteration: ms_halves and x_halves.
+void speedup_pairs(benchmark::State& state, std::function<void()> one, std::function<void()> eight,
+                   std::function<void()> halves = {}) {
+  std::vector<double> t1, t8, x, th, xh;
+  const auto time = [](const std::function<void()>& f) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  for (auto _ : state) {
+    t1.push_back(time(one));
+    t8.push_back(time(eight));
+    x.push_back(t1.back() / t8.back());
+    if (halves) {
+      th.push_back(time(halves));
+      xh.push_back(t1.back() / th.back());
+    }
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  state.counters["ms_1"] = median(t1);
+  state.counters["ms_8"] = median(t8);
+  state.counters["x_8"] = median(x);
+  if (halves) {
+    state.counters["ms_halves"] = median(th);
+    state.counters["x_halves"] = median(xh);
+  }
+}
+
+// Two 1-device calls on two threads at once (each made on its own executor).
+std::function<void()> side_by_side(std::function<void()> first, std::function<void()> second) {
+  return [first, second] {
+    std::thread other(second);
+    first();
+    other.join();
+  };
+}
+const Executor& own_executor(int i) {
+  static const Executor a(1), b(1);
+  return i == 0 ? a : b;
+}
+void BM_MatmulSpeedup(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  speedup_pairs(state, make_matmul(n, 1), make_matmul(n, 8),
+                side_by_side(make_matmul(n, 1, n / 2, &own_executor(0)),
+                             make_matmul(n, 1, n / 2, &own_executor(1))));
+}
+void BM_MlpForwardSpeedup(benchmark::State& state) {
+  speedup_pairs(state, make_mlp_forward(1), make_mlp_forward(8),
+                side_by_side(make_mlp_forward(1, 1024, &own_executor(0)),
+                             make_mlp_forward(1, 1024, &own_executor(1))));
+}
+BENCHMARK(BM_MatmulSpeedup)
+    ->Arg(1024)
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
+BENCHMARK(BM_MlpForwardSpeedup)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
 }  // namespace
 

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "../examples/llama_model.hpp"
@@ -99,6 +101,72 @@ BENCHMARK(BM_MlpTrainStepEighthsSideBySide)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(3.0);
+
+// The speed-ups of issue 14 measured in pairs: each iteration times one step of each contender
+// back to back (1 device, 2 and 8 devices, the two ceilings), so a machine that slows down for a
+// while slows all of them alike. Counters: each contender's median step (ms) and the median
+// over iterations of its speed-up over the 1-device step of the same iteration (x_...).
+void BM_MlpTrainStepSpeedups(benchmark::State& state) {
+  static const Executor a(1), b(1);
+  static const std::vector<Executor> eighths = [] {
+    std::vector<Executor> e;
+    for (int i = 0; i < 8; ++i) e.emplace_back(1);
+    return e;
+  }();
+  const Mesh one = Mesh::parse("data:1", 1);
+  std::function<void()> single = bench::make_mlp_train_step(exec(1), one);
+  std::function<void()> two = bench::make_mlp_train_step(exec(2), Mesh::parse("data:2", 2));
+  std::function<void()> eight = bench::make_mlp_train_step(exec(8), Mesh::parse("data:8", 8));
+  std::function<void()> half_a = bench::make_mlp_train_step(a, one, kBatch / 2);
+  std::function<void()> half_b = bench::make_mlp_train_step(b, one, kBatch / 2);
+  std::vector<std::function<void()>> eighth;
+  for (const Executor& e : eighths)
+    eighth.push_back(bench::make_mlp_train_step(e, one, kBatch / 8));
+  const auto halves = [&] {
+    std::thread other(half_b);
+    half_a();
+    other.join();
+  };
+  const auto eighths_side_by_side = [&] {
+    const auto four = [&](std::size_t first) {
+      for (std::size_t i = first; i < first + 4; ++i) eighth[i]();
+    };
+    std::thread other(four, 4);
+    four(0);
+    other.join();
+  };
+  const std::vector<std::pair<const char*, std::function<void()>>> runs = {
+      {"1", single},
+      {"2", two},
+      {"8", eight},
+      {"halves", halves},
+      {"eighths", eighths_side_by_side}};
+  for (const auto& r : runs) r.second();  // warm up: compile, allocate
+  std::vector<std::vector<double>> ms(runs.size()), speedup(runs.size());
+  for (auto _ : state) {
+    std::vector<double> t;
+    for (const auto& r : runs) {
+      const auto start = std::chrono::steady_clock::now();
+      r.second();
+      t.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      ms[i].push_back(t[i]);
+      speedup[i].push_back(t[0] / t[i]);
+    }
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    state.counters[fmt::format("ms_{}", runs[i].first)] = median(ms[i]);
+    if (i > 0) state.counters[fmt::format("x_{}", runs[i].first)] = median(speedup[i]);
+  }
+}
+BENCHMARK(BM_MlpTrainStepSpeedups)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(15);
 
 using M = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using V = Eigen::Matrix<float, 1, Eigen::Dynamic>;
