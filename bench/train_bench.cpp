@@ -44,8 +44,8 @@ void BM_MlpTrainStep1Device(benchmark::State& s) { mlp_train(s, 1); }
 BENCHMARK(BM_MlpTrainStep2Devices)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_MlpTrainStep8Devices)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_MlpTrainStep1Device)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
-// The same step with the update sharded (bench/mlp_train_step.hpp: reduce-scatter, update a
-// slice, all-gather): 8 virtual devices then update one replica's worth in all, not eight.
+// The same step with the update sharded by hand (bench/mlp_train_step.hpp: reduce-scatter,
+// update a slice, all-gather), which the partitioner now also makes of the plain step.
 void BM_MlpTrainStep8DevicesShardedUpdate(benchmark::State& state) {
   bench::run_mlp_train_steps(state, exec(8), Mesh::parse("data:8", 8), /*warm_up=*/false,
                              /*sharded_update=*/true);

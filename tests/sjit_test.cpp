@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../examples/mlp.hpp"
+#include "shardplan/autodiff.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -179,6 +180,41 @@ TEST(Sjit, DevicesSharingAThreadAndAWeightGetTheirOwnProductsBitwise) {
           << "device " << d;
     }
   }
+}
+
+// Values no output depends on are not computed (dead-code elimination before partitioning): a
+// product nobody returns costs no FLOPs and moves no bytes, and value_and_grad's step does not
+// compute the gradient of its data (only the parameters' are asked for). The results are those
+// of one device.
+TEST(Sjit, ValuesNoOutputNeedsAreNotComputed) {
+  Meshes s;
+  const Tensor x = Tensor::normal(Shape{16, 8}, DType::kF32, 31);
+  const Tensor w = Tensor::normal(Shape{8, 4}, DType::kF32, 32);
+  const Array xs = s.put(x, P("data")), ws = s.put(w, P(nullptr, "model"));
+  auto f = sjit(s.mesh, [](const Array& a, const Array& b) {
+    const Array unused = sum(matmul(a, b));  // an all-reduce over both axes if it were computed
+    (void)unused;
+    return a * 2.0;
+  });
+  const Lowered low = f.lower(xs, ws);
+  EXPECT_THAT(low.text(), ::testing::Not(::testing::HasSubstr("dot_general")));
+  EXPECT_TRUE(low.cost().bytes_by_kind.empty()) << low.text();
+  // 16 x 8 elements over 8 devices (x is split 4 ways and replicated over 'model'): 32 each.
+  EXPECT_DOUBLE_EQ(low.cost().flops.at(static_cast<std::size_t>(s.first)), 32.0);
+  EXPECT_EQ(max_diff(f(xs, ws).to_host(), (s.put1(x) * 2.0).to_host()), 0.0);
+
+  // One weight: the forward product and the weight's gradient, 2 * 16 * 8 * 4 FLOPs each over
+  // the 4-way split batch, plus elementwise work; never the 3rd product (the gradient of x).
+  auto grad = sjit(s.mesh, [](const Array& a, const Array& b) {
+    return value_and_grad([](const Array& v, const Array& q) { return sum(tanh(matmul(q, v))); })(b,
+                                                                                                  a)
+        .second;
+  });
+  const Lowered g = grad.lower(xs, s.put(w, P()));
+  const double product = 2.0 * 16 / 4 * 8 * 4;
+  const double fl = g.cost().flops.at(static_cast<std::size_t>(s.first));
+  EXPECT_GE(fl, 2 * product);
+  EXPECT_LT(fl, 2.5 * product) << g.text();
 }
 
 TEST(Sjit, TheGuidesDotNeedsNoCommunication) {

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "fuse.hpp"
 #include "memory.hpp"
 #include "partition.hpp"
@@ -28,6 +30,42 @@ Graph constrain_outputs(Graph g, const CompileSpec& spec) {
                                       .origin = fmt::format("output {} (out_shardings)", k)}});
   }
   return g;
+}
+
+// The graph without the values no output depends on (dead-code elimination, as XLA runs before
+// partitioning): a gradient nobody asked for (value_and_grad's VJP of x @ w also makes the
+// cotangent of x), a loss value not returned. They would otherwise be computed, communicated and
+// counted, and could pull propagated shardings their way. Inputs stay (the program binds every
+// one by index); value numbers are renumbered in order, `like` references with them.
+Graph without_dead_values(const Graph& g) {
+  std::vector<char> live(g.size(), 0);
+  for (const ValueId o : g.outputs) live[index(o)] = 1;
+  for (std::size_t i = g.size(); i-- > 0;) {
+    const Node& n = g.nodes[i];
+    if (n.is(prim::input)) live[i] = 1;
+    if (!live[i]) continue;
+    for (const ValueId o : n.operands) live[index(o)] = 1;
+    if (n.is(prim::sharding_constraint)) {
+      if (const auto& like = n.attr<ConstraintAttrs>().like) live[index(*like)] = 1;
+    }
+  }
+  if (std::all_of(live.begin(), live.end(), [](char c) { return c != 0; })) return g;
+  Graph out;
+  out.num_inputs = g.num_inputs;
+  std::vector<ValueId> renamed(g.size(), ValueId{-1});
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (!live[i]) continue;
+    Node n = g.nodes[i];
+    for (ValueId& o : n.operands) o = renamed[index(o)];
+    if (n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like) {
+      ConstraintAttrs c = n.attr<ConstraintAttrs>();
+      c.like = renamed[index(*c.like)];
+      n.attrs = std::move(c);
+    }
+    renamed[i] = out.add(std::move(n));
+  }
+  for (const ValueId o : g.outputs) out.outputs.push_back(renamed[index(o)]);
+  return out;
 }
 
 // Every sharding the user fixed, in graph order (a "like" constraint follows its source).
@@ -57,7 +95,7 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
 }  // namespace
 
 Program compile(const Graph& input_graph, const CompileSpec& spec) {
-  Graph g = constrain_outputs(input_graph, spec);
+  Graph g = without_dead_values(constrain_outputs(input_graph, spec));
   const Mesh& mesh = spec.mesh;
   Program prog(mesh);
 
