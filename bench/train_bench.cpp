@@ -32,6 +32,16 @@ const Executor& exec(int n) {
   return n == 8 ? e8 : n == 2 ? e2 : e1;
 }
 
+// Eight 1-device executors of their own (copies of one Executor would share its devices).
+const std::vector<Executor>& eight_executors() {
+  static const std::vector<Executor> e = [] {
+    std::vector<Executor> made;
+    for (int i = 0; i < 8; ++i) made.emplace_back(1);
+    return made;
+  }();
+  return e;
+}
+
 void mlp_train(benchmark::State& state, int devices) {
   const Mesh mesh = Mesh::parse(fmt::format("data:{}", devices), devices);
   bench::run_mlp_train_steps(state, exec(devices), mesh, /*warm_up=*/false);
@@ -80,11 +90,7 @@ BENCHMARK(BM_MlpTrainStepTwoHalvesSideBySide)
 // BM_MlpTrainStepTwoHalvesSideBySide it shows what splitting the step 8 ways rather than 2 costs
 // by itself (smaller GEMMs, 8 weight copies to read and update).
 void BM_MlpTrainStepEighthsSideBySide(benchmark::State& state) {
-  static const std::vector<Executor> execs = [] {
-    std::vector<Executor> e;
-    for (int i = 0; i < 8; ++i) e.emplace_back(1);  // eight executors (copies would share one)
-    return e;
-  }();
+  const std::vector<Executor>& execs = eight_executors();
   const Mesh mesh = Mesh::parse("data:1", 1);
   std::vector<std::function<void()>> steps;
   for (const Executor& e : execs) steps.push_back(bench::make_mlp_train_step(e, mesh, kBatch / 8));
@@ -108,11 +114,7 @@ BENCHMARK(BM_MlpTrainStepEighthsSideBySide)
 // over iterations of its speed-up over the 1-device step of the same iteration (x_...).
 void BM_MlpTrainStepSpeedups(benchmark::State& state) {
   static const Executor a(1), b(1);
-  static const std::vector<Executor> eighths = [] {
-    std::vector<Executor> e;
-    for (int i = 0; i < 8; ++i) e.emplace_back(1);
-    return e;
-  }();
+  const std::vector<Executor>& eighths = eight_executors();
   const Mesh one = Mesh::parse("data:1", 1);
   std::function<void()> single = bench::make_mlp_train_step(exec(1), one);
   std::function<void()> two = bench::make_mlp_train_step(exec(2), Mesh::parse("data:2", 2));

@@ -1,6 +1,7 @@
 // dot_general (XLA's DotGeneral): result dimensions are batch, then lhs free, then rhs free.
 // Sharding a contracting dimension leaves a partial sum, reduced where the result is consumed.
 #include <algorithm>
+#include <optional>
 
 #include "../../runtime/gemm.hpp"
 #include "../kernel_util.hpp"
@@ -209,8 +210,13 @@ std::vector<int> contract_first_dims(int rank, const std::vector<int>& batch,
 // f32/f64 operands already laid out as [batch, m, k] / [batch, k, n] (or [batch, k, m] /
 // [batch, n, k]) are multiplied in place, with the GEMM told which ones are transposed, instead of
 // being copied into [batch, free, contract] first: x @ w never copies w.
-template <class T>
-bool dot_in_place(const KernelArgs& c, const DotLayout& d) {
+struct GemmFlags {
+  bool trans_a = false, trans_b = false;
+};
+
+// The GEMM's transpose flags when both operands can be read where they lie ([batch, m, k] or
+// [batch, k, m]; [batch, k, n] or [batch, n, k]) and there is something to contract, else none.
+std::optional<GemmFlags> in_place_flags(const KernelArgs& c, const DotLayout& d) {
   const DotDims& dims = c.node.attr<DotAttrs>().dims;
   const bool l_mk = is_identity(d.lhs_perm);
   const bool l_km =
@@ -218,12 +224,20 @@ bool dot_in_place(const KernelArgs& c, const DotLayout& d) {
   const bool r_nk = is_identity(d.rhs_perm);
   const bool r_kn =
       is_identity(contract_first_dims(c.in[1].shape.rank(), dims.rhs_batch, dims.rhs_contract));
-  if (!(l_mk || l_km) || !(r_nk || r_kn) || d.k == 0) return false;
+  if (!(l_mk || l_km) || !(r_nk || r_kn) || d.k == 0) return std::nullopt;
+  return GemmFlags{.trans_a = !l_mk, .trans_b = !r_kn};
+}
+
+template <class T>
+bool dot_in_place(const KernelArgs& c, const DotLayout& d) {
+  const auto flags = in_place_flags(c, d);
+  if (!flags) return false;
   const T* l = reinterpret_cast<const T*>(c.in[0].data);
   const T* r = reinterpret_cast<const T*>(c.in[1].data);
   T* y = reinterpret_cast<T*>(c.out.data);
   for (std::int64_t b = 0; b < d.batch; ++b) {
-    gemm(!l_mk, !r_kn, d.m, d.n, d.k, l + b * d.m * d.k, r + b * d.n * d.k, y + b * d.m * d.n);
+    gemm(flags->trans_a, flags->trans_b, d.m, d.n, d.k, l + b * d.m * d.k, r + b * d.n * d.k,
+         y + b * d.m * d.n);
   }
   return true;
 }
@@ -256,22 +270,17 @@ bool dot_shared_rhs(std::span<const KernelArgs> ks) {
   for (const KernelArgs& o : ks) {
     if (!(o.in[0].shape == c.in[0].shape) || !(o.in[1].shape == c.in[1].shape)) return false;
   }
-  const DotDims& dims = c.node.attr<DotAttrs>().dims;
-  const DotLayout d = dot_layout(dims, c.in[0].shape, c.in[1].shape);
-  const bool l_mk = is_identity(d.lhs_perm);
-  const bool l_km =
-      is_identity(contract_first_dims(c.in[0].shape.rank(), dims.lhs_batch, dims.lhs_contract));
-  const bool r_nk = is_identity(d.rhs_perm);
-  const bool r_kn =
-      is_identity(contract_first_dims(c.in[1].shape.rank(), dims.rhs_batch, dims.rhs_contract));
-  if (!(l_mk || l_km) || !(r_nk || r_kn) || d.k == 0 || d.batch != 1) return false;
+  const DotLayout d = dot_layout(c.node.attr<DotAttrs>().dims, c.in[0].shape, c.in[1].shape);
+  const auto flags = in_place_flags(c, d);
+  if (!flags || d.batch != 1) return false;
   std::vector<GemmRows<T>> parts;
   parts.reserve(ks.size());
   for (const KernelArgs& o : ks) {
     parts.push_back(
         {d.m, reinterpret_cast<const T*>(o.in[0].data), reinterpret_cast<T*>(o.out.data)});
   }
-  gemm_shared_b<T>(!l_mk, !r_kn, d.n, d.k, reinterpret_cast<const T*>(c.in[1].data), parts);
+  gemm_shared_b<T>(flags->trans_a, flags->trans_b, d.n, d.k,
+                   reinterpret_cast<const T*>(c.in[1].data), parts);
   return true;
 }
 
