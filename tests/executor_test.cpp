@@ -1,6 +1,7 @@
 // Executor: one task per device, errors, memory accounting and limits, concurrent use.
 #include "shardplan/executor.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -21,6 +22,35 @@ TEST(Executor, RunsEveryDeviceExactlyOnceEvenWithMoreDevicesThanCores) {
     exec.run([&](int d) { calls[static_cast<std::size_t>(d)]++; });
     for (int d = 0; d < n; ++d) EXPECT_EQ(calls[static_cast<std::size_t>(d)].load(), 1) << d;
   }
+}
+
+// concurrency() is how many tasks can run at once: the hardware threads for the pool backends
+// (the program groups devices per thread by it), 1 for the serial one. Checked by running that
+// many tasks that each wait until all of them have started: with fewer threads they never would.
+TEST(Executor, ConcurrencyTasksRunAtOnce) {
+  const Executor exec(16);
+  const int n = exec.concurrency();
+  if (Executor::backend() == "serial") {
+    EXPECT_EQ(n, 1);
+    return;
+  }
+  EXPECT_EQ(n, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  std::vector<int> devices(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) devices[static_cast<std::size_t>(i)] = i;
+  std::atomic<int> started{0};
+  std::atomic<bool> timed_out{false};
+  exec.run(devices, [&](int) {
+    ++started;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (started.load() < n) {
+      if (std::chrono::steady_clock::now() > until) {
+        timed_out = true;
+        return;
+      }
+      std::this_thread::yield();
+    }
+  });
+  EXPECT_FALSE(timed_out.load()) << started.load() << " of " << n << " tasks ran at once";
 }
 
 TEST(Executor, RunsOnlyTheListedDevices) {
