@@ -128,6 +128,19 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
                      update(s.put1(x2), s.put1(dy2), s.put1(w2)).to_host()),
             1e-5);
 
+  // The sum also returned as it is: it is all-reduced for that output anyway, and the update
+  // reads the reduced copy (splitting it too would move the gradient twice).
+  auto both = sjit(s.mesh, [&](const Array& xb, const Array& dyb, const Array& wb) {
+    const Array g = matmul(transpose(xb, {1, 0}), dyb);
+    return Tree<Array>::dict({{"w", wb - g * 0.1}, {"g", g}});
+  });
+  const Lowered twice = both.lower(xs, dys, ws);
+  EXPECT_EQ(twice.cost().bytes_by_kind.count("reduce_scatter"), 0u) << twice.text();
+  ASSERT_EQ(twice.cost().bytes_by_kind.count("all_reduce"), 1u) << twice.text();
+  EXPECT_EQ(twice.cost().bytes_by_kind.at("all_reduce"), 288);
+  EXPECT_EQ(twice.cost().bytes_by_kind.count("all_gather"), 0u) << twice.text();
+  EXPECT_LT(max_diff(both(xs, dys, ws).at("w").leaf().to_host(), ref.to_host()), 1e-5);
+
   // A pending max (a max over the split batch) is reduce-scattered with max, not summed.
   auto peak = sjit(s.mesh, [](const Array& xb, const Array& wb) { return wb + max(xb, {0}); });
   const Tensor w8 = Tensor::normal(Shape{8}, DType::kF32, 17);

@@ -70,6 +70,17 @@ class Partitioner {
       for (const ValueId o : n.operands) ++uses_[o];
     }
     for (const ValueId o : g.outputs) ++uses_[o];
+    // Values only pointwise nodes (or the gradient constraints that defer to them) read: a split
+    // of them is gathered once, where a user needs the result whole. A value that an output, a
+    // product or a user's constraint also reads will be made whole anyway; splitting its
+    // pointwise users too would move it twice.
+    pointwise_only_ = ValueMap<char>(g.size(), 1);
+    for (const Node& n : g.nodes) {
+      const bool defers = n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like;
+      if (n.op->pointwise && (!n.op->sharding_identity || defers)) continue;
+      for (const ValueId o : n.operands) pointwise_only_[o] = 0;
+    }
+    for (const ValueId o : g.outputs) pointwise_only_[o] = 0;
     kernel_step_ = ValueMap<std::ptrdiff_t>(g.size(), -1);
   }
 
@@ -299,6 +310,7 @@ class Partitioner {
                                            [&](const auto& a) { return used.count(a) > 0; });
     };
     for (const ValueId o : n.operands) {
+      if (pointwise_only_[o] == 0) continue;
       const State& os = state_[o];
       FactorAxes axes = base;
       bool changed = false;
@@ -447,6 +459,7 @@ class Partitioner {
   ValueMap<State> state_;
   ValueMap<char> constant_;
   ValueMap<int> uses_;                    // operand uses and outputs, by value
+  ValueMap<char> pointwise_only_;         // read by pointwise nodes only (see the constructor)
   ValueMap<std::ptrdiff_t> kernel_step_;  // index of the value's kernel step, or -1
   std::set<std::size_t> dead_;            // steps replaced by remake_repeat
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
