@@ -143,6 +143,15 @@ TEST(Array, DeviceGroupsDifferOnlyAlongTheGivenAxes) {
 // device_group enumerates only the group's coordinates; check it against the definition (every
 // device whose mesh coordinates equal the given device's off the axes, in mesh order), on meshes
 // with a permuted device order and with axes named twice or out of mesh order.
+// varying_axes marks the listed axes in mesh order whatever order they are given in (the axes a
+// group over them varies along; device_group and the collectives' group sizes and ranks use it).
+TEST(Array, VaryingAxesMarksTheListedAxesInMeshOrder) {
+  const Mesh mesh = Mesh::parse("a:2,b:3,c:2", 12);
+  EXPECT_EQ(varying_axes(mesh, {"c", "a"}), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(varying_axes(mesh, {}), (std::vector<bool>{false, false, false}));
+  EXPECT_THROW_WITH(varying_axes(mesh, {"b", "z"}), SpecError, "'z'");
+}
+
 TEST(Array, DeviceGroupsMatchTheDefinitionOnPermutedMeshes) {
   std::vector<int> order(24);
   for (int i = 0; i < 24; ++i) order[static_cast<std::size_t>(i)] = (i * 7) % 24;  // a permutation
@@ -162,8 +171,8 @@ TEST(Array, DeviceGroupsMatchTheDefinitionOnPermutedMeshes) {
           for (int i = 0; i < mesh.ndim(); ++i) {
             const std::string& n = mesh.axis_names()[static_cast<std::size_t>(i)];
             const bool varies = std::find(axes.begin(), axes.end(), n) != axes.end();
-            same = same && (varies || c[static_cast<std::size_t>(i)] ==
-                                          mine[static_cast<std::size_t>(i)]);
+            same = same &&
+                   (varies || c[static_cast<std::size_t>(i)] == mine[static_cast<std::size_t>(i)]);
           }
           if (same) expect.push_back(mesh.devices()[static_cast<std::size_t>(pos)]);
         }

@@ -168,5 +168,8 @@ inline std::string visualize(const Array& a) { return a.visualize(); }
 /// Device ids that differ from `device` only along `axes` (itself included), in mesh order: the
 /// group a collective over `axes` runs in. Throws SpecError for an unknown axis.
 std::vector<int> device_group(const Mesh& mesh, int device, const std::vector<std::string>& axes);
+/// Per mesh axis (in mesh order), whether it is one of `axes`: the axes along which the members
+/// of a device group over `axes` differ. Throws SpecError for an unknown axis.
+std::vector<bool> varying_axes(const Mesh& mesh, const std::vector<std::string>& axes);
 
 }  // namespace shardplan

@@ -78,13 +78,18 @@ std::string_view to_string(ReduceOp op) {
   return "?";
 }
 
+std::vector<bool> varying_axes(const Mesh& mesh, const std::vector<std::string>& axes) {
+  std::vector<bool> varies(static_cast<std::size_t>(mesh.ndim()), false);
+  for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  return varies;
+}
+
 std::vector<int> device_group(const Mesh& mesh, int device, const std::vector<std::string>& axes) {
   // The members differ from `device` only in the coordinates of `axes`: enumerate those
   // coordinates (the last mesh axis fastest), which lists the members in mesh order, in time
   // proportional to the group rather than the mesh.
   const auto ndim = static_cast<std::size_t>(mesh.ndim());
-  std::vector<bool> varies(ndim, false);
-  for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  const std::vector<bool> varies = varying_axes(mesh, axes);
   const std::vector<std::int64_t>& sizes = mesh.axis_sizes();
   std::vector<std::int64_t> stride(ndim, 1);
   for (std::size_t i = ndim; i-- > 1;) stride[i - 1] = stride[i] * sizes[i];
@@ -416,9 +421,10 @@ Tree<Tensor> to_host(const Tree<Array>& arrays) {
 std::optional<Tensor> to_host_on_process(const Array& a, int process) {
   const int me = distributed::process_index(), count = distributed::process_count();
   if (process < 0 || process >= count) {
-    throw DistributedError(fmt::format("[to_host_on_process] process {} is not one of the {} "
-                                       "processes",
-                                       process, count));
+    throw DistributedError(
+        fmt::format("[to_host_on_process] process {} is not one of the {} "
+                    "processes",
+                    process, count));
   }
   if (a.executor().holds_all(a.mesh().devices())) {
     if (me == process) return a.to_host();
@@ -446,8 +452,8 @@ std::optional<Tensor> to_host_on_process(const Array& a, int process) {
   for (const auto& group : groups) {
     if (e.is_local(group.front()) || shard_bytes == 0) continue;
     Tensor& t = received.emplace_back(a.shard_shape(), a.dtype());
-    receives.push_back({e.process_of(group.front()), t.bytes(),
-                        static_cast<std::size_t>(shard_bytes)});
+    receives.push_back(
+        {e.process_of(group.front()), t.bytes(), static_cast<std::size_t>(shard_bytes)});
   }
   distributed::exchange({}, receives);
   Tensor out(shape, a.dtype());

@@ -742,8 +742,9 @@ std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
     for (int k = 0; k < rank; ++k) {
       const auto i = static_cast<std::size_t>(k);
       whole *= bt[i].size;
-      own *= std::max<std::int64_t>(0, std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size) -
-                                           std::max(bt[i].start, bs[i].start));
+      own *=
+          std::max<std::int64_t>(0, std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size) -
+                                        std::max(bt[i].start, bs[i].start));
     }
     bytes[static_cast<std::size_t>(d)] = (whole - own) * static_cast<std::int64_t>(elem);
   }
@@ -781,8 +782,7 @@ namespace {
 
 /// The size of every device group over `axes` (each axis counted once).
 std::int64_t group_size(const Mesh& mesh, const std::vector<std::string>& axes) {
-  std::vector<bool> varies(static_cast<std::size_t>(mesh.ndim()), false);
-  for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  const std::vector<bool> varies = varying_axes(mesh, axes);
   std::int64_t n = 1;
   for (int i = 0; i < mesh.ndim(); ++i) {
     if (varies[static_cast<std::size_t>(i)]) n *= mesh.axis_sizes()[static_cast<std::size_t>(i)];
@@ -793,8 +793,7 @@ std::int64_t group_size(const Mesh& mesh, const std::vector<std::string>& axes) 
 /// The index of `device` in device_group(mesh, device, axes) (which lists the group in mesh
 /// order): its coordinates on the varying axes read as one mixed-radix number.
 std::int64_t rank_in_group(const Mesh& mesh, int device, const std::vector<std::string>& axes) {
-  std::vector<bool> varies(static_cast<std::size_t>(mesh.ndim()), false);
-  for (const auto& a : axes) varies[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  const std::vector<bool> varies = varying_axes(mesh, axes);
   const auto coords = mesh.coords_of_position(mesh.position_of_device(device));
   std::int64_t r = 0;
   for (int i = 0; i < mesh.ndim(); ++i) {
@@ -828,7 +827,8 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
       const std::int64_t shard = byte_size(cur.shard_shape(shape), dtype);
       CollectiveRecord rec{"reduce_scatter", order, std::vector<std::int64_t>(num, 0)};
       const std::int64_t n = group_size(mesh, order);  // every group has the same size
-      for (const int d : mesh.devices()) rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
+      for (const int d : mesh.devices())
+        rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
       steps.push_back(std::move(rec));
     } else {
       const std::int64_t total = from.shard_shape(shape).numel();
