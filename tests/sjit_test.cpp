@@ -141,6 +141,23 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
   EXPECT_EQ(twice.cost().bytes_by_kind.count("all_gather"), 0u) << twice.text();
   EXPECT_LT(max_diff(both(xs, dys, ws).at("w").leaf().to_host(), ref.to_host()), 1e-5);
 
+  // Two sums pending over 'data' added (gradients of two micro-batches, or of a value used
+  // twice) stay pending: one all-reduce of 2 * 3/4 * 192 bytes for the output, not one each.
+  auto two = sjit(s.mesh, [](const Array& xb, const Array& dyb, const Array& dzb) {
+    const Array xt = transpose(xb, {1, 0});
+    return matmul(xt, dyb) + matmul(xt, dzb) - matmul(xt, dyb);
+  });
+  const Tensor dz = Tensor::normal(Shape{16, 6}, DType::kF32, 18);
+  const Array dzs = s.put(dz, P("data"));
+  const Lowered summed = two.lower(xs, dys, dzs);
+  ASSERT_EQ(summed.cost().bytes_by_kind.count("all_reduce"), 1u) << summed.text();
+  EXPECT_EQ(summed.cost().bytes_by_kind.at("all_reduce"), 288) << summed.text();
+  {
+    const Array x1 = s.put1(x), xt1 = transpose(x1, {1, 0});
+    const Array want = matmul(xt1, s.put1(dy)) + matmul(xt1, s.put1(dz)) - matmul(xt1, s.put1(dy));
+    EXPECT_LT(max_diff(two(xs, dys, dzs).to_host(), want.to_host()), 1e-5);
+  }
+
   // A pending max (a max over the split batch) is reduce-scattered with max, not summed.
   auto peak = sjit(s.mesh, [](const Array& xb, const Array& wb) { return wb + max(xb, {0}); });
   const Tensor w8 = Tensor::normal(Shape{8}, DType::kF32, 17);

@@ -271,6 +271,19 @@ class Partitioner {
     emit_kernel(o, std::move(in_slots), in_local);
   }
 
+  // For add and sub of operands that are all sums pending over the same axes, in the same
+  // sharding: that pending state (their result is the sum of the devices' results).
+  std::optional<Pending> sum_of_pending(const Node& n) const {
+    if (!(n.is(prim::add) || n.is(prim::sub)) || n.operands.size() != 2) return std::nullopt;
+    const State& a = state_[n.operands[0]];
+    const State& b = state_[n.operands[1]];
+    if (a.pending.empty() || a.pending.op != ReduceOp::kSum || !(a.pending == b.pending) ||
+        !(a.spec == b.spec)) {
+      return std::nullopt;
+    }
+    return a.pending;
+  }
+
   // True for the constraint value_and_grad puts on a gradient (sharded like its parameter)
   // when the gradient is still a pending sum. A user's with_sharding_constraint, an output's
   // sharding and an annotation are resolved where they stand.
@@ -389,6 +402,21 @@ class Partitioner {
   void partition_node(ValueId id) {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
+    if (const auto pend = sum_of_pending(n)) {
+      // Partial + partial stays partial (DTensor's rule for linear ops): the devices add their
+      // summands, and whoever needs the value reduces once instead of twice.
+      std::vector<SlotId> in_slots;
+      std::vector<Shape> in_local;
+      for (const ValueId o : n.operands) {
+        in_slots.push_back(state_[o].slot);
+        in_local.push_back(NamedSharding(mesh_, state_[o].spec).shard_shape(g_[o].type.shape));
+      }
+      State& st = state_[id];
+      st.spec = state_[n.operands[0]].spec;
+      st.pending = *pend;
+      emit_kernel(id, std::move(in_slots), in_local);
+      return;
+    }
     if (defers_reduction(n)) {
       // A gradient "sharded like its parameter" that is still a pending sum stays pending: its
       // users ask for the sharding they need (the propagation gave them the parameter's), so
