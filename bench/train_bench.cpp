@@ -65,43 +65,45 @@ BENCHMARK(BM_MlpTrainStep8DevicesShardedUpdate)
     ->UseRealTime()
     ->MinTime(3.0);
 
-// The ceiling for 8 devices on 2 cores: two independent 1-device steps, each on half the batch,
-// on two threads at once (nothing shared but the machine). BM_MlpTrainStep1Device's time over
-// this one is the most any split of the step over the two cores could gain here.
-void BM_MlpTrainStepTwoHalvesSideBySide(benchmark::State& state) {
+// The ceilings for 8 devices on 2 cores, as functions running one step of each:
+// - halves: two independent 1-device steps, each on half the batch, on two threads at once
+//   (nothing shared but the machine): the most any split of the step over the two cores could
+//   gain here;
+// - eighths: eight independent 1-device steps, each on an eighth of the batch with its own copy
+//   of the weights, four after one another on each of two threads (nothing shared, nothing
+//   communicated): what splitting the step 8 ways rather than 2 costs by itself (smaller GEMMs,
+//   8 weight copies to read and update).
+// `parts` 2 or 8; each part has its executor of its own.
+std::function<void()> side_by_side(std::size_t parts) {
   static const Executor a(1), b(1);
   const Mesh mesh = Mesh::parse("data:1", 1);
-  std::function<void()> first = bench::make_mlp_train_step(a, mesh, kBatch / 2);
-  std::function<void()> second = bench::make_mlp_train_step(b, mesh, kBatch / 2);
-  for (auto _ : state) {
-    std::thread other(second);
-    first();
-    other.join();
+  auto steps = std::make_shared<std::vector<std::function<void()>>>();
+  for (std::size_t i = 0; i < parts; ++i) {
+    const Executor& e = parts == 2 ? (i == 0 ? a : b) : eight_executors()[i];
+    steps->push_back(
+        bench::make_mlp_train_step(e, mesh, kBatch / static_cast<std::int64_t>(parts)));
   }
+  return [steps, parts] {
+    const auto run = [&](std::size_t first) {
+      for (std::size_t i = first; i < first + parts / 2; ++i) (*steps)[i]();
+    };
+    std::thread other(run, parts / 2);
+    run(0);
+    other.join();
+  };
+}
+
+void BM_MlpTrainStepTwoHalvesSideBySide(benchmark::State& state) {
+  const std::function<void()> step = side_by_side(2);
+  for (auto _ : state) step();
 }
 BENCHMARK(BM_MlpTrainStepTwoHalvesSideBySide)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(3.0);
-
-// The ceiling for 8 devices on 2 cores with the work split as 8 devices split it: eight
-// independent 1-device steps, each on an eighth of the batch with its own copy of the weights,
-// four after one another on each of two threads (nothing shared, nothing communicated). Over
-// BM_MlpTrainStepTwoHalvesSideBySide it shows what splitting the step 8 ways rather than 2 costs
-// by itself (smaller GEMMs, 8 weight copies to read and update).
 void BM_MlpTrainStepEighthsSideBySide(benchmark::State& state) {
-  const std::vector<Executor>& execs = eight_executors();
-  const Mesh mesh = Mesh::parse("data:1", 1);
-  std::vector<std::function<void()>> steps;
-  for (const Executor& e : execs) steps.push_back(bench::make_mlp_train_step(e, mesh, kBatch / 8));
-  const auto four = [&](std::size_t first) {
-    for (std::size_t i = first; i < first + 4; ++i) steps[i]();
-  };
-  for (auto _ : state) {
-    std::thread other(four, 4);
-    four(0);
-    other.join();
-  }
+  const std::function<void()> step = side_by_side(8);
+  for (auto _ : state) step();
 }
 BENCHMARK(BM_MlpTrainStepEighthsSideBySide)
     ->Unit(benchmark::kMillisecond)
@@ -113,36 +115,12 @@ BENCHMARK(BM_MlpTrainStepEighthsSideBySide)
 // while slows all of them alike. Counters: each contender's median step (ms) and the median
 // over iterations of its speed-up over the 1-device step of the same iteration (x_...).
 void BM_MlpTrainStepSpeedups(benchmark::State& state) {
-  static const Executor a(1), b(1);
-  const std::vector<Executor>& eighths = eight_executors();
-  const Mesh one = Mesh::parse("data:1", 1);
-  std::function<void()> single = bench::make_mlp_train_step(exec(1), one);
-  std::function<void()> two = bench::make_mlp_train_step(exec(2), Mesh::parse("data:2", 2));
-  std::function<void()> eight = bench::make_mlp_train_step(exec(8), Mesh::parse("data:8", 8));
-  std::function<void()> half_a = bench::make_mlp_train_step(a, one, kBatch / 2);
-  std::function<void()> half_b = bench::make_mlp_train_step(b, one, kBatch / 2);
-  std::vector<std::function<void()>> eighth;
-  for (const Executor& e : eighths)
-    eighth.push_back(bench::make_mlp_train_step(e, one, kBatch / 8));
-  const auto halves = [&] {
-    std::thread other(half_b);
-    half_a();
-    other.join();
-  };
-  const auto eighths_side_by_side = [&] {
-    const auto four = [&](std::size_t first) {
-      for (std::size_t i = first; i < first + 4; ++i) eighth[i]();
-    };
-    std::thread other(four, 4);
-    four(0);
-    other.join();
-  };
   const std::vector<std::pair<const char*, std::function<void()>>> runs = {
-      {"1", single},
-      {"2", two},
-      {"8", eight},
-      {"halves", halves},
-      {"eighths", eighths_side_by_side}};
+      {"1", bench::make_mlp_train_step(exec(1), Mesh::parse("data:1", 1))},
+      {"2", bench::make_mlp_train_step(exec(2), Mesh::parse("data:2", 2))},
+      {"8", bench::make_mlp_train_step(exec(8), Mesh::parse("data:8", 8))},
+      {"halves", side_by_side(2)},
+      {"eighths", side_by_side(8)}};
   for (const auto& r : runs) r.second();  // warm up: compile, allocate
   std::vector<std::vector<double>> ms(runs.size()), speedup(runs.size());
   for (auto _ : state) {

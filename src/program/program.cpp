@@ -128,6 +128,65 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   return outs;
 }
 
+namespace {
+
+// With more local devices than threads: each thread takes a run of consecutive devices, and the
+// devices of a run that hold the same block of `shared` (operand 1: a replicated weight, so the
+// same values) go to the op's group kernel together; a device alone, or a group the kernel
+// declines, runs `one` device by device. False (nothing run) when there are not more devices
+// than threads.
+template <class BlocksOf, class OutOf, class One>
+bool run_grouped(const Executor& executor, const Mesh& mesh, const Step& st, const Array& shared,
+                 const BlocksOf& blocks_of, const OutOf& out_of, const One& one) {
+  std::vector<int> mine;
+  for (const int d : mesh.devices()) {
+    if (executor.is_local(d)) mine.push_back(d);
+  }
+  const std::size_t threads = static_cast<std::size_t>(std::max(1, executor.concurrency()));
+  if (mine.size() <= threads) return false;
+  std::vector<int> leaders;  // the first device of each thread's run
+  for (std::size_t t = 0; t < threads; ++t) leaders.push_back(mine[t * mine.size() / threads]);
+  const auto starts = [&](int d) {
+    std::vector<std::int64_t> v;
+    for (const DimSlice& s : shared.block(d)) v.push_back(s.start);
+    return v;
+  };
+  executor.run(leaders, [&](int leader) {
+    const auto t = static_cast<std::size_t>(std::find(leaders.begin(), leaders.end(), leader) -
+                                            leaders.begin());
+    // The run's devices ordered by their block of `shared` (stable: mesh order within a block).
+    std::vector<std::pair<std::vector<std::int64_t>, int>> run;
+    for (std::size_t i = t * mine.size() / threads; i < (t + 1) * mine.size() / threads; ++i) {
+      run.emplace_back(starts(mine[i]), mine[i]);
+    }
+    std::stable_sort(run.begin(), run.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (std::size_t i = 0; i < run.size();) {
+      std::size_t j = i;
+      while (j < run.size() && run[j].first == run[i].first) ++j;
+      std::vector<std::vector<ConstBlock>> in_blocks;
+      std::vector<MutBlock> out_blocks;
+      std::vector<KernelArgs> args;
+      in_blocks.reserve(j - i);
+      out_blocks.reserve(j - i);
+      for (std::size_t k = i; k < j; ++k) {
+        const int d = run[k].second;
+        in_blocks.push_back(blocks_of(d));
+        out_blocks.push_back(out_of(d));
+        args.push_back(KernelArgs{st.local, in_blocks.back(), out_blocks.back(),
+                                  (*st.offsets)[static_cast<std::size_t>(d)]});
+      }
+      if (args.size() < 2 || !st.local.op->group_kernel(args, 1)) {
+        for (std::size_t k = i; k < j; ++k) one(run[k].second);
+      }
+      i = j;
+    }
+  });
+  return true;
+}
+
+}  // namespace
+
 // One kernel step: a result buffer per local device, the primitive's kernel on each device's
 // blocks, the result array.
 void Program::run_kernel_step(const Executor& executor, const Step& st,
@@ -164,62 +223,10 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
           KernelArgs{st.local, in_blocks, out_block, (*st.offsets)[static_cast<std::size_t>(d)]});
     }
   };
-  if (parallel && !st.fused && st.local.op->group_kernel != nullptr && ins.size() > 1) {
-    // More devices than threads: each thread takes a run of consecutive devices, and those of a
-    // run that hold the same block of operand 1 (a replicated weight: the same values) go to
-    // the op's group kernel together.
-    std::vector<int> mine;
-    for (const int d : mesh_.devices()) {
-      if (executor.is_local(d)) mine.push_back(d);
-    }
-    const std::size_t threads = static_cast<std::size_t>(std::max(1, executor.concurrency()));
-    if (mine.size() > threads) {
-      std::vector<std::size_t> start_of(static_cast<std::size_t>(executor.num_devices()), 0);
-      std::vector<int> leaders;
-      for (std::size_t t = 0; t < threads; ++t) {
-        const std::size_t lo = t * mine.size() / threads;
-        leaders.push_back(mine[lo]);
-        start_of[static_cast<std::size_t>(mine[lo])] = lo;
-      }
-      const Array& shared = *ins[1];
-      executor.run(leaders, [&](int leader) {
-        const std::size_t lo = start_of[static_cast<std::size_t>(leader)];
-        const std::size_t t = static_cast<std::size_t>(
-            std::find(leaders.begin(), leaders.end(), leader) - leaders.begin());
-        const std::size_t hi = (t + 1) * mine.size() / threads;
-        std::vector<char> done(hi - lo, 0);
-        for (std::size_t i = lo; i < hi; ++i) {
-          if (done[i - lo]) continue;
-          std::vector<int> group;
-          for (std::size_t j = i; j < hi; ++j) {
-            if (!done[j - lo] && shared.block(mine[j]) == shared.block(mine[i])) {
-              group.push_back(mine[j]);
-              done[j - lo] = 1;
-            }
-          }
-          std::vector<std::vector<ConstBlock>> in_blocks;
-          std::vector<MutBlock> out_blocks;
-          std::vector<KernelArgs> args;
-          in_blocks.reserve(group.size());
-          out_blocks.reserve(group.size());
-          for (const int d : group) {
-            in_blocks.push_back(blocks_of(d));
-            out_blocks.push_back(out_of(d));
-            args.push_back(KernelArgs{st.local, in_blocks.back(), out_blocks.back(),
-                                      (*st.offsets)[static_cast<std::size_t>(d)]});
-          }
-          if (group.size() < 2 || !st.local.op->group_kernel(args, 1)) {
-            for (const int d : group) one(d);
-          }
-        }
-      });
-      slots[index(st.out)] =
-          Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
-                              std::move(out), st.pending);
-      return;
-    }
-  }
-  executor.run(mesh_.devices(), one, parallel);
+  const bool grouped = parallel && !st.fused && st.local.op->group_kernel != nullptr &&
+                       ins.size() > 1 &&
+                       run_grouped(executor, mesh_, st, *ins[1], blocks_of, out_of, one);
+  if (!grouped) executor.run(mesh_.devices(), one, parallel);
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, std::move(out), st.pending);
 }
