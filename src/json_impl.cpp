@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cstdlib>
 #include <limits>
 
 #include "shardplan/detail/utf8.hpp"
@@ -340,6 +341,16 @@ std::string_view Value::str() const {
 }
 
 std::uint64_t Value::as_uint() const { return doc_->nodes_[i_].number; }
+
+double Value::as_double() const {
+  const auto& n = doc_->nodes_[i_];
+  if (n.kind == Kind::kUint) return static_cast<double>(n.number);
+  if (n.kind == Kind::kInt) return static_cast<double>(static_cast<std::int64_t>(n.number));
+  // A JSON number's text is ASCII digits, sign, '.', 'e': strtod reads it whole (in the "C"
+  // locale's format, which JSON's is); out of range gives +-HUGE_VAL or 0.
+  const std::string text(doc_->text_.substr(n.src_begin, n.src_end - n.src_begin));
+  return std::strtod(text.c_str(), nullptr);
+}
 
 const char* Value::type_name() const {
   switch (kind()) {

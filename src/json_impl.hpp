@@ -56,6 +56,12 @@ class Value {
   /// The decoded text of a string (valid UTF-8).
   std::string_view str() const;
   std::uint64_t as_uint() const;
+  /// A kInt value (negative, fits int64).
+  std::int64_t as_int() const { return static_cast<std::int64_t>(as_uint()); }
+  bool as_bool() const { return as_uint() != 0; }
+  /// Any number's value as a double (from its source text; may be +-inf for huge values:
+  /// callers check std::isfinite).
+  double as_double() const;
   /// "object", "array", "string", "number", "boolean", "null" (as nlohmann names them).
   const char* type_name() const;
   /// The value's text in the source, cut at `max` bytes with "..." (for messages).
