@@ -16,6 +16,7 @@
 #include <sstream>
 #include <vector>
 
+#include "output_file.hpp"
 #include "shardplan/detail/utf8.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -630,29 +631,9 @@ std::string plan_html(const PlanReport& report, std::string_view title, std::siz
 void write_plan_html(const std::string& path, const PlanReport& report, std::string_view title,
                      std::size_t largest_n) {
   const std::string page = plan_html(report, title, largest_n);
-  const std::string partial = path + ".partial";
-  std::error_code ignored;
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw IoError(fmt::format("[html] cannot write '{}': {}", path, std::strerror(errno)));
-    }
-    out.write(page.data(), static_cast<std::streamsize>(page.size()));
-    out.close();
-    if (!out) {
-      const int err = errno;
-      std::filesystem::remove(partial, ignored);
-      throw IoError(fmt::format("[html] cannot write '{}' ({} bytes): {}", path, page.size(),
-                                std::strerror(err)));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(partial, path, ec);
-  if (ec) {
-    std::filesystem::remove(partial, ignored);
-    throw IoError(
-        fmt::format("[html] cannot rename '{}' to '{}': {}", partial, path, ec.message()));
-  }
+  detail::OutputFile out(path, "html", detail::Existing::kReplaceFile);
+  out.write(page);
+  out.commit();
 }
 
 }  // namespace shardplan

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "json_impl.hpp"
+#include "output_file.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
 
@@ -263,24 +264,10 @@ void write_safetensors_skeleton(const std::filesystem::path& file,
   const std::string header = safetensors_header_bytes(file, tensors, metadata);
   std::int64_t data = 0;
   for (const auto& t : tensors) data += t.second.bytes();
-  const std::filesystem::path tmp = file.string() + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError(fmt::format("[safetensors] {}: cannot open for writing", tmp.string()));
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    out.close();
-    if (!out) {
-      std::filesystem::remove(tmp);
-      throw IoError(fmt::format("[safetensors] {}: write failed", tmp.string()));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::resize_file(tmp, header.size() + static_cast<std::uint64_t>(data), ec);
-  if (!ec) std::filesystem::rename(tmp, file, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw IoError(fmt::format("[safetensors] {}: {}", file.string(), ec.message()));
-  }
+  detail::OutputFile out(file, "safetensors", detail::Existing::kReplaceFile);
+  out.write(header);
+  out.resize(static_cast<std::int64_t>(header.size()) + data);
+  out.commit();
 }
 
 }  // namespace shardplan

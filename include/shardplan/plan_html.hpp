@@ -29,9 +29,11 @@ inline constexpr std::int64_t kPlanHtmlMaxCellsPerSide = 32;
 ///   std::ofstream("plan.html") << plan_html(report, "shardplan: LLaMA-2-7B on fsdp:4,tp:2");
 std::string plan_html(const PlanReport& report, std::string_view title, std::size_t largest_n = 8);
 
-/// Writes plan_html(report, title, largest_n) to the file `path`: into `path` + ".partial"
-/// first, renamed to `path` once complete, so a failure leaves neither a half-written page nor
-/// the partial file. Throws IoError naming the path and the system's reason.
+/// Writes plan_html(report, title, largest_n) to the file `path`: into a new hidden temporary
+/// file beside it (a name no other run has, never following a symbolic link), renamed to `path`
+/// once complete, replacing a regular file there; so a failure leaves neither a half-written page
+/// nor the temporary. Throws IoError naming the path and the system's reason (an empty path, a
+/// directory or a symbolic link at `path`, a missing directory, a full disk).
 void write_plan_html(const std::string& path, const PlanReport& report, std::string_view title,
                      std::size_t largest_n = 8);
 

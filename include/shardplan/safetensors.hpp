@@ -49,8 +49,9 @@ std::string safetensors_header_bytes(const std::filesystem::path& file,
 
 /// Writes a safetensors file with these tensors; the data section is zeros, written sparsely
 /// (seek and truncate), so a multi-gigabyte model costs no disk. Offsets are assigned in order.
-/// Writes to a temporary file and renames, so a failure leaves nothing half-written.
-/// Throws IoError.
+/// Writes to a new hidden temporary file beside `file` and renames it over `file` (an existing
+/// regular file is replaced; a directory or symbolic link there is an error), so a failure
+/// leaves nothing half-written. Throws IoError naming `file`.
 void write_safetensors_skeleton(const std::filesystem::path& file,
                                 const std::vector<std::pair<std::string, TensorSpec>>& tensors,
                                 const std::map<std::string, std::string>& metadata = {});

@@ -12,12 +12,14 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../output_file.hpp"
 #include "../runtime/box_copy.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -43,12 +45,14 @@ constexpr std::int64_t kStageBytes = std::int64_t{4} << 20;
                             err != 0 ? fmt::format(" ({})", std::strerror(err)) : std::string()));
 }
 
-/// A file descriptor, closed on destruction.
+/// A file descriptor, closed on destruction. Errors name `shown` when given: a file written in a
+/// temporary directory is named by its place in the destination.
 class File {
  public:
-  File(const fs::path& path, int flags, mode_t mode = 0644) : path_(path) {
-    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-    if (fd_ < 0) io_fail(path, "cannot open", errno);
+  File(const fs::path& path, int flags, const fs::path& shown = {})
+      : path_(shown.empty() ? path : shown) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+    if (fd_ < 0) io_fail(path_, "cannot open", errno);
   }
   File(const File&) = delete;
   File& operator=(const File&) = delete;
@@ -112,10 +116,8 @@ class File {
   int fd_ = -1;
 };
 
-void sync_directory(const fs::path& dir) {
-  const File d(dir, O_RDONLY | O_DIRECTORY);
-  d.sync();
-}
+/// Flags of a new file in a run's own temporary directory: never an existing name or a link.
+constexpr int kNewFile = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;
 
 /// An XXH3-64 over bytes given in pieces.
 class Hasher {
@@ -288,11 +290,7 @@ struct SaveTensor {
 class SaveJob {
  public:
   SaveJob(const fs::path& dir_in, const Tree<Array>& tree, const CheckpointOptions& options)
-      : dir_(fs::absolute(dir_in).lexically_normal()) {
-    if (!dir_.has_filename()) {
-      throw IoError(fmt::format("[checkpoint] {}: not a directory name", dir_in.string()));
-    }
-    tmp_ = dir_.parent_path() / fmt::format(".{}.partial", dir_.filename().string());
+      : dir_(detail::output_path(dir_in, "checkpoint")) {
     std::string path;
     structure_ = structure_of(tree, path);
     for (const auto& [name, a] : tree.flatten()) {
@@ -339,7 +337,7 @@ class SaveJob {
       names_.push_back(file_name(f, files_.size()));
       std::vector<std::pair<std::string, TensorSpec>> specs;
       for (const std::size_t i : files_[f]) specs.emplace_back(tensors_[i].name, tensors_[i].spec);
-      headers_.push_back(safetensors_header_bytes(tmp_ / names_[f], specs, {{"format", "pt"}}));
+      headers_.push_back(safetensors_header_bytes(dir_ / names_[f], specs, {{"format", "pt"}}));
     }
   }
 
@@ -362,24 +360,25 @@ class SaveJob {
     return n;
   }
 
+  /// Process 0 makes the run's own temporary directory (detail::OutputDir: a name no other run
+  /// has, renamed without replacing anything) and tells the others its name.
   void begin() {
     on_first_process([&] {
-      if (fs::exists(dir_)) {
-        throw IoError(fmt::format(
-            "[checkpoint] {}: already exists; save to a new directory (or remove it first)",
-            dir_.string()));
-      }
-      fs::create_directories(dir_.parent_path());
-      fs::remove_all(tmp_);
-      fs::create_directory(tmp_);
+      out_.emplace(dir_, "checkpoint");
+      tmp_ = out_->temp();
       for (std::size_t f = 0; f < files_.size(); ++f) {
-        const File out(tmp_ / names_[f], O_WRONLY | O_CREAT | O_TRUNC);
+        const File out(tmp_ / names_[f], kNewFile, dir_ / names_[f]);
         out.write_at(headers_[f].data(), static_cast<std::int64_t>(headers_[f].size()), 0);
         std::int64_t data = 0;
         for (const std::size_t i : files_[f]) data += tensors_[i].spec.bytes();
         out.truncate(static_cast<std::int64_t>(headers_[f].size()) + data);
       }
     });
+    if (distributed::process_count() > 1) {
+      const std::string mine = distributed::process_index() == 0 ? tmp_.string() : std::string();
+      const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine)));
+      tmp_ = std::string(reinterpret_cast<const char*>(all.front().data()), all.front().size());
+    }
   }
 
   /// Writes this process's blocks, run by run into their places in the global row-major
@@ -412,7 +411,7 @@ class SaveJob {
       for (const auto& [block, data] : t.blocks) {
         const std::byte* src = data;  // (a lambda may not capture a structured binding)
         auto& file = open[t.file];
-        if (!file) file = std::make_unique<File>(tmp_ / names_[t.file], O_WRONLY);
+        if (!file) file = std::make_unique<File>(tmp_ / names_[t.file], O_WRONLY, dir_ / names_[t.file]);
         std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
         for (const auto& sl : block) origin.push_back(sl.start);
         detail::for_each_run(t.shard.begin(), zero.data(), t.spec.shape.begin(), origin.data(),
@@ -441,7 +440,7 @@ class SaveJob {
     record["structure"] = structure_;
     for (std::size_t f = 0; f < files_.size(); ++f) {
       const fs::path file = tmp_ / names_[f];
-      File(file, O_RDONLY).sync();
+      File(file, O_RDONLY, dir_ / names_[f]).sync();
       const std::uint64_t sum = sums_ready_ ? sums_[f] : file_checksum(file);
       record["files"][names_[f]]["xxh3"] = fmt::format("{:016x}", sum);
     }
@@ -463,22 +462,16 @@ class SaveJob {
     }
     text += '\n';
     {
-      const File index(tmp_ / kIndexName, O_WRONLY | O_CREAT | O_TRUNC);
+      const File index(tmp_ / kIndexName, kNewFile, dir_ / kIndexName);
       index.write_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
       index.sync();
     }
-    sync_directory(tmp_);
-    if (::rename(tmp_.c_str(), dir_.c_str()) != 0) {
-      io_fail(dir_, "cannot rename the saved checkpoint into place", errno);
-    }
-    sync_directory(dir_.parent_path());
+    out_->commit();
   }
 
-  void abort() const noexcept {
-    if (distributed::process_index() == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp_, ec);
-    }
+  /// Process 0 removes the temporary directory (and the parents it made); nothing else.
+  void abort() noexcept {
+    if (out_) out_->discard();
   }
 
  private:
@@ -512,6 +505,7 @@ class SaveJob {
   }
 
   fs::path dir_, tmp_;
+  std::optional<detail::OutputDir> out_;  // process 0's
   std::string mesh_;
   nlohmann::json structure_;
   bool all_local_ = true;
@@ -954,25 +948,20 @@ Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& help
 namespace {
 
 /// Copies every tensor of `info`, in its order, into new safetensors files in `dst` (written as
-/// save_checkpoint writes: hidden directory, fsync, index last, rename), through one bounded
-/// buffer. `record`, when given, becomes the index's shardplan record (its "files" filled here).
+/// save_checkpoint writes: the run's own hidden directory, fsync, index last, rename without
+/// replacing), through one bounded buffer. `record`, when given, becomes the index's shardplan
+/// record (its "files" filled here).
 void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
                   std::optional<nlohmann::json> record, const ConvertOptions& options) {
-  const fs::path dst = fs::absolute(dst_in).lexically_normal();
-  if (fs::exists(dst)) {
-    throw IoError(
-        fmt::format("[checkpoint] {}: already exists; convert into a new directory", dst.string()));
-  }
   std::vector<std::int64_t> sizes;
   for (const auto& t : info.tensors) sizes.push_back(t.spec.bytes());
   const auto files = plan_files(sizes, options.max_file_bytes);
-  const fs::path tmp = dst.parent_path() / fmt::format(".{}.partial", dst.filename().string());
   const std::int64_t total = info.total_bytes();
   std::int64_t done = 0;
-  try {
-    fs::create_directories(dst.parent_path());
-    fs::remove_all(tmp);
-    fs::create_directory(tmp);
+  detail::OutputDir out_dir(dst_in, "checkpoint");  // removed unless committed
+  const fs::path& dst = out_dir.path();
+  const fs::path& tmp = out_dir.temp();
+  {
     std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
     std::map<std::string, std::unique_ptr<File>> sources;
     nlohmann::json weight_map = nlohmann::json::object();
@@ -982,8 +971,8 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
       std::vector<std::pair<std::string, TensorSpec>> specs;
       for (const std::size_t i : files[f])
         specs.emplace_back(info.tensors[i].name, info.tensors[i].spec);
-      const std::string header = safetensors_header_bytes(tmp / name, specs, {{"format", "pt"}});
-      const File out(tmp / name, O_WRONLY | O_CREAT | O_TRUNC);
+      const std::string header = safetensors_header_bytes(dst / name, specs, {{"format", "pt"}});
+      const File out(tmp / name, kNewFile, dst / name);
       Hasher h;
       out.write_at(header.data(), static_cast<std::int64_t>(header.size()), 0);
       h.update(header.data(), header.size());
@@ -1015,20 +1004,21 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
       index["metadata"]["shardplan"] = *record;
     }
     index["weight_map"] = weight_map;
-    const std::string text = index.dump(1) + "\n";
+    std::string text;
+    try {
+      text = index.dump(1) + "\n";
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(fmt::format(
+          "[checkpoint] {}: a tensor name or the mesh's axis names are not valid UTF-8",
+          dst.string()));
+    }
     {
-      const File out(tmp / kIndexName, O_WRONLY | O_CREAT | O_TRUNC);
+      const File out(tmp / kIndexName, kNewFile, dst / kIndexName);
       out.write_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
       out.sync();
     }
-    sync_directory(tmp);
-    if (::rename(tmp.c_str(), dst.c_str()) != 0) io_fail(dst, "cannot rename into place", errno);
-    sync_directory(dst.parent_path());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
   }
+  out_dir.commit();
 }
 
 }  // namespace
@@ -1118,29 +1108,57 @@ std::optional<std::int64_t> CheckpointManager::latest() const {
   return s.back();
 }
 
+namespace {
+
+/// Whether `name` is what a save (`.step_N.partial-X`) or a removal (`.step_N.removing-X`) of
+/// CheckpointManager leaves when cut short; other hidden entries are the user's, never removed.
+bool is_unfinished_step(std::string_view name) {
+  if (!name.starts_with(".step_")) return false;
+  const std::size_t dot = name.find('.', 1);
+  if (dot == std::string_view::npos || dot == 6) return false;
+  const std::string_view stem = name.substr(1, dot - 1);
+  if (!std::all_of(stem.begin() + 5, stem.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  return detail::is_temp_name_of(name, stem, "partial") ||
+         detail::is_temp_name_of(name, stem, "removing");
+}
+
+void remove_tree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  if (ec) io_fail(p, "cannot remove", ec.value());
+}
+
+}  // namespace
+
 void CheckpointManager::remove_unfinished() const {
   if (distributed::process_index() != 0) return;
   std::error_code ec;
   if (!fs::is_directory(root_, ec)) return;
   std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(root_)) {
-    const std::string n = e.path().filename().string();
-    if (n.starts_with(".step_")) stale.push_back(e.path());  // .partial or .removing
+  for (const auto& e : fs::directory_iterator(root_, ec)) {
+    if (is_unfinished_step(e.path().filename().string())) stale.push_back(e.path());
   }
-  for (const auto& p : stale) fs::remove_all(p);
+  if (ec) io_fail(root_, "cannot list", ec.value());
+  for (const auto& p : stale) remove_tree(p);
 }
 
 void CheckpointManager::remove_old_steps() const {
   if (distributed::process_index() != 0) return;
   const auto all = steps();
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) {
-    // Renamed away first (atomic), then removed: a removal cut short leaves a hidden
-    // directory, never a step whose index survives some of its files.
+    // Renamed away first (atomic, to a new name: nothing is replaced), then removed: a removal
+    // cut short leaves a hidden directory, never a step whose index survives some of its files.
     const fs::path old = path_of(all[i]);
-    const fs::path gone = root_ / fmt::format(".{}.removing", old.filename().string());
-    fs::remove_all(gone);
-    fs::rename(old, gone);
-    fs::remove_all(gone);
+    fs::path gone;
+    int err = EEXIST;
+    for (int attempt = 0; attempt < 100 && err == EEXIST; ++attempt) {
+      gone = detail::temp_name_for(old, "removing");
+      err = detail::rename_no_replace(old, gone, true);
+    }
+    if (err != 0) io_fail(old, "cannot rename the old step away to remove it", err);
+    remove_tree(gone);
   }
 }
 

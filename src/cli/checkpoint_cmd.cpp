@@ -7,6 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "output_path_option.hpp"
 #include "shardplan/checkpoint.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -128,7 +129,9 @@ int run_inspect(const CheckpointCommand& c) {
 /// What both conversions take: the source, the destination, the largest file.
 void add_conversion_options(CLI::App& cmd, CheckpointCommand& c) {
   cmd.add_option("src", c.src, "The checkpoint to read")->required();
-  cmd.add_option("dst", c.dst, "The directory to write (must not exist)")->required();
+  cmd.add_option("dst", c.dst, "The directory to write (must not exist)")
+      ->required()
+      ->check(non_empty_output_path());
   cmd.add_option("--max-file-mib", c.max_file_mib, "Largest file, in MiB")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30))
       ->capture_default_str();

@@ -10,6 +10,7 @@
 #endif
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <exception>
 #include <filesystem>
 #include <future>
@@ -18,6 +19,7 @@
 #include <string>
 
 #include "checkpoint_cmd.hpp"
+#include "output_path_option.hpp"
 #include "example_model.hpp"
 #include "train_plan_cmd.hpp"
 #include "usage_error.hpp"
@@ -324,6 +326,10 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
+  // Under a file size limit (ulimit -f) a write past it raises SIGXFSZ, whose default action
+  // kills the process without a word and leaves the hidden temporary output behind. Ignored, the
+  // write fails with EFBIG instead: an error naming the file, and the temporary is removed.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "shardplan: plans how every tensor of a model is split over a device mesh.\n"
       "Examples:\n"
@@ -377,7 +383,8 @@ int main(int argc, char** argv) {
       ->add_option("--html", plan.html,
                    "Also write the report as a self-contained HTML page (bytes per device as "
                    "bars, the largest tensors' blocks over the mesh). Example: --html plan.html")
-      ->excludes("--explain");
+      ->excludes("--explain")
+      ->check(cli::non_empty_output_path());
 
   VisualizeOptions vis;
   CLI::App* vis_cmd =

@@ -1,0 +1,305 @@
+#include "output_file.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kind_of(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "of an unknown kind";
+}
+
+[[noreturn]] void fail(std::string_view what, const fs::path& dst, std::string_view text,
+                       int err = 0) {
+  throw IoError(fmt::format("[{}] {}: {}{}", what, dst.string(), text,
+                            err != 0 ? fmt::format(": {}", std::strerror(err)) : std::string()));
+}
+
+/// The message of a no-replace rename that found its destination taken.
+[[noreturn]] void fail_appeared(std::string_view what, const fs::path& dst) {
+  fail(what, dst,
+       "appeared while this run was writing it (another run writing the same destination?); it "
+       "was left as it is and this run's output removed");
+}
+
+}  // namespace
+
+fs::path output_path(const fs::path& dst, std::string_view what) {
+  if (dst.empty()) throw IoError(fmt::format("[{}] the destination path is empty", what));
+  std::error_code ec;
+  fs::path p = fs::absolute(dst, ec);
+  if (ec) fail(what, dst, "cannot make the path absolute", ec.value());
+  p = p.lexically_normal();
+  while (!p.has_filename() && p.has_relative_path()) p = p.parent_path();  // "out/" is "out"
+  if (!p.has_filename()) fail(what, dst, "not a name that can be written (no last part)");
+  const std::size_t length = p.filename().native().size();
+  if (length > NAME_MAX) {
+    fail(what, dst,
+         fmt::format("the name '{}...' is {} bytes, longer than a file name may be ({} bytes)",
+                     p.filename().native().substr(0, 32), length, NAME_MAX));
+  }
+  return p;
+}
+
+std::string unique_suffix() {
+  std::uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof bits, 0) != static_cast<ssize_t>(sizeof bits)) {
+    // No entropy source: the time, the process and a counter still differ between runs.
+    static std::atomic<std::uint64_t> counter{0};
+    bits = static_cast<std::uint64_t>(
+               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<std::uint64_t>(::getpid()) << 40) ^ (counter++ * 0x9e3779b97f4a7c15ull);
+  }
+  std::string out(10, '0');
+  for (char& c : out) {
+    c = "0123456789abcdefghijklmnopqrstuvwxyz"[bits % 36];
+    bits /= 36;
+  }
+  return out;
+}
+
+fs::path temp_name_for(const fs::path& dst, std::string_view kind) {
+  std::string name = dst.filename().string();
+  const std::string tail = fmt::format(".{}-{}", kind, unique_suffix());
+  const std::size_t room = NAME_MAX - 1 - tail.size();
+  if (name.size() > room) name.resize(room);
+  return dst.parent_path() / ("." + name + tail);
+}
+
+bool is_temp_name_of(std::string_view name, std::string_view stem, std::string_view kind) {
+  const std::string prefix = fmt::format(".{}.{}", stem, kind);
+  if (!name.starts_with(prefix)) return false;
+  const std::string_view rest = name.substr(prefix.size());
+  if (rest.empty()) return true;  // the fixed name of earlier versions
+  if (rest.size() != 11 || rest[0] != '-') return false;
+  for (const char c : rest.substr(1)) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z'))) return false;
+  }
+  return true;
+}
+
+int rename_no_replace(const fs::path& from, const fs::path& to, bool is_directory) noexcept {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  const int err = errno;
+  if (err != EINVAL && err != ENOSYS && err != ENOTSUP) return err;
+  // A file system without RENAME_NOREPLACE. A file: link(2) fails when `to` exists. A
+  // directory: plain rename(2) would replace an empty one, so take the name first with an
+  // exclusive mkdir and replace only that (ours) directory.
+  if (!is_directory) {
+    if (::link(from.c_str(), to.c_str()) != 0) return errno;
+    ::unlink(from.c_str());
+    return 0;
+  }
+  if (::mkdir(to.c_str(), 0700) != 0) return errno;
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int e = errno;
+    ::rmdir(to.c_str());
+    return e;
+  }
+  return 0;
+}
+
+void sync_directory(const fs::path& dir, std::string_view what) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail(what, dir, "cannot open the directory to sync it", errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail(what, dir, "fsync of the directory failed", err);
+}
+
+// ---- OutputDir ------------------------------------------------------------------------------
+
+OutputDir::OutputDir(const fs::path& dst, std::string_view what)
+    : what_(what), dst_(output_path(dst, what)) {
+  struct stat st {};
+  if (::lstat(dst_.c_str(), &st) == 0) {
+    fail(what_, dst_, "already exists; write to a new directory (or remove it first)");
+  }
+  if (errno != ENOENT && errno != ENOTDIR) fail(what_, dst_, "cannot check it", errno);
+  // The missing parents, innermost first; ENOTDIR: a part above is a file, found further up.
+  std::vector<fs::path> missing;
+  for (fs::path p = dst_.parent_path();; p = p.parent_path()) {
+    if (::stat(p.c_str(), &st) == 0) {  // a symbolic link to a directory is a parent too
+      if (!S_ISDIR(st.st_mode)) {
+        fail(what_, dst_, fmt::format("{} is {}, not a directory", p.string(), kind_of(st.st_mode)));
+      }
+      break;
+    }
+    if (errno != ENOENT && errno != ENOTDIR) {
+      fail(what_, dst_, fmt::format("cannot reach {}", p.string()), errno);
+    }
+    missing.push_back(p);
+    if (p == p.root_path()) break;
+  }
+  try {
+    for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+      if (::mkdir(it->c_str(), 0777) == 0) {
+        made_parents_.push_back(*it);
+      } else if (const int err = errno;
+                 !(err == EEXIST && ::stat(it->c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
+        fail(what_, dst_, fmt::format("cannot create the directory {}", it->string()), err);
+      }  // else made meanwhile by another run: not ours to remove
+    }
+    for (int attempt = 0;; ++attempt) {
+      temp_ = temp_name_for(dst_, "partial");
+      if (::mkdir(temp_.c_str(), 0777) == 0) break;
+      const int err = errno;
+      if (err != EEXIST || attempt == 100) {
+        fail(what_, dst_,
+             fmt::format("cannot create a temporary directory in {}", dst_.parent_path().string()),
+             err);
+      }
+    }
+  } catch (...) {
+    temp_.clear();
+    discard();
+    throw;
+  }
+}
+
+OutputDir::~OutputDir() { discard(); }
+
+void OutputDir::commit() {
+  if (done_) fail(what_, dst_, "committed or discarded already");
+  try {
+    sync_directory(temp_, what_);
+  } catch (...) {
+    discard();
+    throw;
+  }
+  const int err = rename_no_replace(temp_, dst_, true);
+  if (err != 0) {
+    discard();
+    if (err == EEXIST || err == ENOTEMPTY) fail_appeared(what_, dst_);
+    fail(what_, dst_, "cannot rename the finished directory into place", err);
+  }
+  done_ = true;
+  made_parents_.clear();
+  sync_directory(dst_.parent_path(), what_);
+}
+
+void OutputDir::discard() noexcept {
+  if (done_) return;
+  done_ = true;
+  std::error_code ec;
+  if (!temp_.empty()) fs::remove_all(temp_, ec);
+  // Only the parents made here, innermost first, and only while empty (rmdir refuses otherwise:
+  // another run may be writing into one by now).
+  for (auto it = made_parents_.rbegin(); it != made_parents_.rend(); ++it) ::rmdir(it->c_str());
+  made_parents_.clear();
+}
+
+// ---- OutputFile -----------------------------------------------------------------------------
+
+OutputFile::OutputFile(const fs::path& dst, std::string_view what, Existing existing)
+    : what_(what), dst_(output_path(dst, what)), existing_(existing) {
+  struct stat st {};
+  if (::lstat(dst_.c_str(), &st) == 0) {
+    if (existing_ == Existing::kRefuse) fail(what_, dst_, "already exists");
+    if (!S_ISREG(st.st_mode)) {
+      fail(what_, dst_,
+           fmt::format("is {}; only a regular file is replaced", kind_of(st.st_mode)));
+    }
+  } else if (errno != ENOENT) {
+    fail(what_, dst_, "cannot write", errno);
+  }
+  for (int attempt = 0;; ++attempt) {
+    temp_ = temp_name_for(dst_, "partial");
+    // O_EXCL: a name nobody has, not even as a symbolic link planted to redirect the write.
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd_ >= 0) break;
+    const int err = errno;
+    if (err != EEXIST || attempt == 100) {
+      done_ = true;
+      fail(what_, dst_,
+           fmt::format("cannot create a file in {}", dst_.parent_path().string()), err);
+    }
+  }
+}
+
+OutputFile::~OutputFile() { discard(); }
+
+void OutputFile::write(std::string_view bytes) {
+  const char* p = bytes.data();
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd_, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      discard();
+      fail(what_, dst_,
+           fmt::format("write of {} bytes failed after {}", bytes.size(), bytes.size() - left),
+           err);
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+void OutputFile::resize(std::int64_t bytes) {
+  if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    discard();
+    fail(what_, dst_, fmt::format("cannot make the file {} bytes long", bytes), err);
+  }
+}
+
+void OutputFile::commit() {
+  if (done_) fail(what_, dst_, "committed or discarded already");
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    discard();
+    fail(what_, dst_, "fsync failed", err);
+  }
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) {
+    const int err = errno;
+    discard();
+    fail(what_, dst_, "close failed", err);
+  }
+  const int err = existing_ == Existing::kRefuse       ? rename_no_replace(temp_, dst_, false)
+                  : ::rename(temp_.c_str(), dst_.c_str()) == 0 ? 0
+                                                                : errno;
+  if (err != 0) {
+    discard();
+    if (existing_ == Existing::kRefuse && err == EEXIST) fail_appeared(what_, dst_);
+    fail(what_, dst_, "cannot rename the finished file into place", err);
+  }
+  done_ = true;
+  sync_directory(dst_.parent_path(), what_);
+}
+
+void OutputFile::discard() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (done_) return;
+  done_ = true;
+  ::unlink(temp_.c_str());
+}
+
+}  // namespace shardplan::detail

@@ -1,0 +1,106 @@
+#pragma once
+// The one way shardplan writes a file or a directory (checkpoints, conversions, HTML reports,
+// safetensors skeletons): under a hidden temporary name beside the destination that no other run
+// can have (created exclusively, never following a symbolic link), then renamed into place only
+// when complete. A directory, and any file whose caller says so, is renamed without ever replacing
+// what appeared at the destination meanwhile (renameat2 RENAME_NOREPLACE); a failure removes the
+// temporary and nothing else. Errors are IoError "[what] PATH: ..." naming the destination.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardplan::detail {
+
+/// `dst` as a destination: absolute, lexically normal, trailing slashes dropped ("out/" is
+/// "out"). Throws IoError for an empty path, a path with no last name ("/"), or a last name
+/// longer than NAME_MAX (255) bytes.
+std::filesystem::path output_path(const std::filesystem::path& dst, std::string_view what);
+
+/// A hidden name beside `dst` no other run uses: `.NAME.KIND-XXXXXXXXXX` (ten random characters;
+/// NAME shortened when the whole would pass NAME_MAX).
+std::filesystem::path temp_name_for(const std::filesystem::path& dst, std::string_view kind);
+
+/// Ten random characters of [0-9a-z] (getrandom), for names no other run picks.
+std::string unique_suffix();
+
+/// Whether `name` is one that temp_name_for(dst, kind) makes for some dst named `stem`, or
+/// the fixed `.STEM.KIND` of versions before unique names.
+bool is_temp_name_of(std::string_view name, std::string_view stem, std::string_view kind);
+
+/// rename(2) that never replaces an existing `to` (renameat2 RENAME_NOREPLACE; on file systems
+/// without it: link + unlink for a file, an exclusive mkdir then rename for a directory).
+/// Returns 0 or the errno (EEXIST when `to` exists).
+int rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to,
+                      bool is_directory) noexcept;
+
+/// fsync of a directory (its entries: a rename inside it survives a crash). Throws IoError.
+void sync_directory(const std::filesystem::path& dir, std::string_view what);
+
+/// A directory written whole and then renamed to its destination, which must not exist.
+/// Missing parent directories are made (and removed again, when still empty, on failure).
+/// Not thread-safe; the destructor discards an uncommitted directory.
+class OutputDir {
+ public:
+  /// Checks that `dst` does not exist, makes its missing parents, then the temporary directory.
+  /// Throws IoError naming `dst` (exists, a parent is a file, permissions, ...).
+  OutputDir(const std::filesystem::path& dst, std::string_view what);
+  ~OutputDir();
+  OutputDir(const OutputDir&) = delete;
+  OutputDir& operator=(const OutputDir&) = delete;
+
+  /// The destination (normalised) and the temporary directory to write into.
+  const std::filesystem::path& path() const { return dst_; }
+  const std::filesystem::path& temp() const { return temp_; }
+  /// fsyncs the temporary directory, renames it to path() without replacing anything, fsyncs
+  /// the parent. When path() appeared meanwhile, removes the temporary and throws IoError.
+  void commit();
+  /// Removes the temporary directory and the parents this object made (if still empty).
+  void discard() noexcept;
+
+ private:
+  std::string what_;
+  std::filesystem::path dst_, temp_;
+  std::vector<std::filesystem::path> made_parents_;  // outermost first
+  bool done_ = false;
+};
+
+/// What committing an OutputFile does to a file already at the destination.
+enum class Existing {
+  kRefuse,       // an error, also when one appears while writing (no-replace rename)
+  kReplaceFile,  // a regular file is replaced atomically; anything else (a directory, a
+                 // symbolic link, a device) is an error and left as it is
+};
+
+/// A file written under a temporary name in its destination's directory (which must exist),
+/// then renamed to its destination. Not thread-safe; the destructor removes an uncommitted file.
+class OutputFile {
+ public:
+  /// Creates the temporary file (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask).
+  /// Throws IoError naming `dst`.
+  OutputFile(const std::filesystem::path& dst, std::string_view what, Existing existing);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  const std::filesystem::path& path() const { return dst_; }
+  /// Appends `bytes`; throws IoError naming the destination (a full disk, EFBIG under a file
+  /// size limit: the CLI ignores SIGXFSZ so that these are errors, not a silent death).
+  void write(std::string_view bytes);
+  /// Sets the file's size (the data beyond what was written reads as zeros, sparse on disk).
+  void resize(std::int64_t bytes);
+  /// fsync, close, rename into place (as `existing` says), fsync of the directory.
+  void commit();
+  /// Removes the temporary file.
+  void discard() noexcept;
+
+ private:
+  std::string what_;
+  std::filesystem::path dst_, temp_;
+  Existing existing_;
+  int fd_ = -1;
+  bool done_ = false;
+};
+
+}  // namespace shardplan::detail
