@@ -36,9 +36,11 @@ class CliTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result run(const std::string& args) const {
+  /// Runs the command with `args`; `shell_prefix` runs first in the same shell (a ulimit).
+  Result run(const std::string& args, const std::string& shell_prefix = "") const {
     const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("'{}' {} 2>'{}'", SHARDPLAN_CLI, args, err.string());
+    const std::string cmd =
+        fmt::format("{}'{}' {} 2>'{}'", shell_prefix, SHARDPLAN_CLI, args, err.string());
     Result r;
     FILE* pipe = ::popen(cmd.c_str(), "r");
     if (pipe == nullptr) return r;
@@ -75,6 +77,32 @@ class CliTest : public ::testing::Test {
     const fs::path file = dir_ / "model.safetensors";
     write_safetensors_skeleton(file, t);
     return file;
+  }
+
+  /// A Hugging Face checkpoint directory `name` of `count` f32 tensors of 1 MiB each
+  /// (model.layers.N.mlp.up_proj.weight, [512, 512], pseudo-random values).
+  fs::path mib_checkpoint(const std::string& name, int count) const {
+    std::vector<std::pair<std::string, TensorSpec>> specs;
+    std::vector<Tensor> values;
+    for (int i = 0; i < count; ++i) {
+      values.push_back(Tensor::normal(Shape{512, 512}, DType::kF32, static_cast<std::uint64_t>(i)));
+      specs.push_back({fmt::format("model.layers.{}.mlp.up_proj.weight", i),
+                       {Shape{512, 512}, DType::kF32}});
+    }
+    const fs::path dir = dir_ / name;
+    fs::create_directories(dir);
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    out << safetensors_header_bytes("model.safetensors", specs, {{"format", "pt"}});
+    for (const Tensor& t : values) out.write(reinterpret_cast<const char*>(t.bytes()), t.nbytes());
+    return dir;
+  }
+
+  /// The names in `dir`, sorted.
+  static std::vector<std::string> names_in(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
   }
 
   fs::path dir_;
@@ -483,6 +511,174 @@ TEST_F(CliTest, DeeplyNestedModelIsAClearError) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, ::testing::HasSubstr("deep.json"));
   EXPECT_THAT(r.err, ::testing::HasSubstr("nesting deeper than 256 levels"));
+}
+
+// ---- Outputs: unique temporaries, no-replace renames, file size limits, bad destinations -----
+
+TEST_F(CliTest, TwoReshardsIntoOneDestinationAtOnceGiveOneCompleteCheckpointAndOneError) {
+  const fs::path hf = mib_checkpoint("hf", 8);
+  std::ofstream(dir_ / "rules.yaml") << "rules:\n  - {match: up_proj, spec: [fsdp]}\n";
+  const fs::path parent = dir_ / "dest";
+  fs::create_directories(parent);
+  const auto want = test::checkpoint_tensor_bytes(hf);
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE(fmt::format("round {}", round));
+    const fs::path dst = parent / fmt::format("ckpt{}", round);
+    // Both started by one shell, in the background, at the same moment: 8 files of 1 MiB each.
+    std::string script;
+    for (const char* who : {"a", "b"}) {
+      script += fmt::format(
+          "( '{}' checkpoint reshard '{}' '{}' --mesh fsdp:2 --rules '{}' --max-file-mib 1 "
+          ">/dev/null 2>'{}/{}.err'; echo $? >'{}/{}.rc' ) & ",
+          SHARDPLAN_CLI, hf.string(), dst.string(), (dir_ / "rules.yaml").string(), dir_.string(),
+          who, dir_.string(), who);
+    }
+    ASSERT_EQ(std::system((script + "wait").c_str()), 0);
+    std::map<int, std::string> err_of_code;
+    for (const char* who : {"a", "b"}) {
+      int code = -1;
+      std::ifstream(dir_ / fmt::format("{}.rc", who)) >> code;
+      std::stringstream err;
+      err << std::ifstream(dir_ / fmt::format("{}.err", who)).rdbuf();
+      err_of_code[code] = err.str();
+    }
+    // Exactly one exit 0 and one exit 1; the loser names the destination.
+    ASSERT_EQ(err_of_code.size(), 2u);
+    ASSERT_TRUE(err_of_code.contains(0) && err_of_code.contains(1));
+    EXPECT_THAT(err_of_code[1], ::testing::HasSubstr(dst.string()));
+    EXPECT_THAT(err_of_code[1], ::testing::AnyOf(::testing::HasSubstr("already exists"),
+                                                 ::testing::HasSubstr("appeared while")));
+    // The winner's checkpoint is complete: every file, checksums that verify, the bytes.
+    const CheckpointInfo info = read_checkpoint_info(dst);
+    EXPECT_EQ(info.files.size(), 8u);
+    EXPECT_NO_THROW(verify_checkpoint(info));
+    EXPECT_TRUE(test::checkpoint_tensor_bytes(dst) == want);
+  }
+  // No hidden temporary of either run is left.
+  std::vector<std::string> want_names;
+  for (int round = 0; round < 10; ++round) want_names.push_back(fmt::format("ckpt{}", round));
+  EXPECT_EQ(names_in(parent), want_names);
+}
+
+TEST_F(CliTest, ADirectoryNamedLikeTheOldTemporaryIsNeverTouched) {
+  const fs::path hf = mib_checkpoint("hf", 2);
+  const fs::path parent = dir_ / "dest";
+  fs::create_directories(parent / ".out.partial");
+  std::ofstream(parent / ".out.partial" / "notes.txt") << "mine";
+  const std::string cmd =
+      fmt::format("checkpoint consolidate '{}' '{}'", hf.string(), (parent / "out").string());
+  EXPECT_EQ(run(cmd).code, 0);
+  EXPECT_EQ(run(cmd).code, 1);  // exists now
+  EXPECT_EQ(names_in(parent), (std::vector<std::string>{".out.partial", "out"}));
+  EXPECT_EQ(names_in(parent / ".out.partial"), (std::vector<std::string>{"notes.txt"}));
+}
+
+TEST_F(CliTest, UnderAFileSizeLimitAConversionFailsNamingTheFileAndLeavesNothing) {
+  const fs::path hf = mib_checkpoint("hf", 4);
+  std::ofstream(dir_ / "rules.yaml") << "rules:\n  - {match: up_proj, spec: [fsdp]}\n";
+  const auto before = names_in(dir_);
+  // ulimit -f counts blocks of 512 or 1024 bytes (the shell's choice): at most 1 MiB, and the
+  // source's 4 MiB must be written. The default SIGXFSZ would kill the command without a word.
+  for (const std::string& args :
+       {fmt::format("checkpoint consolidate '{}' '{}/made/out'", hf.string(), dir_.string()),
+        fmt::format("checkpoint reshard '{}' '{}/made/out' --mesh fsdp:2 --rules '{}'",
+                    hf.string(), dir_.string(), (dir_ / "rules.yaml").string())}) {
+    SCOPED_TRACE(args);
+    const Result r = run(args, "ulimit -f 1024; ");
+    EXPECT_EQ(r.code, 1) << r.err;  // -1: killed by a signal
+    EXPECT_THAT(r.err, ::testing::HasSubstr((dir_ / "made" / "out" / "model.safetensors").string()));
+    EXPECT_THAT(r.err, ::testing::HasSubstr("File too large"));
+    // Nothing left: no hidden temporary, not even the parent directory the run made.
+    auto after = names_in(dir_);
+    std::erase(after, "stderr.txt");
+    EXPECT_EQ(after, before);
+  }
+}
+
+TEST_F(CliTest, ADestinationWithATrailingSlashIsTheDirectory) {
+  const fs::path hf = mib_checkpoint("hf", 1);
+  const Result r = run(fmt::format("checkpoint consolidate '{}' '{}/out/'", hf.string(),
+                                   dir_.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "model.safetensors"));
+  EXPECT_TRUE(test::checkpoint_tensor_bytes(dir_ / "out") == test::checkpoint_tensor_bytes(hf));
+  const Result again = run(fmt::format("checkpoint consolidate '{}' '{}/out//'", hf.string(),
+                                       dir_.string()));
+  EXPECT_EQ(again.code, 1);
+  EXPECT_THAT(again.err, ::testing::HasSubstr("already exists"));
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"hf", "out", "stderr.txt"}));
+}
+
+TEST_F(CliTest, BadDestinationsAreErrorsNamingThePathAndLeaveNothing) {
+  const fs::path hf = mib_checkpoint("hf", 1);
+  std::ofstream(dir_ / "file") << "x";
+  const std::string long_name = (dir_ / std::string(300, 'a')).string();
+  struct Case {
+    std::string dst;
+    int code;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      {(dir_ / "file" / "out").string(), 1, {(dir_ / "file").string(), "not a directory"}},
+      {(dir_ / "file" / "a" / "b").string(), 1, {(dir_ / "file").string(), "not a directory"}},
+      {"", 2, {"dst", "empty"}},
+      {long_name, 1, {std::string(32, 'a'), "300 bytes", "255"}},
+      {"/proc/shardplan_cli_test_out", 1, {"/proc/shardplan_cli_test_out"}},
+      {"/proc/shardplan_cli_test/out", 1, {"/proc/shardplan_cli_test/out"}},
+      {"/", 1, {"[checkpoint] /:"}},
+  };
+  for (const char* command : {"consolidate", "reshard"}) {
+    for (const Case& c : cases) {
+      const std::string args =
+          fmt::format("checkpoint {} '{}' '{}'{}", command, hf.string(), c.dst,
+                      std::string(command) == "reshard" ? " --mesh fsdp:1,tp:1" : "");
+      SCOPED_TRACE(args);
+      const Result r = run(args);
+      EXPECT_EQ(r.code, c.code) << r.err;
+      for (const std::string& part : c.parts) EXPECT_THAT(r.err, ::testing::HasSubstr(part));
+      EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error")));
+      EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"file", "hf", "stderr.txt"}));
+    }
+  }
+}
+
+TEST_F(CliTest, HtmlNeverFollowsALinkAndAnEmptyNameIsBadUsage) {
+  // A link planted where the old code wrote its temporary (FILE.partial) is not followed.
+  std::ofstream(dir_ / "victim") << "keep";
+  fs::create_symlink(dir_ / "victim", dir_ / "plan.html.partial");
+  const fs::path page = dir_ / "plan.html";
+  Result r = run(fmt::format("plan --summary --html '{}'", page.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::stringstream victim;
+  victim << std::ifstream(dir_ / "victim").rdbuf();
+  EXPECT_EQ(victim.str(), "keep");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(page)));
+  EXPECT_EQ(names_in(dir_),
+            (std::vector<std::string>{"plan.html", "plan.html.partial", "stderr.txt", "victim"}));
+  // Written again: the page is replaced (a report is made anew by each run).
+  r = run(fmt::format("plan --summary --mesh fsdp:4,tp:2 --html '{}'", page.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::stringstream html;
+  html << std::ifstream(page).rdbuf();
+  EXPECT_THAT(html.str(), ::testing::HasSubstr("&#39;fsdp&#39;: 4"));
+  // A link at FILE itself is not replaced (nor followed): an error naming it.
+  fs::create_symlink(dir_ / "victim", dir_ / "link.html");
+  r = run(fmt::format("plan --summary --html '{}'", (dir_ / "link.html").string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr((dir_ / "link.html").string()));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("symbolic link"));
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.html"));
+  // An empty name is bad usage, not a page silently skipped.
+  r = run("plan --summary --html ''");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("--html"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("empty"));
+  victim.str("");
+  victim << std::ifstream(dir_ / "victim").rdbuf();
+  EXPECT_EQ(victim.str(), "keep");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"link.html", "plan.html",
+                                                      "plan.html.partial", "stderr.txt",
+                                                      "victim"}));
 }
 
 // train-plan: a Hugging Face config.json (LLaMA-2-7B's widths, two layers), one step sized.
