@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <latch>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -353,6 +354,155 @@ TEST(CheckpointManager, KeepsTheLastStepsAndAFailedSaveLosesNothing) {
   EXPECT_EQ(names, (std::vector<std::string>{"step_00000030", "step_00000040"}));
   const Tree<Array> back = restore_checkpoint(manager.path_of(40), state(0, 8));
   EXPECT_TRUE(back.at_path("w").leaf().to_host() == state(40, 8).at_path("w").leaf().to_host());
+}
+
+// ---- Outputs: unique temporaries, no-replace renames, bad destinations ----------------------
+
+/// The names in `dir`, sorted.
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+/// Eight 1 MiB f32 tensors on two devices.
+Tree<Array> mib_state(const Executor& two) {
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  std::vector<Tree<Array>::DictEntry> leaves;
+  for (int i = 0; i < 8; ++i) {
+    leaves.emplace_back(fmt::format("w{}", i),
+                        Tree<Array>(Array::normal(Shape{512, 512}, DType::kF32,
+                                                  NamedSharding(mesh, P("x")), two, 10 + i)));
+  }
+  return Tree<Array>::dict(std::move(leaves));
+}
+
+TEST(Checkpoint, TwoConversionsIntoOneDestinationAtOnceGiveOneCompleteResultAndOneError) {
+  TempDir tmp;
+  const Executor two(2);
+  save_checkpoint(tmp.path() / "src", mib_state(two), {.max_file_bytes = 1 << 20});
+  const auto want = test::checkpoint_tensor_bytes(tmp.path() / "src");
+  fs::create_directories(tmp.path() / "dest");
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE(fmt::format("round {}", round));
+    const fs::path dst = tmp.path() / "dest" / fmt::format("c{}", round);
+    std::latch start(2);
+    std::exception_ptr errors[2];
+    auto convert = [&](int i) {
+      start.arrive_and_wait();
+      try {
+        consolidate_checkpoint(tmp.path() / "src", dst, {.max_file_bytes = 1 << 20});
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    };
+    std::thread other(convert, 1);
+    convert(0);
+    other.join();
+    ASSERT_TRUE((errors[0] == nullptr) != (errors[1] == nullptr)) << "exactly one must succeed";
+    EXPECT_THROW_WITH(std::rethrow_exception(errors[0] ? errors[0] : errors[1]), IoError,
+                      dst.string());
+    const CheckpointInfo info = read_checkpoint_info(dst);
+    EXPECT_EQ(info.files.size(), 8u);
+    EXPECT_TRUE(test::checkpoint_tensor_bytes(dst) == want);
+  }
+  std::vector<std::string> expected;
+  for (int round = 0; round < 10; ++round) expected.push_back(fmt::format("c{}", round));
+  EXPECT_EQ(names_in(tmp.path() / "dest"), expected);  // no temporary left by either
+}
+
+TEST(Checkpoint, WritesNeverRemoveWhatTheyDidNotMake) {
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const auto a = Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), two);
+  // Directories a user happened to name like the fixed temporaries of earlier versions.
+  for (const char* user : {".c.partial", ".d.partial", "run/.step_00000001.partial.mine",
+                           "run/.step_notes"}) {
+    fs::create_directories(tmp.path() / user);
+    std::ofstream(tmp.path() / user / "notes.txt") << "mine";
+  }
+  save_checkpoint(tmp.path() / "c", Tree<Array>::dict({{"a", a}}));
+  EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "c", Tree<Array>::dict({{"a", a}})), IoError,
+                    "already exists");
+  consolidate_checkpoint(tmp.path() / "c", tmp.path() / "d");
+  EXPECT_EQ(names_in(tmp.path()), (std::vector<std::string>{".c.partial", ".d.partial", "c", "d",
+                                                            "run"}));
+  // CheckpointManager removes what a save or removal of its own left when cut short (the fixed
+  // names of earlier versions too), nothing else.
+  fs::create_directories(tmp.path() / "run" / ".step_00000002.partial-0123456789");
+  fs::create_directories(tmp.path() / "run" / ".step_00000003.partial");
+  fs::create_directories(tmp.path() / "run" / ".step_00000004.removing-abcdefghij");
+  CheckpointManager manager(tmp.path() / "run", 1);
+  manager.save(5, Tree<Array>::dict({{"a", a}}));
+  manager.save(6, Tree<Array>::dict({{"a", a}}));
+  EXPECT_EQ(names_in(tmp.path() / "run"),
+            (std::vector<std::string>{".step_00000001.partial.mine", ".step_notes",
+                                      "step_00000006"}));
+  for (const char* user : {".c.partial", ".d.partial", "run/.step_00000001.partial.mine",
+                           "run/.step_notes"}) {
+    EXPECT_EQ(names_in(tmp.path() / user), (std::vector<std::string>{"notes.txt"})) << user;
+  }
+}
+
+TEST(Checkpoint, DestinationsAreNormalisedOrAnErrorNamingThem) {
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const auto tree =
+      Tree<Array>::dict({{"a", Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), two)}});
+  // A trailing slash names the directory itself (it used to leave an empty "c" behind).
+  save_checkpoint(tmp.path() / "c/", tree);
+  consolidate_checkpoint(tmp.path() / "c", tmp.path().string() + "/d//");
+  EXPECT_EQ(names_in(tmp.path()), (std::vector<std::string>{"c", "d"}));
+  EXPECT_TRUE(test::checkpoint_tensor_bytes(tmp.path() / "d") ==
+              test::checkpoint_tensor_bytes(tmp.path() / "c"));
+  std::ofstream(tmp.path() / "file") << "x";
+  const fs::path under_file = tmp.path() / "file" / "a" / "out";
+  const fs::path long_name = tmp.path() / std::string(300, 'n');
+  EXPECT_THROW_WITH(save_checkpoint(under_file, tree), IoError, std::string("[checkpoint]"),
+                    under_file.string(), (tmp.path() / "file").string() + " is a regular file",
+                    std::string("not a directory"));
+  EXPECT_THROW_WITH(consolidate_checkpoint(tmp.path() / "c", under_file), IoError,
+                    under_file.string(), std::string("not a directory"));
+  EXPECT_THROW_WITH(save_checkpoint("", tree), IoError, "[checkpoint]", "empty");
+  EXPECT_THROW_WITH(consolidate_checkpoint(tmp.path() / "c", ""), IoError, "empty");
+  EXPECT_THROW_WITH(save_checkpoint(long_name, tree), IoError, "300 bytes", "255");
+  EXPECT_THROW_WITH(save_checkpoint("/", tree), IoError, "[checkpoint] /:");
+  EXPECT_THROW_WITH(save_checkpoint("/proc/shardplan_test/c", tree), IoError,
+                    "/proc/shardplan_test/c", "cannot create the directory /proc/shardplan_test");
+  EXPECT_EQ(names_in(tmp.path()), (std::vector<std::string>{"c", "d", "file"}));
+}
+
+TEST(Checkpoint, AFailedWriteRemovesTheParentsItMadeAndOnlyThose) {
+  TempDir tmp;
+  const Executor two(2);
+  save_checkpoint(tmp.path() / "src", mib_state(two));
+  fs::create_directories(tmp.path() / "there");
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto* previous = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const fs::path dst = tmp.path() / "there" / "made" / "also" / "out";
+  try {
+    consolidate_checkpoint(tmp.path() / "src", dst);
+    ADD_FAILURE() << "the conversion did not fail";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr((dst / "model.safetensors").string()));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("File too large"));
+  }
+  try {
+    save_checkpoint(dst, mib_state(two));
+    ADD_FAILURE() << "the save did not fail";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr((dst / "model.safetensors").string()));
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, previous);
+  EXPECT_TRUE(names_in(tmp.path() / "there").empty());
 }
 
 // ---- Hugging Face checkpoints ---------------------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -294,6 +295,42 @@ TEST(PlanHtml, WriteRenamesACompletePageAndNamesAPathItCannotWrite) {
   EXPECT_THROW_WITH(write_plan_html(missing, report, "t"), IoError, std::string("[html]"), missing,
                     std::string("No such file or directory"));
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "no_such_dir"));
+}
+
+TEST(PlanHtml, WriteNeverFollowsALinkAndNamesWhatItWillNotReplace) {
+  const TempDir dir;
+  namespace fs = std::filesystem;
+  const PlanReport report =
+      MeshShardingHelper(xy_mesh()).plan(RuleTree(Replicated{}), small_model());
+  const auto read = [](const fs::path& p) {
+    std::stringstream text;
+    text << std::ifstream(p, std::ios::binary).rdbuf();
+    return text.str();
+  };
+  std::ofstream(dir.path() / "victim") << "keep";
+  // A link planted at the temporary name of earlier versions is neither followed nor removed.
+  fs::create_symlink(dir.path() / "victim", dir.path() / "plan.html.partial");
+  const fs::path path = dir.path() / "plan.html";
+  write_plan_html(path.string(), report, "one");
+  write_plan_html(path.string(), report, "two");  // an existing page is replaced
+  EXPECT_EQ(read(path), plan_html(report, "two"));
+  EXPECT_EQ(read(dir.path() / "victim"), "keep");
+  EXPECT_TRUE(fs::is_symlink(dir.path() / "plan.html.partial"));
+  // A directory or a link at the path itself is an error naming it, and left as it was.
+  fs::create_directory(dir.path() / "d.html");
+  EXPECT_THROW_WITH(write_plan_html((dir.path() / "d.html").string(), report, "t"), IoError,
+                    std::string("[html]"), (dir.path() / "d.html").string(), std::string("is a directory"));
+  fs::create_symlink(dir.path() / "victim", dir.path() / "l.html");
+  EXPECT_THROW_WITH(write_plan_html((dir.path() / "l.html").string(), report, "t"), IoError,
+                    (dir.path() / "l.html").string(), std::string("symbolic link"));
+  EXPECT_EQ(read(dir.path() / "victim"), "keep");
+  EXPECT_THROW_WITH(write_plan_html("", report, "t"), IoError, std::string("[html]"),
+                    std::string("empty"));
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"d.html", "l.html", "plan.html", "plan.html.partial",
+                                             "victim"}));
 }
 
 }  // namespace

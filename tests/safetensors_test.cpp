@@ -148,6 +148,24 @@ TEST(Safetensors, SkeletonWriterRoundTripsAndIsSparse) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
 }
 
+TEST(Safetensors, SkeletonWriterReplacesAFileButNeverADirectoryOrALink) {
+  TempDir dir;
+  const fs::path file = dir.path() / "model.safetensors";
+  write_safetensors_skeleton(file, {{"a", {Shape{4}, DType::kF32}}});
+  write_safetensors_skeleton(file, {{"b", {Shape{8}, DType::kF32}}});
+  EXPECT_EQ(read_safetensors_header(file).tensors.at(0).name, "b");
+  fs::create_directory(dir.path() / "d.safetensors");
+  EXPECT_THROW_WITH(write_safetensors_skeleton(dir.path() / "d.safetensors", {}), IoError,
+                    "[safetensors]", "d.safetensors", "is a directory");
+  fs::create_symlink(file, dir.path() / "l.safetensors");
+  EXPECT_THROW_WITH(write_safetensors_skeleton(dir.path() / "l.safetensors", {}), IoError,
+                    "l.safetensors", "symbolic link");
+  EXPECT_THROW_WITH(write_safetensors_skeleton(dir.path() / "missing" / "m.safetensors", {}),
+                    IoError, "m.safetensors", "No such file or directory");
+  EXPECT_EQ(read_safetensors_header(file).tensors.at(0).name, "b");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 3);
+}
+
 TEST(Safetensors, ReadingATruncatedFileIsAnErrorNamingIt) {
   TempDir dir;
   const fs::path file = dir.path() / "cut.safetensors";
