@@ -593,6 +593,15 @@ TEST_F(CliTest, UnderAFileSizeLimitAConversionFailsNamingTheFileAndLeavesNothing
     std::erase(after, "stderr.txt");
     EXPECT_EQ(after, before);
   }
+  // The HTML page (26 KiB) under a limit of one block.
+  const Result r = run(fmt::format("plan --summary --html '{}/plan.html'", dir_.string()),
+                       "ulimit -f 1; ");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr((dir_ / "plan.html").string()));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("File too large"));
+  auto after = names_in(dir_);
+  std::erase(after, "stderr.txt");
+  EXPECT_EQ(after, before);
 }
 
 TEST_F(CliTest, ADestinationWithATrailingSlashIsTheDirectory) {
