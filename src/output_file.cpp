@@ -68,8 +68,7 @@ std::string unique_suffix() {
   if (::getrandom(&bits, sizeof bits, 0) != static_cast<ssize_t>(sizeof bits)) {
     // No entropy source: the time, the process and a counter still differ between runs.
     static std::atomic<std::uint64_t> counter{0};
-    bits = static_cast<std::uint64_t>(
-               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+    bits = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
            (static_cast<std::uint64_t>(::getpid()) << 40) ^ (counter++ * 0x9e3779b97f4a7c15ull);
   }
   std::string out(10, '0');
@@ -144,7 +143,8 @@ OutputDir::OutputDir(const fs::path& dst, std::string_view what)
   for (fs::path p = dst_.parent_path();; p = p.parent_path()) {
     if (::stat(p.c_str(), &st) == 0) {  // a symbolic link to a directory is a parent too
       if (!S_ISDIR(st.st_mode)) {
-        fail(what_, dst_, fmt::format("{} is {}, not a directory", p.string(), kind_of(st.st_mode)));
+        fail(what_, dst_,
+             fmt::format("{} is {}, not a directory", p.string(), kind_of(st.st_mode)));
       }
       break;
     }
@@ -220,8 +220,7 @@ OutputFile::OutputFile(const fs::path& dst, std::string_view what, Existing exis
   if (::lstat(dst_.c_str(), &st) == 0) {
     if (existing_ == Existing::kRefuse) fail(what_, dst_, "already exists");
     if (!S_ISREG(st.st_mode)) {
-      fail(what_, dst_,
-           fmt::format("is {}; only a regular file is replaced", kind_of(st.st_mode)));
+      fail(what_, dst_, fmt::format("is {}; only a regular file is replaced", kind_of(st.st_mode)));
     }
   } else if (errno != ENOENT) {
     fail(what_, dst_, "cannot write", errno);
@@ -234,8 +233,8 @@ OutputFile::OutputFile(const fs::path& dst, std::string_view what, Existing exis
     const int err = errno;
     if (err != EEXIST || attempt == 100) {
       done_ = true;
-      fail(what_, dst_,
-           fmt::format("cannot create a file in {}", dst_.parent_path().string()), err);
+      fail(what_, dst_, fmt::format("cannot create a file in {}", dst_.parent_path().string()),
+           err);
     }
   }
 }
@@ -282,9 +281,9 @@ void OutputFile::commit() {
     discard();
     fail(what_, dst_, "close failed", err);
   }
-  const int err = existing_ == Existing::kRefuse       ? rename_no_replace(temp_, dst_, false)
+  const int err = existing_ == Existing::kRefuse ? rename_no_replace(temp_, dst_, false)
                   : ::rename(temp_.c_str(), dst_.c_str()) == 0 ? 0
-                                                                : errno;
+                                                               : errno;
   if (err != 0) {
     discard();
     if (existing_ == Existing::kRefuse && err == EEXIST) fail_appeared(what_, dst_);

@@ -418,8 +418,8 @@ TEST(Checkpoint, WritesNeverRemoveWhatTheyDidNotMake) {
   const Mesh mesh = Mesh::parse("x:2", 2);
   const auto a = Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), two);
   // Directories a user happened to name like the fixed temporaries of earlier versions.
-  for (const char* user : {".c.partial", ".d.partial", "run/.step_00000001.partial.mine",
-                           "run/.step_notes"}) {
+  for (const char* user :
+       {".c.partial", ".d.partial", "run/.step_00000001.partial.mine", "run/.step_notes"}) {
     fs::create_directories(tmp.path() / user);
     std::ofstream(tmp.path() / user / "notes.txt") << "mine";
   }
@@ -427,8 +427,8 @@ TEST(Checkpoint, WritesNeverRemoveWhatTheyDidNotMake) {
   EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "c", Tree<Array>::dict({{"a", a}})), IoError,
                     "already exists");
   consolidate_checkpoint(tmp.path() / "c", tmp.path() / "d");
-  EXPECT_EQ(names_in(tmp.path()), (std::vector<std::string>{".c.partial", ".d.partial", "c", "d",
-                                                            "run"}));
+  EXPECT_EQ(names_in(tmp.path()),
+            (std::vector<std::string>{".c.partial", ".d.partial", "c", "d", "run"}));
   // CheckpointManager removes what a save or removal of its own left when cut short (the fixed
   // names of earlier versions too), nothing else.
   fs::create_directories(tmp.path() / "run" / ".step_00000002.partial-0123456789");
@@ -437,11 +437,11 @@ TEST(Checkpoint, WritesNeverRemoveWhatTheyDidNotMake) {
   CheckpointManager manager(tmp.path() / "run", 1);
   manager.save(5, Tree<Array>::dict({{"a", a}}));
   manager.save(6, Tree<Array>::dict({{"a", a}}));
-  EXPECT_EQ(names_in(tmp.path() / "run"),
-            (std::vector<std::string>{".step_00000001.partial.mine", ".step_notes",
-                                      "step_00000006"}));
-  for (const char* user : {".c.partial", ".d.partial", "run/.step_00000001.partial.mine",
-                           "run/.step_notes"}) {
+  EXPECT_EQ(
+      names_in(tmp.path() / "run"),
+      (std::vector<std::string>{".step_00000001.partial.mine", ".step_notes", "step_00000006"}));
+  for (const char* user :
+       {".c.partial", ".d.partial", "run/.step_00000001.partial.mine", "run/.step_notes"}) {
     EXPECT_EQ(names_in(tmp.path() / user), (std::vector<std::string>{"notes.txt"})) << user;
   }
 }

@@ -86,8 +86,8 @@ class CliTest : public ::testing::Test {
     std::vector<Tensor> values;
     for (int i = 0; i < count; ++i) {
       values.push_back(Tensor::normal(Shape{512, 512}, DType::kF32, static_cast<std::uint64_t>(i)));
-      specs.push_back({fmt::format("model.layers.{}.mlp.up_proj.weight", i),
-                       {Shape{512, 512}, DType::kF32}});
+      specs.push_back(
+          {fmt::format("model.layers.{}.mlp.up_proj.weight", i), {Shape{512, 512}, DType::kF32}});
     }
     const fs::path dir = dir_ / name;
     fs::create_directories(dir);
@@ -581,12 +581,13 @@ TEST_F(CliTest, UnderAFileSizeLimitAConversionFailsNamingTheFileAndLeavesNothing
   // source's 4 MiB must be written. The default SIGXFSZ would kill the command without a word.
   for (const std::string& args :
        {fmt::format("checkpoint consolidate '{}' '{}/made/out'", hf.string(), dir_.string()),
-        fmt::format("checkpoint reshard '{}' '{}/made/out' --mesh fsdp:2 --rules '{}'",
-                    hf.string(), dir_.string(), (dir_ / "rules.yaml").string())}) {
+        fmt::format("checkpoint reshard '{}' '{}/made/out' --mesh fsdp:2 --rules '{}'", hf.string(),
+                    dir_.string(), (dir_ / "rules.yaml").string())}) {
     SCOPED_TRACE(args);
     const Result r = run(args, "ulimit -f 1024; ");
     EXPECT_EQ(r.code, 1) << r.err;  // -1: killed by a signal
-    EXPECT_THAT(r.err, ::testing::HasSubstr((dir_ / "made" / "out" / "model.safetensors").string()));
+    EXPECT_THAT(r.err,
+                ::testing::HasSubstr((dir_ / "made" / "out" / "model.safetensors").string()));
     EXPECT_THAT(r.err, ::testing::HasSubstr("File too large"));
     // Nothing left: no hidden temporary, not even the parent directory the run made.
     auto after = names_in(dir_);
@@ -594,8 +595,8 @@ TEST_F(CliTest, UnderAFileSizeLimitAConversionFailsNamingTheFileAndLeavesNothing
     EXPECT_EQ(after, before);
   }
   // The HTML page (26 KiB) under a limit of one block.
-  const Result r = run(fmt::format("plan --summary --html '{}/plan.html'", dir_.string()),
-                       "ulimit -f 1; ");
+  const Result r =
+      run(fmt::format("plan --summary --html '{}/plan.html'", dir_.string()), "ulimit -f 1; ");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_THAT(r.err, ::testing::HasSubstr((dir_ / "plan.html").string()));
   EXPECT_THAT(r.err, ::testing::HasSubstr("File too large"));
@@ -606,13 +607,13 @@ TEST_F(CliTest, UnderAFileSizeLimitAConversionFailsNamingTheFileAndLeavesNothing
 
 TEST_F(CliTest, ADestinationWithATrailingSlashIsTheDirectory) {
   const fs::path hf = mib_checkpoint("hf", 1);
-  const Result r = run(fmt::format("checkpoint consolidate '{}' '{}/out/'", hf.string(),
-                                   dir_.string()));
+  const Result r =
+      run(fmt::format("checkpoint consolidate '{}' '{}/out/'", hf.string(), dir_.string()));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(fs::exists(dir_ / "out" / "model.safetensors"));
   EXPECT_TRUE(test::checkpoint_tensor_bytes(dir_ / "out") == test::checkpoint_tensor_bytes(hf));
-  const Result again = run(fmt::format("checkpoint consolidate '{}' '{}/out//'", hf.string(),
-                                       dir_.string()));
+  const Result again =
+      run(fmt::format("checkpoint consolidate '{}' '{}/out//'", hf.string(), dir_.string()));
   EXPECT_EQ(again.code, 1);
   EXPECT_THAT(again.err, ::testing::HasSubstr("already exists"));
   EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"hf", "out", "stderr.txt"}));
@@ -685,9 +686,8 @@ TEST_F(CliTest, HtmlNeverFollowsALinkAndAnEmptyNameIsBadUsage) {
   victim.str("");
   victim << std::ifstream(dir_ / "victim").rdbuf();
   EXPECT_EQ(victim.str(), "keep");
-  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"link.html", "plan.html",
-                                                      "plan.html.partial", "stderr.txt",
-                                                      "victim"}));
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"link.html", "plan.html", "plan.html.partial",
+                                                      "stderr.txt", "victim"}));
 }
 
 // train-plan: a Hugging Face config.json (LLaMA-2-7B's widths, two layers), one step sized.

@@ -319,7 +319,8 @@ TEST(PlanHtml, WriteNeverFollowsALinkAndNamesWhatItWillNotReplace) {
   // A directory or a link at the path itself is an error naming it, and left as it was.
   fs::create_directory(dir.path() / "d.html");
   EXPECT_THROW_WITH(write_plan_html((dir.path() / "d.html").string(), report, "t"), IoError,
-                    std::string("[html]"), (dir.path() / "d.html").string(), std::string("is a directory"));
+                    std::string("[html]"), (dir.path() / "d.html").string(),
+                    std::string("is a directory"));
   fs::create_symlink(dir.path() / "victim", dir.path() / "l.html");
   EXPECT_THROW_WITH(write_plan_html((dir.path() / "l.html").string(), report, "t"), IoError,
                     (dir.path() / "l.html").string(), std::string("symbolic link"));

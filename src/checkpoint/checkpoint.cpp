@@ -12,8 +12,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <span>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -411,7 +411,8 @@ class SaveJob {
       for (const auto& [block, data] : t.blocks) {
         const std::byte* src = data;  // (a lambda may not capture a structured binding)
         auto& file = open[t.file];
-        if (!file) file = std::make_unique<File>(tmp_ / names_[t.file], O_WRONLY, dir_ / names_[t.file]);
+        if (!file)
+          file = std::make_unique<File>(tmp_ / names_[t.file], O_WRONLY, dir_ / names_[t.file]);
         std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
         for (const auto& sl : block) origin.push_back(sl.start);
         detail::for_each_run(t.shard.begin(), zero.data(), t.spec.shape.begin(), origin.data(),
@@ -1008,9 +1009,9 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
     try {
       text = index.dump(1) + "\n";
     } catch (const nlohmann::json::exception&) {
-      throw IoError(fmt::format(
-          "[checkpoint] {}: a tensor name or the mesh's axis names are not valid UTF-8",
-          dst.string()));
+      throw IoError(
+          fmt::format("[checkpoint] {}: a tensor name or the mesh's axis names are not valid UTF-8",
+                      dst.string()));
     }
     {
       const File out(tmp / kIndexName, kNewFile, dst / kIndexName);

@@ -19,8 +19,8 @@
 #include <string>
 
 #include "checkpoint_cmd.hpp"
-#include "output_path_option.hpp"
 #include "example_model.hpp"
+#include "output_path_option.hpp"
 #include "train_plan_cmd.hpp"
 #include "usage_error.hpp"
 #include "shardplan/error.hpp"
