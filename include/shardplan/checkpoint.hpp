@@ -37,10 +37,12 @@ struct CheckpointOptions {
 };
 
 /// Collective over processes. Saves every leaf of `tree` (arrays, neither pending nor donated)
-/// under its tree path as tensor name. `dir` must not exist; its parent is created. Each block
-/// is written once, by the process holding the first device of its replica group. Throws
-/// IoError (naming the file) or SpecError (naming the tree path); after a failure `dir` does not
-/// exist and the temporary directory is removed.
+/// under its tree path as tensor name. `dir` must not exist (`dir/` is `dir`); its missing
+/// parents are created. Each block is written once, by the process holding the first device of
+/// its replica group, into a hidden directory of this save's own, renamed to `dir` without
+/// replacing anything. Throws IoError (naming the file or `dir`: it exists or appeared meanwhile,
+/// an empty or unusable path) or SpecError (naming the tree path); after a failure `dir` does not
+/// exist, and this save's temporary directory and the parents it made are removed (nothing else).
 void save_checkpoint(const std::filesystem::path& dir, const Tree<Array>& tree,
                      const CheckpointOptions& options = {});
 
@@ -120,7 +122,8 @@ struct ConvertOptions {
 
 /// Offline, streaming through one 4 MiB buffer: a shardplan (checksums checked first) or Hugging
 /// Face checkpoint rewritten as plain Hugging Face safetensors (+ index), the tensors' names and
-/// bytes as they were. `dst` must not exist; written atomically, as save_checkpoint.
+/// bytes as they were. `dst` must not exist; written atomically and without replacing anything,
+/// as save_checkpoint (two runs into one `dst`: one result, one IoError naming it).
 void consolidate_checkpoint(const std::filesystem::path& src, const std::filesystem::path& dst,
                             const ConvertOptions& options = {});
 /// Offline, streaming: a shardplan or Hugging Face checkpoint rewritten as a shardplan checkpoint
@@ -146,7 +149,8 @@ class CheckpointManager {
   std::optional<std::int64_t> latest() const;
   std::filesystem::path path_of(std::int64_t step) const;
   int keep() const { return keep_; }
-  /// Removes hidden directories left by saves or removals that never finished (process 0).
+  /// Removes hidden directories left by its saves or removals that never finished (process 0;
+  /// only names it makes: `.step_N.partial-X`, `.step_N.removing-X`, earlier `.step_N.partial`).
   void remove_unfinished() const;
   /// Removes the oldest complete steps beyond `keep` (process 0; each renamed away first).
   void remove_old_steps() const;
