@@ -652,6 +652,19 @@ TEST_F(CliTest, BadDestinationsAreErrorsNamingThePathAndLeaveNothing) {
   }
 }
 
+TEST_F(CliTest, AMeshAxisThatIsNotUtf8IsAnErrorBeforeAnythingIsWritten) {
+  const fs::path hf = mib_checkpoint("hf", 1);
+  std::ofstream(dir_ / "rules.yaml") << "rules:\n  - {match: up_proj, spec: []}\n";
+  const Result r =
+      run(fmt::format("checkpoint reshard '{}' '{}/out' --mesh \"$(printf 'f\\377sdp:1')\" "
+                      "--rules '{}'",
+                      hf.string(), dir_.string(), (dir_ / "rules.yaml").string()));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr("not valid UTF-8"));
+  EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error")));
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"hf", "rules.yaml", "stderr.txt"}));
+}
+
 TEST_F(CliTest, HtmlNeverFollowsALinkAndAnEmptyNameIsBadUsage) {
   // A link planted where the old code wrote its temporary (FILE.partial) is not followed.
   std::ofstream(dir_ / "victim") << "keep";

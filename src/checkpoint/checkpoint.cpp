@@ -1067,6 +1067,14 @@ void reshard_checkpoint(const fs::path& src, const fs::path& dst, const MeshShar
       data.map_with_path([&](const std::string& p, const TensorSpec&) { return name_at.at(p); });
   std::string path;
   record["structure"] = structure_of(names, path);
+  try {
+    (void)record.dump();  // the index is JSON: checked before anything is written
+  } catch (const nlohmann::json::exception&) {
+    throw SpecError(fmt::format(
+        "[checkpoint] mesh {}: an axis name is not valid UTF-8, which the index (JSON) cannot hold",
+        nlohmann::json(record["mesh"])
+            .dump(-1, ' ', true, nlohmann::json::error_handler_t::replace)));
+  }
   copy_tensors(info, dst, record, options);
 }
 
