@@ -293,12 +293,15 @@ TEST(Checkpoint, AnIndexThatIsNotARegularFileIsAnErrorNamingItAtOnce) {
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(), "character device");
   fs::remove(index);
   std::ofstream(index) << text;
-  EXPECT_EQ(read_checkpoint_info(dir).tensors.size(), 1u);
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  EXPECT_EQ(info.tensors.size(), 1u);
   // A shard file that is a FIFO: its header is not waited for either.
   const fs::path shard = dir / "model.safetensors";
   fs::remove(shard);
   ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, shard.c_str(), "FIFO");
+  // Nor its bytes, when it was replaced after the info was read.
+  EXPECT_THROW_WITH(verify_checkpoint(info), IoError, shard.c_str(), "FIFO");
   // Given as the checkpoint itself (no index).
   EXPECT_THROW_WITH(read_checkpoint_info(shard), IoError, shard.c_str(), "FIFO");
 }

@@ -136,9 +136,10 @@ class Hasher {
   XXH3_state_t* state_;
 };
 
-/// The whole file's XXH3-64, read in pieces.
+/// The whole file's XXH3-64, read in pieces (a regular file only: a FIFO put in its place
+/// would make the read wait, a device never end).
 std::uint64_t file_checksum(const fs::path& path) {
-  const File f(path, O_RDONLY);
+  const detail::InputFile f(path, "checkpoint");
   Hasher h;
   std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
   for (;;) {
