@@ -166,8 +166,8 @@ void BM_ReadCheckpointInfo(benchmark::State& st) {
     if (info.tensors.size() != static_cast<std::size_t>(n)) st.SkipWithError("wrong tensor count");
     benchmark::DoNotOptimize(info);
   }
-  st.counters["tensors_per_s"] = benchmark::Counter(static_cast<double>(n),
-                                                    benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["tensors_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
   fs::remove_all(dir);
 }
 

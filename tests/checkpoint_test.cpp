@@ -360,7 +360,8 @@ TEST(Checkpoint, DeeplyNestedOrRepeatedIndexEntriesAreErrorsNamingTheFileAndKey)
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(),
                     "the shardplan record (metadata.shardplan) must be an object, got array");
   with_record(R"({"version": 2, )" + files + "}");
-  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "version 2; this shardplan reads version 1");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError,
+                    "version 2; this shardplan reads version 1");
   with_record(R"({"mesh": 7, )" + files + "}");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "'mesh' must be a string, got number 7");
   with_record(R"({"names": "slashes", )" + files + "}");
@@ -368,12 +369,12 @@ TEST(Checkpoint, DeeplyNestedOrRepeatedIndexEntriesAreErrorsNamingTheFileAndKey)
   with_record(R"({"files": {"model.safetensors": {"xxh3": "xyz"}}})");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "file 'model.safetensors'",
                     "16 hexadecimal digits", "\"xyz\"");
-  with_record(R"({"files": {"model.safetensors": {"xxh3": "01"}, "model.safetensors": {"xxh3": "01"}}})");
+  with_record(
+      R"({"files": {"model.safetensors": {"xxh3": "01"}, "model.safetensors": {"xxh3": "01"}}})");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError,
                     "file 'model.safetensors' appears twice in 'files'");
   with_record(R"({"files": {}})");
-  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError,
-                    "no checksum for file 'model.safetensors'");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "no checksum for file 'model.safetensors'");
   with_record("{" + files + R"(, "tensors": {"a": 3}})");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a': expected an object");
   with_record("{" + files + R"(, "tensors": {"a": {"sharding": ["x"]}}})");
@@ -395,8 +396,8 @@ TEST(Checkpoint, TheInfoOfACheckpointOf100kTensorsIsReadInFull) {
     specs.push_back({name, {Shape{2, i % 7 + 1}, DType::kF32}});
     const std::string sep = i == 0 ? "" : ", ";
     weight_map += fmt::format(R"({}"{}": "model.safetensors")", sep, name);
-    tensors += fmt::format(R"({}"{}": {{"sharding": "P({}) on x:1", "dtype": "F32"}})", sep, name,
-                           i);
+    tensors +=
+        fmt::format(R"({}"{}": {{"sharding": "P({}) on x:1", "dtype": "F32"}})", sep, name, i);
     structure += fmt::format(R"({}{{"w": "{}"}})", sep, name);
   }
   const fs::path dir = tmp.path() / "ckpt";

@@ -166,8 +166,7 @@ TEST(Safetensors, FilesThatAreNotRegularAreErrorsNamingThemAtOnce) {
   EXPECT_THROW_WITH(read_safetensors_header(fifo), IoError, fifo.string(), std::string("FIFO"));
   EXPECT_THROW_WITH(read_safetensors_header(dir.path()), IoError, dir.path().string(),
                     std::string("directory"));
-  EXPECT_THROW_WITH(read_safetensors_header("/dev/zero"), IoError, "/dev/zero",
-                    "character device");
+  EXPECT_THROW_WITH(read_safetensors_header("/dev/zero"), IoError, "/dev/zero", "character device");
 }
 
 }  // namespace

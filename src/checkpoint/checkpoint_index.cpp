@@ -138,8 +138,8 @@ CheckpointRecord read_record(json::Value r, std::string_view source) {
                                  f.source_text(80)));
       }
       if (!out.checksums.emplace(std::string(it.key()), *sum).second) {
-        fail(source, fmt::format("{}: file '{}' appears twice in 'files'", kWhere,
-                                 shown(it.key())));
+        fail(source,
+             fmt::format("{}: file '{}' appears twice in 'files'", kWhere, shown(it.key())));
       }
     }
   }
@@ -154,14 +154,15 @@ CheckpointRecord read_record(json::Value r, std::string_view source) {
       const std::string where = fmt::format("{}: tensor '{}'", kWhere, shown(it.key()));
       const json::Value t = it.value();
       if (!t.is_object()) {
-        fail(source, fmt::format("{}: expected an object with sharding and dtype, got {} {}",
-                                 where, t.type_name(), t.source_text(80)));
+        fail(source, fmt::format("{}: expected an object with sharding and dtype, got {} {}", where,
+                                 t.type_name(), t.source_text(80)));
       }
       const auto sharding = string_member(t, "sharding", source, where);
       string_member(t, "dtype", source, where);  // (the headers have the dtype; type-checked)
-      if (!out.shardings.emplace(std::string(it.key()), std::string(sharding.value_or(""))).second) {
-        fail(source, fmt::format("{}: tensor '{}' appears twice in 'tensors'", kWhere,
-                                 shown(it.key())));
+      if (!out.shardings.emplace(std::string(it.key()), std::string(sharding.value_or("")))
+               .second) {
+        fail(source,
+             fmt::format("{}: tensor '{}' appears twice in 'tensors'", kWhere, shown(it.key())));
       }
     }
   }
