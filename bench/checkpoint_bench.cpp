@@ -4,6 +4,11 @@
 //
 //   build-release/bench/checkpoint_bench            (in a directory on the disk to measure;
 //   SHARDPLAN_BENCH_DIR=/some/dir to choose another)
+//
+// BM_ReadCheckpointInfo: reading what a checkpoint of many small tensors holds (its index, record
+// and headers; what `shardplan checkpoint inspect` does), at 1k, 10k and 100k tensors, to show
+// that it grows linearly:
+//   build-release/bench/checkpoint_bench --benchmark_filter=ReadCheckpointInfo
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -137,6 +142,35 @@ void BM_RestoreCheckpoint(benchmark::State& st) {
   st.counters["shards_MiB"] = static_cast<double>(shards) / (1 << 20);
 }
 
+/// A checkpoint of `n` small tensors (layers/i/w, f32 [2, 3] each), saved once per process.
+fs::path small_tensors_checkpoint(int n) {
+  const fs::path dir = work_dir() / fmt::format("small_{}", n);
+  fs::remove_all(dir);
+  static const Executor one(1);
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  std::vector<Tree<Array>> layers;
+  layers.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    layers.push_back(Tree<Array>::dict(
+        {{"w", Array::ones(Shape{2, 3}, DType::kF32, NamedSharding(mesh, P()), one)}}));
+  }
+  save_checkpoint(dir, Tree<Array>::dict({{"layers", Tree<Array>::list(std::move(layers))}}));
+  return dir;
+}
+
+void BM_ReadCheckpointInfo(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  const fs::path dir = small_tensors_checkpoint(n);
+  for (auto _ : st) {
+    const CheckpointInfo info = read_checkpoint_info(dir);
+    if (info.tensors.size() != static_cast<std::size_t>(n)) st.SkipWithError("wrong tensor count");
+    benchmark::DoNotOptimize(info);
+  }
+  st.counters["tensors_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  fs::remove_all(dir);
+}
+
 // Alternating ours and dd's, so that both see the same disk.
 BENCHMARK(BM_DdWriteFsync)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
 BENCHMARK(BM_SaveCheckpoint)->Unit(benchmark::kMillisecond)->Iterations(3)->UseRealTime();
@@ -147,6 +181,13 @@ BENCHMARK(BM_RestoreCheckpoint)
     ->ArgName("verify")
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3)
+    ->UseRealTime();
+BENCHMARK(BM_ReadCheckpointInfo)
+    ->Arg(1'000)
+    ->Arg(10'000)
+    ->Arg(100'000)
+    ->ArgName("tensors")
+    ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 }  // namespace

@@ -4,13 +4,12 @@
 
 #include <algorithm>
 #include <exception>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "input_file.hpp"
 #include "json_impl.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
@@ -279,22 +278,7 @@ class TreeBuilder {
 };
 
 std::string read_file(const std::filesystem::path& file, std::string_view what) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw IoError(fmt::format("[{}] {}: cannot open for reading", what, file.string()));
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(file, ec);
-  std::string text;
-  if (!ec) {
-    text.resize(size);
-    in.read(text.data(), static_cast<std::streamsize>(size));
-    text.resize(static_cast<std::size_t>(in.gcount()));
-  }
-  // Whatever is left (the file grew, or its size is unknown).
-  std::ostringstream rest;
-  rest << in.rdbuf();
-  const std::string more = rest.str();
-  if (!more.empty()) text += more;
-  return text;
+  return detail::read_input_file(file, what);
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {

@@ -3,10 +3,9 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <set>
-#include <sstream>
 
+#include "input_file.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rules/rule_table_sharding_rule.hpp"
 
@@ -289,11 +288,7 @@ RuleFile parse_rule_file(std::string_view yaml, std::string_view source) {
 }
 
 RuleFile load_rule_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw IoError(fmt::format("[rules] {}: cannot open for reading", file.string()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_rule_file(ss.str(), file.string());
+  return parse_rule_file(detail::read_input_file(file, "rules"), file.string());
 }
 
 std::vector<std::string> preset_names() {

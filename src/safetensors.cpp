@@ -12,6 +12,7 @@
 #include <system_error>
 #include <unordered_set>
 
+#include "input_file.hpp"
 #include "json_impl.hpp"
 #include "output_file.hpp"
 #include "shardplan/dtype.hpp"
@@ -192,17 +193,12 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, std::int64_t
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
   const std::string source = file.string();
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(file, ec);
-  if (ec) fail(source, fmt::format("cannot read: {}", ec.message()));
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(source, "cannot open for reading");
-  std::string prefix(8, '\0');
-  in.read(prefix.data(), 8);
-  const auto got = static_cast<std::size_t>(in.gcount());
-  if (got < 8) {
-    return parse_safetensors_header(std::string_view(prefix).substr(0, got),
-                                    static_cast<std::int64_t>(size), source);
+  const detail::InputFile in(file, "safetensors");
+  const std::size_t size = in.size();
+  std::string prefix(std::min<std::size_t>(8, size), '\0');
+  in.read_at(0, prefix.data(), prefix.size());
+  if (prefix.size() < 8) {
+    return parse_safetensors_header(prefix, static_cast<std::int64_t>(size), source);
   }
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(prefix[static_cast<std::size_t>(i)]);
@@ -210,8 +206,7 @@ SafetensorsHeader read_safetensors_header(const std::filesystem::path& file) {
   const std::uint64_t want = std::min<std::uint64_t>(
       n, std::min<std::uint64_t>(static_cast<std::uint64_t>(kMaxHeaderSize) + 1, size - 8));
   prefix.resize(8 + want);
-  in.read(prefix.data() + 8, static_cast<std::streamsize>(want));
-  prefix.resize(8 + static_cast<std::size_t>(in.gcount()));
+  in.read_at(8, prefix.data() + 8, static_cast<std::size_t>(want));
   return parse_safetensors_header(prefix, static_cast<std::int64_t>(size), source);
 }
 

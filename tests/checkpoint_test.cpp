@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -266,6 +267,161 @@ TEST(Checkpoint, MalformedIndexesAndArgumentsNameWhatIsWrong) {
   const Tree<Array> mixed = Tree<Array>::dict(
       {{"a", a}, {"b", Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), other)}});
   EXPECT_THROW_WITH(restore_checkpoint(dir, mixed), SpecError, "different executors", "'b'");
+}
+
+TEST(Checkpoint, AnIndexThatIsNotARegularFileIsAnErrorNamingItAtOnce) {
+  TempDir tmp;
+  const Executor one(1);
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  const fs::path dir = tmp.path() / "ckpt";
+  save_checkpoint(dir, Tree<Array>::dict({{"a", Array::ones(Shape{4}, DType::kF32,
+                                                            NamedSharding(mesh, P()), one)}}));
+  const fs::path index = dir / "model.safetensors.index.json";
+  const std::string text = [&] {
+    std::ifstream in(index);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  // A FIFO without a writer: opening it must not wait for one.
+  fs::remove(index);
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(), "FIFO");
+  fs::remove(index);
+  fs::create_directory(index);
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(), "directory");
+  fs::remove(index);
+  // A device: reading it whole would never end.
+  fs::create_symlink("/dev/zero", index);
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(), "character device");
+  fs::remove(index);
+  std::ofstream(index) << text;
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  EXPECT_EQ(info.tensors.size(), 1u);
+  // A shard file that is a FIFO: its header is not waited for either.
+  const fs::path shard = dir / "model.safetensors";
+  fs::remove(shard);
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, shard.c_str(), "FIFO");
+  // Nor its bytes, when it was replaced after the info was read.
+  EXPECT_THROW_WITH(verify_checkpoint(info), IoError, shard.c_str(), "FIFO");
+  // Given as the checkpoint itself (no index).
+  EXPECT_THROW_WITH(read_checkpoint_info(shard), IoError, shard.c_str(), "FIFO");
+}
+
+TEST(Checkpoint, DeeplyNestedOrRepeatedIndexEntriesAreErrorsNamingTheFileAndKey) {
+  TempDir tmp;
+  const Executor one(1);
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  const fs::path dir = tmp.path() / "ckpt";
+  save_checkpoint(dir, Tree<Array>::dict({{"a", Array::ones(Shape{4}, DType::kF32,
+                                                            NamedSharding(mesh, P()), one)}}));
+  const fs::path index = dir / "model.safetensors.index.json";
+  auto write_index = [&](const std::string& t) { std::ofstream(index) << t; };
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  write_index(R"({"weight_map": {"a": )" + deep + "}}");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(),
+                    "nesting deeper than 256 levels");
+  auto with_record = [&](const std::string& record) {
+    write_index(R"({"metadata": {"shardplan": )" + record +
+                R"(}, "weight_map": {"a": "model.safetensors"}})");
+  };
+  with_record(R"({"version": 1, "structure": {"a": )" + deep + "}}");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(),
+                    "nesting deeper than 256 levels");
+  // A name twice: which file holds it would be a guess.
+  write_index(R"({"weight_map": {"a": "model.safetensors", "a": "model.safetensors"}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(),
+                    "tensor 'a' appears twice in weight_map");
+  write_index(R"({"weight_map": {"a": "model.safetensors"}, "weight_map": {}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(), "'weight_map' twice");
+  // A long value is quoted in part, not printed whole.
+  write_index(R"({"weight_map": {"a": [)" + std::string(100'000, '1') + "]}}");
+  try {
+    read_checkpoint_info(dir);
+    ADD_FAILURE() << "a number array as a file name was accepted";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("tensor 'a' is mapped to [111"));
+    EXPECT_LT(std::strlen(e.what()), 500u);
+  }
+
+  // The record, field by field: a well-formed one is read...
+  const std::string files = R"("files": {"model.safetensors": {"xxh3": "0123456789abcdef"}})";
+  with_record(R"({"version": 1, "mesh": "x:1", "names": "dotted", "structure": {"a": "a"}, )" +
+              files + R"(, "tensors": {"a": {"sharding": "P() on x:1", "dtype": "F32"}}})");
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  EXPECT_TRUE(info.shardplan);
+  EXPECT_EQ(info.mesh, "x:1");
+  EXPECT_EQ(info.name_separator, '.');
+  EXPECT_EQ(nlohmann::json::parse(info.structure), nlohmann::json::parse(R"({"a": "a"})"));
+  ASSERT_EQ(info.files.size(), 1u);
+  EXPECT_EQ(info.files[0].xxh3, 0x0123456789abcdefull);
+  ASSERT_EQ(info.tensors.size(), 1u);
+  EXPECT_EQ(info.tensors[0].sharding, "P() on x:1");
+  // ...and each malformed field is named.
+  with_record("[1, 2]");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, index.c_str(),
+                    "the shardplan record (metadata.shardplan) must be an object, got array");
+  with_record(R"({"version": 2, )" + files + "}");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError,
+                    "version 2; this shardplan reads version 1");
+  with_record(R"({"mesh": 7, )" + files + "}");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "'mesh' must be a string, got number 7");
+  with_record(R"({"names": "slashes", )" + files + "}");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "'names' is 'slashes'");
+  with_record(R"({"files": {"model.safetensors": {"xxh3": "xyz"}}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "file 'model.safetensors'",
+                    "16 hexadecimal digits", "\"xyz\"");
+  with_record(
+      R"({"files": {"model.safetensors": {"xxh3": "01"}, "model.safetensors": {"xxh3": "01"}}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError,
+                    "file 'model.safetensors' appears twice in 'files'");
+  with_record(R"({"files": {}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "no checksum for file 'model.safetensors'");
+  with_record("{" + files + R"(, "tensors": {"a": 3}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a': expected an object");
+  with_record("{" + files + R"(, "tensors": {"a": {"sharding": ["x"]}}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a': 'sharding' must be a string");
+  with_record("{" + files + R"(, "tensors": {"a": {}, "a": {}}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a' appears twice in 'tensors'");
+}
+
+TEST(Checkpoint, TheInfoOfACheckpointOf100kTensorsIsReadInFull) {
+  // Reading is linear in the tensors (it was quadratic: the record's tensor table was copied
+  // once per tensor, hours for this one); no timing here, the bench measures it
+  // (checkpoint_bench BM_ReadCheckpointInfo).
+  TempDir tmp;
+  constexpr int kTensors = 100'000;
+  std::vector<std::pair<std::string, TensorSpec>> specs;
+  std::string weight_map, tensors, structure;
+  for (int i = 0; i < kTensors; ++i) {
+    const std::string name = fmt::format("layers/{}/w", i);
+    specs.push_back({name, {Shape{2, i % 7 + 1}, DType::kF32}});
+    const std::string sep = i == 0 ? "" : ", ";
+    weight_map += fmt::format(R"({}"{}": "model.safetensors")", sep, name);
+    tensors +=
+        fmt::format(R"({}"{}": {{"sharding": "P({}) on x:1", "dtype": "F32"}})", sep, name, i);
+    structure += fmt::format(R"({}{{"w": "{}"}})", sep, name);
+  }
+  const fs::path dir = tmp.path() / "ckpt";
+  fs::create_directory(dir);
+  write_safetensors_skeleton(dir / "model.safetensors", specs);
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"metadata": {"shardplan": {"version": 1, "mesh": "x:1", "structure": {"layers": [)"
+      << structure << R"(]}, "files": {"model.safetensors": {"xxh3": "00000000000000ff"}}, )"
+      << R"("tensors": {)" << tensors << R"(}}}, "weight_map": {)" << weight_map << "}}";
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  ASSERT_EQ(info.tensors.size(), static_cast<std::size_t>(kTensors));
+  std::int64_t offset = 0;
+  for (int i = 0; i < kTensors; ++i) {
+    const CheckpointTensor& t = info.tensors[static_cast<std::size_t>(i)];
+    ASSERT_EQ(t.name, specs[static_cast<std::size_t>(i)].first);
+    ASSERT_EQ(t.spec.shape, (Shape{2, i % 7 + 1}));
+    ASSERT_EQ(t.sharding, fmt::format("P({}) on x:1", i));
+    if (i == 0) offset = t.offset;
+    ASSERT_EQ(t.offset, offset);
+    offset += t.spec.bytes();
+  }
+  EXPECT_EQ(info.files.at(0).xxh3, 0xffu);
+  EXPECT_EQ(nlohmann::json::parse(info.structure)["layers"][99'999]["w"], "layers/99999/w");
 }
 
 TEST(Checkpoint, TargetsThatDoNotMatchNameTheTensorTheFileAndTheAxis) {

@@ -1,5 +1,6 @@
 // The `shardplan` command, run as a user runs it: exit codes, text and JSON output.
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,10 +38,17 @@ class CliTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   /// Runs the command with `args`; `shell_prefix` runs first in the same shell (a ulimit).
-  Result run(const std::string& args, const std::string& shell_prefix = "") const {
+  Result run(const std::string& args, const std::string& shell_prefix) const {
+    return run(args, 0, shell_prefix);
+  }
+  /// Runs the command; with `timeout_seconds`, killed after that long (exit code 124).
+  Result run(const std::string& args, int timeout_seconds = 0,
+             const std::string& shell_prefix = "") const {
     const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd =
-        fmt::format("{}'{}' {} 2>'{}'", shell_prefix, SHARDPLAN_CLI, args, err.string());
+    const std::string limit =
+        timeout_seconds > 0 ? fmt::format("timeout -k 5 {} ", timeout_seconds) : std::string();
+    const std::string cmd = fmt::format("{}{}'{}' {} 2>'{}'", shell_prefix, limit, SHARDPLAN_CLI,
+                                        args, err.string());
     Result r;
     FILE* pipe = ::popen(cmd.c_str(), "r");
     if (pipe == nullptr) return r;
@@ -701,6 +709,51 @@ TEST_F(CliTest, HtmlNeverFollowsALinkAndAnEmptyNameIsBadUsage) {
   EXPECT_EQ(victim.str(), "keep");
   EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"link.html", "plan.html", "plan.html.partial",
                                                       "stderr.txt", "victim"}));
+}
+
+TEST_F(CliTest, FifosDevicesAndDirectoriesGivenAsFilesAreErrorsNamingThemAtOnce) {
+  // Each would hang (a FIFO waits for a writer), never end (/dev/zero) or be read as empty
+  // text (a directory); the command must exit 1 at once naming the path and what it is.
+  auto expect_refused = [&](const std::string& args, const fs::path& path, const char* kind) {
+    const Result r = run(args, 20);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(path.string())) << args;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(kind)) << args;
+  };
+  const fs::path fifo_model = dir_ / "fifo.json", fifo_rules = dir_ / "fifo.yaml";
+  ASSERT_EQ(::mkfifo(fifo_model.c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo(fifo_rules.c_str(), 0600), 0);
+  expect_refused(fmt::format("plan --model '{}'", fifo_model.string()), fifo_model, "FIFO");
+  expect_refused(fmt::format("plan --rules '{}'", fifo_rules.string()), fifo_rules, "FIFO");
+  const fs::path zero_model = dir_ / "zero.json";
+  fs::create_symlink("/dev/zero", zero_model);
+  expect_refused(fmt::format("plan --model '{}'", zero_model.string()), zero_model,
+                 "character device");
+  expect_refused("plan --rules /dev/zero", "/dev/zero", "character device");
+  const fs::path rules_dir = dir_ / "rules.d";
+  fs::create_directory(rules_dir);
+  expect_refused(fmt::format("plan --rules '{}'", rules_dir.string()), rules_dir, "directory");
+  // (A directory as --model is a checkpoint directory: its files are looked for inside.)
+
+  // A checkpoint whose index is a FIFO, a directory, /dev/zero; a shard that is a FIFO.
+  const fs::path ckpt = dir_ / "ckpt", index = ckpt / "model.safetensors.index.json";
+  fs::create_directory(ckpt);
+  write_safetensors_skeleton(ckpt / "model.safetensors", {{"w", {Shape{4}, DType::kF32}}});
+  const std::string inspect = fmt::format("checkpoint inspect '{}'", ckpt.string());
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  expect_refused(inspect, index, "FIFO");
+  fs::remove(index);
+  fs::create_directory(index);
+  expect_refused(inspect, index, "directory");
+  fs::remove(index);
+  fs::create_symlink("/dev/zero", index);
+  expect_refused(inspect, index, "character device");
+  fs::remove(index);
+  std::ofstream(index) << R"({"weight_map": {"w": "model.safetensors"}})";
+  ASSERT_EQ(run(inspect).code, 0);
+  fs::remove(ckpt / "model.safetensors");
+  ASSERT_EQ(::mkfifo((ckpt / "model.safetensors").c_str(), 0600), 0);
+  expect_refused(inspect, ckpt / "model.safetensors", "FIFO");
 }
 
 // train-plan: a Hugging Face config.json (LLaMA-2-7B's widths, two layers), one step sized.

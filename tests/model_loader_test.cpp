@@ -2,6 +2,7 @@
 #include "shardplan/model_loader.hpp"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -349,6 +350,31 @@ TEST(ModelLoader, IndexErrors) {
   std::ofstream(index) << R"({"weight_map": )" + std::string(65'536, '[');
   EXPECT_THROW_WITH(load_model(index), IoError, index.string(),
                     std::string("nesting deeper than 256 levels"));
+}
+
+TEST(ModelLoader, FilesThatAreNotRegularAreErrorsNamingThemAtOnce) {
+  // A FIFO would wait for a writer, /dev/zero never end, a directory read as empty text.
+  TempDir dir;
+  for (const char* name : {"m.json", "model.safetensors.index.json", "m.safetensors"}) {
+    const fs::path fifo = dir.path() / "fifo" / name;
+    fs::create_directories(fifo.parent_path());
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    EXPECT_THROW_WITH(load_model(fifo), IoError, fifo.string(), std::string("FIFO"));
+    const fs::path zero = dir.path() / "zero" / name;
+    fs::create_directories(zero.parent_path());
+    fs::create_symlink("/dev/zero", zero);
+    EXPECT_THROW_WITH(load_model(zero), IoError, zero.string(), std::string("character device"));
+    const fs::path sub = dir.path() / "dir" / name;
+    fs::create_directories(sub);
+    EXPECT_THROW_WITH(load_model(sub), IoError, sub.string(), std::string("directory"));
+  }
+  // A shard named by an index.
+  const fs::path index = dir.path() / "shards" / "model.safetensors.index.json";
+  fs::create_directories(index.parent_path());
+  std::ofstream(index) << R"({"weight_map": {"w": "a.safetensors"}})";
+  const fs::path shard = index.parent_path() / "a.safetensors";
+  ASSERT_EQ(::mkfifo(shard.c_str(), 0600), 0);
+  EXPECT_THROW_WITH(load_model(index), IoError, shard.string(), std::string("FIFO"));
 }
 
 }  // namespace shardplan

@@ -1,6 +1,7 @@
 // YAML rule files: every field and every error.
 #include "shardplan/rule_file.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -84,6 +85,16 @@ TEST(RuleFile, DeepNestingIsAClearErrorNotACrash) {
   const RuleFile f = parse_rule_file(quoted, "q.yaml");
   ASSERT_EQ(f.rules.size(), 1u);
   EXPECT_EQ(f.rules[0].match, std::string(300, '['));
+}
+
+TEST(RuleFile, FilesThatAreNotRegularAreErrorsNamingThemAtOnce) {
+  TempDir dir;
+  const std::filesystem::path fifo = dir.path() / "rules.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW_WITH(load_rule_file(fifo), IoError, fifo.string(), std::string("FIFO"));
+  EXPECT_THROW_WITH(load_rule_file(dir.path()), IoError, dir.path().string(),
+                    std::string("directory"));
+  EXPECT_THROW_WITH(load_rule_file("/dev/zero"), IoError, "/dev/zero", "character device");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // safetensors headers: parsing, validation, the skeleton writer.
 #include "shardplan/safetensors.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -174,6 +175,16 @@ TEST(Safetensors, ReadingATruncatedFileIsAnErrorNamingIt) {
   EXPECT_THROW_WITH(read_safetensors_header(file), IoError, "cut.safetensors");
   EXPECT_THROW_WITH(read_safetensors_header(dir.path() / "missing.safetensors"), IoError,
                     "missing.safetensors");
+}
+
+TEST(Safetensors, FilesThatAreNotRegularAreErrorsNamingThemAtOnce) {
+  TempDir dir;
+  const fs::path fifo = dir.path() / "m.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW_WITH(read_safetensors_header(fifo), IoError, fifo.string(), std::string("FIFO"));
+  EXPECT_THROW_WITH(read_safetensors_header(dir.path()), IoError, dir.path().string(),
+                    std::string("directory"));
+  EXPECT_THROW_WITH(read_safetensors_header("/dev/zero"), IoError, "/dev/zero", "character device");
 }
 
 }  // namespace

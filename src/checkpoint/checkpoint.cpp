@@ -19,8 +19,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "../input_file.hpp"
 #include "../output_file.hpp"
 #include "../runtime/box_copy.hpp"
+#include "checkpoint_index.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/model_loader.hpp"
@@ -136,9 +138,10 @@ class Hasher {
   XXH3_state_t* state_;
 };
 
-/// The whole file's XXH3-64, read in pieces.
+/// The whole file's XXH3-64, read in pieces (a regular file only: a FIFO put in its place
+/// would make the read wait, a device never end).
 std::uint64_t file_checksum(const fs::path& path) {
-  const File f(path, O_RDONLY);
+  const detail::InputFile f(path, "checkpoint");
   Hasher h;
   std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
   for (;;) {
@@ -237,19 +240,6 @@ nlohmann::json structure_of(const Tree<T>& t, std::string& path) {
 
 std::string sharding_text(const NamedSharding& s) {
   return fmt::format("{} on {}", s.spec().to_string(), s.mesh().to_string());
-}
-
-/// A name the index may hold for a file: relative, inside the directory.
-void check_file_name(const fs::path& index, const std::string& tensor, const std::string& file) {
-  const fs::path p(file);
-  bool bad = file.empty() || p.is_absolute();
-  for (const auto& part : p) bad = bad || part == "..";
-  if (bad) {
-    throw IoError(
-        fmt::format("[checkpoint] {}: tensor '{}' is mapped to file '{}', which is not a "
-                    "file name inside the checkpoint directory",
-                    index.string(), tensor, file));
-  }
 }
 
 }  // namespace
@@ -534,16 +524,13 @@ void save_checkpoint(const fs::path& dir, const Tree<Array>& tree,
 CheckpointInfo read_checkpoint_info(const fs::path& path) {
   CheckpointInfo info;
   std::vector<std::string> file_names;
-  std::map<std::string, std::string> weight_map;  // from the index, when there is one
-  nlohmann::json record;
+  detail::CheckpointIndex index;  // from the index, when there is one
   fs::path index_path;
-  if (fs::is_regular_file(path)) {
-    info.dir = path.parent_path();
-    file_names.push_back(path.filename().string());
-  } else if (fs::is_directory(path)) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
     info.dir = path;
     index_path = path / kIndexName;
-    if (!fs::exists(index_path)) {
+    if (!fs::exists(index_path, ec)) {
       // Hugging Face names the index after the weights file; take any single index.
       std::vector<fs::path> indexes, weights;
       for (const auto& e : fs::directory_iterator(path)) {
@@ -563,96 +550,69 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
             path.string(), kIndexName, indexes.size(), weights.size()));
       }
     }
+  } else if (fs::exists(path, ec)) {
+    // A single safetensors file (its reader refuses anything but a regular file).
+    info.dir = path.parent_path();
+    file_names.push_back(path.filename().string());
   } else {
     throw IoError(fmt::format("[checkpoint] {}: no such file or directory", path.string()));
   }
+  // Tensor name -> file, as the index maps them (views into `index`).
+  std::unordered_map<std::string_view, std::string_view> file_of;
   if (!index_path.empty()) {
-    nlohmann::json index;
-    try {
-      std::string text;
-      {
-        const File f(index_path, O_RDONLY);
-        struct stat st {};
-        if (::fstat(f.fd(), &st) != 0) io_fail(index_path, "cannot stat", errno);
-        text.resize(static_cast<std::size_t>(st.st_size));
-        f.read_at(text.data(), static_cast<std::int64_t>(text.size()), 0);
-      }
-      index = nlohmann::json::parse(text);
-      if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-        throw IoError(
-            fmt::format("[checkpoint] {}: no \"weight_map\" object", index_path.string()));
-      }
-      for (const auto& [name, file] : index["weight_map"].items()) {
-        if (!file.is_string()) {
-          throw IoError(fmt::format("[checkpoint] {}: tensor '{}' is mapped to {}, not a file name",
-                                    index_path.string(), name, file.dump()));
-        }
-        check_file_name(index_path, name, file.get<std::string>());
-        weight_map[name] = file.get<std::string>();
-        if (std::find(file_names.begin(), file_names.end(), file.get<std::string>()) ==
-            file_names.end()) {
-          file_names.push_back(file.get<std::string>());
-        }
-      }
-      if (index.contains("metadata") && index["metadata"].is_object() &&
-          index["metadata"].contains("shardplan")) {
-        record = index["metadata"]["shardplan"];
-      }
-    } catch (const nlohmann::json::exception& e) {
-      throw IoError(
-          fmt::format("[checkpoint] {}: not valid JSON: {}", index_path.string(), e.what()));
+    index = detail::parse_checkpoint_index(detail::read_input_file(index_path, "checkpoint"),
+                                           index_path.string());
+    file_of.reserve(index.weight_map.size());
+    std::unordered_set<std::string_view> listed;
+    for (const auto& [name, file] : index.weight_map) {
+      file_of.emplace(name, file);
+      if (listed.insert(file).second) file_names.push_back(file);
     }
     std::sort(file_names.begin(), file_names.end());
   }
-  info.shardplan = record.is_object();
-  if (info.shardplan) {
-    try {
-      info.mesh = record.value("mesh", "");
-      info.name_separator = record.value("names", "tree paths") == "dotted" ? '.' : '/';
-      info.structure = record.contains("structure") ? record["structure"].dump() : "";
-    } catch (const nlohmann::json::exception& e) {
-      throw IoError(fmt::format("[checkpoint] {}: malformed shardplan record: {}",
-                                index_path.string(), e.what()));
-    }
+  const detail::CheckpointRecord* record = index.record ? &*index.record : nullptr;
+  info.shardplan = record != nullptr;
+  if (record != nullptr) {
+    info.mesh = record->mesh;
+    info.name_separator = record->name_separator;
+    info.structure = record->structure;
   }
   for (const std::string& name : file_names) {
     const fs::path file = info.dir / name;
-    if (!fs::exists(file)) {
+    if (!fs::exists(file, ec)) {
       throw IoError(fmt::format("[checkpoint] {}: missing (the index {} maps tensors to it)",
                                 file.string(), index_path.string()));
     }
     CheckpointFile cf{name, std::nullopt};
-    if (info.shardplan) {
-      try {
-        const auto& h = record.at("files").at(name).at("xxh3");
-        cf.xxh3 = std::stoull(h.get<std::string>(), nullptr, 16);
-      } catch (const std::exception&) {
+    if (record != nullptr) {
+      const auto sum = record->checksums.find(name);
+      if (sum == record->checksums.end()) {
         throw IoError(
             fmt::format("[checkpoint] {}: no checksum for file '{}' in the shardplan "
                         "record",
                         index_path.string(), name));
       }
+      cf.xxh3 = sum->second;
     }
     info.files.push_back(cf);
-    const SafetensorsHeader h = read_safetensors_header(file);
-    for (const auto& e : h.tensors) {
-      if (!weight_map.empty()) {
-        const auto it = weight_map.find(e.name);
-        if (it == weight_map.end() || it->second != name) continue;  // the index names another
+    SafetensorsHeader h = read_safetensors_header(file);
+    for (auto& e : h.tensors) {
+      if (!index_path.empty()) {
+        const auto it = file_of.find(e.name);
+        if (it == file_of.end() || it->second != name) continue;  // the index names another
       }
-      CheckpointTensor t{e.name, e.spec, name, 8 + h.header_size + e.begin, ""};
-      if (info.shardplan) {
-        const auto& tensors = record.contains("tensors") ? record["tensors"] : nlohmann::json();
-        if (tensors.is_object() && tensors.contains(e.name) && tensors[e.name].is_object()) {
-          t.sharding = tensors[e.name].value("sharding", "");
-        }
+      CheckpointTensor t{std::move(e.name), e.spec, name, 8 + h.header_size + e.begin, ""};
+      if (record != nullptr) {
+        const auto s = record->shardings.find(t.name);
+        if (s != record->shardings.end()) t.sharding = s->second;
       }
       info.tensors.push_back(std::move(t));
     }
   }
   std::unordered_set<std::string_view> found;
+  found.reserve(info.tensors.size());
   for (const auto& t : info.tensors) found.insert(t.name);
-  for (const auto& [name, file] : weight_map) {
+  for (const auto& [name, file] : index.weight_map) {
     if (!found.contains(name)) {
       throw IoError(
           fmt::format("[checkpoint] {}: the index maps tensor '{}' to it, but its "
