@@ -5,10 +5,14 @@
 // must equal it bit for bit.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
+#include <new>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/autodiff.hpp"
+#include "shardplan/collectives.hpp"
+#include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
@@ -152,6 +156,106 @@ TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
   const Tensor want =
       f(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host();
   EXPECT_EQ(got, want);
+}
+
+/// Runs `call`, which fails on process `who` only: every process must throw a DistributedError
+/// naming `who` and holding `part`, within seconds (a regression hangs until the collective
+/// timeout instead: ctest's mpi.np*.failure_agreement runs these with a short one); on `who`
+/// the process's own exception, a `Own`, is nested in it.
+template <class Own, class Call>
+void expect_failure_of(int who, const std::string& part, const Call& call) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    call();
+    ADD_FAILURE() << "no error on process " << distributed::process_index();
+  } catch (const DistributedError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(
+                              fmt::format("process {} of {} failed", who, distributed::process_count())));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(part));
+    bool nested = false;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const Own&) {
+      nested = true;
+    } catch (...) {
+    }
+    EXPECT_EQ(nested, distributed::process_index() == who) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(MultiProcessTraining, OutOfMemoryInAReshardOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  // As under FSDP: the step starts by gathering the weights (the constraint), then multiplies.
+  auto f = sjit(mesh, [](const Array& w, const Array& x) {
+    return matmul(x, with_sharding_constraint(w, P()));
+  });
+  const Tensor wh = Tensor::normal(Shape{32, 16}, DType::kF32, 5);
+  const Tensor xh = Tensor::normal(Shape{64, 32}, DType::kF32, 6);
+  const Array w = device_put(wh, NamedSharding(mesh, P("a")), exec);
+  const Array x = device_put(xh, NamedSharding(mesh, P("a")), exec);
+  const Executor here = Executor::process_local(8);
+  const Tensor want =
+      f(device_put(wh, NamedSharding(mesh, P("a")), here), device_put(xh, NamedSharding(mesh, P("a")), here))
+          .to_host();
+  EXPECT_EQ(f(w, x).to_host(), want);  // compiled and run once everywhere
+  // The all-gather inside the step cannot allocate its output on the last process.
+  if (me == last) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(last, "out of host memory", [&] { f(w, x); });
+  distributed::detail::fail_collective_allocation(0);
+  // The inputs' reshard before the step: the program takes w replicated, it is passed sharded.
+  auto g = sjit(
+      mesh, [](const Array& w2, const Array& x2) { return matmul(x2, w2); },
+      SjitOptions{.in_shardings = RuleTree::list({RuleTree(P()), RuleTree(P("a"))})});
+  EXPECT_EQ(g(w, x).to_host(), want);
+  if (me == last) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(last, "[all_gather] of Array(f32[32, 16]", [&] { g(w, x); });
+  distributed::detail::fail_collective_allocation(0);
+  // A device's memory limit (an OutOfMemoryError) in an eager reshard, on process 0.
+  if (me == 0) exec.set_memory_limit(exec.memory(exec.local_devices().front()).in_use + 64);
+  expect_failure_of<OutOfMemoryError>(0, "out of memory", [&] { reshard(x, NamedSharding(mesh, P())); });
+  exec.set_memory_limit(0);
+  // Every process is still in step, and nothing is left held: the step runs again.
+  EXPECT_EQ(f(w, x).to_host(), want);
+  EXPECT_EQ(g(w, x).to_host(), want);
+}
+
+TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  // Process 1 computes a shape its array cannot take: only its trace fails.
+  auto f = sjit(mesh, [](const Array& x) {
+    return reshape(x, Shape{distributed::process_index() == 1 ? 7 : 32}) * 2.0;
+  });
+  const Tensor host = Tensor::normal(Shape{8, 4}, DType::kF32, 3);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  expect_failure_of<SpecError>(1, "[sjit] tracing and compiling the call: [reshape] cannot reshape", [&] { f(x); });
+  // The group is in step: a program every process traces alike runs.
+  auto g = sjit(mesh, [](const Array& a) { return reshape(a, Shape{32}) * 2.0; });
+  EXPECT_EQ(g(x).to_host(),
+            g(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host());
+}
+
+TEST(MultiProcessTraining, OneProcessFailuresKeepTheirType) {
+  // Arrays that never leave this process (any group size): no agreement, the errors as they are.
+  const Executor exec = Executor::process_local(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  const Array w =
+      device_put(Tensor::normal(Shape{32, 16}, DType::kF32, 5), NamedSharding(mesh, P("a")), exec);
+  auto f = sjit(mesh, [](const Array& a) { return with_sharding_constraint(a, P()) * 2.0; });
+  f(w);
+  distributed::detail::fail_collective_allocation(1);
+  EXPECT_THROW(f(w), std::bad_alloc);
+  distributed::detail::fail_collective_allocation(1);
+  EXPECT_THROW(reshard(w, NamedSharding(mesh, P())), std::bad_alloc);
+  distributed::detail::fail_collective_allocation(0);
+  auto g = sjit(mesh, [](const Array& a) { return reshape(a, Shape{7}); });
+  EXPECT_THROW_WITH(g(w), SpecError, "[reshape] cannot reshape");
+  EXPECT_EQ(f(w).to_host(), f(w).to_host());
 }
 
 TEST(MultiProcessTraining, AProcessInAnotherCollectiveIsNamedNotAHang) {

@@ -10,14 +10,17 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
+
+#include "shardplan/detail/agreement.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 // The C API only: mpi.h would otherwise pull in Open MPI's removed C++ bindings.
@@ -427,37 +430,62 @@ void check_same(std::string_view what, std::string_view value) {
   }
 }
 
-void all_succeed(const std::function<void()>& step) {
+namespace detail {
+
+std::string describe(std::exception_ptr failed) {
+  try {
+    std::rethrow_exception(failed);
+  } catch (const std::bad_alloc& e) {
+    return fmt::format("out of host memory ({})", e.what());
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+void throw_failed(int process, int count, const std::string& message, std::exception_ptr own) {
+  const DistributedError error(
+      fmt::format("[distributed] process {} of {} failed: {}", process, count, message));
+  if (own) {
+    try {
+      std::rethrow_exception(own);
+    } catch (...) {
+      std::throw_with_nested(error);
+    }
+  }
+  throw error;
+}
+
+void agree(std::exception_ptr failed, const std::string& context) {
   initialize();
-  std::exception_ptr mine;
   std::string message;
+  if (failed) message = context.empty() ? describe(failed) : context + ": " + describe(failed);
+  // A number per process: 0 for success, else 1 + the length of its message. Only when some
+  // process failed do the messages cross (every process sees that from the numbers).
+  const auto status = allgather_count(failed ? 1 + static_cast<std::int64_t>(message.size()) : 0);
+  if (std::all_of(status.begin(), status.end(), [](std::int64_t s) { return s == 0; })) return;
+  const auto all = allgather_bytes(std::as_bytes(std::span(message.data(), message.size())));
+  const int me = group().index;
+  for (std::size_t p = 0; p < status.size(); ++p) {
+    if (status[p] == 0) continue;
+    const int who = static_cast<int>(p);
+    throw_failed(who, static_cast<int>(status.size()),
+                 std::string(reinterpret_cast<const char*>(all[p].data()), all[p].size()),
+                 who == me ? failed : nullptr);
+  }
+}
+
+}  // namespace detail
+
+void all_succeed(const std::function<void()>& step) {
+  std::exception_ptr mine;
   try {
     step();
-  } catch (const std::exception& e) {
-    mine = std::current_exception();
-    message = e.what();
   } catch (...) {
     mine = std::current_exception();
-    message = "an exception that is not a std::exception";
   }
-  // A byte for failed, then the message.
-  std::string status(1, mine ? '1' : '0');
-  status += message;
-  const auto all = allgather_bytes(std::as_bytes(std::span(status.data(), status.size())));
-  for (std::size_t p = 0; p < all.size(); ++p) {
-    if (all[p].empty() || static_cast<char>(all[p][0]) != '1') continue;
-    const std::string text(reinterpret_cast<const char*>(all[p].data()) + 1, all[p].size() - 1);
-    const DistributedError error(
-        fmt::format("[distributed] process {} of {} failed: {}", p, all.size(), text));
-    if (static_cast<int>(p) == group().index && mine) {
-      try {
-        std::rethrow_exception(mine);
-      } catch (...) {
-        std::throw_with_nested(error);
-      }
-    }
-    throw error;
-  }
+  detail::agree(mine);
 }
 
 }  // namespace shardplan::distributed

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "primitives.hpp"
 #include "resolve_rules.hpp"
 #include "shardplan/collectives.hpp"
+#include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "trace.hpp"
@@ -248,22 +250,33 @@ namespace {
 /// the same argument signature, statics and traced program. Checked on every call with one
 /// 8-byte hash per process; when they differ, the texts are exchanged so that every process
 /// throws a DistributedError saying which differs, instead of the processes entering different
-/// collectives and waiting for ever.
-void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& key,
-                        const Compiled& compiled) {
-  if (exec == nullptr) return;
-  if (exec->holds_all(mesh.devices())) return;
-  // A tag, then the hash: a process that is in another collective (a to_host, say, that only
-  // some processes called) sends something else, and is named.
+/// collectives and waiting for ever. The same exchange carries the failure of a process that
+/// could not trace or compile the call (`failed`, with `key` or `compiled` then null): every
+/// process throws a DistributedError naming the lowest such process (its own error nested in
+/// it on that process), instead of the others waiting for its hash.
+void check_same_program(const CacheKey* key, const Compiled* compiled, std::exception_ptr failed) {
+  // A tag, then the hash, then 0 or 1 + the failure's message: a process that is in another
+  // collective (a to_host, say, that only some processes called) sends something else, and is
+  // named.
   constexpr std::uint64_t kTag = 0x736a69745f737064ull;  // "sjit_spd"
-  // The hash of the text: the same on every process for the same call (no addresses in it).
-  std::size_t h = std::hash<std::string>()(key.text() + "\n" + compiled.jaxpr);
-  for (const StaticValue& v : key.statics) h = hash_combine(h, v.hash());
-  const std::uint64_t mine[2] = {kTag, h};
-  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine)));
+  std::string mine(2 * sizeof(std::uint64_t), '\0');
+  std::uint64_t h = 0;
+  if (failed) {
+    mine += '1';
+    mine += "[sjit] tracing and compiling the call: " + distributed::detail::describe(failed);
+  } else {
+    // The hash of the text: the same on every process for the same call (no addresses in it).
+    h = std::hash<std::string>()(key->text() + "\n" + compiled->jaxpr);
+    for (const StaticValue& v : key->statics) h = hash_combine(h, v.hash());
+    mine += '0';
+  }
+  std::memcpy(mine.data(), &kTag, sizeof kTag);
+  std::memcpy(mine.data() + sizeof kTag, &h, sizeof h);
+  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine.data(), mine.size())));
+  constexpr std::size_t kHead = 2 * sizeof(std::uint64_t) + 1;
   for (std::size_t p = 0; p < all.size(); ++p) {
     std::uint64_t tag = 0;
-    if (all[p].size() == sizeof mine) std::memcpy(&tag, all[p].data(), sizeof tag);
+    if (all[p].size() >= kHead) std::memcpy(&tag, all[p].data(), sizeof tag);
     if (tag != kTag) {
       throw DistributedError(fmt::format(
           "[distributed] process {} is not calling this sjit program with the others: it is in "
@@ -272,13 +285,22 @@ void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& 
           p));
     }
   }
+  const int me = distributed::process_index();
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    if (static_cast<char>(all[p][kHead - 1]) != '1') continue;
+    const int who = static_cast<int>(p);
+    distributed::detail::throw_failed(
+        who, static_cast<int>(all.size()),
+        std::string(reinterpret_cast<const char*>(all[p].data()) + kHead, all[p].size() - kHead),
+        who == me ? failed : nullptr);
+  }
   for (const auto& other : all) {
     if (other != all.front()) {
       // Every process is here (they all see the hashes differ): compare the texts, which names
       // what differs; when they are the same, the static arguments differ.
       distributed::check_same(
           "the sjit program (argument shapes, dtypes and shardings, and the traced program)",
-          key.text() + "\n" + compiled.jaxpr);
+          key->text() + "\n" + compiled->jaxpr);
       throw DistributedError(
           "[distributed] the processes disagree on the static arguments of an sjit call (their "
           "values differ between processes; the traced programs are the same)");
@@ -298,109 +320,133 @@ const Executor* executor_of(const CallArgs& call, const SjitOptions& o) {
 }  // namespace
 
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
-  CacheKey key = cache_key(call);
-  {
-    std::unique_lock<std::mutex> lock(s_->mu);
-    if (auto it = s_->cache.find(key); it != s_->cache.end()) {
-      std::shared_ptr<const Compiled> hit = it->second;
-      lock.unlock();
-      check_same_program(executor_of(call, s_->options), s_->mesh, key, *hit);
-      return hit;
-    }
-  }
-  const Mesh& mesh = s_->mesh;
-  const SjitOptions& o = s_->options;
-  for (const int p : o.static_argnums) {
-    for (const int q : call.positions) {
-      if (p == q) {
-        throw SpecError(
-            fmt::format("[sjit] argument {} is listed in static_argnums but is an "
-                        "array argument",
-                        p));
+  auto cached = [&](const CacheKey& key) -> std::shared_ptr<const Compiled> {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    const auto it = s_->cache.find(key);
+    return it == s_->cache.end() ? nullptr : it->second;
+  };
+  auto keep = [&](CacheKey key, std::shared_ptr<const Compiled> compiled) {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
+  };
+  // Traces the call and compiles its program.
+  auto compile_call = [&]() -> std::shared_ptr<const Compiled> {
+    const Mesh& mesh = s_->mesh;
+    const SjitOptions& o = s_->options;
+    for (const int p : o.static_argnums) {
+      for (const int q : call.positions) {
+        if (p == q) {
+          throw SpecError(
+              fmt::format("[sjit] argument {} is listed in static_argnums but is an "
+                          "array argument",
+                          p));
+        }
       }
     }
-  }
-  for (const int p : o.donate_argnums) {
-    if (p >= call.num_args) {
-      throw SpecError(fmt::format(
-          "[sjit] donate_argnums: position {} is out of range: the function was called with {} "
-          "argument{}",
-          p, call.num_args, call.num_args == 1 ? "" : "s"));
+    for (const int p : o.donate_argnums) {
+      if (p >= call.num_args) {
+        throw SpecError(fmt::format(
+            "[sjit] donate_argnums: position {} is out of range: the function was called with {} "
+            "argument{}",
+            p, call.num_args, call.num_args == 1 ? "" : "s"));
+      }
+      if (std::find(call.positions.begin(), call.positions.end(), p) == call.positions.end()) {
+        throw SpecError(fmt::format(
+            "[sjit] donate_argnums: argument {} is static (not an array), so it has no buffers to "
+            "donate",
+            p));
+      }
     }
-    if (std::find(call.positions.begin(), call.positions.end(), p) == call.positions.end()) {
-      throw SpecError(fmt::format(
-          "[sjit] donate_argnums: argument {} is static (not an array), so it has no buffers to "
-          "donate",
-          p));
+    const Executor* exec = o.executor ? &*o.executor : nullptr;
+    for (const ArgLeaf& l : call.leaves) {
+      if (exec == nullptr && l.array.valid()) exec = &l.array.executor();
+      if (l.array.valid() && !(l.array.mesh() == mesh)) {
+        throw ArrayError(fmt::format(
+            "[sjit] an argument is on {} with devices {}, but this sjit runs on {} with devices {}",
+            l.array.mesh().to_string(), fmt::join(l.array.mesh().devices(), ","), mesh.to_string(),
+            fmt::join(mesh.devices(), ",")));
+      }
     }
-  }
-  const Executor* exec = o.executor ? &*o.executor : nullptr;
-  for (const ArgLeaf& l : call.leaves) {
-    if (exec == nullptr && l.array.valid()) exec = &l.array.executor();
-    if (l.array.valid() && !(l.array.mesh() == mesh)) {
-      throw ArrayError(fmt::format(
-          "[sjit] an argument is on {} with devices {}, but this sjit runs on {} with devices {}",
-          l.array.mesh().to_string(), fmt::join(l.array.mesh().devices(), ","), mesh.to_string(),
-          fmt::join(mesh.devices(), ",")));
+    TraceContext ctx(exec ? *exec : placeholder_executor(), mesh);
+    ctx.annotation_rules = &o.annotation_shardings;
+    ctx.allow_unknown_annotations = o.allow_unknown_annotations;
+    const Tree<TensorSpec> arg_specs = specs_of(call);
+    const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
+    const auto constraint_sh =
+        resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
+    Tree<Array> out;
+    {
+      TraceScope scope(&ctx);
+      std::vector<Array> leaf_tracers;
+      for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+        Array t =
+            ctx.add_argument(TensorType{call.leaves[i].type.shape, call.leaves[i].type.dtype});
+        if (constraint_sh[i]) t = with_sharding_constraint(t, constraint_sh[i]->spec());
+        leaf_tracers.push_back(std::move(t));
+      }
+      std::vector<Tree<Array>> tracers;
+      for (const auto& s : call.structures) {
+        tracers.push_back(s.map([&](int i) { return leaf_tracers[static_cast<std::size_t>(i)]; }));
+      }
+      out = trace(tracers);
     }
-  }
-  TraceContext ctx(exec ? *exec : placeholder_executor(), mesh);
-  ctx.annotation_rules = &o.annotation_shardings;
-  ctx.allow_unknown_annotations = o.allow_unknown_annotations;
-  const Tree<TensorSpec> arg_specs = specs_of(call);
-  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
-  const auto constraint_sh =
-      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
-  Tree<Array> out;
-  {
-    TraceScope scope(&ctx);
-    std::vector<Array> leaf_tracers;
+    const Graph g = ctx.finish(out.leaves());
+    int next_output = 0;
+    Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
+    CompileSpec spec{.mesh = mesh};
+    const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
+    const std::vector<std::string> names = leaf_names(call);
     for (std::size_t i = 0; i < call.leaves.size(); ++i) {
-      Array t = ctx.add_argument(TensorType{call.leaves[i].type.shape, call.leaves[i].type.dtype});
-      if (constraint_sh[i]) t = with_sharding_constraint(t, constraint_sh[i]->spec());
-      leaf_tracers.push_back(std::move(t));
+      const ArgLeaf& l = call.leaves[i];
+      InputSpec in;
+      if (in_sh[i]) {
+        in.spec = in_sh[i]->spec();
+        in.origin = fmt::format("in_shardings ({})", names[i]);
+      } else if (l.array.valid()) {
+        in.spec = l.array.sharding().spec();
+        in.pending = l.array.pending();
+        in.origin = fmt::format("{} as passed", names[i]);
+      }
+      in.donated = donated[i] != 0;
+      spec.inputs.push_back(std::move(in));
     }
-    std::vector<Tree<Array>> tracers;
-    for (const auto& s : call.structures) {
-      tracers.push_back(s.map([&](int i) { return leaf_tracers[static_cast<std::size_t>(i)]; }));
+    for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
+      const Array& a = ctx.captured[k];
+      spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
+                                      fmt::format("array captured from outside ({})", k)});
     }
-    out = trace(tracers);
-  }
-  const Graph g = ctx.finish(out.leaves());
-  int next_output = 0;
-  Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
-  CompileSpec spec{.mesh = mesh};
-  const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
-  const std::vector<std::string> names = leaf_names(call);
-  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
-    const ArgLeaf& l = call.leaves[i];
-    InputSpec in;
-    if (in_sh[i]) {
-      in.spec = in_sh[i]->spec();
-      in.origin = fmt::format("in_shardings ({})", names[i]);
-    } else if (l.array.valid()) {
-      in.spec = l.array.sharding().spec();
-      in.pending = l.array.pending();
-      in.origin = fmt::format("{} as passed", names[i]);
+    for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
+      spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
     }
-    in.donated = donated[i] != 0;
-    spec.inputs.push_back(std::move(in));
+    auto compiled = std::make_shared<Compiled>(compile(g, spec));
+    compiled->out_structure = std::move(out_structure);
+    compiled->captured = ctx.captured;
+    compiled->jaxpr = g.to_string();
+    return compiled;
+  };
+  const Executor* on = executor_of(call, s_->options);
+  if (on == nullptr || on->holds_all(s_->mesh.devices())) {
+    CacheKey key = cache_key(call);
+    if (auto hit = cached(key)) return hit;
+    return keep(std::move(key), compile_call());
   }
-  for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
-    const Array& a = ctx.captured[k];
-    spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
-                                    fmt::format("array captured from outside ({})", k)});
+  // Over processes anything up to the program's hash (a tracing error, a shape one process
+  // computes differently, an out-of-memory) may fail on some processes only: it is caught and
+  // sent with the hash (check_same_program), so that every process throws naming it.
+  std::optional<CacheKey> key;
+  std::shared_ptr<const Compiled> compiled;
+  std::exception_ptr failed;
+  bool hit = false;
+  try {
+    key = cache_key(call);
+    compiled = cached(*key);
+    hit = compiled != nullptr;
+    if (!hit) compiled = compile_call();
+  } catch (...) {
+    failed = std::current_exception();
   }
-  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
-    spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
-  }
-  auto compiled = std::make_shared<Compiled>(compile(g, spec));
-  compiled->out_structure = std::move(out_structure);
-  compiled->captured = ctx.captured;
-  compiled->jaxpr = g.to_string();
-  check_same_program(exec, mesh, key, *compiled);
-  std::lock_guard<std::mutex> lock(s_->mu);
-  return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
+  check_same_program(failed ? nullptr : &*key, compiled.get(), failed);
+  return hit ? compiled : keep(std::move(*key), std::move(compiled));
 }
 
 bool tracing() { return current_trace() != nullptr; }
