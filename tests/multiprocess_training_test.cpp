@@ -234,6 +234,9 @@ TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) 
   const Tensor host = Tensor::normal(Shape{8, 4}, DType::kF32, 3);
   const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
   expect_failure_of<SpecError>(1, "[sjit] tracing and compiling the call: [reshape] cannot reshape", [&] { f(x); });
+  // Tracing that fails alike on every process keeps its type, as in one process.
+  auto h = sjit(mesh, [](const Array& a) { return reshape(a, Shape{7}); });
+  EXPECT_THROW_WITH(h(x), SpecError, "[reshape] cannot reshape");
   // The group is in step: a program every process traces alike runs.
   auto g = sjit(mesh, [](const Array& a) { return reshape(a, Shape{32}) * 2.0; });
   EXPECT_EQ(g(x).to_host(),

@@ -253,7 +253,8 @@ namespace {
 /// collectives and waiting for ever. The same exchange carries the failure of a process that
 /// could not trace or compile the call (`failed`, with `key` or `compiled` then null): every
 /// process throws a DistributedError naming the lowest such process (its own error nested in
-/// it on that process), instead of the others waiting for its hash.
+/// it on that process), instead of the others waiting for its hash. When every process failed,
+/// each throws its own error, as in one process.
 void check_same_program(const CacheKey* key, const Compiled* compiled, std::exception_ptr failed) {
   // A tag, then the hash, then 0 or 1 + the failure's message: a process that is in another
   // collective (a to_host, say, that only some processes called) sends something else, and is
@@ -285,9 +286,14 @@ void check_same_program(const CacheKey* key, const Compiled* compiled, std::exce
           p));
     }
   }
+  // Every process failed: each throws its own error, as in one process (nobody waits).
+  const auto failed_on = [&](const std::vector<std::byte>& v) {
+    return static_cast<char>(v[kHead - 1]) == '1';
+  };
+  if (std::all_of(all.begin(), all.end(), failed_on)) std::rethrow_exception(failed);
   const int me = distributed::process_index();
   for (std::size_t p = 0; p < all.size(); ++p) {
-    if (static_cast<char>(all[p][kHead - 1]) != '1') continue;
+    if (!failed_on(all[p])) continue;
     const int who = static_cast<int>(p);
     distributed::detail::throw_failed(
         who, static_cast<int>(all.size()),
