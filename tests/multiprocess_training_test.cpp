@@ -5,7 +5,9 @@
 // must equal it bit for bit.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <new>
 
@@ -221,6 +223,53 @@ TEST(MultiProcessTraining, OutOfMemoryInAReshardOnOneProcessIsAnErrorOnEveryProc
   // Every process is still in step, and nothing is left held: the step runs again.
   EXPECT_EQ(f(w, x).to_host(), want);
   EXPECT_EQ(g(w, x).to_host(), want);
+}
+
+TEST(MultiProcessTraining, OutOfMemoryInAnyCollectiveOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  const Tensor host = Tensor::normal(Shape{64, 32}, DType::kF32, 7);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  // A sum pending over 'a': every device holds ones.
+  std::vector<std::shared_ptr<Buffer>> buffers(8);
+  for (const int d : exec.local_devices()) {
+    auto& b = buffers[static_cast<std::size_t>(d)];
+    b = std::make_shared<Buffer>(exec.allocate(d, host.numel() * 4));
+    std::fill_n(reinterpret_cast<float*>(b->data()), host.numel(), 1.0f);
+  }
+  const Array pending = Array::from_buffers(exec, host.shape(), DType::kF32,
+                                            NamedSharding(mesh, P()), std::move(buffers),
+                                            Pending{ReduceOp::kSum, {"a"}});
+  std::vector<std::pair<int, int>> ring;
+  for (int i = 0; i < 8; ++i) ring.emplace_back(i, (i + 1) % 8);
+  const int local = static_cast<int>(exec.local_devices().size());
+  struct Case {
+    std::string kind;
+    int nth;  // the failing allocation: 1 an output shard; local + 1 a buffer received into
+    std::function<Array()> run;
+  };
+  const std::vector<Case> cases = {
+      {"all_gather", 1, [&] { return all_gather(x, {"a"}); }},
+      {"all_to_all", 1, [&] { return all_to_all(x, {"a"}, 0, 1); }},
+      {"permute", 1, [&] { return permute(x, "a", ring); }},
+      {"all_reduce", 1, [&] { return all_reduce(pending); }},
+      {"all_reduce", local + 1, [&] { return all_reduce(pending); }},
+      {"reduce_scatter", 1, [&] { return reduce_scatter(pending, 0); }},
+      {"reduce_scatter", local + 1, [&] { return reduce_scatter(pending, 0); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{}, allocation {}", c.kind, c.nth));
+    if (me == last) distributed::detail::fail_collective_allocation(c.nth);
+    expect_failure_of<std::bad_alloc>(last, fmt::format("[{}] of Array(f32[64, 32]", c.kind),
+                                      [&] { c.run(); });
+    distributed::detail::fail_collective_allocation(0);
+  }
+  // The processes are in step, and every collective works again.
+  for (const Case& c : cases) EXPECT_NO_THROW(c.run()) << c.kind;
+  EXPECT_EQ(all_gather(x, {"a"}).to_host(), host);
+  EXPECT_EQ(all_reduce(pending).to_host(), Tensor::generate(host.shape(), DType::kF32, Generator::full(8)));
 }
 
 TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) {

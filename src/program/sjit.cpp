@@ -323,6 +323,100 @@ const Executor* executor_of(const CallArgs& call, const SjitOptions& o) {
   return nullptr;
 }
 
+// Traces the call and compiles its program (not cached yet).
+std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOptions& o,
+                                                  const CallArgs& call, const TraceFn& trace) {
+  for (const int p : o.static_argnums) {
+    for (const int q : call.positions) {
+      if (p == q) {
+        throw SpecError(
+            fmt::format("[sjit] argument {} is listed in static_argnums but is an "
+                        "array argument",
+                        p));
+      }
+    }
+  }
+  for (const int p : o.donate_argnums) {
+    if (p >= call.num_args) {
+      throw SpecError(fmt::format(
+          "[sjit] donate_argnums: position {} is out of range: the function was called with {} "
+          "argument{}",
+          p, call.num_args, call.num_args == 1 ? "" : "s"));
+    }
+    if (std::find(call.positions.begin(), call.positions.end(), p) == call.positions.end()) {
+      throw SpecError(fmt::format(
+          "[sjit] donate_argnums: argument {} is static (not an array), so it has no buffers to "
+          "donate",
+          p));
+    }
+  }
+  const Executor* exec = o.executor ? &*o.executor : nullptr;
+  for (const ArgLeaf& l : call.leaves) {
+    if (exec == nullptr && l.array.valid()) exec = &l.array.executor();
+    if (l.array.valid() && !(l.array.mesh() == mesh)) {
+      throw ArrayError(fmt::format(
+          "[sjit] an argument is on {} with devices {}, but this sjit runs on {} with devices {}",
+          l.array.mesh().to_string(), fmt::join(l.array.mesh().devices(), ","), mesh.to_string(),
+          fmt::join(mesh.devices(), ",")));
+    }
+  }
+  TraceContext ctx(exec ? *exec : placeholder_executor(), mesh);
+  ctx.annotation_rules = &o.annotation_shardings;
+  ctx.allow_unknown_annotations = o.allow_unknown_annotations;
+  const Tree<TensorSpec> arg_specs = specs_of(call);
+  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
+  const auto constraint_sh =
+      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
+  Tree<Array> out;
+  {
+    TraceScope scope(&ctx);
+    std::vector<Array> leaf_tracers;
+    for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+      Array t = ctx.add_argument(TensorType{call.leaves[i].type.shape, call.leaves[i].type.dtype});
+      if (constraint_sh[i]) t = with_sharding_constraint(t, constraint_sh[i]->spec());
+      leaf_tracers.push_back(std::move(t));
+    }
+    std::vector<Tree<Array>> tracers;
+    for (const auto& s : call.structures) {
+      tracers.push_back(s.map([&](int i) { return leaf_tracers[static_cast<std::size_t>(i)]; }));
+    }
+    out = trace(tracers);
+  }
+  const Graph g = ctx.finish(out.leaves());
+  int next_output = 0;
+  Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
+  CompileSpec spec{.mesh = mesh};
+  const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
+  const std::vector<std::string> names = leaf_names(call);
+  for (std::size_t i = 0; i < call.leaves.size(); ++i) {
+    const ArgLeaf& l = call.leaves[i];
+    InputSpec in;
+    if (in_sh[i]) {
+      in.spec = in_sh[i]->spec();
+      in.origin = fmt::format("in_shardings ({})", names[i]);
+    } else if (l.array.valid()) {
+      in.spec = l.array.sharding().spec();
+      in.pending = l.array.pending();
+      in.origin = fmt::format("{} as passed", names[i]);
+    }
+    in.donated = donated[i] != 0;
+    spec.inputs.push_back(std::move(in));
+  }
+  for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
+    const Array& a = ctx.captured[k];
+    spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
+                                    fmt::format("array captured from outside ({})", k)});
+  }
+  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
+    spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
+  }
+  auto compiled = std::make_shared<Compiled>(compile(g, spec));
+  compiled->out_structure = std::move(out_structure);
+  compiled->captured = ctx.captured;
+  compiled->jaxpr = g.to_string();
+  return compiled;
+}
+
 }  // namespace
 
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
@@ -335,101 +429,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
     std::lock_guard<std::mutex> lock(s_->mu);
     return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
   };
-  // Traces the call and compiles its program.
-  auto compile_call = [&]() -> std::shared_ptr<const Compiled> {
-    const Mesh& mesh = s_->mesh;
-    const SjitOptions& o = s_->options;
-    for (const int p : o.static_argnums) {
-      for (const int q : call.positions) {
-        if (p == q) {
-          throw SpecError(
-              fmt::format("[sjit] argument {} is listed in static_argnums but is an "
-                          "array argument",
-                          p));
-        }
-      }
-    }
-    for (const int p : o.donate_argnums) {
-      if (p >= call.num_args) {
-        throw SpecError(fmt::format(
-            "[sjit] donate_argnums: position {} is out of range: the function was called with {} "
-            "argument{}",
-            p, call.num_args, call.num_args == 1 ? "" : "s"));
-      }
-      if (std::find(call.positions.begin(), call.positions.end(), p) == call.positions.end()) {
-        throw SpecError(fmt::format(
-            "[sjit] donate_argnums: argument {} is static (not an array), so it has no buffers to "
-            "donate",
-            p));
-      }
-    }
-    const Executor* exec = o.executor ? &*o.executor : nullptr;
-    for (const ArgLeaf& l : call.leaves) {
-      if (exec == nullptr && l.array.valid()) exec = &l.array.executor();
-      if (l.array.valid() && !(l.array.mesh() == mesh)) {
-        throw ArrayError(fmt::format(
-            "[sjit] an argument is on {} with devices {}, but this sjit runs on {} with devices {}",
-            l.array.mesh().to_string(), fmt::join(l.array.mesh().devices(), ","), mesh.to_string(),
-            fmt::join(mesh.devices(), ",")));
-      }
-    }
-    TraceContext ctx(exec ? *exec : placeholder_executor(), mesh);
-    ctx.annotation_rules = &o.annotation_shardings;
-    ctx.allow_unknown_annotations = o.allow_unknown_annotations;
-    const Tree<TensorSpec> arg_specs = specs_of(call);
-    const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
-    const auto constraint_sh =
-        resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
-    Tree<Array> out;
-    {
-      TraceScope scope(&ctx);
-      std::vector<Array> leaf_tracers;
-      for (std::size_t i = 0; i < call.leaves.size(); ++i) {
-        Array t =
-            ctx.add_argument(TensorType{call.leaves[i].type.shape, call.leaves[i].type.dtype});
-        if (constraint_sh[i]) t = with_sharding_constraint(t, constraint_sh[i]->spec());
-        leaf_tracers.push_back(std::move(t));
-      }
-      std::vector<Tree<Array>> tracers;
-      for (const auto& s : call.structures) {
-        tracers.push_back(s.map([&](int i) { return leaf_tracers[static_cast<std::size_t>(i)]; }));
-      }
-      out = trace(tracers);
-    }
-    const Graph g = ctx.finish(out.leaves());
-    int next_output = 0;
-    Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
-    CompileSpec spec{.mesh = mesh};
-    const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
-    const std::vector<std::string> names = leaf_names(call);
-    for (std::size_t i = 0; i < call.leaves.size(); ++i) {
-      const ArgLeaf& l = call.leaves[i];
-      InputSpec in;
-      if (in_sh[i]) {
-        in.spec = in_sh[i]->spec();
-        in.origin = fmt::format("in_shardings ({})", names[i]);
-      } else if (l.array.valid()) {
-        in.spec = l.array.sharding().spec();
-        in.pending = l.array.pending();
-        in.origin = fmt::format("{} as passed", names[i]);
-      }
-      in.donated = donated[i] != 0;
-      spec.inputs.push_back(std::move(in));
-    }
-    for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
-      const Array& a = ctx.captured[k];
-      spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
-                                      fmt::format("array captured from outside ({})", k)});
-    }
-    for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
-      spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
-    }
-    auto compiled = std::make_shared<Compiled>(compile(g, spec));
-    compiled->out_structure = std::move(out_structure);
-    compiled->captured = ctx.captured;
-    compiled->jaxpr = g.to_string();
-    return compiled;
-  };
+  auto compile_call = [&] { return trace_and_compile(s_->mesh, s_->options, call, trace); };
   const Executor* on = executor_of(call, s_->options);
   if (on == nullptr || on->holds_all(s_->mesh.devices())) {
     CacheKey key = cache_key(call);
