@@ -10,6 +10,7 @@
 #include <functional>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/autodiff.hpp"
@@ -270,6 +271,34 @@ TEST(MultiProcessTraining, OutOfMemoryInAnyCollectiveOnOneProcessIsAnErrorOnEver
   for (const Case& c : cases) EXPECT_NO_THROW(c.run()) << c.kind;
   EXPECT_EQ(all_gather(x, {"a"}).to_host(), host);
   EXPECT_EQ(all_reduce(pending).to_host(), Tensor::generate(host.shape(), DType::kF32, Generator::full(8)));
+}
+
+TEST(MultiProcessTraining, OutOfMemoryGatheringToTheHostOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  // 1 MiB: a gather this large is agreed on before the bytes cross.
+  const Tensor host = Tensor::normal(Shape{512, 512}, DType::kF32, 8);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  // to_host's own result, then the all-gather's buffer, on the last process.
+  if (me == last) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(last, "[array] to_host of Array(f32[512, 512]",
+                                    [&] { x.to_host(); });
+  if (me == last) distributed::detail::fail_collective_allocation(2);
+  expect_failure_of<std::bad_alloc>(last, "[distributed] allgather_bytes of 1048576 bytes",
+                                    [&] { x.to_host(); });
+  // The receiving process of to_host_on_process.
+  if (me == 0) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(0, "[to_host_on_process] of Array(f32[512, 512]",
+                                    [&] { to_host_on_process(x, 0); });
+  distributed::detail::fail_collective_allocation(0);
+  EXPECT_EQ(x.to_host(), host);
+  const std::optional<Tensor> on_last = to_host_on_process(x, last);
+  EXPECT_EQ(on_last.has_value(), me == last);
+  if (on_last) {
+    EXPECT_EQ(*on_last, host);
+  }
 }
 
 TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) {

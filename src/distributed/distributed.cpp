@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -364,7 +365,23 @@ std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> m
     total += static_cast<std::size_t>(sizes[p]);
   }
   mpi_count(total, "allgather_bytes");
-  std::vector<std::byte> all(total);
+  // A large gather (a whole array for to_host) may not fit on some process: every process knows
+  // the total, so from 1 MiB on they all agree that each allocated before anything crosses (a
+  // process that could not is named everywhere; the others would wait in the gather). Below,
+  // the agreement's round trip would cost more than the allocation risks.
+  std::vector<std::byte> all;
+  if (total < static_cast<std::size_t>(detail::kAgreeOnHostAllocationsFrom)) {
+    all.resize(total);
+  } else {
+    std::exception_ptr failed;
+    try {
+      detail::allocation_fault_point();
+      all.resize(total);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    detail::agree(failed, fmt::format("[distributed] allgather_bytes of {} bytes", total));
+  }
   MPI_Request r;
   check(MPI_Iallgatherv(mine.data(), len[static_cast<std::size_t>(g.index)], MPI_BYTE, all.data(),
                         len.data(), off.data(), MPI_BYTE, MPI_COMM_WORLD, &r),
@@ -431,6 +448,19 @@ void check_same(std::string_view what, std::string_view value) {
 }
 
 namespace detail {
+
+namespace {
+// The test-only fault: allocations left before the failing one (0: none fails).
+std::atomic<int> allocations_before_fault{0};
+}  // namespace
+
+void fail_collective_allocation(int nth) { allocations_before_fault.store(std::max(0, nth)); }
+
+void allocation_fault_point() {
+  if (allocations_before_fault.load() > 0 && allocations_before_fault.fetch_sub(1) == 1) {
+    throw std::bad_alloc();
+  }
+}
 
 std::string describe(std::exception_ptr failed) {
   try {

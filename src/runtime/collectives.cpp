@@ -3,10 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <functional>
 #include <limits>
-#include <new>
 #include <numeric>
 #include <optional>
 
@@ -39,15 +37,9 @@ PartitionSpec make_spec(std::vector<AxisNames> dims) {
   return PartitionSpec(std::move(dims));
 }
 
-// The test-only fault of distributed::detail::fail_collective_allocation: allocations left
-// before the failing one (0: none fails).
-std::atomic<int> allocations_before_fault{0};
-
 /// A buffer a collective allocates (an output shard, a buffer it receives into).
 std::shared_ptr<Buffer> allocate_on(const Executor& e, int d, std::int64_t bytes) {
-  if (allocations_before_fault.load() > 0 && allocations_before_fault.fetch_sub(1) == 1) {
-    throw std::bad_alloc();
-  }
+  distributed::detail::allocation_fault_point();
   return std::make_shared<Buffer>(e.allocate(d, bytes));
 }
 
@@ -926,9 +918,3 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
 }
 
 }  // namespace shardplan
-
-namespace shardplan::distributed::detail {
-
-void fail_collective_allocation(int nth) { allocations_before_fault.store(std::max(0, nth)); }
-
-}  // namespace shardplan::distributed::detail

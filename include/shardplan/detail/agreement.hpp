@@ -1,6 +1,7 @@
 #pragma once
 // The failure agreement under distributed::all_succeed, for the library's own collectives and
 // programs (not a public API), and a test-only fault to exercise it.
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -23,10 +24,19 @@ std::string describe(std::exception_ptr failed);
 [[noreturn]] void throw_failed(int process, int count, const std::string& message,
                                std::exception_ptr own);
 
-/// Test-only fault: the `nth` (1-based) allocation that this process's collectives make from
-/// now on (an output shard, a buffer it receives into) throws std::bad_alloc, as a host out of
+/// Test-only fault: the `nth` (1-based) allocation from now on that this process makes for a
+/// collective over processes (an output shard or a buffer a collective receives into, a gather
+/// of 1 MiB or more in allgather_bytes or to_host) throws std::bad_alloc, as a host out of
 /// memory would; 0 turns the fault off. Lets a test make one process run out of memory at a
 /// chosen allocation of a reshard.
 void fail_collective_allocation(int nth);
+
+/// Called before each such allocation: throws std::bad_alloc when the fault says so.
+void allocation_fault_point();
+
+/// Allocations of at least this many bytes made for a gather of host data (allgather_bytes,
+/// to_host) are agreed on before the gather; every process decides alike from sizes they all
+/// know. Smaller ones are not worth the round trip.
+inline constexpr std::int64_t kAgreeOnHostAllocationsFrom = std::int64_t{1} << 20;
 
 }  // namespace shardplan::distributed::detail
