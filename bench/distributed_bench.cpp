@@ -182,10 +182,8 @@ void BM_SjitGatherStepSmall(benchmark::State& state) {
   const Mesh mesh = axis_over_processes();
   const Executor& exec = one_device_per_process();
   const std::int64_t n = 8 * dist::process_count();
-  const Array w =
-      Array::normal(Shape{n, 16}, DType::kF32, NamedSharding(mesh, P("a")), exec, 1);
-  const Array x =
-      Array::normal(Shape{n, n}, DType::kF32, NamedSharding(mesh, P("a")), exec, 2);
+  const Array w = Array::normal(Shape{n, 16}, DType::kF32, NamedSharding(mesh, P("a")), exec, 1);
+  const Array x = Array::normal(Shape{n, n}, DType::kF32, NamedSharding(mesh, P("a")), exec, 2);
   auto f = sjit(mesh, [](const Array& wa, const Array& xa) {
     return matmul(xa, with_sharding_constraint(wa, P()));
   });

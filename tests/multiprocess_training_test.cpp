@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <optional>
 
@@ -172,8 +172,8 @@ void expect_failure_of(int who, const std::string& part, const Call& call) {
     call();
     ADD_FAILURE() << "no error on process " << distributed::process_index();
   } catch (const DistributedError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr(
-                              fmt::format("process {} of {} failed", who, distributed::process_count())));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of {} failed", who,
+                                                           distributed::process_count())));
     EXPECT_THAT(e.what(), ::testing::HasSubstr(part));
     bool nested = false;
     try {
@@ -201,9 +201,9 @@ TEST(MultiProcessTraining, OutOfMemoryInAReshardOnOneProcessIsAnErrorOnEveryProc
   const Array w = device_put(wh, NamedSharding(mesh, P("a")), exec);
   const Array x = device_put(xh, NamedSharding(mesh, P("a")), exec);
   const Executor here = Executor::process_local(8);
-  const Tensor want =
-      f(device_put(wh, NamedSharding(mesh, P("a")), here), device_put(xh, NamedSharding(mesh, P("a")), here))
-          .to_host();
+  const Tensor want = f(device_put(wh, NamedSharding(mesh, P("a")), here),
+                        device_put(xh, NamedSharding(mesh, P("a")), here))
+                          .to_host();
   EXPECT_EQ(f(w, x).to_host(), want);  // compiled and run once everywhere
   // The all-gather inside the step cannot allocate its output on the last process.
   if (me == last) distributed::detail::fail_collective_allocation(1);
@@ -219,7 +219,8 @@ TEST(MultiProcessTraining, OutOfMemoryInAReshardOnOneProcessIsAnErrorOnEveryProc
   distributed::detail::fail_collective_allocation(0);
   // A device's memory limit (an OutOfMemoryError) in an eager reshard, on process 0.
   if (me == 0) exec.set_memory_limit(exec.memory(exec.local_devices().front()).in_use + 64);
-  expect_failure_of<OutOfMemoryError>(0, "out of memory", [&] { reshard(x, NamedSharding(mesh, P())); });
+  expect_failure_of<OutOfMemoryError>(0, "out of memory",
+                                      [&] { reshard(x, NamedSharding(mesh, P())); });
   exec.set_memory_limit(0);
   // Every process is still in step, and nothing is left held: the step runs again.
   EXPECT_EQ(f(w, x).to_host(), want);
@@ -240,9 +241,9 @@ TEST(MultiProcessTraining, OutOfMemoryInAnyCollectiveOnOneProcessIsAnErrorOnEver
     b = std::make_shared<Buffer>(exec.allocate(d, host.numel() * 4));
     std::fill_n(reinterpret_cast<float*>(b->data()), host.numel(), 1.0f);
   }
-  const Array pending = Array::from_buffers(exec, host.shape(), DType::kF32,
-                                            NamedSharding(mesh, P()), std::move(buffers),
-                                            Pending{ReduceOp::kSum, {"a"}});
+  const Array pending =
+      Array::from_buffers(exec, host.shape(), DType::kF32, NamedSharding(mesh, P()),
+                          std::move(buffers), Pending{ReduceOp::kSum, {"a"}});
   std::vector<std::pair<int, int>> ring;
   for (int i = 0; i < 8; ++i) ring.emplace_back(i, (i + 1) % 8);
   const int local = static_cast<int>(exec.local_devices().size());
@@ -270,7 +271,8 @@ TEST(MultiProcessTraining, OutOfMemoryInAnyCollectiveOnOneProcessIsAnErrorOnEver
   // The processes are in step, and every collective works again.
   for (const Case& c : cases) EXPECT_NO_THROW(c.run()) << c.kind;
   EXPECT_EQ(all_gather(x, {"a"}).to_host(), host);
-  EXPECT_EQ(all_reduce(pending).to_host(), Tensor::generate(host.shape(), DType::kF32, Generator::full(8)));
+  EXPECT_EQ(all_reduce(pending).to_host(),
+            Tensor::generate(host.shape(), DType::kF32, Generator::full(8)));
 }
 
 TEST(MultiProcessTraining, OutOfMemoryGatheringToTheHostOnOneProcessIsAnErrorOnEveryProcess) {
@@ -311,7 +313,8 @@ TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) 
   });
   const Tensor host = Tensor::normal(Shape{8, 4}, DType::kF32, 3);
   const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
-  expect_failure_of<SpecError>(1, "[sjit] tracing and compiling the call: [reshape] cannot reshape", [&] { f(x); });
+  expect_failure_of<SpecError>(1, "[sjit] tracing and compiling the call: [reshape] cannot reshape",
+                               [&] { f(x); });
   // Tracing that fails alike on every process keeps its type, as in one process.
   auto h = sjit(mesh, [](const Array& a) { return reshape(a, Shape{7}); });
   EXPECT_THROW_WITH(h(x), SpecError, "[reshape] cannot reshape");

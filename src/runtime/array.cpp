@@ -326,8 +326,8 @@ Tensor Array::to_host_over_processes() const {
   const auto groups = i.sharding.replica_groups(i.shape);
   std::vector<std::byte> mine;
   Tensor out;
-  allocate_then_agree(byte_size(i.shape, i.dtype), fmt::format("[array] to_host of {}", to_string()),
-                      [&] {
+  allocate_then_agree(byte_size(i.shape, i.dtype),
+                      fmt::format("[array] to_host of {}", to_string()), [&] {
                         out = Tensor(i.shape, i.dtype);
                         for (const auto& group : groups) {
                           const int first = group.front();
@@ -469,16 +469,16 @@ std::optional<Tensor> to_host_on_process(const Array& a, int process) {
   // would wait for it otherwise).
   std::vector<Tensor> received;  // blocks of other processes, in group order
   Tensor out;
-  allocate_then_agree(
-      byte_size(shape, a.dtype()), fmt::format("[to_host_on_process] of {}", a.to_string()), [&] {
-        if (me != process) return;
-        received.reserve(groups.size());
-        for (const auto& group : groups) {
-          if (e.is_local(group.front()) || shard_bytes == 0) continue;
-          received.emplace_back(a.shard_shape(), a.dtype());
-        }
-        out = Tensor(shape, a.dtype());
-      });
+  allocate_then_agree(byte_size(shape, a.dtype()),
+                      fmt::format("[to_host_on_process] of {}", a.to_string()), [&] {
+                        if (me != process) return;
+                        received.reserve(groups.size());
+                        for (const auto& group : groups) {
+                          if (e.is_local(group.front()) || shard_bytes == 0) continue;
+                          received.emplace_back(a.shard_shape(), a.dtype());
+                        }
+                        out = Tensor(shape, a.dtype());
+                      });
   if (me != process) {
     std::vector<distributed::Message> sends;
     for (const auto& group : groups) {
