@@ -380,7 +380,8 @@ std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> m
     } catch (...) {
       failed = std::current_exception();
     }
-    detail::agree(failed, fmt::format("[distributed] allgather_bytes of {} bytes", total));
+    detail::agree(failed, failed ? fmt::format("[distributed] allgather_bytes of {} bytes", total)
+                                 : std::string());
   }
   MPI_Request r;
   check(MPI_Iallgatherv(mine.data(), len[static_cast<std::size_t>(g.index)], MPI_BYTE, all.data(),

@@ -293,9 +293,10 @@ namespace {
 /// Runs `prepare` (a gather's host allocations); when the gathered array has at least
 /// distributed::detail::kAgreeOnHostAllocationsFrom bytes (every process decides alike), every
 /// process then agrees that every one could, before anything crosses: a process out of host
-/// memory is named everywhere instead of the others waiting in the gather.
-template <class Prepare>
-void allocate_then_agree(std::int64_t bytes, const std::string& what, const Prepare& prepare) {
+/// memory is named everywhere instead of the others waiting in the gather. `what()` names the
+/// gather in the error.
+template <class What, class Prepare>
+void allocate_then_agree(std::int64_t bytes, const What& what, const Prepare& prepare) {
   if (bytes < distributed::detail::kAgreeOnHostAllocationsFrom) {
     prepare();
     return;
@@ -307,7 +308,7 @@ void allocate_then_agree(std::int64_t bytes, const std::string& what, const Prep
   } catch (...) {
     failed = std::current_exception();
   }
-  distributed::detail::agree(failed, failed ? what : std::string());
+  distributed::detail::agree(failed, failed ? what() : std::string());
 }
 
 }  // namespace
@@ -326,16 +327,18 @@ Tensor Array::to_host_over_processes() const {
   const auto groups = i.sharding.replica_groups(i.shape);
   std::vector<std::byte> mine;
   Tensor out;
-  allocate_then_agree(byte_size(i.shape, i.dtype),
-                      fmt::format("[array] to_host of {}", to_string()), [&] {
-                        out = Tensor(i.shape, i.dtype);
-                        for (const auto& group : groups) {
-                          const int first = group.front();
-                          if (!i.executor.is_local(first)) continue;
-                          const Buffer& b = *i.buffers[static_cast<std::size_t>(first)];
-                          mine.insert(mine.end(), b.data(), b.data() + shard_bytes);
-                        }
-                      });
+  allocate_then_agree(
+      byte_size(i.shape, i.dtype),
+      [&] { return fmt::format("[array] to_host of {}", to_string()); },
+      [&] {
+        out = Tensor(i.shape, i.dtype);
+        for (const auto& group : groups) {
+          const int first = group.front();
+          if (!i.executor.is_local(first)) continue;
+          const Buffer& b = *i.buffers[static_cast<std::size_t>(first)];
+          mine.insert(mine.end(), b.data(), b.data() + shard_bytes);
+        }
+      });
   const auto all = distributed::allgather_bytes(mine);
   std::vector<std::size_t> taken(all.size(), 0);  // bytes used of each process's part
   const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
@@ -469,16 +472,18 @@ std::optional<Tensor> to_host_on_process(const Array& a, int process) {
   // would wait for it otherwise).
   std::vector<Tensor> received;  // blocks of other processes, in group order
   Tensor out;
-  allocate_then_agree(byte_size(shape, a.dtype()),
-                      fmt::format("[to_host_on_process] of {}", a.to_string()), [&] {
-                        if (me != process) return;
-                        received.reserve(groups.size());
-                        for (const auto& group : groups) {
-                          if (e.is_local(group.front()) || shard_bytes == 0) continue;
-                          received.emplace_back(a.shard_shape(), a.dtype());
-                        }
-                        out = Tensor(shape, a.dtype());
-                      });
+  allocate_then_agree(
+      byte_size(shape, a.dtype()),
+      [&] { return fmt::format("[to_host_on_process] of {}", a.to_string()); },
+      [&] {
+        if (me != process) return;
+        received.reserve(groups.size());
+        for (const auto& group : groups) {
+          if (e.is_local(group.front()) || shard_bytes == 0) continue;
+          received.emplace_back(a.shard_shape(), a.dtype());
+        }
+        out = Tensor(shape, a.dtype());
+      });
   if (me != process) {
     std::vector<distributed::Message> sends;
     for (const auto& group : groups) {
