@@ -163,6 +163,34 @@ void BM_DeviceAllGather(benchmark::State& state) {
   set_counters(state, static_cast<double>(state.range(0)), (n - 1) / n);
 }
 
+// The latency of the failure agreement (issue 24): all_succeed of a step that succeeds, a small
+// all-gather (4 KiB gathered: the agreement before its exchange is most of what it adds), and a
+// small sjit step that gathers its weights then multiplies (the program hash, the all-gather's
+// agreement, the run's final agreement).
+void BM_AllSucceed(benchmark::State& state) {
+  for (auto _ : state) dist::all_succeed([] {});
+}
+
+void BM_DeviceAllGatherSmall(benchmark::State& state) {
+  const Mesh mesh = axis_over_processes();
+  const Array x = Array::normal(Shape{state.range(0) / 4}, DType::kF32, NamedSharding(mesh, P("a")),
+                                one_device_per_process(), 1);
+  for (auto _ : state) benchmark::DoNotOptimize(all_gather(x, {"a"}));
+}
+
+void BM_SjitGatherStepSmall(benchmark::State& state) {
+  const Mesh mesh = axis_over_processes();
+  const Executor& exec = one_device_per_process();
+  const std::int64_t n = 8 * dist::process_count();
+  const Array w = Array::normal(Shape{n, 16}, DType::kF32, NamedSharding(mesh, P("a")), exec, 1);
+  const Array x = Array::normal(Shape{n, n}, DType::kF32, NamedSharding(mesh, P("a")), exec, 2);
+  auto f = sjit(mesh, [](const Array& wa, const Array& xa) {
+    return matmul(xa, with_sharding_constraint(wa, P()));
+  });
+  benchmark::DoNotOptimize(f(w, x));
+  for (auto _ : state) benchmark::DoNotOptimize(f(w, x));
+}
+
 // The MLP training step of bench/train_bench.cpp (784-1024-1024-1024-10, batch 4096, SGD) on 8
 // devices: run with -np 1 (8 devices in one process) and -np 2 (4 in each) to compare.
 void BM_MlpTrainStep8Devices(benchmark::State& state) {
@@ -221,6 +249,14 @@ const bool kRegistered = [] {
             {"BM_DeviceReduceScatter", BM_DeviceReduceScatter}});
   per_size({{"BM_MpiAllgather", BM_MpiAllgather}, {"BM_DeviceAllGather", BM_DeviceAllGather}});
   per_size({{"BM_AllreduceSum", BM_AllreduceSum}, {"BM_AllgatherBytes", BM_AllgatherBytes}});
+  benchmark::RegisterBenchmark("BM_AllSucceed", BM_AllSucceed)->Iterations(2000)->UseRealTime();
+  benchmark::RegisterBenchmark("BM_DeviceAllGatherSmall", BM_DeviceAllGatherSmall)
+      ->Arg(4096)
+      ->Iterations(2000)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_SjitGatherStepSmall", BM_SjitGatherStepSmall)
+      ->Iterations(2000)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("BM_LowerStep1024Devices", BM_LowerStep1024Devices)
       ->Unit(benchmark::kMillisecond)
       ->Iterations(3)

@@ -5,10 +5,17 @@
 // must equal it bit for bit.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <new>
+#include <optional>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/autodiff.hpp"
+#include "shardplan/collectives.hpp"
+#include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
@@ -152,6 +159,187 @@ TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
   const Tensor want =
       f(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host();
   EXPECT_EQ(got, want);
+}
+
+/// Runs `call`, which fails on process `who` only: every process must throw a DistributedError
+/// naming `who` and holding `part`, within seconds (a regression hangs until the collective
+/// timeout instead: ctest's mpi.np*.failure_agreement runs these with a short one); on `who`
+/// the process's own exception, a `Own`, is nested in it.
+template <class Own, class Call>
+void expect_failure_of(int who, const std::string& part, const Call& call) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    call();
+    ADD_FAILURE() << "no error on process " << distributed::process_index();
+  } catch (const DistributedError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of {} failed", who,
+                                                           distributed::process_count())));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(part));
+    bool nested = false;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const Own&) {
+      nested = true;
+    } catch (...) {
+    }
+    EXPECT_EQ(nested, distributed::process_index() == who) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(MultiProcessTraining, OutOfMemoryInAReshardOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  // As under FSDP: the step starts by gathering the weights (the constraint), then multiplies.
+  auto f = sjit(mesh, [](const Array& w, const Array& x) {
+    return matmul(x, with_sharding_constraint(w, P()));
+  });
+  const Tensor wh = Tensor::normal(Shape{32, 16}, DType::kF32, 5);
+  const Tensor xh = Tensor::normal(Shape{64, 32}, DType::kF32, 6);
+  const Array w = device_put(wh, NamedSharding(mesh, P("a")), exec);
+  const Array x = device_put(xh, NamedSharding(mesh, P("a")), exec);
+  const Executor here = Executor::process_local(8);
+  const Tensor want = f(device_put(wh, NamedSharding(mesh, P("a")), here),
+                        device_put(xh, NamedSharding(mesh, P("a")), here))
+                          .to_host();
+  EXPECT_EQ(f(w, x).to_host(), want);  // compiled and run once everywhere
+  // The all-gather inside the step cannot allocate its output on the last process.
+  if (me == last) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(last, "out of host memory", [&] { f(w, x); });
+  distributed::detail::fail_collective_allocation(0);
+  // The inputs' reshard before the step: the program takes w replicated, it is passed sharded.
+  auto g = sjit(
+      mesh, [](const Array& w2, const Array& x2) { return matmul(x2, w2); },
+      SjitOptions{.in_shardings = RuleTree::list({RuleTree(P()), RuleTree(P("a"))})});
+  EXPECT_EQ(g(w, x).to_host(), want);
+  if (me == last) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(last, "[all_gather] of Array(f32[32, 16]", [&] { g(w, x); });
+  distributed::detail::fail_collective_allocation(0);
+  // A device's memory limit (an OutOfMemoryError) in an eager reshard, on process 0.
+  if (me == 0) exec.set_memory_limit(exec.memory(exec.local_devices().front()).in_use + 64);
+  expect_failure_of<OutOfMemoryError>(0, "out of memory",
+                                      [&] { reshard(x, NamedSharding(mesh, P())); });
+  exec.set_memory_limit(0);
+  // Every process is still in step, and nothing is left held: the step runs again.
+  EXPECT_EQ(f(w, x).to_host(), want);
+  EXPECT_EQ(g(w, x).to_host(), want);
+}
+
+TEST(MultiProcessTraining, OutOfMemoryInAnyCollectiveOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  const Tensor host = Tensor::normal(Shape{64, 32}, DType::kF32, 7);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  // A sum pending over 'a': every device holds ones.
+  std::vector<std::shared_ptr<Buffer>> buffers(8);
+  for (const int d : exec.local_devices()) {
+    auto& b = buffers[static_cast<std::size_t>(d)];
+    b = std::make_shared<Buffer>(exec.allocate(d, host.numel() * 4));
+    std::fill_n(reinterpret_cast<float*>(b->data()), host.numel(), 1.0f);
+  }
+  const Array pending =
+      Array::from_buffers(exec, host.shape(), DType::kF32, NamedSharding(mesh, P()),
+                          std::move(buffers), Pending{ReduceOp::kSum, {"a"}});
+  std::vector<std::pair<int, int>> ring;
+  for (int i = 0; i < 8; ++i) ring.emplace_back(i, (i + 1) % 8);
+  const int local = static_cast<int>(exec.local_devices().size());
+  struct Case {
+    std::string kind;
+    int nth;  // the failing allocation: 1 an output shard; local + 1 a buffer received into
+    std::function<Array()> run;
+  };
+  const std::vector<Case> cases = {
+      {"all_gather", 1, [&] { return all_gather(x, {"a"}); }},
+      {"all_to_all", 1, [&] { return all_to_all(x, {"a"}, 0, 1); }},
+      {"permute", 1, [&] { return permute(x, "a", ring); }},
+      {"all_reduce", 1, [&] { return all_reduce(pending); }},
+      {"all_reduce", local + 1, [&] { return all_reduce(pending); }},
+      {"reduce_scatter", 1, [&] { return reduce_scatter(pending, 0); }},
+      {"reduce_scatter", local + 1, [&] { return reduce_scatter(pending, 0); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{}, allocation {}", c.kind, c.nth));
+    if (me == last) distributed::detail::fail_collective_allocation(c.nth);
+    expect_failure_of<std::bad_alloc>(last, fmt::format("[{}] of Array(f32[64, 32]", c.kind),
+                                      [&] { c.run(); });
+    distributed::detail::fail_collective_allocation(0);
+  }
+  // The processes are in step, and every collective works again.
+  for (const Case& c : cases) EXPECT_NO_THROW(c.run()) << c.kind;
+  EXPECT_EQ(all_gather(x, {"a"}).to_host(), host);
+  EXPECT_EQ(all_reduce(pending).to_host(),
+            Tensor::generate(host.shape(), DType::kF32, Generator::full(8)));
+}
+
+TEST(MultiProcessTraining, OutOfMemoryGatheringToTheHostOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  // 1 MiB: a gather this large is agreed on before the bytes cross.
+  const Tensor host = Tensor::normal(Shape{512, 512}, DType::kF32, 8);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  // to_host's own result, then the all-gather's buffer, on the last process.
+  if (me == last) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(last, "[array] to_host of Array(f32[512, 512]",
+                                    [&] { x.to_host(); });
+  if (me == last) distributed::detail::fail_collective_allocation(2);
+  expect_failure_of<std::bad_alloc>(last, "[distributed] allgather_bytes of 1048576 bytes",
+                                    [&] { x.to_host(); });
+  // The receiving process of to_host_on_process.
+  if (me == 0) distributed::detail::fail_collective_allocation(1);
+  expect_failure_of<std::bad_alloc>(0, "[to_host_on_process] of Array(f32[512, 512]",
+                                    [&] { to_host_on_process(x, 0); });
+  distributed::detail::fail_collective_allocation(0);
+  EXPECT_EQ(x.to_host(), host);
+  const std::optional<Tensor> on_last = to_host_on_process(x, last);
+  EXPECT_EQ(on_last.has_value(), me == last);
+  if (on_last) {
+    EXPECT_EQ(*on_last, host);
+  }
+}
+
+TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  // Process 1 computes a shape its array cannot take: only its trace fails.
+  auto f = sjit(mesh, [](const Array& x) {
+    return reshape(x, Shape{distributed::process_index() == 1 ? 7 : 32}) * 2.0;
+  });
+  const Tensor host = Tensor::normal(Shape{8, 4}, DType::kF32, 3);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  expect_failure_of<SpecError>(1, "[sjit] tracing and compiling the call: [reshape] cannot reshape",
+                               [&] { f(x); });
+  // Tracing that fails alike on every process keeps its type, as in one process.
+  auto h = sjit(mesh, [](const Array& a) { return reshape(a, Shape{7}); });
+  EXPECT_THROW_WITH(h(x), SpecError, "[reshape] cannot reshape");
+  // The group is in step: a program every process traces alike runs.
+  auto g = sjit(mesh, [](const Array& a) { return reshape(a, Shape{32}) * 2.0; });
+  EXPECT_EQ(g(x).to_host(),
+            g(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host());
+}
+
+TEST(MultiProcessTraining, OneProcessFailuresKeepTheirType) {
+  // Arrays that never leave this process (any group size): no agreement, the errors as they are.
+  const Executor exec = Executor::process_local(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  const Array w =
+      device_put(Tensor::normal(Shape{32, 16}, DType::kF32, 5), NamedSharding(mesh, P("a")), exec);
+  auto f = sjit(mesh, [](const Array& a) { return with_sharding_constraint(a, P()) * 2.0; });
+  f(w);
+  distributed::detail::fail_collective_allocation(1);
+  EXPECT_THROW(f(w), std::bad_alloc);
+  distributed::detail::fail_collective_allocation(1);
+  EXPECT_THROW(reshard(w, NamedSharding(mesh, P())), std::bad_alloc);
+  distributed::detail::fail_collective_allocation(0);
+  auto g = sjit(mesh, [](const Array& a) { return reshape(a, Shape{7}); });
+  EXPECT_THROW_WITH(g(w), SpecError, "[reshape] cannot reshape");
+  EXPECT_EQ(f(w).to_host(), f(w).to_host());
 }
 
 TEST(MultiProcessTraining, AProcessInAnotherCollectiveIsNamedNotAHang) {

@@ -8,16 +8,20 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
+
+#include "shardplan/detail/agreement.hpp"
 
 #if defined(SHARDPLAN_HAVE_MPI)
 // The C API only: mpi.h would otherwise pull in Open MPI's removed C++ bindings.
@@ -361,7 +365,24 @@ std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> m
     total += static_cast<std::size_t>(sizes[p]);
   }
   mpi_count(total, "allgather_bytes");
-  std::vector<std::byte> all(total);
+  // A large gather (a whole array for to_host) may not fit on some process: every process knows
+  // the total, so from 1 MiB on they all agree that each allocated before anything crosses (a
+  // process that could not is named everywhere; the others would wait in the gather). Below,
+  // the agreement's round trip would cost more than the allocation risks.
+  std::vector<std::byte> all;
+  if (total < static_cast<std::size_t>(detail::kAgreeOnHostAllocationsFrom)) {
+    all.resize(total);
+  } else {
+    std::exception_ptr failed;
+    try {
+      detail::allocation_fault_point();
+      all.resize(total);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    detail::agree(failed, failed ? fmt::format("[distributed] allgather_bytes of {} bytes", total)
+                                 : std::string());
+  }
   MPI_Request r;
   check(MPI_Iallgatherv(mine.data(), len[static_cast<std::size_t>(g.index)], MPI_BYTE, all.data(),
                         len.data(), off.data(), MPI_BYTE, MPI_COMM_WORLD, &r),
@@ -427,37 +448,75 @@ void check_same(std::string_view what, std::string_view value) {
   }
 }
 
-void all_succeed(const std::function<void()>& step) {
+namespace detail {
+
+namespace {
+// The test-only fault: allocations left before the failing one (0: none fails).
+std::atomic<int> allocations_before_fault{0};
+}  // namespace
+
+void fail_collective_allocation(int nth) { allocations_before_fault.store(std::max(0, nth)); }
+
+void allocation_fault_point() {
+  if (allocations_before_fault.load() > 0 && allocations_before_fault.fetch_sub(1) == 1) {
+    throw std::bad_alloc();
+  }
+}
+
+std::string describe(std::exception_ptr failed) {
+  try {
+    std::rethrow_exception(failed);
+  } catch (const std::bad_alloc& e) {
+    return fmt::format("out of host memory ({})", e.what());
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+void throw_failed(int process, int count, const std::string& message, std::exception_ptr own) {
+  const DistributedError error(
+      fmt::format("[distributed] process {} of {} failed: {}", process, count, message));
+  if (own) {
+    try {
+      std::rethrow_exception(own);
+    } catch (...) {
+      std::throw_with_nested(error);
+    }
+  }
+  throw error;
+}
+
+void agree(std::exception_ptr failed, const std::string& context) {
   initialize();
-  std::exception_ptr mine;
   std::string message;
+  if (failed) message = context.empty() ? describe(failed) : context + ": " + describe(failed);
+  // A number per process: 0 for success, else 1 + the length of its message. Only when some
+  // process failed do the messages cross (every process sees that from the numbers).
+  const auto status = allgather_count(failed ? 1 + static_cast<std::int64_t>(message.size()) : 0);
+  if (std::all_of(status.begin(), status.end(), [](std::int64_t s) { return s == 0; })) return;
+  const auto all = allgather_bytes(std::as_bytes(std::span(message.data(), message.size())));
+  const int me = group().index;
+  for (std::size_t p = 0; p < status.size(); ++p) {
+    if (status[p] == 0) continue;
+    const int who = static_cast<int>(p);
+    throw_failed(who, static_cast<int>(status.size()),
+                 std::string(reinterpret_cast<const char*>(all[p].data()), all[p].size()),
+                 who == me ? failed : nullptr);
+  }
+}
+
+}  // namespace detail
+
+void all_succeed(const std::function<void()>& step) {
+  std::exception_ptr mine;
   try {
     step();
-  } catch (const std::exception& e) {
-    mine = std::current_exception();
-    message = e.what();
   } catch (...) {
     mine = std::current_exception();
-    message = "an exception that is not a std::exception";
   }
-  // A byte for failed, then the message.
-  std::string status(1, mine ? '1' : '0');
-  status += message;
-  const auto all = allgather_bytes(std::as_bytes(std::span(status.data(), status.size())));
-  for (std::size_t p = 0; p < all.size(); ++p) {
-    if (all[p].empty() || static_cast<char>(all[p][0]) != '1') continue;
-    const std::string text(reinterpret_cast<const char*>(all[p].data()) + 1, all[p].size() - 1);
-    const DistributedError error(
-        fmt::format("[distributed] process {} of {} failed: {}", p, all.size(), text));
-    if (static_cast<int>(p) == group().index && mine) {
-      try {
-        std::rethrow_exception(mine);
-      } catch (...) {
-        std::throw_with_nested(error);
-      }
-    }
-    throw error;
-  }
+  detail::agree(mine);
 }
 
 }  // namespace shardplan::distributed

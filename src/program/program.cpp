@@ -8,6 +8,7 @@
 #include "fuse.hpp"
 #include "primitive.hpp"
 #include "primitives.hpp"
+#include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -82,25 +83,23 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   }
   // Over processes, a step that fails on one process must not leave the others waiting in the
   // next reshard: the failing process skips to the next communicating step (or the end), where
-  // every process learns who failed (distributed::all_succeed) and throws.
+  // every process learns who failed and throws. Each collective of a reshard over processes
+  // begins with that agreement (its buffers allocated, nothing exchanged yet: see
+  // prepare_then_agree in collectives.cpp), so a reshard step costs no round trip more; the
+  // failing process joins it in place of the reshard (whose input it may not have). A reshard
+  // step runs a collective exactly when its static cost lists one (st.cost), on every process.
   const bool spans = !executor.holds_all(mesh_.devices());
   std::exception_ptr failed;
-  auto agree = [&] {
-    if (spans) {
-      distributed::all_succeed([&] {
-        if (failed) std::rethrow_exception(failed);
-      });
-    } else if (failed) {
-      std::rethrow_exception(failed);
-    }
-  };
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
     if (have_constants && cached_step_[s] != 0) continue;  // taken from the cache
     if (failed && st.kind != Step::Kind::kReshard) continue;
     if (st.kind == Step::Kind::kReshard) {
-      agree();
-      slots[index(st.out)] = reshard(slots[index(st.in[0])], *st.sharding).array;
+      if (!failed) {
+        slots[index(st.out)] = reshard(slots[index(st.in[0])], *st.sharding).array;
+      } else if (!st.cost.empty()) {
+        distributed::detail::agree(failed);  // throws, on every process
+      }
     } else {
       try {
         run_kernel_step(executor, st, slots);
@@ -115,7 +114,12 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
       for (const SlotId f : free_after_[s]) slots[index(f)] = Array();
     }
   }
-  agree();
+  // A failure after the last collective: agreed on here.
+  if (spans) {
+    distributed::detail::agree(failed);
+  } else if (failed) {
+    std::rethrow_exception(failed);
+  }
   if (!constant_slots_.empty() && !have_constants) {
     std::vector<std::pair<SlotId, Array>> made;
     for (const SlotId slot : constant_slots_) made.emplace_back(slot, slots[index(slot)]);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <unordered_map>
@@ -15,6 +16,7 @@
 #include "primitives.hpp"
 #include "resolve_rules.hpp"
 #include "shardplan/collectives.hpp"
+#include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "trace.hpp"
@@ -248,22 +250,34 @@ namespace {
 /// the same argument signature, statics and traced program. Checked on every call with one
 /// 8-byte hash per process; when they differ, the texts are exchanged so that every process
 /// throws a DistributedError saying which differs, instead of the processes entering different
-/// collectives and waiting for ever.
-void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& key,
-                        const Compiled& compiled) {
-  if (exec == nullptr) return;
-  if (exec->holds_all(mesh.devices())) return;
-  // A tag, then the hash: a process that is in another collective (a to_host, say, that only
-  // some processes called) sends something else, and is named.
+/// collectives and waiting for ever. The same exchange carries the failure of a process that
+/// could not trace or compile the call (`failed`, with `key` or `compiled` then null): every
+/// process throws a DistributedError naming the lowest such process (its own error nested in
+/// it on that process), instead of the others waiting for its hash. When every process failed,
+/// each throws its own error, as in one process.
+void check_same_program(const CacheKey* key, const Compiled* compiled, std::exception_ptr failed) {
+  // A tag, then the hash, then 0 or 1 + the failure's message: a process that is in another
+  // collective (a to_host, say, that only some processes called) sends something else, and is
+  // named.
   constexpr std::uint64_t kTag = 0x736a69745f737064ull;  // "sjit_spd"
-  // The hash of the text: the same on every process for the same call (no addresses in it).
-  std::size_t h = std::hash<std::string>()(key.text() + "\n" + compiled.jaxpr);
-  for (const StaticValue& v : key.statics) h = hash_combine(h, v.hash());
-  const std::uint64_t mine[2] = {kTag, h};
-  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine)));
+  std::string mine(2 * sizeof(std::uint64_t), '\0');
+  std::uint64_t h = 0;
+  if (failed) {
+    mine += '1';
+    mine += "[sjit] tracing and compiling the call: " + distributed::detail::describe(failed);
+  } else {
+    // The hash of the text: the same on every process for the same call (no addresses in it).
+    h = std::hash<std::string>()(key->text() + "\n" + compiled->jaxpr);
+    for (const StaticValue& v : key->statics) h = hash_combine(h, v.hash());
+    mine += '0';
+  }
+  std::memcpy(mine.data(), &kTag, sizeof kTag);
+  std::memcpy(mine.data() + sizeof kTag, &h, sizeof h);
+  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine.data(), mine.size())));
+  constexpr std::size_t kHead = 2 * sizeof(std::uint64_t) + 1;
   for (std::size_t p = 0; p < all.size(); ++p) {
     std::uint64_t tag = 0;
-    if (all[p].size() == sizeof mine) std::memcpy(&tag, all[p].data(), sizeof tag);
+    if (all[p].size() >= kHead) std::memcpy(&tag, all[p].data(), sizeof tag);
     if (tag != kTag) {
       throw DistributedError(fmt::format(
           "[distributed] process {} is not calling this sjit program with the others: it is in "
@@ -272,13 +286,27 @@ void check_same_program(const Executor* exec, const Mesh& mesh, const CacheKey& 
           p));
     }
   }
+  // Every process failed: each throws its own error, as in one process (nobody waits).
+  const auto failed_on = [&](const std::vector<std::byte>& v) {
+    return static_cast<char>(v[kHead - 1]) == '1';
+  };
+  if (std::all_of(all.begin(), all.end(), failed_on)) std::rethrow_exception(failed);
+  const int me = distributed::process_index();
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    if (!failed_on(all[p])) continue;
+    const int who = static_cast<int>(p);
+    distributed::detail::throw_failed(
+        who, static_cast<int>(all.size()),
+        std::string(reinterpret_cast<const char*>(all[p].data()) + kHead, all[p].size() - kHead),
+        who == me ? failed : nullptr);
+  }
   for (const auto& other : all) {
     if (other != all.front()) {
       // Every process is here (they all see the hashes differ): compare the texts, which names
       // what differs; when they are the same, the static arguments differ.
       distributed::check_same(
           "the sjit program (argument shapes, dtypes and shardings, and the traced program)",
-          key.text() + "\n" + compiled.jaxpr);
+          key->text() + "\n" + compiled->jaxpr);
       throw DistributedError(
           "[distributed] the processes disagree on the static arguments of an sjit call (their "
           "values differ between processes; the traced programs are the same)");
@@ -295,21 +323,9 @@ const Executor* executor_of(const CallArgs& call, const SjitOptions& o) {
   return nullptr;
 }
 
-}  // namespace
-
-std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
-  CacheKey key = cache_key(call);
-  {
-    std::unique_lock<std::mutex> lock(s_->mu);
-    if (auto it = s_->cache.find(key); it != s_->cache.end()) {
-      std::shared_ptr<const Compiled> hit = it->second;
-      lock.unlock();
-      check_same_program(executor_of(call, s_->options), s_->mesh, key, *hit);
-      return hit;
-    }
-  }
-  const Mesh& mesh = s_->mesh;
-  const SjitOptions& o = s_->options;
+// Traces the call and compiles its program (not cached yet).
+std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOptions& o,
+                                                  const CallArgs& call, const TraceFn& trace) {
   for (const int p : o.static_argnums) {
     for (const int q : call.positions) {
       if (p == q) {
@@ -398,9 +414,45 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   compiled->out_structure = std::move(out_structure);
   compiled->captured = ctx.captured;
   compiled->jaxpr = g.to_string();
-  check_same_program(exec, mesh, key, *compiled);
-  std::lock_guard<std::mutex> lock(s_->mu);
-  return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
+  return compiled;
+}
+
+}  // namespace
+
+std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
+  auto cached = [&](const CacheKey& key) -> std::shared_ptr<const Compiled> {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    const auto it = s_->cache.find(key);
+    return it == s_->cache.end() ? nullptr : it->second;
+  };
+  auto keep = [&](CacheKey key, std::shared_ptr<const Compiled> compiled) {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    return s_->cache.emplace(std::move(key), std::move(compiled)).first->second;
+  };
+  auto compile_call = [&] { return trace_and_compile(s_->mesh, s_->options, call, trace); };
+  const Executor* on = executor_of(call, s_->options);
+  if (on == nullptr || on->holds_all(s_->mesh.devices())) {
+    CacheKey key = cache_key(call);
+    if (auto hit = cached(key)) return hit;
+    return keep(std::move(key), compile_call());
+  }
+  // Over processes anything up to the program's hash (a tracing error, a shape one process
+  // computes differently, an out-of-memory) may fail on some processes only: it is caught and
+  // sent with the hash (check_same_program), so that every process throws naming it.
+  std::optional<CacheKey> key;
+  std::shared_ptr<const Compiled> compiled;
+  std::exception_ptr failed;
+  bool hit = false;
+  try {
+    key = cache_key(call);
+    compiled = cached(*key);
+    hit = compiled != nullptr;
+    if (!hit) compiled = compile_call();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  check_same_program(failed ? nullptr : &*key, compiled.get(), failed);
+  return hit ? compiled : keep(std::move(*key), std::move(compiled));
 }
 
 bool tracing() { return current_trace() != nullptr; }

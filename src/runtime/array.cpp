@@ -10,6 +10,7 @@
 #include "box_copy.hpp"
 #include "reduce.hpp"
 #include "shardplan/collectives.hpp"
+#include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 
@@ -287,6 +288,31 @@ Tensor Array::to_host() const {
   return out;
 }
 
+namespace {
+
+/// Runs `prepare` (a gather's host allocations); when the gathered array has at least
+/// distributed::detail::kAgreeOnHostAllocationsFrom bytes (every process decides alike), every
+/// process then agrees that every one could, before anything crosses: a process out of host
+/// memory is named everywhere instead of the others waiting in the gather. `what()` names the
+/// gather in the error.
+template <class What, class Prepare>
+void allocate_then_agree(std::int64_t bytes, const What& what, const Prepare& prepare) {
+  if (bytes < distributed::detail::kAgreeOnHostAllocationsFrom) {
+    prepare();
+    return;
+  }
+  std::exception_ptr failed;
+  try {
+    distributed::detail::allocation_fault_point();
+    prepare();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  distributed::detail::agree(failed, failed ? what() : std::string());
+}
+
+}  // namespace
+
 Tensor Array::to_host_over_processes() const {
   const Impl& i = concrete("value");
   if (!i.pending.empty()) {
@@ -300,14 +326,20 @@ Tensor Array::to_host_over_processes() const {
   // the replica groups; every process receives all of them and places them.
   const auto groups = i.sharding.replica_groups(i.shape);
   std::vector<std::byte> mine;
-  for (const auto& group : groups) {
-    const int first = group.front();
-    if (!i.executor.is_local(first)) continue;
-    const Buffer& b = *i.buffers[static_cast<std::size_t>(first)];
-    mine.insert(mine.end(), b.data(), b.data() + shard_bytes);
-  }
+  Tensor out;
+  allocate_then_agree(
+      byte_size(i.shape, i.dtype),
+      [&] { return fmt::format("[array] to_host of {}", to_string()); },
+      [&] {
+        out = Tensor(i.shape, i.dtype);
+        for (const auto& group : groups) {
+          const int first = group.front();
+          if (!i.executor.is_local(first)) continue;
+          const Buffer& b = *i.buffers[static_cast<std::size_t>(first)];
+          mine.insert(mine.end(), b.data(), b.data() + shard_bytes);
+        }
+      });
   const auto all = distributed::allgather_bytes(mine);
-  Tensor out(i.shape, i.dtype);
   std::vector<std::size_t> taken(all.size(), 0);  // bytes used of each process's part
   const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
   for (const auto& group : groups) {
@@ -436,6 +468,22 @@ std::optional<Tensor> to_host_on_process(const Array& a, int process) {
   const auto groups = a.sharding().replica_groups(shape);
   const Executor& e = a.executor();
   // Each distinct block comes from the process of the first device holding it, in group order.
+  // The receiving process allocates first, and every process agrees that it could (the senders
+  // would wait for it otherwise).
+  std::vector<Tensor> received;  // blocks of other processes, in group order
+  Tensor out;
+  allocate_then_agree(
+      byte_size(shape, a.dtype()),
+      [&] { return fmt::format("[to_host_on_process] of {}", a.to_string()); },
+      [&] {
+        if (me != process) return;
+        received.reserve(groups.size());
+        for (const auto& group : groups) {
+          if (e.is_local(group.front()) || shard_bytes == 0) continue;
+          received.emplace_back(a.shard_shape(), a.dtype());
+        }
+        out = Tensor(shape, a.dtype());
+      });
   if (me != process) {
     std::vector<distributed::Message> sends;
     for (const auto& group : groups) {
@@ -446,17 +494,14 @@ std::optional<Tensor> to_host_on_process(const Array& a, int process) {
     distributed::exchange(sends, {});
     return std::nullopt;
   }
-  std::vector<Tensor> received;  // blocks of other processes, in group order
   std::vector<distributed::Message> receives;
-  received.reserve(groups.size());
+  std::size_t at = 0;
   for (const auto& group : groups) {
     if (e.is_local(group.front()) || shard_bytes == 0) continue;
-    Tensor& t = received.emplace_back(a.shard_shape(), a.dtype());
-    receives.push_back(
-        {e.process_of(group.front()), t.bytes(), static_cast<std::size_t>(shard_bytes)});
+    receives.push_back({e.process_of(group.front()), received[at++].bytes(),
+                        static_cast<std::size_t>(shard_bytes)});
   }
   distributed::exchange({}, receives);
-  Tensor out(shape, a.dtype());
   const int rank = shape.rank();
   const std::size_t elem = size_of(a.dtype());
   const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);

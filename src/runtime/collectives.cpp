@@ -6,9 +6,11 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "box_copy.hpp"
 #include "reduce.hpp"
+#include "shardplan/detail/agreement.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -35,12 +37,18 @@ PartitionSpec make_spec(std::vector<AxisNames> dims) {
   return PartitionSpec(std::move(dims));
 }
 
+/// A buffer a collective allocates (an output shard, a buffer it receives into).
+std::shared_ptr<Buffer> allocate_on(const Executor& e, int d, std::int64_t bytes) {
+  distributed::detail::allocation_fault_point();
+  return std::make_shared<Buffer>(e.allocate(d, bytes));
+}
+
 std::vector<std::shared_ptr<Buffer>> allocate_like(const Array& x, const Mesh& mesh,
                                                    std::int64_t bytes) {
   std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(x.executor().num_devices()));
   for (const int d : mesh.devices()) {
     if (!x.executor().is_local(d)) continue;  // another process's
-    out[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(x.executor().allocate(d, bytes));
+    out[static_cast<std::size_t>(d)] = allocate_on(x.executor(), d, bytes);
   }
   return out;
 }
@@ -54,12 +62,35 @@ CollectiveRecord make_record(std::string kind, std::vector<std::string> axes, co
 /// True when some device of the array's mesh is held by another process.
 bool spans_processes(const Array& x) { return !x.executor().holds_all(x.mesh().devices()); }
 
+/// Over processes, a collective first prepares what may fail on one process only (its output
+/// and the buffers it receives into: an out-of-memory), then every process agrees that every
+/// process prepared (distributed::detail::agree: one all-gather of a number each) before any
+/// shard crosses. So a failure on one process is a DistributedError naming it on every process,
+/// not the others waiting in the exchange. A program that holds the failure of an earlier step
+/// joins this agreement in place of the collective (Program::run). In one process `prepare`
+/// runs as it is and its errors keep their type.
+template <class Prepare>
+void prepare_then_agree(const Array& x, std::string_view kind, const Prepare& prepare) {
+  if (!spans_processes(x)) {
+    prepare();
+    return;
+  }
+  std::exception_ptr failed;
+  try {
+    prepare();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  distributed::detail::agree(failed, failed ? fmt::format("[{}] of {}", kind, x.to_string()) : "");
+}
+
 /// The shards a collective reads: this process's own, and a copy of each shard of another
 /// process that one of this process's devices reads. `reads(d)` lists the devices whose shards
 /// device d reads; every process evaluates it for every device, so each knows what to send
 /// to whom without asking, and the messages between two processes go in device order on both
 /// sides. A copy lives in this process's memory, counted on the first local device that reads
-/// it (it is what that device receives). Collective when the array spans processes.
+/// it (it is what that device receives). Making one allocates the copies (nothing crosses);
+/// exchange() then moves the shards, collective when the array spans processes.
 class ShardSource {
  public:
   /// `place(m, d)`, when given, may name where in device d's output shard m belongs whole and in
@@ -98,7 +129,6 @@ class ShardSource {
     remote_.resize(static_cast<std::size_t>(e.num_devices()));
     placed_.assign(static_cast<std::size_t>(e.num_devices()), 0);
     if (bytes == 0) return;
-    std::vector<distributed::Message> sends, receives;
     for (const int m : needed[static_cast<std::size_t>(me)]) {
       const int d = reader[static_cast<std::size_t>(m)];
       std::byte* into = nullptr;
@@ -107,20 +137,24 @@ class ShardSource {
         placed_[static_cast<std::size_t>(m)] = 1;
       } else {
         auto& copy = remote_[static_cast<std::size_t>(m)];
-        copy = std::make_shared<Buffer>(e.allocate(d, bytes));
+        copy = allocate_on(e, d, bytes);
         into = copy->data();
       }
-      receives.push_back({e.process_of(m), into, static_cast<std::size_t>(bytes)});
+      receives_.push_back({e.process_of(m), into, static_cast<std::size_t>(bytes)});
     }
     for (int p = 0; p < processes; ++p) {
       if (p == me) continue;
       for (const int m : needed[static_cast<std::size_t>(p)]) {
         if (e.process_of(m) != me) continue;
-        sends.push_back(
+        sends_.push_back(
             {p, const_cast<std::byte*>(x.shard(m).data()), static_cast<std::size_t>(bytes)});
       }
     }
-    distributed::exchange(sends, receives);
+  }
+
+  /// Moves the shards between processes (nothing when the array does not span them).
+  void exchange() {
+    if (spans_processes(x_)) distributed::exchange(sends_, receives_);
   }
 
   /// True when shard m was received straight into its reader's output (nothing left to copy).
@@ -138,6 +172,7 @@ class ShardSource {
   const Array& x_;
   std::vector<std::shared_ptr<Buffer>> remote_;  // by device id
   std::vector<char> placed_;                     // by device id
+  std::vector<distributed::Message> sends_, receives_;
 };
 
 /// Where block `bs` lies in the row-major buffer of block `bt`, in bytes, when it lies there
@@ -225,19 +260,25 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
     }
     return out;
   };
-  auto out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
-  const ShardSource shard_of(
-      x,
-      [&](int d) {
-        std::vector<int> reads;
-        for (const auto& [group, src] : sources(d)) reads.push_back(src);
-        return reads;
-      },
-      [&](int m, int d) -> std::byte* {
-        const std::int64_t at = contiguous_offset(sblocks[static_cast<std::size_t>(m)],
-                                                  tblocks[static_cast<std::size_t>(d)], elem);
-        return at < 0 ? nullptr : out[static_cast<std::size_t>(d)]->data() + at;
-      });
+  std::vector<std::shared_ptr<Buffer>> out;
+  std::optional<ShardSource> source;
+  prepare_then_agree(x, rec.kind, [&] {
+    out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
+    source.emplace(
+        x,
+        [&](int d) {
+          std::vector<int> reads;
+          for (const auto& [group, src] : sources(d)) reads.push_back(src);
+          return reads;
+        },
+        [&](int m, int d) -> std::byte* {
+          const std::int64_t at = contiguous_offset(sblocks[static_cast<std::size_t>(m)],
+                                                    tblocks[static_cast<std::size_t>(d)], elem);
+          return at < 0 ? nullptr : out[static_cast<std::size_t>(d)]->data() + at;
+        });
+  });
+  source->exchange();
+  const ShardSource& shard_of = *source;
   const Shape& sshard = x.shard_shape();
   x.executor().run(mesh.devices(), [&](int d) {
     const Block& bt = tblocks[static_cast<std::size_t>(d)];
@@ -431,8 +472,9 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
   const bool remote = spans_processes(x);
   // Phase 1 (reduce-scatter inside each group): the member of rank r reduces chunk r of every
   // member's shard into chunk r of its output, receiving the chunks of members held by other
-  // processes.
-  auto out = allocate_like(x, mesh, total * static_cast<std::int64_t>(elem));
+  // processes. Everything that is allocated (the output, the received chunks) is before the
+  // agreement (prepare_then_agree); phase 2 receives into the output.
+  std::vector<std::shared_ptr<Buffer>> out;
   auto chunk = [&](int d, std::int64_t lo) {
     return out[static_cast<std::size_t>(d)]->data() + lo * static_cast<std::int64_t>(elem);
   };
@@ -440,40 +482,43 @@ Array all_reduce(const Array& x, const std::vector<std::string>& axes_in,
   std::vector<std::vector<const std::byte*>> sources(n_dev);  // where each received chunk lies
   std::vector<char> in_place(n_dev, 0);
   std::vector<distributed::Message> sends, receives;
-  for (const int d : mesh.devices()) {
-    const auto& g = group[static_cast<std::size_t>(d)];
-    const std::size_t r = rank_in[static_cast<std::size_t>(d)];
-    const std::int64_t lo = lo_of(r, g.size());
-    const std::int64_t bytes = (lo_of(r + 1, g.size()) - lo) * static_cast<std::int64_t>(elem);
-    if (exec.is_local(d)) {
-      received[static_cast<std::size_t>(d)].resize(g.size());
-      sources[static_cast<std::size_t>(d)].resize(g.size());
-    }
-    if (!remote || bytes == 0) continue;
-    for (std::size_t i = 0; i < g.size(); ++i) {
-      const int m = g[i];
-      if (exec.process_of(m) == exec.process_of(d)) continue;
-      if (exec.is_local(m)) {
-        sends.push_back(
-            {exec.process_of(d),
-             const_cast<std::byte*>(x.shard(m).data()) + lo * static_cast<std::int64_t>(elem),
-             static_cast<std::size_t>(bytes)});
-      } else if (exec.is_local(d)) {
-        // The first such chunk is received into d's output, where it is reduced in place.
-        auto& in = received[static_cast<std::size_t>(d)];
-        std::byte* into = nullptr;
-        if (!in_place[static_cast<std::size_t>(d)]) {
-          in_place[static_cast<std::size_t>(d)] = 1;
-          into = chunk(d, lo);
-        } else {
-          in[i] = std::make_shared<Buffer>(exec.allocate(d, bytes));
-          into = in[i]->data();
+  prepare_then_agree(x, rec.kind, [&] {
+    out = allocate_like(x, mesh, total * static_cast<std::int64_t>(elem));
+    for (const int d : mesh.devices()) {
+      const auto& g = group[static_cast<std::size_t>(d)];
+      const std::size_t r = rank_in[static_cast<std::size_t>(d)];
+      const std::int64_t lo = lo_of(r, g.size());
+      const std::int64_t bytes = (lo_of(r + 1, g.size()) - lo) * static_cast<std::int64_t>(elem);
+      if (exec.is_local(d)) {
+        received[static_cast<std::size_t>(d)].resize(g.size());
+        sources[static_cast<std::size_t>(d)].resize(g.size());
+      }
+      if (!remote || bytes == 0) continue;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const int m = g[i];
+        if (exec.process_of(m) == exec.process_of(d)) continue;
+        if (exec.is_local(m)) {
+          sends.push_back(
+              {exec.process_of(d),
+               const_cast<std::byte*>(x.shard(m).data()) + lo * static_cast<std::int64_t>(elem),
+               static_cast<std::size_t>(bytes)});
+        } else if (exec.is_local(d)) {
+          // The first such chunk is received into d's output, where it is reduced in place.
+          auto& in = received[static_cast<std::size_t>(d)];
+          std::byte* into = nullptr;
+          if (!in_place[static_cast<std::size_t>(d)]) {
+            in_place[static_cast<std::size_t>(d)] = 1;
+            into = chunk(d, lo);
+          } else {
+            in[i] = allocate_on(exec, d, bytes);
+            into = in[i]->data();
+          }
+          receives.push_back({exec.process_of(m), into, static_cast<std::size_t>(bytes)});
+          sources[static_cast<std::size_t>(d)][i] = into;
         }
-        receives.push_back({exec.process_of(m), into, static_cast<std::size_t>(bytes)});
-        sources[static_cast<std::size_t>(d)][i] = into;
       }
     }
-  }
+  });
   if (remote) distributed::exchange(sends, receives);
   exec.run(mesh.devices(), [&](int d) {
     const auto& g = group[static_cast<std::size_t>(d)];
@@ -567,8 +612,14 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
   const std::size_t elem = size_of(x.dtype());
   const Mesh& mesh = x.mesh();
   CollectiveRecord rec = make_record("reduce_scatter", axes, x);
-  const ShardSource shard_of(x, [&](int d) { return device_group(mesh, d, axes); });
-  auto out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
+  std::vector<std::shared_ptr<Buffer>> out;
+  std::optional<ShardSource> source;
+  prepare_then_agree(x, rec.kind, [&] {
+    out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
+    source.emplace(x, [&](int d) { return device_group(mesh, d, axes); });
+  });
+  source->exchange();
+  const ShardSource& shard_of = *source;
   x.executor().run(mesh.devices(), [&](int d) {
     const auto g = device_group(mesh, d, axes);
     const Block& old_block = x.block(d);
@@ -629,11 +680,17 @@ Array permute(const Array& x, const std::string& axis,
     }
     return mesh.devices()[static_cast<std::size_t>(pos)];
   };
-  const ShardSource shard_of(x, [&](int d) {
-    const int src = source(d);
-    return src < 0 ? std::vector<int>{} : std::vector<int>{src};
+  std::vector<std::shared_ptr<Buffer>> out;
+  std::optional<ShardSource> shards;
+  prepare_then_agree(x, rec.kind, [&] {
+    out = allocate_like(x, mesh, bytes);
+    shards.emplace(x, [&](int d) {
+      const int src = source(d);
+      return src < 0 ? std::vector<int>{} : std::vector<int>{src};
+    });
   });
-  auto out = allocate_like(x, mesh, bytes);
+  shards->exchange();
+  const ShardSource& shard_of = *shards;
   x.executor().run(mesh.devices(), [&](int d) {
     std::byte* dst = out[static_cast<std::size_t>(d)]->data();
     const int src = source(d);
