@@ -10,6 +10,7 @@
 #endif
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <future>
@@ -130,9 +131,16 @@ std::int64_t devices_for(const std::string& mesh, std::int64_t devices, std::int
     // Both factors are at most 2^20: the product fits before it is checked.
     product *= v;
     if (product > kMaxDevices) {
-      throw UsageError(
-          fmt::format("--mesh '{}': the axis sizes multiply to more than the limit of {} devices",
-                      mesh, kMaxDevices));
+      // Say how many: the product of every size given (in double: it may pass 64 bits).
+      double all = 1;
+      for (const std::string& e : split(mesh, ',')) {
+        const auto c = e.find(':');
+        all *= std::strtod(c == std::string::npos ? e.c_str() : e.c_str() + c + 1, nullptr);
+      }
+      throw UsageError(fmt::format(
+          "--mesh '{}': the mesh has {:.0f} devices (the product of its axis sizes), more than "
+          "the limit of {}",
+          mesh, all, kMaxDevices));
     }
   }
   return product;
