@@ -16,12 +16,14 @@
 #include <future>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "checkpoint_cmd.hpp"
 #include "example_model.hpp"
 #include "train_plan_cmd.hpp"
 #include "usage_error.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -226,11 +228,16 @@ int plan_with(const PlanOptions& o) {
         j["shard_shape"] = leaf->shard_shape.dims();
         j["bytes_per_device"] = leaf->bytes_per_device;
       }
-      std::cout << j.dump(2) << "\n";
+      std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       return kOk;
     }
-    std::cout << fmt::format("{} on mesh {}:\n", o.explain, helper.mesh().to_string());
-    for (const ExplainStep& s : steps) std::cout << "  " << s << "\n";
+    std::cout << fmt::format("{} on mesh {}:\n", detail::printable(o.explain),
+                             detail::printable(helper.mesh().to_string()));
+    for (const ExplainStep& s : steps) {
+      std::ostringstream step;
+      step << s;
+      std::cout << "  " << detail::printable(step.str()) << "\n";
+    }
     if (leaf != nullptr) {
       std::cout << fmt::format("  spec {} shard {} ({} per device)\n",
                                leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
@@ -250,8 +257,9 @@ int plan_with(const PlanOptions& o) {
     report.write_json(std::cout);
     std::cout << "\n";
   } else {
-    std::cout << fmt::format("model {}, rules {}, mesh {}\n\n", model_name, file.source,
-                             helper.mesh().to_string());
+    std::cout << fmt::format("model {}, rules {}, mesh {}\n\n", detail::printable(model_name),
+                             detail::printable(file.source),
+                             detail::printable(helper.mesh().to_string()));
     const auto largest = static_cast<std::size_t>(o.largest);
     std::cout << (o.summary ? report.summary(largest) : report.table(largest));
   }

@@ -130,8 +130,15 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
     // Megatron and vLLM replicate KV heads), so every rank does 1/ways of the attention.
     // Without it the head dimension would not split and the attention ran on every rank whole.
     const auto repeat = [&](const Array& y) {  // [b, kv, t, dh] -> [b, heads, t, dh]
-      return reshape(broadcast_in_dim(y, Shape{b, kv, g, t, dh}, {0, 1, 3, 4}),
-                     Shape{b, heads, t, dh});
+      // Copies side by side, not a broadcast merged by a reshape: the partitioner splits a
+      // merged dimension over an axis only as far as its major part (kv) divides.
+      std::vector<Array> copies;
+      copies.reserve(static_cast<std::size_t>(heads));
+      for (std::int64_t i = 0; i < kv; ++i) {
+        const Array one = slice(y, {0, i, 0, 0}, {b, i + 1, t, dh});
+        for (std::int64_t j = 0; j < g; ++j) copies.push_back(one);
+      }
+      return concatenate(copies, 1);
     };
     const Array q =
         constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, heads, dh}), {0, 2, 1, 3})),
