@@ -402,6 +402,16 @@ TEST(ModelConfig, LoadReadsRegularFilesOnly) {
   std::filesystem::remove_all(dir);
 }
 
+// Text for a terminal: controls and bytes outside UTF-8 escaped, other text kept.
+TEST(Printable, EscapesControlsAndInvalidBytes) {
+  EXPECT_EQ(detail::printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+  EXPECT_EQ(detail::printable(std::string("n\0l\n\t\x7f", 6)), "n\\x00l\\x0a\\x09\\x7f");
+  EXPECT_EQ(detail::printable("c\xc2\x9b" "d"), "c\\u009bd");         // C1 CSI
+  EXPECT_EQ(detail::printable("x\xff\xc3"), "x\\xff\\xc3");           // invalid, cut short
+  EXPECT_EQ(detail::printable("caf\xc3\xa9 \xe6\x97\xa5"), "caf\xc3\xa9 \xe6\x97\xa5");  // kept
+  EXPECT_EQ(detail::printable("model/layers/0/mlp"), "model/layers/0/mlp");
+}
+
 TEST(ParseBytes, ReadsBinaryAndDecimalUnits) {
   EXPECT_EQ(parse_bytes("80GiB"), 80LL << 30);
   EXPECT_EQ(parse_bytes("80 GB"), 80000000000LL);
@@ -569,6 +579,24 @@ TEST(LossAndGrads, RepeatedKvHeadsAndWindowsGiveOneDevicesGradients) {
   full.window_layers.clear();
   EXPECT_GT(std::abs(run("fsdp:1,tp:1", 1, train::Layout{}, full).at("loss").leaf().get(0) - loss),
             1e-4);
+}
+
+// LLaMA's attention_bias and mlp_bias: the default preset places every bias, and the step adds
+// them (each bias's gradient has its shape).
+TEST(PlanTraining, LlamaBiasesArePlanned) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "attention_bias": true, "mlp_bias": true})");
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  const TrainPlan with = plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp_tp"), o);
+  ModelConfig plain = c;
+  plain.attention_bias = plain.output_bias = plain.mlp_bias = false;
+  const TrainPlan without =
+      plan_training(plain, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp_tp"), o);
+  EXPECT_EQ(with.parameter_count - without.parameter_count, 2 * (32 + 16 + 16 + 32 + 48 + 48 + 32));
+  EXPECT_GT(with.flops, without.flops);
 }
 
 // Every dtype train-plan offers (bf16, f32, f64) plans, in every role.

@@ -141,7 +141,7 @@ std::int64_t devices_for(const std::string& mesh, std::int64_t devices, std::int
       }
       throw UsageError(fmt::format(
           "--mesh '{}': the mesh has {:.0f} devices (the product of its axis sizes), more than "
-          "the limit of {}",
+          "the limit of {} devices",
           mesh, all, kMaxDevices));
     }
   }
