@@ -80,19 +80,31 @@ class Fields {
 
   /// A positive integer (up to 2^63 - 1); `fallback` (when > 0) if absent or null.
   std::int64_t positive(std::string_view key, std::int64_t fallback = 0) {
+    return integer(key, 1, fallback > 0 ? std::optional(fallback) : std::nullopt);
+  }
+  /// An integer from `min` to 2^63 - 1; `fallback` if absent or null (an error without one).
+  std::int64_t integer(std::string_view key, std::int64_t min,
+                       std::optional<std::int64_t> fallback) {
     const auto v = get(key);
     if (!v) {
-      if (fallback > 0) return fallback;
+      if (fallback) return *fallback;
       throw IoError(fmt::format("[config] {}: the field '{}' is missing", source_, key));
     }
-    if (!v->is_uint() || v->as_uint() == 0 ||
+    if (!v->is_uint() || v->as_uint() < static_cast<std::uint64_t>(min) ||
         v->as_uint() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      throw IoError(
-          fmt::format("[config] {}: the field '{}' is {}, expected a positive integer (1 to 2^63 "
-                      "- 1)",
-                      source_, key, shown(*v)));
+      throw IoError(fmt::format(
+          "[config] {}: the field '{}' is {}, expected {} integer ({} to 2^63 - 1)", source_, key,
+          shown(*v), min == 1 ? "a positive" : "an", min));
     }
     return static_cast<std::int64_t>(v->as_uint());
+  }
+  /// A positive integer, or nullopt when absent or null.
+  std::optional<std::int64_t> optional_positive(std::string_view key) {
+    if (!has(key)) {
+      get(key);  // null is read as "none"
+      return std::nullopt;
+    }
+    return positive(key);
   }
 
   bool flag(std::string_view key, bool fallback) {
@@ -379,17 +391,11 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
     check_tensor_count(c, source);  // before per-layer lists are made
     // The heads' width: head_dim when given (Mistral-NeMo: 128 with hidden 5120 and 32 heads),
     // else hidden / heads, as transformers reads it.
-    const bool explicit_head_dim = f.has("head_dim");
-    if (explicit_head_dim) {
-      c.head_dim = f.positive("head_dim");
-    } else {
-      f.get("head_dim");
-      if (c.hidden % c.heads != 0) {
-        throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads",
-                                  source, c.hidden, c.heads));
-      }
-      c.head_dim = c.hidden / c.heads;
+    if (!f.has("head_dim") && c.hidden % c.heads != 0) {
+      throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads",
+                                source, c.hidden, c.heads));
     }
+    c.head_dim = f.positive("head_dim", c.hidden / c.heads);
     if (c.model_type == "llama") {
       // LLaMA: attention_bias puts biases on q, k, v and o; mlp_bias on gate, up and down.
       c.attention_bias = f.flag("attention_bias", false);
@@ -410,19 +416,15 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
     // Qwen2 with use_sliding_window on the layers from max_window_layers on (or as layer_types
     // says).
     if (c.model_type == "mistral" || c.model_type == "mixtral") {
-      if (f.has("sliding_window")) {
-        c.sliding_window = f.positive("sliding_window");
+      if (const auto w = f.optional_positive("sliding_window")) {
+        c.sliding_window = *w;
         c.window_layers.assign(static_cast<std::size_t>(c.layers), true);
-      } else {
-        f.get("sliding_window");
       }
     } else if (c.model_type == "qwen2") {
+      // transformers' defaults: a window of 4096 from layer 28 on, when use_sliding_window.
       const bool use = f.flag("use_sliding_window", false);
-      const std::int64_t window = f.has("sliding_window") ? f.positive("sliding_window") : 4096;
-      f.get("sliding_window");
-      const std::int64_t from = f.has("max_window_layers")
-                                    ? f.positive("max_window_layers")
-                                    : (f.get("max_window_layers"), std::int64_t{28});
+      const std::int64_t window = f.positive("sliding_window", 4096);
+      const std::int64_t from = f.integer("max_window_layers", 0, 28);
       std::vector<bool> sliding(static_cast<std::size_t>(c.layers));
       for (std::int64_t l = 0; l < c.layers; ++l) sliding[static_cast<std::size_t>(l)] = l >= from;
       if (const auto types = f.get("layer_types")) {

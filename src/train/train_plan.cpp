@@ -494,6 +494,12 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
                        format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-",
                        format_bytes(p.bytes_moved()), flops_text(p.flops));
   }
+  for (const TrainPlan& p : plans) {  // one model: said once
+    if (!p.not_modelled.empty()) {
+      out += fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
+      break;
+    }
+  }
   if (const auto best = cheapest_fitting(plans)) {
     const TrainPlan& p = plans[*best];
     out += fmt::format(
