@@ -237,6 +237,26 @@ TEST(ModelConfig, PublishedConfigsLeaveNothingOut) {
   // Mixtral-8x7B's published size from its full config.
   EXPECT_EQ(ModelConfig::parse(kMixtral8x7bHub).parameter_count(), 46702792704);
   EXPECT_EQ(ModelConfig::parse(kGpt2Hub).parameter_count(), 124439808);
+  // T5's published configs: dropout is named, the rest read or known to change nothing.
+  for (const char* text : {R"({"architectures": ["T5ForConditionalGeneration"], "d_ff": 2048,
+      "d_kv": 64, "d_model": 512, "decoder_start_token_id": 0, "dropout_rate": 0.1,
+      "eos_token_id": 1, "initializer_factor": 1.0, "is_encoder_decoder": true,
+      "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "num_heads": 8,
+      "num_layers": 6, "output_past": true, "pad_token_id": 0,
+      "relative_attention_num_buckets": 32, "task_specific_params": {"summarization": {
+      "early_stopping": true, "prefix": "summarize: "}}, "vocab_size": 32128})",
+                           R"({"architectures": ["T5ForConditionalGeneration"], "d_ff": 2048,
+      "d_kv": 64, "d_model": 768, "decoder_start_token_id": 0, "dense_act_fn": "gelu_new",
+      "dropout_rate": 0.1, "eos_token_id": 1, "feed_forward_proj": "gated-gelu",
+      "initializer_factor": 1.0, "is_encoder_decoder": true, "is_gated_act": true,
+      "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512,
+      "num_decoder_layers": 12, "num_heads": 12, "num_layers": 12, "output_past": true,
+      "pad_token_id": 0, "relative_attention_max_distance": 128,
+      "relative_attention_num_buckets": 32, "tie_word_embeddings": false, "torch_dtype": "float32",
+      "transformers_version": "4.23.1", "use_cache": true, "vocab_size": 32128})"}) {
+    EXPECT_EQ(ModelConfig::parse(text).not_modelled,
+              (std::vector<std::string>{"dropout (dropout_rate 0.1)"}));
+  }
   // GPT-2 trains with dropout, which the step does not model: said.
   const ModelConfig g = ModelConfig::parse(kGpt2Hub);
   ASSERT_EQ(g.not_modelled.size(), 1u);
