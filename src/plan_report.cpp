@@ -455,8 +455,8 @@ std::string PlanReport::summary(std::size_t largest_n) const {
                        detail::printable(r.rule));
   }
   out += fmt::format("mesh {} ({} devices), {} tensors, {} in total\n",
-                     detail::printable(mesh.to_spec_string()),
-                     mesh.size(), leaves.size(), format_bytes(total_bytes));
+                     detail::printable(mesh.to_spec_string()), mesh.size(), leaves.size(),
+                     format_bytes(total_bytes));
   out += fmt::format("bytes per device: min {}, max {} ({:.2f}% of the total)\n",
                      format_bytes(min_device_bytes()), format_bytes(max_device_bytes()),
                      total_bytes ? 100.0 * static_cast<double>(max_device_bytes()) /
@@ -468,8 +468,8 @@ std::string PlanReport::summary(std::size_t largest_n) const {
     for (auto i : big) {
       const auto& l = leaves[i];
       out += fmt::format("  {}  {}  {} -> {} per device\n", detail::printable(l.path),
-                         l.tensor.shape.to_string(),
-                         format_bytes(l.tensor.bytes()), format_bytes(l.bytes_per_device));
+                         l.tensor.shape.to_string(), format_bytes(l.tensor.bytes()),
+                         format_bytes(l.bytes_per_device));
     }
   }
   if (unmatched_rules.empty()) {
@@ -708,9 +708,9 @@ std::ostream& operator<<(std::ostream& os, const PlanReport& report) {
 }
 
 std::ostream& operator<<(std::ostream& os, const LeafPlan& l) {
-  os << detail::printable(l.path) << " " << l.tensor << " " << (l.spec ? l.spec->to_spec_string() : "unspecified")
-     << " -> " << l.shard_shape << ", " << l.bytes_per_device << " bytes/device, rule #"
-     << l.rule_index;
+  os << detail::printable(l.path) << " " << l.tensor << " "
+     << (l.spec ? l.spec->to_spec_string() : "unspecified") << " -> " << l.shard_shape << ", "
+     << l.bytes_per_device << " bytes/device, rule #" << l.rule_index;
   if (l.entry >= 0) os << " [" << l.entry << "]";
   if (l.fell_through) os << " (fell through)";
   return os;

@@ -644,31 +644,32 @@ TEST_F(TrainPlanCli, BadInputIsAClearError) {
 // A newcomer's first run: a LLaMA config on an FSDP-only mesh, no --rules. The family's
 // FSDP x TP preset names a tp axis the mesh lacks; its FSDP-only preset is chosen, and said.
 TEST_F(TrainPlanCli, TheDefaultRulesFitTheMesh) {
-  const Result r = run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128",
-                                   llama().string()));
+  const Result r =
+      run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128", llama().string()));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, ::testing::HasSubstr(
                          "rules preset:llama_fsdp (the default for llama on a mesh without tp)"));
-  const Result j = run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128 --json",
-                                   llama().string()));
+  const Result j = run(
+      fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128 --json", llama().string()));
   ASSERT_EQ(j.code, 0) << j.err;
   const auto plan = nlohmann::json::parse(j.out);
   EXPECT_EQ(plan["rules"], "preset:llama_fsdp");
   EXPECT_EQ(plan["rules_note"], "the default for llama on a mesh without tp");
   // With tp, the FSDP x TP preset as before.
-  const Result tp = run(fmt::format("train-plan -c '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128",
-                                    llama().string()));
+  const Result tp = run(
+      fmt::format("train-plan -c '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128", llama().string()));
   ASSERT_EQ(tp.code, 0) << tp.err;
   EXPECT_THAT(tp.out, ::testing::HasSubstr("rules preset:llama_fsdp_tp (the default for llama)"));
   // A family with one preset: the axes the mesh lacks are left out of its specs, and said.
   const fs::path gpt2 = config(R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768,
     "n_layer": 2, "n_head": 12, "n_positions": 1024})",
                                "gpt2.json");
-  const Result g = run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64",
-                                   gpt2.string()));
+  const Result g =
+      run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64", gpt2.string()));
   ASSERT_EQ(g.code, 0) << g.err;
-  EXPECT_THAT(g.out, ::testing::HasSubstr("rules preset:gpt2 (the default for gpt2; the mesh has "
-                                          "no tp axis, so the preset's specs leave it out"));
+  EXPECT_THAT(g.out,
+              ::testing::HasSubstr("rules preset:gpt2 (the default for gpt2; the mesh has "
+                                   "no tp axis: left out of the preset's specs, as size 1)"));
 }
 
 // Only regular files are read, and their content is checked field by field.
@@ -714,6 +715,7 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
     check(fmt::format("--mesh fsdp:8 {} f16", option), {option, "f16", "bf16, f32 or f64"});
   }
   check("--mesh fsdp:8 --batch-axes ,", {"--batch-axes", "empty axis name"});
+  check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "empty axis name"});
   check("--mesh fsdp:8 --batch-axes fsdp,fsdp", {"--batch-axes", "'fsdp' is named twice"});
   check("--mesh fsdp:1048576,tp:2", {"2097152 devices", "limit of 1048576"});
   check("--mesh fsdp:1048576,tp:2 --devices 8",
@@ -774,7 +776,9 @@ TEST_F(CliTest, TensorNamesAreEscapedInTextOutput) {
   fs::create_directories(dir_ / "esc");
   const fs::path file = dir_ / "esc" / "model.safetensors";
   write_safetensors_skeleton(file, {{"a\x1b[2Jb", {Shape{4, 4}, DType::kF32}},
-                                    {"c\xc2\x9b" "d", {Shape{4}, DType::kF32}}});
+                                    {"c\xc2\x9b"
+                                     "d",
+                                     {Shape{4}, DType::kF32}}});
   std::ofstream(dir_ / "all.yaml") << "strict: false\nrules:\n  - {match: \".\", spec: []}\n";
   const Result plan = run(fmt::format("plan --model '{}' --rules '{}' --mesh fsdp:2 --devices 2",
                                       file.string(), (dir_ / "all.yaml").string()));

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -230,7 +229,8 @@ TEST(ModelConfig, HeadDimIsRead) {
 
 // The Hub's own config.json files: every field is read or known to change nothing.
 TEST(ModelConfig, PublishedConfigsLeaveNothingOut) {
-  for (const char* text : {kMistralNemo12b, kLlama31_8b, kMistral7b01, kQwen2_7b, kMixtral8x7bHub}) {
+  for (const char* text :
+       {kMistralNemo12b, kLlama31_8b, kMistral7b01, kQwen2_7b, kMixtral8x7bHub}) {
     const ModelConfig c = ModelConfig::parse(text);
     EXPECT_TRUE(c.not_modelled.empty()) << c.model_type << ": " << c.not_modelled.front();
   }
@@ -298,14 +298,14 @@ TEST(ModelConfig, FieldsNotModelledAreNamed) {
   // Qwen2's q/k/v biases but no o bias.
   const ModelConfig q = ModelConfig::parse(R"({"model_type": "qwen2", "vocab_size": 10,
     "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})");
-  EXPECT_EQ(q.parameters(DType::kF32).at_path("model/layers/0/self_attn").find("o_proj")->find(
-                "bias"),
-            nullptr);
+  EXPECT_EQ(
+      q.parameters(DType::kF32).at_path("model/layers/0/self_attn").find("o_proj")->find("bias"),
+      nullptr);
   // T5: the activation of feed_forward_proj beyond relu / gated-gelu is named; nonsense refused.
   const std::string t5 = R"("model_type": "t5", "vocab_size": 8, "d_model": 8, "d_kv": 4,
     "d_ff": 8, "num_layers": 1, "num_heads": 2)";
-  EXPECT_TRUE(has(ModelConfig::parse("{" + t5 + R"(, "feed_forward_proj": "gated-silu"})"),
-                  "gated-silu"));
+  EXPECT_TRUE(
+      has(ModelConfig::parse("{" + t5 + R"(, "feed_forward_proj": "gated-silu"})"), "gated-silu"));
   EXPECT_THROW_WITH(
       ModelConfig::parse("{" + t5 + R"(, "feed_forward_proj": "fast-gelu"})", "t.json"), IoError,
       "t.json", "'feed_forward_proj' is 'fast-gelu'");
@@ -331,9 +331,9 @@ TEST(ModelConfig, SlidingWindowsAreRead) {
   EXPECT_EQ(t.window(0), 16);
   EXPECT_EQ(t.window(1), 0);
   EXPECT_EQ(t.window(2), 16);
-  EXPECT_THROW_WITH(ModelConfig::parse("{" + qwen + R"(, "layer_types": ["sliding_attention"]})",
-                                       "q.json"),
-                    IoError, "q.json", "'layer_types'", "4 entries");
+  EXPECT_THROW_WITH(
+      ModelConfig::parse("{" + qwen + R"(, "layer_types": ["sliding_attention"]})", "q.json"),
+      IoError, "q.json", "'layer_types'", "4 entries");
   EXPECT_THROW_WITH(
       ModelConfig::parse(R"({"model_type": "mistral", "vocab_size": 8, "hidden_size": 8,
     "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -390,8 +390,8 @@ TEST(ModelConfig, EveryBadValueNamesTheFileAndTheField) {
   }
   EXPECT_THROW_WITH(ModelConfig::parse(head + R"(8, "vocab_size": 16})", "dup.json"), IoError,
                     "dup.json", "'vocab_size' appears twice");
-  EXPECT_THROW_WITH(ModelConfig::parse("{\"model_type\": \"ll\xff\"}", "u.json"), IoError,
-                    "u.json", "not JSON");
+  EXPECT_THROW_WITH(ModelConfig::parse("{\"model_type\": \"ll\xff\"}", "u.json"), IoError, "u.json",
+                    "not JSON");
   EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 8,
     "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
     "tie_word_embeddings": "no"})",
@@ -426,8 +426,10 @@ TEST(ModelConfig, LoadReadsRegularFilesOnly) {
 TEST(Printable, EscapesControlsAndInvalidBytes) {
   EXPECT_EQ(detail::printable("a\x1b[2Jb"), "a\\x1b[2Jb");
   EXPECT_EQ(detail::printable(std::string("n\0l\n\t\x7f", 6)), "n\\x00l\\x0a\\x09\\x7f");
-  EXPECT_EQ(detail::printable("c\xc2\x9b" "d"), "c\\u009bd");         // C1 CSI
-  EXPECT_EQ(detail::printable("x\xff\xc3"), "x\\xff\\xc3");           // invalid, cut short
+  EXPECT_EQ(detail::printable("c\xc2\x9b"
+                              "d"),
+            "c\\u009bd");                                    // C1 CSI
+  EXPECT_EQ(detail::printable("x\xff\xc3"), "x\\xff\\xc3");  // invalid, cut short
   EXPECT_EQ(detail::printable("caf\xc3\xa9 \xe6\x97\xa5"), "caf\xc3\xa9 \xe6\x97\xa5");  // kept
   EXPECT_EQ(detail::printable("model/layers/0/mlp"), "model/layers/0/mlp");
 }
@@ -536,11 +538,10 @@ TEST(PlanTraining, AttentionSplitsOverMoreTensorRanksThanKvHeads) {
   o.optimizer = OptimizerKind::kSgd;
   const double t = 1024, d = 256, q = 32 * 64, kv = 8 * 64, f = 256, v = 256;
   const double per_token = 2 * (q * d + 2 * kv * d + d * q + 3 * d * f)  // projections
-                           + 2 * 2 * t * q                                // scores, probs @ v
-                           + 2 * d * v;                                   // the head
+                           + 2 * 2 * t * q                               // scores, probs @ v
+                           + 2 * d * v;                                  // the head
   const double step = 3 * t * per_token;  // forward, and backward twice that
-  const TrainPlan p8 =
-      plan_training(c, Mesh::parse("fsdp:1,tp:8", 8), preset("llama_fsdp_tp"), o);
+  const TrainPlan p8 = plan_training(c, Mesh::parse("fsdp:1,tp:8", 8), preset("llama_fsdp_tp"), o);
   const TrainPlan p16 =
       plan_training(c, Mesh::parse("fsdp:1,tp:16", 16), preset("llama_fsdp_tp"), o);
   EXPECT_GE(p8.flops, step / 8);
@@ -610,7 +611,8 @@ TEST(PlanTraining, LlamaBiasesArePlanned) {
   TrainPlanOptions o;
   o.batch = 4;
   o.seq = 8;
-  const TrainPlan with = plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp_tp"), o);
+  const TrainPlan with =
+      plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp_tp"), o);
   ModelConfig plain = c;
   plain.attention_bias = plain.output_bias = plain.mlp_bias = false;
   const TrainPlan without =

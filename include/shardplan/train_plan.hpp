@@ -58,8 +58,8 @@ struct ModelConfig {
   /// The heads' width: head_dim (LLaMA family, else hidden / heads), d_kv (T5), hidden / heads
   /// (GPT-2). It need not be hidden / heads (Mistral-NeMo: 128 with hidden 5120 and 32 heads).
   std::int64_t head_dim = 0;
-  std::int64_t decoder_layers = 0;     // T5: num_decoder_layers (= layers when absent)
-  std::int64_t relative_buckets = 0;   // T5: relative_attention_num_buckets
+  std::int64_t decoder_layers = 0;         // T5: num_decoder_layers (= layers when absent)
+  std::int64_t relative_buckets = 0;       // T5: relative_attention_num_buckets
   std::int64_t relative_max_distance = 0;  // T5: relative_attention_max_distance
   bool gated_mlp = false;  // T5 v1.1 / Flan-T5: wi_0, wi_1 (feed_forward_proj gated-*)
   /// Sliding-window attention (Mistral, Mixtral, Qwen2): a query attends to itself and the

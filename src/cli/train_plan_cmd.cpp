@@ -1,10 +1,9 @@
 #include "train_plan_cmd.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cmath>
-#include <fmt/ranges.h>
 #include <iostream>
 
 #include "shardplan/detail/printable.hpp"
@@ -111,10 +110,8 @@ DefaultRules default_rules(ModelFamily family, const std::string& family_name,
   }
   if (!missing.empty()) {
     d.file = without_axes(std::move(d.file), mesh);
-    d.note += fmt::format(
-        "; the mesh has no {} axis{}, so the preset's specs leave {} out (size 1)",
-        fmt::join(missing, ", "), missing.size() == 1 ? "" : "es",
-        missing.size() == 1 ? "it" : "them");
+    d.note += fmt::format("; the mesh has no {} axis{}: left out of the preset's specs, as size 1",
+                          fmt::join(missing, ", "), missing.size() == 1 ? "" : "es");
   }
   return d;
 }
@@ -127,9 +124,10 @@ std::vector<std::string> batch_axes_option(const std::string& text) {
     const std::size_t end = std::min(text.find(',', from), text.size());
     std::string axis = text.substr(from, end - from);
     if (axis.empty()) {
-      throw UsageError(fmt::format("--batch-axes '{}': an empty axis name (write names separated "
-                                   "by commas, e.g. --batch-axes dp,fsdp)",
-                                   detail::printable(text)));
+      throw UsageError(
+          fmt::format("--batch-axes '{}': an empty axis name (write names separated "
+                      "by commas, e.g. --batch-axes dp,fsdp)",
+                      detail::printable(text)));
     }
     if (has_axis(out, axis)) {
       throw UsageError(fmt::format("--batch-axes '{}': axis '{}' is named twice",
@@ -231,9 +229,14 @@ int run_train_plan(
   o.optimizer_dtype = dtype_option("--optimizer-dtype", c.optimizer_dtype);
   o.grad_accum = c.grad_accum;
   o.recompute = c.recompute;
-  if (!c.batch_axes.empty()) o.batch_axes = batch_axes_option(c.batch_axes);
-  // Given, even empty, it is parsed: "" is not a size.
-  if (!c.device_memory.empty() || (c.command != nullptr && c.command->count("--device-memory") > 0)) {
+  // An option given is parsed even when empty ("" is neither a size nor an axis).
+  const auto given = [&](const char* option) {
+    return c.command != nullptr && c.command->count(option) > 0;
+  };
+  if (!c.batch_axes.empty() || given("--batch-axes")) {
+    o.batch_axes = batch_axes_option(c.batch_axes);
+  }
+  if (!c.device_memory.empty() || given("--device-memory")) {
     try {
       o.device_memory = parse_bytes(c.device_memory);
     } catch (const Error& e) {
@@ -251,9 +254,13 @@ int run_train_plan(
 
   std::vector<TrainPlan> plans;
   // One configuration: a failure is the command's error, or with --compare a row saying why.
+  // `rules_for` gives the rules for the parsed mesh (their label until then: `rules_label`).
+  struct Rules {
+    RulePtr rule;
+    std::string label, note;
+  };
   const auto plan_one = [&](const std::string& mesh_text, const std::string& rules_label,
-                            const std::function<std::pair<RulePtr, std::string>(const Mesh&)>&
-                                rules_for) {
+                            const std::function<Rules(const Mesh&)>& rules_for) {
     TrainPlan p;
     p.mesh = mesh_text;
     p.rules = rules_label;
@@ -268,9 +275,10 @@ int run_train_plan(
       }();
       p.mesh = mesh.to_string();
       p.devices = mesh.size();
-      auto [rule, note] = rules_for(mesh);
-      p.rules_note = note;
-      TrainPlan planned = plan_training(config, mesh, rule, o);
+      const Rules r = rules_for(mesh);
+      p.rules = r.label;
+      p.rules_note = r.note;
+      TrainPlan planned = plan_training(config, mesh, r.rule, o);
       planned.rules = p.rules;
       planned.rules_note = p.rules_note;
       p = std::move(planned);
@@ -286,14 +294,12 @@ int run_train_plan(
   if (c.rules.empty() && !c.meshes.empty()) {
     // The family's rules chosen for each mesh's axes.
     for (const std::string& mesh_text : c.meshes) {
-      std::string label = "preset:" + std::string(default_preset(config.family));
-      plan_one(mesh_text, label, [&](const Mesh& mesh) {
-        DefaultRules d = default_rules(config.family, config.family_name(), mesh.axis_names(),
-                                       load_rules);
-        label = d.name;
-        return std::pair{d.file.make_rule(), d.note};
-      });
-      plans.back().rules = label;
+      plan_one(
+          mesh_text, "preset:" + std::string(default_preset(config.family)), [&](const Mesh& mesh) {
+            const DefaultRules d =
+                default_rules(config.family, config.family_name(), mesh.axis_names(), load_rules);
+            return Rules{d.file.make_rule(), d.name, d.note};
+          });
     }
   } else {
     const bool chosen = c.rules.empty();
@@ -315,7 +321,7 @@ int run_train_plan(
       const std::string note =
           chosen ? fmt::format("the default for {}, on its own mesh", config.family_name()) : "";
       for (const std::string& mesh_text : meshes) {
-        plan_one(mesh_text, label, [&](const Mesh&) { return std::pair{rule, note}; });
+        plan_one(mesh_text, label, [&](const Mesh&) { return Rules{rule, label, note}; });
       }
     }
   }

@@ -1,7 +1,6 @@
 // ModelConfig: the fields of a Hugging Face config.json a training step needs, and the
 // parameter tree of each family in the checkpoints' own naming.
 #include <fmt/format.h>
-
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -92,9 +91,9 @@ class Fields {
     }
     if (!v->is_uint() || v->as_uint() < static_cast<std::uint64_t>(min) ||
         v->as_uint() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      throw IoError(fmt::format(
-          "[config] {}: the field '{}' is {}, expected {} integer ({} to 2^63 - 1)", source_, key,
-          shown(*v), min == 1 ? "a positive" : "an", min));
+      throw IoError(
+          fmt::format("[config] {}: the field '{}' is {}, expected {} integer ({} to 2^63 - 1)",
+                      source_, key, shown(*v), min == 1 ? "a positive" : "an", min));
     }
     return static_cast<std::int64_t>(v->as_uint());
   }
@@ -132,10 +131,9 @@ class Fields {
     const auto v = get(key);
     if (!v) return 0;
     const json::Kind k = v->kind();
-    const double x =
-        k == json::Kind::kUint || k == json::Kind::kInt || k == json::Kind::kNumber
-            ? v->as_double()
-            : -1;
+    const double x = k == json::Kind::kUint || k == json::Kind::kInt || k == json::Kind::kNumber
+                         ? v->as_double()
+                         : -1;
     if (!std::isfinite(x) || x < 0) {
       throw IoError(fmt::format("[config] {}: the field '{}' is {}, expected a number >= 0",
                                 source_, key, shown(*v)));
@@ -185,27 +183,80 @@ void check_tensor_count(const ModelConfig& c, std::string_view source) {
 // numerical constants (epsilons, rotary bases and scaling, initialisation), inference and
 // generation settings, labels, bookkeeping. They are left unread without a word.
 constexpr std::string_view kNoEffect[] = {
-    "_name_or_path", "_attn_implementation", "architectures", "attn_implementation", "auto_map",
-    "bad_words_ids", "bos_token_id", "decoder_start_token_id", "diversity_penalty", "do_sample",
-    "dtype", "early_stopping", "eos_token_id", "finetuning_task", "forced_bos_token_id",
-    "forced_eos_token_id", "id2label", "initializer_factor", "initializer_range", "label2id",
-    "layer_norm_eps", "layer_norm_epsilon", "length_penalty", "max_length",
-    "max_position_embeddings", "min_length", "model_type", "no_repeat_ngram_size",
-    "num_beam_groups", "num_beams", "num_return_sequences", "output_attentions",
-    "output_hidden_states", "output_past", "output_scores", "pad_token_id", "prefix",
-    "pretraining_tp", "problem_type", "remove_invalid_values", "repetition_penalty",
-    "return_dict", "return_dict_in_generate", "rms_norm_eps", "rope_scaling", "rope_theta",
-    "sep_token_id", "task_specific_params", "temperature", "tokenizer_class", "top_k", "top_p",
-    "torch_dtype", "torchscript", "transformers_version", "typical_p", "use_cache",
-    "use_bfloat16", "is_encoder_decoder",
+    "_name_or_path",
+    "_attn_implementation",
+    "attn_implementation",
+    "auto_map",
+    "bad_words_ids",
+    "bos_token_id",
+    "decoder_start_token_id",
+    "diversity_penalty",
+    "do_sample",
+    "dtype",
+    "early_stopping",
+    "eos_token_id",
+    "finetuning_task",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "id2label",
+    "initializer_factor",
+    "initializer_range",
+    "label2id",
+    "layer_norm_eps",
+    "layer_norm_epsilon",
+    "length_penalty",
+    "max_length",
+    "max_position_embeddings",
+    "min_length",
+    "model_type",
+    "no_repeat_ngram_size",
+    "num_beam_groups",
+    "num_beams",
+    "num_return_sequences",
+    "output_attentions",
+    "output_hidden_states",
+    "output_past",
+    "output_scores",
+    "pad_token_id",
+    "prefix",
+    "pretraining_tp",
+    "problem_type",
+    "remove_invalid_values",
+    "repetition_penalty",
+    "return_dict",
+    "return_dict_in_generate",
+    "rms_norm_eps",
+    "rope_scaling",
+    "rope_theta",
+    "sep_token_id",
+    "task_specific_params",
+    "temperature",
+    "tokenizer_class",
+    "top_k",
+    "top_p",
+    "torch_dtype",
+    "torchscript",
+    "transformers_version",
+    "typical_p",
+    "use_cache",
+    "use_bfloat16",
+    "is_encoder_decoder",
     // GPT-2: the double-heads model's summary head; attention scaling choices; the old name of
     // n_positions.
-    "n_ctx", "scale_attn_by_inverse_layer_idx", "scale_attn_weights", "reorder_and_upcast_attn",
-    "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "summary_type",
+    "n_ctx",
+    "scale_attn_by_inverse_layer_idx",
+    "scale_attn_weights",
+    "reorder_and_upcast_attn",
+    "summary_activation",
+    "summary_first_dropout",
+    "summary_proj_to_labels",
+    "summary_type",
     "summary_use_proj",
     // T5: derived from feed_forward_proj by transformers; n_positions is unused (relative
     // positions).
-    "dense_act_fn", "is_gated_act", "n_positions",
+    "dense_act_fn",
+    "is_gated_act",
+    "n_positions",
     // Mixtral: the load-balancing loss's weight (the loss itself is output_router_logits).
     "router_aux_loss_coef",
 };
@@ -242,14 +293,19 @@ void name_the_rest(Fields& f, std::vector<std::string>& out) {
     // Known fields that do nothing at their default value (dropout 0, no biases, no
     // quantization): named only when set.
     static constexpr std::string_view kHarmlessAtDefault[] = {
-        "attention_dropout", "mlp_bias", "attention_bias", "add_cross_attention",
-        "quantization_config", "pruned_heads", "tie_encoder_decoder", "chunk_size_feed_forward",
-        "output_router_logits", "router_jitter_noise", "is_decoder", "use_sliding_window",
-        "sliding_window", "max_window_layers", "layer_types", "head_dim"};
+        "attention_dropout",    "mlp_bias",
+        "attention_bias",       "add_cross_attention",
+        "quantization_config",  "pruned_heads",
+        "tie_encoder_decoder",  "chunk_size_feed_forward",
+        "output_router_logits", "router_jitter_noise",
+        "is_decoder",           "use_sliding_window",
+        "sliding_window",       "max_window_layers",
+        "layer_types",          "head_dim"};
     const bool known = std::find(std::begin(kHarmlessAtDefault), std::end(kHarmlessAtDefault),
                                  m.key) != std::end(kHarmlessAtDefault);
     if (known && at_default(m.value)) continue;
-    out.push_back(fmt::format("{} {}{}", detail::printable(m.key), detail::printable(shown(m.value)),
+    out.push_back(fmt::format("{} {}{}", detail::printable(m.key),
+                              detail::printable(shown(m.value)),
                               known ? "" : " (a field this planner does not know)"));
   }
 }
@@ -260,24 +316,27 @@ void check_architectures(Fields& f, std::vector<std::string>& out) {
   const auto v = f.get("architectures");
   if (!v) return;
   if (!v->is_array()) {
-    throw IoError(fmt::format("[config] {}: the field 'architectures' is {}, expected a list of "
-                              "class names",
-                              f.source(), shown(*v)));
+    throw IoError(
+        fmt::format("[config] {}: the field 'architectures' is {}, expected a list of "
+                    "class names",
+                    f.source(), shown(*v)));
   }
   for (const json::Value a : *v) {
     if (!a.is_string()) {
-      throw IoError(fmt::format("[config] {}: the field 'architectures' holds {}, expected class "
-                                "names (strings)",
-                                f.source(), shown(a)));
+      throw IoError(
+          fmt::format("[config] {}: the field 'architectures' holds {}, expected class "
+                      "names (strings)",
+                      f.source(), shown(a)));
     }
     const std::string_view name = a.str();
     const auto ends = [&](std::string_view s) {
       return name.size() >= s.size() && name.substr(name.size() - s.size()) == s;
     };
     if (!ends("ForCausalLM") && !ends("LMHeadModel") && !ends("ForConditionalGeneration")) {
-      out.push_back(fmt::format("architectures '{}' (the step is the language model's: its "
-                                "head and loss)",
-                                detail::printable(name)));
+      out.push_back(
+          fmt::format("architectures '{}' (the step is the language model's: its "
+                      "head and loss)",
+                      detail::printable(name)));
     }
   }
 }
@@ -293,8 +352,8 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
   }
   const json::Value root = doc->root();
   if (!root.is_object()) {
-    throw IoError(fmt::format("[config] {}: expected a JSON object, got {}", source,
-                              root.type_name()));
+    throw IoError(
+        fmt::format("[config] {}: expected a JSON object, got {}", source, root.type_name()));
   }
   Fields f(root, source);
   const auto type = f.get("model_type");
@@ -359,16 +418,16 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
     const std::string act = dash == std::string::npos ? proj : proj.substr(dash + 1);
     if ((dash != std::string::npos && proj.substr(0, dash) != "gated") || act.empty() ||
         act.find('-') != std::string::npos) {
-      throw IoError(fmt::format(
-          "[config] {}: the field 'feed_forward_proj' is '{}', expected \"ACT\" or "
-          "\"gated-ACT\" (\"relu\", \"gated-gelu\")",
-          source, detail::printable(proj)));
+      throw IoError(
+          fmt::format("[config] {}: the field 'feed_forward_proj' is '{}', expected \"ACT\" or "
+                      "\"gated-ACT\" (\"relu\", \"gated-gelu\")",
+                      source, detail::printable(proj)));
     }
     c.gated_mlp = dash != std::string::npos;
     if (act != (c.gated_mlp ? "gelu" : "relu")) {
-      c.not_modelled.push_back(fmt::format(
-          "feed_forward_proj '{}' (shapes as given; the step's activation is {})",
-          detail::printable(proj), c.gated_mlp ? "gelu" : "relu"));
+      c.not_modelled.push_back(
+          fmt::format("feed_forward_proj '{}' (shapes as given; the step's activation is {})",
+                      detail::printable(proj), c.gated_mlp ? "gelu" : "relu"));
     }
     if (const double r = f.rate("dropout_rate"); r > 0) {
       c.not_modelled.push_back(fmt::format("dropout (dropout_rate {})", r));
@@ -392,8 +451,8 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
     // The heads' width: head_dim when given (Mistral-NeMo: 128 with hidden 5120 and 32 heads),
     // else hidden / heads, as transformers reads it.
     if (!f.has("head_dim") && c.hidden % c.heads != 0) {
-      throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads",
-                                source, c.hidden, c.heads));
+      throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads", source,
+                                c.hidden, c.heads));
     }
     c.head_dim = f.positive("head_dim", c.hidden / c.heads);
     if (c.model_type == "llama") {
@@ -406,8 +465,8 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
     }
     const std::string act = f.string("hidden_act").value_or("silu");
     if (act != "silu" && act != "swish") {
-      c.not_modelled.push_back(
-          fmt::format("hidden_act '{}' (the step's MLP is SwiGLU, with silu)", detail::printable(act)));
+      c.not_modelled.push_back(fmt::format("hidden_act '{}' (the step's MLP is SwiGLU, with silu)",
+                                           detail::printable(act)));
     }
     if (const double r = f.rate("attention_dropout"); r > 0) {
       c.not_modelled.push_back(fmt::format("dropout (attention_dropout {})", r));
@@ -436,12 +495,11 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
         }
         std::size_t l = 0;
         for (const json::Value t : *types) {
-          if (!t.is_string() ||
-              (t.str() != "full_attention" && t.str() != "sliding_attention")) {
-            throw IoError(fmt::format(
-                "[config] {}: layer_types[{}] is {}, expected \"full_attention\" or "
-                "\"sliding_attention\"",
-                source, l, shown(t)));
+          if (!t.is_string() || (t.str() != "full_attention" && t.str() != "sliding_attention")) {
+            throw IoError(
+                fmt::format("[config] {}: layer_types[{}] is {}, expected \"full_attention\" or "
+                            "\"sliding_attention\"",
+                            source, l, shown(t)));
           }
           sliding[l++] = t.str() == "sliding_attention";
         }
@@ -463,8 +521,8 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
   check_tensor_count(c, source);
   if (c.family == ModelFamily::kGpt2) {
     if (c.hidden % c.heads != 0) {
-      throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads",
-                                source, c.hidden, c.heads));
+      throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads", source,
+                                c.hidden, c.heads));
     }
     c.head_dim = c.hidden / c.heads;
   }
@@ -591,7 +649,8 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
     // q_proj [heads x head_dim, hidden], k/v_proj [kv_heads x head_dim, hidden], o_proj
     // [hidden, heads x head_dim]: with head_dim given, heads x head_dim need not be hidden.
     const std::int64_t q = mul(heads, head_dim, "query width num_attention_heads x head_dim");
-    const std::int64_t kv = mul(kv_heads, head_dim, "key/value width num_key_value_heads x head_dim");
+    const std::int64_t kv =
+        mul(kv_heads, head_dim, "key/value width num_key_value_heads x head_dim");
     add("model.embed_tokens.weight", {vocab, hidden});
     for (std::int64_t l = 0; l < layers; ++l) {
       const std::string p = fmt::format("model.layers.{}.", l);

@@ -143,9 +143,9 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
     const Array q =
         constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, heads, dh}), {0, 2, 1, 3})),
                   {{0, &L.batch}, {1, &L.model}}, L);
-    const Array k = constrain(
-        repeat(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}))),
-        {{0, &L.batch}, {1, &L.model}}, L);
+    const Array k =
+        constrain(repeat(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}))),
+                  {{0, &L.batch}, {1, &L.model}}, L);
     const Array v =
         constrain(repeat(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
                   {{0, &L.batch}, {1, &L.model}}, L);
@@ -163,8 +163,9 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
     const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
                               {{0, &L.batch}, {1, &L.model}}, L);
     const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {4}, {3}}) * scale;
-    const Array probs = softmax(attention_mask(scores, window), -1);             // [b, kv, g, t, t]
-    const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
+    const Array probs = softmax(attention_mask(scores, window), -1);  // [b, kv, g, t, t]
+    const Array out =
+        dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
     merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, heads * dh});
   }
   Array attended = linear(merged, at(p, "self_attn/o_proj/weight"));
@@ -444,8 +445,9 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   for (std::size_t i = layers.size(); i-- > 0;) {
     const Array cotangent = g;
     auto [unused, grads] = value_and_grad([&](const Tree<Array>& t) {
-      return sum(astype(model.layer(t.at("p"), t.at("x").leaf(), model.config.window(i)) * cotangent,
-                        DType::kF32));
+      return sum(
+          astype(model.layer(t.at("p"), t.at("x").leaf(), model.config.window(i)) * cotangent,
+                 DType::kF32));
     })(Tree<Array>::dict({{"p", fresh(layers[i])}, {"x", Tree<Array>(inputs[i])}}));
     layer_grads[i] = grads.at("p");
     g = grads.at("x").leaf();

@@ -346,8 +346,8 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
 
 std::string TrainPlan::table() const {
   std::string out;
-  out += fmt::format("{} on {} ({} devices), rules {}{}\n", model, detail::printable(mesh),
-                     devices, detail::printable(rules),
+  out += fmt::format("{} on {} ({} devices), rules {}{}\n", model, detail::printable(mesh), devices,
+                     detail::printable(rules),
                      rules_note.empty() ? "" : fmt::format(" ({})", rules_note));
   if (!not_modelled.empty()) {
     out += fmt::format("not modelled: {}\n", fmt::join(not_modelled, "; "));
@@ -483,9 +483,9 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const TrainPlan& p = plans[i];
     if (!p.error.empty()) {
-      out += fmt::format("{:<3} {:<34} {:<26} cannot be planned: {}\n", i,
-                         detail::printable(p.mesh), detail::printable(p.rules),
-                         detail::printable(p.error));
+      out +=
+          fmt::format("{:<3} {:<34} {:<26} cannot be planned: {}\n", i, detail::printable(p.mesh),
+                      detail::printable(p.rules), detail::printable(p.error));
       continue;
     }
     const auto f = p.fits();
@@ -504,7 +504,8 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
     const TrainPlan& p = plans[*best];
     out += fmt::format(
         "cheapest that fits: #{} {} with rules {} ({} moved per device per step, peak {})\n", *best,
-        detail::printable(p.mesh), detail::printable(p.rules), format_bytes(p.bytes_moved()), format_bytes(p.peak_bytes));
+        detail::printable(p.mesh), detail::printable(p.rules), format_bytes(p.bytes_moved()),
+        format_bytes(p.peak_bytes));
   } else {
     out +=
         "none of these fits: try more devices, --recompute, gradient accumulation or a "
