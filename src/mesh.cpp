@@ -103,6 +103,11 @@ void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int
           axes[static_cast<std::size_t>(infer)].first, describe(), device_count, known));
     }
     axes[static_cast<std::size_t>(infer)].second = device_count / known;
+  } else if (known > kMaxDevices) {
+    throw SpecError(fmt::format(
+        "[mesh] axis sizes of mesh {} multiply to {} devices, more than the limit of {} (and not "
+        "the device count {})",
+        describe(), known, kMaxDevices, device_count));
   } else if (known != device_count) {
     throw SpecError(
         fmt::format("[mesh] axis sizes of mesh {} multiply to {}, not the device count {}",

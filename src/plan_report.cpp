@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "json_impl.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/detail/utf8.hpp"
 
 namespace shardplan {
@@ -410,9 +411,12 @@ std::string PlanReport::table(std::size_t largest_n) const {
   std::vector<std::array<std::string, 7>> rows;
   rows.push_back({"path", "shape", "dtype", "spec", "shard", "bytes/device", "rule"});
   for (const auto& l : leaves) {
-    rows.push_back({l.path, l.tensor.shape.to_string(), std::string(name(l.tensor.dtype)),
-                    l.spec ? l.spec->to_spec_string() : "unspecified", l.shard_shape.to_string(),
-                    format_bytes(l.bytes_per_device), rule_column(*this, l)});
+    // Names come from files: control characters are escaped before they reach a terminal.
+    rows.push_back({detail::printable(l.path), l.tensor.shape.to_string(),
+                    std::string(name(l.tensor.dtype)),
+                    detail::printable(l.spec ? l.spec->to_spec_string() : "unspecified"),
+                    l.shard_shape.to_string(), format_bytes(l.bytes_per_device),
+                    detail::printable(rule_column(*this, l))});
   }
   std::array<std::size_t, 7> w{};
   for (const auto& r : rows) {
@@ -447,10 +451,12 @@ std::string PlanReport::table(std::size_t largest_n) const {
 std::string PlanReport::summary(std::size_t largest_n) const {
   std::string out = "rules:\n";
   for (const RuleInfo& r : rules) {
-    out += fmt::format("  #{} at '{}': {}\n", r.rule_index, r.rule_path, r.rule);
+    out += fmt::format("  #{} at '{}': {}\n", r.rule_index, detail::printable(r.rule_path),
+                       detail::printable(r.rule));
   }
-  out += fmt::format("mesh {} ({} devices), {} tensors, {} in total\n", mesh.to_spec_string(),
-                     mesh.size(), leaves.size(), format_bytes(total_bytes));
+  out += fmt::format("mesh {} ({} devices), {} tensors, {} in total\n",
+                     detail::printable(mesh.to_spec_string()), mesh.size(), leaves.size(),
+                     format_bytes(total_bytes));
   out += fmt::format("bytes per device: min {}, max {} ({:.2f}% of the total)\n",
                      format_bytes(min_device_bytes()), format_bytes(max_device_bytes()),
                      total_bytes ? 100.0 * static_cast<double>(max_device_bytes()) /
@@ -461,8 +467,9 @@ std::string PlanReport::summary(std::size_t largest_n) const {
     out += "largest tensors:\n";
     for (auto i : big) {
       const auto& l = leaves[i];
-      out += fmt::format("  {}  {}  {} -> {} per device\n", l.path, l.tensor.shape.to_string(),
-                         format_bytes(l.tensor.bytes()), format_bytes(l.bytes_per_device));
+      out += fmt::format("  {}  {}  {} -> {} per device\n", detail::printable(l.path),
+                         l.tensor.shape.to_string(), format_bytes(l.tensor.bytes()),
+                         format_bytes(l.bytes_per_device));
     }
   }
   if (unmatched_rules.empty()) {
@@ -470,14 +477,16 @@ std::string PlanReport::summary(std::size_t largest_n) const {
   } else {
     out += "unmatched rules:\n";
     for (const auto& u : unmatched_rules) {
-      out += fmt::format("  #{} {}{}: {}\n", u.rule_index, u.rule,
-                         u.entry >= 0 ? fmt::format(" [{}]", u.entry) : "", u.label);
+      out += fmt::format("  #{} {}{}: {}\n", u.rule_index, detail::printable(u.rule),
+                         u.entry >= 0 ? fmt::format(" [{}]", u.entry) : "",
+                         detail::printable(u.label));
     }
   }
   auto fell = fell_through();
   out += fmt::format("fell through to a default or catch-all: {}\n", fell.size());
   for (std::size_t k = 0; k < std::min<std::size_t>(fell.size(), 10); ++k) {
-    out += fmt::format("  {} ({})\n", leaves[fell[k]].path, reason_of(leaves[fell[k]]));
+    out += fmt::format("  {} ({})\n", detail::printable(leaves[fell[k]].path),
+                       reason_of(leaves[fell[k]]));
   }
   if (fell.size() > 10) out += fmt::format("  ... and {} more\n", fell.size() - 10);
   return out;
@@ -699,9 +708,9 @@ std::ostream& operator<<(std::ostream& os, const PlanReport& report) {
 }
 
 std::ostream& operator<<(std::ostream& os, const LeafPlan& l) {
-  os << l.path << " " << l.tensor << " " << (l.spec ? l.spec->to_spec_string() : "unspecified")
-     << " -> " << l.shard_shape << ", " << l.bytes_per_device << " bytes/device, rule #"
-     << l.rule_index;
+  os << detail::printable(l.path) << " " << l.tensor << " "
+     << (l.spec ? l.spec->to_spec_string() : "unspecified") << " -> " << l.shard_shape << ", "
+     << l.bytes_per_device << " bytes/device, rule #" << l.rule_index;
   if (l.entry >= 0) os << " [" << l.entry << "]";
   if (l.fell_through) os << " (fell through)";
   return os;

@@ -13,6 +13,7 @@
 
 #include "checkpoint_fixtures.hpp"
 #include "shardplan/checkpoint.hpp"
+#include "shardplan/rule_file.hpp"
 #include "shardplan/safetensors.hpp"
 #include "test_util.hpp"
 
@@ -908,6 +909,157 @@ TEST_F(TrainPlanCli, BadInputIsAClearError) {
   std::ofstream(no_mesh) << "strict: false\nrules:\n  - {match: \"norm\", spec: []}\n";
   check(fmt::format("--config '{}' --rules '{}'", cfg, no_mesh.string()), 2,
         {"no_mesh.yaml", "names no mesh", "--mesh"});
+}
+
+// A newcomer's first run: a LLaMA config on an FSDP-only mesh, no --rules. The family's
+// FSDP x TP preset names a tp axis the mesh lacks; its FSDP-only preset is chosen, and said.
+TEST_F(TrainPlanCli, TheDefaultRulesFitTheMesh) {
+  const Result r =
+      run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128", llama().string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr(
+                         "rules preset:llama_fsdp (the default for llama on a mesh without tp)"));
+  const Result j = run(
+      fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128 --json", llama().string()));
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto plan = nlohmann::json::parse(j.out);
+  EXPECT_EQ(plan["rules"], "preset:llama_fsdp");
+  EXPECT_EQ(plan["rules_note"], "the default for llama on a mesh without tp");
+  // With tp, the FSDP x TP preset as before.
+  const Result tp = run(
+      fmt::format("train-plan -c '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128", llama().string()));
+  ASSERT_EQ(tp.code, 0) << tp.err;
+  EXPECT_THAT(tp.out, ::testing::HasSubstr("rules preset:llama_fsdp_tp (the default for llama)"));
+  // A family with one preset: the axes the mesh lacks are left out of its specs, and said.
+  const fs::path gpt2 = config(R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768,
+    "n_layer": 2, "n_head": 12, "n_positions": 1024})",
+                               "gpt2.json");
+  const Result g =
+      run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64", gpt2.string()));
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_THAT(g.out,
+              ::testing::HasSubstr("rules preset:gpt2 (the default for gpt2; the mesh has "
+                                   "no tp axis: left out of the preset's specs, as size 1)"));
+}
+
+// Only regular files are read, and their content is checked field by field.
+TEST_F(TrainPlanCli, ConfigFilesAreReadSafely) {
+  const auto check = [&](const std::string& path, std::vector<std::string> parts) {
+    const Result r = run(fmt::format("train-plan --config '{}' --mesh fsdp:8", path));
+    EXPECT_EQ(r.code, 1) << path << "\n" << r.err;
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << path;
+    for (const std::string& p : parts) EXPECT_THAT(r.err, ::testing::HasSubstr(p)) << path;
+  };
+  ASSERT_EQ(::mkfifo((dir_ / "pipe.json").c_str(), 0600), 0);
+  check((dir_ / "pipe.json").string(), {"pipe.json", "FIFO"});
+  fs::create_directories(dir_ / "ckpt");
+  ASSERT_EQ(::mkfifo((dir_ / "ckpt" / "config.json").c_str(), 0600), 0);
+  check((dir_ / "ckpt").string(), {"config.json", "FIFO"});
+  check("/dev/zero", {"/dev/zero", "character device"});
+  fs::create_directories(dir_ / "odd" / "config.json");
+  check((dir_ / "odd").string(), {"config.json", "a directory"});
+  const std::string head = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": )";
+  check(config(head + std::string(100'000, '[') + std::string(100'000, ']') + "}", "deep.json")
+            .string(),
+        {"deep.json", "nesting deeper than 256"});
+  check(config(head + "1e400}", "huge.json").string(), {"huge.json", "'vocab_size' is 1e400"});
+  check(config(head + R"(8, "vocab_size": 16})", "dup.json").string(),
+        {"dup.json", "'vocab_size' appears twice"});
+}
+
+TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
+  const std::string cfg = llama().string();
+  const auto check = [&](const std::string& args, std::vector<std::string> parts) {
+    const Result r = run(fmt::format("train-plan --config '{}' {}", cfg, args));
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
+    for (const std::string& p : parts) EXPECT_THAT(r.err, ::testing::HasSubstr(p)) << args;
+  };
+  check("--mesh fsdp:8 --headroom nan", {"--headroom nan"});
+  check("--mesh fsdp:8 --headroom inf", {"--headroom"});
+  check("--mesh fsdp:8 --device-memory " + std::string(400, '9'),
+        {"--device-memory", "out of range"});
+  check("--mesh fsdp:8 --device-memory ''", {"--device-memory", "not a size"});
+  for (const char* option : {"--param-dtype", "--grad-dtype", "--optimizer-dtype"}) {
+    check(fmt::format("--mesh fsdp:8 {} f16", option), {option, "f16", "bf16, f32 or f64"});
+  }
+  check("--mesh fsdp:8 --batch-axes ,", {"--batch-axes", "empty axis name"});
+  check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "empty axis name"});
+  check("--mesh fsdp:8 --batch-axes fsdp,fsdp", {"--batch-axes", "'fsdp' is named twice"});
+  check("--mesh fsdp:1048576,tp:2", {"2097152 devices", "limit of 1048576"});
+  check("--mesh fsdp:1048576,tp:2 --devices 8",
+        {"--mesh", "multiply to 2097152 devices", "limit of 1048576"});
+  // The help offers only the dtypes a step can be planned in.
+  const Result help = run("train-plan --help");
+  EXPECT_THAT(help.out, ::testing::Not(::testing::ContainsRegex("[^b]f16")));
+  EXPECT_THAT(help.out, ::testing::HasSubstr("bf16, f32 or f64"));
+}
+
+// With --compare, a configuration that cannot be planned (a mesh that does not fit --devices)
+// is a row saying why; mesh axes and rule file names that are not UTF-8 still make JSON.
+TEST_F(TrainPlanCli, CompareKeepsGoingAndWritesJsonForAnyName) {
+  const std::string cfg = llama().string();
+  const Result r =
+      run(fmt::format("train-plan -c '{}' --compare --devices 8 --mesh fsdp:4,tp:2 --mesh fsdp:16 "
+                      "--batch 8 --seq 128",
+                      cfg));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("cannot be planned"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("multiply to 16, not the device count 8"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("cheapest that fits: #0"));
+  const Result j = run(fmt::format(
+      "train-plan -c '{}' --compare --json --mesh 'f\xffsdp:8' --mesh fsdp:8 --batch 8 --seq 128",
+      cfg));
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto plans = nlohmann::json::parse(j.out);
+  ASSERT_EQ(plans["plans"].size(), 2u);
+  EXPECT_EQ(plans["cheapest_fitting"], 1);
+  // A rule file whose name is not UTF-8.
+  const fs::path rules = dir_ / "r\xff.yaml";
+  std::ofstream(rules) << preset_text("llama_fsdp");
+  const Result f = run(fmt::format(
+      "train-plan -c '{}' --compare --json --rules '{}' --mesh fsdp:8 --batch 8 --seq 128", cfg,
+      rules.string()));
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(nlohmann::json::parse(f.out)["plans"][0]["rules"],
+            (dir_ / "r\xef\xbf\xbd.yaml").string());
+}
+
+// What the config says that the step does not model is reported.
+TEST_F(TrainPlanCli, FieldsNotModelledAreReported) {
+  const fs::path c = config(R"({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+      "intermediate_size": 11008, "num_hidden_layers": 2, "num_attention_heads": 32,
+      "hidden_act": "gelu", "some_new_width": 64})");
+  const Result r = run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --seq 64", c.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("not modelled: hidden_act 'gelu' (the step's MLP is "
+                                          "SwiGLU, with silu); some_new_width 64 (a field this "
+                                          "planner does not know)"));
+  const Result j = run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --seq 64 --json", c.string()));
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_EQ(nlohmann::json::parse(j.out)["not_modelled"].size(), 2u);
+}
+
+// A tensor name with an escape sequence is printed escaped, not sent to the terminal.
+TEST_F(CliTest, TensorNamesAreEscapedInTextOutput) {
+  fs::create_directories(dir_ / "esc");
+  const fs::path file = dir_ / "esc" / "model.safetensors";
+  write_safetensors_skeleton(file, {{"a\x1b[2Jb", {Shape{4, 4}, DType::kF32}},
+                                    {"c\xc2\x9b"
+                                     "d",
+                                     {Shape{4}, DType::kF32}}});
+  std::ofstream(dir_ / "all.yaml") << "strict: false\nrules:\n  - {match: \".\", spec: []}\n";
+  const Result plan = run(fmt::format("plan --model '{}' --rules '{}' --mesh fsdp:2 --devices 2",
+                                      file.string(), (dir_ / "all.yaml").string()));
+  const Result inspect = run(fmt::format("checkpoint inspect '{}'", (dir_ / "esc").string()));
+  for (const Result* r : {&plan, &inspect}) {
+    ASSERT_EQ(r->code, 0) << r->err;
+    EXPECT_EQ(r->out.find('\x1b'), std::string::npos) << r->out;
+    EXPECT_EQ(r->out.find("\xc2\x9b"), std::string::npos) << r->out;
+    EXPECT_THAT(r->out, ::testing::HasSubstr("a\\x1b[2Jb"));
+    EXPECT_THAT(r->out, ::testing::HasSubstr("c\\u009bd"));
+  }
 }
 
 }  // namespace

@@ -2,14 +2,18 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <tuple>
 
 #include "model_step.hpp"
 #include "nlohmann/json.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/executor.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -154,6 +158,282 @@ TEST(ModelConfig, BadConfigsNameTheFileAndTheField) {
                Error);
 }
 
+// The published configs, every field as the Hub has them.
+constexpr const char* kMistralNemo12b = R"({"architectures": ["MistralForCausalLM"],
+  "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 1024000, "model_type": "mistral",
+  "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0",
+  "use_cache": true, "vocab_size": 131072})";
+constexpr const char* kLlama31_8b = R"({"architectures": ["LlamaForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+constexpr const char* kMistral7b01 = R"({"architectures": ["MistralForCausalLM"],
+  "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+  "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+  "sliding_window": 4096, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000})";
+constexpr const char* kQwen2_7b = R"({"architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+  "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
+  "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2",
+  "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.37.2",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 152064})";
+constexpr const char* kMixtral8x7bHub = R"({"architectures": ["MixtralForCausalLM"],
+  "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+  "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+  "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "num_local_experts": 8, "output_router_logits": false, "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0",
+  "use_cache": true, "vocab_size": 32000})";
+constexpr const char* kGpt2Hub = R"({"activation_function": "gelu_new",
+  "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1, "bos_token_id": 50256,
+  "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+  "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+  "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": null,
+  "summary_first_dropout": 0.1, "summary_proj_to_labels": true, "summary_type": "cls_index",
+  "summary_use_proj": true, "task_specific_params": {"text-generation": {"do_sample": true,
+  "max_length": 50}}, "vocab_size": 50257})";
+
+TEST(ModelConfig, HeadDimIsRead) {
+  const ModelConfig c = ModelConfig::parse(kMistralNemo12b);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.parameter_count(), 12247782400);  // the published size
+  const Tree<TensorSpec> p = c.parameters(DType::kBF16);
+  EXPECT_EQ(p.at_path("model/layers/0/self_attn/q_proj/weight").leaf().shape, (Shape{4096, 5120}));
+  EXPECT_EQ(p.at_path("model/layers/0/self_attn/k_proj/weight").leaf().shape, (Shape{1024, 5120}));
+  EXPECT_EQ(p.at_path("model/layers/0/self_attn/o_proj/weight").leaf().shape, (Shape{5120, 4096}));
+  // Without head_dim, hidden / heads as before; an odd head_dim is refused (rotary pairs).
+  EXPECT_EQ(ModelConfig::parse(kLlama31_8b).head_dim, 128);
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "mistral", "vocab_size": 8,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "head_dim": 5})",
+                                       "m.json"),
+                    IoError, "m.json", "head size 5 is odd");
+}
+
+// The Hub's own config.json files: every field is read or known to change nothing.
+TEST(ModelConfig, PublishedConfigsLeaveNothingOut) {
+  for (const char* text :
+       {kMistralNemo12b, kLlama31_8b, kMistral7b01, kQwen2_7b, kMixtral8x7bHub}) {
+    const ModelConfig c = ModelConfig::parse(text);
+    EXPECT_TRUE(c.not_modelled.empty()) << c.model_type << ": " << c.not_modelled.front();
+  }
+  // Mixtral-8x7B's published size from its full config.
+  EXPECT_EQ(ModelConfig::parse(kMixtral8x7bHub).parameter_count(), 46702792704);
+  EXPECT_EQ(ModelConfig::parse(kGpt2Hub).parameter_count(), 124439808);
+  // T5's published configs: dropout is named, the rest read or known to change nothing.
+  for (const char* text : {R"({"architectures": ["T5ForConditionalGeneration"], "d_ff": 2048,
+      "d_kv": 64, "d_model": 512, "decoder_start_token_id": 0, "dropout_rate": 0.1,
+      "eos_token_id": 1, "initializer_factor": 1.0, "is_encoder_decoder": true,
+      "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512, "num_heads": 8,
+      "num_layers": 6, "output_past": true, "pad_token_id": 0,
+      "relative_attention_num_buckets": 32, "task_specific_params": {"summarization": {
+      "early_stopping": true, "prefix": "summarize: "}}, "vocab_size": 32128})",
+                           R"({"architectures": ["T5ForConditionalGeneration"], "d_ff": 2048,
+      "d_kv": 64, "d_model": 768, "decoder_start_token_id": 0, "dense_act_fn": "gelu_new",
+      "dropout_rate": 0.1, "eos_token_id": 1, "feed_forward_proj": "gated-gelu",
+      "initializer_factor": 1.0, "is_encoder_decoder": true, "is_gated_act": true,
+      "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512,
+      "num_decoder_layers": 12, "num_heads": 12, "num_layers": 12, "output_past": true,
+      "pad_token_id": 0, "relative_attention_max_distance": 128,
+      "relative_attention_num_buckets": 32, "tie_word_embeddings": false, "torch_dtype": "float32",
+      "transformers_version": "4.23.1", "use_cache": true, "vocab_size": 32128})"}) {
+    EXPECT_EQ(ModelConfig::parse(text).not_modelled,
+              (std::vector<std::string>{"dropout (dropout_rate 0.1)"}));
+  }
+  // GPT-2 trains with dropout, which the step does not model: said.
+  const ModelConfig g = ModelConfig::parse(kGpt2Hub);
+  ASSERT_EQ(g.not_modelled.size(), 1u);
+  EXPECT_EQ(g.not_modelled[0], "dropout (attn_pdrop 0.1, embd_pdrop 0.1, resid_pdrop 0.1)");
+}
+
+TEST(ModelConfig, FieldsNotModelledAreNamed) {
+  const std::string base = R"("model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4)";
+  const auto parse = [&](const std::string& more) {
+    return ModelConfig::parse("{" + base + ", " + more + "}", "c.json");
+  };
+  const auto has = [](const ModelConfig& c, const std::string& part) {
+    for (const std::string& s : c.not_modelled) {
+      if (s.find(part) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has(parse(R"("hidden_act": "gelu")"), "hidden_act 'gelu'"));
+  EXPECT_TRUE(has(parse(R"("attention_dropout": 0.1)"), "attention_dropout 0.1"));
+  EXPECT_TRUE(has(parse(R"("some_new_width": 128)"),
+                  "some_new_width 128 (a field this planner does not know)"));
+  EXPECT_TRUE(has(parse(R"("quantization_config": {"bits": 4})"), "quantization_config"));
+  EXPECT_TRUE(has(parse(R"("architectures": ["LlamaForSequenceClassification"])"),
+                  "LlamaForSequenceClassification"));
+  EXPECT_TRUE(parse(R"("attention_dropout": 0.0, "mlp_bias": false)").not_modelled.empty());
+  // A field of another family is named: Mistral's attention has no biases whatever it says.
+  EXPECT_TRUE(has(ModelConfig::parse(R"({"model_type": "mistral", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "attention_bias": true})"),
+                  "attention_bias true"));
+  // LLaMA's attention_bias puts biases on q, k, v and o; mlp_bias on the MLP.
+  const Tree<TensorSpec> p =
+      parse(R"("attention_bias": true, "mlp_bias": true)").parameters(DType::kF32);
+  EXPECT_EQ(p.at_path("model/layers/1/self_attn/o_proj/bias").leaf().shape, (Shape{32}));
+  EXPECT_EQ(p.at_path("model/layers/1/self_attn/q_proj/bias").leaf().shape, (Shape{32}));
+  EXPECT_EQ(p.at_path("model/layers/1/mlp/gate_proj/bias").leaf().shape, (Shape{48}));
+  EXPECT_EQ(p.at_path("model/layers/1/mlp/down_proj/bias").leaf().shape, (Shape{32}));
+  // Qwen2's q/k/v biases but no o bias.
+  const ModelConfig q = ModelConfig::parse(R"({"model_type": "qwen2", "vocab_size": 10,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})");
+  EXPECT_EQ(
+      q.parameters(DType::kF32).at_path("model/layers/0/self_attn").find("o_proj")->find("bias"),
+      nullptr);
+  // T5: the activation of feed_forward_proj beyond relu / gated-gelu is named; nonsense refused.
+  const std::string t5 = R"("model_type": "t5", "vocab_size": 8, "d_model": 8, "d_kv": 4,
+    "d_ff": 8, "num_layers": 1, "num_heads": 2)";
+  EXPECT_TRUE(
+      has(ModelConfig::parse("{" + t5 + R"(, "feed_forward_proj": "gated-silu"})"), "gated-silu"));
+  EXPECT_THROW_WITH(
+      ModelConfig::parse("{" + t5 + R"(, "feed_forward_proj": "fast-gelu"})", "t.json"), IoError,
+      "t.json", "'feed_forward_proj' is 'fast-gelu'");
+}
+
+TEST(ModelConfig, SlidingWindowsAreRead) {
+  const ModelConfig m = ModelConfig::parse(kMistral7b01);
+  EXPECT_EQ(m.sliding_window, 4096);
+  EXPECT_EQ(m.window(0), 4096);
+  EXPECT_EQ(m.window(31), 4096);
+  EXPECT_EQ(ModelConfig::parse(kMistralNemo12b).window(0), 0);  // null: full attention
+  EXPECT_EQ(ModelConfig::parse(kQwen2_7b).window(27), 0);       // use_sliding_window false
+  const std::string qwen = R"("model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+    "intermediate_size": 8, "num_hidden_layers": 4, "num_attention_heads": 2,
+    "use_sliding_window": true, "sliding_window": 16)";
+  const ModelConfig q = ModelConfig::parse("{" + qwen + R"(, "max_window_layers": 2})");
+  EXPECT_EQ(q.window(0), 0);
+  EXPECT_EQ(q.window(1), 0);
+  EXPECT_EQ(q.window(2), 16);
+  EXPECT_EQ(q.window(3), 16);
+  const ModelConfig t = ModelConfig::parse("{" + qwen + R"(, "layer_types": ["sliding_attention",
+    "full_attention", "sliding_attention", "full_attention"]})");
+  EXPECT_EQ(t.window(0), 16);
+  EXPECT_EQ(t.window(1), 0);
+  EXPECT_EQ(t.window(2), 16);
+  EXPECT_THROW_WITH(
+      ModelConfig::parse("{" + qwen + R"(, "layer_types": ["sliding_attention"]})", "q.json"),
+      IoError, "q.json", "'layer_types'", "4 entries");
+  EXPECT_THROW_WITH(
+      ModelConfig::parse(R"({"model_type": "mistral", "vocab_size": 8, "hidden_size": 8,
+    "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "sliding_window": -3})",
+                         "m.json"),
+      IoError, "m.json", "'sliding_window' is -3");
+}
+
+// The mask on scores of ones, against the rule written out here: query i sees key j when
+// i - window < j <= i.
+TEST(AttentionMask, SlidingWindowIsABandedCausalMask) {
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  const Executor exec(1);
+  const int t = 7;
+  const Array ones = device_put(Tensor::from(Shape{1, t, t}, std::vector<float>(t * t, 1.0f)),
+                                NamedSharding(mesh, PartitionSpec()), exec);
+  for (const int window : {0, 1, 3, 7, 9}) {
+    const std::vector<double> got =
+        sjit(mesh, [&](const Array& s) { return train::attention_mask(s, window); })(ones)
+            .to_host()
+            .to_doubles();
+    for (int i = 0; i < t; ++i) {
+      for (int j = 0; j < t; ++j) {
+        const bool seen = j <= i && (window == 0 || i - j < window);
+        EXPECT_EQ(got[static_cast<std::size_t>(i * t + j)], seen ? 1.0 : double{-1e30f})
+            << "window " << window << " query " << i << " key " << j;
+      }
+    }
+  }
+}
+
+TEST(ModelConfig, EveryBadValueNamesTheFileAndTheField) {
+  const std::string head = R"({"model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": )";
+  for (const std::string bad : {"1e400", "8.5", "true", "\"8\"", "[8]", "-1", "0",
+                                "18446744073709551615", "9223372036854775808"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW_WITH(ModelConfig::parse(head + bad + "}", "v.json"), IoError,
+                      std::string("v.json"), "'vocab_size' is " + bad,
+                      std::string("positive integer"));
+  }
+  // Nested 100,000 levels deep: the reader's depth limit, not a stack overflow.
+  const std::string deep = head + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  EXPECT_THROW_WITH(ModelConfig::parse(deep, "deep.json"), IoError, "deep.json", "not JSON");
+  // A long value is shown cut short.
+  std::string list = "[";
+  for (int i = 0; i < 10000; ++i) list += "1,";
+  list += "1]";
+  try {
+    ModelConfig::parse(head + list + "}", "v.json");
+    ADD_FAILURE() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
+  }
+  EXPECT_THROW_WITH(ModelConfig::parse(head + R"(8, "vocab_size": 16})", "dup.json"), IoError,
+                    "dup.json", "'vocab_size' appears twice");
+  EXPECT_THROW_WITH(ModelConfig::parse("{\"model_type\": \"ll\xff\"}", "u.json"), IoError, "u.json",
+                    "not JSON");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 8,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "tie_word_embeddings": "no"})",
+                                       "b.json"),
+                    IoError, "b.json", "'tie_word_embeddings' is \"no\"", "true or false");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "gpt2", "vocab_size": 8, "n_embd": 8,
+    "n_layer": 1, "n_head": 2, "n_positions": 8, "resid_pdrop": -0.5})",
+                                       "g.json"),
+                    IoError, "g.json", "'resid_pdrop' is -0.5");
+}
+
+// Only regular files are read: a FIFO (given, or as config.json in a directory) and a device are
+// errors at once, not a hang or an endless read; a config.json that is a directory is named.
+TEST(ModelConfig, LoadReadsRegularFilesOnly) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   fmt::format("shardplan_train_plan_test_files_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "fifo_ckpt");
+  ASSERT_EQ(::mkfifo((dir / "pipe.json").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((dir / "fifo_ckpt" / "config.json").c_str(), 0600), 0);
+  EXPECT_THROW_WITH(ModelConfig::load(dir / "pipe.json"), IoError, "pipe.json", "FIFO");
+  EXPECT_THROW_WITH(ModelConfig::load(dir / "fifo_ckpt"), IoError, "config.json", "FIFO");
+  EXPECT_THROW_WITH(ModelConfig::load("/dev/zero"), IoError, "/dev/zero", "character device");
+  std::filesystem::create_directories(dir / "odd" / "config.json");
+  EXPECT_THROW_WITH(ModelConfig::load(dir / "odd"), IoError, "config.json", "a directory");
+  std::ofstream(dir / "ok.json") << kTinyLlama;
+  EXPECT_EQ(ModelConfig::load(dir / "ok.json").hidden, 32);
+  std::filesystem::remove_all(dir);
+}
+
+// Text for a terminal: controls and bytes outside UTF-8 escaped, other text kept.
+TEST(Printable, EscapesControlsAndInvalidBytes) {
+  EXPECT_EQ(detail::printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+  EXPECT_EQ(detail::printable(std::string("n\0l\n\t\x7f", 6)), "n\\x00l\\x0a\\x09\\x7f");
+  EXPECT_EQ(detail::printable("c\xc2\x9b"
+                              "d"),
+            "c\\u009bd");                                    // C1 CSI
+  EXPECT_EQ(detail::printable("x\xff\xc3"), "x\\xff\\xc3");  // invalid, cut short
+  EXPECT_EQ(detail::printable("caf\xc3\xa9 \xe6\x97\xa5"), "caf\xc3\xa9 \xe6\x97\xa5");  // kept
+  EXPECT_EQ(detail::printable("model/layers/0/mlp"), "model/layers/0/mlp");
+}
+
 TEST(ParseBytes, ReadsBinaryAndDecimalUnits) {
   EXPECT_EQ(parse_bytes("80GiB"), 80LL << 30);
   EXPECT_EQ(parse_bytes("80 GB"), 80000000000LL);
@@ -166,6 +446,9 @@ TEST(ParseBytes, ReadsBinaryAndDecimalUnits) {
   EXPECT_THROW_WITH(parse_bytes("9999999999TiB"), SpecError, "out of range");
   EXPECT_THROW_WITH(parse_bytes("1.2.3"), SpecError, "not a size");
   EXPECT_THROW_WITH(parse_bytes(".GB"), SpecError, "not a size");
+  // Too many digits for a double: out of range, not a std exception.
+  EXPECT_THROW_WITH(parse_bytes(std::string(400, '9')), SpecError, "out of range");
+  EXPECT_THROW_WITH(parse_bytes(std::string(400, '9') + "GiB"), SpecError, "out of range");
   EXPECT_THROW_WITH(parse_bytes(""), SpecError, "not a size");
   EXPECT_EQ(parse_bytes(".5KiB"), 512);
 }
@@ -238,6 +521,125 @@ TEST(PlanTraining, FlopsAreTheMatrixProductsByHand) {
   const double down_projection = tokens * layers * 2 * d * f;
   EXPECT_GE(r.flops - p.flops, layer_forward - down_projection);
   EXPECT_LE(r.flops - p.flops, layer_forward * 1.2);
+}
+
+// 32 query heads over 8 key/value heads of width 64 (not hidden / heads), attention dominating
+// (1,024 tokens): per device at tp:16 the matrix products by hand / 16, half of tp:8's. The
+// step splits the query heads over the 16 ranks and repeats each key/value head for the two
+// ranks that share it; otherwise the heads would not split and each rank would do twice its
+// share of the attention.
+TEST(PlanTraining, AttentionSplitsOverMoreTensorRanksThanKvHeads) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 256,
+    "hidden_size": 256, "head_dim": 64, "intermediate_size": 256, "num_hidden_layers": 1,
+    "num_attention_heads": 32, "num_key_value_heads": 8})");
+  TrainPlanOptions o;
+  o.batch = 1;
+  o.seq = 1024;
+  o.optimizer = OptimizerKind::kSgd;
+  const double t = 1024, d = 256, q = 32 * 64, kv = 8 * 64, f = 256, v = 256;
+  const double per_token = 2 * (q * d + 2 * kv * d + d * q + 3 * d * f)  // projections
+                           + 2 * 2 * t * q                               // scores, probs @ v
+                           + 2 * d * v;                                  // the head
+  const double step = 3 * t * per_token;  // forward, and backward twice that
+  const TrainPlan p8 = plan_training(c, Mesh::parse("fsdp:1,tp:8", 8), preset("llama_fsdp_tp"), o);
+  const TrainPlan p16 =
+      plan_training(c, Mesh::parse("fsdp:1,tp:16", 16), preset("llama_fsdp_tp"), o);
+  EXPECT_GE(p8.flops, step / 8);
+  EXPECT_LE(p8.flops, step / 8 * 1.2);
+  EXPECT_GE(p16.flops, step / 16);
+  EXPECT_LE(p16.flops, step / 16 * 1.2);
+  EXPECT_NEAR(p16.flops, p8.flops / 2, p8.flops * 0.05);
+}
+
+// The heads' width from head_dim, key/value heads repeated over four tensor-parallel ranks
+// (2 key/value heads) and a sliding window: the sharded step gives one device's loss and
+// gradients (one device runs the grouped layout).
+TEST(LossAndGrads, RepeatedKvHeadsAndWindowsGiveOneDevicesGradients) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "mistral", "vocab_size": 40,
+    "hidden_size": 16, "head_dim": 6, "intermediate_size": 24, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 3})");
+  ASSERT_EQ(c.window(1), 3);
+  const auto run = [&](const char* axes, int n, const train::Layout& layout,
+                       const ModelConfig& cfg) {
+    const Executor exec(n);
+    const Mesh mesh = Mesh::parse(axes, n);
+    std::uint64_t seed = 3;
+    const Tree<Array> params = cfg.parameters(DType::kF32).map([&](const TensorSpec& s) {
+      return device_put(Tensor::uniform(s.shape, DType::kF32, seed++, -0.3, 0.3),
+                        NamedSharding(mesh, PartitionSpec()), exec);
+    });
+    std::vector<std::int32_t> ids(2 * 8);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7) % 40);
+    const Array x =
+        device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, PartitionSpec()), exec);
+    std::rotate(ids.begin(), ids.begin() + 1, ids.end());
+    const Array y =
+        device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, PartitionSpec()), exec);
+    const train::ModelStep model{cfg, layout};
+    return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
+      auto [loss, grads] = train::loss_and_grads(model, p, a, b, false);
+      return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+    })(params, x, y));
+  };
+  const Tree<Tensor> one = run("fsdp:1,tp:1", 1, train::Layout{}, c);
+  const Tree<Tensor> four = run("fsdp:1,tp:4", 4, train::Layout{{"fsdp"}, {"tp"}, 1, 4}, c);
+  const double loss = one.at("loss").leaf().get(0);
+  EXPECT_NEAR(loss, std::log(40.0), 1.0);
+  EXPECT_NEAR(four.at("loss").leaf().get(0), loss, 1e-5);
+  const auto a = one.at("grads").flatten(), b = four.at("grads").flatten();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto x = a[i].second.to_doubles(), z = b[i].second.to_doubles();
+    ASSERT_EQ(x.size(), z.size());
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      ASSERT_NEAR(x[k], z[k], 1e-5 + 1e-4 * std::abs(x[k])) << a[i].first << " [" << k << "]";
+    }
+  }
+  // The window is applied: the same model without it gives another loss.
+  ModelConfig full = c;
+  full.window_layers.clear();
+  EXPECT_GT(std::abs(run("fsdp:1,tp:1", 1, train::Layout{}, full).at("loss").leaf().get(0) - loss),
+            1e-4);
+}
+
+// LLaMA's attention_bias and mlp_bias: the default preset places every bias, and the step adds
+// them (each bias's gradient has its shape).
+TEST(PlanTraining, LlamaBiasesArePlanned) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "attention_bias": true, "mlp_bias": true})");
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  const TrainPlan with =
+      plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp_tp"), o);
+  ModelConfig plain = c;
+  plain.attention_bias = plain.output_bias = plain.mlp_bias = false;
+  const TrainPlan without =
+      plan_training(plain, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp_tp"), o);
+  EXPECT_EQ(with.parameter_count - without.parameter_count, 2 * (32 + 16 + 16 + 32 + 48 + 48 + 32));
+  EXPECT_GT(with.flops, without.flops);
+}
+
+// Every dtype train-plan offers (bf16, f32, f64) plans, in every role.
+TEST(PlanTraining, EveryOfferedDtypePlans) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  for (const DType p : {DType::kBF16, DType::kF32, DType::kF64}) {
+    for (const DType g : {DType::kBF16, DType::kF32, DType::kF64}) {
+      for (const DType s : {DType::kBF16, DType::kF32, DType::kF64}) {
+        SCOPED_TRACE(fmt::format("{} {} {}", name(p), name(g), name(s)));
+        TrainPlanOptions o;
+        o.batch = 4;
+        o.seq = 8;
+        o.param_dtype = p;
+        o.grad_dtype = g;
+        o.optimizer_dtype = s;
+        const TrainPlan plan =
+            plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp_tp"), o);
+        EXPECT_GT(plan.peak_bytes, 0);
+      }
+    }
+  }
 }
 
 // Where activations dominate (long sequences, a narrow model), keeping only layer inputs or
@@ -415,6 +817,9 @@ TEST(PlanTraining, BadOptionsNameWhatDoesNotSplit) {
   o.headroom = 1.5;
   EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError,
                     "headroom 1.5");
+  o.headroom = std::nan("");
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError,
+                    "headroom nan");
   o.headroom = 0.1;
   o.target_seq = -1;
   EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError,

@@ -50,14 +50,32 @@ struct ModelConfig {
   std::int64_t intermediate = 0;       // the MLP's inner width
   std::int64_t positions = 0;          // GPT-2's learned position table (n_positions)
   bool tie_embeddings = false;         // the output projection is the embedding (no lm_head)
-  bool attention_bias = false;         // q/k/v projections have biases (Qwen2)
+  bool attention_bias = false;         // q/k/v projections have biases (Qwen2, LLaMA's flag)
+  bool output_bias = false;            // o_proj has a bias (LLaMA's attention_bias)
+  bool mlp_bias = false;               // gate/up/down projections have biases (LLaMA's mlp_bias)
   std::int64_t experts = 0;            // Mixtral: experts per layer (num_local_experts)
   std::int64_t experts_per_token = 0;  // Mixtral: experts each token goes to (top-k)
-  std::int64_t head_dim = 0;           // T5: d_kv (the heads' width need not be hidden / heads)
-  std::int64_t decoder_layers = 0;     // T5: num_decoder_layers (= layers when absent)
-  std::int64_t relative_buckets = 0;   // T5: relative_attention_num_buckets
+  /// The heads' width: head_dim (LLaMA family, else hidden / heads), d_kv (T5), hidden / heads
+  /// (GPT-2). It need not be hidden / heads (Mistral-NeMo: 128 with hidden 5120 and 32 heads).
+  std::int64_t head_dim = 0;
+  std::int64_t decoder_layers = 0;         // T5: num_decoder_layers (= layers when absent)
+  std::int64_t relative_buckets = 0;       // T5: relative_attention_num_buckets
   std::int64_t relative_max_distance = 0;  // T5: relative_attention_max_distance
   bool gated_mlp = false;  // T5 v1.1 / Flan-T5: wi_0, wi_1 (feed_forward_proj gated-*)
+  /// Sliding-window attention (Mistral, Mixtral, Qwen2): a query attends to itself and the
+  /// sliding_window - 1 keys before it, on the layers window_layers marks (empty: none).
+  std::int64_t sliding_window = 0;
+  std::vector<bool> window_layers;
+  /// What the file says that the step does not model, one entry each ("hidden_act 'gelu' (the
+  /// step's MLP is SwiGLU, with silu)", "dropout (resid_pdrop 0.1)", a field not known here).
+  /// Fields known to change neither shapes nor work (token ids, epsilons, rotary settings) are
+  /// not listed; docs/training.md lists what is read.
+  std::vector<std::string> not_modelled;
+
+  /// The attention window of decoder layer `layer`: 0 for full causal attention.
+  std::int64_t window(std::size_t layer) const {
+    return layer < window_layers.size() && window_layers[layer] ? sliding_window : 0;
+  }
 
   /// Parses config.json text. Throws IoError naming `source` and the missing or bad field, or
   /// the model_type when the family has no training step here (listing the ones that do).
@@ -136,6 +154,10 @@ struct TrainPlan {
   double headroom = 0;
   double seconds_to_plan = 0;
   std::string rules;  // where the rules came from ("preset llama_fsdp_tp", a file name)
+  /// Why these rules, when train-plan chose them ("the default for llama on a mesh without tp").
+  std::string rules_note;
+  /// ModelConfig::not_modelled: what the config says that the figures leave out.
+  std::vector<std::string> not_modelled;
   /// FLOPs of every device together (flops is the busiest device's).
   double total_flops = 0;
   /// In a comparison, why this configuration could not be planned (empty: it was).

@@ -9,6 +9,7 @@
 
 #include "output_path_option.hpp"
 #include "shardplan/checkpoint.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
 
@@ -106,14 +107,16 @@ int run_inspect(const CheckpointCommand& c) {
     return 0;
   }
   std::size_t width = 6;
-  for (const auto& t : info.tensors) width = std::max(width, t.name.size());
+  for (const auto& t : info.tensors) width = std::max(width, detail::printable(t.name).size());
   width = std::min<std::size_t>(width, 60);
   std::cout << fmt::format("{:<{}}  {:<5}  {:<16}  {:>10}  {:<28}  {}\n", "tensor", width, "dtype",
                            "shape", "bytes", "file", info.shardplan ? "sharding" : "");
   for (const auto& t : info.tensors) {
-    std::cout << fmt::format("{:<{}}  {:<5}  {:<16}  {:>10}  {:<28}  {}\n", t.name, width,
-                             safetensors_name(t.spec.dtype), shape_text(t.spec.shape),
-                             format_bytes(t.spec.bytes()), t.file, t.sharding);
+    // Names come from the files: control characters are escaped before they reach a terminal.
+    std::cout << fmt::format("{:<{}}  {:<5}  {:<16}  {:>10}  {:<28}  {}\n",
+                             detail::printable(t.name), width, safetensors_name(t.spec.dtype),
+                             shape_text(t.spec.shape), format_bytes(t.spec.bytes()),
+                             detail::printable(t.file), detail::printable(t.sharding));
   }
   std::cout << fmt::format("\n{} tensors, {} in {} file{}; {}\n", info.tensors.size(),
                            format_bytes(info.total_bytes()), info.files.size(),

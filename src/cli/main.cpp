@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <charconv>
 #include <csignal>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <future>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "checkpoint_cmd.hpp"
@@ -23,6 +25,7 @@
 #include "output_path_option.hpp"
 #include "train_plan_cmd.hpp"
 #include "usage_error.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -132,9 +135,16 @@ std::int64_t devices_for(const std::string& mesh, std::int64_t devices, std::int
     // Both factors are at most 2^20: the product fits before it is checked.
     product *= v;
     if (product > kMaxDevices) {
-      throw UsageError(
-          fmt::format("--mesh '{}': the axis sizes multiply to more than the limit of {} devices",
-                      mesh, kMaxDevices));
+      // Say how many: the product of every size given (in double: it may pass 64 bits).
+      double all = 1;
+      for (const std::string& e : split(mesh, ',')) {
+        const auto c = e.find(':');
+        all *= std::strtod(c == std::string::npos ? e.c_str() : e.c_str() + c + 1, nullptr);
+      }
+      throw UsageError(fmt::format(
+          "--mesh '{}': the mesh has {:.0f} devices (the product of its axis sizes), more than "
+          "the limit of {} devices",
+          mesh, all, kMaxDevices));
     }
   }
   return product;
@@ -220,11 +230,16 @@ int plan_with(const PlanOptions& o) {
         j["shard_shape"] = leaf->shard_shape.dims();
         j["bytes_per_device"] = leaf->bytes_per_device;
       }
-      std::cout << j.dump(2) << "\n";
+      std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       return kOk;
     }
-    std::cout << fmt::format("{} on mesh {}:\n", o.explain, helper.mesh().to_string());
-    for (const ExplainStep& s : steps) std::cout << "  " << s << "\n";
+    std::cout << fmt::format("{} on mesh {}:\n", detail::printable(o.explain),
+                             detail::printable(helper.mesh().to_string()));
+    for (const ExplainStep& s : steps) {
+      std::ostringstream step;
+      step << s;
+      std::cout << "  " << detail::printable(step.str()) << "\n";
+    }
     if (leaf != nullptr) {
       std::cout << fmt::format("  spec {} shard {} ({} per device)\n",
                                leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
@@ -244,8 +259,9 @@ int plan_with(const PlanOptions& o) {
     report.write_json(std::cout);
     std::cout << "\n";
   } else {
-    std::cout << fmt::format("model {}, rules {}, mesh {}\n\n", model_name, file.source,
-                             helper.mesh().to_string());
+    std::cout << fmt::format("model {}, rules {}, mesh {}\n\n", detail::printable(model_name),
+                             detail::printable(file.source),
+                             detail::printable(helper.mesh().to_string()));
     const auto largest = static_cast<std::size_t>(o.largest);
     std::cout << (o.summary ? report.summary(largest) : report.table(largest));
   }

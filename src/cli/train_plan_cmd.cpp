@@ -1,9 +1,12 @@
 #include "train_plan_cmd.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <iostream>
 
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/train_plan.hpp"
@@ -27,12 +30,113 @@ const char* default_preset(ModelFamily family) {
   return "llama_fsdp_tp";
 }
 
+/// The dtypes a training step can be planned in (f16 is not: the step cannot be differentiated
+/// in it).
+constexpr const char* kTrainingDtypes = "bf16, f32 or f64";
+
 DType dtype_option(const char* option, const std::string& text) {
+  DType d{};
   try {
-    return parse_dtype(text);
+    d = parse_dtype(text);
   } catch (const Error& e) {
     throw UsageError(fmt::format("{}: {}", option, e.what()));
   }
+  if (d != DType::kBF16 && d != DType::kF32 && d != DType::kF64) {
+    throw UsageError(fmt::format("{}: {} is not a dtype train-plan can plan a step in (choose {})",
+                                 option, name(d), kTrainingDtypes));
+  }
+  return d;
+}
+
+bool has_axis(const std::vector<std::string>& axes, std::string_view a) {
+  return std::find(axes.begin(), axes.end(), a) != axes.end();
+}
+
+/// The axes a rule file shards over (its specs and its FSDP fallback).
+std::vector<std::string> axes_of(const RuleFile& file) {
+  std::vector<std::string> out;
+  const auto add = [&](const std::string& a) {
+    if (!has_axis(out, a)) out.push_back(a);
+  };
+  for (const RuleFile::Rule& r : file.rules) {
+    for (const AxisNames& dim : r.spec.dims()) {
+      for (const std::string& a : dim) add(a);
+    }
+  }
+  if (file.fsdp_fallback) add(file.fsdp_fallback->axis);
+  return out;
+}
+
+/// `file` with the axes `mesh` lacks taken out of its specs: such an axis counts as size 1 (as
+/// a logical-axis rule's mesh axis that is absent does in MaxText).
+RuleFile without_axes(RuleFile file, const std::vector<std::string>& mesh) {
+  for (RuleFile::Rule& r : file.rules) {
+    std::vector<AxisNames> dims;
+    for (const AxisNames& dim : r.spec.dims()) {
+      AxisNames kept;
+      for (const std::string& a : dim) {
+        if (has_axis(mesh, a)) kept.push_back(a);
+      }
+      dims.push_back(std::move(kept));
+    }
+    r.spec = PartitionSpec(std::move(dims));
+  }
+  if (file.fsdp_fallback && !has_axis(mesh, file.fsdp_fallback->axis)) file.fsdp_fallback.reset();
+  return file;
+}
+
+/// The rules used without --rules on `mesh`: the family's preset, or the one of its layout
+/// that fits the mesh's axes (LLaMA on a mesh without tp: llama_fsdp), or the family's preset
+/// with the axes the mesh lacks left out. `note` says which and why.
+struct DefaultRules {
+  std::string name;  // "preset:llama_fsdp"
+  RuleFile file;
+  std::string note;
+};
+DefaultRules default_rules(ModelFamily family, const std::string& family_name,
+                           const std::vector<std::string>& mesh,
+                           const std::function<RuleFile(const std::string&)>& load_rules) {
+  std::string preset = default_preset(family);
+  if (family == ModelFamily::kLlama && !has_axis(mesh, "tp")) preset = "llama_fsdp";
+  DefaultRules d{"preset:" + preset, load_rules("preset:" + preset), ""};
+  std::vector<std::string> missing;
+  for (const std::string& a : axes_of(d.file)) {
+    if (!has_axis(mesh, a)) missing.push_back(a);
+  }
+  if (preset == "llama_fsdp" && preset != default_preset(family)) {
+    d.note = fmt::format("the default for {} on a mesh without tp", family_name);
+  } else {
+    d.note = fmt::format("the default for {}", family_name);
+  }
+  if (!missing.empty()) {
+    d.file = without_axes(std::move(d.file), mesh);
+    d.note += fmt::format("; the mesh has no {} axis{}: left out of the preset's specs, as size 1",
+                          fmt::join(missing, ", "), missing.size() == 1 ? "" : "es");
+  }
+  return d;
+}
+
+/// --batch-axes: comma-separated names, each once.
+std::vector<std::string> batch_axes_option(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t from = 0;
+  while (from <= text.size()) {
+    const std::size_t end = std::min(text.find(',', from), text.size());
+    std::string axis = text.substr(from, end - from);
+    if (axis.empty()) {
+      throw UsageError(
+          fmt::format("--batch-axes '{}': an empty axis name (write names separated "
+                      "by commas, e.g. --batch-axes dp,fsdp)",
+                      detail::printable(text)));
+    }
+    if (has_axis(out, axis)) {
+      throw UsageError(fmt::format("--batch-axes '{}': axis '{}' is named twice",
+                                   detail::printable(text), detail::printable(axis)));
+    }
+    out.push_back(std::move(axis));
+    from = end + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -59,7 +163,8 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       ->check(CLI::Range(std::int64_t{1}, max_devices));
   t->add_option("--rules,-r", c.rules,
                 "A YAML rule file or preset:NAME. Repeat it with --compare. Default: the "
-                "family's preset (llama_fsdp_tp, mixtral_ep, gpt2, t5)");
+                "family's preset (llama_fsdp_tp, or llama_fsdp on a mesh without tp; mixtral_ep, "
+                "gpt2, t5), leaving out the axes the mesh lacks");
   t->add_option("--batch,-b", c.batch, "Sequences per step (the global batch)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->capture_default_str();
@@ -72,11 +177,13 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_option("--optimizer", c.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
-  t->add_option("--param-dtype", c.param_dtype, "The weights' dtype (the forward computes in it)")
+  t->add_option("--param-dtype", c.param_dtype,
+                "The weights' dtype, bf16, f32 or f64 (the forward computes in it)")
       ->capture_default_str();
-  t->add_option("--grad-dtype", c.grad_dtype, "The gradients' dtype. Default: --param-dtype");
+  t->add_option("--grad-dtype", c.grad_dtype,
+                "The gradients' dtype, bf16, f32 or f64. Default: --param-dtype");
   t->add_option("--optimizer-dtype", c.optimizer_dtype,
-                "The optimizer state's dtype (the update runs in it)")
+                "The optimizer state's dtype, bf16, f32 or f64 (the update runs in it)")
       ->capture_default_str();
   t->add_option("--grad-accum", c.grad_accum,
                 "Micro-batches per step (the batch splits evenly; activations of one at a time)")
@@ -120,64 +227,102 @@ int run_train_plan(
   o.param_dtype = dtype_option("--param-dtype", c.param_dtype);
   o.grad_dtype = c.grad_dtype.empty() ? o.param_dtype : dtype_option("--grad-dtype", c.grad_dtype);
   o.optimizer_dtype = dtype_option("--optimizer-dtype", c.optimizer_dtype);
-  for (const auto& [option, dtype] : {std::pair{"--param-dtype", o.param_dtype},
-                                      {"--grad-dtype", o.grad_dtype},
-                                      {"--optimizer-dtype", o.optimizer_dtype}}) {
-    if (!is_floating(dtype) || size_of(dtype) < 2) {
-      throw UsageError(
-          fmt::format("{}: {} is not a training dtype (bf16, f16, f32, f64)", option, name(dtype)));
-    }
-  }
   o.grad_accum = c.grad_accum;
   o.recompute = c.recompute;
-  if (!c.batch_axes.empty()) {
-    std::size_t from = 0;
-    while (from <= c.batch_axes.size()) {
-      const std::size_t end = std::min(c.batch_axes.find(',', from), c.batch_axes.size());
-      o.batch_axes.push_back(c.batch_axes.substr(from, end - from));
-      from = end + 1;
-    }
+  // An option given is parsed even when empty ("" is neither a size nor an axis).
+  const auto given = [&](const char* option) {
+    return c.command != nullptr && c.command->count(option) > 0;
+  };
+  if (!c.batch_axes.empty() || given("--batch-axes")) {
+    o.batch_axes = batch_axes_option(c.batch_axes);
   }
-  if (!c.device_memory.empty()) {
+  if (!c.device_memory.empty() || given("--device-memory")) {
     try {
       o.device_memory = parse_bytes(c.device_memory);
     } catch (const Error& e) {
       throw UsageError(fmt::format("--device-memory: {}", e.what()));
     }
   }
+  // CLI11's range check lets NaN through (every comparison with it is false).
+  if (!(c.headroom >= 0 && c.headroom <= 0.99)) {
+    throw UsageError(
+        fmt::format("--headroom {}: not a fraction in [0, 0.99] (the part of --device-memory "
+                    "kept free)",
+                    c.headroom));
+  }
   o.headroom = c.headroom;
 
-  const std::vector<std::string> rule_names =
-      c.rules.empty()
-          ? std::vector<std::string>{std::string("preset:") + default_preset(config.family)}
-          : c.rules;
   std::vector<TrainPlan> plans;
-  for (const std::string& rules_name : rule_names) {
-    const RuleFile file = load_rules(rules_name);
-    const RulePtr rule = file.make_rule();
-    std::vector<std::string> meshes = c.meshes;
-    if (meshes.empty()) {
-      if (!file.mesh) {
-        throw UsageError(
-            fmt::format("--mesh: the rule file {} names no mesh; give --mesh", file.source));
-      }
-      meshes.push_back(*file.mesh);
+  // One configuration: a failure is the command's error, or with --compare a row saying why.
+  // `rules_for` gives the rules for the parsed mesh (their label until then: `rules_label`).
+  struct Rules {
+    RulePtr rule;
+    std::string label, note;
+  };
+  const auto plan_one = [&](const std::string& mesh_text, const std::string& rules_label,
+                            const std::function<Rules(const Mesh&)>& rules_for) {
+    TrainPlan p;
+    p.mesh = mesh_text;
+    p.rules = rules_label;
+    try {
+      const Mesh mesh = [&] {
+        const std::int64_t n = devices_for(mesh_text, c.devices);
+        try {
+          return Mesh::parse(mesh_text, n);
+        } catch (const Error& e) {  // the mesh text is usage
+          throw UsageError(fmt::format("--mesh '{}': {}", detail::printable(mesh_text), e.what()));
+        }
+      }();
+      p.mesh = mesh.to_string();
+      p.devices = mesh.size();
+      const Rules r = rules_for(mesh);
+      p.rules = r.label;
+      p.rules_note = r.note;
+      TrainPlan planned = plan_training(config, mesh, r.rule, o);
+      planned.rules = p.rules;
+      planned.rules_note = p.rules_note;
+      p = std::move(planned);
+    } catch (const UsageError& e) {
+      if (!c.compare) throw;
+      p.error = e.what();
+    } catch (const Error& e) {
+      if (!c.compare) throw;
+      p.error = e.what();
     }
-    const std::string rules_label = rules_name.rfind("preset:", 0) == 0 ? rules_name : file.source;
-    for (const std::string& mesh_text : meshes) {
-      const Mesh mesh = Mesh::parse(mesh_text, devices_for(mesh_text, c.devices));
-      TrainPlan p;
-      try {
-        p = plan_training(config, mesh, rule, o);
-      } catch (const Error& e) {
-        if (!c.compare) throw;
-        // One configuration that cannot be planned is a row of the comparison, not its end.
-        p.mesh = mesh.to_string();
-        p.devices = mesh.size();
-        p.error = e.what();
+    plans.push_back(std::move(p));
+  };
+  if (c.rules.empty() && !c.meshes.empty()) {
+    // The family's rules chosen for each mesh's axes.
+    for (const std::string& mesh_text : c.meshes) {
+      plan_one(
+          mesh_text, "preset:" + std::string(default_preset(config.family)), [&](const Mesh& mesh) {
+            const DefaultRules d =
+                default_rules(config.family, config.family_name(), mesh.axis_names(), load_rules);
+            return Rules{d.file.make_rule(), d.name, d.note};
+          });
+    }
+  } else {
+    const bool chosen = c.rules.empty();
+    const std::vector<std::string> rule_names =
+        chosen ? std::vector<std::string>{std::string("preset:") + default_preset(config.family)}
+               : c.rules;
+    for (const std::string& rules_name : rule_names) {
+      const RuleFile file = load_rules(rules_name);
+      const RulePtr rule = file.make_rule();
+      std::vector<std::string> meshes = c.meshes;
+      if (meshes.empty()) {
+        if (!file.mesh) {
+          throw UsageError(
+              fmt::format("--mesh: the rule file {} names no mesh; give --mesh", file.source));
+        }
+        meshes.push_back(*file.mesh);
       }
-      p.rules = rules_label;
-      plans.push_back(std::move(p));
+      const std::string label = rules_name.rfind("preset:", 0) == 0 ? rules_name : file.source;
+      const std::string note =
+          chosen ? fmt::format("the default for {}, on its own mesh", config.family_name()) : "";
+      for (const std::string& mesh_text : meshes) {
+        plan_one(mesh_text, label, [&](const Mesh&) { return Rules{rule, label, note}; });
+      }
     }
   }
   if (c.compare) {

@@ -1,12 +1,17 @@
 // ModelConfig: the fields of a Hugging Face config.json a training step needs, and the
 // parameter tree of each family in the checkpoints' own naming.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
 
+#include "../input_file.hpp"
+#include "../json_impl.hpp"
 #include "shardplan/detail/checked.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/model_loader.hpp"
 #include "shardplan/train_plan.hpp"
@@ -14,7 +19,7 @@
 namespace shardplan {
 namespace {
 
-using Json = nlohmann::json;
+namespace json = detail::json;
 
 struct Family {
   const char* model_type;
@@ -36,30 +41,117 @@ std::string known_types() {
   return out;
 }
 
-/// A positive integer field; `fallback` (when > 0) if absent or null.
-std::int64_t positive(const Json& j, const char* key, std::string_view source,
-                      std::int64_t fallback = 0) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) {
-    if (fallback > 0) return fallback;
-    throw IoError(fmt::format("[config] {}: the field '{}' is missing", source, key));
-  }
-  if (!it->is_number_integer() || it->get<std::int64_t>() <= 0) {
-    throw IoError(fmt::format("[config] {}: the field '{}' is {}, expected a positive integer",
-                              source, key, it->dump()));
-  }
-  return it->get<std::int64_t>();
-}
+/// A value as it is written in the file, short, for messages.
+std::string shown(const json::Value& v) { return v.source_text(40); }
 
-bool flag(const Json& j, const char* key, bool fallback, std::string_view source) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) {
-    throw IoError(fmt::format("[config] {}: the field '{}' is {}, expected true or false", source,
-                              key, it->dump()));
+/// The members of config.json's object, each key once, and which of them were read: what is
+/// left at the end is named (not modelled) or known to change neither shapes nor work.
+class Fields {
+ public:
+  Fields(const json::Value& root, std::string_view source) : source_(source) {
+    json::KeySet seen(root.size());
+    for (auto it = root.begin(); it != root.end(); ++it) {
+      if (!seen.insert(it.key())) {
+        throw IoError(fmt::format("[config] {}: the field '{}' appears twice", source_,
+                                  detail::printable(it.key())));
+      }
+      members_.push_back({it.key(), it.value(), false});
+    }
   }
-  return it->get<bool>();
-}
+  std::string_view source() const { return source_; }
+
+  /// The field, marked as read; nullopt when absent or null.
+  std::optional<json::Value> get(std::string_view key) {
+    for (Member& m : members_) {
+      if (m.key != key) continue;
+      m.read = true;
+      if (m.value.is_null()) return std::nullopt;
+      return m.value;
+    }
+    return std::nullopt;
+  }
+  bool has(std::string_view key) const {
+    for (const Member& m : members_) {
+      if (m.key == key && !m.value.is_null()) return true;
+    }
+    return false;
+  }
+
+  /// A positive integer (up to 2^63 - 1); `fallback` (when > 0) if absent or null.
+  std::int64_t positive(std::string_view key, std::int64_t fallback = 0) {
+    return integer(key, 1, fallback > 0 ? std::optional(fallback) : std::nullopt);
+  }
+  /// An integer from `min` to 2^63 - 1; `fallback` if absent or null (an error without one).
+  std::int64_t integer(std::string_view key, std::int64_t min,
+                       std::optional<std::int64_t> fallback) {
+    const auto v = get(key);
+    if (!v) {
+      if (fallback) return *fallback;
+      throw IoError(fmt::format("[config] {}: the field '{}' is missing", source_, key));
+    }
+    if (!v->is_uint() || v->as_uint() < static_cast<std::uint64_t>(min) ||
+        v->as_uint() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      throw IoError(
+          fmt::format("[config] {}: the field '{}' is {}, expected {} integer ({} to 2^63 - 1)",
+                      source_, key, shown(*v), min == 1 ? "a positive" : "an", min));
+    }
+    return static_cast<std::int64_t>(v->as_uint());
+  }
+  /// A positive integer, or nullopt when absent or null.
+  std::optional<std::int64_t> optional_positive(std::string_view key) {
+    if (!has(key)) {
+      get(key);  // null is read as "none"
+      return std::nullopt;
+    }
+    return positive(key);
+  }
+
+  bool flag(std::string_view key, bool fallback) {
+    const auto v = get(key);
+    if (!v) return fallback;
+    if (v->kind() != json::Kind::kBool) {
+      throw IoError(fmt::format("[config] {}: the field '{}' is {}, expected true or false",
+                                source_, key, shown(*v)));
+    }
+    return v->as_bool();
+  }
+
+  std::optional<std::string> string(std::string_view key) {
+    const auto v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) {
+      throw IoError(fmt::format("[config] {}: the field '{}' is {}, expected a string", source_,
+                                key, shown(*v)));
+    }
+    return std::string(v->str());
+  }
+
+  /// A finite number >= 0 (a dropout rate, a noise level); 0 when absent or null.
+  double rate(std::string_view key) {
+    const auto v = get(key);
+    if (!v) return 0;
+    const json::Kind k = v->kind();
+    const double x = k == json::Kind::kUint || k == json::Kind::kInt || k == json::Kind::kNumber
+                         ? v->as_double()
+                         : -1;
+    if (!std::isfinite(x) || x < 0) {
+      throw IoError(fmt::format("[config] {}: the field '{}' is {}, expected a number >= 0",
+                                source_, key, shown(*v)));
+    }
+    return x;
+  }
+
+  struct Member {
+    std::string_view key;
+    json::Value value;
+    bool read;
+  };
+  std::vector<Member>& members() { return members_; }
+
+ private:
+  std::string source_;
+  std::vector<Member> members_;
+};
 
 /// a * b, or an IoError naming what overflowed.
 std::int64_t mul(std::int64_t a, std::int64_t b, std::string_view what) {
@@ -87,90 +179,339 @@ void check_tensor_count(const ModelConfig& c, std::string_view source) {
   }
 }
 
+// Fields that change neither the parameters' shapes nor a training step's work: token ids,
+// numerical constants (epsilons, rotary bases and scaling, initialisation), inference and
+// generation settings, labels, bookkeeping. They are left unread without a word.
+constexpr std::string_view kNoEffect[] = {
+    "_name_or_path",
+    "_attn_implementation",
+    "attn_implementation",
+    "auto_map",
+    "bad_words_ids",
+    "bos_token_id",
+    "decoder_start_token_id",
+    "diversity_penalty",
+    "do_sample",
+    "dtype",
+    "early_stopping",
+    "eos_token_id",
+    "finetuning_task",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "id2label",
+    "initializer_factor",
+    "initializer_range",
+    "label2id",
+    "layer_norm_eps",
+    "layer_norm_epsilon",
+    "length_penalty",
+    "max_length",
+    "max_position_embeddings",
+    "min_length",
+    "model_type",
+    "no_repeat_ngram_size",
+    "num_beam_groups",
+    "num_beams",
+    "num_return_sequences",
+    "output_attentions",
+    "output_hidden_states",
+    "output_past",
+    "output_scores",
+    "pad_token_id",
+    "prefix",
+    "pretraining_tp",
+    "problem_type",
+    "remove_invalid_values",
+    "repetition_penalty",
+    "return_dict",
+    "return_dict_in_generate",
+    "rms_norm_eps",
+    "rope_scaling",
+    "rope_theta",
+    "sep_token_id",
+    "task_specific_params",
+    "temperature",
+    "tokenizer_class",
+    "top_k",
+    "top_p",
+    "torch_dtype",
+    "torchscript",
+    "transformers_version",
+    "typical_p",
+    "use_cache",
+    "use_bfloat16",
+    "is_encoder_decoder",
+    // GPT-2: the double-heads model's summary head; attention scaling choices; the old name of
+    // n_positions.
+    "n_ctx",
+    "scale_attn_by_inverse_layer_idx",
+    "scale_attn_weights",
+    "reorder_and_upcast_attn",
+    "summary_activation",
+    "summary_first_dropout",
+    "summary_proj_to_labels",
+    "summary_type",
+    "summary_use_proj",
+    // T5: derived from feed_forward_proj by transformers; n_positions is unused (relative
+    // positions).
+    "dense_act_fn",
+    "is_gated_act",
+    "n_positions",
+    // Mixtral: the load-balancing loss's weight (the loss itself is output_router_logits).
+    "router_aux_loss_coef",
+};
+
+/// A field that is harmless at its default value (false, 0, null, "", [] or {}) and changes
+/// shapes or work otherwise.
+bool at_default(const json::Value& v) {
+  switch (v.kind()) {
+    case json::Kind::kNull:
+      return true;
+    case json::Kind::kBool:
+    case json::Kind::kUint:
+      return v.as_uint() == 0;
+    case json::Kind::kNumber:
+    case json::Kind::kInt:
+      return v.as_double() == 0;
+    case json::Kind::kString:
+      return v.str().empty();
+    case json::Kind::kArray:
+    case json::Kind::kObject:
+      return v.size() == 0;
+  }
+  return false;
+}
+
+/// The fields left unread: the ones known to have no effect are dropped, every other one is
+/// named in `out` with its value.
+void name_the_rest(Fields& f, std::vector<std::string>& out) {
+  for (const Fields::Member& m : f.members()) {
+    if (m.read) continue;
+    if (std::find(std::begin(kNoEffect), std::end(kNoEffect), m.key) != std::end(kNoEffect)) {
+      continue;
+    }
+    // Known fields that do nothing at their default value (dropout 0, no biases, no
+    // quantization): named only when set.
+    static constexpr std::string_view kHarmlessAtDefault[] = {
+        "attention_dropout",    "mlp_bias",
+        "attention_bias",       "add_cross_attention",
+        "quantization_config",  "pruned_heads",
+        "tie_encoder_decoder",  "chunk_size_feed_forward",
+        "output_router_logits", "router_jitter_noise",
+        "is_decoder",           "use_sliding_window",
+        "sliding_window",       "max_window_layers",
+        "layer_types",          "head_dim"};
+    const bool known = std::find(std::begin(kHarmlessAtDefault), std::end(kHarmlessAtDefault),
+                                 m.key) != std::end(kHarmlessAtDefault);
+    if (known && at_default(m.value)) continue;
+    out.push_back(fmt::format("{} {}{}", detail::printable(m.key),
+                              detail::printable(shown(m.value)),
+                              known ? "" : " (a field this planner does not know)"));
+  }
+}
+
+/// The `architectures` entries that are not a language-model head (a classifier, an encoder
+/// alone): the step is the causal (or seq2seq) language model's.
+void check_architectures(Fields& f, std::vector<std::string>& out) {
+  const auto v = f.get("architectures");
+  if (!v) return;
+  if (!v->is_array()) {
+    throw IoError(
+        fmt::format("[config] {}: the field 'architectures' is {}, expected a list of "
+                    "class names",
+                    f.source(), shown(*v)));
+  }
+  for (const json::Value a : *v) {
+    if (!a.is_string()) {
+      throw IoError(
+          fmt::format("[config] {}: the field 'architectures' holds {}, expected class "
+                      "names (strings)",
+                      f.source(), shown(a)));
+    }
+    const std::string_view name = a.str();
+    const auto ends = [&](std::string_view s) {
+      return name.size() >= s.size() && name.substr(name.size() - s.size()) == s;
+    };
+    if (!ends("ForCausalLM") && !ends("LMHeadModel") && !ends("ForConditionalGeneration")) {
+      out.push_back(
+          fmt::format("architectures '{}' (the step is the language model's: its "
+                      "head and loss)",
+                      detail::printable(name)));
+    }
+  }
+}
+
 }  // namespace
 
-ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
-  Json j;
+ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
+  std::optional<json::Document> doc;
   try {
-    j = Json::parse(json);
-  } catch (const Json::parse_error& e) {
-    throw IoError(fmt::format("[config] {}: not JSON: {}", source, e.what()));
+    doc.emplace(text);
+  } catch (const json::SyntaxError& e) {
+    throw IoError(fmt::format("[config] {}: not JSON (at byte {}): {}", source, e.byte, e.what()));
   }
-  if (!j.is_object()) {
+  const json::Value root = doc->root();
+  if (!root.is_object()) {
     throw IoError(
-        fmt::format("[config] {}: expected a JSON object, got {}", source, j.type_name()));
+        fmt::format("[config] {}: expected a JSON object, got {}", source, root.type_name()));
   }
-  const auto type = j.find("model_type");
-  if (type == j.end() || !type->is_string()) {
+  Fields f(root, source);
+  const auto type = f.get("model_type");
+  if (!type || !type->is_string()) {
     throw IoError(fmt::format(
         "[config] {}: no 'model_type' string (a Hugging Face config.json names its model type; "
         "known: {})",
         source, known_types()));
   }
   ModelConfig c;
-  c.model_type = type->get<std::string>();
+  c.model_type = std::string(type->str());
   const Family* family = nullptr;
-  for (const Family& f : kFamilies) {
-    if (c.model_type == f.model_type) family = &f;
+  for (const Family& fam : kFamilies) {
+    if (c.model_type == fam.model_type) family = &fam;
   }
   if (family == nullptr) {
     throw IoError(fmt::format(
         "[config] {}: model_type '{}' has no training step here (known: {}); `shardplan plan` "
         "still plans its weights",
-        source, c.model_type, known_types()));
+        source, detail::printable(c.model_type), known_types()));
   }
   c.family = family->family;
+  check_architectures(f, c.not_modelled);
   if (c.family == ModelFamily::kGpt2) {
-    c.vocab = positive(j, "vocab_size", source);
-    c.hidden = positive(j, "n_embd", source);
-    c.layers = positive(j, "n_layer", source);
-    c.heads = positive(j, "n_head", source);
+    c.vocab = f.positive("vocab_size");
+    c.hidden = f.positive("n_embd");
+    c.layers = f.positive("n_layer");
+    c.heads = f.positive("n_head");
     c.kv_heads = c.heads;
-    c.intermediate = positive(j, "n_inner", source, mul(4, c.hidden, "n_inner"));
-    c.positions = positive(j, "n_positions", source);
-    c.tie_embeddings = flag(j, "tie_word_embeddings", true, source);
+    c.intermediate = f.positive("n_inner", mul(4, c.hidden, "n_inner"));
+    c.positions = f.positive("n_positions");
+    c.tie_embeddings = f.flag("tie_word_embeddings", true);
     c.attention_bias = true;
+    // The step's GELU is the tanh approximation ("gelu_new", GPT-2's own).
+    const std::string act = f.string("activation_function").value_or("gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+      c.not_modelled.push_back(
+          fmt::format("activation_function '{}' (the step uses gelu_new)", detail::printable(act)));
+    }
+    std::vector<std::string> drops;
+    for (const char* key : {"attn_pdrop", "embd_pdrop", "resid_pdrop"}) {
+      if (const double r = f.rate(key); r > 0) drops.push_back(fmt::format("{} {}", key, r));
+    }
+    if (!drops.empty()) {
+      c.not_modelled.push_back(fmt::format("dropout ({})", fmt::join(drops, ", ")));
+    }
   } else if (c.family == ModelFamily::kT5) {
-    c.vocab = positive(j, "vocab_size", source);
-    c.hidden = positive(j, "d_model", source);
-    c.head_dim = positive(j, "d_kv", source);
-    c.intermediate = positive(j, "d_ff", source);
-    c.layers = positive(j, "num_layers", source);
-    c.decoder_layers = positive(j, "num_decoder_layers", source, c.layers);
-    c.heads = positive(j, "num_heads", source);
+    c.vocab = f.positive("vocab_size");
+    c.hidden = f.positive("d_model");
+    c.head_dim = f.positive("d_kv");
+    c.intermediate = f.positive("d_ff");
+    c.layers = f.positive("num_layers");
+    c.decoder_layers = f.positive("num_decoder_layers", c.layers);
+    c.heads = f.positive("num_heads");
     c.kv_heads = c.heads;
-    c.relative_buckets = positive(j, "relative_attention_num_buckets", source, 32);
-    c.relative_max_distance = positive(j, "relative_attention_max_distance", source, 128);
-    c.tie_embeddings = flag(j, "tie_word_embeddings", true, source);
-    const auto proj = j.find("feed_forward_proj");
-    if (proj != j.end() && !proj->is_null()) {
-      if (!proj->is_string()) {
-        throw IoError(
-            fmt::format("[config] {}: the field 'feed_forward_proj' is {}, expected "
-                        "\"relu\" or \"gated-gelu\"",
-                        source, proj->dump()));
-      }
-      c.gated_mlp = proj->get<std::string>().rfind("gated-", 0) == 0;
+    c.relative_buckets = f.positive("relative_attention_num_buckets", 32);
+    c.relative_max_distance = f.positive("relative_attention_max_distance", 128);
+    c.tie_embeddings = f.flag("tie_word_embeddings", true);
+    // transformers reads "ACT" or "gated-ACT"; the step has ReLU and gated GELU.
+    const std::string proj = f.string("feed_forward_proj").value_or("relu");
+    const auto dash = proj.find('-');
+    const std::string act = dash == std::string::npos ? proj : proj.substr(dash + 1);
+    if ((dash != std::string::npos && proj.substr(0, dash) != "gated") || act.empty() ||
+        act.find('-') != std::string::npos) {
+      throw IoError(
+          fmt::format("[config] {}: the field 'feed_forward_proj' is '{}', expected \"ACT\" or "
+                      "\"gated-ACT\" (\"relu\", \"gated-gelu\")",
+                      source, detail::printable(proj)));
+    }
+    c.gated_mlp = dash != std::string::npos;
+    if (act != (c.gated_mlp ? "gelu" : "relu")) {
+      c.not_modelled.push_back(
+          fmt::format("feed_forward_proj '{}' (shapes as given; the step's activation is {})",
+                      detail::printable(proj), c.gated_mlp ? "gelu" : "relu"));
+    }
+    if (const double r = f.rate("dropout_rate"); r > 0) {
+      c.not_modelled.push_back(fmt::format("dropout (dropout_rate {})", r));
     }
     check_tensor_count(c, source);
     if (c.relative_buckets < 4) {
       throw IoError(fmt::format("[config] {}: relative_attention_num_buckets {} is below 4", source,
                                 c.relative_buckets));
     }
+    name_the_rest(f, c.not_modelled);
     return c;
   } else {
-    c.vocab = positive(j, "vocab_size", source);
-    c.hidden = positive(j, "hidden_size", source);
-    c.layers = positive(j, "num_hidden_layers", source);
-    c.heads = positive(j, "num_attention_heads", source);
-    c.kv_heads = positive(j, "num_key_value_heads", source, c.heads);
-    c.intermediate = positive(j, "intermediate_size", source);
-    c.tie_embeddings = flag(j, "tie_word_embeddings", false, source);
-    // Qwen2 always has q/k/v biases; LLaMA says so with attention_bias.
-    c.attention_bias = flag(j, "attention_bias", c.model_type == "qwen2", source);
+    c.vocab = f.positive("vocab_size");
+    c.hidden = f.positive("hidden_size");
+    c.layers = f.positive("num_hidden_layers");
+    c.heads = f.positive("num_attention_heads");
+    c.kv_heads = f.positive("num_key_value_heads", c.heads);
+    c.intermediate = f.positive("intermediate_size");
+    c.tie_embeddings = f.flag("tie_word_embeddings", false);
+    check_tensor_count(c, source);  // before per-layer lists are made
+    // The heads' width: head_dim when given (Mistral-NeMo: 128 with hidden 5120 and 32 heads),
+    // else hidden / heads, as transformers reads it.
+    if (!f.has("head_dim") && c.hidden % c.heads != 0) {
+      throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads", source,
+                                c.hidden, c.heads));
+    }
+    c.head_dim = f.positive("head_dim", c.hidden / c.heads);
+    if (c.model_type == "llama") {
+      // LLaMA: attention_bias puts biases on q, k, v and o; mlp_bias on gate, up and down.
+      c.attention_bias = f.flag("attention_bias", false);
+      c.output_bias = c.attention_bias;
+      c.mlp_bias = f.flag("mlp_bias", false);
+    } else if (c.model_type == "qwen2") {
+      c.attention_bias = true;  // Qwen2's q, k and v always have biases (o has none)
+    }
+    const std::string act = f.string("hidden_act").value_or("silu");
+    if (act != "silu" && act != "swish") {
+      c.not_modelled.push_back(fmt::format("hidden_act '{}' (the step's MLP is SwiGLU, with silu)",
+                                           detail::printable(act)));
+    }
+    if (const double r = f.rate("attention_dropout"); r > 0) {
+      c.not_modelled.push_back(fmt::format("dropout (attention_dropout {})", r));
+    }
+    // Sliding-window attention: Mistral and Mixtral on every layer when sliding_window is set;
+    // Qwen2 with use_sliding_window on the layers from max_window_layers on (or as layer_types
+    // says).
+    if (c.model_type == "mistral" || c.model_type == "mixtral") {
+      if (const auto w = f.optional_positive("sliding_window")) {
+        c.sliding_window = *w;
+        c.window_layers.assign(static_cast<std::size_t>(c.layers), true);
+      }
+    } else if (c.model_type == "qwen2") {
+      // transformers' defaults: a window of 4096 from layer 28 on, when use_sliding_window.
+      const bool use = f.flag("use_sliding_window", false);
+      const std::int64_t window = f.positive("sliding_window", 4096);
+      const std::int64_t from = f.integer("max_window_layers", 0, 28);
+      std::vector<bool> sliding(static_cast<std::size_t>(c.layers));
+      for (std::int64_t l = 0; l < c.layers; ++l) sliding[static_cast<std::size_t>(l)] = l >= from;
+      if (const auto types = f.get("layer_types")) {
+        if (!types->is_array() || static_cast<std::int64_t>(types->size()) != c.layers) {
+          throw IoError(fmt::format(
+              "[config] {}: the field 'layer_types' is {}, expected a list of {} entries "
+              "(\"full_attention\" or \"sliding_attention\", one per layer)",
+              source, shown(*types), c.layers));
+        }
+        std::size_t l = 0;
+        for (const json::Value t : *types) {
+          if (!t.is_string() || (t.str() != "full_attention" && t.str() != "sliding_attention")) {
+            throw IoError(
+                fmt::format("[config] {}: layer_types[{}] is {}, expected \"full_attention\" or "
+                            "\"sliding_attention\"",
+                            source, l, shown(t)));
+          }
+          sliding[l++] = t.str() == "sliding_attention";
+        }
+      }
+      if (use && std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
+        c.sliding_window = window;
+        c.window_layers = std::move(sliding);
+      }
+    }
     if (c.family == ModelFamily::kMixtral) {
-      c.experts = positive(j, "num_local_experts", source);
-      c.experts_per_token = positive(j, "num_experts_per_tok", source);
+      c.experts = f.positive("num_local_experts");
+      c.experts_per_token = f.positive("num_experts_per_tok");
       if (c.experts_per_token > c.experts) {
         throw IoError(fmt::format("[config] {}: {} experts per token of only {} experts", source,
                                   c.experts_per_token, c.experts));
@@ -178,35 +519,42 @@ ModelConfig ModelConfig::parse(std::string_view json, std::string_view source) {
     }
   }
   check_tensor_count(c, source);
-  if (c.hidden % c.heads != 0) {
-    throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads", source,
-                              c.hidden, c.heads));
+  if (c.family == ModelFamily::kGpt2) {
+    if (c.hidden % c.heads != 0) {
+      throw IoError(fmt::format("[config] {}: hidden size {} does not divide into {} heads", source,
+                                c.hidden, c.heads));
+    }
+    c.head_dim = c.hidden / c.heads;
   }
   if (c.heads % c.kv_heads != 0) {
     throw IoError(
         fmt::format("[config] {}: {} attention heads do not group evenly over {} key/value heads",
                     source, c.heads, c.kv_heads));
   }
-  if ((c.hidden / c.heads) % 2 != 0 && c.family != ModelFamily::kGpt2) {
+  if (c.head_dim % 2 != 0 && c.family != ModelFamily::kGpt2) {
     throw IoError(fmt::format(
         "[config] {}: head size {} is odd (rotary embeddings rotate pairs of dimensions)", source,
-        c.hidden / c.heads));
+        c.head_dim));
   }
+  mul(c.heads, c.head_dim, "attention width num_attention_heads x head_dim");
+  name_the_rest(f, c.not_modelled);
   return c;
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code ec;
+  // A directory is a checkpoint holding config.json (a config.json that is itself a directory
+  // is then named by the reader: "is a directory").
   if (std::filesystem::is_directory(path, ec)) file = path / "config.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    throw IoError(fmt::format("[config] cannot read '{}'{}", file.string(),
-                              file == path ? "" : " (a checkpoint directory holds config.json)"));
+  std::string text;
+  try {
+    text = detail::read_input_file(file, "config");
+  } catch (const IoError& e) {
+    if (file == path) throw;
+    throw IoError(fmt::format("{} (a checkpoint directory holds config.json)", e.what()));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), file.string());
+  return parse(text, file.string());
 }
 
 std::string ModelConfig::family_name() const {
@@ -233,7 +581,6 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
   const auto add = [&](std::string name, std::vector<std::int64_t> dims) {
     named.emplace_back(std::move(name), TensorSpec{Shape(std::move(dims)), dtype});
   };
-  const std::int64_t dh = hidden / heads;
   if (family == ModelFamily::kT5) {
     // Linear weights [out, in]; attention's inner width is heads x d_kv. The relative position
     // bias sits in the first block of each stack and serves every block.
@@ -299,20 +646,25 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
     add("ln_f.bias", {hidden});
     if (!tie_embeddings) add("lm_head.weight", {vocab, hidden});
   } else {
-    const std::int64_t kv = mul(kv_heads, dh, "key/value width num_key_value_heads x head size");
+    // q_proj [heads x head_dim, hidden], k/v_proj [kv_heads x head_dim, hidden], o_proj
+    // [hidden, heads x head_dim]: with head_dim given, heads x head_dim need not be hidden.
+    const std::int64_t q = mul(heads, head_dim, "query width num_attention_heads x head_dim");
+    const std::int64_t kv =
+        mul(kv_heads, head_dim, "key/value width num_key_value_heads x head_dim");
     add("model.embed_tokens.weight", {vocab, hidden});
     for (std::int64_t l = 0; l < layers; ++l) {
       const std::string p = fmt::format("model.layers.{}.", l);
       add(p + "input_layernorm.weight", {hidden});
-      add(p + "self_attn.q_proj.weight", {hidden, hidden});
+      add(p + "self_attn.q_proj.weight", {q, hidden});
       add(p + "self_attn.k_proj.weight", {kv, hidden});
       add(p + "self_attn.v_proj.weight", {kv, hidden});
       if (attention_bias) {
-        add(p + "self_attn.q_proj.bias", {hidden});
+        add(p + "self_attn.q_proj.bias", {q});
         add(p + "self_attn.k_proj.bias", {kv});
         add(p + "self_attn.v_proj.bias", {kv});
       }
-      add(p + "self_attn.o_proj.weight", {hidden, hidden});
+      add(p + "self_attn.o_proj.weight", {hidden, q});
+      if (output_bias) add(p + "self_attn.o_proj.bias", {hidden});
       add(p + "post_attention_layernorm.weight", {hidden});
       if (family == ModelFamily::kMixtral) {
         add(p + "block_sparse_moe.gate.weight", {experts, hidden});
@@ -327,6 +679,11 @@ Tree<TensorSpec> ModelConfig::parameters(DType dtype) const {
       add(p + "mlp.gate_proj.weight", {intermediate, hidden});
       add(p + "mlp.up_proj.weight", {intermediate, hidden});
       add(p + "mlp.down_proj.weight", {hidden, intermediate});
+      if (mlp_bias) {
+        add(p + "mlp.gate_proj.bias", {intermediate});
+        add(p + "mlp.up_proj.bias", {intermediate});
+        add(p + "mlp.down_proj.bias", {hidden});
+      }
     }
     add("model.norm.weight", {hidden});
     if (!tie_embeddings) add("lm_head.weight", {vocab, hidden});

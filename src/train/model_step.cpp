@@ -76,11 +76,22 @@ Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
   return constrain(take(at(rest, "model/embed_tokens/weight"), tokens, 0), {{0, &L.batch}}, L);
 }
 
-Array ModelStep::layer(const Tree<Array>& p, const Array& h_in) const {
+Array attention_mask(const Array& scores, std::int64_t window) {
+  const int r = scores.shape().rank();
+  if (window <= 0 || window >= scores.shape()[r - 2]) return causal_mask(scores);
+  // Query i sees keys i - window + 1 .. i (transformers' sliding window: kv > q - window).
+  const Array i = iota_like(scores, r - 2);
+  const Array j = iota_like(scores, r - 1);
+  const Array masked = full_like(scores, -1e30);
+  const Array near = less(i, j + static_cast<double>(window));
+  return where(less_equal(j, i), where(near, scores, masked), masked);
+}
+
+Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t window) const {
   const Layout& L = layout;
   const ModelConfig& c = config;
   const std::int64_t b = h_in.shape()[0], t = h_in.shape()[1], d = c.hidden;
-  const std::int64_t dh = d / c.heads, kv = c.kv_heads, g = c.heads / c.kv_heads;
+  const std::int64_t dh = c.head_dim, kv = c.kv_heads, g = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   const Array h = constrain(h_in, {{0, &L.batch}}, L);
   if (c.family == ModelFamily::kGpt2) {
@@ -111,27 +122,68 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in) const {
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
     return y;
   };
-  const Array q =
-      constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4})),
-                {{0, &L.batch}, {1, &L.model}}, L);
-  const Array k =
-      constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
-                {{0, &L.batch}, {1, &L.model}}, L);
-  const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
-                            {{0, &L.batch}, {1, &L.model}}, L);
-  const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {4}, {3}}) * scale;
-  const Array probs = softmax(causal_mask(scores), -1);                        // [b, kv, g, t, t]
-  const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
-  const Array merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, d});
-  const Array h2 = h + linear(merged, at(p, "self_attn/o_proj/weight"));
+  const std::int64_t heads = c.heads;
+  Array merged;
+  if (L.model_ways > 1 && kv % L.model_ways != 0 && heads % L.model_ways == 0) {
+    // More model-parallel ranks than key/value heads: the query heads are split over the ranks
+    // and each key/value head is repeated for the ranks whose query heads share it (as
+    // Megatron and vLLM replicate KV heads), so every rank does 1/ways of the attention.
+    // Without it the head dimension would not split and the attention ran on every rank whole.
+    const auto repeat = [&](const Array& y) {  // [b, kv, t, dh] -> [b, heads, t, dh]
+      // Copies side by side, not a broadcast merged by a reshape: the partitioner splits a
+      // merged dimension over an axis only as far as its major part (kv) divides.
+      std::vector<Array> copies;
+      copies.reserve(static_cast<std::size_t>(heads));
+      for (std::int64_t i = 0; i < kv; ++i) {
+        const Array one = slice(y, {0, i, 0, 0}, {b, i + 1, t, dh});
+        for (std::int64_t j = 0; j < g; ++j) copies.push_back(one);
+      }
+      return concatenate(copies, 1);
+    };
+    const Array q =
+        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, heads, dh}), {0, 2, 1, 3})),
+                  {{0, &L.batch}, {1, &L.model}}, L);
+    const Array k =
+        constrain(repeat(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}))),
+                  {{0, &L.batch}, {1, &L.model}}, L);
+    const Array v =
+        constrain(repeat(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
+                  {{0, &L.batch}, {1, &L.model}}, L);
+    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
+    const Array probs = softmax(attention_mask(scores, window), -1);             // [b, h, t, t]
+    const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});  // [b, h, t, dh]
+    merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, heads * dh});
+  } else {
+    const Array q =
+        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4})),
+                  {{0, &L.batch}, {1, &L.model}}, L);
+    const Array k =
+        constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
+                  {{0, &L.batch}, {1, &L.model}}, L);
+    const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
+                              {{0, &L.batch}, {1, &L.model}}, L);
+    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {4}, {3}}) * scale;
+    const Array probs = softmax(attention_mask(scores, window), -1);  // [b, kv, g, t, t]
+    const Array out =
+        dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
+    merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, heads * dh});
+  }
+  Array attended = linear(merged, at(p, "self_attn/o_proj/weight"));
+  if (c.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
+  const Array h2 = h + attended;
   const Array x2 = rms_norm(h2, at(p, "post_attention_layernorm/weight"));
   if (c.family == ModelFamily::kMixtral) {
     return constrain(h2 + mixture_of_experts(p.at("block_sparse_moe"), x2), {{0, &L.batch}}, L);
   }
-  const Array gate = linear(x2, at(p, "mlp/gate_proj/weight"));
-  const Array up = linear(x2, at(p, "mlp/up_proj/weight"));
+  const auto mlp = [&](const Array& in, const char* name) {
+    Array y = linear(in, at(p, fmt::format("mlp/{}_proj/weight", name)));
+    if (c.mlp_bias) y = y + at(p, fmt::format("mlp/{}_proj/bias", name));
+    return y;
+  };
+  const Array gate = mlp(x2, "gate");
+  const Array up = mlp(x2, "up");
   const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {2, &L.model}}, L);
-  return constrain(h2 + linear(inner, at(p, "mlp/down_proj/weight")), {{0, &L.batch}}, L);
+  return constrain(h2 + mlp(inner, "down"), {{0, &L.batch}}, L);
 }
 
 // Mixtral's sparse MLP with routing taken as perfectly balanced: the router's softmax is
@@ -285,7 +337,8 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
                               const Array& targets) const {
   if (config.family == ModelFamily::kT5) return t5_loss(params, tokens, targets);
   Array h = embed(params, tokens);
-  for (const Tree<Array>& l : params.at_path(config.layers_path()).children()) h = layer(l, h);
+  const auto& layers = params.at_path(config.layers_path()).children();
+  for (std::size_t i = 0; i < layers.size(); ++i) h = layer(layers[i], h, config.window(i));
   return loss(params, h, targets);
 }
 
@@ -372,7 +425,9 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   const std::vector<Tree<Array>>& layers = params.at_path(path).children();
   const Tree<Array> rest = replace_at_path(params, path, Tree<Array>::list({}));
   std::vector<Array> inputs{model.embed(rest, tokens)};
-  for (const Tree<Array>& l : layers) inputs.push_back(model.layer(l, inputs.back()));
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    inputs.push_back(model.layer(layers[i], inputs.back(), model.config.window(i)));
+  }
   std::map<std::string, Array> rest_grads;
   const auto accumulate = [&](const Tree<Array>& grads) {
     for (const auto& [p, g] : grads.flatten()) {
@@ -390,7 +445,9 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   for (std::size_t i = layers.size(); i-- > 0;) {
     const Array cotangent = g;
     auto [unused, grads] = value_and_grad([&](const Tree<Array>& t) {
-      return sum(astype(model.layer(t.at("p"), t.at("x").leaf()) * cotangent, DType::kF32));
+      return sum(
+          astype(model.layer(t.at("p"), t.at("x").leaf(), model.config.window(i)) * cotangent,
+                 DType::kF32));
     })(Tree<Array>::dict({{"p", fresh(layers[i])}, {"x", Tree<Array>(inputs[i])}}));
     layer_grads[i] = grads.at("p");
     g = grads.at("x").leaf();

@@ -29,8 +29,9 @@ struct ModelStep {
 
   /// tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;
-  /// hidden [b, t, d] -> hidden [b, t, d].
-  Array layer(const Tree<Array>& layer, const Array& h) const;
+  /// hidden [b, t, d] -> hidden [b, t, d]; `window` > 0: sliding-window attention
+  /// (ModelConfig::window of the layer).
+  Array layer(const Tree<Array>& layer, const Array& h, std::int64_t window = 0) const;
   /// Mixtral's sparse MLP on hidden [b, t, d] (routing taken as balanced; see the definition).
   Array mixture_of_experts(const Tree<Array>& moe, const Array& x) const;
   /// The mean next-token cross-entropy of hidden [b, t, d] against targets [b, t].
@@ -41,6 +42,11 @@ struct ModelStep {
   /// The whole forward pass and its loss over the full parameter tree.
   Array forward_loss(const Tree<Array>& params, const Array& tokens, const Array& targets) const;
 };
+
+/// Causal attention's mask on scores [..., q, k] (q == k): a query sees the keys at or before
+/// it, and with `window` > 0 only the `window` latest of them (itself included), as Mistral's
+/// sliding window. Masked scores become -1e30.
+Array attention_mask(const Array& scores, std::int64_t window);
 
 /// T5's relative position bias [heads, q, k] from its table `weight` [buckets, heads]: the
 /// distance from query i to key j in buckets, exact below half the buckets (of each direction,

@@ -12,6 +12,7 @@
 
 #include "model_step.hpp"
 #include "shardplan/detail/checked.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/optim.hpp"
@@ -111,7 +112,9 @@ std::int64_t parse_bytes(std::string_view text) {
     if (unit == u) scale = s;
   }
   if (scale == 0) return fail("has an unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
-  const double value = std::stod(number) * scale;
+  // strtod, not stod: a number too large for a double is +inf (refused below), not an
+  // exception.
+  const double value = std::strtod(number.c_str(), nullptr) * scale;
   if (!(value >= 1) || value >= 0x1p62) return fail("is out of range (1 byte to 4 EiB)");
   return static_cast<std::int64_t>(std::llround(value));
 }
@@ -148,7 +151,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
         "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
         "T5 without --recompute");
   }
-  if (o.headroom < 0 || o.headroom >= 1) {
+  if (!(o.headroom >= 0 && o.headroom < 1)) {  // NaN too
     throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
   }
   if (config.family == ModelFamily::kGpt2 && o.seq > config.positions) {
@@ -335,6 +338,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.bytes_by_collective = cost.bytes_by_kind;
   plan.device_memory = o.device_memory;
   plan.headroom = o.headroom;
+  plan.not_modelled = config.not_modelled;
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;
@@ -342,7 +346,12 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
 
 std::string TrainPlan::table() const {
   std::string out;
-  out += fmt::format("{} on {} ({} devices), rules {}\n", model, mesh, devices, rules);
+  out += fmt::format("{} on {} ({} devices), rules {}{}\n", model, detail::printable(mesh), devices,
+                     detail::printable(rules),
+                     rules_note.empty() ? "" : fmt::format(" ({})", rules_note));
+  if (!not_modelled.empty()) {
+    out += fmt::format("not modelled: {}\n", fmt::join(not_modelled, "; "));
+  }
   const std::string tokens = target_seq > 0
                                  ? fmt::format("{} encoder + {} decoder", seq, target_seq)
                                  : fmt::format("{}", seq);
@@ -402,6 +411,8 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["mesh"] = p.mesh;
   j["devices"] = p.devices;
   j["rules"] = p.rules;
+  if (!p.rules_note.empty()) j["rules_note"] = p.rules_note;
+  j["not_modelled"] = p.not_modelled;
   j["parameter_count"] = p.parameter_count;
   j["batch"] = p.batch;
   j["seq"] = p.seq;
@@ -438,9 +449,15 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   return j;
 }
 
+/// Mesh axes and file names come from the user and need not be UTF-8: invalid bytes become
+/// U+FFFD rather than an exception from the writer.
+std::string dump(const nlohmann::ordered_json& j) {
+  return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 }  // namespace
 
-void TrainPlan::write_json(std::ostream& os) const { os << to_json(*this).dump(2); }
+void TrainPlan::write_json(std::ostream& os) const { os << dump(to_json(*this)); }
 
 std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans) {
   std::optional<std::size_t> best;
@@ -467,19 +484,28 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
     const TrainPlan& p = plans[i];
     if (!p.error.empty()) {
       out +=
-          fmt::format("{:<3} {:<34} {:<26} cannot be planned: {}\n", i, p.mesh, p.rules, p.error);
+          fmt::format("{:<3} {:<34} {:<26} cannot be planned: {}\n", i, detail::printable(p.mesh),
+                      detail::printable(p.rules), detail::printable(p.error));
       continue;
     }
     const auto f = p.fits();
-    out += fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", i, p.mesh, p.rules,
+    out += fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", i,
+                       detail::printable(p.mesh), detail::printable(p.rules),
                        format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-",
                        format_bytes(p.bytes_moved()), flops_text(p.flops));
+  }
+  for (const TrainPlan& p : plans) {  // one model: said once
+    if (!p.not_modelled.empty()) {
+      out += fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
+      break;
+    }
   }
   if (const auto best = cheapest_fitting(plans)) {
     const TrainPlan& p = plans[*best];
     out += fmt::format(
         "cheapest that fits: #{} {} with rules {} ({} moved per device per step, peak {})\n", *best,
-        p.mesh, p.rules, format_bytes(p.bytes_moved()), format_bytes(p.peak_bytes));
+        detail::printable(p.mesh), detail::printable(p.rules), format_bytes(p.bytes_moved()),
+        format_bytes(p.peak_bytes));
   } else {
     out +=
         "none of these fits: try more devices, --recompute, gradient accumulation or a "
@@ -494,7 +520,7 @@ void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans) {
   for (const TrainPlan& p : plans) j["plans"].push_back(to_json(p));
   const auto best = cheapest_fitting(plans);
   j["cheapest_fitting"] = best ? nlohmann::ordered_json(*best) : nlohmann::ordered_json(nullptr);
-  os << j.dump(2);
+  os << dump(j);
 }
 
 }  // namespace shardplan
