@@ -82,6 +82,36 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   EXPECT_LT(max_diff(step2(xs, w1s, w2s).to_host(), y1.to_host()), 1e-4);
 }
 
+// A reshape merging dimensions shares only the smaller major factor between operand and result
+// ([2, 2, 3] -> [4, 3] shares a factor of 2). A result split 4 ways on the merged dimension is
+// not a split of that factor: the partitioner must not claim it (it once ran the copy on each
+// device's whole operand and every device got the first row: 0 1 2 0 1 2 ...). Each value is
+// checked against the row-major order worked out here, over every sharding of both sides.
+TEST(Sjit, AReshapeSplitFurtherThanItsSharedFactorGivesTheRightBlocks) {
+  Executor exec{4};
+  const Mesh mesh = Mesh::parse("a:2,b:2", 4);
+  Tensor x(Shape{2, 2, 3}, DType::kF32);
+  for (std::int64_t i = 0; i < 12; ++i) x.set(i, static_cast<double>(i));
+  const std::vector<PartitionSpec> ins{P(), P("a"), P("a", "b"), P(nullptr, "a"), P(AxisNames{"a", "b"})};
+  const std::vector<PartitionSpec> outs{P(AxisNames{"a", "b"}), P("a"), P("b"), P(nullptr, "a"), P()};
+  for (const auto& in : ins) {
+    if (in == P(AxisNames{"a", "b"})) continue;  // dimension 0 of size 2 splits 2 ways at most
+    for (const auto& out : outs) {
+      if (out == P(nullptr, "a")) continue;  // 3 columns do not split 2 ways
+      SCOPED_TRACE(in.to_string() + " -> " + out.to_string());
+      const Array xs = device_put(x, NamedSharding(mesh, in), exec);
+      auto f = sjit(MeshShardingHelper(mesh), [&](const Array& a) {
+        return with_sharding_constraint(reshape(a, Shape{4, 3}), out);
+      });
+      const Array y = f(xs);
+      EXPECT_TRUE(y.sharding().is_equivalent_to(NamedSharding(mesh, out), 2));
+      const Tensor h = y.to_host();
+      ASSERT_EQ(h.shape(), (Shape{4, 3}));
+      for (std::int64_t i = 0; i < 12; ++i) EXPECT_EQ(h.get(i), static_cast<double>(i)) << i;
+    }
+  }
+}
+
 // XLA's sharded weight update, made by the partitioner: `w - 0.1 * g` with w replicated and g a
 // sum pending over 'data' (the weight gradient of a data-parallel step) reduce-scatters g
 // instead of all-reducing it, updates a quarter of w on each device, and all-gathers the result

@@ -360,8 +360,13 @@ class Partitioner {
     const OpFactors& f = prop_.factors(id);
     Choice c;
     c.axes = std::move(axes);
+    // A dimension takes its factor's axes when they split both: a reshape's compound dimension
+    // is larger than the factor it shares, and splitting it further than the factor is not a
+    // split of the factor (its blocks would not be the operand's).
     auto fits = [&](std::int64_t size, int fac) {
-      return fac >= 0 && size % std::max<std::int64_t>(1, product(mesh_, c.axes[fac])) == 0;
+      if (fac < 0) return false;
+      const std::int64_t ways = std::max<std::int64_t>(1, product(mesh_, c.axes[fac]));
+      return size % ways == 0 && f.size(fac) % ways == 0;
     };
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
