@@ -100,6 +100,9 @@ struct TrainPlanOptions {
   std::vector<std::string> batch_axes;
   std::int64_t device_memory = 0;  // bytes per device; 0: do not check
   double headroom = 0.1;           // fraction of device_memory kept free (runtime, fragments)
+  /// Plan many layers or micro-batches from a few small traced steps (docs/training.md, "Sizing
+  /// a training run"); false: trace every layer and micro-batch (slow; to check the former).
+  bool extrapolate = true;
 };
 
 /// Per device (the most any device needs), for one training step.

@@ -353,7 +353,7 @@ std::vector<std::string> head_paths(const ModelConfig& c) {
 
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute) {
+                                             bool recompute, bool gather_again) {
   if (!recompute) {
     return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
       return model.forward_loss(p, x, y);
@@ -371,8 +371,9 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   const std::string path = model.config.layers_path();
   const std::vector<Tree<Array>>& layers = params.at_path(path).children();
   const Tree<Array> rest = replace_at_path(params, path, Tree<Array>::list({}));
-  std::vector<Array> inputs{model.embed(rest, tokens)};
-  for (const Tree<Array>& l : layers) inputs.push_back(model.layer(l, inputs.back()));
+  const auto use = [&](const Tree<Array>& t) { return gather_again ? fresh(t) : t; };
+  std::vector<Array> inputs{model.embed(use(subtree(rest, embed_paths(model.config))), tokens)};
+  for (const Tree<Array>& l : layers) inputs.push_back(model.layer(use(l), inputs.back()));
   std::map<std::string, Array> rest_grads;
   const auto accumulate = [&](const Tree<Array>& grads) {
     for (const auto& [p, g] : grads.flatten()) {
@@ -383,7 +384,7 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   auto [loss, head] = value_and_grad([&](const Tree<Array>& t) {
     return model.loss(t.at("rest"), t.at("h").leaf(), targets);
   })(Tree<Array>::dict({{"h", Tree<Array>(inputs.back())},
-                        {"rest", subtree(rest, head_paths(model.config))}}));
+                        {"rest", use(subtree(rest, head_paths(model.config)))}}));
   accumulate(head.at("rest"));
   Array g = head.at("h").leaf();
   std::vector<Tree<Array>> layer_grads(layers.size());
@@ -398,7 +399,7 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   const Array cotangent = g;
   auto [unused, embed_grads] = value_and_grad([&](const Tree<Array>& r) {
     return sum(astype(model.embed(r, tokens) * cotangent, DType::kF32));
-  })(subtree(rest, embed_paths(model.config)));
+  })(use(subtree(rest, embed_paths(model.config))));
   accumulate(embed_grads);
   const Tree<Array> rest_tree =
       rest.map_with_path([&](const std::string& p, const Array&) { return rest_grads.at(p); });

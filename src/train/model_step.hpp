@@ -56,8 +56,11 @@ Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T
 /// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch:
 /// whole-graph differentiation, or with `recompute` a forward pass that keeps only each layer's
 /// input, then layer by layer backwards re-running that layer's forward pass to differentiate it.
+/// With `gather_again` (recomputation only) the forward pass reads fresh copies of the weights,
+/// so that each micro-batch of a step gathers the weights it uses again (as FSDP does) instead of
+/// keeping an earlier micro-batch's gathered copies alive.
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute);
+                                             bool recompute, bool gather_again = false);
 
 }  // namespace shardplan::train
