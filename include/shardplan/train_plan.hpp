@@ -138,6 +138,11 @@ struct TrainPlan {
   std::int64_t device_memory = 0;
   double headroom = 0;
   double seconds_to_plan = 0;
+  /// Whether the figures were extrapolated from small traced steps (TrainPlanOptions::
+  /// extrapolate), and what was traced: "the whole step" or "steps of 2, 3, 4, 8 layers x 1
+  /// micro-batch".
+  bool extrapolated = false;
+  std::string traced;
   std::string rules;  // where the rules came from ("preset llama_fsdp_tp", a file name)
   /// FLOPs of every device together (flops is the busiest device's).
   double total_flops = 0;

@@ -68,8 +68,8 @@ std::string flops_text(double f) {
 // Cost bounds (docs/training.md, "Sizing a training run"). The largest layer or micro-batch
 // count traced as a sample; counts up to it are traced as they are.
 constexpr std::int64_t kLargestSample = 8;
-// The most layer units one plan traces: about 10 s and 2 GB in a Release build.
-constexpr std::int64_t kMaxTraceUnits = 1024;
+// The most layer units one plan traces: about 1 GB and some seconds (docs/performance.md).
+constexpr std::int64_t kMaxTraceUnits = 512;
 // A Mixtral layer counts one unit more per this many experts.
 constexpr std::int64_t kExpertsPerUnit = 4;
 // The most parameter tensors (leaves of the parameter tree) a model may have.
@@ -372,10 +372,9 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const bool by_accum = accum > kLargestSample;
   std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (layers, micro-batches) traced
   if (by_layers && by_accum) {
-    for (const std::int64_t l : {2, 3, 4}) {
-      for (const std::int64_t k : {2, 3, 4}) points.emplace_back(l, k);
-    }
-    points.insert(points.end(), {{kLargestSample, 2}, {2, kLargestSample}, {6, 6}});
+    // The corners the function is fitted on, then checks along each count and across.
+    points = {{2, 2}, {3, 2}, {2, 3}, {3, 3}, {4, 2}, {kLargestSample, 2}, {2, 4},
+              {2, kLargestSample}, {4, 4}};
   } else if (by_layers) {
     for (const std::int64_t l : {std::int64_t{2}, std::int64_t{3}, std::int64_t{4}, kLargestSample})
       points.emplace_back(l, accum);
@@ -437,6 +436,14 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
       samples.push_back({l, k, trace_step(c, mesh, rules, so, layout).figures});
     }
     figures = train::extrapolate(samples, layers, accum);
+    if (std::getenv("H4_DEBUG")) {  // TEMP
+      for (const auto& sm : samples) {
+        fmt::print(stderr, "{}x{}:", sm.layers, sm.micro_batches);
+        for (const auto& [kk, v] : sm.figures.bytes) fmt::print(stderr, " {}={}", kk, v);
+        for (const auto& [kk, v] : sm.figures.flops) fmt::print(stderr, " {}={}", kk, v);
+        fmt::print(stderr, "\n");
+      }
+    }
     if (!figures && full_units > kMaxTraceUnits) {
       throw too_large(fmt::format("its figures do not grow linearly with the layers and "
                                   "micro-batches of small steps, so it must be traced whole: {} "
@@ -445,7 +452,18 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
                       full_units);
     }
   }
-  if (!figures) {
+  std::string what_traced = "the whole step";
+  if (figures) {
+    std::vector<std::string> steps;
+    for (const auto& [l, k] : points) {
+      steps.push_back(by_layers && by_accum ? fmt::format("{}x{}", l, k)
+                                            : fmt::format("{}", by_layers ? l : k));
+    }
+    what_traced = fmt::format("steps of {} {}", fmt::join(steps, ", "),
+                              by_layers && by_accum ? "layers x micro-batches"
+                              : by_layers           ? "layers"
+                                                    : "micro-batches");
+  } else {
     traced = trace_step(config, mesh, rules, o, layout);
     figures = traced->figures;
   }
@@ -516,6 +534,8 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   }
   plan.device_memory = o.device_memory;
   plan.headroom = o.headroom;
+  plan.extrapolated = !traced;
+  plan.traced = what_traced;
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;
@@ -563,8 +583,9 @@ std::string TrainPlan::table() const {
   if (bytes_by_collective.size() > 1) {
     out += fmt::format("  {:<40} {:>12}\n", "total", format_bytes(bytes_moved()));
   }
-  out += fmt::format("FLOPs per step, all devices: {}; planned in {:.2f} s\n",
-                     flops_text(total_flops), seconds_to_plan);
+  out += fmt::format("FLOPs per step, all devices: {}; planned in {:.2f} s{}\n",
+                     flops_text(total_flops), seconds_to_plan,
+                     extrapolated ? fmt::format(", extrapolated from {}", traced) : "");
   return out;
 }
 
@@ -616,6 +637,8 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
     j["fits"] = nullptr;
   }
   j["seconds_to_plan"] = p.seconds_to_plan;
+  j["extrapolated"] = p.extrapolated;
+  j["traced"] = p.traced;
   return j;
 }
 
