@@ -353,7 +353,7 @@ std::vector<std::string> head_paths(const ModelConfig& c) {
 
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute, bool gather_again) {
+                                             bool recompute, const Refresh* refresh) {
   if (!recompute) {
     return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
       return model.forward_loss(p, x, y);
@@ -371,9 +371,16 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   const std::string path = model.config.layers_path();
   const std::vector<Tree<Array>>& layers = params.at_path(path).children();
   const Tree<Array> rest = replace_at_path(params, path, Tree<Array>::list({}));
-  const auto use = [&](const Tree<Array>& t) { return gather_again ? fresh(t) : t; };
+  // The weights as a micro-batch reads them: refreshed copies (`prefix`: the subtree's path).
+  const auto use = [&](const Tree<Array>& t, const std::string& prefix = "") {
+    if (refresh == nullptr) return t;
+    return t.map_with_path([&](const std::string& p, const Array& a) { return (*refresh)(p, a); },
+                           prefix);
+  };
   std::vector<Array> inputs{model.embed(use(subtree(rest, embed_paths(model.config))), tokens)};
-  for (const Tree<Array>& l : layers) inputs.push_back(model.layer(use(l), inputs.back()));
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    inputs.push_back(model.layer(use(layers[i], fmt::format("{}/{}", path, i)), inputs.back()));
+  }
   std::map<std::string, Array> rest_grads;
   const auto accumulate = [&](const Tree<Array>& grads) {
     for (const auto& [p, g] : grads.flatten()) {
@@ -392,7 +399,9 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
     const Array cotangent = g;
     auto [unused, grads] = value_and_grad([&](const Tree<Array>& t) {
       return sum(astype(model.layer(t.at("p"), t.at("x").leaf()) * cotangent, DType::kF32));
-    })(Tree<Array>::dict({{"p", fresh(layers[i])}, {"x", Tree<Array>(inputs[i])}}));
+    })(Tree<Array>::dict({{"p", refresh != nullptr ? use(layers[i], fmt::format("{}/{}", path, i))
+                                                   : fresh(layers[i])},
+                          {"x", Tree<Array>(inputs[i])}}));
     layer_grads[i] = grads.at("p");
     g = grads.at("x").leaf();
   }

@@ -2,7 +2,9 @@
 // The training steps train-plan lowers: each family's forward pass split into the embedding,
 // one decoder layer and the head with its loss, so that the step can be differentiated whole or
 // layer by layer (activation recomputation). Private to the library.
+#include <functional>
 #include <optional>
+#include <string>
 
 #include "shardplan/array.hpp"
 #include "shardplan/partition_spec.hpp"
@@ -53,14 +55,18 @@ Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bi
 template <class T>
 Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T>& subtree);
 
+/// A fresh copy of the parameter leaf at `path` ("model/layers/3/mlp/up_proj/weight"), held as
+/// the parameter is (its sharding), so that the program gathers the copy where it is used.
+using Refresh = std::function<Array(const std::string& path, const Array& leaf)>;
+
 /// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch:
 /// whole-graph differentiation, or with `recompute` a forward pass that keeps only each layer's
 /// input, then layer by layer backwards re-running that layer's forward pass to differentiate it.
-/// With `gather_again` (recomputation only) the forward pass reads fresh copies of the weights,
+/// With `refresh` (recomputation only) the forward pass reads refreshed copies of the weights,
 /// so that each micro-batch of a step gathers the weights it uses again (as FSDP does) instead of
-/// keeping an earlier micro-batch's gathered copies alive.
+/// reusing, and so keeping alive, the first one's gathered weights.
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute, bool gather_again = false);
+                                             bool recompute, const Refresh* refresh = nullptr);
 
 }  // namespace shardplan::train

@@ -129,6 +129,25 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   const TensorSpec targets = batch_of(config.family == ModelFamily::kT5 ? target_seq : o.seq);
 
   const train::ModelStep model{config, layout};
+  // A parameter copied and held as the parameter is (its rule's sharding): each micro-batch
+  // gathers its weights from such copies, so none reuses (and keeps alive) another's gathers.
+  // (The copy alone would not do: it would be made from the gathered parameter.)
+  std::map<std::string, std::optional<PartitionSpec>> param_specs;
+  if (o.recompute && o.grad_accum > 1) {
+    const ShardingAssignment a = MeshShardingHelper(mesh).resolve(RuleTree(rules), params);
+    const auto paths = params.flatten();
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      const MaybeSharding s = a.sharding_of(i);
+      param_specs.emplace(paths[i].first, s ? std::optional(s->spec()) : std::nullopt);
+    }
+  }
+  const train::Refresh refresh = [&](const std::string& path, const Array& a) {
+    const auto it = param_specs.find(path);
+    if (it == param_specs.end()) {
+      throw std::logic_error(fmt::format("[train] no sharding for the parameter '{}'", path));
+    }
+    return it->second ? with_sharding_constraint(a * 1.0, *it->second) : a * 1.0;
+  };
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     Array loss;
@@ -145,7 +164,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
         // With recomputation each micro-batch gathers its weights again: otherwise the first
         // one's gathered copies are used by every later one and the whole model stays gathered.
         auto [l, g_pending] = train::loss_and_grads(model, p, piece(x, k), piece(y, k),
-                                                    o.recompute, /*gather_again=*/true);
+                                                    o.recompute, &refresh);
         // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
         // is held sharded rather than as every device's unreduced full-size partial sums.
         const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
@@ -436,14 +455,6 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
       samples.push_back({l, k, trace_step(c, mesh, rules, so, layout).figures});
     }
     figures = train::extrapolate(samples, layers, accum);
-    if (std::getenv("H4_DEBUG")) {  // TEMP
-      for (const auto& sm : samples) {
-        fmt::print(stderr, "{}x{}:", sm.layers, sm.micro_batches);
-        for (const auto& [kk, v] : sm.figures.bytes) fmt::print(stderr, " {}={}", kk, v);
-        for (const auto& [kk, v] : sm.figures.flops) fmt::print(stderr, " {}={}", kk, v);
-        fmt::print(stderr, "\n");
-      }
-    }
     if (!figures && full_units > kMaxTraceUnits) {
       throw too_large(fmt::format("its figures do not grow linearly with the layers and "
                                   "micro-batches of small steps, so it must be traced whole: {} "
