@@ -226,7 +226,6 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.donate_argnums = {0, 1};
   const Lowered low = sjit(mesh, step, std::move(options)).lower(params, state, tokens, targets);
 
-
   TracedStep out;
   const std::vector<NamedSharding> in = low.input_shardings();
   const std::vector<TensorSpec> p_leaves = params.leaves(), s_leaves = state.leaves();
@@ -426,16 +425,16 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
     throw too_large(fmt::format("the {} small steps traced to extrapolate from", points.size()),
                     sample_units);
   }
-  // The parameter tree is built whole (its shardings give the state's bytes): bounded too.
+  // The parameter tree is built whole (its shardings give the state's bytes): bounded too. (T5's
+  // layers are bounded by the trace's limit above.)
   const auto leaves_with = [&](std::int64_t l) {
     ModelConfig c = config;
     c.layers = l;
-    if (t5) c.decoder_layers = l;
-    return static_cast<std::int64_t>(c.parameters(o.param_dtype).leaves().size());
+    return static_cast<double>(c.parameters(o.param_dtype).leaves().size());
   };
-  const std::int64_t per_layer = leaves_with(2) - leaves_with(1);
-  const double tensors = static_cast<double>(leaves_with(1)) +
-                         static_cast<double>(per_layer) * static_cast<double>(config.layers - 1);
+  const double tensors =
+      t5 ? 0
+         : leaves_with(1) + (leaves_with(2) - leaves_with(1)) * static_cast<double>(layers - 1);
   if (tensors > static_cast<double>(kMaxParameterTensors)) {
     throw SpecError(fmt::format(
         "[train] the model has {:.0f} parameter tensors ({} layers), over the limit of {}",
