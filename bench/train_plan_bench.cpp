@@ -65,11 +65,7 @@ void BM_TrainPlan1000Layers(benchmark::State& state) {
   }
   state.counters["peak_GiB"] = static_cast<double>(peak) / (1 << 30);
 }
-BENCHMARK(BM_TrainPlan1000Layers)
-    ->Arg(1)
-    ->Arg(8192)
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(2);
+BENCHMARK(BM_TrainPlan1000Layers)->Arg(1)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(2);
 
 void BM_WeightsOnlyPlanLlama70B(benchmark::State& state) {
   const MeshShardingHelper helper(Mesh::parse("fsdp:-1,tp:8", state.range(0)));

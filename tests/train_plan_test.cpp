@@ -5,18 +5,18 @@
 
 #include <cmath>
 #include <filesystem>
-#include <sstream>
 #include <limits>
+#include <sstream>
 #include <tuple>
 
 #include "model_step.hpp"
-#include "step_scaling.hpp"
 #include "nlohmann/json.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/executor.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/sjit.hpp"
+#include "step_scaling.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -618,11 +618,11 @@ INSTANTIATE_TEST_SUITE_P(
         ExtrapolationCase{"llama_accum3", kTinyLlama, "fsdp:8", "llama_fsdp", 22, 3, false},
         ExtrapolationCase{"llama_many_micro_batches_remat", kTinyLlama, "fsdp:2,tp:2",
                           "llama_fsdp_tp", 2, 20, true},
-        ExtrapolationCase{"llama_many_of_both_remat", kTinyLlama, "fsdp:2,tp:2", "llama_fsdp_tp",
-                          9, 14, true},
+        ExtrapolationCase{"llama_many_of_both_remat", kTinyLlama, "fsdp:2,tp:2", "llama_fsdp_tp", 9,
+                          14, true},
         ExtrapolationCase{"mixtral", kTinyMixtral, "ep:2,fsdp:2", "mixtral_ep", 22, 1, false},
-        ExtrapolationCase{"mixtral_accum2_remat", kTinyMixtral, "ep:2,fsdp:2", "mixtral_ep", 22,
-                          2, true},
+        ExtrapolationCase{"mixtral_accum2_remat", kTinyMixtral, "ep:2,fsdp:2", "mixtral_ep", 22, 2,
+                          true},
         ExtrapolationCase{"gpt2", kTinyGpt2, "fsdp:2,tp:2", "gpt2", 22, 1, false},
         ExtrapolationCase{"gpt2_accum2_remat", kTinyGpt2, "fsdp:2,tp:2", "gpt2", 22, 2, true}),
     [](const ::testing::TestParamInfo<ExtrapolationCase>& c) { return c.param.name; });
@@ -666,8 +666,8 @@ TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
   extra.figures.bytes["collective all_to_all"] = 1;
   EXPECT_FALSE(train::extrapolate({affine(2), affine(3), affine(4), extra}, 1000, 1));
   // FLOPs off the line.
-  EXPECT_FALSE(train::extrapolate({affine(2), affine(3), sample(4, 1, 128, 12.5), affine(8)},
-                                  1000, 1));
+  EXPECT_FALSE(
+      train::extrapolate({affine(2), affine(3), sample(4, 1, 128, 12.5), affine(8)}, 1000, 1));
   // A count that was not sampled and cannot be extrapolated to.
   EXPECT_FALSE(train::extrapolate({affine(2), affine(3)}, 1000, 2));
 }
@@ -690,8 +690,8 @@ TEST(PlanTraining, LargeStepsArePlannedOrRefusedUpFront) {
   m.experts = 32768;
   o.grad_accum = 1;
   o.batch = 8;
-  EXPECT_THROW_WITH(plan_training(m, mesh_of("ep:2,fsdp:2"), preset("mixtral_ep"), o),
-                    SpecError, "too large to plan", "over the limit of 512", "experts");
+  EXPECT_THROW_WITH(plan_training(m, mesh_of("ep:2,fsdp:2"), preset("mixtral_ep"), o), SpecError,
+                    "too large to plan", "over the limit of 512", "experts");
   // Without extrapolation the whole step counts.
   c.layers = 600;
   o.extrapolate = false;
@@ -701,8 +701,8 @@ TEST(PlanTraining, LargeStepsArePlannedOrRefusedUpFront) {
   ModelConfig t = ModelConfig::parse(kTinyT5);
   t.layers = t.decoder_layers = 300;
   o.extrapolate = true;
-  EXPECT_THROW_WITH(plan_training(t, mesh_of("fsdp:2"), preset("t5"), o), SpecError,
-                    "600 layers", "T5 is traced whole");
+  EXPECT_THROW_WITH(plan_training(t, mesh_of("fsdp:2"), preset("t5"), o), SpecError, "600 layers",
+                    "T5 is traced whole");
 }
 
 // With recomputation each micro-batch gathers the weights it uses again (as FSDP does): more

@@ -15,14 +15,16 @@ namespace {
 std::int64_t add(std::int64_t a, std::int64_t b) {
   std::int64_t out = 0;
   if (!detail::checked_add(a, b, &out)) {
-    throw SpecError(fmt::format("[train] a byte count of the step overflows int64 ({} + {})", a, b));
+    throw SpecError(
+        fmt::format("[train] a byte count of the step overflows int64 ({} + {})", a, b));
   }
   return out;
 }
 std::int64_t mul(std::int64_t a, std::int64_t b) {
   std::int64_t out = 0;
   if (!detail::checked_mul(a, b, &out)) {
-    throw SpecError(fmt::format("[train] a byte count of the step overflows int64 ({} x {})", a, b));
+    throw SpecError(
+        fmt::format("[train] a byte count of the step overflows int64 ({} x {})", a, b));
   }
   return out;
 }
@@ -39,8 +41,8 @@ struct Bilinear {
 
 }  // namespace
 
-std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples,
-                                       std::int64_t layers, std::int64_t micro_batches) {
+std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
+                                       std::int64_t micro_batches) {
   if (samples.empty()) return std::nullopt;
   std::set<std::int64_t> ls, ks;
   for (const StepSample& s : samples) {

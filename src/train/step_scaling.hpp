@@ -29,7 +29,7 @@ struct StepSample {
 /// count alone: that term is left out), when every sample lies on it: bytes exactly, FLOPs to a
 /// relative 1e-12 (sums of doubles). nullopt when a sample lies off it, the samples' keys differ
 /// or the fitting samples are missing. Throws SpecError when a byte count overflows int64.
-std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples,
-                                       std::int64_t layers, std::int64_t micro_batches);
+std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
+                                       std::int64_t micro_batches);
 
 }  // namespace shardplan::train

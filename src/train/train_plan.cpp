@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "model_step.hpp"
-#include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/sjit.hpp"
 #include "step_scaling.hpp"
@@ -81,8 +81,8 @@ constexpr std::string_view kCollective = "collective ";
 /// The optimizer's state for `params` (the step count, and Adam's moments like the parameters)
 /// and its rules.
 std::pair<Tree<TensorSpec>, RuleTree> optimizer_state(const Tree<TensorSpec>& params,
-                                                       const RulePtr& rules,
-                                                       const TrainPlanOptions& o) {
+                                                      const RulePtr& rules,
+                                                      const TrainPlanOptions& o) {
   const auto moments = [&] {
     return params.map([&](const TensorSpec& t) { return TensorSpec{t.shape, o.optimizer_dtype}; });
   };
@@ -95,8 +95,7 @@ std::pair<Tree<TensorSpec>, RuleTree> optimizer_state(const Tree<TensorSpec>& pa
       state_rules.emplace_back(key, RuleTree(rules));
     }
   }
-  return {Tree<TensorSpec>::dict(std::move(state_entries)),
-          RuleTree::dict(std::move(state_rules))};
+  return {Tree<TensorSpec>::dict(std::move(state_entries)), RuleTree::dict(std::move(state_rules))};
 }
 
 /// What one trace of the step gives: the figures that grow with the layers and micro-batches,
@@ -163,8 +162,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
       for (std::int64_t k = 0; k < o.grad_accum; ++k) {
         // With recomputation each micro-batch gathers its weights again: otherwise the first
         // one's gathered copies are used by every later one and the whole model stays gathered.
-        auto [l, g_pending] = train::loss_and_grads(model, p, piece(x, k), piece(y, k),
-                                                    o.recompute, &refresh);
+        auto [l, g_pending] =
+            train::loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute, &refresh);
         // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
         // is held sharded rather than as every device's unreduced full-size partial sums.
         const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
@@ -391,8 +390,9 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (layers, micro-batches) traced
   if (by_layers && by_accum) {
     // The corners the function is fitted on, then checks along each count and across.
-    points = {{2, 2}, {3, 2}, {2, 3}, {3, 3}, {4, 2}, {kLargestSample, 2}, {2, 4},
-              {2, kLargestSample}, {4, 4}};
+    points = {
+        {2, 2}, {3, 2}, {2, 3}, {3, 3}, {4, 2}, {kLargestSample, 2}, {2, 4}, {2, kLargestSample},
+        {4, 4}};
   } else if (by_layers) {
     for (const std::int64_t l : {std::int64_t{2}, std::int64_t{3}, std::int64_t{4}, kLargestSample})
       points.emplace_back(l, accum);
@@ -417,9 +417,9 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
                                                : "layers or micro-batches"));
   };
   if (full && full_units > kMaxTraceUnits) {
-    throw too_large(fmt::format("{} layers x {} micro-batch{}", layers, accum,
-                                accum == 1 ? "" : "es"),
-                    full_units);
+    throw too_large(
+        fmt::format("{} layers x {} micro-batch{}", layers, accum, accum == 1 ? "" : "es"),
+        full_units);
   }
   if (!full && sample_units > kMaxTraceUnits) {
     throw too_large(fmt::format("the {} small steps traced to extrapolate from", points.size()),
@@ -433,12 +433,11 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
     return static_cast<double>(c.parameters(o.param_dtype).leaves().size());
   };
   const double tensors =
-      t5 ? 0
-         : leaves_with(1) + (leaves_with(2) - leaves_with(1)) * static_cast<double>(layers - 1);
+      t5 ? 0 : leaves_with(1) + (leaves_with(2) - leaves_with(1)) * static_cast<double>(layers - 1);
   if (tensors > static_cast<double>(kMaxParameterTensors)) {
     throw SpecError(fmt::format(
-        "[train] the model has {:.0f} parameter tensors ({} layers), over the limit of {}",
-        tensors, config.layers, kMaxParameterTensors));
+        "[train] the model has {:.0f} parameter tensors ({} layers), over the limit of {}", tensors,
+        config.layers, kMaxParameterTensors));
   }
 
   std::optional<train::StepFigures> figures;
