@@ -28,17 +28,30 @@ Array conv1d(const Array& x, const Array& w) {
 }
 
 // Rotary position embedding (LLaMA's rotate-half form) over the last two dimensions [..., t, dh].
-Array rotary(const Array& x) {
+// `shared`: tables made once for the step, or null to make them here.
+Array rotary(const Array& x, SharedTables* shared) {
   const int r = x.shape().rank();
   const std::int64_t t = x.shape()[r - 2], dh = x.shape()[r - 1], half = dh / 2;
-  const Shape table{t, half};
-  const Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
-  const Array i = iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32);
-  const Array angle = pos * exp(i * (-2.0 * std::log(10000.0) / static_cast<double>(dh)));
+  const auto make = [&] {
+    const Shape table{t, half};
+    const Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
+    const Array i = iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32);
+    const Array angle = pos * exp(i * (-2.0 * std::log(10000.0) / static_cast<double>(dh)));
+    return std::pair{astype(cos(angle), x.dtype()), astype(sin(angle), x.dtype())};
+  };
+  std::pair<Array, Array> tables;
+  if (shared == nullptr) {
+    tables = make();
+  } else {
+    const auto key = std::tuple{t, half, x.dtype()};
+    auto it = shared->rotary.find(key);
+    if (it == shared->rotary.end()) it = shared->rotary.emplace(key, make()).first;
+    tables = it->second;
+  }
   std::vector<std::int64_t> half_dims = x.shape().dims();
   half_dims[static_cast<std::size_t>(r - 1)] = half;
-  const Array c = broadcast_in_dim(astype(cos(angle), x.dtype()), Shape(half_dims), {r - 2, r - 1});
-  const Array s = broadcast_in_dim(astype(sin(angle), x.dtype()), Shape(half_dims), {r - 2, r - 1});
+  const Array c = broadcast_in_dim(tables.first, Shape(half_dims), {r - 2, r - 1});
+  const Array s = broadcast_in_dim(tables.second, Shape(half_dims), {r - 2, r - 1});
   std::vector<std::int64_t> zero(static_cast<std::size_t>(r), 0), mid_start = zero;
   mid_start[static_cast<std::size_t>(r - 1)] = half;
   const Array x1 = slice(x, zero, half_dims);
@@ -111,11 +124,11 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in) const {
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
     return y;
   };
-  const Array q =
-      constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4})),
-                {{0, &L.batch}, {1, &L.model}}, L);
+  const Array q = constrain(
+      rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4}), tables),
+      {{0, &L.batch}, {1, &L.model}}, L);
   const Array k =
-      constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
+      constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}), tables),
                 {{0, &L.batch}, {1, &L.model}}, L);
   const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
                             {{0, &L.batch}, {1, &L.model}}, L);

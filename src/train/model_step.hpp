@@ -3,8 +3,10 @@
 // one decoder layer and the head with its loss, so that the step can be differentiated whole or
 // layer by layer (activation recomputation). Private to the library.
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "shardplan/array.hpp"
 #include "shardplan/partition_spec.hpp"
@@ -23,11 +25,21 @@ struct Layout {
   std::int64_t model_ways = 1;  // product of the model axes' sizes
 };
 
+/// Tables every layer and micro-batch of one traced step reads alike, made once: the rotary
+/// positions' cos and sin [t, dh / 2] by (t, dh / 2, dtype). Made per layer, each layer's copy
+/// of these small constants would be kept between runs (program constants), one per layer and
+/// micro-batch. Holds arrays of one trace: make one per trace, and use it only where the first
+/// layer runs in that trace itself (the recomputing forward pass), not inside a value_and_grad.
+struct SharedTables {
+  std::map<std::tuple<std::int64_t, std::int64_t, DType>, std::pair<Array, Array>> rotary;
+};
+
 /// The family's forward pass in three parts. `rest` is the parameter tree without its layers
 /// (the layers list replaced by an empty list); `layer` one element of the layers list.
 struct ModelStep {
   const ModelConfig& config;
   Layout layout;
+  SharedTables* tables = nullptr;  // none: every layer makes its own tables
 
   /// tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;

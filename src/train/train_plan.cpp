@@ -127,7 +127,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   const TensorSpec tokens = batch_of(input_seq);
   const TensorSpec targets = batch_of(config.family == ModelFamily::kT5 ? target_seq : o.seq);
 
-  const train::ModelStep model{config, layout};
+  const train::ModelStep base{config, layout};
   // A parameter copied and held as the parameter is (its rule's sharding): each micro-batch
   // gathers its weights from such copies, so none reuses (and keeps alive) another's gathers.
   // (The copy alone would not do: it would be made from the gathered parameter.)
@@ -149,6 +149,12 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   };
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
+    // The rotary tables made once for the whole step, not per layer and micro-batch. Only with
+    // recomputation, whose forward pass runs in this trace: an array made inside one
+    // value_and_grad (the whole-graph differentiation) is not valid in the next one.
+    train::SharedTables shared;
+    train::ModelStep model = base;
+    if (o.recompute) model.tables = &shared;
     Array loss;
     Tree<Array> grads;
     if (o.grad_accum == 1) {
