@@ -1,6 +1,7 @@
 // How long `shardplan train-plan` takes to size a LLaMA-3-70B-shaped training step (80 layers,
 // AdamW, bf16, recomputation) on 64 to 1,024 devices: tracing, propagation, partitioning and
-// memory planning of the whole step on abstract arguments. The baseline in the same run is the
+// memory planning of the whole step on abstract arguments; and 1,000 such layers, with one and
+// with 8,192 micro-batches, planned from small steps. The baseline in the same run is the
 // weights-only plan of the same parameters (`shardplan plan`: rules resolved, no program).
 //
 //   build-release/bench/train_plan_bench
@@ -43,6 +44,28 @@ BENCHMARK(BM_TrainPlanLlama70B)
     ->Arg(1024)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(2);
+
+// 1,000 layers of LLaMA-3-70B's width (cost bounds, issue 24): planned from steps of 2, 3, 4 and
+// 8 layers (docs/training.md); before, every layer was traced (14 s, 2.2 GB).
+void BM_TrainPlan1000Layers(benchmark::State& state) {
+  ModelConfig c = llama3_70b();
+  c.layers = 1000;
+  const Mesh mesh = Mesh::parse("fsdp:-1,tp:8", 64);
+  const RulePtr rules = load_preset("llama_fsdp_tp").make_rule();
+  TrainPlanOptions o;
+  o.seq = 4096;
+  o.recompute = true;
+  o.grad_accum = static_cast<int>(state.range(0));
+  o.batch = 8 * o.grad_accum;
+  std::int64_t peak = 0;
+  for (auto _ : state) {
+    const TrainPlan p = plan_training(c, mesh, rules, o);
+    peak = p.peak_bytes;
+    benchmark::DoNotOptimize(peak);
+  }
+  state.counters["peak_GiB"] = static_cast<double>(peak) / (1 << 30);
+}
+BENCHMARK(BM_TrainPlan1000Layers)->Arg(1)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(2);
 
 void BM_WeightsOnlyPlanLlama70B(benchmark::State& state) {
   const MeshShardingHelper helper(Mesh::parse("fsdp:-1,tp:8", state.range(0)));

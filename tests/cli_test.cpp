@@ -884,6 +884,41 @@ TEST_F(TrainPlanCli, Gpt2AndT5UseTheirOwnPresets) {
   EXPECT_EQ(j["per_device"]["batch_bytes"], (8 / 4) * (256 + 64 + 64) * 4);
 }
 
+// Configs the tracer could not hold (10,000 layers ended in "internal error: std::bad_alloc",
+// 32,768 experts ran out of memory, 8,192 micro-batches took gigabytes): planned from a few small
+// traced steps, or refused before tracing with the limit stated.
+TEST_F(TrainPlanCli, LargeStepsArePlannedOrRefusedWithTheLimit) {
+  const std::string deep = config(R"({"model_type": "llama", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 10000,
+    "num_attention_heads": 4, "num_key_value_heads": 2})",
+                                  "deep.json")
+                               .string();
+  const Result r = run(fmt::format(
+      "train-plan --config '{}' --mesh fsdp:8 --rules preset:llama_fsdp --batch 8 --seq 16", deep));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("extrapolated from steps of 2, 3, 4, 8 layers"));
+  const Result accum = run(
+      fmt::format("train-plan --config '{}' --mesh fsdp:8 --rules preset:llama_fsdp --batch 65536 "
+                  "--seq 16 --grad-accum 8192 --recompute --json",
+                  deep));
+  ASSERT_EQ(accum.code, 0) << accum.err;
+  EXPECT_THAT(accum.out, ::testing::HasSubstr(R"("extrapolated": true)"));
+  for (const int layers : {1, 32}) {
+    const std::string experts =
+        config(fmt::format(R"({{"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32,
+          "intermediate_size": 24, "num_hidden_layers": {}, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "num_local_experts": 32768, "num_experts_per_tok": 2}})",
+                           layers),
+               "experts.json")
+            .string();
+    const Result e = run(
+        fmt::format("train-plan --config '{}' --mesh ep:8,fsdp:1 --batch 8192 --seq 16", experts));
+    EXPECT_EQ(e.code, 1) << e.err;
+    EXPECT_THAT(e.err, ::testing::Not(::testing::HasSubstr("internal error")));
+    EXPECT_THAT(e.err, ::testing::HasSubstr(layers == 1 ? "over the limit of 512" : "more than"));
+  }
+}
+
 TEST_F(TrainPlanCli, BadInputIsAClearError) {
   const std::string cfg = llama().string();
   const auto check = [&](const std::string& args, int code, std::vector<std::string> parts) {

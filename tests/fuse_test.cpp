@@ -100,6 +100,26 @@ TEST(Fusion, FusedIntermediatesTakeNoMemory) {
   EXPECT_EQ(s.exec.memory(0).peak - before, shard);  // the result only
 }
 
+// A sum of values made far apart (gradients summed over micro-batches) is not fused into one
+// step at the last sum: that would keep every addend alive until then. Each sum runs where it is.
+TEST(Fusion, ASumOfValuesMadeFarApartIsNotFusedIntoTheLastSum) {
+  Devices s;
+  const Array x =
+      s.put(Tensor::uniform(Shape{1024, 64}, DType::kF32, 8, -1, 1), P("data", "model"));
+  auto sums = [](const Array& v) {
+    Array total = transpose(v, {1, 0});
+    for (int k = 2; k <= 6; ++k) total = total + transpose(v * static_cast<double>(k), {1, 0});
+    return total;
+  };
+  auto f = sjit(s.mesh, sums);
+  const Lowered low = f.lower(x);
+  EXPECT_THAT(low.text(), ::testing::Not(::testing::HasSubstr("fused(add, add"))) << low.text();
+  // Live at most: x, the sum so far, a scaled copy, its transpose and the new sum.
+  const std::int64_t shard = 256 * 32 * 4;
+  EXPECT_LE(low.cost().peak_bytes[0], 5 * shard) << low.text();
+  EXPECT_TRUE(f(x).to_host() == sums(x).to_host());
+}
+
 TEST(Fusion, ABroadcastThatRepeatsItsOperandIsReadInPlaceOthersAreNot) {
   Devices s;
   const Shape sq{64, 64};

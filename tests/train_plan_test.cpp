@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <tuple>
 
@@ -19,6 +20,7 @@
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/sjit.hpp"
+#include "step_scaling.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -40,6 +42,10 @@ constexpr const char* kLlama7bTwoLayers = R"({"model_type": "llama", "vocab_size
 constexpr const char* kTinyLlama = R"({"model_type": "llama", "vocab_size": 64,
   "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
   "num_attention_heads": 4, "num_key_value_heads": 2})";
+// Mistral's sliding window on every layer (4 of the tests' 8 tokens), 22 layers.
+constexpr const char* kTinyMistralWindow = R"({"model_type": "mistral", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 22,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 4})";
 constexpr const char* kMixtral8x7b = R"({"model_type": "mixtral", "vocab_size": 32000,
   "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
   "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
@@ -948,5 +954,214 @@ TEST(LossAndGrads, RecomputationGivesTheSameGradients) {
   }
 }
 
+// "fsdp:4,tp:2": a mesh of as many devices as its axes make.
+Mesh mesh_of(const std::string& text) {
+  std::int64_t devices = 1;
+  for (std::size_t at = text.find(':'); at != std::string::npos; at = text.find(':', at + 1)) {
+    devices *= std::stoll(text.substr(at + 1));
+  }
+  return Mesh::parse(text, devices);
+}
+
+// Every figure of two plans of the same step, for a plan extrapolated from small steps against
+// the whole step traced.
+void expect_same_plan(const TrainPlan& a, const TrainPlan& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(a.model, b.model);
+  EXPECT_EQ(a.parameter_count, b.parameter_count);
+  EXPECT_EQ(a.parameter_bytes, b.parameter_bytes);
+  EXPECT_EQ(a.gradient_bytes, b.gradient_bytes);
+  EXPECT_EQ(a.optimizer_bytes, b.optimizer_bytes);
+  EXPECT_EQ(a.batch_bytes, b.batch_bytes);
+  EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+  EXPECT_EQ(a.transient_bytes, b.transient_bytes);
+  EXPECT_EQ(a.peak_held_bytes, b.peak_held_bytes);
+  EXPECT_EQ(a.peak_gathered_bytes, b.peak_gathered_bytes);
+  EXPECT_EQ(a.peak_computed_bytes, b.peak_computed_bytes);
+  EXPECT_EQ(a.bytes_by_collective, b.bytes_by_collective);
+  EXPECT_DOUBLE_EQ(a.flops, b.flops);
+  EXPECT_DOUBLE_EQ(a.total_flops, b.total_flops);
+}
+
+// Many layers or micro-batches are planned from a few small traced steps: field for field the
+// plan of the whole step traced, for each family, with and without recomputation, accumulation
+// over few and over many micro-batches, on meshes with and without tensor parallelism. (One
+// test per case: each traces a step of some twenty layers whole, a few seconds.)
+struct ExtrapolationCase {
+  const char* name;
+  const char* config;
+  const char* mesh;
+  const char* rules;
+  std::int64_t layers;
+  int accum;
+  bool recompute;
+};
+class Extrapolation : public ::testing::TestWithParam<ExtrapolationCase> {};
+
+TEST_P(Extrapolation, PlanIsTheWholeTracedStep) {
+  const ExtrapolationCase& k = GetParam();
+  ModelConfig c = ModelConfig::parse(k.config);
+  c.layers = k.layers;
+  const Mesh mesh = mesh_of(k.mesh);
+  TrainPlanOptions o;
+  o.batch = 8 * k.accum;
+  o.seq = 8;
+  o.grad_accum = k.accum;
+  o.recompute = k.recompute;
+  const TrainPlan extrapolated = plan_training(c, mesh, preset(k.rules), o);
+  EXPECT_TRUE(extrapolated.extrapolated) << extrapolated.traced;
+  o.extrapolate = false;
+  const TrainPlan whole = plan_training(c, mesh, preset(k.rules), o);
+  EXPECT_FALSE(whole.extrapolated);
+  EXPECT_EQ(whole.traced, "the whole step");
+  expect_same_plan(extrapolated, whole, extrapolated.traced);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PlanTraining, Extrapolation,
+    ::testing::Values(
+        ExtrapolationCase{"llama_tp", kTinyLlama, "fsdp:4,tp:2", "llama_fsdp_tp", 22, 1, false},
+        ExtrapolationCase{"llama_tp_remat", kTinyLlama, "fsdp:4,tp:2", "llama_fsdp_tp", 22, 1,
+                          true},
+        ExtrapolationCase{"llama_accum2_remat", kTinyLlama, "fsdp:8", "llama_fsdp", 22, 2, true},
+        ExtrapolationCase{"llama_accum3", kTinyLlama, "fsdp:8", "llama_fsdp", 22, 3, false},
+        ExtrapolationCase{"llama_many_micro_batches_remat", kTinyLlama, "fsdp:2,tp:2",
+                          "llama_fsdp_tp", 2, 20, true},
+        ExtrapolationCase{"llama_many_of_both_remat", kTinyLlama, "fsdp:2,tp:2", "llama_fsdp_tp", 9,
+                          14, true},
+        ExtrapolationCase{"mixtral", kTinyMixtral, "ep:2,fsdp:2", "mixtral_ep", 22, 1, false},
+        ExtrapolationCase{"mixtral_accum2_remat", kTinyMixtral, "ep:2,fsdp:2", "mixtral_ep", 22, 2,
+                          true},
+        ExtrapolationCase{"mistral_window", kTinyMistralWindow, "fsdp:4,tp:2", "llama_fsdp_tp",
+                          22, 1, false},
+        ExtrapolationCase{"gpt2", kTinyGpt2, "fsdp:2,tp:2", "gpt2", 22, 1, false},
+        ExtrapolationCase{"gpt2_accum2_remat", kTinyGpt2, "fsdp:2,tp:2", "gpt2", 22, 2, true}),
+    [](const ::testing::TestParamInfo<ExtrapolationCase>& c) { return c.param.name; });
+
+// The samples are the model's first layers: a model whose layers differ (Qwen2's window from
+// max_window_layers on; 24 layers would otherwise be planned from samples) is not extrapolated from them but traced whole, and its plan is the
+// same as with extrapolation turned off.
+TEST(PlanTraining, LayersThatDifferAreTracedWhole) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "qwen2", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 24,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "use_sliding_window": true,
+    "sliding_window": 4, "max_window_layers": 20})");
+  ASSERT_EQ(c.window(19), 0);
+  ASSERT_EQ(c.window(20), 4);
+  TrainPlanOptions o;
+  o.batch = 8;
+  o.seq = 8;
+  const TrainPlan p = plan_training(c, mesh_of("fsdp:8"), preset("llama_fsdp"), o);
+  EXPECT_FALSE(p.extrapolated);
+  EXPECT_EQ(p.traced, "the whole step");
+  o.extrapolate = false;
+  expect_same_plan(p, plan_training(c, mesh_of("fsdp:8"), preset("llama_fsdp"), o), "qwen2");
+}
+
+// The figures of a step made to fool the extrapolation: one that is not affine over the small
+// counts, one whose peak moves to another point of the step past the third sample (a line of
+// larger slope overtakes), one whose figures differ in kind. None is extrapolated.
+TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
+  const auto sample = [](std::int64_t l, std::int64_t k, std::int64_t peak, double flops = 0) {
+    train::StepSample s{l, k, {}};
+    s.figures.bytes["peak"] = peak;
+    s.figures.flops["flops"] = flops;
+    return s;
+  };
+  const auto affine = [&](std::int64_t l) { return sample(l, 1, 100 + 7 * l, 3.0 * l); };
+  const auto got = train::extrapolate({affine(2), affine(3), affine(4), affine(8)}, 1000, 1);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->bytes.at("peak"), 7100);
+  EXPECT_DOUBLE_EQ(got->flops.at("flops"), 3000.0);
+  // Bilinear in both counts: a + b l + c k + d l k.
+  std::vector<train::StepSample> both;
+  for (const auto& [l, k] : std::vector<std::pair<int, int>>{
+           {2, 2}, {3, 2}, {2, 3}, {3, 3}, {4, 2}, {8, 2}, {2, 4}, {2, 8}, {4, 4}}) {
+    both.push_back(sample(l, k, 5 + 3 * l + 11 * k + 2 * l * k));
+  }
+  const auto bilinear = train::extrapolate(both, 1000, 8192);
+  ASSERT_TRUE(bilinear.has_value());
+  EXPECT_EQ(bilinear->bytes.at("peak"), 5 + 3000 + 11 * 8192 + 2 * 1000 * 8192);
+  // Off the line at the third count.
+  EXPECT_FALSE(train::extrapolate({affine(2), affine(3), sample(4, 1, 129), affine(8)}, 1000, 1));
+  // max(100 + l, 70 + 5 l): affine on 2, 3, 4; the steeper line leads from l = 8.
+  const auto crossing = [&](std::int64_t l) {
+    return sample(l, 1, std::max<std::int64_t>(100 + l, 70 + 5 * l), 0);
+  };
+  EXPECT_FALSE(train::extrapolate({crossing(2), crossing(3), crossing(4), crossing(8)}, 1000, 1));
+  // Not bilinear: one cross term off.
+  both[8].figures.bytes["peak"] += 1;
+  EXPECT_FALSE(train::extrapolate(both, 1000, 8192));
+  // A collective kind only some samples use.
+  train::StepSample extra = affine(8);
+  extra.figures.bytes["collective all_to_all"] = 1;
+  EXPECT_FALSE(train::extrapolate({affine(2), affine(3), affine(4), extra}, 1000, 1));
+  // FLOPs off the line.
+  EXPECT_FALSE(
+      train::extrapolate({affine(2), affine(3), sample(4, 1, 128, 12.5), affine(8)}, 1000, 1));
+  // A count that was not sampled and cannot be extrapolated to.
+  EXPECT_FALSE(train::extrapolate({affine(2), affine(3)}, 1000, 2));
+}
+
+// Configs the tracer could not hold: ten thousand layers and thousands of micro-batches are
+// planned from small steps; what is too large even so is refused before tracing, with the limit.
+TEST(PlanTraining, LargeStepsArePlannedOrRefusedUpFront) {
+  ModelConfig c = ModelConfig::parse(kTinyLlama);
+  c.layers = 10000;
+  TrainPlanOptions o;
+  o.batch = 8192;
+  o.seq = 8;
+  o.grad_accum = 1024;
+  const TrainPlan p = plan_training(c, mesh_of("fsdp:8"), preset("llama_fsdp"), o);
+  EXPECT_TRUE(p.extrapolated);
+  EXPECT_EQ(p.parameter_count, c.parameter_count());
+  EXPECT_GT(p.peak_bytes, p.parameter_bytes + p.optimizer_bytes);
+  // Experts: each is traced, so many of them are refused before any tracing.
+  ModelConfig m = ModelConfig::parse(kTinyMixtral);
+  m.experts = 32768;
+  o.grad_accum = 1;
+  o.batch = 8;
+  EXPECT_THROW_WITH(plan_training(m, mesh_of("ep:2,fsdp:2"), preset("mixtral_ep"), o), SpecError,
+                    "too large to plan", "over the limit of 512", "experts");
+  // Without extrapolation the whole step counts.
+  c.layers = 600;
+  o.extrapolate = false;
+  EXPECT_THROW_WITH(plan_training(c, mesh_of("fsdp:8"), preset("llama_fsdp"), o), SpecError,
+                    "600 layers x 1 micro-batch", "over the limit of 512");
+  // T5 is traced whole.
+  ModelConfig t = ModelConfig::parse(kTinyT5);
+  t.layers = t.decoder_layers = 300;
+  o.extrapolate = true;
+  EXPECT_THROW_WITH(plan_training(t, mesh_of("fsdp:2"), preset("t5"), o), SpecError, "600 layers",
+                    "T5 is traced whole");
+}
+
+// With recomputation each micro-batch gathers the weights it uses again (as FSDP does), and its
+// reduced gradients are added to the sum when it ends: more micro-batches of the same global
+// batch do not raise the peak. (Before, every micro-batch used the first one's gathered weights,
+// so the whole model stayed gathered: LLaMA-3-8B on 8 devices, 32 x 1024 tokens, peaked at
+// 20.4, 29.4 and 32.4 GiB with 1, 2 and 4 micro-batches; and the fused chain of sums kept every
+// micro-batch's gradients to the end.)
+TEST(PlanTraining, MoreMicroBatchesDoNotRaiseThePeakWithRecomputation) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8})");
+  TrainPlanOptions o;
+  o.seq = 1024;
+  o.recompute = true;
+  for (const std::int64_t batch : {32, 64}) {
+    o.batch = batch;
+    std::int64_t previous = std::numeric_limits<std::int64_t>::max();
+    for (const int k : {1, 2, 4}) {
+      o.grad_accum = k;
+      const TrainPlan p = plan_training(c, mesh_of("fsdp:8"), preset("llama_fsdp"), o);
+      EXPECT_LE(p.peak_bytes, previous) << batch << " sequences in " << k << " micro-batches";
+      if (k > 1) {
+        EXPECT_EQ(p.peak_gathered_bytes, 0) << batch << " sequences in " << k << " micro-batches";
+      }
+      previous = p.peak_bytes;
+    }
+  }
+}
 }  // namespace
 }  // namespace shardplan

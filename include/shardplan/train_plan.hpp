@@ -118,6 +118,9 @@ struct TrainPlanOptions {
   std::vector<std::string> batch_axes;
   std::int64_t device_memory = 0;  // bytes per device; 0: do not check
   double headroom = 0.1;           // fraction of device_memory kept free (runtime, fragments)
+  /// Plan many layers or micro-batches from a few small traced steps (docs/training.md, "Sizing
+  /// a training run"); false: trace every layer and micro-batch (slow; to check the former).
+  bool extrapolate = true;
 };
 
 /// Per device (the most any device needs), for one training step.
@@ -153,6 +156,11 @@ struct TrainPlan {
   std::int64_t device_memory = 0;
   double headroom = 0;
   double seconds_to_plan = 0;
+  /// Whether the figures were extrapolated from small traced steps (TrainPlanOptions::
+  /// extrapolate), and what was traced: "the whole step" or "steps of 2, 3, 4, 8 layers x 1
+  /// micro-batch".
+  bool extrapolated = false;
+  std::string traced;
   std::string rules;  // where the rules came from ("preset llama_fsdp_tp", a file name)
   /// Why these rules, when train-plan chose them ("the default for llama on a mesh without tp").
   std::string rules_note;

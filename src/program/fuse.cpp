@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <string_view>
 
@@ -70,6 +71,20 @@ void fuse_pointwise(const Graph& g, Partitioned& p) {
     producer[index(p.steps[s].out)] = static_cast<int>(s);
   }
   for (const SlotId out : p.output_slots) uses[index(out)] += 2;  // kept: never fused away
+  // The last step reading each slot (outputs and inputs: never, they are kept), and the bytes of
+  // each step's result block.
+  constexpr int kKept = std::numeric_limits<int>::max();
+  std::vector<int> last(num_slots, -1);
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    for (const SlotId in : p.steps[s].in) last[index(in)] = static_cast<int>(s);
+  }
+  for (const SlotId out : p.output_slots) last[index(out)] = kKept;
+  for (const SlotId in : p.input_slots) {
+    if (index(in) < num_slots) last[index(in)] = kKept;
+  }
+  std::vector<std::int64_t> bytes(num_slots, 0);
+  for (const Step& st : p.steps)
+    bytes[index(st.out)] = byte_size(shapes[index(st.out)], st.type.dtype);
 
   // group[s]: the step whose fused kernel computes step s (itself when not fused into another).
   std::vector<int> group(p.steps.size());
@@ -85,6 +100,28 @@ void fuse_pointwise(const Graph& g, Partitioned& p) {
       const Step& made = p.steps[static_cast<std::size_t>(s)];
       const bool joins = fusible(made) || period[static_cast<std::size_t>(s)] > 0;
       if (!joins || local_numel(made) != local_numel(consumer)) continue;
+      // Fused, s's group is computed at t: an operand whose last reader is in the group then
+      // lives until t instead of the group's result. Where other steps run in between, that is
+      // only done when those operands are no larger than the result: else a chain of sums of
+      // values made far apart (a gradient summed over micro-batches) would keep every addend
+      // alive until the last sum.
+      const std::vector<int>& group_s = members[static_cast<std::size_t>(s)];
+      const auto between = std::count_if(members[t].begin(), members[t].end(),
+                                         [&](int m) { return m > s && m < static_cast<int>(t); });
+      if (static_cast<std::int64_t>(t) - s - 1 > between) {
+        std::int64_t dying = 0;
+        std::set<SlotId> seen;
+        for (const int m : group_s) {
+          for (const SlotId x : p.steps[static_cast<std::size_t>(m)].in) {
+            const int from = producer[index(x)];
+            const bool inside = std::find(group_s.begin(), group_s.end(), from) != group_s.end();
+            const bool dies_here =
+                std::find(group_s.begin(), group_s.end(), last[index(x)]) != group_s.end();
+            if (!inside && dies_here && seen.insert(x).second) dying += bytes[index(x)];
+          }
+        }
+        if (dying > bytes[index(made.out)]) continue;
+      }
       for (const int m : members[static_cast<std::size_t>(s)]) {
         group[static_cast<std::size_t>(m)] = static_cast<int>(t);
         members[t].push_back(m);

@@ -28,17 +28,30 @@ Array conv1d(const Array& x, const Array& w) {
 }
 
 // Rotary position embedding (LLaMA's rotate-half form) over the last two dimensions [..., t, dh].
-Array rotary(const Array& x) {
+// `shared`: tables made once for the step, or null to make them here.
+Array rotary(const Array& x, SharedTables* shared) {
   const int r = x.shape().rank();
   const std::int64_t t = x.shape()[r - 2], dh = x.shape()[r - 1], half = dh / 2;
-  const Shape table{t, half};
-  const Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
-  const Array i = iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32);
-  const Array angle = pos * exp(i * (-2.0 * std::log(10000.0) / static_cast<double>(dh)));
+  const auto make = [&] {
+    const Shape table{t, half};
+    const Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
+    const Array i = iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32);
+    const Array angle = pos * exp(i * (-2.0 * std::log(10000.0) / static_cast<double>(dh)));
+    return std::pair{astype(cos(angle), x.dtype()), astype(sin(angle), x.dtype())};
+  };
+  std::pair<Array, Array> tables;
+  if (shared == nullptr) {
+    tables = make();
+  } else {
+    const auto key = std::tuple{t, half, x.dtype()};
+    auto it = shared->rotary.find(key);
+    if (it == shared->rotary.end()) it = shared->rotary.emplace(key, make()).first;
+    tables = it->second;
+  }
   std::vector<std::int64_t> half_dims = x.shape().dims();
   half_dims[static_cast<std::size_t>(r - 1)] = half;
-  const Array c = broadcast_in_dim(astype(cos(angle), x.dtype()), Shape(half_dims), {r - 2, r - 1});
-  const Array s = broadcast_in_dim(astype(sin(angle), x.dtype()), Shape(half_dims), {r - 2, r - 1});
+  const Array c = broadcast_in_dim(tables.first, Shape(half_dims), {r - 2, r - 1});
+  const Array s = broadcast_in_dim(tables.second, Shape(half_dims), {r - 2, r - 1});
   std::vector<std::int64_t> zero(static_cast<std::size_t>(r), 0), mid_start = zero;
   mid_start[static_cast<std::size_t>(r - 1)] = half;
   const Array x1 = slice(x, zero, half_dims);
@@ -141,10 +154,10 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
       return concatenate(copies, 1);
     };
     const Array q =
-        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, heads, dh}), {0, 2, 1, 3})),
+        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, heads, dh}), {0, 2, 1, 3}), tables),
                   {{0, &L.batch}, {1, &L.model}}, L);
     const Array k =
-        constrain(repeat(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}))),
+        constrain(repeat(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}), tables)),
                   {{0, &L.batch}, {1, &L.model}}, L);
     const Array v =
         constrain(repeat(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
@@ -155,10 +168,10 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
     merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, heads * dh});
   } else {
     const Array q =
-        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4})),
+        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4}), tables),
                   {{0, &L.batch}, {1, &L.model}}, L);
     const Array k =
-        constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
+        constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}), tables),
                   {{0, &L.batch}, {1, &L.model}}, L);
     const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
                               {{0, &L.batch}, {1, &L.model}}, L);
@@ -406,7 +419,7 @@ std::vector<std::string> head_paths(const ModelConfig& c) {
 
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute) {
+                                             bool recompute, const Refresh* refresh) {
   if (!recompute) {
     return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
       return model.forward_loss(p, x, y);
@@ -424,9 +437,16 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   const std::string path = model.config.layers_path();
   const std::vector<Tree<Array>>& layers = params.at_path(path).children();
   const Tree<Array> rest = replace_at_path(params, path, Tree<Array>::list({}));
-  std::vector<Array> inputs{model.embed(rest, tokens)};
+  // The weights as a micro-batch reads them: refreshed copies (`prefix`: the subtree's path).
+  const auto use = [&](const Tree<Array>& t, const std::string& prefix = "") {
+    if (refresh == nullptr) return t;
+    return t.map_with_path([&](const std::string& p, const Array& a) { return (*refresh)(p, a); },
+                           prefix);
+  };
+  std::vector<Array> inputs{model.embed(use(subtree(rest, embed_paths(model.config))), tokens)};
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    inputs.push_back(model.layer(layers[i], inputs.back(), model.config.window(i)));
+    inputs.push_back(model.layer(use(layers[i], fmt::format("{}/{}", path, i)), inputs.back(),
+                                 model.config.window(i)));
   }
   std::map<std::string, Array> rest_grads;
   const auto accumulate = [&](const Tree<Array>& grads) {
@@ -438,7 +458,7 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   auto [loss, head] = value_and_grad([&](const Tree<Array>& t) {
     return model.loss(t.at("rest"), t.at("h").leaf(), targets);
   })(Tree<Array>::dict({{"h", Tree<Array>(inputs.back())},
-                        {"rest", subtree(rest, head_paths(model.config))}}));
+                        {"rest", use(subtree(rest, head_paths(model.config)))}}));
   accumulate(head.at("rest"));
   Array g = head.at("h").leaf();
   std::vector<Tree<Array>> layer_grads(layers.size());
@@ -448,14 +468,16 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
       return sum(
           astype(model.layer(t.at("p"), t.at("x").leaf(), model.config.window(i)) * cotangent,
                  DType::kF32));
-    })(Tree<Array>::dict({{"p", fresh(layers[i])}, {"x", Tree<Array>(inputs[i])}}));
+    })(Tree<Array>::dict({{"p", refresh != nullptr ? use(layers[i], fmt::format("{}/{}", path, i))
+                                                   : fresh(layers[i])},
+                          {"x", Tree<Array>(inputs[i])}}));
     layer_grads[i] = grads.at("p");
     g = grads.at("x").leaf();
   }
   const Array cotangent = g;
   auto [unused, embed_grads] = value_and_grad([&](const Tree<Array>& r) {
     return sum(astype(model.embed(r, tokens) * cotangent, DType::kF32));
-  })(subtree(rest, embed_paths(model.config)));
+  })(use(subtree(rest, embed_paths(model.config))));
   accumulate(embed_grads);
   const Tree<Array> rest_tree =
       rest.map_with_path([&](const std::string& p, const Array&) { return rest_grads.at(p); });

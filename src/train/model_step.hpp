@@ -2,7 +2,11 @@
 // The training steps train-plan lowers: each family's forward pass split into the embedding,
 // one decoder layer and the head with its loss, so that the step can be differentiated whole or
 // layer by layer (activation recomputation). Private to the library.
+#include <functional>
+#include <map>
 #include <optional>
+#include <string>
+#include <tuple>
 
 #include "shardplan/array.hpp"
 #include "shardplan/partition_spec.hpp"
@@ -21,11 +25,21 @@ struct Layout {
   std::int64_t model_ways = 1;  // product of the model axes' sizes
 };
 
+/// Tables every layer and micro-batch of one traced step reads alike, made once: the rotary
+/// positions' cos and sin [t, dh / 2] by (t, dh / 2, dtype). Made per layer, each layer's copy
+/// of these small constants would be kept between runs (program constants), one per layer and
+/// micro-batch. Holds arrays of one trace: make one per trace, and use it only where the first
+/// layer runs in that trace itself (the recomputing forward pass), not inside a value_and_grad.
+struct SharedTables {
+  std::map<std::tuple<std::int64_t, std::int64_t, DType>, std::pair<Array, Array>> rotary;
+};
+
 /// The family's forward pass in three parts. `rest` is the parameter tree without its layers
 /// (the layers list replaced by an empty list); `layer` one element of the layers list.
 struct ModelStep {
   const ModelConfig& config;
   Layout layout;
+  SharedTables* tables = nullptr;  // none: every layer makes its own tables
 
   /// tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;
@@ -59,11 +73,18 @@ Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bi
 template <class T>
 Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T>& subtree);
 
+/// A fresh copy of the parameter leaf at `path` ("model/layers/3/mlp/up_proj/weight"), held as
+/// the parameter is (its sharding), so that the program gathers the copy where it is used.
+using Refresh = std::function<Array(const std::string& path, const Array& leaf)>;
+
 /// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch:
 /// whole-graph differentiation, or with `recompute` a forward pass that keeps only each layer's
 /// input, then layer by layer backwards re-running that layer's forward pass to differentiate it.
+/// With `refresh` (recomputation only) the forward pass reads refreshed copies of the weights,
+/// so that each micro-batch of a step gathers the weights it uses again (as FSDP does) instead of
+/// reusing, and so keeping alive, the first one's gathered weights.
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute);
+                                             bool recompute, const Refresh* refresh = nullptr);
 
 }  // namespace shardplan::train

@@ -1,0 +1,35 @@
+#pragma once
+// Planning a step of many identical layers or micro-batches from a few small ones: the traced
+// figures of a step (peak bytes and its split, FLOPs, bytes per collective) are affine in the
+// layer count and in the micro-batch count, bilinear in both, once past small counts. Private to
+// the library.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace shardplan::train {
+
+/// The figures of one traced training step that grow with its layer and micro-batch counts.
+struct StepFigures {
+  std::map<std::string, std::int64_t> bytes;  // peak and its split, batch, collective kinds
+  std::map<std::string, double> flops;        // the busiest device's and all devices'
+  friend bool operator==(const StepFigures&, const StepFigures&) = default;
+};
+
+/// The figures of a step traced with `layers` layers and `micro_batches` micro-batches.
+struct StepSample {
+  std::int64_t layers = 0, micro_batches = 0;
+  StepFigures figures;
+};
+
+/// The figures at (layers, micro_batches) on the function a + b l + c k + d l k fitted to the
+/// samples at the two smallest layer counts l0, l0 + 1 and micro-batch counts k0, k0 + 1 (one
+/// count alone: that term is left out), when every sample lies on it: bytes exactly, FLOPs to a
+/// relative 1e-12 (sums of doubles). nullopt when a sample lies off it, the samples' keys differ
+/// or the fitting samples are missing. Throws SpecError when a byte count overflows int64.
+std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
+                                       std::int64_t micro_batches);
+
+}  // namespace shardplan::train
