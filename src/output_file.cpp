@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -120,6 +121,27 @@ int rename_no_replace(const fs::path& from, const fs::path& to, bool is_director
   return 0;
 }
 
+bool remove_abandoned_temp(const fs::path& temp, std::string_view what) {
+  const int fd = ::open(temp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return true;
+    fail(what, temp, "cannot open an unfinished temporary directory", errno);
+  }
+  // Held while removing: the run that made the directory checks, once it has the lock, that the
+  // name is still its directory (see OutputDir), so a removal never takes one being written.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return false;  // a live run's
+    fail(what, temp, "cannot lock an unfinished temporary directory", err);
+  }
+  std::error_code ec;
+  fs::remove_all(temp, ec);
+  ::close(fd);
+  if (ec) fail(what, temp, "cannot remove an unfinished temporary directory", ec.value());
+  return true;
+}
+
 void sync_directory(const fs::path& dir, std::string_view what) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail(what, dir, "cannot open the directory to sync it", errno);
@@ -163,11 +185,42 @@ OutputDir::OutputDir(const fs::path& dst, std::string_view what)
         fail(what_, dst_, fmt::format("cannot create the directory {}", it->string()), err);
       }  // else made meanwhile by another run: not ours to remove
     }
+    // What runs for this destination killed before their commit left (a live run's is locked).
+    // Only unique names: the fixed `.NAME.partial` of earlier versions may be a user's by now.
+    const std::string stem = dst_.filename().string();
+    std::vector<fs::path> abandoned;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dst_.parent_path(), ec)) {
+      const std::string name = e.path().filename().string();
+      if (is_temp_name_of(name, stem, "partial") && name != "." + stem + ".partial") {
+        abandoned.push_back(e.path());
+      }
+    }
+    for (const auto& p : abandoned) remove_abandoned_temp(p, what_);
     for (int attempt = 0;; ++attempt) {
       temp_ = temp_name_for(dst_, "partial");
-      if (::mkdir(temp_.c_str(), 0777) == 0) break;
-      const int err = errno;
-      if (err != EEXIST || attempt == 100) {
+      int err = ::mkdir(temp_.c_str(), 0777) == 0 ? 0 : errno;
+      if (err == 0) {
+        // Locked for as long as this run writes it. Another run's remove_abandoned_temp may
+        // have locked it between the mkdir and here and removed it: then the name no longer
+        // leads to the directory opened, and another name is tried.
+        lock_fd_ = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat mine {}, named {};
+        if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0 &&
+            ::fstat(lock_fd_, &mine) == 0 && ::stat(temp_.c_str(), &named) == 0 &&
+            mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
+          break;
+        }
+        err = lock_fd_ < 0 ? errno : EEXIST;
+        if (lock_fd_ >= 0) ::close(lock_fd_);
+        lock_fd_ = -1;
+      }
+      if (err != EEXIST && err != ENOENT) {
+        fail(what_, dst_,
+             fmt::format("cannot create a temporary directory in {}", dst_.parent_path().string()),
+             err);
+      }
+      if (attempt == 100) {
         fail(what_, dst_,
              fmt::format("cannot create a temporary directory in {}", dst_.parent_path().string()),
              err);
@@ -198,6 +251,8 @@ void OutputDir::commit() {
   }
   done_ = true;
   made_parents_.clear();
+  ::close(lock_fd_);
+  lock_fd_ = -1;
   sync_directory(dst_.parent_path(), what_);
 }
 
@@ -206,6 +261,8 @@ void OutputDir::discard() noexcept {
   done_ = true;
   std::error_code ec;
   if (!temp_.empty()) fs::remove_all(temp_, ec);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = -1;
   // Only the parents made here, innermost first, and only while empty (rmdir refuses otherwise:
   // another run may be writing into one by now).
   for (auto it = made_parents_.rbegin(); it != made_parents_.rend(); ++it) ::rmdir(it->c_str());

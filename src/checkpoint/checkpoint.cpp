@@ -1110,7 +1110,15 @@ void CheckpointManager::remove_unfinished() const {
     if (is_unfinished_step(e.path().filename().string())) stale.push_back(e.path());
   }
   if (ec) io_fail(root_, "cannot list", ec.value());
-  for (const auto& p : stale) remove_tree(p);
+  // A save still running in another process (another job on the same root) holds a lock on
+  // its directory and is left alone; removals cut short hold none.
+  for (const auto& p : stale) {
+    if (p.filename().string().find(".partial") != std::string::npos) {
+      detail::remove_abandoned_temp(p, "checkpoint");
+    } else {
+      remove_tree(p);
+    }
+  }
 }
 
 void CheckpointManager::remove_old_steps() const {
