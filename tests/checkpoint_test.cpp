@@ -649,6 +649,44 @@ TEST(Checkpoint, ARunRemovesWhatRunsKilledBeforeItLeftButNotWhatALiveRunWrites) 
   EXPECT_EQ(names_in(run), (std::vector<std::string>{"step_00000003", "step_00000004"}));
 }
 
+TEST(Checkpoint, ACheckpointOfMoreFilesThanAProcessMayOpenIsRestoredAndConverted) {
+  // 200 files (a tensor each) under a limit of 100 open files (the default is 1024; checkpoints
+  // of more files exist). Before: "cannot open (Too many open files)".
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  std::vector<Tree<Array>::DictEntry> leaves;
+  for (int i = 0; i < 200; ++i) {
+    leaves.emplace_back(fmt::format("w{:03d}", i),
+                        Tree<Array>(Array::generate(Shape{4, 2}, DType::kF32,
+                                                    NamedSharding(mesh, P("x")), two,
+                                                    Generator::iota(i))));
+  }
+  const Tree<Array> state = Tree<Array>::dict(std::move(leaves));
+  save_checkpoint(tmp.path() / "src", state, {.max_file_bytes = 1});
+  ASSERT_EQ(read_checkpoint_info(tmp.path() / "src").files.size(), 200u);
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  struct rlimit low = old;
+  low.rlim_cur = 100;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::optional<Tree<Array>> back;
+  std::string error;
+  try {
+    back = restore_checkpoint(tmp.path() / "src", state);
+    consolidate_checkpoint(tmp.path() / "src", tmp.path() / "hf", {.max_file_bytes = 1});
+    reshard_checkpoint(tmp.path() / "hf", tmp.path() / "sp", MeshShardingHelper(mesh),
+                       RuleTree(parse_rule_file("rules: [{match: '.*', spec: [x]}]").make_rule()),
+                       {.max_file_bytes = 1});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_EQ(error, "");
+  expect_same_values(*back, state);
+  expect_same_values(restore_checkpoint(tmp.path() / "sp", state), state);
+}
+
 TEST(Checkpoint, DestinationsAreNormalisedOrAnErrorNamingThem) {
   TempDir tmp;
   const Executor two(2);

@@ -41,6 +41,9 @@ constexpr int kFormatVersion = 1;
 // Reads of a device's block whose byte ranges are small go through a staging buffer of this
 // size (one per reading thread): the memory bound of a restore beyond the devices' own shards.
 constexpr std::int64_t kStageBytes = std::int64_t{4} << 20;
+// A restore reads at most this many files at once (a checkpoint may have more files than the
+// process may open: 1024 by default).
+constexpr std::size_t kMaxOpenFiles = 64;
 
 [[noreturn]] void io_fail(const fs::path& file, std::string_view what, int err = 0) {
   throw IoError(fmt::format("[checkpoint] {}: {}{}", file.string(), what,
@@ -805,6 +808,11 @@ Tree<Array> restore_leaves(const CheckpointInfo& info, const std::vector<Wanted>
         throw SpecError(
             fmt::format("[checkpoint] tensor '{}' in {}: {}", w.name, file.string(), e.what()));
       }
+      if (!open.contains(t->file) && open.size() == kMaxOpenFiles) {
+        read_runs(std::move(runs));  // (the buffers stay; the files may close)
+        runs.clear();
+        open.clear();
+      }
       auto& f = open[t->file];
       if (!f) f = std::make_unique<File>(file, O_RDONLY);
       const File& in = *f;
@@ -924,7 +932,10 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
   const fs::path& tmp = out_dir.temp();
   {
     std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
-    std::map<std::string, std::unique_ptr<File>> sources;
+    // The tensors come file by file: one source open at a time (a checkpoint may have more
+    // files than a process may open).
+    std::string source_name;
+    std::unique_ptr<File> source;
     nlohmann::json weight_map = nlohmann::json::object();
     nlohmann::json sums = nlohmann::json::object();
     for (std::size_t f = 0; f < files.size(); ++f) {
@@ -940,8 +951,12 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
       std::int64_t at = static_cast<std::int64_t>(header.size());
       for (const std::size_t i : files[f]) {
         const CheckpointTensor& t = info.tensors[i];
-        auto& in = sources[t.file];
-        if (!in) in = std::make_unique<File>(info.dir / t.file, O_RDONLY);
+        if (!source || source_name != t.file) {
+          source.reset();
+          source = std::make_unique<File>(info.dir / t.file, O_RDONLY);
+          source_name = t.file;
+        }
+        const auto& in = source;
         for (std::int64_t off = 0; off < t.spec.bytes();) {
           const std::int64_t n = std::min(kStageBytes, t.spec.bytes() - off);
           in->read_at(buf.data(), n, t.offset + off);
