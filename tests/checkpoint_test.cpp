@@ -307,6 +307,13 @@ TEST(Checkpoint, AnIndexThatIsNotARegularFileIsAnErrorNamingItAtOnce) {
   EXPECT_THROW_WITH(verify_checkpoint(info), IoError, shard.c_str(), "FIFO");
   // Given as the checkpoint itself (no index).
   EXPECT_THROW_WITH(read_checkpoint_info(shard), IoError, shard.c_str(), "FIFO");
+  // A symbolic link loop is one, not "missing" (as it was) or "no such file".
+  fs::remove(shard);
+  fs::create_symlink(shard.filename(), shard);
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, shard.c_str(),
+                    "Too many levels of symbolic links");
+  EXPECT_THROW_WITH(read_checkpoint_info(shard), IoError, shard.c_str(),
+                    "Too many levels of symbolic links");
 }
 
 TEST(Checkpoint, DeeplyNestedOrRepeatedIndexEntriesAreErrorsNamingTheFileAndKey) {

@@ -553,8 +553,9 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
             path.string(), kIndexName, indexes.size(), weights.size()));
       }
     }
-  } else if (fs::exists(path, ec)) {
-    // A single safetensors file (its reader refuses anything but a regular file).
+  } else if (fs::exists(path, ec) || ec) {
+    // A single safetensors file (its reader refuses anything but a regular file, and names
+    // what stat could not tell: a link loop, a permission error).
     info.dir = path.parent_path();
     file_names.push_back(path.filename().string());
   } else {
@@ -582,7 +583,8 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
   }
   for (const std::string& name : file_names) {
     const fs::path file = info.dir / name;
-    if (!fs::exists(file, ec)) {
+    // "missing" only when it is (a link loop or a permission error: the reader below names it).
+    if (!fs::exists(file, ec) && !ec) {
       throw IoError(fmt::format("[checkpoint] {}: missing (the index {} maps tensors to it)",
                                 file.string(), index_path.string()));
     }
