@@ -491,6 +491,19 @@ TEST_F(CliTest, DeviceCountsHaveABoundNamedInTheError) {
     EXPECT_EQ(r.code, 2) << mesh;
     EXPECT_THAT(r.err, ::testing::HasSubstr("limit of 1048576 devices")) << mesh;
   }
+  // reshard's --mesh as plan's (was "not the device count 1", and -1 exit 1).
+  for (const char* mesh : {"x:100000000", "x:99999999999999999999", "fsdp:1048576,tp:2"}) {
+    const Result r = run(fmt::format("checkpoint reshard '{}' '{}' --mesh {}", dir_.string(),
+                                     (dir_ / "out").string(), mesh));
+    EXPECT_EQ(r.code, 2) << mesh << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("--mesh")) << mesh;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("limit of 1048576 devices")) << mesh;
+  }
+  const Result infer = run(fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:-1,tp:2",
+                                       dir_.string(), (dir_ / "out").string()));
+  EXPECT_EQ(infer.code, 2) << infer.err;
+  EXPECT_THAT(infer.err, ::testing::HasSubstr("--devices"));
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
   const Result mesh = run("plan --mesh x:100000000,y:-1 --devices 8");
   EXPECT_EQ(mesh.code, 1);
   EXPECT_THAT(mesh.err, ::testing::HasSubstr("axis 'x' has size 100000000"));

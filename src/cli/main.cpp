@@ -421,7 +421,11 @@ int main(int argc, char** argv) {
   try {
     if (plan_cmd->parsed()) return run_plan(plan);
     if (vis_cmd->parsed()) return run_visualize(vis);
-    if (ckpt.command->parsed()) return cli::run_checkpoint(ckpt, load_rules);
+    if (ckpt.command->parsed()) {
+      return cli::run_checkpoint(ckpt, load_rules, [](const std::string& mesh, std::int64_t n) {
+        return devices_for(mesh, n, 0);
+      });
+    }
     if (train.command->parsed()) {
       return cli::run_train_plan(train, load_rules, [](const std::string& mesh, std::int64_t n) {
         return devices_for(mesh, n, 0);
