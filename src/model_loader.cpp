@@ -544,7 +544,8 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
 std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(
     const std::filesystem::path& file) {
   const std::string name = file.filename().string();
-  if (!std::filesystem::exists(file)) {
+  std::error_code ec;  // (a link loop or a permission error: the reader below names it)
+  if (!std::filesystem::exists(file, ec) && !ec) {
     throw IoError(fmt::format("[model] {}: no such file", file.string()));
   }
   if (ends_with(name, ".safetensors")) {

@@ -724,6 +724,32 @@ TEST_F(CliTest, HtmlNeverFollowsALinkAndAnEmptyNameIsBadUsage) {
                                                       "stderr.txt", "victim"}));
 }
 
+TEST_F(CliTest, SymbolicLinkLoopsGivenAsFilesAreErrorsNamingThem) {
+  // Before: "internal error: filesystem error: status: Too many levels of symbolic links".
+  const fs::path json = dir_ / "loop.json", yaml = dir_ / "loop.yaml", ckpt = dir_ / "ckpt";
+  fs::create_symlink(json.filename(), json);
+  fs::create_symlink(yaml.filename(), yaml);
+  fs::create_directories(ckpt);
+  fs::create_symlink("model.safetensors", ckpt / "model.safetensors");
+  const std::vector<std::pair<std::string, fs::path>> cases = {
+      {fmt::format("plan --model '{}'", json.string()), json},
+      {fmt::format("plan --model '{}'", ckpt.string()), ckpt / "model.safetensors"},
+      {fmt::format("plan --rules '{}'", yaml.string()), yaml},
+      {fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:1 --rules '{}'", ckpt.string(),
+                   (dir_ / "out").string(), yaml.string()),
+       yaml},
+      {fmt::format("checkpoint inspect '{}'", ckpt.string()), ckpt / "model.safetensors"},
+  };
+  for (const auto& [args, named] : cases) {
+    const Result r = run(args, 20);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(named.string())) << args;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("Too many levels of symbolic links")) << args;
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
 TEST_F(CliTest, FifosDevicesAndDirectoriesGivenAsFilesAreErrorsNamingThemAtOnce) {
   // Each would hang (a FIFO waits for a writer), never end (/dev/zero) or be read as empty
   // text (a directory); the command must exit 1 at once naming the path and what it is.

@@ -68,7 +68,10 @@ RuleFile load_rules(const std::string& rules) {
     }
     return load_preset(name);
   }
-  if (!std::filesystem::exists(rules)) {
+  // (With an error code: a link loop or a permission error is the reader's to name, not an
+  // exception out of stat.)
+  std::error_code ec;
+  if (!std::filesystem::exists(rules, ec) && !ec) {
     throw UsageError(
         fmt::format("--rules: no such file '{}' (use preset:NAME for a built-in "
                     "preset; `shardplan presets` lists them)",
@@ -79,14 +82,20 @@ RuleFile load_rules(const std::string& rules) {
 
 Tree<TensorSpec> load_data(const std::string& model) {
   if (model.empty()) return tree_from_names(cli::llama2_7b_tensors());
-  if (!std::filesystem::exists(model)) {
+  std::error_code ec;  // (a link loop or a permission error: the reader names it)
+  if (!std::filesystem::exists(model, ec) && !ec) {
     throw UsageError(fmt::format("--model: no such file '{}'", model));
   }
-  if (std::filesystem::is_directory(model)) {
-    // A Hugging Face checkpoint directory: the index of a sharded checkpoint, else the one file.
+  if (std::filesystem::is_directory(model, ec)) {
+    // A Hugging Face checkpoint directory: the index of a sharded checkpoint, else the one file
+    // (or one stat cannot tell, a link loop: the reader names it).
     for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
       const std::filesystem::path file = std::filesystem::path(model) / name;
-      if (std::filesystem::is_regular_file(file)) return load_model(file.string());
+      const auto st = std::filesystem::status(file, ec);
+      if (std::filesystem::is_regular_file(st) ||
+          (ec && st.type() != std::filesystem::file_type::not_found)) {
+        return load_model(file.string());
+      }
     }
     throw UsageError(
         fmt::format("--model: the directory '{}' holds neither "
