@@ -564,7 +564,14 @@ std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(
 }
 
 Tree<TensorSpec> load_model(const std::filesystem::path& file) {
-  return tree_from_names(load_model_tensors(file));
+  const auto named = load_model_tensors(file);
+  try {
+    return tree_from_names(named);
+  } catch (const IoError& e) {  // the names' conflict, with the file that has them
+    std::string_view what = e.what();
+    if (what.starts_with("[model] ")) what.remove_prefix(8);
+    throw IoError(fmt::format("[model] {}: {}", file.string(), what));
+  }
 }
 
 }  // namespace shardplan

@@ -379,6 +379,29 @@ TEST_F(CliTest, CorruptSafetensorsExitsOneWithAClearMessage) {
   EXPECT_THAT(r.err, ::testing::HasSubstr("header length 16"));
 }
 
+TEST_F(CliTest, TensorNamesThatMakeNoTreeAreErrorsNamingTheFile) {
+  // An empty part, a name that is also a prefix of another: before, "[model] tensor name 'a..b'
+  // has an empty part", naming no file.
+  for (const auto& [names, what] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"a..b"}, "tensor name 'a..b' has an empty part"},
+           {{"a", "a.b"}, "'a' is both a tensor and a prefix of 'a.b'"}}) {
+    std::vector<std::pair<std::string, TensorSpec>> specs;
+    for (const auto& n : names) specs.push_back({n, {Shape{4}, DType::kF32}});
+    const fs::path file = dir_ / "m.safetensors";
+    fs::remove(file);
+    write_safetensors_skeleton(file, specs);
+    for (const std::string& args :
+         {fmt::format("plan --model '{}'", file.string()),
+          fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:1", file.string(),
+                      (dir_ / "out").string())}) {
+      const Result r = run(args);
+      EXPECT_EQ(r.code, 1) << args;
+      EXPECT_THAT(r.err, ::testing::HasSubstr(file.string() + ": " + what)) << args;
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "out"));
+  }
+}
+
 TEST_F(CliTest, ModelWhoseTensorSizeOverflowsExitsOneNamingTensorAndShape) {
   const fs::path model = dir_ / "huge.json";
   // 2^32 * 2^32 * 16 elements = 2^68: past int64.

@@ -245,6 +245,19 @@ std::string sharding_text(const NamedSharding& s) {
   return fmt::format("{} on {}", s.spec().to_string(), s.mesh().to_string());
 }
 
+/// The tree of a checkpoint's tensors (tree_from_names); a conflict of names (empty parts, a
+/// name that is also a prefix) is an error naming the checkpoint.
+Tree<TensorSpec> tree_of(const std::vector<std::pair<std::string, TensorSpec>>& named,
+                         char separator, const fs::path& path) {
+  try {
+    return tree_from_names(named, separator);
+  } catch (const IoError& e) {
+    std::string_view what = e.what();
+    if (what.starts_with("[model] ")) what.remove_prefix(8);
+    throw IoError(fmt::format("[checkpoint] {}: {}", path.string(), what));
+  }
+}
+
 }  // namespace
 
 const CheckpointTensor* CheckpointInfo::find(std::string_view name) const {
@@ -904,7 +917,7 @@ Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& help
     const std::string p = tree_path_of(t.name, separator);
     name_of[p] = t.name;
   }
-  const Tree<TensorSpec> data = tree_from_names(named, separator);
+  const Tree<TensorSpec> data = tree_of(named, separator, path);
   const Tree<MaybeSharding> decided = helper.match(rules, data);
   std::vector<Wanted> wanted;
   for (const auto& [p, s] : decided.flatten()) {
@@ -1020,7 +1033,7 @@ void reshard_checkpoint(const fs::path& src, const fs::path& dst, const MeshShar
   if (info.shardplan) verify_checkpoint(info);
   std::vector<std::pair<std::string, TensorSpec>> named;
   for (const auto& t : info.tensors) named.emplace_back(t.name, t.spec);
-  const Tree<TensorSpec> data = tree_from_names(named, info.name_separator);
+  const Tree<TensorSpec> data = tree_of(named, info.name_separator, src);
   // Decided (and checked: axes, divisibility) before anything is written.
   const Tree<MaybeSharding> decided = helper.match(rules, data);
   const auto leaves = decided.flatten();
