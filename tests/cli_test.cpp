@@ -293,6 +293,20 @@ TEST_F(CliTest, ExplainTakesTheCheckpointsNameAndPrintsJson) {
   for (const auto& s : j["steps"]) decided += s["decided"].get<bool>() ? 1 : 0;
   EXPECT_EQ(decided, 1);
   EXPECT_GE(j["steps"].size(), 2u);
+  // A rule file whose name, and a mesh axis whose name, are not UTF-8 (before: "internal
+  // error: [json.exception.type_error.316]", no output): shown with U+FFFD.
+  const fs::path rules = dir_ / "r\xff.yaml";
+  std::ofstream(rules) << "rules:\n  - {match: up_proj, spec: [a\xff]}\n"
+                          "  - {match: '.*', spec: []}\n";
+  const Result odd =
+      run(fmt::format("plan --model '{}' --rules '{}' --mesh \"$(printf 'a\\377:2')\" --explain "
+                      "model.layers.0.mlp.up_proj.weight --json",
+                      model.string(), rules.string()));
+  ASSERT_EQ(odd.code, 0) << odd.err;
+  const auto k = nlohmann::json::parse(odd.out);
+  EXPECT_THAT(k["mesh"].get<std::string>(), ::testing::HasSubstr("a\ufffd"));
+  EXPECT_THAT(k["steps"][0]["rule"].get<std::string>(), ::testing::HasSubstr("r\ufffd.yaml"));
+  EXPECT_EQ(k["shard_shape"], nlohmann::json::array({5504, 4096}));
 }
 
 TEST_F(CliTest, HtmlWritesThePageBesideTheUsualOutput) {

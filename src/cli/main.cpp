@@ -229,7 +229,8 @@ int plan_with(const PlanOptions& o) {
         j["shard_shape"] = leaf->shard_shape.dims();
         j["bytes_per_device"] = leaf->bytes_per_device;
       }
-      std::cout << j.dump(2) << "\n";
+      // (A rule file's path or a mesh axis may not be UTF-8: shown with U+FFFD, as inspect does.)
+      std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       return kOk;
     }
     std::cout << fmt::format("{} on mesh {}:\n", o.explain, helper.mesh().to_string());
