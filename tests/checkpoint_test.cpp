@@ -972,6 +972,25 @@ TEST(CheckpointManager, TwoProcessesSavingIntoOneRootNeverRemoveEachOthersSaveIn
   }
 }
 
+TEST(CheckpointManager, EntriesThatOnlyLookLikeStepsAreNotSteps) {
+  // Before: a link loop named like a step threw std::filesystem::filesystem_error out of steps().
+  TempDir tmp;
+  const fs::path root = tmp.path() / "run";
+  fs::create_directories(root);
+  fs::create_symlink("step_00000007", root / "step_00000007");
+  std::ofstream(root / "step_00000008") << "a file";
+  fs::create_directories(root / "step_00000009");  // no index: a save's leftovers, not a step
+  fs::create_directories(root / "step_1234567890123456789");  // 19 digits
+  const Executor one(1);
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  CheckpointManager manager(root, 5);
+  EXPECT_EQ(manager.steps(), std::vector<std::int64_t>{});
+  manager.save(3, Tree<Array>::dict({{"a", Array::ones(Shape{4}, DType::kF32,
+                                                       NamedSharding(mesh, P()), one)}}));
+  EXPECT_EQ(manager.steps(), std::vector<std::int64_t>{3});
+  EXPECT_EQ(manager.latest(), 3);
+}
+
 TEST(Checkpoint, ASaveKilledWithSigkillLeavesTheLastCheckpointRestorable) {
   TempDir tmp;
   const fs::path root = tmp.path() / "run";

@@ -1100,7 +1100,9 @@ std::vector<std::int64_t> CheckpointManager::steps() const {
         digits.size() > 18) {
       continue;
     }
-    if (!fs::exists(e.path() / kIndexName)) continue;  // not a checkpoint (complete ones have it)
+    // Not a checkpoint (complete ones have it; a link loop or a file named so has none).
+    std::error_code index_ec;
+    if (!fs::exists(e.path() / kIndexName, index_ec)) continue;
     out.push_back(std::stoll(digits));
   }
   std::sort(out.begin(), out.end());
