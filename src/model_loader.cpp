@@ -301,10 +301,13 @@ json::Document parse_json(std::string_view text, std::string_view source) {
 void check_shard_name(std::string_view source, std::string_view tensor, std::string_view shard) {
   const std::filesystem::path p{std::string(shard)};
   auto bad = [&](std::string_view why) {
+    // A NUL shown as \x00: in the message it would end the text there.
+    std::string name;
+    for (const char c : shard) name += c == '\0' ? std::string("\\x00") : std::string(1, c);
     return IoError(
         fmt::format("[model] {}: tensor '{}' is mapped to shard file '{}', {}; shard "
                     "files must be relative paths inside the index's directory",
-                    source, tensor, shard, why));
+                    source, tensor, name, why));
   };
   if (shard.empty()) throw bad("an empty name");
   if (p.has_root_path()) throw bad("an absolute path");

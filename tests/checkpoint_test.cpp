@@ -247,6 +247,11 @@ TEST(Checkpoint, MalformedIndexesAndArgumentsNameWhatIsWrong) {
   write_index(R"({"weight_map": {"a": "../x.safetensors"}})");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "'a'", "'../x.safetensors'",
                     "not a file name inside");
+  // Control characters in names are shown as \xNN (a NUL ended the message, an escape
+  // sequence reached the terminal).
+  write_index(R"({"weight_map": {"a\u001b[2J": "x\u0000.safetensors"}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a\\x1b[2J'",
+                    "'x\\x00.safetensors', which is not a file name inside");
   write_index(R"({"weight_map": {"a": 3}})");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a' is mapped to 3");
   write_index("{}");
