@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -785,6 +786,31 @@ TEST_F(CliTest, SymbolicLinkLoopsGivenAsFilesAreErrorsNamingThem) {
     EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
   }
   EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
+TEST_F(CliTest, UnreadableInputsAreErrorsNamingThem) {
+  // Run as an unprivileged user (root reads anything). Before: "internal error: filesystem
+  // error: directory iterator cannot open directory" (inspect) and "...status: Permission
+  // denied" (plan).
+  if (::geteuid() != 0 || std::system("command -v setpriv >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "needs root and setpriv to run the command as another user";
+  }
+  const fs::path ckpt = dir_ / "locked";
+  fs::create_directories(ckpt);
+  write_safetensors_skeleton(ckpt / "model.safetensors", {{"w", {Shape{4}, DType::kF32}}});
+  fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(ckpt, fs::perms::none);
+  const std::string as_nobody = "setpriv --reuid 65534 --regid 65534 --clear-groups ";
+  for (const std::string& args : {fmt::format("checkpoint inspect '{}'", ckpt.string()),
+                                  fmt::format("plan --model '{}'", ckpt.string())}) {
+    const Result r = run(args, as_nobody);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(ckpt.string())) << args;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("Permission denied")) << args;
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
+  }
+  fs::permissions(ckpt, fs::perms::owner_all);
 }
 
 TEST_F(CliTest, FifosDevicesAndDirectoriesGivenAsFilesAreErrorsNamingThemAtOnce) {
