@@ -130,10 +130,9 @@ bool remove_abandoned_temp(const fs::path& temp, std::string_view what) {
   // Held while removing: the run that made the directory checks, once it has the lock, that the
   // name is still its directory (see OutputDir), so a removal never takes one being written.
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
+    // A live run's; or a file system without locks, where no run can be told dead: kept.
     ::close(fd);
-    if (err == EWOULDBLOCK) return false;  // a live run's
-    fail(what, temp, "cannot lock an unfinished temporary directory", err);
+    return false;
   }
   std::error_code ec;
   fs::remove_all(temp, ec);
@@ -204,9 +203,12 @@ OutputDir::OutputDir(const fs::path& dst, std::string_view what)
         // Locked for as long as this run writes it. Another run's remove_abandoned_temp may
         // have locked it between the mkdir and here and removed it: then the name no longer
         // leads to the directory opened, and another name is tried.
+        // (A file system without locks, flock failing otherwise than EWOULDBLOCK, goes on
+        // unlocked: there no run removes another's temporary.)
         lock_fd_ = ::open(temp_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         struct stat mine {}, named {};
-        if (lock_fd_ >= 0 && ::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0 &&
+        if (lock_fd_ >= 0 &&
+            (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) &&
             ::fstat(lock_fd_, &mine) == 0 && ::stat(temp_.c_str(), &named) == 0 &&
             mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
           break;

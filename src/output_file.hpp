@@ -37,8 +37,9 @@ int rename_no_replace(const std::filesystem::path& from, const std::filesystem::
 
 /// Removes `temp`, a temporary directory that OutputDir made, unless the run that made it is
 /// still writing (it holds an flock on the directory until its commit or discard: a run that
-/// ended, even by SIGKILL, holds none). Returns whether it was removed (or already gone).
-/// Throws IoError naming `temp` when it cannot be removed.
+/// ended, even by SIGKILL, holds none; on a file system without locks every one is kept).
+/// Returns whether it was removed (or already gone). Throws IoError naming `temp` when it cannot
+/// be opened or removed.
 bool remove_abandoned_temp(const std::filesystem::path& temp, std::string_view what);
 
 /// fsync of a directory (its entries: a rename inside it survives a crash). Throws IoError.
