@@ -35,8 +35,8 @@ bool is_temp_name_of(std::string_view name, std::string_view stem, std::string_v
 int rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to,
                       bool is_directory) noexcept;
 
-/// Removes `temp`, a temporary directory that OutputDir made, unless the run that made it is
-/// still writing (it holds an flock on the directory until its commit or discard: a run that
+/// Removes `temp`, a temporary directory or file that OutputDir or OutputFile made, unless the
+/// run that made it is still writing (it holds an flock on it until its commit or discard: a run that
 /// ended, even by SIGKILL, holds none; on a file system without locks every one is kept).
 /// Returns whether it was removed (or already gone). Throws IoError naming `temp` when it cannot
 /// be opened or removed.
@@ -87,8 +87,9 @@ enum class Existing {
 /// then renamed to its destination. Not thread-safe; the destructor removes an uncommitted file.
 class OutputFile {
  public:
-  /// Creates the temporary file (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask).
-  /// Throws IoError naming `dst`.
+  /// Removes what runs for `dst` killed before their commit left (remove_abandoned_temp), then
+  /// creates the temporary file (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask),
+  /// locked (flock) until commit or discard. Throws IoError naming `dst`.
   OutputFile(const std::filesystem::path& dst, std::string_view what, Existing existing);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
@@ -110,6 +111,7 @@ class OutputFile {
   std::filesystem::path dst_, temp_;
   Existing existing_;
   int fd_ = -1;
+  int lock_fd_ = -1;  // temp_ opened again, flock'ed until the rename: see OutputDir
   bool done_ = false;
 };
 

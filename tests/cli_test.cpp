@@ -1,5 +1,7 @@
 // The `shardplan` command, run as a user runs it: exit codes, text and JSON output.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -786,6 +788,34 @@ TEST_F(CliTest, SymbolicLinkLoopsGivenAsFilesAreErrorsNamingThem) {
     EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
   }
   EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
+TEST_F(CliTest, ARunRemovesWhatKilledRunsLeftButNotWhatALiveOneWrites) {
+  // A conversion or --html killed mid-write leaves its hidden temporary; the next run for the
+  // same destination removes it (before: left for ever), but not one that a live run (here
+  // this test process) holds locked, nor anything that is not a file or directory of ours.
+  const fs::path html = dir_ / "p.html";
+  std::ofstream(dir_ / ".p.html.partial-0123456789") << "<html>half";
+  std::ofstream(dir_ / ".p.html.partial-abcdefghij") << "<html>being written";
+  fs::create_symlink("/etc/hostname", dir_ / ".p.html.partial-zzzzzzzzzz");
+  const int lock = ::open((dir_ / ".p.html.partial-abcdefghij").c_str(), O_RDONLY);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
+  fs::create_directories(dir_ / "src" / ".dst.partial-0123456789");
+  std::ofstream(dir_ / "src" / ".dst.partial-0123456789" / "model.safetensors") << "half";
+  write_safetensors_skeleton(dir_ / "src" / "model.safetensors",
+                             {{"model.norm.weight", {Shape{4}, DType::kF32}}});
+  Result r = run(fmt::format("plan --html '{}'", html.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run(fmt::format("checkpoint consolidate '{}' '{}'", (dir_ / "src").string(),
+                      (dir_ / "src" / "dst").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  ::close(lock);
+  EXPECT_FALSE(fs::exists(dir_ / ".p.html.partial-0123456789"));
+  EXPECT_TRUE(fs::exists(dir_ / ".p.html.partial-abcdefghij"));
+  EXPECT_TRUE(fs::is_symlink(dir_ / ".p.html.partial-zzzzzzzzzz"));
+  EXPECT_TRUE(fs::exists(html));
+  EXPECT_EQ(names_in(dir_ / "src"), (std::vector<std::string>{"dst", "model.safetensors"}));
 }
 
 TEST_F(CliTest, UnreadableInputsAreErrorsNamingThem) {
