@@ -1132,9 +1132,16 @@ bool is_unfinished_step(std::string_view name) {
 }
 
 void remove_tree(const fs::path& p) {
-  std::error_code ec;
-  fs::remove_all(p, ec);
-  if (ec) io_fail(p, "cannot remove", ec.value());
+  // Another process may be removing the same tree (two jobs on one root): an entry gone
+  // meanwhile is not an error, and the removal goes on with what is left.
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    if (!ec) return;
+    if (ec != std::errc::no_such_file_or_directory || attempt == 10) {
+      io_fail(p, "cannot remove", ec.value());
+    }
+  }
 }
 
 }  // namespace
@@ -1172,6 +1179,7 @@ void CheckpointManager::remove_old_steps() const {
       gone = detail::temp_name_for(old, "removing");
       err = detail::rename_no_replace(old, gone, true);
     }
+    if (err == ENOENT) continue;  // removed meanwhile by another process on the same root
     if (err != 0) io_fail(old, "cannot rename the old step away to remove it", err);
     remove_tree(gone);
   }
