@@ -179,7 +179,8 @@ int lock_new_temp(const fs::path& temp) {
     fd = ::open(temp.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   }
   if (fd < 0) return -1;
-  struct stat mine {}, named {};
+  struct stat mine {};
+  struct stat named {};
   if ((::flock(fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) && ::fstat(fd, &mine) == 0 &&
       ::stat(temp.c_str(), &named) == 0 && mine.st_dev == named.st_dev &&
       mine.st_ino == named.st_ino) {

@@ -36,8 +36,8 @@ int rename_no_replace(const std::filesystem::path& from, const std::filesystem::
                       bool is_directory) noexcept;
 
 /// Removes `temp`, a temporary directory or file that OutputDir or OutputFile made, unless the
-/// run that made it is still writing (it holds an flock on it until its commit or discard: a run that
-/// ended, even by SIGKILL, holds none; on a file system without locks every one is kept).
+/// run that made it is still writing (it holds an flock on it until its commit or discard: a run
+/// that ended, even by SIGKILL, holds none; on a file system without locks every one is kept).
 /// Returns whether it was removed (or already gone). Throws IoError naming `temp` when it cannot
 /// be opened or removed.
 bool remove_abandoned_temp(const std::filesystem::path& temp, std::string_view what);

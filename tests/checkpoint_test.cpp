@@ -5,10 +5,10 @@
 // checkpoint that looks complete.
 #include "shardplan/checkpoint.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -635,9 +635,9 @@ TEST(Checkpoint, ARunRemovesWhatRunsKilledBeforeItLeftButNotWhatALiveRunWrites) 
   ASSERT_GE(lock, 0);
   ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
   consolidate_checkpoint(tmp.path() / "src", tmp.path() / "out");
-  EXPECT_EQ(names_in(tmp.path()), (std::vector<std::string>{".other.partial-0123456789",
-                                                            ".out.partial-abcdefghij", "out",
-                                                            "src"}));
+  EXPECT_EQ(names_in(tmp.path()),
+            (std::vector<std::string>{".other.partial-0123456789", ".out.partial-abcdefghij", "out",
+                                      "src"}));
   EXPECT_TRUE(fs::exists(live / "model.safetensors"));
   EXPECT_TRUE(fs::exists(other / "model.safetensors"));
   // The same for CheckpointManager's steps.
@@ -669,10 +669,10 @@ TEST(Checkpoint, ACheckpointOfMoreFilesThanAProcessMayOpenIsRestoredAndConverted
   const Mesh mesh = Mesh::parse("x:2", 2);
   std::vector<Tree<Array>::DictEntry> leaves;
   for (int i = 0; i < 200; ++i) {
-    leaves.emplace_back(fmt::format("w{:03d}", i),
-                        Tree<Array>(Array::generate(Shape{4, 2}, DType::kF32,
-                                                    NamedSharding(mesh, P("x")), two,
-                                                    Generator::iota(i))));
+    leaves.emplace_back(
+        fmt::format("w{:03d}", i),
+        Tree<Array>(Array::generate(Shape{4, 2}, DType::kF32, NamedSharding(mesh, P("x")), two,
+                                    Generator::iota(i))));
   }
   const Tree<Array> state = Tree<Array>::dict(std::move(leaves));
   save_checkpoint(tmp.path() / "src", state, {.max_file_bytes = 1});
@@ -972,7 +972,8 @@ TEST(CheckpointManager, TwoProcessesSavingIntoOneRootNeverRemoveEachOthersSaveIn
   EXPECT_EQ(failed, 0) << first_error;
   EXPECT_GT(manager.steps().back(), 1'000'000);
   for (std::int64_t step = 1; step <= 40; ++step) {
-    const Tree<Array> back = restore_checkpoint(manager.path_of(step), numbered_state(exec, mesh, 0));
+    const Tree<Array> back =
+        restore_checkpoint(manager.path_of(step), numbered_state(exec, mesh, 0));
     EXPECT_TRUE(back.at_path("a").leaf().to_host() ==
                 numbered_state(exec, mesh, step).at_path("a").leaf().to_host());
   }
@@ -991,8 +992,8 @@ TEST(CheckpointManager, EntriesThatOnlyLookLikeStepsAreNotSteps) {
   const Mesh mesh = Mesh::parse("x:1", 1);
   CheckpointManager manager(root, 5);
   EXPECT_EQ(manager.steps(), std::vector<std::int64_t>{});
-  manager.save(3, Tree<Array>::dict({{"a", Array::ones(Shape{4}, DType::kF32,
-                                                       NamedSharding(mesh, P()), one)}}));
+  manager.save(3, Tree<Array>::dict(
+                      {{"a", Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), one)}}));
   EXPECT_EQ(manager.steps(), std::vector<std::int64_t>{3});
   EXPECT_EQ(manager.latest(), 3);
 }

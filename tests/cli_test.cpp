@@ -407,10 +407,9 @@ TEST_F(CliTest, TensorNamesThatMakeNoTreeAreErrorsNamingTheFile) {
     const fs::path file = dir_ / "m.safetensors";
     fs::remove(file);
     write_safetensors_skeleton(file, specs);
-    for (const std::string& args :
-         {fmt::format("plan --model '{}'", file.string()),
-          fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:1", file.string(),
-                      (dir_ / "out").string())}) {
+    for (const std::string& args : {fmt::format("plan --model '{}'", file.string()),
+                                    fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:1",
+                                                file.string(), (dir_ / "out").string())}) {
       const Result r = run(args);
       EXPECT_EQ(r.code, 1) << args;
       EXPECT_THAT(r.err, ::testing::HasSubstr(file.string() + ": " + what)) << args;
