@@ -821,8 +821,10 @@ TEST_F(CliTest, UnreadableInputsAreErrorsNamingThem) {
   // Run as an unprivileged user (root reads anything). Before: "internal error: filesystem
   // error: directory iterator cannot open directory" (inspect) and "...status: Permission
   // denied" (plan).
-  if (::geteuid() != 0 || std::system("command -v setpriv >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "needs root and setpriv to run the command as another user";
+  const std::string as_nobody = "setpriv --reuid 65534 --regid 65534 --clear-groups ";
+  if (::geteuid() != 0 || std::system("command -v setpriv >/dev/null 2>&1") != 0 ||
+      run("presets", as_nobody).code != 0) {
+    GTEST_SKIP() << "needs root, setpriv and a build the user nobody can run";
   }
   const fs::path ckpt = dir_ / "locked";
   fs::create_directories(ckpt);
@@ -830,7 +832,6 @@ TEST_F(CliTest, UnreadableInputsAreErrorsNamingThem) {
   fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                             fs::perms::others_read | fs::perms::others_exec);
   fs::permissions(ckpt, fs::perms::none);
-  const std::string as_nobody = "setpriv --reuid 65534 --regid 65534 --clear-groups ";
   for (const std::string& args : {fmt::format("checkpoint inspect '{}'", ckpt.string()),
                                   fmt::format("plan --model '{}'", ckpt.string())}) {
     const Result r = run(args, as_nobody);
