@@ -301,10 +301,13 @@ json::Document parse_json(std::string_view text, std::string_view source) {
 void check_shard_name(std::string_view source, std::string_view tensor, std::string_view shard) {
   const std::filesystem::path p{std::string(shard)};
   auto bad = [&](std::string_view why) {
+    // A NUL shown as \x00: in the message it would end the text there.
+    std::string name;
+    for (const char c : shard) name += c == '\0' ? std::string("\\x00") : std::string(1, c);
     return IoError(
         fmt::format("[model] {}: tensor '{}' is mapped to shard file '{}', {}; shard "
                     "files must be relative paths inside the index's directory",
-                    source, tensor, shard, why));
+                    source, tensor, name, why));
   };
   if (shard.empty()) throw bad("an empty name");
   if (p.has_root_path()) throw bad("an absolute path");
@@ -544,7 +547,8 @@ std::vector<std::pair<std::string, TensorSpec>> parse_model_description(std::str
 std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(
     const std::filesystem::path& file) {
   const std::string name = file.filename().string();
-  if (!std::filesystem::exists(file)) {
+  std::error_code ec;  // (a link loop or a permission error: the reader below names it)
+  if (!std::filesystem::exists(file, ec) && !ec) {
     throw IoError(fmt::format("[model] {}: no such file", file.string()));
   }
   if (ends_with(name, ".safetensors")) {
@@ -563,7 +567,14 @@ std::vector<std::pair<std::string, TensorSpec>> load_model_tensors(
 }
 
 Tree<TensorSpec> load_model(const std::filesystem::path& file) {
-  return tree_from_names(load_model_tensors(file));
+  const auto named = load_model_tensors(file);
+  try {
+    return tree_from_names(named);
+  } catch (const IoError& e) {  // the names' conflict, with the file that has them
+    std::string_view what = e.what();
+    if (what.starts_with("[model] ")) what.remove_prefix(8);
+    throw IoError(fmt::format("[model] {}: {}", file.string(), what));
+  }
 }
 
 }  // namespace shardplan

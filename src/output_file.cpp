@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -120,6 +121,77 @@ int rename_no_replace(const fs::path& from, const fs::path& to, bool is_director
   return 0;
 }
 
+bool remove_abandoned_temp(const fs::path& temp, std::string_view what) {
+  // O_NONBLOCK: a FIFO planted under such a name is not waited on (and is not ours: kept).
+  const int fd = ::open(temp.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return true;
+    if (errno == ELOOP) return false;  // a symbolic link: not ours
+    fail(what, temp, "cannot open an unfinished temporary", errno);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))) {
+    ::close(fd);
+    return false;
+  }
+  // Held while removing: the run that made the directory checks, once it has the lock, that the
+  // name is still its directory (see OutputDir), so a removal never takes one being written.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    // A live run's; or a file system without locks, where no run can be told dead: kept.
+    ::close(fd);
+    return false;
+  }
+  std::error_code ec;
+  if (S_ISDIR(st.st_mode)) {
+    fs::remove_all(temp, ec);
+  } else if (::unlink(temp.c_str()) != 0 && errno != ENOENT) {
+    ec.assign(errno, std::generic_category());
+  }
+  ::close(fd);
+  if (ec) fail(what, temp, "cannot remove an unfinished temporary", ec.value());
+  return true;
+}
+
+namespace {
+
+/// Removes what runs writing `dst` left when killed (remove_abandoned_temp on each unique
+/// temporary name of `dst`; the fixed `.NAME.partial` of earlier versions may be a user's).
+void remove_abandoned_temps_of(const fs::path& dst, std::string_view what) {
+  const std::string stem = dst.filename().string();
+  std::vector<fs::path> abandoned;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dst.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_temp_name_of(name, stem, "partial") && name != "." + stem + ".partial") {
+      abandoned.push_back(e.path());
+    }
+  }
+  for (const auto& p : abandoned) remove_abandoned_temp(p, what);
+}
+
+/// Locks `temp` (just made by this run) through a new descriptor, for as long as this run
+/// writes it: -1 when another run's remove_abandoned_temp took it between its creation and here
+/// (the name no longer leads to what `made` was opened on: try another name). On a file system
+/// without locks it goes on unlocked (there no run removes another's temporary).
+int lock_new_temp(const fs::path& temp) {
+  int fd = ::open(temp.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == EACCES) {  // a file the umask left write-only
+    fd = ::open(temp.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  }
+  if (fd < 0) return -1;
+  struct stat mine {};
+  struct stat named {};
+  if ((::flock(fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) && ::fstat(fd, &mine) == 0 &&
+      ::stat(temp.c_str(), &named) == 0 && mine.st_dev == named.st_dev &&
+      mine.st_ino == named.st_ino) {
+    return fd;
+  }
+  ::close(fd);
+  return -1;
+}
+
+}  // namespace
+
 void sync_directory(const fs::path& dir, std::string_view what) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail(what, dir, "cannot open the directory to sync it", errno);
@@ -163,11 +235,22 @@ OutputDir::OutputDir(const fs::path& dst, std::string_view what)
         fail(what_, dst_, fmt::format("cannot create the directory {}", it->string()), err);
       }  // else made meanwhile by another run: not ours to remove
     }
+    // What runs for this destination killed before their commit left (a live run's is locked).
+    remove_abandoned_temps_of(dst_, what_);
     for (int attempt = 0;; ++attempt) {
       temp_ = temp_name_for(dst_, "partial");
-      if (::mkdir(temp_.c_str(), 0777) == 0) break;
-      const int err = errno;
-      if (err != EEXIST || attempt == 100) {
+      int err = ::mkdir(temp_.c_str(), 0777) == 0 ? 0 : errno;
+      if (err == 0) {
+        lock_fd_ = lock_new_temp(temp_);
+        if (lock_fd_ >= 0) break;
+        err = EEXIST;  // taken by another run's removal: another name
+      }
+      if (err != EEXIST && err != ENOENT) {
+        fail(what_, dst_,
+             fmt::format("cannot create a temporary directory in {}", dst_.parent_path().string()),
+             err);
+      }
+      if (attempt == 100) {
         fail(what_, dst_,
              fmt::format("cannot create a temporary directory in {}", dst_.parent_path().string()),
              err);
@@ -198,6 +281,8 @@ void OutputDir::commit() {
   }
   done_ = true;
   made_parents_.clear();
+  ::close(lock_fd_);
+  lock_fd_ = -1;
   sync_directory(dst_.parent_path(), what_);
 }
 
@@ -206,6 +291,8 @@ void OutputDir::discard() noexcept {
   done_ = true;
   std::error_code ec;
   if (!temp_.empty()) fs::remove_all(temp_, ec);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = -1;
   // Only the parents made here, innermost first, and only while empty (rmdir refuses otherwise:
   // another run may be writing into one by now).
   for (auto it = made_parents_.rbegin(); it != made_parents_.rend(); ++it) ::rmdir(it->c_str());
@@ -225,11 +312,18 @@ OutputFile::OutputFile(const fs::path& dst, std::string_view what, Existing exis
   } else if (errno != ENOENT) {
     fail(what_, dst_, "cannot write", errno);
   }
+  remove_abandoned_temps_of(dst_, what_);
   for (int attempt = 0;; ++attempt) {
     temp_ = temp_name_for(dst_, "partial");
     // O_EXCL: a name nobody has, not even as a symbolic link planted to redirect the write.
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-    if (fd_ >= 0) break;
+    if (fd_ >= 0) {
+      lock_fd_ = lock_new_temp(temp_);  // (on its own descriptor: held past fd_'s close)
+      if (lock_fd_ >= 0) break;
+      ::close(fd_);
+      fd_ = -1;
+      errno = EEXIST;  // taken by another run's removal: another name
+    }
     const int err = errno;
     if (err != EEXIST || attempt == 100) {
       done_ = true;
@@ -290,6 +384,8 @@ void OutputFile::commit() {
     fail(what_, dst_, "cannot rename the finished file into place", err);
   }
   done_ = true;
+  ::close(lock_fd_);
+  lock_fd_ = -1;
   sync_directory(dst_.parent_path(), what_);
 }
 
@@ -299,6 +395,8 @@ void OutputFile::discard() noexcept {
   if (done_) return;
   done_ = true;
   ::unlink(temp_.c_str());
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = -1;
 }
 
 }  // namespace shardplan::detail

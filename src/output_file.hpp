@@ -35,6 +35,13 @@ bool is_temp_name_of(std::string_view name, std::string_view stem, std::string_v
 int rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to,
                       bool is_directory) noexcept;
 
+/// Removes `temp`, a temporary directory or file that OutputDir or OutputFile made, unless the
+/// run that made it is still writing (it holds an flock on it until its commit or discard: a run
+/// that ended, even by SIGKILL, holds none; on a file system without locks every one is kept).
+/// Returns whether it was removed (or already gone). Throws IoError naming `temp` when it cannot
+/// be opened or removed.
+bool remove_abandoned_temp(const std::filesystem::path& temp, std::string_view what);
+
 /// fsync of a directory (its entries: a rename inside it survives a crash). Throws IoError.
 void sync_directory(const std::filesystem::path& dir, std::string_view what);
 
@@ -43,8 +50,10 @@ void sync_directory(const std::filesystem::path& dir, std::string_view what);
 /// Not thread-safe; the destructor discards an uncommitted directory.
 class OutputDir {
  public:
-  /// Checks that `dst` does not exist, makes its missing parents, then the temporary directory.
-  /// Throws IoError naming `dst` (exists, a parent is a file, permissions, ...).
+  /// Checks that `dst` does not exist, makes its missing parents, removes what earlier runs for
+  /// `dst` cut short left (remove_abandoned_temp), then makes the temporary directory, locked
+  /// (flock) until commit or discard. Throws IoError naming `dst` (exists, a parent is a file,
+  /// permissions, ...).
   OutputDir(const std::filesystem::path& dst, std::string_view what);
   ~OutputDir();
   OutputDir(const OutputDir&) = delete;
@@ -63,6 +72,7 @@ class OutputDir {
   std::string what_;
   std::filesystem::path dst_, temp_;
   std::vector<std::filesystem::path> made_parents_;  // outermost first
+  int lock_fd_ = -1;  // temp_ opened, flock'ed: tells other runs that it is being written
   bool done_ = false;
 };
 
@@ -77,8 +87,9 @@ enum class Existing {
 /// then renamed to its destination. Not thread-safe; the destructor removes an uncommitted file.
 class OutputFile {
  public:
-  /// Creates the temporary file (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask).
-  /// Throws IoError naming `dst`.
+  /// Removes what runs for `dst` killed before their commit left (remove_abandoned_temp), then
+  /// creates the temporary file (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask),
+  /// locked (flock) until commit or discard. Throws IoError naming `dst`.
   OutputFile(const std::filesystem::path& dst, std::string_view what, Existing existing);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
@@ -100,6 +111,7 @@ class OutputFile {
   std::filesystem::path dst_, temp_;
   Existing existing_;
   int fd_ = -1;
+  int lock_fd_ = -1;  // temp_ opened again, flock'ed until the rename: see OutputDir
   bool done_ = false;
 };
 

@@ -5,10 +5,12 @@
 // checkpoint that looks complete.
 #include "shardplan/checkpoint.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -245,6 +247,11 @@ TEST(Checkpoint, MalformedIndexesAndArgumentsNameWhatIsWrong) {
   write_index(R"({"weight_map": {"a": "../x.safetensors"}})");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "'a'", "'../x.safetensors'",
                     "not a file name inside");
+  // Control characters in names are shown as \xNN (a NUL ended the message, an escape
+  // sequence reached the terminal).
+  write_index(R"({"weight_map": {"a\u001b[2J": "x\u0000.safetensors"}})");
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a\\x1b[2J'",
+                    "'x\\x00.safetensors', which is not a file name inside");
   write_index(R"({"weight_map": {"a": 3}})");
   EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, "tensor 'a' is mapped to 3");
   write_index("{}");
@@ -305,6 +312,13 @@ TEST(Checkpoint, AnIndexThatIsNotARegularFileIsAnErrorNamingItAtOnce) {
   EXPECT_THROW_WITH(verify_checkpoint(info), IoError, shard.c_str(), "FIFO");
   // Given as the checkpoint itself (no index).
   EXPECT_THROW_WITH(read_checkpoint_info(shard), IoError, shard.c_str(), "FIFO");
+  // A symbolic link loop is one, not "missing" (as it was) or "no such file".
+  fs::remove(shard);
+  fs::create_symlink(shard.filename(), shard);
+  EXPECT_THROW_WITH(read_checkpoint_info(dir), IoError, shard.c_str(),
+                    "Too many levels of symbolic links");
+  EXPECT_THROW_WITH(read_checkpoint_info(shard), IoError, shard.c_str(),
+                    "Too many levels of symbolic links");
 }
 
 TEST(Checkpoint, DeeplyNestedOrRepeatedIndexEntriesAreErrorsNamingTheFileAndKey) {
@@ -602,6 +616,89 @@ TEST(Checkpoint, WritesNeverRemoveWhatTheyDidNotMake) {
   }
 }
 
+TEST(Checkpoint, ARunRemovesWhatRunsKilledBeforeItLeftButNotWhatALiveRunWrites) {
+  // A run killed with SIGKILL leaves its hidden temporary; the next run for the same
+  // destination removes it. A run still writing holds a lock on its own (as another process
+  // would: a lock of another open file description), which keeps it.
+  TempDir tmp;
+  const Executor two(2);
+  save_checkpoint(tmp.path() / "src", mib_state(two));
+  auto hidden = [&](const fs::path& dir, const std::string& name) {
+    fs::create_directories(dir / name);
+    std::ofstream(dir / name / "model.safetensors") << "half";
+    return dir / name;
+  };
+  const fs::path killed = hidden(tmp.path(), ".out.partial-0123456789");
+  const fs::path live = hidden(tmp.path(), ".out.partial-abcdefghij");
+  const fs::path other = hidden(tmp.path(), ".other.partial-0123456789");  // another destination
+  const int lock = ::open(live.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
+  consolidate_checkpoint(tmp.path() / "src", tmp.path() / "out");
+  EXPECT_EQ(names_in(tmp.path()),
+            (std::vector<std::string>{".other.partial-0123456789", ".out.partial-abcdefghij", "out",
+                                      "src"}));
+  EXPECT_TRUE(fs::exists(live / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(other / "model.safetensors"));
+  // The same for CheckpointManager's steps.
+  const fs::path run = tmp.path() / "run";
+  hidden(run, ".step_00000001.partial-0123456789");
+  const fs::path saving = hidden(run, ".step_00000002.partial-0123456789");
+  const int lock2 = ::open(saving.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(lock2, 0);
+  ASSERT_EQ(::flock(lock2, LOCK_EX | LOCK_NB), 0);
+  CheckpointManager(run, 2).save(3, mib_state(two));
+  EXPECT_EQ(names_in(run),
+            (std::vector<std::string>{".step_00000002.partial-0123456789", "step_00000003"}));
+  ::close(lock);
+  ::close(lock2);
+  // Once its writer is gone, the next run for its destination removes it.
+  fs::remove_all(tmp.path() / "out");
+  consolidate_checkpoint(tmp.path() / "src", tmp.path() / "out");
+  EXPECT_EQ(names_in(tmp.path()),
+            (std::vector<std::string>{".other.partial-0123456789", "out", "run", "src"}));
+  CheckpointManager(run, 2).save(4, mib_state(two));
+  EXPECT_EQ(names_in(run), (std::vector<std::string>{"step_00000003", "step_00000004"}));
+}
+
+TEST(Checkpoint, ACheckpointOfMoreFilesThanAProcessMayOpenIsRestoredAndConverted) {
+  // 200 files (a tensor each) under a limit of 100 open files (the default is 1024; checkpoints
+  // of more files exist). Before: "cannot open (Too many open files)".
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  std::vector<Tree<Array>::DictEntry> leaves;
+  for (int i = 0; i < 200; ++i) {
+    leaves.emplace_back(
+        fmt::format("w{:03d}", i),
+        Tree<Array>(Array::generate(Shape{4, 2}, DType::kF32, NamedSharding(mesh, P("x")), two,
+                                    Generator::iota(i))));
+  }
+  const Tree<Array> state = Tree<Array>::dict(std::move(leaves));
+  save_checkpoint(tmp.path() / "src", state, {.max_file_bytes = 1});
+  ASSERT_EQ(read_checkpoint_info(tmp.path() / "src").files.size(), 200u);
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  struct rlimit low = old;
+  low.rlim_cur = 100;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::optional<Tree<Array>> back;
+  std::string error;
+  try {
+    back = restore_checkpoint(tmp.path() / "src", state);
+    consolidate_checkpoint(tmp.path() / "src", tmp.path() / "hf", {.max_file_bytes = 1});
+    reshard_checkpoint(tmp.path() / "hf", tmp.path() / "sp", MeshShardingHelper(mesh),
+                       RuleTree(parse_rule_file("rules: [{match: '.*', spec: [x]}]").make_rule()),
+                       {.max_file_bytes = 1});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_EQ(error, "");
+  expect_same_values(*back, state);
+  expect_same_values(restore_checkpoint(tmp.path() / "sp", state), state);
+}
+
 TEST(Checkpoint, DestinationsAreNormalisedOrAnErrorNamingThem) {
   TempDir tmp;
   const Executor two(2);
@@ -825,6 +922,116 @@ TEST(CheckpointChild, DISABLED_SavesStepsUntilKilled) {
   CheckpointManager manager(root, 2);
   for (std::int64_t step = manager.latest().value_or(0) + 1;; ++step) {
     manager.save(step, numbered_state(exec, mesh, step), {.max_file_bytes = 1 << 20});
+  }
+}
+
+// Run by the test below in a child process: saves steps from 1'000'000 on, keeping them all,
+// until killed (another job writing into the same root).
+TEST(CheckpointChild, DISABLED_SavesOtherStepsUntilKilled) {
+  const char* root = std::getenv("SHARDPLAN_TEST_CHECKPOINT_ROOT");
+  if (root == nullptr) GTEST_SKIP() << "run by TwoProcessesSavingIntoOneRoot...";
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const char* keep = std::getenv("SHARDPLAN_TEST_KEEP");
+  CheckpointManager manager(root, keep != nullptr ? std::atoi(keep) : 1'000'000);
+  for (std::int64_t step = 1'000'000;; ++step) {
+    manager.save(step, numbered_state(exec, mesh, step), {.max_file_bytes = 1 << 20});
+  }
+}
+
+TEST(CheckpointManager, TwoProcessesSavingIntoOneRootNeverRemoveEachOthersSaveInProgress) {
+  // Each save first clears what saves cut short left behind; a save still running in another
+  // process is not that (before: removed under it, "cannot open ... No such file or directory").
+  TempDir tmp;
+  const fs::path root = tmp.path() / "run";
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  CheckpointManager manager(root, 1'000'000);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("SHARDPLAN_TEST_CHECKPOINT_ROOT", root.c_str(), 1);
+    ::execl("/proc/self/exe", "checkpoint_test", "--gtest_also_run_disabled_tests",
+            "--gtest_filter=CheckpointChild.DISABLED_SavesOtherStepsUntilKilled", nullptr);
+    std::_Exit(127);
+  }
+  int failed = 0;
+  std::string first_error;
+  for (std::int64_t step = 1; step <= 40; ++step) {
+    try {
+      manager.save(step, numbered_state(exec, mesh, step), {.max_file_bytes = 1 << 20});
+    } catch (const IoError& e) {
+      if (failed++ == 0) first_error = e.what();
+    }
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // The child was saving all along (it did not die of an error of its own).
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the child ended by itself (status " << status << ")";
+  EXPECT_EQ(failed, 0) << first_error;
+  EXPECT_GT(manager.steps().back(), 1'000'000);
+  for (std::int64_t step = 1; step <= 40; ++step) {
+    const Tree<Array> back =
+        restore_checkpoint(manager.path_of(step), numbered_state(exec, mesh, 0));
+    EXPECT_TRUE(back.at_path("a").leaf().to_host() ==
+                numbered_state(exec, mesh, step).at_path("a").leaf().to_host());
+  }
+}
+
+TEST(CheckpointManager, EntriesThatOnlyLookLikeStepsAreNotSteps) {
+  // Before: a link loop named like a step threw std::filesystem::filesystem_error out of steps().
+  TempDir tmp;
+  const fs::path root = tmp.path() / "run";
+  fs::create_directories(root);
+  fs::create_symlink("step_00000007", root / "step_00000007");
+  std::ofstream(root / "step_00000008") << "a file";
+  fs::create_directories(root / "step_00000009");  // no index: a save's leftovers, not a step
+  fs::create_directories(root / "step_1234567890123456789");  // 19 digits
+  const Executor one(1);
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  CheckpointManager manager(root, 5);
+  EXPECT_EQ(manager.steps(), std::vector<std::int64_t>{});
+  manager.save(3, Tree<Array>::dict(
+                      {{"a", Array::ones(Shape{4}, DType::kF32, NamedSharding(mesh, P()), one)}}));
+  EXPECT_EQ(manager.steps(), std::vector<std::int64_t>{3});
+  EXPECT_EQ(manager.latest(), 3);
+}
+
+TEST(CheckpointManager, TwoProcessesKeepingTwoStepsInOneRootNeverFailASaveThatSucceeded) {
+  // Both remove the oldest steps after each save; a step the other process removed meanwhile is
+  // gone, not an error (before: "cannot rename the old step away to remove it (No such file or
+  // directory)" from a save whose checkpoint was written).
+  TempDir tmp;
+  const fs::path root = tmp.path() / "run";
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  CheckpointManager manager(root, 2);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("SHARDPLAN_TEST_CHECKPOINT_ROOT", root.c_str(), 1);
+    ::setenv("SHARDPLAN_TEST_KEEP", "2", 1);
+    ::execl("/proc/self/exe", "checkpoint_test", "--gtest_also_run_disabled_tests",
+            "--gtest_filter=CheckpointChild.DISABLED_SavesOtherStepsUntilKilled", nullptr);
+    std::_Exit(127);
+  }
+  int failed = 0;
+  std::string first_error;
+  for (std::int64_t step = 1; step <= 60; ++step) {
+    try {
+      manager.save(step, numbered_state(exec, mesh, step), {.max_file_bytes = 1 << 20});
+    } catch (const IoError& e) {
+      if (failed++ == 0) first_error = e.what();
+    }
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the child ended by itself (status " << status << ")";
+  EXPECT_EQ(failed, 0) << first_error;
+  for (const std::int64_t step : manager.steps()) {
+    EXPECT_NO_THROW(read_checkpoint_info(manager.path_of(step))) << step;
   }
 }
 

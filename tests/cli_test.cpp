@@ -1,10 +1,13 @@
 // The `shardplan` command, run as a user runs it: exit codes, text and JSON output.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -294,6 +297,20 @@ TEST_F(CliTest, ExplainTakesTheCheckpointsNameAndPrintsJson) {
   for (const auto& s : j["steps"]) decided += s["decided"].get<bool>() ? 1 : 0;
   EXPECT_EQ(decided, 1);
   EXPECT_GE(j["steps"].size(), 2u);
+  // A rule file whose name, and a mesh axis whose name, are not UTF-8 (before: "internal
+  // error: [json.exception.type_error.316]", no output): shown with U+FFFD.
+  const fs::path rules = dir_ / "r\xff.yaml";
+  std::ofstream(rules) << "rules:\n  - {match: up_proj, spec: [a\xff]}\n"
+                          "  - {match: '.*', spec: []}\n";
+  const Result odd =
+      run(fmt::format("plan --model '{}' --rules '{}' --mesh \"$(printf 'a\\377:2')\" --explain "
+                      "model.layers.0.mlp.up_proj.weight --json",
+                      model.string(), rules.string()));
+  ASSERT_EQ(odd.code, 0) << odd.err;
+  const auto k = nlohmann::json::parse(odd.out);
+  EXPECT_THAT(k["mesh"].get<std::string>(), ::testing::HasSubstr("a\ufffd"));
+  EXPECT_THAT(k["steps"][0]["rule"].get<std::string>(), ::testing::HasSubstr("r\ufffd.yaml"));
+  EXPECT_EQ(k["shard_shape"], nlohmann::json::array({5504, 4096}));
 }
 
 TEST_F(CliTest, HtmlWritesThePageBesideTheUsualOutput) {
@@ -378,6 +395,28 @@ TEST_F(CliTest, CorruptSafetensorsExitsOneWithAClearMessage) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, ::testing::HasSubstr("bad.safetensors"));
   EXPECT_THAT(r.err, ::testing::HasSubstr("header length 16"));
+}
+
+TEST_F(CliTest, TensorNamesThatMakeNoTreeAreErrorsNamingTheFile) {
+  // An empty part, a name that is also a prefix of another: before, "[model] tensor name 'a..b'
+  // has an empty part", naming no file.
+  for (const auto& [names, what] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"a..b"}, "tensor name 'a..b' has an empty part"},
+           {{"a", "a.b"}, "'a' is both a tensor and a prefix of 'a.b'"}}) {
+    std::vector<std::pair<std::string, TensorSpec>> specs;
+    for (const auto& n : names) specs.push_back({n, {Shape{4}, DType::kF32}});
+    const fs::path file = dir_ / "m.safetensors";
+    fs::remove(file);
+    write_safetensors_skeleton(file, specs);
+    for (const std::string& args : {fmt::format("plan --model '{}'", file.string()),
+                                    fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:1",
+                                                file.string(), (dir_ / "out").string())}) {
+      const Result r = run(args);
+      EXPECT_EQ(r.code, 1) << args;
+      EXPECT_THAT(r.err, ::testing::HasSubstr(file.string() + ": " + what)) << args;
+    }
+    EXPECT_FALSE(fs::exists(dir_ / "out"));
+  }
 }
 
 TEST_F(CliTest, ModelWhoseTensorSizeOverflowsExitsOneNamingTensorAndShape) {
@@ -492,6 +531,19 @@ TEST_F(CliTest, DeviceCountsHaveABoundNamedInTheError) {
     EXPECT_EQ(r.code, 2) << mesh;
     EXPECT_THAT(r.err, ::testing::HasSubstr("limit of 1048576 devices")) << mesh;
   }
+  // reshard's --mesh as plan's (was "not the device count 1", and -1 exit 1).
+  for (const char* mesh : {"x:100000000", "x:99999999999999999999", "fsdp:1048576,tp:2"}) {
+    const Result r = run(fmt::format("checkpoint reshard '{}' '{}' --mesh {}", dir_.string(),
+                                     (dir_ / "out").string(), mesh));
+    EXPECT_EQ(r.code, 2) << mesh << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("--mesh")) << mesh;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("limit of 1048576 devices")) << mesh;
+  }
+  const Result infer = run(fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:-1,tp:2",
+                                       dir_.string(), (dir_ / "out").string()));
+  EXPECT_EQ(infer.code, 2) << infer.err;
+  EXPECT_THAT(infer.err, ::testing::HasSubstr("--devices"));
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
   const Result mesh = run("plan --mesh x:100000000,y:-1 --devices 8");
   EXPECT_EQ(mesh.code, 1);
   EXPECT_THAT(mesh.err, ::testing::HasSubstr("axis 'x' has size 100000000"));
@@ -710,6 +762,86 @@ TEST_F(CliTest, HtmlNeverFollowsALinkAndAnEmptyNameIsBadUsage) {
   EXPECT_EQ(victim.str(), "keep");
   EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"link.html", "plan.html", "plan.html.partial",
                                                       "stderr.txt", "victim"}));
+}
+
+TEST_F(CliTest, SymbolicLinkLoopsGivenAsFilesAreErrorsNamingThem) {
+  // Before: "internal error: filesystem error: status: Too many levels of symbolic links".
+  const fs::path json = dir_ / "loop.json", yaml = dir_ / "loop.yaml", ckpt = dir_ / "ckpt";
+  fs::create_symlink(json.filename(), json);
+  fs::create_symlink(yaml.filename(), yaml);
+  fs::create_directories(ckpt);
+  fs::create_symlink("model.safetensors", ckpt / "model.safetensors");
+  const std::vector<std::pair<std::string, fs::path>> cases = {
+      {fmt::format("plan --model '{}'", json.string()), json},
+      {fmt::format("plan --model '{}'", ckpt.string()), ckpt / "model.safetensors"},
+      {fmt::format("plan --rules '{}'", yaml.string()), yaml},
+      {fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:1 --rules '{}'", ckpt.string(),
+                   (dir_ / "out").string(), yaml.string()),
+       yaml},
+      {fmt::format("checkpoint inspect '{}'", ckpt.string()), ckpt / "model.safetensors"},
+  };
+  for (const auto& [args, named] : cases) {
+    const Result r = run(args, 20);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(named.string())) << args;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("Too many levels of symbolic links")) << args;
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
+TEST_F(CliTest, ARunRemovesWhatKilledRunsLeftButNotWhatALiveOneWrites) {
+  // A conversion or --html killed mid-write leaves its hidden temporary; the next run for the
+  // same destination removes it (before: left for ever), but not one that a live run (here
+  // this test process) holds locked, nor anything that is not a file or directory of ours.
+  const fs::path html = dir_ / "p.html";
+  std::ofstream(dir_ / ".p.html.partial-0123456789") << "<html>half";
+  std::ofstream(dir_ / ".p.html.partial-abcdefghij") << "<html>being written";
+  fs::create_symlink("/etc/hostname", dir_ / ".p.html.partial-zzzzzzzzzz");
+  const int lock = ::open((dir_ / ".p.html.partial-abcdefghij").c_str(), O_RDONLY);
+  ASSERT_GE(lock, 0);
+  ASSERT_EQ(::flock(lock, LOCK_EX | LOCK_NB), 0);
+  fs::create_directories(dir_ / "src" / ".dst.partial-0123456789");
+  std::ofstream(dir_ / "src" / ".dst.partial-0123456789" / "model.safetensors") << "half";
+  write_safetensors_skeleton(dir_ / "src" / "model.safetensors",
+                             {{"model.norm.weight", {Shape{4}, DType::kF32}}});
+  Result r = run(fmt::format("plan --html '{}'", html.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run(fmt::format("checkpoint consolidate '{}' '{}'", (dir_ / "src").string(),
+                      (dir_ / "src" / "dst").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  ::close(lock);
+  EXPECT_FALSE(fs::exists(dir_ / ".p.html.partial-0123456789"));
+  EXPECT_TRUE(fs::exists(dir_ / ".p.html.partial-abcdefghij"));
+  EXPECT_TRUE(fs::is_symlink(dir_ / ".p.html.partial-zzzzzzzzzz"));
+  EXPECT_TRUE(fs::exists(html));
+  EXPECT_EQ(names_in(dir_ / "src"), (std::vector<std::string>{"dst", "model.safetensors"}));
+}
+
+TEST_F(CliTest, UnreadableInputsAreErrorsNamingThem) {
+  // Run as an unprivileged user (root reads anything). Before: "internal error: filesystem
+  // error: directory iterator cannot open directory" (inspect) and "...status: Permission
+  // denied" (plan).
+  const std::string as_nobody = "setpriv --reuid 65534 --regid 65534 --clear-groups ";
+  if (::geteuid() != 0 || std::system("command -v setpriv >/dev/null 2>&1") != 0 ||
+      run("presets", as_nobody).code != 0) {
+    GTEST_SKIP() << "needs root, setpriv and a build the user nobody can run";
+  }
+  const fs::path ckpt = dir_ / "locked";
+  fs::create_directories(ckpt);
+  write_safetensors_skeleton(ckpt / "model.safetensors", {{"w", {Shape{4}, DType::kF32}}});
+  fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(ckpt, fs::perms::none);
+  for (const std::string& args : {fmt::format("checkpoint inspect '{}'", ckpt.string()),
+                                  fmt::format("plan --model '{}'", ckpt.string())}) {
+    const Result r = run(args, as_nobody);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(ckpt.string())) << args;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("Permission denied")) << args;
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error"))) << args;
+  }
+  fs::permissions(ckpt, fs::perms::owner_all);
 }
 
 TEST_F(CliTest, FifosDevicesAndDirectoriesGivenAsFilesAreErrorsNamingThemAtOnce) {

@@ -335,6 +335,10 @@ TEST(ModelLoader, IndexShardFilesStayInTheIndexDirectory) {
   rejects("sub/../../x/part.safetensors", "'..'");
   rejects("sub/..", "'..'");
   rejects("", "empty");
+  // A NUL is shown as \x00 (before, the message ended at it: "... shard file 'sub/part").
+  std::ofstream(index) << R"({"weight_map": {"w": "sub/part\u0000.safetensors"}})";
+  EXPECT_THROW_WITH(load_model(index), IoError, "'sub/part\\x00.safetensors', which holds a NUL",
+                    "inside the index's directory");
 }
 
 TEST(ModelLoader, IndexErrors) {

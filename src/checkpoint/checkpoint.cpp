@@ -41,6 +41,9 @@ constexpr int kFormatVersion = 1;
 // Reads of a device's block whose byte ranges are small go through a staging buffer of this
 // size (one per reading thread): the memory bound of a restore beyond the devices' own shards.
 constexpr std::int64_t kStageBytes = std::int64_t{4} << 20;
+// A restore reads at most this many files at once (a checkpoint may have more files than the
+// process may open: 1024 by default).
+constexpr std::size_t kMaxOpenFiles = 64;
 
 [[noreturn]] void io_fail(const fs::path& file, std::string_view what, int err = 0) {
   throw IoError(fmt::format("[checkpoint] {}: {}{}", file.string(), what,
@@ -240,6 +243,19 @@ nlohmann::json structure_of(const Tree<T>& t, std::string& path) {
 
 std::string sharding_text(const NamedSharding& s) {
   return fmt::format("{} on {}", s.spec().to_string(), s.mesh().to_string());
+}
+
+/// The tree of a checkpoint's tensors (tree_from_names); a conflict of names (empty parts, a
+/// name that is also a prefix) is an error naming the checkpoint.
+Tree<TensorSpec> tree_of(const std::vector<std::pair<std::string, TensorSpec>>& named,
+                         char separator, const fs::path& path) {
+  try {
+    return tree_from_names(named, separator);
+  } catch (const IoError& e) {
+    std::string_view what = e.what();
+    if (what.starts_with("[model] ")) what.remove_prefix(8);
+    throw IoError(fmt::format("[checkpoint] {}: {}", path.string(), what));
+  }
 }
 
 }  // namespace
@@ -533,10 +549,16 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
     if (!fs::exists(index_path, ec)) {
       // Hugging Face names the index after the weights file; take any single index.
       std::vector<fs::path> indexes, weights;
-      for (const auto& e : fs::directory_iterator(path)) {
+      fs::directory_iterator entries(path, ec);
+      if (ec) io_fail(path, "cannot list the directory", ec.value());
+      for (const auto& e : entries) {
         const std::string n = e.path().filename().string();
         if (n.ends_with(".safetensors.index.json")) indexes.push_back(e.path());
-        if (n.ends_with(".safetensors") && e.is_regular_file()) weights.push_back(e.path());
+        // (A file stat cannot tell, a link loop, counts: its reader names what is wrong.)
+        std::error_code kind;
+        if (n.ends_with(".safetensors") && (e.is_regular_file(kind) || kind)) {
+          weights.push_back(e.path());
+        }
       }
       index_path.clear();
       if (indexes.size() == 1) {
@@ -550,8 +572,9 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
             path.string(), kIndexName, indexes.size(), weights.size()));
       }
     }
-  } else if (fs::exists(path, ec)) {
-    // A single safetensors file (its reader refuses anything but a regular file).
+  } else if (fs::exists(path, ec) || ec) {
+    // A single safetensors file (its reader refuses anything but a regular file, and names
+    // what stat could not tell: a link loop, a permission error).
     info.dir = path.parent_path();
     file_names.push_back(path.filename().string());
   } else {
@@ -579,7 +602,8 @@ CheckpointInfo read_checkpoint_info(const fs::path& path) {
   }
   for (const std::string& name : file_names) {
     const fs::path file = info.dir / name;
-    if (!fs::exists(file, ec)) {
+    // "missing" only when it is (a link loop or a permission error: the reader below names it).
+    if (!fs::exists(file, ec) && !ec) {
       throw IoError(fmt::format("[checkpoint] {}: missing (the index {} maps tensors to it)",
                                 file.string(), index_path.string()));
     }
@@ -805,6 +829,11 @@ Tree<Array> restore_leaves(const CheckpointInfo& info, const std::vector<Wanted>
         throw SpecError(
             fmt::format("[checkpoint] tensor '{}' in {}: {}", w.name, file.string(), e.what()));
       }
+      if (!open.contains(t->file) && open.size() == kMaxOpenFiles) {
+        read_runs(std::move(runs));  // (the buffers stay; the files may close)
+        runs.clear();
+        open.clear();
+      }
       auto& f = open[t->file];
       if (!f) f = std::make_unique<File>(file, O_RDONLY);
       const File& in = *f;
@@ -888,7 +917,7 @@ Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& help
     const std::string p = tree_path_of(t.name, separator);
     name_of[p] = t.name;
   }
-  const Tree<TensorSpec> data = tree_from_names(named, separator);
+  const Tree<TensorSpec> data = tree_of(named, separator, path);
   const Tree<MaybeSharding> decided = helper.match(rules, data);
   std::vector<Wanted> wanted;
   for (const auto& [p, s] : decided.flatten()) {
@@ -924,7 +953,10 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
   const fs::path& tmp = out_dir.temp();
   {
     std::vector<char> buf(static_cast<std::size_t>(kStageBytes));
-    std::map<std::string, std::unique_ptr<File>> sources;
+    // The tensors come file by file: one source open at a time (a checkpoint may have more
+    // files than a process may open).
+    std::string source_name;
+    std::unique_ptr<File> source;
     nlohmann::json weight_map = nlohmann::json::object();
     nlohmann::json sums = nlohmann::json::object();
     for (std::size_t f = 0; f < files.size(); ++f) {
@@ -940,8 +972,12 @@ void copy_tensors(const CheckpointInfo& info, const fs::path& dst_in,
       std::int64_t at = static_cast<std::int64_t>(header.size());
       for (const std::size_t i : files[f]) {
         const CheckpointTensor& t = info.tensors[i];
-        auto& in = sources[t.file];
-        if (!in) in = std::make_unique<File>(info.dir / t.file, O_RDONLY);
+        if (!source || source_name != t.file) {
+          source.reset();
+          source = std::make_unique<File>(info.dir / t.file, O_RDONLY);
+          source_name = t.file;
+        }
+        const auto& in = source;
         for (std::int64_t off = 0; off < t.spec.bytes();) {
           const std::int64_t n = std::min(kStageBytes, t.spec.bytes() - off);
           in->read_at(buf.data(), n, t.offset + off);
@@ -997,7 +1033,7 @@ void reshard_checkpoint(const fs::path& src, const fs::path& dst, const MeshShar
   if (info.shardplan) verify_checkpoint(info);
   std::vector<std::pair<std::string, TensorSpec>> named;
   for (const auto& t : info.tensors) named.emplace_back(t.name, t.spec);
-  const Tree<TensorSpec> data = tree_from_names(named, info.name_separator);
+  const Tree<TensorSpec> data = tree_of(named, info.name_separator, src);
   // Decided (and checked: axes, divisibility) before anything is written.
   const Tree<MaybeSharding> decided = helper.match(rules, data);
   const auto leaves = decided.flatten();
@@ -1064,7 +1100,9 @@ std::vector<std::int64_t> CheckpointManager::steps() const {
         digits.size() > 18) {
       continue;
     }
-    if (!fs::exists(e.path() / kIndexName)) continue;  // not a checkpoint (complete ones have it)
+    // Not a checkpoint (complete ones have it; a link loop or a file named so has none).
+    std::error_code index_ec;
+    if (!fs::exists(e.path() / kIndexName, index_ec)) continue;
     out.push_back(std::stoll(digits));
   }
   std::sort(out.begin(), out.end());
@@ -1094,9 +1132,16 @@ bool is_unfinished_step(std::string_view name) {
 }
 
 void remove_tree(const fs::path& p) {
-  std::error_code ec;
-  fs::remove_all(p, ec);
-  if (ec) io_fail(p, "cannot remove", ec.value());
+  // Another process may be removing the same tree (two jobs on one root): an entry gone
+  // meanwhile is not an error, and the removal goes on with what is left.
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    if (!ec) return;
+    if (ec != std::errc::no_such_file_or_directory || attempt == 10) {
+      io_fail(p, "cannot remove", ec.value());
+    }
+  }
 }
 
 }  // namespace
@@ -1110,7 +1155,15 @@ void CheckpointManager::remove_unfinished() const {
     if (is_unfinished_step(e.path().filename().string())) stale.push_back(e.path());
   }
   if (ec) io_fail(root_, "cannot list", ec.value());
-  for (const auto& p : stale) remove_tree(p);
+  // A save still running in another process (another job on the same root) holds a lock on
+  // its directory and is left alone; removals cut short hold none.
+  for (const auto& p : stale) {
+    if (p.filename().string().find(".partial") != std::string::npos) {
+      detail::remove_abandoned_temp(p, "checkpoint");
+    } else {
+      remove_tree(p);
+    }
+  }
 }
 
 void CheckpointManager::remove_old_steps() const {
@@ -1126,6 +1179,7 @@ void CheckpointManager::remove_old_steps() const {
       gone = detail::temp_name_for(old, "removing");
       err = detail::rename_no_replace(old, gone, true);
     }
+    if (err == ENOENT) continue;  // removed meanwhile by another process on the same root
     if (err != 0) io_fail(old, "cannot rename the old step away to remove it", err);
     remove_tree(gone);
   }

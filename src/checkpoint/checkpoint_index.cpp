@@ -12,13 +12,28 @@ namespace {
 
 constexpr int kFormatVersion = 1;
 
-/// A name for a message: cut at 200 bytes (at a character boundary) with "...".
+/// A name for a message: cut at 200 bytes (at a character boundary) with "...", and control
+/// characters as \xNN (a NUL would end the message where it stands, an escape sequence would
+/// reach the terminal).
 std::string shown(std::string_view name) {
   constexpr std::size_t kMax = 200;
-  if (name.size() <= kMax) return std::string(name);
-  std::size_t cut = kMax;
-  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
-  return std::string(name.substr(0, cut)) + "...";
+  std::size_t cut = name.size();
+  if (cut > kMax) {
+    cut = kMax;
+    while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  }
+  std::string out;
+  out.reserve(cut + 3);
+  for (const char c : name.substr(0, cut)) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\x{:02x}", u);
+    } else {
+      out += c;
+    }
+  }
+  if (cut < name.size()) out += "...";
+  return out;
 }
 
 [[noreturn]] void fail(std::string_view source, const std::string& what) {

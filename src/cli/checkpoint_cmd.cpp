@@ -52,33 +52,6 @@ class Progress {
 
 std::string shape_text(const Shape& s) { return s.to_string(); }
 
-/// The device count a mesh text gives when every axis has a size ("fsdp:4,tp:2" -> 8).
-std::int64_t devices_of(const std::string& mesh) {
-  std::int64_t n = 1;
-  std::size_t from = 0;
-  for (;;) {
-    const std::size_t end = std::min(mesh.find(',', from), mesh.size());
-    const std::string entry = mesh.substr(from, end - from);
-    const std::size_t colon = entry.rfind(':');
-    std::int64_t size = -1;
-    try {
-      if (colon != std::string::npos) size = std::stoll(entry.substr(colon + 1));
-    } catch (const std::exception&) {
-      size = -1;
-    }
-    if (size <= 0 || size > (std::int64_t{1} << 20) || n * size > (std::int64_t{1} << 20)) {
-      // Let the mesh parser name what is wrong, or ask for the count.
-      if (size == -1 && colon != std::string::npos && entry.substr(colon + 1) == "-1") {
-        throw SpecError(fmt::format("--mesh {}: an axis of size -1 needs --devices", mesh));
-      }
-      return 1;
-    }
-    n *= size;
-    if (end >= mesh.size()) return n;
-    from = end + 1;
-  }
-}
-
 int run_inspect(const CheckpointCommand& c) {
   const CheckpointInfo info = read_checkpoint_info(c.src);
   if (c.json) {
@@ -179,8 +152,9 @@ CheckpointCommand& add_checkpoint_commands(CLI::App& app, CheckpointCommand& c,
   return c;
 }
 
-int run_checkpoint(const CheckpointCommand& c,
-                   const std::function<RuleFile(const std::string&)>& load_rules) {
+int run_checkpoint(
+    const CheckpointCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
+    const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
   if (c.inspect->parsed()) return run_inspect(c);
   ConvertOptions o;
   o.max_file_bytes = c.max_file_mib << 20;
@@ -192,7 +166,7 @@ int run_checkpoint(const CheckpointCommand& c,
     return 0;
   }
   const RuleFile rules = load_rules(c.rules);
-  const Mesh mesh = Mesh::parse(c.mesh, c.devices > 0 ? c.devices : devices_of(c.mesh));
+  const Mesh mesh = Mesh::parse(c.mesh, devices_for(c.mesh, c.devices));
   const MeshShardingHelper helper(mesh);
   Progress progress("resharding");
   o.progress = [&](std::int64_t d, std::int64_t t) { progress(d, t); };

@@ -24,8 +24,11 @@ struct CheckpointCommand {
 CheckpointCommand& add_checkpoint_commands(CLI::App& app, CheckpointCommand& c,
                                            std::int64_t max_devices);
 
-/// Runs the parsed subcommand. `load_rules` reads --rules as `plan` does. Returns the exit code.
-int run_checkpoint(const CheckpointCommand& c,
-                   const std::function<RuleFile(const std::string&)>& load_rules);
+/// Runs the parsed subcommand. `load_rules` reads --rules as `plan` does; `devices_for` gives
+/// the device count of --mesh and --devices as `plan` does (a UsageError for a count past the
+/// limit or a -1 without --devices). Returns the exit code.
+int run_checkpoint(
+    const CheckpointCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
+    const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for);
 
 }  // namespace shardplan::cli

@@ -71,7 +71,10 @@ RuleFile load_rules(const std::string& rules) {
     }
     return load_preset(name);
   }
-  if (!std::filesystem::exists(rules)) {
+  // (With an error code: a link loop or a permission error is the reader's to name, not an
+  // exception out of stat.)
+  std::error_code ec;
+  if (!std::filesystem::exists(rules, ec) && !ec) {
     throw UsageError(
         fmt::format("--rules: no such file '{}' (use preset:NAME for a built-in "
                     "preset; `shardplan presets` lists them)",
@@ -82,14 +85,20 @@ RuleFile load_rules(const std::string& rules) {
 
 Tree<TensorSpec> load_data(const std::string& model) {
   if (model.empty()) return tree_from_names(cli::llama2_7b_tensors());
-  if (!std::filesystem::exists(model)) {
+  std::error_code ec;  // (a link loop or a permission error: the reader names it)
+  if (!std::filesystem::exists(model, ec) && !ec) {
     throw UsageError(fmt::format("--model: no such file '{}'", model));
   }
-  if (std::filesystem::is_directory(model)) {
-    // A Hugging Face checkpoint directory: the index of a sharded checkpoint, else the one file.
+  if (std::filesystem::is_directory(model, ec)) {
+    // A Hugging Face checkpoint directory: the index of a sharded checkpoint, else the one file
+    // (or one stat cannot tell, a link loop: the reader names it).
     for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
       const std::filesystem::path file = std::filesystem::path(model) / name;
-      if (std::filesystem::is_regular_file(file)) return load_model(file.string());
+      const auto st = std::filesystem::status(file, ec);
+      if (std::filesystem::is_regular_file(st) ||
+          (ec && st.type() != std::filesystem::file_type::not_found)) {
+        return load_model(file.string());
+      }
     }
     throw UsageError(
         fmt::format("--model: the directory '{}' holds neither "
@@ -230,6 +239,7 @@ int plan_with(const PlanOptions& o) {
         j["shard_shape"] = leaf->shard_shape.dims();
         j["bytes_per_device"] = leaf->bytes_per_device;
       }
+      // (A rule file's path or a mesh axis may not be UTF-8: shown with U+FFFD, as inspect does.)
       std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
       return kOk;
     }
@@ -437,7 +447,11 @@ int main(int argc, char** argv) {
   try {
     if (plan_cmd->parsed()) return run_plan(plan);
     if (vis_cmd->parsed()) return run_visualize(vis);
-    if (ckpt.command->parsed()) return cli::run_checkpoint(ckpt, load_rules);
+    if (ckpt.command->parsed()) {
+      return cli::run_checkpoint(ckpt, load_rules, [](const std::string& mesh, std::int64_t n) {
+        return devices_for(mesh, n, 0);
+      });
+    }
     if (train.command->parsed()) {
       return cli::run_train_plan(train, load_rules, [](const std::string& mesh, std::int64_t n) {
         return devices_for(mesh, n, 0);
