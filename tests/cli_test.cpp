@@ -779,6 +779,7 @@ TEST_F(CliTest, SymbolicLinkLoopsGivenAsFilesAreErrorsNamingThem) {
                    (dir_ / "out").string(), yaml.string()),
        yaml},
       {fmt::format("checkpoint inspect '{}'", ckpt.string()), ckpt / "model.safetensors"},
+      {fmt::format("train-plan --config '{}' --mesh fsdp:8", json.string()), json},
   };
   for (const auto& [args, named] : cases) {
     const Result r = run(args, 20);

@@ -211,7 +211,11 @@ int run_train_plan(
     const TrainPlanCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
     const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
   const ModelConfig config = [&] {
-    if (!std::filesystem::exists(c.config)) {
+    // Only "it is not there" is bad usage; anything else (a link loop, a permission) is the
+    // reader's error naming the file.
+    std::error_code ec;
+    (void)std::filesystem::status(c.config, ec);
+    if (ec == std::errc::no_such_file_or_directory) {
       throw UsageError(fmt::format("--config: no such file or directory '{}'", c.config));
     }
     return ModelConfig::load(c.config);
