@@ -1230,5 +1230,20 @@ TEST_F(CliTest, TensorNamesAreEscapedInTextOutput) {
   }
 }
 
+// Error messages quote names from the files too (here the tensor whose shape does not divide):
+// escaped the same way, the message's own line breaks kept.
+TEST_F(CliTest, TensorNamesAreEscapedInErrorMessages) {
+  fs::create_directories(dir_ / "esc");
+  const fs::path file = dir_ / "esc" / "model.safetensors";
+  write_safetensors_skeleton(file, {{"a\x1b[2Jb", {Shape{3}, DType::kF32}}});
+  std::ofstream(dir_ / "split.yaml") << "rules:\n  - {match: \".\", spec: [fsdp]}\n";
+  const Result r = run(fmt::format("plan --model '{}' --rules '{}' --mesh fsdp:2 --devices 2",
+                                   file.string(), (dir_ / "split.yaml").string()));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr("a\\x1b[2Jb"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("fsdp"));
+}
+
 }  // namespace
 }  // namespace shardplan

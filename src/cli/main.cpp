@@ -459,13 +459,14 @@ int main(int argc, char** argv) {
     }
     return run_presets();
   } catch (const UsageError& e) {
-    std::cerr << "shardplan: " << e.what() << "\n";
+    // Messages quote names from files and options: escaped, as the text outputs are.
+    std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
     return kUsage;
   } catch (const shardplan::Error& e) {
-    std::cerr << "shardplan: " << e.what() << "\n";
+    std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
     return kFailed;
   } catch (const std::exception& e) {
-    std::cerr << "shardplan: internal error: " << e.what() << "\n";
+    std::cerr << "shardplan: internal error: " << detail::printable_lines(e.what()) << "\n";
     return kFailed;
   }
 }

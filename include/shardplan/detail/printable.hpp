@@ -46,4 +46,19 @@ inline std::string printable(std::string_view text) {
   return out;
 }
 
+/// printable() of each line, the line breaks kept: for messages of several lines (an error that
+/// quotes a tensor name from a file).
+inline std::string printable_lines(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (;;) {
+    const std::size_t nl = text.find('\n');
+    out += printable(text.substr(0, nl));
+    if (nl == std::string_view::npos) break;
+    out += '\n';
+    text.remove_prefix(nl + 1);
+  }
+  return out;
+}
+
 }  // namespace shardplan::detail
