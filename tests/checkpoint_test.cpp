@@ -939,25 +939,26 @@ TEST(CheckpointChild, DISABLED_SavesOtherStepsUntilKilled) {
   }
 }
 
-TEST(CheckpointManager, TwoProcessesSavingIntoOneRootNeverRemoveEachOthersSaveInProgress) {
-  // Each save first clears what saves cut short left behind; a save still running in another
-  // process is not that (before: removed under it, "cannot open ... No such file or directory").
-  TempDir tmp;
-  const fs::path root = tmp.path() / "run";
-  const Executor exec(2);
-  const Mesh mesh = Mesh::parse("x:2", 2);
-  CheckpointManager manager(root, 1'000'000);
+// Saves steps 1..`steps` with `manager` while a child process (the test above) saves steps from
+// 1,000,000 on into the same root, keeping `keep` steps; then kills the child. Returns the
+// number of our saves that failed and the first error. The child must have been saving all
+// along: it must die of the signal, not end by itself.
+std::pair<int, std::string> save_beside_a_saving_child(CheckpointManager& manager,
+                                                       const fs::path& root, const char* keep,
+                                                       std::int64_t steps, const Executor& exec,
+                                                       const Mesh& mesh) {
   const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
+  if (child < 0) return {-1, "fork failed"};
   if (child == 0) {
     ::setenv("SHARDPLAN_TEST_CHECKPOINT_ROOT", root.c_str(), 1);
+    if (keep != nullptr) ::setenv("SHARDPLAN_TEST_KEEP", keep, 1);
     ::execl("/proc/self/exe", "checkpoint_test", "--gtest_also_run_disabled_tests",
             "--gtest_filter=CheckpointChild.DISABLED_SavesOtherStepsUntilKilled", nullptr);
     std::_Exit(127);
   }
   int failed = 0;
   std::string first_error;
-  for (std::int64_t step = 1; step <= 40; ++step) {
+  for (std::int64_t step = 1; step <= steps; ++step) {
     try {
       manager.save(step, numbered_state(exec, mesh, step), {.max_file_bytes = 1 << 20});
     } catch (const IoError& e) {
@@ -966,9 +967,21 @@ TEST(CheckpointManager, TwoProcessesSavingIntoOneRootNeverRemoveEachOthersSaveIn
   }
   ::kill(child, SIGKILL);
   int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  // The child was saving all along (it did not die of an error of its own).
+  EXPECT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status)) << "the child ended by itself (status " << status << ")";
+  return {failed, first_error};
+}
+
+TEST(CheckpointManager, TwoProcessesSavingIntoOneRootNeverRemoveEachOthersSaveInProgress) {
+  // Each save first clears what saves cut short left behind; a save still running in another
+  // process is not that (before: removed under it, "cannot open ... No such file or directory").
+  TempDir tmp;
+  const fs::path root = tmp.path() / "run";
+  const Executor exec(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  CheckpointManager manager(root, 1'000'000);
+  const auto [failed, first_error] =
+      save_beside_a_saving_child(manager, root, nullptr, 40, exec, mesh);
   EXPECT_EQ(failed, 0) << first_error;
   EXPECT_GT(manager.steps().back(), 1'000'000);
   for (std::int64_t step = 1; step <= 40; ++step) {
@@ -1007,28 +1020,7 @@ TEST(CheckpointManager, TwoProcessesKeepingTwoStepsInOneRootNeverFailASaveThatSu
   const Executor exec(2);
   const Mesh mesh = Mesh::parse("x:2", 2);
   CheckpointManager manager(root, 2);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::setenv("SHARDPLAN_TEST_CHECKPOINT_ROOT", root.c_str(), 1);
-    ::setenv("SHARDPLAN_TEST_KEEP", "2", 1);
-    ::execl("/proc/self/exe", "checkpoint_test", "--gtest_also_run_disabled_tests",
-            "--gtest_filter=CheckpointChild.DISABLED_SavesOtherStepsUntilKilled", nullptr);
-    std::_Exit(127);
-  }
-  int failed = 0;
-  std::string first_error;
-  for (std::int64_t step = 1; step <= 60; ++step) {
-    try {
-      manager.save(step, numbered_state(exec, mesh, step), {.max_file_bytes = 1 << 20});
-    } catch (const IoError& e) {
-      if (failed++ == 0) first_error = e.what();
-    }
-  }
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFSIGNALED(status)) << "the child ended by itself (status " << status << ")";
+  const auto [failed, first_error] = save_beside_a_saving_child(manager, root, "2", 60, exec, mesh);
   EXPECT_EQ(failed, 0) << first_error;
   for (const std::int64_t step : manager.steps()) {
     EXPECT_NO_THROW(read_checkpoint_info(manager.path_of(step))) << step;
