@@ -12,18 +12,16 @@
 #include "shardplan/format_bytes.hpp"
 
 namespace shardplan::detail {
-namespace {
-
-const char* kind_of(mode_t mode) {
+const char* file_kind(unsigned mode) {
+  if (S_ISREG(mode)) return "a regular file";
   if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
   if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  return "of an unknown kind";
 }
-
-}  // namespace
 
 InputFile::InputFile(const std::filesystem::path& file, std::string_view what)
     : path_(file.string()), what_(what) {
@@ -46,7 +44,7 @@ InputFile::InputFile(const std::filesystem::path& file, std::string_view what)
     ::close(fd_);
     fd_ = -1;
     throw IoError(fmt::format("[{}] {}: is {}; only regular files are read", what, path_,
-                              kind_of(st.st_mode)));
+                              file_kind(st.st_mode)));
   }
   size_ = static_cast<std::size_t>(st.st_size);
 }

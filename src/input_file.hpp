@@ -10,6 +10,10 @@
 
 namespace shardplan::detail {
 
+/// What a file of mode `mode` (st_mode) is, for messages: "a directory", "a FIFO (named pipe)",
+/// "a regular file", ... (the one wording of input_file.cpp and output_file.cpp).
+const char* file_kind(unsigned mode);
+
 /// Files the project reads whole are JSON and YAML texts; none is near this size.
 inline constexpr std::size_t kMaxInputFileBytes = std::size_t{1} << 30;  // 1 GiB
 

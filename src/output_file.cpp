@@ -14,23 +14,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include "input_file.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
 namespace {
 
 namespace fs = std::filesystem;
-
-const char* kind_of(mode_t mode) {
-  if (S_ISREG(mode)) return "a regular file";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "of an unknown kind";
-}
 
 [[noreturn]] void fail(std::string_view what, const fs::path& dst, std::string_view text,
                        int err = 0) {
@@ -216,7 +206,7 @@ OutputDir::OutputDir(const fs::path& dst, std::string_view what)
     if (::stat(p.c_str(), &st) == 0) {  // a symbolic link to a directory is a parent too
       if (!S_ISDIR(st.st_mode)) {
         fail(what_, dst_,
-             fmt::format("{} is {}, not a directory", p.string(), kind_of(st.st_mode)));
+             fmt::format("{} is {}, not a directory", p.string(), file_kind(st.st_mode)));
       }
       break;
     }
@@ -307,7 +297,8 @@ OutputFile::OutputFile(const fs::path& dst, std::string_view what, Existing exis
   if (::lstat(dst_.c_str(), &st) == 0) {
     if (existing_ == Existing::kRefuse) fail(what_, dst_, "already exists");
     if (!S_ISREG(st.st_mode)) {
-      fail(what_, dst_, fmt::format("is {}; only a regular file is replaced", kind_of(st.st_mode)));
+      fail(what_, dst_,
+           fmt::format("is {}; only a regular file is replaced", file_kind(st.st_mode)));
     }
   } else if (errno != ENOENT) {
     fail(what_, dst_, "cannot write", errno);
