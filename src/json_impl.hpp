@@ -56,8 +56,6 @@ class Value {
   /// The decoded text of a string (valid UTF-8).
   std::string_view str() const;
   std::uint64_t as_uint() const;
-  /// A kInt value (negative, fits int64).
-  std::int64_t as_int() const { return static_cast<std::int64_t>(as_uint()); }
   bool as_bool() const { return as_uint() != 0; }
   /// Any number's value as a double (from its source text; may be +-inf for huge values:
   /// callers check std::isfinite).

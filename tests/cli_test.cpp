@@ -539,6 +539,14 @@ TEST_F(CliTest, DeviceCountsHaveABoundNamedInTheError) {
     EXPECT_THAT(r.err, ::testing::HasSubstr("--mesh")) << mesh;
     EXPECT_THAT(r.err, ::testing::HasSubstr("limit of 1048576 devices")) << mesh;
   }
+  // The count named is the sizes' product so far, exact: a -1 or a word after them is not
+  // multiplied in (it once printed -2147483648 and 0 devices).
+  for (const char* mesh : {"x:1024,y:2048,z:-1", "x:1024,y:2048,z:abc"}) {
+    const Result r = run(fmt::format("checkpoint reshard '{}' '{}' --mesh {}", dir_.string(),
+                                     (dir_ / "out").string(), mesh));
+    EXPECT_EQ(r.code, 2) << mesh << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::HasSubstr("at least 2097152 devices")) << mesh;
+  }
   const Result infer = run(fmt::format("checkpoint reshard '{}' '{}' --mesh fsdp:-1,tp:2",
                                        dir_.string(), (dir_ / "out").string()));
   EXPECT_EQ(infer.code, 2) << infer.err;

@@ -407,6 +407,43 @@ TEST(ModelConfig, EveryBadValueNamesTheFileAndTheField) {
     "n_layer": 1, "n_head": 2, "n_positions": 8, "resid_pdrop": -0.5})",
                                        "g.json"),
                     IoError, "g.json", "'resid_pdrop' is -0.5");
+  // Every other kind of field check names the file, the field and what it expects.
+  const std::string llama = R"({"model_type": "llama", "vocab_size": 8, "intermediate_size": 8,
+    "num_hidden_layers": 2, "num_attention_heads": 2, )";
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "gpt2", "vocab_size": 8, "n_embd": 8,
+    "n_layer": 1, "n_head": 2, "n_positions": 8, "resid_pdrop": "x"})",
+                                       "g.json"),
+                    IoError, "g.json", "'resid_pdrop' is \"x\"", "expected a number >= 0");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "t5", "vocab_size": 8, "d_model": 8,
+    "d_kv": 4, "d_ff": 8, "num_layers": 1, "num_heads": 2, "feed_forward_proj": 5})",
+                                       "t.json"),
+                    IoError, "t.json", "'feed_forward_proj' is 5", "expected a string");
+  EXPECT_THROW_WITH(
+      ModelConfig::parse(llama + R"("hidden_size": 8, "architectures": "LlamaForCausalLM"})",
+                         "a.json"),
+      IoError, "a.json", "'architectures' is \"LlamaForCausalLM\"", "a list of class names");
+  EXPECT_THROW_WITH(
+      ModelConfig::parse(llama + R"("hidden_size": 8, "architectures": [5]})", "a.json"),
+      IoError, "a.json", "'architectures' holds 5", "class names (strings)");
+  EXPECT_THROW_WITH(ModelConfig::parse(llama + R"("hidden_size": 9})", "h.json"), IoError,
+                    "h.json", "hidden size 9 does not divide into 2 heads");
+  EXPECT_THROW_WITH(ModelConfig::parse(R"({"model_type": "gpt2", "vocab_size": 8, "n_embd": 9,
+    "n_layer": 1, "n_head": 2, "n_positions": 8})",
+                                       "g.json"),
+                    IoError, "g.json", "hidden size 9 does not divide into 2 heads");
+  EXPECT_THROW_WITH(
+      ModelConfig::parse(llama + R"("hidden_size": 8, "head_dim": 4611686018427387904})",
+                         "w.json"),
+      IoError, "w.json", "attention width num_attention_heads x head_dim",
+      "does not fit in 64 bits");
+  const std::string qwen = R"({"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8,
+    "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "use_sliding_window": true, "sliding_window": 4, )";
+  EXPECT_THROW_WITH(ModelConfig::parse(qwen + R"("max_window_layers": -1})", "q.json"), IoError,
+                    "q.json", "'max_window_layers' is -1", "an integer (0 to 2^63 - 1)");
+  EXPECT_THROW_WITH(
+      ModelConfig::parse(qwen + R"("layer_types": ["full_attention", "local"]})", "q.json"),
+      IoError, "q.json", "layer_types[1] is \"local\"", "\"sliding_attention\"");
 }
 
 // Only regular files are read: a FIFO (given, or as config.json in a directory) and a device are

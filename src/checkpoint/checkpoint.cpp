@@ -37,7 +37,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kIndexName = "model.safetensors.index.json";
-constexpr int kFormatVersion = 1;
 // Reads of a device's block whose byte ranges are small go through a staging buffer of this
 // size (one per reading thread): the memory bound of a restore beyond the devices' own shards.
 constexpr std::int64_t kStageBytes = std::int64_t{4} << 20;
@@ -442,7 +441,7 @@ class SaveJob {
     std::int64_t total = 0;
     for (const SaveTensor& t : tensors_) total += t.spec.bytes();
     nlohmann::json record;
-    record["version"] = kFormatVersion;
+    record["version"] = detail::kCheckpointFormatVersion;
     record["mesh"] = mesh_;
     record["structure"] = structure_;
     for (std::size_t f = 0; f < files_.size(); ++f) {
@@ -1038,7 +1037,7 @@ void reshard_checkpoint(const fs::path& src, const fs::path& dst, const MeshShar
   const Tree<MaybeSharding> decided = helper.match(rules, data);
   const auto leaves = decided.flatten();
   nlohmann::json record;
-  record["version"] = kFormatVersion;
+  record["version"] = detail::kCheckpointFormatVersion;
   record["mesh"] = helper.mesh().to_string();
   record["names"] = info.name_separator == '.' ? "dotted" : "tree paths";
   // The leaves of `data` are in tree order, the tensors in file order: match them by path.

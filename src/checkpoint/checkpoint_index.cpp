@@ -10,8 +10,6 @@
 namespace shardplan::detail {
 namespace {
 
-constexpr int kFormatVersion = 1;
-
 /// A name for a message: cut at 200 bytes (at a character boundary) with "...", and control
 /// characters as \xNN (a NUL would end the message where it stands, an escape sequence would
 /// reach the terminal).
@@ -116,9 +114,9 @@ CheckpointRecord read_record(json::Value r, std::string_view source) {
   }
   CheckpointRecord out;
   if (const auto v = member(r, "version", source, kWhere)) {
-    if (!v->is_uint() || v->as_uint() != kFormatVersion) {
+    if (!v->is_uint() || v->as_uint() != kCheckpointFormatVersion) {
       fail(source, fmt::format("{} has version {}; this shardplan reads version {}", kWhere,
-                               v->source_text(40), kFormatVersion));
+                               v->source_text(40), kCheckpointFormatVersion));
     }
   }
   if (const auto mesh = string_member(r, "mesh", source, kWhere)) out.mesh = *mesh;

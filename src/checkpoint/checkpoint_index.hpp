@@ -14,6 +14,9 @@
 
 namespace shardplan::detail {
 
+/// The version of shardplan's record that save_checkpoint writes and this reader accepts.
+inline constexpr int kCheckpointFormatVersion = 1;
+
 /// Shardplan's record: index.metadata.shardplan.
 struct CheckpointRecord {
   std::string mesh;           // "" when absent

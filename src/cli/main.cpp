@@ -144,16 +144,11 @@ std::int64_t devices_for(const std::string& mesh, std::int64_t devices, std::int
     // Both factors are at most 2^20: the product fits before it is checked.
     product *= v;
     if (product > kMaxDevices) {
-      // Say how many: the product of every size given (in double: it may pass 64 bits).
-      double all = 1;
-      for (const std::string& e : split(mesh, ',')) {
-        const auto c = e.find(':');
-        all *= std::strtod(c == std::string::npos ? e.c_str() : e.c_str() + c + 1, nullptr);
-      }
+      // The sizes so far (each at most 2^20, so exact); later ones may be -1 or not numbers.
       throw UsageError(fmt::format(
-          "--mesh '{}': the mesh has {:.0f} devices (the product of its axis sizes), more than "
-          "the limit of {} devices",
-          mesh, all, kMaxDevices));
+          "--mesh '{}': the mesh has at least {} devices (the product of its axis sizes), more "
+          "than the limit of {} devices",
+          mesh, product, kMaxDevices));
     }
   }
   return product;
@@ -444,19 +439,17 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? kOk : kUsage;
   }
+  // The subcommands' device count for a --mesh: given in it, never inferred.
+  const auto devices_of_mesh = [](const std::string& mesh, std::int64_t n) {
+    return devices_for(mesh, n, 0);
+  };
   try {
     if (plan_cmd->parsed()) return run_plan(plan);
     if (vis_cmd->parsed()) return run_visualize(vis);
     if (ckpt.command->parsed()) {
-      return cli::run_checkpoint(ckpt, load_rules, [](const std::string& mesh, std::int64_t n) {
-        return devices_for(mesh, n, 0);
-      });
+      return cli::run_checkpoint(ckpt, load_rules, devices_of_mesh);
     }
-    if (train.command->parsed()) {
-      return cli::run_train_plan(train, load_rules, [](const std::string& mesh, std::int64_t n) {
-        return devices_for(mesh, n, 0);
-      });
-    }
+    if (train.command->parsed()) return cli::run_train_plan(train, load_rules, devices_of_mesh);
     return run_presets();
   } catch (const UsageError& e) {
     // Messages quote names from files and options: escaped, as the text outputs are.

@@ -536,7 +536,8 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
         "[config] {}: head size {} is odd (rotary embeddings rotate pairs of dimensions)", source,
         c.head_dim));
   }
-  mul(c.heads, c.head_dim, "attention width num_attention_heads x head_dim");
+  mul(c.heads, c.head_dim,
+      fmt::format("{}: the attention width num_attention_heads x head_dim", source));
   name_the_rest(f, c.not_modelled);
   return c;
 }
