@@ -160,15 +160,17 @@ void remove_abandoned_temps_of(const fs::path& dst, std::string_view what) {
 }
 
 /// Locks `temp` (just made by this run) through a new descriptor, for as long as this run
-/// writes it: -1 when another run's remove_abandoned_temp took it between its creation and here
-/// (the name no longer leads to what `made` was opened on: try another name). On a file system
-/// without locks it goes on unlocked (there no run removes another's temporary).
+/// writes it. Returns the descriptor; -EEXIST when another run's remove_abandoned_temp took the
+/// name between its creation and here (it is gone, locked, or leads elsewhere: try another
+/// name); -errno when the lock cannot be had at all (out of descriptors): the caller removes what
+/// it made and fails with that. On a file system without locks it goes on unlocked (there no run
+/// removes another's temporary).
 int lock_new_temp(const fs::path& temp) {
   int fd = ::open(temp.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0 && errno == EACCES) {  // a file the umask left write-only
     fd = ::open(temp.c_str(), O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   }
-  if (fd < 0) return -1;
+  if (fd < 0) return errno == ENOENT || errno == ELOOP ? -EEXIST : -errno;
   struct stat mine {};
   struct stat named {};
   if ((::flock(fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) && ::fstat(fd, &mine) == 0 &&
@@ -177,7 +179,7 @@ int lock_new_temp(const fs::path& temp) {
     return fd;
   }
   ::close(fd);
-  return -1;
+  return -EEXIST;
 }
 
 }  // namespace
@@ -231,16 +233,16 @@ OutputDir::OutputDir(const fs::path& dst, std::string_view what)
       temp_ = temp_name_for(dst_, "partial");
       int err = ::mkdir(temp_.c_str(), 0777) == 0 ? 0 : errno;
       if (err == 0) {
-        lock_fd_ = lock_new_temp(temp_);
-        if (lock_fd_ >= 0) break;
-        err = EEXIST;  // taken by another run's removal: another name
+        const int lock = lock_new_temp(temp_);
+        if (lock >= 0) {
+          lock_fd_ = lock;
+          break;
+        }
+        err = -lock;  // EEXIST: taken by another run's removal, another name
+        if (err != EEXIST) ::rmdir(temp_.c_str());  // ours, still empty
       }
-      if (err != EEXIST && err != ENOENT) {
-        fail(what_, dst_,
-             fmt::format("cannot create a temporary directory in {}", dst_.parent_path().string()),
-             err);
-      }
-      if (attempt == 100) {
+      temp_.clear();  // not ours (or removed above): discard() leaves it
+      if ((err != EEXIST && err != ENOENT) || attempt == 100) {
         fail(what_, dst_,
              fmt::format("cannot create a temporary directory in {}", dst_.parent_path().string()),
              err);
@@ -308,14 +310,18 @@ OutputFile::OutputFile(const fs::path& dst, std::string_view what, Existing exis
     temp_ = temp_name_for(dst_, "partial");
     // O_EXCL: a name nobody has, not even as a symbolic link planted to redirect the write.
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    int err = errno;
     if (fd_ >= 0) {
-      lock_fd_ = lock_new_temp(temp_);  // (on its own descriptor: held past fd_'s close)
-      if (lock_fd_ >= 0) break;
+      const int lock = lock_new_temp(temp_);  // (its own descriptor: held past fd_'s close)
+      if (lock >= 0) {
+        lock_fd_ = lock;
+        break;
+      }
       ::close(fd_);
       fd_ = -1;
-      errno = EEXIST;  // taken by another run's removal: another name
+      err = -lock;  // EEXIST: taken by another run's removal, another name
+      if (err != EEXIST) ::unlink(temp_.c_str());  // ours, and empty
     }
-    const int err = errno;
     if (err != EEXIST || attempt == 100) {
       done_ = true;
       fail(what_, dst_, fmt::format("cannot create a file in {}", dst_.parent_path().string()),

@@ -661,6 +661,47 @@ TEST(Checkpoint, ARunRemovesWhatRunsKilledBeforeItLeftButNotWhatALiveRunWrites) 
   EXPECT_EQ(names_in(run), (std::vector<std::string>{"step_00000003", "step_00000004"}));
 }
 
+// Out of descriptors right after a run made its temporary (the lock on it cannot be opened): the
+// error is the real cause, and the temporary is removed. (Before: taken for a name another run
+// had, tried 100 more times, leaving a directory each, and reported "File exists".)
+TEST(Checkpoint, OutOfDescriptorsWhileMakingATemporaryLeavesNothingBehind) {
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const Tree<Array> state = Tree<Array>::dict({{"w", Tree<Array>(Array::generate(
+      Shape{4, 2}, DType::kF32, NamedSharding(mesh, P("x")), two, Generator::iota(0)))}});
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  struct rlimit low = old;
+  low.rlim_cur = 128;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  // Every descriptor taken (a directory needs none to be made); for the file, all but one (its
+  // creation takes it, its lock would need a second).
+  std::vector<int> held;
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) held.push_back(fd);
+  std::string dir_error, file_error;
+  try {
+    save_checkpoint(tmp.path() / "ckpt", state);
+  } catch (const IoError& e) {
+    dir_error = e.what();
+  }
+  ::close(held.back());
+  held.pop_back();
+  try {
+    write_safetensors_skeleton(tmp.path() / "skeleton.safetensors",
+                               {{"w", {Shape{4}, DType::kF32}}});
+  } catch (const IoError& e) {
+    file_error = e.what();
+  }
+  for (const int fd : held) ::close(fd);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_THAT(dir_error, ::testing::HasSubstr("Too many open files"));
+  EXPECT_THAT(dir_error, ::testing::HasSubstr((tmp.path() / "ckpt").string()));
+  EXPECT_THAT(file_error, ::testing::HasSubstr("Too many open files"));
+  EXPECT_THAT(file_error, ::testing::HasSubstr((tmp.path() / "skeleton.safetensors").string()));
+  EXPECT_TRUE(fs::is_empty(tmp.path())) << "left: " << fs::directory_iterator(tmp.path())->path();
+}
+
 TEST(Checkpoint, ACheckpointOfMoreFilesThanAProcessMayOpenIsRestoredAndConverted) {
   // 200 files (a tensor each) under a limit of 100 open files (the default is 1024; checkpoints
   // of more files exist). Before: "cannot open (Too many open files)".
