@@ -90,18 +90,12 @@ bool is_temp_name_of(std::string_view name, std::string_view stem, std::string_v
   return true;
 }
 
-int rename_no_replace(const fs::path& from, const fs::path& to, bool is_directory) noexcept {
+int rename_no_replace(const fs::path& from, const fs::path& to) noexcept {
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
   const int err = errno;
   if (err != EINVAL && err != ENOSYS && err != ENOTSUP) return err;
-  // A file system without RENAME_NOREPLACE. A file: link(2) fails when `to` exists. A
-  // directory: plain rename(2) would replace an empty one, so take the name first with an
-  // exclusive mkdir and replace only that (ours) directory.
-  if (!is_directory) {
-    if (::link(from.c_str(), to.c_str()) != 0) return errno;
-    ::unlink(from.c_str());
-    return 0;
-  }
+  // A file system without RENAME_NOREPLACE: plain rename(2) would replace an empty directory,
+  // so take the name first with an exclusive mkdir and replace only that (ours) directory.
   if (::mkdir(to.c_str(), 0700) != 0) return errno;
   if (::rename(from.c_str(), to.c_str()) != 0) {
     const int e = errno;
@@ -265,7 +259,7 @@ void OutputDir::commit() {
     discard();
     throw;
   }
-  const int err = rename_no_replace(temp_, dst_, true);
+  const int err = rename_no_replace(temp_, dst_);
   if (err != 0) {
     discard();
     if (err == EEXIST || err == ENOTEMPTY) fail_appeared(what_, dst_);
@@ -293,11 +287,10 @@ void OutputDir::discard() noexcept {
 
 // ---- OutputFile -----------------------------------------------------------------------------
 
-OutputFile::OutputFile(const fs::path& dst, std::string_view what, Existing existing)
-    : what_(what), dst_(output_path(dst, what)), existing_(existing) {
+OutputFile::OutputFile(const fs::path& dst, std::string_view what)
+    : what_(what), dst_(output_path(dst, what)) {
   struct stat st {};
   if (::lstat(dst_.c_str(), &st) == 0) {
-    if (existing_ == Existing::kRefuse) fail(what_, dst_, "already exists");
     if (!S_ISREG(st.st_mode)) {
       fail(what_, dst_,
            fmt::format("is {}; only a regular file is replaced", file_kind(st.st_mode)));
@@ -372,12 +365,9 @@ void OutputFile::commit() {
     discard();
     fail(what_, dst_, "close failed", err);
   }
-  const int err = existing_ == Existing::kRefuse ? rename_no_replace(temp_, dst_, false)
-                  : ::rename(temp_.c_str(), dst_.c_str()) == 0 ? 0
-                                                               : errno;
-  if (err != 0) {
+  if (::rename(temp_.c_str(), dst_.c_str()) != 0) {
+    const int err = errno;
     discard();
-    if (existing_ == Existing::kRefuse && err == EEXIST) fail_appeared(what_, dst_);
     fail(what_, dst_, "cannot rename the finished file into place", err);
   }
   done_ = true;

@@ -2,9 +2,9 @@
 // The one way shardplan writes a file or a directory (checkpoints, conversions, HTML reports,
 // safetensors skeletons): under a hidden temporary name beside the destination that no other run
 // can have (created exclusively, never following a symbolic link), then renamed into place only
-// when complete. A directory, and any file whose caller says so, is renamed without ever replacing
-// what appeared at the destination meanwhile (renameat2 RENAME_NOREPLACE); a failure removes the
-// temporary and nothing else. Errors are IoError "[what] PATH: ..." naming the destination.
+// when complete. A directory is renamed without ever replacing what appeared at the destination
+// meanwhile (renameat2 RENAME_NOREPLACE); a file replaces only a regular file. A failure removes
+// the temporary and nothing else. Errors are IoError "[what] PATH: ..." naming the destination.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -29,11 +29,10 @@ std::string unique_suffix();
 /// the fixed `.STEM.KIND` of versions before unique names.
 bool is_temp_name_of(std::string_view name, std::string_view stem, std::string_view kind);
 
-/// rename(2) that never replaces an existing `to` (renameat2 RENAME_NOREPLACE; on file systems
-/// without it: link + unlink for a file, an exclusive mkdir then rename for a directory).
+/// rename(2) of a directory that never replaces an existing `to` (renameat2 RENAME_NOREPLACE;
+/// on file systems without it, an exclusive mkdir of `to` then rename onto that, ours).
 /// Returns 0 or the errno (EEXIST when `to` exists).
-int rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to,
-                      bool is_directory) noexcept;
+int rename_no_replace(const std::filesystem::path& from, const std::filesystem::path& to) noexcept;
 
 /// Removes `temp`, a temporary directory or file that OutputDir or OutputFile made, unless the
 /// run that made it is still writing (it holds an flock on it until its commit or discard: a run
@@ -76,21 +75,17 @@ class OutputDir {
   bool done_ = false;
 };
 
-/// What committing an OutputFile does to a file already at the destination.
-enum class Existing {
-  kRefuse,       // an error, also when one appears while writing (no-replace rename)
-  kReplaceFile,  // a regular file is replaced atomically; anything else (a directory, a
-                 // symbolic link, a device) is an error and left as it is
-};
-
 /// A file written under a temporary name in its destination's directory (which must exist),
-/// then renamed to its destination. Not thread-safe; the destructor removes an uncommitted file.
+/// then renamed to its destination: a regular file there is replaced atomically; anything else
+/// (a directory, a symbolic link, a device) is an error and left as it is. (The report files
+/// and skeletons written this way are made again by running the command again; a checkpoint,
+/// which must never be replaced, is an OutputDir.) Not thread-safe; the destructor removes an uncommitted file.
 class OutputFile {
  public:
   /// Removes what runs for `dst` killed before their commit left (remove_abandoned_temp), then
   /// creates the temporary file (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask),
   /// locked (flock) until commit or discard. Throws IoError naming `dst`.
-  OutputFile(const std::filesystem::path& dst, std::string_view what, Existing existing);
+  OutputFile(const std::filesystem::path& dst, std::string_view what);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -101,7 +96,7 @@ class OutputFile {
   void write(std::string_view bytes);
   /// Sets the file's size (the data beyond what was written reads as zeros, sparse on disk).
   void resize(std::int64_t bytes);
-  /// fsync, close, rename into place (as `existing` says), fsync of the directory.
+  /// fsync, close, rename into place, fsync of the directory.
   void commit();
   /// Removes the temporary file.
   void discard() noexcept;
@@ -109,7 +104,6 @@ class OutputFile {
  private:
   std::string what_;
   std::filesystem::path dst_, temp_;
-  Existing existing_;
   int fd_ = -1;
   int lock_fd_ = -1;  // temp_ opened again, flock'ed until the rename: see OutputDir
   bool done_ = false;

@@ -631,7 +631,7 @@ std::string plan_html(const PlanReport& report, std::string_view title, std::siz
 void write_plan_html(const std::string& path, const PlanReport& report, std::string_view title,
                      std::size_t largest_n) {
   const std::string page = plan_html(report, title, largest_n);
-  detail::OutputFile out(path, "html", detail::Existing::kReplaceFile);
+  detail::OutputFile out(path, "html");
   out.write(page);
   out.commit();
 }

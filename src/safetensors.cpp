@@ -259,7 +259,7 @@ void write_safetensors_skeleton(const std::filesystem::path& file,
   const std::string header = safetensors_header_bytes(file, tensors, metadata);
   std::int64_t data = 0;
   for (const auto& t : tensors) data += t.second.bytes();
-  detail::OutputFile out(file, "safetensors", detail::Existing::kReplaceFile);
+  detail::OutputFile out(file, "safetensors");
   out.write(header);
   out.resize(static_cast<std::int64_t>(header.size()) + data);
   out.commit();

@@ -1176,7 +1176,7 @@ void CheckpointManager::remove_old_steps() const {
     int err = EEXIST;
     for (int attempt = 0; attempt < 100 && err == EEXIST; ++attempt) {
       gone = detail::temp_name_for(old, "removing");
-      err = detail::rename_no_replace(old, gone, true);
+      err = detail::rename_no_replace(old, gone);
     }
     if (err == ENOENT) continue;  // removed meanwhile by another process on the same root
     if (err != 0) io_fail(old, "cannot rename the old step away to remove it", err);
