@@ -730,6 +730,7 @@ TEST_F(CliTest, AMeshAxisThatIsNotUtf8IsAnErrorBeforeAnythingIsWritten) {
                       hf.string(), dir_.string(), (dir_ / "rules.yaml").string()));
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_THAT(r.err, ::testing::HasSubstr("not valid UTF-8"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("f\\xffsdp"));  // the axis named, escaped
   EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error")));
   EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"hf", "rules.yaml", "stderr.txt"}));
 }

@@ -15,6 +15,7 @@
 #include "model_step.hpp"
 #include "nlohmann/json.hpp"
 #include "shardplan/detail/printable.hpp"
+#include "shardplan/detail/utf8.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/executor.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -466,6 +467,22 @@ TEST(ModelConfig, LoadReadsRegularFilesOnly) {
 }
 
 // Text for a terminal: controls and bytes outside UTF-8 escaped, other text kept.
+// Whole-text UTF-8 check: well-formed text of every length, and each way of not being it.
+TEST(Utf8, IsUtf8AcceptsWellFormedTextOnly) {
+  EXPECT_TRUE(detail::is_utf8(""));
+  EXPECT_TRUE(detail::is_utf8("fsdp \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(detail::is_utf8("f\xffsdp"));        // not a lead byte
+  EXPECT_FALSE(detail::is_utf8("\xc3"));            // cut short
+  EXPECT_FALSE(detail::is_utf8("\xc0\xaf"));        // overlong
+  EXPECT_FALSE(detail::is_utf8("\xed\xa0\x80"));    // a surrogate
+  EXPECT_FALSE(detail::is_utf8("ok\x80"));          // a stray continuation byte
+}
+
+// printable() of each line, the line breaks kept.
+TEST(Printable, LinesKeepTheirBreaks) {
+  EXPECT_EQ(detail::printable_lines("a\x1b[2J\nb\tc\n"), "a\\x1b[2J\nb\\x09c\n");
+}
+
 TEST(Printable, EscapesControlsAndInvalidBytes) {
   EXPECT_EQ(detail::printable("a\x1b[2Jb"), "a\\x1b[2Jb");
   EXPECT_EQ(detail::printable(std::string("n\0l\n\t\x7f", 6)), "n\\x00l\\x0a\\x09\\x7f");

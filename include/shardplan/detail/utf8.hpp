@@ -5,6 +5,7 @@
 // another when printed).
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace shardplan::detail {
 
@@ -53,6 +54,18 @@ inline std::size_t utf8_decode(const unsigned char* p, std::size_t n, char32_t& 
 
 /// Appends the UTF-8 encoding of `cp` (a code point up to U+10FFFF; surrogates are encoded as
 /// their three bytes, as Python's 'surrogatepass' would).
+/// Whether `text` is well-formed UTF-8 throughout.
+inline bool is_utf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  char32_t cp = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t len = utf8_decode(p + i, text.size() - i, cp);
+    if (len == 0) return false;
+    i += len;
+  }
+  return true;
+}
+
 inline void append_utf8(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);
