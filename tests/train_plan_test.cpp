@@ -1155,6 +1155,11 @@ TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
       train::extrapolate({affine(2), affine(3), sample(4, 1, 128, 12.5), affine(8)}, 1000, 1));
   // A count that was not sampled and cannot be extrapolated to.
   EXPECT_FALSE(train::extrapolate({affine(2), affine(3)}, 1000, 2));
+  // Bytes that pass int64 at the count asked for (2^60 per layer, 16 layers): an error, not a
+  // wrapped number.
+  const auto huge = [&](std::int64_t l) { return sample(l, 1, l * (std::int64_t{1} << 60)); };
+  EXPECT_THROW_WITH(train::extrapolate({huge(2), huge(3), huge(4), huge(5)}, 16, 1), SpecError,
+                    "a byte count of the step overflows int64");
 }
 
 // Configs the tracer could not hold: ten thousand layers and thousands of micro-batches are
