@@ -128,6 +128,12 @@ Array rms_norm(const Array& x, const Array& scale, double eps = 1e-6);
 /// negative value (causal attention).
 Array causal_mask(const Array& scores);
 
+/// jax.lax.optimization_barrier: x itself, but inside sjit a value of its own that the program
+/// takes as x is (its sharding, no step, no FLOPs), so that what its users need of it is made
+/// anew where they use it: a weight read through a barrier in the backward pass is gathered
+/// again there rather than kept gathered from the forward pass (rematerialisation). Outside sjit
+/// it returns x.
+Array optimization_barrier(const Array& x);
 /// jax.lax.with_sharding_constraint: inside sjit, fixes the sharding of x at this point of the
 /// program; outside, reshards x at once.
 Array with_sharding_constraint(const Array& x, const PartitionSpec& spec);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "fuse.hpp"
 #include "memory.hpp"
@@ -15,6 +16,8 @@
 
 namespace shardplan::detail {
 namespace {
+
+std::atomic<CompileObserver> compile_observer{nullptr};
 
 // Outputs with a sharding get a constraint node, so that the output's own computation and its
 // other users are free to differ.
@@ -120,6 +123,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.input_pending_ = std::move(parts.input_pending);
   prog.output_slots_ = std::move(parts.output_slots);
   prog.output_shardings_ = std::move(parts.output_shardings);
+  prog.layouts_ = std::move(parts.layouts);
   prog.cost_.flops = std::move(parts.flops);
   prog.cost_.bytes_by_kind = std::move(parts.bytes_by_kind);
   prog.cost_.peak_bytes.assign(static_cast<std::size_t>(mesh.size()), live.peak_bytes);
@@ -131,7 +135,10 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.constant_slots_ = std::move(live.constant_slots);
   prog.cached_step_ = std::move(live.cached_step);
   prog.graph_ = std::move(g);
+  if (const CompileObserver observer = compile_observer.load()) observer(prog);
   return prog;
 }
+
+void set_compile_observer(CompileObserver observer) { compile_observer.store(observer); }
 
 }  // namespace shardplan::detail

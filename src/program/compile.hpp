@@ -44,6 +44,15 @@ struct CompileSpec {
 
 using CostReport = ProgramCost;
 
+/// A value's decided layout: its sharding, and the sum still pending over mesh axes (each device
+/// of those axes holds a summand: DTensor's Partial).
+struct Layout {
+  PartitionSpec spec;
+  Pending pending;
+  /// Why it differs from the propagated sharding (the partitioner's choice), or empty.
+  std::string why;
+};
+
 /// Where a program keeps a value while it runs.
 enum class SlotId : std::int32_t {};
 constexpr std::size_t index(SlotId s) { return static_cast<std::size_t>(s); }
@@ -91,9 +100,13 @@ class Program {
     return run(executor, copy);
   }
 
-  /// The program as text: each value with its sharding and where the sharding came from, each
-  /// reshard with its collectives, then the cost.
+  /// The program as text: each value with the layout it is computed in (sharding, pending sum)
+  /// and where that came from, each step with the layout it runs with, each reshard with its
+  /// collectives, then the cost.
   std::string text() const;
+  const std::vector<Step>& steps() const { return steps_; }
+  /// Each value's layout as the partitioner decided it (what its step computes).
+  const Layout& layout(ValueId v) const { return layouts_[v]; }
   const CostReport& cost() const { return cost_; }
   const std::vector<NamedSharding>& output_shardings() const { return output_shardings_; }
   const std::vector<NamedSharding>& input_shardings() const { return input_shardings_; }
@@ -109,6 +122,7 @@ class Program {
   Mesh mesh_;
   ValueMap<PartitionSpec> specs_;  // after propagation
   ValueMap<std::string> origins_;
+  ValueMap<Layout> layouts_;  // as the partitioner decided: what the steps run with
   std::vector<Step> steps_;
   int num_slots_ = 0;
   std::vector<SlotId> input_slots_;  // by input index
@@ -130,6 +144,11 @@ class Program {
   std::vector<char> cached_step_;  // per step: its result is in the constant cache
   CostReport cost_;
 };
+
+/// Called with every program compile() makes, when set (tests check each program's text against
+/// its steps). Not for library code.
+using CompileObserver = void (*)(const Program& program);
+void set_compile_observer(CompileObserver observer);
 
 /// Propagates shardings through `graph` and partitions it. Annotation nodes carry the spec their
 /// name resolved to while tracing (none: left to propagation). Throws SpecError for a constraint

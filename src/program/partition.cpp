@@ -1,8 +1,11 @@
+// The partitioner (partition.hpp) in its three phases: Chooser decides every node, Emitter emits
+// the decided steps once, and `keep_read` drops what nothing reads and counts what is left.
 #include "partition.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -31,6 +34,31 @@ std::int64_t bytes_received(const std::vector<CollectiveRecord>& records) {
   return total;
 }
 
+bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b, int rank) {
+  return NamedSharding(mesh, a).is_equivalent_to(NamedSharding(mesh, b), rank);
+}
+
+// A constraint value_and_grad puts on a gradient ("sharded like its parameter"): it guides the
+// propagation, but a gradient still pending there stays pending for its users (the update) to
+// reduce where they need it, as XLA treats the gradient all-reduce and the update together. A
+// user's with_sharding_constraint, an output's sharding and an annotation are resolved where
+// they stand.
+bool soft_constraint(const Node& n) {
+  return n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like.has_value();
+}
+
+std::vector<TensorType> operand_types(const Graph& g, const Node& n) {
+  std::vector<TensorType> types;
+  types.reserve(n.operands.size());
+  for (const ValueId o : n.operands) types.push_back(g[o].type);
+  return types;
+}
+
+Linearity linearity_of(const Graph& g, const Node& n) {
+  if (n.op->linearity == nullptr) return {};
+  return n.op->linearity(n, operand_types(g, n));
+}
+
 // Mesh axes per factor of a node.
 class FactorAxes {
  public:
@@ -42,83 +70,81 @@ class FactorAxes {
   std::vector<AxisNames> axes_;
 };
 
-// One way to run a node: the axes of each factor, what each operand must be resharded to, the
-// result's sharding and pending state, and what the reshards cost.
+// One way to run a node: the axes of each factor, the sharding each operand is read in (or the
+// operand as it is, pending sum kept: a linear flow), the result's sharding and pending state,
+// and the bytes of the reshards that needs (the operands', then the result's to its propagated
+// sharding).
 struct Choice {
   FactorAxes axes;
   std::vector<PartitionSpec> wants;  // per operand
+  std::vector<char> as_is;           // per operand
   std::vector<AxisNames> out_dims;
   Pending pend;
   std::int64_t cost = 0;
+  std::string why;
 };
 
-class Partitioner {
+// What the emitter does for a node.
+struct Decision {
+  enum class Kind {
+    kInput,   // bound to an input slot
+    kKernel,  // operands brought to `wants` (or taken as they are), then a kernel step
+    kAlias,   // no step: the value is its one operand's, brought to wants[0] or as it is
+  };
+  Kind kind = Kind::kKernel;
+  std::vector<PartitionSpec> wants;
+  std::vector<char> as_is;
+  Layout result;
+};
+
+// ---- Phase 1: choose -------------------------------------------------------------------------
+
+class Chooser {
  public:
-  Partitioner(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
-              const CompileSpec& spec)
+  Chooser(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
+          const CompileSpec& spec)
       : g_(g),
         prop_(prop),
         specs_(specs),
         spec_(spec),
         mesh_(spec.mesh),
-        state_(g.size()),
-        resharded_(g.size()) {
-    out_.flops.assign(static_cast<std::size_t>(mesh_.size()), 0);
-    mark_constants();
-    uses_ = ValueMap<int>(g.size(), 0);
-    for (const Node& n : g.nodes) {
-      for (const ValueId o : n.operands) ++uses_[o];
-    }
-    for (const ValueId o : g.outputs) ++uses_[o];
-    // Values only pointwise nodes (or the gradient constraints that defer to them) read: a split
-    // of them is gathered once, where a user needs the result whole. A value that an output, a
-    // product or a user's constraint also reads will be made whole anyway; splitting its
-    // pointwise users too would move it twice.
-    pointwise_only_ = ValueMap<char>(g.size(), 1);
-    for (const Node& n : g.nodes) {
-      const bool defers = n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like;
-      if (n.op->pointwise && (!n.op->sharding_identity || defers)) continue;
+        dec_(g.size()),
+        decided_(g.size(), 0),
+        users_(g.size()),
+        is_output_(g.size(), 0),
+        pointwise_only_(g.size(), 1) {
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const Node& n = g.nodes[i];
+      for (std::size_t k = 0; k < n.operands.size(); ++k) {
+        users_[n.operands[k]].emplace_back(value_id(i), static_cast<int>(k));
+      }
+      // Values only pointwise nodes (or the gradient constraints that defer to them) read: a
+      // split of them is gathered once, where a user needs the result whole. A value that an
+      // output, a product or a user's constraint also reads will be made whole anyway; splitting
+      // its pointwise users too would move it twice.
+      if (n.op->pointwise && (!n.op->sharding_identity || soft_constraint(n))) continue;
       for (const ValueId o : n.operands) pointwise_only_[o] = 0;
     }
-    for (const ValueId o : g.outputs) pointwise_only_[o] = 0;
-    kernel_step_ = ValueMap<std::ptrdiff_t>(g.size(), -1);
+    for (const ValueId o : g.outputs) {
+      is_output_[o] = 1;
+      pointwise_only_[o] = 0;
+    }
+    mark_constants();
   }
 
-  Partitioned run() {
+  ValueMap<Decision> run() {
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId id = value_id(i);
-      if (g_[id].is(prim::input)) {
-        bind_input(id);
-      } else {
-        partition_node(id);
-      }
+      dec_[id] = decide(id);
+      decided_[id] = 1;
     }
-    // Outputs in their propagated shardings, nothing pending.
-    for (const ValueId o : g_.outputs) {
-      out_.output_slots.push_back(require(o, specs_[o]));
-      out_.output_shardings.emplace_back(mesh_, specs_[o]);
-    }
-    if (!dead_.empty()) {
-      std::vector<Step> kept;
-      kept.reserve(out_.steps.size() - dead_.size());
-      for (std::size_t i = 0; i < out_.steps.size(); ++i) {
-        if (!dead_.count(i)) kept.push_back(std::move(out_.steps[i]));
-      }
-      out_.steps = std::move(kept);
-    }
-    out_.num_slots = next_slot_;
-    return std::move(out_);
+    return std::move(dec_);
   }
 
- private:
-  // Where a value lives while the program runs: its slot, sharding and pending state.
-  struct State {
-    SlotId slot{-1};
-    PartitionSpec spec;
-    Pending pending;
-  };
+  const ValueMap<char>& constants() const { return constant_; }
 
-  SlotId new_slot() { return static_cast<SlotId>(next_slot_++); }
+ private:
+  const Layout& layout(ValueId v) const { return dec_[v].result; }
 
   // Values that depend on no input: cacheable sources and what is computed from them only.
   void mark_constants() {
@@ -134,49 +160,76 @@ class Partitioner {
     }
   }
 
-  void bind_input(ValueId id) {
-    const auto k = static_cast<std::size_t>(g_[id].attr<InputAttrs>().index);
-    const InputSpec& in = spec_.inputs.at(k);
-    State& st = state_[id];
-    st.slot = new_slot();
-    st.spec = specs_[id];
-    st.pending = in.spec ? in.pending : Pending{};
-    if (out_.input_slots.size() <= k) {
-      out_.input_slots.resize(k + 1, SlotId{-1});
-      out_.input_shardings.resize(k + 1, NamedSharding(mesh_, PartitionSpec()));
-      out_.input_pending.resize(k + 1);
+  Decision decide(ValueId id) {
+    const Node& n = g_[id];
+    if (n.is(prim::input)) {
+      const InputSpec& in = spec_.inputs.at(static_cast<std::size_t>(n.attr<InputAttrs>().index));
+      return Decision{.kind = Decision::Kind::kInput,
+                      .result = {specs_[id], in.spec ? in.pending : Pending{}, {}}};
     }
-    out_.input_slots[k] = st.slot;
-    out_.input_shardings[k] = NamedSharding(mesh_, st.spec);
-    out_.input_pending[k] = st.pending;
+    if (n.op->barrier) {
+      return as_is_alias(id, "taken as it is (optimization barrier)");
+    }
+    if (n.op->sharding_identity) {
+      if (soft_constraint(n) && !layout(n.operands[0]).pending.empty()) {
+        return as_is_alias(id, "a gradient's sharding; its sum is kept pending for its users");
+      }
+      Choice c = evaluate(id, assign(id, false));
+      return Decision{.kind = Decision::Kind::kAlias,
+                      .wants = std::move(c.wants),
+                      .as_is = {0},
+                      .result = {spec_of_dims(std::move(c.out_dims)), {}, {}}};
+    }
+    Choice best = choose(id);
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      if (best.as_is[k] == 0) remake_repeat(n.operands[k], best.wants[k]);
+    }
+    return Decision{.kind = Decision::Kind::kKernel,
+                    .wants = std::move(best.wants),
+                    .as_is = std::move(best.as_is),
+                    .result = {spec_of_dims(std::move(best.out_dims)), std::move(best.pend),
+                               std::move(best.why)}};
   }
 
-  // The slot holding `value` in sharding `want` (nothing pending), adding a reshard step when it
-  // is not there yet (once per value and sharding).
-  SlotId require(ValueId value, const PartitionSpec& want) {
-    const State& st = state_[value];
-    const TensorType& t = g_[value].type;
-    const NamedSharding cur(mesh_, st.spec);
-    const NamedSharding target(mesh_, want);
-    if (st.pending.empty() && cur.is_equivalent_to(target, t.shape.rank())) return st.slot;
-    for (const auto& [done, slot] : resharded_[value]) {
-      if (done == want) return slot;
+  Decision as_is_alias(ValueId id, std::string why) const {
+    const Layout& in = layout(g_[id].operands[0]);
+    return Decision{.kind = Decision::Kind::kAlias,
+                    .wants = {in.spec},
+                    .as_is = {1},
+                    .result = {in.spec, in.pending, std::move(why)}};
+  }
+
+  // The cheapest way to run a kernel node: the factors' axes as propagated (pass factors first,
+  // or reduce factors first), split like a pending or split operand (split_pointwise), or a
+  // pending sum carried through (linear_choice).
+  Choice choose(ValueId id) const {
+    const OpFactors& f = prop_.factors(id);
+    Choice best = evaluate(id, assign(id, false));
+    if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
+      Choice other = evaluate(id, assign(id, true));
+      if (other.cost < best.cost) {
+        best = std::move(other);
+        best.why = "its reduce factors took the axes first (fewer bytes)";
+      }
     }
-    Step step{.kind = Step::Kind::kReshard,
-              .node = value,
-              .in = {st.slot},
-              .out = new_slot(),
-              .type = t,
-              .sharding = target,
-              .cost = plan_reshard(t.shape, t.dtype, cur, st.pending, target),
-              .constant = constant_[value] != 0};
-    for (const auto& rec : step.cost) {
-      std::int64_t& b = out_.bytes_by_kind[rec.kind];
-      b = add_bytes(b, rec.max_bytes_in(), "the bytes received per step");
+    if (auto axes = split_pointwise(id, best.axes)) {
+      Choice s = evaluate(id, std::move(*axes));
+      if (s.cost <= best.cost) {
+        best = std::move(s);
+        best.why = "split like its pending or split operand (1/n of the work)";
+      }
     }
-    resharded_[value].emplace_back(want, step.out);
-    out_.steps.push_back(std::move(step));
-    return out_.steps.back().out;
+    if (auto lin = linear_choice(id)) {
+      // A tie goes to carrying the sum only when a user carries it on into a sum with another
+      // pending value (two reductions become one). Otherwise reducing now is no dearer and keeps
+      // less: a pending value is whole-sized on every device of its sum, a reduced one may be
+      // split (a weight's gradient reduce-scattered to its shard), and a split pointwise node
+      // does 1/n of the work.
+      if (lin->cost < best.cost || (lin->cost == best.cost && flows_on(id, lin->pend))) {
+        best = std::move(*lin);
+      }
+    }
+    return best;
   }
 
   // Axes per factor. Pass factors take the result's sharding and reduce factors the operands'
@@ -211,9 +264,7 @@ class Partitioner {
           if (!axes[fac].empty() || odims[d].empty()) continue;
           const bool free = std::none_of(odims[d].begin(), odims[d].end(),
                                          [&](const auto& a) { return used.count(a) > 0; });
-          if (!free || f.size(fac) % product(mesh_, odims[d]) != 0) {
-            continue;
-          }
+          if (!free || f.size(fac) % product(mesh_, odims[d]) != 0) continue;
           axes[fac] = odims[d];
           used.insert(odims[d].begin(), odims[d].end());
         }
@@ -229,78 +280,147 @@ class Partitioner {
     return axes;
   }
 
-  // A repetition of its operand (a scalar or bias broadcast) made for one user only, which now
-  // wants it in another sharding (a split update): made again in that sharding, its first step
-  // dropped, rather than made whole and then sliced. Fusion then reads it as its operand again.
+  // A pending sum carried through a node linear in its pending operands (Primitive::linearity):
+  // the devices apply the op to their summands, the operands are read as they are, and the
+  // result is pending over their axes (and over the node's own reduce factors). Only where every
+  // user of each pending operand takes it pending too (else it is reduced for one of them anyway)
+  // and the operands' layouts are the factors' (a pending sum is not moved).
+  std::optional<Choice> linear_choice(ValueId id) const {
+    if (std::getenv("NOLIN")) return std::nullopt;
+    const Node& n = g_[id];
+    if (const char* e = std::getenv("NOLINOP"); e && std::string(e).find(std::string(n.op->name)) != std::string::npos) return std::nullopt;
+    const Linearity lin = linearity_of(g_, n);
+    std::vector<char> pending(n.operands.size(), 0);
+    const Layout* first_pending = nullptr;
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const Layout& in = layout(n.operands[k]);
+      if (in.pending.empty()) continue;
+      if (!lin.covers(k) || in.pending.op != ReduceOp::kSum) return std::nullopt;
+      if (first_pending == nullptr) first_pending = &in;
+      // Pending alike: the same axes, the same blocks.
+      if (!(in.pending == first_pending->pending) || !(in.spec == first_pending->spec)) {
+        return std::nullopt;
+      }
+      if (!users_take_pending(n.operands[k])) return std::nullopt;
+      pending[k] = 1;
+    }
+    if (first_pending == nullptr || n.op->partial != ReduceOp::kSum) return std::nullopt;
+    const auto count = std::count(pending.begin(), pending.end(), 1);
+    if (lin.kind == Linearity::Kind::kSeparately && count != 1) return std::nullopt;
+    if (lin.kind == Linearity::Kind::kJointly) {
+      // Every operand it is linear in must be pending: a whole one would be counted once per
+      // device of the sum.
+      for (std::size_t k = 0; k < n.operands.size(); ++k) {
+        if (lin.covers(k) && pending[k] == 0) return std::nullopt;
+      }
+    }
+    const Pending* carried = &first_pending->pending;
+    const std::size_t first =
+        static_cast<std::size_t>(std::find(pending.begin(), pending.end(), 1) - pending.begin());
+    const OpFactors& f = prop_.factors(id);
+    FactorAxes axes(f.count());
+    const auto dims = padded(layout(n.operands[first]).spec, g_[n.operands[first]].type.shape.rank());
+    for (std::size_t d = 0; d < dims.size(); ++d) {
+      if (dims[d].empty()) continue;
+      const int fac = f.operands[first][d];
+      if (fac < 0 || f.kind(fac) == FactorKind::kReplicate) return std::nullopt;
+      axes[fac] = dims[d];
+    }
+    Choice c = evaluate(id, std::move(axes), carried, pending);
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      if (pending[k] != 0 && !equivalent(mesh_, c.wants[k], layout(n.operands[k]).spec,
+                                         g_[n.operands[k]].type.shape.rank())) {
+        return std::nullopt;
+      }
+    }
+    c.why = "a pending sum carried through a linear op";
+    return c;
+  }
+
+  // Whether every user of `value` can read it as a pending sum (linear in it, or a gradient's
+  // sharding constraint), and no output needs it whole.
+  bool users_take_pending(ValueId value) const {
+    if (is_output_[value] != 0) return false;
+    for (const auto& [user, pos] : users_[value]) {
+      const Node& u = g_[user];
+      if (soft_constraint(u)) continue;
+      const Linearity lin = linearity_of(g_, u);
+      if (!lin.covers(static_cast<std::size_t>(pos))) return false;
+      if (lin.kind == Linearity::Kind::kSeparately &&
+          std::count(u.operands.begin(), u.operands.end(), value) > 1) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Whether a user of `id` would add its pending sum `pend` to another one: a node jointly linear
+  // in it whose other operands are already decided and fit (pending alike where it is linear,
+  // whole elsewhere), directly or through unary linear users.
+  bool flows_on(ValueId id, const Pending& pend, int depth = 0) const {
+    for (const auto& [user, pos] : users_[id]) {
+      const Node& u = g_[user];
+      const Linearity lin = linearity_of(g_, u);
+      if (lin.kind != Linearity::Kind::kJointly || !lin.covers(static_cast<std::size_t>(pos))) {
+        continue;
+      }
+      // A unary linear user (a reshape, a neg) carries it on only if one of its users does.
+      if (u.operands.size() == 1) {
+        if (depth < 8 && flows_on(user, pend, depth + 1)) return true;
+        continue;
+      }
+      bool fits = true;
+      for (std::size_t q = 0; q < u.operands.size() && fits; ++q) {
+        const ValueId o = u.operands[q];
+        if (o == id) continue;
+        if (decided_[o] == 0) {
+          fits = false;
+          continue;
+        }
+        const bool joint = lin.kind == Linearity::Kind::kJointly && lin.covers(q);
+        fits = joint ? layout(o).pending == pend : layout(o).pending.empty();
+      }
+      if (fits) return true;
+    }
+    return false;
+  }
+
+  // A repetition of its operand (a scalar or bias broadcast) made for one user only, which wants
+  // it in another sharding (a split update): decided again in that sharding rather than made
+  // whole and then sliced. Nothing is emitted yet, so nothing is undone. Fusion then reads it as
+  // its operand again.
   void remake_repeat(ValueId o, const PartitionSpec& want) {
     const Node& rn = g_[o];
-    const std::ptrdiff_t at = kernel_step_[o];
-    if (rn.op->repeat == nullptr || uses_[o] != 1 || at < 0) return;
-    const State& os = state_[o];
-    if (!os.pending.empty() ||
-        NamedSharding(mesh_, os.spec)
-            .is_equivalent_to(NamedSharding(mesh_, want), rn.type.shape.rank())) {
+    Decision& d = dec_[o];
+    if (rn.op->repeat == nullptr || users_[o].size() != 1 || is_output_[o] != 0 ||
+        d.kind != Decision::Kind::kKernel || !d.result.pending.empty() ||
+        equivalent(mesh_, d.result.spec, want, rn.type.shape.rank())) {
       return;
     }
     const OpFactors& f = prop_.factors(o);
     FactorAxes axes(f.count());
     const auto dims = padded(want, rn.type.shape.rank());
-    for (std::size_t d = 0; d < dims.size(); ++d) {
-      const int fac = f.result[d];
+    for (std::size_t d2 = 0; d2 < dims.size(); ++d2) {
+      const int fac = f.result[d2];
       if (fac < 0 || f.kind(fac) != FactorKind::kPass) return;  // not made by its factors
-      axes[fac] = dims[d];
+      axes[fac] = dims[d2];
     }
     Choice c = evaluate(o, std::move(axes));
-    if (!NamedSharding(mesh_, spec_of_dims(c.out_dims))
-             .is_equivalent_to(NamedSharding(mesh_, want), rn.type.shape.rank())) {
-      return;
-    }
-    const auto old = static_cast<std::size_t>(at);
-    dead_.insert(old);
-    for (double& fl : out_.flops) fl -= out_.steps[old].flops;
-    std::vector<SlotId> in_slots;
-    std::vector<Shape> in_local;
-    for (std::size_t k = 0; k < rn.operands.size(); ++k) {
-      in_slots.push_back(require(rn.operands[k], c.wants[k]));
-      in_local.push_back(
-          NamedSharding(mesh_, c.wants[k]).shard_shape(g_[rn.operands[k]].type.shape));
-    }
-    State& st = state_[o];
-    st.spec = spec_of_dims(c.out_dims);
-    st.pending = Pending{};
-    emit_kernel(o, std::move(in_slots), in_local);
+    if (!equivalent(mesh_, spec_of_dims(c.out_dims), want, rn.type.shape.rank())) return;
+    d = Decision{.kind = Decision::Kind::kKernel,
+                 .wants = std::move(c.wants),
+                 .as_is = std::move(c.as_is),
+                 .result = {spec_of_dims(std::move(c.out_dims)), {}, "made in its one user's sharding"}};
   }
 
-  // For add and sub of operands that are all sums pending over the same axes, in the same
-  // sharding: that pending state (their result is the sum of the devices' results).
-  std::optional<Pending> sum_of_pending(const Node& n) const {
-    if (!(n.is(prim::add) || n.is(prim::sub)) || n.operands.size() != 2) return std::nullopt;
-    const State& a = state_[n.operands[0]];
-    const State& b = state_[n.operands[1]];
-    if (a.pending.empty() || a.pending.op != ReduceOp::kSum || !(a.pending == b.pending) ||
-        !(a.spec == b.spec)) {
-      return std::nullopt;
-    }
-    return a.pending;
-  }
-
-  // True for the constraint value_and_grad puts on a gradient (sharded like its parameter)
-  // when the gradient is still a pending sum. A user's with_sharding_constraint, an output's
-  // sharding and an annotation are resolved where they stand.
-  bool defers_reduction(const Node& n) const {
-    if (!n.is(prim::sharding_constraint) || !n.attr<ConstraintAttrs>().like) return false;
-    return !state_[n.operands[0]].pending.empty();
-  }
-
-  // The sharded weight update XLA makes of an all-reduce followed by elementwise work, made
-  // here for every pointwise node: when the propagation leaves the result whole over mesh axes
-  // on which an operand is a pending sum (a gradient summed over the batch axis) or is already
-  // split (the previous node of such a chain), the node runs split over them instead: the pending
+  // The sharded weight update XLA makes of an all-reduce followed by elementwise work, made here
+  // for every pointwise node: when the propagation leaves the result whole over mesh axes on
+  // which an operand is a pending sum (a gradient summed over the batch axis) or is already split
+  // (the previous node of such a chain), the node runs split over them instead: the pending
   // operand is reduce-scattered rather than all-reduced, the other operands are sliced locally,
   // each device does 1/n of the work, and the result is gathered only where a user needs it
   // whole (the reduce-scatter and that all-gather are the all-reduce's own two halves). Returns
-  // the factor axes of that split, or nothing when no operand offers one. The caller keeps it
-  // only when its reshards cost no more bytes than `base`'s.
+  // the factor axes of that split, or nothing when no operand offers one.
   std::optional<FactorAxes> split_pointwise(ValueId id, const FactorAxes& base) const {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
@@ -324,7 +444,7 @@ class Partitioner {
     };
     for (const ValueId o : n.operands) {
       if (pointwise_only_[o] == 0) continue;
-      const State& os = state_[o];
+      const Layout& os = layout(o);
       FactorAxes axes = base;
       bool changed = false;
       if (!os.pending.empty()) {
@@ -353,13 +473,15 @@ class Partitioner {
   }
 
   // What running node `id` with these factor axes asks of its operands and gives its result, and
-  // the bytes of the reshards that needs (the operands', then the result's to its propagated
-  // sharding).
-  Choice evaluate(ValueId id, FactorAxes axes) const {
+  // the bytes of the reshards that needs. Operands marked in `as_is` are read as they are (their
+  // reshard costs nothing) and `carried`, their pending sum, stays pending in the result.
+  Choice evaluate(ValueId id, FactorAxes axes, const Pending* carried = nullptr,
+                  std::vector<char> as_is = {}) const {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     Choice c;
     c.axes = std::move(axes);
+    c.as_is = as_is.empty() ? std::vector<char>(n.operands.size(), 0) : std::move(as_is);
     // A dimension takes its factor's axes when they split both: a reshape's compound dimension
     // is larger than the factor it shares, and splitting it further than the factor is not a
     // split of the factor (its blocks would not be the operand's).
@@ -377,93 +499,144 @@ class Partitioner {
         if (fits(ot.shape[static_cast<int>(d)], fac)) want[d] = c.axes[fac];
       }
       c.wants.push_back(spec_of_dims(want));
-      const State& os = state_[o];
-      c.cost =
-          add_bytes(c.cost,
-                    bytes_received(plan_reshard(ot.shape, ot.dtype, NamedSharding(mesh_, os.spec),
-                                                os.pending, NamedSharding(mesh_, c.wants.back()))),
-                    "a node's reshard cost");
+      if (c.as_is[k] != 0) continue;
+      const Layout& os = layout(o);
+      c.cost = add_bytes(
+          c.cost,
+          bytes_received(plan_reshard(ot.shape, ot.dtype, NamedSharding(mesh_, os.spec), os.pending,
+                                      NamedSharding(mesh_, c.wants.back()))),
+          "a node's reshard cost");
     }
     c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
     for (std::size_t d = 0; d < c.out_dims.size(); ++d) {
       const int fac = f.result[d];
       if (fits(n.type.shape[static_cast<int>(d)], fac)) c.out_dims[d] = c.axes[fac];
     }
-    c.pend = Pending{n.op->partial, {}};
+    c.pend = carried != nullptr ? *carried : Pending{n.op->partial, {}};
     for (int fac = 0; fac < f.count(); ++fac) {
       if (f.kind(fac) == FactorKind::kReduce) {
         c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
       }
     }
-    c.cost =
-        add_bytes(c.cost,
-                  bytes_received(plan_reshard(
-                      n.type.shape, n.type.dtype, NamedSharding(mesh_, spec_of_dims(c.out_dims)),
-                      c.pend, NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
-                  "a node's reshard cost");
+    c.cost = add_bytes(c.cost,
+                       bytes_received(plan_reshard(
+                           n.type.shape, n.type.dtype, NamedSharding(mesh_, spec_of_dims(c.out_dims)),
+                           c.pend, NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
+                       "a node's reshard cost");
     return c;
   }
 
-  void partition_node(ValueId id) {
-    const Node& n = g_[id];
-    const OpFactors& f = prop_.factors(id);
-    if (const auto pend = sum_of_pending(n)) {
-      // Partial + partial stays partial (DTensor's rule for linear ops): the devices add their
-      // summands, and whoever needs the value reduces once instead of twice.
-      std::vector<SlotId> in_slots;
-      std::vector<Shape> in_local;
-      for (const ValueId o : n.operands) {
-        in_slots.push_back(state_[o].slot);
-        in_local.push_back(NamedSharding(mesh_, state_[o].spec).shard_shape(g_[o].type.shape));
+  const Graph& g_;
+  const Propagator& prop_;
+  const ValueMap<PartitionSpec>& specs_;
+  const CompileSpec& spec_;
+  const Mesh& mesh_;
+  ValueMap<Decision> dec_;
+  ValueMap<char> decided_;
+  ValueMap<std::vector<std::pair<ValueId, int>>> users_;  // (node, operand position), by value
+  ValueMap<char> is_output_;
+  ValueMap<char> pointwise_only_;  // read by pointwise nodes only (see the constructor)
+  ValueMap<char> constant_;
+};
+
+// ---- Phase 2: emit ---------------------------------------------------------------------------
+
+class Emitter {
+ public:
+  Emitter(const Graph& g, const ValueMap<Decision>& dec, const ValueMap<char>& constant,
+          const ValueMap<PartitionSpec>& specs, const CompileSpec& spec)
+      : g_(g),
+        dec_(dec),
+        constant_(constant),
+        specs_(specs),
+        spec_(spec),
+        mesh_(spec.mesh),
+        slot_(g.size(), SlotId{-1}),
+        resharded_(g.size()) {}
+
+  Partitioned run() {
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId id = value_id(i);
+      const Decision& d = dec_[id];
+      switch (d.kind) {
+        case Decision::Kind::kInput:
+          bind_input(id);
+          break;
+        case Decision::Kind::kAlias:
+          slot_[id] = read(g_[id].operands[0], d, 0);
+          break;
+        case Decision::Kind::kKernel:
+          emit_kernel(id);
+          break;
       }
-      State& st = state_[id];
-      st.spec = state_[n.operands[0]].spec;
-      st.pending = *pend;
-      emit_kernel(id, std::move(in_slots), in_local);
-      return;
     }
-    if (defers_reduction(n)) {
-      // A gradient "sharded like its parameter" that is still a pending sum stays pending: its
-      // users ask for the sharding they need (the propagation gave them the parameter's), so
-      // an elementwise update can take it reduce-scattered (split_pointwise) where resolving
-      // it here would all-reduce it first. An output is still reduced in full.
-      state_[id] = state_[n.operands[0]];
-      return;
+    // Outputs in their propagated shardings, nothing pending.
+    for (const ValueId o : g_.outputs) {
+      out_.output_slots.push_back(require(o, specs_[o]));
+      out_.output_shardings.emplace_back(mesh_, specs_[o]);
     }
-    Choice choice = evaluate(id, assign(id, false));
-    if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
-      Choice other = evaluate(id, assign(id, true));
-      if (other.cost < choice.cost) choice = std::move(other);
+    out_.num_slots = next_slot_;
+    out_.layouts = ValueMap<Layout>(g_.size());
+    for (std::size_t i = 0; i < g_.size(); ++i) out_.layouts[value_id(i)] = dec_[value_id(i)].result;
+    return std::move(out_);
+  }
+
+ private:
+  SlotId new_slot() { return static_cast<SlotId>(next_slot_++); }
+
+  void bind_input(ValueId id) {
+    const auto k = static_cast<std::size_t>(g_[id].attr<InputAttrs>().index);
+    slot_[id] = new_slot();
+    if (out_.input_slots.size() <= k) {
+      out_.input_slots.resize(k + 1, SlotId{-1});
+      out_.input_shardings.resize(k + 1, NamedSharding(mesh_, PartitionSpec()));
+      out_.input_pending.resize(k + 1);
     }
-    if (auto axes = split_pointwise(id, choice.axes)) {
-      Choice split = evaluate(id, std::move(*axes));
-      if (split.cost <= choice.cost) choice = std::move(split);
+    out_.input_slots[k] = slot_[id];
+    out_.input_shardings[k] = NamedSharding(mesh_, dec_[id].result.spec);
+    out_.input_pending[k] = dec_[id].result.pending;
+  }
+
+  // Operand k of a decided node: as it is, or brought to the sharding the decision wants.
+  SlotId read(ValueId operand, const Decision& d, std::size_t k) {
+    return d.as_is[k] != 0 ? slot_[operand] : require(operand, d.wants[k]);
+  }
+
+  // The slot holding `value` in sharding `want` (nothing pending), adding a reshard step when it
+  // is not there yet (once per value and sharding).
+  SlotId require(ValueId value, const PartitionSpec& want) {
+    const Layout& at = dec_[value].result;
+    const TensorType& t = g_[value].type;
+    const NamedSharding cur(mesh_, at.spec);
+    const NamedSharding target(mesh_, want);
+    if (at.pending.empty() && cur.is_equivalent_to(target, t.shape.rank())) return slot_[value];
+    for (const auto& [done, slot] : resharded_[value]) {
+      if (done == want) return slot;
     }
-    for (std::size_t k = 0; k < n.operands.size(); ++k)
-      remake_repeat(n.operands[k], choice.wants[k]);
-    // Operands brought to the sharding the factors ask for.
+    Step step{.kind = Step::Kind::kReshard,
+              .node = value,
+              .in = {slot_[value]},
+              .out = new_slot(),
+              .type = t,
+              .sharding = target,
+              .cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target),
+              .constant = constant_[value] != 0};
+    resharded_[value].emplace_back(want, step.out);
+    out_.steps.push_back(std::move(step));
+    return out_.steps.back().out;
+  }
+
+  void emit_kernel(ValueId id) {
+    const Node& n = g_[id];
+    const Decision& d = dec_[id];
     std::vector<SlotId> in_slots;
     std::vector<Shape> in_local;
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
-      in_slots.push_back(require(o, choice.wants[k]));
-      in_local.push_back(NamedSharding(mesh_, choice.wants[k]).shard_shape(g_[o].type.shape));
+      in_slots.push_back(read(o, d, k));
+      in_local.push_back(NamedSharding(mesh_, d.wants[k]).shard_shape(g_[o].type.shape));
     }
-    State& st = state_[id];
-    st.spec = spec_of_dims(choice.out_dims);
-    st.pending = choice.pend;
-    if (n.op->sharding_identity) {  // no kernel: the value is its operand's
-      st.slot = in_slots[0];
-      st.pending = Pending{};
-      return;
-    }
-    emit_kernel(id, std::move(in_slots), in_local);
-  }
-
-  void emit_kernel(ValueId id, std::vector<SlotId> in_slots, const std::vector<Shape>& in_local) {
-    const Node& n = g_[id];
-    State& st = state_[id];
-    const NamedSharding out_sharding(mesh_, st.spec);
+    const NamedSharding out_sharding(mesh_, d.result.spec);
     Node local = n;
     local.type.shape = out_sharding.shard_shape(n.type.shape);
     if (n.op->localize != nullptr) n.op->localize(local, operand_shapes(g_, n), in_local);
@@ -474,28 +647,13 @@ class Partitioner {
               .out = new_slot(),
               .type = n.type,
               .sharding = out_sharding,
-              .pending = st.pending,
+              .pending = d.result.pending,
               .constant = constant_[id] != 0};
-    std::tie(step.blocks, step.offsets) = blocks_of(st.spec, n.type.shape);
+    std::tie(step.blocks, step.offsets) = blocks_of(d.result.spec, n.type.shape);
     step.flops = n.op->flops(step.local, in_local, step.local.type.shape);
-    for (double& fl : out_.flops) fl += step.flops;
-    st.slot = step.out;
-    kernel_step_[id] = static_cast<std::ptrdiff_t>(out_.steps.size());
+    slot_[id] = step.out;
     out_.steps.push_back(std::move(step));
   }
-
-  const Graph& g_;
-  const Propagator& prop_;
-  const ValueMap<PartitionSpec>& specs_;
-  const CompileSpec& spec_;
-  const Mesh& mesh_;
-  ValueMap<State> state_;
-  ValueMap<char> constant_;
-  ValueMap<int> uses_;                    // operand uses and outputs, by value
-  ValueMap<char> pointwise_only_;         // read by pointwise nodes only (see the constructor)
-  ValueMap<std::ptrdiff_t> kernel_step_;  // index of the value's kernel step, or -1
-  std::set<std::size_t> dead_;            // steps replaced by remake_repeat
-  ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
 
   // Each device's block of a result, and the blocks' starts, made once per (spec, shape): the
   // key compares both (the hash only picks the bucket).
@@ -507,14 +665,13 @@ class Partitioner {
   struct BlocksKeyHash {
     std::size_t operator()(const BlocksKey& k) const {
       std::size_t h = std::hash<std::string>()(k.spec.to_string());
-      for (const std::int64_t d : k.shape.dims()) h = h * 1000003u ^ std::hash<std::int64_t>()(d);
+      for (const std::int64_t dim : k.shape.dims()) h = h * 1000003u ^ std::hash<std::int64_t>()(dim);
       return h;
     }
   };
   using Offsets = std::vector<std::vector<std::int64_t>>;
   using SharedBlocks =
       std::pair<std::shared_ptr<const std::vector<Block>>, std::shared_ptr<const Offsets>>;
-  std::unordered_map<BlocksKey, SharedBlocks, BlocksKeyHash> blocks_;
 
   SharedBlocks blocks_of(const PartitionSpec& spec, const Shape& shape) {
     BlocksKey key{spec, shape};
@@ -531,15 +688,61 @@ class Partitioner {
     blocks_.emplace(std::move(key), made);
     return made;
   }
+
+  const Graph& g_;
+  const ValueMap<Decision>& dec_;
+  const ValueMap<char>& constant_;
+  const ValueMap<PartitionSpec>& specs_;
+  const CompileSpec& spec_;
+  const Mesh& mesh_;
+  ValueMap<SlotId> slot_;
+  ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
+  std::unordered_map<BlocksKey, SharedBlocks, BlocksKeyHash> blocks_;
   int next_slot_ = 0;
   Partitioned out_;
 };
+
+// ---- Phase 3: keep what is read, count it ----------------------------------------------------
+
+// Drops the steps whose results nothing reads (no later step, no output), then counts the
+// FLOPs and the bytes per collective kind of the steps kept.
+void keep_read(Partitioned& p, int devices) {
+  std::vector<char> read(static_cast<std::size_t>(p.num_slots), 0);
+  for (const SlotId s : p.output_slots) read[index(s)] = 1;
+  std::vector<char> keep(p.steps.size(), 0);
+  for (std::size_t i = p.steps.size(); i-- > 0;) {
+    const Step& st = p.steps[i];
+    if (read[index(st.out)] == 0) continue;
+    keep[i] = 1;
+    for (const SlotId in : st.in) read[index(in)] = 1;
+  }
+  std::vector<Step> kept;
+  kept.reserve(p.steps.size());
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    if (keep[i] != 0) kept.push_back(std::move(p.steps[i]));
+  }
+  p.steps = std::move(kept);
+  p.flops.assign(static_cast<std::size_t>(devices), 0);
+  for (const Step& st : p.steps) {
+    if (st.kind == Step::Kind::kKernel) {
+      for (double& fl : p.flops) fl += st.flops;
+    }
+    for (const auto& rec : st.cost) {
+      std::int64_t& b = p.bytes_by_kind[rec.kind];
+      b = add_bytes(b, rec.max_bytes_in(), "the bytes received per step");
+    }
+  }
+}
 
 }  // namespace
 
 Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
                       const CompileSpec& spec) {
-  return Partitioner(g, prop, specs, spec).run();
+  Chooser chooser(g, prop, specs, spec);
+  const ValueMap<Decision> decisions = chooser.run();
+  Partitioned out = Emitter(g, decisions, chooser.constants(), specs, spec).run();
+  keep_read(out, spec.mesh.size());
+  return out;
 }
 
 }  // namespace shardplan::detail

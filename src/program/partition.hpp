@@ -2,7 +2,13 @@
 // Pass 2, partitioning. Input: the graph, the propagated shardings and factors (propagate.hpp),
 // the compile spec. Output: the program's steps in order, each a kernel run on every device's
 // blocks or a reshard of a value to the sharding a user needs, with the slots they read and
-// write, the input and output slots, and the static FLOPs and bytes per collective kind.
+// write, the input and output slots, every value's decided layout, and the static FLOPs and
+// bytes per collective kind.
+//
+// In three phases: choose (every node's factor axes, the layout each operand is read in and the
+// result's layout, pending sums included, from the primitives' declared factors and linearity
+// and the reshard bytes), emit (each decided node's operand reshards and kernel step, once),
+// then drop the steps nothing reads. FLOPs and bytes are counted from the steps kept.
 
 #include <map>
 #include <string>
@@ -23,6 +29,7 @@ struct Partitioned {
   std::vector<NamedSharding> output_shardings;
   std::vector<double> flops;                          // by device
   std::map<std::string, std::int64_t> bytes_by_kind;  // most bytes a device receives, per kind
+  ValueMap<Layout> layouts;  // by value: the layout its step makes (what the program text prints)
 };
 
 /// `specs` are the propagated shardings of the values (the outputs are delivered in theirs).

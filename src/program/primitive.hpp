@@ -93,6 +93,34 @@ using LocalizeFn = void(Node& local, std::span<const Shape> global_operands,
 /// broadcast, a reshape).
 using RepeatFn = std::int64_t(const Node& local, const Shape& local_operand);
 
+/// How a pending sum (each device holds a summand of the value: DTensor's Partial, JAX's
+/// "unreduced") flows through an op: the result is linear in the operands of `operands`, so the
+/// devices may apply the op to their summands and leave the sum of the results pending (reduced
+/// once, later) instead of reducing the operand first. The partitioner decides where to reduce
+/// from this and the cost; no pass names an op.
+struct Linearity {
+  enum class Kind : std::uint8_t {
+    kNone,  // not linear: a pending operand is reduced first
+    // Linear in the operands of `operands` taken together (add, sub, the branches of select,
+    // concatenate, a unary linear op): they flow pending only when all are pending alike; the
+    // other operands must be whole (the same on every device of the sum).
+    kJointly,
+    // Linear in each operand of `operands` while the others are held fixed (mul, dot_general):
+    // one of them may be pending, the others must be whole.
+    kSeparately,
+  };
+  Kind kind = Kind::kNone;
+  std::uint32_t operands = 0;  // bit k: operand k (kAllOperands: all, for a variadic op)
+
+  bool covers(std::size_t operand) const {
+    return kind != Kind::kNone && operand < 32 && ((operands >> operand) & 1u) != 0;
+  }
+};
+inline constexpr std::uint32_t kAllOperands = ~std::uint32_t{0};
+/// The op's linearity for this node and operand types (a convert is linear between float types
+/// only).
+using LinearityFn = Linearity(const Node& node, std::span<const TensorType> operands);
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -122,6 +150,13 @@ struct Primitive {
   bool cacheable = false;
   /// How the partial results of this op's reduce factors combine (dot, reduce_sum: sum).
   ReduceOp partial = ReduceOp::kSum;
+  /// An optimization barrier (jax.lax.optimization_barrier): the result is its operand, taken in
+  /// the layout it has (no reshard, no step, no FLOPs), but a value of its own, so that what its
+  /// users need of it (a gathered copy) is made anew where they use it instead of shared with
+  /// the operand's earlier users. The explicit rematerialisation mechanism.
+  bool barrier = false;
+  /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
+  LinearityFn* linearity = nullptr;
 };
 
 // ---- Pieces shared by definitions -----------------------------------------------------------
@@ -142,6 +177,18 @@ std::string describe(std::span<const TensorType> operands);
 /// Throws SpecError "[op] ...: <why>" naming the operands.
 [[noreturn]] void reject(std::string_view op, std::span<const TensorType> operands,
                          std::string_view why);
+
+/// Linearities shared by definitions.
+Linearity linear_in_all(const Node&, std::span<const TensorType>);         // add, sub, neg, reshape, concatenate, ...
+Linearity linear_in_first(const Node&, std::span<const TensorType>);       // div (the numerator), take (the table)
+Linearity linear_in_each(const Node&, std::span<const TensorType>);        // mul, dot_general
+Linearity linear_in_branches(const Node&, std::span<const TensorType>);    // select: the two values, not the predicate
+
+/// `p` with `linearity` (for definitions built by a helper: unary("neg", ...)).
+constexpr Primitive with_linearity(Primitive p, LinearityFn* linearity) {
+  p.linearity = linearity;
+  return p;
+}
 
 /// For nodes of a primitive without attributes.
 struct NoAttrs {};

@@ -26,7 +26,7 @@ namespace shardplan::detail {
   /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \
   X(take)                                                                                     \
   /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                    \
-  /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation)
+  /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)
 // clang-format on
 
 namespace prim {

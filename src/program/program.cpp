@@ -235,6 +235,17 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
                                              st.blocks, std::move(out), st.pending);
 }
 
+namespace {
+
+// "P('x', None)", with " pending sum over data, model" when a sum is pending.
+std::string layout_text(const PartitionSpec& spec, const Pending& pending) {
+  if (pending.empty()) return spec.to_string();
+  return fmt::format("{} pending {} over {}", spec.to_string(), shardplan::to_string(pending.op),
+                     fmt::join(pending.axes, ", "));
+}
+
+}  // namespace
+
 std::string Program::text() const {
   std::string s = fmt::format("program on {} ({} steps)\n", mesh_.to_string(), steps_.size());
   for (std::size_t i = 0; i < graph_.nodes.size(); ++i) {
@@ -248,8 +259,15 @@ std::string Program::text() const {
     if (n.is(prim::sharding_annotation)) {
       head += fmt::format(" '{}'", n.attr<AnnotationAttrs>().name);
     }
+    // The layout the value is computed in; where the partitioner chose another than the
+    // propagation's, why, and what was propagated.
+    const Layout& at = layouts_[id];
+    const std::string origin =
+        at.why.empty() ? origins_[id]
+                       : fmt::format("{} (propagated {}: {})", at.why, specs_[id].to_string(),
+                                     origins_[id]);
     s += fmt::format("  {:>4} = {:<32} {:<16} {:<24} <- {}\n", value_name(id), head,
-                     to_string(n.type), specs_[id].to_string(), origins_[id]);
+                     to_string(n.type), layout_text(at.spec, at.pending), origin);
   }
   s += "steps:\n";
   for (const Step& st : steps_) {
@@ -260,12 +278,13 @@ std::string Program::text() const {
         for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
         what = fmt::format("fused({})", fmt::join(names, ", "));
       }
-      s += fmt::format("  kernel  {} = {} on blocks {}{}\n", value_name(st.node), what,
+      s += fmt::format("  kernel  {} = {} on blocks {}{} in {}\n", value_name(st.node), what,
                        st.local.type.shape.to_string(),
                        st.pending.empty() ? ""
                                           : fmt::format(" (pending {} over {})",
                                                         shardplan::to_string(st.pending.op),
-                                                        fmt::join(st.pending.axes, ", ")));
+                                                        fmt::join(st.pending.axes, ", ")),
+                       st.sharding->spec().to_string());
     } else {
       for (const auto& rec : st.cost) {
         s += fmt::format("  reshard {} -> {}: {}\n", value_name(st.node),

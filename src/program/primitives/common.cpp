@@ -30,6 +30,11 @@ double flops_per_result(const Node&, std::span<const Shape>, const Shape& result
   return static_cast<double>(result.numel());
 }
 
+Linearity linear_in_all(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kJointly, kAllOperands}; }
+Linearity linear_in_first(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kJointly, 1u}; }
+Linearity linear_in_each(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kSeparately, kAllOperands}; }
+Linearity linear_in_branches(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kJointly, 0b110u}; }
+
 void no_kernel(const KernelArgs& k) {
   throw Error(
       fmt::format("[kernel] {} has no kernel (inputs are bound, not computed)", k.node.op->name));

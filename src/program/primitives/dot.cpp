@@ -364,7 +364,8 @@ constinit const Primitive dot_general{.name = "dot_general",
                                       .flops = dot_flops,
                                       .vjp = dot_vjp,
                                       .group_kernel = dot_group_kernel,
-                                      .partial = ReduceOp::kSum};
+                                      .partial = ReduceOp::kSum,
+                                      .linearity = linear_in_each};
 }  // namespace prim
 
 }  // namespace shardplan::detail

@@ -314,6 +314,13 @@ void convert_kernel(const KernelArgs& k) {
   });
 }
 
+// A conversion between float types is linear (up to rounding, as any sum in another order);
+// one to or from an integer type or bool truncates.
+Linearity convert_linearity(const Node& n, std::span<const TensorType> in) {
+  const DType to = n.attr<ConvertAttrs>().dtype;
+  return is_floating(to) && is_floating(in[0].dtype) ? linear_in_all(n, in) : Linearity{};
+}
+
 Arrays convert_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
   const DType from = in[0].dtype();
   if (!is_floating(from)) return {Array()};
@@ -358,7 +365,8 @@ Array binary_op(const Primitive& op, const Array& a, const Array& b) {
 }  // namespace
 
 namespace prim {
-constinit const Primitive neg = unary("neg", numeric_unary, unary_kernel<IsNumeric, Neg>, neg_vjp);
+constinit const Primitive neg =
+    with_linearity(unary("neg", numeric_unary, unary_kernel<IsNumeric, Neg>, neg_vjp), linear_in_all);
 constinit const Primitive exp = unary("exp", float_unary, unary_kernel<IsFloating, Exp>, exp_vjp);
 constinit const Primitive log = unary("log", float_unary, unary_kernel<IsFloating, Log>, log_vjp);
 constinit const Primitive sqrt =
@@ -378,10 +386,14 @@ constinit const Primitive sigmoid =
 constinit const Primitive erf = unary("erf", float_unary, unary_kernel<IsFloating, Erf>, erf_vjp);
 constinit const Primitive abs = unary("abs", numeric_unary, unary_kernel<IsNumeric, Abs>, abs_vjp);
 
-constinit const Primitive add = binary("add", arithmetic, binary_kernel<IsNumeric, Add>, add_vjp);
-constinit const Primitive sub = binary("sub", arithmetic, binary_kernel<IsNumeric, Sub>, sub_vjp);
-constinit const Primitive mul = binary("mul", arithmetic, binary_kernel<IsNumeric, Mul>, mul_vjp);
-constinit const Primitive div = binary("div", arithmetic, binary_kernel<IsNumeric, Div>, div_vjp);
+constinit const Primitive add =
+    with_linearity(binary("add", arithmetic, binary_kernel<IsNumeric, Add>, add_vjp), linear_in_all);
+constinit const Primitive sub =
+    with_linearity(binary("sub", arithmetic, binary_kernel<IsNumeric, Sub>, sub_vjp), linear_in_all);
+constinit const Primitive mul =
+    with_linearity(binary("mul", arithmetic, binary_kernel<IsNumeric, Mul>, mul_vjp), linear_in_each);
+constinit const Primitive div =
+    with_linearity(binary("div", arithmetic, binary_kernel<IsNumeric, Div>, div_vjp), linear_in_first);
 constinit const Primitive max = binary("max", arithmetic, binary_kernel<IsNumeric, Max>, max_vjp);
 constinit const Primitive min = binary("min", arithmetic, binary_kernel<IsNumeric, Min>, min_vjp);
 constinit const Primitive pow =
@@ -400,7 +412,8 @@ constinit const Primitive select{.name = "select",
                                  .kernel = select_kernel,
                                  .flops = flops_per_result,
                                  .vjp = select_vjp,
-                                 .pointwise = true};
+                                 .pointwise = true,
+                                 .linearity = linear_in_branches};
 constinit const Primitive convert{.name = "convert",
                                   .arity = 1,
                                   .infer = convert_type,
@@ -408,7 +421,8 @@ constinit const Primitive convert{.name = "convert",
                                   .kernel = convert_kernel,
                                   .flops = no_flops,
                                   .vjp = convert_vjp,
-                                  .pointwise = true};
+                                  .pointwise = true,
+                                  .linearity = convert_linearity};
 }  // namespace prim
 
 }  // namespace shardplan::detail

@@ -1,6 +1,8 @@
-// The sharding identities: sharding_constraint (with_sharding_constraint, in/out shardings,
-// gradients sharded like their parameters) and sharding_annotation (with_sharding_annotation).
-// They compute nothing: the partitioner gives the operand the fixed sharding and runs no kernel.
+// The identities the partitioner reads: sharding_constraint (with_sharding_constraint, in/out
+// shardings, gradients sharded like their parameters) and sharding_annotation
+// (with_sharding_annotation), which compute nothing: the partitioner gives the operand the fixed
+// sharding and runs no kernel; and optimization_barrier, a value of its own taken as its operand
+// is (the explicit rematerialisation mechanism).
 #include <fmt/format.h>
 
 #include "../kernel_util.hpp"
@@ -62,9 +64,24 @@ constexpr Primitive identity(std::string_view name, VjpFn* vjp) {
                    .sharding_identity = true};
 }
 
+std::vector<Array> barrier_vjp(const Node&, const std::vector<Array>&, const Array&,
+                               const Array& g) {
+  return {g};
+}
+
 }  // namespace
 
 namespace prim {
+constinit const Primitive optimization_barrier{.name = "optimization_barrier",
+                                               .arity = 1,
+                                               .infer = identity_type,
+                                               .factors = identity_factors,
+                                               .kernel = copy_kernel,
+                                               .flops = no_flops,
+                                               .vjp = barrier_vjp,
+                                               .pointwise = true,
+                                               .barrier = true,
+                                               .linearity = linear_in_all};
 constinit const Primitive sharding_constraint = identity("sharding_constraint", constraint_vjp);
 constinit const Primitive sharding_annotation = identity("sharding_annotation", annotation_vjp);
 }  // namespace prim
@@ -82,6 +99,11 @@ Array annotate(const Array& x, const std::string& name, std::optional<PartitionS
 }  // namespace shardplan::detail
 
 namespace shardplan {
+
+Array optimization_barrier(const Array& x) {
+  if (detail::current_trace() == nullptr && !x.is_tracer()) return x;
+  return detail::apply(detail::prim::optimization_barrier, detail::NoAttrs{}, {x});
+}
 
 Array with_sharding_constraint(const Array& x, const PartitionSpec& spec) {
   if (detail::current_trace() != nullptr || x.is_tracer()) {
