@@ -347,15 +347,17 @@ TEST(Partition, KeepsASumPendingThroughReshape) {
 }
 
 TEST(Partition, KeepsASumPendingThroughTranspose) {
-  const Case c(x2(), {pending({3, 5}), pending({5, 3})},
-               [](const auto& a) { return std::vector{transpose(a[0], {1, 0}) + a[1]}; });
+  const Case c(x2(), {pending({3, 5}), pending({5, 3})}, [](const auto& a) {
+    return std::vector{transpose(a[0], {1, 0}) + a[1]};
+  });
   expect_stays_pending(c, prim::transpose, 60);
 }
 
 TEST(Partition, KeepsASumPendingThroughSlice) {
   // f32[3, 3]: 36 bytes (reducing first: 60 + 36).
-  const Case c(x2(), {pending({3, 5}), pending({3, 3})},
-               [](const auto& a) { return std::vector{slice(a[0], {0, 1}, {3, 4}) + a[1]}; });
+  const Case c(x2(), {pending({3, 5}), pending({3, 3})}, [](const auto& a) {
+    return std::vector{slice(a[0], {0, 1}, {3, 4}) + a[1]};
+  });
   expect_stays_pending(c, prim::slice, 36);
 }
 
@@ -391,8 +393,9 @@ TEST(Partition, KeepsASumPendingThroughASelectOfTwoEquallyPendingSums) {
 
 TEST(Partition, KeepsASumPendingThroughAConcatenateOfEquallyPendingSums) {
   // f32[6, 5]: 120 bytes (reducing first: 60 + 60 + 120).
-  const Case c(x2(), {pending({3, 5}), pending({3, 5}), pending({6, 5})},
-               [](const auto& a) { return std::vector{concatenate({a[0], a[1]}, 0) + a[2]}; });
+  const Case c(x2(), {pending({3, 5}), pending({3, 5}), pending({6, 5})}, [](const auto& a) {
+    return std::vector{concatenate({a[0], a[1]}, 0) + a[2]};
+  });
   expect_stays_pending(c, prim::concatenate, 120);
 }
 
@@ -407,8 +410,8 @@ TEST(Partition, SplitsAPointwiseUpdateOverAPendingGradient) {
                [](const auto& a) { return std::vector{exp(a[0] - a[1])}; });
   const ValueId w = c.input(0), g = c.input(1);
   const ValueId diff = c.node(prim::sub), e = c.node(prim::exp);
-  EXPECT_THAT(c.collectives(), ElementsAre(c.collective("reduce_scatter", g, 64),
-                                           c.collective("all_gather", e, 64)))
+  EXPECT_THAT(c.collectives(),
+              ElementsAre(c.collective("reduce_scatter", g, 64), c.collective("all_gather", e, 64)))
       << c.text();
   for (const ValueId v : {diff, e}) {
     const Step* k = c.kernel(v);
@@ -461,8 +464,7 @@ TEST(Partition, ADotSplitsItsRowsWhenThatMovesFewerBytes) {
   EXPECT_TRUE(k->pending.empty()) << c.text();
   EXPECT_EQ(k->sharding->spec(), P("x"));
   EXPECT_EQ(k->local.type.shape, (Shape{4, 16}));
-  EXPECT_THAT(c.collectives(), ElementsAre(c.collective("all_to_all", c.input(0), 32)))
-      << c.text();
+  EXPECT_THAT(c.collectives(), ElementsAre(c.collective("all_to_all", c.input(0), 32))) << c.text();
   c.expect_values();
 }
 
@@ -471,8 +473,9 @@ TEST(Partition, ADotSplitsItsRowsWhenThatMovesFewerBytes) {
 TEST(Partition, ReshardsAnOperandOncePerShardingAndReusesIt) {
   // exp and sin both need p reduced (f32[3, 5]: no split): one all-reduce of 60 bytes, read by
   // both, not one each.
-  const Case c(x2(), {pending({3, 5})},
-               [](const auto& a) { return std::vector{exp(a[0]), sin(a[0])}; });
+  const Case c(x2(), {pending({3, 5})}, [](const auto& a) {
+    return std::vector{exp(a[0]), sin(a[0])};
+  });
   const ValueId p = c.input(0);
   EXPECT_THAT(c.collectives(), ElementsAre(c.collective("all_reduce", p, 60))) << c.text();
   const auto r = c.reshards(p);
@@ -490,9 +493,11 @@ TEST(Partition, DeliversOutputsInTheirShardingsWithNothingPending) {
   // f32[4, 6] (96 bytes). p + q stays pending and is reduce-scattered to its out_shardings
   // P('x') ((2 - 1) * f32[2, 6] = 48 bytes); p returned as it is, open, is all-reduced to the
   // sharding propagation gave it (replicated, 96 bytes). Neither output is pending.
-  const Case c(
-      x2(), {pending({4, 6}), pending({4, 6})},
-      [](const auto& a) { return std::vector{a[0] + a[1], a[0]}; }, {P("x"), std::nullopt});
+  const Case c(x2(), {pending({4, 6}), pending({4, 6})},
+               [](const auto& a) {
+                 return std::vector{a[0] + a[1], a[0]};
+               },
+               {P("x"), std::nullopt});
   const ValueId sum = c.node(prim::add), p = c.input(0);
   EXPECT_THAT(c.collectives(), ElementsAre(c.collective("reduce_scatter", sum, 48),
                                            c.collective("all_reduce", p, 96)))
