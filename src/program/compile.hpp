@@ -111,8 +111,6 @@ class Program {
   const std::vector<NamedSharding>& output_shardings() const { return output_shardings_; }
   const std::vector<NamedSharding>& input_shardings() const { return input_shardings_; }
   const Graph& graph() const { return graph_; }
-  /// The steps in the order they run (tests read the partitioner's decisions here).
-  const std::vector<Step>& steps() const { return steps_; }
 
  private:
   friend Program compile(const Graph& graph, const CompileSpec& spec);

@@ -80,7 +80,8 @@ struct Choice {
   std::vector<char> as_is;           // per operand
   std::vector<AxisNames> out_dims;
   Pending pend;
-  std::int64_t cost = 0;
+  std::int64_t cost = 0;          // all reshards
+  std::int64_t operand_cost = 0;  // the operands' reshards only
   std::string why;
 };
 
@@ -220,12 +221,13 @@ class Chooser {
       }
     }
     if (auto lin = linear_choice(id)) {
-      // A tie goes to carrying the sum only when a user carries it on into a sum with another
-      // pending value (two reductions become one). Otherwise reducing now is no dearer and keeps
-      // less: a pending value is whole-sized on every device of its sum, a reduced one may be
+      // Otherwise a tie goes to reducing now, which is no dearer and keeps less: a pending value is whole-sized on every device of its sum, a reduced one may be
       // split (a weight's gradient reduce-scattered to its shard), and a split pointwise node
       // does 1/n of the work.
-      if (lin->cost < best.cost || (lin->cost == best.cost && flows_on(id, lin->pend))) {
+      // When a user adds it to another pending sum, the result's reduction is that sum's (paid
+      // once there, whatever this node does), so only the operands' reshards count here.
+      const bool merged = flows_on(id, lin->pend);
+      if (lin->cost < best.cost || (merged && lin->operand_cost <= best.cost)) {
         best = std::move(*lin);
       }
     }
@@ -282,9 +284,8 @@ class Chooser {
 
   // A pending sum carried through a node linear in its pending operands (Primitive::linearity):
   // the devices apply the op to their summands, the operands are read as they are, and the
-  // result is pending over their axes (and over the node's own reduce factors). Only where every
-  // user of each pending operand takes it pending too (else it is reduced for one of them anyway)
-  // and the operands' layouts are the factors' (a pending sum is not moved).
+  // result is pending over their axes (and over the node's own reduce factors). Only where the
+  // operands' layouts are the factors' (a pending sum is not moved).
   std::optional<Choice> linear_choice(ValueId id) const {
     if (std::getenv("NOLIN")) return std::nullopt;
     const Node& n = g_[id];
@@ -301,7 +302,6 @@ class Chooser {
       if (!(in.pending == first_pending->pending) || !(in.spec == first_pending->spec)) {
         return std::nullopt;
       }
-      if (!users_take_pending(n.operands[k])) return std::nullopt;
       pending[k] = 1;
     }
     if (first_pending == nullptr || n.op->partial != ReduceOp::kSum) return std::nullopt;
@@ -335,23 +335,6 @@ class Chooser {
     }
     c.why = "a pending sum carried through a linear op";
     return c;
-  }
-
-  // Whether every user of `value` can read it as a pending sum (linear in it, or a gradient's
-  // sharding constraint), and no output needs it whole.
-  bool users_take_pending(ValueId value) const {
-    if (is_output_[value] != 0) return false;
-    for (const auto& [user, pos] : users_[value]) {
-      const Node& u = g_[user];
-      if (soft_constraint(u)) continue;
-      const Linearity lin = linearity_of(g_, u);
-      if (!lin.covers(static_cast<std::size_t>(pos))) return false;
-      if (lin.kind == Linearity::Kind::kSeparately &&
-          std::count(u.operands.begin(), u.operands.end(), value) > 1) {
-        return false;
-      }
-    }
-    return true;
   }
 
   // Whether a user of `id` would add its pending sum `pend` to another one: a node jointly linear
@@ -507,6 +490,7 @@ class Chooser {
                                       NamedSharding(mesh_, c.wants.back()))),
           "a node's reshard cost");
     }
+    c.operand_cost = c.cost;
     c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
     for (std::size_t d = 0; d < c.out_dims.size(); ++d) {
       const int fac = f.result[d];
