@@ -22,6 +22,7 @@
 #include "../input_file.hpp"
 #include "../output_file.hpp"
 #include "../runtime/box_copy.hpp"
+#include "../runtime/numeric.hpp"
 #include "checkpoint_index.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/detail/printable.hpp"
@@ -181,21 +182,6 @@ std::vector<std::vector<std::size_t>> plan_files(const std::vector<std::int64_t>
 std::string file_name(std::size_t f, std::size_t count) {
   return count == 1 ? std::string("model.safetensors")
                     : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, count);
-}
-
-/// The tree path of a tensor name: its parts split at `separator`, each escaped as a tree key
-/// (a name of shardplan's is already a path).
-std::string tree_path_of(const std::string& name, char separator) {
-  if (separator == '/') return name;
-  std::string p;
-  std::size_t from = 0;
-  for (;;) {
-    const std::size_t at = name.find(separator, from);
-    p = join_path(
-        p, escape_key(name.substr(from, at == std::string::npos ? std::string::npos : at - from)));
-    if (at == std::string::npos) return p;
-    from = at + 1;
-  }
 }
 
 /// Runs `step`; over processes, every process learns whether it failed anywhere (collective:
@@ -675,31 +661,6 @@ struct Wanted {
   bool widen_f16 = false;  // an f16 tensor becomes f32 (the runtime computes in f32, bf16, ...)
 };
 
-/// An IEEE 754 half's value as a float (exact: every half is a float).
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t mant = h & 0x3ffu;
-  std::uint32_t bits = 0;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf, NaN (payload kept)
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;  // +-0
-  } else {        // subnormal: normalise
-    int e = -1;
-    do {
-      ++e;
-      mant <<= 1;
-    } while ((mant & 0x400u) == 0);
-    bits = sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
-  }
-  float f = 0;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 /// The halves in the upper half of `buf` (n of them, at byte 2n) become floats over the whole
 /// buffer, front to back: element i is read before bytes [4i, 4i + 4) are written, and those
 /// never reach an unread half (4i + 4 <= 2n + 2i + 2 for i < n).
@@ -707,7 +668,7 @@ void widen_halves_in_place(std::byte* buf, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     std::uint16_t h = 0;
     std::memcpy(&h, buf + 2 * n + 2 * i, 2);
-    const float f = half_to_float(h);
+    const float f = detail::half_to_float(h);
     std::memcpy(buf + 4 * i, &f, 4);
   }
 }
@@ -915,7 +876,7 @@ Tree<Array> load_checkpoint(const fs::path& path, const MeshShardingHelper& help
   std::map<std::string, std::string> name_of;  // tree path -> tensor name
   for (const auto& t : info.tensors) {
     named.emplace_back(t.name, t.spec);
-    const std::string p = tree_path_of(t.name, separator);
+    const std::string p = tree_path_of_name(t.name, separator);
     name_of[p] = t.name;
   }
   const Tree<TensorSpec> data = tree_of(named, separator, path);
@@ -1048,7 +1009,7 @@ void reshard_checkpoint(const fs::path& src, const fs::path& dst, const MeshShar
   for (std::size_t i = 0; i < data_paths.size(); ++i) by_path[data_paths[i]] = i;
   std::map<std::string, std::string> name_at;  // tree path -> tensor name
   for (const auto& t : info.tensors) {
-    const std::string p = tree_path_of(t.name, info.name_separator);
+    const std::string p = tree_path_of_name(t.name, info.name_separator);
     const auto it = by_path.find(p);
     if (it == by_path.end()) {
       throw IoError(fmt::format("[checkpoint] {}: tensor '{}' has no place in the tree",
