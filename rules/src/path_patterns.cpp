@@ -29,11 +29,11 @@ PathPatterns::PathPatterns(const std::vector<std::string>& patterns) : size_(pat
   try {
     impl_ = std::make_shared<const Impl>(patterns);
   } catch (const detail::TablePatternError& e) {
-    throw PathPatternError(e.index, e.error.position, e.error.message,
-                           fmt::format("[pattern] pattern {} '{}' is not a valid regex at "
-                                       "position {}: {}",
-                                       e.index, patterns[e.index], e.error.position,
-                                       e.error.message));
+    throw PathPatternError(
+        e.index, e.error.position, e.error.message,
+        fmt::format("[pattern] pattern {} '{}' is not a valid regex at "
+                    "position {}: {}",
+                    e.index, patterns[e.index], e.error.position, e.error.message));
   } catch (const detail::TableBudgetError& e) {
     throw budget_error(e.index, patterns[e.index], "");
   }

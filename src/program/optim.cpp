@@ -89,8 +89,9 @@ Optimizer Optimizer::adamw(Schedule lr, double weight_decay, std::vector<std::st
   try {
     const PathPatterns table(decay_paths);
   } catch (const PathPatternError& e) {
-    throw RuleError(fmt::format("[optim] weight-decay path '{}' is not a valid regex at position {}: {}",
-                                decay_paths[e.index()], e.position(), e.reason()));
+    throw RuleError(
+        fmt::format("[optim] weight-decay path '{}' is not a valid regex at position {}: {}",
+                    decay_paths[e.index()], e.position(), e.reason()));
   } catch (const PathPatternBudgetError& e) {
     throw RuleError(fmt::format("[optim] weight-decay path '{}' gave up on the empty path",
                                 decay_paths[e.index()]));
@@ -202,10 +203,10 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
         try {
           decays = decay.first_match(path) >= 0;
         } catch (const PathPatternBudgetError& e) {
-          throw RuleError(fmt::format("[optim] weight-decay path '{}' gave up on '{}' after {} "
-                                      "backtracking steps",
-                                      decay_paths_[e.index()], path,
-                                      PathPatterns::kBacktrackBudget));
+          throw RuleError(
+              fmt::format("[optim] weight-decay path '{}' gave up on '{}' after {} "
+                          "backtracking steps",
+                          decay_paths_[e.index()], path, PathPatterns::kBacktrackBudget));
         }
       }
       if (decays) upd = upd + p * weight_decay_;
