@@ -12,7 +12,7 @@
 
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
-#include "shardplan/model_loader.hpp"
+#include "shardplan/tree.hpp"
 
 namespace shardplan {
 namespace {

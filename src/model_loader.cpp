@@ -373,17 +373,6 @@ std::vector<std::pair<std::string, TensorSpec>> load_index(const std::filesystem
 
 }  // namespace
 
-std::string tree_path_of_name(std::string_view name, char separator) {
-  std::string path;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t stop = name.find(separator, start);
-    path = join_path(path, escape_key(name.substr(start, stop - start)));
-    if (stop == std::string_view::npos) return path;
-    start = stop + 1;
-  }
-}
-
 Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, TensorSpec>>& named,
                                  char separator) {
   if (named.empty()) return Tree<TensorSpec>::dict({});

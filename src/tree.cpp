@@ -67,4 +67,15 @@ std::vector<std::string> split_path(std::string_view path) {
   return out;
 }
 
+std::string tree_path_of_name(std::string_view name, char separator) {
+  std::string path;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t stop = name.find(separator, start);
+    path = join_path(path, escape_key(name.substr(start, stop - start)));
+    if (stop == std::string_view::npos) return path;
+    start = stop + 1;
+  }
+}
+
 }  // namespace shardplan

@@ -764,6 +764,30 @@ TEST(Checkpoint, ACheckpointOfMoreFilesThanAProcessMayOpenIsRestoredAndConverted
   expect_same_values(restore_checkpoint(tmp.path() / "sp", state), state);
 }
 
+TEST(Checkpoint, KeysWithEscapedCharactersAreLoadedAndReshardedByTheirTreePaths) {
+  // A shardplan checkpoint names its tensors by tree path ("a~0b" for the key "a~b"); loading
+  // and resharding look each tensor up at the path tree_from_names gives its name
+  // (tree_path_of_name, the one conversion). Before, such names missed: "no place in the tree".
+  TempDir tmp;
+  const Executor two(2);
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const auto leaf = [&](int i) {
+    return Tree<Array>(Array::generate(Shape{4, 2}, DType::kF32, NamedSharding(mesh, P("x")), two,
+                                       Generator::iota(i)));
+  };
+  const Tree<Array> state = Tree<Array>::dict({{"a~b", leaf(0)}, {"c/d", leaf(1)}});
+  save_checkpoint(tmp.path() / "src", state);
+  const RuleTree rules(parse_rule_file("rules: [{match: '.*', spec: [x]}]").make_rule());
+  reshard_checkpoint(tmp.path() / "src", tmp.path() / "sp", MeshShardingHelper(mesh), rules);
+  expect_same_values(restore_checkpoint(tmp.path() / "sp", state), state);
+  const Tree<Array> loaded =
+      load_checkpoint(tmp.path() / "src", MeshShardingHelper(mesh), rules, two);
+  ASSERT_EQ(loaded.leaves().size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(loaded.leaves()[i].to_host() == state.leaves()[i].to_host()) << i;
+  }
+}
+
 TEST(Checkpoint, DestinationsAreNormalisedOrAnErrorNamingThem) {
   TempDir tmp;
   const Executor two(2);

@@ -73,6 +73,21 @@ TEST(NumericPolicy, DoublesStoreSaturatedIntoIntegersAndRoundedIntoBf16) {
   EXPECT_EQ(t.get(1), 0);
 }
 
+TEST(NumericPolicy, HalvesDecodeExactlyIncludingSubnormalsInfAndNaN) {
+  EXPECT_EQ(detail::half_to_float(0x3c00), 1.0f);
+  EXPECT_EQ(detail::half_to_float(0xc000), -2.0f);
+  EXPECT_EQ(detail::half_to_float(0x7bff), 65504.0f);                 // the largest half
+  EXPECT_EQ(detail::half_to_float(0x0001), std::ldexp(1.0f, -24));    // the smallest subnormal
+  EXPECT_EQ(detail::half_to_float(0x03ff), std::ldexp(1023.0f, -24));  // the largest one
+  EXPECT_TRUE(std::signbit(detail::half_to_float(0x8000)));
+  EXPECT_EQ(detail::half_to_float(0x8000), 0.0f);
+  EXPECT_EQ(detail::half_to_float(0xfc00), -std::numeric_limits<float>::infinity());
+  std::uint32_t bits = 0;
+  const float nan = detail::half_to_float(0x7e01);
+  std::memcpy(&bits, &nan, 4);
+  EXPECT_EQ(bits, 0x7fc02000u);  // quiet NaN, payload kept
+}
+
 // Reductions of a 1-D array over its only axis, split over n devices ("x": n) or not at all.
 struct Split {
   Executor exec;

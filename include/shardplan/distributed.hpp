@@ -16,16 +16,9 @@
 #include <string_view>
 #include <vector>
 
-#include "shardplan/error.hpp"
+#include "shardplan/error.hpp"  // DistributedError
 
 namespace shardplan {
-
-/// A failure of the process group: a process that failed (named), processes that disagree on
-/// what must be the same everywhere, or a group that cannot start.
-class DistributedError : public Error {
- public:
-  using Error::Error;
-};
 
 namespace distributed {
 

@@ -60,4 +60,11 @@ class ArrayError : public Error {
   using Error::Error;
 };
 
+/// A failure of the process group: a process that failed (named), processes that disagree on
+/// what must be the same everywhere, or a group that cannot start.
+class DistributedError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace shardplan

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "shardplan/tensor_spec.hpp"
-#include "shardplan/tree.hpp"
+#include "shardplan/tree.hpp"  // Tree, tree_path_of_name
 
 namespace shardplan {
 
@@ -18,9 +18,6 @@ namespace shardplan {
 /// (Tree::share_equal_subtrees).
 Tree<TensorSpec> tree_from_names(const std::vector<std::pair<std::string, TensorSpec>>& named,
                                  char separator = '.');
-/// The tree path tree_from_names gives the tensor called `name`: its segments between
-/// separators, each escaped (escape_key), joined with '/' ("h.0.attn" -> "h/0/attn").
-std::string tree_path_of_name(std::string_view name, char separator = '.');
 
 /// Parses a model description: a JSON object mapping names to {"shape": [..], "dtype": "BF16"}
 /// (optionally "logical_axes": [..]); a "__metadata__" key is ignored. Throws IoError naming

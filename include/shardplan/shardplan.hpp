@@ -25,6 +25,7 @@
 #include "shardplan/rule_file.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/logical_axis_rule.hpp"
+#include "shardplan/rules/path_patterns.hpp"
 #include "shardplan/rules/policy_sharding_rule.hpp"
 #include "shardplan/rules/rule_table_sharding_rule.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"

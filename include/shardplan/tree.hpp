@@ -36,6 +36,10 @@ std::string unescape_key(std::string_view escaped);
 std::string join_path(std::string_view prefix, std::string_view escaped_segment);
 /// Splits a path at `/` into its unescaped keys; "" gives no keys.
 std::vector<std::string> split_path(std::string_view path);
+/// The path of a tensor called `name` in the tree its names make (tree_from_names,
+/// model_loader.hpp): its segments between separators, each escaped (escape_key), joined with
+/// '/' ("h.0.attn" -> "h/0/attn", "a/b.~w" -> "a~1b/~0w"). Thread-safe.
+std::string tree_path_of_name(std::string_view name, char separator = '.');
 
 /// A pytree: a leaf holding a T, a dict with string keys, a list, or none (empty).
 ///

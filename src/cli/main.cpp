@@ -337,37 +337,8 @@ int run_presets() {
   return kOk;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-#if defined(__GLIBC__)
-  // A plan of a large model allocates and frees tens of megabytes in a few big steps (file text,
-  // parsed JSON, tree, report). Keep freed memory for the next step instead of returning it to
-  // the kernel and faulting it in again: a third fewer page faults on a 90k-tensor model.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-#endif
-  // Under a file size limit (ulimit -f) a write past it raises SIGXFSZ, whose default action
-  // kills the process without a word and leaves the hidden temporary output behind. Ignored, the
-  // write fails with EFBIG instead: an error naming the file, and the temporary is removed.
-  std::signal(SIGXFSZ, SIG_IGN);
-  CLI::App app{
-      "shardplan: plans how every tensor of a model is split over a device mesh.\n"
-      "Examples:\n"
-      "  shardplan plan                                   # LLaMA-2-7B, preset llama_fsdp_tp, 8 "
-      "devices\n"
-      "  shardplan plan --model model.safetensors.index.json --rules "
-      "rules/presets/llama_fsdp_tp.yaml "
-      "--mesh fsdp:4,tp:2\n"
-      "  shardplan visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y\n"
-      "  shardplan train-plan --config config.json --mesh fsdp:64,tp:8 --batch 256 --seq 4096 "
-      "--device-memory 80GiB\n"
-      "  shardplan presets\n"
-      "  shardplan checkpoint inspect runs/llama/step_00000100",
-      "shardplan"};
-  app.require_subcommand(1);
-
-  PlanOptions plan;
+/// The `plan` subcommand, its options read into `plan`.
+CLI::App* add_plan_command(CLI::App& app, PlanOptions& plan) {
   CLI::App* plan_cmd = app.add_subcommand("plan", "Plan a model against a rule file and report it");
   plan_cmd->add_option("--model,-m", plan.model,
                        "A .safetensors file (only its header is read), a *.safetensors.index.json "
@@ -406,8 +377,11 @@ int main(int argc, char** argv) {
                    "bars, the largest tensors' blocks over the mesh). Example: --html plan.html")
       ->excludes("--explain")
       ->check(cli::non_empty_output_path());
+  return plan_cmd;
+}
 
-  VisualizeOptions vis;
+/// The `visualize` subcommand, its options read into `vis`.
+CLI::App* add_visualize_command(CLI::App& app, VisualizeOptions& vis) {
   CLI::App* vis_cmd =
       app.add_subcommand("visualize", "Draw which device holds which block of a 1-D or 2-D array");
   vis_cmd->add_option("--shape", vis.shape, "Global shape. Example: --shape 8192,8192")->required();
@@ -424,7 +398,43 @@ int main(int argc, char** argv) {
       ->add_option("--dtype", vis.dtype,
                    "Element type, for the bytes per device. Example: --dtype bf16")
       ->capture_default_str();
+  return vis_cmd;
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // A plan of a large model allocates and frees tens of megabytes in a few big steps (file text,
+  // parsed JSON, tree, report). Keep freed memory for the next step instead of returning it to
+  // the kernel and faulting it in again: a third fewer page faults on a 90k-tensor model.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+  // Under a file size limit (ulimit -f) a write past it raises SIGXFSZ, whose default action
+  // kills the process without a word and leaves the hidden temporary output behind. Ignored, the
+  // write fails with EFBIG instead: an error naming the file, and the temporary is removed.
+  std::signal(SIGXFSZ, SIG_IGN);
+  CLI::App app{
+      "shardplan: plans how every tensor of a model is split over a device mesh.\n"
+      "Examples:\n"
+      "  shardplan plan                                   # LLaMA-2-7B, preset llama_fsdp_tp, 8 "
+      "devices\n"
+      "  shardplan plan --model model.safetensors.index.json --rules "
+      "rules/presets/llama_fsdp_tp.yaml "
+      "--mesh fsdp:4,tp:2\n"
+      "  shardplan visualize --shape 8192,8192 --mesh x:4,y:2 --spec x,y\n"
+      "  shardplan train-plan --config config.json --mesh fsdp:64,tp:8 --batch 256 --seq 4096 "
+      "--device-memory 80GiB\n"
+      "  shardplan presets\n"
+      "  shardplan checkpoint inspect runs/llama/step_00000100",
+      "shardplan"};
+  app.require_subcommand(1);
+
+  PlanOptions plan;
+  CLI::App* plan_cmd = add_plan_command(app, plan);
+  VisualizeOptions vis;
+  CLI::App* vis_cmd = add_visualize_command(app, vis);
   app.add_subcommand("presets", "List the built-in rule presets");
 
   cli::CheckpointCommand ckpt;

@@ -207,22 +207,23 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   return c;
 }
 
-int run_train_plan(
-    const TrainPlanCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
-    const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
-  const ModelConfig config = [&] {
-    // Only "it is not there" is bad usage; anything else (a link loop, a permission) is the
-    // reader's error naming the file.
-    std::error_code ec;
-    (void)std::filesystem::status(c.config, ec);
-    if (ec == std::errc::no_such_file_or_directory) {
-      throw UsageError(fmt::format("--config: no such file or directory '{}'", c.config));
-    }
-    return ModelConfig::load(c.config);
-  }();
-  if (!c.compare && (c.meshes.size() > 1 || c.rules.size() > 1)) {
-    throw UsageError("--mesh and --rules are given once each, unless --compare is on");
+namespace {
+
+using DevicesFor = std::function<std::int64_t(const std::string&, std::int64_t)>;
+
+/// The --config file's model. Only "it is not there" is bad usage; anything else (a link loop,
+/// a permission) is the reader's error naming the file.
+ModelConfig config_option(const std::string& path) {
+  std::error_code ec;
+  (void)std::filesystem::status(path, ec);
+  if (ec == std::errc::no_such_file_or_directory) {
+    throw UsageError(fmt::format("--config: no such file or directory '{}'", path));
   }
+  return ModelConfig::load(path);
+}
+
+/// The options of the step (everything but the meshes and rules), checked.
+TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   TrainPlanOptions o;
   o.batch = c.batch;
   o.seq = c.seq;
@@ -255,50 +256,91 @@ int run_train_plan(
                     c.headroom));
   }
   o.headroom = c.headroom;
+  return o;
+}
+
+/// The rules of one configuration: the rule, its label and a note for the table.
+struct Rules {
+  RulePtr rule;
+  std::string label, note;
+};
+
+/// One configuration planned: a failure is the command's error, or with --compare a row saying
+/// why. `rules_for` gives the rules for the parsed mesh (their label until then: `rules_label`).
+TrainPlan plan_one(const TrainPlanCommand& c, const ModelConfig& config, const TrainPlanOptions& o,
+                   const DevicesFor& devices_for, const std::string& mesh_text,
+                   const std::string& rules_label,
+                   const std::function<Rules(const Mesh&)>& rules_for) {
+  TrainPlan p;
+  p.mesh = mesh_text;
+  p.rules = rules_label;
+  try {
+    const Mesh mesh = [&] {
+      const std::int64_t n = devices_for(mesh_text, c.devices);
+      try {
+        return Mesh::parse(mesh_text, n);
+      } catch (const Error& e) {  // the mesh text is usage
+        throw UsageError(fmt::format("--mesh '{}': {}", detail::printable(mesh_text), e.what()));
+      }
+    }();
+    p.mesh = mesh.to_string();
+    p.devices = mesh.size();
+    const Rules r = rules_for(mesh);
+    p.rules = r.label;
+    p.rules_note = r.note;
+    TrainPlan planned = plan_training(config, mesh, r.rule, o);
+    planned.rules = p.rules;
+    planned.rules_note = p.rules_note;
+    p = std::move(planned);
+  } catch (const UsageError& e) {
+    if (!c.compare) throw;
+    p.error = e.what();
+  } catch (const Error& e) {
+    if (!c.compare) throw;
+    p.error = e.what();
+  }
+  return p;
+}
+
+/// Prints the plans: the comparison of all, or the one plan.
+void print_plans(const TrainPlanCommand& c, const std::vector<TrainPlan>& plans) {
+  if (c.compare) {
+    if (c.json) {
+      write_compare_json(std::cout, plans);
+      std::cout << "\n";
+    } else {
+      std::cout << compare_table(plans);
+    }
+    return;
+  }
+  if (c.json) {
+    plans.front().write_json(std::cout);
+    std::cout << "\n";
+  } else {
+    std::cout << plans.front().table();
+  }
+}
+
+}  // namespace
+
+int run_train_plan(
+    const TrainPlanCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
+    const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
+  const ModelConfig config = config_option(c.config);
+  if (!c.compare && (c.meshes.size() > 1 || c.rules.size() > 1)) {
+    throw UsageError("--mesh and --rules are given once each, unless --compare is on");
+  }
+  const TrainPlanOptions o = plan_options(c);
 
   std::vector<TrainPlan> plans;
-  // One configuration: a failure is the command's error, or with --compare a row saying why.
-  // `rules_for` gives the rules for the parsed mesh (their label until then: `rules_label`).
-  struct Rules {
-    RulePtr rule;
-    std::string label, note;
-  };
-  const auto plan_one = [&](const std::string& mesh_text, const std::string& rules_label,
+  const auto add_plan = [&](const std::string& mesh_text, const std::string& rules_label,
                             const std::function<Rules(const Mesh&)>& rules_for) {
-    TrainPlan p;
-    p.mesh = mesh_text;
-    p.rules = rules_label;
-    try {
-      const Mesh mesh = [&] {
-        const std::int64_t n = devices_for(mesh_text, c.devices);
-        try {
-          return Mesh::parse(mesh_text, n);
-        } catch (const Error& e) {  // the mesh text is usage
-          throw UsageError(fmt::format("--mesh '{}': {}", detail::printable(mesh_text), e.what()));
-        }
-      }();
-      p.mesh = mesh.to_string();
-      p.devices = mesh.size();
-      const Rules r = rules_for(mesh);
-      p.rules = r.label;
-      p.rules_note = r.note;
-      TrainPlan planned = plan_training(config, mesh, r.rule, o);
-      planned.rules = p.rules;
-      planned.rules_note = p.rules_note;
-      p = std::move(planned);
-    } catch (const UsageError& e) {
-      if (!c.compare) throw;
-      p.error = e.what();
-    } catch (const Error& e) {
-      if (!c.compare) throw;
-      p.error = e.what();
-    }
-    plans.push_back(std::move(p));
+    plans.push_back(plan_one(c, config, o, devices_for, mesh_text, rules_label, rules_for));
   };
   if (c.rules.empty() && !c.meshes.empty()) {
     // The family's rules chosen for each mesh's axes.
     for (const std::string& mesh_text : c.meshes) {
-      plan_one(
+      add_plan(
           mesh_text, "preset:" + std::string(default_preset(config.family)), [&](const Mesh& mesh) {
             const DefaultRules d =
                 default_rules(config.family, config.family_name(), mesh.axis_names(), load_rules);
@@ -325,25 +367,11 @@ int run_train_plan(
       const std::string note =
           chosen ? fmt::format("the default for {}, on its own mesh", config.family_name()) : "";
       for (const std::string& mesh_text : meshes) {
-        plan_one(mesh_text, label, [&](const Mesh&) { return Rules{rule, label, note}; });
+        add_plan(mesh_text, label, [&](const Mesh&) { return Rules{rule, label, note}; });
       }
     }
   }
-  if (c.compare) {
-    if (c.json) {
-      write_compare_json(std::cout, plans);
-      std::cout << "\n";
-    } else {
-      std::cout << compare_table(plans);
-    }
-    return 0;
-  }
-  if (c.json) {
-    plans.front().write_json(std::cout);
-    std::cout << "\n";
-  } else {
-    std::cout << plans.front().table();
-  }
+  print_plans(c, plans);
   return 0;
 }
 

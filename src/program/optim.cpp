@@ -5,9 +5,9 @@
 #include <cmath>
 #include <numbers>
 
-#include "../../rules/src/path_matcher.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/rules/path_patterns.hpp"
 #include "trace.hpp"
 
 namespace shardplan {
@@ -87,13 +87,14 @@ Optimizer Optimizer::adamw(Schedule lr, double weight_decay, std::vector<std::st
   o.weight_decay_ = weight_decay;
   // The same dialect as rule patterns (Python's re.search).
   try {
-    detail::PatternTable table(decay_paths);
-  } catch (const detail::TablePatternError& e) {
-    throw RuleError(fmt::format("[optim] weight-decay path '{}' is not a valid regex at position {}: {}",
-                                decay_paths[e.index], e.error.position, e.error.message));
-  } catch (const detail::TableBudgetError& e) {
+    const PathPatterns table(decay_paths);
+  } catch (const PathPatternError& e) {
+    throw RuleError(
+        fmt::format("[optim] weight-decay path '{}' is not a valid regex at position {}: {}",
+                    decay_paths[e.index()], e.position(), e.reason()));
+  } catch (const PathPatternBudgetError& e) {
     throw RuleError(fmt::format("[optim] weight-decay path '{}' gave up on the empty path",
-                                decay_paths[e.index]));
+                                decay_paths[e.index()]));
   }
   o.decay_paths_ = std::move(decay_paths);
   return o;
@@ -187,7 +188,7 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
     const Array c1 = 1.0 - exp(count64 * std::log(b1_));
     const Array c2 = 1.0 - exp(count64 * std::log(b2_));
     const auto leaves_nu = nu.leaves();
-    const detail::PatternTable decay(decay_paths_);  // validated by adamw()
+    const PathPatterns decay(decay_paths_);  // validated by adamw()
     const auto mu_leaves = mu.leaves();
     std::size_t j = 0;
     new_params = params.map_with_path([&](const std::string& path, const Array& p) {
@@ -201,11 +202,11 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
       if (decays && decay.size() > 0) {
         try {
           decays = decay.first_match(path) >= 0;
-        } catch (const detail::TableBudgetError& e) {
-          throw RuleError(fmt::format("[optim] weight-decay path '{}' gave up on '{}' after {} "
-                                      "backtracking steps",
-                                      decay_paths_[e.index], path,
-                                      detail::Backtracker::kDefaultBudget));
+        } catch (const PathPatternBudgetError& e) {
+          throw RuleError(
+              fmt::format("[optim] weight-decay path '{}' gave up on '{}' after {} "
+                          "backtracking steps",
+                          decay_paths_[e.index()], path, PathPatterns::kBacktrackBudget));
         }
       }
       if (decays) upd = upd + p * weight_decay_;

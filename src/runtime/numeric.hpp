@@ -5,6 +5,7 @@
 // of float additions, never by how NaN, -0.0 or integer overflow are treated.
 // docs/runtime.md, "Numeric policy", states the same rules for users.
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -159,6 +160,33 @@ T from_double(double v) {
 template <class T>
 double to_double(T x) {
   return static_cast<double>(widen(x));
+}
+
+// ---- f16 ---------------------------------------------------------------------------------------
+
+/// An IEEE 754 half's value (its bits) as a float, exactly: every half is a float. Inf and NaN
+/// stay so (the NaN's payload kept), subnormals are normalised. (Checkpoints widen f16 tensors to
+/// f32 with it: the runtime computes in f32, bf16, ...)
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t mant = h & 0x3ffu;
+  std::uint32_t bits = 0;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, NaN (payload kept)
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;  // +-0
+  } else {        // subnormal: normalise
+    int e = -1;
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    bits = sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  return std::bit_cast<float>(bits);
 }
 
 }  // namespace shardplan::detail
