@@ -959,6 +959,24 @@ TEST(Sjit, LowerWorksOnAbstractArgumentsTooLargeToRun) {
   EXPECT_THROW_WITH(f(x, w), ArrayError, "TensorSpec", "lower()");
 }
 
+// A call without arrays has no executor: its tracers say so rather than name a stand-in.
+TEST(Sjit, TracersOfACallWithoutArraysHaveNoExecutor) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x) {
+    EXPECT_THROW_WITH(x.executor(), ArrayError, "tracer", "f32[4, 4]", "no executor");
+    return x * 2.0;
+  });
+  const Lowered low = f.lower(TensorSpec{Shape{4, 4}, DType::kF32});
+  EXPECT_THAT(low.text(), ::testing::HasSubstr("mul"));
+  // With arrays, the tracers have the arrays' executor.
+  auto g = sjit(s.mesh, [&](const Array& x) {
+    EXPECT_TRUE(x.executor() == s.exec);
+    return x * 2.0;
+  });
+  g(device_put(Tensor::uniform(Shape{4, 4}, DType::kF32, 1, -1, 1), NamedSharding(s.mesh, P()),
+               s.exec));
+}
+
 struct State {
   Array step;
   Tree<Array> params;
