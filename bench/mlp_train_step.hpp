@@ -24,11 +24,12 @@ inline const std::vector<std::int64_t> kMlpSizes = {784, 1024, 1024, 1024, 10};
 /// updates its slice of every weight, and the new weights are all-gathered: the same bytes
 /// moved, and 1/n of the update's work per device instead of all of it. Since the partitioner
 /// makes the sharded weight update by itself (docs/design.md), the plain step runs the same
-/// collectives; this variant stays as the hand-written reference.
+/// collectives; this variant stays as the hand-written reference. `fuse` is SjitOptions::fuse
+/// (false: each pointwise op a step of its own, to measure what fusion gives).
 inline std::function<void()> make_mlp_train_step(const shardplan::Executor& ex,
                                                  const shardplan::Mesh& mesh,
                                                  std::int64_t batch_size = kMlpBatch,
-                                                 bool sharded_update = false) {
+                                                 bool sharded_update = false, bool fuse = true) {
   using namespace shardplan;
   const PartitionSpec batch = P(mesh.axis_names()[0]);
   struct State {
@@ -54,9 +55,12 @@ inline std::function<void()> make_mlp_train_step(const shardplan::Executor& ex,
   st->opt_state = st->sgd.init(st->params);
   const std::string axis = mesh.axis_names()[0];
   const std::int64_t ways = mesh.axis_sizes()[0];
-  auto step =
-      sjit(mesh, [st, sharded_update, axis, ways](const Tree<Array>& p, const Tree<Array>& s,
-                                                  const Array& xb, const Array& yb) {
+  SjitOptions options;
+  options.fuse = fuse;
+  auto step = sjit(
+      mesh,
+      [st, sharded_update, axis, ways](const Tree<Array>& p, const Tree<Array>& s, const Array& xb,
+                                       const Array& yb) {
         const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
         if (!sharded_update) {
           auto [np, ns] = st->sgd.update(g, s, p);
@@ -74,7 +78,8 @@ inline std::function<void()> make_mlp_train_step(const shardplan::Executor& ex,
         return Tree<Array>::dict(
             {{"params", np.map([](const Array& a) { return with_sharding_constraint(a, P()); })},
              {"state", ns}});
-      });
+      },
+      std::move(options));
   return [st, step]() mutable {
     const Tree<Array> out = step(st->params, st->opt_state, st->x, st->y);
     st->params = out.at("params");

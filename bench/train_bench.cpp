@@ -148,6 +148,38 @@ void BM_MlpTrainStepSpeedups(benchmark::State& state) {
 }
 BENCHMARK(BM_MlpTrainStepSpeedups)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(15);
 
+// Fusion on and off (SjitOptions::fuse), measured in pairs as above: each iteration times the
+// 8-device step fused, then unfused. Counters: each one's median step (ms), and the median of
+// the unfused step's time over the fused one's (x_fused).
+void BM_MlpTrainStepFusionOnOff(benchmark::State& state) {
+  const Mesh mesh = Mesh::parse("data:8", 8);
+  std::function<void()> fused = bench::make_mlp_train_step(exec(8), mesh, bench::kMlpBatch, false);
+  std::function<void()> unfused =
+      bench::make_mlp_train_step(exec(8), mesh, bench::kMlpBatch, false, /*fuse=*/false);
+  fused();  // warm up: compile, allocate
+  unfused();
+  std::vector<double> ms_fused, ms_unfused, ratio;
+  const auto time = [](const std::function<void()>& f) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  for (auto _ : state) {
+    ms_fused.push_back(time(fused));
+    ms_unfused.push_back(time(unfused));
+    ratio.push_back(ms_unfused.back() / ms_fused.back());
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  state.counters["ms_fused"] = median(ms_fused);
+  state.counters["ms_unfused"] = median(ms_unfused);
+  state.counters["x_fused"] = median(ratio);
+}
+BENCHMARK(BM_MlpTrainStepFusionOnOff)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(15);
+
 using M = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using V = Eigen::Matrix<float, 1, Eigen::Dynamic>;
 
@@ -206,7 +238,7 @@ BENCHMARK(BM_MlpTrainStepEigen)->Unit(benchmark::kMillisecond)->UseRealTime()->M
 
 // Tokens per second of the LLaMA-style model (dim 256, 4 heads, ffn 512, 2 layers, sequences of
 // 64, batch 32) on 8 devices: FSDP+TP with the preset (fsdp:4,tp:2) vs data parallel (data:8).
-void llama_tokens(benchmark::State& state, bool fsdp_tp) {
+void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true) {
   llama::Config cfg;
   cfg.vocab = 128;
   cfg.dim = 256;
@@ -227,6 +259,7 @@ void llama_tokens(benchmark::State& state, bool fsdp_tp) {
   Tree<Array> st = opt.init(params);
   SjitOptions so;
   so.donate_argnums = {0, 1};
+  so.fuse = fuse;
   auto step = sjit(
       mesh,
       [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x, const Array& y) {
@@ -256,7 +289,10 @@ void llama_tokens(benchmark::State& state, bool fsdp_tp) {
 }
 void BM_LlamaStepFsdpTp(benchmark::State& s) { llama_tokens(s, true); }
 void BM_LlamaStepDataParallel(benchmark::State& s) { llama_tokens(s, false); }
+// The FSDP+TP step unfused (SjitOptions::fuse false): run beside BM_LlamaStepFsdpTp to compare.
+void BM_LlamaStepFsdpTpUnfused(benchmark::State& s) { llama_tokens(s, true, false); }
 BENCHMARK(BM_LlamaStepFsdpTp)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+BENCHMARK(BM_LlamaStepFsdpTpUnfused)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_LlamaStepDataParallel)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
 }  // namespace

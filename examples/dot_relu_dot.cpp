@@ -50,6 +50,6 @@ int main() {
   auto step2 = sjit(MeshShardingHelper(mesh), &dot_relu_dot, scattered);
   const Lowered low2 = step2.lower(xs, w1s, w2s);
   std::cout << low2.text();
-  const bool has_rs = low2.cost().bytes_by_kind.count("reduce_scatter") == 1;
+  const bool has_rs = low2.cost().bytes_by_kind.count(CollectiveKind::kReduceScatter) == 1;
   return e < 1e-4 && z.sharding().spec() == P("data") && has_rs ? 0 : 1;
 }

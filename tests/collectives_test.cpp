@@ -84,19 +84,19 @@ TEST(Reshard, PicksTheCheapestRouteAndCountsItsBytes) {
   // Splitting further: a local slice, nothing moves.
   ReshardResult r = reshard(a, NamedSharding(mesh, P("x", "y")));
   ASSERT_EQ(r.steps.size(), 1u);
-  EXPECT_EQ(r.steps[0].kind, "slice");
+  EXPECT_EQ(r.steps[0].kind, CollectiveKind::kSlice);
   EXPECT_EQ(r.steps[0].total_bytes_in(), 0);
 
   // Merging: all-gather; each device receives the 3/4 of the array it does not hold.
   r = reshard(a, NamedSharding(mesh, P()));
-  EXPECT_EQ(r.steps[0].kind, "all_gather");
+  EXPECT_EQ(r.steps[0].kind, CollectiveKind::kAllGather);
   EXPECT_EQ(r.steps[0].axes, (std::vector<std::string>{"x"}));
   for (const int d : local(mesh, exec))
     EXPECT_EQ(r.steps[0].bytes_in[static_cast<std::size_t>(d)], total * 3 / 4);
 
   // A split moving to the other dimension: all-to-all; each device keeps 1/4 of its new block.
   r = reshard(a, NamedSharding(mesh, P(nullptr, "x")));
-  EXPECT_EQ(r.steps[0].kind, "all_to_all");
+  EXPECT_EQ(r.steps[0].kind, CollectiveKind::kAllToAll);
   EXPECT_EQ(r.steps[0].max_bytes_in(), total / 4 * 3 / 4);
 
   // Equivalent shardings: nothing at all.
@@ -109,7 +109,7 @@ TEST(Reshard, PicksTheCheapestRouteAndCountsItsBytes) {
 
   // Anything else: one general step, still fetching only what each device lacks.
   r = reshard(a, NamedSharding(mesh, P("y", "x")));
-  EXPECT_EQ(r.steps[0].kind, "general");
+  EXPECT_EQ(r.steps[0].kind, CollectiveKind::kGeneral);
   EXPECT_TRUE(r.array.to_host() == a.to_host());
 }
 
@@ -171,7 +171,7 @@ TEST(Collectives, AllReduceMatchesAPlainReferenceForEveryOp) {
     }
     EXPECT_TRUE(y.to_host() == x.to_host());  // to_host of the pending array reduces alike
     // Busbw convention: 2 (n-1)/n of the shard per device (15 elements split into 4 chunks).
-    EXPECT_EQ(rec.kind, "all_reduce");
+    EXPECT_EQ(rec.kind, CollectiveKind::kAllReduce);
     EXPECT_NEAR(static_cast<double>(rec.max_bytes_in()), 2.0 * 3 / 4 * 15 * 4, 8.0);
   }
 }
@@ -240,9 +240,10 @@ TEST(Collectives, ReduceScatterLeavesEachDeviceItsPartOfTheSum) {
     }
   }
   // Reshard picks reduce-scatter for the same move, all-reduce for another target.
-  EXPECT_EQ(reshard(x, NamedSharding(mesh, P("x", "y"))).steps.front().kind, "reduce_scatter");
+  EXPECT_EQ(reshard(x, NamedSharding(mesh, P("x", "y"))).steps.front().kind,
+            CollectiveKind::kReduceScatter);
   const ReshardResult r = reshard(x, NamedSharding(mesh, P(nullptr, "x")));
-  EXPECT_EQ(r.steps.front().kind, "all_reduce");
+  EXPECT_EQ(r.steps.front().kind, CollectiveKind::kAllReduce);
   EXPECT_TRUE(r.array.to_host() == full);
 }
 
@@ -313,7 +314,7 @@ TEST(Collectives, ErrorsNameTheArrayAndTheAxes) {
 }
 
 TEST(Collectives, RecordsPrintWhatMoved) {
-  CollectiveRecord r{"all_gather", {"x"}, {0, 1024, 2048}};
+  CollectiveRecord r{CollectiveKind::kAllGather, {"x"}, {0, 1024, 2048}};
   EXPECT_EQ(r.max_bytes_in(), 2048);
   EXPECT_EQ(r.total_bytes_in(), 3072);
   EXPECT_EQ(r.to_string(), "all_gather over 'x': 2.00 KiB max per device, 3.00 KiB in all");
@@ -327,7 +328,7 @@ TEST(PlanReshard, ChunksOfHugeShardsAreCountedWithoutOverflow) {
   const auto steps = plan_reshard(Shape{4611686018427387904}, DType::kU8, rep,
                                   Pending{ReduceOp::kSum, {"x"}}, rep);
   ASSERT_EQ(steps.size(), 1u);
-  EXPECT_EQ(steps[0].kind, "all_reduce");
+  EXPECT_EQ(steps[0].kind, CollectiveKind::kAllReduce);
   for (const std::int64_t b : steps[0].bytes_in) EXPECT_EQ(b, 6917529027641081856LL);
   // u8[7 * 2^60]: 1.5 times that per device, past int64.
   EXPECT_THROW_WITH(plan_reshard(Shape{8070450532247928832}, DType::kU8, rep,
@@ -339,10 +340,10 @@ TEST(PlanReshard, ChunksOfHugeShardsAreCountedWithoutOverflow) {
 
 TEST(CollectiveRecord, TotalsOfByteCountsSaturateAtInt64Max) {
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-  const CollectiveRecord rec{"all_gather", {"x"}, {kMax - 1, 5, 7}};
+  const CollectiveRecord rec{CollectiveKind::kAllGather, {"x"}, {kMax - 1, 5, 7}};
   EXPECT_EQ(rec.total_bytes_in(), kMax);
   EXPECT_EQ(rec.max_bytes_in(), kMax - 1);
-  const CollectiveRecord small{"all_gather", {"x"}, {3, 5, 7}};
+  const CollectiveRecord small{CollectiveKind::kAllGather, {"x"}, {3, 5, 7}};
   EXPECT_EQ(small.total_bytes_in(), 15);
 }
 

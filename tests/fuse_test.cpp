@@ -44,6 +44,21 @@ TEST(Fusion, AChainRunsAsOneStepAndEqualsTheOpsRunOneByOne) {
   }
 }
 
+// SjitOptions::fuse false: every op a step of its own, the same bits.
+TEST(Fusion, SjitOptionsFuseFalseRunsTheOpsOneByOne) {
+  Devices s;
+  const Array x = s.put(Tensor::uniform(kShape, DType::kF32, 1, -2, 2), P("data", "model"));
+  const Array y = s.put(Tensor::uniform(kShape, DType::kF32, 2, -2, 2), P("data", "model"));
+  SjitOptions off;
+  off.fuse = false;
+  auto unfused = sjit(s.mesh, &chain, off);
+  auto fused = sjit(s.mesh, &chain);
+  const std::string text = unfused.lower(x, y).text();
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("fused("))) << text;
+  EXPECT_THAT(fused.lower(x, y).text(), ::testing::HasSubstr("fused("));
+  EXPECT_TRUE(unfused(x, y).to_host() == fused(x, y).to_host());
+}
+
 TEST(Fusion, DtypeChangesComparisonsAndSelectFuseToo) {
   Devices s;
   auto g = [](const Array& x) {

@@ -412,10 +412,13 @@ TEST(MultiProcessTraining, AStepOnAThousandDevicesIsCostedFromAbstractArguments)
   // bytes once, and a device never holds more than the unsharded parameters and batch.
   std::int64_t grad_shard_bytes =
       4 * (1024 * 8192 / 8 + 8192 * 8192 / 8 + 8192 * 1024 + 8192 + 8192 + 1024);
-  ASSERT_TRUE(cost.bytes_by_kind.count("all_reduce") || cost.bytes_by_kind.count("reduce_scatter"));
+  ASSERT_TRUE(cost.bytes_by_kind.count(CollectiveKind::kAllReduce) ||
+              cost.bytes_by_kind.count(CollectiveKind::kReduceScatter));
   std::int64_t reduced = 0;
   for (const auto& [kind, bytes] : cost.bytes_by_kind) {
-    if (kind == "all_reduce" || kind == "reduce_scatter") reduced += bytes;
+    if (kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter) {
+      reduced += bytes;
+    }
   }
   EXPECT_GE(reduced, grad_shard_bytes / 2);
   EXPECT_LT(cost.peak_bytes[0], 4 * (1024 * 8192 + 8192 * 8192 + 8192 * 1024) + 8192 * 1024 * 4);

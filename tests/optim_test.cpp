@@ -224,10 +224,10 @@ TEST(Optim, ThePlainDataParallelStepUpdatesItsWeightsSplit) {
   const auto& bytes = low.cost().bytes_by_kind;
   // f32[16, 8] = 512 bytes: 3/4 of it received in the reduce-scatter and again in the all-gather.
   // No all-reduce at all (the loss value, which nobody returns, is not computed either).
-  EXPECT_EQ(bytes.count("all_reduce"), 0u) << low.text();
-  ASSERT_EQ(bytes.count("reduce_scatter"), 1u) << low.text();
-  EXPECT_EQ(bytes.at("reduce_scatter"), 384);
-  EXPECT_EQ(bytes.at("all_gather"), 384);
+  EXPECT_EQ(bytes.count(CollectiveKind::kAllReduce), 0u) << low.text();
+  ASSERT_EQ(bytes.count(CollectiveKind::kReduceScatter), 1u) << low.text();
+  EXPECT_EQ(bytes.at(CollectiveKind::kReduceScatter), 384);
+  EXPECT_EQ(bytes.at(CollectiveKind::kAllGather), 384);
   EXPECT_THAT(low.text(),
               ::testing::Not(::testing::HasSubstr("broadcast_in_dim on blocks [16, 8]")));
   EXPECT_THAT(low.text(), ::testing::HasSubstr("on blocks [4, 8]"));
@@ -243,9 +243,9 @@ TEST(Optim, ThePlainDataParallelStepUpdatesItsWeightsSplit) {
 
   const Lowered user = sjit(mesh, make(true)).lower(params, xs);
   // The gradient's all-reduce: 2 * 3/4 of 512 bytes.
-  ASSERT_EQ(user.cost().bytes_by_kind.count("all_reduce"), 1u) << user.text();
-  EXPECT_EQ(user.cost().bytes_by_kind.at("all_reduce"), 768);
-  EXPECT_EQ(user.cost().bytes_by_kind.count("reduce_scatter"), 0u) << user.text();
+  ASSERT_EQ(user.cost().bytes_by_kind.count(CollectiveKind::kAllReduce), 1u) << user.text();
+  EXPECT_EQ(user.cost().bytes_by_kind.at(CollectiveKind::kAllReduce), 768);
+  EXPECT_EQ(user.cost().bytes_by_kind.count(CollectiveKind::kReduceScatter), 0u) << user.text();
 }
 
 TEST(Optim, ShardedWeightUpdateEqualsTheReplicatedOne) {

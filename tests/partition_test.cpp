@@ -135,8 +135,8 @@ class Case {
     for (const Step& st : steps()) {
       if (st.kind != Step::Kind::kReshard) continue;
       for (const CollectiveRecord& rec : st.cost) {
-        if (rec.kind == "slice") continue;
-        out.push_back(fmt::format("{} {} {}", rec.kind, value_name(st.node), rec.max_bytes_in()));
+        if (rec.kind == CollectiveKind::kSlice) continue;
+        out.push_back(fmt::format("{} {} {}", to_string(rec.kind), value_name(st.node), rec.max_bytes_in()));
       }
     }
     return out;
@@ -485,7 +485,7 @@ TEST(Partition, ReshardsAnOperandOncePerShardingAndReusesIt) {
     ASSERT_NE(k, nullptr);
     EXPECT_THAT(k->in, ElementsAre(r[0]->out)) << op->name;
   }
-  EXPECT_EQ(c.prog().cost().bytes_by_kind.at("all_reduce"), 60);
+  EXPECT_EQ(c.prog().cost().bytes_by_kind.at(CollectiveKind::kAllReduce), 60);
   c.expect_values();
 }
 
@@ -579,7 +579,7 @@ TEST(Partition, ARemadeBroadcastLeavesNoReshardThatNothingReads) {
                                            c.collective("reduce_scatter", c.input(2), 16),
                                            c.collective("all_gather", c.output(0), 64)))
       << c.text();
-  EXPECT_EQ(c.prog().cost().bytes_by_kind.count("all_reduce"), 0u) << c.text();
+  EXPECT_EQ(c.prog().cost().bytes_by_kind.count(CollectiveKind::kAllReduce), 0u) << c.text();
   // Every step's result is read by a later step, or is an output.
   for (std::size_t i = 0; i < c.steps().size(); ++i) {
     const Step& st = c.steps()[i];

@@ -69,7 +69,7 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   EXPECT_THAT(text, ::testing::HasSubstr("pending sum over model"));
   EXPECT_THAT(text, ::testing::HasSubstr("all_reduce over 'model'"));
   EXPECT_THAT(text, ::testing::HasSubstr("output 0 (out_shardings)"));
-  EXPECT_EQ(low.cost().bytes_by_kind.count("all_reduce"), 1u);
+  EXPECT_EQ(low.cost().bytes_by_kind.count(CollectiveKind::kAllReduce), 1u);
   // Bitwise the same from run to run.
   EXPECT_TRUE(step(xs, w1s, w2s).to_host() == y.to_host());
   // A consumer that keeps the output split over 'model' gets a reduce-scatter instead.
@@ -78,7 +78,7 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   auto step2 = sjit(MeshShardingHelper(s.mesh), &dot_relu_dot, split);
   const Lowered low2 = step2.lower(xs, w1s, w2s);
   EXPECT_THAT(low2.text(), ::testing::HasSubstr("reduce_scatter over 'model'"));
-  EXPECT_EQ(low2.cost().bytes_by_kind.count("all_reduce"), 0u);
+  EXPECT_EQ(low2.cost().bytes_by_kind.count(CollectiveKind::kAllReduce), 0u);
   EXPECT_LT(max_diff(step2(xs, w1s, w2s).to_host(), y1.to_host()), 1e-4);
 }
 
@@ -130,13 +130,13 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
   const Array xs = s.put(x, P("data")), dys = s.put(dy, P("data")), ws = s.put(w, P());
   const Lowered low = step.lower(xs, dys, ws);
   const auto& bytes = low.cost().bytes_by_kind;
-  EXPECT_EQ(bytes.count("all_reduce"), 0u) << low.text();
+  EXPECT_EQ(bytes.count(CollectiveKind::kAllReduce), 0u) << low.text();
   // f32[8, 6] is 192 bytes; each of 4 devices of a 'data' group receives 3 quarters of it in the
   // reduce-scatter and again in the all-gather: 144 + 144, the all-reduce's 2 * 3/4 * 192.
-  ASSERT_EQ(bytes.count("reduce_scatter"), 1u) << low.text();
-  ASSERT_EQ(bytes.count("all_gather"), 1u) << low.text();
-  EXPECT_EQ(bytes.at("reduce_scatter"), 144);
-  EXPECT_EQ(bytes.at("all_gather"), 144);
+  ASSERT_EQ(bytes.count(CollectiveKind::kReduceScatter), 1u) << low.text();
+  ASSERT_EQ(bytes.count(CollectiveKind::kAllGather), 1u) << low.text();
+  EXPECT_EQ(bytes.at(CollectiveKind::kReduceScatter), 144);
+  EXPECT_EQ(bytes.at(CollectiveKind::kAllGather), 144);
   // Per device: the dot's 2 * 4 * 8 * 6 FLOPs, then the multiply and subtract on 2 of w's 8 rows.
   const auto& flops = low.cost().flops;
   EXPECT_DOUBLE_EQ(flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6 + 2.0 * 2 * 6);
@@ -152,8 +152,8 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
   const Tensor w2 = Tensor::normal(Shape{3, 5}, DType::kF32, 16);
   const Array x2s = s.put(x2, P("data")), dy2s = s.put(dy2, P("data")), w2s = s.put(w2, P());
   const Lowered whole = step.lower(x2s, dy2s, w2s);
-  EXPECT_EQ(whole.cost().bytes_by_kind.count("all_reduce"), 1u) << whole.text();
-  EXPECT_EQ(whole.cost().bytes_by_kind.count("reduce_scatter"), 0u) << whole.text();
+  EXPECT_EQ(whole.cost().bytes_by_kind.count(CollectiveKind::kAllReduce), 1u) << whole.text();
+  EXPECT_EQ(whole.cost().bytes_by_kind.count(CollectiveKind::kReduceScatter), 0u) << whole.text();
   EXPECT_LT(max_diff(step(x2s, dy2s, w2s).to_host(),
                      update(s.put1(x2), s.put1(dy2), s.put1(w2)).to_host()),
             1e-5);
@@ -165,10 +165,10 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
     return Tree<Array>::dict({{"w", wb - g * 0.1}, {"g", g}});
   });
   const Lowered twice = both.lower(xs, dys, ws);
-  EXPECT_EQ(twice.cost().bytes_by_kind.count("reduce_scatter"), 0u) << twice.text();
-  ASSERT_EQ(twice.cost().bytes_by_kind.count("all_reduce"), 1u) << twice.text();
-  EXPECT_EQ(twice.cost().bytes_by_kind.at("all_reduce"), 288);
-  EXPECT_EQ(twice.cost().bytes_by_kind.count("all_gather"), 0u) << twice.text();
+  EXPECT_EQ(twice.cost().bytes_by_kind.count(CollectiveKind::kReduceScatter), 0u) << twice.text();
+  ASSERT_EQ(twice.cost().bytes_by_kind.count(CollectiveKind::kAllReduce), 1u) << twice.text();
+  EXPECT_EQ(twice.cost().bytes_by_kind.at(CollectiveKind::kAllReduce), 288);
+  EXPECT_EQ(twice.cost().bytes_by_kind.count(CollectiveKind::kAllGather), 0u) << twice.text();
   EXPECT_LT(max_diff(both(xs, dys, ws).at("w").leaf().to_host(), ref.to_host()), 1e-5);
 
   // Two sums pending over 'data' added (gradients of two micro-batches, or of a value used
@@ -180,8 +180,8 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
   const Tensor dz = Tensor::normal(Shape{16, 6}, DType::kF32, 18);
   const Array dzs = s.put(dz, P("data"));
   const Lowered summed = two.lower(xs, dys, dzs);
-  ASSERT_EQ(summed.cost().bytes_by_kind.count("all_reduce"), 1u) << summed.text();
-  EXPECT_EQ(summed.cost().bytes_by_kind.at("all_reduce"), 288) << summed.text();
+  ASSERT_EQ(summed.cost().bytes_by_kind.count(CollectiveKind::kAllReduce), 1u) << summed.text();
+  EXPECT_EQ(summed.cost().bytes_by_kind.at(CollectiveKind::kAllReduce), 288) << summed.text();
   {
     const Array x1 = s.put1(x), xt1 = transpose(x1, {1, 0});
     const Array want = matmul(xt1, s.put1(dy)) + matmul(xt1, s.put1(dz)) - matmul(xt1, s.put1(dy));
@@ -588,16 +588,16 @@ TEST(Sjit, PeakByKindNamesHeldGatheredAndComputedBytes) {
       SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("data"))})});
   const ProgramCost& c = f.lower(TensorSpec{Shape{64, 64}, DType::kF32}).cost();
   EXPECT_EQ(c.peak_bytes[0], 4096 + 16384 + 16384 + 4);
-  EXPECT_EQ(c.peak_by_kind.at("inputs"), 4096);
-  EXPECT_EQ(c.peak_by_kind.at("resharded inputs"), 16384);
-  EXPECT_EQ(c.peak_by_kind.at("computed"), 16384 + 4);
+  EXPECT_EQ(c.peak_by_kind.inputs, 4096);
+  EXPECT_EQ(c.peak_by_kind.resharded_inputs, 16384);
+  EXPECT_EQ(c.peak_by_kind.computed, 16384 + 4);
   // Donated, the argument is given up after the gather: the peak holds no argument.
   auto g = sjit(
       s.mesh, [](const Array& w) { return with_sharding_constraint(w, P()) * 2.0; },
       SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("data"))}), .donate_argnums = {0}});
   const ProgramCost& d = g.lower(TensorSpec{Shape{64, 64}, DType::kF32}).cost();
-  EXPECT_EQ(d.peak_by_kind.at("inputs"), 0);
-  EXPECT_EQ(d.peak_bytes[0], d.peak_by_kind.at("resharded inputs") + d.peak_by_kind.at("computed"));
+  EXPECT_EQ(d.peak_by_kind.inputs, 0);
+  EXPECT_EQ(d.peak_bytes[0], d.peak_by_kind.resharded_inputs + d.peak_by_kind.computed);
 }
 
 // A kernel step's per-device blocks are shared between steps of equal (spec, shape): steps of the
@@ -957,6 +957,24 @@ TEST(Sjit, LowerWorksOnAbstractArgumentsTooLargeToRun) {
   EXPECT_EQ(low.cost().peak_bytes[0], expect);
   EXPECT_DOUBLE_EQ(low.cost().flops[0], 2.0 * 256 * 131072 * 65536 + 256.0 * 65536);
   EXPECT_THROW_WITH(f(x, w), ArrayError, "TensorSpec", "lower()");
+}
+
+// A call without arrays has no executor: its tracers say so rather than name a stand-in.
+TEST(Sjit, TracersOfACallWithoutArraysHaveNoExecutor) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x) {
+    EXPECT_THROW_WITH(x.executor(), ArrayError, "tracer", "f32[4, 4]", "no executor");
+    return x * 2.0;
+  });
+  const Lowered low = f.lower(TensorSpec{Shape{4, 4}, DType::kF32});
+  EXPECT_THAT(low.text(), ::testing::HasSubstr("mul"));
+  // With arrays, the tracers have the arrays' executor.
+  auto g = sjit(s.mesh, [&](const Array& x) {
+    EXPECT_TRUE(x.executor() == s.exec);
+    return x * 2.0;
+  });
+  g(device_put(Tensor::uniform(Shape{4, 4}, DType::kF32, 1, -1, 1), NamedSharding(s.mesh, P()),
+               s.exec));
 }
 
 struct State {

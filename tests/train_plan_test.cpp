@@ -543,7 +543,7 @@ TEST(PlanTraining, StateBytesAgreeWithThePlanner) {
   EXPECT_GT(p.peak_computed_bytes, 0);
   EXPECT_EQ(p.peak_bytes,
             p.parameter_bytes + p.optimizer_bytes + p.batch_bytes + p.transient_bytes);
-  EXPECT_GT(p.bytes_by_collective.at("all_gather"), 0);  // FSDP gathers its weights
+  EXPECT_GT(p.bytes_by_collective.at(CollectiveKind::kAllGather), 0);  // FSDP gathers its weights
   // SGD keeps only the count; f32 gradients are twice bf16's.
   o.optimizer = OptimizerKind::kSgd;
   o.grad_dtype = DType::kF32;
@@ -903,11 +903,11 @@ TEST(PlanTraining, BadOptionsNameWhatDoesNotSplit) {
 TEST(TrainPlan, FitsAndTheCheapestThatFits) {
   TrainPlan a, b, c;
   a.peak_bytes = 70LL << 30;
-  a.bytes_by_collective = {{"all_gather", 10}, {"all_reduce", 5}};
+  a.bytes_by_collective = {{CollectiveKind::kAllGather, 10}, {CollectiveKind::kAllReduce, 5}};
   b.peak_bytes = 60LL << 30;
-  b.bytes_by_collective = {{"all_gather", 20}};
+  b.bytes_by_collective = {{CollectiveKind::kAllGather, 20}};
   c.peak_bytes = 90LL << 30;
-  c.bytes_by_collective = {{"all_gather", 1}};
+  c.bytes_by_collective = {{CollectiveKind::kAllGather, 1}};
   EXPECT_EQ(a.fits(), std::nullopt);  // no memory given
   for (TrainPlan* p : {&a, &b, &c}) {
     p->device_memory = 80LL << 30;
@@ -1118,15 +1118,15 @@ TEST(PlanTraining, LayersThatDifferAreTracedWhole) {
 TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
   const auto sample = [](std::int64_t l, std::int64_t k, std::int64_t peak, double flops = 0) {
     train::StepSample s{l, k, {}};
-    s.figures.bytes["peak"] = peak;
-    s.figures.flops["flops"] = flops;
+    s.figures.bytes[train::ByteFigure::kPeak] = peak;
+    s.figures.flops[train::FlopFigure::kBusiest] = flops;
     return s;
   };
   const auto affine = [&](std::int64_t l) { return sample(l, 1, 100 + 7 * l, 3.0 * l); };
   const auto got = train::extrapolate({affine(2), affine(3), affine(4), affine(8)}, 1000, 1);
   ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(got->bytes.at("peak"), 7100);
-  EXPECT_DOUBLE_EQ(got->flops.at("flops"), 3000.0);
+  EXPECT_EQ(got->bytes.at(train::ByteFigure::kPeak), 7100);
+  EXPECT_DOUBLE_EQ(got->flops.at(train::FlopFigure::kBusiest), 3000.0);
   // Bilinear in both counts: a + b l + c k + d l k.
   std::vector<train::StepSample> both;
   for (const auto& [l, k] : std::vector<std::pair<int, int>>{
@@ -1135,7 +1135,7 @@ TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
   }
   const auto bilinear = train::extrapolate(both, 1000, 8192);
   ASSERT_TRUE(bilinear.has_value());
-  EXPECT_EQ(bilinear->bytes.at("peak"), 5 + 3000 + 11 * 8192 + 2 * 1000 * 8192);
+  EXPECT_EQ(bilinear->bytes.at(train::ByteFigure::kPeak), 5 + 3000 + 11 * 8192 + 2 * 1000 * 8192);
   // Off the line at the third count.
   EXPECT_FALSE(train::extrapolate({affine(2), affine(3), sample(4, 1, 129), affine(8)}, 1000, 1));
   // max(100 + l, 70 + 5 l): affine on 2, 3, 4; the steeper line leads from l = 8.
@@ -1144,11 +1144,11 @@ TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
   };
   EXPECT_FALSE(train::extrapolate({crossing(2), crossing(3), crossing(4), crossing(8)}, 1000, 1));
   // Not bilinear: one cross term off.
-  both[8].figures.bytes["peak"] += 1;
+  both[8].figures.bytes[train::ByteFigure::kPeak] += 1;
   EXPECT_FALSE(train::extrapolate(both, 1000, 8192));
   // A collective kind only some samples use.
   train::StepSample extra = affine(8);
-  extra.figures.bytes["collective all_to_all"] = 1;
+  extra.figures.bytes[CollectiveKind::kAllToAll] = 1;
   EXPECT_FALSE(train::extrapolate({affine(2), affine(3), affine(4), extra}, 1000, 1));
   // FLOPs off the line.
   EXPECT_FALSE(

@@ -90,6 +90,7 @@ class Array {
   /// Throws ArrayError for a tracer.
   const NamedSharding& sharding() const;
   const Mesh& mesh() const;
+  /// Throws ArrayError for a tracer of a call that has no arrays (lower() on TensorSpecs).
   const Executor& executor() const;
   const Pending& pending() const;
   bool is_pending() const;
@@ -124,6 +125,7 @@ class Array {
   struct Impl;  // shardplan/detail/array_impl.hpp
   const Impl& impl() const;
   const Impl& concrete(std::string_view what) const;  // throws ArrayError for a tracer
+  [[noreturn]] void no_executor() const;              // the ArrayError of executor()
   friend struct detail::ArrayAccess;
   std::shared_ptr<const Impl> impl_;
 };

@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "shardplan/array.hpp"
+#include "shardplan/collective_kind.hpp"
 
 namespace shardplan {
 
 /// What one collective (or one step of a reshard) did: its kind, the mesh axes it ran over, and
 /// the bytes each device received from other devices (a device's own data costs nothing).
 struct CollectiveRecord {
-  std::string kind;  // all_gather, all_reduce, reduce_scatter, all_to_all, permute, slice, general
+  CollectiveKind kind = CollectiveKind::kGeneral;
   std::vector<std::string> axes;
   /// By device id. When the mesh spans processes, each process counts its own devices only
   /// (the others' entries are 0): plan_reshard gives every device's figure without running.

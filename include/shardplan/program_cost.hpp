@@ -5,20 +5,31 @@
 #include <string>
 #include <vector>
 
+#include "shardplan/collective_kind.hpp"
+
 namespace shardplan {
+
+/// What is live at a program's (first) peak, per device, by what it is. Adds up to the peak.
+struct PeakByKind {
+  std::int64_t inputs = 0;  // the arguments still held
+  /// Arguments gathered or moved to another sharding (FSDP's gathered weights).
+  std::int64_t resharded_inputs = 0;
+  /// What the program made: activations, gradients, temporaries and their reshardings.
+  std::int64_t computed = 0;
+  friend bool operator==(const PeakByKind&, const PeakByKind&) = default;
+};
 
 /// What a compiled program costs, per device: floating-point operations of its kernels, the
 /// most bytes a device receives per kind of collective, and the peak of the bytes it holds
 /// (its inputs and every live intermediate).
 struct ProgramCost {
-  std::vector<double> flops;                          // by device id
-  std::map<std::string, std::int64_t> bytes_by_kind;  // most bytes a device receives, per kind
-  std::vector<std::int64_t> peak_bytes;               // by device id
-  /// What is live at the (first) peak, by kind: "inputs" (the arguments still held),
-  /// "resharded inputs" (arguments gathered or moved to another sharding: FSDP's gathered
-  /// weights), "computed" (what the program made: activations, gradients, temporaries and
-  /// their reshardings). Adds up to the peak.
-  std::map<std::string, std::int64_t> peak_by_kind;
+  std::vector<double> flops;  // by device id
+  /// The most bytes a device receives, per kind of collective the program runs (a kind it runs
+  /// without moving data, a local slice, is there with 0).
+  std::map<CollectiveKind, std::int64_t> bytes_by_kind;
+  std::vector<std::int64_t> peak_bytes;  // by device id
+  /// What is live at the (first) peak, by kind.
+  PeakByKind peak_by_kind;
   /// Three or more lines: flops, bytes per collective kind, peak memory.
   std::string to_string() const;
 };

@@ -5,6 +5,7 @@
 #include "shardplan/array.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/checkpoint.hpp"
+#include "shardplan/collective_kind.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/dtype.hpp"

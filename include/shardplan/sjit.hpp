@@ -49,6 +49,10 @@ struct SjitOptions {
   bool allow_unknown_annotations = false;
   /// The executor for calls without array arguments (else the arguments' own).
   std::optional<Executor> executor = std::nullopt;
+  /// Run each group of pointwise ops whose intermediates nothing else reads as one fused step
+  /// (docs/sjit.md, "How a step runs"). false compiles them one step each, to measure or rule
+  /// out fusion; the results are bitwise the same either way.
+  bool fuse = true;
 };
 
 /// A compiled program, not run: what `lower()` returns.

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardplan/collective_kind.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/sharding_rule.hpp"
@@ -152,7 +153,7 @@ struct TrainPlan {
   /// (activations, gradients, temporaries).
   std::int64_t peak_held_bytes = 0, peak_gathered_bytes = 0, peak_computed_bytes = 0;
   double flops = 0;                                         // floating-point operations per step
-  std::map<std::string, std::int64_t> bytes_by_collective;  // bytes received, per kind
+  std::map<CollectiveKind, std::int64_t> bytes_by_collective;  // bytes received, per kind
   std::int64_t device_memory = 0;
   double headroom = 0;
   double seconds_to_plan = 0;

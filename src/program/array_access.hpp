@@ -12,8 +12,8 @@ namespace shardplan::detail {
 
 struct ArrayAccess {
   /// A tracer of `type` for node `node` of the trace `trace` (no buffers).
-  static Array tracer(const Executor& executor, const Mesh& mesh, const TensorType& type,
-                      const void* trace, int node) {
+  static Array tracer(const std::optional<Executor>& executor, const Mesh& mesh,
+                      const TensorType& type, const void* trace, int node) {
     // No blocks, buffers or pending reduction: a tracer has none.
     auto impl =
         std::make_shared<Array::Impl>(Array::Impl{.executor = executor,
@@ -28,6 +28,8 @@ struct ArrayAccess {
     return a;
   }
   static const void* trace(const Array& a) { return a.impl().trace; }
+  /// The array's executor; none for a tracer of a call without arrays.
+  static const std::optional<Executor>& executor(const Array& a) { return a.impl().executor; }
   static int node(const Array& a) { return a.impl().node; }
   static const std::vector<std::shared_ptr<Buffer>>& buffers(const Array& a) {
     return a.impl().buffers;

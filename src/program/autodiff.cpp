@@ -29,7 +29,7 @@ ValueAndGrad value_and_grad_impl(
     }
   }
   TraceContext* outer = current_trace();
-  TraceContext inner(outer != nullptr ? outer->executor : leaves[0].executor(),
+  TraceContext inner(outer != nullptr ? outer->executor : ArrayAccess::executor(leaves[0]),
                      outer != nullptr ? outer->mesh : leaves[0].mesh());
   inner.capture_foreign = true;
   inner.annotation_rules = outer != nullptr ? outer->annotation_rules : nullptr;

@@ -113,7 +113,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   }
 
   Partitioned parts = partition(g, prop, prog.specs_, spec);
-  if (spec.fuse && fusion_enabled()) fuse_pointwise(g, parts);
+  if (spec.fuse) fuse_pointwise(g, parts);
   Liveness live = plan_memory(g, parts, spec);
 
   prog.steps_ = std::move(parts.steps);

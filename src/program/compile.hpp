@@ -38,7 +38,8 @@ struct CompileSpec {
   /// Keep the results of constant steps per executor for the next run (sjit). Off for the eager
   /// one-op programs, which the executor itself caches: they must hold no arrays.
   bool cache_constants = true;
-  /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program.
+  /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program
+  /// (SjitOptions::fuse).
   bool fuse = true;
 };
 

@@ -3,11 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
-#include <string_view>
 
 #include "primitive.hpp"
 #include "primitives.hpp"
@@ -49,15 +47,49 @@ std::int64_t repeat_period(const Step& st, const std::vector<Shape>& shapes) {
   return st.local.op->repeat(st.local, shapes[index(st.in[0])]);
 }
 
-}  // namespace
-
-bool fusion_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("SHARDPLAN_FUSE");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return enabled;
+// The steps after fusion, in order: each step not fused into another, a group's last step
+// replaced by one fused step running the group's members (`members[t]`, in program order) on
+// the group's outside inputs. Moves the steps out of `p`.
+std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
+                                const std::vector<std::vector<int>>& members,
+                                const std::vector<std::int64_t>& period) {
+  std::vector<Step> steps;
+  for (std::size_t t = 0; t < p.steps.size(); ++t) {
+    if (group[t] != static_cast<int>(t)) continue;  // computed inside a later fused step
+    if (members[t].size() == 1) {
+      steps.push_back(std::move(p.steps[t]));
+      continue;
+    }
+    Step fused = p.steps[t];
+    fused.in.clear();
+    fused.flops = 0;
+    auto ops = std::make_shared<std::vector<FusedOp>>();
+    std::vector<std::pair<SlotId, int>> made;  // slot -> position of the op computing it
+    for (const int m : members[t]) {
+      const Step& st = p.steps[static_cast<std::size_t>(m)];
+      FusedOp op{.local = st.local, .period = period[static_cast<std::size_t>(m)]};
+      for (const SlotId in : st.in) {
+        const auto inside =
+            std::find_if(made.begin(), made.end(), [&](const auto& e) { return e.first == in; });
+        if (inside != made.end()) {
+          op.args.push_back(-1 - inside->second);
+          continue;
+        }
+        const auto known = std::find(fused.in.begin(), fused.in.end(), in);
+        op.args.push_back(static_cast<int>(known - fused.in.begin()));
+        if (known == fused.in.end()) fused.in.push_back(in);
+      }
+      fused.flops += st.flops;
+      made.emplace_back(st.out, static_cast<int>(ops->size()));
+      ops->push_back(std::move(op));
+    }
+    fused.fused = std::move(ops);
+    steps.push_back(std::move(fused));
+  }
+  return steps;
 }
+
+}  // namespace
 
 void fuse_pointwise(const Graph& g, Partitioned& p) {
   const auto num_slots = static_cast<std::size_t>(p.num_slots);
@@ -131,40 +163,7 @@ void fuse_pointwise(const Graph& g, Partitioned& p) {
     std::sort(members[t].begin(), members[t].end());  // program order: operands first
   }
 
-  std::vector<Step> steps;
-  for (std::size_t t = 0; t < p.steps.size(); ++t) {
-    if (group[t] != static_cast<int>(t)) continue;  // computed inside a later fused step
-    if (members[t].size() == 1) {
-      steps.push_back(std::move(p.steps[t]));
-      continue;
-    }
-    Step fused = p.steps[t];
-    fused.in.clear();
-    fused.flops = 0;
-    auto ops = std::make_shared<std::vector<FusedOp>>();
-    std::vector<std::pair<SlotId, int>> made;  // slot -> position of the op computing it
-    for (const int m : members[t]) {
-      const Step& st = p.steps[static_cast<std::size_t>(m)];
-      FusedOp op{.local = st.local, .period = period[static_cast<std::size_t>(m)]};
-      for (const SlotId in : st.in) {
-        const auto inside =
-            std::find_if(made.begin(), made.end(), [&](const auto& e) { return e.first == in; });
-        if (inside != made.end()) {
-          op.args.push_back(-1 - inside->second);
-          continue;
-        }
-        const auto known = std::find(fused.in.begin(), fused.in.end(), in);
-        op.args.push_back(static_cast<int>(known - fused.in.begin()));
-        if (known == fused.in.end()) fused.in.push_back(in);
-      }
-      fused.flops += st.flops;
-      made.emplace_back(st.out, static_cast<int>(ops->size()));
-      ops->push_back(std::move(op));
-    }
-    fused.fused = std::move(ops);
-    steps.push_back(std::move(fused));
-  }
-  p.steps = std::move(steps);
+  p.steps = grouped_steps(p, group, members, period);
 }
 
 void run_fused(const std::vector<FusedOp>& ops, const std::vector<ConstBlock>& in,

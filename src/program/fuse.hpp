@@ -25,10 +25,6 @@ inline constexpr std::int64_t kFusedChunk = 4096;
 /// operand (its operand then stays outside the group).
 void fuse_pointwise(const Graph& g, Partitioned& p);
 
-/// False when the environment variable SHARDPLAN_FUSE is "0" (read once per process): to measure
-/// or rule out fusion, as SHARDPLAN_GEMM does for the GEMM variant.
-bool fusion_enabled();
-
 /// Runs a fused step's ops on one device: `in` the step's input blocks, `out` its result block.
 void run_fused(const std::vector<FusedOp>& ops, const std::vector<ConstBlock>& in,
                const MutBlock& out);

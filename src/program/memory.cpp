@@ -114,10 +114,10 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
       }
     }
   }
-  static constexpr const char* kNames[] = {"", "inputs", "resharded inputs", "computed"};
-  for (std::size_t s = 1; s < 4; ++s) l.peak_by_kind[kNames[s]] = 0;
+  std::int64_t* const part[] = {nullptr, &l.peak_by_kind.inputs, &l.peak_by_kind.resharded_inputs,
+                                &l.peak_by_kind.computed};
   for (std::size_t s = 0; s < num_slots; ++s) {
-    if (alive[s] != 0 && kind[s] != kNone) l.peak_by_kind[kNames[kind[s]]] += slot_bytes[s];
+    if (alive[s] != 0 && kind[s] != kNone) *part[kind[s]] += slot_bytes[s];
   }
   return l;
 }

@@ -25,7 +25,7 @@ struct Liveness {
   std::vector<SlotId> constant_slots;  // results of constant steps, kept for the next run
   std::vector<char> cached_step;       // per step: a constant step whose result is kept
   std::int64_t peak_bytes = 0;         // per device (every device holds blocks of one size)
-  std::map<std::string, std::int64_t> peak_by_kind;  // ProgramCost::peak_by_kind
+  PeakByKind peak_by_kind;             // ProgramCost::peak_by_kind
 };
 
 /// Throws SpecError when a byte count overflows int64.

@@ -24,7 +24,7 @@ std::string ProgramCost::to_string() const {
     s += "communication: none\n";
   } else {
     for (const auto& [kind, bytes] : bytes_by_kind) {
-      s += fmt::format("{}: {} per device\n", kind, format_bytes(bytes));
+      s += fmt::format("{}: {} per device\n", shardplan::to_string(kind), format_bytes(bytes));
     }
   }
   s += fmt::format("peak memory per device: {}\n", format_bytes(most_peak));

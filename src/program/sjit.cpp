@@ -111,11 +111,6 @@ std::vector<char> donated_leaves(const CallArgs& call, const std::vector<int>& d
   return out;
 }
 
-const Executor& placeholder_executor() {
-  static const Executor exec = Executor::process_local(1);  // in any process group
-  return exec;
-}
-
 }  // namespace
 
 // A cache key: the call's structure (argument positions and trees), each array leaf's shape,
@@ -360,7 +355,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
           fmt::join(mesh.devices(), ",")));
     }
   }
-  TraceContext ctx(exec ? *exec : placeholder_executor(), mesh);
+  TraceContext ctx(exec ? std::optional<Executor>(*exec) : std::nullopt, mesh);
   ctx.annotation_rules = &o.annotation_shardings;
   ctx.allow_unknown_annotations = o.allow_unknown_annotations;
   const Tree<TensorSpec> arg_specs = specs_of(call);
@@ -385,7 +380,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   const Graph g = ctx.finish(out.leaves());
   int next_output = 0;
   Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
-  CompileSpec spec{.mesh = mesh};
+  CompileSpec spec{.mesh = mesh, .fuse = o.fuse};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {

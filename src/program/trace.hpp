@@ -4,6 +4,7 @@
 // uses (closure values) become extra inputs of the graph.
 
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "array_access.hpp"
@@ -13,9 +14,11 @@
 namespace shardplan::detail {
 
 struct TraceContext {
-  TraceContext(Executor e, Mesh m) : executor(std::move(e)), mesh(std::move(m)) {}
+  TraceContext(std::optional<Executor> e, Mesh m) : executor(std::move(e)), mesh(std::move(m)) {}
   Graph graph;
-  Executor executor;
+  // The executor of the call's arrays; none for a call without arrays (lower() on TensorSpecs),
+  // whose tracers then have none either.
+  std::optional<Executor> executor;
   Mesh mesh;
   int num_args = 0;
   std::vector<Array> captured;  // concrete arrays used inside, inputs num_args + k

@@ -206,6 +206,12 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
   return from_buffers(executor, std::move(shape), dtype, sharding, std::move(buffers));
 }
 
+void Array::no_executor() const {
+  throw ArrayError(fmt::format(
+      "[array] a tracer of a call without arrays ({}{}, lower() on TensorSpecs) has no executor",
+      name(impl().dtype), impl().shape.to_string()));
+}
+
 const Array::Impl& Array::concrete(std::string_view what) const {
   const Impl& i = impl();
   if (i.donated.set.load(std::memory_order_acquire)) {
@@ -227,10 +233,10 @@ const Block& Array::block(int device) const {
   const Impl& i = concrete("shards");
   if (device < 0 || device >= static_cast<int>(i.buffers.size()) ||
       !i.buffers[static_cast<std::size_t>(device)]) {
-    if (device >= 0 && device < i.executor.num_devices() && !i.executor.is_local(device)) {
+    if (device >= 0 && device < i.executor->num_devices() && !i.executor->is_local(device)) {
       throw ArrayError(fmt::format(
           "[array] device {} is held by process {}, not this one ({}); its shard is there", device,
-          i.executor.process_of(device), distributed::process_index()));
+          i.executor->process_of(device), distributed::process_index()));
     }
     throw ArrayError(fmt::format("[array] device {} holds no shard of this array (mesh {})", device,
                                  mesh().to_string()));
@@ -252,7 +258,7 @@ Tensor Array::shard_tensor(int device) const {
 
 Tensor Array::to_host() const {
   const Impl& i = concrete("value");
-  if (!i.executor.holds_all(mesh().devices())) return to_host_over_processes();
+  if (!i.executor->holds_all(mesh().devices())) return to_host_over_processes();
   Tensor out(i.shape, i.dtype);
   const Mesh& m = mesh();
   const int rank = i.shape.rank();
@@ -268,7 +274,7 @@ Tensor Array::to_host() const {
         i.pending.empty() ? std::vector<int>{first} : device_group(m, first, i.pending.axes);
   }
   const std::int64_t shard_n = i.shard_shape.numel();
-  i.executor.run(writers, [&](int d) {
+  i.executor->run(writers, [&](int d) {
     const auto& parts_of = summands[static_cast<std::size_t>(d)];
     const Block& b = (*i.blocks)[static_cast<std::size_t>(d)];
     const auto origin = origin_of(b);
@@ -334,7 +340,7 @@ Tensor Array::to_host_over_processes() const {
         out = Tensor(i.shape, i.dtype);
         for (const auto& group : groups) {
           const int first = group.front();
-          if (!i.executor.is_local(first)) continue;
+          if (!i.executor->is_local(first)) continue;
           const Buffer& b = *i.buffers[static_cast<std::size_t>(first)];
           mine.insert(mine.end(), b.data(), b.data() + shard_bytes);
         }
@@ -344,7 +350,7 @@ Tensor Array::to_host_over_processes() const {
   const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
   for (const auto& group : groups) {
     const int first = group.front();
-    const auto p = static_cast<std::size_t>(i.executor.process_of(first));
+    const auto p = static_cast<std::size_t>(i.executor->process_of(first));
     if (taken[p] + static_cast<std::size_t>(shard_bytes) > all[p].size()) {
       throw DistributedError(fmt::format(
           "[array] process {} sent {} bytes of blocks for a {}{} array, fewer than its devices "
@@ -366,7 +372,7 @@ Array Array::relabel(const NamedSharding& sharding) const {
     throw SpecError(fmt::format("[array] {} is not equivalent to {} for shape {}",
                                 sharding.to_string(), i.sharding.to_string(), i.shape.to_string()));
   }
-  return from_buffers(i.executor, i.shape, i.dtype, sharding, i.buffers, i.pending);
+  return from_buffers(*i.executor, i.shape, i.dtype, sharding, i.buffers, i.pending);
 }
 
 std::string Array::visualize() const {

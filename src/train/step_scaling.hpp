@@ -6,15 +6,25 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <string>
+#include <variant>
 #include <vector>
+
+#include "shardplan/collective_kind.hpp"
 
 namespace shardplan::train {
 
+/// The byte figures of a traced step besides the bytes each collective kind receives: the
+/// batch a device holds, the peak, and the peak's split (ProgramCost::peak_by_kind).
+enum class ByteFigure { kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed };
+/// A byte figure's key: one of those, or a collective kind (the most bytes a device receives).
+using ByteKey = std::variant<ByteFigure, CollectiveKind>;
+/// The FLOPs of a traced step: the busiest device's, and all devices' together.
+enum class FlopFigure { kBusiest, kTotal };
+
 /// The figures of one traced training step that grow with its layer and micro-batch counts.
 struct StepFigures {
-  std::map<std::string, std::int64_t> bytes;  // peak and its split, batch, collective kinds
-  std::map<std::string, double> flops;        // the busiest device's and all devices'
+  std::map<ByteKey, std::int64_t> bytes;
+  std::map<FlopFigure, double> flops;
   friend bool operator==(const StepFigures&, const StepFigures&) = default;
 };
 

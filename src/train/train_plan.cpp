@@ -1,5 +1,6 @@
-// plan_training: the family's training step traced on abstract arguments, lowered for a mesh,
-// and its per-device cost read off the compiled program.
+// plan_training: the family's training step traced on abstract arguments (step_trace.cpp),
+// whole or as a few small steps extrapolated from (step_scaling.cpp), and the plan's text and
+// JSON.
 #include "shardplan/train_plan.hpp"
 
 #include <fmt/format.h>
@@ -8,7 +9,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <variant>
 
 #include "model_step.hpp"
 #include "shardplan/detail/checked.hpp"
@@ -16,9 +21,8 @@
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
-#include "shardplan/optim.hpp"
-#include "shardplan/sjit.hpp"
 #include "step_scaling.hpp"
+#include "step_trace.hpp"
 
 namespace shardplan {
 namespace {
@@ -26,39 +30,6 @@ namespace {
 /// Mesh axes that are tensor (model) parallel by name: the batch is not split over them.
 bool is_model_axis(std::string_view name) {
   return name == "tp" || name == "model" || name == "mp" || name == "tensor";
-}
-
-Optimizer make_optimizer(OptimizerKind kind) {
-  // The rates do not change the program's shape or cost; any value would do.
-  switch (kind) {
-    case OptimizerKind::kSgd:
-      return Optimizer::sgd(1e-3);
-    case OptimizerKind::kAdam:
-      return Optimizer::adam(1e-3);
-    case OptimizerKind::kAdamw:
-      break;
-  }
-  return Optimizer::adamw(constant_schedule(1e-3), 0.1);
-}
-
-Tree<Array> cast(const Tree<Array>& t, DType dtype) {
-  return t.map([&](const Array& a) { return a.dtype() == dtype ? a : astype(a, dtype); });
-}
-
-/// Bytes one device holds of each leaf (every device holds the same: shapes must divide).
-std::int64_t shard_bytes(const std::vector<NamedSharding>& shardings, std::size_t first,
-                         const std::vector<TensorSpec>& leaves, DType as = DType::kBool,
-                         bool use_as = false) {
-  // The program's memory plan has already summed these (with the rest) without overflowing;
-  // checked all the same, so a change there cannot turn this into a wrapped number.
-  std::int64_t total = 0;
-  for (std::size_t i = 0; i < leaves.size(); ++i) {
-    const Shape shard = shardings[first + i].shard_shape(leaves[i].shape);
-    if (!detail::checked_add(total, byte_size(shard, use_as ? as : leaves[i].dtype), &total)) {
-      throw SpecError("[train] the bytes one device holds overflow int64");
-    }
-  }
-  return total;
 }
 
 std::string flops_text(double f) {
@@ -75,187 +46,6 @@ constexpr std::int64_t kMaxTraceUnits = 512;
 constexpr std::int64_t kExpertsPerUnit = 4;
 // The most parameter tensors (leaves of the parameter tree) a model may have.
 constexpr std::int64_t kMaxParameterTensors = std::int64_t{1} << 20;
-
-/// The prefix of a collective kind's bytes among a traced step's figures.
-constexpr std::string_view kCollective = "collective ";
-
-/// The optimizer's state for `params` (the step count, and Adam's moments like the parameters)
-/// and its rules.
-std::pair<Tree<TensorSpec>, RuleTree> optimizer_state(const Tree<TensorSpec>& params,
-                                                      const RulePtr& rules,
-                                                      const TrainPlanOptions& o) {
-  const auto moments = [&] {
-    return params.map([&](const TensorSpec& t) { return TensorSpec{t.shape, o.optimizer_dtype}; });
-  };
-  std::vector<Tree<TensorSpec>::DictEntry> state_entries{
-      {"count", Tree<TensorSpec>(TensorSpec{Shape{}, DType::kF32})}};
-  std::vector<RuleTree::DictEntry> state_rules{{"count", RuleTree(Replicated{})}};
-  if (o.optimizer != OptimizerKind::kSgd) {
-    for (const char* key : {"mu", "nu"}) {
-      state_entries.emplace_back(key, moments());
-      state_rules.emplace_back(key, RuleTree(rules));
-    }
-  }
-  return {Tree<TensorSpec>::dict(std::move(state_entries)), RuleTree::dict(std::move(state_rules))};
-}
-
-/// What one trace of the step gives: the figures that grow with the layers and micro-batches,
-/// and the state each device holds (from the traced program's input shardings).
-struct TracedStep {
-  train::StepFigures figures;
-  std::int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
-};
-
-/// Traces the whole step of `config` with `o.grad_accum` micro-batches and lowers it for `mesh`.
-TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                      const TrainPlanOptions& o, const train::Layout& layout) {
-  const std::int64_t micro = o.batch / o.grad_accum;
-  const Tree<TensorSpec> params = config.parameters(o.param_dtype);
-  const Optimizer optimizer = make_optimizer(o.optimizer);
-  const std::pair<Tree<TensorSpec>, RuleTree> state_and_rule = optimizer_state(params, rules, o);
-  const Tree<TensorSpec>& state = state_and_rule.first;
-  const RuleTree& state_rule = state_and_rule.second;
-  const PartitionSpec batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch})
-                                                     : PartitionSpec({AxisNames{}, layout.batch});
-  // T5 reads the encoder's tokens and then the decoder's from one array; its targets are the
-  // decoder's.
-  const std::int64_t target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
-  const std::int64_t input_seq = config.family == ModelFamily::kT5 ? o.seq + target_seq : o.seq;
-  const auto batch_of = [&](std::int64_t len) {
-    return TensorSpec{o.grad_accum == 1 ? Shape{o.batch, len} : Shape{o.grad_accum, micro, len},
-                      DType::kI32};
-  };
-  const TensorSpec tokens = batch_of(input_seq);
-  const TensorSpec targets = batch_of(config.family == ModelFamily::kT5 ? target_seq : o.seq);
-
-  const train::ModelStep base{config, layout};
-  // A parameter copied and held as the parameter is (its rule's sharding): each micro-batch
-  // gathers its weights from such copies, so none reuses (and keeps alive) another's gathers.
-  // (The copy alone would not do: it would be made from the gathered parameter.)
-  std::map<std::string, std::optional<PartitionSpec>> param_specs;
-  if (o.recompute && o.grad_accum > 1) {
-    const ShardingAssignment a = MeshShardingHelper(mesh).resolve(RuleTree(rules), params);
-    const auto paths = params.flatten();
-    for (std::size_t i = 0; i < paths.size(); ++i) {
-      const MaybeSharding s = a.sharding_of(i);
-      param_specs.emplace(paths[i].first, s ? std::optional(s->spec()) : std::nullopt);
-    }
-  }
-  const train::Refresh refresh = [&](const std::string& path, const Array& a) {
-    const auto it = param_specs.find(path);
-    if (it == param_specs.end()) {
-      throw std::logic_error(fmt::format("[train] no sharding for the parameter '{}'", path));
-    }
-    return it->second ? with_sharding_constraint(a * 1.0, *it->second) : a * 1.0;
-  };
-  const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
-                        const Array& y) {
-    // The rotary tables made once for the whole step, not per layer and micro-batch. Only with
-    // recomputation, whose forward pass runs in this trace: an array made inside one
-    // value_and_grad (the whole-graph differentiation) is not valid in the next one.
-    train::SharedTables shared;
-    train::ModelStep model = base;
-    if (o.recompute) model.tables = &shared;
-    Array loss;
-    Tree<Array> grads;
-    if (o.grad_accum == 1) {
-      std::tie(loss, grads) = train::loss_and_grads(model, p, x, y, o.recompute);
-    } else {
-      // Micro-batches one after another, gradients summed: the activations of one at a time.
-      const auto piece = [&](const Array& a, std::int64_t k) {
-        const std::int64_t len = a.shape()[2];
-        return reshape(slice(a, {k, 0, 0}, {k + 1, micro, len}), Shape{micro, len});
-      };
-      for (std::int64_t k = 0; k < o.grad_accum; ++k) {
-        // With recomputation each micro-batch gathers its weights again: otherwise the first
-        // one's gathered copies are used by every later one and the whole model stays gathered.
-        auto [l, g_pending] =
-            train::loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute, &refresh);
-        // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
-        // is held sharded rather than as every device's unreduced full-size partial sums.
-        const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
-        if (k == 0) {
-          loss = l;
-          grads = g;
-        } else {
-          loss = loss + l;
-          std::vector<Array> sum_leaves = grads.leaves();
-          const std::vector<Array> add = g.leaves();
-          for (std::size_t i = 0; i < sum_leaves.size(); ++i)
-            sum_leaves[i] = sum_leaves[i] + add[i];
-          grads = grads.unflatten(std::move(sum_leaves));
-        }
-      }
-      const double inv = 1.0 / static_cast<double>(o.grad_accum);
-      loss = loss * inv;
-      grads = grads.map([&](const Array& g) { return g * inv; });
-    }
-    grads = cast(grads, o.grad_dtype);
-    // The update one parameter at a time (as optimizers fused per tensor run), so that only one
-    // parameter's widened copies and new moments are live beside the state, not every one's.
-    const std::vector<Array> g_leaves = grads.leaves(), p_leaves = p.leaves();
-    const bool has_moments = s.find("mu") != nullptr;
-    const std::vector<Array> mu = has_moments ? s.at("mu").leaves() : std::vector<Array>{};
-    const std::vector<Array> nu = has_moments ? s.at("nu").leaves() : std::vector<Array>{};
-    std::vector<Array> new_p(p_leaves.size()), new_mu(mu.size()), new_nu(nu.size());
-    Array count;
-    for (std::size_t i = 0; i < p_leaves.size(); ++i) {
-      std::vector<Tree<Array>::DictEntry> entries{{"count", s.at("count")}};
-      if (has_moments) {
-        entries.emplace_back("mu", Tree<Array>(mu[i]));
-        entries.emplace_back("nu", Tree<Array>(nu[i]));
-      }
-      const auto [np, ns] = optimizer.update(Tree<Array>(astype(g_leaves[i], o.optimizer_dtype)),
-                                             Tree<Array>::dict(std::move(entries)),
-                                             Tree<Array>(astype(p_leaves[i], o.optimizer_dtype)));
-      new_p[i] = astype(np.leaf(), o.param_dtype);
-      if (has_moments) {
-        new_mu[i] = ns.at("mu").leaf();
-        new_nu[i] = ns.at("nu").leaf();
-      }
-      if (i == 0) count = ns.at("count").leaf();
-    }
-    std::vector<Tree<Array>::DictEntry> next{{"count", Tree<Array>(count)}};
-    if (has_moments) {
-      next.emplace_back("mu", s.at("mu").unflatten(std::move(new_mu)));
-      next.emplace_back("nu", s.at("nu").unflatten(std::move(new_nu)));
-    }
-    return Tree<Array>::dict({{"loss", Tree<Array>(loss)},
-                              {"params", p.unflatten(std::move(new_p))},
-                              {"state", Tree<Array>::dict(std::move(next))}});
-  };
-  SjitOptions options;
-  options.in_shardings =
-      RuleTree::list({RuleTree(rules), state_rule, RuleTree(batch_spec), RuleTree(batch_spec)});
-  options.out_shardings = RuleTree::dict(
-      {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", state_rule}});
-  options.donate_argnums = {0, 1};
-  const Lowered low = sjit(mesh, step, std::move(options)).lower(params, state, tokens, targets);
-
-  TracedStep out;
-  const std::vector<NamedSharding> in = low.input_shardings();
-  const std::vector<TensorSpec> p_leaves = params.leaves(), s_leaves = state.leaves();
-  out.parameter_bytes = shard_bytes(in, 0, p_leaves);
-  out.gradient_bytes = shard_bytes(in, 0, p_leaves, o.grad_dtype, true);
-  out.optimizer_bytes = shard_bytes(in, p_leaves.size(), s_leaves);
-  std::map<std::string, std::int64_t>& bytes = out.figures.bytes;
-  bytes["batch"] = shard_bytes(in, p_leaves.size() + s_leaves.size(), {tokens, targets});
-  const ProgramCost& cost = low.cost();
-  bytes["peak"] = *std::max_element(cost.peak_bytes.begin(), cost.peak_bytes.end());
-  const auto by_kind = [&](const char* kind) {
-    const auto it = cost.peak_by_kind.find(kind);
-    return it == cost.peak_by_kind.end() ? std::int64_t{0} : it->second;
-  };
-  bytes["peak held"] = by_kind("inputs");
-  bytes["peak gathered"] = by_kind("resharded inputs");
-  bytes["peak computed"] = by_kind("computed");
-  for (const auto& [kind, b] : cost.bytes_by_kind) bytes[std::string(kCollective) + kind] = b;
-  out.figures.flops["flops"] = *std::max_element(cost.flops.begin(), cost.flops.end());
-  double total = 0;
-  for (double f : cost.flops) total += f;
-  out.figures.flops["total"] = total;
-  return out;
-}
 
 }  // namespace
 
@@ -328,9 +118,9 @@ std::optional<bool> TrainPlan::fits() const {
   return peak_bytes <= usable_bytes();
 }
 
-TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                        const TrainPlanOptions& o) {
-  const auto start = std::chrono::steady_clock::now();
+namespace {
+
+void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
   if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
     throw SpecError(fmt::format(
         "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
@@ -353,8 +143,14 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
                     "(n_positions)",
                     o.seq, config.positions));
   }
+}
+
+/// The batch axes (the options', else every axis not named as a model axis) and the model
+/// axes; throws when an axis is not the mesh's or the batch does not split over them.
+train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
+                          std::vector<std::string>& batch_axes) {
   train::Layout layout;
-  std::vector<std::string> batch_axes = o.batch_axes;
+  batch_axes = o.batch_axes;
   if (batch_axes.empty()) {
     for (const std::string& a : mesh.axis_names()) {
       if (!is_model_axis(a)) batch_axes.push_back(a);
@@ -378,122 +174,175 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
         o.batch, o.grad_accum, o.grad_accum == 1 ? "" : "es", fmt::join(batch_axes, ", "),
         layout.batch_ways, layout.batch_ways));
   }
+  return layout;
+}
 
-  // What the step costs to trace, in layer units: one layer of one micro-batch is one unit (the
-  // embedding and the head with its loss one more per micro-batch), a Mixtral layer one more per
-  // kExpertsPerUnit experts (each expert's products are traced). Many layers or micro-batches
-  // are not traced: the step's figures are affine in each count (docs/training.md, "Sizing a
-  // training run"), so a few small counts are traced and the figures extrapolated.
+/// What to trace. What the step costs to trace is counted in layer units: one layer of one
+/// micro-batch is one unit (the embedding and the head with its loss one more per
+/// micro-batch), a Mixtral layer one more per kExpertsPerUnit experts (each expert's products
+/// are traced). Many layers or micro-batches are not traced: the step's figures are affine in
+/// each count (docs/training.md, "Sizing a training run"), so a few small counts are traced and
+/// the figures extrapolated.
+struct TraceChoice {
+  std::int64_t layers = 0, accum = 0;  // the step's (T5: encoder and decoder layers)
+  bool by_layers = false, by_accum = false;
+  std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (layers, micro-batches) traced
+  bool full = true;       // the whole step is traced (no extrapolation)
+  double full_units = 0;  // of the whole step
+  /// The error for a step too large to trace: `what` is traced, `units` of it.
+  std::function<SpecError(const std::string& what, double units)> too_large;
+};
+
+TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
+  TraceChoice c;
   const bool t5 = config.family == ModelFamily::kT5;
-  const std::int64_t layers = t5 ? config.layers + config.decoder_layers : config.layers;
-  const std::int64_t accum = o.grad_accum;
+  c.layers = t5 ? config.layers + config.decoder_layers : config.layers;
+  c.accum = o.grad_accum;
   const double layer_units =
       config.family == ModelFamily::kMixtral
           ? 1 + static_cast<double>(config.experts) / static_cast<double>(kExpertsPerUnit)
           : 1.0;
-  const auto units = [&](std::int64_t l, std::int64_t k) {
+  const auto units = [=](std::int64_t l, std::int64_t k) {
     return static_cast<double>(k) * (static_cast<double>(l) * layer_units + 1);
   };
   // Layers alike: the samples' layers are the model's first ones, so a model whose layers
   // differ (Qwen2's sliding window from max_window_layers on) is traced whole.
   bool layers_alike = true;
-  for (std::size_t i = 1; i < static_cast<std::size_t>(std::max<std::int64_t>(layers, 0)); ++i) {
+  for (std::size_t i = 1; i < static_cast<std::size_t>(std::max<std::int64_t>(c.layers, 0)); ++i) {
     if (config.window(i) != config.window(0)) layers_alike = false;
   }
-  const bool by_layers = !t5 && layers_alike && layers > kLargestSample;
-  const bool by_accum = accum > kLargestSample;
-  std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (layers, micro-batches) traced
-  if (by_layers && by_accum) {
+  c.by_layers = !t5 && layers_alike && c.layers > kLargestSample;
+  c.by_accum = c.accum > kLargestSample;
+  if (c.by_layers && c.by_accum) {
     // The corners the function is fitted on, then checks along each count and across.
-    points = {
+    c.points = {
         {2, 2}, {3, 2}, {2, 3}, {3, 3}, {4, 2}, {kLargestSample, 2}, {2, 4}, {2, kLargestSample},
         {4, 4}};
-  } else if (by_layers) {
+  } else if (c.by_layers) {
     for (const std::int64_t l : {std::int64_t{2}, std::int64_t{3}, std::int64_t{4}, kLargestSample})
-      points.emplace_back(l, accum);
-  } else if (by_accum) {
+      c.points.emplace_back(l, c.accum);
+  } else if (c.by_accum) {
     for (const std::int64_t k : {std::int64_t{2}, std::int64_t{3}, std::int64_t{4}, kLargestSample})
-      points.emplace_back(layers, k);
+      c.points.emplace_back(c.layers, k);
   }
   double sample_units = 0;
-  for (const auto& [l, k] : points) sample_units += units(l, k);
-  const double full_units = units(layers, accum);
-  const bool full = points.empty() || full_units <= sample_units || !o.extrapolate;
-  const auto too_large = [&](const std::string& what, double u) {
+  for (const auto& [l, k] : c.points) sample_units += units(l, k);
+  c.full_units = units(c.layers, c.accum);
+  c.full = c.points.empty() || c.full_units <= sample_units || !o.extrapolate;
+  const bool mixtral = config.family == ModelFamily::kMixtral;
+  c.too_large = [=](const std::string& what, double u) {
     return SpecError(fmt::format(
         "[train] the step is too large to plan: {} make {:.0f} layer units to trace, over the "
         "limit of {} (a layer of one micro-batch is one unit{}); use fewer {}",
         what, u, kMaxTraceUnits,
-        config.family == ModelFamily::kMixtral
-            ? fmt::format(", a Mixtral layer 1 + experts / {}", kExpertsPerUnit)
-            : "",
-        config.family == ModelFamily::kMixtral ? "experts or layers"
-        : t5                                   ? "layers or micro-batches (T5 is traced whole)"
-                                               : "layers or micro-batches"));
+        mixtral ? fmt::format(", a Mixtral layer 1 + experts / {}", kExpertsPerUnit) : "",
+        mixtral ? "experts or layers"
+        : t5    ? "layers or micro-batches (T5 is traced whole)"
+                : "layers or micro-batches"));
   };
-  if (full && full_units > kMaxTraceUnits) {
-    throw too_large(
-        fmt::format("{} layers x {} micro-batch{}", layers, accum, accum == 1 ? "" : "es"),
-        full_units);
+  const auto steps = [](std::int64_t l, std::int64_t k) {
+    return fmt::format("{} layers x {} micro-batch{}", l, k, k == 1 ? "" : "es");
+  };
+  if (c.full && c.full_units > kMaxTraceUnits)
+    throw c.too_large(steps(c.layers, c.accum), c.full_units);
+  if (!c.full && sample_units > kMaxTraceUnits) {
+    throw c.too_large(fmt::format("the {} small steps traced to extrapolate from", c.points.size()),
+                      sample_units);
   }
-  if (!full && sample_units > kMaxTraceUnits) {
-    throw too_large(fmt::format("the {} small steps traced to extrapolate from", points.size()),
-                    sample_units);
-  }
-  // The parameter tree is built whole (its shardings give the state's bytes): bounded too. (T5's
-  // layers are bounded by the trace's limit above.)
+  return c;
+}
+
+/// Refuses a parameter tree of more than kMaxParameterTensors tensors before it is built whole
+/// (its shardings give the state's bytes). (T5's layers are bounded by the trace's limit.)
+void check_parameter_tensors(const ModelConfig& config, const TrainPlanOptions& o,
+                             std::int64_t layers) {
   const auto leaves_with = [&](std::int64_t l) {
     ModelConfig c = config;
     c.layers = l;
     return static_cast<double>(c.parameters(o.param_dtype).leaves().size());
   };
   const double tensors =
-      t5 ? 0 : leaves_with(1) + (leaves_with(2) - leaves_with(1)) * static_cast<double>(layers - 1);
+      config.family == ModelFamily::kT5
+          ? 0
+          : leaves_with(1) + (leaves_with(2) - leaves_with(1)) * static_cast<double>(layers - 1);
   if (tensors > static_cast<double>(kMaxParameterTensors)) {
     throw SpecError(fmt::format(
         "[train] the model has {:.0f} parameter tensors ({} layers), over the limit of {}", tensors,
         config.layers, kMaxParameterTensors));
   }
+}
 
-  std::optional<train::StepFigures> figures;
-  std::optional<TracedStep> traced;
-  if (!full) {
+/// The step's figures: extrapolated from the chosen small steps when they lie on the fitted
+/// function, else from the whole step traced (`traced` then set). `what_traced` says which.
+train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                                 const TrainPlanOptions& o, const train::Layout& layout,
+                                 const TraceChoice& c, std::optional<train::TracedStep>& traced,
+                                 std::string& what_traced) {
+  if (!c.full) {
     std::vector<train::StepSample> samples;
-    for (const auto& [l, k] : points) {
-      ModelConfig c = config;
-      c.layers = l;
+    for (const auto& [l, k] : c.points) {
+      ModelConfig sc = config;
+      sc.layers = l;
       TrainPlanOptions so = o;
       so.grad_accum = static_cast<int>(k);
-      so.batch = micro * k;
-      samples.push_back({l, k, trace_step(c, mesh, rules, so, layout).figures});
+      so.batch = o.batch / o.grad_accum * k;
+      samples.push_back({l, k, train::trace_step(sc, mesh, rules, so, layout).figures});
     }
-    figures = train::extrapolate(samples, layers, accum);
-    if (!figures && full_units > kMaxTraceUnits) {
-      throw too_large(fmt::format("its figures do not grow linearly with the layers and "
-                                  "micro-batches of small steps, so it must be traced whole: {} "
-                                  "layers x {} micro-batch{}",
-                                  layers, accum, accum == 1 ? "" : "es"),
-                      full_units);
+    if (auto figures = train::extrapolate(samples, c.layers, c.accum)) {
+      std::vector<std::string> steps;
+      for (const auto& [l, k] : c.points) {
+        steps.push_back(c.by_layers && c.by_accum ? fmt::format("{}x{}", l, k)
+                                                  : fmt::format("{}", c.by_layers ? l : k));
+      }
+      what_traced = fmt::format("steps of {} {}", fmt::join(steps, ", "),
+                                c.by_layers && c.by_accum ? "layers x micro-batches"
+                                : c.by_layers             ? "layers"
+                                                          : "micro-batches");
+      return *figures;
+    }
+    if (c.full_units > kMaxTraceUnits) {
+      throw c.too_large(fmt::format("its figures do not grow linearly with the layers and "
+                                    "micro-batches of small steps, so it must be traced whole: {} "
+                                    "layers x {} micro-batch{}",
+                                    c.layers, c.accum, c.accum == 1 ? "" : "es"),
+                        c.full_units);
     }
   }
-  std::string what_traced = "the whole step";
-  if (figures) {
-    std::vector<std::string> steps;
-    for (const auto& [l, k] : points) {
-      steps.push_back(by_layers && by_accum ? fmt::format("{}x{}", l, k)
-                                            : fmt::format("{}", by_layers ? l : k));
-    }
-    what_traced = fmt::format("steps of {} {}", fmt::join(steps, ", "),
-                              by_layers && by_accum ? "layers x micro-batches"
-                              : by_layers           ? "layers"
-                                                    : "micro-batches");
-  } else {
-    traced = trace_step(config, mesh, rules, o, layout);
-    figures = traced->figures;
-  }
+  what_traced = "the whole step";
+  traced = train::trace_step(config, mesh, rules, o, layout);
+  return traced->figures;
+}
 
-  const Tree<TensorSpec> params = config.parameters(o.param_dtype);
-  TrainPlan plan;
+/// The bytes a device holds of the parameters, gradients and optimizer state, from the whole
+/// tree's shardings, resolved as sjit resolves them (for a step not traced whole).
+void state_bytes_from_rules(const Mesh& mesh, const RulePtr& rules, const TrainPlanOptions& o,
+                            const Tree<TensorSpec>& params, TrainPlan& plan) {
+  const ShardingAssignment a = MeshShardingHelper(mesh).resolve(RuleTree(rules), params);
+  const std::vector<TensorSpec> p_leaves = params.leaves();
+  std::int64_t moments = 0;
+  for (std::size_t i = 0; i < p_leaves.size(); ++i) {
+    const MaybeSharding s = a.sharding_of(i);
+    const Shape shard = s ? s->shard_shape(p_leaves[i].shape) : p_leaves[i].shape;
+    if (!detail::checked_add(plan.parameter_bytes, byte_size(shard, o.param_dtype),
+                             &plan.parameter_bytes) ||
+        !detail::checked_add(plan.gradient_bytes, byte_size(shard, o.grad_dtype),
+                             &plan.gradient_bytes) ||
+        !detail::checked_add(moments, byte_size(shard, o.optimizer_dtype), &moments)) {
+      throw SpecError("[train] the bytes one device holds overflow int64");
+    }
+  }
+  plan.optimizer_bytes = byte_size(Shape{}, DType::kF32);  // the step count
+  if (o.optimizer != OptimizerKind::kSgd &&
+      (!detail::checked_mul(moments, 2, &moments) ||
+       !detail::checked_add(plan.optimizer_bytes, moments, &plan.optimizer_bytes))) {
+    throw SpecError("[train] the bytes one device holds overflow int64");
+  }
+}
+
+/// The plan's description of the model and the step (what was asked, not what it costs).
+void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanOptions& o,
+                   const Tree<TensorSpec>& params, const std::vector<std::string>& batch_axes,
+                   TrainPlan& plan) {
   std::int64_t parameter_count = 0;  // from the tree already built, not a second one
   for (const TensorSpec& t : params.leaves()) {
     if (!detail::checked_add(parameter_count, t.shape.numel(), &parameter_count)) {
@@ -517,45 +366,52 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.param_dtype = o.param_dtype;
   plan.grad_dtype = o.grad_dtype;
   plan.optimizer_dtype = o.optimizer_dtype;
+}
+
+/// The figures' part of the plan: the peak and its split, the batch, FLOPs, bytes moved.
+void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
+  using train::ByteFigure;
+  const std::map<train::ByteKey, std::int64_t>& bytes = figures.bytes;
+  plan.batch_bytes = bytes.at(ByteFigure::kBatch);
+  plan.peak_bytes = bytes.at(ByteFigure::kPeak);
+  plan.transient_bytes =
+      plan.peak_bytes - plan.parameter_bytes - plan.optimizer_bytes - plan.batch_bytes;
+  plan.peak_held_bytes = bytes.at(ByteFigure::kPeakHeld);
+  plan.peak_gathered_bytes = bytes.at(ByteFigure::kPeakGathered);
+  plan.peak_computed_bytes = bytes.at(ByteFigure::kPeakComputed);
+  plan.flops = figures.flops.at(train::FlopFigure::kBusiest);
+  plan.total_flops = figures.flops.at(train::FlopFigure::kTotal);
+  for (const auto& [key, b] : bytes) {
+    if (const auto* kind = std::get_if<CollectiveKind>(&key)) plan.bytes_by_collective[*kind] = b;
+  }
+}
+
+}  // namespace
+
+TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                        const TrainPlanOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  check_options(config, o);
+  std::vector<std::string> batch_axes;
+  const train::Layout layout = make_layout(mesh, o, batch_axes);
+  const TraceChoice choice = choose_trace(config, o);
+  check_parameter_tensors(config, o, choice.layers);
+
+  std::optional<train::TracedStep> traced;
+  std::string what_traced;
+  const train::StepFigures figures =
+      trace_figures(config, mesh, rules, o, layout, choice, traced, what_traced);
+  const Tree<TensorSpec> params = config.parameters(o.param_dtype);
+  TrainPlan plan;
+  describe_step(config, mesh, o, params, batch_axes, plan);
   if (traced) {
     plan.parameter_bytes = traced->parameter_bytes;
     plan.gradient_bytes = traced->gradient_bytes;
     plan.optimizer_bytes = traced->optimizer_bytes;
-  } else {  // from the whole tree's shardings, resolved as sjit resolves them
-    const ShardingAssignment a = MeshShardingHelper(mesh).resolve(RuleTree(rules), params);
-    const std::vector<TensorSpec> p_leaves = params.leaves();
-    std::int64_t moments = 0;
-    for (std::size_t i = 0; i < p_leaves.size(); ++i) {
-      const MaybeSharding s = a.sharding_of(i);
-      const Shape shard = s ? s->shard_shape(p_leaves[i].shape) : p_leaves[i].shape;
-      if (!detail::checked_add(plan.parameter_bytes, byte_size(shard, o.param_dtype),
-                               &plan.parameter_bytes) ||
-          !detail::checked_add(plan.gradient_bytes, byte_size(shard, o.grad_dtype),
-                               &plan.gradient_bytes) ||
-          !detail::checked_add(moments, byte_size(shard, o.optimizer_dtype), &moments)) {
-        throw SpecError("[train] the bytes one device holds overflow int64");
-      }
-    }
-    plan.optimizer_bytes = byte_size(Shape{}, DType::kF32);  // the step count
-    if (o.optimizer != OptimizerKind::kSgd &&
-        (!detail::checked_mul(moments, 2, &moments) ||
-         !detail::checked_add(plan.optimizer_bytes, moments, &plan.optimizer_bytes))) {
-      throw SpecError("[train] the bytes one device holds overflow int64");
-    }
+  } else {
+    state_bytes_from_rules(mesh, rules, o, params, plan);
   }
-  const std::map<std::string, std::int64_t>& bytes = figures->bytes;
-  plan.batch_bytes = bytes.at("batch");
-  plan.peak_bytes = bytes.at("peak");
-  plan.transient_bytes =
-      plan.peak_bytes - plan.parameter_bytes - plan.optimizer_bytes - plan.batch_bytes;
-  plan.peak_held_bytes = bytes.at("peak held");
-  plan.peak_gathered_bytes = bytes.at("peak gathered");
-  plan.peak_computed_bytes = bytes.at("peak computed");
-  plan.flops = figures->flops.at("flops");
-  plan.total_flops = figures->flops.at("total");
-  for (const auto& [key, b] : bytes) {
-    if (key.starts_with(kCollective)) plan.bytes_by_collective[key.substr(kCollective.size())] = b;
-  }
+  read_figures(figures, plan);
   plan.device_memory = o.device_memory;
   plan.headroom = o.headroom;
   plan.not_modelled = config.not_modelled;
@@ -608,7 +464,7 @@ std::string TrainPlan::table() const {
   if (bytes_moved() == 0) out += "  (nothing)\n";
   for (const auto& [kind, bytes] : bytes_by_collective) {
     if (bytes == 0) continue;  // a kind the program uses without moving data (a local slice)
-    out += fmt::format("  {:<40} {:>12}\n", kind, format_bytes(bytes));
+    out += fmt::format("  {:<40} {:>12}\n", to_string(kind), format_bytes(bytes));
   }
   if (bytes_by_collective.size() > 1) {
     out += fmt::format("  {:<40} {:>12}\n", "total", format_bytes(bytes_moved()));
@@ -657,7 +513,11 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
                      {"peak_computed_bytes", p.peak_computed_bytes},
                      {"peak_bytes", p.peak_bytes},
                      {"flops", p.flops}};
-  j["bytes_received_per_device"] = p.bytes_by_collective;
+  // An object keyed by the kinds' names, in their order (the order of the names).
+  nlohmann::ordered_json received = nlohmann::ordered_json::object();
+  for (const auto& [kind, bytes] : p.bytes_by_collective)
+    received[std::string(to_string(kind))] = bytes;
+  j["bytes_received_per_device"] = std::move(received);
   j["bytes_moved_per_device"] = p.bytes_moved();
   j["total_flops"] = p.total_flops;
   if (const auto f = p.fits()) {

@@ -6,12 +6,15 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace shardplan {
 
 struct Array::Impl {
-  Executor executor;
+  // Always set but for the tracers of a call with no arrays (lower() on TensorSpecs): no
+  // executor is known there.
+  std::optional<Executor> executor;
   Shape shape;
   DType dtype;
   NamedSharding sharding;
@@ -43,7 +46,11 @@ inline const Shape& Array::shape() const { return impl().shape; }
 inline DType Array::dtype() const { return impl().dtype; }
 inline const NamedSharding& Array::sharding() const { return concrete("sharding").sharding; }
 inline const Mesh& Array::mesh() const { return impl().sharding.mesh(); }
-inline const Executor& Array::executor() const { return impl().executor; }
+inline const Executor& Array::executor() const {
+  const Impl& i = impl();
+  if (!i.executor) no_executor();
+  return *i.executor;
+}
 inline const Pending& Array::pending() const { return impl().pending; }
 inline bool Array::is_pending() const { return !impl().pending.empty(); }
 inline const Shape& Array::shard_shape() const { return impl().shard_shape; }

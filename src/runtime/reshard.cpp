@@ -1,0 +1,228 @@
+// reshard (the cheapest route from one sharding to another) and plan_reshard (what it would run,
+// and the bytes each device would receive, without running it): one routing serves both.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "collectives_impl.hpp"
+#include "shardplan/detail/checked.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan {
+
+using detail::chunk_start;
+using detail::make_record;
+using detail::make_spec;
+using detail::move_to;
+using detail::padded_dims;
+
+namespace {
+
+// How a pending array is reduced on the way to `target`: the dimension to reduce-scatter into
+// (and the axes in their order) when the target shards one dimension over exactly the pending
+// axes after what it already has; -1 for an all-reduce.
+std::pair<int, std::vector<std::string>> pending_route(const PartitionSpec& cur,
+                                                       const Pending& pending,
+                                                       const PartitionSpec& target, int rank) {
+  const auto& pend = pending.axes;
+  const auto cdims = padded_dims(cur, rank);
+  const auto tdims = padded_dims(target, rank);
+  for (int d = 0; d < rank; ++d) {
+    const auto& ce = cdims[static_cast<std::size_t>(d)];
+    const auto& te = tdims[static_cast<std::size_t>(d)];
+    if (te.size() != ce.size() + pend.size() || !std::equal(ce.begin(), ce.end(), te.begin())) {
+      continue;
+    }
+    std::vector<std::string> suffix(te.begin() + static_cast<std::ptrdiff_t>(ce.size()), te.end());
+    if (std::is_permutation(suffix.begin(), suffix.end(), pend.begin(), pend.end())) {
+      return {d, suffix};
+    }
+  }
+  return {-1, {}};
+}
+
+// The name and axes of the move from `cur` to `target` (not equivalent, nothing pending).
+std::pair<CollectiveKind, std::vector<std::string>> move_route(const PartitionSpec& cur,
+                                                               const PartitionSpec& target,
+                                                               int rank) {
+  const auto cdims = padded_dims(cur, rank);
+  const auto tdims = padded_dims(target, rank);
+  auto is_prefix = [](const AxisNames& a, const AxisNames& b) {
+    return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+  };
+  bool refines = true, coarsens = true;
+  std::vector<std::string> used_c, used_t, removed;
+  for (int d = 0; d < rank; ++d) {
+    const auto& ce = cdims[static_cast<std::size_t>(d)];
+    const auto& te = tdims[static_cast<std::size_t>(d)];
+    refines = refines && is_prefix(ce, te);
+    coarsens = coarsens && is_prefix(te, ce);
+    used_c.insert(used_c.end(), ce.begin(), ce.end());
+    used_t.insert(used_t.end(), te.begin(), te.end());
+    if (is_prefix(te, ce)) {
+      removed.insert(removed.end(), ce.begin() + static_cast<std::ptrdiff_t>(te.size()), ce.end());
+    }
+  }
+  if (refines) return {CollectiveKind::kSlice, {}};
+  if (coarsens) return {CollectiveKind::kAllGather, removed};
+  if (std::is_permutation(used_c.begin(), used_c.end(), used_t.begin(), used_t.end())) {
+    std::vector<std::string> axes;
+    for (int d = 0; d < rank; ++d) {
+      const auto& ce = cdims[static_cast<std::size_t>(d)];
+      for (const auto& a : tdims[static_cast<std::size_t>(d)]) {
+        if (std::find(ce.begin(), ce.end(), a) == ce.end()) axes.push_back(a);
+      }
+    }
+    return {CollectiveKind::kAllToAll, axes};
+  }
+  return {CollectiveKind::kGeneral, {}};
+}
+
+void check_reshard(const Mesh& mesh, const NamedSharding& target, const Shape& shape,
+                   const std::string& what) {
+  if (!(mesh == target.mesh())) {
+    throw ArrayError(fmt::format(
+        "[reshard] {} is on {} with devices {}; the new sharding is on {} with devices {} (reshard "
+        "moves between shardings of one mesh)",
+        what, mesh.to_string(), fmt::join(mesh.devices(), ","), target.mesh().to_string(),
+        fmt::join(target.mesh().devices(), ",")));
+  }
+  target.spec().validate(target.mesh(), shape.rank(), "reshard");
+  target.shard_shape(shape, "reshard");
+}
+
+// Bytes each device would receive moving from `from` to `target` (see move_to).
+std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
+                                     const NamedSharding& from, const NamedSharding& target) {
+  const int rank = shape.rank();
+  const Mesh& mesh = target.mesh();
+  const auto tblocks = target.device_blocks(shape);
+  const auto fblocks = from.device_blocks(shape);
+  // The source's distinct blocks tile the array, one per replica group, and every device is in
+  // exactly one group: what a device receives from the other groups is its target block less
+  // the part its own source block already holds (tests check this against the sum over groups).
+  std::vector<std::int64_t> bytes(tblocks.size(), 0);
+  for (const int d : mesh.devices()) {
+    const Block& bt = tblocks[static_cast<std::size_t>(d)];
+    const Block& bs = fblocks[static_cast<std::size_t>(d)];
+    std::int64_t whole = 1, own = 1;
+    for (int k = 0; k < rank; ++k) {
+      const auto i = static_cast<std::size_t>(k);
+      whole *= bt[i].size;
+      own *=
+          std::max<std::int64_t>(0, std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size) -
+                                        std::max(bt[i].start, bs[i].start));
+    }
+    bytes[static_cast<std::size_t>(d)] = (whole - own) * static_cast<std::int64_t>(elem);
+  }
+  return bytes;
+}
+
+/// The size of every device group over `axes` (each axis counted once).
+std::int64_t group_size(const Mesh& mesh, const std::vector<std::string>& axes) {
+  const std::vector<bool> varies = varying_axes(mesh, axes);
+  std::int64_t n = 1;
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    if (varies[static_cast<std::size_t>(i)]) n *= mesh.axis_sizes()[static_cast<std::size_t>(i)];
+  }
+  return n;
+}
+
+/// The index of `device` in device_group(mesh, device, axes) (which lists the group in mesh
+/// order): its coordinates on the varying axes read as one mixed-radix number.
+std::int64_t rank_in_group(const Mesh& mesh, int device, const std::vector<std::string>& axes) {
+  const std::vector<bool> varies = varying_axes(mesh, axes);
+  const auto coords = mesh.coords_of_position(mesh.position_of_device(device));
+  std::int64_t r = 0;
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    if (varies[k]) r = r * mesh.axis_sizes()[k] + coords[k];
+  }
+  return r;
+}
+
+}  // namespace
+
+ReshardResult reshard(const Array& x, const NamedSharding& target) {
+  check_reshard(x.mesh(), target, x.shape(), x.to_string());
+  const int rank = x.shape().rank();
+  ReshardResult result{x, {}};
+  Array& cur = result.array;
+  if (cur.is_pending()) {
+    const auto [scatter_dim, order] =
+        pending_route(cur.sharding().spec(), cur.pending(), target.spec(), rank);
+    CollectiveRecord rec;
+    cur = scatter_dim >= 0 ? reduce_scatter(cur, scatter_dim, order, &rec)
+                           : all_reduce(cur, {}, &rec);
+    result.steps.push_back(std::move(rec));
+  }
+  if (cur.sharding().is_equivalent_to(target, rank)) {
+    // The same blocks, perhaps under another name (size-1 axes): no data moves.
+    if (!(cur.sharding() == target)) cur = cur.relabel(target);
+    return result;
+  }
+  auto [kind, axes] = move_route(cur.sharding().spec(), target.spec(), rank);
+  CollectiveRecord rec = make_record(kind, axes, cur);
+  cur = move_to(cur, target, rec);
+  result.steps.push_back(std::move(rec));
+  return result;
+}
+
+std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
+                                           const NamedSharding& from, const Pending& pending,
+                                           const NamedSharding& target) {
+  check_reshard(from.mesh(), target, shape, fmt::format("{}{}", name(dtype), shape.to_string()));
+  byte_size(shape, dtype);  // the global bytes fit; so do a shard's and a device's traffic below
+  const int rank = shape.rank();
+  const std::size_t elem = size_of(dtype);
+  const Mesh& mesh = from.mesh();
+  const auto num =
+      static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1);
+  std::vector<CollectiveRecord> steps;
+  NamedSharding cur = from;
+  if (!pending.empty()) {
+    const auto [scatter_dim, order] = pending_route(from.spec(), pending, target.spec(), rank);
+    if (scatter_dim >= 0) {
+      auto dims = padded_dims(from.spec(), rank);
+      auto& e = dims[static_cast<std::size_t>(scatter_dim)];
+      e.insert(e.end(), order.begin(), order.end());
+      cur = NamedSharding(mesh, make_spec(dims));
+      const std::int64_t shard = byte_size(cur.shard_shape(shape), dtype);
+      CollectiveRecord rec{CollectiveKind::kReduceScatter, order,
+                           std::vector<std::int64_t>(num, 0)};
+      const std::int64_t n = group_size(mesh, order);  // every group has the same size
+      for (const int d : mesh.devices())
+        rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
+      steps.push_back(std::move(rec));
+    } else {
+      const std::int64_t total = from.shard_shape(shape).numel();
+      CollectiveRecord rec{CollectiveKind::kAllReduce, pending.axes,
+                           std::vector<std::int64_t>(num, 0)};
+      const std::int64_t n = group_size(mesh, pending.axes);
+      for (const int d : mesh.devices()) {
+        const std::int64_t r = rank_in_group(mesh, d, pending.axes);
+        const std::int64_t chunk = chunk_start(r + 1, total, n) - chunk_start(r, total, n);
+        // ((n - 1) * chunk + total - chunk) * elem: close to twice the shard's bytes, which may
+        // not fit even though the shard does.
+        std::int64_t in = 0;
+        if (!detail::checked_mul(n - 1, chunk, &in) ||
+            !detail::checked_add(in, total - chunk, &in) ||
+            !detail::checked_mul(in, static_cast<std::int64_t>(elem), &in)) {
+          throw SpecError(fmt::format(
+              "[plan_reshard] bytes device {} receives in the all_reduce of {}{} overflow int64", d,
+              name(dtype), shape.to_string()));
+        }
+        rec.bytes_in[static_cast<std::size_t>(d)] = in;
+      }
+      steps.push_back(std::move(rec));
+    }
+  }
+  if (cur.is_equivalent_to(target, rank)) return steps;
+  auto [kind, axes] = move_route(cur.spec(), target.spec(), rank);
+  CollectiveRecord rec{kind, axes, move_bytes(shape, elem, cur, target)};
+  rec.bytes_in.resize(num, 0);
+  steps.push_back(std::move(rec));
+  return steps;
+}
+
+}  // namespace shardplan

@@ -1,0 +1,273 @@
+// The training step under sjit on abstract arguments: the model's loss and gradients (over
+// micro-batches when accumulating), the optimizer's update one parameter at a time, lowered for
+// the mesh and its cost read off the compiled program.
+#include "step_trace.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "shardplan/detail/checked.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/optim.hpp"
+#include "shardplan/sjit.hpp"
+
+namespace shardplan::train {
+namespace {
+
+Optimizer make_optimizer(OptimizerKind kind) {
+  // The rates do not change the program's shape or cost; any value would do.
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return Optimizer::sgd(1e-3);
+    case OptimizerKind::kAdam:
+      return Optimizer::adam(1e-3);
+    case OptimizerKind::kAdamw:
+      break;
+  }
+  return Optimizer::adamw(constant_schedule(1e-3), 0.1);
+}
+
+Tree<Array> cast(const Tree<Array>& t, DType dtype) {
+  return t.map([&](const Array& a) { return a.dtype() == dtype ? a : astype(a, dtype); });
+}
+
+/// Bytes one device holds of each leaf (every device holds the same: shapes must divide).
+std::int64_t shard_bytes(const std::vector<NamedSharding>& shardings, std::size_t first,
+                         const std::vector<TensorSpec>& leaves, DType as = DType::kBool,
+                         bool use_as = false) {
+  // The program's memory plan has already summed these (with the rest) without overflowing;
+  // checked all the same, so a change there cannot turn this into a wrapped number.
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const Shape shard = shardings[first + i].shard_shape(leaves[i].shape);
+    if (!detail::checked_add(total, byte_size(shard, use_as ? as : leaves[i].dtype), &total)) {
+      throw SpecError("[train] the bytes one device holds overflow int64");
+    }
+  }
+  return total;
+}
+
+/// The optimizer's state for `params` (the step count, and Adam's moments like the parameters)
+/// and its rules.
+std::pair<Tree<TensorSpec>, RuleTree> optimizer_state(const Tree<TensorSpec>& params,
+                                                      const RulePtr& rules,
+                                                      const TrainPlanOptions& o) {
+  const auto moments = [&] {
+    return params.map([&](const TensorSpec& t) { return TensorSpec{t.shape, o.optimizer_dtype}; });
+  };
+  std::vector<Tree<TensorSpec>::DictEntry> state_entries{
+      {"count", Tree<TensorSpec>(TensorSpec{Shape{}, DType::kF32})}};
+  std::vector<RuleTree::DictEntry> state_rules{{"count", RuleTree(Replicated{})}};
+  if (o.optimizer != OptimizerKind::kSgd) {
+    for (const char* key : {"mu", "nu"}) {
+      state_entries.emplace_back(key, moments());
+      state_rules.emplace_back(key, RuleTree(rules));
+    }
+  }
+  return {Tree<TensorSpec>::dict(std::move(state_entries)), RuleTree::dict(std::move(state_rules))};
+}
+
+/// The step's abstract arguments (parameters, optimizer state, tokens, targets) and how the
+/// state and the batch are sharded.
+struct StepArguments {
+  Tree<TensorSpec> params, state;
+  RuleTree state_rule;
+  TensorSpec tokens, targets;
+  PartitionSpec batch_spec;
+};
+
+StepArguments step_arguments(const ModelConfig& config, const RulePtr& rules,
+                             const TrainPlanOptions& o, const Layout& layout) {
+  const std::int64_t micro = o.batch / o.grad_accum;
+  StepArguments a;
+  a.params = config.parameters(o.param_dtype);
+  std::tie(a.state, a.state_rule) = optimizer_state(a.params, rules, o);
+  a.batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch})
+                                   : PartitionSpec({AxisNames{}, layout.batch});
+  // T5 reads the encoder's tokens and then the decoder's from one array; its targets are the
+  // decoder's.
+  const std::int64_t target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
+  const std::int64_t input_seq = config.family == ModelFamily::kT5 ? o.seq + target_seq : o.seq;
+  const auto batch_of = [&](std::int64_t len) {
+    return TensorSpec{o.grad_accum == 1 ? Shape{o.batch, len} : Shape{o.grad_accum, micro, len},
+                      DType::kI32};
+  };
+  a.tokens = batch_of(input_seq);
+  a.targets = batch_of(config.family == ModelFamily::kT5 ? target_seq : o.seq);
+  return a;
+}
+
+/// With recomputation over micro-batches, each parameter's path and the sharding its rule gives
+/// it (see refresh in trace_step); empty otherwise.
+std::map<std::string, std::optional<PartitionSpec>> parameter_specs(const Mesh& mesh,
+                                                                    const RulePtr& rules,
+                                                                    const Tree<TensorSpec>& params,
+                                                                    const TrainPlanOptions& o) {
+  std::map<std::string, std::optional<PartitionSpec>> param_specs;
+  if (o.recompute && o.grad_accum > 1) {
+    const ShardingAssignment a = MeshShardingHelper(mesh).resolve(RuleTree(rules), params);
+    const auto paths = params.flatten();
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      const MaybeSharding s = a.sharding_of(i);
+      param_specs.emplace(paths[i].first, s ? std::optional(s->spec()) : std::nullopt);
+    }
+  }
+  return param_specs;
+}
+
+/// The loss and the gradients of micro-batch after micro-batch (the activations of one at a
+/// time), the gradients summed, both averaged over the micro-batches.
+std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
+                                                         const Tree<Array>& p, const Array& x,
+                                                         const Array& y, const RulePtr& rules,
+                                                         const TrainPlanOptions& o,
+                                                         const Refresh& refresh) {
+  const std::int64_t micro = o.batch / o.grad_accum;
+  const auto piece = [&](const Array& a, std::int64_t k) {
+    const std::int64_t len = a.shape()[2];
+    return reshape(slice(a, {k, 0, 0}, {k + 1, micro, len}), Shape{micro, len});
+  };
+  Array loss;
+  Tree<Array> grads;
+  for (std::int64_t k = 0; k < o.grad_accum; ++k) {
+    // With recomputation each micro-batch gathers its weights again: otherwise the first
+    // one's gathered copies are used by every later one and the whole model stays gathered.
+    auto [l, g_pending] = loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute, &refresh);
+    // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
+    // is held sharded rather than as every device's unreduced full-size partial sums.
+    const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
+    if (k == 0) {
+      loss = l;
+      grads = g;
+    } else {
+      loss = loss + l;
+      std::vector<Array> sum_leaves = grads.leaves();
+      const std::vector<Array> add = g.leaves();
+      for (std::size_t i = 0; i < sum_leaves.size(); ++i) sum_leaves[i] = sum_leaves[i] + add[i];
+      grads = grads.unflatten(std::move(sum_leaves));
+    }
+  }
+  const double inv = 1.0 / static_cast<double>(o.grad_accum);
+  loss = loss * inv;
+  grads = grads.map([&](const Array& g) { return g * inv; });
+  return {loss, grads};
+}
+
+/// The update one parameter at a time (as optimizers fused per tensor run), so that only one
+/// parameter's widened copies and new moments are live beside the state, not every one's.
+/// Returns the new parameters and optimizer state.
+std::pair<Tree<Array>, Tree<Array>> update_each_parameter(const Optimizer& optimizer,
+                                                          const Tree<Array>& grads,
+                                                          const Tree<Array>& p,
+                                                          const Tree<Array>& s,
+                                                          const TrainPlanOptions& o) {
+  const std::vector<Array> g_leaves = grads.leaves(), p_leaves = p.leaves();
+  const bool has_moments = s.find("mu") != nullptr;
+  const std::vector<Array> mu = has_moments ? s.at("mu").leaves() : std::vector<Array>{};
+  const std::vector<Array> nu = has_moments ? s.at("nu").leaves() : std::vector<Array>{};
+  std::vector<Array> new_p(p_leaves.size()), new_mu(mu.size()), new_nu(nu.size());
+  Array count;
+  for (std::size_t i = 0; i < p_leaves.size(); ++i) {
+    std::vector<Tree<Array>::DictEntry> entries{{"count", s.at("count")}};
+    if (has_moments) {
+      entries.emplace_back("mu", Tree<Array>(mu[i]));
+      entries.emplace_back("nu", Tree<Array>(nu[i]));
+    }
+    const auto [np, ns] = optimizer.update(Tree<Array>(astype(g_leaves[i], o.optimizer_dtype)),
+                                           Tree<Array>::dict(std::move(entries)),
+                                           Tree<Array>(astype(p_leaves[i], o.optimizer_dtype)));
+    new_p[i] = astype(np.leaf(), o.param_dtype);
+    if (has_moments) {
+      new_mu[i] = ns.at("mu").leaf();
+      new_nu[i] = ns.at("nu").leaf();
+    }
+    if (i == 0) count = ns.at("count").leaf();
+  }
+  std::vector<Tree<Array>::DictEntry> next{{"count", Tree<Array>(count)}};
+  if (has_moments) {
+    next.emplace_back("mu", s.at("mu").unflatten(std::move(new_mu)));
+    next.emplace_back("nu", s.at("nu").unflatten(std::move(new_nu)));
+  }
+  return {p.unflatten(std::move(new_p)), Tree<Array>::dict(std::move(next))};
+}
+
+/// The figures and the state's bytes read off the lowered step.
+TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_dtype) {
+  TracedStep out;
+  const std::vector<NamedSharding> in = low.input_shardings();
+  const std::vector<TensorSpec> p_leaves = args.params.leaves(), s_leaves = args.state.leaves();
+  out.parameter_bytes = shard_bytes(in, 0, p_leaves);
+  out.gradient_bytes = shard_bytes(in, 0, p_leaves, grad_dtype, true);
+  out.optimizer_bytes = shard_bytes(in, p_leaves.size(), s_leaves);
+  std::map<ByteKey, std::int64_t>& bytes = out.figures.bytes;
+  bytes[ByteFigure::kBatch] =
+      shard_bytes(in, p_leaves.size() + s_leaves.size(), {args.tokens, args.targets});
+  const ProgramCost& cost = low.cost();
+  bytes[ByteFigure::kPeak] = *std::max_element(cost.peak_bytes.begin(), cost.peak_bytes.end());
+  bytes[ByteFigure::kPeakHeld] = cost.peak_by_kind.inputs;
+  bytes[ByteFigure::kPeakGathered] = cost.peak_by_kind.resharded_inputs;
+  bytes[ByteFigure::kPeakComputed] = cost.peak_by_kind.computed;
+  for (const auto& [kind, b] : cost.bytes_by_kind) bytes[kind] = b;
+  out.figures.flops[FlopFigure::kBusiest] = *std::max_element(cost.flops.begin(), cost.flops.end());
+  double total = 0;
+  for (double f : cost.flops) total += f;
+  out.figures.flops[FlopFigure::kTotal] = total;
+  return out;
+}
+
+}  // namespace
+
+TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                      const TrainPlanOptions& o, const Layout& layout) {
+  const StepArguments args = step_arguments(config, rules, o, layout);
+  const Optimizer optimizer = make_optimizer(o.optimizer);
+  const ModelStep base{config, layout};
+  // A parameter copied and held as the parameter is (its rule's sharding): each micro-batch
+  // gathers its weights from such copies, so none reuses (and keeps alive) another's gathers.
+  // (The copy alone would not do: it would be made from the gathered parameter.)
+  const std::map<std::string, std::optional<PartitionSpec>> param_specs =
+      parameter_specs(mesh, rules, args.params, o);
+  const Refresh refresh = [&](const std::string& path, const Array& a) {
+    const auto it = param_specs.find(path);
+    if (it == param_specs.end()) {
+      throw std::logic_error(fmt::format("[train] no sharding for the parameter '{}'", path));
+    }
+    return it->second ? with_sharding_constraint(a * 1.0, *it->second) : a * 1.0;
+  };
+  const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
+                        const Array& y) {
+    // The rotary tables made once for the whole step, not per layer and micro-batch. Only with
+    // recomputation, whose forward pass runs in this trace: an array made inside one
+    // value_and_grad (the whole-graph differentiation) is not valid in the next one.
+    SharedTables shared;
+    ModelStep model = base;
+    if (o.recompute) model.tables = &shared;
+    auto [loss, grads] = o.grad_accum == 1
+                             ? loss_and_grads(model, p, x, y, o.recompute)
+                             : accumulated_loss_and_grads(model, p, x, y, rules, o, refresh);
+    grads = cast(grads, o.grad_dtype);
+    auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
+    return Tree<Array>::dict({{"loss", Tree<Array>(loss)},
+                              {"params", std::move(new_params)},
+                              {"state", std::move(new_state)}});
+  };
+  SjitOptions options;
+  options.in_shardings = RuleTree::list(
+      {RuleTree(rules), args.state_rule, RuleTree(args.batch_spec), RuleTree(args.batch_spec)});
+  options.out_shardings = RuleTree::dict(
+      {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", args.state_rule}});
+  options.donate_argnums = {0, 1};
+  const Lowered low = sjit(mesh, step, std::move(options))
+                          .lower(args.params, args.state, args.tokens, args.targets);
+  return read_cost(low, args, o.grad_dtype);
+}
+
+}  // namespace shardplan::train

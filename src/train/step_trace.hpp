@@ -1,0 +1,27 @@
+#pragma once
+// One training step traced under sjit on TensorSpecs and lowered for a mesh: the step's cost
+// read off the compiled program (plan_training's one source of figures). Private to the library.
+
+#include <cstdint>
+
+#include "model_step.hpp"
+#include "shardplan/mesh.hpp"
+#include "shardplan/sharding_rule.hpp"
+#include "shardplan/train_plan.hpp"
+#include "step_scaling.hpp"
+
+namespace shardplan::train {
+
+/// What one trace of the step gives: the figures that grow with the layers and micro-batches,
+/// and the state each device holds (from the traced program's input shardings).
+struct TracedStep {
+  StepFigures figures;
+  std::int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+};
+
+/// Traces the whole step of `config` with `o.grad_accum` micro-batches and lowers it for `mesh`.
+/// Throws as sjit's lower() does (a rule no tensor matches, a shape that does not divide).
+TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                      const TrainPlanOptions& o, const Layout& layout);
+
+}  // namespace shardplan::train
