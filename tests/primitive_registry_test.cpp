@@ -132,13 +132,20 @@ PartitionSpec spread(const Shape& s, const Mesh& mesh) {
   return PartitionSpec(dims);
 }
 
-// The node applied eagerly on one device.
-Tensor run_one(const Devices& dev, const Primitive& p, const TestCase& c,
-               const std::vector<Tensor>& in) {
+// The operands on one device, and the node applied to them eagerly.
+std::vector<Array> on_one(const Devices& dev, const std::vector<Tensor>& in) {
   std::vector<Array> xs;
   for (const Tensor& t : in) xs.push_back(put(t, dev.one_mesh, P(), dev.one));
+  return xs;
+}
+Array apply_on_one(const Devices& dev, const Primitive& p, const TestCase& c,
+                   const std::vector<Array>& xs) {
   const Array placement = put(Tensor(), dev.one_mesh, P(), dev.one);
-  return apply(p, c.attrs, xs, &placement).to_host();
+  return apply(p, c.attrs, xs, &placement);
+}
+Tensor run_one(const Devices& dev, const Primitive& p, const TestCase& c,
+               const std::vector<Tensor>& in) {
+  return apply_on_one(dev, p, c, on_one(dev, in)).to_host();
 }
 
 // The node under sjit over `mesh`, its operands sharded by `spread`, and its result too when
@@ -200,10 +207,8 @@ void check_sharded(const Devices& dev, const Primitive& p, const TestCase& c, co
 // random cotangent w; operands that are not float get no cotangent.
 void check_vjp(const Devices& dev, const Primitive& p, const TestCase& c, const Node& n,
                const std::vector<Tensor>& in, std::mt19937_64& rng) {
-  std::vector<Array> xs;
-  for (const Tensor& t : in) xs.push_back(put(t, dev.one_mesh, P(), dev.one));
-  const Array placement = put(Tensor(), dev.one_mesh, P(), dev.one);
-  const Array y = apply(p, c.attrs, xs, &placement);
+  const std::vector<Array> xs = on_one(dev, in);
+  const Array y = apply_on_one(dev, p, c, xs);
   const Tensor w = sample({n.type, kAnyReal}, rng);
   const std::vector<Array> cts = p.vjp(n, xs, y, put(w, dev.one_mesh, P(), dev.one));
   ASSERT_EQ(cts.size(), in.size()) << "cotangents of the operands";
@@ -242,6 +247,19 @@ void check_vjp(const Devices& dev, const Primitive& p, const TestCase& c, const 
   }
 }
 
+// Declared without a gradient: no operand gets a cotangent.
+void check_no_vjp(const Devices& dev, const Primitive& p, const TestCase& c, const Node& n,
+                  const std::vector<Tensor>& in) {
+  const std::vector<Array> xs = on_one(dev, in);
+  const Array y = apply_on_one(dev, p, c, xs);
+  const std::vector<Array> cts = p.vjp(n, xs, y, y);
+  ASSERT_EQ(cts.size(), in.size()) << "cotangents of the operands";
+  for (std::size_t k = 0; k < cts.size(); ++k) {
+    EXPECT_FALSE(cts[k].valid()) << "declared without a gradient, yet operand " << k
+                                 << " gets a cotangent";
+  }
+}
+
 void check_reference(const Primitive& p) {
   const PrimitiveTests& t = *p.tests;
   ASSERT_TRUE((t.elementwise != nullptr) != (t.reference != nullptr))
@@ -250,11 +268,13 @@ void check_reference(const Primitive& p) {
       << p.name << " has a gradient: its VJP is checked in f64, which it does not declare";
   Devices dev;
   std::mt19937_64 rng(std::hash<std::string_view>()(p.name));
+  int gradients = 0;
   for (const DType dtype : t.dtypes.list()) {
     const std::vector<TestCase> cases = t.cases(p, dtype);
     ASSERT_FALSE(cases.empty()) << p.name << " declares no cases for " << name(dtype);
     for (const TestCase& c : cases) {
-      ASSERT_TRUE(p.arity == kVariadic || static_cast<int>(c.operands.size()) == p.arity);
+      ASSERT_TRUE(p.arity == kVariadic || static_cast<int>(c.operands.size()) == p.arity)
+          << p.name << " takes " << p.arity << " operands, a case gives " << c.operands.size();
       const Node n = node_of(p, c);
       SCOPED_TRACE(describe_case(n, c));
       const std::vector<Tensor> in = sample_operands(c, rng);
@@ -266,9 +286,13 @@ void check_reference(const Primitive& p) {
       check_sharded(dev, p, c, n, in, one);
       if (t.gradient && dtype == DType::kF64 && is_floating(n.type.dtype)) {
         check_vjp(dev, p, c, n, in, rng);
+        ++gradients;
+      } else if (!t.gradient && dtype == t.dtypes.list().front()) {
+        check_no_vjp(dev, p, c, n, in);
       }
     }
   }
+  EXPECT_TRUE(!t.gradient || gradients > 0) << p.name << " has a gradient but no f64 case";
 }
 
 // Same attributes, same values; sharded equal to one device; in range, with the moments.
