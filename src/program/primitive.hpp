@@ -2,9 +2,10 @@
 // A primitive, defined once: its name, arity, attributes, shape and dtype rule, factor (sharding)
 // rule, per-device kernel, FLOP count and VJP together, in the spirit of MLX's Primitive and
 // JAX's primitive registrations. Every primitive is a `const Primitive` in one file of
-// src/program/primitives/, listed in primitives.hpp; docs/design.md ("The program layer") says how
-// to add one. The required parts have no default: leaving one out of a definition does not
-// compile, and giving a null function fails the build too (the definitions are constexpr).
+// src/program/primitives/, listed in primitives.hpp, with its test declaration (Primitive::tests);
+// DEVELOPERS.md ("Recipe: a new primitive") says how to add one. The required parts have no
+// default: leaving one out of a definition does not compile, and giving a null function fails the
+// build too (the definitions are constexpr).
 
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,8 @@
 #include "shardplan/array.hpp"
 
 namespace shardplan::detail {
+
+struct PrimitiveTests;
 
 /// One device's block of a value: row-major, `shape` is the local (block) shape.
 struct ConstBlock {
@@ -157,6 +160,9 @@ struct Primitive {
   bool barrier = false;
   /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
   LinearityFn* linearity = nullptr;
+  /// What the registry test needs to check it (primitive_tests.hpp): every listed primitive
+  /// declares one, or that test fails naming it.
+  const PrimitiveTests* tests = nullptr;
 };
 
 // ---- Pieces shared by definitions -----------------------------------------------------------

@@ -376,11 +376,11 @@ template Tree<Array> replace_at_path(const Tree<Array>&, std::string_view, const
 
 namespace {
 
-/// A new value equal to each leaf: the program gathers it again where it is used instead of
-/// keeping the forward pass's gathered copy alive until the backward pass (as FSDP gathers a
-/// layer's weights again for its backward).
-Tree<Array> fresh(const Tree<Array>& tree) {
-  return tree.map([](const Array& a) { return a * 1.0; });
+/// Each leaf through optimization_barrier: the program gathers it again where it is used instead
+/// of keeping an earlier gathered copy alive until then (as FSDP gathers a layer's weights again
+/// for its backward).
+Tree<Array> regathered(const Tree<Array>& tree) {
+  return tree.map([](const Array& a) { return optimization_barrier(a); });
 }
 
 /// The part of `tree` holding only the leaves at `paths` (nested as in `tree`).
@@ -419,7 +419,7 @@ std::vector<std::string> head_paths(const ModelConfig& c) {
 
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute, const Refresh* refresh) {
+                                             bool recompute, bool regather) {
   if (!recompute) {
     return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
       return model.forward_loss(p, x, y);
@@ -437,15 +437,11 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   const std::string path = model.config.layers_path();
   const std::vector<Tree<Array>>& layers = params.at_path(path).children();
   const Tree<Array> rest = replace_at_path(params, path, Tree<Array>::list({}));
-  // The weights as a micro-batch reads them: refreshed copies (`prefix`: the subtree's path).
-  const auto use = [&](const Tree<Array>& t, const std::string& prefix = "") {
-    if (refresh == nullptr) return t;
-    return t.map_with_path([&](const std::string& p, const Array& a) { return (*refresh)(p, a); },
-                           prefix);
-  };
+  // The weights as the forward pass reads them.
+  const auto use = [&](const Tree<Array>& t) { return regather ? regathered(t) : t; };
   std::vector<Array> inputs{model.embed(use(subtree(rest, embed_paths(model.config))), tokens)};
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    inputs.push_back(model.layer(use(layers[i], fmt::format("{}/{}", path, i)), inputs.back(),
+    inputs.push_back(model.layer(use(layers[i]), inputs.back(),
                                  model.config.window(i)));
   }
   std::map<std::string, Array> rest_grads;
@@ -468,8 +464,7 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
       return sum(
           astype(model.layer(t.at("p"), t.at("x").leaf(), model.config.window(i)) * cotangent,
                  DType::kF32));
-    })(Tree<Array>::dict({{"p", refresh != nullptr ? use(layers[i], fmt::format("{}/{}", path, i))
-                                                   : fresh(layers[i])},
+    })(Tree<Array>::dict({{"p", regathered(layers[i])},
                           {"x", Tree<Array>(inputs[i])}}));
     layer_grads[i] = grads.at("p");
     g = grads.at("x").leaf();

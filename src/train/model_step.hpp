@@ -73,18 +73,16 @@ Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bi
 template <class T>
 Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T>& subtree);
 
-/// A fresh copy of the parameter leaf at `path` ("model/layers/3/mlp/up_proj/weight"), held as
-/// the parameter is (its sharding), so that the program gathers the copy where it is used.
-using Refresh = std::function<Array(const std::string& path, const Array& leaf)>;
-
 /// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch:
 /// whole-graph differentiation, or with `recompute` a forward pass that keeps only each layer's
-/// input, then layer by layer backwards re-running that layer's forward pass to differentiate it.
-/// With `refresh` (recomputation only) the forward pass reads refreshed copies of the weights,
-/// so that each micro-batch of a step gathers the weights it uses again (as FSDP does) instead of
-/// reusing, and so keeping alive, the first one's gathered weights.
+/// input, then layer by layer backwards re-running that layer's forward pass to differentiate it
+/// (reading its weights through optimization_barrier, so that they are gathered again there, as
+/// FSDP does, instead of kept gathered from the forward pass). With `regather` (recomputation
+/// only) the forward pass reads the weights through the barrier too, so that each micro-batch of
+/// a step gathers the weights it uses again instead of reusing, and so keeping alive, the first
+/// one's gathered weights.
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets,
-                                             bool recompute, const Refresh* refresh = nullptr);
+                                             bool recompute, bool regather = false);
 
 }  // namespace shardplan::train

@@ -105,31 +105,12 @@ StepArguments step_arguments(const ModelConfig& config, const RulePtr& rules,
   return a;
 }
 
-/// With recomputation over micro-batches, each parameter's path and the sharding its rule gives
-/// it (see refresh in trace_step); empty otherwise.
-std::map<std::string, std::optional<PartitionSpec>> parameter_specs(const Mesh& mesh,
-                                                                    const RulePtr& rules,
-                                                                    const Tree<TensorSpec>& params,
-                                                                    const TrainPlanOptions& o) {
-  std::map<std::string, std::optional<PartitionSpec>> param_specs;
-  if (o.recompute && o.grad_accum > 1) {
-    const ShardingAssignment a = MeshShardingHelper(mesh).resolve(RuleTree(rules), params);
-    const auto paths = params.flatten();
-    for (std::size_t i = 0; i < paths.size(); ++i) {
-      const MaybeSharding s = a.sharding_of(i);
-      param_specs.emplace(paths[i].first, s ? std::optional(s->spec()) : std::nullopt);
-    }
-  }
-  return param_specs;
-}
-
 /// The loss and the gradients of micro-batch after micro-batch (the activations of one at a
 /// time), the gradients summed, both averaged over the micro-batches.
 std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
                                                          const Tree<Array>& p, const Array& x,
                                                          const Array& y, const RulePtr& rules,
-                                                         const TrainPlanOptions& o,
-                                                         const Refresh& refresh) {
+                                                         const TrainPlanOptions& o) {
   const std::int64_t micro = o.batch / o.grad_accum;
   const auto piece = [&](const Array& a, std::int64_t k) {
     const std::int64_t len = a.shape()[2];
@@ -140,7 +121,8 @@ std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
   for (std::int64_t k = 0; k < o.grad_accum; ++k) {
     // With recomputation each micro-batch gathers its weights again: otherwise the first
     // one's gathered copies are used by every later one and the whole model stays gathered.
-    auto [l, g_pending] = loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute, &refresh);
+    auto [l, g_pending] =
+        loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute, /*regather=*/true);
     // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
     // is held sharded rather than as every device's unreduced full-size partial sums.
     const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
@@ -230,18 +212,6 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   const StepArguments args = step_arguments(config, rules, o, layout);
   const Optimizer optimizer = make_optimizer(o.optimizer);
   const ModelStep base{config, layout};
-  // A parameter copied and held as the parameter is (its rule's sharding): each micro-batch
-  // gathers its weights from such copies, so none reuses (and keeps alive) another's gathers.
-  // (The copy alone would not do: it would be made from the gathered parameter.)
-  const std::map<std::string, std::optional<PartitionSpec>> param_specs =
-      parameter_specs(mesh, rules, args.params, o);
-  const Refresh refresh = [&](const std::string& path, const Array& a) {
-    const auto it = param_specs.find(path);
-    if (it == param_specs.end()) {
-      throw std::logic_error(fmt::format("[train] no sharding for the parameter '{}'", path));
-    }
-    return it->second ? with_sharding_constraint(a * 1.0, *it->second) : a * 1.0;
-  };
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // The rotary tables made once for the whole step, not per layer and micro-batch. Only with
@@ -252,7 +222,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
     if (o.recompute) model.tables = &shared;
     auto [loss, grads] = o.grad_accum == 1
                              ? loss_and_grads(model, p, x, y, o.recompute)
-                             : accumulated_loss_and_grads(model, p, x, y, rules, o, refresh);
+                             : accumulated_loss_and_grads(model, p, x, y, rules, o);
     grads = cast(grads, o.grad_dtype);
     auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
     return Tree<Array>::dict({{"loss", Tree<Array>(loss)},

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "../kernel_util.hpp"
+#include "../primitive_tests.hpp"
 #include "../primitives.hpp"
 #include "shardplan/ops.hpp"
 
@@ -169,5 +170,54 @@ OpFactors same_dims(const Shape& result, std::span<const Shape> operands) {
 }
 
 OpFactors result_only(const Shape& result) { return same_dims(result, {}); }
+
+// ---- Test declarations (primitive_tests.hpp) --------------------------------------------------
+
+std::vector<DType> DTypeSet::list() const {
+  std::vector<DType> out;
+  for (unsigned d = 0; d < 32; ++d) {
+    if (((bits_ >> d) & 1u) != 0) out.push_back(static_cast<DType>(d));
+  }
+  return out;
+}
+
+std::vector<TestCase> pointwise_cases(const Primitive& p, DType dtype) {
+  std::vector<TestCase> cases;
+  for (const Shape& shape : {Shape{8, 6}, Shape{}, Shape{3, 5}}) {
+    TestCase c{.attrs = NoAttrs{}, .operands = {}};
+    for (int i = 0; i < p.arity; ++i) {
+      c.operands.push_back({{shape, dtype}, p.tests->domains[static_cast<std::size_t>(i)]});
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+std::vector<std::int64_t> unravel(std::int64_t i, const Shape& s) {
+  std::vector<std::int64_t> index(static_cast<std::size_t>(s.rank()));
+  for (int d = s.rank() - 1; d >= 0; --d) {
+    index[static_cast<std::size_t>(d)] = i % s[d];
+    i /= s[d];
+  }
+  return index;
+}
+
+std::int64_t ravel(std::span<const std::int64_t> index, const Shape& s) {
+  std::int64_t i = 0;
+  for (int d = 0; d < s.rank(); ++d) i = i * s[d] + index[static_cast<std::size_t>(d)];
+  return i;
+}
+
+std::vector<double> host_doubles(const Tensor& t) {
+  if (t.dtype() != DType::kBool) return t.to_doubles();
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = t.bytes()[i] != std::byte{0} ? 1 : 0;
+  return v;
+}
+
+void set_host_value(Tensor& t, std::int64_t i, double v) {
+  if (t.dtype() != DType::kBool) return t.set(i, v);
+  t.bytes()[i] = std::byte{v != 0};
+}
 
 }  // namespace shardplan::detail

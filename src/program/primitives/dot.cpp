@@ -5,6 +5,7 @@
 
 #include "../../runtime/gemm.hpp"
 #include "../kernel_util.hpp"
+#include "../primitive_tests.hpp"
 #include "../primitives.hpp"
 #include "shardplan/ops.hpp"
 
@@ -353,6 +354,62 @@ std::vector<Array> dot_vjp(const Node& n, const std::vector<Array>& in, const Ar
   return {dot_operand_vjp(g, in[0], in[1], d, false), dot_operand_vjp(g, in[0], in[1], d, true)};
 }
 
+// ---- Test declaration (primitive_tests.hpp) ---------------------------------------------------
+
+// A matmul, a batched one, both operands contracted on their other side, and two contracting
+// dimensions paired out of order.
+std::vector<TestCase> dot_cases(const Primitive&, DType t) {
+  const auto operands = [t](Shape a, Shape b) {
+    return std::vector<CaseOperand>{{{std::move(a), t}}, {{std::move(b), t}}};
+  };
+  return {{DotAttrs{{{}, {}, {1}, {0}}}, operands(Shape{8, 4}, Shape{4, 6})},
+          {DotAttrs{{{0}, {0}, {2}, {1}}}, operands(Shape{2, 4, 3}, Shape{2, 3, 6})},
+          {DotAttrs{{{}, {}, {0}, {1}}}, operands(Shape{4, 8}, Shape{6, 4})},
+          {DotAttrs{{{}, {}, {1, 2}, {1, 0}}}, operands(Shape{2, 3, 4}, Shape{4, 3, 5})}};
+}
+
+// Each result element: batch, lhs free and rhs free indices from its index, summed over every
+// index of the contracting dimensions.
+std::vector<double> dot_reference(const Node& n, std::span<const HostValues> in) {
+  const DotDims& d = n.attr<DotAttrs>().dims;
+  const Shape& ls = in[0].shape;
+  const Shape& rs = in[1].shape;
+  const auto lfree = free_dims(ls.rank(), d.lhs_batch, d.lhs_contract);
+  const auto rfree = free_dims(rs.rank(), d.rhs_batch, d.rhs_contract);
+  std::vector<std::int64_t> csizes;
+  for (const int c : d.lhs_contract) csizes.push_back(ls[c]);
+  const Shape contracted(csizes);
+  std::vector<double> y(static_cast<std::size_t>(n.type.shape.numel()));
+  for (std::size_t o = 0; o < y.size(); ++o) {
+    const auto r = unravel(static_cast<std::int64_t>(o), n.type.shape);
+    std::vector<std::int64_t> li(static_cast<std::size_t>(ls.rank()));
+    std::vector<std::int64_t> ri(static_cast<std::size_t>(rs.rank()));
+    std::size_t at = 0;
+    for (std::size_t b = 0; b < d.lhs_batch.size(); ++b, ++at) {
+      li[static_cast<std::size_t>(d.lhs_batch[b])] = r[at];
+      ri[static_cast<std::size_t>(d.rhs_batch[b])] = r[at];
+    }
+    for (const int f : lfree) li[static_cast<std::size_t>(f)] = r[at++];
+    for (const int f : rfree) ri[static_cast<std::size_t>(f)] = r[at++];
+    for (std::int64_t c = 0; c < contracted.numel(); ++c) {
+      const auto ci = unravel(c, contracted);
+      for (std::size_t j = 0; j < ci.size(); ++j) {
+        li[static_cast<std::size_t>(d.lhs_contract[j])] = ci[j];
+        ri[static_cast<std::size_t>(d.rhs_contract[j])] = ci[j];
+      }
+      y[o] += in[0].v[static_cast<std::size_t>(ravel(li, ls))] *
+              in[1].v[static_cast<std::size_t>(ravel(ri, rs))];
+    }
+  }
+  return y;
+}
+
+constexpr PrimitiveTests kDotTests{.public_ops = "dot_general matmul",
+                                   .dtypes = kNumericTypes,
+                                   .cases = dot_cases,
+                                   .reference = dot_reference,
+                                   .gradient = true};
+
 }  // namespace
 
 namespace prim {
@@ -365,7 +422,8 @@ constinit const Primitive dot_general{.name = "dot_general",
                                       .vjp = dot_vjp,
                                       .group_kernel = dot_group_kernel,
                                       .partial = ReduceOp::kSum,
-                                      .linearity = linear_in_each};
+                                      .linearity = linear_in_each,
+                                      .tests = &kDotTests};
 }  // namespace prim
 
 }  // namespace shardplan::detail

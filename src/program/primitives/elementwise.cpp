@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "../kernel_util.hpp"
+#include "../primitive_tests.hpp"
 #include "../primitives.hpp"
 #include "shardplan/ops.hpp"
 
@@ -47,7 +48,8 @@ void unary_kernel(const KernelArgs& k) {
   });
 }
 
-constexpr Primitive unary(std::string_view name, InferFn* infer, KernelFn* kernel, VjpFn* vjp) {
+constexpr Primitive unary(std::string_view name, InferFn* infer, KernelFn* kernel, VjpFn* vjp,
+                          const PrimitiveTests* tests) {
   return Primitive{.name = name,
                    .arity = 1,
                    .infer = infer,
@@ -55,7 +57,8 @@ constexpr Primitive unary(std::string_view name, InferFn* infer, KernelFn* kerne
                    .kernel = kernel,
                    .flops = flops_per_result,
                    .vjp = vjp,
-                   .pointwise = true};
+                   .pointwise = true,
+                   .tests = tests};
 }
 
 // The scalar functions of the one-operand primitives, in the compute type C of an element.
@@ -186,7 +189,8 @@ void binary_kernel(const KernelArgs& k) {
   });
 }
 
-constexpr Primitive binary(std::string_view name, InferFn* infer, KernelFn* kernel, VjpFn* vjp) {
+constexpr Primitive binary(std::string_view name, InferFn* infer, KernelFn* kernel, VjpFn* vjp,
+                           const PrimitiveTests* tests) {
   return Primitive{.name = name,
                    .arity = 2,
                    .infer = infer,
@@ -194,7 +198,8 @@ constexpr Primitive binary(std::string_view name, InferFn* infer, KernelFn* kern
                    .kernel = kernel,
                    .flops = flops_per_result,
                    .vjp = vjp,
-                   .pointwise = true};
+                   .pointwise = true,
+                   .tests = tests};
 }
 
 // The scalar functions of numeric.hpp (NaN propagation, integer wrap), named for the kernels.
@@ -327,6 +332,144 @@ Arrays convert_vjp(const Node&, const Arrays& in, const Array&, const Array& g) 
   return {astype(g, from)};
 }
 
+// ---- Test declarations (primitive_tests.hpp): references in double, on the host ----------------
+
+using Xs = std::span<const double>;
+
+constexpr PrimitiveTests unary_tests(std::string_view op, DTypeSet dtypes, ElementFn* f,
+                                     Domain domain = kAnyReal) {
+  return {.public_ops = op,
+          .dtypes = dtypes,
+          .cases = pointwise_cases,
+          .elementwise = f,
+          .gradient = true,
+          .domains = {domain}};
+}
+constexpr PrimitiveTests binary_tests(std::string_view op, DTypeSet dtypes, ElementFn* f,
+                                      std::array<Domain, 3> domains = {}, bool gradient = true) {
+  return {.public_ops = op,
+          .dtypes = dtypes,
+          .cases = pointwise_cases,
+          .elementwise = f,
+          .gradient = gradient,
+          .domains = domains};
+}
+// Whole numbers, so that ties occur.
+constexpr PrimitiveTests comparison_tests(std::string_view op, ElementFn* f) {
+  return binary_tests(op, kNumericTypes, f, {kSmallWhole, kSmallWhole}, false);
+}
+
+constexpr double kPi = std::numbers::pi;
+constexpr PrimitiveTests kNegTests = unary_tests("neg", kNumericTypes, [](Xs x) { return -x[0]; });
+constexpr PrimitiveTests kExpTests =
+    unary_tests("exp", kFloatTypes, [](Xs x) { return std::exp(x[0]); });
+constexpr PrimitiveTests kLogTests = unary_tests(
+    "log", kFloatTypes, [](Xs x) { return std::log(x[0]); }, kPositive);
+constexpr PrimitiveTests kSqrtTests = unary_tests(
+    "sqrt", kFloatTypes, [](Xs x) { return std::pow(x[0], 0.5); }, kPositive);
+constexpr PrimitiveTests kRsqrtTests = unary_tests(
+    "rsqrt", kFloatTypes, [](Xs x) { return std::pow(x[0], -0.5); }, kPositive);
+constexpr PrimitiveTests kSinTests =
+    unary_tests("sin", kFloatTypes, [](Xs x) { return std::sin(x[0]); });
+constexpr PrimitiveTests kCosTests =
+    unary_tests("cos", kFloatTypes, [](Xs x) { return std::cos(x[0]); });
+constexpr PrimitiveTests kTanhTests = unary_tests(
+    "tanh", kFloatTypes, [](Xs x) { return (std::exp(2 * x[0]) - 1) / (std::exp(2 * x[0]) + 1); });
+constexpr PrimitiveTests kReluTests =
+    unary_tests("relu", kNumericTypes, [](Xs x) { return x[0] > 0 ? x[0] : 0.0; });
+constexpr PrimitiveTests kGeluTests = unary_tests("gelu", kFloatTypes, [](Xs x) {
+  const double v = x[0];  // jax.nn.gelu(approximate=True)
+  return 0.5 * v * (1 + std::tanh(std::sqrt(2 / kPi) * (v + 0.044715 * v * v * v)));
+});
+constexpr PrimitiveTests kSigmoidTests =
+    unary_tests("sigmoid", kFloatTypes, [](Xs x) { return std::exp(x[0]) / (std::exp(x[0]) + 1); });
+constexpr PrimitiveTests kAbsTests =
+    unary_tests("abs", kNumericTypes, [](Xs x) { return x[0] < 0 ? -x[0] : x[0]; });
+constexpr PrimitiveTests kErfTests =
+    unary_tests("erf", kFloatTypes, [](Xs x) { return std::erf(x[0]); });
+
+constexpr PrimitiveTests kAddTests =
+    binary_tests("add", kNumericTypes, [](Xs x) { return x[0] + x[1]; });
+constexpr PrimitiveTests kSubTests =
+    binary_tests("subtract", kNumericTypes, [](Xs x) { return x[0] - x[1]; });
+constexpr PrimitiveTests kMulTests =
+    binary_tests("multiply", kNumericTypes, [](Xs x) { return x[0] * x[1]; });
+// Integers divide toward zero.
+std::vector<double> divide_reference(const Node& n, std::span<const HostValues> in) {
+  std::vector<double> y(in[0].v.size());
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const double q = in[0].v[i] / in[1].v[i];
+    y[i] = is_floating(n.type.dtype) ? q : std::trunc(q);
+  }
+  return y;
+}
+constexpr PrimitiveTests kDivTests{.public_ops = "divide",
+                                   .dtypes = kNumericTypes,
+                                   .cases = pointwise_cases,
+                                   .reference = divide_reference,
+                                   .gradient = true,
+                                   .domains = {kAnyReal, kNonzero}};
+// Whole numbers: ties, whose cotangent is split evenly (central differences give 1/2 too).
+constexpr PrimitiveTests kMaxTests =
+    binary_tests("maximum", kNumericTypes, [](Xs x) { return x[0] > x[1] ? x[0] : x[1]; },
+                 {kSmallWhole, kSmallWhole});
+constexpr PrimitiveTests kMinTests =
+    binary_tests("minimum", kNumericTypes, [](Xs x) { return x[0] < x[1] ? x[0] : x[1]; },
+                 {kSmallWhole, kSmallWhole});
+constexpr PrimitiveTests kPowTests =
+    binary_tests("power", kFloatTypes, [](Xs x) { return std::exp(x[1] * std::log(x[0])); },
+                 {kPositive, kAnyReal});
+constexpr PrimitiveTests kEqTests =
+    comparison_tests("equal", [](Xs x) { return x[0] == x[1] ? 1.0 : 0.0; });
+constexpr PrimitiveTests kNeTests =
+    comparison_tests("not_equal", [](Xs x) { return x[0] != x[1] ? 1.0 : 0.0; });
+constexpr PrimitiveTests kLtTests =
+    comparison_tests("less", [](Xs x) { return x[0] < x[1] ? 1.0 : 0.0; });
+constexpr PrimitiveTests kLeTests =
+    comparison_tests("less_equal", [](Xs x) { return x[0] <= x[1] ? 1.0 : 0.0; });
+constexpr PrimitiveTests kGtTests =
+    comparison_tests("greater", [](Xs x) { return x[0] > x[1] ? 1.0 : 0.0; });
+constexpr PrimitiveTests kGeTests =
+    comparison_tests("greater_equal", [](Xs x) { return x[0] >= x[1] ? 1.0 : 0.0; });
+
+// A bool predicate, then two branches of the dtype.
+std::vector<TestCase> select_cases(const Primitive& p, DType dtype) {
+  std::vector<TestCase> cases = pointwise_cases(p, dtype);
+  for (TestCase& c : cases) c.operands[0].type.dtype = DType::kBool;
+  return cases;
+}
+constexpr PrimitiveTests kSelectTests{.public_ops = "where",
+                                      .dtypes = kMovedTypes,
+                                      .cases = select_cases,
+                                      .elementwise = [](Xs x) { return x[0] != 0 ? x[1] : x[2]; },
+                                      .gradient = true};
+
+// From `dtype` to each dtype (values of [-3, 3], so that truncation shows).
+std::vector<TestCase> convert_cases(const Primitive&, DType dtype) {
+  std::vector<TestCase> cases;
+  for (const DType to : kMovedTypes.list()) {
+    cases.push_back({ConvertAttrs{to}, {{{Shape{8, 6}, dtype}, {.low = -3, .high = 3}}}});
+  }
+  return cases;
+}
+// Floats keep the value, integers truncate toward zero, bool is "not zero".
+std::vector<double> convert_reference(const Node& n, std::span<const HostValues> in) {
+  std::vector<double> y = in[0].v;
+  for (double& v : y) {
+    if (n.type.dtype == DType::kBool) {
+      v = v != 0 ? 1 : 0;
+    } else if (!is_floating(n.type.dtype)) {
+      v = std::trunc(v);
+    }
+  }
+  return y;
+}
+constexpr PrimitiveTests kConvertTests{.public_ops = "astype",
+                                       .dtypes = kMovedTypes,
+                                       .cases = convert_cases,
+                                       .reference = convert_reference,
+                                       .gradient = true};
+
 // ---- The public functions ---------------------------------------------------------------------
 
 // numpy's broadcast of shapes a and b (of the arrays described as `x` and `y`).
@@ -366,44 +509,58 @@ Array binary_op(const Primitive& op, const Array& a, const Array& b) {
 
 namespace prim {
 constinit const Primitive neg =
-    with_linearity(unary("neg", numeric_unary, unary_kernel<IsNumeric, Neg>, neg_vjp), linear_in_all);
-constinit const Primitive exp = unary("exp", float_unary, unary_kernel<IsFloating, Exp>, exp_vjp);
-constinit const Primitive log = unary("log", float_unary, unary_kernel<IsFloating, Log>, log_vjp);
+    with_linearity(unary("neg", numeric_unary, unary_kernel<IsNumeric, Neg>, neg_vjp, &kNegTests), linear_in_all);
+constinit const Primitive exp =
+    unary("exp", float_unary, unary_kernel<IsFloating, Exp>, exp_vjp, &kExpTests);
+constinit const Primitive log =
+    unary("log", float_unary, unary_kernel<IsFloating, Log>, log_vjp, &kLogTests);
 constinit const Primitive sqrt =
-    unary("sqrt", float_unary, unary_kernel<IsFloating, Sqrt>, sqrt_vjp);
+    unary("sqrt", float_unary, unary_kernel<IsFloating, Sqrt>, sqrt_vjp, &kSqrtTests);
 constinit const Primitive rsqrt =
-    unary("rsqrt", float_unary, unary_kernel<IsFloating, Rsqrt>, rsqrt_vjp);
-constinit const Primitive sin = unary("sin", float_unary, unary_kernel<IsFloating, Sin>, sin_vjp);
-constinit const Primitive cos = unary("cos", float_unary, unary_kernel<IsFloating, Cos>, cos_vjp);
+    unary("rsqrt", float_unary, unary_kernel<IsFloating, Rsqrt>, rsqrt_vjp, &kRsqrtTests);
+constinit const Primitive sin =
+    unary("sin", float_unary, unary_kernel<IsFloating, Sin>, sin_vjp, &kSinTests);
+constinit const Primitive cos =
+    unary("cos", float_unary, unary_kernel<IsFloating, Cos>, cos_vjp, &kCosTests);
 constinit const Primitive tanh =
-    unary("tanh", float_unary, unary_kernel<IsFloating, Tanh>, tanh_vjp);
+    unary("tanh", float_unary, unary_kernel<IsFloating, Tanh>, tanh_vjp, &kTanhTests);
 constinit const Primitive relu =
-    unary("relu", numeric_unary, unary_kernel<IsNumeric, Relu>, relu_vjp);
+    unary("relu", numeric_unary, unary_kernel<IsNumeric, Relu>, relu_vjp, &kReluTests);
 constinit const Primitive gelu =
-    unary("gelu", float_unary, unary_kernel<IsFloating, Gelu>, gelu_vjp);
+    unary("gelu", float_unary, unary_kernel<IsFloating, Gelu>, gelu_vjp, &kGeluTests);
 constinit const Primitive sigmoid =
-    unary("sigmoid", float_unary, unary_kernel<IsFloating, Sigmoid>, sigmoid_vjp);
-constinit const Primitive erf = unary("erf", float_unary, unary_kernel<IsFloating, Erf>, erf_vjp);
-constinit const Primitive abs = unary("abs", numeric_unary, unary_kernel<IsNumeric, Abs>, abs_vjp);
+    unary("sigmoid", float_unary, unary_kernel<IsFloating, Sigmoid>, sigmoid_vjp, &kSigmoidTests);
+constinit const Primitive erf =
+    unary("erf", float_unary, unary_kernel<IsFloating, Erf>, erf_vjp, &kErfTests);
+constinit const Primitive abs =
+    unary("abs", numeric_unary, unary_kernel<IsNumeric, Abs>, abs_vjp, &kAbsTests);
 
 constinit const Primitive add =
-    with_linearity(binary("add", arithmetic, binary_kernel<IsNumeric, Add>, add_vjp), linear_in_all);
+    with_linearity(binary("add", arithmetic, binary_kernel<IsNumeric, Add>, add_vjp, &kAddTests), linear_in_all);
 constinit const Primitive sub =
-    with_linearity(binary("sub", arithmetic, binary_kernel<IsNumeric, Sub>, sub_vjp), linear_in_all);
+    with_linearity(binary("sub", arithmetic, binary_kernel<IsNumeric, Sub>, sub_vjp, &kSubTests), linear_in_all);
 constinit const Primitive mul =
-    with_linearity(binary("mul", arithmetic, binary_kernel<IsNumeric, Mul>, mul_vjp), linear_in_each);
+    with_linearity(binary("mul", arithmetic, binary_kernel<IsNumeric, Mul>, mul_vjp, &kMulTests), linear_in_each);
 constinit const Primitive div =
-    with_linearity(binary("div", arithmetic, binary_kernel<IsNumeric, Div>, div_vjp), linear_in_first);
-constinit const Primitive max = binary("max", arithmetic, binary_kernel<IsNumeric, Max>, max_vjp);
-constinit const Primitive min = binary("min", arithmetic, binary_kernel<IsNumeric, Min>, min_vjp);
+    with_linearity(binary("div", arithmetic, binary_kernel<IsNumeric, Div>, div_vjp, &kDivTests), linear_in_first);
+constinit const Primitive max =
+    binary("max", arithmetic, binary_kernel<IsNumeric, Max>, max_vjp, &kMaxTests);
+constinit const Primitive min =
+    binary("min", arithmetic, binary_kernel<IsNumeric, Min>, min_vjp, &kMinTests);
 constinit const Primitive pow =
-    binary("pow", float_arithmetic, binary_kernel<IsFloating, Pow>, pow_vjp);
-constinit const Primitive eq = binary("eq", comparison, binary_kernel<IsNumeric, Eq>, no_gradient);
-constinit const Primitive ne = binary("ne", comparison, binary_kernel<IsNumeric, Ne>, no_gradient);
-constinit const Primitive lt = binary("lt", comparison, binary_kernel<IsNumeric, Lt>, no_gradient);
-constinit const Primitive le = binary("le", comparison, binary_kernel<IsNumeric, Le>, no_gradient);
-constinit const Primitive gt = binary("gt", comparison, binary_kernel<IsNumeric, Gt>, no_gradient);
-constinit const Primitive ge = binary("ge", comparison, binary_kernel<IsNumeric, Ge>, no_gradient);
+    binary("pow", float_arithmetic, binary_kernel<IsFloating, Pow>, pow_vjp, &kPowTests);
+constinit const Primitive eq =
+    binary("eq", comparison, binary_kernel<IsNumeric, Eq>, no_gradient, &kEqTests);
+constinit const Primitive ne =
+    binary("ne", comparison, binary_kernel<IsNumeric, Ne>, no_gradient, &kNeTests);
+constinit const Primitive lt =
+    binary("lt", comparison, binary_kernel<IsNumeric, Lt>, no_gradient, &kLtTests);
+constinit const Primitive le =
+    binary("le", comparison, binary_kernel<IsNumeric, Le>, no_gradient, &kLeTests);
+constinit const Primitive gt =
+    binary("gt", comparison, binary_kernel<IsNumeric, Gt>, no_gradient, &kGtTests);
+constinit const Primitive ge =
+    binary("ge", comparison, binary_kernel<IsNumeric, Ge>, no_gradient, &kGeTests);
 
 constinit const Primitive select{.name = "select",
                                  .arity = 3,
@@ -413,7 +570,8 @@ constinit const Primitive select{.name = "select",
                                  .flops = flops_per_result,
                                  .vjp = select_vjp,
                                  .pointwise = true,
-                                 .linearity = linear_in_branches};
+                                 .linearity = linear_in_branches,
+                                 .tests = &kSelectTests};
 constinit const Primitive convert{.name = "convert",
                                   .arity = 1,
                                   .infer = convert_type,
@@ -422,7 +580,8 @@ constinit const Primitive convert{.name = "convert",
                                   .flops = no_flops,
                                   .vjp = convert_vjp,
                                   .pointwise = true,
-                                  .linearity = convert_linearity};
+                                  .linearity = convert_linearity,
+                                  .tests = &kConvertTests};
 }  // namespace prim
 
 }  // namespace shardplan::detail

@@ -6,6 +6,7 @@
 
 #include "../../runtime/box_copy.hpp"
 #include "../kernel_util.hpp"
+#include "../primitive_tests.hpp"
 #include "../primitives.hpp"
 #include "shardplan/ops.hpp"
 
@@ -464,11 +465,13 @@ void take_kernel(const KernelArgs& k) {
 }
 
 // d/dx of take: a scatter-add, written as a contraction of the cotangent with the one-hot
-// encoding of the indices.
+// encoding of the indices, clamped as the kernel clamps them (an index past the end reads, and
+// so receives, the last element).
 Arrays take_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
   const Array& x = in[0];
-  const Array& idx = in[1];
   const int a = n.attr<AxisAttrs>().axis;
+  const Array idx = minimum(maximum(in[1], full_like(in[1], 0)),
+                            full_like(in[1], static_cast<double>(x.shape()[a] - 1)));
   const int ni = idx.shape().rank();
   const Array oh = one_hot(idx, x.shape()[a], g.dtype());  // [I..., V]
   // g dims: x[:a], I, x[a+1:]; contract the I dims with oh's first ni dims.
@@ -481,6 +484,154 @@ Arrays take_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
   return {maybe_transpose(r, inverse_permutation(order)), Array()};
 }
 
+// ---- Test declarations (primitive_tests.hpp) --------------------------------------------------
+// Each reference finds, for every result index, the operand element it holds.
+
+TestCase movement_case(Attrs attrs, std::initializer_list<Shape> shapes, DType t) {
+  TestCase c{std::move(attrs), {}};
+  for (const Shape& s : shapes) c.operands.push_back({{s, t}});
+  return c;
+}
+
+// y[i] = operand `from(result index)` of operand 0.
+template <class F>
+std::vector<double> gather_reference(const Node& n, const HostValues& x, F from) {
+  std::vector<double> y(static_cast<std::size_t>(n.type.shape.numel()));
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const auto r = unravel(static_cast<std::int64_t>(i), n.type.shape);
+    y[i] = x.v[static_cast<std::size_t>(ravel(from(r), x.shape))];
+  }
+  return y;
+}
+
+std::vector<TestCase> reshape_cases(const Primitive&, DType t) {
+  return {movement_case(ReshapeAttrs{Shape{48}}, {Shape{8, 6}}, t),
+          movement_case(ReshapeAttrs{Shape{4, 2, 6}}, {Shape{8, 6}}, t),
+          movement_case(ReshapeAttrs{Shape{6, 4}}, {Shape{2, 3, 4}}, t),
+          movement_case(ReshapeAttrs{Shape{6, 8}}, {Shape{8, 6}}, t)};
+}
+constexpr PrimitiveTests kReshapeTests{
+    .public_ops = "reshape",
+    .dtypes = kMovedTypes,
+    .cases = reshape_cases,
+    .reference = [](const Node&, std::span<const HostValues> in) { return in[0].v; },
+    .gradient = true};
+
+std::vector<TestCase> transpose_cases(const Primitive&, DType t) {
+  return {movement_case(TransposeAttrs{{1, 0}}, {Shape{8, 6}}, t),
+          movement_case(TransposeAttrs{{2, 0, 1}}, {Shape{2, 4, 6}}, t),
+          movement_case(TransposeAttrs{{0, 1}}, {Shape{4, 6}}, t)};
+}
+std::vector<double> transpose_reference(const Node& n, std::span<const HostValues> in) {
+  const std::vector<int>& perm = n.attr<TransposeAttrs>().perm;
+  return gather_reference(n, in[0], [&](const std::vector<std::int64_t>& r) {
+    std::vector<std::int64_t> x(r.size());
+    for (std::size_t i = 0; i < r.size(); ++i) x[static_cast<std::size_t>(perm[i])] = r[i];
+    return x;
+  });
+}
+constexpr PrimitiveTests kTransposeTests{.public_ops = "transpose",
+                                         .dtypes = kMovedTypes,
+                                         .cases = transpose_cases,
+                                         .reference = transpose_reference,
+                                         .gradient = true};
+
+std::vector<TestCase> broadcast_cases(const Primitive&, DType t) {
+  return {movement_case(BroadcastAttrs{Shape{8, 6}, {1}}, {Shape{6}}, t),
+          movement_case(BroadcastAttrs{Shape{8, 6}, {0, 1}}, {Shape{8, 1}}, t),
+          movement_case(BroadcastAttrs{Shape{4, 2}, {}}, {Shape{}}, t),
+          movement_case(BroadcastAttrs{Shape{8, 2, 4}, {0}}, {Shape{8}}, t),
+          movement_case(BroadcastAttrs{Shape{2, 4, 6}, {1, 2}}, {Shape{1, 6}}, t)};
+}
+std::vector<double> broadcast_reference(const Node& n, std::span<const HostValues> in) {
+  const std::vector<int>& dims = n.attr<BroadcastAttrs>().dims;
+  const Shape& xs = in[0].shape;
+  return gather_reference(n, in[0], [&](const std::vector<std::int64_t>& r) {
+    std::vector<std::int64_t> x(static_cast<std::size_t>(xs.rank()));
+    for (int d = 0; d < xs.rank(); ++d) {
+      x[static_cast<std::size_t>(d)] =
+          xs[d] == 1 ? 0 : r[static_cast<std::size_t>(dims[static_cast<std::size_t>(d)])];
+    }
+    return x;
+  });
+}
+constexpr PrimitiveTests kBroadcastTests{.public_ops = "broadcast_in_dim broadcast_to",
+                                         .dtypes = kMovedTypes,
+                                         .cases = broadcast_cases,
+                                         .reference = broadcast_reference,
+                                         .gradient = true};
+
+std::vector<TestCase> slice_cases(const Primitive&, DType t) {
+  return {movement_case(SliceAttrs{{2, 0}, {6, 6}}, {Shape{8, 6}}, t),
+          movement_case(SliceAttrs{{0, 1}, {8, 5}}, {Shape{8, 6}}, t),
+          movement_case(SliceAttrs{{1, 0, 2}, {2, 4, 6}}, {Shape{2, 4, 6}}, t),
+          movement_case(SliceAttrs{{0, 0}, {8, 6}}, {Shape{8, 6}}, t)};
+}
+std::vector<double> slice_reference(const Node& n, std::span<const HostValues> in) {
+  const std::vector<std::int64_t>& starts = n.attr<SliceAttrs>().starts;
+  return gather_reference(n, in[0], [&](std::vector<std::int64_t> r) {
+    for (std::size_t d = 0; d < r.size(); ++d) r[d] += starts[d];
+    return r;
+  });
+}
+constexpr PrimitiveTests kSliceTests{.public_ops = "slice",
+                                     .dtypes = kMovedTypes,
+                                     .cases = slice_cases,
+                                     .reference = slice_reference,
+                                     .gradient = true};
+
+std::vector<TestCase> concat_cases(const Primitive&, DType t) {
+  return {movement_case(AxisAttrs{1}, {Shape{8, 2}, Shape{8, 4}}, t),
+          movement_case(AxisAttrs{0}, {Shape{2, 6}, Shape{4, 6}, Shape{2, 6}}, t)};
+}
+// Result index r along the axis falls in the operand whose range holds it.
+std::vector<double> concat_reference(const Node& n, std::span<const HostValues> in) {
+  const auto axis = static_cast<std::size_t>(n.attr<AxisAttrs>().axis);
+  std::vector<double> y(static_cast<std::size_t>(n.type.shape.numel()));
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    auto r = unravel(static_cast<std::int64_t>(i), n.type.shape);
+    std::size_t k = 0;
+    while (r[axis] >= in[k].shape[static_cast<int>(axis)])
+      r[axis] -= in[k++].shape[static_cast<int>(axis)];
+    y[i] = in[k].v[static_cast<std::size_t>(ravel(r, in[k].shape))];
+  }
+  return y;
+}
+constexpr PrimitiveTests kConcatTests{.public_ops = "concatenate",
+                                      .dtypes = kMovedTypes,
+                                      .cases = concat_cases,
+                                      .reference = concat_reference,
+                                      .gradient = true};
+
+// Indices from 2 below the axis to 1 past its end: the out-of-range ones are clamped.
+std::vector<TestCase> take_cases(const Primitive&, DType t) {
+  const auto c = [t](Shape x, Shape idx, int axis) {
+    const Domain indices{.low = -2, .high = static_cast<double>(x[axis]) + 1, .whole = true};
+    return TestCase{AxisAttrs{axis}, {{{x, t}}, {{std::move(idx), DType::kI32}, indices}}};
+  };
+  return {c(Shape{8, 6}, Shape{5}, 0), c(Shape{4, 8, 2}, Shape{2, 3}, 1),
+          c(Shape{8, 6}, Shape{}, 1)};
+}
+std::vector<double> take_reference(const Node& n, std::span<const HostValues> in) {
+  const int axis = n.attr<AxisAttrs>().axis;
+  const int ni = in[1].shape.rank();
+  const std::int64_t size = in[0].shape[axis];
+  return gather_reference(n, in[0], [&](const std::vector<std::int64_t>& r) {
+    std::vector<std::int64_t> x(r.begin(), r.begin() + axis);
+    const std::vector<std::int64_t> i(r.begin() + axis, r.begin() + axis + ni);
+    const double at = in[1].v[static_cast<std::size_t>(ravel(i, in[1].shape))];
+    x.push_back(
+        std::min<std::int64_t>(std::max<std::int64_t>(static_cast<std::int64_t>(at), 0), size - 1));
+    x.insert(x.end(), r.begin() + axis + ni, r.end());
+    return x;
+  });
+}
+constexpr PrimitiveTests kTakeTests{.public_ops = "take",
+                                    .dtypes = kMovedTypes,
+                                    .cases = take_cases,
+                                    .reference = take_reference,
+                                    .gradient = true};
+
 }  // namespace
 
 namespace prim {
@@ -492,7 +643,8 @@ constinit const Primitive reshape{.name = "reshape",
                                   .flops = no_flops,
                                   .vjp = reshape_vjp,
                                   .repeat = reshape_repeat,
-     .linearity = linear_in_all};
+     .linearity = linear_in_all,
+                                  .tests = &kReshapeTests};
 constinit const Primitive transpose{.name = "transpose",
                                     .arity = 1,
                                     .infer = transpose_type,
@@ -500,7 +652,8 @@ constinit const Primitive transpose{.name = "transpose",
                                     .kernel = transpose_kernel,
                                     .flops = no_flops,
                                     .vjp = transpose_vjp,
-     .linearity = linear_in_all};
+     .linearity = linear_in_all,
+                                    .tests = &kTransposeTests};
 constinit const Primitive broadcast_in_dim{.name = "broadcast_in_dim",
                                            .arity = 1,
                                            .infer = broadcast_type,
@@ -509,7 +662,8 @@ constinit const Primitive broadcast_in_dim{.name = "broadcast_in_dim",
                                            .flops = no_flops,
                                            .vjp = broadcast_vjp,
                                            .repeat = broadcast_repeat,
-     .linearity = linear_in_all};
+     .linearity = linear_in_all,
+                                           .tests = &kBroadcastTests};
 constinit const Primitive slice{.name = "slice",
                                 .arity = 1,
                                 .infer = slice_type,
@@ -518,7 +672,8 @@ constinit const Primitive slice{.name = "slice",
                                 .flops = no_flops,
                                 .vjp = slice_vjp,
                                 .localize = slice_localize,
-     .linearity = linear_in_all};
+     .linearity = linear_in_all,
+                                .tests = &kSliceTests};
 constinit const Primitive concatenate{.name = "concatenate",
                                       .arity = kVariadic,
                                       .infer = concat_type,
@@ -526,7 +681,8 @@ constinit const Primitive concatenate{.name = "concatenate",
                                       .kernel = concat_kernel,
                                       .flops = no_flops,
                                       .vjp = concat_vjp,
-     .linearity = linear_in_all};
+     .linearity = linear_in_all,
+                                      .tests = &kConcatTests};
 constinit const Primitive take{.name = "take",
                                .arity = 2,
                                .infer = take_type,
@@ -534,7 +690,8 @@ constinit const Primitive take{.name = "take",
                                .kernel = take_kernel,
                                .flops = no_flops,
                                .vjp = take_vjp,
-     .linearity = linear_in_first};
+     .linearity = linear_in_first,
+                               .tests = &kTakeTests};
 }  // namespace prim
 
 }  // namespace shardplan::detail

@@ -1,9 +1,11 @@
 // Reductions over a set of axes (removed from the shape): reduce_sum, reduce_max, reduce_min.
 // Sharding a reduced dimension leaves a partial result (sum, max or min) for the consumer.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "../kernel_util.hpp"
+#include "../primitive_tests.hpp"
 #include "../primitives.hpp"
 #include "shardplan/ops.hpp"
 
@@ -223,8 +225,59 @@ std::vector<Array> extremum_vjp(const Node& n, const std::vector<Array>& in, con
   return {broadcast_to(reshape(g, keep), s) * mask / count};
 }
 
-constexpr Primitive reduction(std::string_view name, KernelFn* kernel, VjpFn* vjp,
-                              ReduceOp partial) {
+// ---- Test declarations (primitive_tests.hpp) --------------------------------------------------
+
+// The last axis, the first, all, two apart (not consecutive), none.
+std::vector<TestCase> reduce_cases(const Primitive&, DType t) {
+  const auto c = [t](Shape s, std::vector<int> axes) {
+    return TestCase{ReduceAttrs{std::move(axes)}, {{{std::move(s), t}}}};
+  };
+  return {c(Shape{8, 6}, {1}), c(Shape{8, 6}, {0}), c(Shape{8, 6}, {0, 1}),
+          c(Shape{2, 4, 6}, {0, 2}), c(Shape{8, 6}, {})};
+}
+
+// Each operand element folded into the result element of its kept indices.
+std::vector<double> fold(const Node& n, const HostValues& x, double init,
+                         double (*f)(double, double)) {
+  const std::vector<int>& axes = n.attr<ReduceAttrs>().axes;
+  std::vector<double> y(static_cast<std::size_t>(n.type.shape.numel()), init);
+  for (std::int64_t i = 0; i < x.shape.numel(); ++i) {
+    std::vector<std::int64_t> kept;
+    const auto index = unravel(i, x.shape);
+    for (int d = 0; d < x.shape.rank(); ++d) {
+      if (std::find(axes.begin(), axes.end(), d) == axes.end())
+        kept.push_back(index[static_cast<std::size_t>(d)]);
+    }
+    double& out = y[static_cast<std::size_t>(ravel(kept, n.type.shape))];
+    out = f(out, x.v[static_cast<std::size_t>(i)]);
+  }
+  return y;
+}
+
+constexpr PrimitiveTests reduce_tests(std::string_view op, ReferenceFn* reference) {
+  return {.public_ops = op,
+          .dtypes = kNumericTypes,
+          .cases = reduce_cases,
+          .reference = reference,
+          .gradient = true};
+}
+constexpr PrimitiveTests kSumTests =
+    reduce_tests("sum mean", [](const Node& n, std::span<const HostValues> in) {
+      return fold(n, in[0], 0, [](double a, double b) { return a + b; });
+    });
+constexpr PrimitiveTests kMaxTests =
+    reduce_tests("max", [](const Node& n, std::span<const HostValues> in) {
+      return fold(n, in[0], -std::numeric_limits<double>::infinity(),
+                  [](double a, double b) { return a < b ? b : a; });
+    });
+constexpr PrimitiveTests kMinTests =
+    reduce_tests("min", [](const Node& n, std::span<const HostValues> in) {
+      return fold(n, in[0], std::numeric_limits<double>::infinity(),
+                  [](double a, double b) { return b < a ? b : a; });
+    });
+
+constexpr Primitive reduction(std::string_view name, KernelFn* kernel, VjpFn* vjp, ReduceOp partial,
+                              const PrimitiveTests* tests) {
   return Primitive{.name = name,
                    .arity = 1,
                    .infer = reduce_type,
@@ -232,7 +285,8 @@ constexpr Primitive reduction(std::string_view name, KernelFn* kernel, VjpFn* vj
                    .kernel = kernel,
                    .flops = reduce_flops,
                    .vjp = vjp,
-                   .partial = partial};
+                   .partial = partial,
+                   .tests = tests};
 }
 
 std::vector<int> all_axes(const Array& x) {
@@ -251,11 +305,12 @@ Array reduce(const Primitive& op, const Array& x, std::vector<int> axes, bool ke
 
 namespace prim {
 constinit const Primitive reduce_sum =
-    with_linearity(reduction("reduce_sum", sum_kernel, sum_vjp, ReduceOp::kSum), linear_in_all);
+    with_linearity(reduction("reduce_sum", sum_kernel, sum_vjp, ReduceOp::kSum, &kSumTests),
+                   linear_in_all);
 constinit const Primitive reduce_max =
-    reduction("reduce_max", reduce_kernel<MaxFold>, extremum_vjp, ReduceOp::kMax);
+    reduction("reduce_max", reduce_kernel<MaxFold>, extremum_vjp, ReduceOp::kMax, &kMaxTests);
 constinit const Primitive reduce_min =
-    reduction("reduce_min", reduce_kernel<MinFold>, extremum_vjp, ReduceOp::kMin);
+    reduction("reduce_min", reduce_kernel<MinFold>, extremum_vjp, ReduceOp::kMin, &kMinTests);
 }  // namespace prim
 
 }  // namespace shardplan::detail

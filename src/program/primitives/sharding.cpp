@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "../kernel_util.hpp"
+#include "../primitive_tests.hpp"
 #include "../primitives.hpp"
 #include "../trace.hpp"
 #include "shardplan/collectives.hpp"
@@ -52,7 +53,36 @@ std::vector<Array> annotation_vjp(const Node&, const std::vector<Array>&, const 
   return {g};
 }
 
-constexpr Primitive identity(std::string_view name, VjpFn* vjp) {
+// ---- Test declarations (primitive_tests.hpp): the value and its cotangent pass unchanged
+// ----------
+
+std::vector<TestCase> identity_cases(Attrs a, Attrs b, DType t) {
+  return {{std::move(a), {{{Shape{8, 6}, t}}}}, {std::move(b), {{{Shape{8, 6}, t}}}}};
+}
+std::vector<TestCase> constraint_cases(const Primitive&, DType t) {
+  return identity_cases(ConstraintAttrs{.spec = P("x")}, ConstraintAttrs{.spec = P("x", "y")}, t);
+}
+std::vector<TestCase> annotation_cases(const Primitive&, DType t) {
+  return identity_cases(AnnotationAttrs{"h", P(nullptr, "y")}, AnnotationAttrs{"h", std::nullopt},
+                        t);
+}
+constexpr PrimitiveTests identity_tests(std::string_view op, CasesFn* cases) {
+  return {.public_ops = op,
+          .dtypes = kMovedTypes,
+          .cases = cases,
+          .elementwise = [](std::span<const double> x) { return x[0]; },
+          .gradient = true};
+}
+constexpr PrimitiveTests kConstraintTests =
+    identity_tests("with_sharding_constraint", constraint_cases);
+constexpr PrimitiveTests kAnnotationTests =
+    identity_tests("with_sharding_annotation", annotation_cases);
+std::vector<TestCase> barrier_cases(const Primitive&, DType t) {
+  return {{NoAttrs{}, {{{Shape{8, 6}, t}}}}};
+}
+constexpr PrimitiveTests kBarrierTests = identity_tests("optimization_barrier", barrier_cases);
+
+constexpr Primitive identity(std::string_view name, VjpFn* vjp, const PrimitiveTests* tests) {
   return Primitive{.name = name,
                    .arity = 1,
                    .infer = identity_type,
@@ -61,7 +91,8 @@ constexpr Primitive identity(std::string_view name, VjpFn* vjp) {
                    .flops = no_flops,
                    .vjp = vjp,
                    .pointwise = true,
-                   .sharding_identity = true};
+                   .sharding_identity = true,
+                   .tests = tests};
 }
 
 std::vector<Array> barrier_vjp(const Node&, const std::vector<Array>&, const Array&,
@@ -81,9 +112,12 @@ constinit const Primitive optimization_barrier{.name = "optimization_barrier",
                                                .vjp = barrier_vjp,
                                                .pointwise = true,
                                                .barrier = true,
-                                               .linearity = linear_in_all};
-constinit const Primitive sharding_constraint = identity("sharding_constraint", constraint_vjp);
-constinit const Primitive sharding_annotation = identity("sharding_annotation", annotation_vjp);
+                                               .linearity = linear_in_all,
+                                               .tests = &kBarrierTests};
+constinit const Primitive sharding_constraint =
+    identity("sharding_constraint", constraint_vjp, &kConstraintTests);
+constinit const Primitive sharding_annotation =
+    identity("sharding_annotation", annotation_vjp, &kAnnotationTests);
 }  // namespace prim
 
 Array with_sharding_like(const Array& x, const Array& like) {

@@ -2,6 +2,7 @@
 // blocks are (each device makes only its block); none carries a gradient.
 #include "../../runtime/box_copy.hpp"
 #include "../kernel_util.hpp"
+#include "../primitive_tests.hpp"
 #include "../primitives.hpp"
 #include "../trace.hpp"
 #include "shardplan/ops.hpp"
@@ -121,8 +122,72 @@ TensorType input_type(const Node& n, std::span<const TensorType>) {
   return n.attr<InputAttrs>().type;
 }
 
-constexpr Primitive source(std::string_view name, InferFn* infer, KernelFn* kernel,
-                           bool cacheable) {
+// ---- Test declarations (primitive_tests.hpp) --------------------------------------------------
+
+std::vector<TestCase> iota_cases(const Primitive&, DType t) {
+  return {{IotaAttrs{Shape{8, 6}, t, 0}, {}},
+          {IotaAttrs{Shape{8, 6}, t, 1}, {}},
+          {IotaAttrs{Shape{2, 4, 6}, t, 2}, {}}};
+}
+std::vector<double> iota_reference(const Node& n, std::span<const HostValues>) {
+  const auto axis = static_cast<std::size_t>(n.attr<IotaAttrs>().axis);
+  std::vector<double> y(static_cast<std::size_t>(n.type.shape.numel()));
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    y[i] = static_cast<double>(unravel(static_cast<std::int64_t>(i), n.type.shape)[axis]);
+  }
+  return y;
+}
+constexpr PrimitiveTests kIotaTests{.public_ops = "iota_like",
+                                    .dtypes = kNumericTypes,
+                                    .cases = iota_cases,
+                                    .reference = iota_reference};
+
+// Host tensors of whole numbers in [-8, 8) (any dtype holds them), a matrix and a scalar.
+std::vector<TestCase> constant_cases(const Primitive&, DType t) {
+  std::vector<TestCase> cases;
+  for (const Shape& s : {Shape{8, 6}, Shape{}}) {
+    auto value = std::make_shared<Tensor>(s, t);
+    for (std::int64_t i = 0; i < s.numel(); ++i)
+      set_host_value(*value, i, static_cast<double>((i * 7) % 16 - 8));
+    cases.push_back({ConstantAttrs{std::move(value)}, {}});
+  }
+  return cases;
+}
+constexpr PrimitiveTests kConstantTests{
+    .public_ops = "full full_like",
+    .dtypes = kMovedTypes,
+    .cases = constant_cases,
+    .reference = [](const Node& n, std::span<const HostValues>) {
+      return host_doubles(*n.attr<ConstantAttrs>().value);
+    }};
+
+std::vector<TestCase> random_cases(const Primitive&, DType t) {
+  return {{RandomAttrs{Shape{64, 32}, t, Generator::normal(7, 1.5, 2)}, {}},
+          {RandomAttrs{Shape{64, 32}, t, Generator::uniform(8, -1, 3)}, {}}};
+}
+Moments random_moments(const Node& n) {
+  const Generator& g = n.attr<RandomAttrs>().generator;
+  if (g.kind == Generator::Kind::kNormal) {
+    const double inf = std::numeric_limits<double>::infinity();
+    return {.mean = g.a, .stddev = g.b, .low = -inf, .high = inf};
+  }
+  return {
+      .mean = (g.a + g.b) / 2, .stddev = (g.b - g.a) / std::sqrt(12.0), .low = g.a, .high = g.b};
+}
+constexpr PrimitiveTests kRandomTests{.public_ops = "random_normal random_uniform",
+                                      .dtypes = kFloatTypes,
+                                      .cases = random_cases,
+                                      .kind = TestKind::kRandom,
+                                      .moments = random_moments};
+
+std::vector<TestCase> input_cases(const Primitive&, DType t) {
+  return {{{}, {{{Shape{8, 6}, t}}}}, {{}, {{{Shape{}, t}}}}};
+}
+constexpr PrimitiveTests kInputTests{
+    .dtypes = kMovedTypes, .cases = input_cases, .kind = TestKind::kArgument};
+
+constexpr Primitive source(std::string_view name, InferFn* infer, KernelFn* kernel, bool cacheable,
+                           const PrimitiveTests* tests) {
   return Primitive{.name = name,
                    .arity = 0,
                    .infer = infer,
@@ -130,7 +195,8 @@ constexpr Primitive source(std::string_view name, InferFn* infer, KernelFn* kern
                    .kernel = kernel,
                    .flops = no_flops,
                    .vjp = no_gradient,
-                   .cacheable = cacheable};
+                   .cacheable = cacheable,
+                   .tests = tests};
 }
 
 Array random_array(const Shape& shape, DType dtype, const Generator& g, std::string_view what) {
@@ -150,10 +216,12 @@ Array random_array(const Shape& shape, DType dtype, const Generator& g, std::str
 
 namespace prim {
 // Iotas and constants are the same on every call: a program computes them once per executor.
-constinit const Primitive iota = source("iota", iota_type, iota_kernel, true);
-constinit const Primitive constant = source("constant", constant_type, constant_kernel, true);
-constinit const Primitive random = source("random", random_type, random_kernel, false);
-constinit const Primitive input = source("input", input_type, no_kernel, false);
+constinit const Primitive iota = source("iota", iota_type, iota_kernel, true, &kIotaTests);
+constinit const Primitive constant =
+    source("constant", constant_type, constant_kernel, true, &kConstantTests);
+constinit const Primitive random =
+    source("random", random_type, random_kernel, false, &kRandomTests);
+constinit const Primitive input = source("input", input_type, no_kernel, false, &kInputTests);
 }  // namespace prim
 
 }  // namespace shardplan::detail
