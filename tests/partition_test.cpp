@@ -655,5 +655,48 @@ TEST(Partition, TheTextShowsTheShardingEachStepRunsWith) {
   }
 }
 
+// ---- The explicit rematerialisation barrier -----------------------------------------------------
+// w f32[8, 8] (256 B) sharded over x by rows (128 B a device); x f32[4, 8] replicated. The weight
+// is used twice, gathered (P()), around a large temporary: e = exp(broadcast(x @ w)) over
+// [64, 4, 8] (8 KiB a device, twice with its broadcast), summed. Read the second time through
+// optimization_barrier, the weight is gathered again for its second use instead of kept gathered
+// across the temporary: one more all-gather (128 B a device), the same FLOPs, no step of its own,
+// and a peak lower by exactly the gathered weight (256 B), the one value live at the peak (the
+// temporary's exp) in one program and not the other.
+Case barrier_case(bool barrier) {
+  return Case(x2(), {whole({4, 8}), Arg{{{8, 8}, DType::kF32}, P("x"), {}}},
+              [barrier](const auto& a) {
+                const Array w1 = with_sharding_constraint(a[1], P());
+                const Array y = matmul(a[0], w1);
+                const Array e = exp(broadcast_in_dim(y, Shape{64, 4, 8}, {1, 2}));
+                const Array m = sum(e, {0});
+                const Array w2 =
+                    with_sharding_constraint(barrier ? optimization_barrier(a[1]) : a[1], P());
+                return std::vector{matmul(m, w2)};
+              });
+}
+
+TEST(Partition, AnOptimizationBarrierGathersTheWeightAgainWhereItIsUsed) {
+  const Case plain = barrier_case(false);
+  const Case regathered = barrier_case(true);
+  const ValueId w = plain.input(1);
+  EXPECT_THAT(plain.collectives(), ElementsAre(plain.collective("all_gather", w, 128)))
+      << plain.text();
+  const ValueId b = regathered.node(prim::optimization_barrier);
+  EXPECT_THAT(regathered.collectives(),
+              ElementsAre(regathered.collective("all_gather", regathered.input(1), 128),
+                          regathered.collective("all_gather", b, 128)))
+      << regathered.text();
+  // No step computes the barrier: its value is the weight's shard, taken as it is.
+  EXPECT_TRUE(regathered.kernels(b).empty()) << regathered.text();
+  EXPECT_EQ(regathered.prog().cost().flops, plain.prog().cost().flops);
+  // Two dots of 2 * 4 * 8 * 8, the exp over 64 * 4 * 8 and its sum.
+  EXPECT_EQ(plain.prog().cost().flops[0], 2 * (2 * 4 * 8 * 8) + 64 * 4 * 8 + 64 * 4 * 8);
+  EXPECT_EQ(plain.prog().cost().peak_bytes[0] - regathered.prog().cost().peak_bytes[0], 256)
+      << plain.text() << regathered.text();
+  plain.expect_values();
+  regathered.expect_values();
+}
+
 }  // namespace
 }  // namespace shardplan::detail

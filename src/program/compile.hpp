@@ -111,6 +111,8 @@ class Program {
   const CostReport& cost() const { return cost_; }
   const std::vector<NamedSharding>& output_shardings() const { return output_shardings_; }
   const std::vector<NamedSharding>& input_shardings() const { return input_shardings_; }
+  /// The sum input k arrives pending with (nothing, unless compiled for a pending array).
+  const Pending& input_pending(std::size_t k) const { return input_pending_.at(k); }
   const Graph& graph() const { return graph_; }
 
  private:
