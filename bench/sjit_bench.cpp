@@ -179,6 +179,41 @@ BENCHMARK(BM_MatmulSpeedup)
     ->MinTime(3.0);
 BENCHMARK(BM_MlpForwardSpeedup)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
+// ---- Pending sums carried through linear ops (issue 25) -------------------------------------
+// Programs whose sums are reduced once when a pending sum flows through a linear op, and once per
+// operand when it does not. Counters: the bytes a device receives (the program's static cost,
+// which the run moves: tests/support/check_programs.cpp) and the call's time.
+//  - scaled_gradients: 0.5 * (x1^T @ dy1) + 0.5 * (x2^T @ dy2), batch sharded over data:8 (two
+//    micro-batches' weight gradients, each scaled: the mean over micro-batches);
+//  - reshaped_partials: reshape(a1 @ b1) + reshape(a2 @ b2), the contraction sharded over
+//    model:8 (tensor-parallel outputs put back into heads before a residual add).
+void pending_case(benchmark::State& state, bool scaled) {
+  const Mesh mesh = scaled ? Mesh::parse("data:8", 8) : Mesh::parse("model:8", 8);
+  const std::int64_t n = 512;
+  const NamedSharding s = scaled ? NamedSharding(mesh, P("data", nullptr))
+                                 : NamedSharding(mesh, P(nullptr, "model"));
+  const NamedSharding t = scaled ? s : NamedSharding(mesh, P("model", nullptr));
+  const Array a1 = Array::normal(Shape{n, n}, DType::kF32, s, exec8(), 1);
+  const Array b1 = Array::normal(Shape{n, n}, DType::kF32, t, exec8(), 2);
+  const Array a2 = Array::normal(Shape{n, n}, DType::kF32, s, exec8(), 3);
+  const Array b2 = Array::normal(Shape{n, n}, DType::kF32, t, exec8(), 4);
+  auto f = sjit(mesh, [scaled](const Array& x1, const Array& y1, const Array& x2,
+                               const Array& y2) {
+    if (scaled) return matmul(transpose(x1), y1) * 0.5 + matmul(transpose(x2), y2) * 0.5;
+    const Shape heads{n, 8, n / 8};
+    return reshape(matmul(x1, y1), heads) + reshape(matmul(x2, y2), heads);
+  });
+  std::int64_t bytes = 0;
+  for (const auto& [kind, b] : f.lower(a1, b1, a2, b2).cost().bytes_by_kind) bytes += b;
+  f(a1, b1, a2, b2);
+  for (auto _ : state) benchmark::DoNotOptimize(f(a1, b1, a2, b2));
+  state.counters["bytes_per_device"] = static_cast<double>(bytes);
+}
+void BM_PendingThroughScaledGradients(benchmark::State& s) { pending_case(s, true); }
+void BM_PendingThroughReshapedPartials(benchmark::State& s) { pending_case(s, false); }
+BENCHMARK(BM_PendingThroughScaledGradients)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PendingThroughReshapedPartials)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 }  // namespace
 
 BENCHMARK_MAIN();
