@@ -199,7 +199,7 @@ void pending_case(benchmark::State& state, bool scaled) {
   const Array b2 = Array::normal(Shape{n, n}, DType::kF32, t, exec8(), 4);
   auto f = sjit(mesh, [scaled](const Array& x1, const Array& y1, const Array& x2,
                                const Array& y2) {
-    if (scaled) return matmul(transpose(x1), y1) * 0.5 + matmul(transpose(x2), y2) * 0.5;
+    if (scaled) return matmul(transpose(x1, {1, 0}), y1) * 0.5 + matmul(transpose(x2, {1, 0}), y2) * 0.5;
     const Shape heads{n, 8, n / 8};
     return reshape(matmul(x1, y1), heads) + reshape(matmul(x2, y2), heads);
   });
