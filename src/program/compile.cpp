@@ -105,6 +105,9 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   Propagator prop(g, mesh);
   fix_user_shardings(g, spec, prop);
   prop.run();
+  std::vector<Pending> input_pending;
+  for (const InputSpec& in : spec.inputs) input_pending.push_back(in.spec ? in.pending : Pending{});
+  prop.carry_pending(input_pending);
   prog.specs_ = ValueMap<PartitionSpec>(g.size());
   prog.origins_ = ValueMap<std::string>(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) {

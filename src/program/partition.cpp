@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -45,18 +44,6 @@ bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b
 // they stand.
 bool soft_constraint(const Node& n) {
   return n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like.has_value();
-}
-
-std::vector<TensorType> operand_types(const Graph& g, const Node& n) {
-  std::vector<TensorType> types;
-  types.reserve(n.operands.size());
-  for (const ValueId o : n.operands) types.push_back(g[o].type);
-  return types;
-}
-
-Linearity linearity_of(const Graph& g, const Node& n) {
-  if (n.op->linearity == nullptr) return {};
-  return n.op->linearity(n, operand_types(g, n));
 }
 
 // Mesh axes per factor of a node.
@@ -287,34 +274,24 @@ class Chooser {
   // result is pending over their axes (and over the node's own reduce factors). Only where the
   // operands' layouts are the factors' (a pending sum is not moved).
   std::optional<Choice> linear_choice(ValueId id) const {
-    if (std::getenv("NOLIN")) return std::nullopt;
     const Node& n = g_[id];
-    if (const char* e = std::getenv("NOLINOP"); e && std::string(e).find(std::string(n.op->name)) != std::string::npos) return std::nullopt;
     const Linearity lin = linearity_of(g_, n);
+    std::vector<Pending> in;
+    for (const ValueId o : n.operands) in.push_back(layout(o).pending);
+    const std::optional<Pending> carried_sum = carried_pending(lin, in);
+    if (!carried_sum || n.op->partial != ReduceOp::kSum) return std::nullopt;
+    const Pending* carried = &*carried_sum;
     std::vector<char> pending(n.operands.size(), 0);
-    const Layout* first_pending = nullptr;
+    const PartitionSpec* pending_spec = nullptr;
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      const Layout& in = layout(n.operands[k]);
-      if (in.pending.empty()) continue;
-      if (!lin.covers(k) || in.pending.op != ReduceOp::kSum) return std::nullopt;
-      if (first_pending == nullptr) first_pending = &in;
-      // Pending alike: the same axes, the same blocks.
-      if (!(in.pending == first_pending->pending) || !(in.spec == first_pending->spec)) {
+      if (in[k].empty()) continue;
+      // Pending alike: the same blocks too (a pending sum is not moved).
+      if (pending_spec != nullptr && !(layout(n.operands[k]).spec == *pending_spec)) {
         return std::nullopt;
       }
+      pending_spec = &layout(n.operands[k]).spec;
       pending[k] = 1;
     }
-    if (first_pending == nullptr || n.op->partial != ReduceOp::kSum) return std::nullopt;
-    const auto count = std::count(pending.begin(), pending.end(), 1);
-    if (lin.kind == Linearity::Kind::kSeparately && count != 1) return std::nullopt;
-    if (lin.kind == Linearity::Kind::kJointly) {
-      // Every operand it is linear in must be pending: a whole one would be counted once per
-      // device of the sum.
-      for (std::size_t k = 0; k < n.operands.size(); ++k) {
-        if (lin.covers(k) && pending[k] == 0) return std::nullopt;
-      }
-    }
-    const Pending* carried = &first_pending->pending;
     const std::size_t first =
         static_cast<std::size_t>(std::find(pending.begin(), pending.end(), 1) - pending.begin());
     const OpFactors& f = prop_.factors(id);
@@ -356,12 +333,10 @@ class Chooser {
       for (std::size_t q = 0; q < u.operands.size() && fits; ++q) {
         const ValueId o = u.operands[q];
         if (o == id) continue;
-        if (decided_[o] == 0) {
-          fits = false;
-          continue;
-        }
+        // A value not decided yet: the propagation's estimate of its pending sum.
+        const Pending& op = decided_[o] != 0 ? layout(o).pending : prop_.at(o).pending;
         const bool joint = lin.kind == Linearity::Kind::kJointly && lin.covers(q);
-        fits = joint ? layout(o).pending == pend : layout(o).pending.empty();
+        fits = joint ? op == pend : op.empty();
       }
       if (fits) return true;
     }

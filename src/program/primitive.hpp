@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -189,6 +190,14 @@ Linearity linear_in_all(const Node&, std::span<const TensorType>);         // ad
 Linearity linear_in_first(const Node&, std::span<const TensorType>);       // div (the numerator), take (the table)
 Linearity linear_in_each(const Node&, std::span<const TensorType>);        // mul, dot_general
 Linearity linear_in_branches(const Node&, std::span<const TensorType>);    // select: the two values, not the predicate
+
+/// The sum a node's result is pending over when its operands are pending as `operands` say (one
+/// per operand; empty: whole) and it is linear in them as `lin` says: the pending operands' sum
+/// when they are the ones it is linear in (jointly: all of them, pending alike; separately: one)
+/// and every other operand is whole. Nothing when no operand is pending or the op cannot carry
+/// them (they are reduced first). Propagation's estimate and the partitioner's choice both ask
+/// this.
+std::optional<Pending> carried_pending(const Linearity& lin, std::span<const Pending> operands);
 
 /// `p` with `linearity` (for definitions built by a helper: unary("neg", ...)).
 constexpr Primitive with_linearity(Primitive p, LinearityFn* linearity) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "primitive.hpp"
+#include "primitives.hpp"
 #include "shardplan/named_sharding.hpp"
 
 namespace shardplan::detail {
@@ -30,6 +31,18 @@ std::int64_t product(const Mesh& mesh, const AxisNames& axes) {
   std::int64_t p = 1;
   for (const auto& a : axes) p *= mesh.axis_size(a);
   return p;
+}
+
+std::vector<TensorType> operand_types(const Graph& g, const Node& n) {
+  std::vector<TensorType> types;
+  types.reserve(n.operands.size());
+  for (const ValueId o : n.operands) types.push_back(g[o].type);
+  return types;
+}
+
+Linearity linearity_of(const Graph& g, const Node& n) {
+  if (n.op->linearity == nullptr) return {};
+  return n.op->linearity(n, operand_types(g, n));
 }
 
 std::vector<Shape> operand_shapes(const Graph& g, const Node& n) {
@@ -80,6 +93,48 @@ void Propagator::run() {
       s.known = true;
       s.origin = "no sharding reached it: replicated";
     }
+  }
+}
+
+void Propagator::carry_pending(std::span<const Pending> inputs) {
+  for (std::size_t i = 0; i < g_.size(); ++i) {
+    const ValueId id = value_id(i);
+    const Node& n = g_[id];
+    Sharding& s = sh_[id];
+    if (n.is(prim::input)) {
+      const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
+      s.pending = k < inputs.size() ? inputs[k] : Pending{};
+      continue;
+    }
+    std::vector<Pending> in;
+    in.reserve(n.operands.size());
+    for (const ValueId o : n.operands) in.push_back(sh_[o].pending);
+    if (n.op->sharding_identity) {
+      // A constraint or annotation reduces what it fixes; a gradient's constraint keeps it.
+      const bool soft = n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like;
+      s.pending = soft ? in[0] : Pending{};
+      continue;
+    }
+    if (n.op->barrier) {
+      s.pending = in[0];
+      continue;
+    }
+    Pending p = carried_pending(linearity_of(g_, n), in).value_or(Pending{n.op->partial, {}});
+    // Its own reduce factors, split as its operands are (where the result does not use the axes).
+    const OpFactors& f = factors_[id];
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const Sharding& os = sh_[n.operands[k]];
+      for (std::size_t d = 0; d < f.operands[k].size() && d < os.dims.size(); ++d) {
+        const int fac = f.operands[k][d];
+        if (fac < 0 || f.kind(fac) != FactorKind::kReduce) continue;
+        for (const auto& a : os.dims[d]) {
+          if (!s.uses(a) && std::find(p.axes.begin(), p.axes.end(), a) == p.axes.end()) {
+            p.axes.push_back(a);
+          }
+        }
+      }
+    }
+    s.pending = p.axes.empty() ? Pending{} : std::move(p);
   }
 }
 

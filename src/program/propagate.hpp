@@ -4,11 +4,13 @@
 // dimension, as mesh axes) with its origin ("from %3 through dot_general"), and each node's
 // factors (its primitive's sharding rule), which the partitioner reuses.
 
+#include <span>
 #include <string>
 #include <vector>
 
 #include "factors.hpp"
 #include "graph.hpp"
+#include "shardplan/array.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/partition_spec.hpp"
 
@@ -20,6 +22,11 @@ struct Sharding {
   bool known = false;
   bool fixed = false;
   std::string origin;
+  /// The sum the value would be pending over if every node ran in its propagated sharding: a
+  /// node's own reduce factors' axes, and the pending sums of its operands carried through it
+  /// where it is linear in them (Primitive::linearity). An estimate (carry_pending): the
+  /// partitioner decides the actual layout, and reads this for values it has not decided yet.
+  Pending pending;
 
   bool uses(const std::string& axis) const;
 };
@@ -40,6 +47,10 @@ class Propagator {
   /// Propagates to a fixed point; values nothing reached are replicated.
   void run();
 
+  /// Estimates every value's pending sum (Sharding::pending), after run(); `inputs`: the sums
+  /// the inputs arrive pending over, by input index.
+  void carry_pending(std::span<const Pending> inputs);
+
   const Sharding& at(ValueId id) const { return sh_[id]; }
   const OpFactors& factors(ValueId id) const { return factors_[id]; }
 
@@ -55,5 +66,11 @@ class Propagator {
 
 /// The operand shapes of `n` in `g`.
 std::vector<Shape> operand_shapes(const Graph& g, const Node& n);
+/// The operand types of `n` in `g`.
+std::vector<TensorType> operand_types(const Graph& g, const Node& n);
+/// How a pending sum flows through `n` (its primitive's declared linearity; none when it declares
+/// none).
+struct Linearity;
+Linearity linearity_of(const Graph& g, const Node& n);
 
 }  // namespace shardplan::detail

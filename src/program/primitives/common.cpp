@@ -36,6 +36,27 @@ Linearity linear_in_first(const Node&, std::span<const TensorType>) { return {Li
 Linearity linear_in_each(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kSeparately, kAllOperands}; }
 Linearity linear_in_branches(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kJointly, 0b110u}; }
 
+std::optional<Pending> carried_pending(const Linearity& lin, std::span<const Pending> operands) {
+  const Pending* first = nullptr;
+  int pending = 0;
+  for (std::size_t k = 0; k < operands.size(); ++k) {
+    const Pending& p = operands[k];
+    if (p.empty()) {
+      // Jointly linear: an operand it is linear in that is whole would be counted once per
+      // device of the sum.
+      if (lin.kind == Linearity::Kind::kJointly && lin.covers(k)) return std::nullopt;
+      continue;
+    }
+    if (!lin.covers(k) || p.op != ReduceOp::kSum) return std::nullopt;
+    if (first != nullptr && !(p == *first)) return std::nullopt;
+    first = &p;
+    ++pending;
+  }
+  if (first == nullptr) return std::nullopt;
+  if (lin.kind == Linearity::Kind::kSeparately && pending != 1) return std::nullopt;
+  return *first;
+}
+
 void no_kernel(const KernelArgs& k) {
   throw Error(
       fmt::format("[kernel] {} has no kernel (inputs are bound, not computed)", k.node.op->name));
