@@ -190,16 +190,16 @@ BENCHMARK(BM_MlpForwardSpeedup)->Unit(benchmark::kMillisecond)->UseRealTime()->M
 void pending_case(benchmark::State& state, bool scaled) {
   const Mesh mesh = scaled ? Mesh::parse("data:8", 8) : Mesh::parse("model:8", 8);
   const std::int64_t n = 512;
-  const NamedSharding s = scaled ? NamedSharding(mesh, P("data", nullptr))
-                                 : NamedSharding(mesh, P(nullptr, "model"));
+  const NamedSharding s =
+      scaled ? NamedSharding(mesh, P("data", nullptr)) : NamedSharding(mesh, P(nullptr, "model"));
   const NamedSharding t = scaled ? s : NamedSharding(mesh, P("model", nullptr));
   const Array a1 = Array::normal(Shape{n, n}, DType::kF32, s, exec8(), 1);
   const Array b1 = Array::normal(Shape{n, n}, DType::kF32, t, exec8(), 2);
   const Array a2 = Array::normal(Shape{n, n}, DType::kF32, s, exec8(), 3);
   const Array b2 = Array::normal(Shape{n, n}, DType::kF32, t, exec8(), 4);
-  auto f = sjit(mesh, [scaled](const Array& x1, const Array& y1, const Array& x2,
-                               const Array& y2) {
-    if (scaled) return matmul(transpose(x1, {1, 0}), y1) * 0.5 + matmul(transpose(x2, {1, 0}), y2) * 0.5;
+  auto f = sjit(mesh, [scaled](const Array& x1, const Array& y1, const Array& x2, const Array& y2) {
+    if (scaled)
+      return matmul(transpose(x1, {1, 0}), y1) * 0.5 + matmul(transpose(x2, {1, 0}), y2) * 0.5;
     const Shape heads{n, 8, n / 8};
     return reshape(matmul(x1, y1), heads) + reshape(matmul(x2, y2), heads);
   });

@@ -278,6 +278,13 @@ void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true) {
   const Array y = device_put(
       Tensor::generate(Shape{cfg.batch, cfg.seq}, DType::kI32, Generator::uniform(4, 0, 127)),
       batch, exec(8));
+  // The program's static cost (what the run moves and computes), to compare builds by.
+  const auto cost = step.lower(params, st, x, y).cost();
+  double bytes = 0;
+  for (const auto& [kind, b] : cost.bytes_by_kind) bytes += static_cast<double>(b);
+  state.counters["bytes_per_device"] = bytes;
+  state.counters["mflop_per_device"] = cost.flops[0] / 1e6;
+  state.counters["peak_kib"] = static_cast<double>(cost.peak_bytes[0]) / 1024;
   for (auto _ : state) {
     const Tree<Array> out = step(params, st, x, y);
     params = out.at("params");

@@ -86,11 +86,13 @@ double max_diff(const Tensor& a, const Tensor& b) {
 // `outs` (open where nullopt or missing); run on inputs made as the args say.
 class Case {
  public:
-  Case(Mesh mesh, std::vector<Arg> args, Fn f, std::vector<std::optional<PartitionSpec>> outs = {})
+  Case(Mesh mesh, std::vector<Arg> args, Fn f, std::vector<std::optional<PartitionSpec>> outs = {},
+       bool fuse = false)
       : exec_(static_cast<int>(mesh.size())),
         mesh_(std::move(mesh)),
         args_(std::move(args)),
         f_(std::move(f)),
+        fuse_(fuse),
         prog_(compile_traced(std::move(outs))) {}
 
   const Program& prog() const { return prog_; }
@@ -136,7 +138,8 @@ class Case {
       if (st.kind != Step::Kind::kReshard) continue;
       for (const CollectiveRecord& rec : st.cost) {
         if (rec.kind == CollectiveKind::kSlice) continue;
-        out.push_back(fmt::format("{} {} {}", to_string(rec.kind), value_name(st.node), rec.max_bytes_in()));
+        out.push_back(
+            fmt::format("{} {} {}", to_string(rec.kind), value_name(st.node), rec.max_bytes_in()));
       }
     }
     return out;
@@ -188,7 +191,7 @@ class Case {
       results = f_(xs);
     }
     const Graph g = ctx.finish(results);
-    CompileSpec spec{.mesh = mesh_, .outputs = std::move(outs), .fuse = false};
+    CompileSpec spec{.mesh = mesh_, .outputs = std::move(outs), .fuse = fuse_};
     for (std::size_t k = 0; k < args_.size(); ++k) {
       spec.inputs.push_back(InputSpec{.spec = args_[k].spec,
                                       .pending = args_[k].pending,
@@ -228,6 +231,7 @@ class Case {
   Mesh mesh_;
   std::vector<Arg> args_;
   Fn f_;
+  bool fuse_ = false;
   Program prog_;
 };
 
@@ -664,16 +668,15 @@ TEST(Partition, TheTextShowsTheShardingEachStepRunsWith) {
 // and a peak lower by exactly the gathered weight (256 B), the one value live at the peak (the
 // temporary's exp) in one program and not the other.
 Case barrier_case(bool barrier) {
-  return Case(x2(), {whole({4, 8}), Arg{{{8, 8}, DType::kF32}, P("x"), {}}},
-              [barrier](const auto& a) {
-                const Array w1 = with_sharding_constraint(a[1], P());
-                const Array y = matmul(a[0], w1);
-                const Array e = exp(broadcast_in_dim(y, Shape{64, 4, 8}, {1, 2}));
-                const Array m = sum(e, {0});
-                const Array w2 =
-                    with_sharding_constraint(barrier ? optimization_barrier(a[1]) : a[1], P());
-                return std::vector{matmul(m, w2)};
-              });
+  return Case(
+      x2(), {whole({4, 8}), Arg{{{8, 8}, DType::kF32}, P("x"), {}}}, [barrier](const auto& a) {
+        const Array w1 = with_sharding_constraint(a[1], P());
+        const Array y = matmul(a[0], w1);
+        const Array e = exp(broadcast_in_dim(y, Shape{64, 4, 8}, {1, 2}));
+        const Array m = sum(e, {0});
+        const Array w2 = with_sharding_constraint(barrier ? optimization_barrier(a[1]) : a[1], P());
+        return std::vector{matmul(m, w2)};
+      });
 }
 
 TEST(Partition, AnOptimizationBarrierGathersTheWeightAgainWhereItIsUsed) {
@@ -696,6 +699,24 @@ TEST(Partition, AnOptimizationBarrierGathersTheWeightAgainWhereItIsUsed) {
       << plain.text() << regathered.text();
   plain.expect_values();
   regathered.expect_values();
+}
+
+// Fused, a chain that carries a pending sum is one step: neg(p) * c + q with p and q pending over
+// x and c whole runs as one fused step whose result is pending (fusion computes each device's
+// summands as the steps would), then the output's one all-reduce (60 B).
+TEST(Partition, FusesAChainCarryingAPendingSum) {
+  const Case c(
+      x2(), {pending({3, 5}), whole({3, 5}), pending({3, 5})},
+      [](const auto& a) { return std::vector{neg(a[0]) * a[1] + a[2]}; }, {},
+      /*fuse=*/true);
+  const Step* k = c.kernel(c.node(prim::add));
+  ASSERT_NE(k, nullptr);
+  ASSERT_TRUE(k->fused) << c.text();
+  EXPECT_EQ(k->fused->size(), 3u) << c.text();
+  EXPECT_EQ(k->pending, sum_over("x"));
+  EXPECT_THAT(c.collectives(), ElementsAre(c.collective("all_reduce", c.output(0), 60)))
+      << c.text();
+  c.expect_values();
 }
 
 }  // namespace

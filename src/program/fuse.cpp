@@ -15,8 +15,9 @@ namespace shardplan::detail {
 namespace {
 
 bool fusible(const Step& st) {
-  return st.kind == Step::Kind::kKernel && st.local.op->pointwise && !st.constant &&
-         st.pending.empty();
+  // A pending result may join: fusion computes every device's values as the steps would, so a
+  // reader that takes it as it is (a linear op carrying the sum) reads the same summands.
+  return st.kind == Step::Kind::kKernel && st.local.op->pointwise && !st.constant;
 }
 
 std::int64_t local_numel(const Step& st) { return st.local.type.shape.numel(); }
@@ -40,8 +41,7 @@ std::vector<Shape> slot_shapes(const Graph& g, const Partitioned& p) {
 
 // The period when step `st` only repeats its operand (Primitive::repeat), else 0.
 std::int64_t repeat_period(const Step& st, const std::vector<Shape>& shapes) {
-  if (st.kind != Step::Kind::kKernel || st.local.op->repeat == nullptr || !st.pending.empty() ||
-      st.in.size() != 1) {
+  if (st.kind != Step::Kind::kKernel || st.local.op->repeat == nullptr || st.in.size() != 1) {
     return 0;
   }
   return st.local.op->repeat(st.local, shapes[index(st.in[0])]);

@@ -19,8 +19,9 @@ namespace shardplan::detail {
 inline constexpr std::int64_t kFusedChunk = 4096;
 
 /// Fuses in place. A step joins the group of the step that reads its result when the reader is a
-/// pointwise kernel, neither has a pending partial result, the reader is not constant, the result
-/// has no other use (not an output, not read twice), the two blocks hold the same number of
+/// pointwise kernel (pending sums included: a reader takes a pending operand as it is only where
+/// it carries the sum, so the fused chunks are the same summands), the reader is not constant, the
+/// result has no other use (not an output, not read twice), the two blocks hold the same number of
 /// elements, and the step is a pointwise kernel that is not constant, or a repetition of its
 /// operand (its operand then stays outside the group).
 void fuse_pointwise(const Graph& g, Partitioned& p);

@@ -208,11 +208,11 @@ class Chooser {
       }
     }
     if (auto lin = linear_choice(id)) {
-      // Otherwise a tie goes to reducing now, which is no dearer and keeps less: a pending value is whole-sized on every device of its sum, a reduced one may be
-      // split (a weight's gradient reduce-scattered to its shard), and a split pointwise node
-      // does 1/n of the work.
-      // When a user adds it to another pending sum, the result's reduction is that sum's (paid
-      // once there, whatever this node does), so only the operands' reshards count here.
+      // Otherwise a tie goes to reducing now, which is no dearer and keeps less: a pending value is
+      // whole-sized on every device of its sum, a reduced one may be split (a weight's gradient
+      // reduce-scattered to its shard), and a split pointwise node does 1/n of the work. When a
+      // user adds it to another pending sum, the result's reduction is that sum's (paid once there,
+      // whatever this node does), so only the operands' reshards count here.
       const bool merged = flows_on(id, lin->pend);
       if (lin->cost < best.cost || (merged && lin->operand_cost <= best.cost)) {
         best = std::move(*lin);
@@ -296,7 +296,8 @@ class Chooser {
         static_cast<std::size_t>(std::find(pending.begin(), pending.end(), 1) - pending.begin());
     const OpFactors& f = prop_.factors(id);
     FactorAxes axes(f.count());
-    const auto dims = padded(layout(n.operands[first]).spec, g_[n.operands[first]].type.shape.rank());
+    const auto dims =
+        padded(layout(n.operands[first]).spec, g_[n.operands[first]].type.shape.rank());
     for (std::size_t d = 0; d < dims.size(); ++d) {
       if (dims[d].empty()) continue;
       const int fac = f.operands[first][d];
@@ -315,30 +316,35 @@ class Chooser {
   }
 
   // Whether a user of `id` would add its pending sum `pend` to another one: a node jointly linear
-  // in it whose other operands are already decided and fit (pending alike where it is linear,
-  // whole elsewhere), directly or through unary linear users.
+  // in it and in another operand pending alike (the others whole), directly or through users that
+  // carry it on alone (a reshape, a product with a whole value).
   bool flows_on(ValueId id, const Pending& pend, int depth = 0) const {
     for (const auto& [user, pos] : users_[id]) {
       const Node& u = g_[user];
       const Linearity lin = linearity_of(g_, u);
-      if (lin.kind != Linearity::Kind::kJointly || !lin.covers(static_cast<std::size_t>(pos))) {
-        continue;
-      }
-      // A unary linear user (a reshape, a neg) carries it on only if one of its users does.
-      if (u.operands.size() == 1) {
-        if (depth < 8 && flows_on(user, pend, depth + 1)) return true;
-        continue;
-      }
+      if (!lin.covers(static_cast<std::size_t>(pos))) continue;
       bool fits = true;
+      bool merges = false;
       for (std::size_t q = 0; q < u.operands.size() && fits; ++q) {
+        if (static_cast<int>(q) == pos) continue;
         const ValueId o = u.operands[q];
-        if (o == id) continue;
+        if (o == id) {  // x * x is not linear in x; x + x carries it
+          fits = lin.kind == Linearity::Kind::kJointly && lin.covers(q);
+          continue;
+        }
         // A value not decided yet: the propagation's estimate of its pending sum.
         const Pending& op = decided_[o] != 0 ? layout(o).pending : prop_.at(o).pending;
-        const bool joint = lin.kind == Linearity::Kind::kJointly && lin.covers(q);
-        fits = joint ? op == pend : op.empty();
+        if (lin.kind == Linearity::Kind::kJointly && lin.covers(q)) {
+          fits = op == pend;
+          merges = true;
+        } else {
+          fits = op.empty();
+        }
       }
-      if (fits) return true;
+      if (!fits) continue;
+      if (merges) return true;
+      // Carried on alone (a reshape, a scaling): one of its users may merge it.
+      if (depth < 8 && flows_on(user, pend, depth + 1)) return true;
     }
     return false;
   }
@@ -365,10 +371,11 @@ class Chooser {
     }
     Choice c = evaluate(o, std::move(axes));
     if (!equivalent(mesh_, spec_of_dims(c.out_dims), want, rn.type.shape.rank())) return;
-    d = Decision{.kind = Decision::Kind::kKernel,
-                 .wants = std::move(c.wants),
-                 .as_is = std::move(c.as_is),
-                 .result = {spec_of_dims(std::move(c.out_dims)), {}, "made in its one user's sharding"}};
+    d = Decision{
+        .kind = Decision::Kind::kKernel,
+        .wants = std::move(c.wants),
+        .as_is = std::move(c.as_is),
+        .result = {spec_of_dims(std::move(c.out_dims)), {}, "made in its one user's sharding"}};
   }
 
   // The sharded weight update XLA makes of an all-reduce followed by elementwise work, made here
@@ -459,11 +466,11 @@ class Chooser {
       c.wants.push_back(spec_of_dims(want));
       if (c.as_is[k] != 0) continue;
       const Layout& os = layout(o);
-      c.cost = add_bytes(
-          c.cost,
-          bytes_received(plan_reshard(ot.shape, ot.dtype, NamedSharding(mesh_, os.spec), os.pending,
-                                      NamedSharding(mesh_, c.wants.back()))),
-          "a node's reshard cost");
+      c.cost =
+          add_bytes(c.cost,
+                    bytes_received(plan_reshard(ot.shape, ot.dtype, NamedSharding(mesh_, os.spec),
+                                                os.pending, NamedSharding(mesh_, c.wants.back()))),
+                    "a node's reshard cost");
     }
     c.operand_cost = c.cost;
     c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
@@ -477,11 +484,12 @@ class Chooser {
         c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
       }
     }
-    c.cost = add_bytes(c.cost,
-                       bytes_received(plan_reshard(
-                           n.type.shape, n.type.dtype, NamedSharding(mesh_, spec_of_dims(c.out_dims)),
-                           c.pend, NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
-                       "a node's reshard cost");
+    c.cost =
+        add_bytes(c.cost,
+                  bytes_received(plan_reshard(
+                      n.type.shape, n.type.dtype, NamedSharding(mesh_, spec_of_dims(c.out_dims)),
+                      c.pend, NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
+                  "a node's reshard cost");
     return c;
   }
 
@@ -536,7 +544,8 @@ class Emitter {
     }
     out_.num_slots = next_slot_;
     out_.layouts = ValueMap<Layout>(g_.size());
-    for (std::size_t i = 0; i < g_.size(); ++i) out_.layouts[value_id(i)] = dec_[value_id(i)].result;
+    for (std::size_t i = 0; i < g_.size(); ++i)
+      out_.layouts[value_id(i)] = dec_[value_id(i)].result;
     return std::move(out_);
   }
 
@@ -624,7 +633,8 @@ class Emitter {
   struct BlocksKeyHash {
     std::size_t operator()(const BlocksKey& k) const {
       std::size_t h = std::hash<std::string>()(k.spec.to_string());
-      for (const std::int64_t dim : k.shape.dims()) h = h * 1000003u ^ std::hash<std::int64_t>()(dim);
+      for (const std::int64_t dim : k.shape.dims())
+        h = h * 1000003u ^ std::hash<std::int64_t>()(dim);
       return h;
     }
   };

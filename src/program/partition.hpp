@@ -27,7 +27,7 @@ struct Partitioned {
   std::vector<Pending> input_pending;
   std::vector<SlotId> output_slots;
   std::vector<NamedSharding> output_shardings;
-  std::vector<double> flops;                          // by device
+  std::vector<double> flops;                             // by device
   std::map<CollectiveKind, std::int64_t> bytes_by_kind;  // most bytes a device receives, per kind
   ValueMap<Layout> layouts;  // by value: the layout its step makes (what the program text prints)
 };

@@ -186,10 +186,13 @@ std::string describe(std::span<const TensorType> operands);
                          std::string_view why);
 
 /// Linearities shared by definitions.
-Linearity linear_in_all(const Node&, std::span<const TensorType>);         // add, sub, neg, reshape, concatenate, ...
-Linearity linear_in_first(const Node&, std::span<const TensorType>);       // div (the numerator), take (the table)
-Linearity linear_in_each(const Node&, std::span<const TensorType>);        // mul, dot_general
-Linearity linear_in_branches(const Node&, std::span<const TensorType>);    // select: the two values, not the predicate
+Linearity linear_in_all(const Node&,
+                        std::span<const TensorType>);  // add, sub, neg, reshape, concatenate, ...
+Linearity linear_in_first(const Node&,
+                          std::span<const TensorType>);  // div (the numerator), take (the table)
+Linearity linear_in_each(const Node&, std::span<const TensorType>);  // mul, dot_general
+Linearity linear_in_branches(
+    const Node&, std::span<const TensorType>);  // select: the two values, not the predicate
 
 /// The sum a node's result is pending over when its operands are pending as `operands` say (one
 /// per operand; empty: whole) and it is linear in them as `lin` says: the pending operands' sum

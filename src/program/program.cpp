@@ -262,10 +262,9 @@ std::string Program::text() const {
     // The layout the value is computed in; where the partitioner chose another than the
     // propagation's, why, and what was propagated.
     const Layout& at = layouts_[id];
-    const std::string origin =
-        at.why.empty() ? origins_[id]
-                       : fmt::format("{} (propagated {}: {})", at.why, specs_[id].to_string(),
-                                     origins_[id]);
+    const std::string origin = at.why.empty() ? origins_[id]
+                                              : fmt::format("{} (propagated {}: {})", at.why,
+                                                            specs_[id].to_string(), origins_[id]);
     s += fmt::format("  {:>4} = {:<32} {:<16} {:<24} <- {}\n", value_name(id), head,
                      to_string(n.type), layout_text(at.spec, at.pending), origin);
   }

@@ -153,12 +153,12 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
       }
       return concatenate(copies, 1);
     };
-    const Array q =
-        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, heads, dh}), {0, 2, 1, 3}), tables),
-                  {{0, &L.batch}, {1, &L.model}}, L);
-    const Array k =
-        constrain(repeat(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}), tables)),
-                  {{0, &L.batch}, {1, &L.model}}, L);
+    const Array q = constrain(
+        rotary(transpose(reshape(proj("q"), Shape{b, t, heads, dh}), {0, 2, 1, 3}), tables),
+        {{0, &L.batch}, {1, &L.model}}, L);
+    const Array k = constrain(
+        repeat(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}), tables)),
+        {{0, &L.batch}, {1, &L.model}}, L);
     const Array v =
         constrain(repeat(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
                   {{0, &L.batch}, {1, &L.model}}, L);
@@ -167,9 +167,9 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
     const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});  // [b, h, t, dh]
     merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, heads * dh});
   } else {
-    const Array q =
-        constrain(rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4}), tables),
-                  {{0, &L.batch}, {1, &L.model}}, L);
+    const Array q = constrain(
+        rotary(transpose(reshape(proj("q"), Shape{b, t, kv, g, dh}), {0, 2, 3, 1, 4}), tables),
+        {{0, &L.batch}, {1, &L.model}}, L);
     const Array k =
         constrain(rotary(transpose(reshape(proj("k"), Shape{b, t, kv, dh}), {0, 2, 1, 3}), tables),
                   {{0, &L.batch}, {1, &L.model}}, L);
@@ -441,8 +441,7 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
   const auto use = [&](const Tree<Array>& t) { return regather ? regathered(t) : t; };
   std::vector<Array> inputs{model.embed(use(subtree(rest, embed_paths(model.config))), tokens)};
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    inputs.push_back(model.layer(use(layers[i]), inputs.back(),
-                                 model.config.window(i)));
+    inputs.push_back(model.layer(use(layers[i]), inputs.back(), model.config.window(i)));
   }
   std::map<std::string, Array> rest_grads;
   const auto accumulate = [&](const Tree<Array>& grads) {
@@ -464,8 +463,7 @@ std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<
       return sum(
           astype(model.layer(t.at("p"), t.at("x").leaf(), model.config.window(i)) * cotangent,
                  DType::kF32));
-    })(Tree<Array>::dict({{"p", regathered(layers[i])},
-                          {"x", Tree<Array>(inputs[i])}}));
+    })(Tree<Array>::dict({{"p", regathered(layers[i])}, {"x", Tree<Array>(inputs[i])}}));
     layer_grads[i] = grads.at("p");
     g = grads.at("x").leaf();
   }

@@ -220,9 +220,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
     SharedTables shared;
     ModelStep model = base;
     if (o.recompute) model.tables = &shared;
-    auto [loss, grads] = o.grad_accum == 1
-                             ? loss_and_grads(model, p, x, y, o.recompute)
-                             : accumulated_loss_and_grads(model, p, x, y, rules, o);
+    auto [loss, grads] = o.grad_accum == 1 ? loss_and_grads(model, p, x, y, o.recompute)
+                                           : accumulated_loss_and_grads(model, p, x, y, rules, o);
     grads = cast(grads, o.grad_dtype);
     auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
     return Tree<Array>::dict({{"loss", Tree<Array>(loss)},

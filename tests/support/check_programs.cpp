@@ -3,10 +3,9 @@
 // step computes and for every input, the sharding and pending sum that step runs with (rebuilt
 // here from the step itself, not from what the text is printed from), and each kernel step must
 // run on the blocks of that sharding. A mismatch fails the running test, naming the value.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <gtest/gtest.h>
 
 #include <string>
 #include <unordered_map>
@@ -50,7 +49,8 @@ bool shows(const std::string& line, const std::string& layout) {
   if (arrow == std::string::npos) return false;
   std::size_t end = arrow;
   while (end > 0 && line[end - 1] == ' ') --end;
-  return end >= layout.size() + 1 && line.compare(end - layout.size(), layout.size(), layout) == 0 &&
+  return end >= layout.size() + 1 &&
+         line.compare(end - layout.size(), layout.size(), layout) == 0 &&
          line[end - layout.size() - 1] == ' ';
 }
 

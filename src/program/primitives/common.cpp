@@ -31,10 +31,18 @@ double flops_per_result(const Node&, std::span<const Shape>, const Shape& result
   return static_cast<double>(result.numel());
 }
 
-Linearity linear_in_all(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kJointly, kAllOperands}; }
-Linearity linear_in_first(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kJointly, 1u}; }
-Linearity linear_in_each(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kSeparately, kAllOperands}; }
-Linearity linear_in_branches(const Node&, std::span<const TensorType>) { return {Linearity::Kind::kJointly, 0b110u}; }
+Linearity linear_in_all(const Node&, std::span<const TensorType>) {
+  return {Linearity::Kind::kJointly, kAllOperands};
+}
+Linearity linear_in_first(const Node&, std::span<const TensorType>) {
+  return {Linearity::Kind::kJointly, 1u};
+}
+Linearity linear_in_each(const Node&, std::span<const TensorType>) {
+  return {Linearity::Kind::kSeparately, kAllOperands};
+}
+Linearity linear_in_branches(const Node&, std::span<const TensorType>) {
+  return {Linearity::Kind::kJointly, 0b110u};
+}
 
 std::optional<Pending> carried_pending(const Linearity& lin, std::span<const Pending> operands) {
   const Pending* first = nullptr;

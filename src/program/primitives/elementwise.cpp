@@ -508,8 +508,8 @@ Array binary_op(const Primitive& op, const Array& a, const Array& b) {
 }  // namespace
 
 namespace prim {
-constinit const Primitive neg =
-    with_linearity(unary("neg", numeric_unary, unary_kernel<IsNumeric, Neg>, neg_vjp, &kNegTests), linear_in_all);
+constinit const Primitive neg = with_linearity(
+    unary("neg", numeric_unary, unary_kernel<IsNumeric, Neg>, neg_vjp, &kNegTests), linear_in_all);
 constinit const Primitive exp =
     unary("exp", float_unary, unary_kernel<IsFloating, Exp>, exp_vjp, &kExpTests);
 constinit const Primitive log =
@@ -535,14 +535,14 @@ constinit const Primitive erf =
 constinit const Primitive abs =
     unary("abs", numeric_unary, unary_kernel<IsNumeric, Abs>, abs_vjp, &kAbsTests);
 
-constinit const Primitive add =
-    with_linearity(binary("add", arithmetic, binary_kernel<IsNumeric, Add>, add_vjp, &kAddTests), linear_in_all);
-constinit const Primitive sub =
-    with_linearity(binary("sub", arithmetic, binary_kernel<IsNumeric, Sub>, sub_vjp, &kSubTests), linear_in_all);
-constinit const Primitive mul =
-    with_linearity(binary("mul", arithmetic, binary_kernel<IsNumeric, Mul>, mul_vjp, &kMulTests), linear_in_each);
-constinit const Primitive div =
-    with_linearity(binary("div", arithmetic, binary_kernel<IsNumeric, Div>, div_vjp, &kDivTests), linear_in_first);
+constinit const Primitive add = with_linearity(
+    binary("add", arithmetic, binary_kernel<IsNumeric, Add>, add_vjp, &kAddTests), linear_in_all);
+constinit const Primitive sub = with_linearity(
+    binary("sub", arithmetic, binary_kernel<IsNumeric, Sub>, sub_vjp, &kSubTests), linear_in_all);
+constinit const Primitive mul = with_linearity(
+    binary("mul", arithmetic, binary_kernel<IsNumeric, Mul>, mul_vjp, &kMulTests), linear_in_each);
+constinit const Primitive div = with_linearity(
+    binary("div", arithmetic, binary_kernel<IsNumeric, Div>, div_vjp, &kDivTests), linear_in_first);
 constinit const Primitive max =
     binary("max", arithmetic, binary_kernel<IsNumeric, Max>, max_vjp, &kMaxTests);
 constinit const Primitive min =

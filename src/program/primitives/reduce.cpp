@@ -304,9 +304,8 @@ Array reduce(const Primitive& op, const Array& x, std::vector<int> axes, bool ke
 }  // namespace
 
 namespace prim {
-constinit const Primitive reduce_sum =
-    with_linearity(reduction("reduce_sum", sum_kernel, sum_vjp, ReduceOp::kSum, &kSumTests),
-                   linear_in_all);
+constinit const Primitive reduce_sum = with_linearity(
+    reduction("reduce_sum", sum_kernel, sum_vjp, ReduceOp::kSum, &kSumTests), linear_in_all);
 constinit const Primitive reduce_max =
     reduction("reduce_max", reduce_kernel<MaxFold>, extremum_vjp, ReduceOp::kMax, &kMaxTests);
 constinit const Primitive reduce_min =
