@@ -701,13 +701,13 @@ TEST(Partition, AnOptimizationBarrierGathersTheWeightAgainWhereItIsUsed) {
   regathered.expect_values();
 }
 
-// Fused, a chain that carries a pending sum is one step: neg(p) * c + q with p and q pending over
-// x and c whole runs as one fused step whose result is pending (fusion computes each device's
-// summands as the steps would), then the output's one all-reduce (60 B).
+// Fused, a chain that carries a pending sum is one step: neg(p * c) + q with p and q pending
+// over x and c whole runs as one fused step whose result is pending (fusion computes each
+// device's summands as the steps would), then the output's one all-reduce (60 B).
 TEST(Partition, FusesAChainCarryingAPendingSum) {
   const Case c(
       x2(), {pending({3, 5}), whole({3, 5}), pending({3, 5})},
-      [](const auto& a) { return std::vector{neg(a[0]) * a[1] + a[2]}; }, {},
+      [](const auto& a) { return std::vector{neg(a[0] * a[1]) + a[2]}; }, {},
       /*fuse=*/true);
   const Step* k = c.kernel(c.node(prim::add));
   ASSERT_NE(k, nullptr);
