@@ -719,5 +719,31 @@ TEST(Partition, FusesAChainCarryingAPendingSum) {
   c.expect_values();
 }
 
+// A pending sum reduced for one user and wanted in another sharding by a second is made from the
+// reduced copy when that moves fewer bytes: p f32[4, 6] (96 B) pending over x, all-reduced for
+// exp (96 B received a device), then wanted split by rows: sliced from the reduced copy (nothing
+// moves) instead of reduce-scattering the summands again (48 B). And the other way round:
+// reduce-scattered first (48 B), then wanted whole: all-gathered from the split sum (48 B)
+// instead of all-reduced (96 B).
+TEST(Partition, AReducedSumIsReusedForAnotherSharding) {
+  {
+    const Case c(x2(), {pending({4, 6})}, [](const auto& a) {
+      return std::vector{exp(a[0]), with_sharding_constraint(a[0], P("x"))};
+    });
+    EXPECT_THAT(c.collectives(), ElementsAre(c.collective("all_reduce", c.input(0), 96)))
+        << c.text();
+    c.expect_values();
+  }
+  {
+    const Case c(x2(), {pending({4, 6})}, [](const auto& a) {
+      return std::vector{with_sharding_constraint(a[0], P("x")), exp(a[0])};
+    });
+    EXPECT_THAT(c.collectives(), ElementsAre(c.collective("reduce_scatter", c.input(0), 48),
+                                             c.collective("all_gather", c.input(0), 48)))
+        << c.text();
+    c.expect_values();
+  }
+}
+
 }  // namespace
 }  // namespace shardplan::detail

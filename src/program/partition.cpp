@@ -585,13 +585,29 @@ class Emitter {
     for (const auto& [done, slot] : resharded_[value]) {
       if (done == want) return slot;
     }
+    // From the value as it is, or, for a pending sum already reduced for another user, from that
+    // reduced copy when it moves fewer bytes (slicing or gathering a reduced sum instead of
+    // reducing the summands again).
+    SlotId from = slot_[value];
+    std::vector<CollectiveRecord> cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target);
+    if (!at.pending.empty()) {
+      std::int64_t best = bytes_received(cost);
+      for (const auto& [done, slot] : resharded_[value]) {
+        auto other = plan_reshard(t.shape, t.dtype, NamedSharding(mesh_, done), {}, target);
+        if (const std::int64_t b = bytes_received(other); b < best) {
+          best = b;
+          from = slot;
+          cost = std::move(other);
+        }
+      }
+    }
     Step step{.kind = Step::Kind::kReshard,
               .node = value,
-              .in = {slot_[value]},
+              .in = {from},
               .out = new_slot(),
               .type = t,
               .sharding = target,
-              .cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target),
+              .cost = std::move(cost),
               .constant = constant_[value] != 0};
     resharded_[value].emplace_back(want, step.out);
     out_.steps.push_back(std::move(step));
