@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "../examples/mlp.hpp"
+#include "paired.hpp"
 #include "shardplan/eigen.hpp"
 #include "shardplan/sjit.hpp"
 
@@ -120,31 +121,21 @@ BENCHMARK(BM_MlpForward1Device)->Unit(benchmark::kMillisecond)->UseRealTime()->M
 void speedup_pairs(benchmark::State& state, std::function<void()> one, std::function<void()> eight,
                    std::function<void()> halves = {}) {
   std::vector<double> t1, t8, x, th, xh;
-  const auto time = [](const std::function<void()>& f) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-        .count();
-  };
   for (auto _ : state) {
-    t1.push_back(time(one));
-    t8.push_back(time(eight));
+    t1.push_back(bench::ms_of(one));
+    t8.push_back(bench::ms_of(eight));
     x.push_back(t1.back() / t8.back());
     if (halves) {
-      th.push_back(time(halves));
+      th.push_back(bench::ms_of(halves));
       xh.push_back(t1.back() / th.back());
     }
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  state.counters["ms_1"] = median(t1);
-  state.counters["ms_8"] = median(t8);
-  state.counters["x_8"] = median(x);
+  state.counters["ms_1"] = bench::median(t1);
+  state.counters["ms_8"] = bench::median(t8);
+  state.counters["x_8"] = bench::median(x);
   if (halves) {
-    state.counters["ms_halves"] = median(th);
-    state.counters["x_halves"] = median(xh);
+    state.counters["ms_halves"] = bench::median(th);
+    state.counters["x_halves"] = bench::median(xh);
   }
 }
 

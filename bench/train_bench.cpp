@@ -14,6 +14,7 @@
 #include "../examples/mlp.hpp"
 #include "gemm.hpp"
 #include "mlp_train_step.hpp"
+#include "paired.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rule_file.hpp"
@@ -125,25 +126,15 @@ void BM_MlpTrainStepSpeedups(benchmark::State& state) {
   std::vector<std::vector<double>> ms(runs.size()), speedup(runs.size());
   for (auto _ : state) {
     std::vector<double> t;
-    for (const auto& r : runs) {
-      const auto start = std::chrono::steady_clock::now();
-      r.second();
-      t.push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-              .count());
-    }
+    for (const auto& r : runs) t.push_back(bench::ms_of(r.second));
     for (std::size_t i = 0; i < runs.size(); ++i) {
       ms[i].push_back(t[i]);
       speedup[i].push_back(t[0] / t[i]);
     }
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    state.counters[fmt::format("ms_{}", runs[i].first)] = median(ms[i]);
-    if (i > 0) state.counters[fmt::format("x_{}", runs[i].first)] = median(speedup[i]);
+    state.counters[fmt::format("ms_{}", runs[i].first)] = bench::median(ms[i]);
+    if (i > 0) state.counters[fmt::format("x_{}", runs[i].first)] = bench::median(speedup[i]);
   }
 }
 BENCHMARK(BM_MlpTrainStepSpeedups)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(15);
@@ -159,24 +150,14 @@ void BM_MlpTrainStepFusionOnOff(benchmark::State& state) {
   fused();  // warm up: compile, allocate
   unfused();
   std::vector<double> ms_fused, ms_unfused, ratio;
-  const auto time = [](const std::function<void()>& f) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-        .count();
-  };
   for (auto _ : state) {
-    ms_fused.push_back(time(fused));
-    ms_unfused.push_back(time(unfused));
+    ms_fused.push_back(bench::ms_of(fused));
+    ms_unfused.push_back(bench::ms_of(unfused));
     ratio.push_back(ms_unfused.back() / ms_fused.back());
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
-  state.counters["ms_fused"] = median(ms_fused);
-  state.counters["ms_unfused"] = median(ms_unfused);
-  state.counters["x_fused"] = median(ratio);
+  state.counters["ms_fused"] = bench::median(ms_fused);
+  state.counters["ms_unfused"] = bench::median(ms_unfused);
+  state.counters["x_fused"] = bench::median(ratio);
 }
 BENCHMARK(BM_MlpTrainStepFusionOnOff)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(15);
 
