@@ -37,15 +37,6 @@ bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b
   return NamedSharding(mesh, a).is_equivalent_to(NamedSharding(mesh, b), rank);
 }
 
-// A constraint value_and_grad puts on a gradient ("sharded like its parameter"): it guides the
-// propagation, but a gradient still pending there stays pending for its users (the update) to
-// reduce where they need it, as XLA treats the gradient all-reduce and the update together. A
-// user's with_sharding_constraint, an output's sharding and an annotation are resolved where
-// they stand.
-bool soft_constraint(const Node& n) {
-  return n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like.has_value();
-}
-
 // Mesh axes per factor of a node.
 class FactorAxes {
  public:
@@ -94,7 +85,6 @@ class Chooser {
       : g_(g),
         prop_(prop),
         specs_(specs),
-        spec_(spec),
         mesh_(spec.mesh),
         dec_(g.size()),
         decided_(g.size(), 0),
@@ -110,7 +100,7 @@ class Chooser {
       // split of them is gathered once, where a user needs the result whole. A value that an
       // output, a product or a user's constraint also reads will be made whole anyway; splitting
       // its pointwise users too would move it twice.
-      if (n.op->pointwise && (!n.op->sharding_identity || soft_constraint(n))) continue;
+      if (n.op->pointwise && (!n.op->sharding_identity || is_gradient_constraint(n))) continue;
       for (const ValueId o : n.operands) pointwise_only_[o] = 0;
     }
     for (const ValueId o : g.outputs) {
@@ -150,16 +140,15 @@ class Chooser {
 
   Decision decide(ValueId id) {
     const Node& n = g_[id];
-    if (n.is(prim::input)) {
-      const InputSpec& in = spec_.inputs.at(static_cast<std::size_t>(n.attr<InputAttrs>().index));
+    if (n.is(prim::input)) {  // as it arrives (the propagation's pending sum of an input is it)
       return Decision{.kind = Decision::Kind::kInput,
-                      .result = {specs_[id], in.spec ? in.pending : Pending{}, {}}};
+                      .result = {specs_[id], prop_.at(id).pending, {}}};
     }
     if (n.op->barrier) {
       return as_is_alias(id, "taken as it is (optimization barrier)");
     }
     if (n.op->sharding_identity) {
-      if (soft_constraint(n) && !layout(n.operands[0]).pending.empty()) {
+      if (is_gradient_constraint(n) && !layout(n.operands[0]).pending.empty()) {
         return as_is_alias(id, "a gradient's sharding; its sum is kept pending for its users");
       }
       Choice c = evaluate(id, assign(id, false));
@@ -500,7 +489,6 @@ class Chooser {
   const Graph& g_;
   const Propagator& prop_;
   const ValueMap<PartitionSpec>& specs_;
-  const CompileSpec& spec_;
   const Mesh& mesh_;
   ValueMap<Decision> dec_;
   ValueMap<char> decided_;
@@ -520,7 +508,6 @@ class Emitter {
         dec_(dec),
         constant_(constant),
         specs_(specs),
-        spec_(spec),
         mesh_(spec.mesh),
         slot_(g.size(), SlotId{-1}),
         resharded_(g.size()) {}
@@ -682,7 +669,6 @@ class Emitter {
   const ValueMap<Decision>& dec_;
   const ValueMap<char>& constant_;
   const ValueMap<PartitionSpec>& specs_;
-  const CompileSpec& spec_;
   const Mesh& mesh_;
   ValueMap<SlotId> slot_;
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value

@@ -54,6 +54,12 @@ struct ConstraintAttrs {
   std::optional<ValueId> like;
   std::string origin;
 };
+/// Whether `n` is the constraint value_and_grad puts on a gradient ("sharded like its
+/// parameter", ConstraintAttrs::like): it guides the propagation, but a gradient still pending
+/// there stays pending for its users (the update) to reduce where they need it, as XLA treats
+/// the gradient all-reduce and the update together. A user's with_sharding_constraint, an
+/// output's sharding and an annotation are resolved where they stand.
+bool is_gradient_constraint(const Node& n);
 /// sharding_annotation: with_sharding_annotation(x, name), and the spec the name resolved to
 /// while tracing (none: left to propagation).
 struct AnnotationAttrs {

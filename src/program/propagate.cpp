@@ -111,8 +111,7 @@ void Propagator::carry_pending(std::span<const Pending> inputs) {
     for (const ValueId o : n.operands) in.push_back(sh_[o].pending);
     if (n.op->sharding_identity) {
       // A constraint or annotation reduces what it fixes; a gradient's constraint keeps it.
-      const bool soft = n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like;
-      s.pending = soft ? in[0] : Pending{};
+      s.pending = is_gradient_constraint(n) ? in[0] : Pending{};
       continue;
     }
     if (n.op->barrier) {

@@ -120,6 +120,10 @@ constinit const Primitive sharding_annotation =
     identity("sharding_annotation", annotation_vjp, &kAnnotationTests);
 }  // namespace prim
 
+bool is_gradient_constraint(const Node& n) {
+  return n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().like.has_value();
+}
+
 Array with_sharding_like(const Array& x, const Array& like) {
   TraceContext* ctx = current_trace();
   if (ctx == nullptr) return with_sharding_constraint(x, like.sharding().spec());
