@@ -237,11 +237,16 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
 
 namespace {
 
+// "pending sum over data, model".
+std::string pending_text(const Pending& pending) {
+  return fmt::format("pending {} over {}", shardplan::to_string(pending.op),
+                     fmt::join(pending.axes, ", "));
+}
+
 // "P('x', None)", with " pending sum over data, model" when a sum is pending.
 std::string layout_text(const PartitionSpec& spec, const Pending& pending) {
   if (pending.empty()) return spec.to_string();
-  return fmt::format("{} pending {} over {}", spec.to_string(), shardplan::to_string(pending.op),
-                     fmt::join(pending.axes, ", "));
+  return fmt::format("{} {}", spec.to_string(), pending_text(pending));
 }
 
 }  // namespace
@@ -279,10 +284,7 @@ std::string Program::text() const {
       }
       s += fmt::format("  kernel  {} = {} on blocks {}{} in {}\n", value_name(st.node), what,
                        st.local.type.shape.to_string(),
-                       st.pending.empty() ? ""
-                                          : fmt::format(" (pending {} over {})",
-                                                        shardplan::to_string(st.pending.op),
-                                                        fmt::join(st.pending.axes, ", ")),
+                       st.pending.empty() ? "" : fmt::format(" ({})", pending_text(st.pending)),
                        st.sharding->spec().to_string());
     } else {
       for (const auto& rec : st.cost) {
