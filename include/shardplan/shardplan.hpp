@@ -23,6 +23,7 @@
 #include "shardplan/plan_html.hpp"
 #include "shardplan/plan_report.hpp"
 #include "shardplan/program_cost.hpp"
+#include "shardplan/remat.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/rules/fsdp_sharding_rule.hpp"
 #include "shardplan/rules/logical_axis_rule.hpp"

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include "primitive.hpp"
 #include "primitives.hpp"
@@ -14,6 +16,128 @@ namespace shardplan::detail {
 namespace {
 
 bool is_float(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16; }
+
+// The values the backward pass reads inside checkpointed regions (remat.hpp): what a region's
+// policy saves is the forward pass's value; the rest is computed again, once, when the backward
+// pass first reaches the region, from the region's operands read through optimization_barrier
+// (so that a gathered weight is gathered again there). A node belongs to the innermost region
+// open when it was recorded; a region reads what it needs of an enclosing one as saved.
+Contraction contraction(const Node& n) {
+  return n.op->contraction != nullptr ? n.op->contraction(n) : Contraction::kNone;
+}
+
+class Recompute {
+ public:
+  Recompute(const Graph& g, const TraceContext& tc, const ValueMap<Array>& vals,
+            const Array& placement)
+      : g_(g), tc_(tc), vals_(vals), placement_(placement), rec_(g.size()),
+        done_(tc.remat_regions.size(), 0) {
+    check_names();
+  }
+
+  /// The value of `v` as the backward pass of node `user` reads it.
+  Array read(ValueId user, ValueId v) {
+    const int r = tc_.region_of(user);
+    if (r < 0 || g_[user].is(prim::input)) return vals_[v];
+    // Saving everything is no checkpoint: nothing is recomputed or read through a barrier.
+    if (tc_.remat_regions[static_cast<std::size_t>(r)].policy.kind() ==
+        RematPolicy::Kind::kEverythingSaveable) {
+      return vals_[v];
+    }
+    if (done_[static_cast<std::size_t>(r)] == 0) recompute(r);
+    return view(r, v);
+  }
+
+ private:
+  bool inside(int r, ValueId v) const { return !g_[v].is(prim::input) && tc_.region_of(v) == r; }
+
+  bool saved(int r, ValueId v) const {
+    const RematPolicy& p = tc_.remat_regions[static_cast<std::size_t>(r)].policy;
+    const Node& n = g_[v];
+    switch (p.kind()) {
+      case RematPolicy::Kind::kEverythingSaveable:
+        return true;
+      case RematPolicy::Kind::kNothingSaveable:
+        return false;
+      case RematPolicy::Kind::kDotsSaveable:
+        return contraction(n) != Contraction::kNone;
+      case RematPolicy::Kind::kDotsWithNoBatchDimsSaveable:
+        return contraction(n) == Contraction::kUnbatched;
+      case RematPolicy::Kind::kSaveOnlyTheseNames: {
+        const auto it = tc_.value_names.find(v);
+        if (it == tc_.value_names.end()) return false;
+        return std::any_of(it->second.begin(), it->second.end(), [&](const std::string& name) {
+          return std::find(p.names().begin(), p.names().end(), name) != p.names().end();
+        });
+      }
+    }
+    return true;
+  }
+
+  Array view(int r, ValueId v) {
+    if (!inside(r, v)) {
+      const auto key = std::pair{r, index(v)};
+      auto it = barriers_.find(key);
+      if (it == barriers_.end()) it = barriers_.emplace(key, optimization_barrier(vals_[v])).first;
+      return it->second;
+    }
+    return saved(r, v) ? vals_[v] : rec_[v];
+  }
+
+  void recompute(int r) {
+    done_[static_cast<std::size_t>(r)] = 1;
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId id = value_id(i);
+      if (!inside(r, id) || saved(r, id)) continue;
+      const Node& n = g_[id];
+      std::vector<Array> ins;
+      ins.reserve(n.operands.size());
+      for (const ValueId o : n.operands) ins.push_back(view(r, o));
+      rec_[id] = apply(*n.op, n.attrs, ins, &placement_);
+    }
+  }
+
+  // Every name a save_only_these_names policy lists is given by a checkpoint_name inside its
+  // region (or a region nested in it): else the policy would silently save nothing.
+  void check_names() const {
+    for (std::size_t r = 0; r < tc_.remat_regions.size(); ++r) {
+      const RematPolicy& p = tc_.remat_regions[r].policy;
+      if (p.kind() != RematPolicy::Kind::kSaveOnlyTheseNames) continue;
+      std::vector<std::string> given;
+      for (const auto& [v, names] : tc_.value_names) {
+        if (!within(tc_.region_of(v), static_cast<int>(r))) continue;
+        for (const std::string& n : names) {
+          if (std::find(given.begin(), given.end(), n) == given.end()) given.push_back(n);
+        }
+      }
+      for (const std::string& want : p.names()) {
+        if (std::find(given.begin(), given.end(), want) != given.end()) continue;
+        std::vector<std::string> quoted;
+        for (const std::string& n : given) quoted.push_back(fmt::format("'{}'", n));
+        throw SpecError(fmt::format(
+            "[checkpoint] {}: no checkpoint_name inside the checkpointed function gives '{}' "
+            "(names given there: {})",
+            p.to_string(), want, quoted.empty() ? std::string("none") : fmt::format("{}", fmt::join(quoted, ", "))));
+      }
+    }
+  }
+
+  // Region `r` is `outer` or nested in it.
+  bool within(int r, int outer) const {
+    for (; r >= 0; r = tc_.remat_regions[static_cast<std::size_t>(r)].parent) {
+      if (r == outer) return true;
+    }
+    return false;
+  }
+
+  const Graph& g_;
+  const TraceContext& tc_;
+  const ValueMap<Array>& vals_;
+  const Array& placement_;
+  ValueMap<Array> rec_;
+  std::vector<char> done_;
+  std::map<std::pair<int, std::size_t>, Array> barriers_;
+};
 
 }  // namespace
 
@@ -74,6 +198,7 @@ ValueAndGrad value_and_grad_impl(
     vals[id] = apply(*n.op, n.attrs, ins, &placement);
   }
   // The backward pass: cotangents from the loss down, each primitive's VJP in turn.
+  Recompute remat(g, inner, vals, placement);
   ValueMap<Array> ct(g.size());
   ct[loss_node] = full_like(vals[loss_node], 1);
   for (std::size_t i = index(loss_node) + 1; i-- > 0;) {
@@ -81,8 +206,8 @@ ValueAndGrad value_and_grad_impl(
     const Node& n = g[id];
     if (!ct[id].valid() || n.is(prim::input)) continue;
     std::vector<Array> ins;
-    for (const ValueId o : n.operands) ins.push_back(vals[o]);
-    const std::vector<Array> cts = n.op->vjp(n, ins, vals[id], ct[id]);
+    for (const ValueId o : n.operands) ins.push_back(remat.read(id, o));
+    const std::vector<Array> cts = n.op->vjp(n, ins, remat.read(id, id), ct[id]);
     for (std::size_t k = 0; k < cts.size() && k < n.operands.size(); ++k) {
       if (!cts[k].valid()) continue;
       Array& acc = ct[n.operands[k]];

@@ -125,6 +125,11 @@ inline constexpr std::uint32_t kAllOperands = ~std::uint32_t{0};
 /// only).
 using LinearityFn = Linearity(const Node& node, std::span<const TensorType> operands);
 
+/// What remat policies (remat.hpp) ask of an op: is it a contraction (a matmul, dots_saveable),
+/// and with batch dimensions (attention's scores) or without (a weight's matmul)?
+enum class Contraction : std::uint8_t { kNone, kUnbatched, kBatched };
+using ContractionFn = Contraction(const Node& node);
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -161,6 +166,8 @@ struct Primitive {
   bool barrier = false;
   /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
   LinearityFn* linearity = nullptr;
+  /// Optional: the op is a contraction (see Contraction); none: it is not.
+  ContractionFn* contraction = nullptr;
   /// What the registry test needs to check it (primitive_tests.hpp): every listed primitive
   /// declares one, or that test fails naming it.
   const PrimitiveTests* tests = nullptr;

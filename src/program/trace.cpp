@@ -71,6 +71,10 @@ const RuleTree* TraceContext::annotation_rule(const std::string& name) const {
 Array TraceContext::record(Node n) {
   const TensorType type = n.type;
   const ValueId id = graph.add(std::move(n));
+  if (open_region >= 0) {
+    node_region.resize(graph.size(), -1);
+    node_region[index(id)] = open_region;
+  }
   return ArrayAccess::tracer(executor, mesh, type, this, static_cast<int>(index(id)));
 }
 

@@ -10,6 +10,7 @@
 #include "array_access.hpp"
 #include "graph.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
+#include "shardplan/remat.hpp"
 
 namespace shardplan::detail {
 
@@ -28,6 +29,23 @@ struct TraceContext {
   // Tracers of other traces (the enclosing one, for grad inside sjit) are captured as inputs,
   // like concrete arrays, instead of being an error.
   bool capture_foreign = false;
+
+  // Checkpointed regions (remat.hpp): each with its policy and the region it is nested in (-1:
+  // none); the innermost region open when each node was recorded (-1: none; nodes recorded by
+  // node_of for captured arrays are inputs and read as outside any region); the names
+  // checkpoint_name gave values. Read by value_and_grad to recompute.
+  struct RematRegion {
+    RematPolicy policy;
+    int parent = -1;
+  };
+  std::vector<RematRegion> remat_regions;
+  std::vector<int> node_region;
+  int open_region = -1;
+  std::map<ValueId, std::vector<std::string>> value_names;
+  /// The region `v` was recorded in, or -1.
+  int region_of(ValueId v) const {
+    return index(v) < node_region.size() ? node_region[index(v)] : -1;
+  }
 
   /// The rule given for annotation `name`, or nullptr when unknown names may pass. Throws
   /// SpecError listing the known names otherwise.

@@ -74,6 +74,11 @@ TensorType dot_type(const Node& n, std::span<const TensorType> in) {
   return TensorType{Shape(out), in[0].dtype};
 }
 
+Contraction dot_contraction(const Node& n) {
+  return n.attr<DotAttrs>().dims.lhs_batch.empty() ? Contraction::kUnbatched
+                                                   : Contraction::kBatched;
+}
+
 // Batch dimensions pass; contracting dimensions are reduce factors; free dimensions pass.
 OpFactors dot_factors(const Node& n, std::span<const Shape> in) {
   const DotDims& d = n.attr<DotAttrs>().dims;
@@ -423,6 +428,7 @@ constinit const Primitive dot_general{.name = "dot_general",
                                       .group_kernel = dot_group_kernel,
                                       .partial = ReduceOp::kSum,
                                       .linearity = linear_in_each,
+                                      .contraction = dot_contraction,
                                       .tests = &kDotTests};
 }  // namespace prim
 
