@@ -121,6 +121,18 @@ Array log_softmax(const Array& x, int axis = -1);
 /// Per-example cross-entropy of logits [..., C] against integer labels [...] (optax's
 /// softmax_cross_entropy_with_integer_labels).
 Array cross_entropy(const Array& logits, const Array& labels);
+/// The per-token cross-entropy of the logits h @ w^T against labels, without the logits ever
+/// existing whole: hidden h [..., t, d], a Linear weight w [vocab, d] (an LM head), labels
+/// [..., t] (i32) -> [..., t], f32 (f64 for f64 h), the logits taken to f32 for the softmax. The
+/// t tokens are split into `chunks` groups (every chunks-th token: a sharded token dimension is
+/// not moved); each group's logits are made, used and dropped, and made again in the backward
+/// pass (a checkpoint that saves nothing), so a device holds one group's logits at a time.
+/// `chunks` 0: linear_cross_entropy_chunks. Equal to cross_entropy(h @ w^T, labels) to rounding.
+Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks = 0);
+/// The groups linear_cross_entropy makes by default for hidden `hidden` and a vocabulary of
+/// `vocab`: the smallest divisor of t that is at least 8 and keeps a group's f32 logits within
+/// 256 MiB (t itself when t has no such divisor).
+std::int64_t linear_cross_entropy_chunks(const Shape& hidden, std::int64_t vocab);
 /// Over the last axis, then * scale + bias (both of the last dimension's size).
 Array layer_norm(const Array& x, const Array& scale, const Array& bias, double eps = 1e-5);
 Array rms_norm(const Array& x, const Array& scale, double eps = 1e-6);

@@ -1,0 +1,108 @@
+// linear_cross_entropy (ops.hpp): the LM head and the cross-entropy in chunks of tokens, each
+// chunk a checkpoint (remat.hpp) that saves nothing, so that the backward pass recomputes one
+// chunk's logits at a time. Written with the public ops, so it shards like any code: a
+// vocabulary-parallel head reduces the chunk's max and sum over the vocabulary axis (Megatron's
+// vocab-parallel cross-entropy) and a data-parallel one never moves the tokens.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "primitives.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/remat.hpp"
+
+namespace shardplan {
+namespace {
+
+using detail::type_str;
+
+void check_operands(const Array& h, const Array& w, const Array& labels, int chunks) {
+  const auto fail = [&](const std::string& why) {
+    return SpecError(fmt::format("[linear_cross_entropy] hidden {}, weight {}, labels {}: {}",
+                                 type_str(h), type_str(w), type_str(labels), why));
+  };
+  const int r = h.shape().rank();
+  if (r < 2) throw fail("hidden must be [..., tokens, d] (rank 2 or more)");
+  if (w.shape().rank() != 2) throw fail("the weight must be [vocab, d] (a Linear weight)");
+  if (w.shape()[1] != h.shape()[r - 1]) {
+    throw fail(fmt::format("the weight's d ({}) is not hidden's last dimension ({})",
+                           w.shape()[1], h.shape()[r - 1]));
+  }
+  if (w.dtype() != h.dtype()) throw fail("hidden and weight must have one dtype");
+  if (h.dtype() != DType::kF32 && h.dtype() != DType::kF64 && h.dtype() != DType::kBF16 &&
+      h.dtype() != DType::kF16) {
+    throw fail("hidden must be a float array");
+  }
+  std::vector<std::int64_t> lead = h.shape().dims();
+  lead.pop_back();
+  if (labels.shape().dims() != lead) {
+    throw fail(fmt::format("labels must be shaped {} (hidden without its last dimension)",
+                           Shape(lead).to_string()));
+  }
+  if (labels.dtype() != DType::kI32) throw fail("labels must be i32");
+  const std::int64_t t = h.shape()[r - 2];
+  if (chunks < 0 || (chunks > 0 && t % chunks != 0)) {
+    throw fail(fmt::format("{} chunks do not divide the {} tokens of dimension {}", chunks, t,
+                           r - 2));
+  }
+}
+
+// The smallest divisor k of t with k >= want (t itself when none is smaller).
+std::int64_t divisor_at_least(std::int64_t t, std::int64_t want) {
+  for (std::int64_t k = std::max<std::int64_t>(1, want); k < t; ++k) {
+    if (t % k == 0) return k;
+  }
+  return t;
+}
+
+}  // namespace
+
+std::int64_t linear_cross_entropy_chunks(const Shape& hidden, std::int64_t vocab) {
+  const int r = hidden.rank();
+  const std::int64_t t = hidden[r - 2];
+  const double tokens = static_cast<double>(hidden.numel() / std::max<std::int64_t>(1, hidden[r - 1]));
+  const double logits_bytes = tokens * static_cast<double>(vocab) * 4.0;
+  // At least 8 chunks (a chunk's logits 1/8 of the whole at most), more when they would still
+  // be over 256 MiB.
+  const auto want = static_cast<std::int64_t>(std::max(8.0, std::ceil(logits_bytes / (256.0 * 1024 * 1024))));
+  return divisor_at_least(t, std::min(want, t));
+}
+
+Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks) {
+  check_operands(h, w, labels, chunks);
+  const int r = h.shape().rank();
+  const std::int64_t t = h.shape()[r - 2], d = h.shape()[r - 1];
+  const std::int64_t k = chunks > 0 ? chunks : linear_cross_entropy_chunks(h.shape(), w.shape()[0]);
+  const DType acc = h.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  // Tokens i*k + j for j in [0, k): chunk j takes every k-th token, so that a chunk is a slice of
+  // the minor dimension of [.., t / k, k, ..] and a sharded token dimension (its major part)
+  // stays where it is: no chunk gathers tokens from other devices.
+  std::vector<std::int64_t> hd = h.shape().dims();
+  hd.resize(hd.size() - 2);
+  std::vector<std::int64_t> ld = hd;
+  hd.insert(hd.end(), {t / k, k, d});
+  ld.insert(ld.end(), {t / k, k});
+  const Array hs = reshape(h, Shape(hd));
+  const Array ls = reshape(labels, Shape(ld));
+  const auto chunk_loss = checkpoint([&](const Array& hc, const Array& lc) {
+    const int cr = hc.shape().rank();
+    const Array logits = dot_general(hc, w, DotDims{{}, {}, {cr - 1}, {1}});
+    return cross_entropy(logits.dtype() == acc ? logits : astype(logits, acc), lc);
+  });
+  std::vector<Array> losses;
+  losses.reserve(static_cast<std::size_t>(k));
+  for (std::int64_t j = 0; j < k; ++j) {
+    std::vector<std::int64_t> hs0(hd.size(), 0), hl = hd, ls0(ld.size(), 0), ll = ld;
+    hs0[hd.size() - 2] = j;
+    hl[hd.size() - 2] = j + 1;
+    ls0[ld.size() - 1] = j;
+    ll[ld.size() - 1] = j + 1;
+    losses.push_back(chunk_loss(slice(hs, hs0, hl), slice(ls, ls0, ll)));  // [.., t / k, 1]
+  }
+  std::vector<std::int64_t> out(labels.shape().dims());
+  return reshape(concatenate(losses, static_cast<int>(ld.size()) - 1), Shape(out));
+}
+
+}  // namespace shardplan
