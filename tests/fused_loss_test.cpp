@@ -123,6 +123,14 @@ TEST(LinearCrossEntropy, PeakIsAtMostAnEighthOfTheUnfusedLoss) {
   EXPECT_LE(fused * 8, plain) << "fused " << fused << " B, unfused " << plain << " B";
 }
 
+TEST(LinearCrossEntropy, DefaultGroups) {
+  EXPECT_EQ(linear_cross_entropy_chunks(Shape{2, 8192, 4}), 16);
+  EXPECT_EQ(linear_cross_entropy_chunks(Shape{2, 12, 4}), 12);
+  EXPECT_EQ(linear_cross_entropy_chunks(Shape{2, 51, 4}), 17);   // 3 x 17
+  EXPECT_EQ(linear_cross_entropy_chunks(Shape{2, 2 * 67, 4}), 2);  // 67 > 64: the largest below 16
+  EXPECT_EQ(linear_cross_entropy_chunks(Shape{4099, 4}), 1);     // prime
+}
+
 TEST(LinearCrossEntropy, BadInputIsNamed) {
   const Problem p(DType::kF32, PartitionSpec(), PartitionSpec());
   EXPECT_THROW_WITH(linear_cross_entropy(p.h, p.w, p.labels, 5), SpecError,
@@ -140,3 +148,21 @@ TEST(LinearCrossEntropy, BadInputIsNamed) {
 
 }  // namespace
 }  // namespace shardplan
+namespace shardplan {
+TEST(LinearCrossEntropy, ScratchText) {
+  const Mesh mesh = Mesh::parse("fsdp:8", 8);
+  const TensorSpec h(Shape{8, 32, 16}, DType::kF32), w(Shape{64, 16}, DType::kF32);
+  const TensorSpec labels(Shape{8, 32}, DType::kI32);
+  SjitOptions o;
+  o.in_shardings = RuleTree::list({RuleTree(P("fsdp")), RuleTree(P("fsdp")), RuleTree(P("fsdp"))});
+  auto step = sjit(mesh, [](const Array& hh, const Array& ww, const Array& l) {
+      const auto f = [&](const Tree<Array>& x) {
+        const Array a = x.at(0).leaf(), b = x.at(1).leaf();
+        return mean(linear_cross_entropy(a, b, l, 4));
+      };
+      auto [v, g] = value_and_grad(f)(Tree<Array>::list({Tree<Array>(hh), Tree<Array>(ww)}));
+      return Tree<Array>::list({Tree<Array>(v), g});
+    }, o);
+  std::printf("%s\n", step.lower(h, w, labels).text().c_str());
+}
+}

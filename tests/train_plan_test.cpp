@@ -637,7 +637,7 @@ TEST(LossAndGrads, RepeatedKvHeadsAndWindowsGiveOneDevicesGradients) {
         device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, PartitionSpec()), exec);
     const train::ModelStep model{cfg, layout};
     return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
-      auto [loss, grads] = train::loss_and_grads(model, p, a, b, false);
+      auto [loss, grads] = train::loss_and_grads(model, p, a, b);
       return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
     })(params, x, y));
   };
@@ -831,7 +831,7 @@ TEST(T5, ShardedStepEqualsOneDevice) {
         device_put(Tensor::from(Shape{4, 4}, tgt), NamedSharding(mesh, PartitionSpec()), exec);
     const train::ModelStep model{c, layout};
     const Tree<Array> out = sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
-      auto [loss, grads] = train::loss_and_grads(model, p, a, b, false);
+      auto [loss, grads] = train::loss_and_grads(model, p, a, b);
       return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
     })(params, x, y);
     return to_host(out);
@@ -959,10 +959,11 @@ TEST(PlanTraining, JsonAndTableCarryTheFigures) {
   EXPECT_NE(t.find("optimizer state"), std::string::npos) << t;
 }
 
-// The step differentiated layer by layer (recomputation) gives the gradients of the whole-graph
-// differentiation (itself checked against finite differences in autodiff_test), sharded over
-// four devices, for both families.
-TEST(LossAndGrads, RecomputationGivesTheSameGradients) {
+// The step with each layer a checkpoint (every --remat policy) gives bitwise the gradients of
+// the step without (the recomputed ops are the forward ops again), and the fused loss gives the
+// unfused loss's gradients (the whole-graph differentiation, itself checked against finite
+// differences in autodiff_test) to float rounding; sharded over four devices, every family.
+TEST(LossAndGrads, RecomputationAndTheFusedLossGiveTheSameGradients) {
   for (const char* text : {kTinyLlama, kTinyGpt2, kTinyMixtral}) {
     const ModelConfig c = ModelConfig::parse(text);
     SCOPED_TRACE(c.model_type);
@@ -980,23 +981,40 @@ TEST(LossAndGrads, RecomputationGivesTheSameGradients) {
     std::rotate(ids.begin(), ids.begin() + 1, ids.end());
     const Array targets =
         device_put(Tensor::from(Shape{4, 8}, ids), NamedSharding(mesh, P("fsdp")), exec);
-    const train::ModelStep model{c, train::Layout{{"fsdp"}, {"tp"}, 2, 2}};
-    const auto run = [&](bool recompute) {
+    const auto run = [&](std::optional<RematPolicy> remat, bool fused_loss) {
+      const train::ModelStep model{.config = c,
+                                   .layout = train::Layout{{"fsdp"}, {"tp"}, 2, 2},
+                                   .remat = std::move(remat),
+                                   .fused_loss = fused_loss};
       return sjit(mesh, [&](const Tree<Array>& p, const Array& x, const Array& y) {
-        auto [loss, grads] = train::loss_and_grads(model, p, x, y, recompute);
+        auto [loss, grads] = train::loss_and_grads(model, p, x, y);
         return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
       })(params, tokens, targets);
     };
-    const Tree<Array> plain = run(false), rec = run(true);
+    const Tree<Array> plain = run(std::nullopt, true);
     const double loss = plain.at("loss").leaf().to_host().get(0);
     EXPECT_NEAR(loss, std::log(static_cast<double>(c.vocab)), 1.0);  // near uniform at the start
-    EXPECT_NEAR(rec.at("loss").leaf().to_host().get(0), loss, 1e-5);
-    const auto a = plain.at("grads").flatten(), b = rec.at("grads").flatten();
-    ASSERT_EQ(a.size(), b.size());
+    const auto a = plain.at("grads").flatten();
     ASSERT_EQ(a.size(), c.parameters(DType::kF32).num_leaves());
+    const std::string names = c.family == ModelFamily::kGpt2      ? "names:mlpwi,context"
+                              : c.family == ModelFamily::kMixtral ? "names:context,out_proj"
+                                                                  : "names:mlpwi_0,mlpwi_1,context";
+    for (const char* form : {"full", "dots", names.c_str()}) {
+      SCOPED_TRACE(form);
+      const Tree<Array> rec = run(parse_remat(form), true);
+      EXPECT_TRUE(rec.at("loss").leaf().to_host().bit_equal(plain.at("loss").leaf().to_host()));
+      const auto b = rec.at("grads").flatten();
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i].first, b[i].first);
+        EXPECT_TRUE(a[i].second.to_host().bit_equal(b[i].second.to_host())) << a[i].first;
+      }
+    }
+    const Tree<Array> naive = run(std::nullopt, false);
+    EXPECT_NEAR(naive.at("loss").leaf().to_host().get(0), loss, 1e-5);
+    const auto b = naive.at("grads").flatten();
     double largest = 0;
     for (std::size_t i = 0; i < a.size(); ++i) {
-      ASSERT_EQ(a[i].first, b[i].first);
       const auto x = a[i].second.to_host().to_doubles(), y = b[i].second.to_host().to_doubles();
       ASSERT_EQ(x.size(), y.size());
       for (std::size_t k = 0; k < x.size(); ++k) {

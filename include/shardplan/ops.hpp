@@ -129,10 +129,9 @@ Array cross_entropy(const Array& logits, const Array& labels);
 /// pass (a checkpoint that saves nothing), so a device holds one group's logits at a time.
 /// `chunks` 0: linear_cross_entropy_chunks. Equal to cross_entropy(h @ w^T, labels) to rounding.
 Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks = 0);
-/// The groups linear_cross_entropy makes by default for hidden `hidden` and a vocabulary of
-/// `vocab`: the smallest divisor of t that is at least 8 and keeps a group's f32 logits within
-/// 256 MiB (t itself when t has no such divisor).
-std::int64_t linear_cross_entropy_chunks(const Shape& hidden, std::int64_t vocab);
+/// The groups linear_cross_entropy makes by default for hidden [..., t, d]: the smallest divisor
+/// of t from 16 to 64, else the largest below 16 (1 for a prime t).
+std::int64_t linear_cross_entropy_chunks(const Shape& hidden);
 /// Over the last axis, then * scale + bias (both of the last dimension's size).
 Array layer_norm(const Array& x, const Array& scale, const Array& bias, double eps = 1e-5);
 Array rms_norm(const Array& x, const Array& scale, double eps = 1e-6);

@@ -68,7 +68,7 @@ namespace detail {
 /// `policy` (nested regions: the innermost decides for its ops). Nothing outside a trace.
 class RematScope {
  public:
-  explicit RematScope(const RematPolicy& policy);
+  RematScope(const RematPolicy& policy, bool prevent_cse);
   ~RematScope();
   RematScope(const RematScope&) = delete;
   RematScope& operator=(const RematScope&) = delete;
@@ -79,19 +79,26 @@ class RematScope {
 };
 }  // namespace detail
 
-/// jax.checkpoint(f, policy=...): a callable that calls f with its arguments (and returns what f
-/// returns), its ops recomputed in the backward pass as `policy` says.
+/// jax.checkpoint(f, policy=..., prevent_cse=...): a callable that calls f with its arguments
+/// (and returns what f returns), its ops recomputed in the backward pass as `policy` says. With
+/// `prevent_cse` (the default, as JAX's) the recomputation reads f's inputs through
+/// optimization_barrier, so that what it needs of them (a gathered weight) is made again there;
+/// without, it shares what the rest of the program made of them (a weight gathered once for
+/// many checkpoints of one loop, as the groups of linear_cross_entropy).
 template <class F>
-auto checkpoint(F f, RematPolicy policy = checkpoint_policies::nothing_saveable()) {
-  return [f = std::move(f), policy = std::move(policy)](auto&&... args) -> decltype(auto) {
-    detail::RematScope scope(policy);
+auto checkpoint(F f, RematPolicy policy = checkpoint_policies::nothing_saveable(),
+                bool prevent_cse = true) {
+  return [f = std::move(f), policy = std::move(policy), prevent_cse](auto&&... args)
+             -> decltype(auto) {
+    detail::RematScope scope(policy, prevent_cse);
     return f(std::forward<decltype(args)>(args)...);
   };
 }
 /// jax.remat: the same as checkpoint.
 template <class F>
-auto remat(F f, RematPolicy policy = checkpoint_policies::nothing_saveable()) {
-  return checkpoint(std::move(f), std::move(policy));
+auto remat(F f, RematPolicy policy = checkpoint_policies::nothing_saveable(),
+           bool prevent_cse = true) {
+  return checkpoint(std::move(f), std::move(policy), prevent_cse);
 }
 
 }  // namespace shardplan

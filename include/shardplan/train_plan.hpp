@@ -25,6 +25,7 @@
 #include "shardplan/collective_kind.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/mesh.hpp"
+#include "shardplan/remat.hpp"
 #include "shardplan/sharding_rule.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/tree.hpp"
@@ -96,6 +97,13 @@ struct ModelConfig {
   std::string layers_path() const;
 };
 
+/// train-plan's --remat: "none" (nothing), "full" (nothing_saveable: each layer's input only),
+/// "dots" (dots_with_no_batch_dims_saveable), "names:a,b" (save_only_these_names; the names
+/// checkpoint_name gives in a layer: docs/training.md). Throws SpecError naming the forms.
+std::optional<RematPolicy> parse_remat(std::string_view text);
+/// The --remat form of a policy ("none" for nothing).
+std::string remat_name(const std::optional<RematPolicy>& policy);
+
 enum class OptimizerKind { kSgd, kAdam, kAdamw };
 /// "sgd", "adam", "adamw". Throws SpecError naming the known ones.
 OptimizerKind parse_optimizer(std::string_view name);
@@ -112,8 +120,14 @@ struct TrainPlanOptions {
   DType optimizer_dtype = DType::kF32;  // the optimizer's moments; the update runs in it
   int grad_accum = 1;                   // micro-batches per step (the batch splits evenly)
   /// Keep only each layer's input in the forward pass and recompute the layer's activations in
-  /// the backward pass (gradient checkpointing per layer): less memory, one more forward.
+  /// the backward pass (gradient checkpointing per layer): less memory, one more forward. The
+  /// same as remat = nothing_saveable (--recompute is --remat full); `remat`, when set, decides.
   bool recompute = false;
+  /// Each layer a checkpoint with this policy (remat.hpp; --remat full|dots|names:a,b).
+  std::optional<RematPolicy> remat = std::nullopt;
+  /// The LM head and the loss as linear_cross_entropy (groups of tokens; --loss fused), or the
+  /// logits whole (--loss naive).
+  bool fused_loss = true;
   /// The mesh axes the batch is split over; empty: every axis except tensor-parallel ones
   /// (tp, model, mp, tensor).
   std::vector<std::string> batch_axes;
@@ -134,7 +148,9 @@ struct TrainPlan {
   std::int64_t batch = 0, seq = 0;
   std::int64_t target_seq = 0;  // T5: the decoder's tokens per sequence; 0 for decoder-only
   int grad_accum = 1;
-  bool recompute = false;
+  bool recompute = false;    // some recomputation (remat is not "none")
+  std::string remat = "none";  // --remat's form of the policy
+  bool fused_loss = true;
   std::string optimizer;
   DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;
 

@@ -190,7 +190,16 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   t->add_flag("--recompute", c.recompute,
-              "Recompute each layer's activations in the backward pass (keep only layer inputs)");
+              "Recompute each layer's activations in the backward pass (keep only layer inputs); "
+              "the same as --remat full");
+  t->add_option("--remat", c.remat,
+                "What each layer keeps for the backward pass, the rest recomputed: none, full "
+                "(its input only), dots (its weights' matmul outputs), names:A,B (the values "
+                "named A, B in the layer: docs/training.md). Default: none, full with --recompute");
+  t->add_option("--loss", c.loss,
+                "fused: the LM head and the loss in groups of tokens (the logits never whole); "
+                "naive: the logits whole, then the loss")
+      ->capture_default_str();
   t->add_option("--batch-axes", c.batch_axes,
                 "Mesh axes the batch is split over, comma-separated. Default: every axis except "
                 "tp, model, mp, tensor");
@@ -238,6 +247,21 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   const auto given = [&](const char* option) {
     return c.command != nullptr && c.command->count(option) > 0;
   };
+  if (!c.remat.empty() || given("--remat")) {
+    try {
+      o.remat = parse_remat(c.remat);
+    } catch (const SpecError& e) {
+      throw UsageError(fmt::format("--remat: {}", e.what()));
+    }
+    if (c.recompute && !o.remat) {
+      throw UsageError("--recompute and --remat none contradict each other: give one");
+    }
+  }
+  if (c.loss != "fused" && c.loss != "naive") {
+    throw UsageError(fmt::format("--loss: unknown '{}' (known: fused, naive)",
+                                 detail::printable(c.loss)));
+  }
+  o.fused_loss = c.loss == "fused";
   if (!c.batch_axes.empty() || given("--batch-axes")) {
     o.batch_axes = batch_axes_option(c.batch_axes);
   }

@@ -76,6 +76,7 @@ class Recompute {
 
   Array view(int r, ValueId v) {
     if (!inside(r, v)) {
+      if (!tc_.remat_regions[static_cast<std::size_t>(r)].prevent_cse) return vals_[v];
       const auto key = std::pair{r, index(v)};
       auto it = barriers_.find(key);
       if (it == barriers_.end()) it = barriers_.emplace(key, optimization_barrier(vals_[v])).first;

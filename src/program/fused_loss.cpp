@@ -1,12 +1,12 @@
 // linear_cross_entropy (ops.hpp): the LM head and the cross-entropy in chunks of tokens, each
 // chunk a checkpoint (remat.hpp) that saves nothing, so that the backward pass recomputes one
-// chunk's logits at a time. Written with the public ops, so it shards like any code: a
+// chunk's logits at a time. The checkpoints share the weight as the program gathers it (no
+// barrier: prevent_cse off), so the head is gathered once for all chunks, not once per chunk. Written with the public ops, so it shards like any code: a
 // vocabulary-parallel head reduces the chunk's max and sum over the vocabulary axis (Megatron's
 // vocab-parallel cross-entropy) and a data-parallel one never moves the tokens.
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "primitives.hpp"
 #include "shardplan/error.hpp"
@@ -49,32 +49,27 @@ void check_operands(const Array& h, const Array& w, const Array& labels, int chu
   }
 }
 
-// The smallest divisor k of t with k >= want (t itself when none is smaller).
-std::int64_t divisor_at_least(std::int64_t t, std::int64_t want) {
-  for (std::int64_t k = std::max<std::int64_t>(1, want); k < t; ++k) {
-    if (t % k == 0) return k;
-  }
-  return t;
-}
-
 }  // namespace
 
-std::int64_t linear_cross_entropy_chunks(const Shape& hidden, std::int64_t vocab) {
-  const int r = hidden.rank();
-  const std::int64_t t = hidden[r - 2];
-  const double tokens = static_cast<double>(hidden.numel() / std::max<std::int64_t>(1, hidden[r - 1]));
-  const double logits_bytes = tokens * static_cast<double>(vocab) * 4.0;
-  // At least 8 chunks (a chunk's logits 1/8 of the whole at most), more when they would still
-  // be over 256 MiB.
-  const auto want = static_cast<std::int64_t>(std::max(8.0, std::ceil(logits_bytes / (256.0 * 1024 * 1024))));
-  return divisor_at_least(t, std::min(want, t));
+std::int64_t linear_cross_entropy_chunks(const Shape& hidden) {
+  // 16 groups: a group's logits are 1/16 of the whole (the unfused step holds several copies of
+  // the whole), and the traced step grows by a few ops per group only. Else the smallest
+  // divisor of t up to 64, else the largest below 16 (1 for a prime t: no groups).
+  const std::int64_t t = hidden[hidden.rank() - 2];
+  for (std::int64_t k = 16; k <= std::min<std::int64_t>(64, t); ++k) {
+    if (t % k == 0) return k;
+  }
+  for (std::int64_t k = std::min<std::int64_t>(15, t); k > 1; --k) {
+    if (t % k == 0) return k;
+  }
+  return 1;
 }
 
 Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks) {
   check_operands(h, w, labels, chunks);
   const int r = h.shape().rank();
   const std::int64_t t = h.shape()[r - 2], d = h.shape()[r - 1];
-  const std::int64_t k = chunks > 0 ? chunks : linear_cross_entropy_chunks(h.shape(), w.shape()[0]);
+  const std::int64_t k = chunks > 0 ? chunks : linear_cross_entropy_chunks(h.shape());
   const DType acc = h.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   // Tokens i*k + j for j in [0, k): chunk j takes every k-th token, so that a chunk is a slice of
   // the minor dimension of [.., t / k, k, ..] and a sharded token dimension (its major part)
@@ -90,7 +85,7 @@ Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, 
     const int cr = hc.shape().rank();
     const Array logits = dot_general(hc, w, DotDims{{}, {}, {cr - 1}, {1}});
     return cross_entropy(logits.dtype() == acc ? logits : astype(logits, acc), lc);
-  });
+  }, checkpoint_policies::nothing_saveable(), /*prevent_cse=*/false);
   std::vector<Array> losses;
   losses.reserve(static_cast<std::size_t>(k));
   for (std::int64_t j = 0; j < k; ++j) {

@@ -304,6 +304,33 @@ class Chooser {
     return c;
   }
 
+  // The sum a value not decided yet can be left pending over: a node with reduce factors, its
+  // reduce factors taking the axes its operands are split over (what `assign(id, true)` gives
+  // them), or a unary op carrying its operand's; else the propagation's estimate.
+  Pending can_pend(ValueId id, int depth = 0) const {
+    const Node& n = g_[id];
+    if (decided_[id] != 0) return layout(id).pending;
+    const OpFactors& f = prop_.factors(id);
+    if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
+      Pending p{n.op->partial, {}};
+      for (std::size_t k = 0; k < n.operands.size(); ++k) {
+        const Sharding& os = prop_.at(n.operands[k]);
+        for (std::size_t d = 0; d < f.operands[k].size() && d < os.dims.size(); ++d) {
+          const int fac = f.operands[k][d];
+          if (fac < 0 || f.kind(fac) != FactorKind::kReduce) continue;
+          for (const auto& a : os.dims[d]) {
+            if (std::find(p.axes.begin(), p.axes.end(), a) == p.axes.end()) p.axes.push_back(a);
+          }
+        }
+      }
+      return p;
+    }
+    if (n.operands.size() == 1 && depth < 8 && linearity_of(g_, n).covers(0)) {
+      return can_pend(n.operands[0], depth + 1);
+    }
+    return prop_.at(id).pending;
+  }
+
   // Whether a user of `id` would add its pending sum `pend` to another one: a node jointly linear
   // in it and in another operand pending alike (the others whole), directly or through users that
   // carry it on alone (a reshape, a product with a whole value).
@@ -324,7 +351,9 @@ class Chooser {
         // A value not decided yet: the propagation's estimate of its pending sum.
         const Pending& op = decided_[o] != 0 ? layout(o).pending : prop_.at(o).pending;
         if (lin.kind == Linearity::Kind::kJointly && lin.covers(q)) {
-          fits = op == pend;
+          // ... or the sum it can be left pending over, when it is decided (a weight gradient's
+          // product, which the propagation split where it may as well be left pending).
+          fits = op == pend || (decided_[o] == 0 && can_pend(o) == pend);
           merges = true;
         } else {
           fits = op.empty();

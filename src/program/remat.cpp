@@ -46,12 +46,12 @@ Array checkpoint_name(const Array& x, const std::string& name) {
 
 namespace detail {
 
-RematScope::RematScope(const RematPolicy& policy) {
+RematScope::RematScope(const RematPolicy& policy, bool prevent_cse) {
   TraceContext* ctx = current_trace();
   if (ctx == nullptr) return;
   trace_ = ctx;
   previous_ = ctx->open_region;
-  ctx->remat_regions.push_back({policy, previous_});
+  ctx->remat_regions.push_back({policy, previous_, prevent_cse});
   ctx->open_region = static_cast<int>(ctx->remat_regions.size()) - 1;
 }
 

@@ -37,6 +37,7 @@ struct TraceContext {
   struct RematRegion {
     RematPolicy policy;
     int parent = -1;
+    bool prevent_cse = true;  // the recomputation reads the region's inputs through a barrier
   };
   std::vector<RematRegion> remat_regions;
   std::vector<int> node_region;

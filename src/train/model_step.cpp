@@ -12,6 +12,7 @@
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/remat.hpp"
 
 namespace shardplan::train {
 namespace {
@@ -100,40 +101,57 @@ Array attention_mask(const Array& scores, std::int64_t window) {
   return where(less_equal(j, i), where(near, scores, masked), masked);
 }
 
+// GPT-2's block: layer norms before attention and MLP, one fused q/k/v projection (Conv1D).
+Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
+  const Layout& L = layout;
+  const ModelConfig& c = config;
+  const std::int64_t b = h.shape()[0], t = h.shape()[1], d = c.hidden, dh = c.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const Array x = layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias"));
+  const Array qkv = checkpoint_name(
+      conv1d(x, at(p, "attn/c_attn/weight")) + at(p, "attn/c_attn/bias"), "qkv_proj");
+  const auto part = [&](std::int64_t k) {  // q, k or v as [b, heads, t, dh]
+    const Array y = slice(qkv, {0, 0, k * d}, {b, t, (k + 1) * d});
+    return constrain(transpose(reshape(y, Shape{b, t, c.heads, dh}), {0, 2, 1, 3}),
+                     {{0, &L.batch}, {1, &L.model}}, L);
+  };
+  const Array q = part(0), k = part(1), v = part(2);
+  const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
+  const Array probs = softmax(causal_mask(scores), -1);
+  const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
+  const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
+  const Array h2 = h + checkpoint_name(conv1d(checkpoint_name(merged, "context"),
+                                              at(p, "attn/c_proj/weight")) +
+                                           at(p, "attn/c_proj/bias"),
+                                       "out_proj");
+  const Array x2 = layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias"));
+  const Array inner = constrain(
+      gelu(checkpoint_name(conv1d(x2, at(p, "mlp/c_fc/weight")) + at(p, "mlp/c_fc/bias"),
+                           "mlpwi"),
+           /*approximate=*/true),
+      {{0, &L.batch}, {2, &L.model}}, L);
+  return constrain(
+      h2 + checkpoint_name(conv1d(inner, at(p, "mlp/c_proj/weight")) + at(p, "mlp/c_proj/bias"),
+                           "mlpwo"),
+      {{0, &L.batch}}, L);
+}
+
 Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t window) const {
   const Layout& L = layout;
   const ModelConfig& c = config;
-  const std::int64_t b = h_in.shape()[0], t = h_in.shape()[1], d = c.hidden;
+  const std::int64_t b = h_in.shape()[0], t = h_in.shape()[1];
   const std::int64_t dh = c.head_dim, kv = c.kv_heads, g = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   const Array h = constrain(h_in, {{0, &L.batch}}, L);
-  if (c.family == ModelFamily::kGpt2) {
-    const Array x = layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias"));
-    const Array qkv = conv1d(x, at(p, "attn/c_attn/weight")) + at(p, "attn/c_attn/bias");
-    const auto part = [&](std::int64_t k) {  // q, k or v as [b, heads, t, dh]
-      const Array y = slice(qkv, {0, 0, k * d}, {b, t, (k + 1) * d});
-      return constrain(transpose(reshape(y, Shape{b, t, c.heads, dh}), {0, 2, 1, 3}),
-                       {{0, &L.batch}, {1, &L.model}}, L);
-    };
-    const Array q = part(0), k = part(1), v = part(2);
-    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
-    const Array probs = softmax(causal_mask(scores), -1);
-    const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
-    const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
-    const Array h2 = h + conv1d(merged, at(p, "attn/c_proj/weight")) + at(p, "attn/c_proj/bias");
-    const Array x2 = layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias"));
-    const Array inner = constrain(
-        gelu(conv1d(x2, at(p, "mlp/c_fc/weight")) + at(p, "mlp/c_fc/bias"), /*approximate=*/true),
-        {{0, &L.batch}, {2, &L.model}}, L);
-    return constrain(h2 + conv1d(inner, at(p, "mlp/c_proj/weight")) + at(p, "mlp/c_proj/bias"),
-                     {{0, &L.batch}}, L);
-  }
+  if (c.family == ModelFamily::kGpt2) return gpt2_layer(p, h);
   // LLaMA: grouped-query attention as [b, kv, group, t, dh] against keys [b, kv, t, dh].
   const Array x = rms_norm(h, at(p, "input_layernorm/weight"));
   const auto proj = [&](const char* name) {
     Array y = linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
-    return y;
+    return checkpoint_name(y, fmt::format("{}", name[0] == 'q'   ? "query_proj"
+                                                 : name[0] == 'k' ? "key_proj"
+                                                                  : "value_proj"));
   };
   const std::int64_t heads = c.heads;
   Array merged;
@@ -181,8 +199,9 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
         dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
     merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, heads * dh});
   }
-  Array attended = linear(merged, at(p, "self_attn/o_proj/weight"));
+  Array attended = linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight"));
   if (c.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
+  attended = checkpoint_name(attended, "out_proj");
   const Array h2 = h + attended;
   const Array x2 = rms_norm(h2, at(p, "post_attention_layernorm/weight"));
   if (c.family == ModelFamily::kMixtral) {
@@ -191,7 +210,8 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   const auto mlp = [&](const Array& in, const char* name) {
     Array y = linear(in, at(p, fmt::format("mlp/{}_proj/weight", name)));
     if (c.mlp_bias) y = y + at(p, fmt::format("mlp/{}_proj/bias", name));
-    return y;
+    const std::string_view n = name;
+    return checkpoint_name(y, n == "gate" ? "mlpwi_0" : n == "up" ? "mlpwi_1" : "mlpwo");
   };
   const Array gate = mlp(x2, "gate");
   const Array up = mlp(x2, "up");
@@ -242,16 +262,16 @@ Array ModelStep::mixture_of_experts(const Tree<Array>& moe, const Array& x) cons
 }
 
 Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targets) const {
-  Array logits;
+  Array x, head;
   if (config.family == ModelFamily::kGpt2) {
-    const Array x = layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias"));
-    logits = linear(x, at(rest, config.tie_embeddings ? "wte/weight" : "lm_head/weight"));
+    x = layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias"));
+    head = at(rest, config.tie_embeddings ? "wte/weight" : "lm_head/weight");
   } else {
-    const Array x = rms_norm(h, at(rest, "model/norm/weight"));
-    logits =
-        linear(x, at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"));
+    x = rms_norm(h, at(rest, "model/norm/weight"));
+    head = at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight");
   }
-  return mean(cross_entropy(logits, targets));
+  if (fused_loss) return mean(linear_cross_entropy(x, head, targets));
+  return mean(cross_entropy(linear(x, head), targets));
 }
 
 Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,
@@ -348,11 +368,29 @@ Array ModelStep::t5_loss(const Tree<Array>& params, const Array& tokens,
 
 Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
                               const Array& targets) const {
-  if (config.family == ModelFamily::kT5) return t5_loss(params, tokens, targets);
-  Array h = embed(params, tokens);
-  const auto& layers = params.at_path(config.layers_path()).children();
-  for (std::size_t i = 0; i < layers.size(); ++i) h = layer(layers[i], h, config.window(i));
-  return loss(params, h, targets);
+  if (config.family == ModelFamily::kT5) {
+    if (remat) {
+      throw SpecError(
+          "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
+          "T5 without --remat");
+    }
+    return t5_loss(params, tokens, targets);
+  }
+  // With `regather` the weights are read through optimization_barrier: each micro-batch gathers
+  // them again instead of reusing (and so keeping alive) the first one's gathered copies.
+  const auto use = [&](const Tree<Array>& t) {
+    return regather ? t.map([](const Array& a) { return optimization_barrier(a); }) : t;
+  };
+  const std::string path = config.layers_path();
+  const Tree<Array> rest = use(replace_at_path(params, path, Tree<Array>::list({})));
+  Array h = embed(rest, tokens);
+  const auto& layers = params.at_path(path).children();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const Tree<Array> p = use(layers[i]);
+    const auto run = [&](const Array& x) { return layer(p, x, config.window(i)); };
+    h = remat ? checkpoint(run, *remat)(h) : run(h);
+  }
+  return loss(rest, h, targets);
 }
 
 template <class T>
@@ -374,107 +412,15 @@ Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T
 }
 template Tree<Array> replace_at_path(const Tree<Array>&, std::string_view, const Tree<Array>&);
 
-namespace {
-
-/// Each leaf through optimization_barrier: the program gathers it again where it is used instead
-/// of keeping an earlier gathered copy alive until then (as FSDP gathers a layer's weights again
-/// for its backward).
-Tree<Array> regathered(const Tree<Array>& tree) {
-  return tree.map([](const Array& a) { return optimization_barrier(a); });
-}
-
-/// The part of `tree` holding only the leaves at `paths` (nested as in `tree`).
-Tree<Array> subtree(const Tree<Array>& tree, const std::vector<std::string>& paths) {
-  std::vector<std::pair<std::string, std::vector<std::string>>> groups;  // first segment -> rest
-  for (const std::string& p : paths) {
-    const auto slash = p.find('/');
-    const std::string key = p.substr(0, slash);
-    const std::string rest = slash == std::string::npos ? "" : p.substr(slash + 1);
-    auto it =
-        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
-    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
-    if (!rest.empty()) it->second.push_back(rest);
-  }
-  std::vector<Tree<Array>::DictEntry> entries;
-  for (const auto& [key, rest] : groups) {
-    const Tree<Array>& child = tree.at(key);
-    entries.emplace_back(key, rest.empty() ? child : subtree(child, rest));
-  }
-  return Tree<Array>::dict(std::move(entries));
-}
-
-/// The parameters (outside the layers) the embedding and the head read.
-std::vector<std::string> embed_paths(const ModelConfig& c) {
-  if (c.family == ModelFamily::kGpt2) return {"wpe/weight", "wte/weight"};
-  return {"model/embed_tokens/weight"};
-}
-std::vector<std::string> head_paths(const ModelConfig& c) {
-  if (c.family == ModelFamily::kGpt2) {
-    return {"ln_f/bias", "ln_f/weight", c.tie_embeddings ? "wte/weight" : "lm_head/weight"};
-  }
-  return {"model/norm/weight", c.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"};
-}
-
-}  // namespace
-
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
-                                             const Array& tokens, const Array& targets,
-                                             bool recompute, bool regather) {
-  if (!recompute) {
-    return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
-      return model.forward_loss(p, x, y);
-    })(params, tokens, targets);
-  }
-  if (model.config.family == ModelFamily::kT5) {
-    throw SpecError(
-        "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
-        "T5 without --recompute");
-  }
-  // Activation recomputation (gradient checkpointing per layer): the forward pass keeps only
-  // each layer's input; the backward pass runs each layer's forward pass again and takes its
-  // vector-Jacobian product with the incoming gradient (the gradient of <layer(p, x), g>). Each
-  // part is differentiated only with respect to the parameters it reads.
-  const std::string path = model.config.layers_path();
-  const std::vector<Tree<Array>>& layers = params.at_path(path).children();
-  const Tree<Array> rest = replace_at_path(params, path, Tree<Array>::list({}));
-  // The weights as the forward pass reads them.
-  const auto use = [&](const Tree<Array>& t) { return regather ? regathered(t) : t; };
-  std::vector<Array> inputs{model.embed(use(subtree(rest, embed_paths(model.config))), tokens)};
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    inputs.push_back(model.layer(use(layers[i]), inputs.back(), model.config.window(i)));
-  }
-  std::map<std::string, Array> rest_grads;
-  const auto accumulate = [&](const Tree<Array>& grads) {
-    for (const auto& [p, g] : grads.flatten()) {
-      auto [it, fresh] = rest_grads.emplace(p, g);
-      if (!fresh) it->second = it->second + g;
-    }
-  };
-  auto [loss, head] = value_and_grad([&](const Tree<Array>& t) {
-    return model.loss(t.at("rest"), t.at("h").leaf(), targets);
-  })(Tree<Array>::dict({{"h", Tree<Array>(inputs.back())},
-                        {"rest", use(subtree(rest, head_paths(model.config)))}}));
-  accumulate(head.at("rest"));
-  Array g = head.at("h").leaf();
-  std::vector<Tree<Array>> layer_grads(layers.size());
-  for (std::size_t i = layers.size(); i-- > 0;) {
-    const Array cotangent = g;
-    auto [unused, grads] = value_and_grad([&](const Tree<Array>& t) {
-      return sum(
-          astype(model.layer(t.at("p"), t.at("x").leaf(), model.config.window(i)) * cotangent,
-                 DType::kF32));
-    })(Tree<Array>::dict({{"p", regathered(layers[i])}, {"x", Tree<Array>(inputs[i])}}));
-    layer_grads[i] = grads.at("p");
-    g = grads.at("x").leaf();
-  }
-  const Array cotangent = g;
-  auto [unused, embed_grads] = value_and_grad([&](const Tree<Array>& r) {
-    return sum(astype(model.embed(r, tokens) * cotangent, DType::kF32));
-  })(use(subtree(rest, embed_paths(model.config))));
-  accumulate(embed_grads);
-  const Tree<Array> rest_tree =
-      rest.map_with_path([&](const std::string& p, const Array&) { return rest_grads.at(p); });
-  return {loss, replace_at_path(rest_tree, path, Tree<Array>::list(std::move(layer_grads)))};
+                                             const Array& tokens, const Array& targets) {
+  return value_and_grad([&](const Tree<Array>& p, const Array& x, const Array& y) {
+    // The rotary tables made once for this differentiated step (arrays of its trace).
+    SharedTables tables;
+    ModelStep m = model;
+    m.tables = &tables;
+    return m.forward_loss(p, x, y);
+  })(params, tokens, targets);
 }
 
 }  // namespace shardplan::train

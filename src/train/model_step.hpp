@@ -10,6 +10,7 @@
 
 #include "shardplan/array.hpp"
 #include "shardplan/partition_spec.hpp"
+#include "shardplan/remat.hpp"
 #include "shardplan/train_plan.hpp"
 #include "shardplan/tree.hpp"
 
@@ -40,12 +41,24 @@ struct ModelStep {
   const ModelConfig& config;
   Layout layout;
   SharedTables* tables = nullptr;  // none: every layer makes its own tables
+  /// Each layer a checkpoint with this policy (remat.hpp): what it does not save is recomputed
+  /// in the backward pass, its weights gathered again there. None: every activation is kept.
+  std::optional<RematPolicy> remat = std::nullopt;
+  /// The forward pass reads the weights through optimization_barrier, so that each micro-batch
+  /// of a step gathers the weights it uses again instead of reusing, and so keeping alive, the
+  /// first one's gathered copies.
+  bool regather = false;
+  /// The head and the loss as linear_cross_entropy (groups of tokens, the logits never whole);
+  /// false: the logits whole, then cross_entropy.
+  bool fused_loss = true;
 
   /// tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;
   /// hidden [b, t, d] -> hidden [b, t, d]; `window` > 0: sliding-window attention
   /// (ModelConfig::window of the layer).
   Array layer(const Tree<Array>& layer, const Array& h, std::int64_t window = 0) const;
+  /// GPT-2's layer (layer() for that family).
+  Array gpt2_layer(const Tree<Array>& layer, const Array& h) const;
   /// Mixtral's sparse MLP on hidden [b, t, d] (routing taken as balanced; see the definition).
   Array mixture_of_experts(const Tree<Array>& moe, const Array& x) const;
   /// The mean next-token cross-entropy of hidden [b, t, d] against targets [b, t].
@@ -73,16 +86,16 @@ Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bi
 template <class T>
 Tree<T> replace_at_path(const Tree<T>& tree, std::string_view path, const Tree<T>& subtree);
 
-/// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch:
-/// whole-graph differentiation, or with `recompute` a forward pass that keeps only each layer's
-/// input, then layer by layer backwards re-running that layer's forward pass to differentiate it
-/// (reading its weights through optimization_barrier, so that they are gathered again there, as
-/// FSDP does, instead of kept gathered from the forward pass). With `regather` (recomputation
-/// only) the forward pass reads the weights through the barrier too, so that each micro-batch of
-/// a step gathers the weights it uses again instead of reusing, and so keeping alive, the first
-/// one's gathered weights.
+/// The policy the options ask for: `remat` when set, else nothing_saveable for `recompute`.
+inline std::optional<RematPolicy> effective_remat(const TrainPlanOptions& o) {
+  if (o.remat) return o.remat;
+  if (o.recompute) return checkpoint_policies::nothing_saveable();
+  return std::nullopt;
+}
+
+/// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch,
+/// differentiated whole; `model.remat` makes each layer a checkpoint.
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
-                                             const Array& tokens, const Array& targets,
-                                             bool recompute, bool regather = false);
+                                             const Array& tokens, const Array& targets);
 
 }  // namespace shardplan::train

@@ -121,8 +121,9 @@ std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
   for (std::int64_t k = 0; k < o.grad_accum; ++k) {
     // With recomputation each micro-batch gathers its weights again: otherwise the first
     // one's gathered copies are used by every later one and the whole model stays gathered.
-    auto [l, g_pending] =
-        loss_and_grads(model, p, piece(x, k), piece(y, k), o.recompute, /*regather=*/true);
+    ModelStep m = model;
+    m.regather = m.remat.has_value();
+    auto [l, g_pending] = loss_and_grads(m, p, piece(x, k), piece(y, k));
     // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
     // is held sharded rather than as every device's unreduced full-size partial sums.
     const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
@@ -211,17 +212,12 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                       const TrainPlanOptions& o, const Layout& layout) {
   const StepArguments args = step_arguments(config, rules, o, layout);
   const Optimizer optimizer = make_optimizer(o.optimizer);
-  const ModelStep base{config, layout};
+  const ModelStep base{
+      .config = config, .layout = layout, .remat = effective_remat(o), .fused_loss = o.fused_loss};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
-    // The rotary tables made once for the whole step, not per layer and micro-batch. Only with
-    // recomputation, whose forward pass runs in this trace: an array made inside one
-    // value_and_grad (the whole-graph differentiation) is not valid in the next one.
-    SharedTables shared;
-    ModelStep model = base;
-    if (o.recompute) model.tables = &shared;
-    auto [loss, grads] = o.grad_accum == 1 ? loss_and_grads(model, p, x, y, o.recompute)
-                                           : accumulated_loss_and_grads(model, p, x, y, rules, o);
+    auto [loss, grads] = o.grad_accum == 1 ? loss_and_grads(base, p, x, y)
+                                           : accumulated_loss_and_grads(base, p, x, y, rules, o);
     grads = cast(grads, o.grad_dtype);
     auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
     return Tree<Array>::dict({{"loss", Tree<Array>(loss)},

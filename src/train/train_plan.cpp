@@ -49,6 +49,43 @@ constexpr std::int64_t kMaxParameterTensors = std::int64_t{1} << 20;
 
 }  // namespace
 
+std::optional<RematPolicy> parse_remat(std::string_view text) {
+  namespace cp = checkpoint_policies;
+  if (text == "none") return std::nullopt;
+  if (text == "full") return cp::nothing_saveable();
+  if (text == "dots") return cp::dots_with_no_batch_dims_saveable();
+  if (text.starts_with("names:")) {
+    // names:a,b,c; an empty name (names:, names:a,,b) is not a form.
+    std::vector<std::string> names;
+    std::string_view rest = text.substr(6);
+    for (std::size_t comma = 0; comma != std::string_view::npos;) {
+      comma = rest.find(',');
+      names.emplace_back(rest.substr(0, comma));
+      if (comma != std::string_view::npos) rest = rest.substr(comma + 1);
+    }
+    if (std::none_of(names.begin(), names.end(), [](const auto& n) { return n.empty(); })) {
+      return cp::save_only_these_names(std::move(names));
+    }
+  }
+  throw SpecError(fmt::format(
+      "[train] unknown remat policy '{}' (known: none, full, dots, names:NAME,NAME...)",
+      detail::printable(text)));
+}
+
+std::string remat_name(const std::optional<RematPolicy>& policy) {
+  if (!policy) return "none";
+  switch (policy->kind()) {
+    case RematPolicy::Kind::kNothingSaveable:
+      return "full";
+    case RematPolicy::Kind::kDotsWithNoBatchDimsSaveable:
+      return "dots";
+    case RematPolicy::Kind::kSaveOnlyTheseNames:
+      return fmt::format("names:{}", fmt::join(policy->names(), ","));
+    default:
+      return policy->to_string();
+  }
+}
+
 OptimizerKind parse_optimizer(std::string_view n) {
   if (n == "sgd") return OptimizerKind::kSgd;
   if (n == "adam") return OptimizerKind::kAdam;
@@ -129,10 +166,10 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
   if (o.target_seq < 0) {
     throw SpecError(fmt::format("[train] target sequence length {} is negative", o.target_seq));
   }
-  if (config.family == ModelFamily::kT5 && o.recompute) {
+  if (config.family == ModelFamily::kT5 && train::effective_remat(o)) {
     throw SpecError(
         "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
-        "T5 without --recompute");
+        "T5 without --recompute / --remat");
   }
   if (!(o.headroom >= 0 && o.headroom < 1)) {  // NaN too
     throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
@@ -361,7 +398,9 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.seq = o.seq;
   if (config.family == ModelFamily::kT5) plan.target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
   plan.grad_accum = o.grad_accum;
-  plan.recompute = o.recompute;
+  plan.recompute = train::effective_remat(o).has_value();
+  plan.remat = remat_name(train::effective_remat(o));
+  plan.fused_loss = o.fused_loss;
   plan.optimizer = std::string(name(o.optimizer));
   plan.param_dtype = o.param_dtype;
   plan.grad_dtype = o.grad_dtype;
@@ -435,10 +474,10 @@ std::string TrainPlan::table() const {
                                  : fmt::format("{}", seq);
   out += fmt::format(
       "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
-      "optimizer state {}, recompute {}\n\n",
+      "optimizer state {}, remat {}, loss {}\n\n",
       batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
-      optimizer, name(param_dtype), name(grad_dtype), name(optimizer_dtype),
-      recompute ? "on" : "off");
+      optimizer, name(param_dtype), name(grad_dtype), name(optimizer_dtype), remat,
+      fused_loss ? "fused" : "naive");
   out += "per device\n";
   const auto row = [&](std::string_view what, std::int64_t bytes) {
     out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
@@ -499,6 +538,8 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["batch_axes"] = p.batch_axes;
   j["grad_accum"] = p.grad_accum;
   j["recompute"] = p.recompute;
+  j["remat"] = p.remat;
+  j["loss"] = p.fused_loss ? "fused" : "naive";
   j["optimizer"] = p.optimizer;
   j["param_dtype"] = std::string(name(p.param_dtype));
   j["grad_dtype"] = std::string(name(p.grad_dtype));
