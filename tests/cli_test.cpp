@@ -1119,6 +1119,42 @@ TEST_F(TrainPlanCli, TheDefaultRulesFitTheMesh) {
                                    "no tp axis: left out of the preset's specs, as size 1)"));
 }
 
+// --remat and --loss are what the step runs: the header says them, the JSON carries them, a
+// name no layer gives is an error listing the names there are, and recomputation adds FLOPs
+// (one more forward pass of the layers for full, less for dots) while the fused loss changes
+// nothing but where the logits are made.
+TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
+  const std::string cfg = llama().string();
+  const auto plan = [&](const std::string& args) {
+    const Result r =
+        run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --json {}", cfg, args));
+    EXPECT_EQ(r.code, 0) << args << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto none = plan(""), full = plan("--remat full"), dots = plan("--remat dots");
+  const auto names = plan("--remat names:mlpwi_0,context"), recompute = plan("--recompute");
+  EXPECT_EQ(none["remat"], "none");
+  EXPECT_EQ(none["recompute"], false);
+  EXPECT_EQ(full["remat"], "full");
+  EXPECT_EQ(recompute["remat"], "full");
+  EXPECT_EQ(full["recompute"], true);
+  EXPECT_EQ(names["remat"], "names:mlpwi_0,context");
+  EXPECT_EQ(full["per_device"]["flops"], recompute["per_device"]["flops"]);
+  EXPECT_GT(full["per_device"]["flops"], dots["per_device"]["flops"]);
+  EXPECT_GT(dots["per_device"]["flops"], none["per_device"]["flops"]);
+  EXPECT_LT(full["per_device"]["peak_bytes"], none["per_device"]["peak_bytes"]);
+  EXPECT_EQ(none["loss"], "fused");
+  EXPECT_EQ(plan("--loss naive")["loss"], "naive");
+  const Result text =
+      run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --remat dots", cfg));
+  EXPECT_THAT(text.out, ::testing::HasSubstr("remat dots, loss fused"));
+  const Result bad = run(fmt::format(
+      "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --remat names:attn_out", cfg));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("'attn_out'"));
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("'mlpwi_0'"));
+}
+
 // Only regular files are read, and their content is checked field by field.
 TEST_F(TrainPlanCli, ConfigFilesAreReadSafely) {
   const auto check = [&](const std::string& path, std::vector<std::string> parts) {
@@ -1162,6 +1198,12 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
     check(fmt::format("--mesh fsdp:8 {} f16", option), {option, "f16", "bf16, f32 or f64"});
   }
   check("--mesh fsdp:8 --batch-axes ,", {"--batch-axes", "empty axis name"});
+  check("--mesh fsdp:8 --remat some", {"--remat", "'some'", "none, full, dots, names:"});
+  check("--mesh fsdp:8 --remat names:", {"--remat", "'names:'"});
+  check("--mesh fsdp:8 --remat names:a,,b", {"--remat", "'names:a,,b'"});
+  check("--mesh fsdp:8 --remat ''", {"--remat", "''"});
+  check("--mesh fsdp:8 --recompute --remat none", {"--recompute", "--remat none"});
+  check("--mesh fsdp:8 --loss chunked", {"--loss", "'chunked'", "fused, naive"});
   check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "empty axis name"});
   check("--mesh fsdp:8 --batch-axes fsdp,fsdp", {"--batch-axes", "'fsdp' is named twice"});
   check("--mesh fsdp:1048576,tp:2", {"2097152 devices", "limit of 1048576"});
