@@ -4,8 +4,11 @@
 // attention, SwiGLU MLP.
 #include <cmath>
 
+#include <optional>
+
 #include "mlp.hpp"
 #include "shardplan/autodiff.hpp"
+#include "shardplan/remat.hpp"
 #include "shardplan/sjit.hpp"
 
 namespace llama {
@@ -14,6 +17,11 @@ using namespace shardplan;
 
 struct Config {
   std::int64_t vocab = 0, dim = 64, heads = 4, ffn = 128, layers = 2, seq = 32, batch = 16;
+  /// The LM head and the loss as linear_cross_entropy (the logits never whole); false: the
+  /// logits whole, then cross_entropy.
+  bool fused_loss = true;
+  /// Each layer a checkpoint with this policy (recomputed in the backward pass); none: kept.
+  std::optional<RematPolicy> remat = std::nullopt;
 };
 
 // y = x @ w^T for a Hugging Face Linear weight w [out, in].
@@ -65,32 +73,49 @@ inline Array mlp(const Tree<Array>& p, const Array& x) {
   return linear(gate * sigmoid(gate) * up, p.at_path("down_proj/weight").leaf());
 }
 
-// Next-token logits [B, T, vocab].
-inline Array forward(const Tree<Array>& params, const Array& tokens, const Config& cfg) {
+inline Array decoder_layer(const Tree<Array>& layer, const Array& x, const Config& cfg) {
+  const Array h = x + attention(layer.at("self_attn"),
+                                rms_norm(x, layer.at_path("input_layernorm/weight").leaf()), cfg);
+  return h +
+         mlp(layer.at("mlp"), rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()));
+}
+
+// The final norm's output [B, T, D]: what the LM head reads.
+inline Array hidden(const Tree<Array>& params, const Array& tokens, const Config& cfg) {
   const Tree<Array>& m = params.at("model");
   Array h = take(m.at_path("embed_tokens/weight").leaf(), tokens, 0);  // [B, T, D]
   for (const auto& layer : m.at("layers").children()) {
-    h = h + attention(layer.at("self_attn"),
-                      rms_norm(h, layer.at_path("input_layernorm/weight").leaf()), cfg);
-    h = h +
-        mlp(layer.at("mlp"), rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()));
+    const auto run = [&](const Array& x) { return decoder_layer(layer, x, cfg); };
+    h = cfg.remat ? checkpoint(run, *cfg.remat)(h) : run(h);
   }
-  h = rms_norm(h, m.at_path("norm/weight").leaf());
-  return linear(h, params.at_path("lm_head/weight").leaf());
+  return rms_norm(h, m.at_path("norm/weight").leaf());
+}
+
+// Next-token logits [B, T, vocab].
+inline Array forward(const Tree<Array>& params, const Array& tokens, const Config& cfg) {
+  return linear(hidden(params, tokens, cfg), params.at_path("lm_head/weight").leaf());
 }
 
 inline Array loss_fn(const Tree<Array>& params, const Array& tokens, const Array& targets,
                      const Config& cfg) {
+  if (cfg.fused_loss) {
+    return mean(linear_cross_entropy(hidden(params, tokens, cfg),
+                                     params.at_path("lm_head/weight").leaf(), targets));
+  }
   return mean(cross_entropy(forward(params, tokens, cfg), targets));
 }
 
-// The loss, and as auxiliary output the fraction of next characters predicted right.
+// The loss, and as auxiliary output the fraction of next characters predicted right (from the
+// logits made whole for it alone: nothing of them is kept for the backward pass).
 inline std::pair<Array, Tree<Array>> loss_and_accuracy(const Tree<Array>& params,
                                                        const Array& tokens, const Array& targets,
                                                        const Config& cfg) {
-  const Array logits = forward(params, tokens, cfg);
-  return {mean(cross_entropy(logits, targets)),
-          Tree<Array>::dict({{"accuracy", mlp::accuracy(logits, targets)}})};
+  const Array h = hidden(params, tokens, cfg);
+  const Array head = params.at_path("lm_head/weight").leaf();
+  const Array logits = linear(h, head);
+  const Array loss = cfg.fused_loss ? mean(linear_cross_entropy(h, head, targets))
+                                    : mean(cross_entropy(logits, targets));
+  return {loss, Tree<Array>::dict({{"accuracy", mlp::accuracy(logits, targets)}})};
 }
 
 // Parameters, each made on its devices by a random fill inside sjit (sharded initialisation).
