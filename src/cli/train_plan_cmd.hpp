@@ -24,6 +24,7 @@ struct TrainPlanCommand {
   std::string param_dtype = "bf16", grad_dtype = "", optimizer_dtype = "f32";
   int grad_accum = 1;
   bool recompute = false;
+  std::string sequence_parallel;  // "on", "off"; empty: the rules decide
   std::string batch_axes;
   std::string device_memory;
   double headroom = 0.1;
