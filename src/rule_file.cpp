@@ -283,7 +283,8 @@ class Parser {
         const auto known = [&](const auto& entry) { return entry.first == axis; };
         if (std::none_of(file.logical_axes.begin(), file.logical_axes.end(), known)) {
           std::string names;
-          for (const auto& [name, axes] : file.logical_axes) names += (names.empty() ? "" : ", ") + name;
+          for (const auto& [name, axes] : file.logical_axes)
+            names += (names.empty() ? "" : ", ") + name;
           fail(e, fmt::format("activation '{}': unknown logical axis '{}' (logical_axes gives: {})",
                               a.name, axis, names.empty() ? std::string("none") : names));
         }
@@ -363,7 +364,8 @@ class ActivationRule : public ShardingRule {
     d.reason = fmt::format("activation '{}' [{}]", activation_.name,
                            fmt::join(activation_.logical_axes, ", "));
     if (!whole.empty()) {
-      d.reason += fmt::format(", {} not sharded (the size does not divide)", fmt::join(whole, ", "));
+      d.reason +=
+          fmt::format(", {} not sharded (the size does not divide)", fmt::join(whole, ", "));
     }
     return d;
   }
@@ -399,8 +401,8 @@ std::map<std::string, RuleTree> RuleFile::activation_shardings(const Mesh& on_me
     try {
       dims = logical.to_mesh_spec(a.logical_axes).dims();
     } catch (const RuleError& e) {  // a logical axis named twice
-      throw RuleError(fmt::format("[rules] {}:{}: activation '{}': {}", source, a.line, a.name,
-                                  e.what()));
+      throw RuleError(
+          fmt::format("[rules] {}:{}: activation '{}': {}", source, a.line, a.name, e.what()));
     }
     dims.resize(a.logical_axes.size());
     for (std::size_t i = 0; i < dims.size(); ++i) {
@@ -413,7 +415,8 @@ std::map<std::string, RuleTree> RuleFile::activation_shardings(const Mesh& on_me
             source, a.line, a.name, a.logical_axes[i], axis, on_mesh.to_string()));
       }
     }
-    out.emplace(a.name, RuleTree(RulePtr(std::make_shared<ActivationRule>(source, a, std::move(dims)))));
+    out.emplace(a.name,
+                RuleTree(RulePtr(std::make_shared<ActivationRule>(source, a, std::move(dims)))));
   }
   return out;
 }

@@ -947,8 +947,8 @@ TEST_F(TrainPlanCli, SequenceParallelIsOnWithTpAndCanBeTurnedOff) {
   ASSERT_EQ(off.code, 0) << off.err;
   EXPECT_EQ(nlohmann::json::parse(off.out)["sequence_parallel"], false);
   // No tp axis: the default rules (llama_fsdp) split no sequence.
-  const Result fsdp = run(fmt::format("train-plan --config '{}' --mesh fsdp:8 --batch 8 --seq 128",
-                                      llama().string()));
+  const Result fsdp = run(
+      fmt::format("train-plan --config '{}' --mesh fsdp:8 --batch 8 --seq 128", llama().string()));
   ASSERT_EQ(fsdp.code, 0) << fsdp.err;
   EXPECT_THAT(fsdp.out, ::testing::HasSubstr("sequence parallel off"));
   const Result bad = run(base + " --sequence-parallel maybe");

@@ -2,9 +2,8 @@
 // annotated by name (with_sharding_annotation), their shardings from a rule file's activations
 // in logical axes (rules/presets/llama_fsdp_tp.yaml), train-plan's --sequence-parallel.
 #include <fmt/format.h>
-#include <gtest/gtest.h>
-
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,12 +47,13 @@ Lowered lower_step(const ModelConfig& c, const Mesh& mesh, bool sp, std::int64_t
   const RulePtr rules = load_preset("llama_fsdp_tp").make_rule();
   o.in_shardings = RuleTree::list({RuleTree(rules), RuleTree(P("fsdp")), RuleTree(P("fsdp"))});
   o.annotation_shardings = preset_activations(mesh, sp);
-  return sjit(mesh,
-              [&](const Tree<Array>& p, const Array& x, const Array& y) {
-                auto [loss, grads] = train::loss_and_grads(model, p, x, y, false);
-                return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
-              },
-              o)
+  return sjit(
+             mesh,
+             [&](const Tree<Array>& p, const Array& x, const Array& y) {
+               auto [loss, grads] = train::loss_and_grads(model, p, x, y, false);
+               return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+             },
+             o)
       .lower(c.parameters(DType::kF32), TensorSpec{Shape{b, t}, DType::kI32},
              TensorSpec{Shape{b, t}, DType::kI32});
 }
@@ -103,11 +103,12 @@ TEST(SequenceParallel, TensorParallelAllReduceBecomesReduceScatterAndAllGather) 
     o.in_shardings = RuleTree::list({RuleTree(load_preset("llama_fsdp_tp").make_rule()),
                                      RuleTree(P("fsdp")), RuleTree(P("fsdp"))});
     o.annotation_shardings = preset_activations(mesh, sp);
-    return sjit(mesh,
-                [&](const Tree<Array>& p, const Array& x, const Array& y) {
-                  return model.forward_loss(p, x, y);
-                },
-                o)
+    return sjit(
+               mesh,
+               [&](const Tree<Array>& p, const Array& x, const Array& y) {
+                 return model.forward_loss(p, x, y);
+               },
+               o)
         .lower(c.parameters(DType::kF32), TensorSpec{Shape{2, 16}, DType::kI32},
                TensorSpec{Shape{2, 16}, DType::kI32});
   };
@@ -221,13 +222,13 @@ TEST(SequenceParallel, LossAndGradientsEqualThoseWithout) {
       o.annotation_shardings = preset_activations(mesh, *sp);
     }
     const train::ModelStep model{c, layout};
-    return to_host(sjit(mesh,
-                        [&](const Tree<Array>& p, const Array& a, const Array& b) {
-                          auto [loss, grads] = train::loss_and_grads(model, p, a, b, false);
-                          return Tree<Array>::dict(
-                              {{"grads", grads}, {"loss", Tree<Array>(loss)}});
-                        },
-                        o)(params, x, y));
+    return to_host(sjit(
+        mesh,
+        [&](const Tree<Array>& p, const Array& a, const Array& b) {
+          auto [loss, grads] = train::loss_and_grads(model, p, a, b, false);
+          return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+        },
+        o)(params, x, y));
   };
   const Tree<Tensor> one = run(1, "fsdp:1,tp:1", std::nullopt);
   const Tree<Tensor> off = run(8, "fsdp:2,tp:4", false);
@@ -253,7 +254,8 @@ TEST(SequenceParallel, BadActivationsNameTheFileTheEntryAndTheAxis) {
 logical_axes: {activation_batch: fsdp}
 activations:
   residual: [activation_batch, activation_lenght, null]
-)", "r.yaml"),
+)",
+                                    "r.yaml"),
                     IoError, "r.yaml:4", "activation 'residual'",
                     "unknown logical axis 'activation_lenght'", "activation_batch");
   EXPECT_THROW_WITH(parse_rule_file("rules: []\nactivations: {residual: tp}\n", "r.yaml"), IoError,
@@ -262,15 +264,17 @@ activations:
 logical_axes: {activation_batch: data, activation_norm_length: tp}
 activations:
   norm: [activation_batch, activation_norm_length, null]
-)", "r.yaml");
-  EXPECT_THROW_WITH(f.activation_shardings(Mesh::parse("data:2,model:4", 8)), RuleError,
-                    "r.yaml:4", "activation 'norm'", "logical axis 'activation_norm_length'",
-                    "mesh axis 'tp'", "does not have");
+)",
+                                     "r.yaml");
+  EXPECT_THROW_WITH(f.activation_shardings(Mesh::parse("data:2,model:4", 8)), RuleError, "r.yaml:4",
+                    "activation 'norm'", "logical axis 'activation_norm_length'", "mesh axis 'tp'",
+                    "does not have");
   // Applied to a value of another rank: the activation, its axes and the shape.
   const Mesh mesh = Mesh::parse("data:2,tp:4", 8);
   SjitOptions o;
   o.annotation_shardings = f.activation_shardings(mesh);
-  auto f2 = sjit(mesh, [](const Array& x) { return with_sharding_annotation(x, "norm"); }, o);
+  auto f2 = sjit(
+      mesh, [](const Array& x) { return with_sharding_annotation(x, "norm"); }, o);
   EXPECT_THROW_WITH(f2.lower(TensorSpec{Shape{8, 4}, DType::kF32}), RuleError, "r.yaml:4",
                     "activation 'norm'", "[8, 4]", "rank 2");
   // Bound from outside (train-plan binds activation_batch): the binding wins.
@@ -301,9 +305,9 @@ TEST(SequenceParallel, TrainPlanTurnsItOnWithTheTensorParallelPreset) {
   o.activations = load_preset("llama_fsdp");
   o.sequence_parallel = true;
   o.batch = 8;
-  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:8", 8), load_preset("llama_fsdp").make_rule(), o),
-                    SpecError, "sequence parallelism", "activation_norm_length",
-                    "preset:llama_fsdp.yaml");
+  EXPECT_THROW_WITH(
+      plan_training(c, Mesh::parse("fsdp:8", 8), load_preset("llama_fsdp").make_rule(), o),
+      SpecError, "sequence parallelism", "activation_norm_length", "preset:llama_fsdp.yaml");
 }
 
 }  // namespace

@@ -251,8 +251,8 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.recompute = c.recompute;
   if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {
     o.sequence_parallel = c.sequence_parallel == "on";
-  } else if (!c.sequence_parallel.empty() || (c.command != nullptr &&
-                                              c.command->count("--sequence-parallel") > 0)) {
+  } else if (!c.sequence_parallel.empty() ||
+             (c.command != nullptr && c.command->count("--sequence-parallel") > 0)) {
     throw UsageError(fmt::format("--sequence-parallel '{}': expected on or off",
                                  detail::printable(c.sequence_parallel)));
   }

@@ -80,9 +80,13 @@ Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames
 // A norm or residual region [b, t, d] (kActivationNames): annotated when the layout says so,
 // else constrained to the batch when `batch` (the constraints the layers had before), else left
 // to propagation.
-Array region(const Array& x, const char* name, const Layout& layout, bool batch) {
+Array region(const Array& x, const char* name, const Layout& layout, bool batch = false) {
   if (layout.annotate) return with_sharding_annotation(x, name);
   return batch ? constrain(x, {{0, &layout.batch}}, layout) : x;
+}
+// A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
+Array normed(const Array& x, const char* reader, const Layout& layout) {
+  return region(region(x, "norm", layout), reader, layout);
 }
 
 }  // namespace
@@ -116,9 +120,8 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   const Array h = region(h_in, "residual", L, true);
   if (c.family == ModelFamily::kGpt2) {
-    const Array x = region(
-        region(layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias")), "norm", L, false),
-        "attention_in", L, false);
+    const Array x =
+        normed(layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias")), "attention_in", L);
     const Array qkv = conv1d(x, at(p, "attn/c_attn/weight")) + at(p, "attn/c_attn/bias");
     const auto part = [&](std::int64_t k) {  // q, k or v as [b, heads, t, dh]
       const Array y = slice(qkv, {0, 0, k * d}, {b, t, (k + 1) * d});
@@ -130,24 +133,17 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
     const Array probs = softmax(causal_mask(scores), -1);
     const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
     const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
-    const Array h2 = region(
-        h + region(conv1d(merged, at(p, "attn/c_proj/weight")), "attention_out", L, false) +
-            at(p, "attn/c_proj/bias"),
-        "residual", L, false);
-    const Array x2 = region(
-        region(layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias")), "norm", L, false),
-        "mlp_in", L, false);
+    const Array a = region(conv1d(merged, at(p, "attn/c_proj/weight")), "attention_out", L);
+    const Array h2 = region(h + a + at(p, "attn/c_proj/bias"), "residual", L);
+    const Array x2 = normed(layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias")), "mlp_in", L);
     const Array inner = constrain(
         gelu(conv1d(x2, at(p, "mlp/c_fc/weight")) + at(p, "mlp/c_fc/bias"), /*approximate=*/true),
         {{0, &L.batch}, {2, &L.model}}, L);
-    return region(
-        h2 + region(conv1d(inner, at(p, "mlp/c_proj/weight")), "mlp_out", L, false) +
-            at(p, "mlp/c_proj/bias"),
-        "residual", L, true);
+    const Array m = region(conv1d(inner, at(p, "mlp/c_proj/weight")), "mlp_out", L);
+    return region(h2 + m + at(p, "mlp/c_proj/bias"), "residual", L, true);
   }
   // LLaMA: grouped-query attention as [b, kv, group, t, dh] against keys [b, kv, t, dh].
-  const Array x = region(region(rms_norm(h, at(p, "input_layernorm/weight")), "norm", L, false),
-                         "attention_in", L, false);
+  const Array x = normed(rms_norm(h, at(p, "input_layernorm/weight")), "attention_in", L);
   const auto proj = [&](const char* name) {
     Array y = linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
@@ -199,12 +195,10 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
         dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
     merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, heads * dh});
   }
-  Array attended = region(linear(merged, at(p, "self_attn/o_proj/weight")), "attention_out", L, false);
+  Array attended = region(linear(merged, at(p, "self_attn/o_proj/weight")), "attention_out", L);
   if (c.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
-  const Array h2 = region(h + attended, "residual", L, false);
-  const Array x2 = region(
-      region(rms_norm(h2, at(p, "post_attention_layernorm/weight")), "norm", L, false), "mlp_in",
-      L, false);
+  const Array h2 = region(h + attended, "residual", L);
+  const Array x2 = normed(rms_norm(h2, at(p, "post_attention_layernorm/weight")), "mlp_in", L);
   if (c.family == ModelFamily::kMixtral) {
     return region(h2 + mixture_of_experts(p.at("block_sparse_moe"), x2), "residual", L, true);
   }
@@ -216,7 +210,7 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   const Array gate = mlp(x2, "gate");
   const Array up = mlp(x2, "up");
   const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {2, &L.model}}, L);
-  return region(h2 + region(mlp(inner, "down"), "mlp_out", L, false), "residual", L, true);
+  return region(h2 + region(mlp(inner, "down"), "mlp_out", L), "residual", L, true);
 }
 
 // Mixtral's sparse MLP with routing taken as perfectly balanced: the router's softmax is
@@ -264,14 +258,12 @@ Array ModelStep::mixture_of_experts(const Tree<Array>& moe, const Array& x) cons
 Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targets) const {
   Array logits;
   const Layout& L = layout;
-  const auto head_in = [&](const Array& x) {
-    return region(region(x, "norm", L, false), "head_in", L, false);
-  };
   if (config.family == ModelFamily::kGpt2) {
-    const Array x = head_in(layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias")));
+    const Array x =
+        normed(layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias")), "head_in", L);
     logits = linear(x, at(rest, config.tie_embeddings ? "wte/weight" : "lm_head/weight"));
   } else {
-    const Array x = head_in(rms_norm(h, at(rest, "model/norm/weight")));
+    const Array x = normed(rms_norm(h, at(rest, "model/norm/weight")), "head_in", L);
     logits =
         linear(x, at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight"));
   }

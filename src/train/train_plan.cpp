@@ -291,8 +291,8 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
       o.activations && !o.activations->activations.empty() ? &*o.activations : nullptr;
   const std::string source = o.activations ? o.activations->source : std::string("none");
   RuleFile::LogicalMapping bind{{"activation_batch", layout.batch}};
-  const AxisNames sequence = file != nullptr ? file->logical_axis("activation_norm_length", bind)
-                                             : AxisNames{};
+  const AxisNames sequence =
+      file != nullptr ? file->logical_axis("activation_norm_length", bind) : AxisNames{};
   if (o.sequence_parallel == true && (sequence.empty() || config.family == ModelFamily::kT5)) {
     throw SpecError(fmt::format(
         "[train] sequence parallelism was asked for, but {}: it needs rules whose activations "
@@ -305,9 +305,9 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
     for (const char* name : train::kActivationNames) {
       const auto given = [&](const RuleFile::Activation& x) { return x.name == name; };
       if (std::none_of(file->activations.begin(), file->activations.end(), given)) {
-        throw SpecError(fmt::format(
-            "[train] the activations of {} give no '{}'; the layers annotate {}",
-            detail::printable(source), name, fmt::join(train::kActivationNames, ", ")));
+        throw SpecError(
+            fmt::format("[train] the activations of {} give no '{}'; the layers annotate {}",
+                        detail::printable(source), name, fmt::join(train::kActivationNames, ", ")));
       }
     }
     const bool on = o.sequence_parallel.value_or(true) && !sequence.empty();
@@ -491,9 +491,9 @@ std::string TrainPlan::table() const {
       batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
       optimizer, name(param_dtype), name(grad_dtype), name(optimizer_dtype),
       recompute ? "on" : "off",
-      sequence_parallel
-          ? fmt::format("on (over {})", detail::printable(fmt::format("{}", fmt::join(sequence_axes, ", "))))
-          : "off");
+      sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
+                                                          "{}", fmt::join(sequence_axes, ", "))))
+                        : "off");
   out += "per device\n";
   const auto row = [&](std::string_view what, std::int64_t bytes) {
     out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
