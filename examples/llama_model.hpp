@@ -65,17 +65,28 @@ inline Array mlp(const Tree<Array>& p, const Array& x) {
   return linear(gate * sigmoid(gate) * up, p.at_path("down_proj/weight").leaf());
 }
 
+// The norm and residual regions [B, T, D] by name, as the preset's `activations:` name them:
+// run under sjit with the preset's activation_shardings they are split along the sequence over
+// tp (Megatron's sequence parallelism, docs/training.md); with allow_unknown_annotations and no
+// shardings they are left to propagation.
+inline Array named(const Array& x, const char* name) { return with_sharding_annotation(x, name); }
+// A norm's output, then as the projections named by `reader` read it (the sequence gathered).
+inline Array normed(const Array& x, const char* reader) { return named(named(x, "norm"), reader); }
+
 // Next-token logits [B, T, vocab].
 inline Array forward(const Tree<Array>& params, const Array& tokens, const Config& cfg) {
   const Tree<Array>& m = params.at("model");
   Array h = take(m.at_path("embed_tokens/weight").leaf(), tokens, 0);  // [B, T, D]
   for (const auto& layer : m.at("layers").children()) {
-    h = h + attention(layer.at("self_attn"),
-                      rms_norm(h, layer.at_path("input_layernorm/weight").leaf()), cfg);
-    h = h +
-        mlp(layer.at("mlp"), rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()));
+    h = named(h, "residual");
+    const Array x =
+        normed(rms_norm(h, layer.at_path("input_layernorm/weight").leaf()), "attention_in");
+    h = named(h + named(attention(layer.at("self_attn"), x, cfg), "attention_out"), "residual");
+    const Array x2 =
+        normed(rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()), "mlp_in");
+    h = h + named(mlp(layer.at("mlp"), x2), "mlp_out");
   }
-  h = rms_norm(h, m.at_path("norm/weight").leaf());
+  h = normed(rms_norm(named(h, "residual"), m.at_path("norm/weight").leaf()), "head_in");
   return linear(h, params.at_path("lm_head/weight").leaf());
 }
 
