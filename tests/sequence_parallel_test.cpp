@@ -33,8 +33,9 @@ train::Layout annotated_layout() {
 }
 
 /// The shardings of the preset's activations on `mesh`, sequence parallelism on or off.
-std::map<std::string, RuleTree> preset_activations(const Mesh& mesh, bool sequence_parallel) {
-  const RuleFile file = load_preset("llama_fsdp_tp");
+std::map<std::string, RuleTree> preset_activations(const Mesh& mesh, bool sequence_parallel,
+                                                   const char* preset = "llama_fsdp_tp") {
+  const RuleFile file = load_preset(preset);
   RuleFile::LogicalMapping bind{{"activation_batch", AxisNames{"fsdp"}}};
   if (!sequence_parallel) bind.emplace_back("activation_norm_length", std::nullopt);
   return file.activation_shardings(mesh, bind);
@@ -194,10 +195,7 @@ TEST(SequenceParallel, SequenceNotDividingByTpIsLeftWhole) {
 
 // A real step on arrays, 8 devices: the loss and every gradient with sequence parallelism equal
 // those without, and one device's, to float32 rounding (only the order of sums differs).
-TEST(SequenceParallel, LossAndGradientsEqualThoseWithout) {
-  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 64,
-    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 4})");
+void expect_same_step(const ModelConfig& c, const char* preset) {
   const auto run = [&](int n, const char* axes, std::optional<bool> sp) {
     const Executor exec(n);
     const Mesh mesh = Mesh::parse(axes, n);
@@ -207,7 +205,8 @@ TEST(SequenceParallel, LossAndGradientsEqualThoseWithout) {
                         NamedSharding(mesh, PartitionSpec()), exec);
     });
     std::vector<std::int32_t> ids(2 * 8);
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 11) % 64);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<std::int32_t>((i * 11) % static_cast<std::size_t>(c.vocab));
     const Array x =
         device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, PartitionSpec()), exec);
     std::rotate(ids.begin(), ids.begin() + 1, ids.end());
@@ -217,9 +216,9 @@ TEST(SequenceParallel, LossAndGradientsEqualThoseWithout) {
     SjitOptions o;
     if (sp) {
       layout = annotated_layout();
-      o.in_shardings = RuleTree::list({RuleTree(load_preset("llama_fsdp_tp").make_rule()),
-                                       RuleTree(P("fsdp")), RuleTree(P("fsdp"))});
-      o.annotation_shardings = preset_activations(mesh, *sp);
+      o.in_shardings = RuleTree::list(
+          {RuleTree(load_preset(preset).make_rule()), RuleTree(P("fsdp")), RuleTree(P("fsdp"))});
+      o.annotation_shardings = preset_activations(mesh, *sp, preset);
     }
     const train::ModelStep model{c, layout};
     return to_host(sjit(
@@ -234,7 +233,7 @@ TEST(SequenceParallel, LossAndGradientsEqualThoseWithout) {
   const Tree<Tensor> off = run(8, "fsdp:2,tp:4", false);
   const Tree<Tensor> on = run(8, "fsdp:2,tp:4", true);
   const double loss = one.at("loss").leaf().get(0);
-  EXPECT_NEAR(loss, std::log(64.0), 1.0);  // near uniform over the vocabulary
+  EXPECT_NEAR(loss, std::log(static_cast<double>(c.vocab)), 1.0);  // near uniform
   for (const Tree<Tensor>* t : {&off, &on}) {
     EXPECT_NEAR(t->at("loss").leaf().get(0), loss, 1e-5);
     const auto a = one.at("grads").flatten(), b = t->at("grads").flatten();
@@ -247,6 +246,17 @@ TEST(SequenceParallel, LossAndGradientsEqualThoseWithout) {
       }
     }
   }
+}
+
+TEST(SequenceParallel, LossAndGradientsEqualThoseWithout) {
+  expect_same_step(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4})"),
+                   "llama_fsdp_tp");
+  // GPT-2's layer (layer norms, biases after the annotated projections, the tied head).
+  expect_same_step(ModelConfig::parse(R"({"model_type": "gpt2", "vocab_size": 40, "n_embd": 32,
+    "n_layer": 2, "n_head": 4, "n_positions": 16})"),
+                   "gpt2");
 }
 
 TEST(SequenceParallel, BadActivationsNameTheFileTheEntryAndTheAxis) {
@@ -302,6 +312,14 @@ TEST(SequenceParallel, TrainPlanTurnsItOnWithTheTensorParallelPreset) {
   EXPECT_THAT(off.table(), ::testing::HasSubstr("sequence parallel off"));
   // Megatron's pattern does not change the state held.
   EXPECT_EQ(on.parameter_bytes, off.parameter_bytes);
+  // A file whose activations leave out a name the layers annotate.
+  RuleFile partial = *o.activations;
+  partial.activations.pop_back();
+  o.activations = partial;
+  o.sequence_parallel = std::nullopt;
+  EXPECT_THROW_WITH(plan_training(c, mesh, rules, o), SpecError,
+                    "the activations of preset:llama_fsdp_tp.yaml give no 'head_in'",
+                    "residual, norm");
   o.activations = load_preset("llama_fsdp");
   o.sequence_parallel = true;
   o.batch = 8;
