@@ -48,9 +48,11 @@ inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) 
   const auto heads = [&](const Array& y) {  // [B, T, D] -> [B, H, T, Dh]
     return transpose(reshape(y, Shape{b, t, cfg.heads, dh}), {0, 2, 1, 3});
   };
-  const Array q = rotary(heads(linear(x, p.at_path("q_proj/weight").leaf())));
-  const Array k = rotary(heads(linear(x, p.at_path("k_proj/weight").leaf())));
-  const Array v = heads(linear(x, p.at_path("v_proj/weight").leaf()));
+  // Named (the preset's `heads`: split over tp), as the norm and residual regions below are.
+  const auto split = [](const Array& y) { return with_sharding_annotation(y, "heads"); };
+  const Array q = split(rotary(heads(linear(x, p.at_path("q_proj/weight").leaf()))));
+  const Array k = split(rotary(heads(linear(x, p.at_path("k_proj/weight").leaf()))));
+  const Array v = split(heads(linear(x, p.at_path("v_proj/weight").leaf())));
   const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) *
                        (1.0 / std::sqrt(static_cast<double>(dh)));
   const Array probs = softmax(causal_mask(scores), -1);
@@ -62,7 +64,8 @@ inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) 
 inline Array mlp(const Tree<Array>& p, const Array& x) {
   const Array gate = linear(x, p.at_path("gate_proj/weight").leaf());
   const Array up = linear(x, p.at_path("up_proj/weight").leaf());
-  return linear(gate * sigmoid(gate) * up, p.at_path("down_proj/weight").leaf());
+  const Array inner = with_sharding_annotation(gate * sigmoid(gate) * up, "mlp_hidden");
+  return linear(inner, p.at_path("down_proj/weight").leaf());
 }
 
 // The norm and residual regions [B, T, D] by name, as the preset's `activations:` name them:
