@@ -218,8 +218,11 @@ void BM_MlpTrainStepEigen(benchmark::State& state) {
 BENCHMARK(BM_MlpTrainStepEigen)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
 // Tokens per second of the LLaMA-style model (dim 256, 4 heads, ffn 512, 2 layers, sequences of
-// 64, batch 32) on 8 devices: FSDP+TP with the preset (fsdp:4,tp:2) vs data parallel (data:8).
-void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true) {
+// 64, batch 32) on 8 devices: FSDP+TP with the preset (fsdp:4,tp:2; its activations split the
+// norm and residual regions along the sequence over tp unless `sequence_parallel` is false) vs
+// data parallel (data:8).
+void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true,
+                  bool sequence_parallel = true) {
   llama::Config cfg;
   cfg.vocab = 128;
   cfg.dim = 256;
@@ -241,6 +244,13 @@ void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true) {
   SjitOptions so;
   so.donate_argnums = {0, 1};
   so.fuse = fuse;
+  if (fsdp_tp) {
+    RuleFile::LogicalMapping bind;
+    if (!sequence_parallel) bind.emplace_back("activation_norm_length", std::nullopt);
+    so.annotation_shardings = load_preset("llama_fsdp_tp").activation_shardings(mesh, bind);
+  } else {
+    so.allow_unknown_annotations = true;
+  }
   auto step = sjit(
       mesh,
       [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x, const Array& y) {
@@ -279,8 +289,16 @@ void BM_LlamaStepFsdpTp(benchmark::State& s) { llama_tokens(s, true); }
 void BM_LlamaStepDataParallel(benchmark::State& s) { llama_tokens(s, false); }
 // The FSDP+TP step unfused (SjitOptions::fuse false): run beside BM_LlamaStepFsdpTp to compare.
 void BM_LlamaStepFsdpTpUnfused(benchmark::State& s) { llama_tokens(s, true, false); }
+// The FSDP+TP step without sequence parallelism: run beside BM_LlamaStepFsdpTp to compare.
+void BM_LlamaStepFsdpTpNoSequenceParallel(benchmark::State& s) {
+  llama_tokens(s, true, true, false);
+}
 BENCHMARK(BM_LlamaStepFsdpTp)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 BENCHMARK(BM_LlamaStepFsdpTpUnfused)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+BENCHMARK(BM_LlamaStepFsdpTpNoSequenceParallel)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
 BENCHMARK(BM_LlamaStepDataParallel)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
 }  // namespace

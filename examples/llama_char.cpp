@@ -10,6 +10,8 @@
 // state every SHARDPLAN_SAVE_EVERY steps (default 10) in the background (AsyncCheckpointer,
 // keeping the last 2), and resumes from the latest checkpoint in DIR when there is one: killed
 // and restarted, it prints the same losses as a run never stopped (scripts/llama_resume_check.sh).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -18,8 +20,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
-
-#include <fmt/format.h>
+#include <variant>
 
 #include "llama_model.hpp"
 #include "shardplan/autodiff.hpp"
@@ -98,6 +99,15 @@ int main(int argc, char** argv) {
     const std::int64_t state_bytes = bytes_per_device(params) + bytes_per_device(state);
     SjitOptions so;
     so.donate_argnums = {0, 1};
+    // The preset's named activations: the norm and residual regions split along the sequence
+    // over tp (sequence parallelism); the replicated run leaves them to propagation.
+    const bool replicated =
+        param_rules.is_leaf() && std::holds_alternative<Replicated>(param_rules.leaf());
+    if (!replicated) {
+      so.annotation_shardings = preset.activation_shardings(mesh);
+    } else {
+      so.allow_unknown_annotations = true;
+    }
     auto step = sjit(
         mesh,
         [&](const Tree<Array>& p, const Tree<Array>& st, const Array& x, const Array& y) {

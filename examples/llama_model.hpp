@@ -56,9 +56,11 @@ inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) 
   const auto heads = [&](const Array& y) {  // [B, T, D] -> [B, H, T, Dh]
     return transpose(reshape(y, Shape{b, t, cfg.heads, dh}), {0, 2, 1, 3});
   };
-  const Array q = rotary(heads(linear(x, p.at_path("q_proj/weight").leaf())));
-  const Array k = rotary(heads(linear(x, p.at_path("k_proj/weight").leaf())));
-  const Array v = heads(linear(x, p.at_path("v_proj/weight").leaf()));
+  // Named (the preset's `heads`: split over tp), as the norm and residual regions below are.
+  const auto split = [](const Array& y) { return with_sharding_annotation(y, "heads"); };
+  const Array q = split(rotary(heads(linear(x, p.at_path("q_proj/weight").leaf()))));
+  const Array k = split(rotary(heads(linear(x, p.at_path("k_proj/weight").leaf()))));
+  const Array v = split(heads(linear(x, p.at_path("v_proj/weight").leaf())));
   const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) *
                        (1.0 / std::sqrt(static_cast<double>(dh)));
   const Array probs = softmax(causal_mask(scores), -1);
@@ -70,14 +72,27 @@ inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) 
 inline Array mlp(const Tree<Array>& p, const Array& x) {
   const Array gate = linear(x, p.at_path("gate_proj/weight").leaf());
   const Array up = linear(x, p.at_path("up_proj/weight").leaf());
-  return linear(gate * sigmoid(gate) * up, p.at_path("down_proj/weight").leaf());
+  const Array inner = with_sharding_annotation(gate * sigmoid(gate) * up, "mlp_hidden");
+  return linear(inner, p.at_path("down_proj/weight").leaf());
 }
 
+// The norm and residual regions [B, T, D] by name, as the preset's `activations:` name them:
+// run under sjit with the preset's activation_shardings they are split along the sequence over
+// tp (Megatron's sequence parallelism, docs/training.md); with allow_unknown_annotations and no
+// shardings they are left to propagation.
+inline Array named(const Array& x, const char* name) { return with_sharding_annotation(x, name); }
+// A norm's output, then as the projections named by `reader` read it (the sequence gathered).
+inline Array normed(const Array& x, const char* reader) { return named(named(x, "norm"), reader); }
+
 inline Array decoder_layer(const Tree<Array>& layer, const Array& x, const Config& cfg) {
-  const Array h = x + attention(layer.at("self_attn"),
-                                rms_norm(x, layer.at_path("input_layernorm/weight").leaf()), cfg);
-  return h +
-         mlp(layer.at("mlp"), rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()));
+  const Array h0 = named(x, "residual");
+  const Array a =
+      normed(rms_norm(h0, layer.at_path("input_layernorm/weight").leaf()), "attention_in");
+  const Array h =
+      named(h0 + named(attention(layer.at("self_attn"), a, cfg), "attention_out"), "residual");
+  const Array m =
+      normed(rms_norm(h, layer.at_path("post_attention_layernorm/weight").leaf()), "mlp_in");
+  return h + named(mlp(layer.at("mlp"), m), "mlp_out");
 }
 
 // The final norm's output [B, T, D]: what the LM head reads.
@@ -88,7 +103,7 @@ inline Array hidden(const Tree<Array>& params, const Array& tokens, const Config
     const auto run = [&](const Array& x) { return decoder_layer(layer, x, cfg); };
     h = cfg.remat ? checkpoint(run, *cfg.remat)(h) : run(h);
   }
-  return rms_norm(h, m.at_path("norm/weight").leaf());
+  return normed(rms_norm(named(h, "residual"), m.at_path("norm/weight").leaf()), "head_in");
 }
 
 // Next-token logits [B, T, vocab].

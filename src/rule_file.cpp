@@ -1,12 +1,15 @@
 #include "shardplan/rule_file.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <set>
 
 #include "input_file.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/rules/logical_axis_rule.hpp"
 #include "shardplan/rules/rule_table_sharding_rule.hpp"
 
 namespace shardplan {
@@ -187,10 +190,11 @@ class Parser {
     file.source = std::string(source_);
     if (!root.IsMap()) {
       fail(root, fmt::format("expected a mapping with 'rules' (and optionally mesh, strict, "
-                             "fsdp_fallback, logical_axes), got {}",
+                             "fsdp_fallback, logical_axes, activations), got {}",
                              describe(root)));
     }
-    check_keys(root, {"mesh", "strict", "rules", "fsdp_fallback", "logical_axes"}, "rule file");
+    check_keys(root, {"mesh", "strict", "rules", "fsdp_fallback", "logical_axes", "activations"},
+               "rule file");
     if (const auto n = root["mesh"]) file.mesh = string(n, "'mesh' (like \"fsdp:-1,tp:2\")");
     if (const auto n = root["strict"]) file.strict = boolean(n, "'strict'");
     const auto rules = root["rules"];
@@ -243,7 +247,51 @@ class Parser {
         }
       }
     }
+    if (const auto n = root["activations"]) activations(n, file);
     return file;
+  }
+
+  /// `activations:`, a mapping of name -> a list of logical axes (null: not sharded), each
+  /// one of the file's logical_axes.
+  void activations(const YAML::Node& n, RuleFile& file) const {
+    if (!n.IsMap()) {
+      fail(n, fmt::format("expected 'activations' as a mapping of activation name -> a list of "
+                          "logical axes (null for a dimension not sharded), got {}",
+                          describe(n)));
+    }
+    check_keys(n, {}, "activations");
+    for (const auto& kv : n) {
+      RuleFile::Activation a;
+      a.name = kv.first.Scalar();
+      a.line = kv.first.Mark().line + 1;
+      const YAML::Node& v = kv.second;
+      if (!v.IsSequence()) {
+        fail(v, fmt::format("activation '{}': expected a list of logical axes, one per dimension "
+                            "(null for a dimension not sharded), got {}",
+                            a.name, describe(v)));
+      }
+      for (const auto& e : v) {
+        if (e.IsNull()) {
+          a.logical_axes.emplace_back();
+          continue;
+        }
+        if (!e.IsScalar() || e.Scalar().empty()) {
+          fail(e, fmt::format("activation '{}': expected a logical axis name or null, got {}",
+                              a.name, describe(e)));
+        }
+        const std::string& axis = e.Scalar();
+        const auto known = [&](const auto& entry) { return entry.first == axis; };
+        if (std::none_of(file.logical_axes.begin(), file.logical_axes.end(), known)) {
+          std::string names;
+          for (const auto& [name, axes] : file.logical_axes)
+            names += (names.empty() ? "" : ", ") + name;
+          fail(e, fmt::format("activation '{}': unknown logical axis '{}' (logical_axes gives: {})",
+                              a.name, axis, names.empty() ? std::string("none") : names));
+        }
+        a.logical_axes.push_back(axis);
+      }
+      file.activations.push_back(std::move(a));
+    }
   }
 
  private:
@@ -281,6 +329,96 @@ RulePtr RuleFile::make_rule() const {
   if (!logical_axes.empty()) logical.emplace(logical_axes);
   return std::make_shared<RuleTableShardingRule>(source, std::move(table), std::move(fallback),
                                                  std::move(logical), strict);
+}
+
+namespace {
+
+/// A named activation's sharding: its logical axes' mesh axes, each dimension sharded only
+/// where its size divides by them (so a sequence that does not split over tp stays whole).
+class ActivationRule : public ShardingRule {
+ public:
+  ActivationRule(std::string source, RuleFile::Activation activation, std::vector<AxisNames> dims)
+      : source_(std::move(source)), activation_(std::move(activation)), dims_(std::move(dims)) {}
+
+  RuleDecision apply(const RuleInput& in) const override {
+    const Shape& shape = in.tensor.shape;
+    if (static_cast<std::size_t>(shape.rank()) != dims_.size()) {
+      throw RuleError(fmt::format(
+          "[rules] {}:{}: activation '{}' has {} logical axes [{}] but the value annotated with "
+          "it has shape {} (rank {})",
+          source_, activation_.line, activation_.name, dims_.size(),
+          fmt::join(activation_.logical_axes, ", "), shape.to_string(), shape.rank()));
+    }
+    RuleDecision d;
+    std::vector<AxisNames> dims = dims_;
+    std::vector<std::string> whole;
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      std::int64_t ways = 1;
+      for (const std::string& a : dims[i]) ways *= in.mesh.axis_size(a);
+      if (shape[static_cast<int>(i)] % ways != 0) {
+        whole.push_back(activation_.logical_axes[i]);
+        dims[i].clear();
+      }
+    }
+    d.spec = PartitionSpec(std::move(dims));
+    d.reason = fmt::format("activation '{}' [{}]", activation_.name,
+                           fmt::join(activation_.logical_axes, ", "));
+    if (!whole.empty()) {
+      d.reason +=
+          fmt::format(", {} not sharded (the size does not divide)", fmt::join(whole, ", "));
+    }
+    return d;
+  }
+  std::string name() const override {
+    return fmt::format("activation '{}' of {}", activation_.name, source_);
+  }
+
+ private:
+  std::string source_;
+  RuleFile::Activation activation_;
+  std::vector<AxisNames> dims_;
+};
+
+}  // namespace
+
+AxisNames RuleFile::logical_axis(std::string_view name, const LogicalMapping& bind) const {
+  for (const LogicalMapping* m : {&bind, &logical_axes}) {
+    for (const auto& [logical, axes] : *m) {
+      if (logical == name) return axes.value_or(AxisNames{});
+    }
+  }
+  return {};
+}
+
+std::map<std::string, RuleTree> RuleFile::activation_shardings(const Mesh& on_mesh,
+                                                               const LogicalMapping& bind) const {
+  LogicalMapping mapping = bind;
+  mapping.insert(mapping.end(), logical_axes.begin(), logical_axes.end());
+  const LogicalAxisRule logical(std::move(mapping));
+  std::map<std::string, RuleTree> out;
+  for (const Activation& a : activations) {
+    std::vector<AxisNames> dims;
+    try {
+      dims = logical.to_mesh_spec(a.logical_axes).dims();
+    } catch (const RuleError& e) {  // a logical axis named twice
+      throw RuleError(
+          fmt::format("[rules] {}:{}: activation '{}': {}", source, a.line, a.name, e.what()));
+    }
+    dims.resize(a.logical_axes.size());
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      for (const std::string& axis : dims[i]) {
+        const auto& names = on_mesh.axis_names();
+        if (std::find(names.begin(), names.end(), axis) != names.end()) continue;
+        throw RuleError(fmt::format(
+            "[rules] {}:{}: activation '{}': logical axis '{}' maps to mesh axis '{}', which the "
+            "mesh {} does not have",
+            source, a.line, a.name, a.logical_axes[i], axis, on_mesh.to_string()));
+      }
+    }
+    out.emplace(a.name,
+                RuleTree(RulePtr(std::make_shared<ActivationRule>(source, a, std::move(dims)))));
+  }
+  return out;
 }
 
 RuleFile parse_rule_file(std::string_view yaml, std::string_view source) {

@@ -937,6 +937,25 @@ TEST_F(TrainPlanCli, PrintsMemoryPerDeviceAndWhetherItFits) {
   EXPECT_THAT(small.out, ::testing::HasSubstr("does NOT fit"));
 }
 
+TEST_F(TrainPlanCli, SequenceParallelIsOnWithTpAndCanBeTurnedOff) {
+  const std::string base = fmt::format(
+      "train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128", llama().string());
+  const Result on = run(base);
+  ASSERT_EQ(on.code, 0) << on.err;
+  EXPECT_THAT(on.out, ::testing::HasSubstr("sequence parallel on (over tp)"));
+  const Result off = run(base + " --sequence-parallel off --json");
+  ASSERT_EQ(off.code, 0) << off.err;
+  EXPECT_EQ(nlohmann::json::parse(off.out)["sequence_parallel"], false);
+  // No tp axis: the default rules (llama_fsdp) split no sequence.
+  const Result fsdp = run(
+      fmt::format("train-plan --config '{}' --mesh fsdp:8 --batch 8 --seq 128", llama().string()));
+  ASSERT_EQ(fsdp.code, 0) << fsdp.err;
+  EXPECT_THAT(fsdp.out, ::testing::HasSubstr("sequence parallel off"));
+  const Result bad = run(base + " --sequence-parallel maybe");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("--sequence-parallel 'maybe': expected on or off"));
+}
+
 TEST_F(TrainPlanCli, JsonAddsUp) {
   const Result r = run(
       fmt::format("train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128 --optimizer sgd "

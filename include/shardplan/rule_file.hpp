@@ -2,12 +2,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "shardplan/mesh.hpp"
 #include "shardplan/partition_spec.hpp"
 #include "shardplan/sharding_rule.hpp"
 
@@ -22,12 +24,23 @@ namespace shardplan {
 ///     - {match: "norm", spec: []}
 ///   fsdp_fallback: {axis: fsdp, min_size: 1048576}   # optional, for leaves no rule matched
 ///   logical_axes: {batch: data, mlp: tp, embed: null} # optional
+///   activations:                  # optional: named activations in logical axes
+///     residual: [activation_batch, activation_norm_length, activation_embed]
 struct RuleFile {
   struct Rule {
     std::string match;
     PartitionSpec spec;
     int line = 0;  // 1-based line in the file, for messages
   };
+  /// A named activation (with_sharding_annotation's name) and the logical axis of each of its
+  /// dimensions ("" for a dimension not sharded).
+  struct Activation {
+    std::string name;
+    std::vector<std::string> logical_axes;
+    int line = 0;  // 1-based line in the file, for messages
+  };
+  /// Logical axis -> mesh axes (nullopt: not sharded), in order; the first entry for a name wins.
+  using LogicalMapping = std::vector<std::pair<std::string, std::optional<AxisNames>>>;
   struct FsdpFallback {
     std::string axis = "fsdp";
     std::int64_t min_size = std::int64_t{1} << 20;
@@ -38,13 +51,26 @@ struct RuleFile {
   bool strict = true;
   std::vector<Rule> rules;
   std::optional<FsdpFallback> fsdp_fallback;
-  std::vector<std::pair<std::string, std::optional<AxisNames>>> logical_axes;
+  LogicalMapping logical_axes;
+  /// Every logical axis they name is one of logical_axes (checked when parsed).
+  std::vector<Activation> activations;
 
   /// The rule the table describes: tensors with logical axes use the logical mapping (when
   /// given), others the regex rules in order, then the FSDP fallback, then (strict) a RuleError
   /// naming the path or (non-strict) replication. Throws RuleError for a bad regex, naming the
   /// file, its line and the position in the pattern.
   RulePtr make_rule() const;
+
+  /// The shardings of `activations` for SjitOptions::annotation_shardings on `on_mesh`, by name:
+  /// each dimension's logical axis mapped through `bind`, then logical_axes (the first entry
+  /// for a name wins, as LogicalAxisRule). Applied to a value, a dimension whose size does not
+  /// divide by its mesh axes' product is left unsharded. Throws RuleError naming the file, the
+  /// line, the activation, the logical axis and the mesh axis when the mesh lacks that axis;
+  /// the rule throws RuleError naming the activation and the shape when the ranks differ.
+  std::map<std::string, RuleTree> activation_shardings(const Mesh& on_mesh,
+                                                       const LogicalMapping& bind = {}) const;
+  /// The mesh axes logical axis `name` maps to through `bind`, then logical_axes (empty: none).
+  AxisNames logical_axis(std::string_view name, const LogicalMapping& bind = {}) const;
 };
 
 /// Parses a rule file. Throws IoError naming `source`, the line and what was expected.

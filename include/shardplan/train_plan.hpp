@@ -26,6 +26,7 @@
 #include "shardplan/dtype.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/remat.hpp"
+#include "shardplan/rule_file.hpp"
 #include "shardplan/sharding_rule.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/tree.hpp"
@@ -136,6 +137,15 @@ struct TrainPlanOptions {
   /// Plan many layers or micro-batches from a few small traced steps (docs/training.md, "Sizing
   /// a training run"); false: trace every layer and micro-batch (slow; to check the former).
   bool extrapolate = true;
+  /// The rule file whose `activations:` (with its logical_axes) shard the layers' norm and
+  /// residual regions (docs/training.md, "Sequence parallelism"); none, or a file without
+  /// activations: those regions are split over the batch axes only. train-plan binds the
+  /// logical axis activation_batch to the batch axes.
+  std::optional<RuleFile> activations;
+  /// Megatron's sequence parallelism: the regions' sequence dimension split over the mesh axes
+  /// the logical axis activation_norm_length maps to. nullopt: on when it maps to one; false:
+  /// off (activation_norm_length unsharded); true: on, a SpecError when nothing maps it.
+  std::optional<bool> sequence_parallel;
 };
 
 /// Per device (the most any device needs), for one training step.
@@ -151,6 +161,9 @@ struct TrainPlan {
   bool recompute = false;    // some recomputation (remat is not "none")
   std::string remat = "none";  // --remat's form of the policy
   bool fused_loss = true;
+  /// Whether the norm and residual regions were split along the sequence, and over which axes.
+  bool sequence_parallel = false;
+  std::vector<std::string> sequence_axes;
   std::string optimizer;
   DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;
 

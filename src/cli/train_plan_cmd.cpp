@@ -64,6 +64,9 @@ std::vector<std::string> axes_of(const RuleFile& file) {
     }
   }
   if (file.fsdp_fallback) add(file.fsdp_fallback->axis);
+  for (const auto& [logical, axes] : file.logical_axes) {
+    for (const std::string& a : axes.value_or(AxisNames{})) add(a);
+  }
   return out;
 }
 
@@ -82,6 +85,14 @@ RuleFile without_axes(RuleFile file, const std::vector<std::string>& mesh) {
     r.spec = PartitionSpec(std::move(dims));
   }
   if (file.fsdp_fallback && !has_axis(mesh, file.fsdp_fallback->axis)) file.fsdp_fallback.reset();
+  for (auto& [logical, axes] : file.logical_axes) {
+    if (!axes) continue;
+    AxisNames kept;
+    for (const std::string& a : *axes) {
+      if (has_axis(mesh, a)) kept.push_back(a);
+    }
+    axes = std::move(kept);
+  }
   return file;
 }
 
@@ -200,6 +211,10 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "fused: the LM head and the loss in groups of tokens (the logits never whole); "
                 "naive: the logits whole, then the loss")
       ->capture_default_str();
+  t->add_option("--sequence-parallel", c.sequence_parallel,
+                "on or off: split the layers' norm and residual regions along the sequence over "
+                "the tensor-parallel axes (Megatron's sequence parallelism; the rules' "
+                "activations map activation_norm_length). Default: on when the rules map it");
   t->add_option("--batch-axes", c.batch_axes,
                 "Mesh axes the batch is split over, comma-separated. Default: every axis except "
                 "tp, model, mp, tensor");
@@ -243,6 +258,13 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.optimizer_dtype = dtype_option("--optimizer-dtype", c.optimizer_dtype);
   o.grad_accum = c.grad_accum;
   o.recompute = c.recompute;
+  if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {
+    o.sequence_parallel = c.sequence_parallel == "on";
+  } else if (!c.sequence_parallel.empty() ||
+             (c.command != nullptr && c.command->count("--sequence-parallel") > 0)) {
+    throw UsageError(fmt::format("--sequence-parallel '{}': expected on or off",
+                                 detail::printable(c.sequence_parallel)));
+  }
   // An option given is parsed even when empty ("" is neither a size nor an axis).
   const auto given = [&](const char* option) {
     return c.command != nullptr && c.command->count(option) > 0;
@@ -287,6 +309,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
 struct Rules {
   RulePtr rule;
   std::string label, note;
+  std::optional<RuleFile> file;  // its activations shard the layers' norm and residual regions
 };
 
 /// One configuration planned: a failure is the command's error, or with --compare a row saying
@@ -312,7 +335,9 @@ TrainPlan plan_one(const TrainPlanCommand& c, const ModelConfig& config, const T
     const Rules r = rules_for(mesh);
     p.rules = r.label;
     p.rules_note = r.note;
-    TrainPlan planned = plan_training(config, mesh, r.rule, o);
+    TrainPlanOptions with_activations = o;
+    with_activations.activations = r.file;
+    TrainPlan planned = plan_training(config, mesh, r.rule, with_activations);
     planned.rules = p.rules;
     planned.rules_note = p.rules_note;
     p = std::move(planned);
@@ -368,7 +393,7 @@ int run_train_plan(
           mesh_text, "preset:" + std::string(default_preset(config.family)), [&](const Mesh& mesh) {
             const DefaultRules d =
                 default_rules(config.family, config.family_name(), mesh.axis_names(), load_rules);
-            return Rules{d.file.make_rule(), d.name, d.note};
+            return Rules{d.file.make_rule(), d.name, d.note, d.file};
           });
     }
   } else {
@@ -391,7 +416,7 @@ int run_train_plan(
       const std::string note =
           chosen ? fmt::format("the default for {}, on its own mesh", config.family_name()) : "";
       for (const std::string& mesh_text : meshes) {
-        add_plan(mesh_text, label, [&](const Mesh&) { return Rules{rule, label, note}; });
+        add_plan(mesh_text, label, [&](const Mesh&) { return Rules{rule, label, note, file}; });
       }
     }
   }

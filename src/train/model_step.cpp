@@ -78,6 +78,18 @@ Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames
   return with_sharding_constraint(x, PartitionSpec(spec));
 }
 
+// A norm or residual region [b, t, d] (kActivationNames): annotated when the layout says so,
+// else constrained to the batch when `batch` (the constraints the layers had before), else left
+// to propagation.
+Array region(const Array& x, const char* name, const Layout& layout, bool batch = false) {
+  if (layout.annotate) return with_sharding_annotation(x, name);
+  return batch ? constrain(x, {{0, &layout.batch}}, layout) : x;
+}
+// A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
+Array normed(const Array& x, const char* reader, const Layout& layout) {
+  return region(region(x, "norm", layout), reader, layout);
+}
+
 }  // namespace
 
 Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
@@ -107,7 +119,7 @@ Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
   const ModelConfig& c = config;
   const std::int64_t b = h.shape()[0], t = h.shape()[1], d = c.hidden, dh = c.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const Array x = layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias"));
+  const Array x = normed(layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias")), "attention_in", L);
   const Array qkv = checkpoint_name(
       conv1d(x, at(p, "attn/c_attn/weight")) + at(p, "attn/c_attn/bias"), "qkv_proj");
   const auto part = [&](std::int64_t k) {  // q, k or v as [b, heads, t, dh]
@@ -120,20 +132,20 @@ Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
   const Array probs = softmax(causal_mask(scores), -1);
   const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
   const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
-  const Array h2 = h + checkpoint_name(conv1d(checkpoint_name(merged, "context"),
-                                              at(p, "attn/c_proj/weight")) +
-                                           at(p, "attn/c_proj/bias"),
-                                       "out_proj");
-  const Array x2 = layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias"));
+  const Array a = region(
+      checkpoint_name(conv1d(checkpoint_name(merged, "context"), at(p, "attn/c_proj/weight")),
+                      "out_proj"),
+      "attention_out", L);
+  const Array h2 = region(h + a + at(p, "attn/c_proj/bias"), "residual", L);
+  const Array x2 = normed(layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias")), "mlp_in", L);
   const Array inner = constrain(
       gelu(checkpoint_name(conv1d(x2, at(p, "mlp/c_fc/weight")) + at(p, "mlp/c_fc/bias"),
                            "mlpwi"),
            /*approximate=*/true),
       {{0, &L.batch}, {2, &L.model}}, L);
-  return constrain(
-      h2 + checkpoint_name(conv1d(inner, at(p, "mlp/c_proj/weight")) + at(p, "mlp/c_proj/bias"),
-                           "mlpwo"),
-      {{0, &L.batch}}, L);
+  const Array m = region(checkpoint_name(conv1d(inner, at(p, "mlp/c_proj/weight")), "mlpwo"),
+                         "mlp_out", L);
+  return region(h2 + m + at(p, "mlp/c_proj/bias"), "residual", L, true);
 }
 
 Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t window) const {
@@ -142,10 +154,10 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   const std::int64_t b = h_in.shape()[0], t = h_in.shape()[1];
   const std::int64_t dh = c.head_dim, kv = c.kv_heads, g = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const Array h = constrain(h_in, {{0, &L.batch}}, L);
+  const Array h = region(h_in, "residual", L, true);
   if (c.family == ModelFamily::kGpt2) return gpt2_layer(p, h);
   // LLaMA: grouped-query attention as [b, kv, group, t, dh] against keys [b, kv, t, dh].
-  const Array x = rms_norm(h, at(p, "input_layernorm/weight"));
+  const Array x = normed(rms_norm(h, at(p, "input_layernorm/weight")), "attention_in", L);
   const auto proj = [&](const char* name) {
     Array y = linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
@@ -199,13 +211,15 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
         dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
     merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, heads * dh});
   }
-  Array attended = linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight"));
+  Array attended = region(
+      checkpoint_name(linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight")),
+                      "out_proj"),
+      "attention_out", L);
   if (c.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
-  attended = checkpoint_name(attended, "out_proj");
-  const Array h2 = h + attended;
-  const Array x2 = rms_norm(h2, at(p, "post_attention_layernorm/weight"));
+  const Array h2 = region(h + attended, "residual", L);
+  const Array x2 = normed(rms_norm(h2, at(p, "post_attention_layernorm/weight")), "mlp_in", L);
   if (c.family == ModelFamily::kMixtral) {
-    return constrain(h2 + mixture_of_experts(p.at("block_sparse_moe"), x2), {{0, &L.batch}}, L);
+    return region(h2 + mixture_of_experts(p.at("block_sparse_moe"), x2), "residual", L, true);
   }
   const auto mlp = [&](const Array& in, const char* name) {
     Array y = linear(in, at(p, fmt::format("mlp/{}_proj/weight", name)));
@@ -216,7 +230,7 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   const Array gate = mlp(x2, "gate");
   const Array up = mlp(x2, "up");
   const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {2, &L.model}}, L);
-  return constrain(h2 + mlp(inner, "down"), {{0, &L.batch}}, L);
+  return region(h2 + region(mlp(inner, "down"), "mlp_out", L), "residual", L, true);
 }
 
 // Mixtral's sparse MLP with routing taken as perfectly balanced: the router's softmax is
@@ -263,11 +277,12 @@ Array ModelStep::mixture_of_experts(const Tree<Array>& moe, const Array& x) cons
 
 Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targets) const {
   Array x, head;
+  const Layout& L = layout;
   if (config.family == ModelFamily::kGpt2) {
-    x = layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias"));
+    x = normed(layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias")), "head_in", L);
     head = at(rest, config.tie_embeddings ? "wte/weight" : "lm_head/weight");
   } else {
-    x = rms_norm(h, at(rest, "model/norm/weight"));
+    x = normed(rms_norm(h, at(rest, "model/norm/weight")), "head_in", L);
     head = at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight");
   }
   if (fused_loss) return mean(linear_cross_entropy(x, head, targets));

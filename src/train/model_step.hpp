@@ -24,7 +24,20 @@ struct Layout {
   AxisNames model;
   std::int64_t batch_ways = 1;  // product of the batch axes' sizes
   std::int64_t model_ways = 1;  // product of the model axes' sizes
+  /// The decoder layers (LLaMA, Mixtral's attention, GPT-2) mark their norm and residual
+  /// regions with with_sharding_annotation (kActivationNames; the sjit gives their shardings,
+  /// as a rule file's `activations:`) instead of constraining them to the batch: Megatron's
+  /// sequence parallelism when the sequence maps to the tensor-parallel axes.
+  bool annotate = false;
 };
+
+/// The annotation names the layers use when Layout::annotate: the residual stream (a layer's
+/// input, h + attention, its output), the norms' outputs, the attention's and the MLP's
+/// output projections before the residual add, and the norms' outputs as the attention's and
+/// the MLP's input projections and the LM head read them (where sequence parallelism gathers
+/// the sequence, as MaxText's activation_length). Each is [batch, sequence, hidden].
+inline constexpr const char* kActivationNames[] = {
+    "residual", "norm", "attention_out", "mlp_out", "attention_in", "mlp_in", "head_in"};
 
 /// Tables every layer and micro-batch of one traced step reads alike, made once: the rotary
 /// positions' cos and sin [t, dh / 2] by (t, dh / 2, dtype). Made per layer, each layer's copy

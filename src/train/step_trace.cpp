@@ -209,7 +209,8 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
 }  // namespace
 
 TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                      const TrainPlanOptions& o, const Layout& layout) {
+                      const TrainPlanOptions& o, const Layout& layout,
+                      const std::map<std::string, RuleTree>& annotations) {
   const StepArguments args = step_arguments(config, rules, o, layout);
   const Optimizer optimizer = make_optimizer(o.optimizer);
   const ModelStep base{
@@ -230,6 +231,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.out_shardings = RuleTree::dict(
       {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", args.state_rule}});
   options.donate_argnums = {0, 1};
+  options.annotation_shardings = annotations;
   const Lowered low = sjit(mesh, step, std::move(options))
                           .lower(args.params, args.state, args.tokens, args.targets);
   return read_cost(low, args, o.grad_dtype);

@@ -3,6 +3,8 @@
 // read off the compiled program (plan_training's one source of figures). Private to the library.
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "model_step.hpp"
 #include "shardplan/mesh.hpp"
@@ -20,8 +22,10 @@ struct TracedStep {
 };
 
 /// Traces the whole step of `config` with `o.grad_accum` micro-batches and lowers it for `mesh`.
+/// `annotations`: the shardings of the layers' named activations (Layout::annotate).
 /// Throws as sjit's lower() does (a rule no tensor matches, a shape that does not divide).
 TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                      const TrainPlanOptions& o, const Layout& layout);
+                      const TrainPlanOptions& o, const Layout& layout,
+                      const std::map<std::string, RuleTree>& annotations = {});
 
 }  // namespace shardplan::train

@@ -309,12 +309,61 @@ void check_parameter_tensors(const ModelConfig& config, const TrainPlanOptions& 
   }
 }
 
+/// The layers' activation layout with the annotations' shardings, and whether the sequence is
+/// split (sequence parallelism).
+struct Activations {
+  train::Layout layout;
+  std::map<std::string, RuleTree> annotations;
+  AxisNames sequence_axes;  // empty: no sequence parallelism
+};
+
+/// The named activations of `o.activations` on `mesh`: activation_batch bound to the batch
+/// axes, activation_norm_length to nothing when sequence parallelism is off. Throws SpecError
+/// when the file lacks a name the layers use, or sequence parallelism is asked for and nothing
+/// maps the sequence.
+Activations activations_of(const ModelConfig& config, const Mesh& mesh, const TrainPlanOptions& o,
+                           train::Layout layout) {
+  Activations a;
+  const RuleFile* file =
+      o.activations && !o.activations->activations.empty() ? &*o.activations : nullptr;
+  const std::string source = o.activations ? o.activations->source : std::string("none");
+  RuleFile::LogicalMapping bind{{"activation_batch", layout.batch}};
+  const AxisNames sequence =
+      file != nullptr ? file->logical_axis("activation_norm_length", bind) : AxisNames{};
+  if (o.sequence_parallel == true && (sequence.empty() || config.family == ModelFamily::kT5)) {
+    throw SpecError(fmt::format(
+        "[train] sequence parallelism was asked for, but {}: it needs rules whose activations "
+        "map the logical axis activation_norm_length to a mesh axis (rules: {})",
+        config.family == ModelFamily::kT5 ? "T5's step has no annotated regions"
+                                          : "nothing maps the sequence",
+        detail::printable(source)));
+  }
+  if (file != nullptr && config.family != ModelFamily::kT5) {
+    for (const char* name : train::kActivationNames) {
+      const auto given = [&](const RuleFile::Activation& x) { return x.name == name; };
+      if (std::none_of(file->activations.begin(), file->activations.end(), given)) {
+        throw SpecError(
+            fmt::format("[train] the activations of {} give no '{}'; the layers annotate {}",
+                        detail::printable(source), name, fmt::join(train::kActivationNames, ", ")));
+      }
+    }
+    const bool on = o.sequence_parallel.value_or(true) && !sequence.empty();
+    if (!on) bind.emplace_back("activation_norm_length", std::nullopt);
+    a.annotations = file->activation_shardings(mesh, bind);
+    layout.annotate = true;
+    if (on) a.sequence_axes = sequence;
+  }
+  a.layout = std::move(layout);
+  return a;
+}
+
 /// The step's figures: extrapolated from the chosen small steps when they lie on the fitted
 /// function, else from the whole step traced (`traced` then set). `what_traced` says which.
 train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                                 const TrainPlanOptions& o, const train::Layout& layout,
+                                 const TrainPlanOptions& o, const Activations& act,
                                  const TraceChoice& c, std::optional<train::TracedStep>& traced,
                                  std::string& what_traced) {
+  const train::Layout& layout = act.layout;
   if (!c.full) {
     std::vector<train::StepSample> samples;
     for (const auto& [l, k] : c.points) {
@@ -323,7 +372,8 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
       TrainPlanOptions so = o;
       so.grad_accum = static_cast<int>(k);
       so.batch = o.batch / o.grad_accum * k;
-      samples.push_back({l, k, train::trace_step(sc, mesh, rules, so, layout).figures});
+      samples.push_back(
+          {l, k, train::trace_step(sc, mesh, rules, so, layout, act.annotations).figures});
     }
     if (auto figures = train::extrapolate(samples, c.layers, c.accum)) {
       std::vector<std::string> steps;
@@ -346,7 +396,7 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
     }
   }
   what_traced = "the whole step";
-  traced = train::trace_step(config, mesh, rules, o, layout);
+  traced = train::trace_step(config, mesh, rules, o, layout, act.annotations);
   return traced->figures;
 }
 
@@ -432,14 +482,14 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const auto start = std::chrono::steady_clock::now();
   check_options(config, o);
   std::vector<std::string> batch_axes;
-  const train::Layout layout = make_layout(mesh, o, batch_axes);
+  const Activations act = activations_of(config, mesh, o, make_layout(mesh, o, batch_axes));
   const TraceChoice choice = choose_trace(config, o);
   check_parameter_tensors(config, o, choice.layers);
 
   std::optional<train::TracedStep> traced;
   std::string what_traced;
   const train::StepFigures figures =
-      trace_figures(config, mesh, rules, o, layout, choice, traced, what_traced);
+      trace_figures(config, mesh, rules, o, act, choice, traced, what_traced);
   const Tree<TensorSpec> params = config.parameters(o.param_dtype);
   TrainPlan plan;
   describe_step(config, mesh, o, params, batch_axes, plan);
@@ -456,6 +506,8 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.not_modelled = config.not_modelled;
   plan.extrapolated = !traced;
   plan.traced = what_traced;
+  plan.sequence_parallel = !act.sequence_axes.empty();
+  plan.sequence_axes = act.sequence_axes;
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;
@@ -474,10 +526,13 @@ std::string TrainPlan::table() const {
                                  : fmt::format("{}", seq);
   out += fmt::format(
       "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
-      "optimizer state {}, remat {}, loss {}\n\n",
+      "optimizer state {}, remat {}, loss {}, sequence parallel {}\n\n",
       batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
       optimizer, name(param_dtype), name(grad_dtype), name(optimizer_dtype), remat,
-      fused_loss ? "fused" : "naive");
+      fused_loss ? "fused" : "naive",
+      sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
+                                                          "{}", fmt::join(sequence_axes, ", "))))
+                        : "off");
   out += "per device\n";
   const auto row = [&](std::string_view what, std::int64_t bytes) {
     out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
@@ -540,6 +595,8 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["recompute"] = p.recompute;
   j["remat"] = p.remat;
   j["loss"] = p.fused_loss ? "fused" : "naive";
+  j["sequence_parallel"] = p.sequence_parallel;
+  j["sequence_axes"] = p.sequence_axes;
   j["optimizer"] = p.optimizer;
   j["param_dtype"] = std::string(name(p.param_dtype));
   j["grad_dtype"] = std::string(name(p.grad_dtype));
