@@ -188,6 +188,25 @@ class Chooser {
         best = std::move(other);
         best.why = "its reduce factors took the axes first (fewer bytes)";
       }
+      // Axis by axis: some to the reduce factors, the others to the pass factors (a weight
+      // gradient reduced over the batch axis but split over the tensor axis like its
+      // parameter, its cotangent gathered along the sequence: Megatron's backward under
+      // sequence parallelism).
+      const std::vector<std::string> contested = contested_axes(id);
+      if (contested.size() >= 2 && contested.size() <= 4) {
+        for (unsigned mask = 1; mask + 1 < (1u << contested.size()); ++mask) {
+          std::set<std::string> first;
+          for (std::size_t i = 0; i < contested.size(); ++i) {
+            if ((mask >> i) & 1u) first.insert(contested[i]);
+          }
+          Choice mixed = evaluate(id, assign(id, true, &first));
+          if (mixed.cost < best.cost) {
+            best = std::move(mixed);
+            best.why = fmt::format("its reduce factors took {} first (fewer bytes)",
+                                   fmt::join(first, ", "));
+          }
+        }
+      }
     }
     if (auto axes = split_pointwise(id, best.axes)) {
       Choice s = evaluate(id, std::move(*axes));
@@ -213,7 +232,35 @@ class Chooser {
   // Axes per factor. Pass factors take the result's sharding and reduce factors the operands'
   // (first sharded dimension), an axis going to one factor only; `reduce_first` says which of
   // the two claims an axis they both want.
-  FactorAxes assign(ValueId id, bool reduce_first) const {
+  // The mesh axes both a pass factor (in the propagated result) and a reduce factor (in an
+  // operand) of `id` would take.
+  std::vector<std::string> contested_axes(ValueId id) const {
+    const Node& n = g_[id];
+    const OpFactors& f = prop_.factors(id);
+    std::set<std::string> pass, reduce;
+    const auto& rdims = prop_.at(id).dims;
+    for (std::size_t d = 0; d < f.result.size() && d < rdims.size(); ++d) {
+      if (f.result[d] >= 0) pass.insert(rdims[d].begin(), rdims[d].end());
+    }
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const auto& odims = prop_.at(n.operands[k]).dims;
+      for (std::size_t d = 0; d < f.operands[k].size() && d < odims.size(); ++d) {
+        const int fac = f.operands[k][d];
+        if (fac >= 0 && f.kind(fac) == FactorKind::kReduce) {
+          reduce.insert(odims[d].begin(), odims[d].end());
+        }
+      }
+    }
+    std::vector<std::string> both;
+    std::set_intersection(pass.begin(), pass.end(), reduce.begin(), reduce.end(),
+                          std::back_inserter(both));
+    return both;
+  }
+
+  // `only`: with reduce_first, the reduce factors take first only dimensions split over these
+  // axes alone; the pass factors then take theirs, then the reduce factors the rest.
+  FactorAxes assign(ValueId id, bool reduce_first,
+                    const std::set<std::string>* only = nullptr) const {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     const auto& rdims = prop_.at(id).dims;
@@ -233,13 +280,18 @@ class Chooser {
         used.insert(kept.begin(), kept.end());
       }
     };
-    auto take_reduce = [&] {
+    auto take_reduce = [&](const std::set<std::string>* among) {
       for (std::size_t k = 0; k < n.operands.size(); ++k) {
         const auto& odims = prop_.at(n.operands[k]).dims;
         for (std::size_t d = 0; d < f.operands[k].size(); ++d) {
           const int fac = f.operands[k][d];
           if (fac < 0 || f.kind(fac) != FactorKind::kReduce) continue;
           if (!axes[fac].empty() || odims[d].empty()) continue;
+          if (among != nullptr && std::any_of(odims[d].begin(), odims[d].end(), [&](const auto& a) {
+                return among->count(a) == 0;
+              })) {
+            continue;
+          }
           const bool free = std::none_of(odims[d].begin(), odims[d].end(),
                                          [&](const auto& a) { return used.count(a) > 0; });
           if (!free || f.size(fac) % product(mesh_, odims[d]) != 0) continue;
@@ -249,11 +301,12 @@ class Chooser {
       }
     };
     if (reduce_first) {
-      take_reduce();
+      take_reduce(only);
       take_pass();
+      take_reduce(nullptr);
     } else {
       take_pass();
-      take_reduce();
+      take_reduce(nullptr);
     }
     return axes;
   }
@@ -706,38 +759,6 @@ class Emitter {
   Partitioned out_;
 };
 
-// ---- Phase 3: keep what is read, count it ----------------------------------------------------
-
-// Drops the steps whose results nothing reads (no later step, no output), then counts the
-// FLOPs and the bytes per collective kind of the steps kept.
-void keep_read(Partitioned& p, int devices) {
-  std::vector<char> read(static_cast<std::size_t>(p.num_slots), 0);
-  for (const SlotId s : p.output_slots) read[index(s)] = 1;
-  std::vector<char> keep(p.steps.size(), 0);
-  for (std::size_t i = p.steps.size(); i-- > 0;) {
-    const Step& st = p.steps[i];
-    if (read[index(st.out)] == 0) continue;
-    keep[i] = 1;
-    for (const SlotId in : st.in) read[index(in)] = 1;
-  }
-  std::vector<Step> kept;
-  kept.reserve(p.steps.size());
-  for (std::size_t i = 0; i < p.steps.size(); ++i) {
-    if (keep[i] != 0) kept.push_back(std::move(p.steps[i]));
-  }
-  p.steps = std::move(kept);
-  p.flops.assign(static_cast<std::size_t>(devices), 0);
-  for (const Step& st : p.steps) {
-    if (st.kind == Step::Kind::kKernel) {
-      for (double& fl : p.flops) fl += st.flops;
-    }
-    for (const auto& rec : st.cost) {
-      std::int64_t& b = p.bytes_by_kind[rec.kind];
-      b = add_bytes(b, rec.max_bytes_in(), "the bytes received per step");
-    }
-  }
-}
-
 }  // namespace
 
 Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
@@ -745,7 +766,7 @@ Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<Par
   Chooser chooser(g, prop, specs, spec);
   const ValueMap<Decision> decisions = chooser.run();
   Partitioned out = Emitter(g, decisions, chooser.constants(), specs, spec).run();
-  keep_read(out, spec.mesh.size());
+  keep_read(out, spec.mesh.size());  // phase 3 (partition_keep.cpp)
   return out;
 }
 

@@ -34,6 +34,10 @@ struct Partitioned {
 
 /// `specs` are the propagated shardings of the values (the outputs are delivered in theirs).
 /// Throws SpecError when a byte count overflows int64.
+/// Phase 3 of partition(): drops the steps whose results nothing reads (no later step, no
+/// output), then counts the FLOPs and the bytes per collective kind of the steps kept.
+void keep_read(Partitioned& p, int devices);
+
 Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
                       const CompileSpec& spec);
 

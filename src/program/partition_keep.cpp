@@ -1,0 +1,42 @@
+// The partitioner's phase 3 (partition.cpp has the first two): keep what is read, count it.
+#include <fmt/format.h>
+
+#include "partition.hpp"
+#include "shardplan/detail/checked.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+
+// Drops the steps whose results nothing reads (no later step, no output), then counts the
+// FLOPs and the bytes per collective kind of the steps kept.
+void keep_read(Partitioned& p, int devices) {
+  std::vector<char> read(static_cast<std::size_t>(p.num_slots), 0);
+  for (const SlotId s : p.output_slots) read[index(s)] = 1;
+  std::vector<char> keep(p.steps.size(), 0);
+  for (std::size_t i = p.steps.size(); i-- > 0;) {
+    const Step& st = p.steps[i];
+    if (read[index(st.out)] == 0) continue;
+    keep[i] = 1;
+    for (const SlotId in : st.in) read[index(in)] = 1;
+  }
+  std::vector<Step> kept;
+  kept.reserve(p.steps.size());
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    if (keep[i] != 0) kept.push_back(std::move(p.steps[i]));
+  }
+  p.steps = std::move(kept);
+  p.flops.assign(static_cast<std::size_t>(devices), 0);
+  for (const Step& st : p.steps) {
+    if (st.kind == Step::Kind::kKernel) {
+      for (double& fl : p.flops) fl += st.flops;
+    }
+    for (const auto& rec : st.cost) {
+      std::int64_t& b = p.bytes_by_kind[rec.kind];
+      if (!checked_add(b, rec.max_bytes_in(), &b)) {
+        throw SpecError("[compile] the bytes received per step overflow int64");
+      }
+    }
+  }
+}
+
+}  // namespace shardplan::detail
