@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include <optional>
+#include <string>
 
 #include "mlp.hpp"
 #include "shardplan/autodiff.hpp"
@@ -20,6 +21,8 @@ struct Config {
   /// The LM head and the loss as linear_cross_entropy (the logits never whole); false: the
   /// logits whole, then cross_entropy.
   bool fused_loss = true;
+  /// Attention as dot_product_attention (no [T, T] scores); false: scores, mask and softmax.
+  bool fused_attention = true;
   /// Each layer a checkpoint with this policy (recomputed in the backward pass); none: kept.
   std::optional<RematPolicy> remat = std::nullopt;
 };
@@ -29,9 +32,10 @@ inline Array linear(const Array& x, const Array& w) {
   return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {1}});
 }
 
-// Rotary position embedding on [B, H, T, Dh] (the rotate-half form of LLaMA).
-inline Array rotary(const Array& x) {
-  const std::int64_t t = x.shape()[2], dh = x.shape()[3], half = dh / 2;
+// Rotary position embedding (the rotate-half form of LLaMA) on [B, H, T, Dh], or with t_axis 1
+// on [B, T, H, Dh].
+inline Array rotary(const Array& x, int t_axis = 2) {
+  const std::int64_t t = x.shape()[t_axis], dh = x.shape()[3], half = dh / 2;
   const Shape table{t, half};
   const Array pos = astype(iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32), DType::kF32);
   const Array i = astype(iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32), DType::kF32);
@@ -40,8 +44,8 @@ inline Array rotary(const Array& x) {
   const Shape full_shape = x.shape();
   std::vector<std::int64_t> hs = full_shape.dims();
   hs[3] = half;
-  const Array c = broadcast_in_dim(cos(angle), Shape(hs), {2, 3});
-  const Array s = broadcast_in_dim(sin(angle), Shape(hs), {2, 3});
+  const Array c = broadcast_in_dim(cos(angle), Shape(hs), {t_axis, 3});
+  const Array s = broadcast_in_dim(sin(angle), Shape(hs), {t_axis, 3});
   std::vector<std::int64_t> lo(4, 0), mid = full_shape.dims(), hi = full_shape.dims();
   mid[3] = half;
   std::vector<std::int64_t> mid_start(4, 0);
@@ -53,19 +57,31 @@ inline Array rotary(const Array& x) {
 
 inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) {
   const std::int64_t b = x.shape()[0], t = x.shape()[1], dh = cfg.dim / cfg.heads;
-  const auto heads = [&](const Array& y) {  // [B, T, D] -> [B, H, T, Dh]
-    return transpose(reshape(y, Shape{b, t, cfg.heads, dh}), {0, 2, 1, 3});
+  const auto proj = [&](const char* name) {  // [B, T, H, Dh]
+    return reshape(linear(x, p.at_path(std::string(name) + "/weight").leaf()),
+                   Shape{b, t, cfg.heads, dh});
   };
-  // Named (the preset's `heads`: split over tp), as the norm and residual regions below are.
-  const auto split = [](const Array& y) { return with_sharding_annotation(y, "heads"); };
-  const Array q = split(rotary(heads(linear(x, p.at_path("q_proj/weight").leaf()))));
-  const Array k = split(rotary(heads(linear(x, p.at_path("k_proj/weight").leaf()))));
-  const Array v = split(heads(linear(x, p.at_path("v_proj/weight").leaf())));
-  const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) *
-                       (1.0 / std::sqrt(static_cast<double>(dh)));
-  const Array probs = softmax(causal_mask(scores), -1);
-  const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});  // [B, H, T, Dh]
-  const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, cfg.dim});
+  Array merged;
+  if (cfg.fused_attention) {
+    // Named (the preset's `heads_bthd`: split over tp), as the norm and residual regions are.
+    const auto split = [](const Array& y) { return with_sharding_annotation(y, "heads_bthd"); };
+    const Array q = split(rotary(proj("q_proj"), 1));
+    const Array k = split(rotary(proj("k_proj"), 1));
+    const Array v = split(proj("v_proj"));
+    merged = reshape(dot_product_attention(q, k, v, AttentionOptions{.is_causal = true}),
+                     Shape{b, t, cfg.dim});
+  } else {
+    const auto heads = [&](const Array& y) { return transpose(y, {0, 2, 1, 3}); };  // [B,H,T,Dh]
+    const auto split = [](const Array& y) { return with_sharding_annotation(y, "heads"); };
+    const Array q = split(rotary(heads(proj("q_proj"))));
+    const Array k = split(rotary(heads(proj("k_proj"))));
+    const Array v = split(heads(proj("v_proj")));
+    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) *
+                         (1.0 / std::sqrt(static_cast<double>(dh)));
+    const Array probs = softmax(causal_mask(scores), -1);
+    const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});  // [B, H, T, Dh]
+    merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, cfg.dim});
+  }
   return linear(merged, p.at_path("o_proj/weight").leaf());
 }
 

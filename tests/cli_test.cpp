@@ -1166,7 +1166,12 @@ TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
   EXPECT_EQ(plan("--loss naive")["loss"], "naive");
   const Result text =
       run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --remat dots", cfg));
-  EXPECT_THAT(text.out, ::testing::HasSubstr("remat dots, loss fused"));
+  EXPECT_THAT(text.out, ::testing::HasSubstr("remat dots, attention fused, loss fused"));
+  // Naive attention keeps [b, heads, t, t] scores: more memory, and the JSON says which.
+  const auto naive = plan("--attention naive");
+  EXPECT_EQ(naive["attention"], "naive");
+  EXPECT_EQ(none["attention"], "fused");
+  EXPECT_GT(naive["per_device"]["peak_bytes"], none["per_device"]["peak_bytes"]);
   const Result bad = run(fmt::format(
       "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --remat names:attn_out", cfg));
   EXPECT_EQ(bad.code, 1);
@@ -1223,6 +1228,7 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
   check("--mesh fsdp:8 --remat ''", {"--remat", "''"});
   check("--mesh fsdp:8 --recompute --remat none", {"--recompute", "--remat none"});
   check("--mesh fsdp:8 --loss chunked", {"--loss", "'chunked'", "fused, naive"});
+  check("--mesh fsdp:8 --attention flash", {"--attention", "'flash'", "fused, naive"});
   check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "empty axis name"});
   check("--mesh fsdp:8 --batch-axes fsdp,fsdp", {"--batch-axes", "'fsdp' is named twice"});
   check("--mesh fsdp:1048576,tp:2", {"2097152 devices", "limit of 1048576"});

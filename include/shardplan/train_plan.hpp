@@ -129,6 +129,9 @@ struct TrainPlanOptions {
   /// The LM head and the loss as linear_cross_entropy (groups of tokens; --loss fused), or the
   /// logits whole (--loss naive).
   bool fused_loss = true;
+  /// Attention as dot_product_attention (no [t, t] scores; --attention fused), or the scores,
+  /// mask and softmax as ops (--attention naive). T5's attention is always the latter.
+  bool fused_attention = true;
   /// The mesh axes the batch is split over; empty: every axis except tensor-parallel ones
   /// (tp, model, mp, tensor).
   std::vector<std::string> batch_axes;
@@ -161,6 +164,7 @@ struct TrainPlan {
   bool recompute = false;    // some recomputation (remat is not "none")
   std::string remat = "none";  // --remat's form of the policy
   bool fused_loss = true;
+  bool fused_attention = true;
   /// Whether the norm and residual regions were split along the sequence, and over which axes.
   bool sequence_parallel = false;
   std::vector<std::string> sequence_axes;

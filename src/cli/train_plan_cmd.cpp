@@ -207,6 +207,10 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "What each layer keeps for the backward pass, the rest recomputed: none, full "
                 "(its input only), dots (its weights' matmul outputs), names:A,B (the values "
                 "named A, B in the layer: docs/training.md). Default: none, full with --recompute");
+  t->add_option("--attention", c.attention,
+                "fused: dot_product_attention (blocked, no [t, t] scores held); naive: the scores, "
+                "mask and softmax as separate ops (T5 is always naive)")
+      ->capture_default_str();
   t->add_option("--loss", c.loss,
                 "fused: the LM head and the loss in groups of tokens (the logits never whole); "
                 "naive: the logits whole, then the loss")
@@ -284,6 +288,11 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
                                  detail::printable(c.loss)));
   }
   o.fused_loss = c.loss == "fused";
+  if (c.attention != "fused" && c.attention != "naive") {
+    throw UsageError(fmt::format("--attention: unknown '{}' (known: fused, naive)",
+                                 detail::printable(c.attention)));
+  }
+  o.fused_attention = c.attention == "fused";
   if (!c.batch_axes.empty() || given("--batch-axes")) {
     o.batch_axes = batch_axes_option(c.batch_axes);
   }

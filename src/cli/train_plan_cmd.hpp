@@ -26,6 +26,7 @@ struct TrainPlanCommand {
   bool recompute = false;
   std::string remat;  // --remat; empty: not given
   std::string loss = "fused";
+  std::string attention = "fused";
   std::string sequence_parallel;  // "on", "off"; empty: the rules decide
   std::string batch_axes;
   std::string device_memory;

@@ -28,11 +28,13 @@ Array conv1d(const Array& x, const Array& w) {
   return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {0}});
 }
 
-// Rotary position embedding (LLaMA's rotate-half form) over the last two dimensions [..., t, dh].
-// `shared`: tables made once for the step, or null to make them here.
-Array rotary(const Array& x, SharedTables* shared) {
+// Rotary position embedding (LLaMA's rotate-half form) over the positions of dimension `t_axis`
+// and the last dimension (the head's width): [..., t, dh] by default, [b, t, heads, dh] with
+// t_axis 1. `shared`: tables made once for the step, or null to make them here.
+Array rotary(const Array& x, SharedTables* shared, int t_axis = -2) {
   const int r = x.shape().rank();
-  const std::int64_t t = x.shape()[r - 2], dh = x.shape()[r - 1], half = dh / 2;
+  if (t_axis < 0) t_axis += r;
+  const std::int64_t t = x.shape()[t_axis], dh = x.shape()[r - 1], half = dh / 2;
   const auto make = [&] {
     const Shape table{t, half};
     const Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
@@ -51,8 +53,8 @@ Array rotary(const Array& x, SharedTables* shared) {
   }
   std::vector<std::int64_t> half_dims = x.shape().dims();
   half_dims[static_cast<std::size_t>(r - 1)] = half;
-  const Array c = broadcast_in_dim(tables.first, Shape(half_dims), {r - 2, r - 1});
-  const Array s = broadcast_in_dim(tables.second, Shape(half_dims), {r - 2, r - 1});
+  const Array c = broadcast_in_dim(tables.first, Shape(half_dims), {t_axis, r - 1});
+  const Array s = broadcast_in_dim(tables.second, Shape(half_dims), {t_axis, r - 1});
   std::vector<std::int64_t> zero(static_cast<std::size_t>(r), 0), mid_start = zero;
   mid_start[static_cast<std::size_t>(r - 1)] = half;
   const Array x1 = slice(x, zero, half_dims);
@@ -122,16 +124,28 @@ Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
   const Array x = normed(layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias")), "attention_in", L);
   const Array qkv = checkpoint_name(
       conv1d(x, at(p, "attn/c_attn/weight")) + at(p, "attn/c_attn/bias"), "qkv_proj");
-  const auto part = [&](std::int64_t k) {  // q, k or v as [b, heads, t, dh]
+  const auto part = [&](std::int64_t k) {  // q, k or v as [b, t, heads, dh]
     const Array y = slice(qkv, {0, 0, k * d}, {b, t, (k + 1) * d});
-    return constrain(transpose(reshape(y, Shape{b, t, c.heads, dh}), {0, 2, 1, 3}),
-                     {{0, &L.batch}, {1, &L.model}}, L);
+    return reshape(y, Shape{b, t, c.heads, dh});
   };
-  const Array q = part(0), k = part(1), v = part(2);
-  const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
-  const Array probs = softmax(causal_mask(scores), -1);
-  const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
-  const Array merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
+  Array merged;
+  if (fused_attention) {
+    const auto place = [&](const Array& y) {
+      return constrain(y, {{0, &L.batch}, {2, &L.model}}, L);
+    };
+    merged = reshape(dot_product_attention(place(part(0)), place(part(1)), place(part(2)),
+                                           AttentionOptions{.is_causal = true}),
+                     Shape{b, t, d});
+  } else {
+    const auto heads_first = [&](const Array& y) {  // [b, heads, t, dh]
+      return constrain(transpose(y, {0, 2, 1, 3}), {{0, &L.batch}, {1, &L.model}}, L);
+    };
+    const Array q = heads_first(part(0)), k = heads_first(part(1)), v = heads_first(part(2));
+    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
+    const Array probs = softmax(causal_mask(scores), -1);
+    const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
+    merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
+  }
   const Array a = region(
       checkpoint_name(conv1d(checkpoint_name(merged, "context"), at(p, "attn/c_proj/weight")),
                       "out_proj"),
@@ -148,16 +162,15 @@ Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
   return region(h2 + m + at(p, "mlp/c_proj/bias"), "residual", L, true);
 }
 
-Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t window) const {
+// LLaMA's self-attention on the normed input x [b, t, d]: the heads' outputs merged [b, t,
+// heads * dh], before o_proj. Fused (dot_product_attention: no [t, t] scores held) or decomposed
+// (the scores, mask and softmax as ops), with the same projections, rotary positions and layout.
+Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t window) const {
   const Layout& L = layout;
   const ModelConfig& c = config;
-  const std::int64_t b = h_in.shape()[0], t = h_in.shape()[1];
+  const std::int64_t b = x.shape()[0], t = x.shape()[1];
   const std::int64_t dh = c.head_dim, kv = c.kv_heads, g = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const Array h = region(h_in, "residual", L, true);
-  if (c.family == ModelFamily::kGpt2) return gpt2_layer(p, h);
-  // LLaMA: grouped-query attention as [b, kv, group, t, dh] against keys [b, kv, t, dh].
-  const Array x = normed(rms_norm(h, at(p, "input_layernorm/weight")), "attention_in", L);
   const auto proj = [&](const char* name) {
     Array y = linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
@@ -166,8 +179,13 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
                                                                   : "value_proj"));
   };
   const std::int64_t heads = c.heads;
+  // More model-parallel ranks than key/value heads: see repeat below.
+  const bool repeat_kv = L.model_ways > 1 && kv % L.model_ways != 0 && heads % L.model_ways == 0;
+  if (fused_attention) {
+    return fused_llama_attention(proj("q"), proj("k"), proj("v"), window, repeat_kv);
+  }
   Array merged;
-  if (L.model_ways > 1 && kv % L.model_ways != 0 && heads % L.model_ways == 0) {
+  if (repeat_kv) {
     // More model-parallel ranks than key/value heads: the query heads are split over the ranks
     // and each key/value head is repeated for the ranks whose query heads share it (as
     // Megatron and vLLM replicate KV heads), so every rank does 1/ways of the attention.
@@ -211,6 +229,56 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
         dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
     merged = reshape(transpose(out, {0, 3, 1, 2, 4}), Shape{b, t, heads * dh});
   }
+  return merged;
+}
+
+// The fused form of attention(): q [b, t, heads, dh] and k, v [b, t, kv, dh] (grouped-query; with
+// `repeat_kv` each key/value head repeated for the query heads that share it, so that the heads
+// split over more model ranks than there are key/value heads), causal, a sliding window as a
+// [t, t] mask.
+Array ModelStep::fused_llama_attention(const Array& q_proj, const Array& k_proj,
+                                       const Array& v_proj, std::int64_t window,
+                                       bool repeat_kv) const {
+  const Layout& L = layout;
+  const ModelConfig& c = config;
+  const std::int64_t b = q_proj.shape()[0], t = q_proj.shape()[1];
+  const std::int64_t dh = c.head_dim, kv = c.kv_heads, g = c.heads / c.kv_heads;
+  const auto heads_of = [&](const Array& y, std::int64_t n) { return reshape(y, Shape{b, t, n, dh}); };
+  const auto repeat = [&](const Array& y) {  // [b, t, kv, dh] -> [b, t, heads, dh]
+    std::vector<Array> copies;
+    copies.reserve(static_cast<std::size_t>(c.heads));
+    for (std::int64_t i = 0; i < kv; ++i) {
+      const Array one = slice(y, {0, 0, i, 0}, {b, t, i + 1, dh});
+      for (std::int64_t j = 0; j < g; ++j) copies.push_back(one);
+    }
+    return concatenate(copies, 2);
+  };
+  const auto place = [&](const Array& y) { return constrain(y, {{0, &L.batch}, {2, &L.model}}, L); };
+  Array k = rotary(heads_of(k_proj, kv), tables, 1);
+  Array v = heads_of(v_proj, kv);
+  if (repeat_kv) {
+    k = repeat(k);
+    v = repeat(v);
+  }
+  const Array q = place(rotary(heads_of(q_proj, c.heads), tables, 1));
+  AttentionOptions o{.is_causal = true};
+  if (window > 0 && window < t) {
+    // Query i sees keys i - window + 1 .. i (with the causal mask: kv > q - window).
+    const Array zeros = full(Shape{t, t}, DType::kF32, 0, q);
+    o.mask = less(iota_like(zeros, 0, DType::kF32), iota_like(zeros, 1, DType::kF32) +
+                                                         static_cast<double>(window));
+  }
+  const Array out = dot_product_attention(q, place(k), place(v), o);  // [b, t, heads, dh]
+  return reshape(out, Shape{b, t, c.heads * dh});
+}
+
+Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t window) const {
+  const Layout& L = layout;
+  const ModelConfig& c = config;
+  const Array h = region(h_in, "residual", L, true);
+  if (c.family == ModelFamily::kGpt2) return gpt2_layer(p, h);
+  const Array x = normed(rms_norm(h, at(p, "input_layernorm/weight")), "attention_in", L);
+  const Array merged = attention(p, x, window);
   Array attended = region(
       checkpoint_name(linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight")),
                       "out_proj"),

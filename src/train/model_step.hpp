@@ -61,6 +61,9 @@ struct ModelStep {
   /// of a step gathers the weights it uses again instead of reusing, and so keeping alive, the
   /// first one's gathered copies.
   bool regather = false;
+  /// Attention as dot_product_attention (blocked, no [t, t] scores held); false: the scores,
+  /// the mask and the softmax as separate ops.
+  bool fused_attention = true;
   /// The head and the loss as linear_cross_entropy (groups of tokens, the logits never whole);
   /// false: the logits whole, then cross_entropy.
   bool fused_loss = true;
@@ -72,6 +75,11 @@ struct ModelStep {
   Array layer(const Tree<Array>& layer, const Array& h, std::int64_t window = 0) const;
   /// GPT-2's layer (layer() for that family).
   Array gpt2_layer(const Tree<Array>& layer, const Array& h) const;
+  /// LLaMA's self-attention on the normed input x [b, t, d]: the heads merged [b, t, heads * dh].
+  Array attention(const Tree<Array>& layer, const Array& x, std::int64_t window) const;
+  /// Its fused form from the projections [b, t, heads * dh] and [b, t, kv * dh].
+  Array fused_llama_attention(const Array& q_proj, const Array& k_proj, const Array& v_proj,
+                              std::int64_t window, bool repeat_kv) const;
   /// Mixtral's sparse MLP on hidden [b, t, d] (routing taken as balanced; see the definition).
   Array mixture_of_experts(const Tree<Array>& moe, const Array& x) const;
   /// The mean next-token cross-entropy of hidden [b, t, d] against targets [b, t].

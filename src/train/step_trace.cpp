@@ -213,8 +213,11 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                       const std::map<std::string, RuleTree>& annotations) {
   const StepArguments args = step_arguments(config, rules, o, layout);
   const Optimizer optimizer = make_optimizer(o.optimizer);
-  const ModelStep base{
-      .config = config, .layout = layout, .remat = effective_remat(o), .fused_loss = o.fused_loss};
+  const ModelStep base{.config = config,
+                       .layout = layout,
+                       .remat = effective_remat(o),
+                       .fused_attention = o.fused_attention,
+                       .fused_loss = o.fused_loss};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     auto [loss, grads] = o.grad_accum == 1 ? loss_and_grads(base, p, x, y)

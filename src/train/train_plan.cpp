@@ -451,6 +451,7 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.recompute = train::effective_remat(o).has_value();
   plan.remat = remat_name(train::effective_remat(o));
   plan.fused_loss = o.fused_loss;
+  plan.fused_attention = o.fused_attention;
   plan.optimizer = std::string(name(o.optimizer));
   plan.param_dtype = o.param_dtype;
   plan.grad_dtype = o.grad_dtype;
@@ -526,10 +527,10 @@ std::string TrainPlan::table() const {
                                  : fmt::format("{}", seq);
   out += fmt::format(
       "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
-      "optimizer state {}, remat {}, loss {}, sequence parallel {}\n\n",
+      "optimizer state {}, remat {}, attention {}, loss {}, sequence parallel {}\n\n",
       batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
       optimizer, name(param_dtype), name(grad_dtype), name(optimizer_dtype), remat,
-      fused_loss ? "fused" : "naive",
+      fused_attention ? "fused" : "naive", fused_loss ? "fused" : "naive",
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
                         : "off");
@@ -595,6 +596,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["recompute"] = p.recompute;
   j["remat"] = p.remat;
   j["loss"] = p.fused_loss ? "fused" : "naive";
+  j["attention"] = p.fused_attention ? "fused" : "naive";
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
   j["optimizer"] = p.optimizer;
