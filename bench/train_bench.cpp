@@ -217,30 +217,26 @@ void BM_MlpTrainStepEigen(benchmark::State& state) {
 }
 BENCHMARK(BM_MlpTrainStepEigen)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
-// Tokens per second of the LLaMA-style model (dim 256, 4 heads, ffn 512, 2 layers, sequences of
-// 64, batch 32) on 8 devices: FSDP+TP with the preset (fsdp:4,tp:2; its activations split the
-// norm and residual regions along the sequence over tp unless `sequence_parallel` is false) vs
-// data parallel (data:8).
-void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true,
-                  bool sequence_parallel = true) {
-  llama::Config cfg;
-  cfg.vocab = 128;
-  cfg.dim = 256;
-  cfg.heads = 4;
-  cfg.ffn = 512;
-  cfg.layers = 2;
-  cfg.seq = 64;
-  cfg.batch = 32;
+// A training step of the LLaMA-style model (examples/llama_model.hpp, AdamW) on 8 devices:
+// FSDP+TP with the preset (fsdp:4,tp:2; its activations split the norm and residual regions
+// along the sequence over tp unless `sequence_parallel` is false) or data parallel (data:8).
+// `run` runs one step (updating its own parameters); `cost` is the program's static cost.
+struct LlamaStep {
+  std::function<void()> run;
+  ProgramCost cost;
+};
+LlamaStep make_llama_step(const llama::Config& cfg, bool fsdp_tp, bool fuse = true,
+                          bool sequence_parallel = true) {
   const Mesh mesh = fsdp_tp ? Mesh::parse("fsdp:4,tp:2", 8) : Mesh::parse("data:8", 8);
   const RuleTree rules =
       fsdp_tp ? RuleTree(load_preset("llama_fsdp_tp").make_rule()) : RuleTree(Replicated{});
   SjitOptions io;
   io.out_shardings = rules;
   io.executor = exec(8);
-  Tree<Array> params = sjit(
-      mesh, [&](std::uint64_t seed) { return llama::init(cfg, seed); }, io)(std::uint64_t{1});
+  auto params = std::make_shared<Tree<Array>>(sjit(
+      mesh, [&](std::uint64_t seed) { return llama::init(cfg, seed); }, io)(std::uint64_t{1}));
   const Optimizer opt = Optimizer::adamw(constant_schedule(1e-3), 0.01);
-  Tree<Array> st = opt.init(params);
+  auto st = std::make_shared<Tree<Array>>(opt.init(*params));
   SjitOptions so;
   so.donate_argnums = {0, 1};
   so.fuse = fuse;
@@ -251,17 +247,18 @@ void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true,
   } else {
     so.allow_unknown_annotations = true;
   }
-  auto step = sjit(
-      mesh,
-      [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x, const Array& y) {
-        const auto [loss, g] =
-            value_and_grad([&](const Tree<Array>& pp, const Array& xx, const Array& yy) {
-              return llama::loss_fn(pp, xx, yy, cfg);
-            })(p, x, y);
-        auto [np, ns] = opt.update(g, s, p);
-        return Tree<Array>::dict({{"params", np}, {"state", ns}});
-      },
-      so);
+  using StepFn = std::function<Tree<Array>(const Tree<Array>&, const Tree<Array>&, const Array&,
+                                            const Array&)>;
+  const StepFn fn = [cfg, opt](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
+                               const Array& y) {
+    const auto [loss, g] =
+        value_and_grad([&](const Tree<Array>& pp, const Array& xx, const Array& yy) {
+          return llama::loss_fn(pp, xx, yy, cfg);
+        })(p, x, y);
+    auto [np, ns] = opt.update(g, s, p);
+    return Tree<Array>::dict({{"params", np}, {"state", ns}});
+  };
+  auto step = std::make_shared<Sjit<StepFn>>(sjit(mesh, fn, so));
   const NamedSharding batch(mesh, P(mesh.axis_names()[0]));
   const Array x = device_put(
       Tensor::generate(Shape{cfg.batch, cfg.seq}, DType::kI32, Generator::uniform(3, 0, 127)),
@@ -269,18 +266,40 @@ void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true,
   const Array y = device_put(
       Tensor::generate(Shape{cfg.batch, cfg.seq}, DType::kI32, Generator::uniform(4, 0, 127)),
       batch, exec(8));
-  // The program's static cost (what the run moves and computes), to compare builds by.
-  const auto cost = step.lower(params, st, x, y).cost();
+  LlamaStep out;
+  out.cost = step->lower(*params, *st, x, y).cost();
+  out.run = [step, params, st, x, y] {
+    const Tree<Array> r = (*step)(*params, *st, x, y);
+    *params = r.at("params");
+    *st = r.at("state");
+  };
+  return out;
+}
+
+// The static cost as counters: bytes received, MFLOP and peak per device.
+void cost_counters(benchmark::State& state, const ProgramCost& cost, const std::string& suffix) {
   double bytes = 0;
   for (const auto& [kind, b] : cost.bytes_by_kind) bytes += static_cast<double>(b);
-  state.counters["bytes_per_device"] = bytes;
-  state.counters["mflop_per_device"] = cost.flops[0] / 1e6;
-  state.counters["peak_kib"] = static_cast<double>(cost.peak_bytes[0]) / 1024;
-  for (auto _ : state) {
-    const Tree<Array> out = step(params, st, x, y);
-    params = out.at("params");
-    st = out.at("state");
-  }
+  state.counters["bytes_per_device" + suffix] = bytes;
+  state.counters["mflop_per_device" + suffix] = cost.flops[0] / 1e6;
+  state.counters["peak_kib" + suffix] = static_cast<double>(cost.peak_bytes[0]) / 1024;
+}
+
+// Tokens per second of the LLaMA-style model (dim 256, 4 heads, ffn 512, 2 layers, sequences of
+// 64, batch 32).
+void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true,
+                  bool sequence_parallel = true) {
+  llama::Config cfg;
+  cfg.vocab = 128;
+  cfg.dim = 256;
+  cfg.heads = 4;
+  cfg.ffn = 512;
+  cfg.layers = 2;
+  cfg.seq = 64;
+  cfg.batch = 32;
+  const LlamaStep step = make_llama_step(cfg, fsdp_tp, fuse, sequence_parallel);
+  cost_counters(state, step.cost, "");
+  for (auto _ : state) step.run();
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(cfg.batch * cfg.seq) * static_cast<double>(state.iterations()),
       benchmark::Counter::kIsRate);
@@ -304,3 +323,47 @@ BENCHMARK(BM_LlamaStepDataParallel)->Unit(benchmark::kMillisecond)->UseRealTime(
 }  // namespace
 
 BENCHMARK_MAIN();
+
+// Issue 26's step at 4,096 tokens per sequence (the same model, 4 sequences, fsdp:4,tp:2), in
+// pairs: each iteration times the step as it was before the issue (attention as scores, mask
+// and softmax; the logits whole; no sequence parallelism) and as it is now (fused attention,
+// the fused loss, sequence parallelism), back to back. Counters: each one's median step (ms),
+// tokens/s, the ratio of the old step's time over the new one's (x_now), and both programs'
+// static costs (peak_kib_before, peak_kib_now, ...).
+void BM_LlamaStep4kTokensBeforeAndNow(benchmark::State& state) {
+  llama::Config now;
+  now.vocab = 128;
+  now.dim = 256;
+  now.heads = 4;
+  now.ffn = 512;
+  now.layers = 2;
+  now.seq = 4096;
+  now.batch = 4;
+  llama::Config before = now;
+  before.fused_attention = false;
+  before.fused_loss = false;
+  const LlamaStep old_step = make_llama_step(before, true, true, /*sequence_parallel=*/false);
+  const LlamaStep new_step = make_llama_step(now, true, true, /*sequence_parallel=*/true);
+  cost_counters(state, old_step.cost, "_before");
+  cost_counters(state, new_step.cost, "_now");
+  old_step.run();  // warm up: compile, allocate
+  new_step.run();
+  std::vector<double> ms_before, ms_now, ratio;
+  for (auto _ : state) {
+    ms_before.push_back(bench::ms_of(old_step.run));
+    ms_now.push_back(bench::ms_of(new_step.run));
+    ratio.push_back(ms_before.back() / ms_now.back());
+  }
+  const double tokens = static_cast<double>(now.batch * now.seq);
+  state.counters["ms_before"] = bench::median(ms_before);
+  state.counters["ms_now"] = bench::median(ms_now);
+  state.counters["tokens_per_s_before"] = tokens * 1e3 / bench::median(ms_before);
+  state.counters["tokens_per_s_now"] = tokens * 1e3 / bench::median(ms_now);
+  state.counters["x_now"] = bench::median(ratio);
+  state.counters["peak_ratio"] = static_cast<double>(old_step.cost.peak_bytes[0]) /
+                                 static_cast<double>(new_step.cost.peak_bytes[0]);
+}
+BENCHMARK(BM_LlamaStep4kTokensBeforeAndNow)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(3);
