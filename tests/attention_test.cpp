@@ -4,6 +4,7 @@
 // the compiled program's peak holds no [T, S] scores; bad input named.
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
@@ -191,7 +192,7 @@ TEST(Attention, ARowWithNoAllowedKeyGivesZero) {
 // The loss and gradients under sjit over `mesh` with q, k, v sharded as given.
 std::vector<Tensor> sharded_step(const Mesh& mesh, const Executor& exec, const Inputs& in,
                                  const Tensor& w, const PartitionSpec& spec_q,
-                                 const PartitionSpec& spec_kv) {
+                                 const PartitionSpec& spec_kv, std::string* text = nullptr) {
   const auto put = [&](const Array& a, const PartitionSpec& s) {
     return device_put(a.to_host(), NamedSharding(mesh, s), exec);
   };
@@ -205,8 +206,10 @@ std::vector<Tensor> sharded_step(const Mesh& mesh, const Executor& exec, const I
     const Array y = dot_product_attention(q, k, v, o);
     return Tree<Array>::list({y, g.at("q"), g.at("k"), g.at("v")});
   });
-  const Tree<Array> r = step(put(in.q, spec_q), put(in.k, spec_kv), put(in.v, spec_kv),
-                             device_put(w, NamedSharding(mesh, spec_q), exec));
+  const auto args = std::make_tuple(put(in.q, spec_q), put(in.k, spec_kv), put(in.v, spec_kv),
+                                    device_put(w, NamedSharding(mesh, spec_q), exec));
+  if (text != nullptr) *text = std::apply([&](const auto&... x) { return step.lower(x...); }, args).text();
+  const Tree<Array> r = std::apply([&](const auto&... x) { return step(x...); }, args);
   std::vector<Tensor> out;
   for (const Array& a : r.leaves()) out.push_back(a.to_host());
   return out;
@@ -221,9 +224,13 @@ TEST(Attention, ShardedOverEightDevicesIsBitwiseOneDevice) {
   const std::vector<Tensor> ref =
       sharded_step(Mesh::parse("data:1", 1), one.exec, in, w, P(), P());
   // Batch over data, heads over model.
+  std::string heads_text, seq_text;
   const std::vector<Tensor> heads = sharded_step(Mesh::parse("data:2,model:4", 8), eight, in, w,
                                                  P("data", nullptr, "model"),
-                                                 P("data", nullptr, "model"));
+                                                 P("data", nullptr, "model"), &heads_text);
+  // Each device runs its batch and kv head (of 2 query heads): nothing gathered.
+  EXPECT_THAT(heads_text, ::testing::HasSubstr("attention on blocks [1, 67, 1, 2, 17]"));
+  EXPECT_THAT(heads_text, ::testing::HasSubstr("attention_grad_kv on blocks [1, 67, 1, 2, 16]"));
   // The query sequence over all eight (k and v replicated).
   const Inputs in2 = inputs(one, Config{"seq", 1, 128, 4, 128, 2, 16, true, false, false, {}},
                             DType::kF32);
@@ -231,7 +238,9 @@ TEST(Attention, ShardedOverEightDevicesIsBitwiseOneDevice) {
   const std::vector<Tensor> ref2 =
       sharded_step(Mesh::parse("data:1", 1), one.exec, in2, w2, P(), P());
   const std::vector<Tensor> seq =
-      sharded_step(Mesh::parse("seq:8", 8), eight, in2, w2, P(nullptr, "seq"), P());
+      sharded_step(Mesh::parse("seq:8", 8), eight, in2, w2, P(nullptr, "seq"), P(), &seq_text);
+  EXPECT_THAT(seq_text, ::testing::HasSubstr("attention on blocks [1, 16, 2, 2, 17]"));
+  EXPECT_THAT(seq_text, ::testing::HasSubstr("attention_grad_q on blocks [1, 16, 2, 2, 16]"));
   const char* what[] = {"output", "dq", "dk", "dv"};
   for (std::size_t i = 0; i < ref.size(); ++i) {
     EXPECT_TRUE(heads[i] == ref[i]) << what[i] << " with heads sharded";
