@@ -10,6 +10,8 @@
 #include <limits>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "../../runtime/gemm.hpp"
 #include "../kernel_util.hpp"
 #include "attention.hpp"
@@ -165,6 +167,29 @@ struct RowState {
   }
 };
 
+// x = exp(x - m) over n elements, vectorised (Eigen's exp), with weights below 1e-30 (f32;
+// 1e-300 in f64) of the row's largest set to 0, so that a masked score (-inf) weighs nothing:
+// Eigen clamps its argument, which would leave about 1e-38 there. The argument is clamped above
+// the subnormal range first: a subnormal result costs a hundred cycles per element on x86.
+// Every element goes through the same (vector) code: Eigen peels unaligned leading elements
+// into a scalar exp of other rounding, which would make a row's result depend on its address.
+template <class A>
+void exp_shifted(A* x, std::int64_t n, A m) {
+  constexpr bool single = std::is_same_v<A, float>;
+  constexpr A lowest = single ? A(-80) : A(-700);
+  constexpr A tiny = single ? A(1e-30) : A(1e-300);
+  constexpr int kChunk = 64;
+  alignas(64) A buf[kChunk];
+  Eigen::Map<Eigen::Array<A, kChunk, 1>, Eigen::Aligned64> a(buf);
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int len = static_cast<int>(std::min<std::int64_t>(kChunk, n - i0));
+    std::copy(x + i0, x + i0 + len, buf);
+    std::fill(buf + len, buf + kChunk, lowest + m);
+    a = (a - m).max(lowest).exp();
+    for (int i = 0; i < len; ++i) x[i0 + i] = buf[i] < tiny ? A(0) : buf[i];
+  }
+}
+
 // Scores s [rows, cols] become exp(s - new max); the row's sum and output are rescaled.
 template <class A>
 void online_softmax(RowState<A>& st, std::int64_t rows, std::int64_t cols, std::int64_t h, A* s) {
@@ -177,11 +202,9 @@ void online_softmax(RowState<A>& st, std::int64_t rows, std::int64_t cols, std::
       continue;
     }
     const A corr = std::exp(st.m[static_cast<std::size_t>(r)] - mx);
+    exp_shifted(row, cols, mx);
     A sum = 0;
-    for (std::int64_t c = 0; c < cols; ++c) {
-      row[c] = std::exp(row[c] - mx);
-      sum += row[c];
-    }
+    for (std::int64_t c = 0; c < cols; ++c) sum += row[c];
     st.m[static_cast<std::size_t>(r)] = mx;
     st.l[static_cast<std::size_t>(r)] = st.l[static_cast<std::size_t>(r)] * corr + sum;
     if (corr != A(1)) {
@@ -267,10 +290,8 @@ void score_gradient(std::int64_t rows, std::int64_t cols, std::int64_t ld, const
       std::fill(dr, dr + cols, A(0));
       continue;
     }
-    for (std::int64_t c = 0; c < cols; ++c) {
-      sr[c] = std::exp(sr[c] - lse[r]);
-      dr[c] = sr[c] * (dr[c] - d[r]);
-    }
+    exp_shifted(sr, cols, lse[r]);
+    for (std::int64_t c = 0; c < cols; ++c) dr[c] = sr[c] * (dr[c] - d[r]);
   }
 }
 
