@@ -10,8 +10,6 @@
 #include <limits>
 #include <vector>
 
-#include <Eigen/Core>
-
 #include "../../runtime/gemm.hpp"
 #include "../kernel_util.hpp"
 #include "attention.hpp"
@@ -171,23 +169,15 @@ struct RowState {
 // 1e-300 in f64) of the row's largest set to 0, so that a masked score (-inf) weighs nothing:
 // Eigen clamps its argument, which would leave about 1e-38 there. The argument is clamped above
 // the subnormal range first: a subnormal result costs a hundred cycles per element on x86.
-// Every element goes through the same (vector) code: Eigen peels unaligned leading elements
-// into a scalar exp of other rounding, which would make a row's result depend on its address.
+// The exp runs in the GEMM's instruction set (gemm.hpp's exp_shifted: AVX-512 where the CPU has
+// it), every element on the same vector path whatever its address.
 template <class A>
 void exp_shifted(A* x, std::int64_t n, A m) {
   constexpr bool single = std::is_same_v<A, float>;
   constexpr A lowest = single ? A(-80) : A(-700);
   constexpr A tiny = single ? A(1e-30) : A(1e-300);
-  constexpr int kChunk = 64;
-  alignas(64) A buf[kChunk];
-  Eigen::Map<Eigen::Array<A, kChunk, 1>, Eigen::Aligned64> a(buf);
-  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const int len = static_cast<int>(std::min<std::int64_t>(kChunk, n - i0));
-    std::copy(x + i0, x + i0 + len, buf);
-    std::fill(buf + len, buf + kChunk, lowest + m);
-    a = (a - m).max(lowest).exp();
-    for (int i = 0; i < len; ++i) x[i0 + i] = buf[i] < tiny ? A(0) : buf[i];
-  }
+  detail::exp_shifted(x, n, m, lowest);
+  for (std::int64_t i = 0; i < n; ++i) x[i] = x[i] < tiny ? A(0) : x[i];
 }
 
 // Scores s [rows, cols] become exp(s - new max); the row's sum and output are rescaled.
