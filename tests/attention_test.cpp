@@ -127,7 +127,8 @@ TEST(Attention, Bf16ComputesInF32) {
 // d/d(q, k, v, bias) of sum(attention * w) for a fixed w.
 Tree<Array> gradients(bool fused, const Inputs& in, const Array& w) {
   Tree<Array> params = Tree<Array>::dict({{"q", in.q}, {"k", in.k}, {"v", in.v}});
-  if (in.o.bias) params = Tree<Array>::dict({{"q", in.q}, {"k", in.k}, {"v", in.v}, {"b", *in.o.bias}});
+  if (in.o.bias)
+    params = Tree<Array>::dict({{"q", in.q}, {"k", in.k}, {"v", in.v}, {"b", *in.o.bias}});
   const AttentionOptions base = in.o;
   return value_and_grad([&](const Tree<Array>& p) {
            AttentionOptions o = base;
@@ -222,7 +223,8 @@ TEST(Attention, EqualsPyTorchInF64AndF32) {
         in.o.mask = astype(one.put(m), DType::kBool);
       }
       Tensor w(in.q.shape(), dtype);
-      for (std::int64_t i = 0; i < w.numel(); ++i) w.set(i, std::cos(0.29 * static_cast<double>(i)));
+      for (std::int64_t i = 0; i < w.numel(); ++i)
+        w.set(i, std::cos(0.29 * static_cast<double>(i)));
       const Tree<Array> g = gradients(true, in, one.put(w));
       const double tol = dtype == DType::kF64 ? 1e-12 : 1e-5;
       const auto check = [&](const Tensor& got, const std::string& key) {
@@ -261,9 +263,9 @@ TEST(Attention, ARowWithNoAllowedKeyGivesZero) {
   }
   // Its gradients are finite (zero from that row).
   const Array w = one.put(values(Shape{1, 4, 2, 8}, DType::kF32, 5));
-  const Array dq = value_and_grad([&](const Array& x) {
-                     return sum(dot_product_attention(x, k, k, o) * w);
-                   })(q).second;
+  const Array dq =
+      value_and_grad([&](const Array& x) { return sum(dot_product_attention(x, k, k, o) * w); })(q)
+          .second;
   const Tensor g = dq.to_host();
   for (std::int64_t i = 0; i < g.numel(); ++i) {
     EXPECT_TRUE(std::isfinite(g.get(i)));
@@ -292,7 +294,8 @@ std::vector<Tensor> sharded_step(const Mesh& mesh, const Executor& exec, const I
   });
   const auto args = std::make_tuple(put(in.q, spec_q), put(in.k, spec_kv), put(in.v, spec_kv),
                                     device_put(w, NamedSharding(mesh, spec_q), exec));
-  if (text != nullptr) *text = std::apply([&](const auto&... x) { return step.lower(x...); }, args).text();
+  if (text != nullptr)
+    *text = std::apply([&](const auto&... x) { return step.lower(x...); }, args).text();
   const Tree<Array> r = std::apply([&](const auto&... x) { return step(x...); }, args);
   std::vector<Tensor> out;
   for (const Array& a : r.leaves()) out.push_back(a.to_host());
@@ -305,19 +308,18 @@ TEST(Attention, ShardedOverEightDevicesIsBitwiseOneDevice) {
   const Inputs in = inputs(one, c, DType::kF32);
   const Tensor w = values(in.q.shape(), DType::kF32, 9);
   Executor eight(8);
-  const std::vector<Tensor> ref =
-      sharded_step(Mesh::parse("data:1", 1), one.exec, in, w, P(), P());
+  const std::vector<Tensor> ref = sharded_step(Mesh::parse("data:1", 1), one.exec, in, w, P(), P());
   // Batch over data, heads over model.
   std::string heads_text, seq_text;
-  const std::vector<Tensor> heads = sharded_step(Mesh::parse("data:2,model:4", 8), eight, in, w,
-                                                 P("data", nullptr, "model"),
-                                                 P("data", nullptr, "model"), &heads_text);
+  const std::vector<Tensor> heads =
+      sharded_step(Mesh::parse("data:2,model:4", 8), eight, in, w, P("data", nullptr, "model"),
+                   P("data", nullptr, "model"), &heads_text);
   // Each device runs its batch and kv head (of 2 query heads): nothing gathered.
   EXPECT_THAT(heads_text, ::testing::HasSubstr("attention on blocks [1, 67, 1, 2, 17]"));
   EXPECT_THAT(heads_text, ::testing::HasSubstr("attention_grad_kv on blocks [1, 67, 1, 2, 16]"));
   // The query sequence over all eight (k and v replicated).
-  const Inputs in2 = inputs(one, Config{"seq", 1, 128, 4, 128, 2, 16, true, false, false, {}},
-                            DType::kF32);
+  const Inputs in2 =
+      inputs(one, Config{"seq", 1, 128, 4, 128, 2, 16, true, false, false, {}}, DType::kF32);
   const Tensor w2 = values(in2.q.shape(), DType::kF32, 8);
   const std::vector<Tensor> ref2 =
       sharded_step(Mesh::parse("data:1", 1), one.exec, in2, w2, P(), P());
@@ -330,6 +332,24 @@ TEST(Attention, ShardedOverEightDevicesIsBitwiseOneDevice) {
     EXPECT_TRUE(heads[i] == ref[i]) << what[i] << " with heads sharded";
     EXPECT_TRUE(seq[i] == ref2[i]) << what[i] << " with the query sequence sharded";
   }
+}
+
+TEST(Attention, GroupedQueryHeadsShardedFinerThanKvHeads) {
+  // 8 query heads of 2 kv heads over model:4: q's heads split 4 ways, so each kv head's group
+  // is split over 2 devices; k and v are split over data only. The output and dq are bitwise one
+  // device's; dk and dv sum the group's halves on two devices (another order of the same sum).
+  One one;
+  const Inputs in =
+      inputs(one, Config{"gqa", 2, 67, 8, 67, 2, 16, true, false, false, {}}, DType::kF32);
+  const Tensor w = values(in.q.shape(), DType::kF32, 9);
+  Executor eight(8);
+  const std::vector<Tensor> ref = sharded_step(Mesh::parse("data:1", 1), one.exec, in, w, P(), P());
+  const std::vector<Tensor> got = sharded_step(Mesh::parse("data:2,model:4", 8), eight, in, w,
+                                               P("data", nullptr, "model"), P("data"));
+  EXPECT_TRUE(got[0] == ref[0]) << "output";
+  EXPECT_TRUE(got[1] == ref[1]) << "dq";
+  EXPECT_LT(max_rel_diff(got[2], ref[2]), 1e-6) << "dk";
+  EXPECT_LT(max_rel_diff(got[3], ref[3]), 1e-6) << "dv";
 }
 
 TEST(Attention, CompiledPeakHoldsNoScoreArray) {
@@ -367,18 +387,18 @@ TEST(Attention, BadInputIsNamed) {
                     "[dot_product_attention]", "f32[8, 4, 16]", "needs q [B, T, N, H]");
   EXPECT_THROW_WITH(dot_product_attention(q, a(Shape{3, 6, 2, 16}), a(Shape{3, 6, 2, 16})),
                     SpecError, "differ in batch");
-  EXPECT_THROW_WITH(dot_product_attention(q, a(Shape{2, 6, 2, 8}), a(Shape{2, 6, 2, 8})),
-                    SpecError, "differ in head size");
+  EXPECT_THROW_WITH(dot_product_attention(q, a(Shape{2, 6, 2, 8}), a(Shape{2, 6, 2, 8})), SpecError,
+                    "differ in head size");
   EXPECT_THROW_WITH(dot_product_attention(q, k, a(Shape{2, 7, 2, 16})), SpecError,
                     "k and v differ in shape", "f32[2, 7, 2, 16]");
   EXPECT_THROW_WITH(dot_product_attention(q, a(Shape{2, 6, 3, 16}), a(Shape{2, 6, 3, 16})),
                     SpecError, "query heads 4 are not a multiple of kv heads 3");
   EXPECT_THROW_WITH(dot_product_attention(q, k, a(Shape{2, 6, 2, 16}, DType::kF64)), SpecError,
                     "differ in dtype");
-  EXPECT_THROW_WITH(dot_product_attention(a(Shape{2, 8, 4, 16}, DType::kI32),
-                                          a(Shape{2, 6, 2, 16}, DType::kI32),
-                                          a(Shape{2, 6, 2, 16}, DType::kI32)),
-                    SpecError, "must be float");
+  EXPECT_THROW_WITH(
+      dot_product_attention(a(Shape{2, 8, 4, 16}, DType::kI32), a(Shape{2, 6, 2, 16}, DType::kI32),
+                            a(Shape{2, 6, 2, 16}, DType::kI32)),
+      SpecError, "must be float");
   AttentionOptions bad_mask;
   bad_mask.mask = astype(a(Shape{8, 5}), DType::kBool);
   EXPECT_THROW_WITH(dot_product_attention(q, k, k, bad_mask), SpecError, "the mask bool[8, 5]",
@@ -404,7 +424,8 @@ TEST(Attention, TracedEqualsEager) {
   auto f = sjit(one.mesh, [o](const Array& q, const Array& k, const Array& v) {
     return dot_product_attention(q, k, v, o);
   });
-  EXPECT_TRUE(f(in.q, in.k, in.v).to_host() == dot_product_attention(in.q, in.k, in.v, o).to_host());
+  EXPECT_TRUE(f(in.q, in.k, in.v).to_host() ==
+              dot_product_attention(in.q, in.k, in.v, o).to_host());
 }
 
 }  // namespace

@@ -16,7 +16,8 @@ namespace shardplan::detail {
   void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*, const double*,      \
           double*);                                                                                \
   void fn(bool, bool, std::int64_t, std::int64_t, const float*, std::span<const GemmRows<float>>); \
-  void fn(bool, bool, std::int64_t, std::int64_t, const double*, std::span<const GemmRows<double>>); \
+  void fn(bool, bool, std::int64_t, std::int64_t, const double*,                                   \
+          std::span<const GemmRows<double>>);                                                      \
   void fn(float*, std::int64_t, float, float);                                                     \
   void fn(double*, std::int64_t, double, double);
 SHARDPLAN_DECLARE_GEMM(gemm_generic)

@@ -2,6 +2,8 @@
 // (attention.hpp has their layouts, attention_kernel.cpp the kernels) and the public
 // dot_product_attention, which puts a query [B, T, N, H] into the grouped layout [B, T, K, G, H]
 // so that the kv-head factor K is shared by q, k and v.
+#include "attention.hpp"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 
 #include "../primitive_tests.hpp"
 #include "../primitives.hpp"
-#include "attention.hpp"
 #include "shardplan/ops.hpp"
 
 namespace shardplan::detail {
@@ -68,8 +69,8 @@ void check_packed(const Node& n, std::span<const TensorType> in) {
   check_qkv(n, in, 5);
   const TensorType want{packed_shape(in[0].shape), accumulator(in[0].dtype)};
   if (!(in[3] == want) || !(in[4] == want)) {
-    reject(n.op->name, in, fmt::format("the packed result and its cotangent must be {}",
-                                       to_string(want)));
+    reject(n.op->name, in,
+           fmt::format("the packed result and its cotangent must be {}", to_string(want)));
   }
 }
 
@@ -97,8 +98,8 @@ OpFactors attention_factors_of(const Node& n, std::span<const Shape> in, Which w
   const bool kv = which == Which::kGradKv;
   OpFactors f;
   const int b = f.add(q[0], FactorKind::kPass);
-  const int t = f.add(q[1], kv ? (a.causal ? FactorKind::kReplicate : FactorKind::kReduce)
-                               : FactorKind::kPass);
+  const int t = f.add(
+      q[1], kv ? (a.causal ? FactorKind::kReplicate : FactorKind::kReduce) : FactorKind::kPass);
   const int k = f.add(q[2], FactorKind::kPass);
   const int g = f.add(q[3], kv ? FactorKind::kReduce : FactorKind::kPass);
   const int h = f.add(q[4], FactorKind::kReplicate);
@@ -174,17 +175,18 @@ Array bias_gradient(const AttentionAttrs& a, const std::vector<Array>& in, const
   const std::vector<int> to_bkgts = {0, 1, 3, 2, 4};
   const std::vector<int> to_bkgt = {0, 2, 3, 1};
   const Array bias = in[static_cast<std::size_t>(bias_operand(a, 3))];
-  Array s = transpose(dot_general(astype(in[0], acc), astype(in[1], acc), heads), to_bkgts) *
-                a.scale +
-            astype(bias, acc);
+  Array s =
+      transpose(dot_general(astype(in[0], acc), astype(in[1], acc), heads), to_bkgts) * a.scale +
+      astype(bias, acc);
   const double inf = std::numeric_limits<double>::infinity();
-  if (a.has_mask) s = where(in[static_cast<std::size_t>(mask_operand(a, 3))], s, full_like(s, -inf));
+  if (a.has_mask)
+    s = where(in[static_cast<std::size_t>(mask_operand(a, 3))], s, full_like(s, -inf));
   if (a.causal) s = where(less_equal(iota_like(s, 4), iota_like(s, 3)), s, full_like(s, -inf));
   const Shape rows{B, K, G, T, 1};
   const auto column = [&](const Array& x) {  // [..., H] of a packed value, as [B, K, G, T, 1]
-    return reshape(transpose(reshape(slice(x, {0, 0, 0, 0, H}, {B, T, K, G, H + 1}), {B, T, K, G}),
-                             to_bkgt),
-                   rows);
+    return reshape(
+        transpose(reshape(slice(x, {0, 0, 0, 0, H}, {B, T, K, G, H + 1}), {B, T, K, G}), to_bkgt),
+        rows);
   };
   Array lse = column(y);
   lse = where(equal(lse, full_like(lse, -inf)), full_like(lse, inf), lse);  // rows seeing nothing
@@ -260,8 +262,8 @@ namespace {
 
 [[noreturn]] void attention_error(const std::string& why, const Array& q, const Array& k,
                                   const Array& v) {
-  throw SpecError(fmt::format("[dot_product_attention] q {}, k {}, v {}: {}",
-                              detail::type_str(q), detail::type_str(k), detail::type_str(v), why));
+  throw SpecError(fmt::format("[dot_product_attention] q {}, k {}, v {}: {}", detail::type_str(q),
+                              detail::type_str(k), detail::type_str(v), why));
 }
 
 // A mask or bias broadcastable to [B, N, T, S] as the primitive's [B|1, K|1, G|1, T|1, S|1].

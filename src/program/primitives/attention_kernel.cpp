@@ -112,7 +112,8 @@ void finish_scores(const View<T>& w, std::int64_t b, std::int64_t kh, std::int64
       for (std::int64_t c = 0; c < cols; ++c) row[c] += widen(br[c * bs[4]]);
     }
     if (w.mask != nullptr) {
-      const std::uint8_t* mr = w.mask + b * ms[0] + kh * ms[1] + gi * ms[2] + t * ms[3] + s0 * ms[4];
+      const std::uint8_t* mr =
+          w.mask + b * ms[0] + kh * ms[1] + gi * ms[2] + t * ms[3] + s0 * ms[4];
       for (std::int64_t c = 0; c < cols; ++c) {
         if (mr[c * ms[4]] == 0) row[c] = kNegInf;
       }
@@ -227,7 +228,8 @@ void forward(const KernelArgs& c) {
             gemm(false, true, kBlockRows, cols, w.H, qc.data(), kc.data() + s0 * w.H, sb.data());
             finish_scores(w, b, kh, gi, t0, rows, s0, cols, cols, sb.data());
             online_softmax(st, rows, cols, w.H, sb.data());
-            gemm(false, false, kBlockRows, w.H, cols, sb.data(), vc.data() + s0 * w.H, st.pv.data());
+            gemm(false, false, kBlockRows, w.H, cols, sb.data(), vc.data() + s0 * w.H,
+                 st.pv.data());
             for (std::size_t i = 0; i < static_cast<std::size_t>(rows * w.H); ++i)
               st.o[i] += st.pv[i];
           }
@@ -250,8 +252,8 @@ void forward(const KernelArgs& c) {
 // P * d(lse), so it is folded into D).
 template <class T>
 void pack_backward_rows(const View<T>& w, std::int64_t b, std::int64_t kh, std::int64_t gi,
-                        std::int64_t t0, std::int64_t rows, Calc<T>* qc, Calc<T>* doc,
-                        Calc<T>* lse, Calc<T>* d) {
+                        std::int64_t t0, std::int64_t rows, Calc<T>* qc, Calc<T>* doc, Calc<T>* lse,
+                        Calc<T>* d) {
   using A = Calc<T>;
   pack_rows(w.q + w.q_at(b, t0, kh, gi), w.K * w.G * w.H, rows, w.H, qc);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -415,7 +417,8 @@ double attention_pairs(std::int64_t t, std::int64_t s, bool causal) {
   for (std::int64_t t0 = 0; t0 < t; t0 += kAttentionQueryBlock) {
     const std::int64_t rows = std::min(kAttentionQueryBlock, t - t0);
     const std::int64_t end = std::min(s, t0 + rows);
-    const std::int64_t keys = (end + kAttentionKeyBlock - 1) / kAttentionKeyBlock * kAttentionKeyBlock;
+    const std::int64_t keys =
+        (end + kAttentionKeyBlock - 1) / kAttentionKeyBlock * kAttentionKeyBlock;
     pairs += static_cast<double>(rows) * static_cast<double>(std::min(s, keys));
   }
   return pairs;

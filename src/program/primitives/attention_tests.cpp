@@ -24,10 +24,24 @@ std::vector<CaseShape> case_shapes() {
       // causal, T == S, two kv heads of two query heads each
       {2, 8, 2, 2, 4, 8, {.scale = 0.5, .causal = true}, {}, {}},
       // a mask shared by batch and heads, a bias per head, T != S
-      {2, 8, 2, 2, 3, 12, {.scale = 0.6, .has_mask = true, .has_bias = true},
-       Shape{1, 1, 1, 8, 12}, Shape{1, 2, 2, 8, 12}},
+      {2,
+       8,
+       2,
+       2,
+       3,
+       12,
+       {.scale = 0.6, .has_mask = true, .has_bias = true},
+       Shape{1, 1, 1, 8, 12},
+       Shape{1, 2, 2, 8, 12}},
       // causal with a bias per batch and key, more keys than queries, one kv head of three
-      {1, 6, 1, 3, 4, 10, {.scale = 0.7, .causal = true, .has_bias = true}, {},
+      {1,
+       6,
+       1,
+       3,
+       4,
+       10,
+       {.scale = 0.7, .causal = true, .has_bias = true},
+       {},
        Shape{1, 1, 1, 1, 10}},
   };
 }
@@ -72,7 +86,8 @@ struct Naive {
     return in[0].v[static_cast<std::size_t>((((b * T + t) * K + k) * G + g) * H + h)];
   }
   double kv(int which, std::int64_t b, std::int64_t s, std::int64_t k, std::int64_t h) const {
-    return in[static_cast<std::size_t>(which)].v[static_cast<std::size_t>(((b * S + s) * K + k) * H + h)];
+    return in[static_cast<std::size_t>(which)]
+        .v[static_cast<std::size_t>(((b * S + s) * K + k) * H + h)];
   }
   double packed(int which, std::int64_t b, std::int64_t t, std::int64_t k, std::int64_t g,
                 std::int64_t h) const {
@@ -83,7 +98,8 @@ struct Naive {
   double broadcast(int at, std::array<std::int64_t, 5> i) const {
     const HostValues& x = in[static_cast<std::size_t>(at)];
     std::int64_t off = 0;
-    for (int d = 0; d < 5; ++d) off = off * x.shape[d] + (x.shape[d] == 1 ? 0 : i[static_cast<std::size_t>(d)]);
+    for (int d = 0; d < 5; ++d)
+      off = off * x.shape[d] + (x.shape[d] == 1 ? 0 : i[static_cast<std::size_t>(d)]);
     return x.v[static_cast<std::size_t>(off)];
   }
   // The score of query (b, t, k, g) and key s, or nothing when masked.
@@ -118,11 +134,11 @@ std::vector<double> forward_reference(const Node& n, std::span<const HostValues>
             if (!s[static_cast<std::size_t>(j)]) continue;
             const double p = std::exp(*s[static_cast<std::size_t>(j)] - mx);
             total += p;
-            for (std::int64_t h = 0; h < w.H; ++h) o[static_cast<std::size_t>(h)] += p * w.kv(2, b, j, k, h);
+            for (std::int64_t h = 0; h < w.H; ++h)
+              o[static_cast<std::size_t>(h)] += p * w.kv(2, b, j, k, h);
           }
           for (const double x : o) y.push_back(total > 0 ? x / total : 0.0);
-          y.push_back(total > 0 ? mx + std::log(total)
-                                : -std::numeric_limits<double>::infinity());
+          y.push_back(total > 0 ? mx + std::log(total) : -std::numeric_limits<double>::infinity());
         }
       }
     }
@@ -141,13 +157,15 @@ std::vector<double> backward_reference(const Node& n, std::span<const HostValues
         for (std::int64_t g = 0; g < w.G; ++g) {
           const double lse = w.packed(3, b, t, k, g, w.H);
           double d = -w.packed(4, b, t, k, g, w.H);
-          for (std::int64_t h = 0; h < w.H; ++h) d += w.packed(4, b, t, k, g, h) * w.packed(3, b, t, k, g, h);
+          for (std::int64_t h = 0; h < w.H; ++h)
+            d += w.packed(4, b, t, k, g, h) * w.packed(3, b, t, k, g, h);
           for (std::int64_t j = 0; j < w.S; ++j) {
             const auto s = w.score(b, t, k, g, j);
             if (!s || lse == -std::numeric_limits<double>::infinity()) continue;
             const double p = std::exp(*s - lse);
             double dp = 0;
-            for (std::int64_t h = 0; h < w.H; ++h) dp += w.packed(4, b, t, k, g, h) * w.kv(2, b, j, k, h);
+            for (std::int64_t h = 0; h < w.H; ++h)
+              dp += w.packed(4, b, t, k, g, h) * w.kv(2, b, j, k, h);
             const double ds = p * (dp - d);
             for (std::int64_t h = 0; h < w.H; ++h) {
               dq[static_cast<std::size_t>((((b * w.T + t) * w.K + k) * w.G + g) * w.H + h)] +=
