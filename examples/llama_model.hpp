@@ -68,7 +68,8 @@ inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) 
     const Array q = split(rotary(proj("q_proj"), 1));
     const Array k = split(rotary(proj("k_proj"), 1));
     const Array v = split(proj("v_proj"));
-    merged = reshape(dot_product_attention(q, k, v, AttentionOptions{.is_causal = true}),
+    // The output named too: its cotangent then stays split over the heads in the backward pass.
+    merged = reshape(split(dot_product_attention(q, k, v, AttentionOptions{.is_causal = true})),
                      Shape{b, t, cfg.dim});
   } else {
     const auto heads = [&](const Array& y) { return transpose(y, {0, 2, 1, 3}); };  // [B,H,T,Dh]

@@ -171,6 +171,33 @@ TEST(Gemm, ASharedRightOperandGivesEachPartItsOwnProductBitwise) {
   check_shared_b<double>();
 }
 
+// exp_shifted (the attention kernels' softmax): near std::exp in every variant, the argument
+// raised to `lowest`, and each element's value independent of where it lies in the array.
+template <class T>
+void check_exp(GemmIsa isa, double tol) {
+  const std::vector<T> x = random_values<T>(203, 7);
+  for (const std::int64_t n : {1, 5, 64, 203}) {
+    std::vector<T> y(x.begin(), x.begin() + n);
+    exp_shifted(isa, y.data(), n, T(0.25), T(-0.5));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double want = std::exp(std::max(static_cast<double>(x[i]) - 0.25, -0.5));
+      EXPECT_NEAR(y[i], want, tol * want) << name(isa) << " element " << i << " of " << n;
+    }
+    // The same values one element further on: bitwise the same results.
+    std::vector<T> z(static_cast<std::size_t>(n) + 1);
+    std::copy(x.begin(), x.begin() + n, z.begin() + 1);
+    exp_shifted(isa, z.data() + 1, n, T(0.25), T(-0.5));
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], z[i + 1]) << name(isa) << " at " << i;
+  }
+}
+
+TEST(Gemm, ExpShiftedIsExpInEveryVariantWhereverTheElementLies) {
+  for (const GemmIsa isa : gemm_isas()) {
+    check_exp<float>(isa, 4e-7);
+    check_exp<double>(isa, 1e-15);
+  }
+}
+
 TEST(Gemm, TheVariantIsChosenByTheCpuOrByName) {
   EXPECT_EQ(choose_gemm_isa(nullptr), gemm_isas().back());
   EXPECT_EQ(choose_gemm_isa(""), gemm_isas().back());

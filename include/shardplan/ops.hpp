@@ -4,6 +4,7 @@
 // inside sjit they record the traced program. Shape errors name the op and the shapes.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,26 @@ Array rms_norm(const Array& x, const Array& scale, double eps = 1e-6);
 /// Scores [..., T, T] with every position j > i of the last two dimensions set to a large
 /// negative value (causal attention).
 Array causal_mask(const Array& scores);
+
+/// Options of dot_product_attention: a bool `mask` (true: attend) and a `bias` of q's dtype, each
+/// broadcastable to [B, N, T, S] (numpy rules) and the bias added to the scaled scores; `scale`
+/// (default 1 / sqrt(H)); `is_causal`: query i sees keys j <= i (top-left aligned, as
+/// jnp.tril(ones(T, S)) and PyTorch's is_causal).
+struct AttentionOptions {
+  std::optional<Array> bias;
+  std::optional<Array> mask;
+  std::optional<double> scale;
+  bool is_causal = false;
+};
+/// jax.nn.dot_product_attention / torch's scaled_dot_product_attention, fused (FlashAttention-2's
+/// blocked online softmax: no [T, S] scores are ever held, forward or backward). q [B, T, N, H],
+/// k and v [B, S, K, H], N a multiple of K (grouped-query: query head n uses kv head n / G, G =
+/// N / K); returns [B, T, N, H] in q's dtype (f32 and bf16 computed in f32). A query row with no
+/// allowed key gives 0 (PyTorch gives NaN). Gradients flow to q, k, v and the bias (not second
+/// derivatives). Throws SpecError naming the operands for shapes, heads, mask or dtypes that
+/// disagree. Shards over batch, heads and the query sequence.
+Array dot_product_attention(const Array& q, const Array& k, const Array& v,
+                            const AttentionOptions& options = {});
 
 /// jax.lax.optimization_barrier: x itself, but inside sjit a value of its own that the program
 /// takes as x is (its sharding, no step, no FLOPs), so that what its users need of it is made

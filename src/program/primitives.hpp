@@ -22,6 +22,7 @@ namespace shardplan::detail {
   X(abs) X(erf) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(eq) X(ne) X(lt) X(le)      \
   X(gt) X(ge) X(select) X(convert)                                                            \
   /* dot.cpp */ X(dot_general)                                                                \
+  /* attention.cpp */ X(attention) X(attention_grad_q) X(attention_grad_kv)                   \
   /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                                  \
   /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \
   X(take)                                                                                     \

@@ -16,7 +16,10 @@ namespace shardplan::detail {
   void fn(bool, bool, std::int64_t, std::int64_t, std::int64_t, const double*, const double*,      \
           double*);                                                                                \
   void fn(bool, bool, std::int64_t, std::int64_t, const float*, std::span<const GemmRows<float>>); \
-  void fn(bool, bool, std::int64_t, std::int64_t, const double*, std::span<const GemmRows<double>>);
+  void fn(bool, bool, std::int64_t, std::int64_t, const double*,                                   \
+          std::span<const GemmRows<double>>);                                                      \
+  void fn(float*, std::int64_t, float, float);                                                     \
+  void fn(double*, std::int64_t, double, double);
 SHARDPLAN_DECLARE_GEMM(gemm_generic)
 #if defined(SHARDPLAN_GEMM_AVX2)
 SHARDPLAN_DECLARE_GEMM(gemm_avx2)
@@ -145,7 +148,31 @@ void run_shared_b(GemmIsa isa, bool ta, bool tb, std::int64_t n, std::int64_t k,
       throw Error("[gemm] the " + std::string(name(isa)) + " variant is not in this build");
   }
 }
+template <class T>
+void run_exp(GemmIsa isa, T* x, std::int64_t n, T m, T lowest) {
+  switch (isa) {
+#if defined(SHARDPLAN_GEMM_AVX512)
+    case GemmIsa::kAvx512:
+      return gemm_avx512(x, n, m, lowest);
+#endif
+#if defined(SHARDPLAN_GEMM_AVX2)
+    case GemmIsa::kAvx2:
+      return gemm_avx2(x, n, m, lowest);
+#endif
+    case GemmIsa::kGeneric:
+      return gemm_generic(x, n, m, lowest);
+    default:
+      throw Error("[gemm] the " + std::string(name(isa)) + " variant is not in this build");
+  }
+}
 }  // namespace
+
+void exp_shifted(GemmIsa isa, float* x, std::int64_t n, float m, float lowest) {
+  run_exp(isa, x, n, m, lowest);
+}
+void exp_shifted(GemmIsa isa, double* x, std::int64_t n, double m, double lowest) {
+  run_exp(isa, x, n, m, lowest);
+}
 
 void gemm_shared_b(GemmIsa isa, bool ta, bool tb, std::int64_t n, std::int64_t k, const float* b,
                    std::span<const GemmRows<float>> parts) {

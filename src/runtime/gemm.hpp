@@ -59,6 +59,18 @@ void gemm_shared_b(GemmIsa isa, bool trans_a, bool trans_b, std::int64_t n, std:
 void gemm_shared_b(GemmIsa isa, bool trans_a, bool trans_b, std::int64_t n, std::int64_t k,
                    const double* b, std::span<const GemmRows<double>> parts);
 
+/// x[i] = exp(max(x[i] - m, lowest)) for i < n, vectorised in the variant's instruction set
+/// (Eigen's exp, within a few ulps): the softmax of the fused attention kernels. Every element
+/// takes the same vector code whatever its position or address (no scalar head or tail), so a
+/// row's result never depends on where it lies.
+void exp_shifted(GemmIsa isa, float* x, std::int64_t n, float m, float lowest);
+void exp_shifted(GemmIsa isa, double* x, std::int64_t n, double m, double lowest);
+
+template <class T>
+void exp_shifted(T* x, std::int64_t n, T m, T lowest) {
+  exp_shifted(gemm_isa(), x, n, m, lowest);
+}
+
 template <class T>
 void gemm_shared_b(bool trans_a, bool trans_b, std::int64_t n, std::int64_t k, const T* b,
                    std::span<const GemmRows<T>> parts) {

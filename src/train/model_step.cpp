@@ -133,8 +133,8 @@ Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
     const auto place = [&](const Array& y) {
       return constrain(y, {{0, &L.batch}, {2, &L.model}}, L);
     };
-    merged = reshape(dot_product_attention(place(part(0)), place(part(1)), place(part(2)),
-                                           AttentionOptions{.is_causal = true}),
+    merged = reshape(place(dot_product_attention(place(part(0)), place(part(1)), place(part(2)),
+                                                 AttentionOptions{.is_causal = true})),
                      Shape{b, t, d});
   } else {
     const auto heads_first = [&](const Array& y) {  // [b, heads, t, dh]
@@ -268,7 +268,10 @@ Array ModelStep::fused_llama_attention(const Array& q_proj, const Array& k_proj,
     o.mask = less(iota_like(zeros, 0, DType::kF32), iota_like(zeros, 1, DType::kF32) +
                                                          static_cast<double>(window));
   }
-  const Array out = dot_product_attention(q, place(k), place(v), o);  // [b, t, heads, dh]
+  // The output placed like q, so that its cotangent (in the backward pass) is split over the
+  // heads too rather than along the sequence as sequence parallelism leaves it: the gradient
+  // kernels then run on the heads' blocks without moving q, k, v and the output to another split.
+  const Array out = place(dot_product_attention(q, place(k), place(v), o));  // [b, t, heads, dh]
   return reshape(out, Shape{b, t, c.heads * dh});
 }
 

@@ -143,6 +143,31 @@ void SHARDPLAN_GEMM_FN(bool trans_a, bool trans_b, std::int64_t n, std::int64_t 
   shared_b(trans_a, trans_b, n, k, b, parts);
 }
 
+// exp_shifted (../gemm.hpp): chunks of a fixed size through an aligned buffer, so that Eigen
+// runs every element through its packet exp.
+namespace {
+template <class T>
+void exp_chunks(T* x, std::int64_t n, T m, T lowest) {
+  constexpr int kChunk = 64;
+  alignas(64) T buf[kChunk];
+  Eigen::Map<Eigen::Array<T, kChunk, 1>, Eigen::Aligned64> a(buf);
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int len = static_cast<int>(std::min<std::int64_t>(kChunk, n - i0));
+    std::copy(x + i0, x + i0 + len, buf);
+    std::fill(buf + len, buf + kChunk, m);
+    a = (a - m).max(lowest).exp();
+    std::copy(buf, buf + len, x + i0);
+  }
+}
+}  // namespace
+
+void SHARDPLAN_GEMM_FN(float* x, std::int64_t n, float m, float lowest) {
+  exp_chunks(x, n, m, lowest);
+}
+void SHARDPLAN_GEMM_FN(double* x, std::int64_t n, double m, double lowest) {
+  exp_chunks(x, n, m, lowest);
+}
+
 void SHARDPLAN_GEMM_FN(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                        const float* a, const float* b, float* y) {
   product(trans_a, trans_b, m, n, k, a, b, y);
