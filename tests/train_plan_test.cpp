@@ -596,6 +596,7 @@ TEST(PlanTraining, AttentionSplitsOverMoreTensorRanksThanKvHeads) {
   o.batch = 1;
   o.seq = 1024;
   o.optimizer = OptimizerKind::kSgd;
+  o.fused_attention = false;  // the scores and probs @ v as whole products, counted below
   const double t = 1024, d = 256, q = 32 * 64, kv = 8 * 64, f = 256, v = 256;
   const double per_token = 2 * (q * d + 2 * kv * d + d * q + 3 * d * f)  // projections
                            + 2 * 2 * t * q                               // scores, probs @ v
@@ -609,6 +610,14 @@ TEST(PlanTraining, AttentionSplitsOverMoreTensorRanksThanKvHeads) {
   EXPECT_GE(p16.flops, step / 16);
   EXPECT_LE(p16.flops, step / 16 * 1.2);
   EXPECT_NEAR(p16.flops, p8.flops / 2, p8.flops * 0.05);
+  // Fused attention splits alike (the kernels skip the causal blocks above the diagonal, so
+  // the step does less than the decomposed one's whole [t, t] products).
+  o.fused_attention = true;
+  const TrainPlan f8 = plan_training(c, Mesh::parse("fsdp:1,tp:8", 8), preset("llama_fsdp_tp"), o);
+  const TrainPlan f16 =
+      plan_training(c, Mesh::parse("fsdp:1,tp:16", 16), preset("llama_fsdp_tp"), o);
+  EXPECT_NEAR(f16.flops, f8.flops / 2, f8.flops * 0.05);
+  EXPECT_LT(f8.flops, p8.flops);
 }
 
 // The heads' width from head_dim, key/value heads repeated over four tensor-parallel ranks
@@ -702,8 +711,10 @@ TEST(PlanTraining, EveryOfferedDtypePlans) {
   }
 }
 
-// Where activations dominate (long sequences, a narrow model), keeping only layer inputs or
-// running a quarter of the batch at a time lowers the peak.
+// Where activations dominate (long sequences, a narrow model, attention's [t, t] scores kept
+// by the decomposed attention), keeping only layer inputs or running a quarter of the batch at
+// a time lowers the peak by more than half; with fused attention and the fused loss (which keep
+// far less to begin with), both still lower it.
 TEST(PlanTraining, RecomputeAndAccumulationLowerThePeak) {
   const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 512,
     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
@@ -713,6 +724,17 @@ TEST(PlanTraining, RecomputeAndAccumulationLowerThePeak) {
   TrainPlanOptions o;
   o.batch = 16;
   o.seq = 512;
+  {
+    TrainPlanOptions fused = o;
+    const TrainPlan base = plan_training(c, mesh, rules, fused);
+    fused.recompute = true;
+    EXPECT_LT(plan_training(c, mesh, rules, fused).peak_bytes, base.peak_bytes);
+    fused.recompute = false;
+    fused.grad_accum = 4;
+    EXPECT_LT(plan_training(c, mesh, rules, fused).peak_bytes, base.peak_bytes);
+  }
+  o.fused_attention = false;
+  o.fused_loss = false;
   const TrainPlan base = plan_training(c, mesh, rules, o);
   o.recompute = true;
   const TrainPlan rec = plan_training(c, mesh, rules, o);
