@@ -14,6 +14,7 @@
 #include "shardplan/ops.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
+#include "torch_reference.hpp"
 
 namespace shardplan {
 namespace {
@@ -164,60 +165,23 @@ TEST(Attention, GradientsEqualTheDecomposedOnes) {
 
 // ---- Against PyTorch (tests/data/attention_reference.txt, scripts/gen_attention_reference.py) --
 
-struct RefTensor {
-  std::vector<std::int64_t> shape;
-  std::vector<double> v;
-};
-using RefCase = std::map<std::string, RefTensor>;
-
-std::map<std::string, RefCase> read_reference() {
-  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/attention_reference.txt");
-  EXPECT_TRUE(in.good()) << "tests/data/attention_reference.txt";
-  std::map<std::string, RefCase> cases;
-  std::string line, current;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream head(line);
-    std::string name;
-    head >> name;
-    if (name == "case") {
-      head >> current;
-      continue;
-    }
-    RefTensor t;
-    for (std::int64_t d = 0; head >> d;) t.shape.push_back(d);
-    std::getline(in, line);
-    std::istringstream values(line);
-    for (double x = 0; values >> x;) t.v.push_back(x);
-    cases[current][name] = std::move(t);
-  }
-  return cases;
-}
-
-// sin(a * i + c) of the flat index, as the script makes its inputs.
-Tensor formula(const Shape& s, DType dtype, double a, double c) {
-  Tensor t(s, dtype);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, std::sin(a * static_cast<double>(i) + c));
-  return t;
-}
-
 TEST(Attention, EqualsPyTorchInF64AndF32) {
   One one;
-  const auto ref = read_reference();
+  const auto ref = test::read_torch_reference("attention_reference.txt");
   ASSERT_EQ(ref.size(), 2u);
   const std::int64_t b = 2, t = 5, n = 4, s = 7, kv = 2, h = 3;
   for (const DType dtype : {DType::kF64, DType::kF32}) {
     for (const auto& [name, want] : ref) {
       SCOPED_TRACE(name + " " + std::string(shardplan::name(dtype)));
       const bool masked = name == "mask_bias_scale";
-      Inputs in{one.put(formula(Shape{b, t, n, h}, dtype, 0.37, 0.11)),
-                one.put(formula(Shape{b, s, kv, h}, dtype, 0.53, -0.2)),
-                one.put(formula(Shape{b, s, kv, h}, dtype, 0.71, 0.3)),
+      Inputs in{one.put(test::formula(Shape{b, t, n, h}, dtype, 0.37, 0.11)),
+                one.put(test::formula(Shape{b, s, kv, h}, dtype, 0.53, -0.2)),
+                one.put(test::formula(Shape{b, s, kv, h}, dtype, 0.71, 0.3)),
                 {}};
       in.o.is_causal = !masked;
       if (masked) {
         in.o.scale = 0.4;
-        in.o.bias = one.put(formula(Shape{1, n, t, s}, dtype, 0.23, 0.05));
+        in.o.bias = one.put(test::formula(Shape{1, n, t, s}, dtype, 0.23, 0.05));
         Tensor m(Shape{t, s}, DType::kI32);
         for (std::int64_t i = 0; i < m.numel(); ++i) m.set(i, i % s == 0 || (i * 7) % 3 != 0);
         in.o.mask = astype(one.put(m), DType::kBool);
@@ -228,7 +192,7 @@ TEST(Attention, EqualsPyTorchInF64AndF32) {
       const Tree<Array> g = gradients(true, in, one.put(w));
       const double tol = dtype == DType::kF64 ? 1e-12 : 1e-5;
       const auto check = [&](const Tensor& got, const std::string& key) {
-        const RefTensor& r = want.at(key);
+        const test::RefTensor& r = want.at(key);
         ASSERT_EQ(got.numel(), static_cast<std::int64_t>(r.v.size())) << key;
         for (std::int64_t i = 0; i < got.numel(); ++i) {
           const double x = r.v[static_cast<std::size_t>(i)];
