@@ -40,15 +40,21 @@ auto step(bool fused) {
   };
 }
 
+// q, k, v and the cotangent's weights w, [1, T, heads, head size] f32, the heads over 2 devices.
+struct Inputs {
+  Executor exec{2};
+  Mesh mesh = Mesh::parse("model:2", 2);
+  Array q = put(1), k = put(2), v = put(3), w = put(4);
+  Array put(std::uint64_t seed) const {
+    return device_put(Tensor::normal(Shape{1, kT, kHeads, kHeadSize}, DType::kF32, seed),
+                      NamedSharding(mesh, P(nullptr, nullptr, "model")), exec);
+  }
+};
+
 void BM_AttentionFusedVsDecomposed(benchmark::State& state) {
-  Executor exec(2);
-  const Mesh mesh = Mesh::parse("model:2", 2);
-  const NamedSharding heads(mesh, P(nullptr, nullptr, "model"));
-  const Shape shape{1, kT, kHeads, kHeadSize};
-  const auto put = [&](std::uint64_t seed) {
-    return device_put(Tensor::normal(shape, DType::kF32, seed), heads, exec);
-  };
-  const Array q = put(1), k = put(2), v = put(3), w = put(4);
+  const Inputs in;
+  const Mesh& mesh = in.mesh;
+  const Array &q = in.q, &k = in.k, &v = in.v, &w = in.w;
   auto fused = sjit(mesh, step(true));
   auto naive = sjit(mesh, step(false));
   const auto run = [&](auto& f) {
@@ -84,14 +90,9 @@ BENCHMARK(BM_AttentionFusedVsDecomposed)->Unit(benchmark::kMillisecond)->Iterati
 
 // The fused step alone (forward and backward), for tuning the kernel.
 void BM_AttentionFused(benchmark::State& state) {
-  Executor exec(2);
-  const Mesh mesh = Mesh::parse("model:2", 2);
-  const NamedSharding heads(mesh, P(nullptr, nullptr, "model"));
-  const Shape shape{1, kT, kHeads, kHeadSize};
-  const auto put = [&](std::uint64_t seed) {
-    return device_put(Tensor::normal(shape, DType::kF32, seed), heads, exec);
-  };
-  const Array q = put(1), k = put(2), v = put(3), w = put(4);
+  const Inputs in;
+  const Mesh& mesh = in.mesh;
+  const Array &q = in.q, &k = in.k, &v = in.v, &w = in.w;
   auto fused = sjit(mesh, step(true));
   benchmark::DoNotOptimize(fused(q, k, v, w));
   for (auto _ : state) benchmark::DoNotOptimize(fused(q, k, v, w));

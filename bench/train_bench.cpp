@@ -285,18 +285,23 @@ void cost_counters(benchmark::State& state, const ProgramCost& cost, const std::
   state.counters["peak_kib" + suffix] = static_cast<double>(cost.peak_bytes[0]) / 1024;
 }
 
-// Tokens per second of the LLaMA-style model (dim 256, 4 heads, ffn 512, 2 layers, sequences of
-// 64, batch 32).
-void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true,
-                  bool sequence_parallel = true) {
+// The benchmarks' LLaMA-style model: vocabulary 128, dim 256, 4 heads, ffn 512, 2 layers.
+llama::Config bench_llama(std::int64_t seq, std::int64_t batch) {
   llama::Config cfg;
   cfg.vocab = 128;
   cfg.dim = 256;
   cfg.heads = 4;
   cfg.ffn = 512;
   cfg.layers = 2;
-  cfg.seq = 64;
-  cfg.batch = 32;
+  cfg.seq = seq;
+  cfg.batch = batch;
+  return cfg;
+}
+
+// Tokens per second of the LLaMA-style model (sequences of 64, batch 32).
+void llama_tokens(benchmark::State& state, bool fsdp_tp, bool fuse = true,
+                  bool sequence_parallel = true) {
+  const llama::Config cfg = bench_llama(64, 32);
   const LlamaStep step = make_llama_step(cfg, fsdp_tp, fuse, sequence_parallel);
   cost_counters(state, step.cost, "");
   for (auto _ : state) step.run();
@@ -331,14 +336,7 @@ BENCHMARK_MAIN();
 // tokens/s, the ratio of the old step's time over the new one's (x_now), and both programs'
 // static costs (peak_kib_before, peak_kib_now, ...).
 void BM_LlamaStep4kTokensBeforeAndNow(benchmark::State& state) {
-  llama::Config now;
-  now.vocab = 128;
-  now.dim = 256;
-  now.heads = 4;
-  now.ffn = 512;
-  now.layers = 2;
-  now.seq = 4096;
-  now.batch = 4;
+  const llama::Config now = bench_llama(4096, 4);
   llama::Config before = now;
   before.fused_attention = false;
   before.fused_loss = false;

@@ -18,6 +18,8 @@ import os
 
 import torch
 
+from torch_reference import formula, write
+
 # name, B, T, N, S, K, H, causal, with mask, with bias, scale (None: 1/sqrt(H))
 CASES = [
     ("causal_gqa", 2, 5, 4, 7, 2, 3, True, False, False, None),
@@ -25,10 +27,6 @@ CASES = [
 ]
 COEF = {"q": (0.37, 0.11), "k": (0.53, -0.2), "v": (0.71, 0.3), "bias": (0.23, 0.05)}
 
-
-def formula(shape, a, c):
-    n = math.prod(shape)
-    return torch.tensor([math.sin(a * i + c) for i in range(n)], dtype=torch.float64).reshape(shape)
 
 
 def mask_of(t, s):
@@ -57,10 +55,6 @@ def attention(q, k, v, bias, mask, causal, scale):
     s = s.masked_fill(~allowed, float("-inf"))
     return torch.matmul(torch.softmax(s, dim=-1), vt).transpose(1, 2)
 
-
-def write(out, name, x):
-    out.write(f"{name} {' '.join(str(d) for d in x.shape)}\n")
-    out.write(" ".join(repr(float(v)) for v in x.reshape(-1).tolist()) + "\n")
 
 
 def main():

@@ -9,24 +9,17 @@ flat index, so that the C++ test rebuilds them: h, w element i = sin(a * i + c);
 Usage: /usr/bin/python3 scripts/gen_fused_loss_reference.py   (apt-get install python3-torch)
 The test does not need torch: the generated file is committed.
 """
-import math
 import os
 
 import torch
+
+from torch_reference import formula, write
 
 # name, B, T, D, V
 CASES = [("small", 2, 12, 8, 40), ("odd", 1, 9, 5, 13)]
 COEF = {"h": (0.37, 0.11), "w": (0.53, -0.2)}
 
 
-def formula(shape, a, c):
-    n = math.prod(shape)
-    return torch.tensor([math.sin(a * i + c) for i in range(n)], dtype=torch.float64).reshape(shape)
-
-
-def write(out, name, x):
-    out.write(f"{name} {' '.join(str(d) for d in x.shape)}\n")
-    out.write(" ".join(repr(float(v)) for v in x.reshape(-1).tolist()) + "\n")
 
 
 def main():
