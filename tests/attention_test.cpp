@@ -394,3 +394,25 @@ TEST(Attention, TracedEqualsEager) {
 
 }  // namespace
 }  // namespace shardplan
+
+namespace shardplan {
+namespace {
+
+// A second derivative through the fused attention (the gradient of a function of its gradient)
+// is refused by name: the backward kernels have no VJP, and a silent zero would be wrong.
+TEST(Attention, SecondDerivativeIsRefusedNotZero) {
+  One one;
+  const Shape s{1, 4, 2, 3};
+  const Array q = one.put(values(s, DType::kF64, 1)), k = one.put(values(s, DType::kF64, 2)),
+              v = one.put(values(s, DType::kF64, 3));
+  const auto inner = [&](const Array& qq) {
+    return sum(dot_product_attention(qq, k, v, AttentionOptions{.is_causal = true}));
+  };
+  // The first derivative is fine.
+  EXPECT_EQ(grad(inner)(q).shape(), s);
+  const auto outer = [&](const Array& qq) { return sum(grad(inner)(qq)); };
+  EXPECT_THROW_WITH(grad(outer)(q), SpecError, "second derivative", "not supported");
+}
+
+}  // namespace
+}  // namespace shardplan

@@ -105,6 +105,10 @@ struct PrimitiveTests {
   ReferenceFn* reference = nullptr;
   /// A cotangent flows to the float operands (of a float result).
   bool gradient = false;
+  /// Without a gradient: differentiating it is refused (its VJP throws SpecError) rather than
+  /// giving no cotangent, because one does flow mathematically (a second derivative through a
+  /// backward kernel) and a silent zero would be a wrong answer.
+  bool gradient_refused = false;
   /// The operands' domains, for cases made by `pointwise_cases`.
   std::array<Domain, 3> domains = {};
   TestKind kind = TestKind::kReference;

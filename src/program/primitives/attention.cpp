@@ -224,6 +224,18 @@ std::vector<Array> attention_vjp(const Node& n, const std::vector<Array>& in, co
 
 }  // namespace
 
+namespace {
+// The backward kernels' own VJP: a second derivative through attention is refused by name, not
+// given as zero (a cotangent does flow: the gradient depends on q, k and v).
+std::vector<Array> second_derivative_refused(const Node& n, const std::vector<Array>&,
+                                             const Array&, const Array&) {
+  throw SpecError(fmt::format(
+      "[{}] differentiating attention's gradient (a second derivative through "
+      "dot_product_attention) is not supported",
+      n.op->name));
+}
+}  // namespace
+
 namespace prim {
 // A primitive has one result, so the backward is two primitives; their own gradients (second
 // derivatives of attention) are not provided: no cotangent flows through them.
@@ -241,7 +253,7 @@ constinit const Primitive attention_grad_q{.name = "attention_grad_q",
                                            .factors = grad_q_factors,
                                            .kernel = attention_grad_q_kernel,
                                            .flops = grad_q_flops,
-                                           .vjp = no_gradient,
+                                           .vjp = second_derivative_refused,
                                            .tests = &kAttentionGradQTests};
 constinit const Primitive attention_grad_kv{.name = "attention_grad_kv",
                                             .arity = kVariadic,
@@ -249,7 +261,7 @@ constinit const Primitive attention_grad_kv{.name = "attention_grad_kv",
                                             .factors = grad_kv_factors,
                                             .kernel = attention_grad_kv_kernel,
                                             .flops = grad_kv_flops,
-                                            .vjp = no_gradient,
+                                            .vjp = second_derivative_refused,
                                             .partial = ReduceOp::kSum,
                                             .tests = &kAttentionGradKvTests};
 }  // namespace prim
