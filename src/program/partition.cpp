@@ -232,25 +232,35 @@ class Chooser {
   // Axes per factor. Pass factors take the result's sharding and reduce factors the operands'
   // (first sharded dimension), an axis going to one factor only; `reduce_first` says which of
   // the two claims an axis they both want.
+  // The mesh axes `id`'s operands (as propagated) split its reduce factors over, each once, in
+  // order of first appearance.
+  std::vector<std::string> reduce_axes(ValueId id) const {
+    const Node& n = g_[id];
+    const OpFactors& f = prop_.factors(id);
+    std::vector<std::string> axes;
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const auto& odims = prop_.at(n.operands[k]).dims;
+      for (std::size_t d = 0; d < f.operands[k].size() && d < odims.size(); ++d) {
+        const int fac = f.operands[k][d];
+        if (fac < 0 || f.kind(fac) != FactorKind::kReduce) continue;
+        for (const auto& a : odims[d]) {
+          if (std::find(axes.begin(), axes.end(), a) == axes.end()) axes.push_back(a);
+        }
+      }
+    }
+    return axes;
+  }
+
   // The mesh axes both a pass factor (in the propagated result) and a reduce factor (in an
   // operand) of `id` would take.
   std::vector<std::string> contested_axes(ValueId id) const {
-    const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     std::set<std::string> pass, reduce;
     const auto& rdims = prop_.at(id).dims;
     for (std::size_t d = 0; d < f.result.size() && d < rdims.size(); ++d) {
       if (f.result[d] >= 0) pass.insert(rdims[d].begin(), rdims[d].end());
     }
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      const auto& odims = prop_.at(n.operands[k]).dims;
-      for (std::size_t d = 0; d < f.operands[k].size() && d < odims.size(); ++d) {
-        const int fac = f.operands[k][d];
-        if (fac >= 0 && f.kind(fac) == FactorKind::kReduce) {
-          reduce.insert(odims[d].begin(), odims[d].end());
-        }
-      }
-    }
+    for (const std::string& a : reduce_axes(id)) reduce.insert(a);
     std::vector<std::string> both;
     std::set_intersection(pass.begin(), pass.end(), reduce.begin(), reduce.end(),
                           std::back_inserter(both));
@@ -365,18 +375,7 @@ class Chooser {
     if (decided_[id] != 0) return layout(id).pending;
     const OpFactors& f = prop_.factors(id);
     if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
-      Pending p{n.op->partial, {}};
-      for (std::size_t k = 0; k < n.operands.size(); ++k) {
-        const Sharding& os = prop_.at(n.operands[k]);
-        for (std::size_t d = 0; d < f.operands[k].size() && d < os.dims.size(); ++d) {
-          const int fac = f.operands[k][d];
-          if (fac < 0 || f.kind(fac) != FactorKind::kReduce) continue;
-          for (const auto& a : os.dims[d]) {
-            if (std::find(p.axes.begin(), p.axes.end(), a) == p.axes.end()) p.axes.push_back(a);
-          }
-        }
-      }
-      return p;
+      return Pending{n.op->partial, reduce_axes(id)};
     }
     if (n.operands.size() == 1 && depth < 8 && linearity_of(g_, n).covers(0)) {
       return can_pend(n.operands[0], depth + 1);

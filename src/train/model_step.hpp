@@ -42,8 +42,8 @@ inline constexpr const char* kActivationNames[] = {
 /// Tables every layer and micro-batch of one traced step reads alike, made once: the rotary
 /// positions' cos and sin [t, dh / 2] by (t, dh / 2, dtype). Made per layer, each layer's copy
 /// of these small constants would be kept between runs (program constants), one per layer and
-/// micro-batch. Holds arrays of one trace: make one per trace, and use it only where the first
-/// layer runs in that trace itself (the recomputing forward pass), not inside a value_and_grad.
+/// micro-batch. Holds arrays of one trace: loss_and_grads makes one inside each value_and_grad
+/// it traces (a micro-batch's tracers are not valid in the next one's trace).
 struct SharedTables {
   std::map<std::tuple<std::int64_t, std::int64_t, DType>, std::pair<Array, Array>> rotary;
 };
