@@ -190,6 +190,15 @@ TEST(LinearCrossEntropy, BadInputIsNamed) {
                     "labels must be i32");
   EXPECT_THROW_WITH(linear_cross_entropy(reshape(p.h, Shape{192}), p.w, p.labels), SpecError,
                     "rank 2 or more");
+  EXPECT_THROW_WITH(linear_cross_entropy(p.h, reshape(p.w, Shape{40, 2, 4}), p.labels), SpecError,
+                    "f32[40, 2, 4]", "the weight must be [vocab, d]");
+  EXPECT_THROW_WITH(linear_cross_entropy(p.h, astype(p.w, DType::kF64), p.labels), SpecError,
+                    "f64[40, 8]", "one dtype");
+  EXPECT_THROW_WITH(linear_cross_entropy(astype(p.h, DType::kI32), astype(p.w, DType::kI32),
+                                         p.labels),
+                    SpecError, "i32[2, 12, 8]", "a float array");
+  EXPECT_THROW_WITH(linear_cross_entropy(p.h, p.w, p.labels, -1), SpecError,
+                    "-1 chunks do not divide");
 }
 
 }  // namespace
