@@ -3,6 +3,8 @@
 # then builds it again with AddressSanitizer + UBSan (the asan preset's settings, in build-asan/)
 # and runs every test there, then builds the libFuzzer targets with clang and runs each for a
 # bounded number of inputs. SHARDPLAN_ASAN=0 skips the sanitized run, SHARDPLAN_FUZZ=0 the fuzzing.
+# Under CI (CI set), each stage's build tree is removed once its tests have passed, so that the
+# disk holds one build at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzz=${SHARDPLAN_FUZZ:-1}
@@ -25,11 +27,13 @@ run_ctest() {  # label, ctest arguments...
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON
 cmake --build "$build" -j "$jobs"
 run_ctest "Debug" --test-dir "$build" --output-on-failure -j "$jobs"
+[[ -n ${CI:-} ]] && rm -rf "$build"
 if [[ $asan == 1 ]]; then
   cmake -S . -B "$build-asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON \
     -DSHARDPLAN_SANITIZE=address,undefined -DSHARDPLAN_BUILD_BENCH=OFF
   cmake --build "$build-asan" -j "$jobs"
   run_ctest "ASan+UBSan" --test-dir "$build-asan" --output-on-failure -j "$jobs"
+  [[ -n ${CI:-} ]] && rm -rf "$build-asan"
 fi
 if [[ $fuzz == 1 ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
