@@ -351,6 +351,20 @@ void check_argument(const Primitive& p) {
   }
 }
 
+std::string read_source(const std::string& path);
+std::vector<std::string> split(std::string_view text);
+
+// A shard_map op: tests/shard_map_test.cpp calls each of its public functions.
+void check_shard_map_tested(const Primitive& p) {
+  const std::string tests = read_source("tests/shard_map_test.cpp");
+  ASSERT_FALSE(tests.empty());
+  for (const std::string& op : split(p.tests->public_ops)) {
+    const std::string call = op == "shard_map" ? "shard_map(" : "lax::" + op + "(";
+    EXPECT_NE(tests.find(call), std::string::npos)
+        << p.name << ": tests/shard_map_test.cpp never calls " << call;
+  }
+}
+
 class Registry : public ::testing::TestWithParam<const Primitive*> {};
 
 TEST_P(Registry, ChecksWhatTheDefinitionDeclares) {
@@ -367,6 +381,8 @@ TEST_P(Registry, ChecksWhatTheDefinitionDeclares) {
       return check_random(p);
     case TestKind::kArgument:
       return check_argument(p);
+    case TestKind::kShardMap:
+      return check_shard_map_tested(p);
   }
 }
 
@@ -409,17 +425,22 @@ std::vector<std::string> split(std::string_view text) {
 TEST(PrimitiveRegistry, DocsAndOpsHeaderNameEveryPublicOp) {
   const std::set<std::string> documented = documented_ops();
   ASSERT_FALSE(documented.empty()) << "docs/sjit.md has no '## Ops' section with `ops`";
-  const std::string header = read_source("include/shardplan/ops.hpp");
+  const std::string ops_header = read_source("include/shardplan/ops.hpp");
+  const std::string shard_map_header = read_source("include/shardplan/shard_map.hpp");
   for (const Primitive* p : all_primitives()) {
     if (p->tests == nullptr) continue;  // the registry test names it
+    const bool lax = p->tests->kind == TestKind::kShardMap;
+    const std::string& header = lax ? shard_map_header : ops_header;
     const std::vector<std::string> ops = split(p->tests->public_ops);
     EXPECT_EQ(ops.empty(), p->tests->kind == TestKind::kArgument)
         << p->name << ": every primitive but input names its public functions";
     for (const std::string& op : ops) {
       EXPECT_EQ(documented.count(op), 1u)
           << p->name << "'s public function '" << op << "' is not in docs/sjit.md's op list";
-      EXPECT_NE(header.find("Array " + op + "("), std::string::npos)
-          << p->name << "'s public function '" << op << "' is not declared in ops.hpp";
+      EXPECT_NE(header.find((op == "shard_map" ? "auto " : "Array ") + op + "("),
+                std::string::npos)
+          << p->name << "'s public function '" << op << "' is not declared in "
+          << (lax ? "shard_map.hpp" : "ops.hpp");
     }
   }
 }

@@ -116,8 +116,13 @@ Array apply(const Primitive& op, Attrs attrs, const std::vector<Array>& operands
       throw ArrayError(fmt::format("[{}] {} is a tracer used outside the sjit that made it",
                                    op.name, type_str(operands[0])));
     }
-    for (const Array& a : operands) n.operands.push_back(ctx->node_of(a));
-    return ctx->record(std::move(n));
+    // Inside shard_map: the axes the result varies over, its operands made to vary alike.
+    std::vector<Array> ins = operands;
+    bool pass = false;
+    const std::int64_t vary = vary_operands(*ctx, op, n, ins, pass);
+    if (pass) return ins[0];
+    for (const Array& a : ins) n.operands.push_back(ctx->node_of(a));
+    return ctx->record(std::move(n), vary);
   }
   return run_eager(std::move(n), operands, placement != nullptr ? *placement : operands.at(0));
 }

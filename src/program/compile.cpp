@@ -88,6 +88,10 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
         prop.fix(id, spec_of_dims(prop.at(*c.like).dims),
                  fmt::format("sharded like {} (the gradient of a parameter)", value_name(*c.like)));
       }
+    } else if (n.op->fixed_layout != nullptr) {  // shard_map's boundaries and collectives
+      prop.fix(id, n.op->fixed_layout(n).result,
+               n.is(prim::shard_map_out) ? std::string("shard_map's out_specs")
+                                         : std::string("a per-device value of shard_map"));
     } else if (n.is(prim::sharding_annotation)) {
       const AnnotationAttrs& a = n.attr<AnnotationAttrs>();
       if (a.spec) prop.fix(id, *a.spec, fmt::format("annotation '{}'", a.name));

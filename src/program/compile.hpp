@@ -120,6 +120,8 @@ class Program {
   std::vector<Array> run_steps(const Executor& executor, std::vector<Array>& inputs,
                                std::vector<Array>& slots, std::vector<char>& moved_in) const;
   void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
+  void run_collective_step(const Executor& executor, const Step& st,
+                           std::vector<Array>& slots) const;
 
   Graph graph_;
   Mesh mesh_;

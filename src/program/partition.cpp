@@ -147,6 +147,13 @@ class Chooser {
     if (n.op->barrier) {
       return as_is_alias(id, "taken as it is (optimization barrier)");
     }
+    if (n.op->fixed_layout != nullptr) {  // shard_map: the layouts the op fixes
+      FixedLayout fl = n.op->fixed_layout(n);
+      return Decision{.kind = Decision::Kind::kKernel,
+                      .wants = std::move(fl.operands),
+                      .as_is = std::vector<char>(n.operands.size(), 0),
+                      .result = {std::move(fl.result), {}, {}}};
+    }
     if (n.op->sharding_identity) {
       if (is_gradient_constraint(n) && !layout(n.operands[0]).pending.empty()) {
         return as_is_alias(id, "a gradient's sharding; its sum is kept pending for its users");
@@ -707,6 +714,10 @@ class Emitter {
               .constant = constant_[id] != 0};
     std::tie(step.blocks, step.offsets) = blocks_of(d.result.spec, n.type.shape);
     step.flops = n.op->flops(step.local, in_local, step.local.type.shape);
+    if (n.op->collective != nullptr) {
+      step.cost = collective_cost(n.op->collective(step.local, {in_local[0], g_[n.operands[0]].type.dtype}),
+                                  g_[n.operands[0]].type.dtype, mesh_);
+    }
     slot_[id] = step.out;
     out_.steps.push_back(std::move(step));
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "compile.hpp"
+#include "primitive.hpp"
 #include "propagate.hpp"
 
 namespace shardplan::detail {
@@ -37,6 +38,10 @@ struct Partitioned {
 /// Phase 3 of partition(): drops the steps whose results nothing reads (no later step, no
 /// output), then counts the FLOPs and the bytes per collective kind of the steps kept.
 void keep_read(Partitioned& p, int devices);
+
+/// What a collective inside shard_map (Primitive::collective) moves, as its step's static cost.
+std::vector<CollectiveRecord> collective_cost(const CollectivePlan& plan, DType dtype,
+                                              const Mesh& mesh);
 
 Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
                       const CompileSpec& spec);

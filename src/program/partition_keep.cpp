@@ -1,6 +1,8 @@
 // The partitioner's phase 3 (partition.cpp has the first two): keep what is read, count it.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "partition.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
@@ -37,6 +39,28 @@ void keep_read(Partitioned& p, int devices) {
       }
     }
   }
+}
+
+std::vector<CollectiveRecord> collective_cost(const CollectivePlan& plan, DType dtype,
+                                              const Mesh& mesh) {
+  if (plan.permute_axis.empty()) {
+    return plan_reshard(plan.view, dtype, NamedSharding(mesh, plan.from), plan.pending,
+                        NamedSharding(mesh, plan.to));
+  }
+  // A permute: every device a pair sends to from another coordinate receives one block.
+  const int ax = mesh.axis_index(plan.permute_axis);
+  const auto num =
+      static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1);
+  CollectiveRecord rec{CollectiveKind::kPermute, {plan.permute_axis},
+                       std::vector<std::int64_t>(num, 0)};
+  const std::int64_t block = byte_size(NamedSharding(mesh, plan.from).shard_shape(plan.view), dtype);
+  for (const int d : mesh.devices()) {
+    const std::int64_t at = mesh.coords_of_position(mesh.position_of_device(d))[static_cast<std::size_t>(ax)];
+    for (const auto& [from, to] : plan.pairs) {
+      if (to == at && from != to) rec.bytes_in[static_cast<std::size_t>(d)] = block;
+    }
+  }
+  return {std::move(rec)};
 }
 
 }  // namespace shardplan::detail

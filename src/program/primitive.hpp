@@ -11,12 +11,16 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "factors.hpp"
 #include "graph.hpp"
 #include "shardplan/array.hpp"
+#include "shardplan/mesh.hpp"
+#include "shardplan/partition_spec.hpp"
 
 namespace shardplan::detail {
 
@@ -130,6 +134,39 @@ using LinearityFn = Linearity(const Node& node, std::span<const TensorType> oper
 enum class Contraction : std::uint8_t { kNone, kUnbatched, kBatched };
 using ContractionFn = Contraction(const Node& node);
 
+/// shard_map (shard_map.hpp): the shardings an op reads its operands in and gives its result in,
+/// whatever propagation says (shard_map's boundaries, which take a global array's blocks as
+/// per-device values and back; the collectives, whose per-device values are replicated arrays
+/// whose devices hold different values). Propagation carries nothing through such an op.
+struct FixedLayout {
+  std::vector<PartitionSpec> operands;
+  PartitionSpec result;
+};
+using FixedLayoutFn = FixedLayout(const Node& node);
+
+/// A collective inside shard_map, run across devices on whole arrays instead of a kernel per
+/// device: the operand's per-device blocks seen as one array of global shape `view`, sharded
+/// `from` and pending `pending`, resharded to `to` (reshard() picks all-reduce, all-gather,
+/// reduce-scatter or all-to-all); or, with `permute_axis` set, permuted along that axis by
+/// `pairs` (source, destination). The result's per-device values are the blocks that gives.
+/// The program's static cost is plan_reshard's for the same (collectives.hpp).
+struct CollectivePlan {
+  Shape view;
+  PartitionSpec from;
+  Pending pending;
+  PartitionSpec to;
+  std::string permute_axis;
+  std::vector<std::pair<int, int>> pairs;
+};
+using CollectiveFn = CollectivePlan(const Node& node, const TensorType& operand);
+
+/// Inside shard_map every value carries the mesh axes it varies over (JAX's vma), a bitmask over
+/// the mesh's axes, or kNotManual for a global value. The result's, from the operands' (optional:
+/// by default the union of the operands', with the operands that vary over fewer axes made to vary
+/// first, pvary). The mesh is the trace's.
+inline constexpr std::int64_t kNotManual = -1;
+using VaryFn = std::int64_t(const Node& node, const Mesh& mesh, std::span<const std::int64_t> operands);
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -168,6 +205,11 @@ struct Primitive {
   LinearityFn* linearity = nullptr;
   /// Optional: the op is a contraction (see Contraction); none: it is not.
   ContractionFn* contraction = nullptr;
+  /// Optional (shard_map's ops): the layouts it reads and gives (see FixedLayout), how it runs
+  /// across devices (see CollectivePlan), the axes its result varies over (see VaryFn).
+  FixedLayoutFn* fixed_layout = nullptr;
+  CollectiveFn* collective = nullptr;
+  VaryFn* vary = nullptr;
   /// What the registry test needs to check it (primitive_tests.hpp): every listed primitive
   /// declares one, or that test fails naming it.
   const PrimitiveTests* tests = nullptr;

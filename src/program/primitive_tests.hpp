@@ -80,6 +80,10 @@ enum class TestKind {
   kRandom,
   /// input (no kernel: an sjit argument): the argument comes back unchanged, sharded or not.
   kArgument,
+  /// shard_map's boundaries and collectives: what each device computes depends on the others, which
+  /// a one-device reference cannot state. Checked by tests/shard_map_test.cpp, which the registry
+  /// test requires to call every public function listed (declared in shardplan/shard_map.hpp).
+  kShardMap,
 };
 
 /// The cases of primitive `p` whose (first) operands or result are of `dtype`.

@@ -27,7 +27,9 @@ namespace shardplan::detail {
   /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \
   X(take)                                                                                     \
   /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                    \
-  /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)
+  /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)    \
+  /* shard_map_ops.cpp */ X(shard_map_in) X(shard_map_out) X(pvary) X(preduce) X(pall_gather) \
+  X(psum_scatter) X(ppermute) X(pall_to_all)
 // clang-format on
 
 namespace prim {
@@ -98,6 +100,9 @@ TensorType infer_type(const Primitive& op, const Attrs& attrs, const std::vector
 
 /// x annotated with `name` (sharding_annotation), with the spec the name resolved to, if any.
 Array annotate(const Array& x, const std::string& name, std::optional<PartitionSpec> spec);
+
+/// Inside a trace: the values 0, 1, ... along `axis` of `shape` (an iota node).
+Array traced_iota(const Shape& shape, DType dtype, int axis);
 
 /// The one way an op is applied: checks the operand count, infers the result type (the
 /// primitive's checks throw SpecError at the op, before anything runs), then records a node in

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "array_access.hpp"
 #include "compile.hpp"
 #include "fuse.hpp"
 #include "primitive.hpp"
@@ -93,8 +94,13 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
     if (have_constants && cached_step_[s] != 0) continue;  // taken from the cache
-    if (failed && st.kind != Step::Kind::kReshard) continue;
-    if (st.kind == Step::Kind::kReshard) {
+    // A shard_map collective communicates as a reshard does.
+    const bool communicates =
+        st.kind == Step::Kind::kReshard || st.local.op->collective != nullptr;
+    if (failed && !communicates) continue;
+    if (failed && st.kind == Step::Kind::kKernel) {
+      if (!st.cost.empty()) distributed::detail::agree(failed);  // throws, on every process
+    } else if (st.kind == Step::Kind::kReshard) {
       if (!failed) {
         slots[index(st.out)] = reshard(slots[index(st.in[0])], *st.sharding).array;
       } else if (!st.cost.empty()) {
@@ -195,6 +201,7 @@ bool run_grouped(const Executor& executor, const Mesh& mesh, const Step& st, con
 // blocks, the result array.
 void Program::run_kernel_step(const Executor& executor, const Step& st,
                               std::vector<Array>& slots) const {
+  if (st.local.op->collective != nullptr) return run_collective_step(executor, st, slots);
   const Shape& local = st.local.type.shape;
   const std::int64_t bytes = byte_size(local, st.type.dtype);
   std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));
@@ -233,6 +240,22 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
   if (!grouped) executor.run(mesh_.devices(), one, parallel);
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, std::move(out), st.pending);
+}
+
+// A collective inside shard_map: the operand's per-device values seen as one array (its blocks),
+// resharded or permuted across devices, the blocks that gives taken as the result's values.
+void Program::run_collective_step(const Executor& executor, const Step& st,
+                                  std::vector<Array>& slots) const {
+  const Array& in = slots[index(st.in[0])];
+  const CollectivePlan plan = st.local.op->collective(st.local, {in.shard_shape(), in.dtype()});
+  const Array view =
+      Array::from_buffers(executor, plan.view, in.dtype(), NamedSharding(mesh_, plan.from),
+                          ArrayAccess::buffers(in), plan.pending);
+  const Array moved = plan.permute_axis.empty()
+                          ? reshard(view, NamedSharding(mesh_, plan.to)).array
+                          : permute(view, plan.permute_axis, plan.pairs);
+  slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
+                                             st.blocks, ArrayAccess::buffers(moved), st.pending);
 }
 
 namespace {
@@ -286,6 +309,9 @@ std::string Program::text() const {
                        st.local.type.shape.to_string(),
                        st.pending.empty() ? "" : fmt::format(" ({})", pending_text(st.pending)),
                        st.sharding->spec().to_string());
+      for (const auto& rec : st.cost) {  // a shard_map collective's
+        s += fmt::format("          {}: {}\n", value_name(st.node), rec.to_string());
+      }
     } else {
       for (const auto& rec : st.cost) {
         s += fmt::format("  reshard {} -> {}: {}\n", value_name(st.node),

@@ -118,6 +118,10 @@ void Propagator::carry_pending(std::span<const Pending> inputs) {
       s.pending = in[0];
       continue;
     }
+    if (n.op->fixed_layout != nullptr) {  // reads and gives whole values
+      s.pending = Pending{};
+      continue;
+    }
     Pending p = carried_pending(linearity_of(g_, n), in).value_or(Pending{n.op->partial, {}});
     // Its own reduce factors, split as its operands are (where the result does not use the axes).
     const OpFactors& f = factors_[id];

@@ -45,10 +45,15 @@ ValueId TraceContext::node_of(const Array& a) {
         fmt::join(mesh.devices(), ",")));
   }
   const TensorType type{a.shape(), a.dtype()};
+  const std::int64_t vary = vary_of(a);  // a per-device value of the enclosing trace stays one
   captured.push_back(a);
   // Numbered when the trace ends (after the arguments).
   const ValueId node =
       graph.add(Node{.op = &prim::input, .type = type, .attrs = InputAttrs{-1, type}});
+  if (vary != kNotManual) {
+    node_vary.resize(graph.size(), kNotManual);
+    node_vary[index(node)] = vary;
+  }
   captured_node[id] = node;
   return node;
 }
@@ -68,9 +73,19 @@ const RuleTree* TraceContext::annotation_rule(const std::string& name) const {
       name, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
 }
 
-Array TraceContext::record(Node n) {
+std::int64_t TraceContext::vary_of(const Array& a) const {
+  if (!a.is_tracer()) return kNotManual;
+  const auto* owner = static_cast<const TraceContext*>(ArrayAccess::trace(a));
+  return owner->vary_of(value_id(static_cast<std::size_t>(ArrayAccess::node(a))));
+}
+
+Array TraceContext::record(Node n, std::int64_t vary) {
   const TensorType type = n.type;
   const ValueId id = graph.add(std::move(n));
+  if (vary != kNotManual) {
+    node_vary.resize(graph.size(), kNotManual);
+    node_vary[index(id)] = vary;
+  }
   if (open_region >= 0) {
     node_region.resize(graph.size(), -1);
     node_region[index(id)] = open_region;

@@ -9,6 +9,7 @@
 
 #include "array_access.hpp"
 #include "graph.hpp"
+#include "primitive.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/remat.hpp"
 
@@ -48,6 +49,19 @@ struct TraceContext {
     return index(v) < node_region.size() ? node_region[index(v)] : -1;
   }
 
+  // shard_map (shard_map.hpp): per node, the mesh axes its value varies over as a bitmask over
+  // the mesh's axes, or kNotManual for a global value (missing entries: global); how many
+  // shard_map bodies are being traced (lax::axis_index is only valid inside one).
+  std::vector<std::int64_t> node_vary;
+  int shard_map_depth = 0;
+  /// The axes `v` varies over (kNotManual: a global value).
+  std::int64_t vary_of(ValueId v) const {
+    return index(v) < node_vary.size() ? node_vary[index(v)] : kNotManual;
+  }
+  /// The same for an array: a tracer of this trace or of another (the enclosing one, captured by
+  /// a gradient's trace); a concrete array is global.
+  std::int64_t vary_of(const Array& a) const;
+
   /// The rule given for annotation `name`, or nullptr when unknown names may pass. Throws
   /// SpecError listing the known names otherwise.
   const RuleTree* annotation_rule(const std::string& name) const;
@@ -57,8 +71,8 @@ struct TraceContext {
   /// The node of `a` in this trace: its own node for a tracer of this trace; a new input for a
   /// concrete array (captured once). Throws ArrayError for a tracer of another trace.
   ValueId node_of(const Array& a);
-  /// Adds `n` and returns a tracer for it.
-  Array record(Node n);
+  /// Adds `n` and returns a tracer for it; `vary`: the axes it varies over inside shard_map.
+  Array record(Node n, std::int64_t vary = kNotManual);
   /// Ends the trace and returns its graph (moved out: call once). `outputs` become the graph's
   /// outputs, in order (an output may be an argument or an array captured from outside); the
   /// captured inputs are numbered after the arguments (input num_args + k is captured[k]).
@@ -68,6 +82,16 @@ struct TraceContext {
 /// Inside a trace: x constrained to the sharding `like` (a tracer of the same trace) gets when
 /// compiled (a gradient sharded like its parameter).
 Array with_sharding_like(const Array& x, const Array& like);
+
+/// Inside a shard_map body (shard_map.cpp), for a node of `op` about to be recorded with these
+/// operands: the axes its result varies over (kNotManual: a global value, outside any body). A
+/// global operand of a per-device op is read whole (shard_map_in with P()), an operand varying
+/// over fewer axes than the others is made to vary alike (pvary); `operands` holds what the node
+/// reads then. `pass` is set for a sharding identity on a per-device value (a gradient's "like"
+/// constraint, an annotation): nothing to record, the operand is the result. Throws SpecError for
+/// a with_sharding_constraint on a per-device value and for a shard_map inside a body.
+std::int64_t vary_operands(TraceContext& ctx, const Primitive& op, const Node& n,
+                           std::vector<Array>& operands, bool& pass);
 
 /// The trace this thread is recording, or nullptr.
 TraceContext* current_trace();

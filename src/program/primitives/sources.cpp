@@ -237,6 +237,12 @@ Array random_uniform(const Shape& shape, DType dtype, std::uint64_t seed, double
   return detail::random_array(shape, dtype, Generator::uniform(seed, low, high), "random_uniform");
 }
 
+namespace detail {
+Array traced_iota(const Shape& shape, DType dtype, int axis) {
+  return apply(prim::iota, IotaAttrs{shape, dtype, axis}, {});
+}
+}  // namespace detail
+
 Array iota_like(const Array& like, int axis, DType dtype) {
   if (like.shape().rank() == 0) {
     throw SpecError(
