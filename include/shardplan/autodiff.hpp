@@ -9,6 +9,7 @@
 #include <functional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "shardplan/array.hpp"
 #include "shardplan/detail/array_tree.hpp"
@@ -31,6 +32,27 @@ ValueAndGrad value_and_grad_impl(
     const std::function<std::pair<Array, Tree<Array>>(const Tree<Array>&)>& fn);
 
 }  // namespace detail
+
+/// What the forward function of custom_vjp returns: its outputs, and the values its backward
+/// function reads (residuals).
+struct CustomVjpForward {
+  std::vector<Array> outputs;
+  std::vector<Array> residuals;
+};
+using CustomVjpFwd = std::function<CustomVjpForward(const std::vector<Array>& inputs)>;
+/// Given the residuals and one cotangent per output (zeros where none flows), one cotangent per
+/// input (an empty Array: none).
+using CustomVjpBwd = std::function<std::vector<Array>(const std::vector<Array>& residuals,
+                                                      const std::vector<Array>& output_cts)>;
+
+/// jax.custom_vjp: fwd(inputs)'s outputs, differentiated by `bwd` instead of through fwd's ops
+/// (value_and_grad calls bwd where the backward pass reaches the outputs, and keeps for it only
+/// the residuals). For an algorithm whose backward pass is not the reverse of its ops: ring
+/// attention recirculates the keys instead of keeping every block it received. Inside a
+/// checkpoint the residuals are recomputed as any value there. Outside differentiation, fwd's
+/// outputs.
+std::vector<Array> custom_vjp(const CustomVjpFwd& fwd, const CustomVjpBwd& bwd,
+                              const std::vector<Array>& inputs);
 
 /// jax.value_and_grad(f): a callable taking f's arguments and returning {f(...), df/dfirst}, the
 /// gradient with respect to the first argument (an Array, a Tree<Array> or a registered struct)

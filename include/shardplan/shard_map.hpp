@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -122,6 +123,29 @@ auto shard_map(F f, Mesh mesh, std::vector<PartitionSpec> in_specs,
     }
   };
 }
+
+/// Context parallelism. Inside shard_map's function, with the sequence split over mesh axis
+/// `axis`: attention by ring, q [B, t, N, H] and k, v [B, t, K, H] this device's block of the
+/// sequence (N a multiple of K). The key/value blocks travel round the devices of `axis`
+/// (lax::ppermute), each meeting this device's queries in the fused attention kernel, the
+/// partial results merged by their log-sum-exp; no device ever holds the whole sequence's keys,
+/// forward or backward (custom_vjp: the blocks go round again with their gradients). Causal: the
+/// sequence must be in the load-balanced order (load_balanced_positions: device d holds chunks d
+/// and 2n-1-d of 2n, so every device does the same work at every step), and t is even. Equal to
+/// dot_product_attention over the whole sequence to float rounding. `scale`: 1/sqrt(H) when
+/// not given.
+Array ring_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
+                     bool is_causal, std::optional<double> scale = std::nullopt);
+/// The load-balanced order of t tokens over n devices: element p is the position of the token
+/// at index p of the reordered sequence. Device d's block (indices 2c d .. 2c (d+1), c = t/2n)
+/// holds chunks d and 2n-1-d. Throws SpecError when t is not a multiple of 2n.
+std::vector<std::int64_t> load_balanced_positions(std::int64_t t, std::int64_t n);
+/// ring_attention on global arrays [B, T, N, H] / [B, T, K, H] sharded as `spec`, whose
+/// dimension 1 (the sequence, in the load-balanced order when causal) is split over `axis`
+/// alone: shard_map(ring_attention) with in and out specs `spec`.
+Array context_parallel_attention(const Array& q, const Array& k, const Array& v, const Mesh& mesh,
+                                 const PartitionSpec& spec, const std::string& axis, bool is_causal,
+                                 std::optional<double> scale = std::nullopt);
 
 /// The collectives of shard_map's function (jax.lax's), over the mesh axes named. Each is an
 /// error (SpecError naming it and the axis) outside a shard_map or over an axis the mesh does not

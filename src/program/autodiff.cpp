@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "primitive.hpp"
@@ -140,6 +141,33 @@ class Recompute {
   std::map<std::pair<int, std::size_t>, Array> barriers_;
 };
 
+// A custom_vjp region's backward function, called at its first output (the backward pass has
+// then passed every output): its residuals as the backward pass reads them, a cotangent per
+// output (zeros where none flowed); what it gives goes to the region's inputs. The region's own
+// nodes get no cotangent, so their VJPs never run.
+void custom_backward(const TraceContext::CustomRegion& r, ValueId at, const ValueMap<Array>& vals,
+                     ValueMap<Array>& ct, Recompute& remat) {
+  if (at != *std::min_element(r.outputs.begin(), r.outputs.end())) return;
+  if (std::none_of(r.outputs.begin(), r.outputs.end(), [&](ValueId o) { return ct[o].valid(); })) {
+    return;
+  }
+  std::vector<Array> residuals, cts;
+  for (const ValueId v : r.residuals) residuals.push_back(remat.read(at, v));
+  for (const ValueId o : r.outputs) cts.push_back(ct[o].valid() ? ct[o] : full_like(vals[o], 0));
+  std::optional<EagerPerDeviceScope> eager;
+  if (current_trace() == nullptr) eager.emplace();  // lax's collectives take its arrays as they are
+  const std::vector<Array> in_cts = (*r.bwd)(residuals, cts);
+  if (in_cts.size() != r.inputs.size()) {
+    throw SpecError(fmt::format("[custom_vjp] the backward function gave {} cotangents for {} inputs",
+                                in_cts.size(), r.inputs.size()));
+  }
+  for (std::size_t k = 0; k < in_cts.size(); ++k) {
+    if (!in_cts[k].valid()) continue;
+    Array& acc = ct[r.inputs[k]];
+    acc = acc.valid() ? acc + in_cts[k] : in_cts[k];
+  }
+}
+
 }  // namespace
 
 ValueAndGrad value_and_grad_impl(
@@ -159,6 +187,7 @@ ValueAndGrad value_and_grad_impl(
   inner.capture_foreign = true;
   inner.annotation_rules = outer != nullptr ? outer->annotation_rules : nullptr;
   inner.allow_unknown_annotations = outer == nullptr || outer->allow_unknown_annotations;
+  inner.shard_map_depth = outer != nullptr ? outer->shard_map_depth : 0;
   Graph g;  // outputs: the loss, then the aux leaves
   Tree<int> aux_structure;
   {
@@ -205,6 +234,11 @@ ValueAndGrad value_and_grad_impl(
   for (std::size_t i = index(loss_node) + 1; i-- > 0;) {
     const ValueId id = value_id(i);
     const Node& n = g[id];
+    if (const auto it = inner.custom_output.find(id); it != inner.custom_output.end()) {
+      custom_backward(inner.custom_regions[static_cast<std::size_t>(it->second)], id, vals, ct,
+                      remat);
+      continue;
+    }
     if (!ct[id].valid() || n.is(prim::input)) continue;
     std::vector<Array> ins;
     for (const ValueId o : n.operands) ins.push_back(remat.read(id, o));
@@ -241,3 +275,27 @@ ValueAndGrad value_and_grad_impl(
 }
 
 }  // namespace shardplan::detail
+
+namespace shardplan {
+
+std::vector<Array> custom_vjp(const CustomVjpFwd& fwd, const CustomVjpBwd& bwd,
+                              const std::vector<Array>& inputs) {
+  detail::TraceContext* ctx = detail::current_trace();
+  if (ctx == nullptr) return fwd(inputs).outputs;  // nothing differentiates it
+  detail::TraceContext::CustomRegion r;
+  r.bwd = std::make_shared<const CustomVjpBwd>(bwd);
+  for (const Array& a : inputs) r.inputs.push_back(ctx->node_of(a));
+  CustomVjpForward f = fwd(inputs);
+  for (const Array& a : f.residuals) r.residuals.push_back(ctx->node_of(a));
+  std::vector<Array> outs;
+  for (const Array& o : f.outputs) {
+    outs.push_back(optimization_barrier(o));
+    r.outputs.push_back(ctx->node_of(outs.back()));
+  }
+  const int region = static_cast<int>(ctx->custom_regions.size());
+  for (const detail::ValueId o : r.outputs) ctx->custom_output[o] = region;
+  ctx->custom_regions.push_back(std::move(r));
+  return outs;
+}
+
+}  // namespace shardplan

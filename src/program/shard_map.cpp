@@ -221,15 +221,33 @@ namespace {
 
 using detail::TraceContext;
 
-// The trace of the shard_map body `op` is called in, or SpecError.
-TraceContext& body_trace(std::string_view op) {
+bool per_device(const Array& x) {
+  const TraceContext* ctx = detail::current_trace();
+  return ctx != nullptr && ctx->vary_of(x) != detail::kNotManual;
+}
+
+[[noreturn]] void outside(std::string_view op) {
+  throw SpecError(fmt::format("[lax.{}] called outside a shard_map's function: it names mesh "
+                              "axes that only a shard_map makes manual",
+                              op));
+}
+
+// The trace of the shard_map body `op` is called in, or SpecError. A collective is also valid
+// on the per-device values of a body whose call has returned (a custom_vjp's backward function,
+// run where the backward pass reaches it): `per_device` says the operand is one.
+TraceContext& body_trace(std::string_view op, bool per_device = false) {
   TraceContext* ctx = detail::current_trace();
-  if (ctx == nullptr || ctx->shard_map_depth == 0) {
-    throw SpecError(fmt::format("[lax.{}] called outside a shard_map's function: it names mesh "
-                                "axes that only a shard_map makes manual",
-                                op));
-  }
+  if (ctx == nullptr || (ctx->shard_map_depth == 0 && !per_device)) outside(op);
   return *ctx;
+}
+
+// The mesh a collective on x runs over: the trace's, or, run eagerly on per-device values (a
+// custom_vjp's backward function outside any trace), x's own.
+const Mesh& mesh_of(std::string_view op, const Array& x) {
+  if (detail::current_trace() == nullptr && detail::eager_per_device() && !x.is_tracer()) {
+    return x.mesh();
+  }
+  return body_trace(op, per_device(x)).mesh;
 }
 
 // The axes, checked against the mesh (known, not repeated, at least one).
@@ -253,7 +271,8 @@ std::vector<std::string> checked_axes(std::string_view op, const Mesh& mesh, con
 // x as a collective over `axes` reads it: a per-device value, made to vary over them first (a
 // value the same over an axis enters its psum once per device, as JAX's does).
 Array collective_operand(std::string_view op, const Array& x, const std::vector<std::string>& axes) {
-  TraceContext& ctx = body_trace(op);
+  if (detail::current_trace() == nullptr && detail::eager_per_device()) return x;  // no types
+  TraceContext& ctx = body_trace(op, per_device(x));
   const std::int64_t vary = ctx.vary_of(x);
   if (vary == detail::kNotManual) {
     throw SpecError(fmt::format("[lax.{}] {} is not a value of the shard_map's function (an array "
@@ -268,7 +287,7 @@ Array collective_operand(std::string_view op, const Array& x, const std::vector<
 }
 
 Array reduce(std::string_view op, ReduceOp how, const Array& x, const AxisSet& axes) {
-  const Mesh& mesh = body_trace(op).mesh;
+  const Mesh& mesh = mesh_of(op, x);
   const std::vector<std::string> names = checked_axes(op, mesh, axes);
   const Array in = collective_operand(op, x, names);
   return detail::apply(detail::prim::preduce,
@@ -295,7 +314,7 @@ Array pmean(const Array& x, const AxisSet& axes) {
 }
 
 Array all_gather(const Array& x, const AxisSet& axes, int axis, bool tiled) {
-  const Mesh& mesh = body_trace("all_gather").mesh;
+  const Mesh& mesh = mesh_of("all_gather", x);
   const std::vector<std::string> names = checked_axes("all_gather", mesh, axes);
   const int rank = x.shape().rank();
   const int d = normalized("all_gather", axis, tiled ? rank : rank + 1, x);
@@ -305,7 +324,7 @@ Array all_gather(const Array& x, const AxisSet& axes, int axis, bool tiled) {
 }
 
 Array psum_scatter(const Array& x, const AxisSet& axes, int scatter_dimension, bool tiled) {
-  const Mesh& mesh = body_trace("psum_scatter").mesh;
+  const Mesh& mesh = mesh_of("psum_scatter", x);
   const std::vector<std::string> names = checked_axes("psum_scatter", mesh, axes);
   const int d = normalized("psum_scatter", scatter_dimension, x.shape().rank(), x);
   const Array in = collective_operand("psum_scatter", x, names);
@@ -315,7 +334,7 @@ Array psum_scatter(const Array& x, const AxisSet& axes, int scatter_dimension, b
 
 Array ppermute(const Array& x, const std::string& axis,
                const std::vector<std::pair<int, int>>& perm) {
-  const Mesh& mesh = body_trace("ppermute").mesh;
+  const Mesh& mesh = mesh_of("ppermute", x);
   const std::vector<std::string> names = checked_axes("ppermute", mesh, AxisSet(axis));
   const std::int64_t n = mesh.axis_size(axis);
   std::set<int> sources, destinations;
@@ -337,7 +356,7 @@ Array ppermute(const Array& x, const std::string& axis,
 }
 
 Array all_to_all(const Array& x, const AxisSet& axes, int split_axis, int concat_axis, bool tiled) {
-  const Mesh& mesh = body_trace("all_to_all").mesh;
+  const Mesh& mesh = mesh_of("all_to_all", x);
   const std::vector<std::string> names = checked_axes("all_to_all", mesh, axes);
   const std::int64_t n = detail::devices_along(mesh, names);
   const int rank = x.shape().rank();
@@ -389,12 +408,12 @@ Array axis_index(const AxisSet& axes) {
 }
 
 std::int64_t axis_size(const AxisSet& axes) {
-  TraceContext& ctx = body_trace("axis_size");
+  TraceContext& ctx = body_trace("axis_size", detail::current_trace() != nullptr);
   return detail::devices_along(ctx.mesh, checked_axes("axis_size", ctx.mesh, axes));
 }
 
 Array pvary(const Array& x, const AxisSet& axes) {
-  const Mesh& mesh = body_trace("pvary").mesh;
+  const Mesh& mesh = mesh_of("pvary", x);
   return collective_operand("pvary", x, checked_axes("pvary", mesh, axes));
 }
 

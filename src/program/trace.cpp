@@ -17,6 +17,13 @@ thread_local TraceContext* g_current = nullptr;
 
 TraceContext* current_trace() { return g_current; }
 
+namespace {
+thread_local int g_eager_per_device = 0;
+}  // namespace
+EagerPerDeviceScope::EagerPerDeviceScope() { ++g_eager_per_device; }
+EagerPerDeviceScope::~EagerPerDeviceScope() { --g_eager_per_device; }
+bool eager_per_device() { return g_eager_per_device > 0; }
+
 TraceScope::TraceScope(TraceContext* ctx) : previous_(g_current) { g_current = ctx; }
 TraceScope::~TraceScope() { g_current = previous_; }
 

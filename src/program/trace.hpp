@@ -4,12 +4,14 @@
 // uses (closure values) become extra inputs of the graph.
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "array_access.hpp"
 #include "graph.hpp"
 #include "primitive.hpp"
+#include "shardplan/autodiff.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/remat.hpp"
 
@@ -62,6 +64,16 @@ struct TraceContext {
   /// a gradient's trace); a concrete array is global.
   std::int64_t vary_of(const Array& a) const;
 
+  // custom_vjp regions (autodiff.hpp): the backward function, the region's input and residual
+  // values and its outputs (optimization barriers recorded after the forward function); by
+  // output value, its region.
+  struct CustomRegion {
+    std::shared_ptr<const CustomVjpBwd> bwd;
+    std::vector<ValueId> inputs, residuals, outputs;
+  };
+  std::vector<CustomRegion> custom_regions;
+  std::map<ValueId, int> custom_output;
+
   /// The rule given for annotation `name`, or nullptr when unknown names may pass. Throws
   /// SpecError listing the known names otherwise.
   const RuleTree* annotation_rule(const std::string& name) const;
@@ -92,6 +104,18 @@ Array with_sharding_like(const Array& x, const Array& like);
 /// a with_sharding_constraint on a per-device value and for a shard_map inside a body.
 std::int64_t vary_operands(TraceContext& ctx, const Primitive& op, const Node& n,
                            std::vector<Array>& operands, bool& pass);
+
+/// While alive, this thread's concrete arrays count as the per-device values of a shard_map
+/// for shardplan::lax (a custom_vjp's backward function run eagerly, outside any trace, by
+/// value_and_grad on values a shard_map made).
+class EagerPerDeviceScope {
+ public:
+  EagerPerDeviceScope();
+  ~EagerPerDeviceScope();
+  EagerPerDeviceScope(const EagerPerDeviceScope&) = delete;
+  EagerPerDeviceScope& operator=(const EagerPerDeviceScope&) = delete;
+};
+bool eager_per_device();
 
 /// The trace this thread is recording, or nullptr.
 TraceContext* current_trace();

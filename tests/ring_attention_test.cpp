@@ -1,0 +1,165 @@
+// Ring attention (context parallelism, shard_map.hpp): equal to dot_product_attention over the
+// whole sequence (causal in the load-balanced order, and not causal), values and gradients,
+// eagerly and under sjit, grouped-query heads; over processes bitwise equal to one process of 8
+// devices; bad input named.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "shardplan/autodiff.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/shard_map.hpp"
+#include "shardplan/sjit.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+constexpr std::int64_t kB = 2, kT = 64, kN = 4, kK = 2, kH = 8;
+
+struct Inputs {
+  Tensor q = Tensor::uniform(Shape{kB, kT, kN, kH}, DType::kF32, 1, -1, 1);
+  Tensor k = Tensor::uniform(Shape{kB, kT, kK, kH}, DType::kF32, 2, -1, 1);
+  Tensor v = Tensor::uniform(Shape{kB, kT, kK, kH}, DType::kF32, 3, -1, 1);
+  Tensor w = Tensor::uniform(Shape{kB, kT, kN, kH}, DType::kF32, 4, -1, 1);  // loss weights
+};
+
+// Rows of dimension 1 of t in the order `pos` (row p of the result is row pos[p] of t).
+Tensor reorder(const Tensor& t, const std::vector<std::int64_t>& pos) {
+  Tensor out(t.shape(), t.dtype());
+  const std::int64_t rows = t.shape()[1], inner = t.numel() / (t.shape()[0] * rows);
+  for (std::int64_t b = 0; b < t.shape()[0]; ++b) {
+    for (std::int64_t p = 0; p < rows; ++p) {
+      for (std::int64_t e = 0; e < inner; ++e) {
+        out.set((b * rows + p) * inner + e, t.get((b * rows + pos[static_cast<std::size_t>(p)]) * inner + e));
+      }
+    }
+  }
+  return out;
+}
+
+double max_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double m = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.get(i) - b.get(i)));
+  return m;
+}
+
+struct Results {
+  Tensor out, dq, dk, dv;
+};
+
+// sum(attention(q, k, v) * w) and its gradients, the reference on one device.
+Results reference(const Inputs& in, bool causal) {
+  const Executor one = Executor::process_local(1);
+  const Mesh m = Mesh::parse("cp:1", 1);
+  const auto put = [&](const Tensor& t) { return device_put(t, NamedSharding(m, P()), one); };
+  const Array q = put(in.q), k = put(in.k), v = put(in.v), w = put(in.w);
+  const AttentionOptions o{.is_causal = causal};
+  const auto loss = [&](const Tree<Array>& p) {
+    return sum(dot_product_attention(p.at(0).leaf(), p.at(1).leaf(), p.at(2).leaf(), o) * w);
+  };
+  const Tree<Array> params = Tree<Array>::list({Tree<Array>(q), Tree<Array>(k), Tree<Array>(v)});
+  auto [value, grads] = value_and_grad(loss)(params);
+  (void)value;
+  return {dot_product_attention(q, k, v, o).to_host(), grads.at(0).leaf().to_host(),
+          grads.at(1).leaf().to_host(), grads.at(2).leaf().to_host()};
+}
+
+// The same by ring over `devices` devices of `exec` (sequence over cp, reordered when causal),
+// brought back to the natural order; `jit`: inside sjit.
+Results by_ring(const Inputs& in, bool causal, const Executor& exec, int devices, bool jit) {
+  const Mesh m = Mesh::parse("cp:" + std::to_string(devices), devices);
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(kT));
+  for (std::int64_t p = 0; p < kT; ++p) pos[static_cast<std::size_t>(p)] = p;
+  if (causal) pos = load_balanced_positions(kT, devices);
+  const PartitionSpec spec = P(nullptr, "cp");
+  const auto put = [&](const Tensor& t) {
+    return device_put(reorder(t, pos), NamedSharding(m, spec), exec);
+  };
+  const Tree<Array> params =
+      Tree<Array>::list({Tree<Array>(put(in.q)), Tree<Array>(put(in.k)), Tree<Array>(put(in.v))});
+  const Array w = put(in.w);
+  const auto attend = [&](const Tree<Array>& p) {
+    return context_parallel_attention(p.at(0).leaf(), p.at(1).leaf(), p.at(2).leaf(), m, spec,
+                                      "cp", causal);
+  };
+  const auto step = [&](const Tree<Array>& p, const Array& weights) {
+    auto [value, grads] =
+        value_and_grad([&](const Tree<Array>& x) { return sum(attend(x) * weights); })(p);
+    (void)value;
+    return Tree<Array>::list({Tree<Array>(attend(p)), grads});
+  };
+  const Tree<Array> got = jit ? sjit(m, step)(params, w) : step(params, w);
+  std::vector<std::int64_t> back(static_cast<std::size_t>(kT));  // natural row -> reordered row
+  for (std::int64_t p = 0; p < kT; ++p) back[static_cast<std::size_t>(pos[static_cast<std::size_t>(p)])] = p;
+  const auto host = [&](const Array& a) { return reorder(a.to_host(), back); };
+  const Tree<Array>& g = got.at(1);
+  return {host(got.at(0).leaf()), host(g.at(0).leaf()), host(g.at(1).leaf()), host(g.at(2).leaf())};
+}
+
+void expect_close(const Results& got, const Results& want, double tol, const std::string& what) {
+  EXPECT_LT(max_diff(got.out, want.out), tol) << what << " output";
+  EXPECT_LT(max_diff(got.dq, want.dq), tol) << what << " dq";
+  EXPECT_LT(max_diff(got.dk, want.dk), tol) << what << " dk";
+  EXPECT_LT(max_diff(got.dv, want.dv), tol) << what << " dv";
+}
+
+TEST(RingAttention, CausalLoadBalancedEqualsWholeSequenceAttention) {
+  const Inputs in;
+  const Results want = reference(in, true);
+  Executor exec{4};
+  expect_close(by_ring(in, true, exec, 4, false), want, 2e-5, "eager, cp:4");
+  expect_close(by_ring(in, true, exec, 4, true), want, 2e-5, "sjit, cp:4");
+  const Executor two = Executor::process_local(2);
+  expect_close(by_ring(in, true, two, 2, true), want, 2e-5, "sjit, cp:2");
+}
+
+TEST(RingAttention, NotCausalEqualsWholeSequenceAttention) {
+  const Inputs in;
+  Executor exec{4};
+  expect_close(by_ring(in, false, exec, 4, true), reference(in, false), 2e-5, "sjit, cp:4");
+}
+
+TEST(RingAttention, LoadBalancedOrderGivesEachDeviceTwoMirroredChunks) {
+  // 16 tokens over 4 devices: chunks of 2; device d holds chunks d and 7 - d.
+  EXPECT_EQ(load_balanced_positions(16, 4),
+            (std::vector<std::int64_t>{0, 1, 14, 15, 2, 3, 12, 13, 4, 5, 10, 11, 6, 7, 8, 9}));
+  EXPECT_THROW_WITH(load_balanced_positions(12, 4), SpecError, "12 tokens", "2 x 4");
+}
+
+// Over processes (mpirun -np 2 and 4: the 8 devices span them), bitwise the values of one
+// process holding all 8 devices.
+TEST(RingAttention, OverProcessesBitwiseOneProcessOfEightDevices) {
+  const Inputs in;
+  Executor global{8};
+  const Executor local = Executor::process_local(8);
+  const Results a = by_ring(in, true, global, 8, true);
+  const Results b = by_ring(in, true, local, 8, true);
+  EXPECT_EQ(max_diff(a.out, b.out), 0);
+  EXPECT_EQ(max_diff(a.dq, b.dq), 0);
+  EXPECT_EQ(max_diff(a.dk, b.dk), 0);
+  EXPECT_EQ(max_diff(a.dv, b.dv), 0);
+  expect_close(a, reference(in, true), 2e-5, "cp:8");
+}
+
+TEST(RingAttention, BadInputIsNamed) {
+  Executor exec{4};
+  const Mesh m = Mesh::parse("cp:4", 4);
+  const auto put = [&](Shape s) {
+    return device_put(Tensor::uniform(std::move(s), DType::kF32, 1, -1, 1),
+                      NamedSharding(m, P(nullptr, "cp")), exec);
+  };
+  const Array q = put(Shape{1, 8, 3, 4}), k = put(Shape{1, 8, 2, 4});
+  EXPECT_THROW_WITH(context_parallel_attention(q, k, k, m, P(nullptr, "cp"), "cp", true), SpecError,
+                    "ring_attention", "multiple of kv heads");
+  const Array odd = put(Shape{1, 4, 2, 4});  // blocks of 1 token: not two chunks
+  EXPECT_THROW_WITH(context_parallel_attention(odd, odd, odd, m, P(nullptr, "cp"), "cp", true),
+                    SpecError, "even");
+  EXPECT_THROW_WITH(context_parallel_attention(k, k, k, m, P("cp"), "cp", true), SpecError,
+                    "dimension 1");
+}
+
+}  // namespace
+}  // namespace shardplan
