@@ -73,6 +73,9 @@ Array operator/(double a, const Array& b);
 Array full_like(const Array& x, double value);
 /// `value` broadcast to `shape` as `dtype`, on the devices of `placement`.
 Array full(const Shape& shape, DType dtype, double value, const Array& placement);
+/// A host tensor as an array on the devices of `placement` (replicated): inside sjit a constant
+/// of the program (made once per executor), outside it put at once.
+Array constant(const Tensor& value, const Array& placement);
 
 Array astype(const Array& x, DType dtype);
 

@@ -168,6 +168,9 @@ struct TrainPlan {
   /// Whether the norm and residual regions were split along the sequence, and over which axes.
   bool sequence_parallel = false;
   std::vector<std::string> sequence_axes;
+  /// The axes the sequence is split over by context parallelism (cp, context: ring attention,
+  /// the tokens in the load-balanced order); empty for none.
+  std::vector<std::string> context_axes;
   std::string optimizer;
   DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;
 

@@ -221,7 +221,7 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "activations map activation_norm_length). Default: on when the rules map it");
   t->add_option("--batch-axes", c.batch_axes,
                 "Mesh axes the batch is split over, comma-separated. Default: every axis except "
-                "tp, model, mp, tensor");
+                "tp, model, mp, tensor (model axes) and cp, context (context axes)");
   t->add_option("--device-memory", c.device_memory,
                 "Memory of one device, to say whether the step fits. Example: 80GiB");
   t->add_option("--headroom", c.headroom,

@@ -46,11 +46,14 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
   }
   l.cached_step.assign(p.steps.size(), 0);
   if (spec.cache_constants) {
+    std::int64_t cached = 0;
     for (std::size_t s = 0; s < p.steps.size(); ++s) {
       const Step& st = p.steps[s];
       if (!st.constant || !st.sharding) continue;
       const std::int64_t bytes = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
-      if (bytes > kMaxCachedConstantBytes) continue;  // made again each run (see memory.hpp)
+      // Made again each run (see memory.hpp).
+      if (bytes > kMaxCachedConstantBytes || cached + bytes > kMaxCachedConstantTotal) continue;
+      cached += bytes;
       l.constant_slots.push_back(st.out);
       l.cached_step[s] = 1;
       keep.insert(st.out);  // cached for the next run
@@ -85,12 +88,19 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
     const Step& st = p.steps[s];
     slot_bytes[index(st.out)] = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
+    // A view holds its operand's bytes: freed here, they are not held twice.
+    const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
+    if (view) {
+      for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
+    }
     live = add_live(live, slot_bytes[index(st.out)]);
     if (live > peak) {
       peak = live;
       peak_step = s;
     }
-    for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
+    if (!view) {
+      for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
+    }
   }
   l.peak_bytes = peak;
   // What is live at the peak, by kind: replay the frees up to the peak step.
@@ -108,10 +118,11 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
       const Step& st = p.steps[s];
       const bool of_input = st.kind == Step::Kind::kReshard && g[st.node].is(prim::input);
       kind[index(st.out)] = of_input ? kResharded : kComputed;
-      alive[index(st.out)] = 1;
-      if (s < peak_step) {
+      const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
+      if (s < peak_step || view) {
         for (const SlotId f : l.free_after[s]) alive[index(f)] = 0;
       }
+      alive[index(st.out)] = 1;
     }
   }
   std::int64_t* const part[] = {nullptr, &l.peak_by_kind.inputs, &l.peak_by_kind.resharded_inputs,

@@ -24,6 +24,8 @@ Array scalar(double value, DType dtype, const Shape& shape, const Array& like) {
   Array s;
   if (detail::current_trace() != nullptr || like.is_tracer()) {
     s = detail::apply(detail::prim::constant, detail::ConstantAttrs{t}, {}, &like);
+    const TraceContext* ctx = detail::current_trace();
+    if (ctx != nullptr && ctx->vary_of(like) != detail::kNotManual) s = detail::per_device(s);
   } else {
     s = device_put(*t, NamedSharding(like.mesh(), PartitionSpec()), like.executor());
   }
@@ -40,6 +42,13 @@ Array operator/(const Array& a, const Array& b) { return divide(a, b); }
 Array full_like(const Array& x, double value) { return scalar(value, x.dtype(), x.shape(), x); }
 Array full(const Shape& shape, DType dtype, double value, const Array& placement) {
   return scalar(value, dtype, shape, placement);
+}
+Array constant(const Tensor& value, const Array& placement) {
+  if (detail::current_trace() != nullptr || placement.is_tracer()) {
+    return detail::apply(detail::prim::constant,
+                         detail::ConstantAttrs{std::make_shared<const Tensor>(value)}, {}, &placement);
+  }
+  return device_put(value, NamedSharding(placement.mesh(), PartitionSpec()), placement.executor());
 }
 Array operator+(const Array& a, double b) { return add(a, full_like(a, b)); }
 Array operator-(const Array& a, double b) { return subtract(a, full_like(a, b)); }

@@ -201,6 +201,10 @@ struct Primitive {
   /// users need of it (a gathered copy) is made anew where they use it instead of shared with
   /// the operand's earlier users. The explicit rematerialisation mechanism.
   bool barrier = false;
+  /// The result's blocks are the operand's bytes as they are, under another shape and sharding
+  /// (shard_map's boundaries: a block of a global array is a device's value and back): the
+  /// program makes the result from the operand's buffers and runs no kernel.
+  bool view = false;
   /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
   LinearityFn* linearity = nullptr;
   /// Optional: the op is a contraction (see Contraction); none: it is not.

@@ -202,6 +202,12 @@ bool run_grouped(const Executor& executor, const Mesh& mesh, const Step& st, con
 void Program::run_kernel_step(const Executor& executor, const Step& st,
                               std::vector<Array>& slots) const {
   if (st.local.op->collective != nullptr) return run_collective_step(executor, st, slots);
+  if (st.local.op->view && !st.fused) {  // the operand's bytes, another shape and sharding
+    slots[index(st.out)] =
+        Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
+                            ArrayAccess::buffers(slots[index(st.in[0])]), st.pending);
+    return;
+  }
   const Shape& local = st.local.type.shape;
   const std::int64_t bytes = byte_size(local, st.type.dtype);
   std::vector<std::shared_ptr<Buffer>> out(static_cast<std::size_t>(executor.num_devices()));

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "primitives.hpp"
+#include "ring_attention.hpp"
 #include "primitives/attention.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
@@ -47,6 +48,11 @@ struct Ring {
   std::int64_t n = 1;
   double scale = 1;
   bool causal = false;
+  bool communicate = true;  // false: each block stays where it is (the compute alone, to measure)
+
+  Array pass(const Array& x) const {
+    return communicate ? lax::ppermute(x, axis, shift()) : x;
+  }
 
   std::vector<std::pair<int, int>> shift() const {  // device d sends to d + 1
     std::vector<std::pair<int, int>> pairs;
@@ -82,7 +88,7 @@ Array ring_forward(const Ring& r, const Array& q, const Array& kv, const Array& 
   Array acc = r.attend(q, k0, v0, r.causal);
   Array blk = kv;
   for (std::int64_t s = 1; s < r.n; ++s) {
-    blk = lax::ppermute(blk, r.axis, r.shift());
+    blk = r.pass(blk);
     auto [k, v] = split_kv(blk);
     if (!r.causal) {
       acc = merge(acc, r.attend(q, k, v, false));
@@ -112,8 +118,8 @@ std::pair<Array, Array> ring_backward(const Ring& r, const Array& q, const Array
   auto [dq, dblk] = r.grads(q, k0, v0, y, g, r.causal);
   Array blk = kv;
   for (std::int64_t s = 1; s < r.n; ++s) {
-    blk = lax::ppermute(blk, r.axis, r.shift());
-    dblk = lax::ppermute(dblk, r.axis, r.shift());
+    blk = r.pass(blk);
+    dblk = r.pass(dblk);
     auto [k, v] = split_kv(blk);
     if (!r.causal) {
       auto [dq_s, dkv_s] = r.grads(q, k, v, y, g, false);
@@ -127,15 +133,13 @@ std::pair<Array, Array> ring_backward(const Ring& r, const Array& q, const Array
     const auto pick = [&](const Array& x) { return where(earlier, first(x), second(x)); };
     auto [dq_a, dkv_a] = r.grads(pick(q), first(k), first(v), pick(y), pick(g), false);
     auto [dq_b, dkv_b] = r.grads(second(q), pick(k), pick(v), second(y), second(g), false);
-    const Array zq = full_like(dq_a, 0), zkv = full_like(dkv_a, 0);
-    dq = concatenate({first(dq) + where(earlier, dq_a, zq),
-                      second(dq) + dq_b + where(earlier, zq, dq_a)},
-                     1);
-    dblk = concatenate({first(dblk) + dkv_a + where(earlier, dkv_b, zkv),
-                        second(dblk) + where(earlier, zkv, dkv_b)},
-                       1);
+    // Where the block is earlier, pair a's dq is the first chunk's and pair b's dk, dv the block's
+    // first chunk's; else both go to the second chunks (a 0/1 factor: no array of zeros).
+    const Array e = astype(earlier, dq_a.dtype()), l = 1.0 - e;
+    dq = concatenate({first(dq) + dq_a * e, second(dq) + dq_b + dq_a * l}, 1);
+    dblk = concatenate({first(dblk) + dkv_a + dkv_b * e, second(dblk) + dkv_b * l}, 1);
   }
-  if (r.n > 1) dblk = lax::ppermute(dblk, r.axis, r.shift());
+  if (r.n > 1) dblk = r.pass(dblk);
   return {dq, dblk};
 }
 
@@ -148,6 +152,12 @@ std::pair<Array, Array> ring_backward(const Ring& r, const Array& q, const Array
 
 Array ring_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
                      bool is_causal, std::optional<double> scale) {
+  return detail::ring_attention_impl(q, k, v, axis, is_causal, scale, true);
+}
+
+namespace detail {
+Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const std::string& axis,
+                          bool is_causal, std::optional<double> scale, bool communicate) {
   const Shape& qs = q.shape();
   const Shape& ks = k.shape();
   if (qs.rank() != 4 || ks.rank() != 4 || !(ks == v.shape())) {
@@ -166,7 +176,7 @@ Array ring_attention(const Array& q, const Array& k, const Array& v, const std::
   }
   const std::int64_t B = qs[0], t = qs[1], N = qs[2], H = qs[3], K = ks[2];
   const Ring r{axis, lax::axis_size(axis),
-               scale ? *scale : 1.0 / std::sqrt(static_cast<double>(H)), is_causal};
+               scale ? *scale : 1.0 / std::sqrt(static_cast<double>(H)), is_causal, communicate};
   const Array i = lax::axis_index(axis);
   const Array qg = reshape(q, Shape{B, t, K, N / K, H});
   const Array kv =
@@ -188,6 +198,7 @@ Array ring_attention(const Array& q, const Array& k, const Array& v, const std::
   };
   return custom_vjp(fwd, bwd, {qg, kv}).at(0);
 }
+}  // namespace detail
 
 std::vector<std::int64_t> load_balanced_positions(std::int64_t t, std::int64_t n) {
   if (n < 1 || t % (2 * n) != 0) {

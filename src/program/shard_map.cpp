@@ -201,6 +201,12 @@ std::int64_t vary_operands(TraceContext& ctx, const Primitive& op, const Node& n
   return all;
 }
 
+Array per_device(const Array& global) {
+  TraceContext* ctx = current_trace();
+  if (ctx == nullptr) return global;
+  return to_blocks(ctx->mesh, global, PartitionSpec());
+}
+
 std::vector<Array> shard_map_call(const ShardMapBody& body, const Mesh& mesh,
                                   const std::vector<PartitionSpec>& in_specs,
                                   const std::vector<PartitionSpec>& out_specs, bool check,

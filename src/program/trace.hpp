@@ -117,6 +117,11 @@ class EagerPerDeviceScope {
 };
 bool eager_per_device();
 
+/// A global value of the current trace read whole as a per-device value of shard_map (what a
+/// per-device op does implicitly with a global operand): a scalar made per-device before it is
+/// broadcast stays a scalar instead of a whole block copied in.
+Array per_device(const Array& global);
+
 /// The trace this thread is recording, or nullptr.
 TraceContext* current_trace();
 

@@ -13,6 +13,7 @@
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/remat.hpp"
+#include "shardplan/shard_map.hpp"
 
 namespace shardplan::train {
 namespace {
@@ -31,13 +32,21 @@ Array conv1d(const Array& x, const Array& w) {
 // Rotary position embedding (LLaMA's rotate-half form) over the positions of dimension `t_axis`
 // and the last dimension (the head's width): [..., t, dh] by default, [b, t, heads, dh] with
 // t_axis 1. `shared`: tables made once for the step, or null to make them here.
-Array rotary(const Array& x, SharedTables* shared, int t_axis = -2) {
+// `ways` > 1: the positions in the load-balanced order over that many devices (context
+// parallelism: row p of x is the token at load_balanced_positions(t, ways)[p]).
+Array rotary(const Array& x, SharedTables* shared, int t_axis = -2, std::int64_t ways = 1) {
   const int r = x.shape().rank();
   if (t_axis < 0) t_axis += r;
   const std::int64_t t = x.shape()[t_axis], dh = x.shape()[r - 1], half = dh / 2;
   const auto make = [&] {
     const Shape table{t, half};
-    const Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
+    Array pos = iota_like(full(table, DType::kF32, 0, x), 0, DType::kF32);
+    if (ways > 1) {
+      const std::vector<std::int64_t> order = load_balanced_positions(t, ways);
+      Tensor p(Shape{t}, DType::kF32);
+      for (std::int64_t i = 0; i < t; ++i) p.set(i, static_cast<double>(order[static_cast<std::size_t>(i)]));
+      pos = broadcast_in_dim(constant(p, x), table, {0});
+    }
     const Array i = iota_like(full(table, DType::kF32, 0, x), 1, DType::kF32);
     const Array angle = pos * exp(i * (-2.0 * std::log(10000.0) / static_cast<double>(dh)));
     return std::pair{astype(cos(angle), x.dtype()), astype(sin(angle), x.dtype())};
@@ -46,7 +55,7 @@ Array rotary(const Array& x, SharedTables* shared, int t_axis = -2) {
   if (shared == nullptr) {
     tables = make();
   } else {
-    const auto key = std::tuple{t, half, x.dtype()};
+    const auto key = std::tuple{t, half, x.dtype(), ways};
     auto it = shared->rotary.find(key);
     if (it == shared->rotary.end()) it = shared->rotary.emplace(key, make()).first;
     tables = it->second;
@@ -73,7 +82,9 @@ Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames
   std::vector<AxisNames> spec(static_cast<std::size_t>(x.shape().rank()));
   for (const auto& [dim, axes] : dims) {
     if (axes->empty()) continue;
-    const std::int64_t ways = axes == &layout.batch ? layout.batch_ways : layout.model_ways;
+    const std::int64_t ways = axes == &layout.batch     ? layout.batch_ways
+                              : axes == &layout.context ? layout.context_ways
+                                                        : layout.model_ways;
     if (x.shape()[dim] % ways != 0) continue;
     spec[static_cast<std::size_t>(dim)] = *axes;
   }
@@ -85,7 +96,7 @@ Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames
 // to propagation.
 Array region(const Array& x, const char* name, const Layout& layout, bool batch = false) {
   if (layout.annotate) return with_sharding_annotation(x, name);
-  return batch ? constrain(x, {{0, &layout.batch}}, layout) : x;
+  return batch ? constrain(x, {{0, &layout.batch}, {1, &layout.context}}, layout) : x;
 }
 // A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
 Array normed(const Array& x, const char* reader, const Layout& layout) {
@@ -101,7 +112,8 @@ Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
     const Array h = take(at(rest, "wte/weight"), tokens, 0) + take(at(rest, "wpe/weight"), pos, 0);
     return constrain(h, {{0, &L.batch}}, L);
   }
-  return constrain(take(at(rest, "model/embed_tokens/weight"), tokens, 0), {{0, &L.batch}}, L);
+  return constrain(take(at(rest, "model/embed_tokens/weight"), tokens, 0),
+                   {{0, &L.batch}, {1, &L.context}}, L);
 }
 
 Array attention_mask(const Array& scores, std::int64_t window) {
@@ -118,6 +130,10 @@ Array attention_mask(const Array& scores, std::int64_t window) {
 // GPT-2's block: layer norms before attention and MLP, one fused q/k/v projection (Conv1D).
 Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
   const Layout& L = layout;
+  if (!L.context.empty()) {
+    throw SpecError("[train] context parallelism (ring attention) is written for the LLaMA-family "
+                    "attention (llama, mistral, qwen2, mixtral), not GPT-2's");
+  }
   const ModelConfig& c = config;
   const std::int64_t b = h.shape()[0], t = h.shape()[1], d = c.hidden, dh = c.head_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
@@ -183,6 +199,10 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
   const bool repeat_kv = L.model_ways > 1 && kv % L.model_ways != 0 && heads % L.model_ways == 0;
   if (fused_attention) {
     return fused_llama_attention(proj("q"), proj("k"), proj("v"), window, repeat_kv);
+  }
+  if (!L.context.empty()) {
+    throw SpecError("[train] context parallelism runs ring attention on the fused kernel: plan it "
+                    "with --attention fused");
   }
   Array merged;
   if (repeat_kv) {
@@ -254,11 +274,21 @@ Array ModelStep::fused_llama_attention(const Array& q_proj, const Array& k_proj,
     return concatenate(copies, 2);
   };
   const auto place = [&](const Array& y) { return constrain(y, {{0, &L.batch}, {2, &L.model}}, L); };
-  Array k = rotary(heads_of(k_proj, kv), tables, 1);
+  Array k = rotary(heads_of(k_proj, kv), tables, 1, L.context_ways);
   Array v = heads_of(v_proj, kv);
   if (repeat_kv) {
     k = repeat(k);
     v = repeat(v);
+  }
+  if (!L.context.empty()) {
+    if (window > 0 && window < t) {
+      throw SpecError(fmt::format(
+          "[train] sliding-window attention (window {}) with context parallelism over {} is not "
+          "supported: plan it without the context axis",
+          window, fmt::join(L.context, ", ")));
+    }
+    return reshape(ring(rotary(heads_of(q_proj, c.heads), tables, 1, L.context_ways), k, v),
+                   Shape{b, t, c.heads * dh});
   }
   const Array q = place(rotary(heads_of(q_proj, c.heads), tables, 1));
   AttentionOptions o{.is_causal = true};
@@ -273,6 +303,33 @@ Array ModelStep::fused_llama_attention(const Array& q_proj, const Array& k_proj,
   // kernels then run on the heads' blocks without moving q, k, v and the output to another split.
   const Array out = place(dot_product_attention(q, place(k), place(v), o));  // [b, t, heads, dh]
   return reshape(out, Shape{b, t, c.heads * dh});
+}
+
+// Context parallelism: q [b, t, heads, dh], k and v [b, t, kv or heads, dh], the sequence in the
+// load-balanced order, split over the context axis in a shard_map (batch and heads as the layout
+// splits them, where they divide), attention by ring.
+Array ModelStep::ring(const Array& q, const Array& k, const Array& v) const {
+  const Layout& L = layout;
+  const std::int64_t t = q.shape()[1];
+  if (t % (2 * L.context_ways) != 0) {
+    throw SpecError(fmt::format("[train] a sequence of {} tokens does not split into 2 x {} "
+                                "chunks over the context axis {} (ring attention's load-balanced "
+                                "order)",
+                                t, L.context_ways, fmt::join(L.context, ", ")));
+  }
+  const auto spec = [&](const Array& y) {
+    std::vector<AxisNames> dims(4);
+    if (y.shape()[0] % L.batch_ways == 0) dims[0] = L.batch;
+    dims[1] = L.context;
+    if (y.shape()[2] % L.model_ways == 0) dims[2] = L.model;
+    return PartitionSpec(dims);
+  };
+  const std::string axis = L.context.at(0);
+  return shard_map(
+      [axis](const Array& qb, const Array& kb, const Array& vb) {
+        return ring_attention(qb, kb, vb, axis, true);
+      },
+      *L.mesh, {spec(q), spec(k), spec(v)}, {spec(q)})(q, k, v);
 }
 
 Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t window) const {
@@ -300,7 +357,7 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   };
   const Array gate = mlp(x2, "gate");
   const Array up = mlp(x2, "up");
-  const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {2, &L.model}}, L);
+  const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {1, &L.context}, {2, &L.model}}, L);
   return region(h2 + region(mlp(inner, "down"), "mlp_out", L), "residual", L, true);
 }
 

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "shardplan/array.hpp"
+#include "shardplan/mesh.hpp"
 #include "shardplan/partition_spec.hpp"
 #include "shardplan/remat.hpp"
 #include "shardplan/train_plan.hpp"
@@ -29,6 +30,12 @@ struct Layout {
   /// as a rule file's `activations:`) instead of constraining them to the batch: Megatron's
   /// sequence parallelism when the sequence maps to the tensor-parallel axes.
   bool annotate = false;
+  /// Context parallelism: the sequence split over these axes (one axis), the tokens arriving in
+  /// the load-balanced order (load_balanced_positions), attention by ring in a shard_map over
+  /// `mesh` (context_parallel_attention's algorithm).
+  AxisNames context;
+  std::int64_t context_ways = 1;
+  std::optional<Mesh> mesh;
 };
 
 /// The annotation names the layers use when Layout::annotate: the residual stream (a layer's
@@ -45,7 +52,9 @@ inline constexpr const char* kActivationNames[] = {
 /// micro-batch. Holds arrays of one trace: loss_and_grads makes one inside each value_and_grad
 /// it traces (a micro-batch's tracers are not valid in the next one's trace).
 struct SharedTables {
-  std::map<std::tuple<std::int64_t, std::int64_t, DType>, std::pair<Array, Array>> rotary;
+  // By (t, dh / 2, dtype, devices of the load-balanced order: 1 for the natural one).
+  std::map<std::tuple<std::int64_t, std::int64_t, DType, std::int64_t>, std::pair<Array, Array>>
+      rotary;
 };
 
 /// The family's forward pass in three parts. `rest` is the parameter tree without its layers
@@ -75,6 +84,9 @@ struct ModelStep {
   Array layer(const Tree<Array>& layer, const Array& h, std::int64_t window = 0) const;
   /// GPT-2's layer (layer() for that family).
   Array gpt2_layer(const Tree<Array>& layer, const Array& h) const;
+  /// Ring attention over the context axes (Layout::context): q [b, t, heads, dh], k, v [b, t,
+  /// kv, dh] -> [b, t, heads, dh].
+  Array ring(const Array& q, const Array& k, const Array& v) const;
   /// LLaMA's self-attention on the normed input x [b, t, d]: the heads merged [b, t, heads * dh].
   Array attention(const Tree<Array>& layer, const Array& x, std::int64_t window) const;
   /// Its fused form from the projections [b, t, heads * dh] and [b, t, kv * dh].

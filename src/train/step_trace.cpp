@@ -90,8 +90,9 @@ StepArguments step_arguments(const ModelConfig& config, const RulePtr& rules,
   StepArguments a;
   a.params = config.parameters(o.param_dtype);
   std::tie(a.state, a.state_rule) = optimizer_state(a.params, rules, o);
-  a.batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch})
-                                   : PartitionSpec({AxisNames{}, layout.batch});
+  // The sequence over the context axes (in the load-balanced order the ring expects).
+  a.batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch, layout.context})
+                                   : PartitionSpec({AxisNames{}, layout.batch, layout.context});
   // T5 reads the encoder's tokens and then the decoder's from one array; its targets are the
   // decoder's.
   const std::int64_t target_seq = o.target_seq > 0 ? o.target_seq : o.seq;

@@ -31,6 +31,8 @@ namespace {
 bool is_model_axis(std::string_view name) {
   return name == "tp" || name == "model" || name == "mp" || name == "tensor";
 }
+// The axes that split the sequence (context parallelism: ring attention).
+bool is_context_axis(std::string_view name) { return name == "cp" || name == "context"; }
 
 std::string flops_text(double f) {
   if (f <= 0) return "0";
@@ -190,7 +192,7 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
   batch_axes = o.batch_axes;
   if (batch_axes.empty()) {
     for (const std::string& a : mesh.axis_names()) {
-      if (!is_model_axis(a)) batch_axes.push_back(a);
+      if (!is_model_axis(a) && !is_context_axis(a)) batch_axes.push_back(a);
     }
   }
   for (const std::string& a : batch_axes) {
@@ -200,8 +202,25 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
   }
   for (const std::string& a : mesh.axis_names()) {
     if (std::find(batch_axes.begin(), batch_axes.end(), a) != batch_axes.end()) continue;
+    if (is_context_axis(a)) {
+      if (!layout.context.empty()) {
+        throw SpecError(fmt::format("[train] context parallelism runs over one axis; the mesh {} "
+                                    "has two ({} and {})",
+                                    mesh.to_string(), layout.context[0], a));
+      }
+      layout.context.push_back(a);
+      layout.context_ways *= mesh.axis_size(a);
+      layout.mesh = mesh;
+      continue;
+    }
     layout.model.push_back(a);
     layout.model_ways *= mesh.axis_size(a);
+  }
+  if (!layout.context.empty() && o.seq % (2 * layout.context_ways) != 0) {
+    throw SpecError(fmt::format(
+        "[train] a sequence of {} tokens does not split into 2 x {} chunks over the context axis "
+        "'{}' (ring attention's load-balanced order)",
+        o.seq, layout.context_ways, layout.context[0]));
   }
   const std::int64_t micro = o.batch / o.grad_accum;
   if (o.batch % o.grad_accum != 0 || micro % layout.batch_ways != 0) {
@@ -483,7 +502,8 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const auto start = std::chrono::steady_clock::now();
   check_options(config, o);
   std::vector<std::string> batch_axes;
-  const Activations act = activations_of(config, mesh, o, make_layout(mesh, o, batch_axes));
+  const train::Layout layout = make_layout(mesh, o, batch_axes);
+  const Activations act = activations_of(config, mesh, o, layout);
   const TraceChoice choice = choose_trace(config, o);
   check_parameter_tensors(config, o, choice.layers);
 
@@ -509,6 +529,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.traced = what_traced;
   plan.sequence_parallel = !act.sequence_axes.empty();
   plan.sequence_axes = act.sequence_axes;
+  plan.context_axes = layout.context;
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;
@@ -534,6 +555,11 @@ std::string TrainPlan::table() const {
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
                         : "off");
+  if (!context_axes.empty()) {  // before the blank line the row above ends with
+    out.insert(out.size() - 2,
+               fmt::format(", context parallel over {} (ring attention, load-balanced order)",
+                           detail::printable(fmt::format("{}", fmt::join(context_axes, ", ")))));
+  }
   out += "per device\n";
   const auto row = [&](std::string_view what, std::int64_t bytes) {
     out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
@@ -599,6 +625,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
+  j["context_axes"] = p.context_axes;
   j["optimizer"] = p.optimizer;
   j["param_dtype"] = std::string(name(p.param_dtype));
   j["grad_dtype"] = std::string(name(p.grad_dtype));

@@ -154,7 +154,7 @@ std::vector<TestCase> constant_cases(const Primitive&, DType t) {
   return cases;
 }
 constexpr PrimitiveTests kConstantTests{
-    .public_ops = "full full_like",
+    .public_ops = "full full_like constant",
     .dtypes = kMovedTypes,
     .cases = constant_cases,
     .reference = [](const Node& n, std::span<const HostValues>) {
