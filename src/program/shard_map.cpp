@@ -114,8 +114,10 @@ std::vector<Array> traced_call(TraceContext& ctx, const ShardMapBody& body, cons
           what, quoted({axes[0]}), quoted(axes), k, out_specs[k].to_string(), quoted({axes[0]}),
           quoted({axes[0]})));
     }
-    results.push_back(apply(prim::shard_map_out, block_attrs(mesh, out_specs[k], out.shape().rank()),
-                            {out}));
+    BlockAttrs attrs = block_attrs(mesh, out_specs[k], out.shape().rank());
+    attrs.summed = axes_of_bits(mesh, axis_bits(mesh, spec_axes(out_specs[k])) & ~ctx.vary_of(out));
+    attrs.summed_size = devices_along(mesh, attrs.summed);
+    results.push_back(apply(prim::shard_map_out, std::move(attrs), {out}));
   }
   return results;
 }
