@@ -140,6 +140,17 @@ class Recompute {
   std::map<std::pair<int, std::size_t>, Array> barriers_;
 };
 
+// The tracer of parameter `leaf` in the gradient's trace `inner`. Inside a shard_map's function
+// a per-device parameter stays one, varying over the same axes (lax works on it).
+Array add_parameter(TraceContext& inner, const TraceContext* outer, const Array& leaf) {
+  Array t = inner.add_argument(TensorType{leaf.shape(), leaf.dtype()});
+  if (outer != nullptr && outer->vary_of(leaf) != kNotManual) {
+    inner.node_vary.resize(inner.graph.size(), kNotManual);
+    inner.node_vary.back() = outer->vary_of(leaf);
+  }
+  return t;
+}
+
 }  // namespace
 
 ValueAndGrad value_and_grad_impl(
@@ -157,6 +168,7 @@ ValueAndGrad value_and_grad_impl(
   TraceContext inner(outer != nullptr ? outer->executor : ArrayAccess::executor(leaves[0]),
                      outer != nullptr ? outer->mesh : leaves[0].mesh());
   inner.capture_foreign = true;
+  inner.shard_map_depth = outer != nullptr ? outer->shard_map_depth : 0;
   inner.annotation_rules = outer != nullptr ? outer->annotation_rules : nullptr;
   inner.allow_unknown_annotations = outer == nullptr || outer->allow_unknown_annotations;
   Graph g;  // outputs: the loss, then the aux leaves
@@ -164,8 +176,7 @@ ValueAndGrad value_and_grad_impl(
   {
     TraceScope scope(&inner);
     std::vector<Array> tracers;
-    for (const Array& a : leaves)
-      tracers.push_back(inner.add_argument(TensorType{a.shape(), a.dtype()}));
+    for (const Array& a : leaves) tracers.push_back(add_parameter(inner, outer, a));
     std::size_t k = 0;
     const Tree<Array> traced = params.map([&](const Array&) { return tracers[k++]; });
     auto [loss, aux] = fn(traced);
