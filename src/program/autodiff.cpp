@@ -141,6 +141,11 @@ class Recompute {
   std::map<std::pair<int, std::size_t>, Array> barriers_;
 };
 
+// acc += c (c may be none).
+void accumulate(Array& acc, const Array& c) {
+  if (c.valid()) acc = acc.valid() ? acc + c : c;
+}
+
 // A custom_vjp region's backward function, called at its first output (the backward pass has
 // then passed every output): its residuals as the backward pass reads them, a cotangent per
 // output (zeros where none flowed); what it gives goes to the region's inputs. The region's own
@@ -161,11 +166,44 @@ void custom_backward(const TraceContext::CustomRegion& r, ValueId at, const Valu
     throw SpecError(fmt::format("[custom_vjp] the backward function gave {} cotangents for {} inputs",
                                 in_cts.size(), r.inputs.size()));
   }
-  for (std::size_t k = 0; k < in_cts.size(); ++k) {
-    if (!in_cts[k].valid()) continue;
-    Array& acc = ct[r.inputs[k]];
-    acc = acc.valid() ? acc + in_cts[k] : in_cts[k];
+  for (std::size_t k = 0; k < in_cts.size(); ++k) accumulate(ct[r.inputs[k]], in_cts[k]);
+}
+
+// The backward pass: cotangents from the loss down, each primitive's VJP in turn (a custom_vjp
+// region's backward function for its nodes).
+ValueMap<Array> backward(const Graph& g, const TraceContext& inner, const ValueMap<Array>& vals,
+                         const Array& placement, ValueId loss_node) {
+  Recompute remat(g, inner, vals, placement);
+  ValueMap<Array> ct(g.size());
+  ct[loss_node] = full_like(vals[loss_node], 1);
+  for (std::size_t i = index(loss_node) + 1; i-- > 0;) {
+    const ValueId id = value_id(i);
+    const Node& n = g[id];
+    if (const auto it = inner.custom_output.find(id); it != inner.custom_output.end()) {
+      custom_backward(inner.custom_regions[static_cast<std::size_t>(it->second)], id, vals, ct,
+                      remat);
+      continue;
+    }
+    if (!ct[id].valid() || n.is(prim::input)) continue;
+    std::vector<Array> ins;
+    for (const ValueId o : n.operands) ins.push_back(remat.read(id, o));
+    const std::vector<Array> cts = n.op->vjp(n, ins, remat.read(id, id), ct[id]);
+    for (std::size_t k = 0; k < cts.size() && k < n.operands.size(); ++k) {
+      accumulate(ct[n.operands[k]], cts[k]);
+    }
   }
+  return ct;
+}
+
+// The tracer of parameter `leaf` in the gradient's trace `inner`. Inside a shard_map's function
+// a per-device parameter stays one, varying over the same axes (lax works on it).
+Array add_parameter(TraceContext& inner, const TraceContext* outer, const Array& leaf) {
+  Array t = inner.add_argument(TensorType{leaf.shape(), leaf.dtype()});
+  if (outer != nullptr && outer->vary_of(leaf) != kNotManual) {
+    inner.node_vary.resize(inner.graph.size(), kNotManual);
+    inner.node_vary.back() = outer->vary_of(leaf);
+  }
+  return t;
 }
 
 }  // namespace
@@ -185,16 +223,15 @@ ValueAndGrad value_and_grad_impl(
   TraceContext inner(outer != nullptr ? outer->executor : ArrayAccess::executor(leaves[0]),
                      outer != nullptr ? outer->mesh : leaves[0].mesh());
   inner.capture_foreign = true;
+  inner.shard_map_depth = outer != nullptr ? outer->shard_map_depth : 0;
   inner.annotation_rules = outer != nullptr ? outer->annotation_rules : nullptr;
   inner.allow_unknown_annotations = outer == nullptr || outer->allow_unknown_annotations;
-  inner.shard_map_depth = outer != nullptr ? outer->shard_map_depth : 0;
   Graph g;  // outputs: the loss, then the aux leaves
   Tree<int> aux_structure;
   {
     TraceScope scope(&inner);
     std::vector<Array> tracers;
-    for (const Array& a : leaves)
-      tracers.push_back(inner.add_argument(TensorType{a.shape(), a.dtype()}));
+    for (const Array& a : leaves) tracers.push_back(add_parameter(inner, outer, a));
     std::size_t k = 0;
     const Tree<Array> traced = params.map([&](const Array&) { return tracers[k++]; });
     auto [loss, aux] = fn(traced);
@@ -227,28 +264,7 @@ ValueAndGrad value_and_grad_impl(
     for (const ValueId o : n.operands) ins.push_back(vals[o]);
     vals[id] = apply(*n.op, n.attrs, ins, &placement);
   }
-  // The backward pass: cotangents from the loss down, each primitive's VJP in turn.
-  Recompute remat(g, inner, vals, placement);
-  ValueMap<Array> ct(g.size());
-  ct[loss_node] = full_like(vals[loss_node], 1);
-  for (std::size_t i = index(loss_node) + 1; i-- > 0;) {
-    const ValueId id = value_id(i);
-    const Node& n = g[id];
-    if (const auto it = inner.custom_output.find(id); it != inner.custom_output.end()) {
-      custom_backward(inner.custom_regions[static_cast<std::size_t>(it->second)], id, vals, ct,
-                      remat);
-      continue;
-    }
-    if (!ct[id].valid() || n.is(prim::input)) continue;
-    std::vector<Array> ins;
-    for (const ValueId o : n.operands) ins.push_back(remat.read(id, o));
-    const std::vector<Array> cts = n.op->vjp(n, ins, remat.read(id, id), ct[id]);
-    for (std::size_t k = 0; k < cts.size() && k < n.operands.size(); ++k) {
-      if (!cts[k].valid()) continue;
-      Array& acc = ct[n.operands[k]];
-      acc = acc.valid() ? acc + cts[k] : cts[k];
-    }
-  }
+  const ValueMap<Array> ct = backward(g, inner, vals, placement, loss_node);
   std::vector<Array> grads(leaves.size());
   for (std::size_t i = 0; i < g.size(); ++i) {
     const Node& n = g.nodes[i];

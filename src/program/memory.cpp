@@ -24,6 +24,39 @@ std::int64_t add_live(std::int64_t live, std::int64_t bytes) {
 
 }  // namespace
 
+// What is live at the peak, by kind: replay the frees up to the peak step.
+static void count_peak_by_kind(const Graph& g, const Partitioned& p,
+                        const std::vector<std::int64_t>& slot_bytes, std::size_t peak_step,
+                        Liveness& l) {
+  const std::size_t num_slots = slot_bytes.size();
+  enum Kind : std::uint8_t { kNone, kInput, kResharded, kComputed };
+  std::vector<std::uint8_t> kind(num_slots, kNone), alive(num_slots, 0);
+  for (const SlotId in : p.input_slots) {
+    if (index(in) < num_slots) {
+      kind[index(in)] = kInput;
+      alive[index(in)] = 1;
+    }
+  }
+  if (peak_step < p.steps.size()) {
+    for (const SlotId f : l.free_at_start) alive[index(f)] = 0;
+    for (std::size_t s = 0; s <= peak_step; ++s) {
+      const Step& st = p.steps[s];
+      const bool of_input = st.kind == Step::Kind::kReshard && g[st.node].is(prim::input);
+      kind[index(st.out)] = of_input ? kResharded : kComputed;
+      const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
+      if (s < peak_step || view) {
+        for (const SlotId f : l.free_after[s]) alive[index(f)] = 0;
+      }
+      alive[index(st.out)] = 1;
+    }
+  }
+  std::int64_t* const part[] = {nullptr, &l.peak_by_kind.inputs, &l.peak_by_kind.resharded_inputs,
+                                &l.peak_by_kind.computed};
+  for (std::size_t s = 0; s < num_slots; ++s) {
+    if (alive[s] != 0 && kind[s] != kNone) *part[kind[s]] += slot_bytes[s];
+  }
+}
+
 Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& spec) {
   Liveness l;
   const auto num_slots = static_cast<std::size_t>(p.num_slots);
@@ -103,33 +136,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
     }
   }
   l.peak_bytes = peak;
-  // What is live at the peak, by kind: replay the frees up to the peak step.
-  enum Kind : std::uint8_t { kNone, kInput, kResharded, kComputed };
-  std::vector<std::uint8_t> kind(num_slots, kNone), alive(num_slots, 0);
-  for (const SlotId in : p.input_slots) {
-    if (index(in) < num_slots) {
-      kind[index(in)] = kInput;
-      alive[index(in)] = 1;
-    }
-  }
-  if (peak_step < p.steps.size()) {
-    for (const SlotId f : l.free_at_start) alive[index(f)] = 0;
-    for (std::size_t s = 0; s <= peak_step; ++s) {
-      const Step& st = p.steps[s];
-      const bool of_input = st.kind == Step::Kind::kReshard && g[st.node].is(prim::input);
-      kind[index(st.out)] = of_input ? kResharded : kComputed;
-      const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
-      if (s < peak_step || view) {
-        for (const SlotId f : l.free_after[s]) alive[index(f)] = 0;
-      }
-      alive[index(st.out)] = 1;
-    }
-  }
-  std::int64_t* const part[] = {nullptr, &l.peak_by_kind.inputs, &l.peak_by_kind.resharded_inputs,
-                                &l.peak_by_kind.computed};
-  for (std::size_t s = 0; s < num_slots; ++s) {
-    if (alive[s] != 0 && kind[s] != kNone) *part[kind[s]] += slot_bytes[s];
-  }
+  count_peak_by_kind(g, p, slot_bytes, peak_step, l);
   return l;
 }
 

@@ -114,8 +114,10 @@ std::vector<Array> traced_call(TraceContext& ctx, const ShardMapBody& body, cons
           what, quoted({axes[0]}), quoted(axes), k, out_specs[k].to_string(), quoted({axes[0]}),
           quoted({axes[0]})));
     }
-    results.push_back(apply(prim::shard_map_out, block_attrs(mesh, out_specs[k], out.shape().rank()),
-                            {out}));
+    BlockAttrs attrs = block_attrs(mesh, out_specs[k], out.shape().rank());
+    attrs.summed = axes_of_bits(mesh, axis_bits(mesh, spec_axes(out_specs[k])) & ~ctx.vary_of(out));
+    attrs.summed_size = devices_along(mesh, attrs.summed);
+    results.push_back(apply(prim::shard_map_out, std::move(attrs), {out}));
   }
   return results;
 }
@@ -279,23 +281,23 @@ std::vector<std::string> checked_axes(std::string_view op, const Mesh& mesh, con
 Array collective_operand(std::string_view op, const Array& x, const std::vector<std::string>& axes) {
   if (detail::current_trace() == nullptr && detail::eager_per_device()) return x;  // no types
   TraceContext& ctx = body_trace(op, per_device(x));
-  const std::int64_t vary = ctx.vary_of(x);
-  if (vary == detail::kNotManual) {
-    throw SpecError(fmt::format("[lax.{}] {} is not a value of the shard_map's function (an array "
-                                "from outside it): collectives take per-device values",
-                                op, detail::to_string(detail::TensorType{x.shape(), x.dtype()})));
-  }
-  const std::int64_t missing = detail::axis_bits(ctx.mesh, axes) & ~vary;
-  if (missing == 0) return x;
+  // An array the function closed over, or a constant it made: read whole on every device.
+  const Array in = ctx.vary_of(x) == detail::kNotManual
+                       ? detail::to_blocks(ctx.mesh, x, PartitionSpec())
+                       : x;
+  const std::int64_t missing = detail::axis_bits(ctx.mesh, axes) & ~ctx.vary_of(in);
+  if (missing == 0) return in;
   const std::vector<std::string> more = detail::axes_of_bits(ctx.mesh, missing);
   return detail::apply(detail::prim::pvary,
-                       detail::AxesAttrs{more, detail::devices_along(ctx.mesh, more)}, {x});
+                       detail::AxesAttrs{more, detail::devices_along(ctx.mesh, more)}, {in});
 }
 
 Array reduce(std::string_view op, ReduceOp how, const Array& x, const AxisSet& axes) {
   const Mesh& mesh = mesh_of(op, x);
   const std::vector<std::string> names = checked_axes(op, mesh, axes);
-  const Array in = collective_operand(op, x, names);
+  // psum counts booleans as JAX does: as i32 0 / 1.
+  const bool count = how == ReduceOp::kSum && x.dtype() == DType::kBool;
+  const Array in = collective_operand(op, count ? astype(x, DType::kI32) : x, names);
   return detail::apply(detail::prim::preduce,
                        detail::ReduceAxesAttrs{names, detail::devices_along(mesh, names), how}, {in});
 }

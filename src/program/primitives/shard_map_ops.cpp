@@ -217,9 +217,14 @@ std::vector<Array> block_in_vjp(const Node& n, const std::vector<Array>&, const 
                                 const Array& g) {
   return {apply(prim::shard_map_out, n.attrs, {g})};
 }
+// Each device's block of the cotangent; summed over the axes the value was tiled over (the
+// same value sits in every device's block there).
 std::vector<Array> block_out_vjp(const Node& n, const std::vector<Array>&, const Array&,
                                  const Array& g) {
-  return {apply(prim::shard_map_in, n.attrs, {g})};
+  const auto& a = n.attr<BlockAttrs>();
+  const Array blocks = apply(prim::shard_map_in, n.attrs, {g});
+  if (a.summed.empty()) return {blocks};
+  return {apply(prim::preduce, ReduceAxesAttrs{a.summed, a.summed_size, ReduceOp::kSum}, {blocks})};
 }
 std::vector<Array> pvary_vjp(const Node& n, const std::vector<Array>&, const Array&,
                              const Array& g) {

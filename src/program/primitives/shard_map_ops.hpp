@@ -22,9 +22,13 @@
 namespace shardplan::detail {
 
 /// shard_map_in / shard_map_out: the spec, and per dimension the devices it is split over.
+/// shard_map_out also: the axes the spec names that the value is the same over (it is tiled
+/// there), which its gradient sums over (the transpose of the implicit pvary), and their devices.
 struct BlockAttrs {
   PartitionSpec spec;
   std::vector<std::int64_t> split;
+  std::vector<std::string> summed = {};
+  std::int64_t summed_size = 1;
 };
 std::string format_attrs(const BlockAttrs& a);
 
