@@ -967,7 +967,9 @@ TEST(ShardMapJax, G65MixedReplicatedAndSharded) {
 }
 
 // #66 / #70 (#7167): JAX has no pmax/pmin rule; shardplan's decision: the cotangent goes to the
-// device(s) holding the extreme value (every one on a tie; finite differences only off ties).
+// device(s) holding the extreme value, shared equally on a tie (what central differences give
+// along the tied elements: (max(5 + h, 5) - max(5 - h, 5)) / 2h = 1/2); a replicated input,
+// which every device holds, gets the whole cotangent back (the identity's derivative, 1).
 TEST(ShardMapJax, G66PmaxPminGradients) {
   On m("i:4", 4);
   const Array x = m.put(arange(Shape{8}, DType::kF64));
@@ -977,7 +979,9 @@ TEST(ShardMapJax, G66PmaxPminGradients) {
   EXPECT_EQ(grad_checked(m, mn, x, tensor(Shape{2}, {5, 7}, DType::kF64)), (V{5, 7, 0, 0, 0, 0, 0, 0}));
   const Array tie = m.put(tensor(Shape{4}, {1, 5, 5, 2}, DType::kF64));
   const auto g = value_and_grad([&](const Array& v) { return sum(mx(v)); })(tie).second;
-  EXPECT_EQ(values(g), (V{0, 1, 1, 0}));
+  EXPECT_EQ(values(g), (V{0, 0.5, 0.5, 0}));
+  Fn same = shard_map([](const Array& b) { return lax::pmax(b, "i"); }, m.mesh, {P()}, {P()});
+  EXPECT_EQ(grad_checked(m, same, tie), (V{1, 1, 1, 1}));
 }
 
 // ---------------------------------------------------------------- I. issues

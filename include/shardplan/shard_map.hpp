@@ -158,7 +158,7 @@ Array psum(const Array& x, const AxisSet& axes);
 /// psum divided by the number of devices along `axes`.
 Array pmean(const Array& x, const AxisSet& axes);
 /// The elementwise maximum / minimum over the devices along `axes`. Gradient: to the devices
-/// that hold the extreme value (all of them on a tie), as reduce max does.
+/// that hold the extreme value, shared equally on a tie.
 Array pmax(const Array& x, const AxisSet& axes);
 Array pmin(const Array& x, const AxisSet& axes);
 /// The devices' blocks along `axes` concatenated on dimension `axis` (tiled) or stacked on a

@@ -236,8 +236,12 @@ std::vector<Array> reduce_vjp(const Node& n, const std::vector<Array>& x, const 
   const auto& a = n.attr<ReduceAxesAttrs>();
   const Array spread = apply(prim::pvary, AxesAttrs{a.axes, a.size}, {g});
   if (a.op == ReduceOp::kSum) return {spread};
-  // max / min: to the devices holding the extreme value.
-  return {spread * astype(equal(x[0], result), g.dtype())};
+  // max / min: to the devices holding the extreme value, shared equally on a tie (the
+  // derivative of the extreme along the tied direction; a value the same on every device, read
+  // whole and made to vary, so gets all of it back from pvary's transpose).
+  const Array holds = astype(equal(x[0], result), g.dtype());
+  const Array holders = apply(prim::preduce, ReduceAxesAttrs{a.axes, a.size, ReduceOp::kSum}, {holds});
+  return {spread * holds / holders};
 }
 std::vector<Array> gather_vjp(const Node& n, const std::vector<Array>&, const Array&,
                               const Array& g) {
