@@ -96,6 +96,33 @@ RuleFile without_axes(RuleFile file, const std::vector<std::string>& mesh) {
   return file;
 }
 
+/// `file` for a mesh with a context axis: every weight spec entry that names `fsdp` names
+/// `context` after it (the devices along the context axis hold different tokens of the same
+/// sequences, so they shard the weights too, as the batch's devices do: torchtitan's dp_shard_cp
+/// mesh), and the activations' sequence (logical axes activation_length, activation_norm_length)
+/// is split over `context` first (MaxText's context parallelism), then over what it named.
+RuleFile with_context_sharding(RuleFile file, const std::string& context) {
+  for (RuleFile::Rule& r : file.rules) {
+    std::vector<AxisNames> dims(r.spec.dims().begin(), r.spec.dims().end());
+    for (AxisNames& dim : dims) {
+      if (std::find(dim.begin(), dim.end(), "fsdp") != dim.end() &&
+          std::find(dim.begin(), dim.end(), context) == dim.end()) {
+        dim.push_back(context);
+      }
+    }
+    r.spec = PartitionSpec(std::move(dims));
+  }
+  for (auto& [logical, axes] : file.logical_axes) {
+    if (logical != "activation_length" && logical != "activation_norm_length") continue;
+    AxisNames split{context};
+    for (const std::string& a : axes.value_or(AxisNames{})) {
+      if (a != context) split.push_back(a);
+    }
+    axes = std::move(split);
+  }
+  return file;
+}
+
 /// The rules used without --rules on `mesh`: the family's preset, or the one of its layout
 /// that fits the mesh's axes (LLaMA on a mesh without tp: llama_fsdp), or the family's preset
 /// with the axes the mesh lacks left out. `note` says which and why.
@@ -123,6 +150,15 @@ DefaultRules default_rules(ModelFamily family, const std::string& family_name,
     d.file = without_axes(std::move(d.file), mesh);
     d.note += fmt::format("; the mesh has no {} axis{}: left out of the preset's specs, as size 1",
                           fmt::join(missing, ", "), missing.size() == 1 ? "" : "es");
+  }
+  for (const std::string context : {"cp", "context"}) {
+    if (!has_axis(mesh, context)) continue;
+    d.file = with_context_sharding(std::move(d.file), context);
+    d.note += has_axis(mesh, "fsdp")
+                  ? fmt::format("; the weights sharded over fsdp and {} together, the "
+                                "activations' sequence over {}",
+                                context, context)
+                  : fmt::format("; the activations' sequence over {}", context);
   }
   return d;
 }

@@ -1,4 +1,5 @@
 #include "fuse.hpp"
+#include "memory.hpp"
 
 #include <fmt/format.h>
 
@@ -126,7 +127,13 @@ void fuse_pointwise(const Graph& g, Partitioned& p) {
     members[t] = {static_cast<int>(t)};
     const Step& consumer = p.steps[t];
     if (!fusible(consumer)) continue;
-    for (const SlotId in : consumer.in) {
+    // Repetitions (a broadcast scalar) join first: they run inside the group, not between.
+    std::vector<SlotId> ins = consumer.in;
+    std::stable_partition(ins.begin(), ins.end(), [&](SlotId in) {
+      const int s = producer[index(in)];
+      return s >= 0 && period[static_cast<std::size_t>(s)] > 0;
+    });
+    for (const SlotId in : ins) {
       const int s = producer[index(in)];
       if (s < 0 || uses[index(in)] != 1 || group[static_cast<std::size_t>(s)] != s) continue;
       const Step& made = p.steps[static_cast<std::size_t>(s)];
@@ -137,10 +144,16 @@ void fuse_pointwise(const Graph& g, Partitioned& p) {
       // only done when those operands are no larger than the result: else a chain of sums of
       // values made far apart (a gradient summed over micro-batches) would keep every addend
       // alive until the last sum.
+      // Small constant steps in between do not count: they run once per executor, then are
+      // kept (memory.hpp).
       const std::vector<int>& group_s = members[static_cast<std::size_t>(s)];
-      const auto between = std::count_if(members[t].begin(), members[t].end(),
-                                         [&](int m) { return m > s && m < static_cast<int>(t); });
-      if (static_cast<std::int64_t>(t) - s - 1 > between) {
+      bool others = false;
+      for (int m = s + 1; m < static_cast<int>(t) && !others; ++m) {
+        const Step& st = p.steps[static_cast<std::size_t>(m)];
+        others = group[static_cast<std::size_t>(m)] != static_cast<int>(t) &&
+                 !(st.constant && bytes[index(st.out)] <= kMaxCachedConstantBytes);
+      }
+      if (others) {
         std::int64_t dying = 0;
         std::set<SlotId> seen;
         for (const int m : group_s) {
