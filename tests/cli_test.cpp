@@ -937,6 +937,35 @@ TEST_F(TrainPlanCli, PrintsMemoryPerDeviceAndWhetherItFits) {
   EXPECT_THAT(small.out, ::testing::HasSubstr("does NOT fit"));
 }
 
+// A cp axis: context parallelism (ring attention), said in the header and the JSON; the weights
+// sharded over fsdp and cp together, so each device holds 1/8 of what fsdp:2 alone gives it
+// (LLaMA-2-7B's widths, two layers: the parameters are bf16 [hidden or vocab, ...] matrices and
+// norms; fsdp:2,cp:4 splits the matrices 8 ways where fsdp:2 splits them 2 ways: 1/4).
+TEST_F(TrainPlanCli, ContextAxisPlansRingAttentionAndShardsTheWeightsOverIt) {
+  const auto plan = [&](const char* mesh) {
+    const Result r = run(fmt::format("train-plan --config '{}' --mesh {} --batch 2 --seq 256 --json",
+                                     llama().string(), mesh));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json cp = plan("fsdp:2,cp:4"), dp = plan("fsdp:2");
+  EXPECT_EQ(cp["context_axes"], nlohmann::json::array({"cp"}));
+  EXPECT_EQ(dp["context_axes"], nlohmann::json::array());
+  EXPECT_THAT(cp["rules_note"].get<std::string>(),
+              ::testing::HasSubstr("the weights sharded over fsdp and cp together"));
+  const double ratio = cp["per_device"]["parameter_bytes"].get<double>() /
+                       dp["per_device"]["parameter_bytes"].get<double>();
+  EXPECT_NEAR(ratio, 0.25, 0.001);
+  const Result text = run(fmt::format("train-plan --config '{}' --mesh fsdp:2,cp:4 --batch 2 --seq 256",
+                                      llama().string()));
+  EXPECT_THAT(text.out, ::testing::HasSubstr(
+                            "context parallel over cp (ring attention, load-balanced order)"));
+  const Result odd = run(fmt::format("train-plan --config '{}' --mesh fsdp:2,cp:4 --batch 2 --seq 100",
+                                     llama().string()));
+  EXPECT_EQ(odd.code, 1);
+  EXPECT_THAT(odd.err, ::testing::HasSubstr("100 tokens"));
+}
+
 TEST_F(TrainPlanCli, SequenceParallelIsOnWithTpAndCanBeTurnedOff) {
   const std::string base = fmt::format(
       "train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128", llama().string());
