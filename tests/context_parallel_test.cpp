@@ -14,6 +14,7 @@
 #include "shardplan/shard_map.hpp"
 #include "shardplan/sjit.hpp"
 #include "shardplan/train_plan.hpp"
+#include "step_compare.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -74,25 +75,12 @@ Tree<Tensor> step(const char* axes, int devices, bool remat) {
   })(params, x, y));
 }
 
-void expect_same(const Tree<Tensor>& got, const Tree<Tensor>& want, const std::string& what) {
-  EXPECT_NEAR(got.at("loss").leaf().get(0), want.at("loss").leaf().get(0), 1e-5) << what;
-  const auto a = want.at("grads").flatten(), b = got.at("grads").flatten();
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto x = a[i].second.to_doubles(), z = b[i].second.to_doubles();
-    ASSERT_EQ(x.size(), z.size());
-    for (std::size_t k = 0; k < x.size(); ++k) {
-      ASSERT_NEAR(x[k], z[k], 1e-5 + 1e-4 * std::abs(x[k])) << what << " " << a[i].first << " [" << k << "]";
-    }
-  }
-}
-
 TEST(ContextParallel, LossAndGradientsEqualTheUnsplitStep) {
   const Tree<Tensor> one = step("data:1", 1, false);
   EXPECT_NEAR(one.at("loss").leaf().get(0), std::log(64.0), 1.0);  // near uniform
-  expect_same(step("cp:4", 4, false), one, "cp:4");
-  expect_same(step("data:2,cp:4", 8, false), one, "data:2,cp:4");
-  expect_same(step("cp:8", 8, true), one, "cp:8 with recomputation");
+  expect_same_step(step("cp:4", 4, false), one, "cp:4");
+  expect_same_step(step("data:2,cp:4", 8, false), one, "data:2,cp:4");
+  expect_same_step(step("cp:8", 8, true), one, "cp:8 with recomputation");
 }
 
 // A 32k-token step of a small LLaMA (its parameters negligible beside its activations), planned:

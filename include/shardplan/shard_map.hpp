@@ -101,13 +101,9 @@ auto shard_map(F f, Mesh mesh, std::vector<PartitionSpec> in_specs,
         (std::is_same_v<std::remove_cvref_t<decltype(args)>, std::vector<Array>> && ...);
     if constexpr (vector_call) {
       using R = decltype(f(args...));
-      R* kind = nullptr;
       auto outs = detail::shard_map_call(
-          [&](const std::vector<Array>& a) {
-            (void)kind;
-            return detail::as_outputs(f(a));
-          },
-          mesh, in_specs, out_specs, check, args...);
+          [&](const std::vector<Array>& a) { return detail::as_outputs(f(a)); }, mesh, in_specs,
+          out_specs, check, args...);
       return detail::from_outputs<R>(std::move(outs));
     } else {
       using R = decltype(f(args...));

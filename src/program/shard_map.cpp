@@ -76,6 +76,9 @@ std::vector<Array> traced_call(TraceContext& ctx, const ShardMapBody& body, cons
     throw SpecError(fmt::format("[shard_map] its mesh {} is not the mesh {} of the sjit it is called in",
                                 mesh.to_string(), ctx.mesh.to_string()));
   }
+  if (mesh.ndim() > 62) {  // the axes a value varies over are a bitmask
+    throw SpecError(fmt::format("[shard_map] a mesh of {} axes: at most 62", mesh.ndim()));
+  }
   std::vector<Array> blocks;
   for (std::size_t k = 0; k < args.size(); ++k) {
     blocks.push_back(to_blocks(mesh, args[k], in_specs[k]));
