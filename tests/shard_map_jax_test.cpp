@@ -1,11 +1,11 @@
-// JAX's shard_map behaviours ported (the numbers refer to the research notes "shard_map behaviours
-// to port", which cite JAX's shard_map tutorial (DOC), JEP 14273 / 17111, tests/shard_map_test.py
+// JAX's shard_map behaviours ported (the numbers refer to docs/shard_map_behaviours.md, the
+// research notes "shard_map behaviours to port", which cite JAX's shard_map tutorial (DOC), JEP 14273 / 17111, tests/shard_map_test.py
 // (TEST:name), jax/_src/lax/parallel.py (PAR) and the issue tracker (#N)). Every expected value
 // was worked out by hand in those notes, not taken from shardplan. Each case runs eagerly and
 // inside sjit (which must agree bitwise); gradients are also checked by central differences.
 //
 // Where shardplan decides differently from JAX the test says so: pmax/pmin are differentiable
-// (the cotangent goes to the devices holding the extreme value), gradients always use the
+// (the cotangent goes to the devices holding the extreme value, shared on a tie), gradients always use the
 // vma-tracked transposes (the derivative of the global function, check on or off), closed-over
 // arrays are read whole on every device (their gradient is the sum over devices), axis tuples are
 // taken in the order given.
