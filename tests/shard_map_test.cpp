@@ -174,7 +174,9 @@ TEST(ShardMap, GradientsOfEachCollectiveMatchFiniteDifferences) {
                              return lax::psum(b * astype(lax::axis_index("i"), DType::kF64), "i");
                            }, m.mesh, {P()}, {P()})},
   };
-  for (const auto& [name, f] : cases) {
+  for (const auto& named : cases) {
+    const std::string& name = named.first;
+    const std::function<Array(const Array&)>& f = named.second;
     const auto [value, grad] = value_and_grad([&](const Array& x) { return sum(f(x)); })(put(x0));
     const std::vector<double> want = numeric_grad(f, x0, put);
     const std::vector<double> got = grad.to_host().to_doubles();

@@ -102,8 +102,9 @@ auto shard_map(F f, Mesh mesh, std::vector<PartitionSpec> in_specs,
     if constexpr (vector_call) {
       using R = decltype(f(args...));
       auto outs = detail::shard_map_call(
-          [&](const std::vector<Array>& a) { return detail::as_outputs(f(a)); }, mesh, in_specs,
-          out_specs, check, args...);
+          // `const auto&`: a dependent call, checked only where this branch is the one taken.
+          [&](const auto& a) { return detail::as_outputs(f(a)); }, mesh, in_specs, out_specs,
+          check, args...);
       return detail::from_outputs<R>(std::move(outs));
     } else {
       using R = decltype(f(args...));
