@@ -19,6 +19,7 @@
 #include "shardplan/distributed.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/rules/tree_path_sharding_rule.hpp"
+#include "shardplan/shard_map.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
@@ -159,6 +160,37 @@ TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
   const Tensor want =
       f(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host();
   EXPECT_EQ(got, want);
+}
+
+// The same inside a shard_map: a kernel of the body fails on the last process only, before the
+// body's collective (a ppermute, then a psum). Every process learns of it at that collective
+// (it runs as a communicating step does), none waits there; the next call runs again.
+TEST(MultiProcessTraining, AShardMapBodyThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  std::vector<std::pair<int, int>> ring;
+  for (int d = 0; d < 8; ++d) ring.emplace_back(d, (d + 1) % 8);
+  auto f = sjit(mesh, [&](const Array& x) {
+    return shard_map(
+        [&](const Array& b) { return lax::psum(lax::ppermute(exp(b), "a", ring), "a"); }, mesh,
+        {P("a")}, {P()})(x);
+  });
+  const Tensor host = Tensor::normal(Shape{64, 16}, DType::kF32, 4);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  const Tensor warm = f(x).to_host();  // compiled and run once everywhere
+  const std::int64_t in_use = exec.memory(exec.local_devices().front()).in_use;
+  if (me == last) exec.set_memory_limit(in_use + 64);
+  try {
+    f(x);
+    ADD_FAILURE() << "no error on process " << me;
+  } catch (const DistributedError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of", last)));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("memory"));
+  }
+  exec.set_memory_limit(0);
+  EXPECT_EQ(f(x).to_host(), warm);
 }
 
 /// Runs `call`, which fails on process `who` only: every process must throw a DistributedError

@@ -106,6 +106,10 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
       } else if (!st.cost.empty()) {
         distributed::detail::agree(failed);  // throws, on every process
       }
+    } else if (communicates) {
+      // As a reshard: a failure on any process is agreed inside the collective and thrown on
+      // every process, not held as this process's own failure until the next agreement.
+      run_collective_step(executor, st, slots);
     } else {
       try {
         run_kernel_step(executor, st, slots);
