@@ -211,5 +211,60 @@ TEST(ShardMap, BadInputIsAnErrorNamingIt) {
   EXPECT_THROW_WITH(lax::psum(x, "i"), SpecError, "outside a shard_map");
 }
 
+// The rest of the call's errors, each naming what is wrong.
+TEST(ShardMap, MoreBadCallsAreNamed) {
+  Mesh1 m;
+  const Array x = m.put(arange(Shape{8}), P());
+  auto none = shard_map([] { return std::vector<Array>{}; }, m.mesh, {}, {});
+  EXPECT_THROW_WITH(none(), SpecError, "no arguments");
+  const Mesh other = Mesh::parse("j:4", 4);
+  auto elsewhere = shard_map([](const Array& b) { return b; }, other, {P("j")}, {P("j")});
+  EXPECT_THROW_WITH(elsewhere(x), ArrayError, "argument 0", "Mesh('i': 4)", "Mesh('j': 4)");
+  EXPECT_THROW_WITH(sjit(m.mesh, elsewhere)(x), SpecError, "Mesh('j': 4)", "Mesh('i': 4)");
+  auto nested = shard_map(
+      [&](const Array& b) {
+        return shard_map([](const Array& c) { return c; }, m.mesh, {P()}, {P()})(b);
+      },
+      m.mesh, {P("i")}, {P("i")});
+  EXPECT_THROW_WITH(nested(x), SpecError, "inside another shard_map");
+  auto constrained = shard_map([](const Array& b) { return with_sharding_constraint(b, P("i")); },
+                               m.mesh, {P("i")}, {P("i")});
+  EXPECT_THROW_WITH(constrained(x), SpecError, "with_sharding_constraint", "f32[2]", "per-device");
+  const auto body_error = [&](std::function<Array(const Array&)> body, const char* a, const char* b) {
+    EXPECT_THROW_WITH(shard_map(body, m.mesh, {P("i")}, {P("i")}, false)(x), SpecError, a, b);
+  };
+  body_error([](const Array& b) { return lax::psum(b, std::vector<std::string>{}); }, "lax.psum",
+             "names no mesh axis");
+  body_error([](const Array& b) { return lax::psum(b, {"i", "i"}); }, "lax.psum", "'i' is named twice");
+  body_error([](const Array& b) { return lax::all_gather(b, "i", 2, true); }, "lax.all_gather",
+             "dimension 2");
+  std::string axes;
+  for (int a = 0; a < 63; ++a) axes += (a ? "," : "") + ("a" + std::to_string(a)) + ":1";
+  const Mesh wide = Mesh::parse(axes, 1);
+  const Executor one = Executor::process_local(1);
+  const Array y = device_put(arange(Shape{2}), NamedSharding(wide, P()), one);
+  EXPECT_THROW_WITH(shard_map([](const Array& b) { return b; }, wide, {P()}, {P()})(y), SpecError,
+                    "63 axes", "at most 62");
+}
+
+// An annotation on a per-device value (a model's layer called inside the body) changes nothing;
+// a gradient's "like" constraint on a per-device parameter neither.
+TEST(ShardMap, AnnotationsInsideTheBodyPassThrough) {
+  Mesh1 m;
+  const Array x = m.put(arange(Shape{8}, 1), P());
+  auto f = shard_map(
+      [](const Array& b) {
+        const Array g = value_and_grad([](const Array& v) { return sum(v * v); })(b).second;
+        return with_sharding_annotation(g, "anything") + b;
+      },
+      m.mesh, {P("i")}, {P("i")});
+  SjitOptions o;
+  o.allow_unknown_annotations = true;
+  std::vector<double> want;
+  for (int i = 1; i <= 8; ++i) want.push_back(3.0 * i);
+  EXPECT_EQ(values(f(x)), want);
+  EXPECT_EQ(values(sjit(m.mesh, f, o)(x)), want);
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -142,6 +142,7 @@ std::vector<Array> eager_call(const ShardMapBody& body, const Mesh& mesh,
   }
   const Executor& executor = args[0].executor();
   TraceContext tc(executor, mesh);
+  tc.allow_unknown_annotations = true;  // as outside sjit: an annotation there changes nothing
   Graph g;
   {
     TraceScope scope(&tc);
@@ -179,7 +180,7 @@ std::int64_t vary_operands(TraceContext& ctx, const Primitive& op, const Node& n
   }
   if (!any) return kNotManual;
   if (op.sharding_identity) {
-    if (n.attrs.get<ConstraintAttrs>().spec && op.name == std::string_view("sharding_constraint")) {
+    if (n.is(prim::sharding_constraint) && n.attrs.get<ConstraintAttrs>().spec) {
       throw SpecError(fmt::format(
           "[with_sharding_constraint] {} is a per-device value inside shard_map's function: "
           "it has no global sharding to constrain (constrain it outside the shard_map)",
