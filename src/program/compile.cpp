@@ -89,9 +89,8 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
                  fmt::format("sharded like {} (the gradient of a parameter)", value_name(*c.like)));
       }
     } else if (n.op->fixed_layout != nullptr) {  // shard_map's boundaries and collectives
-      prop.fix(id, n.op->fixed_layout(n).result,
-               n.is(prim::shard_map_out) ? std::string("shard_map's out_specs")
-                                         : std::string("a per-device value of shard_map"));
+      FixedLayout fl = n.op->fixed_layout(n);
+      prop.fix(id, fl.result, std::move(fl.origin));
     } else if (n.is(prim::sharding_annotation)) {
       const AnnotationAttrs& a = n.attr<AnnotationAttrs>();
       if (a.spec) prop.fix(id, *a.spec, fmt::format("annotation '{}'", a.name));

@@ -141,6 +141,7 @@ using ContractionFn = Contraction(const Node& node);
 struct FixedLayout {
   std::vector<PartitionSpec> operands;
   PartitionSpec result;
+  std::string origin;  // what the program text says fixed the result ("shard_map's out_specs")
 };
 using FixedLayoutFn = FixedLayout(const Node& node);
 

@@ -139,9 +139,14 @@ OpFactors unlinked(const Node& n, std::span<const Shape> in) {
   return f;
 }
 
-FixedLayout block_in_layout(const Node& n) { return {{n.attr<BlockAttrs>().spec}, PartitionSpec()}; }
-FixedLayout block_out_layout(const Node& n) { return {{PartitionSpec()}, n.attr<BlockAttrs>().spec}; }
-FixedLayout per_device_layout(const Node&) { return {{PartitionSpec()}, PartitionSpec()}; }
+constexpr const char* kPerDevice = "a per-device value of shard_map";
+FixedLayout block_in_layout(const Node& n) {
+  return {{n.attr<BlockAttrs>().spec}, PartitionSpec(), kPerDevice};
+}
+FixedLayout block_out_layout(const Node& n) {
+  return {{PartitionSpec()}, n.attr<BlockAttrs>().spec, "shard_map's out_specs"};
+}
+FixedLayout per_device_layout(const Node&) { return {{PartitionSpec()}, PartitionSpec(), kPerDevice}; }
 
 PartitionSpec spec_at(int dim, int rank, const std::vector<std::string>& axes) {
   std::vector<AxisNames> dims(static_cast<std::size_t>(rank));
