@@ -134,9 +134,25 @@ TEST(MultiProcessTraining, ProcessesRunningDifferentProgramsGetAnErrorNotAHang) 
                 .to_host());
 }
 
+// With the last process's devices able to hold almost nothing more, `call` runs out of memory
+// there: every process gets a DistributedError naming that process and the memory; afterwards
+// the limit is lifted.
+void expect_out_of_memory_on_last_process(Executor& exec, const std::function<void()>& call) {
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  const std::int64_t in_use = exec.memory(exec.local_devices().front()).in_use;
+  if (me == last) exec.set_memory_limit(in_use + 64);
+  try {
+    call();
+    ADD_FAILURE() << "no error on process " << me;
+  } catch (const DistributedError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of", last)));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("memory"));
+  }
+  exec.set_memory_limit(0);
+}
+
 TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
   if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
-  const int me = distributed::process_index(), last = distributed::process_count() - 1;
   Executor exec(8);
   const Mesh mesh = Mesh::parse("a:8", 8);
   // A kernel, then a reduction over the sharded axis (a step that communicates).
@@ -145,16 +161,7 @@ TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
   const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
   const Array warm = f(x);  // compiled and run once everywhere
   // The last process's devices may hold almost nothing more: its exp step runs out of memory.
-  const std::int64_t in_use = exec.memory(exec.local_devices().front()).in_use;
-  if (me == last) exec.set_memory_limit(in_use + 64);
-  try {
-    f(x);
-    ADD_FAILURE() << "no error on process " << me;
-  } catch (const DistributedError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of", last)));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("memory"));
-  }
-  exec.set_memory_limit(0);
+  expect_out_of_memory_on_last_process(exec, [&] { f(x); });
   // Every process is still in step: the next call runs and gives the host's sums.
   const Tensor got = f(x).to_host();
   const Tensor want =
@@ -167,7 +174,6 @@ TEST(MultiProcessTraining, AStepThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
 // (it runs as a communicating step does), none waits there; the next call runs again.
 TEST(MultiProcessTraining, AShardMapBodyThatFailsOnOneProcessIsAnErrorOnEveryProcess) {
   if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
-  const int me = distributed::process_index(), last = distributed::process_count() - 1;
   Executor exec(8);
   const Mesh mesh = Mesh::parse("a:8", 8);
   std::vector<std::pair<int, int>> ring;
@@ -180,16 +186,7 @@ TEST(MultiProcessTraining, AShardMapBodyThatFailsOnOneProcessIsAnErrorOnEveryPro
   const Tensor host = Tensor::normal(Shape{64, 16}, DType::kF32, 4);
   const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
   const Tensor warm = f(x).to_host();  // compiled and run once everywhere
-  const std::int64_t in_use = exec.memory(exec.local_devices().front()).in_use;
-  if (me == last) exec.set_memory_limit(in_use + 64);
-  try {
-    f(x);
-    ADD_FAILURE() << "no error on process " << me;
-  } catch (const DistributedError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format("process {} of", last)));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("memory"));
-  }
-  exec.set_memory_limit(0);
+  expect_out_of_memory_on_last_process(exec, [&] { f(x); });
   EXPECT_EQ(f(x).to_host(), warm);
 }
 
