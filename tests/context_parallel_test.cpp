@@ -124,6 +124,13 @@ TEST(ContextParallel, BadSettingsAreNamed) {
   o.fused_attention = true;
   EXPECT_THROW_WITH(plan_training(gpt2, Mesh::parse("fsdp:1,tp:1,cp:4", 4), load_preset("gpt2").make_rule(), o),
                     SpecError, "GPT-2");
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:1,cp:2,context:2", 4), rules, o), SpecError,
+                    "one axis", "cp and context");
+  const ModelConfig windowed = ModelConfig::parse(R"({"model_type": "mistral", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 8})");
+  EXPECT_THROW_WITH(plan_training(windowed, Mesh::parse("fsdp:1,cp:4", 4), rules, o), SpecError,
+                    "sliding-window", "window 8", "cp");
 }
 
 }  // namespace

@@ -545,6 +545,44 @@ TEST(Sjit, DonatedArgumentsCannotBeUsedAfterwards) {
 // larger one, as a causal mask's index arrays over [B, H, T, T], is made again each run and
 // freed: kept, a model's per-layer masks would stay resident between steps. The second and third
 // runs (the small constant from the cache, the large one made again) give the first run's values.
+// Constants each under the per-constant bound, together over the total one
+// (kMaxCachedConstantTotal, 4 MiB per device): only the first ones that fit are kept; the others
+// are made again each run. Eight iotas of ~0.9 MiB each per device (replicated) would otherwise
+// keep 7.3 MiB resident.
+TEST(Sjit, ManySmallConstantsAreKeptOnlyUpToATotal) {
+  Meshes s;
+  auto f = sjit(s.mesh, [](const Array& x) {
+    Array total = sum(x);
+    for (std::int64_t k = 0; k < 8; ++k) {
+      const Array ids = iota_like(full(Shape{230000 + k}, DType::kF32, 0, x), 0, DType::kF32);
+      total = total + sum(ids);
+    }
+    return total;
+  });
+  const Array x = s.put(Tensor::uniform(Shape{8, 4}, DType::kF32, 3, -1, 1), P("data"));
+  double first = 0;
+  for (int run = 0; run < 3; ++run) {
+    const Array y = f(x);
+    const double v = y.to_host().get(0);
+    if (run == 0) {
+      // sum of 0..n-1 for n = 230000..230007, plus sum(x): checked against the formula.
+      double want = 0;
+      for (double e : x.to_host().to_doubles()) want += e;
+      for (std::int64_t k = 0; k < 8; ++k) {
+        const double n = 230000.0 + static_cast<double>(k);
+        want += n * (n - 1) / 2;
+      }
+      EXPECT_NEAR(v, want, want * 1e-6);
+      first = v;
+    } else {
+      EXPECT_EQ(v, first) << "run " << run;
+    }
+    const std::int64_t kept = s.exec.memory(s.first).in_use - x.shard_nbytes() - y.shard_nbytes();
+    EXPECT_LE(kept, std::int64_t{4} << 20) << "run " << run;
+    EXPECT_GT(kept, std::int64_t{3} << 20) << "run " << run;  // but up to the total, they are kept
+  }
+}
+
 TEST(Sjit, LargeConstantsAreMadeAgainEachRunNotKept) {
   Meshes s;
   SjitOptions o;
