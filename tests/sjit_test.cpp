@@ -82,6 +82,31 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   EXPECT_LT(max_diff(step2(xs, w1s, w2s).to_host(), y1.to_host()), 1e-4);
 }
 
+// What a time model reads off the cost: a product's FLOPs are matrix FLOPs; any other kernel is
+// the bytes it reads and writes (relu on f32[4, 6] per device: 96 bytes read, 96 written); a
+// constraint, an input and an output move nothing.
+TEST(Sjit, TheCostSplitsMatrixFlopsFromTheBytesOtherKernelsReadAndWrite) {
+  Executor exec{4};
+  const Mesh mesh = Mesh::parse("data:4", 4);
+  const auto f = [](const Array& x, const Array& w) {
+    return relu(with_sharding_constraint(matmul(x, w), P("data")));
+  };
+  SjitOptions o;
+  o.out_shardings = RuleTree(P("data"));
+  const Array x = device_put(Tensor::normal(Shape{16, 8}, DType::kF32, 1), NamedSharding(mesh, P("data")), exec);
+  const Array w = device_put(Tensor::normal(Shape{8, 6}, DType::kF32, 2), NamedSharding(mesh, P()), exec);
+  const Lowered low = sjit(mesh, f, o).lower(x, w);
+  const ProgramCost& c = low.cost();
+  ASSERT_EQ(c.matrix_flops.size(), 4u);
+  ASSERT_EQ(c.memory_traffic.size(), 4u);
+  for (std::size_t d = 0; d < 4; ++d) {
+    EXPECT_DOUBLE_EQ(c.matrix_flops[d], 2.0 * 4 * 8 * 6) << low.text();
+    EXPECT_DOUBLE_EQ(c.flops[d], 2.0 * 4 * 8 * 6 + 4 * 6);  // and one per element of relu
+    EXPECT_EQ(c.memory_traffic[d], 2 * 4 * 6 * 4) << low.text();
+  }
+  EXPECT_TRUE(c.bytes_by_axes.empty());
+}
+
 // A reshape merging dimensions shares only the smaller major factor between operand and result
 // ([2, 2, 3] -> [4, 3] shares a factor of 2). A result split 4 ways on the merged dimension is
 // not a split of that factor: the partitioner must not claim it (it once ran the copy on each
@@ -140,6 +165,13 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
   // Per device: the dot's 2 * 4 * 8 * 6 FLOPs, then the multiply and subtract on 2 of w's 8 rows.
   const auto& flops = low.cost().flops;
   EXPECT_DOUBLE_EQ(flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6 + 2.0 * 2 * 6);
+  // The same bytes by the axes each collective runs in; the dot's FLOPs are the matrix FLOPs.
+  const std::map<CollectiveOn, std::int64_t> by_axes{
+      {CollectiveOn{CollectiveKind::kReduceScatter, {"data"}}, 144},
+      {CollectiveOn{CollectiveKind::kAllGather, {"data"}}, 144},
+      {CollectiveOn{CollectiveKind::kSlice, {}}, 0}};  // the output's local slice
+  EXPECT_EQ(low.cost().bytes_by_axes, by_axes) << low.text();
+  EXPECT_DOUBLE_EQ(low.cost().matrix_flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6);
   const Array out = step(xs, dys, ws);
   EXPECT_EQ(out.sharding().spec(), P());
   const Array ref = update(s.put1(x), s.put1(dy), s.put1(w));

@@ -19,6 +19,14 @@ struct PeakByKind {
   friend bool operator==(const PeakByKind&, const PeakByKind&) = default;
 };
 
+/// A kind of collective over the mesh axes it runs in (as the collective names them).
+struct CollectiveOn {
+  CollectiveKind kind = CollectiveKind::kGeneral;
+  std::vector<std::string> axes;
+  friend auto operator<=>(const CollectiveOn&, const CollectiveOn&) = default;
+  friend bool operator==(const CollectiveOn&, const CollectiveOn&) = default;
+};
+
 /// What a compiled program costs, per device: floating-point operations of its kernels, the
 /// most bytes a device receives per kind of collective, and the peak of the bytes it holds
 /// (its inputs and every live intermediate).
@@ -27,6 +35,14 @@ struct ProgramCost {
   /// The most bytes a device receives, per kind of collective the program runs (a kind it runs
   /// without moving data, a local slice, is there with 0).
   std::map<CollectiveKind, std::int64_t> bytes_by_kind;
+  /// The same split by the mesh axes each collective runs in (a time model's link tiers).
+  std::map<CollectiveOn, std::int64_t> bytes_by_axes;
+  /// By device: the FLOPs of the kernels that run on matrix units (products, fused attention;
+  /// Primitive::matrix_unit), part of `flops`; and the bytes every other kernel reads and writes
+  /// (a fused group: its operands and its result; views and kept constants none): the work a
+  /// time model counts at the matrix rate and at memory bandwidth.
+  std::vector<double> matrix_flops;
+  std::vector<std::int64_t> memory_traffic;
   std::vector<std::int64_t> peak_bytes;  // by device id
   /// What is live at the (first) peak, by kind.
   PeakByKind peak_by_kind;

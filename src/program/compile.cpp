@@ -132,6 +132,9 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.layouts_ = std::move(parts.layouts);
   prog.cost_.flops = std::move(parts.flops);
   prog.cost_.bytes_by_kind = std::move(parts.bytes_by_kind);
+  prog.cost_.bytes_by_axes = std::move(parts.bytes_by_axes);
+  prog.cost_.matrix_flops = std::move(parts.matrix_flops);
+  prog.cost_.memory_traffic.assign(static_cast<std::size_t>(mesh.size()), live.memory_traffic);
   prog.cost_.peak_bytes.assign(static_cast<std::size_t>(mesh.size()), live.peak_bytes);
   prog.cost_.peak_by_kind = std::move(live.peak_by_kind);
   prog.free_after_ = std::move(live.free_after);

@@ -22,6 +22,20 @@ std::int64_t add_live(std::int64_t live, std::int64_t bytes) {
   return out;
 }
 
+// The bytes a kernel step not on matrix units reads and writes (Liveness::memory_traffic).
+void count_traffic(const Step& st, bool skip, const std::vector<std::int64_t>& slot_bytes,
+                   std::int64_t& traffic) {
+  if (skip || st.kind != Step::Kind::kKernel || st.local.op->matrix_unit) return;
+  if (st.local.op->sharding_identity || st.local.op->barrier) return;
+  const auto add = [&](SlotId slot) {
+    if (!checked_add(traffic, slot_bytes[index(slot)], &traffic)) {
+      throw SpecError("[compile] the bytes the kernels read and write on a device overflow int64");
+    }
+  };
+  add(st.out);
+  for (const SlotId in : st.in) add(in);
+}
+
 }  // namespace
 
 // What is live at the peak, by kind: replay the frees up to the peak step.
@@ -127,6 +141,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
       for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
     }
     live = add_live(live, slot_bytes[index(st.out)]);
+    count_traffic(st, view || l.cached_step[s] != 0, slot_bytes, l.memory_traffic);
     if (live > peak) {
       peak = live;
       peak_step = s;

@@ -30,6 +30,7 @@ struct Liveness {
   std::vector<char> cached_step;       // per step: a constant step whose result is kept
   std::int64_t peak_bytes = 0;         // per device (every device holds blocks of one size)
   PeakByKind peak_by_kind;             // ProgramCost::peak_by_kind
+  std::int64_t memory_traffic = 0;     // ProgramCost::memory_traffic (per device)
 };
 
 /// Throws SpecError when a byte count overflows int64.

@@ -30,6 +30,8 @@ struct Partitioned {
   std::vector<NamedSharding> output_shardings;
   std::vector<double> flops;                             // by device
   std::map<CollectiveKind, std::int64_t> bytes_by_kind;  // most bytes a device receives, per kind
+  std::map<CollectiveOn, std::int64_t> bytes_by_axes;    // the same per kind and mesh axes
+  std::vector<double> matrix_flops;                      // by device: of matrix-unit kernels
   ValueMap<Layout> layouts;  // by value: the layout its step makes (what the program text prints)
 };
 

@@ -28,13 +28,18 @@ void keep_read(Partitioned& p, int devices) {
   }
   p.steps = std::move(kept);
   p.flops.assign(static_cast<std::size_t>(devices), 0);
+  p.matrix_flops.assign(static_cast<std::size_t>(devices), 0);
   for (const Step& st : p.steps) {
     if (st.kind == Step::Kind::kKernel) {
       for (double& fl : p.flops) fl += st.flops;
+      if (st.local.op->matrix_unit) {
+        for (double& fl : p.matrix_flops) fl += st.flops;
+      }
     }
     for (const auto& rec : st.cost) {
       std::int64_t& b = p.bytes_by_kind[rec.kind];
-      if (!checked_add(b, rec.max_bytes_in(), &b)) {
+      std::int64_t& on = p.bytes_by_axes[CollectiveOn{rec.kind, rec.axes}];
+      if (!checked_add(b, rec.max_bytes_in(), &b) || !checked_add(on, rec.max_bytes_in(), &on)) {
         throw SpecError("[compile] the bytes received per step overflow int64");
       }
     }

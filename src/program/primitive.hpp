@@ -210,6 +210,10 @@ struct Primitive {
   LinearityFn* linearity = nullptr;
   /// Optional: the op is a contraction (see Contraction); none: it is not.
   ContractionFn* contraction = nullptr;
+  /// Its FLOPs run on a device's matrix units (tensor cores: products, fused attention). A time
+  /// model counts them at the matrix rate; any other kernel's time is the bytes it reads and
+  /// writes (ProgramCost::matrix_flops, memory_traffic).
+  bool matrix_unit = false;
   /// Optional (shard_map's ops): the layouts it reads and gives (see FixedLayout), how it runs
   /// across devices (see CollectivePlan), the axes its result varies over (see VaryFn).
   FixedLayoutFn* fixed_layout = nullptr;

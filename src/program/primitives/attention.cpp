@@ -246,6 +246,7 @@ constinit const Primitive attention{.name = "attention",
                                     .kernel = attention_kernel,
                                     .flops = attention_flops,
                                     .vjp = attention_vjp,
+                                    .matrix_unit = true,
                                     .tests = &kAttentionTests};
 constinit const Primitive attention_grad_q{.name = "attention_grad_q",
                                            .arity = kVariadic,
@@ -254,6 +255,7 @@ constinit const Primitive attention_grad_q{.name = "attention_grad_q",
                                            .kernel = attention_grad_q_kernel,
                                            .flops = grad_q_flops,
                                            .vjp = second_derivative_refused,
+                                           .matrix_unit = true,
                                            .tests = &kAttentionGradQTests};
 constinit const Primitive attention_grad_kv{.name = "attention_grad_kv",
                                             .arity = kVariadic,
@@ -263,6 +265,7 @@ constinit const Primitive attention_grad_kv{.name = "attention_grad_kv",
                                             .flops = grad_kv_flops,
                                             .vjp = second_derivative_refused,
                                             .partial = ReduceOp::kSum,
+                                            .matrix_unit = true,
                                             .tests = &kAttentionGradKvTests};
 }  // namespace prim
 

@@ -429,6 +429,7 @@ constinit const Primitive dot_general{.name = "dot_general",
                                       .partial = ReduceOp::kSum,
                                       .linearity = linear_in_each,
                                       .contraction = dot_contraction,
+                                      .matrix_unit = true,
                                       .tests = &kDotTests};
 }  // namespace prim
 
