@@ -82,10 +82,10 @@ TEST(Sjit, DotReluDotMatchesOneDeviceAndShowsWhereShardingsCameFrom) {
   EXPECT_LT(max_diff(step2(xs, w1s, w2s).to_host(), y1.to_host()), 1e-4);
 }
 
-// What a time model reads off the cost: a product's FLOPs are matrix FLOPs; any other kernel is
+// What a time model reads off the cost: a product's FLOPs are matmul FLOPs; any other kernel is
 // the bytes it reads and writes (relu on f32[4, 6] per device: 96 bytes read, 96 written); a
 // constraint, an input and an output move nothing.
-TEST(Sjit, TheCostSplitsMatrixFlopsFromTheBytesOtherKernelsReadAndWrite) {
+TEST(Sjit, TheCostSplitsMatmulFlopsFromTheBytesOtherKernelsReadAndWrite) {
   Executor exec{4};
   const Mesh mesh = Mesh::parse("data:4", 4);
   const auto f = [](const Array& x, const Array& w) {
@@ -97,14 +97,53 @@ TEST(Sjit, TheCostSplitsMatrixFlopsFromTheBytesOtherKernelsReadAndWrite) {
   const Array w = device_put(Tensor::normal(Shape{8, 6}, DType::kF32, 2), NamedSharding(mesh, P()), exec);
   const Lowered low = sjit(mesh, f, o).lower(x, w);
   const ProgramCost& c = low.cost();
-  ASSERT_EQ(c.matrix_flops.size(), 4u);
+  ASSERT_EQ(c.matmul_flops.size(), 4u);
+  ASSERT_EQ(c.attention_flops.size(), 4u);
   ASSERT_EQ(c.memory_traffic.size(), 4u);
   for (std::size_t d = 0; d < 4; ++d) {
-    EXPECT_DOUBLE_EQ(c.matrix_flops[d], 2.0 * 4 * 8 * 6) << low.text();
+    EXPECT_DOUBLE_EQ(c.matmul_flops[d], 2.0 * 4 * 8 * 6) << low.text();
+    EXPECT_EQ(c.attention_flops[d], 0);
     EXPECT_DOUBLE_EQ(c.flops[d], 2.0 * 4 * 8 * 6 + 4 * 6);  // and one per element of relu
     EXPECT_EQ(c.memory_traffic[d], 2 * 4 * 6 * 4) << low.text();
   }
   EXPECT_TRUE(c.bytes_by_axes.empty());
+}
+
+// Mixed precision's reduce dtype: a bf16 weight gradient, a sum pending over 'data', converted
+// with convert_pending to f32 is reduced in f32 (FSDP2's reduce_dtype), although reducing the
+// bf16 sum first would move half the bytes (which plain astype does). f32[8, 6] is 192 bytes; a
+// device of 4 receives 3/4 of it in the reduce-scatter: 144 (bf16: 72).
+TEST(Sjit, ConvertPendingReducesTheSumInTheWiderDtype) {
+  Executor exec{4};
+  const Mesh mesh = Mesh::parse("data:4", 4);
+  const auto put = [&](const Tensor& t, const PartitionSpec& s) {
+    return device_put(t, NamedSharding(mesh, s), exec);
+  };
+  const Array x = put(Tensor::normal(Shape{16, 8}, DType::kBF16, 1), P("data"));
+  const Array dy = put(Tensor::normal(Shape{16, 6}, DType::kBF16, 2), P("data"));
+  const Array w = put(Tensor::normal(Shape{8, 6}, DType::kF32, 3), P("data"));
+  for (const bool pending : {true, false}) {
+    SCOPED_TRACE(pending ? "convert_pending" : "astype");
+    const auto update = [&](const Array& xb, const Array& dyb, const Array& wb) {
+      const Array g = matmul(transpose(xb, {1, 0}), dyb);  // bf16, pending over 'data'
+      return wb - (pending ? convert_pending(g, DType::kF32) : astype(g, DType::kF32)) * 0.1;
+    };
+    auto step = sjit(mesh, update);
+    const Lowered low = step.lower(x, dy, w);
+    const auto& bytes = low.cost().bytes_by_kind;
+    ASSERT_EQ(bytes.count(CollectiveKind::kReduceScatter), 1u) << low.text();
+    EXPECT_EQ(bytes.at(CollectiveKind::kReduceScatter), pending ? 144 : 72) << low.text();
+    // The same values as the plain conversion run on one device, to bf16 rounding of the sum.
+    const Tensor got = step(x, dy, w).to_host();
+    Executor one = Executor::process_local(1);
+    const Mesh single = Mesh::parse("data:1", 1);
+    const auto put1 = [&](const Array& a) {
+      return device_put(a.to_host(), NamedSharding(single, P()), one);
+    };
+    const Tensor want = update(put1(x), put1(dy), put1(w)).to_host();
+    EXPECT_LT(max_diff(got, want), 0.05);
+  }
+  EXPECT_THROW(convert_pending(x, DType::kI32), SpecError);
 }
 
 // A reshape merging dimensions shares only the smaller major factor between operand and result
@@ -165,13 +204,13 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
   // Per device: the dot's 2 * 4 * 8 * 6 FLOPs, then the multiply and subtract on 2 of w's 8 rows.
   const auto& flops = low.cost().flops;
   EXPECT_DOUBLE_EQ(flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6 + 2.0 * 2 * 6);
-  // The same bytes by the axes each collective runs in; the dot's FLOPs are the matrix FLOPs.
+  // The same bytes by the axes each collective runs in; the dot's FLOPs are the matmul FLOPs.
   const std::map<CollectiveOn, std::int64_t> by_axes{
       {CollectiveOn{CollectiveKind::kReduceScatter, {"data"}}, 144},
       {CollectiveOn{CollectiveKind::kAllGather, {"data"}}, 144},
       {CollectiveOn{CollectiveKind::kSlice, {}}, 0}};  // the output's local slice
   EXPECT_EQ(low.cost().bytes_by_axes, by_axes) << low.text();
-  EXPECT_DOUBLE_EQ(low.cost().matrix_flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6);
+  EXPECT_DOUBLE_EQ(low.cost().matmul_flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6);
   const Array out = step(xs, dys, ws);
   EXPECT_EQ(out.sharding().spec(), P());
   const Array ref = update(s.put1(x), s.put1(dy), s.put1(w));

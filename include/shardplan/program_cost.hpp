@@ -37,11 +37,12 @@ struct ProgramCost {
   std::map<CollectiveKind, std::int64_t> bytes_by_kind;
   /// The same split by the mesh axes each collective runs in (a time model's link tiers).
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;
-  /// By device: the FLOPs of the kernels that run on matrix units (products, fused attention;
-  /// Primitive::matrix_unit), part of `flops`; and the bytes every other kernel reads and writes
-  /// (a fused group: its operands and its result; views and kept constants none): the work a
-  /// time model counts at the matrix rate and at memory bandwidth.
-  std::vector<double> matrix_flops;
+  /// By device, what a time model counts at the matrix units' rates and at memory bandwidth:
+  /// the FLOPs of products (dot_general) and of fused attention (part of `flops`), and the bytes
+  /// every other kernel reads and writes (a fused group: its operands and its result; views and
+  /// kept constants: none).
+  std::vector<double> matmul_flops;
+  std::vector<double> attention_flops;
   std::vector<std::int64_t> memory_traffic;
   std::vector<std::int64_t> peak_bytes;  // by device id
   /// What is live at the (first) peak, by kind.

@@ -24,7 +24,9 @@
 
 #include "shardplan/collective_kind.hpp"
 #include "shardplan/dtype.hpp"
+#include "shardplan/hardware.hpp"
 #include "shardplan/mesh.hpp"
+#include "shardplan/program_cost.hpp"
 #include "shardplan/remat.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/sharding_rule.hpp"
@@ -116,9 +118,20 @@ struct TrainPlanOptions {
   std::int64_t seq = 2048;      // tokens per sequence (T5: the encoder's input)
   std::int64_t target_seq = 0;  // T5: the decoder's tokens per sequence; 0: = seq
   OptimizerKind optimizer = OptimizerKind::kAdamw;
-  DType param_dtype = DType::kBF16;     // the weights as held and computed with
+  DType param_dtype = DType::kBF16;     // the weights as computed with (and held: master_dtype)
   DType grad_dtype = DType::kBF16;      // gradients, accumulated and handed to the optimizer
   DType optimizer_dtype = DType::kF32;  // the optimizer's moments; the update runs in it
+  /// Mixed precision as FSDP2's MixedPrecisionPolicy and Megatron's distributed optimizer: the
+  /// weights held (sharded) and updated in master_dtype and cast to param_dtype, shard by shard,
+  /// before use (so FSDP gathers them in param_dtype). nullopt: held in param_dtype.
+  std::optional<DType> master_dtype;
+  /// The dtype the gradients are reduced over the batch axes in (FSDP2's reduce_dtype): the
+  /// gradients of the step's param_dtype weights are converted to it, reduced to their shards,
+  /// then held in grad_dtype. nullopt: reduced as computed (param_dtype).
+  std::optional<DType> reduce_dtype;
+  /// The hardware whose step time to estimate (hardware.hpp; docs/training.md "Step time");
+  /// nullopt: no time. Its memory is the device memory when device_memory is 0.
+  std::optional<Hardware> hardware;
   int grad_accum = 1;                   // micro-batches per step (the batch splits evenly)
   /// Keep only each layer's input in the forward pass and recompute the layer's activations in
   /// the backward pass (gradient checkpointing per layer): less memory, one more forward. The
@@ -151,6 +164,39 @@ struct TrainPlanOptions {
   std::optional<bool> sequence_parallel;
 };
 
+/// One line of a step's communication time: a kind of collective over some mesh axes.
+struct CommTime {
+  CollectiveOn collective;
+  /// "node" (every device of a group in one node: the fast links) or "network".
+  std::string tier;
+  /// "data" (over batch axes: FSDP's weight gathers and gradient reductions), "context" (ring
+  /// attention's transfers), "tensor" (over model axes: tensor parallelism's collectives).
+  std::string role;
+  std::int64_t bytes = 0;  // the most a device receives per step
+  double seconds = 0;      // at the tier's achievable bandwidth
+  bool overlapped = false; // data and context: under compute when there is enough of it
+};
+
+/// A training step's time on some hardware (docs/training.md "Step time"): the busiest device's
+/// matmul and attention FLOPs at their achievable rates and its other kernels' bytes at memory
+/// bandwidth; communication per link tier, FSDP's and the ring's hidden under compute up to the
+/// compute's length (the first layer's share never), tensor parallelism's exposed.
+struct StepTime {
+  std::string hardware;  // the entry's name
+  double matmul_seconds = 0, attention_seconds = 0, memory_seconds = 0;
+  std::vector<CommTime> comms;
+  /// Exposed communication by tier ("node", "network") and in all; what of it is tensor
+  /// parallelism's.
+  std::map<std::string, double> exposed_by_tier;
+  double exposed_seconds = 0, exposed_tensor_seconds = 0;
+  double step_seconds = 0;
+  double tokens_per_second_per_device = 0;
+  double model_flops_per_token = 0;  // 6 N + 12 L H Q T (PaLM's; N without the input embedding)
+  double mfu = 0;                    // model FLOPs per second per device / the bf16 peak
+
+  double compute_seconds() const { return matmul_seconds + attention_seconds + memory_seconds; }
+};
+
 /// Per device (the most any device needs), for one training step.
 struct TrainPlan {
   std::string model;  // "llama, 70.6B parameters"
@@ -173,6 +219,9 @@ struct TrainPlan {
   std::vector<std::string> context_axes;
   std::string optimizer;
   DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;
+  /// Mixed precision (TrainPlanOptions): the dtype the weights are held in and the one the
+  /// gradients are reduced in; equal to param_dtype when not asked for.
+  DType master_dtype = DType::kBF16, reduce_dtype = DType::kBF16;
 
   std::int64_t parameter_bytes = 0;  // this device's parameter shards
   std::int64_t gradient_bytes = 0;   // its gradient shards (sharded like the parameters)
@@ -189,7 +238,14 @@ struct TrainPlan {
   /// (activations, gradients, temporaries).
   std::int64_t peak_held_bytes = 0, peak_gathered_bytes = 0, peak_computed_bytes = 0;
   double flops = 0;                                         // floating-point operations per step
+  /// Of `flops`: products and fused attention (ProgramCost::matmul_flops, attention_flops); and
+  /// the bytes the other kernels read and write (ProgramCost::memory_traffic).
+  double matmul_flops = 0, attention_flops = 0;
+  std::int64_t memory_traffic = 0;
   std::map<CollectiveKind, std::int64_t> bytes_by_collective;  // bytes received, per kind
+  std::map<CollectiveOn, std::int64_t> bytes_by_axes;          // the same per kind and mesh axes
+  /// With TrainPlanOptions::hardware: the step's time on it.
+  std::optional<StepTime> time;
   std::int64_t device_memory = 0;
   double headroom = 0;
   double seconds_to_plan = 0;
@@ -222,13 +278,25 @@ struct TrainPlan {
 };
 
 /// One row per plan (mesh, rules, peak, fits, bytes moved, FLOPs), then which of them is
-/// cheapest_fitting(), or a line saying none fits.
+/// cheapest_fitting(), or a line saying none fits. When the plans have times (--hardware):
+/// ranked by them instead (peak, fits, step time, tokens/s per device, MFU, device-hours per
+/// step, why_slower()), then fastest_fitting().
 std::string compare_table(const std::vector<TrainPlan>& plans);
 /// The plan that fits (fits() is true, or no memory was given) with the fewest bytes moved per
 /// step (ties: the lower peak, then the first); plans with an error never count. nullopt when
 /// none fits.
 std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans);
-/// The plans as {"plans": [...], "cheapest_fitting": index or null}.
+/// With a time (TrainPlanOptions::hardware): the plan that fits with the most tokens/s per
+/// device, i.e. for one global batch the least device-time per step (ties: the lower peak, then
+/// the first); plans with an error or no time never count. nullopt when none fits.
+std::optional<std::size_t> fastest_fitting(const std::vector<TrainPlan>& plans);
+/// Why `p` is not `best` in one phrase: "cannot be planned", "does not fit: peak ... > ...
+/// usable", or the part of its device-seconds per step (compute, exposed communication on the
+/// node's links, over the network) that exceeds best's the most; "" for best itself or without
+/// times; "as fast" for a tie.
+std::string why_slower(const TrainPlan& p, const TrainPlan& best);
+/// The plans as {"plans": [...], "cheapest_fitting": index or null}, and with times
+/// "fastest_fitting": index or null, "why_not_fastest": [phrase per plan].
 void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans);
 
 /// Plans one training step of `config` on `mesh`: parameters sharded by `rules` (the optimizer

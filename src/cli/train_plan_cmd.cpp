@@ -229,6 +229,20 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       ->capture_default_str();
   t->add_option("--grad-dtype", c.grad_dtype,
                 "The gradients' dtype, bf16, f32 or f64. Default: --param-dtype");
+  t->add_option("--master-dtype", c.master_dtype,
+                "Mixed precision (FSDP2's MixedPrecisionPolicy): the weights held, sharded, and "
+                "updated in this dtype, cast to --param-dtype for use. Default: --param-dtype");
+  t->add_option("--reduce-dtype", c.reduce_dtype,
+                "Mixed precision: the gradients reduced over the batch axes in this dtype "
+                "(FSDP2's reduce_dtype). Default: as computed (--param-dtype)");
+  t->add_option("--mixed-precision", c.mixed_precision,
+                "fsdp2: torchtitan's default, weights and optimizer state f32, computed in "
+                "--param-dtype (bf16), gradients reduced and held in f32 (= --master-dtype f32 "
+                "--reduce-dtype f32 --grad-dtype f32 --optimizer-dtype f32)");
+  t->add_option("--hardware", c.hardware,
+                "Estimate the step's time on this hardware: h100-sxm, h200, a100-80g, a100-40g, "
+                "or a .yaml file (docs/training.md); its memory is the device memory unless "
+                "--device-memory is given");
   t->add_option("--optimizer-dtype", c.optimizer_dtype,
                 "The optimizer state's dtype, bf16, f32 or f64 (the update runs in it)")
       ->capture_default_str();
@@ -296,6 +310,28 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.param_dtype = dtype_option("--param-dtype", c.param_dtype);
   o.grad_dtype = c.grad_dtype.empty() ? o.param_dtype : dtype_option("--grad-dtype", c.grad_dtype);
   o.optimizer_dtype = dtype_option("--optimizer-dtype", c.optimizer_dtype);
+  if (!c.mixed_precision.empty()) {
+    if (c.mixed_precision != "fsdp2") {
+      throw UsageError(fmt::format("--mixed-precision: unknown '{}' (known: fsdp2)",
+                                   detail::printable(c.mixed_precision)));
+    }
+    if (!c.master_dtype.empty() || !c.reduce_dtype.empty() || !c.grad_dtype.empty()) {
+      throw UsageError(
+          "--mixed-precision fsdp2 sets the dtypes itself: give it or --master-dtype, "
+          "--reduce-dtype, --grad-dtype, not both");
+    }
+    o.master_dtype = o.reduce_dtype = DType::kF32;
+    o.grad_dtype = o.optimizer_dtype = DType::kF32;
+  }
+  if (!c.master_dtype.empty()) o.master_dtype = dtype_option("--master-dtype", c.master_dtype);
+  if (!c.reduce_dtype.empty()) o.reduce_dtype = dtype_option("--reduce-dtype", c.reduce_dtype);
+  if (!c.hardware.empty()) {
+    try {
+      o.hardware = find_hardware(c.hardware);
+    } catch (const SpecError& e) {
+      throw UsageError(fmt::format("--hardware: {}", e.what()));
+    }
+  }
   o.grad_accum = c.grad_accum;
   o.recompute = c.recompute;
   if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {

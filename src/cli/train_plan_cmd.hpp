@@ -22,6 +22,8 @@ struct TrainPlanCommand {
   std::int64_t target_seq = 0;
   std::string optimizer = "adamw";
   std::string param_dtype = "bf16", grad_dtype = "", optimizer_dtype = "f32";
+  std::string master_dtype, reduce_dtype, mixed_precision;  // empty: not given
+  std::string hardware;                                      // empty: no time model
   int grad_accum = 1;
   bool recompute = false;
   std::string remat;  // --remat; empty: not given

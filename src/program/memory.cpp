@@ -25,7 +25,7 @@ std::int64_t add_live(std::int64_t live, std::int64_t bytes) {
 // The bytes a kernel step not on matrix units reads and writes (Liveness::memory_traffic).
 void count_traffic(const Step& st, bool skip, const std::vector<std::int64_t>& slot_bytes,
                    std::int64_t& traffic) {
-  if (skip || st.kind != Step::Kind::kKernel || st.local.op->matrix_unit) return;
+  if (skip || st.kind != Step::Kind::kKernel || st.local.op->time_bound != TimeBound::kMemory) return;
   if (st.local.op->sharding_identity || st.local.op->barrier) return;
   const auto add = [&](SlotId slot) {
     if (!checked_add(traffic, slot_bytes[index(slot)], &traffic)) {
@@ -55,7 +55,12 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p,
     for (const SlotId f : l.free_at_start) alive[index(f)] = 0;
     for (std::size_t s = 0; s <= peak_step; ++s) {
       const Step& st = p.steps[s];
-      const bool of_input = st.kind == Step::Kind::kReshard && g[st.node].is(prim::input);
+      // An argument, or an argument cast (mixed precision gathers the weights in the dtype they
+      // are used in).
+      const Node& moved = g[st.node];
+      const bool of_input =
+          st.kind == Step::Kind::kReshard &&
+          (moved.is(prim::input) || (moved.is(prim::convert) && g[moved.operands[0]].is(prim::input)));
       kind[index(st.out)] = of_input ? kResharded : kComputed;
       const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
       if (s < peak_step || view) {

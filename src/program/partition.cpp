@@ -229,7 +229,8 @@ class Chooser {
       // user adds it to another pending sum, the result's reduction is that sum's (paid once there,
       // whatever this node does), so only the operands' reshards count here.
       const bool merged = flows_on(id, lin->pend);
-      if (lin->cost < best.cost || (merged && lin->operand_cost <= best.cost)) {
+      const bool forced = linearity_of(g_, g_[id]).carry;
+      if (forced || lin->cost < best.cost || (merged && lin->operand_cost <= best.cost)) {
         best = std::move(*lin);
       }
     }
@@ -392,10 +393,16 @@ class Chooser {
 
   // Whether a user of `id` would add its pending sum `pend` to another one: a node jointly linear
   // in it and in another operand pending alike (the others whole), directly or through users that
-  // carry it on alone (a reshape, a product with a whole value).
+  // carry it on alone (a reshape, a product with a whole value); or would carry it whatever it
+  // costs (Linearity::carry).
   bool flows_on(ValueId id, const Pending& pend, int depth = 0) const {
     for (const auto& [user, pos] : users_[id]) {
       const Node& u = g_[user];
+      // A gradient's constraint keeps the sum pending for its users (decide()'s as_is_alias).
+      if (is_gradient_constraint(u)) {
+        if (depth < 8 && flows_on(user, pend, depth + 1)) return true;
+        continue;
+      }
       const Linearity lin = linearity_of(g_, u);
       if (!lin.covers(static_cast<std::size_t>(pos))) continue;
       bool fits = true;
@@ -419,7 +426,8 @@ class Chooser {
         }
       }
       if (!fits) continue;
-      if (merges) return true;
+      // A user that carries the sum whatever it costs (convert_pending) reduces it after itself.
+      if (merges || lin.carry) return true;
       // Carried on alone by a unary op (a neg, a reshape): one of its users may merge it. Not
       // followed through a node with other operands (a scaling): that node decides by its own
       // costs, and looking through it predicted merges it did not make (train_bench's LLaMA

@@ -28,12 +28,16 @@ void keep_read(Partitioned& p, int devices) {
   }
   p.steps = std::move(kept);
   p.flops.assign(static_cast<std::size_t>(devices), 0);
-  p.matrix_flops.assign(static_cast<std::size_t>(devices), 0);
+  p.matmul_flops.assign(static_cast<std::size_t>(devices), 0);
+  p.attention_flops.assign(static_cast<std::size_t>(devices), 0);
   for (const Step& st : p.steps) {
     if (st.kind == Step::Kind::kKernel) {
       for (double& fl : p.flops) fl += st.flops;
-      if (st.local.op->matrix_unit) {
-        for (double& fl : p.matrix_flops) fl += st.flops;
+      const TimeBound bound = st.local.op->time_bound;
+      if (bound != TimeBound::kMemory) {
+        for (double& fl : bound == TimeBound::kMatmul ? p.matmul_flops : p.attention_flops) {
+          fl += st.flops;
+        }
       }
     }
     for (const auto& rec : st.cost) {

@@ -119,6 +119,9 @@ struct Linearity {
   };
   Kind kind = Kind::kNone;
   std::uint32_t operands = 0;  // bit k: operand k (kAllOperands: all, for a variadic op)
+  /// A pending sum is carried through whenever it can be, even when reducing it first would move
+  /// fewer bytes (convert_pending: the sum reduced in the wider dtype the user asked for).
+  bool carry = false;
 
   bool covers(std::size_t operand) const {
     return kind != Kind::kNone && operand < 32 && ((operands >> operand) & 1u) != 0;
@@ -168,6 +171,12 @@ using CollectiveFn = CollectivePlan(const Node& node, const TensorType& operand)
 inline constexpr std::int64_t kNotManual = -1;
 using VaryFn = std::int64_t(const Node& node, const Mesh& mesh, std::span<const std::int64_t> operands);
 
+/// What bounds an op's time on an accelerator, as a time model reads ProgramCost: its FLOPs on
+/// the matrix units at the rate of large products (dot_general) or of the fused attention
+/// kernel (attention and its gradients), or, for every other op, the bytes it reads and writes
+/// at memory bandwidth.
+enum class TimeBound : std::uint8_t { kMemory, kMatmul, kAttention };
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -210,10 +219,8 @@ struct Primitive {
   LinearityFn* linearity = nullptr;
   /// Optional: the op is a contraction (see Contraction); none: it is not.
   ContractionFn* contraction = nullptr;
-  /// Its FLOPs run on a device's matrix units (tensor cores: products, fused attention). A time
-  /// model counts them at the matrix rate; any other kernel's time is the bytes it reads and
-  /// writes (ProgramCost::matrix_flops, memory_traffic).
-  bool matrix_unit = false;
+  /// What bounds its time on an accelerator (see TimeBound).
+  TimeBound time_bound = TimeBound::kMemory;
   /// Optional (shard_map's ops): the layouts it reads and gives (see FixedLayout), how it runs
   /// across devices (see CollectivePlan), the axes its result varies over (see VaryFn).
   FixedLayoutFn* fixed_layout = nullptr;

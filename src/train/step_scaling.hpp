@@ -10,16 +10,21 @@
 #include <vector>
 
 #include "shardplan/collective_kind.hpp"
+#include "shardplan/program_cost.hpp"
 
 namespace shardplan::train {
 
 /// The byte figures of a traced step besides the bytes each collective kind receives: the
-/// batch a device holds, the peak, and the peak's split (ProgramCost::peak_by_kind).
-enum class ByteFigure { kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed };
-/// A byte figure's key: one of those, or a collective kind (the most bytes a device receives).
-using ByteKey = std::variant<ByteFigure, CollectiveKind>;
-/// The FLOPs of a traced step: the busiest device's, and all devices' together.
-enum class FlopFigure { kBusiest, kTotal };
+/// batch a device holds, the peak, the peak's split (ProgramCost::peak_by_kind), and the bytes
+/// the kernels not on matrix units read and write (ProgramCost::memory_traffic, the busiest
+/// device's).
+enum class ByteFigure { kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic };
+/// A byte figure's key: one of those, a collective kind (the most bytes a device receives), or a
+/// collective kind over the mesh axes it runs in (ProgramCost::bytes_by_axes).
+using ByteKey = std::variant<ByteFigure, CollectiveKind, CollectiveOn>;
+/// The FLOPs of a traced step: the busiest device's, all devices' together, and the busiest
+/// device's in products and in fused attention (ProgramCost::matmul_flops, attention_flops).
+enum class FlopFigure { kBusiest, kTotal, kMatmul, kAttention };
 
 /// The figures of one traced training step that grow with its layer and micro-batch counts.
 struct StepFigures {

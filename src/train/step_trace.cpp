@@ -39,6 +39,11 @@ Tree<Array> cast(const Tree<Array>& t, DType dtype) {
   return t.map([&](const Array& a) { return a.dtype() == dtype ? a : astype(a, dtype); });
 }
 
+/// Gradients whose sums over the batch axes are reduced in `dtype` (mixed precision).
+Tree<Array> reduced_in(const Tree<Array>& t, DType dtype) {
+  return t.map([&](const Array& a) { return convert_pending(a, dtype); });
+}
+
 /// Bytes one device holds of each leaf (every device holds the same: shapes must divide).
 std::int64_t shard_bytes(const std::vector<NamedSharding>& shardings, std::size_t first,
                          const std::vector<TensorSpec>& leaves, DType as = DType::kBool,
@@ -88,7 +93,7 @@ StepArguments step_arguments(const ModelConfig& config, const RulePtr& rules,
                              const TrainPlanOptions& o, const Layout& layout) {
   const std::int64_t micro = o.batch / o.grad_accum;
   StepArguments a;
-  a.params = config.parameters(o.param_dtype);
+  a.params = config.parameters(o.master_dtype.value_or(o.param_dtype));
   std::tie(a.state, a.state_rule) = optimizer_state(a.params, rules, o);
   // The sequence over the context axes (in the load-balanced order the ring expects).
   a.batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch, layout.context})
@@ -127,7 +132,9 @@ std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
     auto [l, g_pending] = loss_and_grads(m, p, piece(x, k), piece(y, k));
     // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
     // is held sharded rather than as every device's unreduced full-size partial sums.
-    const Tree<Array> g = with_sharding_constraint(g_pending, RuleTree(rules));
+    // In the reduce dtype when one is asked for (mixed precision).
+    const Tree<Array> g = with_sharding_constraint(
+        o.reduce_dtype ? reduced_in(g_pending, *o.reduce_dtype) : g_pending, RuleTree(rules));
     if (k == 0) {
       loss = l;
       grads = g;
@@ -168,7 +175,7 @@ std::pair<Tree<Array>, Tree<Array>> update_each_parameter(const Optimizer& optim
     const auto [np, ns] = optimizer.update(Tree<Array>(astype(g_leaves[i], o.optimizer_dtype)),
                                            Tree<Array>::dict(std::move(entries)),
                                            Tree<Array>(astype(p_leaves[i], o.optimizer_dtype)));
-    new_p[i] = astype(np.leaf(), o.param_dtype);
+    new_p[i] = astype(np.leaf(), o.master_dtype.value_or(o.param_dtype));
     if (has_moments) {
       new_mu[i] = ns.at("mu").leaf();
       new_nu[i] = ns.at("nu").leaf();
@@ -200,7 +207,14 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
   bytes[ByteFigure::kPeakGathered] = cost.peak_by_kind.resharded_inputs;
   bytes[ByteFigure::kPeakComputed] = cost.peak_by_kind.computed;
   for (const auto& [kind, b] : cost.bytes_by_kind) bytes[kind] = b;
+  for (const auto& [on, b] : cost.bytes_by_axes) bytes[on] = b;
+  bytes[ByteFigure::kMemoryTraffic] =
+      *std::max_element(cost.memory_traffic.begin(), cost.memory_traffic.end());
   out.figures.flops[FlopFigure::kBusiest] = *std::max_element(cost.flops.begin(), cost.flops.end());
+  out.figures.flops[FlopFigure::kMatmul] =
+      *std::max_element(cost.matmul_flops.begin(), cost.matmul_flops.end());
+  out.figures.flops[FlopFigure::kAttention] =
+      *std::max_element(cost.attention_flops.begin(), cost.attention_flops.end());
   double total = 0;
   for (double f : cost.flops) total += f;
   out.figures.flops[FlopFigure::kTotal] = total;
@@ -221,8 +235,15 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .fused_loss = o.fused_loss};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
-    auto [loss, grads] = o.grad_accum == 1 ? loss_and_grads(base, p, x, y)
-                                           : accumulated_loss_and_grads(base, p, x, y, rules, o);
+    // Mixed precision: the held weights cast, shard by shard, to the dtype the step computes in
+    // (FSDP then gathers that copy); their gradients reduced in the reduce dtype.
+    const Tree<Array> compute_p = o.master_dtype ? cast(p, o.param_dtype) : p;
+    auto [loss, grads] = o.grad_accum == 1
+                             ? loss_and_grads(base, compute_p, x, y)
+                             : accumulated_loss_and_grads(base, compute_p, x, y, rules, o);
+    if (o.grad_accum == 1 && o.reduce_dtype) {
+      grads = with_sharding_constraint(reduced_in(grads, *o.reduce_dtype), RuleTree(rules));
+    }
     grads = cast(grads, o.grad_dtype);
     auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
     return Tree<Array>::dict({{"loss", Tree<Array>(loss)},

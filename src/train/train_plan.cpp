@@ -11,7 +11,6 @@
 #include <cmath>
 #include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <variant>
 
@@ -19,9 +18,9 @@
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
-#include "shardplan/format_bytes.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "step_scaling.hpp"
+#include "step_time.hpp"
 #include "step_trace.hpp"
 
 namespace shardplan {
@@ -33,11 +32,6 @@ bool is_model_axis(std::string_view name) {
 }
 // The axes that split the sequence (context parallelism: ring attention).
 bool is_context_axis(std::string_view name) { return name == "cp" || name == "context"; }
-
-std::string flops_text(double f) {
-  if (f <= 0) return "0";
-  return fmt::format("{:.3g}", f);
-}
 
 // Cost bounds (docs/training.md, "Sizing a training run"). The largest layer or micro-batch
 // count traced as a sample; counts up to it are traced as they are.
@@ -139,22 +133,6 @@ std::int64_t parse_bytes(std::string_view text) {
   const double value = std::strtod(number.c_str(), nullptr) * scale;
   if (!(value >= 1) || value >= 0x1p62) return fail("is out of range (1 byte to 4 EiB)");
   return static_cast<std::int64_t>(std::llround(value));
-}
-
-std::int64_t TrainPlan::bytes_moved() const {
-  std::int64_t total = 0;
-  for (const auto& [kind, bytes] : bytes_by_collective) total += bytes;
-  return total;
-}
-
-std::int64_t TrainPlan::usable_bytes() const {
-  if (device_memory <= 0) return 0;
-  return static_cast<std::int64_t>(static_cast<double>(device_memory) * (1 - headroom));
-}
-
-std::optional<bool> TrainPlan::fits() const {
-  if (device_memory <= 0) return std::nullopt;
-  return peak_bytes <= usable_bytes();
 }
 
 namespace {
@@ -429,7 +407,8 @@ void state_bytes_from_rules(const Mesh& mesh, const RulePtr& rules, const TrainP
   for (std::size_t i = 0; i < p_leaves.size(); ++i) {
     const MaybeSharding s = a.sharding_of(i);
     const Shape shard = s ? s->shard_shape(p_leaves[i].shape) : p_leaves[i].shape;
-    if (!detail::checked_add(plan.parameter_bytes, byte_size(shard, o.param_dtype),
+    if (!detail::checked_add(plan.parameter_bytes,
+                             byte_size(shard, o.master_dtype.value_or(o.param_dtype)),
                              &plan.parameter_bytes) ||
         !detail::checked_add(plan.gradient_bytes, byte_size(shard, o.grad_dtype),
                              &plan.gradient_bytes) ||
@@ -473,6 +452,8 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.fused_attention = o.fused_attention;
   plan.optimizer = std::string(name(o.optimizer));
   plan.param_dtype = o.param_dtype;
+  plan.master_dtype = o.master_dtype.value_or(o.param_dtype);
+  plan.reduce_dtype = o.reduce_dtype.value_or(o.param_dtype);
   plan.grad_dtype = o.grad_dtype;
   plan.optimizer_dtype = o.optimizer_dtype;
 }
@@ -490,8 +471,12 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   plan.peak_computed_bytes = bytes.at(ByteFigure::kPeakComputed);
   plan.flops = figures.flops.at(train::FlopFigure::kBusiest);
   plan.total_flops = figures.flops.at(train::FlopFigure::kTotal);
+  plan.matmul_flops = figures.flops.at(train::FlopFigure::kMatmul);
+  plan.attention_flops = figures.flops.at(train::FlopFigure::kAttention);
+  plan.memory_traffic = bytes.at(ByteFigure::kMemoryTraffic);
   for (const auto& [key, b] : bytes) {
     if (const auto* kind = std::get_if<CollectiveKind>(&key)) plan.bytes_by_collective[*kind] = b;
+    if (const auto* on = std::get_if<CollectiveOn>(&key)) plan.bytes_by_axes[*on] = b;
   }
 }
 
@@ -522,7 +507,17 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
     state_bytes_from_rules(mesh, rules, o, params, plan);
   }
   read_figures(figures, plan);
-  plan.device_memory = o.device_memory;
+  plan.device_memory =
+      o.device_memory == 0 && o.hardware ? o.hardware->memory_bytes : o.device_memory;
+  if (o.hardware) {
+    const train::TimeInputs in{
+        .model_axes = layout.model,
+        .context_axes = layout.context,
+        .layer_steps = choice.layers * choice.accum,
+        .model_flops_per_token = train::model_flops_per_token(config, plan.parameter_count, o.seq),
+        .tokens_per_step = o.batch * o.seq};
+    plan.time = train::step_time(plan, mesh, *o.hardware, in);
+  }
   plan.headroom = o.headroom;
   plan.not_modelled = config.not_modelled;
   plan.extrapolated = !traced;
@@ -533,206 +528,6 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;
-}
-
-std::string TrainPlan::table() const {
-  std::string out;
-  out += fmt::format("{} on {} ({} devices), rules {}{}\n", model, detail::printable(mesh), devices,
-                     detail::printable(rules),
-                     rules_note.empty() ? "" : fmt::format(" ({})", rules_note));
-  if (!not_modelled.empty()) {
-    out += fmt::format("not modelled: {}\n", fmt::join(not_modelled, "; "));
-  }
-  const std::string tokens = target_seq > 0
-                                 ? fmt::format("{} encoder + {} decoder", seq, target_seq)
-                                 : fmt::format("{}", seq);
-  out += fmt::format(
-      "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
-      "optimizer state {}, remat {}, attention {}, loss {}, sequence parallel {}\n\n",
-      batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
-      optimizer, name(param_dtype), name(grad_dtype), name(optimizer_dtype), remat,
-      fused_attention ? "fused" : "naive", fused_loss ? "fused" : "naive",
-      sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
-                                                          "{}", fmt::join(sequence_axes, ", "))))
-                        : "off");
-  if (!context_axes.empty()) {  // before the blank line the row above ends with
-    out.insert(out.size() - 2,
-               fmt::format(", context parallel over {} (ring attention, load-balanced order)",
-                           detail::printable(fmt::format("{}", fmt::join(context_axes, ", ")))));
-  }
-  out += "per device\n";
-  const auto row = [&](std::string_view what, std::int64_t bytes) {
-    out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
-  };
-  row("parameters", parameter_bytes);
-  row("gradients", gradient_bytes);
-  row("optimizer state", optimizer_bytes);
-  row("batch (tokens, targets)", batch_bytes);
-  row("peak", peak_bytes);
-  out += "  of which, at the peak\n";
-  row("  parameters, state, batch still held", peak_held_bytes);
-  row("  parameters gathered for use", peak_gathered_bytes);
-  row("  activations, gradients, temporaries", peak_computed_bytes);
-  if (const auto f = fits()) {
-    out += fmt::format(
-        "  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
-        format_bytes(device_memory), format_bytes(usable_bytes()), headroom * 100,
-        *f ? "fits"
-           : fmt::format("does NOT fit, {} short", format_bytes(peak_bytes - usable_bytes())));
-  }
-  out += fmt::format("  {:<40} {:>12}\n", "FLOPs per step", flops_text(flops));
-  out += "bytes received per device per step\n";
-  if (bytes_moved() == 0) out += "  (nothing)\n";
-  for (const auto& [kind, bytes] : bytes_by_collective) {
-    if (bytes == 0) continue;  // a kind the program uses without moving data (a local slice)
-    out += fmt::format("  {:<40} {:>12}\n", to_string(kind), format_bytes(bytes));
-  }
-  if (bytes_by_collective.size() > 1) {
-    out += fmt::format("  {:<40} {:>12}\n", "total", format_bytes(bytes_moved()));
-  }
-  out += fmt::format("FLOPs per step, all devices: {}; planned in {:.2f} s{}\n",
-                     flops_text(total_flops), seconds_to_plan,
-                     extrapolated ? fmt::format(", extrapolated from {}", traced) : "");
-  return out;
-}
-
-namespace {
-
-nlohmann::ordered_json to_json(const TrainPlan& p) {
-  nlohmann::ordered_json j;
-  if (!p.error.empty()) {
-    j["mesh"] = p.mesh;
-    j["rules"] = p.rules;
-    j["error"] = p.error;
-    j["fits"] = nullptr;
-    return j;
-  }
-  j["model"] = p.model;
-  j["mesh"] = p.mesh;
-  j["devices"] = p.devices;
-  j["rules"] = p.rules;
-  if (!p.rules_note.empty()) j["rules_note"] = p.rules_note;
-  j["not_modelled"] = p.not_modelled;
-  j["parameter_count"] = p.parameter_count;
-  j["batch"] = p.batch;
-  j["seq"] = p.seq;
-  if (p.target_seq > 0) j["target_seq"] = p.target_seq;
-  j["batch_axes"] = p.batch_axes;
-  j["grad_accum"] = p.grad_accum;
-  j["recompute"] = p.recompute;
-  j["remat"] = p.remat;
-  j["loss"] = p.fused_loss ? "fused" : "naive";
-  j["attention"] = p.fused_attention ? "fused" : "naive";
-  j["sequence_parallel"] = p.sequence_parallel;
-  j["sequence_axes"] = p.sequence_axes;
-  j["context_axes"] = p.context_axes;
-  j["optimizer"] = p.optimizer;
-  j["param_dtype"] = std::string(name(p.param_dtype));
-  j["grad_dtype"] = std::string(name(p.grad_dtype));
-  j["optimizer_dtype"] = std::string(name(p.optimizer_dtype));
-  j["per_device"] = {{"parameter_bytes", p.parameter_bytes},
-                     {"gradient_bytes", p.gradient_bytes},
-                     {"optimizer_bytes", p.optimizer_bytes},
-                     {"batch_bytes", p.batch_bytes},
-                     {"transient_bytes", p.transient_bytes},
-                     {"peak_held_bytes", p.peak_held_bytes},
-                     {"peak_gathered_bytes", p.peak_gathered_bytes},
-                     {"peak_computed_bytes", p.peak_computed_bytes},
-                     {"peak_bytes", p.peak_bytes},
-                     {"flops", p.flops}};
-  // An object keyed by the kinds' names, in their order (the order of the names).
-  nlohmann::ordered_json received = nlohmann::ordered_json::object();
-  for (const auto& [kind, bytes] : p.bytes_by_collective)
-    received[std::string(to_string(kind))] = bytes;
-  j["bytes_received_per_device"] = std::move(received);
-  j["bytes_moved_per_device"] = p.bytes_moved();
-  j["total_flops"] = p.total_flops;
-  if (const auto f = p.fits()) {
-    j["device_memory"] = p.device_memory;
-    j["headroom"] = p.headroom;
-    j["usable_bytes"] = p.usable_bytes();
-    j["fits"] = *f;
-  } else {
-    j["fits"] = nullptr;
-  }
-  j["seconds_to_plan"] = p.seconds_to_plan;
-  j["extrapolated"] = p.extrapolated;
-  j["traced"] = p.traced;
-  return j;
-}
-
-/// Mesh axes and file names come from the user and need not be UTF-8: invalid bytes become
-/// U+FFFD rather than an exception from the writer.
-std::string dump(const nlohmann::ordered_json& j) {
-  return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
-
-}  // namespace
-
-void TrainPlan::write_json(std::ostream& os) const { os << dump(to_json(*this)); }
-
-std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans) {
-  std::optional<std::size_t> best;
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    if (!plans[i].error.empty() || plans[i].fits() == false) continue;
-    if (!best) {
-      best = i;
-      continue;
-    }
-    const TrainPlan& a = plans[i];
-    const TrainPlan& b = plans[*best];
-    if (a.bytes_moved() < b.bytes_moved() ||
-        (a.bytes_moved() == b.bytes_moved() && a.peak_bytes < b.peak_bytes)) {
-      best = i;
-    }
-  }
-  return best;
-}
-
-std::string compare_table(const std::vector<TrainPlan>& plans) {
-  std::string out = fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", "#", "mesh",
-                                "rules", "peak/device", "fits", "moved/device", "FLOPs/dev");
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    const TrainPlan& p = plans[i];
-    if (!p.error.empty()) {
-      out +=
-          fmt::format("{:<3} {:<34} {:<26} cannot be planned: {}\n", i, detail::printable(p.mesh),
-                      detail::printable(p.rules), detail::printable(p.error));
-      continue;
-    }
-    const auto f = p.fits();
-    out += fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", i,
-                       detail::printable(p.mesh), detail::printable(p.rules),
-                       format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-",
-                       format_bytes(p.bytes_moved()), flops_text(p.flops));
-  }
-  for (const TrainPlan& p : plans) {  // one model: said once
-    if (!p.not_modelled.empty()) {
-      out += fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
-      break;
-    }
-  }
-  if (const auto best = cheapest_fitting(plans)) {
-    const TrainPlan& p = plans[*best];
-    out += fmt::format(
-        "cheapest that fits: #{} {} with rules {} ({} moved per device per step, peak {})\n", *best,
-        detail::printable(p.mesh), detail::printable(p.rules), format_bytes(p.bytes_moved()),
-        format_bytes(p.peak_bytes));
-  } else {
-    out +=
-        "none of these fits: try more devices, --recompute, gradient accumulation or a "
-        "smaller batch\n";
-  }
-  return out;
-}
-
-void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans) {
-  nlohmann::ordered_json j;
-  j["plans"] = nlohmann::ordered_json::array();
-  for (const TrainPlan& p : plans) j["plans"].push_back(to_json(p));
-  const auto best = cheapest_fitting(plans);
-  j["cheapest_fitting"] = best ? nlohmann::ordered_json(*best) : nlohmann::ordered_json(nullptr);
-  os << dump(j);
 }
 
 }  // namespace shardplan

@@ -246,7 +246,7 @@ constinit const Primitive attention{.name = "attention",
                                     .kernel = attention_kernel,
                                     .flops = attention_flops,
                                     .vjp = attention_vjp,
-                                    .matrix_unit = true,
+                                    .time_bound = TimeBound::kAttention,
                                     .tests = &kAttentionTests};
 constinit const Primitive attention_grad_q{.name = "attention_grad_q",
                                            .arity = kVariadic,
@@ -255,7 +255,7 @@ constinit const Primitive attention_grad_q{.name = "attention_grad_q",
                                            .kernel = attention_grad_q_kernel,
                                            .flops = grad_q_flops,
                                            .vjp = second_derivative_refused,
-                                           .matrix_unit = true,
+                                           .time_bound = TimeBound::kAttention,
                                            .tests = &kAttentionGradQTests};
 constinit const Primitive attention_grad_kv{.name = "attention_grad_kv",
                                             .arity = kVariadic,
@@ -265,7 +265,7 @@ constinit const Primitive attention_grad_kv{.name = "attention_grad_kv",
                                             .flops = grad_kv_flops,
                                             .vjp = second_derivative_refused,
                                             .partial = ReduceOp::kSum,
-                                            .matrix_unit = true,
+                                            .time_bound = TimeBound::kAttention,
                                             .tests = &kAttentionGradKvTests};
 }  // namespace prim
 

@@ -429,7 +429,7 @@ constinit const Primitive dot_general{.name = "dot_general",
                                       .partial = ReduceOp::kSum,
                                       .linearity = linear_in_each,
                                       .contraction = dot_contraction,
-                                      .matrix_unit = true,
+                                      .time_bound = TimeBound::kMatmul,
                                       .tests = &kDotTests};
 }  // namespace prim
 

@@ -280,11 +280,15 @@ Arrays select_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
   return {Array(), where(in[0], g, zero), where(in[0], zero, g)};
 }
 
-/// convert: to `dtype`.
+/// convert: to `dtype`. `sum_after`: a pending sum of the operand is carried through and reduced
+/// in `dtype` (convert_pending: mixed precision's reduce dtype).
 struct ConvertAttrs {
   DType dtype = DType::kF32;
+  bool sum_after = false;
 };
-std::string format_attrs(const ConvertAttrs&) { return {}; }  // the result type says it
+std::string format_attrs(const ConvertAttrs& a) {  // the result type says the dtype
+  return a.sum_after ? "sum_after" : "";
+}
 
 TensorType convert_type(const Node& n, std::span<const TensorType> in) {
   const DType to = n.attr<ConvertAttrs>().dtype;
@@ -323,7 +327,10 @@ void convert_kernel(const KernelArgs& k) {
 // one to or from an integer type or bool truncates.
 Linearity convert_linearity(const Node& n, std::span<const TensorType> in) {
   const DType to = n.attr<ConvertAttrs>().dtype;
-  return is_floating(to) && is_floating(in[0].dtype) ? linear_in_all(n, in) : Linearity{};
+  if (!is_floating(to) || !is_floating(in[0].dtype)) return Linearity{};
+  Linearity lin = linear_in_all(n, in);
+  lin.carry = n.attr<ConvertAttrs>().sum_after;
+  return lin;
 }
 
 Arrays convert_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
@@ -644,6 +651,15 @@ Array where(const Array& cond, const Array& a, const Array& b) {
 Array astype(const Array& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   return apply(prim::convert, detail::ConvertAttrs{dtype}, {x});
+}
+
+Array convert_pending(const Array& x, DType dtype) {
+  if (!is_floating(x.dtype()) || !is_floating(dtype)) {
+    throw SpecError(fmt::format("[convert_pending] converts between float types, not {} to {}",
+                                name(x.dtype()), name(dtype)));
+  }
+  if (x.dtype() == dtype) return x;
+  return apply(prim::convert, detail::ConvertAttrs{dtype, true}, {x});
 }
 
 }  // namespace shardplan

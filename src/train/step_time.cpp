@@ -1,0 +1,100 @@
+// The time model (docs/training.md "Step time"): compute from the busiest device's FLOPs and
+// memory traffic, communication per link tier, FSDP's and the ring's overlapped with compute.
+#include "step_time.hpp"
+
+#include <algorithm>
+
+namespace shardplan::train {
+
+std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size) {
+  // The devices of the group holding device 0 are sums of coordinate x stride; the group lies
+  // in one node when its last device does (every group is a translate of this one).
+  const std::vector<std::string>& names = mesh.axis_names();
+  std::int64_t span = 0;
+  for (const std::string& a : axes) {
+    const int i = mesh.axis_index(a);
+    std::int64_t stride = 1;
+    for (std::size_t k = static_cast<std::size_t>(i) + 1; k < names.size(); ++k) {
+      stride *= mesh.axis_size(names[k]);
+    }
+    span += (mesh.axis_size(a) - 1) * stride;
+  }
+  return span < node_size ? "node" : "network";
+}
+
+double model_flops_per_token(const ModelConfig& c, std::int64_t parameters, std::int64_t seq) {
+  double n = static_cast<double>(parameters);
+  if (!c.tie_embeddings) n -= static_cast<double>(c.vocab) * static_cast<double>(c.hidden);
+  const double layers = static_cast<double>(c.family == ModelFamily::kT5 ? c.layers + c.decoder_layers
+                                                                         : c.layers);
+  return 6 * n + 12 * layers * static_cast<double>(c.heads) * static_cast<double>(c.head_dim) *
+                     static_cast<double>(seq);
+}
+
+namespace {
+
+std::string role_of(const std::vector<std::string>& axes, const TimeInputs& in) {
+  const auto any_in = [&](const AxisNames& set) {
+    return std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
+      return std::find(set.begin(), set.end(), a) != set.end();
+    });
+  };
+  if (any_in(in.model_axes)) return "tensor";
+  if (any_in(in.context_axes)) return "context";
+  return "data";
+}
+
+}  // namespace
+
+StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
+                   const TimeInputs& in) {
+  StepTime t;
+  t.hardware = hw.name;
+  t.matmul_seconds = plan.matmul_flops / (hw.bf16_flops * hw.matmul_efficiency);
+  t.attention_seconds = plan.attention_flops / (hw.bf16_flops * hw.attention_efficiency);
+  t.memory_seconds = static_cast<double>(plan.memory_traffic) /
+                     (hw.memory_bandwidth * hw.memory_efficiency);
+  double overlapped = 0;
+  std::map<std::string, double> overlapped_by_tier;
+  t.exposed_by_tier = {{"node", 0.0}, {"network", 0.0}};
+  for (const auto& [on, bytes] : plan.bytes_by_axes) {
+    if (bytes == 0) continue;
+    CommTime c;
+    c.collective = on;
+    c.tier = tier_of(mesh, on.axes, hw.node_size);
+    c.role = role_of(on.axes, in);
+    c.bytes = bytes;
+    c.seconds = static_cast<double>(bytes) /
+                (c.tier == "node" ? hw.intra_node_bandwidth * hw.intra_node_efficiency
+                                  : hw.inter_node_bandwidth * hw.inter_node_efficiency);
+    c.overlapped = c.role != "tensor";
+    if (c.overlapped) {
+      overlapped += c.seconds;
+      overlapped_by_tier[c.tier] += c.seconds;
+    } else {
+      t.exposed_by_tier[c.tier] += c.seconds;
+      t.exposed_tensor_seconds += c.seconds;
+    }
+    t.comms.push_back(std::move(c));
+  }
+  // FSDP's pipeline over n layer steps: the first layer's gather waits, then each layer's
+  // transfers run under the previous layer's compute, showing only what exceeds it.
+  const auto n = static_cast<double>(std::max<std::int64_t>(in.layer_steps, 1));
+  const double compute = t.compute_seconds();
+  const double exposed_overlapped =
+      overlapped > 0 ? overlapped / n + (n - 1) / n * std::max(0.0, overlapped - compute) : 0;
+  for (const auto& [tier, s] : overlapped_by_tier) {
+    t.exposed_by_tier[tier] += exposed_overlapped * s / overlapped;
+  }
+  t.exposed_seconds = t.exposed_tensor_seconds + exposed_overlapped;
+  t.step_seconds = compute + t.exposed_seconds;
+  t.model_flops_per_token = in.model_flops_per_token;
+  if (t.step_seconds > 0 && plan.devices > 0) {
+    t.tokens_per_second_per_device = static_cast<double>(in.tokens_per_step) / t.step_seconds /
+                                     static_cast<double>(plan.devices);
+    t.mfu = t.model_flops_per_token * t.tokens_per_second_per_device / hw.bf16_flops;
+  }
+  return t;
+}
+
+}  // namespace shardplan::train

@@ -1,0 +1,38 @@
+#pragma once
+// A training step's time from its planned figures on some hardware (docs/training.md "Step
+// time"). Private to the library.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardplan/hardware.hpp"
+#include "shardplan/mesh.hpp"
+#include "shardplan/train_plan.hpp"
+
+namespace shardplan::train {
+
+/// What the time model needs besides the plan's figures.
+struct TimeInputs {
+  AxisNames model_axes;    // tensor-parallel axes: their collectives are exposed
+  AxisNames context_axes;  // ring attention's: overlapped as FSDP's are
+  /// The layers the step runs, times its micro-batches: FSDP gathers layer by layer, so the
+  /// first layer's share of the overlapped communication is never hidden.
+  std::int64_t layer_steps = 1;
+  double model_flops_per_token = 0;
+  std::int64_t tokens_per_step = 0;  // the global batch's tokens
+};
+
+/// "node" when every group of devices a collective over `axes` runs in lies in one node of
+/// `node_size` devices, the mesh's devices numbered row-major (the last axis innermost, as
+/// torch's init_device_mesh and JAX's create_device_mesh lay them out); else "network".
+std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size);
+
+/// PaLM's model FLOPs per token: 6 N + 12 L H Q T, N the parameters less the input embedding
+/// (when it is not tied to the head), L layers, H heads, Q their width, T the sequence.
+double model_flops_per_token(const ModelConfig& config, std::int64_t parameters, std::int64_t seq);
+
+/// The step's time (StepTime's comment says how).
+StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
+                   const TimeInputs& in);
+
+}  // namespace shardplan::train

@@ -1,0 +1,438 @@
+// TrainPlan's text and JSON, and the comparison of plans (train_plan.cpp plans them).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "shardplan/detail/printable.hpp"
+#include "shardplan/format_bytes.hpp"
+#include "shardplan/train_plan.hpp"
+
+namespace shardplan {
+namespace {
+
+std::string flops_text(double f) {
+  if (f <= 0) return "0";
+  return fmt::format("{:.3g}", f);
+}
+
+}  // namespace
+
+std::int64_t TrainPlan::bytes_moved() const {
+  std::int64_t total = 0;
+  for (const auto& [kind, bytes] : bytes_by_collective) total += bytes;
+  return total;
+}
+
+std::int64_t TrainPlan::usable_bytes() const {
+  if (device_memory <= 0) return 0;
+  return static_cast<std::int64_t>(static_cast<double>(device_memory) * (1 - headroom));
+}
+
+std::optional<bool> TrainPlan::fits() const {
+  if (device_memory <= 0) return std::nullopt;
+  return peak_bytes <= usable_bytes();
+}
+
+namespace {
+
+std::string seconds_text(double s) {
+  if (s >= 1) return fmt::format("{:.3f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.1f} us", s * 1e6);
+}
+
+std::string axes_text(const std::vector<std::string>& axes) {
+  return detail::printable(fmt::format("[{}]", fmt::join(axes, ", ")));
+}
+
+/// The time split of TrainPlan::table().
+std::string time_table(const StepTime& t) {
+  std::string out = fmt::format("step time on {}\n", detail::printable(t.hardware));
+  out += fmt::format("  {:<40} {:>12}  (matmul {}, attention {}, memory-bound kernels {})\n",
+                     "compute", seconds_text(t.compute_seconds()), seconds_text(t.matmul_seconds),
+                     seconds_text(t.attention_seconds), seconds_text(t.memory_seconds));
+  for (const CommTime& c : t.comms) {
+    out += fmt::format("  {:<40} {:>12}  ({} over the {}, {})\n",
+                       fmt::format("{} over {}", to_string(c.collective.kind),
+                                   axes_text(c.collective.axes)),
+                       seconds_text(c.seconds), format_bytes(c.bytes),
+                       c.tier == "node" ? "node's links" : "network",
+                       c.overlapped ? fmt::format("{}: overlapped with compute", c.role)
+                                    : fmt::format("{}: exposed", c.role));
+  }
+  out += fmt::format("  {:<40} {:>12}  (node {}, network {}; tensor parallel {})\n",
+                     "exposed communication", seconds_text(t.exposed_seconds),
+                     seconds_text(t.exposed_by_tier.at("node")),
+                     seconds_text(t.exposed_by_tier.at("network")),
+                     seconds_text(t.exposed_tensor_seconds));
+  out += fmt::format("  {:<40} {:>12}\n", "step", seconds_text(t.step_seconds));
+  out += fmt::format("  {:<40} {:>12.0f}\n", "tokens/s per device", t.tokens_per_second_per_device);
+  out += fmt::format("  {:<40} {:>11.1f}%  ({:.3g} model FLOPs per token, bf16 peak)\n", "MFU",
+                     t.mfu * 100, t.model_flops_per_token);
+  return out;
+}
+
+}  // namespace
+
+std::string TrainPlan::table() const {
+  std::string out;
+  out += fmt::format("{} on {} ({} devices), rules {}{}\n", model, detail::printable(mesh), devices,
+                     detail::printable(rules),
+                     rules_note.empty() ? "" : fmt::format(" ({})", rules_note));
+  if (!not_modelled.empty()) {
+    out += fmt::format("not modelled: {}\n", fmt::join(not_modelled, "; "));
+  }
+  const std::string tokens = target_seq > 0
+                                 ? fmt::format("{} encoder + {} decoder", seq, target_seq)
+                                 : fmt::format("{}", seq);
+  out += fmt::format(
+      "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
+      "optimizer state {}, remat {}, attention {}, loss {}, sequence parallel {}\n\n",
+      batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
+      optimizer,
+      master_dtype == param_dtype
+          ? std::string(name(param_dtype))
+          : fmt::format("{} held, cast to {} for use (gathered in it)", name(master_dtype),
+                        name(param_dtype)),
+      reduce_dtype == param_dtype
+          ? std::string(name(grad_dtype))
+          : fmt::format("{} (reduced in {})", name(grad_dtype), name(reduce_dtype)),
+      name(optimizer_dtype), remat,
+      fused_attention ? "fused" : "naive", fused_loss ? "fused" : "naive",
+      sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
+                                                          "{}", fmt::join(sequence_axes, ", "))))
+                        : "off");
+  if (!context_axes.empty()) {  // before the blank line the row above ends with
+    out.insert(out.size() - 2,
+               fmt::format(", context parallel over {} (ring attention, load-balanced order)",
+                           detail::printable(fmt::format("{}", fmt::join(context_axes, ", ")))));
+  }
+  out += "per device\n";
+  const auto row = [&](std::string_view what, std::int64_t bytes) {
+    out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
+  };
+  row("parameters", parameter_bytes);
+  row("gradients", gradient_bytes);
+  row("optimizer state", optimizer_bytes);
+  row("batch (tokens, targets)", batch_bytes);
+  row("peak", peak_bytes);
+  out += "  of which, at the peak\n";
+  row("  parameters, state, batch still held", peak_held_bytes);
+  row("  parameters gathered for use", peak_gathered_bytes);
+  row("  activations, gradients, temporaries", peak_computed_bytes);
+  if (const auto f = fits()) {
+    out += fmt::format(
+        "  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
+        format_bytes(device_memory), format_bytes(usable_bytes()), headroom * 100,
+        *f ? "fits"
+           : fmt::format("does NOT fit, {} short", format_bytes(peak_bytes - usable_bytes())));
+  }
+  out += fmt::format("  {:<40} {:>12}\n", "FLOPs per step", flops_text(flops));
+  out += "bytes received per device per step\n";
+  if (bytes_moved() == 0) out += "  (nothing)\n";
+  for (const auto& [kind, bytes] : bytes_by_collective) {
+    if (bytes == 0) continue;  // a kind the program uses without moving data (a local slice)
+    out += fmt::format("  {:<40} {:>12}\n", to_string(kind), format_bytes(bytes));
+  }
+  if (bytes_by_collective.size() > 1) {
+    out += fmt::format("  {:<40} {:>12}\n", "total", format_bytes(bytes_moved()));
+  }
+  if (time) out += time_table(*time);
+  out += fmt::format("FLOPs per step, all devices: {}; planned in {:.2f} s{}\n",
+                     flops_text(total_flops), seconds_to_plan,
+                     extrapolated ? fmt::format(", extrapolated from {}", traced) : "");
+  return out;
+}
+
+namespace {
+
+nlohmann::ordered_json time_json(const StepTime& t) {
+  nlohmann::ordered_json comms = nlohmann::ordered_json::array();
+  for (const CommTime& c : t.comms) {
+    comms.push_back({{"kind", std::string(to_string(c.collective.kind))},
+                     {"axes", c.collective.axes},
+                     {"tier", c.tier},
+                     {"role", c.role},
+                     {"bytes", c.bytes},
+                     {"seconds", c.seconds},
+                     {"overlapped", c.overlapped}});
+  }
+  return {{"hardware", t.hardware},
+          {"matmul_seconds", t.matmul_seconds},
+          {"attention_seconds", t.attention_seconds},
+          {"memory_seconds", t.memory_seconds},
+          {"compute_seconds", t.compute_seconds()},
+          {"communication", std::move(comms)},
+          {"exposed_seconds", t.exposed_seconds},
+          {"exposed_by_tier", t.exposed_by_tier},
+          {"exposed_tensor_seconds", t.exposed_tensor_seconds},
+          {"step_seconds", t.step_seconds},
+          {"tokens_per_second_per_device", t.tokens_per_second_per_device},
+          {"model_flops_per_token", t.model_flops_per_token},
+          {"mfu", t.mfu}};
+}
+
+nlohmann::ordered_json to_json(const TrainPlan& p) {
+  nlohmann::ordered_json j;
+  if (!p.error.empty()) {
+    j["mesh"] = p.mesh;
+    j["rules"] = p.rules;
+    j["error"] = p.error;
+    j["fits"] = nullptr;
+    return j;
+  }
+  j["model"] = p.model;
+  j["mesh"] = p.mesh;
+  j["devices"] = p.devices;
+  j["rules"] = p.rules;
+  if (!p.rules_note.empty()) j["rules_note"] = p.rules_note;
+  j["not_modelled"] = p.not_modelled;
+  j["parameter_count"] = p.parameter_count;
+  j["batch"] = p.batch;
+  j["seq"] = p.seq;
+  if (p.target_seq > 0) j["target_seq"] = p.target_seq;
+  j["batch_axes"] = p.batch_axes;
+  j["grad_accum"] = p.grad_accum;
+  j["recompute"] = p.recompute;
+  j["remat"] = p.remat;
+  j["loss"] = p.fused_loss ? "fused" : "naive";
+  j["attention"] = p.fused_attention ? "fused" : "naive";
+  j["sequence_parallel"] = p.sequence_parallel;
+  j["sequence_axes"] = p.sequence_axes;
+  j["context_axes"] = p.context_axes;
+  j["optimizer"] = p.optimizer;
+  j["param_dtype"] = std::string(name(p.param_dtype));
+  j["grad_dtype"] = std::string(name(p.grad_dtype));
+  j["optimizer_dtype"] = std::string(name(p.optimizer_dtype));
+  j["master_dtype"] = std::string(name(p.master_dtype));
+  j["reduce_dtype"] = std::string(name(p.reduce_dtype));
+  j["per_device"] = {{"parameter_bytes", p.parameter_bytes},
+                     {"gradient_bytes", p.gradient_bytes},
+                     {"optimizer_bytes", p.optimizer_bytes},
+                     {"batch_bytes", p.batch_bytes},
+                     {"transient_bytes", p.transient_bytes},
+                     {"peak_held_bytes", p.peak_held_bytes},
+                     {"peak_gathered_bytes", p.peak_gathered_bytes},
+                     {"peak_computed_bytes", p.peak_computed_bytes},
+                     {"peak_bytes", p.peak_bytes},
+                     {"flops", p.flops},
+                     {"matmul_flops", p.matmul_flops},
+                     {"attention_flops", p.attention_flops},
+                     {"memory_traffic_bytes", p.memory_traffic}};
+  // An object keyed by the kinds' names, in their order (the order of the names).
+  nlohmann::ordered_json received = nlohmann::ordered_json::object();
+  for (const auto& [kind, bytes] : p.bytes_by_collective)
+    received[std::string(to_string(kind))] = bytes;
+  j["bytes_received_per_device"] = std::move(received);
+  j["bytes_moved_per_device"] = p.bytes_moved();
+  j["total_flops"] = p.total_flops;
+  if (const auto f = p.fits()) {
+    j["device_memory"] = p.device_memory;
+    j["headroom"] = p.headroom;
+    j["usable_bytes"] = p.usable_bytes();
+    j["fits"] = *f;
+  } else {
+    j["fits"] = nullptr;
+  }
+  if (p.time) j["time"] = time_json(*p.time);
+  j["seconds_to_plan"] = p.seconds_to_plan;
+  j["extrapolated"] = p.extrapolated;
+  j["traced"] = p.traced;
+  return j;
+}
+
+/// Mesh axes and file names come from the user and need not be UTF-8: invalid bytes become
+/// U+FFFD rather than an exception from the writer.
+std::string dump(const nlohmann::ordered_json& j) {
+  return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void TrainPlan::write_json(std::ostream& os) const { os << dump(to_json(*this)); }
+
+std::optional<std::size_t> cheapest_fitting(const std::vector<TrainPlan>& plans) {
+  std::optional<std::size_t> best;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i].error.empty() || plans[i].fits() == false) continue;
+    if (!best) {
+      best = i;
+      continue;
+    }
+    const TrainPlan& a = plans[i];
+    const TrainPlan& b = plans[*best];
+    if (a.bytes_moved() < b.bytes_moved() ||
+        (a.bytes_moved() == b.bytes_moved() && a.peak_bytes < b.peak_bytes)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+std::optional<std::size_t> fastest_fitting(const std::vector<TrainPlan>& plans) {
+  std::optional<std::size_t> best;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const TrainPlan& a = plans[i];
+    if (!a.error.empty() || a.fits() == false || !a.time) continue;
+    if (!best) {
+      best = i;
+      continue;
+    }
+    const TrainPlan& b = plans[*best];
+    const double ta = a.time->tokens_per_second_per_device;
+    const double tb = b.time->tokens_per_second_per_device;
+    if (ta > tb || (ta == tb && a.peak_bytes < b.peak_bytes)) best = i;
+  }
+  return best;
+}
+
+std::string why_slower(const TrainPlan& p, const TrainPlan& best) {
+  if (!p.error.empty()) return "cannot be planned";
+  if (p.fits() == false) {
+    return fmt::format("does not fit: peak {} > {} usable", format_bytes(p.peak_bytes),
+                       format_bytes(p.usable_bytes()));
+  }
+  if (!p.time || !best.time || &p == &best) return "";
+  // Device-seconds per step, part by part: the part by which it exceeds the best's most.
+  const auto parts = [](const TrainPlan& q) {
+    const StepTime& t = *q.time;
+    const auto d = static_cast<double>(q.devices);
+    return std::vector<std::pair<std::string, double>>{
+        {"more compute per token", t.compute_seconds() * d},
+        {"exposed communication on the node's links", t.exposed_by_tier.at("node") * d},
+        {"exposed communication over the network", t.exposed_by_tier.at("network") * d}};
+  };
+  const auto mine = parts(p), theirs = parts(best);
+  std::size_t worst = 0;
+  for (std::size_t k = 1; k < mine.size(); ++k) {
+    if (mine[k].second - theirs[k].second > mine[worst].second - theirs[worst].second) worst = k;
+  }
+  const double extra = mine[worst].second - theirs[worst].second;
+  if (!(extra > 0)) return "as fast";
+  return fmt::format("{} (+{:.3g} device-s per step)", mine[worst].first, extra);
+}
+
+namespace {
+
+/// compare_table() when the plans have a time: ranked by it.
+std::string time_compare_table(const std::vector<TrainPlan>& plans) {
+  const TrainPlan* any = nullptr;
+  for (const TrainPlan& p : plans) {
+    if (p.time && any == nullptr) any = &p;
+  }
+  std::string out = fmt::format(
+      "ranked by tokens/s per device on {} for one global batch of {} x {} tokens (the least "
+      "device-time per step; meshes of other sizes compare by it and by device-hours per step)\n",
+      detail::printable(any->time->hardware), any->batch, any->seq);
+  out += fmt::format("{:<3} {:<30} {:<22} {:>11} {:>4} {:>10} {:>9} {:>6} {:>10}  {}\n", "#",
+                     "mesh", "rules", "peak/dev", "fits", "step", "tok/s/dev", "MFU", "dev-h/step",
+                     "why not the fastest");
+  const auto best = fastest_fitting(plans);
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const TrainPlan& p = plans[i];
+    if (!p.error.empty()) {
+      out += fmt::format("{:<3} {:<30} {:<22} cannot be planned: {}\n", i, detail::printable(p.mesh),
+                         detail::printable(p.rules), detail::printable(p.error));
+      continue;
+    }
+    const StepTime& t = *p.time;
+    const auto f = p.fits();
+    out += fmt::format("{:<3} {:<30} {:<22} {:>11} {:>4} {:>9.3f}s {:>9.0f} {:>5.1f}% {:>10.4f}  {}\n",
+                       i, detail::printable(p.mesh), detail::printable(p.rules),
+                       format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-", t.step_seconds,
+                       t.tokens_per_second_per_device, t.mfu * 100,
+                       t.step_seconds * static_cast<double>(p.devices) / 3600,
+                       best && *best == i ? "fastest" : best ? why_slower(p, plans[*best])
+                                                              : why_slower(p, p));
+  }
+  for (const TrainPlan& p : plans) {  // one model: said once
+    if (!p.not_modelled.empty()) {
+      out += fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
+      break;
+    }
+  }
+  if (best) {
+    const TrainPlan& p = plans[*best];
+    out += fmt::format(
+        "fastest that fits: #{} {} with rules {} ({:.3f} s per step, {:.0f} tokens/s per device, "
+        "peak {})\n",
+        *best, detail::printable(p.mesh), detail::printable(p.rules), p.time->step_seconds,
+        p.time->tokens_per_second_per_device, format_bytes(p.peak_bytes));
+  } else {
+    out +=
+        "none of these fits: try more devices, --recompute, gradient accumulation or a "
+        "smaller batch\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string compare_table(const std::vector<TrainPlan>& plans) {
+  if (std::any_of(plans.begin(), plans.end(), [](const TrainPlan& p) { return p.time.has_value(); })) {
+    return time_compare_table(plans);
+  }
+  std::string out = fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", "#", "mesh",
+                                "rules", "peak/device", "fits", "moved/device", "FLOPs/dev");
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const TrainPlan& p = plans[i];
+    if (!p.error.empty()) {
+      out +=
+          fmt::format("{:<3} {:<34} {:<26} cannot be planned: {}\n", i, detail::printable(p.mesh),
+                      detail::printable(p.rules), detail::printable(p.error));
+      continue;
+    }
+    const auto f = p.fits();
+    out += fmt::format("{:<3} {:<34} {:<26} {:>12} {:>6} {:>14} {:>10}\n", i,
+                       detail::printable(p.mesh), detail::printable(p.rules),
+                       format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-",
+                       format_bytes(p.bytes_moved()), flops_text(p.flops));
+  }
+  for (const TrainPlan& p : plans) {  // one model: said once
+    if (!p.not_modelled.empty()) {
+      out += fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
+      break;
+    }
+  }
+  if (const auto best = cheapest_fitting(plans)) {
+    const TrainPlan& p = plans[*best];
+    out += fmt::format(
+        "cheapest that fits: #{} {} with rules {} ({} moved per device per step, peak {})\n", *best,
+        detail::printable(p.mesh), detail::printable(p.rules), format_bytes(p.bytes_moved()),
+        format_bytes(p.peak_bytes));
+  } else {
+    out +=
+        "none of these fits: try more devices, --recompute, gradient accumulation or a "
+        "smaller batch\n";
+  }
+  return out;
+}
+
+void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans) {
+  nlohmann::ordered_json j;
+  j["plans"] = nlohmann::ordered_json::array();
+  for (const TrainPlan& p : plans) j["plans"].push_back(to_json(p));
+  const auto index = [](std::optional<std::size_t> i) {
+    return i ? nlohmann::ordered_json(*i) : nlohmann::ordered_json(nullptr);
+  };
+  j["cheapest_fitting"] = index(cheapest_fitting(plans));
+  const bool timed =
+      std::any_of(plans.begin(), plans.end(), [](const TrainPlan& p) { return p.time.has_value(); });
+  if (timed) {
+    const auto best = fastest_fitting(plans);
+    j["fastest_fitting"] = index(best);
+    nlohmann::ordered_json why = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      why.push_back(best && *best == i ? "fastest"
+                    : best             ? why_slower(plans[i], plans[*best])
+                                       : why_slower(plans[i], plans[i]));
+    }
+    j["why_not_fastest"] = std::move(why);
+  }
+  os << dump(j);
+}
+
+}  // namespace shardplan

@@ -1,0 +1,170 @@
+// The hardware table and hardware files: every built-in entry complete and sourced, figures as
+// the datasheets give them, files read whole or refused naming the figure.
+#include "shardplan/hardware.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "shardplan/error.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+// A complete file, figures as round numbers.
+constexpr const char* kFile = R"(name: lab-gpu
+description: a card of our own
+bf16_flops: 1.0e15
+fp8_flops: 2.0e15
+memory_bandwidth: 3.0e12
+memory_bytes: 85899345920
+node_size: 4
+intra_node_bandwidth: 4.0e11
+inter_node_bandwidth: 5.0e10
+matmul_efficiency: 0.8
+attention_efficiency: 0.5
+memory_efficiency: 0.9
+intra_node_efficiency: 0.75
+inter_node_efficiency: 0.95
+sources:
+  bf16_flops: our measurement
+)";
+
+TEST(Hardware, EveryBuiltInEntryIsCompleteAndSaysWhereItsFiguresComeFrom) {
+  std::set<std::string> names;
+  for (const Hardware& h : builtin_hardware()) {
+    SCOPED_TRACE(h.name);
+    EXPECT_TRUE(names.insert(h.name).second) << "named twice";
+    EXPECT_FALSE(h.description.empty());
+    for (const double v : {h.bf16_flops, h.memory_bandwidth, h.intra_node_bandwidth,
+                           h.inter_node_bandwidth}) {
+      EXPECT_GT(v, 0);
+    }
+    EXPECT_GE(h.fp8_flops, 0);
+    EXPECT_GT(h.memory_bytes, 0);
+    EXPECT_GT(h.node_size, 0);
+    for (const double f : {h.matmul_efficiency, h.attention_efficiency, h.memory_efficiency,
+                           h.intra_node_efficiency, h.inter_node_efficiency}) {
+      EXPECT_GT(f, 0);
+      EXPECT_LE(f, 1);
+    }
+    // Each efficiency has its own source line; the peaks share the datasheet's.
+    for (const char* figure : {"matmul_efficiency", "attention_efficiency", "memory_efficiency",
+                               "intra_node_efficiency", "inter_node_efficiency"}) {
+      bool found = false;
+      for (const auto& [what, source] : h.sources) found = found || (what == figure && !source.empty());
+      EXPECT_TRUE(found) << figure;
+    }
+    EXPECT_EQ(find_hardware(h.name).name, h.name);
+  }
+  EXPECT_TRUE(names.count("h100-sxm") && names.count("a100-80g"));
+}
+
+// The H100 SXM's figures as NVIDIA's datasheet gives them (dense: half the sparse figures),
+// and the per-direction NVLink bandwidth (900 GB/s is both directions).
+TEST(Hardware, TheH100FiguresAreTheDatasheets) {
+  const Hardware h = find_hardware("h100-sxm");
+  EXPECT_DOUBLE_EQ(h.bf16_flops, 989.4e12);  // the whitepaper's dense figure (1,978.9 sparse)
+  EXPECT_DOUBLE_EQ(h.fp8_flops, 3957.8e12 / 2);
+  EXPECT_DOUBLE_EQ(h.memory_bandwidth, 3.35e12);
+  EXPECT_EQ(h.memory_bytes, std::int64_t{80} << 30);
+  EXPECT_EQ(h.node_size, 8);
+  EXPECT_DOUBLE_EQ(h.intra_node_bandwidth, 900e9 / 2);
+  EXPECT_DOUBLE_EQ(h.inter_node_bandwidth, 400e9 / 8);  // 400 Gb/s
+  EXPECT_DOUBLE_EQ(find_hardware("a100-80g").fp8_flops, 0);  // no float8 units
+}
+
+TEST(Hardware, AnUnknownNameListsTheBuiltInOnes) {
+  try {
+    find_hardware("h100");
+    FAIL() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("unknown hardware 'h100'"));
+    for (const Hardware& h : builtin_hardware()) EXPECT_THAT(e.what(), ::testing::HasSubstr(h.name));
+  }
+}
+
+TEST(Hardware, AFileGivesEveryFigure) {
+  const Hardware h = parse_hardware(kFile, "lab.yaml");
+  EXPECT_EQ(h.name, "lab-gpu");
+  EXPECT_EQ(h.description, "a card of our own");
+  EXPECT_DOUBLE_EQ(h.bf16_flops, 1e15);
+  EXPECT_DOUBLE_EQ(h.fp8_flops, 2e15);
+  EXPECT_DOUBLE_EQ(h.memory_bandwidth, 3e12);
+  EXPECT_EQ(h.memory_bytes, std::int64_t{80} << 30);
+  EXPECT_EQ(h.node_size, 4);
+  EXPECT_DOUBLE_EQ(h.intra_node_bandwidth, 4e11);
+  EXPECT_DOUBLE_EQ(h.inter_node_bandwidth, 5e10);
+  EXPECT_DOUBLE_EQ(h.matmul_efficiency, 0.8);
+  EXPECT_DOUBLE_EQ(h.attention_efficiency, 0.5);
+  EXPECT_DOUBLE_EQ(h.memory_efficiency, 0.9);
+  EXPECT_DOUBLE_EQ(h.intra_node_efficiency, 0.75);
+  EXPECT_DOUBLE_EQ(h.inter_node_efficiency, 0.95);
+  ASSERT_EQ(h.sources.size(), 1u);
+  EXPECT_EQ(h.sources[0].second, "our measurement");
+}
+
+// Nothing is assumed: a figure left out, of the wrong type, out of range, or a file that is not
+// a mapping is an error naming the file and the figure.
+TEST(Hardware, AFileMissingOrMistypingAFigureIsAnErrorNamingIt) {
+  const std::string full = kFile;
+  const auto without = [&](const std::string& key) {
+    std::string s = full;
+    const std::size_t at = s.find(key + ":");
+    return s.erase(at, s.find('\n', at) - at + 1);
+  };
+  const auto replaced = [&](const std::string& key, const std::string& value) {
+    std::string s = full;
+    const std::size_t at = s.find(key + ":") + key.size() + 2;
+    return s.replace(at, s.find('\n', at) - at, value);
+  };
+  const auto expect_error = [](const std::string& text, const std::string& words) {
+    SCOPED_TRACE(text);
+    try {
+      parse_hardware(text, "lab.yaml");
+      ADD_FAILURE() << "no error";
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("lab.yaml"));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(words));
+    }
+  };
+  for (const std::string_view figure : Hardware::figure_names()) {
+    expect_error(without(std::string(figure)), fmt::format("no figure '{}'", figure));
+  }
+  expect_error(without("name"), "no 'name'");
+  expect_error(replaced("bf16_flops", "fast"), "'bf16_flops' is not a number: 'fast'");
+  expect_error(replaced("memory_bandwidth", "-3e12"), "'memory_bandwidth' is -3e12");
+  expect_error(replaced("fp8_flops", "-1"), "'fp8_flops' is -1");
+  expect_error(replaced("matmul_efficiency", "1.2"), "a fraction in (0, 1]");
+  expect_error(replaced("attention_efficiency", "0"), "a fraction in (0, 1]");
+  expect_error(replaced("node_size", "7.5"), "'node_size' must be a whole number");
+  expect_error(replaced("inter_node_bandwidth", ".nan"), "'inter_node_bandwidth' is .nan");
+  expect_error(replaced("bf16_flops", "[1, 2]"), "no figure 'bf16_flops'");
+  expect_error("- a list", "a mapping of figures");
+  expect_error("name: [unclosed", "not YAML");
+  EXPECT_DOUBLE_EQ(parse_hardware(replaced("fp8_flops", "0"), "lab.yaml").fp8_flops, 0);
+}
+
+TEST(Hardware, AFileIsReadByItsName) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("shardplan_hardware_{}", ::getpid());
+  fs::create_directories(dir);
+  const fs::path path = dir / "lab.yaml";
+  std::ofstream(path) << kFile;
+  EXPECT_EQ(find_hardware(path.string()).name, "lab-gpu");
+  EXPECT_THROW_WITH(find_hardware((dir / "none.yaml").string()), IoError, "none.yaml");
+  // A FIFO is refused, not waited on.
+  const fs::path fifo = dir / "fifo.yaml";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW_WITH(find_hardware(fifo.string()), IoError, "fifo.yaml");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardplan

@@ -1,0 +1,264 @@
+// train-plan's time model and mixed precision (docs/training.md "Step time", "Mixed
+// precision"): link tiers by device layout, the overlap formula, model FLOPs, ranking by time,
+// each checked against figures worked out here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "shardplan/error.hpp"
+#include "shardplan/rule_file.hpp"
+#include "shardplan/train_plan.hpp"
+#include "step_time.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+constexpr const char* kTinyLlama = R"({"model_type": "llama", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2})";
+constexpr const char* kLlama3_8b = R"({"model_type": "llama", "vocab_size": 128256,
+  "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": false})";
+
+RulePtr preset(const char* name) { return load_preset(name).make_rule(); }
+
+// Round figures, so that the times below are worked out by hand.
+Hardware toy_hardware(std::int64_t node_size) {
+  Hardware h;
+  h.name = "toy";
+  h.bf16_flops = 1e12;
+  h.fp8_flops = 2e12;
+  h.memory_bandwidth = 1e11;
+  h.memory_bytes = std::int64_t{1} << 30;
+  h.node_size = node_size;
+  h.intra_node_bandwidth = 1e10;
+  h.inter_node_bandwidth = 1e9;
+  h.matmul_efficiency = 0.5;
+  h.attention_efficiency = 0.25;
+  h.memory_efficiency = 0.5;
+  h.intra_node_efficiency = 0.5;
+  h.inter_node_efficiency = 0.5;
+  return h;
+}
+
+// Devices numbered row-major, the last axis innermost (torch's init_device_mesh): on
+// fsdp:4,tp:8 with nodes of 8 the tp groups are nodes and the fsdp groups span 4 of them.
+TEST(StepTime, LinkTiersFollowTheDeviceLayout) {
+  const Mesh m = Mesh::parse("fsdp:4,tp:8", 32);
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 8), "node");
+  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 8), "network");
+  EXPECT_EQ(train::tier_of(m, {"fsdp", "tp"}, 8), "network");
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 4), "network");  // half a tp group per node
+  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 32), "node");  // one node holds them all
+  // dp:2,fsdp:2,tp:2 on nodes of 4: tp (stride 1) and fsdp (stride 2) inside, dp across.
+  const Mesh h = Mesh::parse("dp:2,fsdp:2,tp:2", 8);
+  EXPECT_EQ(train::tier_of(h, {"tp"}, 4), "node");
+  EXPECT_EQ(train::tier_of(h, {"fsdp"}, 4), "node");
+  EXPECT_EQ(train::tier_of(h, {"fsdp", "tp"}, 4), "node");
+  EXPECT_EQ(train::tier_of(h, {"dp"}, 4), "network");
+  EXPECT_EQ(train::tier_of(h, {"dp", "tp"}, 4), "network");
+}
+
+// PaLM's count, by hand for LLaMA-3-8B at 8,192 tokens: 6 x (8,030,261,248 parameters less the
+// 525,336,576 of the input embedding) + 12 x 32 layers x 32 heads x 128 x 8,192.
+TEST(StepTime, ModelFlopsPerTokenArePalmsCount) {
+  const ModelConfig c = ModelConfig::parse(kLlama3_8b);
+  ASSERT_EQ(c.parameter_count(), 8030261248);
+  const double want = 6.0 * (8030261248.0 - 525336576.0) + 12.0 * 32 * 32 * 128 * 8192;
+  EXPECT_DOUBLE_EQ(train::model_flops_per_token(c, c.parameter_count(), 8192), want);
+}
+
+// The formula on figures chosen by hand: compute = 4e11 / (1e12 x 0.5) + 5e10 / (1e12 x 0.25) +
+// 1e10 / (1e11 x 0.5) = 0.8 + 0.2 + 0.2 = 1.2 s. Communication: an all-gather over fsdp (the
+// network: 1.2e9 B / 5e8 B/s = 2.4 s, overlapped) and an all-reduce over tp (the node: 1e9 B /
+// 5e9 B/s = 0.2 s, exposed). Over 4 layer steps FSDP's pipeline shows 2.4 / 4 + 3/4 x (2.4 -
+// 1.2) = 1.5 s. Step 1.2 + 1.5 + 0.2 = 2.9 s.
+TEST(StepTime, OverlapAndExposureWorkedByHand) {
+  const Mesh mesh = Mesh::parse("fsdp:4,tp:2", 8);
+  TrainPlan p;
+  p.devices = 8;
+  p.matmul_flops = 4e11;
+  p.attention_flops = 5e10;
+  p.memory_traffic = 10'000'000'000;
+  p.bytes_by_axes = {{CollectiveOn{CollectiveKind::kAllGather, {"fsdp"}}, 1'200'000'000},
+                     {CollectiveOn{CollectiveKind::kAllReduce, {"tp"}}, 1'000'000'000},
+                     {CollectiveOn{CollectiveKind::kSlice, {}}, 0}};
+  const train::TimeInputs in{.model_axes = {"tp"},
+                             .context_axes = {},
+                             .layer_steps = 4,
+                             .model_flops_per_token = 1e9,
+                             .tokens_per_step = 8000};
+  const StepTime t = train::step_time(p, mesh, toy_hardware(2), in);
+  EXPECT_NEAR(t.matmul_seconds, 0.8, 1e-12);
+  EXPECT_NEAR(t.attention_seconds, 0.2, 1e-12);
+  EXPECT_NEAR(t.memory_seconds, 0.2, 1e-12);
+  ASSERT_EQ(t.comms.size(), 2u);  // the slice moves nothing
+  EXPECT_EQ(t.comms[0].tier, "network");
+  EXPECT_EQ(t.comms[0].role, "data");
+  EXPECT_TRUE(t.comms[0].overlapped);
+  EXPECT_NEAR(t.comms[0].seconds, 2.4, 1e-12);
+  EXPECT_EQ(t.comms[1].tier, "node");
+  EXPECT_EQ(t.comms[1].role, "tensor");
+  EXPECT_FALSE(t.comms[1].overlapped);
+  EXPECT_NEAR(t.comms[1].seconds, 0.2, 1e-12);
+  EXPECT_NEAR(t.exposed_tensor_seconds, 0.2, 1e-12);
+  EXPECT_NEAR(t.exposed_by_tier.at("network"), 1.5, 1e-12);
+  EXPECT_NEAR(t.exposed_by_tier.at("node"), 0.2, 1e-12);
+  EXPECT_NEAR(t.step_seconds, 2.9, 1e-12);
+  EXPECT_NEAR(t.tokens_per_second_per_device, 8000 / 2.9 / 8, 1e-9);
+  EXPECT_NEAR(t.mfu, 1e9 * (8000 / 2.9 / 8) / 1e12, 1e-12);
+  // With compute to hide it all, only the first layer's share shows: 2.4 / 4.
+  p.matmul_flops = 4e12;  // 8 s
+  const StepTime hidden = train::step_time(p, mesh, toy_hardware(2), in);
+  EXPECT_NEAR(hidden.exposed_by_tier.at("network"), 0.6, 1e-12);
+  EXPECT_NEAR(hidden.step_seconds, 8.4 + 0.6 + 0.2, 1e-12);
+}
+
+// A plan with hardware: the time is the formula on the plan's own figures; the hardware's
+// memory is the device memory when none is given; collectives over tp are exposed, over fsdp
+// overlapped.
+TEST(StepTime, APlanWithHardwareTimesItsOwnFigures) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  o.hardware = toy_hardware(2);
+  const Mesh mesh = Mesh::parse("fsdp:2,tp:2", 4);
+  const TrainPlan p = plan_training(c, mesh, preset("llama_fsdp_tp"), o);
+  ASSERT_TRUE(p.time.has_value());
+  EXPECT_EQ(p.device_memory, std::int64_t{1} << 30);
+  EXPECT_GT(p.matmul_flops, 0);
+  EXPECT_GT(p.attention_flops, 0);
+  EXPECT_LT(p.matmul_flops + p.attention_flops, p.flops);
+  EXPECT_GT(p.memory_traffic, 0);
+  const StepTime& t = *p.time;
+  EXPECT_NEAR(t.compute_seconds(),
+              p.matmul_flops / 5e11 + p.attention_flops / 2.5e11 +
+                  static_cast<double>(p.memory_traffic) / 5e10,
+              1e-12 * t.compute_seconds());
+  double data = 0, tensor = 0;
+  bool saw_tp = false, saw_fsdp = false;
+  for (const CommTime& comm : t.comms) {
+    const auto& axes = comm.collective.axes;
+    const bool tp = std::find(axes.begin(), axes.end(), "tp") != axes.end();
+    saw_tp = saw_tp || tp;
+    saw_fsdp = saw_fsdp || comm.collective.axes == std::vector<std::string>{"fsdp"};
+    EXPECT_EQ(comm.overlapped, !tp) << to_string(comm.collective.kind);
+    // tp is innermost: its pairs share a node of 2; fsdp's pairs are 2 apart.
+    const bool inside = comm.collective.axes == std::vector<std::string>{"tp"};
+    EXPECT_EQ(comm.tier, inside ? "node" : "network");
+    EXPECT_NEAR(comm.seconds, static_cast<double>(comm.bytes) / (inside ? 5e9 : 5e8),
+                1e-12 * comm.seconds);
+    (comm.overlapped ? data : tensor) += comm.seconds;
+  }
+  EXPECT_TRUE(saw_tp && saw_fsdp);
+  const double n = 2;  // layers x micro-batches
+  const double exposed = data / n + (n - 1) / n * std::max(0.0, data - t.compute_seconds());
+  EXPECT_NEAR(t.step_seconds, t.compute_seconds() + tensor + exposed, 1e-9 * t.step_seconds);
+  EXPECT_NEAR(t.tokens_per_second_per_device, 64 / t.step_seconds / 4, 1e-9);
+  // Asked for, the device memory is that; no hardware: no time.
+  o.device_memory = 1000000;
+  EXPECT_EQ(plan_training(c, mesh, preset("llama_fsdp_tp"), o).device_memory, 1000000);
+  o.hardware.reset();
+  EXPECT_FALSE(plan_training(c, mesh, preset("llama_fsdp_tp"), o).time.has_value());
+}
+
+// FSDP2's MixedPrecisionPolicy: weights held in f32 (4 bytes a parameter, twice bf16's) and
+// gathered in bf16 (the same all-gather bytes as a bf16 model, counted as weights gathered at the
+// peak); gradients reduced in f32 move twice the reduce-scatter bytes of gradients reduced in
+// bf16. (The naive loss, as torchtitan's: the fused loss reduces the head's gradient group by
+// group before the conversion, docs/training.md.)
+TEST(MixedPrecision, WeightsHeldInOneDtypeGatheredInAnotherReducedInAThird) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  const Mesh mesh = Mesh::parse("fsdp:4", 4);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  o.extrapolate = false;
+  o.fused_loss = false;
+  const TrainPlan bf16 = plan_training(c, mesh, preset("llama_fsdp"), o);
+  o.master_dtype = DType::kF32;
+  const TrainPlan master = plan_training(c, mesh, preset("llama_fsdp"), o);
+  o.reduce_dtype = DType::kF32;
+  o.grad_dtype = DType::kF32;
+  const TrainPlan reduce32 = plan_training(c, mesh, preset("llama_fsdp"), o);
+  EXPECT_EQ(master.parameter_bytes, 2 * bf16.parameter_bytes);
+  EXPECT_EQ(master.master_dtype, DType::kF32);
+  EXPECT_EQ(master.param_dtype, DType::kBF16);
+  EXPECT_EQ(master.peak_gathered_bytes, bf16.peak_gathered_bytes);
+  EXPECT_GT(bf16.peak_gathered_bytes, 0);
+  const auto bytes = [](const TrainPlan& p, CollectiveKind k) {
+    const auto it = p.bytes_by_collective.find(k);
+    return it == p.bytes_by_collective.end() ? std::int64_t{0} : it->second;
+  };
+  EXPECT_EQ(bytes(master, CollectiveKind::kAllGather), bytes(bf16, CollectiveKind::kAllGather));
+  EXPECT_EQ(bytes(master, CollectiveKind::kReduceScatter),
+            bytes(bf16, CollectiveKind::kReduceScatter));
+  EXPECT_GT(bytes(bf16, CollectiveKind::kReduceScatter), 0);
+  EXPECT_EQ(bytes(reduce32, CollectiveKind::kReduceScatter),
+            2 * bytes(bf16, CollectiveKind::kReduceScatter));
+  EXPECT_EQ(reduce32.gradient_bytes, 2 * bf16.gradient_bytes);
+  // The text says what each dtype option changed.
+  EXPECT_THAT(reduce32.table(), ::testing::HasSubstr(
+                                    "parameters f32 held, cast to bf16 for use (gathered in it), "
+                                    "gradients f32 (reduced in f32)"));
+  // Extrapolated from small steps, the same figures as traced whole.
+  o.extrapolate = true;
+  ModelConfig deep = c;
+  deep.layers = 24;  // more than the samples' 2 + 3 + 4 + 8 layers: extrapolated
+  const TrainPlan ext = plan_training(deep, mesh, preset("llama_fsdp"), o);
+  o.extrapolate = false;
+  const TrainPlan whole = plan_training(deep, mesh, preset("llama_fsdp"), o);
+  EXPECT_TRUE(ext.extrapolated);
+  EXPECT_EQ(ext.bytes_by_axes, whole.bytes_by_axes);
+  EXPECT_EQ(ext.memory_traffic, whole.memory_traffic);
+  EXPECT_EQ(ext.peak_bytes, whole.peak_bytes);
+  EXPECT_NEAR(ext.matmul_flops, whole.matmul_flops, 1e-9 * whole.matmul_flops);
+}
+
+TrainPlan timed(std::string mesh, std::int64_t devices, double step, double compute,
+                double node, double network, std::int64_t peak) {
+  TrainPlan p;
+  p.mesh = std::move(mesh);
+  p.devices = devices;
+  p.batch = 8;
+  p.seq = 1000;
+  p.peak_bytes = peak;
+  p.device_memory = 100;
+  p.headroom = 0;
+  StepTime t;
+  t.hardware = "toy";
+  t.matmul_seconds = compute;
+  t.exposed_by_tier = {{"node", node}, {"network", network}};
+  t.step_seconds = step;
+  t.tokens_per_second_per_device = 8000 / step / static_cast<double>(devices);
+  p.time = t;
+  return p;
+}
+
+// For one global batch the fastest is the least device-time per step: 8 devices at 2 s (16
+// device-s) beat 16 devices at 1.5 s (24 device-s) though the step is shorter there; a plan that
+// does not fit never wins, however fast. Each loser says the part of its device-time that
+// exceeds the winner's most.
+TEST(StepTime, CompareRanksByTokensPerDeviceAndSaysWhyEachLost) {
+  const std::vector<TrainPlan> plans{
+      timed("a", 16, 1.5, 1.0, 0.1, 0.4, 50),  // 16 + 1.6 + 6.4 device-s vs 16 + 0 + 0
+      timed("b", 8, 2.0, 2.0, 0.0, 0.0, 60),
+      timed("c", 8, 1.0, 1.0, 0.0, 0.0, 101),  // fastest, but over the 100 bytes
+      timed("d", 8, 2.5, 2.5, 0.0, 0.0, 40)};
+  ASSERT_EQ(fastest_fitting(plans), std::optional<std::size_t>(1));
+  EXPECT_EQ(cheapest_fitting(plans).has_value(), true);
+  EXPECT_EQ(why_slower(plans[0], plans[1]),
+            "exposed communication over the network (+6.4 device-s per step)");
+  EXPECT_EQ(why_slower(plans[2], plans[1]), "does not fit: peak 101 B > 100 B usable");
+  EXPECT_EQ(why_slower(plans[3], plans[1]), "more compute per token (+4 device-s per step)");
+  EXPECT_EQ(why_slower(plans[1], plans[1]), "");
+  const std::string table = compare_table(plans);
+  EXPECT_THAT(table, ::testing::HasSubstr("ranked by tokens/s per device on toy"));
+  EXPECT_THAT(table, ::testing::HasSubstr("fastest that fits: #1 b"));
+  EXPECT_THAT(table, ::testing::HasSubstr("more compute per token (+4 device-s per step)"));
+}
+
+}  // namespace
+}  // namespace shardplan
