@@ -81,8 +81,9 @@ Array astype(const Array& x, DType dtype);
 /// astype between float types, for a value that may be a sum pending over devices (a gradient
 /// summed over the batch axes inside sjit): the sum is carried through and reduced in `dtype`,
 /// never before the conversion even when that would move fewer bytes (FSDP2's reduce_dtype:
-/// bf16 gradients reduced in f32). Elsewhere the same as astype. Throws SpecError for a type
-/// that is not a float.
+/// bf16 gradients reduced in f32). Its gradient is convert_pending too: an f32 weight cast with
+/// it to bf16 for use has its gradient's sum reduced in f32. Elsewhere the same as astype.
+/// Throws SpecError for a type that is not a float.
 Array convert_pending(const Array& x, DType dtype);
 
 // Contractions.

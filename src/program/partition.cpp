@@ -155,7 +155,11 @@ class Chooser {
                       .result = {std::move(fl.result), {}, {}}};
     }
     if (n.op->sharding_identity) {
-      if (is_gradient_constraint(n) && !layout(n.operands[0]).pending.empty()) {
+      // A sum a convert_pending carried is reduced here, at the gradient's sharding, in its
+      // dtype (FSDP2 reduce-scatters each gradient as soon as it is complete).
+      const ValueId from = n.operands[0];
+      if (is_gradient_constraint(n) && !layout(from).pending.empty() &&
+          !linearity_of(g_, g_[from]).carry) {
         return as_is_alias(id, "a gradient's sharding; its sum is kept pending for its users");
       }
       Choice c = evaluate(id, assign(id, false));

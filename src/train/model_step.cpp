@@ -509,6 +509,14 @@ Array ModelStep::t5_loss(const Tree<Array>& params, const Array& tokens,
   return mean(cross_entropy(logits, targets));
 }
 
+Tree<Array> ModelStep::for_use(const Tree<Array>& weights) const {
+  if (!compute_dtype) return weights;
+  return weights.map([&](const Array& a) {
+    if (!is_floating(a.dtype())) return a;
+    return reduce_in_held ? convert_pending(a, *compute_dtype) : astype(a, *compute_dtype);
+  });
+}
+
 Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
                               const Array& targets) const {
   if (config.family == ModelFamily::kT5) {
@@ -517,7 +525,7 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
           "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
           "T5 without --remat");
     }
-    return t5_loss(params, tokens, targets);
+    return t5_loss(for_use(params), tokens, targets);
   }
   // With `regather` the weights are read through optimization_barrier: each micro-batch gathers
   // them again instead of reusing (and so keeping alive) the first one's gathered copies.
@@ -525,12 +533,12 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
     return regather ? t.map([](const Array& a) { return optimization_barrier(a); }) : t;
   };
   const std::string path = config.layers_path();
-  const Tree<Array> rest = use(replace_at_path(params, path, Tree<Array>::list({})));
+  const Tree<Array> rest = for_use(use(replace_at_path(params, path, Tree<Array>::list({}))));
   Array h = embed(rest, tokens);
   const auto& layers = params.at_path(path).children();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const Tree<Array> p = use(layers[i]);
-    const auto run = [&](const Array& x) { return layer(p, x, config.window(i)); };
+    const auto run = [&](const Array& x) { return layer(for_use(p), x, config.window(i)); };
     h = remat ? checkpoint(run, *remat)(h) : run(h);
   }
   return loss(rest, h, targets);

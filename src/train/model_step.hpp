@@ -76,6 +76,15 @@ struct ModelStep {
   /// The head and the loss as linear_cross_entropy (groups of tokens, the logits never whole);
   /// false: the logits whole, then cross_entropy.
   bool fused_loss = true;
+  /// Mixed precision: the weights, held in another dtype, cast to this one where they are used
+  /// (each layer's inside its checkpoint, so that the backward pass casts and gathers them
+  /// again, as FSDP2 does per layer). `reduce_in_held`: their gradients' sums reduced in the
+  /// held dtype (convert_pending), else in this one.
+  std::optional<DType> compute_dtype = std::nullopt;
+  bool reduce_in_held = false;
+
+  /// `weights` cast for use (compute_dtype); as they are without one.
+  Tree<Array> for_use(const Tree<Array>& weights) const;
 
   /// tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;

@@ -228,19 +228,21 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                       const std::map<std::string, RuleTree>& annotations) {
   const StepArguments args = step_arguments(config, rules, o, layout);
   const Optimizer optimizer = make_optimizer(o.optimizer);
+  const DType held = o.master_dtype.value_or(o.param_dtype);
   const ModelStep base{.config = config,
                        .layout = layout,
                        .remat = effective_remat(o),
                        .fused_attention = o.fused_attention,
-                       .fused_loss = o.fused_loss};
+                       .fused_loss = o.fused_loss,
+                       .compute_dtype = held == o.param_dtype ? std::nullopt
+                                                              : std::optional(o.param_dtype),
+                       .reduce_in_held = o.reduce_dtype == held};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
-    // Mixed precision: the held weights cast, shard by shard, to the dtype the step computes in
-    // (FSDP then gathers that copy); their gradients reduced in the reduce dtype.
-    const Tree<Array> compute_p = o.master_dtype ? cast(p, o.param_dtype) : p;
-    auto [loss, grads] = o.grad_accum == 1
-                             ? loss_and_grads(base, compute_p, x, y)
-                             : accumulated_loss_and_grads(base, compute_p, x, y, rules, o);
+    // Mixed precision: the model casts the held weights where it uses them (ModelStep::
+    // compute_dtype); the gradients reduced in the reduce dtype.
+    auto [loss, grads] = o.grad_accum == 1 ? loss_and_grads(base, p, x, y)
+                                           : accumulated_loss_and_grads(base, p, x, y, rules, o);
     if (o.grad_accum == 1 && o.reduce_dtype) {
       grads = with_sharding_constraint(reduced_in(grads, *o.reduce_dtype), RuleTree(rules));
     }

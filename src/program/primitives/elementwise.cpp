@@ -9,6 +9,7 @@
 #include "../kernel_util.hpp"
 #include "../primitive_tests.hpp"
 #include "../primitives.hpp"
+#include "../trace.hpp"
 #include "shardplan/ops.hpp"
 
 namespace shardplan::detail {
@@ -333,10 +334,17 @@ Linearity convert_linearity(const Node& n, std::span<const TensorType> in) {
   return lin;
 }
 
-Arrays convert_vjp(const Node&, const Arrays& in, const Array&, const Array& g) {
+// convert_pending's transpose is convert_pending: a weight cast for use has its gradient's sum
+// reduced in the weight's own dtype, there and then (sharded like the weight: FSDP2
+// reduce-scatters each layer's gradients as its backward pass ends), not where the gradients
+// are next used (the update, after the whole backward pass: every layer's unreduced sum held
+// until then).
+Arrays convert_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
   const DType from = in[0].dtype();
   if (!is_floating(from)) return {Array()};
-  return {astype(g, from)};
+  if (!n.attr<ConvertAttrs>().sum_after) return {astype(g, from)};
+  const Array summed = convert_pending(g, from);
+  return {current_trace() != nullptr ? with_sharding_like(summed, in[0]) : summed};
 }
 
 // ---- Test declarations (primitive_tests.hpp): references in double, on the host ----------------
