@@ -414,7 +414,11 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
     head = at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight");
   }
   if (fused_loss) return mean(linear_cross_entropy(x, head, targets));
-  return mean(cross_entropy(linear(x, head), targets));
+  // The logits whole, taken to f32 for the softmax (as PyTorch training code does:
+  // cross_entropy(logits.float(), labels)), as linear_cross_entropy does group by group.
+  const Array logits = linear(x, head);
+  const DType wide = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  return mean(cross_entropy(astype(logits, wide), targets));
 }
 
 Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,
