@@ -288,7 +288,7 @@ def main():
     failed, not_run, new_blocks = 0, 0, []
     with tempfile.TemporaryDirectory(prefix="doc_examples.") as scratch_root:
         for ex in examples:
-            shown = " ".join(ex.argv)
+            shown = shlex.join(ex.argv) + (" 2>&1" if ex.merge_stderr else "")
             if ex.not_run:
                 not_run += 1
                 print(f"not run  {ex.where()}  {shown}  ({ex.not_run})")
