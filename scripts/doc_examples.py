@@ -50,7 +50,7 @@ MASKS = [
     ("the planning time", re.compile(r"(planned in )(\d+(?:\.\d+)?)( s\b)")),  # train-plan
     ("seconds_to_plan", re.compile(r'("seconds_to_plan": )([-+.\deE]+)')),   # train-plan --json
 ]
-COMMAND = "$ shardplan "
+COMMAND = re.compile(r"^\$ shardplan(\s|$)")
 MARKER = re.compile(r"^\s*<!-- example: not run \((.*)\) -->\s*$")
 MARKER_START = "<!-- example:"
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})")
@@ -110,7 +110,7 @@ def parse_command(ex, errors):
     except ValueError as e:
         errors.append(f"{ex.where()}: the command cannot be split as a shell would: {e}")
         return
-    bad = [a for a in argv if set(a) <= SHELL_OPERATOR or "$" in a or "`" in a]
+    bad = [a for a in argv if (a and set(a) <= SHELL_OPERATOR) or "$" in a or "`" in a]
     if bad:
         errors.append(f"{ex.where()}: shell syntax {bad[0]!r} is not run; an example is one "
                       "shardplan command, optionally ending in 2>&1")
@@ -150,10 +150,10 @@ def find_examples(doc, errors):
             break
         body = [dedent(l, indent) for l in lines[i + 1:close]]
         for k, text in enumerate(body):
-            if text.startswith(COMMAND) and k > 0:
+            if COMMAND.match(text) and k > 0:
                 errors.append(f"{name}:{i + 2 + k}: a `$ shardplan` line that is not the first "
                               "line of its block is not run: one command per block, first")
-        if body and body[0].startswith(COMMAND):
+        if body and COMMAND.match(body[0]):
             n = 1
             while body[n - 1].endswith("\\") and n < len(body):
                 n += 1

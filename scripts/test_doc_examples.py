@@ -146,6 +146,20 @@ class DocExamples(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("printed on stderr, which the block does not show", out)
 
+    def test_arguments_are_split_as_a_shell_splits_them(self):
+        shown = """
+            FENCE
+            $ shardplan plan \\
+                --html '' 2>&1
+            --html: the path is empty
+            Run with --help for more information.
+            [exit 2]
+            FENCE
+            """
+        rc, out = self.run_script("--check", self.write(shown))
+        self.assertEqual(rc, 0, out)
+        self.assertIn("shardplan plan --html '' 2>&1", out)
+
     def test_update_rewrites_only_the_output_and_keeps_the_doc_planning_time(self):
         fake = self.fake_binary("peak 3.00 GiB\nplanned in 9.87 s\nnew line\n")
         before = """
