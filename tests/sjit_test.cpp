@@ -654,6 +654,32 @@ TEST(Sjit, ManySmallConstantsAreKeptOnlyUpToATotal) {
   }
 }
 
+// kept_constant_bytes = 0: the same constants are made again every run and nothing stays
+// resident between runs; the values are the kept program's.
+TEST(Sjit, WithKeepConstantsOffNoConstantIsKept) {
+  Meshes s;
+  const auto body = [](const Array& x) {
+    Array total = sum(x);
+    for (std::int64_t k = 0; k < 4; ++k) {
+      total = total + sum(iota_like(full(Shape{1000 + k}, DType::kF32, 0, x), 0, DType::kF32));
+    }
+    return total;
+  };
+  SjitOptions off;
+  off.kept_constant_bytes = 0;
+  auto kept = sjit(s.mesh, body);
+  auto made = sjit(s.mesh, body, off);
+  const Array x = s.put(Tensor::uniform(Shape{8, 4}, DType::kF32, 5, -1, 1), P("data"));
+  const double want = kept(x).to_host().get(0);
+  const std::int64_t held = s.exec.memory(s.first).in_use;  // x and the kept program's constants
+  EXPECT_GE(held, x.shard_nbytes() + 4 * (1000 + 1001 + 1002 + 1003));
+  for (int run = 0; run < 2; ++run) {
+    const Array y = made(x);
+    EXPECT_EQ(y.to_host().get(0), want) << "run " << run;
+    EXPECT_EQ(s.exec.memory(s.first).in_use, held + y.shard_nbytes()) << "run " << run;
+  }
+}
+
 TEST(Sjit, LargeConstantsAreMadeAgainEachRunNotKept) {
   Meshes s;
   SjitOptions o;

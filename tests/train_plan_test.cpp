@@ -1185,6 +1185,19 @@ TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
   // FLOPs off the line.
   EXPECT_FALSE(
       train::extrapolate({affine(2), affine(3), sample(4, 1, 128, 12.5), affine(8)}, 1000, 1));
+  // The memory traffic (a time-model figure) may be off by a relative 1e-3, no more; the peak
+  // beside it must still be exact.
+  const auto traffic = [&](std::int64_t l, std::int64_t off) {
+    train::StepSample t = affine(l);
+    t.figures.bytes[train::ByteFigure::kMemoryTraffic] = 1'000'000'000 * l + off;
+    return t;
+  };
+  const auto close = train::extrapolate({traffic(2, 0), traffic(3, 0), traffic(4, 64'000), traffic(8, 0)},
+                                        10, 1);
+  ASSERT_TRUE(close.has_value());
+  EXPECT_EQ(close->bytes.at(train::ByteFigure::kMemoryTraffic), 10'000'000'000);
+  EXPECT_FALSE(train::extrapolate(
+      {traffic(2, 0), traffic(3, 0), traffic(4, 5'000'000), traffic(8, 0)}, 10, 1));
   // A count that was not sampled and cannot be extrapolated to.
   EXPECT_FALSE(train::extrapolate({affine(2), affine(3)}, 1000, 2));
   // Bytes that pass int64 at the count asked for (2^60 per layer, 16 layers): an error, not a
@@ -1207,6 +1220,21 @@ TEST(PlanTraining, LargeStepsArePlannedOrRefusedUpFront) {
   EXPECT_TRUE(p.extrapolated);
   EXPECT_EQ(p.parameter_count, c.parameter_count());
   EXPECT_GT(p.peak_bytes, p.parameter_bytes + p.optimizer_bytes);
+  // At LLaMA-3-8B's width, where each layer's constants (rotary tables) are large: kept between
+  // steps up to a total, they grew with the first layers only and 10,000 layers or 16
+  // micro-batches were refused as "not linear" (train-plan now keeps no constants).
+  ModelConfig wide = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 10000,
+    "num_attention_heads": 32, "num_key_value_heads": 8})");
+  TrainPlanOptions w;
+  w.batch = 32;
+  w.seq = 1024;
+  w.recompute = true;
+  EXPECT_TRUE(plan_training(wide, mesh_of("fsdp:8"), preset("llama_fsdp"), w).extrapolated);
+  wide.layers = 32;
+  w.batch = 128;
+  w.grad_accum = 16;
+  EXPECT_TRUE(plan_training(wide, mesh_of("fsdp:8"), preset("llama_fsdp"), w).extrapolated);
   // Experts: each is traced, so many of them are refused before any tracing.
   ModelConfig m = ModelConfig::parse(kTinyMixtral);
   m.experts = 32768;

@@ -53,6 +53,12 @@ struct SjitOptions {
   /// (docs/sjit.md, "How a step runs"). false compiles them one step each, to measure or rule
   /// out fusion; the results are bitwise the same either way.
   bool fuse = true;
+  /// The most bytes per device of constant results (values that depend on no argument: a mask,
+  /// a rotary table; each under 1 MiB) kept for the next call, the first ones first; the others
+  /// are made again each call (docs/sjit.md). Kept ones count in the peak. 0 keeps none.
+  /// train-plan keeps them all (no bound): a step's figures then grow with its layers in a
+  /// straight line, not up to the bound.
+  std::int64_t kept_constant_bytes = std::int64_t{4} << 20;
 };
 
 /// A compiled program, not run: what `lower()` returns.

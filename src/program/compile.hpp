@@ -38,6 +38,8 @@ struct CompileSpec {
   /// Keep the results of constant steps per executor for the next run (sjit). Off for the eager
   /// one-op programs, which the executor itself caches: they must hold no arrays.
   bool cache_constants = true;
+  /// The most bytes of them kept per device (SjitOptions::kept_constant_bytes).
+  std::int64_t kept_constant_bytes = std::int64_t{4} << 20;  // memory.hpp kMaxCachedConstantTotal
   /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program
   /// (SjitOptions::fuse).
   bool fuse = true;

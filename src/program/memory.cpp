@@ -104,7 +104,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
       if (!st.constant || !st.sharding) continue;
       const std::int64_t bytes = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
       // Made again each run (see memory.hpp).
-      if (bytes > kMaxCachedConstantBytes || cached + bytes > kMaxCachedConstantTotal) continue;
+      if (bytes > kMaxCachedConstantBytes || cached + bytes > spec.kept_constant_bytes) continue;
       cached += bytes;
       l.constant_slots.push_back(st.out);
       l.cached_step[s] = 1;

@@ -41,8 +41,9 @@ struct StepSample {
 
 /// The figures at (layers, micro_batches) on the function a + b l + c k + d l k fitted to the
 /// samples at the two smallest layer counts l0, l0 + 1 and micro-batch counts k0, k0 + 1 (one
-/// count alone: that term is left out), when every sample lies on it: bytes exactly, FLOPs to a
-/// relative 1e-12 (sums of doubles). nullopt when a sample lies off it, the samples' keys differ
+/// count alone: that term is left out), when every sample lies on it: bytes exactly (the memory
+/// traffic, a time-model figure, to a relative 1e-3), FLOPs to a relative 1e-12 (sums of
+/// doubles). nullopt when a sample lies off it, the samples' keys differ
 /// or the fitting samples are missing. Throws SpecError when a byte count overflows int64.
 std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
                                        std::int64_t micro_batches);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -258,6 +259,10 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.out_shardings = RuleTree::dict(
       {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", args.state_rule}});
   options.donate_argnums = {0, 1};
+  // Every small constant kept (as before the bound on them existed): bounded in total, kept
+  // constants grow with the first layers only and the figures are not affine in the layer
+  // count, so a large step could not be extrapolated.
+  options.kept_constant_bytes = std::numeric_limits<std::int64_t>::max();
   options.annotation_shardings = annotations;
   const Lowered low = sjit(mesh, step, std::move(options))
                           .lower(args.params, args.state, args.tokens, args.targets);
