@@ -937,6 +937,51 @@ TEST_F(TrainPlanCli, PrintsMemoryPerDeviceAndWhetherItFits) {
   EXPECT_THAT(small.out, ::testing::HasSubstr("does NOT fit"));
 }
 
+// --hardware: the time split in the text and the JSON (the JSON's step time is the sum of its
+// compute and exposed communication), the hardware's memory as the device memory; bad names and
+// files are refused naming them; --mixed-precision fsdp2 says what it changed.
+TEST_F(TrainPlanCli, HardwareGivesTheStepTimeAndBadHardwareIsNamed) {
+  const std::string base = fmt::format(
+      "train-plan --config '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128", llama().string());
+  const Result r = run(base + " --hardware h100-sxm --mixed-precision fsdp2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* part : {"step time on h100-sxm", "compute", "tokens/s per device", "MFU",
+                           "tensor: exposed", "data: overlapped with compute",
+                           "80.00 GiB  (72.00 GiB with 10% headroom)",
+                           "parameters f32 held, cast to bf16 for use (gathered in it), gradients "
+                           "f32 (reduced in f32)"}) {
+    EXPECT_THAT(r.out, ::testing::HasSubstr(part)) << r.out;
+  }
+  const Result j = run(base + " --hardware a100-80g --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto doc = nlohmann::json::parse(j.out);
+  const auto& t = doc.at("time");
+  EXPECT_EQ(t.at("hardware"), "a100-80g");
+  EXPECT_NEAR(t.at("step_seconds").get<double>(),
+              t.at("compute_seconds").get<double>() + t.at("exposed_seconds").get<double>(), 1e-12);
+  EXPECT_GT(t.at("tokens_per_second_per_device").get<double>(), 0);
+  EXPECT_FALSE(t.at("communication").empty());
+  EXPECT_EQ(doc.at("master_dtype"), "bf16");
+  // Bad usage: exit 2, naming what was wrong.
+  const Result unknown = run(base + " --hardware h100");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_THAT(unknown.err, ::testing::HasSubstr("unknown hardware 'h100'"));
+  EXPECT_THAT(unknown.err, ::testing::HasSubstr("h100-sxm"));
+  const Result both = run(base + " --mixed-precision fsdp2 --master-dtype f32");
+  EXPECT_EQ(both.code, 2);
+  EXPECT_THAT(both.err, ::testing::HasSubstr("--mixed-precision fsdp2 sets the dtypes itself"));
+  const Result other = run(base + " --mixed-precision amp");
+  EXPECT_EQ(other.code, 2);
+  EXPECT_THAT(other.err, ::testing::HasSubstr("unknown 'amp' (known: fsdp2)"));
+  // A hardware file without a figure: exit 1 naming the file and the figure.
+  const fs::path yaml = dir_ / "lab.yaml";
+  std::ofstream(yaml) << "name: lab\nbf16_flops: 1e15\n";
+  const Result missing = run(fmt::format("{} --hardware '{}'", base, yaml.string()));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_THAT(missing.err, ::testing::HasSubstr("lab.yaml"));
+  EXPECT_THAT(missing.err, ::testing::HasSubstr("no figure 'fp8_flops'"));
+}
+
 // A cp axis: context parallelism (ring attention), said in the header and the JSON; the weights
 // sharded over fsdp and cp together, so each device holds 1/8 of what fsdp:2 alone gives it
 // (LLaMA-2-7B's widths, two layers: the parameters are bf16 [hidden or vocab, ...] matrices and
