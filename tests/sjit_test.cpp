@@ -204,11 +204,12 @@ TEST(Sjit, AnElementwiseUpdateBySummedGradientsRunsSplit) {
   // Per device: the dot's 2 * 4 * 8 * 6 FLOPs, then the multiply and subtract on 2 of w's 8 rows.
   const auto& flops = low.cost().flops;
   EXPECT_DOUBLE_EQ(flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6 + 2.0 * 2 * 6);
-  // The same bytes by the axes each collective runs in; the dot's FLOPs are the matmul FLOPs.
+  // The same bytes by the axes each collective runs in, and whether an argument (w) is moved; the
+  // dot's FLOPs are the matmul FLOPs.
   const std::map<CollectiveOn, std::int64_t> by_axes{
       {CollectiveOn{CollectiveKind::kReduceScatter, {"data"}}, 144},
       {CollectiveOn{CollectiveKind::kAllGather, {"data"}}, 144},
-      {CollectiveOn{CollectiveKind::kSlice, {}}, 0}};  // the output's local slice
+      {CollectiveOn{CollectiveKind::kSlice, {}, /*of_argument=*/true}, 0}};  // w's local slice
   EXPECT_EQ(low.cost().bytes_by_axes, by_axes) << low.text();
   EXPECT_DOUBLE_EQ(low.cost().matmul_flops.at(static_cast<std::size_t>(s.first)), 2.0 * 4 * 8 * 6);
   const Array out = step(xs, dys, ws);

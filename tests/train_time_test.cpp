@@ -138,13 +138,15 @@ TEST(StepTime, APlanWithHardwareTimesItsOwnFigures) {
                   static_cast<double>(p.memory_traffic) / 5e10,
               1e-12 * t.compute_seconds());
   double data = 0, tensor = 0;
-  bool saw_tp = false, saw_fsdp = false;
+  bool saw_tp = false, saw_fsdp = false, saw_weights_over_tp = false;
   for (const CommTime& comm : t.comms) {
     const auto& axes = comm.collective.axes;
     const bool tp = std::find(axes.begin(), axes.end(), "tp") != axes.end();
     saw_tp = saw_tp || tp;
     saw_fsdp = saw_fsdp || comm.collective.axes == std::vector<std::string>{"fsdp"};
-    EXPECT_EQ(comm.overlapped, !tp) << to_string(comm.collective.kind);
+    // A weight's gather is FSDP's, overlapped whatever its axes; the rest over tp is exposed.
+    EXPECT_EQ(comm.overlapped, comm.collective.of_argument || !tp) << to_string(comm.collective.kind);
+    saw_weights_over_tp = saw_weights_over_tp || (tp && comm.collective.of_argument);
     // tp is innermost: its pairs share a node of 2; fsdp's pairs are 2 apart.
     const bool inside = comm.collective.axes == std::vector<std::string>{"tp"};
     EXPECT_EQ(comm.tier, inside ? "node" : "network");
@@ -153,6 +155,7 @@ TEST(StepTime, APlanWithHardwareTimesItsOwnFigures) {
     (comm.overlapped ? data : tensor) += comm.seconds;
   }
   EXPECT_TRUE(saw_tp && saw_fsdp);
+  EXPECT_TRUE(saw_weights_over_tp);  // the embedding, split over fsdp and tp, gathered
   const double n = 2;  // layers x micro-batches
   const double exposed = data / n + (n - 1) / n * std::max(0.0, data - t.compute_seconds());
   EXPECT_NEAR(t.step_seconds, t.compute_seconds() + tensor + exposed, 1e-9 * t.step_seconds);

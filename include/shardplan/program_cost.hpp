@@ -19,10 +19,13 @@ struct PeakByKind {
   friend bool operator==(const PeakByKind&, const PeakByKind&) = default;
 };
 
-/// A kind of collective over the mesh axes it runs in (as the collective names them).
+/// A kind of collective over the mesh axes it runs in (as the collective names them), and whether
+/// what it moves is an argument (a weight) as passed or cast (FSDP's gathers: a runtime can
+/// prefetch them, whatever the axes).
 struct CollectiveOn {
   CollectiveKind kind = CollectiveKind::kGeneral;
   std::vector<std::string> axes;
+  bool of_argument = false;
   friend auto operator<=>(const CollectiveOn&, const CollectiveOn&) = default;
   friend bool operator==(const CollectiveOn&, const CollectiveOn&) = default;
 };

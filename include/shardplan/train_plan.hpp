@@ -169,8 +169,9 @@ struct CommTime {
   CollectiveOn collective;
   /// "node" (every device of a group in one node: the fast links) or "network".
   std::string tier;
-  /// "data" (over batch axes: FSDP's weight gathers and gradient reductions), "context" (ring
-  /// attention's transfers), "tensor" (over model axes: tensor parallelism's collectives).
+  /// "data" (a weight's gather, whatever its axes, and anything over batch axes only: FSDP's
+  /// gathers and gradient reductions), "context" (ring attention's transfers), "tensor" (the
+  /// rest over model axes: tensor parallelism's collectives).
   std::string role;
   std::int64_t bytes = 0;  // the most a device receives per step
   double seconds = 0;      // at the tier's achievable bandwidth

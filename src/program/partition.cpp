@@ -788,7 +788,7 @@ Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<Par
   Chooser chooser(g, prop, specs, spec);
   const ValueMap<Decision> decisions = chooser.run();
   Partitioned out = Emitter(g, decisions, chooser.constants(), specs, spec).run();
-  keep_read(out, spec.mesh.size());  // phase 3 (partition_keep.cpp)
+  keep_read(g, out, spec.mesh.size());  // phase 3 (partition_keep.cpp)
   return out;
 }
 

@@ -39,7 +39,7 @@ struct Partitioned {
 /// Throws SpecError when a byte count overflows int64.
 /// Phase 3 of partition(): drops the steps whose results nothing reads (no later step, no
 /// output), then counts the FLOPs and the bytes per collective kind of the steps kept.
-void keep_read(Partitioned& p, int devices);
+void keep_read(const Graph& g, Partitioned& p, int devices);
 
 /// What a collective inside shard_map (Primitive::collective) moves, as its step's static cost.
 std::vector<CollectiveRecord> collective_cost(const CollectivePlan& plan, DType dtype,

@@ -4,14 +4,33 @@
 #include <algorithm>
 
 #include "partition.hpp"
+#include "primitives.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
 
+namespace {
+
+// A floating-point argument as passed, or read through casts, barriers and sharding identities:
+// what FSDP gathers (a weight), not what the step computed.
+bool of_argument(const Graph& g, ValueId v) {
+  for (int depth = 0; depth < 8; ++depth) {
+    const Node& n = g[v];
+    if (n.is(prim::input)) return is_floating(n.type.dtype);
+    const bool passes = n.operands.size() == 1 &&
+                        (n.is(prim::convert) || n.op->barrier || n.op->sharding_identity);
+    if (!passes) return false;
+    v = n.operands[0];
+  }
+  return false;
+}
+
+}  // namespace
+
 // Drops the steps whose results nothing reads (no later step, no output), then counts the
 // FLOPs and the bytes per collective kind of the steps kept.
-void keep_read(Partitioned& p, int devices) {
+void keep_read(const Graph& g, Partitioned& p, int devices) {
   std::vector<char> read(static_cast<std::size_t>(p.num_slots), 0);
   for (const SlotId s : p.output_slots) read[index(s)] = 1;
   std::vector<char> keep(p.steps.size(), 0);
@@ -42,7 +61,8 @@ void keep_read(Partitioned& p, int devices) {
     }
     for (const auto& rec : st.cost) {
       std::int64_t& b = p.bytes_by_kind[rec.kind];
-      std::int64_t& on = p.bytes_by_axes[CollectiveOn{rec.kind, rec.axes}];
+      const bool argument = st.kind == Step::Kind::kReshard && of_argument(g, st.node);
+      std::int64_t& on = p.bytes_by_axes[CollectiveOn{rec.kind, rec.axes, argument}];
       if (!checked_add(b, rec.max_bytes_in(), &b) || !checked_add(on, rec.max_bytes_in(), &on)) {
         throw SpecError("[compile] the bytes received per step overflow int64");
       }

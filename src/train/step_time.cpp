@@ -33,7 +33,11 @@ double model_flops_per_token(const ModelConfig& c, std::int64_t parameters, std:
 
 namespace {
 
-std::string role_of(const std::vector<std::string>& axes, const TimeInputs& in) {
+// A weight's gather is FSDP's (prefetched under compute) whatever axes it runs over; anything
+// else by its axes.
+std::string role_of(const CollectiveOn& on, const TimeInputs& in) {
+  if (on.of_argument) return "data";
+  const std::vector<std::string>& axes = on.axes;
   const auto any_in = [&](const AxisNames& set) {
     return std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
       return std::find(set.begin(), set.end(), a) != set.end();
@@ -62,7 +66,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
     CommTime c;
     c.collective = on;
     c.tier = tier_of(mesh, on.axes, hw.node_size);
-    c.role = role_of(on.axes, in);
+    c.role = role_of(on, in);
     c.bytes = bytes;
     c.seconds = static_cast<double>(bytes) /
                 (c.tier == "node" ? hw.intra_node_bandwidth * hw.intra_node_efficiency

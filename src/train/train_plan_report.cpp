@@ -56,7 +56,8 @@ std::string time_table(const StepTime& t) {
                      seconds_text(t.attention_seconds), seconds_text(t.memory_seconds));
   for (const CommTime& c : t.comms) {
     out += fmt::format("  {:<40} {:>12}  ({} over the {}, {})\n",
-                       fmt::format("{} over {}", to_string(c.collective.kind),
+                       fmt::format("{}{} over {}", to_string(c.collective.kind),
+                                   c.collective.of_argument ? " of weights" : "",
                                    axes_text(c.collective.axes)),
                        seconds_text(c.seconds), format_bytes(c.bytes),
                        c.tier == "node" ? "node's links" : "network",
@@ -154,6 +155,7 @@ nlohmann::ordered_json time_json(const StepTime& t) {
   for (const CommTime& c : t.comms) {
     comms.push_back({{"kind", std::string(to_string(c.collective.kind))},
                      {"axes", c.collective.axes},
+                     {"of_weights", c.collective.of_argument},
                      {"tier", c.tier},
                      {"role", c.role},
                      {"bytes", c.bytes},
