@@ -78,13 +78,16 @@ std::pair<CollectiveKind, std::vector<std::string>> move_route(const PartitionSp
   return {CollectiveKind::kGeneral, {}};
 }
 
+// `what` names the array in the error (a function: the check runs on every plan_reshard, the
+// message is made only on failure).
+template <class What>
 void check_reshard(const Mesh& mesh, const NamedSharding& target, const Shape& shape,
-                   const std::string& what) {
+                   const What& what) {
   if (!(mesh == target.mesh())) {
     throw ArrayError(fmt::format(
         "[reshard] {} is on {} with devices {}; the new sharding is on {} with devices {} (reshard "
         "moves between shardings of one mesh)",
-        what, mesh.to_string(), fmt::join(mesh.devices(), ","), target.mesh().to_string(),
+        what(), mesh.to_string(), fmt::join(mesh.devices(), ","), target.mesh().to_string(),
         fmt::join(target.mesh().devices(), ",")));
   }
   target.spec().validate(target.mesh(), shape.rank(), "reshard");
@@ -188,7 +191,7 @@ std::int64_t rank_in_group(const Mesh& mesh, const std::vector<std::int64_t>& co
 }  // namespace
 
 ReshardResult reshard(const Array& x, const NamedSharding& target) {
-  check_reshard(x.mesh(), target, x.shape(), x.to_string());
+  check_reshard(x.mesh(), target, x.shape(), [&] { return x.to_string(); });
   const int rank = x.shape().rank();
   ReshardResult result{x, {}};
   Array& cur = result.array;
@@ -215,7 +218,8 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
 std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
                                            const NamedSharding& from, const Pending& pending,
                                            const NamedSharding& target) {
-  check_reshard(from.mesh(), target, shape, fmt::format("{}{}", name(dtype), shape.to_string()));
+  check_reshard(from.mesh(), target, shape,
+                [&] { return fmt::format("{}{}", name(dtype), shape.to_string()); });
   byte_size(shape, dtype);  // the global bytes fit; so do a shard's and a device's traffic below
   const int rank = shape.rank();
   const std::size_t elem = size_of(dtype);
