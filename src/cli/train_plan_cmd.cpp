@@ -426,10 +426,15 @@ int run_train_plan(
   }
   const TrainPlanOptions o = plan_options(c);
 
-  std::vector<TrainPlan> plans;
+  // The configurations are planned after they are all listed, on every core (plan_concurrently):
+  // each job holds copies of what it reads but the command's own state.
+  std::vector<std::function<TrainPlan()>> jobs;
   const auto add_plan = [&](const std::string& mesh_text, const std::string& rules_label,
-                            const std::function<Rules(const Mesh&)>& rules_for) {
-    plans.push_back(plan_one(c, config, o, devices_for, mesh_text, rules_label, rules_for));
+                            std::function<Rules(const Mesh&)> rules_for) {
+    jobs.emplace_back([&c, &config, &o, &devices_for, mesh_text, rules_label,
+                       rules_for = std::move(rules_for)] {
+      return plan_one(c, config, o, devices_for, mesh_text, rules_label, rules_for);
+    });
   };
   if (c.rules.empty() && !c.meshes.empty()) {
     // The family's rules chosen for each mesh's axes.
@@ -461,11 +466,12 @@ int run_train_plan(
       const std::string note =
           chosen ? fmt::format("the default for {}, on its own mesh", config.family_name()) : "";
       for (const std::string& mesh_text : meshes) {
-        add_plan(mesh_text, label, [&](const Mesh&) { return Rules{rule, label, note, file}; });
+        add_plan(mesh_text, label,
+                 [rule, label, note, file](const Mesh&) { return Rules{rule, label, note, file}; });
       }
     }
   }
-  print_plans(c, plans);
+  print_plans(c, plan_concurrently(jobs.size(), [&](std::size_t i) { return jobs[i](); }));
   return 0;
 }
 
