@@ -635,6 +635,7 @@ class Emitter {
   // is not there yet (once per value and sharding).
   SlotId require(ValueId value, const PartitionSpec& want) {
     const Layout& at = dec_[value].result;
+    if (at.pending.empty() && at.spec == want) return slot_[value];  // (the common case, cheaply)
     const TensorType& t = g_[value].type;
     const NamedSharding cur(mesh_, at.spec);
     const NamedSharding target(mesh_, want);
