@@ -59,8 +59,9 @@ TrainPlanOptions options(std::int64_t batch, int accum, bool recompute) {
 }
 
 // Every family; extrapolated by layers, by micro-batches, and traced whole; meshes of 4 to 64
-// devices (about 10 s in Debug one after another); the preset's activations (sequence parallelism); one rule object shared by several
-// jobs (as `train-plan --compare --rules FILE` shares it across meshes).
+// devices (about 10 s in Debug one after another); the preset's activations (sequence
+// parallelism); one rule object shared by several jobs (as `train-plan --compare --rules FILE`
+// shares it across meshes).
 std::vector<Job> jobs() {
   const RuleFile llama_tp = load_preset("llama_fsdp_tp");
   const RulePtr shared = llama_tp.make_rule();
@@ -163,8 +164,8 @@ TEST(PlanConcurrently, TheFirstFailureInOrderIsRethrown) {
   }
   const std::vector<TrainPlan> none = plan_concurrently(0, plan, 2);
   EXPECT_TRUE(none.empty());
-  const std::vector<TrainPlan> ok =
-      plan_concurrently(3, [&](std::size_t i) { return plan(i == 1 ? 0 : i); }, 2);
+  const std::vector<TrainPlan> ok = plan_concurrently(
+      3, [&](std::size_t i) { return plan(i == 1 ? 0 : i); }, 2);
   ASSERT_EQ(ok.size(), 3u);
   EXPECT_EQ(ok[2].devices, 2);
 }

@@ -548,10 +548,10 @@ class Chooser {
         c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
       }
     }
-    c.cost = add_bytes(c.cost,
-                       costs_.bytes(n.type, spec_of_dims(c.out_dims), c.pend,
-                                    spec_of_dims(prop_.at(id).dims)),
-                       "a node's reshard cost");
+    c.cost = add_bytes(
+        c.cost,
+        costs_.bytes(n.type, spec_of_dims(c.out_dims), c.pend, spec_of_dims(prop_.at(id).dims)),
+        "a node's reshard cost");
     return c;
   }
 

@@ -12,7 +12,9 @@
 namespace shardplan::detail {
 namespace {
 
-void hash_mix(std::size_t& h, std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); }
+void hash_mix(std::size_t& h, std::size_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+}
 
 void hash_axes(std::size_t& h, const std::vector<std::string>& axes) {
   hash_mix(h, axes.size());
@@ -53,8 +55,8 @@ std::int64_t ReshardCosts::bytes(const TensorType& type, const PartitionSpec& fr
   for (const Entry& e : same_hash) {
     if (e.type == type && e.from == from && e.pending == pending && e.to == to) return e.bytes;
   }
-  const std::int64_t b = bytes_received(
-      plan_reshard(type.shape, type.dtype, NamedSharding(mesh_, from), pending, NamedSharding(mesh_, to)));
+  const std::int64_t b = bytes_received(plan_reshard(
+      type.shape, type.dtype, NamedSharding(mesh_, from), pending, NamedSharding(mesh_, to)));
   same_hash.push_back(Entry{type, from, pending, to, b});
   return b;
 }

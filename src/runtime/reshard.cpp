@@ -100,10 +100,13 @@ void check_reshard(const Mesh& mesh, const NamedSharding& target, const Shape& s
 class BlockStarts {
  public:
   BlockStarts(const NamedSharding& s, const Shape& shape)
-      : mesh_(s.mesh()), shard_(s.shard_shape(shape)), axes_(static_cast<std::size_t>(shape.rank())) {
+      : mesh_(s.mesh()),
+        shard_(s.shard_shape(shape)),
+        axes_(static_cast<std::size_t>(shape.rank())) {
     const PartitionSpec& spec = s.spec();
     for (int d = 0; d < spec.size() && d < shape.rank(); ++d) {
-      for (const auto& a : spec[d]) axes_[static_cast<std::size_t>(d)].push_back(mesh_.axis_index(a));
+      for (const auto& a : spec[d])
+        axes_[static_cast<std::size_t>(d)].push_back(mesh_.axis_index(a));
     }
   }
   std::int64_t size(int d) const { return shard_[d]; }
