@@ -1,11 +1,15 @@
 // How long `shardplan train-plan` takes to size a LLaMA-3-70B-shaped training step (80 layers,
 // AdamW, bf16, recomputation) on 64 to 1,024 devices: tracing, propagation, partitioning and
-// memory planning of the whole step on abstract arguments; and 1,000 such layers, with one and
-// with 8,192 micro-batches, planned from small steps. The baseline in the same run is the
-// weights-only plan of the same parameters (`shardplan plan`: rules resolved, no program).
+// memory planning of the whole step on abstract arguments; 1,000 such layers, with one and with
+// 8,192 micro-batches, planned from small steps; and a comparison of 7 meshes (issue 28). The
+// baseline in the same run is the weights-only plan of the same parameters (`shardplan plan`:
+// rules resolved, no program).
 //
 //   build-release/bench/train_plan_bench
 #include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
 
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/rule_file.hpp"
@@ -14,6 +18,14 @@
 namespace {
 
 using namespace shardplan;
+
+// "fsdp:32,tp:8": 256.
+std::int64_t devices_of(const std::string& mesh) {
+  std::int64_t n = 1;
+  std::size_t at = 0;
+  while ((at = mesh.find(':', at)) != std::string::npos) n *= std::stoll(mesh.substr(++at));
+  return n;
+}
 
 const ModelConfig& llama3_70b() {
   static const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama",
@@ -66,6 +78,47 @@ void BM_TrainPlan1000Layers(benchmark::State& state) {
   state.counters["peak_GiB"] = static_cast<double>(peak) / (1 << 30);
 }
 BENCHMARK(BM_TrainPlan1000Layers)->Arg(1)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(2);
+
+// Issue 28: `train-plan --compare` of LLaMA-3-70B over 7 meshes of 256 to 1,024 devices (batch
+// 1,024 x 4,096 tokens, --recompute, the preset's activations as the CLI gives them), through
+// plan_concurrently as the CLI calls it: on 1 thread (a loop of plan_training) and on 2 (the
+// CLI's default on a 2-core machine). Wall and process CPU time.
+void BM_TrainPlanCompare70B(benchmark::State& state) {
+  const std::vector<std::string> meshes{"fsdp:32,tp:8",  "fsdp:64,tp:8",  "fsdp:128,tp:8",
+                                        "fsdp:128,tp:4", "fsdp:256,tp:4", "fsdp:256,tp:2",
+                                        "fsdp:512,tp:2"};
+  const RuleFile file = load_preset("llama_fsdp_tp");
+  TrainPlanOptions o;
+  o.batch = 1024;
+  o.seq = 4096;
+  o.recompute = true;
+  o.device_memory = parse_bytes("80GiB");
+  o.activations = file;
+  std::vector<Mesh> parsed;
+  std::vector<RulePtr> rules;
+  for (const std::string& m : meshes) {
+    parsed.push_back(Mesh::parse(m, devices_of(m)));
+    rules.push_back(file.make_rule());
+  }
+  double whole = 0;
+  for (auto _ : state) {
+    const std::vector<TrainPlan> plans = plan_concurrently(
+        parsed.size(),
+        [&](std::size_t i) { return plan_training(llama3_70b(), parsed[i], rules[i], o); },
+        static_cast<int>(state.range(0)));
+    whole = 0;
+    for (const TrainPlan& p : plans) whole += p.extrapolated ? 0 : 1;
+    benchmark::DoNotOptimize(plans.data());
+  }
+  state.counters["traced_whole"] = whole;  // meshes whose figures are not extrapolated
+}
+BENCHMARK(BM_TrainPlanCompare70B)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime()
+    ->Iterations(3);
 
 void BM_WeightsOnlyPlanLlama70B(benchmark::State& state) {
   const MeshShardingHelper helper(Mesh::parse("fsdp:-1,tp:8", state.range(0)));

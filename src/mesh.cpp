@@ -33,25 +33,30 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 
 Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count) {
   init(std::move(axes), device_count);
-  devices_.resize(static_cast<std::size_t>(device_count));
-  for (std::size_t i = 0; i < devices_.size(); ++i) devices_[i] = static_cast<int>(i);
-  positions_.assign(devices_.begin(), devices_.end());
+  auto layout = std::make_shared<DeviceLayout>();
+  layout->devices.resize(static_cast<std::size_t>(device_count));
+  for (std::size_t i = 0; i < layout->devices.size(); ++i) layout->devices[i] = static_cast<int>(i);
+  layout->positions.assign(layout->devices.begin(), layout->devices.end());
+  layout_ = std::move(layout);
 }
 
 Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::vector<int> devices) {
   init(std::move(axes), static_cast<std::int64_t>(devices.size()));
-  positions_.assign(devices.size(), -1);
+  auto layout = std::make_shared<DeviceLayout>();
+  std::vector<std::int64_t>& positions = layout->positions;
+  positions.assign(devices.size(), -1);
   for (std::size_t i = 0; i < devices.size(); ++i) {
     int d = devices[i];
     if (d < 0 || static_cast<std::size_t>(d) >= devices.size() ||
-        positions_[static_cast<std::size_t>(d)] != -1) {
+        positions[static_cast<std::size_t>(d)] != -1) {
       throw SpecError(fmt::format(
           "[mesh] device ids must be a permutation of 0..{}; got [{}] (id {} at position {})",
           devices.size() - 1, fmt::join(devices, ", "), d, i));
     }
-    positions_[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(i);
+    positions[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(i);
   }
-  devices_ = std::move(devices);
+  layout->devices = std::move(devices);
+  layout_ = std::move(layout);
 }
 
 void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count) {

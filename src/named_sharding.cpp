@@ -86,8 +86,10 @@ std::int64_t NamedSharding::block_index(const std::vector<std::int64_t>& coords,
 std::vector<Block> NamedSharding::device_blocks(const Shape& global) const {
   Shape shard = shard_shape(global);
   std::vector<Block> out(static_cast<std::size_t>(impl_->mesh.size()));
+  // The coordinates of each position in turn (coords_of_position's), counted up in place.
+  const std::vector<std::int64_t>& sizes = impl_->mesh.axis_sizes();
+  std::vector<std::int64_t> coords(sizes.size(), 0);
   for (std::int64_t pos = 0; pos < impl_->mesh.size(); ++pos) {
-    auto coords = impl_->mesh.coords_of_position(pos);
     Block block(static_cast<std::size_t>(global.rank()));
     for (int d = 0; d < global.rank(); ++d) {
       std::int64_t idx = d < impl_->spec.size() ? block_index(coords, d) : 0;
@@ -95,6 +97,10 @@ std::vector<Block> NamedSharding::device_blocks(const Shape& global) const {
     }
     out[static_cast<std::size_t>(impl_->mesh.devices()[static_cast<std::size_t>(pos)])] =
         std::move(block);
+    for (std::size_t i = sizes.size(); i-- > 0;) {
+      if (++coords[i] < sizes[i]) break;
+      coords[i] = 0;
+    }
   }
   return out;
 }

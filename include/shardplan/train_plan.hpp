@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -306,6 +307,16 @@ void write_compare_json(std::ostream& os, const std::vector<TrainPlan>& plans);
 /// split) naming the path, shape and axis.
 TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                         const TrainPlanOptions& options);
+
+/// plan(0), ..., plan(n - 1) on up to `threads` threads at once (0: one per core), the plans in
+/// that order: a comparison of configurations (`train-plan --compare`) on every core.
+/// plan_training may run on several threads at once (each call traces on its own thread and
+/// shares only its const arguments), and gives the same plan as alone (but seconds_to_plan).
+/// When calls throw, the exception of the first of them in order is rethrown, as a loop would
+/// throw it; calls after a failed one that have not started are skipped.
+std::vector<TrainPlan> plan_concurrently(std::size_t n,
+                                         const std::function<TrainPlan(std::size_t)>& plan,
+                                         int threads = 0);
 
 /// "80GiB", "80 GB", "1.5TiB", "1000000": bytes. Throws SpecError for anything else.
 std::int64_t parse_bytes(std::string_view text);

@@ -393,16 +393,40 @@ struct Rules {
   std::optional<RuleFile> file;  // its activations shard the layers' norm and residual regions
 };
 
-/// One configuration planned: a failure is the command's error, or with --compare a row saying
-/// why. `rules_for` gives the rules for the parsed mesh (their label until then: `rules_label`).
-TrainPlan plan_one(const TrainPlanCommand& c, const ModelConfig& config, const TrainPlanOptions& o,
-                   const DevicesFor& devices_for, const std::string& mesh_text,
-                   const std::string& rules_label,
-                   const std::function<Rules(const Mesh&)>& rules_for) {
-  TrainPlan p;
-  p.mesh = mesh_text;
-  p.rules = rules_label;
+/// Runs `f`: a failure is the command's error, or with --compare `row`'s error.
+template <class F>
+void or_error_row(const TrainPlanCommand& c, TrainPlan& row, const F& f) {
   try {
+    f();
+  } catch (const UsageError& e) {
+    if (!c.compare) throw;
+    row.error = e.what();
+  } catch (const Error& e) {
+    if (!c.compare) throw;
+    row.error = e.what();
+  }
+}
+
+/// One configuration before it is planned: its row so far (the mesh and rules named, or why it
+/// cannot be planned) and, when it can, what plan_training is called with.
+struct Configuration {
+  TrainPlan row;
+  std::optional<Mesh> mesh;
+  RulePtr rule;
+  TrainPlanOptions options;
+};
+
+/// The mesh parsed and the rules loaded (on the command's thread: yaml-cpp's reader is not
+/// thread-safe). `rules_for` gives the rules for the parsed mesh (their label until then:
+/// `rules_label`).
+Configuration prepare_one(const TrainPlanCommand& c, const TrainPlanOptions& o,
+                          const DevicesFor& devices_for, const std::string& mesh_text,
+                          const std::string& rules_label,
+                          const std::function<Rules(const Mesh&)>& rules_for) {
+  Configuration k;
+  k.row.mesh = mesh_text;
+  k.row.rules = rules_label;
+  or_error_row(c, k.row, [&] {
     const Mesh mesh = [&] {
       const std::int64_t n = devices_for(mesh_text, c.devices);
       try {
@@ -411,24 +435,29 @@ TrainPlan plan_one(const TrainPlanCommand& c, const ModelConfig& config, const T
         throw UsageError(fmt::format("--mesh '{}': {}", detail::printable(mesh_text), e.what()));
       }
     }();
-    p.mesh = mesh.to_string();
-    p.devices = mesh.size();
+    k.row.mesh = mesh.to_string();
+    k.row.devices = mesh.size();
     const Rules r = rules_for(mesh);
-    p.rules = r.label;
-    p.rules_note = r.note;
-    TrainPlanOptions with_activations = o;
-    with_activations.activations = r.file;
-    TrainPlan planned = plan_training(config, mesh, r.rule, with_activations);
-    planned.rules = p.rules;
-    planned.rules_note = p.rules_note;
+    k.row.rules = r.label;
+    k.row.rules_note = r.note;
+    k.rule = r.rule;
+    k.options = o;
+    k.options.activations = r.file;
+    k.mesh = mesh;
+  });
+  return k;
+}
+
+/// One configuration planned (on any thread: plan_concurrently).
+TrainPlan plan_one(const TrainPlanCommand& c, const ModelConfig& config, const Configuration& k) {
+  TrainPlan p = k.row;
+  if (!k.mesh) return p;  // its error says why
+  or_error_row(c, p, [&] {
+    TrainPlan planned = plan_training(config, *k.mesh, k.rule, k.options);
+    planned.rules = k.row.rules;
+    planned.rules_note = k.row.rules_note;
     p = std::move(planned);
-  } catch (const UsageError& e) {
-    if (!c.compare) throw;
-    p.error = e.what();
-  } catch (const Error& e) {
-    if (!c.compare) throw;
-    p.error = e.what();
-  }
+  });
   return p;
 }
 
@@ -462,10 +491,11 @@ int run_train_plan(
   }
   const TrainPlanOptions o = plan_options(c);
 
-  std::vector<TrainPlan> plans;
+  // Each configuration is prepared here, then all are planned on every core (plan_concurrently).
+  std::vector<Configuration> configurations;
   const auto add_plan = [&](const std::string& mesh_text, const std::string& rules_label,
                             const std::function<Rules(const Mesh&)>& rules_for) {
-    plans.push_back(plan_one(c, config, o, devices_for, mesh_text, rules_label, rules_for));
+    configurations.push_back(prepare_one(c, o, devices_for, mesh_text, rules_label, rules_for));
   };
   if (c.rules.empty() && !c.meshes.empty()) {
     // The family's rules chosen for each mesh's axes.
@@ -501,7 +531,9 @@ int run_train_plan(
       }
     }
   }
-  print_plans(c, plans);
+  print_plans(c, plan_concurrently(configurations.size(), [&](std::size_t i) {
+                return plan_one(c, config, configurations[i]);
+              }));
   return 0;
 }
 

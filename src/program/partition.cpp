@@ -12,26 +12,12 @@
 
 #include "primitive.hpp"
 #include "primitives.hpp"
+#include "reshard_cost.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
 namespace {
-
-// a + b, or SpecError naming what overflowed (a plan of absurd sizes, never a wrapped number).
-std::int64_t add_bytes(std::int64_t a, std::int64_t b, std::string_view what) {
-  std::int64_t out = 0;
-  if (!checked_add(a, b, &out)) {
-    throw SpecError(fmt::format("[compile] {} overflows int64 ({} + {} bytes)", what, a, b));
-  }
-  return out;
-}
-
-std::int64_t bytes_received(const std::vector<CollectiveRecord>& records) {
-  std::int64_t total = 0;
-  for (const auto& rec : records) total = add_bytes(total, rec.max_bytes_in(), "a reshard's bytes");
-  return total;
-}
 
 bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b, int rank) {
   return NamedSharding(mesh, a).is_equivalent_to(NamedSharding(mesh, b), rank);
@@ -559,11 +545,8 @@ class Chooser {
       c.wants.push_back(spec_of_dims(want));
       if (c.as_is[k] != 0) continue;
       const Layout& os = layout(o);
-      c.cost =
-          add_bytes(c.cost,
-                    bytes_received(plan_reshard(ot.shape, ot.dtype, NamedSharding(mesh_, os.spec),
-                                                os.pending, NamedSharding(mesh_, c.wants.back()))),
-                    "a node's reshard cost");
+      c.cost = add_bytes(c.cost, costs_.bytes(ot, os.spec, os.pending, c.wants.back()),
+                         "a node's reshard cost");
     }
     c.operand_cost = c.cost;
     c.out_dims.assign(static_cast<std::size_t>(n.type.shape.rank()), {});
@@ -577,12 +560,10 @@ class Chooser {
         c.pend.axes.insert(c.pend.axes.end(), c.axes[fac].begin(), c.axes[fac].end());
       }
     }
-    c.cost =
-        add_bytes(c.cost,
-                  bytes_received(plan_reshard(
-                      n.type.shape, n.type.dtype, NamedSharding(mesh_, spec_of_dims(c.out_dims)),
-                      c.pend, NamedSharding(mesh_, spec_of_dims(prop_.at(id).dims)))),
-                  "a node's reshard cost");
+    c.cost = add_bytes(
+        c.cost,
+        costs_.bytes(n.type, spec_of_dims(c.out_dims), c.pend, spec_of_dims(prop_.at(id).dims)),
+        "a node's reshard cost");
     return c;
   }
 
@@ -596,6 +577,7 @@ class Chooser {
   ValueMap<char> is_output_;
   ValueMap<char> pointwise_only_;  // read by pointwise nodes only (see the constructor)
   ValueMap<char> constant_;
+  mutable ReshardCosts costs_{mesh_};  // evaluate's reshard bytes, each question planned once
 };
 
 // ---- Phase 2: emit ---------------------------------------------------------------------------
@@ -665,6 +647,7 @@ class Emitter {
   // is not there yet (once per value and sharding).
   SlotId require(ValueId value, const PartitionSpec& want) {
     const Layout& at = dec_[value].result;
+    if (at.pending.empty() && at.spec == want) return slot_[value];  // (the common case, cheaply)
     const TensorType& t = g_[value].type;
     const NamedSharding cur(mesh_, at.spec);
     const NamedSharding target(mesh_, want);
@@ -743,7 +726,11 @@ class Emitter {
   };
   struct BlocksKeyHash {
     std::size_t operator()(const BlocksKey& k) const {
-      std::size_t h = std::hash<std::string>()(k.spec.to_string());
+      std::size_t h = static_cast<std::size_t>(k.spec.size());
+      for (const AxisNames& dim : k.spec.dims()) {
+        for (const std::string& a : dim) h = h * 31u ^ std::hash<std::string>()(a);
+        h = h * 1000003u + 1u;
+      }
       for (const std::int64_t dim : k.shape.dims())
         h = h * 1000003u ^ std::hash<std::int64_t>()(dim);
       return h;

@@ -78,17 +78,69 @@ std::pair<CollectiveKind, std::vector<std::string>> move_route(const PartitionSp
   return {CollectiveKind::kGeneral, {}};
 }
 
+// `what` names the array in the error (a function: the check runs on every plan_reshard, the
+// message is made only on failure).
+template <class What>
 void check_reshard(const Mesh& mesh, const NamedSharding& target, const Shape& shape,
-                   const std::string& what) {
+                   const What& what) {
   if (!(mesh == target.mesh())) {
     throw ArrayError(fmt::format(
         "[reshard] {} is on {} with devices {}; the new sharding is on {} with devices {} (reshard "
         "moves between shardings of one mesh)",
-        what, mesh.to_string(), fmt::join(mesh.devices(), ","), target.mesh().to_string(),
+        what(), mesh.to_string(), fmt::join(mesh.devices(), ","), target.mesh().to_string(),
         fmt::join(target.mesh().devices(), ",")));
   }
   target.spec().validate(target.mesh(), shape.rank(), "reshard");
   target.shard_shape(shape, "reshard");
+}
+
+// Where a sharding puts each device's block, read from the device's mesh coordinates without
+// making every device's Block (device_blocks): per dimension, the block's size and the mesh axes
+// that split it, major first.
+class BlockStarts {
+ public:
+  BlockStarts(const NamedSharding& s, const Shape& shape)
+      : mesh_(s.mesh()),
+        shard_(s.shard_shape(shape)),
+        axes_(static_cast<std::size_t>(shape.rank())) {
+    const PartitionSpec& spec = s.spec();
+    for (int d = 0; d < spec.size() && d < shape.rank(); ++d) {
+      for (const auto& a : spec[d])
+        axes_[static_cast<std::size_t>(d)].push_back(mesh_.axis_index(a));
+    }
+  }
+  std::int64_t size(int d) const { return shard_[d]; }
+  // The start along dimension `d` of the block of the device at mesh coordinates `coords`
+  // (NamedSharding::device_blocks: the block index is the coordinates on the dimension's axes
+  // read as one mixed-radix number).
+  std::int64_t start(const std::vector<std::int64_t>& coords, int d) const {
+    std::int64_t idx = 0;
+    for (const int id : axes_[static_cast<std::size_t>(d)]) {
+      idx = idx * mesh_.axis_sizes()[static_cast<std::size_t>(id)] +
+            coords[static_cast<std::size_t>(id)];
+    }
+    return idx * shard_[d];
+  }
+
+ private:
+  const Mesh& mesh_;
+  Shape shard_;
+  std::vector<std::vector<int>> axes_;
+};
+
+// Calls f(device, coords) for every device of `mesh`, in mesh order, its coordinates counted up
+// in place (Mesh::coords_of_position of each position, without a vector per device).
+template <class F>
+void for_each_device(const Mesh& mesh, F&& f) {
+  const auto& sizes = mesh.axis_sizes();
+  std::vector<std::int64_t> coords(sizes.size(), 0);
+  for (const int device : mesh.devices()) {
+    f(device, coords);
+    for (std::size_t i = sizes.size(); i-- > 0;) {
+      if (++coords[i] < sizes[i]) break;
+      coords[i] = 0;
+    }
+  }
 }
 
 // Bytes each device would receive moving from `from` to `target` (see move_to).
@@ -96,43 +148,41 @@ std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
                                      const NamedSharding& from, const NamedSharding& target) {
   const int rank = shape.rank();
   const Mesh& mesh = target.mesh();
-  const auto tblocks = target.device_blocks(shape);
-  const auto fblocks = from.device_blocks(shape);
+  const BlockStarts tblocks(target, shape);
+  const BlockStarts fblocks(from, shape);
   // The source's distinct blocks tile the array, one per replica group, and every device is in
   // exactly one group: what a device receives from the other groups is its target block less
   // the part its own source block already holds (tests check this against the sum over groups).
-  std::vector<std::int64_t> bytes(tblocks.size(), 0);
-  for (const int d : mesh.devices()) {
-    const Block& bt = tblocks[static_cast<std::size_t>(d)];
-    const Block& bs = fblocks[static_cast<std::size_t>(d)];
+  std::vector<std::int64_t> bytes(static_cast<std::size_t>(mesh.size()), 0);
+  for_each_device(mesh, [&](int d, const std::vector<std::int64_t>& coords) {
     std::int64_t whole = 1, own = 1;
     for (int k = 0; k < rank; ++k) {
-      const auto i = static_cast<std::size_t>(k);
-      whole *= bt[i].size;
-      own *=
-          std::max<std::int64_t>(0, std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size) -
-                                        std::max(bt[i].start, bs[i].start));
+      const std::int64_t ts = tblocks.start(coords, k), tn = tblocks.size(k);
+      const std::int64_t fs = fblocks.start(coords, k), fn = fblocks.size(k);
+      whole *= tn;
+      own *= std::max<std::int64_t>(0, std::min(ts + tn, fs + fn) - std::max(ts, fs));
     }
     bytes[static_cast<std::size_t>(d)] = (whole - own) * static_cast<std::int64_t>(elem);
-  }
+  });
   return bytes;
 }
 
 /// The size of every device group over `axes` (each axis counted once).
-std::int64_t group_size(const Mesh& mesh, const std::vector<std::string>& axes) {
-  const std::vector<bool> varies = varying_axes(mesh, axes);
+std::int64_t group_size(const Mesh& mesh, const std::vector<bool>& varies) {
   std::int64_t n = 1;
   for (int i = 0; i < mesh.ndim(); ++i) {
     if (varies[static_cast<std::size_t>(i)]) n *= mesh.axis_sizes()[static_cast<std::size_t>(i)];
   }
   return n;
 }
+std::int64_t group_size(const Mesh& mesh, const std::vector<std::string>& axes) {
+  return group_size(mesh, varying_axes(mesh, axes));
+}
 
-/// The index of `device` in device_group(mesh, device, axes) (which lists the group in mesh
+/// The index of a device in device_group(mesh, device, axes) (which lists the group in mesh
 /// order): its coordinates on the varying axes read as one mixed-radix number.
-std::int64_t rank_in_group(const Mesh& mesh, int device, const std::vector<std::string>& axes) {
-  const std::vector<bool> varies = varying_axes(mesh, axes);
-  const auto coords = mesh.coords_of_position(mesh.position_of_device(device));
+std::int64_t rank_in_group(const Mesh& mesh, const std::vector<std::int64_t>& coords,
+                           const std::vector<bool>& varies) {
   std::int64_t r = 0;
   for (int i = 0; i < mesh.ndim(); ++i) {
     const auto k = static_cast<std::size_t>(i);
@@ -144,7 +194,7 @@ std::int64_t rank_in_group(const Mesh& mesh, int device, const std::vector<std::
 }  // namespace
 
 ReshardResult reshard(const Array& x, const NamedSharding& target) {
-  check_reshard(x.mesh(), target, x.shape(), x.to_string());
+  check_reshard(x.mesh(), target, x.shape(), [&] { return x.to_string(); });
   const int rank = x.shape().rank();
   ReshardResult result{x, {}};
   Array& cur = result.array;
@@ -171,7 +221,8 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
 std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
                                            const NamedSharding& from, const Pending& pending,
                                            const NamedSharding& target) {
-  check_reshard(from.mesh(), target, shape, fmt::format("{}{}", name(dtype), shape.to_string()));
+  check_reshard(from.mesh(), target, shape,
+                [&] { return fmt::format("{}{}", name(dtype), shape.to_string()); });
   byte_size(shape, dtype);  // the global bytes fit; so do a shard's and a device's traffic below
   const int rank = shape.rank();
   const std::size_t elem = size_of(dtype);
@@ -198,9 +249,10 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
       const std::int64_t total = from.shard_shape(shape).numel();
       CollectiveRecord rec{CollectiveKind::kAllReduce, pending.axes,
                            std::vector<std::int64_t>(num, 0)};
-      const std::int64_t n = group_size(mesh, pending.axes);
-      for (const int d : mesh.devices()) {
-        const std::int64_t r = rank_in_group(mesh, d, pending.axes);
+      const std::vector<bool> varies = varying_axes(mesh, pending.axes);
+      const std::int64_t n = group_size(mesh, varies);
+      for_each_device(mesh, [&](int d, const std::vector<std::int64_t>& coords) {
+        const std::int64_t r = rank_in_group(mesh, coords, varies);
         const std::int64_t chunk = chunk_start(r + 1, total, n) - chunk_start(r, total, n);
         // ((n - 1) * chunk + total - chunk) * elem: close to twice the shard's bytes, which may
         // not fit even though the shard does.
@@ -213,7 +265,7 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
               name(dtype), shape.to_string()));
         }
         rec.bytes_in[static_cast<std::size_t>(d)] = in;
-      }
+      });
       steps.push_back(std::move(rec));
     }
   }
