@@ -53,15 +53,13 @@ std::vector<Row> rows() {
   return {
       {t, "Table 1: Llama 3.1 8B, FSDP", "fsdp:8", 16, 8192, kTorchtitanOpSac, 82.4, 5762, "", ""},
       {t, "Table 1: Llama 3.1 8B, FSDP + torch.compile", "fsdp:8", 16, 8192, kTorchtitanOpSac, 77.0,
-       6667, "",
-       "peak 12.7% over: torchtitan reports the caching allocator's reserved peak; the planner "
-       "does not model what torch.compile frees early"},
+       6667, "", ""},
       {t, "Table 3: Llama 3.1 8B, FSDP, 128 GPUs", "fsdp:128", 256, 8192, kTorchtitanOpSac, 67.0,
-       5605, "",
-       "peak 13.9% over: the 8 -> 128 GPU drop is 15.4 GiB measured, 10.5 GiB planned (the "
-       "gradient shards are not live at the planned peak)"},
+       5605, "", ""},
       {t, "Table 3: Llama 3.1 8B, FSDP + torch.compile, 128 GPUs", "fsdp:128", 256, 8192,
-       kTorchtitanOpSac, 62.0, 6514, "", "peak 23% over (as the two rows above)"},
+       kTorchtitanOpSac, 62.0, 6514, "",
+       "peak 10.4% over: the planner plans one program for eager and compiled runs; "
+       "torch.compile's lower peak (5 GiB below eager, measured) is not modelled"},
       {t, "Table 1: + Float8", "fsdp:8", 16, 8192, kTorchtitanOpSac, 76.8, 8532,
        "float8 linear layers (torchao Float8Linear, tensorwise scaling)", ""},
       {t, "Table 2: FSDP + CP + compile + Float8, 32k-262k tokens", "fsdp:8 .. cp:8", 8, 32768,

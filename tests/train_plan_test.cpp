@@ -1168,8 +1168,27 @@ TEST(PlanTraining, FiguresNotAffineAreNotExtrapolated) {
   const auto bilinear = train::extrapolate(both, 1000, 8192);
   ASSERT_TRUE(bilinear.has_value());
   EXPECT_EQ(bilinear->bytes.at(train::ByteFigure::kPeak), 5 + 3000 + 11 * 8192 + 2 * 1000 * 8192);
+  // With the samples past the smallest counts (plan_training traces them too), a step of 2
+  // micro-batches off the surface is passed over: fitted on (3, 3), (4, 3), (3, 4), (4, 4).
+  std::vector<train::StepSample> kinked = both;
+  for (const auto& [l, k] : std::vector<std::pair<int, int>>{{4, 3}, {3, 4}, {8, 3}, {3, 8}}) {
+    kinked.push_back(sample(l, k, 5 + 3 * l + 11 * k + 2 * l * k));
+  }
+  for (train::StepSample& k : kinked) {
+    if (k.micro_batches == 2) k.figures.bytes[train::ByteFigure::kPeak] -= 64;
+  }
+  const auto passed_over = train::extrapolate(kinked, 1000, 8192);
+  ASSERT_TRUE(passed_over.has_value());
+  EXPECT_EQ(passed_over->bytes.at(train::ByteFigure::kPeak), 5 + 3000 + 11 * 8192 + 2 * 1000 * 8192);
   // Off the line at the third count.
   EXPECT_FALSE(train::extrapolate({affine(2), affine(3), sample(4, 1, 129), affine(8)}, 1000, 1));
+  // Off at the smallest count only (a step of 2 that peaks elsewhere): fitted on 3 and 4 and
+  // checked on 8 instead; off at 8 as well, refused.
+  const auto past = train::extrapolate({sample(2, 1, 99, 6.0), affine(3), affine(4), affine(8)}, 1000, 1);
+  ASSERT_TRUE(past.has_value());
+  EXPECT_EQ(past->bytes.at(train::ByteFigure::kPeak), 7100);
+  EXPECT_FALSE(
+      train::extrapolate({sample(2, 1, 99, 6.0), affine(3), affine(4), sample(8, 1, 157, 24.0)}, 1000, 1));
   // max(100 + l, 70 + 5 l): affine on 2, 3, 4; the steeper line leads from l = 8.
   const auto crossing = [&](std::int64_t l) {
     return sample(l, 1, std::max<std::int64_t>(100 + l, 70 + 5 * l), 0);

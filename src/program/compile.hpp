@@ -40,6 +40,8 @@ struct CompileSpec {
   bool cache_constants = true;
   /// The most bytes of them kept per device (SjitOptions::kept_constant_bytes).
   std::int64_t kept_constant_bytes = std::int64_t{4} << 20;  // memory.hpp kMaxCachedConstantTotal
+  /// Count constant steps' results in the peak (SjitOptions::count_constants).
+  bool count_constants = true;
   /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program
   /// (SjitOptions::fuse).
   bool fuse = true;

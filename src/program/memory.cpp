@@ -139,7 +139,9 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
   for (const SlotId f : l.free_at_start) live -= slot_bytes[index(f)];
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
     const Step& st = p.steps[s];
-    slot_bytes[index(st.out)] = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
+    slot_bytes[index(st.out)] = st.constant && !spec.count_constants
+                                    ? 0
+                                    : byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
     // A view holds its operand's bytes: freed here, they are not held twice.
     const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
     if (view) {

@@ -380,7 +380,11 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   const Graph g = ctx.finish(out.leaves());
   int next_output = 0;
   Tree<int> out_structure = out.map([&](const Array&) { return next_output++; });
-  CompileSpec spec{.mesh = mesh, .cache_constants = o.kept_constant_bytes > 0, .kept_constant_bytes = o.kept_constant_bytes, .fuse = o.fuse};
+  CompileSpec spec{.mesh = mesh,
+                   .cache_constants = o.kept_constant_bytes > 0,
+                   .kept_constant_bytes = o.kept_constant_bytes,
+                   .count_constants = o.count_constants,
+                   .fuse = o.fuse};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {

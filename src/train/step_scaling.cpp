@@ -39,10 +39,40 @@ struct Bilinear {
   T a{}, b{}, c{}, d{};
 };
 
+std::optional<StepFigures> fit(const std::vector<StepSample>& samples, std::int64_t layers,
+                               std::int64_t micro_batches);
+
 }  // namespace
 
 std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
                                        std::int64_t micro_batches) {
+  if (auto figures = fit(samples, layers, micro_batches)) return figures;
+  // A step of the fewest layers or micro-batches may peak elsewhere (a small model's 2
+  // micro-batches): fitted again past the smallest count of each dimension that varies, when
+  // the fitting pair and a third count to check remain in each.
+  std::set<std::int64_t> ls, ks;
+  for (const StepSample& s : samples) {
+    ls.insert(s.layers);
+    ks.insert(s.micro_batches);
+  }
+  if (ls.empty()) return std::nullopt;
+  const bool by_l = ls.size() > 1, by_k = ks.size() > 1;
+  std::vector<StepSample> past;
+  std::set<std::int64_t> past_ls, past_ks;
+  for (const StepSample& s : samples) {
+    if ((by_l && s.layers == *ls.begin()) || (by_k && s.micro_batches == *ks.begin())) continue;
+    past.push_back(s);
+    past_ls.insert(s.layers);
+    past_ks.insert(s.micro_batches);
+  }
+  if ((by_l && past_ls.size() < 3) || (by_k && past_ks.size() < 3)) return std::nullopt;
+  return fit(past, layers, micro_batches);
+}
+
+namespace {
+
+std::optional<StepFigures> fit(const std::vector<StepSample>& samples, std::int64_t layers,
+                               std::int64_t micro_batches) {
   if (samples.empty()) return std::nullopt;
   std::set<std::int64_t> ls, ks;
   for (const StepSample& s : samples) {
@@ -118,4 +148,5 @@ std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, s
   return out;
 }
 
+}  // namespace
 }  // namespace shardplan::train

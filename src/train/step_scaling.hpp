@@ -43,8 +43,11 @@ struct StepSample {
 /// samples at the two smallest layer counts l0, l0 + 1 and micro-batch counts k0, k0 + 1 (one
 /// count alone: that term is left out), when every sample lies on it: bytes exactly (the memory
 /// traffic, a time-model figure, to a relative 1e-3), FLOPs to a relative 1e-12 (sums of
-/// doubles). nullopt when a sample lies off it, the samples' keys differ
-/// or the fitting samples are missing. Throws SpecError when a byte count overflows int64.
+/// doubles). When a sample lies off it, fitted again past the smallest count of each dimension
+/// that varies (a step of the fewest layers or micro-batches may peak elsewhere), the samples
+/// there checked the same way, when a third count to check remains. nullopt when a sample lies
+/// off both, the samples' keys differ or the fitting samples are missing. Throws SpecError when a
+/// byte count overflows int64.
 std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
                                        std::int64_t micro_batches);
 

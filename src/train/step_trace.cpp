@@ -259,10 +259,12 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.out_shardings = RuleTree::dict(
       {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", args.state_rule}});
   options.donate_argnums = {0, 1};
-  // Every small constant kept (as before the bound on them existed): bounded in total, kept
-  // constants grow with the first layers only and the figures are not affine in the layer
-  // count, so a large step could not be extrapolated.
-  options.kept_constant_bytes = std::numeric_limits<std::int64_t>::max();
+  // Constants (iotas, masks, rotary tables) planned as an accelerator's compiler runs them:
+  // folded into the kernels that read them, neither kept between steps nor counted. (Kept up to
+  // a bound, they grew with the first layers only, so the figures were not affine in the layer
+  // count; kept without one, every micro-batch's and layer's stayed resident.)
+  options.kept_constant_bytes = 0;
+  options.count_constants = false;
   options.annotation_shardings = annotations;
   const Lowered low = sjit(mesh, step, std::move(options))
                           .lower(args.params, args.state, args.tokens, args.targets);

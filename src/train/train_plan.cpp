@@ -249,9 +249,10 @@ TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
   c.by_accum = c.accum > kLargestSample;
   if (c.by_layers && c.by_accum) {
     // The corners the function is fitted on, then checks along each count and across.
-    c.points = {
-        {2, 2}, {3, 2}, {2, 3}, {3, 3}, {4, 2}, {kLargestSample, 2}, {2, 4}, {2, kLargestSample},
-        {4, 4}};
+    c.points = {{2, 2}, {3, 2}, {2, 3}, {3, 3}, {4, 2}, {kLargestSample, 2}, {2, 4},
+                {2, kLargestSample}, {4, 4},
+                // Past the smallest counts, should the steps of 2 peak elsewhere (extrapolate).
+                {4, 3}, {3, 4}, {kLargestSample, 3}, {3, kLargestSample}};
   } else if (c.by_layers) {
     for (const std::int64_t l : {std::int64_t{2}, std::int64_t{3}, std::int64_t{4}, kLargestSample})
       c.points.emplace_back(l, c.accum);
