@@ -1113,8 +1113,10 @@ INSTANTIATE_TEST_SUITE_P(
         ExtrapolationCase{"llama_accum3", kTinyLlama, "fsdp:8", "llama_fsdp", 22, 3, false},
         ExtrapolationCase{"llama_many_micro_batches_remat", kTinyLlama, "fsdp:2,tp:2",
                           "llama_fsdp_tp", 2, 20, true},
-        ExtrapolationCase{"llama_many_of_both_remat", kTinyLlama, "fsdp:2,tp:2", "llama_fsdp_tp", 9,
-                          14, true},
+        // 10 x 20 = 220 units: more than the 209 its samples trace (with the four past the
+        // smallest counts), so it is extrapolated.
+        ExtrapolationCase{"llama_many_of_both_remat", kTinyLlama, "fsdp:2,tp:2", "llama_fsdp_tp", 10,
+                          20, true},
         ExtrapolationCase{"mixtral", kTinyMixtral, "ep:2,fsdp:2", "mixtral_ep", 22, 1, false},
         ExtrapolationCase{"mixtral_accum2_remat", kTinyMixtral, "ep:2,fsdp:2", "mixtral_ep", 22, 2,
                           true},
@@ -1276,7 +1278,8 @@ TEST(PlanTraining, LargeStepsArePlannedOrRefusedUpFront) {
 
 // With recomputation each micro-batch gathers the weights it uses again (as FSDP does), and its
 // reduced gradients are added to the sum when it ends: more micro-batches of the same global
-// batch do not raise the peak. (Before, every micro-batch used the first one's gathered weights,
+// batch do not raise the peak, but for the sum itself: from one micro-batch (no sum) to two the
+// peak may grow by at most the gradient shards the sum holds, and from two on not at all. (Before, every micro-batch used the first one's gathered weights,
 // so the whole model stayed gathered: LLaMA-3-8B on 8 devices, 32 x 1024 tokens, peaked at
 // 20.4, 29.4 and 32.4 GiB with 1, 2 and 4 micro-batches; and the fused chain of sums kept every
 // micro-batch's gradients to the end.)
@@ -1293,7 +1296,8 @@ TEST(PlanTraining, MoreMicroBatchesDoNotRaiseThePeakWithRecomputation) {
     for (const int k : {1, 2, 4}) {
       o.grad_accum = k;
       const TrainPlan p = plan_training(c, mesh_of("fsdp:8"), preset("llama_fsdp"), o);
-      EXPECT_LE(p.peak_bytes, previous) << batch << " sequences in " << k << " micro-batches";
+      EXPECT_LE(p.peak_bytes, previous + (k == 2 ? p.gradient_bytes : 0))
+          << batch << " sequences in " << k << " micro-batches";
       if (k > 1) {
         EXPECT_EQ(p.peak_gathered_bytes, 0) << batch << " sequences in " << k << " micro-batches";
       }
