@@ -221,6 +221,15 @@ TEST(TrainPlanHtml, PageCarriesThePeakTheChartAndTheStepTime) {
             1 + (n + bucket - 1) / bucket);
   EXPECT_LE(static_cast<std::size_t>(std::count(points.begin(), points.end(), ',')),
             kTrainPlanHtmlMaxPoints + 1);
+  // The note names the peak's step and the pass it is in.
+  const MemoryTimeline& m = p.timeline->memory;
+  std::string pass;
+  for (const PhaseStart& ps : m.phases) {
+    if (ps.step <= m.peak_step) pass = std::string(name(ps.phase));
+  }
+  EXPECT_THAT(html, HasSubstr(fmt::format("Its peak: {} at step {}, in the {} pass",
+                                          format_bytes(m.live_bytes[m.peak_step]), m.peak_step,
+                                          pass)));
   // Without hardware: no time section.
   EXPECT_THAT(train_plan_html(tiny_plan(false)), Not(HasSubstr("Step time on")));
 }

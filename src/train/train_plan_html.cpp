@@ -326,14 +326,12 @@ void write_timeline(std::string& out, const TrainPlan& p) {
                              "step {}",
                              p.timeline->traced, m.live_bytes.size(), format_bytes(peak),
                              m.peak_step));
-  if (m.peak_step < m.live_bytes.size()) {
-    for (const PhaseStart& ps : m.phases) {
-      if (ps.step > m.peak_step) break;
-      if (&ps == &m.phases.back() || (&ps + 1)->step > m.peak_step) {
-        escape_to(out, fmt::format(", in the {} pass", name(ps.phase)));
-      }
-    }
+  // The pass the peak is in: the last to begin at or before its step.
+  const PhaseStart* at_peak = nullptr;
+  for (const PhaseStart& ps : m.phases) {
+    if (ps.step <= m.peak_step && m.peak_step < m.live_bytes.size()) at_peak = &ps;
   }
+  if (at_peak != nullptr) escape_to(out, fmt::format(", in the {} pass", name(at_peak->phase)));
   escape_to(out, p.extrapolated
                      ? fmt::format(". The whole step's peak, extrapolated: {}.",
                                    format_bytes(p.peak_bytes))
@@ -382,9 +380,10 @@ void write_time(std::string& out, const StepTime& t) {
          "<th>bytes per device</th><th>time</th><th></th></tr>\n";
   for (const CommTime& c : t.comms) {
     out += fmt::format(
-        "<tr><td class=\"mono\">{} over [{}]</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>"
+        "<tr><td class=\"mono\">{}{} over [{}]</td><td>{}</td><td>{}</td><td class=\"n\">{}</td>"
         "<td class=\"n\">{}</td><td>{}</td></tr>\n",
-        to_string(c.collective.kind), escaped(fmt::format("{}", fmt::join(c.collective.axes, ", "))),
+        to_string(c.collective.kind), c.collective.of_argument ? " of weights" : "",
+        escaped(fmt::format("{}", fmt::join(c.collective.axes, ", "))),
         c.tier == "node" ? "node's links" : "network", escaped(c.role), format_bytes(c.bytes),
         seconds_text(c.seconds), c.overlapped ? "overlapped with compute" : "exposed");
   }
