@@ -1367,6 +1367,44 @@ TEST_F(TrainPlanCli, FieldsNotModelledAreReported) {
   EXPECT_EQ(nlohmann::json::parse(j.out)["not_modelled"].size(), 2u);
 }
 
+// --html writes the page beside the usual output; a path that cannot be written fails naming
+// it and leaves nothing; an empty path and --compare are bad usage.
+TEST_F(TrainPlanCli, HtmlWritesThePageOrNamesThePathItCannotWrite) {
+  const fs::path page = dir_ / "train.html";
+  const Result r = run(fmt::format(
+      "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --hardware h100-sxm --html '{}'",
+      llama().string(), page.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("step time on h100-sxm"));  // the text, as without
+  std::ifstream in(page);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string html = buffer.str();
+  for (const char* part : {"<title>shardplan train-plan: llama (llama)", "Live bytes over the step",
+                           "the whole step", "Step time on h100-sxm", "Live at the peak"}) {
+    EXPECT_THAT(html, ::testing::HasSubstr(part)) << part;
+  }
+  EXPECT_TRUE(html.ends_with("</html>\n"));
+
+  const fs::path missing = dir_ / "no_such_dir" / "train.html";
+  const Result bad = run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --html '{}'",
+                                     llama().string(), missing.string()));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr(missing.string()));
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("No such file or directory"));
+  EXPECT_TRUE(bad.out.empty());  // the page fails the command before its text
+  EXPECT_FALSE(fs::exists(missing.parent_path()));
+
+  const Result empty = run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --html ''", llama().string()));
+  EXPECT_EQ(empty.code, 2);
+  EXPECT_THAT(empty.err, ::testing::HasSubstr("the path is empty"));
+  const Result compare = run(fmt::format(
+      "train-plan -c '{}' --mesh fsdp:8 --mesh fsdp:4,tp:2 --compare --html x.html", llama().string()));
+  EXPECT_EQ(compare.code, 2);
+  EXPECT_THAT(compare.err, ::testing::HasSubstr("--html draws one plan"));
+  EXPECT_FALSE(fs::exists(dir_ / "x.html"));
+}
+
 // A tensor name with an escape sequence is printed escaped, not sent to the terminal.
 TEST_F(CliTest, TensorNamesAreEscapedInTextOutput) {
   fs::create_directories(dir_ / "esc");

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The HTML report as a browser shows it: `shardplan plan --html` on the embedded model, a
-# screenshot by headless Chromium, then checks that the picture is not blank (size, colours)
-# and that OCR (tesseract) reads the title in it.
-# Usage: tests/render_html_check.sh SHARDPLAN_BINARY WORK_DIR
+# The HTML report as a browser shows it: `shardplan plan --html` on the embedded model (or,
+# with a third argument, `shardplan train-plan --html` on that config.json), a screenshot by
+# headless Chromium, then checks that the picture is not blank (size, colours) and that OCR
+# (tesseract) reads the title and a heading in it.
+# Usage: tests/render_html_check.sh SHARDPLAN_BINARY WORK_DIR [TRAIN_CONFIG]
 # Needs chromium and tesseract-ocr (scripts/deps.sh installs them); fails when either is missing.
 set -euo pipefail
 cli=$1
 work=$2
+train_config=${3:-}
 
 fail() {
   echo "render_html_check: FAILED: $*" >&2
@@ -21,7 +23,16 @@ rm -rf "$work"
 mkdir -p "$work"
 html=$work/plan.html
 png=$work/plan.png
-"$cli" plan --summary --html "$html" >"$work/stdout.txt" || fail "shardplan plan --html exited $?"
+if [[ -z $train_config ]]; then
+  "$cli" plan --summary --html "$html" >"$work/stdout.txt" || fail "shardplan plan --html exited $?"
+  title_words=("shardplan" "LLaMA-2-7B" "embedded example" "Mesh")
+  heading="Bytes per device"
+else
+  "$cli" train-plan -c "$train_config" --mesh fsdp:8 --batch 8 --seq 256 --hardware h100-sxm \
+    --html "$html" >"$work/stdout.txt" || fail "shardplan train-plan --html exited $?"
+  title_words=("shardplan" "train-plan" "parameters" "Mesh")
+  heading="Live bytes over the step"
+fi
 [[ -s $html ]] || fail "$html was not written"
 
 # Root (as in CI containers) needs --no-sandbox; a private profile keeps runs independent.
@@ -87,9 +98,9 @@ EOF
 # The title, read back from the pixels.
 tesseract "$png" - >"$work/ocr.txt" 2>"$work/tesseract.log" || fail "tesseract exited $?"
 title=$(head -n 3 "$work/ocr.txt" | tr '\n' ' ')
-for word in "shardplan" "LLaMA-2-7B" "embedded example" "Mesh"; do
+for word in "${title_words[@]}"; do
   grep -qF -- "$word" <<<"$title" ||
     fail "OCR of $png did not find '$word' in the title; it read: $title"
 done
-grep -qF "Bytes per device" "$work/ocr.txt" || fail "OCR did not find the 'Bytes per device' heading"
+grep -qF "$heading" "$work/ocr.txt" || fail "OCR did not find the '$heading' heading"
 echo "render_html_check: ok (title read back: $title)"

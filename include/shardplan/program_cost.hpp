@@ -2,7 +2,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardplan/collective_kind.hpp"
@@ -17,6 +19,51 @@ struct PeakByKind {
   /// What the program made: activations, gradients, temporaries and their reshardings.
   std::int64_t computed = 0;
   friend bool operator==(const PeakByKind&, const PeakByKind&) = default;
+};
+
+/// The part of a training step a program step belongs to, as recorded while tracing
+/// (begin_phase in sjit.hpp; value_and_grad records its forward and backward passes).
+enum class StepPhase : std::uint8_t { kForward, kBackward, kUpdate };
+/// "forward", "backward", "update".
+std::string_view name(StepPhase phase);
+
+/// One value live at a program's peak, per device.
+struct LiveValue {
+  std::int64_t bytes = 0;
+  /// An argument ("argument 0 'layers/0/w'"), an argument resharded, or the op that made the
+  /// value with the names checkpoint_name gave it and an annotation's name ("dot_general
+  /// 'mlpwo'").
+  std::string what;
+  std::string type;  // the global type: "bf16[8,2048,4096]"
+  int input = -1;    // the argument's input index (also when resharded); -1: computed
+  bool resharded = false;
+  /// The phase of the step that made it; none for an argument held as passed, or when the
+  /// trace recorded no phases.
+  std::optional<StepPhase> phase;
+  friend bool operator==(const LiveValue&, const LiveValue&) = default;
+};
+
+/// Where a phase begins: the index of its first program step.
+struct PhaseStart {
+  StepPhase phase = StepPhase::kForward;
+  std::size_t step = 0;
+  friend bool operator==(const PhaseStart&, const PhaseStart&) = default;
+};
+
+/// The bytes a device holds over the program's steps (the memory pass's own count).
+struct MemoryTimeline {
+  std::int64_t start_bytes = 0;  // the arguments, before the first step
+  /// Per step: the bytes live once its result is allocated (before it frees what it read last).
+  std::vector<std::int64_t> live_bytes;
+  /// The step of the (first) peak; live_bytes.size() when the peak is the arguments alone.
+  std::size_t peak_step = 0;
+  /// The largest values live at the peak, largest first, at most kMaxLiveAtPeak of them.
+  std::vector<LiveValue> live_at_peak;
+  static constexpr std::size_t kMaxLiveAtPeak = 20;
+  /// Where each recorded phase begins, in step order, the first at step 0 (a phase may begin
+  /// again: forward and backward per micro-batch); empty when the trace recorded none.
+  std::vector<PhaseStart> phases;
+  friend bool operator==(const MemoryTimeline&, const MemoryTimeline&) = default;
 };
 
 /// A kind of collective over the mesh axes it runs in (as the collective names them), and whether
@@ -50,6 +97,8 @@ struct ProgramCost {
   std::vector<std::int64_t> peak_bytes;  // by device id
   /// What is live at the (first) peak, by kind.
   PeakByKind peak_by_kind;
+  /// The bytes live after each step, what is live at the peak, where each phase begins.
+  MemoryTimeline timeline;
   /// Three or more lines: flops, bytes per collective kind, peak memory.
   std::string to_string() const;
 };

@@ -162,6 +162,12 @@ Tree<TensorSpec> eval_shape(const Mesh& mesh, F f, const Args&... args) {
   return sjit(mesh, std::move(f), std::move(options)).lower(args...).output_specs();
 }
 
+/// Inside sjit: the ops traced from here on belong to `phase` (the program's
+/// ProgramCost::timeline says where each phase begins); outside a trace it does nothing.
+/// value_and_grad records its forward and backward passes itself. Thread-safe (the trace is the
+/// thread's).
+void begin_phase(StepPhase phase);
+
 /// with_sharding_constraint on every leaf of a tree, the specs resolved from a rule tree (a
 /// prefix of `tree`; Unspecified leaves are left alone).
 Tree<Array> with_sharding_constraint(const Tree<Array>& tree, const RuleTree& rules);

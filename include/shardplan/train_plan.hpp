@@ -199,6 +199,19 @@ struct StepTime {
   double compute_seconds() const { return matmul_seconds + attention_seconds + memory_seconds; }
 };
 
+/// The bytes a device holds over one traced training step, as the memory pass counts them
+/// (ProgramCost::timeline): the whole step when it was traced whole, else the largest of the
+/// small steps the figures were extrapolated from.
+struct StepTimeline {
+  /// Which step: "the whole step", "the 8-layer sample step", "the 4-layer x 2 micro-batch
+  /// sample step".
+  std::string traced;
+  /// Its values live at the peak are named for the step: "parameter layers/0/mlp/w_in",
+  /// "parameter layers/0/mlp/w_in resharded as bf16", "optimizer state mu/...", "tokens",
+  /// or the op that made them with its checkpoint names ("dot_general 'mlpwo'").
+  MemoryTimeline memory;
+};
+
 /// Per device (the most any device needs), for one training step.
 struct TrainPlan {
   std::string model;  // "llama, 70.6B parameters"
@@ -248,6 +261,8 @@ struct TrainPlan {
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;          // the same per kind and mesh axes
   /// With TrainPlanOptions::hardware: the step's time on it.
   std::optional<StepTime> time;
+  /// The live bytes over the traced step (the HTML page's chart).
+  std::optional<StepTimeline> timeline;
   std::int64_t device_memory = 0;
   double headroom = 0;
   double seconds_to_plan = 0;

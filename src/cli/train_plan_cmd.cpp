@@ -9,7 +9,9 @@
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
+#include "output_path_option.hpp"
 #include "shardplan/train_plan.hpp"
+#include "shardplan/train_plan_html.hpp"
 #include "usage_error.hpp"
 
 namespace shardplan::cli {
@@ -279,6 +281,10 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
   t->add_flag("--json", c.json, "Print JSON (schema in docs/cli.md)");
+  t->add_option("--html", c.html,
+                "Also write the plan as a self-contained HTML page (memory per device, the live "
+                "bytes over the step with its peak, the time split). Example: --html plan.html")
+      ->check(cli::non_empty_output_path());
   t->add_flag("--compare", c.compare,
               "Plan every --mesh with every --rules, one row each, and name the cheapest that "
               "fits (fewest bytes moved per step)");
@@ -489,6 +495,9 @@ int run_train_plan(
   if (!c.compare && (c.meshes.size() > 1 || c.rules.size() > 1)) {
     throw UsageError("--mesh and --rules are given once each, unless --compare is on");
   }
+  if (c.compare && !c.html.empty()) {
+    throw UsageError("--html draws one plan: it cannot be given with --compare");
+  }
   const TrainPlanOptions o = plan_options(c);
 
   // Each configuration is prepared here, then all are planned on every core (plan_concurrently).
@@ -531,9 +540,11 @@ int run_train_plan(
       }
     }
   }
-  print_plans(c, plan_concurrently(configurations.size(), [&](std::size_t i) {
-                return plan_one(c, config, configurations[i]);
-              }));
+  const std::vector<TrainPlan> plans = plan_concurrently(
+      configurations.size(), [&](std::size_t i) { return plan_one(c, config, configurations[i]); });
+  // Before the text, as plan --html: a page that cannot be written fails the command.
+  if (!c.html.empty()) write_train_plan_html(c.html, plans.front());
+  print_plans(c, plans);
   return 0;
 }
 

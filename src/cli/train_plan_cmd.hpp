@@ -35,6 +35,7 @@ struct TrainPlanCommand {
   double headroom = 0.1;
   bool json = false;
   bool compare = false;
+  std::string html;  // also write the plan as an HTML page to this file
 };
 
 /// Registers `train-plan` under `app`; the returned options are filled by parsing.

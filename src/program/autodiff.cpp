@@ -206,6 +206,17 @@ Array add_parameter(TraceContext& inner, const TraceContext* outer, const Array&
   return t;
 }
 
+// The names the forward pass's values were given, on their replayed values in the enclosing
+// trace (for people: the memory timeline's labels).
+void keep_names(const Graph& g, const ValueMap<Array>& vals, TraceContext& outer) {
+  for (const auto& [v, names] : g.names) {
+    const Array& a = vals[v];
+    if (!a.valid() || !a.is_tracer() || ArrayAccess::trace(a) != &outer) continue;
+    std::vector<std::string>& to = outer.graph.names[value_id(static_cast<std::size_t>(ArrayAccess::node(a)))];
+    to.insert(to.end(), names.begin(), names.end());
+  }
+}
+
 }  // namespace
 
 ValueAndGrad value_and_grad_impl(
@@ -252,6 +263,7 @@ ValueAndGrad value_and_grad_impl(
   const Array& placement = leaves[0];
   // The forward pass again, as ops of the enclosing trace (or eagerly).
   ValueMap<Array> vals(g.size());
+  if (outer != nullptr) outer->begin_phase(StepPhase::kForward);
   for (std::size_t i = 0; i < g.size(); ++i) {
     const ValueId id = value_id(i);
     const Node& n = g[id];
@@ -263,6 +275,10 @@ ValueAndGrad value_and_grad_impl(
     std::vector<Array> ins;
     for (const ValueId o : n.operands) ins.push_back(vals[o]);
     vals[id] = apply(*n.op, n.attrs, ins, &placement);
+  }
+  if (outer != nullptr) {
+    keep_names(g, vals, *outer);
+    outer->begin_phase(StepPhase::kBackward);
   }
   const ValueMap<Array> ct = backward(g, inner, vals, placement, loss_node);
   std::vector<Array> grads(leaves.size());

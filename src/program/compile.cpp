@@ -68,6 +68,15 @@ Graph without_dead_values(const Graph& g) {
     renamed[i] = out.add(std::move(n));
   }
   for (const ValueId o : g.outputs) out.outputs.push_back(renamed[index(o)]);
+  // A phase begins at the first live node recorded in it.
+  std::vector<std::size_t> live_before(g.size() + 1, 0);
+  for (std::size_t i = 0; i < g.size(); ++i) live_before[i + 1] = live_before[i] + (live[i] ? 1 : 0);
+  for (const auto& [node, phase] : g.phase_marks) {
+    out.phase_marks.emplace_back(live_before[std::min(node, g.size())], phase);
+  }
+  for (const auto& [v, names] : g.names) {
+    if (live[index(v)]) out.names[renamed[index(v)]] = names;
+  }
   return out;
 }
 
@@ -138,6 +147,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.cost_.memory_traffic.assign(static_cast<std::size_t>(mesh.size()), live.memory_traffic);
   prog.cost_.peak_bytes.assign(static_cast<std::size_t>(mesh.size()), live.peak_bytes);
   prog.cost_.peak_by_kind = std::move(live.peak_by_kind);
+  prog.cost_.timeline = std::move(live.timeline);
   prog.free_after_ = std::move(live.free_after);
   prog.free_at_start_ = std::move(live.free_at_start);
   prog.input_donated_ = std::move(live.input_donated);

@@ -29,6 +29,7 @@ struct InputSpec {
   std::string origin;  // "input 0 (in_shardings)", "argument 'params/w'"
   // Donated (sjit's donate_argnums): the program owns the array and frees it after its last use.
   bool donated = false;
+  std::string name;  // for people: "argument 0 'params/w'"
 };
 
 struct CompileSpec {

@@ -4,6 +4,8 @@
 // Users never see it: ops record into it, sjit compiles it (compile.hpp), autodiff replays it.
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -13,6 +15,7 @@
 #include "fields.hpp"
 #include "shardplan/dtype.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/program_cost.hpp"
 #include "shardplan/shape.hpp"
 
 namespace shardplan::detail {
@@ -120,6 +123,11 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<ValueId> outputs;
   int num_inputs = 0;
+  /// Where each phase begins (begin_phase): the number of nodes recorded before it, in order.
+  std::vector<std::pair<std::size_t, StepPhase>> phase_marks;
+  /// Names for people (checkpoint_name, kept through value_and_grad's replay): the memory
+  /// timeline's labels. Never read by a pass.
+  std::map<ValueId, std::vector<std::string>> names;
 
   ValueId add(Node n) {
     nodes.push_back(std::move(n));

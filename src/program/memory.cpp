@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "primitives.hpp"
@@ -36,15 +37,91 @@ void count_traffic(const Step& st, bool skip, const std::vector<std::int64_t>& s
   for (const SlotId in : st.in) add(in);
 }
 
+// The phase of each step: that of the latest graph node any step up to it computes or feeds (a
+// reshard feeding the backward pass reads a forward value, but runs where the backward does).
+std::vector<PhaseStart> phase_starts(const Graph& g, const Partitioned& p) {
+  std::vector<PhaseStart> out;
+  if (g.phase_marks.empty()) return out;
+  std::size_t latest = 0, mark = 0;
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    latest = std::max(latest, index(p.steps[s].node));
+    while (mark + 1 < g.phase_marks.size() && g.phase_marks[mark + 1].first <= latest) ++mark;
+    // Steps before the first mark (the arguments' constraints) count in the first phase.
+    const StepPhase phase = g.phase_marks[mark].second;
+    if (out.empty() || out.back().phase != phase) out.push_back(PhaseStart{phase, s});
+  }
+  return out;
+}
+
+std::optional<StepPhase> phase_of_step(const std::vector<PhaseStart>& phases, std::size_t step) {
+  std::optional<StepPhase> out;
+  for (const PhaseStart& ps : phases) {
+    if (ps.step > step) break;
+    out = ps.phase;
+  }
+  return out;
+}
+
+// How a value live at the peak is named: the argument, or the op with its names.
+LiveValue describe_live(const Graph& g, const Partitioned& p, const CompileSpec& spec,
+                        const std::vector<PhaseStart>& phases, SlotId slot, int made_by,
+                        std::int64_t bytes) {
+  LiveValue v;
+  v.bytes = bytes;
+  if (made_by < 0) {
+    const auto k = static_cast<std::size_t>(
+        std::find(p.input_slots.begin(), p.input_slots.end(), slot) - p.input_slots.begin());
+    v.input = static_cast<int>(k);
+    v.what = k < spec.inputs.size() && !spec.inputs[k].name.empty() ? spec.inputs[k].name
+                                                                     : fmt::format("input {}", k);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const Node& n = g.nodes[i];
+      if (n.is(prim::input) && n.attr<InputAttrs>().index == static_cast<int>(k)) v.type = to_string(n.type);
+    }
+    return v;
+  }
+  const Step& st = p.steps[static_cast<std::size_t>(made_by)];
+  const Node& n = g[st.node];
+  v.type = to_string(st.type);
+  v.phase = phase_of_step(phases, static_cast<std::size_t>(made_by));
+  const Node& src = n.is(prim::convert) ? g[n.operands[0]] : n;
+  if (st.kind == Step::Kind::kReshard && src.is(prim::input)) {
+    const auto k = static_cast<std::size_t>(src.attr<InputAttrs>().index);
+    v.input = static_cast<int>(k);
+    v.resharded = true;
+    v.what = k < spec.inputs.size() && !spec.inputs[k].name.empty() ? spec.inputs[k].name
+                                                                     : fmt::format("input {}", k);
+    if (n.is(prim::convert)) v.what += fmt::format(" as {}", name(n.type.dtype));
+    return v;
+  }
+  v.what = st.kind == Step::Kind::kReshard ? fmt::format("{} resharded", n.op->name)
+                                           : std::string(n.op->name);
+  if (st.kind == Step::Kind::kKernel && st.fused) v.what = "fused " + v.what;
+  if (n.is(prim::sharding_annotation)) v.what += fmt::format(" '{}'", n.attr<AnnotationAttrs>().name);
+  // A name given to this value, or to the value it constrains or annotates.
+  for (ValueId id = st.node;;) {
+    if (const auto it = g.names.find(id); it != g.names.end()) {
+      for (const std::string& nm : it->second) v.what += fmt::format(" '{}'", nm);
+      break;
+    }
+    const Node& m = g[id];
+    if (!m.op->sharding_identity || m.operands.empty()) break;
+    id = m.operands[0];
+  }
+  return v;
+}
+
 }  // namespace
 
-// What is live at the peak, by kind: replay the frees up to the peak step.
-static void count_peak_by_kind(const Graph& g, const Partitioned& p,
+// What is live at the peak, by kind: replay the frees up to the peak step; the largest values
+// with their names.
+static void count_peak_by_kind(const Graph& g, const Partitioned& p, const CompileSpec& spec,
                         const std::vector<std::int64_t>& slot_bytes, std::size_t peak_step,
                         Liveness& l) {
   const std::size_t num_slots = slot_bytes.size();
   enum Kind : std::uint8_t { kNone, kInput, kResharded, kComputed };
   std::vector<std::uint8_t> kind(num_slots, kNone), alive(num_slots, 0);
+  std::vector<int> made_by(num_slots, -1);
   for (const SlotId in : p.input_slots) {
     if (index(in) < num_slots) {
       kind[index(in)] = kInput;
@@ -62,6 +139,7 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p,
           st.kind == Step::Kind::kReshard &&
           (moved.is(prim::input) || (moved.is(prim::convert) && g[moved.operands[0]].is(prim::input)));
       kind[index(st.out)] = of_input ? kResharded : kComputed;
+      made_by[index(st.out)] = static_cast<int>(s);
       const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
       if (s < peak_step || view) {
         for (const SlotId f : l.free_after[s]) alive[index(f)] = 0;
@@ -71,8 +149,24 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p,
   }
   std::int64_t* const part[] = {nullptr, &l.peak_by_kind.inputs, &l.peak_by_kind.resharded_inputs,
                                 &l.peak_by_kind.computed};
+  std::vector<std::size_t> live;
   for (std::size_t s = 0; s < num_slots; ++s) {
-    if (alive[s] != 0 && kind[s] != kNone) *part[kind[s]] += slot_bytes[s];
+    if (alive[s] != 0 && kind[s] != kNone) {
+      *part[kind[s]] += slot_bytes[s];
+      live.push_back(s);
+    }
+  }
+  // The largest first (ties: the earlier slot), named.
+  const std::size_t shown = std::min(live.size(), MemoryTimeline::kMaxLiveAtPeak);
+  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(shown), live.end(),
+                    [&](std::size_t a, std::size_t b) {
+                      return slot_bytes[a] != slot_bytes[b] ? slot_bytes[a] > slot_bytes[b] : a < b;
+                    });
+  for (std::size_t i = 0; i < shown; ++i) {
+    const std::size_t s = live[i];
+    l.timeline.live_at_peak.push_back(describe_live(g, p, spec, l.timeline.phases,
+                                                    static_cast<SlotId>(s), made_by[s],
+                                                    slot_bytes[s]));
   }
 }
 
@@ -136,6 +230,8 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
   }
   std::int64_t peak = live;
   std::size_t peak_step = p.steps.size();  // steps.size(): the peak is the inputs alone
+  l.timeline.start_bytes = live;
+  l.timeline.live_bytes.reserve(p.steps.size());
   for (const SlotId f : l.free_at_start) live -= slot_bytes[index(f)];
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
     const Step& st = p.steps[s];
@@ -148,6 +244,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
       for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
     }
     live = add_live(live, slot_bytes[index(st.out)]);
+    l.timeline.live_bytes.push_back(live);
     count_traffic(st, view || l.cached_step[s] != 0, slot_bytes, l.memory_traffic);
     if (live > peak) {
       peak = live;
@@ -158,7 +255,9 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
     }
   }
   l.peak_bytes = peak;
-  count_peak_by_kind(g, p, slot_bytes, peak_step, l);
+  l.timeline.peak_step = peak_step;
+  l.timeline.phases = phase_starts(g, p);
+  count_peak_by_kind(g, p, spec, slot_bytes, peak_step, l);
   return l;
 }
 

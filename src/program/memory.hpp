@@ -31,6 +31,7 @@ struct Liveness {
   std::int64_t peak_bytes = 0;         // per device (every device holds blocks of one size)
   PeakByKind peak_by_kind;             // ProgramCost::peak_by_kind
   std::int64_t memory_traffic = 0;     // ProgramCost::memory_traffic (per device)
+  MemoryTimeline timeline;             // ProgramCost::timeline
 };
 
 /// Throws SpecError when a byte count overflows int64.

@@ -16,6 +16,18 @@
 
 namespace shardplan {
 
+std::string_view name(StepPhase phase) {
+  switch (phase) {
+    case StepPhase::kForward:
+      return "forward";
+    case StepPhase::kBackward:
+      return "backward";
+    case StepPhase::kUpdate:
+      break;
+  }
+  return "update";
+}
+
 std::string ProgramCost::to_string() const {
   const double most_flops = flops.empty() ? 0 : *std::max_element(flops.begin(), flops.end());
   const std::int64_t most_peak =

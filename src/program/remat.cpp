@@ -40,7 +40,11 @@ Array checkpoint_name(const Array& x, const std::string& name) {
   detail::TraceContext* ctx = detail::current_trace();
   // Only a trace records names (a tracer of another trace is captured by node_of, as an input:
   // naming it names nothing of this trace's, which is what differentiation reads).
-  if (ctx != nullptr && x.is_tracer()) ctx->value_names[ctx->node_of(x)].push_back(name);
+  if (ctx != nullptr && x.is_tracer()) {
+    const detail::ValueId v = ctx->node_of(x);
+    ctx->value_names[v].push_back(name);
+    ctx->graph.names[v].push_back(name);
+  }
   return x;
 }
 

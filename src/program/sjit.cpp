@@ -399,11 +399,13 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
       in.origin = fmt::format("{} as passed", names[i]);
     }
     in.donated = donated[i] != 0;
+    in.name = names[i];
     spec.inputs.push_back(std::move(in));
   }
   for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
     const Array& a = ctx.captured[k];
     spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
+                                    fmt::format("array captured from outside ({})", k), false,
                                     fmt::format("array captured from outside ({})", k)});
   }
   for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {

@@ -113,4 +113,22 @@ Graph TraceContext::finish(const std::vector<Array>& outputs) {
   return std::move(graph);
 }
 
+void TraceContext::begin_phase(StepPhase phase) {
+  std::vector<std::pair<std::size_t, StepPhase>>& marks = graph.phase_marks;
+  if (!marks.empty() && marks.back().second == phase) return;
+  if (!marks.empty() && marks.back().first == graph.size()) {
+    marks.back().second = phase;  // the phase before recorded nothing
+  } else {
+    marks.emplace_back(graph.size(), phase);
+  }
+}
+
 }  // namespace shardplan::detail
+
+namespace shardplan {
+
+void begin_phase(StepPhase phase) {
+  if (detail::TraceContext* ctx = detail::current_trace()) ctx->begin_phase(phase);
+}
+
+}  // namespace shardplan

@@ -78,6 +78,8 @@ struct TraceContext {
   /// SpecError listing the known names otherwise.
   const RuleTree* annotation_rule(const std::string& name) const;
 
+  /// The nodes recorded from now on belong to `phase` (Graph::phase_marks; shardplan::begin_phase).
+  void begin_phase(StepPhase phase);
   /// A tracer for a new argument input of `type`.
   Array add_argument(const TensorType& type);
   /// The node of `a` in this trace: its own node for a tracer of this trace; a new input for a

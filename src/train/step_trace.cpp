@@ -191,6 +191,30 @@ std::pair<Tree<Array>, Tree<Array>> update_each_parameter(const Optimizer& optim
   return {p.unflatten(std::move(new_p)), Tree<Array>::dict(std::move(next))};
 }
 
+/// The values live at the peak named for the step: the program names an argument by its
+/// position and path ("argument 1 'mu/layers/0/w'").
+void name_live_values(const StepArguments& args, MemoryTimeline& timeline) {
+  const std::vector<std::string> p_paths = args.params.paths(), s_paths = args.state.paths();
+  for (LiveValue& v : timeline.live_at_peak) {
+    if (v.input < 0) continue;
+    const auto k = static_cast<std::size_t>(v.input);
+    // What the program added after the name: " as bf16" for a cast before its gather.
+    const std::size_t quote = v.what.rfind('\'');
+    const std::string rest = quote == std::string::npos ? "" : v.what.substr(quote + 1);
+    std::string what;
+    if (k < p_paths.size()) {
+      what = "parameter " + p_paths[k];
+    } else if (k < p_paths.size() + s_paths.size()) {
+      what = "optimizer state " + s_paths[k - p_paths.size()];
+    } else if (k == p_paths.size() + s_paths.size()) {
+      what = "tokens";
+    } else {
+      what = "targets";
+    }
+    v.what = what + (v.resharded ? " resharded" : "") + rest;
+  }
+}
+
 /// The figures and the state's bytes read off the lowered step.
 TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_dtype) {
   TracedStep out;
@@ -219,10 +243,17 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
   double total = 0;
   for (double f : cost.flops) total += f;
   out.figures.flops[FlopFigure::kTotal] = total;
+  out.timeline = cost.timeline;
+  name_live_values(args, out.timeline);
   return out;
 }
 
 }  // namespace
+
+std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
+  if (micro_batches == 1) return fmt::format("the {}-layer sample step", layers);
+  return fmt::format("the {}-layer x {} micro-batch sample step", layers, micro_batches);
+}
 
 TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                       const TrainPlanOptions& o, const Layout& layout,
@@ -248,6 +279,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
       grads = with_sharding_constraint(reduced_in(grads, *o.reduce_dtype), RuleTree(rules));
     }
     grads = cast(grads, o.grad_dtype);
+    begin_phase(StepPhase::kUpdate);
     auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
     return Tree<Array>::dict({{"loss", Tree<Array>(loss)},
                               {"params", std::move(new_params)},

@@ -19,7 +19,12 @@ namespace shardplan::train {
 struct TracedStep {
   StepFigures figures;
   std::int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+  /// The live bytes over the step, its values at the peak named for the step.
+  MemoryTimeline timeline;
 };
+
+/// "the 8-layer sample step", "the 4-layer x 2 micro-batch sample step".
+std::string sample_name(std::int64_t layers, std::int64_t micro_batches);
 
 /// Traces the whole step of `config` with `o.grad_accum` micro-batches and lowers it for `mesh`.
 /// `annotations`: the shardings of the layers' named activations (Layout::annotate).

@@ -356,22 +356,28 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
 }
 
 /// The step's figures: extrapolated from the chosen small steps when they lie on the fitted
-/// function, else from the whole step traced (`traced` then set). `what_traced` says which.
+/// function, else from the whole step traced (`traced` then set). `what_traced` says which;
+/// `timeline` is the whole step's, or the largest sample's.
 train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                                  const TrainPlanOptions& o, const Activations& act,
                                  const TraceChoice& c, std::optional<train::TracedStep>& traced,
-                                 std::string& what_traced) {
+                                 std::string& what_traced, StepTimeline& timeline) {
   const train::Layout& layout = act.layout;
   if (!c.full) {
     std::vector<train::StepSample> samples;
+    std::int64_t largest = 0;
     for (const auto& [l, k] : c.points) {
       ModelConfig sc = config;
       sc.layers = l;
       TrainPlanOptions so = o;
       so.grad_accum = static_cast<int>(k);
       so.batch = o.batch / o.grad_accum * k;
-      samples.push_back(
-          {l, k, train::trace_step(sc, mesh, rules, so, layout, act.annotations).figures});
+      train::TracedStep t = train::trace_step(sc, mesh, rules, so, layout, act.annotations);
+      if (l * k > largest) {
+        largest = l * k;
+        timeline = {train::sample_name(l, k), std::move(t.timeline)};
+      }
+      samples.push_back({l, k, std::move(t.figures)});
     }
     if (auto figures = train::extrapolate(samples, c.layers, c.accum)) {
       std::vector<std::string> steps;
@@ -395,6 +401,7 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
   }
   what_traced = "the whole step";
   traced = train::trace_step(config, mesh, rules, o, layout, act.annotations);
+  timeline = {what_traced, traced->timeline};
   return traced->figures;
 }
 
@@ -495,8 +502,9 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
 
   std::optional<train::TracedStep> traced;
   std::string what_traced;
+  StepTimeline timeline;
   const train::StepFigures figures =
-      trace_figures(config, mesh, rules, o, act, choice, traced, what_traced);
+      trace_figures(config, mesh, rules, o, act, choice, traced, what_traced, timeline);
   const Tree<TensorSpec> params = config.parameters(o.param_dtype);
   TrainPlan plan;
   describe_step(config, mesh, o, params, batch_axes, plan);
@@ -523,6 +531,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.not_modelled = config.not_modelled;
   plan.extrapolated = !traced;
   plan.traced = what_traced;
+  plan.timeline = std::move(timeline);
   plan.sequence_parallel = !act.sequence_axes.empty();
   plan.sequence_axes = act.sequence_axes;
   plan.context_axes = layout.context;
