@@ -319,6 +319,18 @@ std::string why_slower(const TrainPlan& p, const TrainPlan& best) {
 
 namespace {
 
+// The comparison's "not modelled" line (one model: said once), or nothing.
+std::string not_modelled_line(const std::vector<TrainPlan>& plans) {
+  for (const TrainPlan& p : plans) {
+    if (!p.not_modelled.empty()) return fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
+  }
+  return {};
+}
+
+constexpr const char* kNoneFits =
+    "none of these fits: try more devices, --recompute, gradient accumulation or a smaller "
+    "batch\n";
+
 /// compare_table() when the plans have a time: ranked by it.
 std::string time_compare_table(const std::vector<TrainPlan>& plans) {
   const TrainPlan* any = nullptr;
@@ -350,12 +362,7 @@ std::string time_compare_table(const std::vector<TrainPlan>& plans) {
                        best && *best == i ? "fastest" : best ? why_slower(p, plans[*best])
                                                               : why_slower(p, p));
   }
-  for (const TrainPlan& p : plans) {  // one model: said once
-    if (!p.not_modelled.empty()) {
-      out += fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
-      break;
-    }
-  }
+  out += not_modelled_line(plans);
   if (best) {
     const TrainPlan& p = plans[*best];
     out += fmt::format(
@@ -364,9 +371,7 @@ std::string time_compare_table(const std::vector<TrainPlan>& plans) {
         *best, detail::printable(p.mesh), detail::printable(p.rules), p.time->step_seconds,
         p.time->tokens_per_second_per_device, format_bytes(p.peak_bytes));
   } else {
-    out +=
-        "none of these fits: try more devices, --recompute, gradient accumulation or a "
-        "smaller batch\n";
+    out += kNoneFits;
   }
   return out;
 }
@@ -393,12 +398,7 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
                        format_bytes(p.peak_bytes), f ? (*f ? "yes" : "NO") : "-",
                        format_bytes(p.bytes_moved()), flops_text(p.flops));
   }
-  for (const TrainPlan& p : plans) {  // one model: said once
-    if (!p.not_modelled.empty()) {
-      out += fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
-      break;
-    }
-  }
+  out += not_modelled_line(plans);
   if (const auto best = cheapest_fitting(plans)) {
     const TrainPlan& p = plans[*best];
     out += fmt::format(
@@ -406,9 +406,7 @@ std::string compare_table(const std::vector<TrainPlan>& plans) {
         detail::printable(p.mesh), detail::printable(p.rules), format_bytes(p.bytes_moved()),
         format_bytes(p.peak_bytes));
   } else {
-    out +=
-        "none of these fits: try more devices, --recompute, gradient accumulation or a "
-        "smaller batch\n";
+    out += kNoneFits;
   }
   return out;
 }
