@@ -261,6 +261,12 @@ TEST(StepTime, CompareRanksByTokensPerDeviceAndSaysWhyEachLost) {
   EXPECT_THAT(table, ::testing::HasSubstr("ranked by tokens/s per device on toy"));
   EXPECT_THAT(table, ::testing::HasSubstr("fastest that fits: #1 b"));
   EXPECT_THAT(table, ::testing::HasSubstr("more compute per token (+4 device-s per step)"));
+  // A plan made without hardware beside timed ones: a row saying so, never counted fastest.
+  std::vector<TrainPlan> mixed = plans;
+  mixed.push_back(timed("e", 1, 0.1, 0.1, 0, 0, 10));
+  mixed.back().time.reset();
+  EXPECT_EQ(fastest_fitting(mixed), std::optional<std::size_t>(1));
+  EXPECT_THAT(compare_table(mixed), ::testing::HasSubstr("no time: planned without hardware"));
 }
 
 }  // namespace

@@ -352,6 +352,12 @@ std::string time_compare_table(const std::vector<TrainPlan>& plans) {
                          detail::printable(p.rules), detail::printable(p.error));
       continue;
     }
+    if (!p.time) {  // planned without hardware beside plans with it (the library allows it)
+      out += fmt::format("{:<3} {:<30} {:<22} {:>11}  no time: planned without hardware\n", i,
+                         detail::printable(p.mesh), detail::printable(p.rules),
+                         format_bytes(p.peak_bytes));
+      continue;
+    }
     const StepTime& t = *p.time;
     const auto f = p.fits();
     out += fmt::format("{:<3} {:<30} {:<22} {:>11} {:>4} {:>9.3f}s {:>9.0f} {:>5.1f}% {:>10.4f}  {}\n",
