@@ -143,7 +143,8 @@ TEST(Sjit, ConvertPendingReducesTheSumInTheWiderDtype) {
     const Tensor want = update(put1(x), put1(dy), put1(w)).to_host();
     EXPECT_LT(max_diff(got, want), 0.05);
   }
-  EXPECT_THROW(convert_pending(x, DType::kI32), SpecError);
+  EXPECT_THROW_WITH(convert_pending(x, DType::kI32), SpecError, "[convert_pending]",
+                    "converts between float types, not bf16 to i32");
 }
 
 // A reshape merging dimensions shares only the smaller major factor between operand and result
