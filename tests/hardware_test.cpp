@@ -28,6 +28,7 @@ node_size: 4
 intra_node_bandwidth: 4.0e11
 inter_node_bandwidth: 5.0e10
 matmul_efficiency: 0.8
+fp8_matmul_efficiency: 0.7
 attention_efficiency: 0.5
 memory_efficiency: 0.9
 intra_node_efficiency: 0.75
@@ -47,6 +48,14 @@ TEST(Hardware, EveryBuiltInEntryIsCompleteAndSaysWhereItsFiguresComeFrom) {
       EXPECT_GT(v, 0);
     }
     EXPECT_GE(h.fp8_flops, 0);
+    // Float8 units have both figures, and their own source; no float8 units neither.
+    EXPECT_EQ(h.fp8_flops > 0, h.fp8_matmul_efficiency > 0);
+    EXPECT_LE(h.fp8_matmul_efficiency, 1);
+    if (h.fp8_flops > 0) {
+      bool found = false;
+      for (const auto& [what, source] : h.sources) found = found || what == "fp8_matmul_efficiency";
+      EXPECT_TRUE(found);
+    }
     EXPECT_GT(h.memory_bytes, 0);
     EXPECT_GT(h.node_size, 0);
     for (const double f : {h.matmul_efficiency, h.attention_efficiency, h.memory_efficiency,
@@ -102,6 +111,7 @@ TEST(Hardware, AFileGivesEveryFigure) {
   EXPECT_DOUBLE_EQ(h.intra_node_bandwidth, 4e11);
   EXPECT_DOUBLE_EQ(h.inter_node_bandwidth, 5e10);
   EXPECT_DOUBLE_EQ(h.matmul_efficiency, 0.8);
+  EXPECT_DOUBLE_EQ(h.fp8_matmul_efficiency, 0.7);
   EXPECT_DOUBLE_EQ(h.attention_efficiency, 0.5);
   EXPECT_DOUBLE_EQ(h.memory_efficiency, 0.9);
   EXPECT_DOUBLE_EQ(h.intra_node_efficiency, 0.75);
@@ -148,7 +158,14 @@ TEST(Hardware, AFileMissingOrMistypingAFigureIsAnErrorNamingIt) {
   expect_error(replaced("bf16_flops", "[1, 2]"), "no figure 'bf16_flops'");
   expect_error("- a list", "a mapping of figures");
   expect_error("name: [unclosed", "not YAML");
-  EXPECT_DOUBLE_EQ(parse_hardware(replaced("fp8_flops", "0"), "lab.yaml").fp8_flops, 0);
+  expect_error(replaced("fp8_matmul_efficiency", "1.5"), "0 or a fraction in (0, 1]");
+  // No float8 units: both float8 figures 0; one without the other is an error naming both.
+  expect_error(replaced("fp8_flops", "0"), "fp8_flops is 0 but fp8_matmul_efficiency is 0.7");
+  std::string none = replaced("fp8_flops", "0");
+  none.replace(none.find("fp8_matmul_efficiency: 0.7"), 26, "fp8_matmul_efficiency: 0");
+  const Hardware no_fp8 = parse_hardware(none, "lab.yaml");
+  EXPECT_DOUBLE_EQ(no_fp8.fp8_flops, 0);
+  EXPECT_DOUBLE_EQ(no_fp8.fp8_matmul_efficiency, 0);
 }
 
 TEST(Hardware, AFileIsReadByItsName) {

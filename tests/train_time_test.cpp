@@ -35,6 +35,7 @@ Hardware toy_hardware(std::int64_t node_size) {
   h.intra_node_bandwidth = 1e10;
   h.inter_node_bandwidth = 1e9;
   h.matmul_efficiency = 0.5;
+  h.fp8_matmul_efficiency = 0.4;
   h.attention_efficiency = 0.25;
   h.memory_efficiency = 0.5;
   h.intra_node_efficiency = 0.5;
@@ -113,6 +114,34 @@ TEST(StepTime, OverlapAndExposureWorkedByHand) {
   const StepTime hidden = train::step_time(p, mesh, toy_hardware(2), in);
   EXPECT_NEAR(hidden.exposed_by_tier.at("network"), 0.6, 1e-12);
   EXPECT_NEAR(hidden.step_seconds, 8.4 + 0.6 + 0.2, 1e-12);
+}
+
+// Float8 products at the fp8 rate and its own efficiency: 8e11 / (2e12 x 0.4) = 1 s beside the
+// bf16 products' 4e11 / (1e12 x 0.5) = 0.8 s; MFU still against the bf16 peak (torchtitan's).
+// Hardware without float8 units refuses such a step rather than timing it at the bf16 rate.
+TEST(StepTime, Float8ProductsRunAtTheFp8Rate) {
+  const Mesh mesh = Mesh::parse("fsdp:8", 8);
+  TrainPlan p;
+  p.devices = 8;
+  p.matmul_flops = 4e11;
+  p.matmul_fp8_flops = 8e11;
+  const train::TimeInputs in{.model_axes = {},
+                             .context_axes = {},
+                             .layer_steps = 1,
+                             .model_flops_per_token = 1e9,
+                             .tokens_per_step = 8000};
+  const StepTime t = train::step_time(p, mesh, toy_hardware(8), in);
+  EXPECT_NEAR(t.matmul_seconds, 0.8, 1e-12);
+  EXPECT_NEAR(t.matmul_fp8_seconds, 1.0, 1e-12);
+  EXPECT_NEAR(t.compute_seconds(), 1.8, 1e-12);
+  EXPECT_NEAR(t.step_seconds, 1.8, 1e-12);
+  EXPECT_NEAR(t.mfu, 1e9 * (8000 / 1.8 / 8) / 1e12, 1e-12);
+  Hardware none = toy_hardware(8);
+  none.name = "old-gpu";
+  none.fp8_flops = 0;
+  none.fp8_matmul_efficiency = 0;
+  EXPECT_THROW_WITH(train::step_time(p, mesh, none, in), SpecError, "float8 products",
+                    "'old-gpu' has no float8 matrix units");
 }
 
 // A plan with hardware: the time is the formula on the plan's own figures; the hardware's

@@ -26,9 +26,11 @@ struct Hardware {
   double intra_node_bandwidth = 0;  // bytes/s one device sends inside its node, one direction
   double inter_node_bandwidth = 0;  // bytes/s one device sends to other nodes (its NIC)
   // The fractions of those peaks reached in practice, one measurement each: large bf16 products,
+  // large float8 products,
   // the fused attention kernel (forward and backward together), streaming kernels, collectives
   // inside a node and between nodes (large messages: NCCL's bus bandwidth).
   double matmul_efficiency = 0;
+  double fp8_matmul_efficiency = 0;  // large float8 products; 0 with no float8 matrix units
   double attention_efficiency = 0;
   double memory_efficiency = 0;
   double intra_node_efficiency = 0;

@@ -88,11 +88,12 @@ struct ProgramCost {
   /// The same split by the mesh axes each collective runs in (a time model's link tiers).
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;
   /// By device, what a time model counts at the matrix units' rates and at memory bandwidth:
-  /// the FLOPs of products (dot_general) and of fused attention (part of `flops`), and the bytes
-  /// every other kernel reads and writes (a fused group: its operands and its result; views and
-  /// kept constants: none).
+  /// the FLOPs of products (dot_general), of fused attention and of float8 products
+  /// (scaled_dot) (each part of `flops`), and the bytes every other kernel reads and writes (a
+  /// fused group: its operands and its result; views and kept constants: none).
   std::vector<double> matmul_flops;
   std::vector<double> attention_flops;
+  std::vector<double> matmul_fp8_flops;
   std::vector<std::int64_t> memory_traffic;
   std::vector<std::int64_t> peak_bytes;  // by device id
   /// What is live at the (first) peak, by kind.

@@ -186,6 +186,7 @@ struct CommTime {
 struct StepTime {
   std::string hardware;  // the entry's name
   double matmul_seconds = 0, attention_seconds = 0, memory_seconds = 0;
+  double matmul_fp8_seconds = 0;  // float8 products at the fp8 rate (--float8)
   std::vector<CommTime> comms;
   /// Exposed communication by tier ("node", "network") and in all; what of it is tensor
   /// parallelism's.
@@ -196,7 +197,9 @@ struct StepTime {
   double model_flops_per_token = 0;  // 6 N + 12 L H Q T (PaLM's; N without the input embedding)
   double mfu = 0;                    // model FLOPs per second per device / the bf16 peak
 
-  double compute_seconds() const { return matmul_seconds + attention_seconds + memory_seconds; }
+  double compute_seconds() const {
+    return matmul_seconds + matmul_fp8_seconds + attention_seconds + memory_seconds;
+  }
 };
 
 /// The bytes a device holds over one traced training step, as the memory pass counts them
@@ -253,9 +256,10 @@ struct TrainPlan {
   /// (activations, gradients, temporaries).
   std::int64_t peak_held_bytes = 0, peak_gathered_bytes = 0, peak_computed_bytes = 0;
   double flops = 0;                                         // floating-point operations per step
-  /// Of `flops`: products and fused attention (ProgramCost::matmul_flops, attention_flops); and
-  /// the bytes the other kernels read and write (ProgramCost::memory_traffic).
-  double matmul_flops = 0, attention_flops = 0;
+  /// Of `flops`: products, fused attention and float8 products (ProgramCost::matmul_flops,
+  /// attention_flops, matmul_fp8_flops); and the bytes the other kernels read and write
+  /// (ProgramCost::memory_traffic).
+  double matmul_flops = 0, attention_flops = 0, matmul_fp8_flops = 0;
   std::int64_t memory_traffic = 0;
   std::map<CollectiveKind, std::int64_t> bytes_by_collective;  // bytes received, per kind
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;          // the same per kind and mesh axes

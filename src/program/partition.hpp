@@ -31,7 +31,7 @@ struct Partitioned {
   std::vector<double> flops;                             // by device
   std::map<CollectiveKind, std::int64_t> bytes_by_kind;  // most bytes a device receives, per kind
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;    // the same per kind and mesh axes
-  std::vector<double> matmul_flops, attention_flops;     // by device (ProgramCost's)
+  std::vector<double> matmul_flops, attention_flops, matmul_fp8_flops;  // by device (ProgramCost's)
   ValueMap<Layout> layouts;  // by value: the layout its step makes (what the program text prints)
 };
 

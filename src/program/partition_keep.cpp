@@ -49,14 +49,25 @@ void keep_read(const Graph& g, Partitioned& p, int devices) {
   p.flops.assign(static_cast<std::size_t>(devices), 0);
   p.matmul_flops.assign(static_cast<std::size_t>(devices), 0);
   p.attention_flops.assign(static_cast<std::size_t>(devices), 0);
+  p.matmul_fp8_flops.assign(static_cast<std::size_t>(devices), 0);
+  const auto flops_of = [&p](TimeBound bound) -> std::vector<double>* {
+    switch (bound) {
+      case TimeBound::kMatmul:
+        return &p.matmul_flops;
+      case TimeBound::kAttention:
+        return &p.attention_flops;
+      case TimeBound::kMatmulFp8:
+        return &p.matmul_fp8_flops;
+      case TimeBound::kMemory:
+        break;
+    }
+    return nullptr;
+  };
   for (const Step& st : p.steps) {
     if (st.kind == Step::Kind::kKernel) {
       for (double& fl : p.flops) fl += st.flops;
-      const TimeBound bound = st.local.op->time_bound;
-      if (bound != TimeBound::kMemory) {
-        for (double& fl : bound == TimeBound::kMatmul ? p.matmul_flops : p.attention_flops) {
-          fl += st.flops;
-        }
+      if (std::vector<double>* part = flops_of(st.local.op->time_bound)) {
+        for (double& fl : *part) fl += st.flops;
       }
     }
     for (const auto& rec : st.cost) {

@@ -174,8 +174,8 @@ using VaryFn = std::int64_t(const Node& node, const Mesh& mesh, std::span<const 
 /// What bounds an op's time on an accelerator, as a time model reads ProgramCost: its FLOPs on
 /// the matrix units at the rate of large products (dot_general) or of the fused attention
 /// kernel (attention and its gradients), or, for every other op, the bytes it reads and writes
-/// at memory bandwidth.
-enum class TimeBound : std::uint8_t { kMemory, kMatmul, kAttention };
+/// at memory bandwidth; products of float8 operands at the fp8 rate (scaled_dot).
+enum class TimeBound : std::uint8_t { kMemory, kMatmul, kAttention, kMatmulFp8 };
 
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;

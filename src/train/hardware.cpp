@@ -24,6 +24,9 @@ constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 constexpr const char* kMamf =
     "stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS' "
     "table (bf16 matmul, best shape found)";
+constexpr const char* kMamfFp8 =
+    "the same 'Maximum Achievable Matmul FLOPS' measurement for float8 (ml-engineering's table, "
+    "fp8 rows): H100/H200 SXM 1,453.4 of 1,979 TFLOP/s";
 constexpr const char* kFa3 =
     "FlashAttention-3 paper (Shah et al., arXiv 2407.08608): FlashAttention-2, the kernel behind "
     "PyTorch's SDPA flash backend, reaches 35% of the H100's peak";
@@ -48,6 +51,7 @@ Hardware h100_sxm() {
   h.intra_node_bandwidth = 450 * kG;
   h.inter_node_bandwidth = 50 * kG;
   h.matmul_efficiency = 0.80;
+  h.fp8_matmul_efficiency = 0.73;
   h.attention_efficiency = 0.35;
   h.memory_efficiency = 0.90;
   h.intra_node_efficiency = 0.82;
@@ -59,6 +63,7 @@ Hardware h100_sxm() {
                                           "directions (450 GB/s each way)"},
       {"inter_node_bandwidth", "NVIDIA DGX H100: 8 ConnectX-7 400 Gb/s, one per GPU"},
       {"matmul_efficiency", fmt::format("{}: H100 SXM 792 of 989 TFLOP/s", kMamf)},
+      {"fp8_matmul_efficiency", kMamfFp8},
       {"attention_efficiency", kFa3},
       {"memory_efficiency", kHbm},
       {"intra_node_efficiency", kNvlinkH100},
@@ -87,6 +92,7 @@ Hardware a100(bool eighty) {
                          : "NVIDIA A100 SXM4 40GB (DGX A100: 8 per node, NVLink 3, 200 Gb/s HDR per GPU)";
   h.bf16_flops = 312 * kT;
   h.fp8_flops = 0;
+  h.fp8_matmul_efficiency = 0;
   h.memory_bandwidth = (eighty ? 2039 : 1555) * kG;
   h.memory_bytes = (eighty ? 80 : 40) * kGiB;
   h.node_size = 8;
@@ -125,7 +131,8 @@ const std::vector<std::string_view>& Hardware::figure_names() {
   static const std::vector<std::string_view> names{
       "bf16_flops",           "fp8_flops",           "memory_bandwidth",      "memory_bytes",
       "node_size",            "intra_node_bandwidth", "inter_node_bandwidth", "matmul_efficiency",
-      "attention_efficiency", "memory_efficiency",   "intra_node_efficiency", "inter_node_efficiency"};
+      "attention_efficiency", "memory_efficiency",   "intra_node_efficiency", "inter_node_efficiency",
+      "fp8_matmul_efficiency"};
   return names;
 }
 
@@ -156,7 +163,7 @@ Hardware parse_hardware(std::string_view yaml, std::string_view source) {
                              nullptr,                 nullptr,               &h.intra_node_bandwidth,
                              &h.inter_node_bandwidth, &h.matmul_efficiency,  &h.attention_efficiency,
                              &h.memory_efficiency,    &h.intra_node_efficiency,
-                             &h.inter_node_efficiency};
+                             &h.inter_node_efficiency, &h.fp8_matmul_efficiency};
   const std::vector<std::string_view>& names = Hardware::figure_names();
   for (std::size_t i = 0; i < names.size(); ++i) {
     const std::string key(names[i]);
@@ -170,10 +177,11 @@ Hardware parse_hardware(std::string_view yaml, std::string_view source) {
       require(false, source, fmt::format("'{}' is not a number: '{}'", key, detail::printable(n.Scalar())));
     }
     const bool fraction = key.ends_with("efficiency");
-    const bool may_be_zero = key == "fp8_flops";
+    // No float8 matrix units: both float8 figures 0 (checked together below).
+    const bool may_be_zero = key == "fp8_flops" || key == "fp8_matmul_efficiency";
     require(std::isfinite(v) && (v > 0 || (may_be_zero && v == 0)) && (!fraction || v <= 1), source,
             fmt::format("'{}' is {}: it must be {}", key, n.Scalar(),
-                        fraction ? "a fraction in (0, 1]"
+                        fraction ? (may_be_zero ? "0 or a fraction in (0, 1]" : "a fraction in (0, 1]")
                                  : may_be_zero ? "a number >= 0" : "a positive number"));
     if (key == "memory_bytes" || key == "node_size") {
       require(v < 0x1p62 && v == std::floor(v), source, fmt::format("'{}' must be a whole number", key));
@@ -182,6 +190,10 @@ Hardware parse_hardware(std::string_view yaml, std::string_view source) {
       *doubles[i] = v;
     }
   }
+  require((h.fp8_flops == 0) == (h.fp8_matmul_efficiency == 0), source,
+          fmt::format("fp8_flops is {} but fp8_matmul_efficiency is {}: both are 0 (no float8 "
+                      "matrix units) or both positive",
+                      h.fp8_flops, h.fp8_matmul_efficiency));
   if (const YAML::Node s = root["sources"]; s && s.IsMap()) {
     for (const auto& kv : s) h.sources.emplace_back(kv.first.as<std::string>(), kv.second.as<std::string>());
   }

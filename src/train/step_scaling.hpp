@@ -23,8 +23,9 @@ enum class ByteFigure { kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, 
 /// collective kind over the mesh axes it runs in (ProgramCost::bytes_by_axes).
 using ByteKey = std::variant<ByteFigure, CollectiveKind, CollectiveOn>;
 /// The FLOPs of a traced step: the busiest device's, all devices' together, and the busiest
-/// device's in products and in fused attention (ProgramCost::matmul_flops, attention_flops).
-enum class FlopFigure { kBusiest, kTotal, kMatmul, kAttention };
+/// device's in products, in fused attention and in float8 products (ProgramCost::matmul_flops,
+/// attention_flops, matmul_fp8_flops).
+enum class FlopFigure { kBusiest, kTotal, kMatmul, kAttention, kMatmulFp8 };
 
 /// The figures of one traced training step that grow with its layer and micro-batch counts.
 struct StepFigures {

@@ -2,7 +2,12 @@
 // memory traffic, communication per link tier, FSDP's and the ring's overlapped with compute.
 #include "step_time.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+
+#include "shardplan/detail/printable.hpp"
+#include "shardplan/error.hpp"
 
 namespace shardplan::train {
 
@@ -56,6 +61,15 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
   t.hardware = hw.name;
   t.matmul_seconds = plan.matmul_flops / (hw.bf16_flops * hw.matmul_efficiency);
   t.attention_seconds = plan.attention_flops / (hw.bf16_flops * hw.attention_efficiency);
+  if (plan.matmul_fp8_flops > 0) {
+    if (hw.fp8_flops <= 0) {
+      throw SpecError(fmt::format(
+          "[train] the step has float8 products (--float8) but the hardware '{}' has no float8 "
+          "matrix units (fp8_flops 0)",
+          detail::printable(hw.name)));
+    }
+    t.matmul_fp8_seconds = plan.matmul_fp8_flops / (hw.fp8_flops * hw.fp8_matmul_efficiency);
+  }
   t.memory_seconds = static_cast<double>(plan.memory_traffic) /
                      (hw.memory_bandwidth * hw.memory_efficiency);
   double overlapped = 0;

@@ -240,6 +240,8 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
       *std::max_element(cost.matmul_flops.begin(), cost.matmul_flops.end());
   out.figures.flops[FlopFigure::kAttention] =
       *std::max_element(cost.attention_flops.begin(), cost.attention_flops.end());
+  out.figures.flops[FlopFigure::kMatmulFp8] =
+      *std::max_element(cost.matmul_fp8_flops.begin(), cost.matmul_fp8_flops.end());
   double total = 0;
   for (double f : cost.flops) total += f;
   out.figures.flops[FlopFigure::kTotal] = total;

@@ -481,6 +481,7 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   plan.total_flops = figures.flops.at(train::FlopFigure::kTotal);
   plan.matmul_flops = figures.flops.at(train::FlopFigure::kMatmul);
   plan.attention_flops = figures.flops.at(train::FlopFigure::kAttention);
+  plan.matmul_fp8_flops = figures.flops.at(train::FlopFigure::kMatmulFp8);
   plan.memory_traffic = bytes.at(ByteFigure::kMemoryTraffic);
   for (const auto& [key, b] : bytes) {
     if (const auto* kind = std::get_if<CollectiveKind>(&key)) plan.bytes_by_collective[*kind] = b;

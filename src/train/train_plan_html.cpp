@@ -363,6 +363,7 @@ void write_time(std::string& out, const StepTime& t) {
   const std::vector<HBar> bars = {
       {"step",
        {{"matmul", t.matmul_seconds},
+        {"float8 matmul", t.matmul_fp8_seconds},
         {"attention", t.attention_seconds},
         {"memory-bound kernels", t.memory_seconds},
         {"exposed communication, node's links", t.exposed_by_tier.count("node") != 0
@@ -374,7 +375,7 @@ void write_time(std::string& out, const StepTime& t) {
       {"hidden under compute", {{"communication hidden under compute", hidden}}, true}};
   write_hbars(out, bars, std::max(t.step_seconds, hidden) * 1.02, 0, "", seconds_value,
               "step time");
-  write_legend(out, {"matmul", "attention", "memory-bound kernels",
+  write_legend(out, {"matmul", "float8 matmul", "attention", "memory-bound kernels",
                      "exposed communication (node's links)", "exposed communication (network)"});
   out += "</figure>\n<table class=\"live\">\n<tr><th>collective</th><th>tier</th><th>role</th>"
          "<th>bytes per device</th><th>time</th><th></th></tr>\n";

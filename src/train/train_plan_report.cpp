@@ -51,9 +51,12 @@ std::string axes_text(const std::vector<std::string>& axes) {
 /// The time split of TrainPlan::table().
 std::string time_table(const StepTime& t) {
   std::string out = fmt::format("step time on {}\n", detail::printable(t.hardware));
-  out += fmt::format("  {:<40} {:>12}  (matmul {}, attention {}, memory-bound kernels {})\n",
+  const std::string fp8 = t.matmul_fp8_seconds > 0
+                              ? fmt::format("float8 matmul {}, ", seconds_text(t.matmul_fp8_seconds))
+                              : std::string();
+  out += fmt::format("  {:<40} {:>12}  (matmul {}, {}attention {}, memory-bound kernels {})\n",
                      "compute", seconds_text(t.compute_seconds()), seconds_text(t.matmul_seconds),
-                     seconds_text(t.attention_seconds), seconds_text(t.memory_seconds));
+                     fp8, seconds_text(t.attention_seconds), seconds_text(t.memory_seconds));
   for (const CommTime& c : t.comms) {
     out += fmt::format("  {:<40} {:>12}  ({} over the {}, {})\n",
                        fmt::format("{}{} over {}", to_string(c.collective.kind),
@@ -165,6 +168,7 @@ nlohmann::ordered_json time_json(const StepTime& t) {
   return {{"hardware", t.hardware},
           {"matmul_seconds", t.matmul_seconds},
           {"attention_seconds", t.attention_seconds},
+          {"matmul_fp8_seconds", t.matmul_fp8_seconds},
           {"memory_seconds", t.memory_seconds},
           {"compute_seconds", t.compute_seconds()},
           {"communication", std::move(comms)},
@@ -223,6 +227,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
                      {"flops", p.flops},
                      {"matmul_flops", p.matmul_flops},
                      {"attention_flops", p.attention_flops},
+                     {"matmul_fp8_flops", p.matmul_fp8_flops},
                      {"memory_traffic_bytes", p.memory_traffic}};
   // An object keyed by the kinds' names, in their order (the order of the names).
   nlohmann::ordered_json received = nlohmann::ordered_json::object();
