@@ -63,7 +63,8 @@ Array input_on(const Mesh& mesh, const Executor& exec, const PartitionSpec& spec
 
 std::vector<RematPolicy> all_policies() {
   return {cp::everything_saveable(), cp::nothing_saveable(), cp::dots_saveable(),
-          cp::dots_with_no_batch_dims_saveable(), cp::save_only_these_names({"v"})};
+          cp::dots_with_no_batch_dims_saveable(), cp::save_only_these_names({"v"}),
+          cp::save_anything_except_these_names({"v"}), cp::save_anything_except_these_names({})};
 }
 
 std::vector<Tensor> host(const std::pair<Array, Tree<Array>>& r) {
@@ -161,6 +162,10 @@ TEST(Remat, PeakIsWhatThePolicyKeepsAndFlopsWhatItRecomputes) {
       {cp::dots_saveable(), kF + kD, 0, tanh_flops},
       {cp::dots_with_no_batch_dims_saveable(), kF + kD, 0, tanh_flops},
       {cp::save_only_these_names({"v"}), kF + kD, 0, 0},
+      // v made again from the saved u; with no names everything is saved, but the weights are
+      // still gathered again (what train-plan's reshard after forward relies on).
+      {cp::save_anything_except_these_names({"v"}), kF + kD, 0, tanh_flops},
+      {cp::save_anything_except_these_names({}), kF + kD, 0, 0},
   };
   const Figures plain4 = figures(s, std::nullopt, 4);
   for (const Expect& e : expects) {
@@ -190,6 +195,11 @@ TEST(Remat, AnUnknownNameInSaveOnlyTheseNamesIsAnError) {
         .first;
   });
   EXPECT_THROW_WITH(outside.lower(s.params, s.x), SpecError, "'w'", "names given there: 'v'");
+  // The same for the names save_anything_except_these_names leaves out: a typo would silently
+  // save everything.
+  EXPECT_THROW_WITH(s.step(cp::save_anything_except_these_names({"vv"})).lower(s.params, s.x),
+                    SpecError, "save_anything_except_these_names(vv)", "'vv'",
+                    "names given there: 'v'");
 }
 
 // Without differentiation a checkpoint only calls the function: the same program as without.

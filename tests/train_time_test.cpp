@@ -249,6 +249,72 @@ TEST(MixedPrecision, WeightsHeldInOneDtypeGatheredInAnotherReducedInAThird) {
   EXPECT_NEAR(ext.matmul_flops, whole.matmul_flops, 1e-9 * whole.matmul_flops);
 }
 
+// FSDP2's reshard after forward without recomputation: each layer's weights are gathered again
+// for the backward pass instead of kept gathered. A device then receives every layer's matrices
+// once more, in bf16: 2 layers x (q 32x32, k and v 16x32, o 32x32, gate, up, down 48x32) =
+// 15,360 weights x 2 bytes x 3/4 (the other devices' shards) = 23,040 bytes; the norms are
+// kept whole and move nothing. The peak no longer holds every layer gathered. With
+// recomputation the option changes nothing (the checkpoint gathers again already).
+TEST(MixedPrecision, ReshardAfterForwardGathersTheWeightsAgainForTheBackwardPass) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  const Mesh mesh = Mesh::parse("fsdp:4", 4);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  o.extrapolate = false;
+  o.fused_loss = false;
+  o.master_dtype = o.reduce_dtype = o.grad_dtype = DType::kF32;
+  const TrainPlan again = plan_training(c, mesh, preset("llama_fsdp"), o);
+  o.reshard_after_forward = false;
+  const TrainPlan kept = plan_training(c, mesh, preset("llama_fsdp"), o);
+  const auto gathered = [](const TrainPlan& p) {
+    return p.bytes_by_collective.at(CollectiveKind::kAllGather);
+  };
+  EXPECT_TRUE(again.reshard_after_forward);
+  EXPECT_FALSE(kept.reshard_after_forward);
+  EXPECT_EQ(gathered(again) - gathered(kept), 23040);
+  EXPECT_LT(again.peak_gathered_bytes, kept.peak_gathered_bytes);
+  EXPECT_LT(again.peak_bytes, kept.peak_bytes);
+  EXPECT_EQ(again.reduce_dtype, DType::kF32);
+  EXPECT_EQ(again.bytes_by_collective.at(CollectiveKind::kReduceScatter),
+            kept.bytes_by_collective.at(CollectiveKind::kReduceScatter));
+  EXPECT_THAT(again.table(), ::testing::HasSubstr(
+                                 "remat none (weights gathered again for the backward pass)"));
+  EXPECT_THAT(kept.table(), ::testing::HasSubstr("remat none, attention"));
+  // Held in the dtype they are used in (no cast to name): gathered again all the same.
+  TrainPlanOptions plain = o;
+  plain.master_dtype.reset();
+  plain.reduce_dtype.reset();
+  plain.grad_dtype = DType::kBF16;
+  const TrainPlan plain_kept = plan_training(c, mesh, preset("llama_fsdp"), plain);
+  plain.reshard_after_forward = true;
+  const TrainPlan plain_again = plan_training(c, mesh, preset("llama_fsdp"), plain);
+  EXPECT_EQ(gathered(plain_again) - gathered(plain_kept), 23040);
+  EXPECT_LT(plain_again.peak_gathered_bytes, plain_kept.peak_gathered_bytes);
+  // With recomputation: the same plan either way.
+  o.remat = checkpoint_policies::nothing_saveable();
+  const TrainPlan full_kept = plan_training(c, mesh, preset("llama_fsdp"), o);
+  o.reshard_after_forward = true;
+  const TrainPlan full = plan_training(c, mesh, preset("llama_fsdp"), o);
+  EXPECT_FALSE(full.reshard_after_forward);
+  EXPECT_EQ(full.peak_bytes, full_kept.peak_bytes);
+  EXPECT_EQ(full.bytes_by_axes, full_kept.bytes_by_axes);
+  // One device: nothing to gather, the option does not apply.
+  o.remat.reset();
+  EXPECT_FALSE(plan_training(c, Mesh::parse("fsdp:1", 1), preset("llama_fsdp"), o)
+                   .reshard_after_forward);
+  // Extrapolated from small steps, the same figures as traced whole.
+  o.extrapolate = true;
+  ModelConfig deep = c;
+  deep.layers = 24;
+  const TrainPlan ext = plan_training(deep, mesh, preset("llama_fsdp"), o);
+  o.extrapolate = false;
+  const TrainPlan whole = plan_training(deep, mesh, preset("llama_fsdp"), o);
+  EXPECT_TRUE(ext.extrapolated);
+  EXPECT_EQ(ext.bytes_by_axes, whole.bytes_by_axes);
+  EXPECT_EQ(ext.peak_bytes, whole.peak_bytes);
+}
+
 TrainPlan timed(std::string mesh, std::int64_t devices, double step, double compute,
                 double node, double network, std::int64_t peak) {
   TrainPlan p;

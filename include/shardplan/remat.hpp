@@ -32,10 +32,11 @@ class RematPolicy {
     kDotsWithNoBatchDimsSaveable,  // dot_general results without batch dimensions (the
                                    // matmuls of weights, not attention's scores)
     kSaveOnlyTheseNames,         // the values given a listed name by checkpoint_name
+    kSaveAnythingExceptTheseNames,  // every value but those given a listed name
   };
   Kind kind() const { return kind_; }
   const std::vector<std::string>& names() const { return names_; }
-  /// "nothing_saveable", "save_only_these_names(a, b)".
+  /// "nothing_saveable", "save_only_these_names(a, b)", "save_anything_except_these_names(a)".
   std::string to_string() const;
   friend bool operator==(const RematPolicy&, const RematPolicy&) = default;
 
@@ -57,6 +58,13 @@ RematPolicy dots_with_no_batch_dims_saveable();
 /// The values named (checkpoint_name) with one of `names`. A name that no checkpoint_name inside
 /// the checkpointed function gives is a SpecError when the function is differentiated.
 RematPolicy save_only_these_names(std::vector<std::string> names);
+/// Every value but those named with one of `names`: what those are computed from is kept and
+/// they are computed again (FSDP's reshard after forward, with the weights as used named). As
+/// for save_only_these_names, a listed name that no checkpoint_name inside gives is a
+/// SpecError. With no names it saves everything, but unlike everything_saveable it is a
+/// checkpoint: the backward pass reads what the function took from outside through
+/// optimization_barrier, so weights gathered in the forward pass are gathered again there.
+RematPolicy save_anything_except_these_names(std::vector<std::string> names);
 }  // namespace checkpoint_policies
 
 /// jax.ad_checkpoint.checkpoint_name: x itself, named for save_only_these_names. The name is

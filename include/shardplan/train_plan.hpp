@@ -140,6 +140,11 @@ struct TrainPlanOptions {
   bool recompute = false;
   /// Each layer a checkpoint with this policy (remat.hpp; --remat full|dots|names:a,b).
   std::optional<RematPolicy> remat = std::nullopt;
+  /// Without recomputation, over batch axes: each layer's weights gathered (and cast) again for
+  /// the backward pass rather than kept gathered from the forward pass, as FSDP2's
+  /// reshard_after_forward (its default); false: kept (--no-reshard-after-forward, ZeRO-2's
+  /// behaviour). With recomputation the weights are gathered again either way.
+  bool reshard_after_forward = true;
   /// The LM head and the loss as linear_cross_entropy (groups of tokens; --loss fused), or the
   /// logits whole (--loss naive).
   bool fused_loss = true;
@@ -227,6 +232,9 @@ struct TrainPlan {
   int grad_accum = 1;
   bool recompute = false;    // some recomputation (remat is not "none")
   std::string remat = "none";  // --remat's form of the policy
+  /// Without recomputation: the layers' weights gathered again for the backward pass
+  /// (TrainPlanOptions::reshard_after_forward, applied: there are batch axes).
+  bool reshard_after_forward = false;
   bool fused_loss = true;
   bool fused_attention = true;
   /// Whether the norm and residual regions were split along the sequence, and over which axes.

@@ -26,6 +26,7 @@ struct TrainPlanCommand {
   std::string hardware;                                      // empty: no time model
   int grad_accum = 1;
   bool recompute = false;
+  bool no_reshard_after_forward = false;
   std::string remat;  // --remat; empty: not given
   std::string loss = "fused";
   std::string attention = "fused";

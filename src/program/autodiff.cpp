@@ -64,15 +64,21 @@ class Recompute {
         return contraction(n) != Contraction::kNone;
       case RematPolicy::Kind::kDotsWithNoBatchDimsSaveable:
         return contraction(n) == Contraction::kUnbatched;
-      case RematPolicy::Kind::kSaveOnlyTheseNames: {
-        const auto it = tc_.value_names.find(v);
-        if (it == tc_.value_names.end()) return false;
-        return std::any_of(it->second.begin(), it->second.end(), [&](const std::string& name) {
-          return std::find(p.names().begin(), p.names().end(), name) != p.names().end();
-        });
-      }
+      case RematPolicy::Kind::kSaveOnlyTheseNames:
+        return named(v, p);
+      case RematPolicy::Kind::kSaveAnythingExceptTheseNames:
+        return !named(v, p);
     }
     return true;
+  }
+
+  // `v` is given one of the names `p` lists.
+  bool named(ValueId v, const RematPolicy& p) const {
+    const auto it = tc_.value_names.find(v);
+    if (it == tc_.value_names.end()) return false;
+    return std::any_of(it->second.begin(), it->second.end(), [&](const std::string& name) {
+      return std::find(p.names().begin(), p.names().end(), name) != p.names().end();
+    });
   }
 
   Array view(int r, ValueId v) {
@@ -99,12 +105,13 @@ class Recompute {
     }
   }
 
-  // Every name a save_only_these_names policy lists is given by a checkpoint_name inside its
-  // region (or a region nested in it): else the policy would silently save nothing.
+  // Every name a save_only_these_names or save_anything_except_these_names policy lists is
+  // given by a checkpoint_name inside its region (or a region nested in it): else the policy
+  // would silently save nothing (or everything).
   void check_names() const {
     for (std::size_t r = 0; r < tc_.remat_regions.size(); ++r) {
       const RematPolicy& p = tc_.remat_regions[r].policy;
-      if (p.kind() != RematPolicy::Kind::kSaveOnlyTheseNames) continue;
+      if (p.names().empty()) continue;
       std::vector<std::string> given;
       for (const auto& [v, names] : tc_.value_names) {
         if (!within(tc_.region_of(v), static_cast<int>(r))) continue;

@@ -20,6 +20,8 @@ std::string RematPolicy::to_string() const {
       return "dots_with_no_batch_dims_saveable";
     case Kind::kSaveOnlyTheseNames:
       return fmt::format("save_only_these_names({})", fmt::join(names_, ", "));
+    case Kind::kSaveAnythingExceptTheseNames:
+      return fmt::format("save_anything_except_these_names({})", fmt::join(names_, ", "));
   }
   return "?";
 }
@@ -33,6 +35,9 @@ RematPolicy dots_with_no_batch_dims_saveable() {
 }
 RematPolicy save_only_these_names(std::vector<std::string> names) {
   return RematPolicy::of(RematPolicy::Kind::kSaveOnlyTheseNames, std::move(names));
+}
+RematPolicy save_anything_except_these_names(std::vector<std::string> names) {
+  return RematPolicy::of(RematPolicy::Kind::kSaveAnythingExceptTheseNames, std::move(names));
 }
 }  // namespace checkpoint_policies
 

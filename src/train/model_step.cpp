@@ -540,10 +540,24 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
   const Tree<Array> rest = for_use(use(replace_at_path(params, path, Tree<Array>::list({}))));
   Array h = embed(rest, tokens);
   const auto& layers = params.at_path(path).children();
+  // Reshard after forward: the casts named (none without compute_dtype: the held weights are
+  // then read again through the checkpoint's barrier, which is all it takes).
+  const std::optional<RematPolicy> policy =
+      remat ? remat
+      : reshard_after_forward
+          ? std::optional(checkpoint_policies::save_anything_except_these_names(
+                compute_dtype ? std::vector<std::string>{kWeightsInUse} : std::vector<std::string>{}))
+          : std::nullopt;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const Tree<Array> p = use(layers[i]);
-    const auto run = [&](const Array& x) { return layer(for_use(p), x, config.window(i)); };
-    h = remat ? checkpoint(run, *remat)(h) : run(h);
+    const auto run = [&](const Array& x) {
+      Tree<Array> w = for_use(p);
+      if (!remat && reshard_after_forward && compute_dtype) {
+        w = w.map([](const Array& a) { return checkpoint_name(a, kWeightsInUse); });
+      }
+      return layer(w, x, config.window(i));
+    };
+    h = policy ? checkpoint(run, *policy)(h) : run(h);
   }
   return loss(rest, h, targets);
 }

@@ -43,6 +43,9 @@ struct Layout {
 /// output projections before the residual add, and the norms' outputs as the attention's and
 /// the MLP's input projections and the LM head read them (where sequence parallelism gathers
 /// the sequence, as MaxText's activation_length). Each is [batch, sequence, hidden].
+/// The checkpoint name of a layer's weights as used (ModelStep::reshard_after_forward).
+inline constexpr const char* kWeightsInUse = "weights_in_use";
+
 inline constexpr const char* kActivationNames[] = {
     "residual", "norm", "attention_out", "mlp_out", "attention_in", "mlp_in", "head_in"};
 
@@ -82,6 +85,11 @@ struct ModelStep {
   /// held dtype (convert_pending), else in this one.
   std::optional<DType> compute_dtype = std::nullopt;
   bool reduce_in_held = false;
+  /// Without `remat`: FSDP's reshard after forward. Each layer is a checkpoint that saves every
+  /// value but its weights as used (kWeightsInUse: the casts of compute_dtype), so the backward
+  /// pass reads the held weights again and gathers (and casts) them again instead of keeping
+  /// the forward pass's gathered copies. (With `remat` the checkpoint does this already.)
+  bool reshard_after_forward = false;
 
   /// `weights` cast for use (compute_dtype); as they are without one.
   Tree<Array> for_use(const Tree<Array>& weights) const;

@@ -129,7 +129,7 @@ std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
     // With recomputation each micro-batch gathers its weights again: otherwise the first
     // one's gathered copies are used by every later one and the whole model stays gathered.
     ModelStep m = model;
-    m.regather = m.remat.has_value();
+    m.regather = m.remat.has_value() || m.reshard_after_forward;
     auto [l, g_pending] = loss_and_grads(m, p, piece(x, k), piece(y, k));
     // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
     // is held sharded rather than as every device's unreduced full-size partial sums.
@@ -252,6 +252,10 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
 
 }  // namespace
 
+bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout) {
+  return o.reshard_after_forward && !effective_remat(o) && layout.batch_ways > 1;
+}
+
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
   if (micro_batches == 1) return fmt::format("the {}-layer sample step", layers);
   return fmt::format("the {}-layer x {} micro-batch sample step", layers, micro_batches);
@@ -270,7 +274,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .fused_loss = o.fused_loss,
                        .compute_dtype = held == o.param_dtype ? std::nullopt
                                                               : std::optional(o.param_dtype),
-                       .reduce_in_held = o.reduce_dtype == held};
+                       .reduce_in_held = o.reduce_dtype == held,
+                       .reshard_after_forward = reshards_after_forward(o, layout)};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // Mixed precision: the model casts the held weights where it uses them (ModelStep::

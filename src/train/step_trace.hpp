@@ -26,6 +26,10 @@ struct TracedStep {
 /// "the 8-layer sample step", "the 4-layer x 2 micro-batch sample step".
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches);
 
+/// Whether the step gathers the layers' weights again for the backward pass without
+/// recomputation (TrainPlanOptions::reshard_after_forward, with batch axes to gather over).
+bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout);
+
 /// Traces the whole step of `config` with `o.grad_accum` micro-batches and lowers it for `mesh`.
 /// `annotations`: the shardings of the layers' named activations (Layout::annotate).
 /// Throws as sjit's lower() does (a rule no tensor matches, a shape that does not divide).

@@ -104,7 +104,9 @@ std::string TrainPlan::table() const {
       reduce_dtype == param_dtype
           ? std::string(name(grad_dtype))
           : fmt::format("{} (reduced in {})", name(grad_dtype), name(reduce_dtype)),
-      name(optimizer_dtype), remat,
+      name(optimizer_dtype),
+      reshard_after_forward ? fmt::format("{} (weights gathered again for the backward pass)", remat)
+                            : remat,
       fused_attention ? "fused" : "naive", fused_loss ? "fused" : "naive",
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
@@ -204,6 +206,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["grad_accum"] = p.grad_accum;
   j["recompute"] = p.recompute;
   j["remat"] = p.remat;
+  j["reshard_after_forward"] = p.reshard_after_forward;
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["sequence_parallel"] = p.sequence_parallel;
