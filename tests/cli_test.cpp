@@ -1228,6 +1228,8 @@ TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
   const auto names = plan("--remat names:mlpwi_0,context"), recompute = plan("--recompute");
   EXPECT_EQ(none["remat"], "none");
   EXPECT_EQ(none["recompute"], false);
+  EXPECT_EQ(none["reshard_after_forward"], true);
+  EXPECT_EQ(full["reshard_after_forward"], false);
   EXPECT_EQ(full["remat"], "full");
   EXPECT_EQ(recompute["remat"], "full");
   EXPECT_EQ(full["recompute"], true);
@@ -1254,6 +1256,16 @@ TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
   };
   EXPECT_GT(long_plan("--attention naive")["per_device"]["peak_bytes"].get<std::int64_t>(),
             long_plan("")["per_device"]["peak_bytes"].get<std::int64_t>() + (std::int64_t{128} << 20));
+  // Without recomputation the weights are gathered again for the backward pass unless
+  // --no-reshard-after-forward keeps them: more gathered at the peak, fewer bytes received.
+  // (With 1,024 tokens a device: with fewer, moving activations is cheaper than gathering
+  // weights, and neither gathers them.)
+  const auto again = long_plan(""), kept = long_plan("--no-reshard-after-forward");
+  EXPECT_EQ(again["reshard_after_forward"], true);
+  EXPECT_EQ(kept["reshard_after_forward"], false);
+  EXPECT_GT(kept["per_device"]["peak_gathered_bytes"], again["per_device"]["peak_gathered_bytes"]);
+  EXPECT_LT(kept["bytes_received_per_device"]["all_gather"],
+            again["bytes_received_per_device"]["all_gather"]);
   const Result bad = run(fmt::format(
       "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --remat names:attn_out", cfg));
   EXPECT_EQ(bad.code, 1);
