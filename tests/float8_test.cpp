@@ -12,7 +12,9 @@
 
 #include "numeric.hpp"
 #include "shardplan/array.hpp"
+#include "shardplan/autodiff.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -173,6 +175,205 @@ TEST(Float8, HostTensorsGetAndSetThroughTheCodes) {
   Tensor u(Shape{1}, DType::kF8E5M2);
   u.set(0, 1e5);
   EXPECT_EQ(u.get(0), kInf);
+}
+
+
+// ---- astype on devices ------------------------------------------------------------------------
+
+Array on_one(const Tensor& t) {
+  static const Executor exec(1);
+  return device_put(t, NamedSharding(Mesh::parse("d:1", 1), P()), exec);
+}
+
+TEST(Float8, AstypeEncodesAsTheSearchAndDecodesExactly) {
+  const std::vector<double> xs = {0, -0.0, 1, -1.5, 0.3, 1e-3, 2e-6, 300, 460, 470, 5e4, 6.2e4,
+                                  -1e9, kInf, kNaN};
+  const Tensor x = Tensor::from<double>(Shape{static_cast<std::int64_t>(xs.size())}, xs);
+  for (const bool e4m3 : {true, false}) {
+    const DType f8 = e4m3 ? DType::kF8E4M3 : DType::kF8E5M2;
+    for (const DType from : {DType::kF64, DType::kF32, DType::kBF16}) {
+      const Tensor got = astype(astype(on_one(x), from), f8).to_host();
+      const Tensor src = astype(on_one(x), from).to_host();
+      ASSERT_EQ(got.dtype(), f8);
+      for (std::int64_t i = 0; i < got.numel(); ++i) {
+        EXPECT_EQ(std::to_integer<int>(got.bytes()[i]), nearest_code(e4m3, src.get(i)))
+            << name(from) << " " << src.get(i) << " to " << name(f8);
+      }
+      // Back to every float type: the code's value, exactly.
+      for (const DType to : {DType::kF64, DType::kF32, DType::kBF16}) {
+        const Tensor back = astype(on_one(got), to).to_host();
+        for (std::int64_t i = 0; i < got.numel(); ++i) {
+          const double want = spec_value(e4m3, std::to_integer<int>(got.bytes()[i]));
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(back.get(i)));
+          } else {
+            EXPECT_EQ(back.get(i), want) << name(f8) << " to " << name(to);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Float8, ScaledDotRejectsWhatItDoesNotTake) {
+  const Array a = astype(on_one(Tensor::ones(Shape{2, 3}, DType::kF32)), DType::kF8E4M3);
+  const Array s = on_one(Tensor::ones(Shape{}, DType::kF32));
+  const DotDims mm{{}, {}, {1}, {0}};
+  const Array b = astype(on_one(Tensor::ones(Shape{3, 4}, DType::kF32)), DType::kF8E5M2);
+  EXPECT_EQ(scaled_dot(a, b, s, s, mm, DType::kF32).to_host().to_doubles(),
+            std::vector<double>(8, 3.0));
+  EXPECT_THROW_WITH(scaled_dot(astype(a, DType::kBF16), b, s, s, mm, DType::kF32), SpecError,
+                    "[scaled_dot]", "bf16[2, 3]", "must be float8");
+  EXPECT_THROW_WITH(scaled_dot(a, b, astype(s, DType::kBF16), s, mm, DType::kF32), SpecError,
+                    "[scaled_dot]", "scale_a must be an f32 scalar");
+  EXPECT_THROW_WITH(scaled_dot(a, b, s, s, mm, DType::kF16), SpecError, "[scaled_dot]",
+                    "out_dtype must be bf16 or f32, got f16");
+  EXPECT_THROW_WITH(scaled_dot(a, b, s, s, DotDims{{}, {}, {0}, {0}}, DType::kF32), SpecError,
+                    "[scaled_dot]", "contracting dimensions 0 and 0 differ (2 vs 3)");
+}
+
+// ---- float8_linear ----------------------------------------------------------------------------
+
+// A tensor of shape `s` with values of magnitude in [lo, 1] and random signs.
+Tensor values(Shape s, DType dtype, std::uint64_t seed, double lo = 0.25) {
+  Tensor t(std::move(s), dtype);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> mag(lo, 1.0);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, mag(rng) * (rng() % 2 ? 1 : -1));
+  return t;
+}
+
+// float8_linear's cast, redone here: scale = max / amax in f32, v * scale in f32, clamped, the
+// nearest code of the search, its value; and 1 / scale in f32.
+struct Quantized {
+  std::vector<double> q;
+  double inverse;
+};
+Quantized quantize(const Tensor& t, bool e4m3) {
+  const double fmax = e4m3 ? 448 : 57344;
+  double amax = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) amax = std::max(amax, std::abs(t.get(i)));
+  const float scale = static_cast<float>(fmax) / std::max(static_cast<float>(amax), 1e-12f);
+  Quantized out{{}, static_cast<double>(1.0f / scale)};
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const float v = static_cast<float>(t.get(i)) * scale;
+    const double c = std::clamp(static_cast<double>(v), -fmax, fmax);
+    out.q.push_back(spec_value(e4m3, nearest_code(e4m3, c)));
+  }
+  return out;
+}
+
+// x [n, k], w [m, k], c [n, m] (the cotangent of y): y = x w^T, dx = c w, dw = c^T x, each
+// sum's terms' absolute sum too.
+struct Linear {
+  std::vector<double> y, dx, dw, y_abs, dx_abs, dw_abs;
+};
+Linear linear_ref(const std::vector<double>& x, const std::vector<double>& w,
+                  const std::vector<double>& c, std::int64_t n, std::int64_t k, std::int64_t m) {
+  Linear r;
+  r.y.assign(n * m, 0), r.y_abs.assign(n * m, 0);
+  r.dx.assign(n * k, 0), r.dx_abs.assign(n * k, 0);
+  r.dw.assign(m * k, 0), r.dw_abs.assign(m * k, 0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = 0; j < m; ++j) {
+      for (std::int64_t p = 0; p < k; ++p) {
+        r.y[i * m + j] += x[i * k + p] * w[j * k + p];
+        r.y_abs[i * m + j] += std::abs(x[i * k + p] * w[j * k + p]);
+        r.dx[i * k + p] += c[i * m + j] * w[j * k + p];
+        r.dx_abs[i * k + p] += std::abs(c[i * m + j] * w[j * k + p]);
+        r.dw[j * k + p] += c[i * m + j] * x[i * k + p];
+        r.dw_abs[j * k + p] += std::abs(c[i * m + j] * x[i * k + p]);
+      }
+    }
+  }
+  return r;
+}
+
+// float8_linear's value and gradients for the loss sum(y * c).
+struct Result {
+  Tensor y, dx, dw;
+};
+Result run_linear(const Array& x, const Array& w, const Array& c) {
+  const auto loss = [&](const Tree<Array>& p) {
+    return sum(astype(float8_linear(p.children()[0].leaf(), p.children()[1].leaf()) * c,
+                      DType::kF32));
+  };
+  const auto [l, g] = value_and_grad(loss)(Tree<Array>::list({x, w}));
+  return {float8_linear(x, w).to_host(), g.children()[0].leaf().to_host(),
+          g.children()[1].leaf().to_host()};
+}
+
+void expect_within(const Tensor& got, const std::vector<double>& want,
+                   const std::vector<double>& bound, const std::string& what) {
+  int bad = 0;
+  for (std::int64_t i = 0; i < got.numel() && bad < 3; ++i) {
+    const double b = bound[static_cast<std::size_t>(i)];
+    if (!(std::abs(got.get(i) - want[static_cast<std::size_t>(i)]) <= b)) {
+      ++bad;
+      ADD_FAILURE() << what << " element " << i << " is " << got.get(i) << ", want "
+                    << want[static_cast<std::size_t>(i)] << " within " << b;
+    }
+  }
+}
+
+TEST(Float8Linear, EqualsItsQuantizationRedoneInDouble) {
+  const std::int64_t n = 6, k = 16, m = 4;
+  const Tensor x = Tensor::normal(Shape{n, k}, DType::kF32, 1);
+  const Tensor w = Tensor::normal(Shape{m, k}, DType::kF32, 2, 0, 0.05);
+  const Tensor c = Tensor::normal(Shape{n, m}, DType::kF32, 3);
+  const Result r = run_linear(on_one(x), on_one(w), on_one(c));
+  const Quantized qx = quantize(x, true), qw = quantize(w, true), qc = quantize(c, false);
+  const Linear ref = linear_ref(qx.q, qw.q, qc.q, n, k, m);
+  // The products of float8 values summed in f32 (the only rounding before f32's own): within
+  // 2^-20 of the sum of the terms' sizes.
+  const auto scaled = [](std::vector<double> v, double s) {
+    for (double& e : v) e *= s;
+    return v;
+  };
+  const auto bound = [&](const std::vector<double>& abs, double s) {
+    std::vector<double> b = scaled(abs, s);
+    for (double& e : b) e *= 0x1p-20;
+    return b;
+  };
+  expect_within(r.y, scaled(ref.y, qx.inverse * qw.inverse), bound(ref.y_abs, qx.inverse * qw.inverse), "y");
+  expect_within(r.dx, scaled(ref.dx, qc.inverse * qw.inverse), bound(ref.dx_abs, qc.inverse * qw.inverse), "dx");
+  expect_within(r.dw, scaled(ref.dw, qc.inverse * qx.inverse), bound(ref.dw_abs, qc.inverse * qx.inverse), "dw");
+}
+
+// Against the plain linear: each float8 value is within half a step of the value it was cast
+// from when that value is normal (all are here: magnitudes in [0.25, 1], scaled to at least a
+// quarter of the largest): a relative error of 2^-4 for e4m3 (step 2^-3) and 2^-3 for e5m2
+// (step 2^-2). A product of two is then within 2^-4 + 2^-4 + 2^-8 (x and w) or 2^-3 + 2^-4 +
+// 2^-7 (the cotangent and x or w) of the exact one; bf16 results add one rounding, 2^-9.
+TEST(Float8Linear, GradientsAreThePlainLinearsWithinTheFormatsErrors) {
+  const std::int64_t n = 8, k = 32, m = 4;
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    const Tensor x = values(Shape{n, k}, dtype, 4), w = values(Shape{m, k}, dtype, 5);
+    const Tensor c = values(Shape{n, m}, dtype, 6);
+    const Result r = run_linear(on_one(x), on_one(w), on_one(c));
+    ASSERT_EQ(r.y.dtype(), dtype);
+    ASSERT_EQ(r.dw.dtype(), dtype);
+    const Linear ref = linear_ref(x.to_doubles(), w.to_doubles(), c.to_doubles(), n, k, m);
+    const double out = dtype == DType::kBF16 ? 0x1p-9 : 0x1p-23;
+    const auto bound = [&](const std::vector<double>& abs, const std::vector<double>& v,
+                           double rel) {
+      std::vector<double> b(abs.size());
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = rel * abs[i] + out * 2 * std::abs(v[i]);
+      return b;
+    };
+    const double e4e4 = 0x1p-4 + 0x1p-4 + 0x1p-8, e5e4 = 0x1p-3 + 0x1p-4 + 0x1p-7;
+    expect_within(r.y, ref.y, bound(ref.y_abs, ref.y, e4e4), "y");
+    expect_within(r.dx, ref.dx, bound(ref.dx_abs, ref.dx, e5e4), "dx");
+    expect_within(r.dw, ref.dw, bound(ref.dw_abs, ref.dw, e5e4), "dw");
+  }
+}
+
+TEST(Float8Linear, RejectsOperandsThatDoNotFit) {
+  const Array x = on_one(Tensor::ones(Shape{2, 3}, DType::kF32));
+  EXPECT_THROW_WITH(float8_linear(x, on_one(Tensor::ones(Shape{3, 4}, DType::kF32))), SpecError,
+                    "[float8_linear]", "f32[2, 3]", "f32[3, 4]");
+  EXPECT_THROW_WITH(float8_linear(astype(x, DType::kF64), on_one(Tensor::ones(Shape{4, 3}, DType::kF32))),
+                    SpecError, "[float8_linear]", "f64[2, 3]");
 }
 
 }  // namespace

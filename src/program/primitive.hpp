@@ -175,7 +175,8 @@ using VaryFn = std::int64_t(const Node& node, const Mesh& mesh, std::span<const 
 /// the matrix units at the rate of large products (dot_general) or of the fused attention
 /// kernel (attention and its gradients), or, for every other op, the bytes it reads and writes
 /// at memory bandwidth.
-enum class TimeBound : std::uint8_t { kMemory, kMatmul, kAttention };
+/// products of float8 operands at the fp8 rate (scaled_dot)
+enum class TimeBound : std::uint8_t { kMemory, kMatmul, kAttention, kMatmulFp8 };
 
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
