@@ -14,6 +14,7 @@
 #include "shardplan/array.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/program_cost.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
@@ -177,7 +178,6 @@ TEST(Float8, HostTensorsGetAndSetThroughTheCodes) {
   EXPECT_EQ(u.get(0), kInf);
 }
 
-
 // ---- astype on devices ------------------------------------------------------------------------
 
 Array on_one(const Tensor& t) {
@@ -186,8 +186,8 @@ Array on_one(const Tensor& t) {
 }
 
 TEST(Float8, AstypeEncodesAsTheSearchAndDecodesExactly) {
-  const std::vector<double> xs = {0, -0.0, 1, -1.5, 0.3, 1e-3, 2e-6, 300, 460, 470, 5e4, 6.2e4,
-                                  -1e9, kInf, kNaN};
+  const std::vector<double> xs = {0,   -0.0, 1,   -1.5,  0.3,  1e-3, 2e-6, 300,
+                                  460, 470,  5e4, 6.2e4, -1e9, kInf, kNaN};
   const Tensor x = Tensor::from<double>(Shape{static_cast<std::int64_t>(xs.size())}, xs);
   for (const bool e4m3 : {true, false}) {
     const DType f8 = e4m3 ? DType::kF8E4M3 : DType::kF8E5M2;
@@ -295,8 +295,8 @@ struct Result {
 };
 Result run_linear(const Array& x, const Array& w, const Array& c) {
   const auto loss = [&](const Tree<Array>& p) {
-    return sum(astype(float8_linear(p.children()[0].leaf(), p.children()[1].leaf()) * c,
-                      DType::kF32));
+    return sum(
+        astype(float8_linear(p.children()[0].leaf(), p.children()[1].leaf()) * c, DType::kF32));
   };
   const auto [l, g] = value_and_grad(loss)(Tree<Array>::list({x, w}));
   return {float8_linear(x, w).to_host(), g.children()[0].leaf().to_host(),
@@ -335,9 +335,12 @@ TEST(Float8Linear, EqualsItsQuantizationRedoneInDouble) {
     for (double& e : b) e *= 0x1p-20;
     return b;
   };
-  expect_within(r.y, scaled(ref.y, qx.inverse * qw.inverse), bound(ref.y_abs, qx.inverse * qw.inverse), "y");
-  expect_within(r.dx, scaled(ref.dx, qc.inverse * qw.inverse), bound(ref.dx_abs, qc.inverse * qw.inverse), "dx");
-  expect_within(r.dw, scaled(ref.dw, qc.inverse * qx.inverse), bound(ref.dw_abs, qc.inverse * qx.inverse), "dw");
+  expect_within(r.y, scaled(ref.y, qx.inverse * qw.inverse),
+                bound(ref.y_abs, qx.inverse * qw.inverse), "y");
+  expect_within(r.dx, scaled(ref.dx, qc.inverse * qw.inverse),
+                bound(ref.dx_abs, qc.inverse * qw.inverse), "dx");
+  expect_within(r.dw, scaled(ref.dw, qc.inverse * qx.inverse),
+                bound(ref.dw_abs, qc.inverse * qx.inverse), "dw");
 }
 
 // Against the plain linear: each float8 value is within half a step of the value it was cast
@@ -372,9 +375,90 @@ TEST(Float8Linear, RejectsOperandsThatDoNotFit) {
   const Array x = on_one(Tensor::ones(Shape{2, 3}, DType::kF32));
   EXPECT_THROW_WITH(float8_linear(x, on_one(Tensor::ones(Shape{3, 4}, DType::kF32))), SpecError,
                     "[float8_linear]", "f32[2, 3]", "f32[3, 4]");
-  EXPECT_THROW_WITH(float8_linear(astype(x, DType::kF64), on_one(Tensor::ones(Shape{4, 3}, DType::kF32))),
-                    SpecError, "[float8_linear]", "f64[2, 3]");
+  EXPECT_THROW_WITH(
+      float8_linear(astype(x, DType::kF64), on_one(Tensor::ones(Shape{4, 3}, DType::kF32))),
+      SpecError, "[float8_linear]", "f64[2, 3]");
 }
 
+// FSDP-like: w sharded on its first dimension, x and the cotangent on the batch, over 4 devices;
+// the same values as one device.
+struct Sharded {
+  Executor exec{4};
+  Mesh mesh = Mesh::parse("d:4", 4);
+  Tensor x = values(Shape{8, 32}, DType::kBF16, 7), w = values(Shape{12, 32}, DType::kBF16, 8);
+  Tensor c = values(Shape{8, 12}, DType::kBF16, 9);
+  Array put(const Tensor& t) { return device_put(t, NamedSharding(mesh, P("d")), exec); }
+};
+
+Tree<Array> step(const Tree<Array>& p, const Array& c) {
+  const auto loss = [&](const Tree<Array>& q) {
+    return sum(
+        astype(float8_linear(q.children()[0].leaf(), q.children()[1].leaf()) * c, DType::kF32));
+  };
+  const auto [l, g] = value_and_grad(loss)(p);
+  return Tree<Array>::dict({{"y", float8_linear(p.children()[0].leaf(), p.children()[1].leaf())},
+                            {"dx", g.children()[0].leaf()},
+                            {"dw", g.children()[1].leaf()}});
+}
+
+TEST(Float8Linear, ShardedOverFourDevicesEqualsOneDeviceBitwise) {
+  Sharded s;
+  const Result one = run_linear(on_one(s.x), on_one(s.w), on_one(s.c));
+  auto jitted = sjit(s.mesh, step);
+  const Tree<Array> p = Tree<Array>::list({s.put(s.x), s.put(s.w)});
+  const Tree<Array> out = jitted(p, s.put(s.c));
+  EXPECT_EQ(out.at("y").leaf().sharding().spec(), P("d"));
+  EXPECT_EQ(out.at("dw").leaf().sharding().spec(), P("d"));  // sharded like w
+  EXPECT_TRUE(out.at("y").leaf().to_host() == one.y);
+  EXPECT_TRUE(out.at("dx").leaf().to_host() == one.dx);
+  EXPECT_TRUE(out.at("dw").leaf().to_host() == one.dw);
+  // The weight is cast on its shards and gathered in 8 bits (1 byte per element: 3/4 of
+  // 12 x 32 from the other devices), never in bf16.
+  const std::string text = jitted.lower(p, s.put(s.c)).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("f8_e4m3[12, 32]  PartitionSpec('d')"));
+  EXPECT_THAT(text,
+              ::testing::ContainsRegex("reshard %[0-9]+ -> PartitionSpec\\(\\): all_gather over "
+                                       "'d': 288 B max per device"));
+}
+
+// The bytes a device holds when the forward pass ends, beyond the arguments: what is kept for
+// the backward pass. x and w are computed inside the loss (a + a, b + b: add keeps nothing), so
+// only what the linear keeps holds them: float8_linear keeps them in 8 bits, 64 x 32 + 2 x 32
+// bytes; a linear that kept them in bf16 would hold twice that.
+std::int64_t kept_for_backward(bool float8) {
+  const Executor exec(1);
+  const Mesh mesh = Mesh::parse("d:1", 1);
+  const auto put = [&](const Tensor& t) { return device_put(t, NamedSharding(mesh, P()), exec); };
+  const Array a = put(values(Shape{64, 32}, DType::kBF16, 10));
+  const Array b = put(values(Shape{2, 32}, DType::kBF16, 11));
+  const Array c = put(values(Shape{64, 2}, DType::kBF16, 12));
+  auto grads = sjit(mesh, [float8](const Tree<Array>& p, const Array& cot) {
+    const auto loss = [&](const Tree<Array>& q) {
+      const Array x = q.children()[0].leaf() + q.children()[0].leaf();
+      const Array w = q.children()[1].leaf() + q.children()[1].leaf();
+      const Array y = float8 ? float8_linear(x, w) : dot_general(x, w, DotDims{{}, {}, {1}, {1}});
+      return sum(astype(y * cot, DType::kF32));
+    };
+    return value_and_grad(loss)(p).second;
+  });
+  const ProgramCost cost = grads.lower(Tree<Array>::list({a, b}), c).cost();
+  const MemoryTimeline& t = cost.timeline;
+  for (const PhaseStart& ph : t.phases) {
+    if (ph.phase == StepPhase::kBackward && ph.step > 0) {
+      return t.live_bytes.at(ph.step - 1) - t.start_bytes;
+    }
+  }
+  ADD_FAILURE() << "no backward phase in\n" << grads.lower(Tree<Array>::list({a, b}), c).text();
+  return 0;
+}
+
+TEST(Float8Linear, KeepsXAndWInEightBitsForTheBackwardPass) {
+  const std::int64_t eight_bit = 64 * 32 + 2 * 32;  // x8 and w8
+  const std::int64_t f8 = kept_for_backward(true), bf16 = kept_for_backward(false);
+  // Besides x8 and w8: two f32 scales, the output y and y * c (64 x 2 bf16 each) at most.
+  EXPECT_GE(f8, eight_bit);
+  EXPECT_LE(f8, eight_bit + 8 + 2 * (64 * 2 * 2));
+  EXPECT_GE(bf16, 2 * eight_bit);  // the plain linear keeps them in bf16: twice the bytes
+}
 }  // namespace
 }  // namespace shardplan

@@ -66,8 +66,8 @@ Array float8_linear(const Array& x, const Array& w) {
     const Array dx =
         scaled_dot(g8.bits, res[1], g8.inverse, res[3], DotDims{{}, {}, {r - 1}, {0}}, x_dtype);
     const std::vector<int> batch = detail::int_range(0, r - 1);
-    const Array dw = scaled_dot(g8.bits, res[0], g8.inverse, res[2], DotDims{{}, {}, batch, batch},
-                                w_dtype);
+    const Array dw =
+        scaled_dot(g8.bits, res[0], g8.inverse, res[2], DotDims{{}, {}, batch, batch}, w_dtype);
     return std::vector<Array>{dx, dw};
   };
   return custom_vjp(fwd, bwd, {x, w}).at(0);

@@ -65,7 +65,8 @@ Contraction scaled_dot_contraction(const Node& n) {
 std::array<float, 256> decode_table(DType d) {
   std::array<float, 256> t{};
   const F8Format& f = *f8_format(d);
-  for (int c = 0; c < 256; ++c) t[static_cast<std::size_t>(c)] = f8_decode(f, static_cast<std::uint8_t>(c));
+  for (int c = 0; c < 256; ++c)
+    t[static_cast<std::size_t>(c)] = f8_decode(f, static_cast<std::uint8_t>(c));
   return t;
 }
 
@@ -115,7 +116,8 @@ std::vector<TestCase> scaled_dot_cases(const Primitive&, DType dtype) {
   for (const DotTestCase& c : dot_test_cases()) {
     for (const DType b : {DType::kF8E4M3, DType::kF8E5M2}) {
       for (const DType out : {DType::kF32, DType::kBF16}) {
-        cases.push_back({ScaledDotAttrs{c.dims, out}, {{{c.lhs, dtype}}, {{c.rhs, b}}, scale, scale}});
+        cases.push_back(
+            {ScaledDotAttrs{c.dims, out}, {{{c.lhs, dtype}}, {{c.rhs, b}}, scale, scale}});
       }
     }
   }
@@ -124,7 +126,8 @@ std::vector<TestCase> scaled_dot_cases(const Primitive&, DType dtype) {
 
 // The dot of the operands' (float8) values in double, times both scales.
 std::vector<double> scaled_dot_reference(const Node& n, std::span<const HostValues> in) {
-  std::vector<double> y = dot_reference_of(n.attr<ScaledDotAttrs>().dims, n.type.shape, in[0], in[1]);
+  std::vector<double> y =
+      dot_reference_of(n.attr<ScaledDotAttrs>().dims, n.type.shape, in[0], in[1]);
   for (double& v : y) v *= in[2].v[0] * in[3].v[0];
   return y;
 }
