@@ -91,6 +91,20 @@ Array convert_pending(const Array& x, DType dtype);
 Array dot_general(const Array& a, const Array& b, const DotDims& dims);
 /// a[..., k] x b[k, n] (b of rank 2), or batched a[B..., m, k] x b[B..., k, n] (same batch).
 Array matmul(const Array& a, const Array& b);
+/// torch._scaled_mm: dot_general(a, b, dims) * scale_a * scale_b for float8 a and b (f8_e4m3 or
+/// f8_e5m2, either), the products summed in f32 and the result written in `out_dtype` (bf16 or
+/// f32); scale_a and scale_b are f32 scalars (shape []), the inverses of the scales a and b were
+/// cast with. No gradient flows through it (float8_linear gives its own). Throws SpecError for
+/// other dtypes, a scale that is not an f32 scalar, or dimensions that do not pair up.
+Array scaled_dot(const Array& a, const Array& b, const Array& scale_a, const Array& scale_b,
+                 const DotDims& dims, DType out_dtype);
+/// torchao's Float8Linear with tensorwise dynamic scaling: y = x @ w^T for a Linear weight w
+/// [out, in] (x [..., in]), both cast to f8_e4m3 with a scale 448 / amax of their whole tensor,
+/// multiplied by scaled_dot into x's dtype. Differentiable (custom_vjp): the cotangent of y is
+/// cast to f8_e5m2 with its own scale (57344 / amax) and both gradients are scaled_dots of it
+/// with the saved 8-bit x and w, in x's and w's dtypes. Keeps x and w in 8 bits for the backward
+/// pass, not in their own dtype. Throws SpecError unless x and w are bf16 or f32 of fitting shapes.
+Array float8_linear(const Array& x, const Array& w);
 
 // Reductions (negative axes count from the end).
 Array sum(const Array& x, std::vector<int> axes, bool keepdims = false);

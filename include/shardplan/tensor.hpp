@@ -74,9 +74,11 @@ constexpr DType dtype_of() {
 bool is_computable(DType dtype);
 /// `value` converted to `dtype` (rounded to nearest even for floats; truncated toward zero and
 /// saturated for integers, NaN giving 0: docs/runtime.md, "Numeric policy") and
-/// stored at `dst`. Throws SpecError for a dtype that is not computable.
+/// stored at `dst`. Takes the computable dtypes and the float8 ones (f8_e4m3 past 448 gives NaN,
+/// f8_e5m2 past 57344 inf, as PyTorch's casts). Throws SpecError for any other dtype.
 void store_value(DType dtype, std::byte* dst, double value);
-/// The element at `src` as a double. Throws SpecError for a dtype that is not computable.
+/// The element at `src` as a double (computable and float8 dtypes). Throws SpecError for any
+/// other dtype.
 double load_value(DType dtype, const std::byte* src);
 
 /// Counter-based random numbers: the value depends only on (seed, index), never on the order of
@@ -179,7 +181,7 @@ class Tensor {
   std::span<const T> values() const {
     return {data<T>(), static_cast<std::size_t>(numel())};
   }
-  /// Element `index` (row-major) as a double / set from a double.
+  /// Element `index` (row-major) as a double / set from a double (as load_value, store_value).
   double get(std::int64_t index) const;
   void set(std::int64_t index, double value);
   /// The elements as doubles, in row-major order.

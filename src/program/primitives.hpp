@@ -21,7 +21,7 @@ namespace shardplan::detail {
   X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(sin) X(cos) X(tanh) X(relu) X(gelu) X(sigmoid)      \
   X(abs) X(erf) X(add) X(sub) X(mul) X(div) X(max) X(min) X(pow) X(eq) X(ne) X(lt) X(le)      \
   X(gt) X(ge) X(select) X(convert)                                                            \
-  /* dot.cpp */ X(dot_general)                                                                \
+  /* dot.cpp */ X(dot_general) /* scaled_dot.cpp */ X(scaled_dot)                            \
   /* attention.cpp */ X(attention) X(attention_grad_q) X(attention_grad_kv)                   \
   /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                                  \
   /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \

@@ -5,6 +5,7 @@
 // of float additions, never by how NaN, -0.0 or integer overflow are treated.
 // docs/runtime.md, "Numeric policy", states the same rules for users.
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -145,11 +146,17 @@ I saturate(double x) {
   return static_cast<I>(x);
 }
 
-/// A double stored as T (f32, f64, bf16, i32, i64): floats round to nearest even (bf16 through
-/// float, as jnp.asarray(x, bfloat16) of a float64 does), integers as saturate.
+template <class T>
+struct IsF8 : std::false_type {};
+
+/// A double stored as T (f32, f64, bf16, i32, i64, the float8 types below): floats round to
+/// nearest even (bf16 through float, as jnp.asarray(x, bfloat16) of a float64 does; float8 as
+/// f8_encode), integers as saturate.
 template <class T>
 T from_double(double v) {
-  if constexpr (std::is_integral_v<T>) {
+  if constexpr (IsF8<T>::value) {
+    return T{f8_encode(T::format, v)};
+  } else if constexpr (std::is_integral_v<T>) {
     return saturate<T>(v);
   } else {
     return narrow<T>(v);
@@ -187,6 +194,104 @@ inline float half_to_float(std::uint16_t h) {
     bits = sign | (static_cast<std::uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
   }
   return std::bit_cast<float>(bits);
+}
+
+// ---- float8 -------------------------------------------------------------------------------------
+// The two formats of "FP8 Formats for Deep Learning" (Micikevicius et al. 2022), as PyTorch's
+// float8_e4m3fn / float8_e5m2 and ml_dtypes' (JAX's) types of the same names:
+//   e4m3 (e4m3fn): 4 exponent bits, bias 7, 3 mantissa bits; no infinities, only S.1111.111 is
+//     NaN, so the largest value is S.1111.110 = 448; the smallest subnormal 2^-9.
+//   e5m2: 5 exponent bits, bias 15, 2 mantissa bits, IEEE-like: S.11111.00 is inf, S.11111.xx
+//     NaN; the largest value 57344, the smallest subnormal 2^-16.
+// Encoding rounds to nearest, ties to even, subnormals included. Past the largest value the
+// rounding goes on as if the exponent were unbounded; a result beyond the largest value is inf
+// for e5m2 (IEEE overflow) and NaN for e4m3, which has no inf (PyTorch's and ml_dtypes'
+// conversion: e4m3 448 < |x| < 464 gives 448, |x| >= 464 NaN; e5m2 |x| >= 61440 gives inf).
+// Nothing saturates: float8_linear clamps to the largest value before casting, as torchao does.
+// NaN encodes as S.1111.111 / S.11111.11 (its sign kept); -0.0 stays -0.0.
+
+/// A float8 format's layout.
+struct F8Format {
+  int exp_bits, man_bits, bias;
+  bool ieee;  // the all-ones exponent holds inf and NaN (e5m2); else only all-ones is NaN (e4m3)
+};
+inline constexpr F8Format kE4M3{4, 3, 7, false};
+inline constexpr F8Format kE5M2{5, 2, 15, true};
+
+/// The largest finite value of a format: 448 (e4m3), 57344 (e5m2).
+constexpr double f8_max(F8Format f) {
+  const int max_exp = (1 << f.exp_bits) - (f.ieee ? 2 : 1) - f.bias;
+  const int max_man = (1 << f.man_bits) - (f.ieee ? 1 : 2);
+  double v = 1.0 + static_cast<double>(max_man) / static_cast<double>(1 << f.man_bits);
+  for (int i = 0; i < max_exp; ++i) v *= 2;
+  return v;
+}
+
+/// The value of code `c` of format `f`, exactly (every float8 value is a float).
+inline float f8_decode(F8Format f, std::uint8_t c) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(c & 0x80u) << 24;
+  const std::uint32_t man_mask = (1u << f.man_bits) - 1;
+  const std::uint32_t exp_max = (1u << f.exp_bits) - 1;
+  const std::uint32_t e = (c >> f.man_bits) & exp_max;
+  const std::uint32_t m = c & man_mask;
+  if (e == exp_max && (f.ieee || m == man_mask)) {
+    return std::bit_cast<float>(sign | 0x7f800000u | (f.ieee && m == 0 ? 0u : 0x400000u));
+  }
+  if (e == 0) {  // subnormal (or zero): m * 2^(1 - bias - man_bits)
+    const auto scale = static_cast<std::uint32_t>(127 + 1 - f.bias - f.man_bits) << 23;
+    const float v = static_cast<float>(m) * std::bit_cast<float>(scale);
+    return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(v));
+  }
+  const std::uint32_t exp = e - static_cast<std::uint32_t>(f.bias) + 127;
+  return std::bit_cast<float>(sign | (exp << 23) | (m << (23 - f.man_bits)));
+}
+
+/// `x` rounded to format `f` (nearest, ties to even; overflow as said above): its code.
+inline std::uint8_t f8_encode(F8Format f, double x) {
+  const std::uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const auto nan = static_cast<std::uint8_t>(sign | 0x7f);
+  const auto inf = static_cast<std::uint8_t>(sign | (((1 << f.exp_bits) - 1) << f.man_bits));
+  if (std::isnan(x)) return nan;
+  const double a = std::abs(x);
+  if (std::isinf(a)) return f.ieee ? inf : nan;
+  if (a == 0) return sign;
+  // a = r * 2^(E - man_bits) with r rounded to an integer; E is a's binade, or the subnormals'.
+  int e2 = 0;
+  std::frexp(a, &e2);  // a = fr * 2^e2, fr in [0.5, 1)
+  const int e = std::max(e2 - 1, 1 - f.bias);
+  const double n = std::ldexp(a, f.man_bits - e);  // exact: a power-of-two scaling
+  double r = std::floor(n);
+  const double rest = n - r;
+  if (rest > 0.5 || (rest == 0.5 && std::fmod(r, 2.0) != 0)) r += 1;
+  if (std::ldexp(r, e - f.man_bits) > f8_max(f)) return f.ieee ? inf : nan;
+  const auto ri = static_cast<std::uint32_t>(r);  // < 2^(man_bits + 1)
+  const std::uint32_t one = 1u << f.man_bits;
+  if (ri < one) return static_cast<std::uint8_t>(sign | ri);  // subnormal (e is the lowest)
+  const std::uint32_t biased = ri == 2 * one ? static_cast<std::uint32_t>(e + f.bias + 1)
+                                             : static_cast<std::uint32_t>(e + f.bias);
+  const std::uint32_t m = ri == 2 * one ? 0 : ri - one;
+  return static_cast<std::uint8_t>(sign | (biased << f.man_bits) | m);
+}
+
+/// A float8 element as stored (one byte, its code), for the kernels that convert to and from it.
+template <F8Format const& F>
+struct F8 {
+  static constexpr const F8Format& format = F;
+  std::uint8_t bits;
+};
+template <F8Format const& F>
+struct IsF8<F8<F>> : std::true_type {};
+using f8_e4m3 = F8<kE4M3>;
+using f8_e5m2 = F8<kE5M2>;
+
+template <F8Format const& F>
+double to_double(F8<F> x) {
+  return static_cast<double>(f8_decode(F, x.bits));
+}
+
+/// The format of a float8 dtype; nullptr for any other dtype.
+constexpr const F8Format* f8_format(DType d) {
+  return d == DType::kF8E4M3 ? &kE4M3 : d == DType::kF8E5M2 ? &kE5M2 : nullptr;
 }
 
 }  // namespace shardplan::detail

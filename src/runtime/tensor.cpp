@@ -64,6 +64,10 @@ bool is_computable(DType dtype) {
 }
 
 void store_value(DType dtype, std::byte* dst, double value) {
+  if (const detail::F8Format* f = detail::f8_format(dtype)) {
+    *dst = std::byte{detail::f8_encode(*f, value)};
+    return;
+  }
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T v = detail::from_double<T>(value);
@@ -72,6 +76,9 @@ void store_value(DType dtype, std::byte* dst, double value) {
 }
 
 double load_value(DType dtype, const std::byte* src) {
+  if (const detail::F8Format* f = detail::f8_format(dtype)) {
+    return detail::f8_decode(*f, std::to_integer<std::uint8_t>(*src));
+  }
   return dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     T v;
@@ -177,7 +184,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   const std::int64_t n = std::min<std::int64_t>(t.numel(), 16);
   for (std::int64_t i = 0; i < n; ++i) {
     os << (i ? ", " : "");
-    if (is_computable(t.dtype())) {
+    if (is_computable(t.dtype()) || detail::f8_format(t.dtype()) != nullptr) {
       os << t.get(i);
     } else {
       os << "?";

@@ -1,5 +1,7 @@
 // dot_general (XLA's DotGeneral): result dimensions are batch, then lhs free, then rhs free.
 // Sharding a contracting dimension leaves a partial sum, reduced where the result is consumed.
+#include "dot.hpp"
+
 #include <algorithm>
 #include <optional>
 
@@ -22,20 +24,12 @@ std::string format_attrs(const DotAttrs& a) {
                      fmt::join(d.rhs_contract, ","));
 }
 
-namespace {
-
-TensorType dot_type(const Node& n, std::span<const TensorType> in) {
-  const DotDims& d = n.attr<DotAttrs>().dims;
-  const Shape& a = in[0].shape;
-  const Shape& b = in[1].shape;
+Shape dot_shape(std::string_view op, const DotDims& d, const TensorType& ta, const TensorType& tb) {
+  const Shape& a = ta.shape;
+  const Shape& b = tb.shape;
   auto fail = [&](const std::string& why) {
-    return SpecError(
-        fmt::format("[dot_general] {} and {}: {}", to_string(in[0]), to_string(in[1]), why));
+    return SpecError(fmt::format("[{}] {} and {}: {}", op, to_string(ta), to_string(tb), why));
   };
-  if (in[0].dtype != in[1].dtype) throw fail("different dtypes");
-  if (!is_computable(in[0].dtype)) {
-    throw fail(fmt::format("dtype {} is not supported", name(in[0].dtype)));
-  }
   if (d.lhs_batch.size() != d.rhs_batch.size() || d.lhs_contract.size() != d.rhs_contract.size()) {
     throw fail("batch and contracting dimensions must pair up");
   }
@@ -71,20 +65,37 @@ TensorType dot_type(const Node& n, std::span<const TensorType> in) {
   for (int i = 0; i < b.rank(); ++i) {
     if (!rb[static_cast<std::size_t>(i)]) out.push_back(b[i]);
   }
-  return TensorType{Shape(out), in[0].dtype};
+  return Shape(out);
 }
 
-Contraction dot_contraction(const Node& n) {
-  return n.attr<DotAttrs>().dims.lhs_batch.empty() ? Contraction::kUnbatched
-                                                   : Contraction::kBatched;
+namespace {
+
+TensorType dot_type(const Node& n, std::span<const TensorType> in) {
+  auto fail = [&](const std::string& why) {
+    return SpecError(
+        fmt::format("[dot_general] {} and {}: {}", to_string(in[0]), to_string(in[1]), why));
+  };
+  if (in[0].dtype != in[1].dtype) throw fail("different dtypes");
+  if (!is_computable(in[0].dtype)) {
+    throw fail(fmt::format("dtype {} is not supported", name(in[0].dtype)));
+  }
+  return TensorType{dot_shape(n.op->name, n.attr<DotAttrs>().dims, in[0], in[1]), in[0].dtype};
 }
 
-// Batch dimensions pass; contracting dimensions are reduce factors; free dimensions pass.
+Contraction dot_contraction(const Node& n) { return dot_contraction_of(n.attr<DotAttrs>().dims); }
+
 OpFactors dot_factors(const Node& n, std::span<const Shape> in) {
-  const DotDims& d = n.attr<DotAttrs>().dims;
+  return dot_factors_of(n.attr<DotAttrs>().dims, in[0], in[1]);
+}
+
+}  // namespace
+
+Contraction dot_contraction_of(const DotDims& d) {
+  return d.lhs_batch.empty() ? Contraction::kUnbatched : Contraction::kBatched;
+}
+
+OpFactors dot_factors_of(const DotDims& d, const Shape& l, const Shape& r) {
   OpFactors f;
-  const Shape& l = in[0];
-  const Shape& r = in[1];
   std::vector<int> lf(static_cast<std::size_t>(l.rank()), -1);
   std::vector<int> rf(static_cast<std::size_t>(r.rank()), -1);
   for (std::size_t i = 0; i < d.lhs_batch.size(); ++i) {
@@ -110,13 +121,7 @@ OpFactors dot_factors(const Node& n, std::span<const Shape> in) {
   return f;
 }
 
-// dot_general: each operand is seen as [batch, free, contract] (batch and contracting dims in the
-// order of their pairs), so that out[b] = lhs[b] (m x k) * rhs[b]^T (k x n).
-
-struct DotLayout {
-  std::vector<int> lhs_perm, rhs_perm;  // the operand dims in [batch, free, contract] order
-  std::int64_t batch = 1, m = 1, n = 1, k = 1;
-};
+namespace {
 
 std::vector<int> arranged_dims(int rank, const std::vector<int>& batch,
                                const std::vector<int>& contract) {
@@ -129,6 +134,8 @@ std::vector<int> arranged_dims(int rank, const std::vector<int>& batch,
   perm.insert(perm.end(), contract.begin(), contract.end());
   return perm;
 }
+
+}  // namespace
 
 DotLayout dot_layout(const DotDims& dims, const Shape& lhs, const Shape& rhs) {
   DotLayout l;
@@ -144,6 +151,8 @@ DotLayout dot_layout(const DotDims& dims, const Shape& lhs, const Shape& rhs) {
   for (std::size_t i = nb; i < rhs_free_end; ++i) l.n *= rhs[l.rhs_perm[i]];
   return l;
 }
+
+namespace {
 
 bool is_identity(const std::vector<int>& perm) {
   for (std::size_t i = 0; i < perm.size(); ++i) {
@@ -306,10 +315,18 @@ void dot_kernel(const KernelArgs& k) {
   dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) { dot<T>(k); });
 }
 
-double dot_flops(const Node& n, std::span<const Shape> in, const Shape&) {
-  const DotLayout d = dot_layout(n.attr<DotAttrs>().dims, in[0], in[1]);
+}  // namespace
+
+double dot_flops_of(const DotDims& dims, const Shape& lhs, const Shape& rhs) {
+  const DotLayout d = dot_layout(dims, lhs, rhs);
   return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *
          static_cast<double>(d.k);
+}
+
+namespace {
+
+double dot_flops(const Node& n, std::span<const Shape> in, const Shape&) {
+  return dot_flops_of(n.attr<DotAttrs>().dims, in[0], in[1]);
 }
 
 // Gradient with respect to the lhs (rhs when `for_rhs`): a dot of the cotangent with the other
@@ -361,32 +378,50 @@ std::vector<Array> dot_vjp(const Node& n, const std::vector<Array>& in, const Ar
 
 // ---- Test declaration (primitive_tests.hpp) ---------------------------------------------------
 
+std::vector<TestCase> dot_cases(const Primitive&, DType t) {
+  std::vector<TestCase> cases;
+  for (DotTestCase& c : dot_test_cases()) {
+    cases.push_back(
+        {DotAttrs{std::move(c.dims)}, {{{std::move(c.lhs), t}}, {{std::move(c.rhs), t}}}});
+  }
+  return cases;
+}
+
+std::vector<double> dot_reference(const Node& n, std::span<const HostValues> in) {
+  return dot_reference_of(n.attr<DotAttrs>().dims, n.type.shape, in[0], in[1]);
+}
+
+constexpr PrimitiveTests kDotTests{.public_ops = "dot_general matmul",
+                                   .dtypes = kNumericTypes,
+                                   .cases = dot_cases,
+                                   .reference = dot_reference,
+                                   .gradient = true};
+
+}  // namespace
+
 // A matmul, a batched one, both operands contracted on their other side, and two contracting
 // dimensions paired out of order.
-std::vector<TestCase> dot_cases(const Primitive&, DType t) {
-  const auto operands = [t](Shape a, Shape b) {
-    return std::vector<CaseOperand>{{{std::move(a), t}}, {{std::move(b), t}}};
-  };
-  return {{DotAttrs{{{}, {}, {1}, {0}}}, operands(Shape{8, 4}, Shape{4, 6})},
-          {DotAttrs{{{0}, {0}, {2}, {1}}}, operands(Shape{2, 4, 3}, Shape{2, 3, 6})},
-          {DotAttrs{{{}, {}, {0}, {1}}}, operands(Shape{4, 8}, Shape{6, 4})},
-          {DotAttrs{{{}, {}, {1, 2}, {1, 0}}}, operands(Shape{2, 3, 4}, Shape{4, 3, 5})}};
+std::vector<DotTestCase> dot_test_cases() {
+  return {{{{}, {}, {1}, {0}}, Shape{8, 4}, Shape{4, 6}},
+          {{{0}, {0}, {2}, {1}}, Shape{2, 4, 3}, Shape{2, 3, 6}},
+          {{{}, {}, {0}, {1}}, Shape{4, 8}, Shape{6, 4}},
+          {{{}, {}, {1, 2}, {1, 0}}, Shape{2, 3, 4}, Shape{4, 3, 5}}};
 }
 
 // Each result element: batch, lhs free and rhs free indices from its index, summed over every
 // index of the contracting dimensions.
-std::vector<double> dot_reference(const Node& n, std::span<const HostValues> in) {
-  const DotDims& d = n.attr<DotAttrs>().dims;
-  const Shape& ls = in[0].shape;
-  const Shape& rs = in[1].shape;
+std::vector<double> dot_reference_of(const DotDims& d, const Shape& result, const HostValues& lhs,
+                                     const HostValues& rhs) {
+  const Shape& ls = lhs.shape;
+  const Shape& rs = rhs.shape;
   const auto lfree = free_dims(ls.rank(), d.lhs_batch, d.lhs_contract);
   const auto rfree = free_dims(rs.rank(), d.rhs_batch, d.rhs_contract);
   std::vector<std::int64_t> csizes;
   for (const int c : d.lhs_contract) csizes.push_back(ls[c]);
   const Shape contracted(csizes);
-  std::vector<double> y(static_cast<std::size_t>(n.type.shape.numel()));
+  std::vector<double> y(static_cast<std::size_t>(result.numel()));
   for (std::size_t o = 0; o < y.size(); ++o) {
-    const auto r = unravel(static_cast<std::int64_t>(o), n.type.shape);
+    const auto r = unravel(static_cast<std::int64_t>(o), result);
     std::vector<std::int64_t> li(static_cast<std::size_t>(ls.rank()));
     std::vector<std::int64_t> ri(static_cast<std::size_t>(rs.rank()));
     std::size_t at = 0;
@@ -402,20 +437,12 @@ std::vector<double> dot_reference(const Node& n, std::span<const HostValues> in)
         li[static_cast<std::size_t>(d.lhs_contract[j])] = ci[j];
         ri[static_cast<std::size_t>(d.rhs_contract[j])] = ci[j];
       }
-      y[o] += in[0].v[static_cast<std::size_t>(ravel(li, ls))] *
-              in[1].v[static_cast<std::size_t>(ravel(ri, rs))];
+      y[o] += lhs.v[static_cast<std::size_t>(ravel(li, ls))] *
+              rhs.v[static_cast<std::size_t>(ravel(ri, rs))];
     }
   }
   return y;
 }
-
-constexpr PrimitiveTests kDotTests{.public_ops = "dot_general matmul",
-                                   .dtypes = kNumericTypes,
-                                   .cases = dot_cases,
-                                   .reference = dot_reference,
-                                   .gradient = true};
-
-}  // namespace
 
 namespace prim {
 constinit const Primitive dot_general{.name = "dot_general",

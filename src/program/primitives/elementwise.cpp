@@ -293,7 +293,9 @@ std::string format_attrs(const ConvertAttrs& a) {  // the result type says the d
 
 TensorType convert_type(const Node& n, std::span<const TensorType> in) {
   const DType to = n.attr<ConvertAttrs>().dtype;
-  const auto ok = [](DType d) { return d == DType::kBool || is_computable(d); };
+  const auto ok = [](DType d) {
+    return d == DType::kBool || is_computable(d) || f8_format(d) != nullptr;
+  };
   if (!ok(in[0].dtype) || !ok(to)) {
     reject(n.op->name, in, fmt::format("cannot convert {} to {}", name(in[0].dtype), name(to)));
   }
@@ -304,7 +306,9 @@ TensorType convert_type(const Node& n, std::span<const TensorType> in) {
 // converted from there.
 template <class T>
 auto exact(T x) {
-  if constexpr (std::is_same_v<T, Bool>) {
+  if constexpr (IsF8<T>::value) {
+    return to_double(x);
+  } else if constexpr (std::is_same_v<T, Bool>) {
     return std::int64_t{x.v != 0};
   } else if constexpr (std::is_integral_v<T>) {
     return static_cast<std::int64_t>(x);
@@ -313,22 +317,42 @@ auto exact(T x) {
   }
 }
 
+// The element types convert reads and writes: those kernels compute with, bool, and the float8
+// formats (decoded exactly, encoded by numeric.hpp's f8_encode).
+template <class F>
+void visit_convertible(const KernelArgs& k, DType d, F&& f) {
+  if (d == DType::kF8E4M3) return f(Tag<f8_e4m3>{});
+  if (d == DType::kF8E5M2) return f(Tag<f8_e5m2>{});
+  dispatch_if<IsNumericOrBool>(k, d, std::forward<F>(f));
+}
+
+// x, exact in a double or an int64, stored as To (float8: through the double).
+template <class To, class W>
+To convert_to(W x) {
+  if constexpr (IsF8<To>::value) {
+    return from_double<To>(static_cast<double>(x));
+  } else {
+    return convert_one<To>(x);
+  }
+}
+
 void convert_kernel(const KernelArgs& k) {
-  dispatch_if<IsNumericOrBool>(k, k.in[0].dtype, [&]<class From>(Tag<From>) {
-    dispatch_if<IsNumericOrBool>(k, k.out.dtype, [&]<class To>(Tag<To>) {
+  visit_convertible(k, k.in[0].dtype, [&]<class From>(Tag<From>) {
+    visit_convertible(k, k.out.dtype, [&]<class To>(Tag<To>) {
       const From* x = elems<From>(k.in[0]);
       To* y = elems<To>(k.out);
       const std::int64_t n = k.out.shape.numel();
-      for (std::int64_t i = 0; i < n; ++i) y[i] = convert_one<To>(exact(x[i]));
+      for (std::int64_t i = 0; i < n; ++i) y[i] = convert_to<To>(exact(x[i]));
     });
   });
 }
 
-// A conversion between float types is linear (up to rounding, as any sum in another order);
-// one to or from an integer type or bool truncates.
+// A conversion between the float types kernels compute with is linear (up to rounding, as any
+// sum in another order); one to or from an integer type or bool truncates, and a float8 value
+// is never summed (a pending sum is reduced before it is cast to 8 bits).
 Linearity convert_linearity(const Node& n, std::span<const TensorType> in) {
   const DType to = n.attr<ConvertAttrs>().dtype;
-  if (!is_floating(to) || !is_floating(in[0].dtype)) return Linearity{};
+  if (!floating(to) || !floating(in[0].dtype)) return Linearity{};
   Linearity lin = linear_in_all(n, in);
   lin.carry = n.attr<ConvertAttrs>().sum_after;
   return lin;
@@ -339,9 +363,11 @@ Linearity convert_linearity(const Node& n, std::span<const TensorType> in) {
 // reduce-scatters each layer's gradients as its backward pass ends), not where the gradients
 // are next used (the update, after the whole backward pass: every layer's unreduced sum held
 // until then).
+// To or from float8 no cotangent flows: no op computes in 8 bits, so none could carry one
+// (float8_linear gives its own gradient, custom_vjp).
 Arrays convert_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
   const DType from = in[0].dtype();
-  if (!is_floating(from)) return {Array()};
+  if (!floating(from) || !floating(g.dtype())) return {Array()};
   if (!n.attr<ConvertAttrs>().sum_after) return {astype(g, from)};
   const Array summed = convert_pending(g, from);
   return {current_trace() != nullptr ? with_sharding_like(summed, in[0]) : summed};
@@ -459,15 +485,20 @@ constexpr PrimitiveTests kSelectTests{.public_ops = "where",
                                       .elementwise = [](Xs x) { return x[0] != 0 ? x[1] : x[2]; },
                                       .gradient = true};
 
+// What convert takes: the moved types and the two float8 formats.
+constexpr DTypeSet kConvertTypes{DType::kF32, DType::kF64,  DType::kBF16,   DType::kI32,
+                                 DType::kI64, DType::kBool, DType::kF8E4M3, DType::kF8E5M2};
+
 // From `dtype` to each dtype (values of [-3, 3], so that truncation shows).
 std::vector<TestCase> convert_cases(const Primitive&, DType dtype) {
   std::vector<TestCase> cases;
-  for (const DType to : kMovedTypes.list()) {
+  for (const DType to : kConvertTypes.list()) {
     cases.push_back({ConvertAttrs{to}, {{{Shape{8, 6}, dtype}, {.low = -3, .high = 3}}}});
   }
   return cases;
 }
-// Floats keep the value, integers truncate toward zero, bool is "not zero".
+// Floats keep the value (rounded to the result's dtype: within the registry test's tolerance of
+// it), integers truncate toward zero, bool is "not zero".
 std::vector<double> convert_reference(const Node& n, std::span<const HostValues> in) {
   std::vector<double> y = in[0].v;
   for (double& v : y) {
@@ -480,7 +511,7 @@ std::vector<double> convert_reference(const Node& n, std::span<const HostValues>
   return y;
 }
 constexpr PrimitiveTests kConvertTests{.public_ops = "astype",
-                                       .dtypes = kMovedTypes,
+                                       .dtypes = kConvertTypes,
                                        .cases = convert_cases,
                                        .reference = convert_reference,
                                        .gradient = true};
