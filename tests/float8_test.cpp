@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -419,6 +420,39 @@ TEST(Float8Linear, ShardedOverFourDevicesEqualsOneDeviceBitwise) {
   EXPECT_THAT(text,
               ::testing::ContainsRegex("reshard %[0-9]+ -> PartitionSpec\\(\\): all_gather over "
                                        "'d': 288 B max per device"));
+  // Every gather is of an argument as read (argument_read: through the casts and the scaling),
+  // so a time model overlaps it as FSDP's; the amax all-reduces are not.
+  std::int64_t of_arguments = 0;
+  for (const auto& [on, bytes] : jitted.lower(p, s.put(s.c)).cost().bytes_by_axes) {
+    if (on.kind != CollectiveKind::kAllGather) continue;
+    EXPECT_TRUE(on.of_argument) << bytes << " B gathered of a computed value";
+    if (on.of_argument) of_arguments += bytes;
+  }
+  EXPECT_GE(of_arguments, 288);
+}
+
+// What counts as an argument gathered: an argument scaled by a scalar or bounded by a constant
+// (float8's cast) does; a value computed from two arguments does not.
+TEST(Float8Linear, AGatherIsOfAnArgumentOnlyThroughScalingsAndCasts) {
+  Sharded s;
+  const auto gathered_of_argument = [&](auto f) {
+    auto jitted = sjit(s.mesh, [f](const Array& a, const Array& b) {
+      return with_sharding_constraint(f(a, b), P());
+    });
+    const ProgramCost cost = jitted.lower(s.put(s.w), s.put(s.w)).cost();
+    std::optional<bool> of;
+    for (const auto& [on, bytes] : cost.bytes_by_axes) {
+      if (on.kind == CollectiveKind::kAllGather && bytes > 0) of = on.of_argument;
+    }
+    return of;
+  };
+  const auto scaled = [](const Array& a, const Array&) {
+    return astype(minimum(astype(a, DType::kF32) * 2.0, full_like(astype(a, DType::kF32), 448.0)),
+                  DType::kF8E4M3);
+  };
+  const auto summed = [](const Array& a, const Array& b) { return a + b; };
+  EXPECT_EQ(gathered_of_argument(scaled), std::optional<bool>(true));
+  EXPECT_EQ(gathered_of_argument(summed), std::optional<bool>(false));
 }
 
 // The bytes a device holds when the forward pass ends, beyond the arguments: what is kept for

@@ -145,6 +145,11 @@ struct TrainPlanOptions {
   /// reshard_after_forward (its default); false: kept (--no-reshard-after-forward, ZeRO-2's
   /// behaviour). With recomputation the weights are gathered again either way.
   bool reshard_after_forward = true;
+  /// torchao's float8 training (--float8): every linear layer of the decoder blocks (attention's
+  /// q, k, v, o; the MLP's gate, up, down) as float8_linear (ops.hpp: tensorwise scaling, inputs
+  /// kept for the backward pass in 8 bits, products at the hardware's fp8 rate); the LM head,
+  /// attention and Mixtral's experts stay in the compute dtype. LLaMA-family models only.
+  bool float8 = false;
   /// The LM head and the loss as linear_cross_entropy (groups of tokens; --loss fused), or the
   /// logits whole (--loss naive).
   bool fused_loss = true;
@@ -235,6 +240,7 @@ struct TrainPlan {
   /// Without recomputation: the layers' weights gathered again for the backward pass
   /// (TrainPlanOptions::reshard_after_forward, applied: there are batch axes).
   bool reshard_after_forward = false;
+  bool float8 = false;  // the decoder blocks' linear layers in float8 (TrainPlanOptions::float8)
   bool fused_loss = true;
   bool fused_attention = true;
   /// Whether the norm and residual regions were split along the sequence, and over which axes.

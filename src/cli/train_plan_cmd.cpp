@@ -258,6 +258,10 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_flag("--no-reshard-after-forward", c.no_reshard_after_forward,
               "Without recomputation, keep each layer's gathered weights from the forward pass "
               "to the backward pass (ZeRO-2) instead of gathering them again (FSDP2's default)");
+  t->add_flag("--float8", c.float8,
+              "The decoder blocks' linear layers in float8 as torchao's Float8Linear (tensorwise "
+              "scaling; inputs kept in 8 bits; products at the hardware's fp8 rate); the head and "
+              "attention stay in --param-dtype. LLaMA-family models");
   t->add_option("--remat", c.remat,
                 "What each layer keeps for the backward pass, the rest recomputed: none, full "
                 "(its input only), dots (its weights' matmul outputs), names:A,B (the values "
@@ -344,6 +348,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.grad_accum = c.grad_accum;
   o.recompute = c.recompute;
   o.reshard_after_forward = !c.no_reshard_after_forward;
+  o.float8 = c.float8;
   if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {
     o.sequence_parallel = c.sequence_parallel == "on";
   } else if (!c.sequence_parallel.empty() ||

@@ -27,6 +27,7 @@ struct TrainPlanCommand {
   int grad_accum = 1;
   bool recompute = false;
   bool no_reshard_after_forward = false;
+  bool float8 = false;
   std::string remat;  // --remat; empty: not given
   std::string loss = "fused";
   std::string attention = "fused";

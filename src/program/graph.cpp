@@ -40,4 +40,42 @@ std::string Graph::to_string() const {
   return s + fmt::format("  in ({} ) }}", outs);
 }
 
+namespace {
+
+// A rank-0 value, a source without operands (a constant, a full), or a repetition of one.
+bool scalar_like(const Graph& g, ValueId v) {
+  for (int depth = 0; depth < 8; ++depth) {
+    const Node& n = g[v];
+    if (n.type.shape.rank() == 0 || (n.operands.empty() && !n.is(prim::input))) return true;
+    if (n.op->repeat == nullptr || n.operands.size() != 1) return false;
+    v = n.operands[0];
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<ValueId> argument_read(const Graph& g, ValueId v) {
+  for (int depth = 0; depth < 16; ++depth) {
+    const Node& n = g[v];
+    if (n.is(prim::input)) return v;
+    if (n.operands.size() == 1 &&
+        (n.is(prim::convert) || n.op->barrier || n.op->sharding_identity)) {
+      v = n.operands[0];
+      continue;
+    }
+    if (!n.op->pointwise || n.operands.empty()) return std::nullopt;
+    // One operand carries the argument; the others only scale or bound it.
+    std::optional<ValueId> carried;
+    for (const ValueId o : n.operands) {
+      if (scalar_like(g, o)) continue;
+      if (carried) return std::nullopt;
+      carried = o;
+    }
+    if (!carried) return std::nullopt;
+    v = *carried;
+  }
+  return std::nullopt;
+}
+
 }  // namespace shardplan::detail

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <utility>
 #include <memory>
 #include <string>
@@ -139,5 +140,11 @@ struct Graph {
   /// A jaxpr-like listing: "{ lambda %0:f32[8,16] %1:f32[16,4] . %2:f32[8,4] = dot_general ...
   std::string to_string() const;
 };
+
+/// The argument (an input node) `v` is, read through casts, barriers, sharding identities and
+/// pointwise ops whose other operands are scalars or constants (a scaling: float8's casts):
+/// what FSDP gathers when `v` is resharded (a weight as used), not a value the step computed.
+/// None otherwise. The one definition the costs and the memory report share.
+std::optional<ValueId> argument_read(const Graph& g, ValueId v);
 
 }  // namespace shardplan::detail

@@ -84,14 +84,15 @@ LiveValue describe_live(const Graph& g, const Partitioned& p, const CompileSpec&
   const Node& n = g[st.node];
   v.type = to_string(st.type);
   v.phase = phase_of_step(phases, static_cast<std::size_t>(made_by));
-  const Node& src = n.is(prim::convert) ? g[n.operands[0]] : n;
+  const std::optional<ValueId> arg = argument_read(g, st.node);
+  const Node& src = arg ? g[*arg] : n;
   if (st.kind == Step::Kind::kReshard && src.is(prim::input)) {
     const auto k = static_cast<std::size_t>(src.attr<InputAttrs>().index);
     v.input = static_cast<int>(k);
     v.resharded = true;
     v.what = k < spec.inputs.size() && !spec.inputs[k].name.empty() ? spec.inputs[k].name
                                                                      : fmt::format("input {}", k);
-    if (n.is(prim::convert)) v.what += fmt::format(" as {}", name(n.type.dtype));
+    if (n.type.dtype != src.type.dtype) v.what += fmt::format(" as {}", name(n.type.dtype));
     return v;
   }
   v.what = st.kind == Step::Kind::kReshard ? fmt::format("{} resharded", n.op->name)
@@ -132,12 +133,9 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p, const Compi
     for (const SlotId f : l.free_at_start) alive[index(f)] = 0;
     for (std::size_t s = 0; s <= peak_step; ++s) {
       const Step& st = p.steps[s];
-      // An argument, or an argument cast (mixed precision gathers the weights in the dtype they
-      // are used in).
-      const Node& moved = g[st.node];
-      const bool of_input =
-          st.kind == Step::Kind::kReshard &&
-          (moved.is(prim::input) || (moved.is(prim::convert) && g[moved.operands[0]].is(prim::input)));
+      // An argument, or an argument cast or scaled (mixed precision gathers the weights in the
+      // dtype they are used in, float8 in 8 bits): argument_read.
+      const bool of_input = st.kind == Step::Kind::kReshard && argument_read(g, st.node).has_value();
       kind[index(st.out)] = of_input ? kResharded : kComputed;
       made_by[index(st.out)] = static_cast<int>(s);
       const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;

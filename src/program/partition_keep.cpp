@@ -12,18 +12,11 @@ namespace shardplan::detail {
 
 namespace {
 
-// A floating-point argument as passed, or read through casts, barriers and sharding identities:
-// what FSDP gathers (a weight), not what the step computed.
+// A floating-point argument as read (argument_read): what FSDP gathers (a weight), not what the
+// step computed.
 bool of_argument(const Graph& g, ValueId v) {
-  for (int depth = 0; depth < 8; ++depth) {
-    const Node& n = g[v];
-    if (n.is(prim::input)) return is_floating(n.type.dtype);
-    const bool passes = n.operands.size() == 1 &&
-                        (n.is(prim::convert) || n.op->barrier || n.op->sharding_identity);
-    if (!passes) return false;
-    v = n.operands[0];
-  }
-  return false;
+  const std::optional<ValueId> arg = argument_read(g, v);
+  return arg && is_floating(g[*arg].type.dtype);
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
   const std::int64_t dh = c.head_dim, kv = c.kv_heads, g = c.heads / c.kv_heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   const auto proj = [&](const char* name) {
-    Array y = linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
+    Array y = block_linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
     return checkpoint_name(y, fmt::format("{}", name[0] == 'q'   ? "query_proj"
                                                  : name[0] == 'k' ? "key_proj"
@@ -340,8 +340,9 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   const Array x = normed(rms_norm(h, at(p, "input_layernorm/weight")), "attention_in", L);
   const Array merged = attention(p, x, window);
   Array attended = region(
-      checkpoint_name(linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight")),
-                      "out_proj"),
+      checkpoint_name(
+          block_linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight")),
+          "out_proj"),
       "attention_out", L);
   if (c.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
   const Array h2 = region(h + attended, "residual", L);
@@ -350,7 +351,7 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
     return region(h2 + mixture_of_experts(p.at("block_sparse_moe"), x2), "residual", L, true);
   }
   const auto mlp = [&](const Array& in, const char* name) {
-    Array y = linear(in, at(p, fmt::format("mlp/{}_proj/weight", name)));
+    Array y = block_linear(in, at(p, fmt::format("mlp/{}_proj/weight", name)));
     if (c.mlp_bias) y = y + at(p, fmt::format("mlp/{}_proj/bias", name));
     const std::string_view n = name;
     return checkpoint_name(y, n == "gate" ? "mlpwi_0" : n == "up" ? "mlpwi_1" : "mlpwo");
@@ -511,6 +512,10 @@ Array ModelStep::t5_loss(const Tree<Array>& params, const Array& tokens,
   if (c.tie_embeddings) out = out * (1.0 / std::sqrt(static_cast<double>(c.hidden)));
   const Array logits = linear(out, c.tie_embeddings ? shared : at(params, "lm_head/weight"));
   return mean(cross_entropy(logits, targets));
+}
+
+Array ModelStep::block_linear(const Array& x, const Array& w) const {
+  return float8 ? float8_linear(x, w) : linear(x, w);
 }
 
 Tree<Array> ModelStep::for_use(const Tree<Array>& weights) const {

@@ -90,6 +90,11 @@ struct ModelStep {
   /// pass reads the held weights again and gathers (and casts) them again instead of keeping
   /// the forward pass's gathered copies. (With `remat` the checkpoint does this already.)
   bool reshard_after_forward = false;
+  /// The LLaMA-family blocks' linear layers (q, k, v, o, gate, up, down) as float8_linear.
+  bool float8 = false;
+
+  /// y = x @ w^T for a block's Linear weight w [out, in]: float8_linear with `float8`.
+  Array block_linear(const Array& x, const Array& w) const;
 
   /// `weights` cast for use (compute_dtype); as they are without one.
   Tree<Array> for_use(const Tree<Array>& weights) const;

@@ -275,7 +275,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .compute_dtype = held == o.param_dtype ? std::nullopt
                                                               : std::optional(o.param_dtype),
                        .reduce_in_held = o.reduce_dtype == held,
-                       .reshard_after_forward = reshards_after_forward(o, layout)};
+                       .reshard_after_forward = reshards_after_forward(o, layout),
+                       .float8 = o.float8};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // Mixed precision: the model casts the held weights where it uses them (ModelStep::

@@ -146,6 +146,16 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
   if (o.target_seq < 0) {
     throw SpecError(fmt::format("[train] target sequence length {} is negative", o.target_seq));
   }
+  if (o.float8 && config.family != ModelFamily::kLlama && config.family != ModelFamily::kMixtral) {
+    throw SpecError(fmt::format(
+        "[train] float8 linear layers are planned for LLaMA-family blocks (llama, mistral, qwen2, "
+        "mixtral's attention), not {} ({})",
+        config.family_name(), detail::printable(config.model_type)));
+  }
+  if (o.float8 && o.param_dtype != DType::kBF16 && o.param_dtype != DType::kF32) {
+    throw SpecError(fmt::format("[train] float8 linear layers take bf16 or f32 inputs, not {}",
+                                name(o.param_dtype)));
+  }
   if (config.family == ModelFamily::kT5 && train::effective_remat(o)) {
     throw SpecError(
         "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
@@ -458,6 +468,7 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.remat = remat_name(train::effective_remat(o));
   plan.fused_loss = o.fused_loss;
   plan.fused_attention = o.fused_attention;
+  plan.float8 = o.float8;
   plan.optimizer = std::string(name(o.optimizer));
   plan.param_dtype = o.param_dtype;
   plan.master_dtype = o.master_dtype.value_or(o.param_dtype);

@@ -111,6 +111,12 @@ std::string TrainPlan::table() const {
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
                         : "off");
+  if (float8) {  // before the blank line the row above ends with
+    out.insert(out.size() - 2,
+               fmt::format(", linear layers float8 (tensorwise scaling, inputs kept in 8 bits; "
+                           "the head and attention in {})",
+                           name(param_dtype)));
+  }
   if (!context_axes.empty()) {  // before the blank line the row above ends with
     out.insert(out.size() - 2,
                fmt::format(", context parallel over {} (ring attention, load-balanced order)",
@@ -207,6 +213,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["recompute"] = p.recompute;
   j["remat"] = p.remat;
   j["reshard_after_forward"] = p.reshard_after_forward;
+  j["float8"] = p.float8;
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["sequence_parallel"] = p.sequence_parallel;
