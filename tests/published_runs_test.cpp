@@ -43,7 +43,16 @@ struct Row {
   std::string missing;
   /// Empty when the prediction meets the tolerances; else why it does not (the gap).
   std::string known_gap;
+  bool float8 = false;  // torchao's Float8Linear on the blocks' linear layers (--float8)
 };
+
+// Why the peak is under on some rows: the published figure is the caching allocator's reserved
+// peak (torch.cuda max_memory_reserved), which holds more than is live at once; the plan counts
+// what is live. Eager runs also make transients the planned program does not (f32 copies in each
+// recomputed block's norms and rotary embedding): their gap is the largest.
+const char* const kReservedUnder =
+    "peak under by more than 10%: reserved bytes (the caching allocator's) against the live "
+    "bytes planned; eager PyTorch's f32 transients in each block are not in the program";
 
 const char* const kTorchtitan =
     "pytorch/torchtitan docs/performance.md (Dec 2024; H100 96 GB HBM2e, 500 W, torch 1963fc8)";
@@ -51,17 +60,20 @@ const char* const kTorchtitan =
 std::vector<Row> rows() {
   const std::string t = kTorchtitan;
   return {
-      {t, "Table 1: Llama 3.1 8B, FSDP", "fsdp:8", 16, 8192, kTorchtitanOpSac, 82.4, 5762, "", ""},
+      {t, "Table 1: Llama 3.1 8B, FSDP", "fsdp:8", 16, 8192, kTorchtitanOpSac, 82.4, 5762, "",
+       kReservedUnder},
       {t, "Table 1: Llama 3.1 8B, FSDP + torch.compile", "fsdp:8", 16, 8192, kTorchtitanOpSac, 77.0,
-       6667, "", ""},
+       6667, "", kReservedUnder},
       {t, "Table 3: Llama 3.1 8B, FSDP, 128 GPUs", "fsdp:128", 256, 8192, kTorchtitanOpSac, 67.0,
-       5605, "", ""},
+       5605, "", kReservedUnder},
       {t, "Table 3: Llama 3.1 8B, FSDP + torch.compile, 128 GPUs", "fsdp:128", 256, 8192,
-       kTorchtitanOpSac, 62.0, 6514, "",
-       "peak 10.4% over: the planner plans one program for eager and compiled runs; "
-       "torch.compile's lower peak (5 GiB below eager, measured) is not modelled"},
-      {t, "Table 1: + Float8", "fsdp:8", 16, 8192, kTorchtitanOpSac, 76.8, 8532,
-       "float8 linear layers (torchao Float8Linear, tensorwise scaling)", ""},
+       kTorchtitanOpSac, 62.0, 6514, "", ""},
+      // Float8Linear's products reach the SAC policy as aten.mm (torchao's Float8Tensor
+      // intercepts mm), so op-SAC saves them as in bf16: the published peaks are the bf16 rows'.
+      {t, "Table 1: + Float8 (FSDP + torch.compile + Float8)", "fsdp:8", 16, 8192,
+       kTorchtitanOpSac, 76.8, 8532, "", kReservedUnder, true},
+      {t, "Table 3: + Float8, 128 GPUs", "fsdp:128", 256, 8192, kTorchtitanOpSac, 61.8, 8380, "",
+       "", true},
       {t, "Table 2: FSDP + CP + compile + Float8, 32k-262k tokens", "fsdp:8 .. cp:8", 8, 32768,
        "full", 83.9, 3890, "float8 linear layers", ""},
       {t, "Table 4: Llama 3.1 70B, FSDP 32 x TP 8, compile + Float8 (+ AsyncTP)", "fsdp:32,tp:8",
@@ -120,6 +132,7 @@ TEST(PublishedRuns, EachExpressibleRowIsPlannedAndComparedWithItsMeasurement) {
     o.master_dtype = o.reduce_dtype = DType::kF32;
     o.grad_dtype = o.optimizer_dtype = DType::kF32;
     o.hardware = hw;
+    o.float8 = r.float8;
     o.headroom = 0;  // the run fit on the device: its verdict is peak <= capacity
     const TrainPlan p = plan_training(config, Mesh::parse(r.mesh, devices_of(r.mesh)), load_preset("llama_fsdp").make_rule(), o);
     ASSERT_TRUE(p.time.has_value());

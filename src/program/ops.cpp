@@ -7,6 +7,7 @@
 
 #include "primitives.hpp"
 #include "resolve_rules.hpp"
+#include "shardplan/autodiff.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/sjit.hpp"
@@ -82,8 +83,18 @@ Array softmax(const Array& x, int axis) {
 
 Array log_softmax(const Array& x, int axis) {
   axis = detail::normalize_axis(axis, x, "log_softmax");
-  const Array shifted = x - max(x, {axis}, true);
-  return shifted - log(sum(exp(shifted), {axis}, true));
+  // Differentiated as PyTorch's kernel is: only the result is kept for the backward pass, whose
+  // cotangent is g - exp(result) * sum(g). (Through its ops, the max's VJP would keep the input
+  // and its broadcast max, and exp its result: three arrays of x's size.)
+  const auto fwd = [axis](const std::vector<Array>& in) {
+    const Array shifted = in[0] - max(in[0], {axis}, true);
+    const Array result = shifted - log(sum(exp(shifted), {axis}, true));
+    return CustomVjpForward{{result}, {result}};
+  };
+  const auto bwd = [axis](const std::vector<Array>& res, const std::vector<Array>& cts) {
+    return std::vector<Array>{cts[0] - exp(res[0]) * sum(cts[0], {axis}, true)};
+  };
+  return custom_vjp(fwd, bwd, {x}).at(0);
 }
 
 Array cross_entropy(const Array& logits, const Array& labels) {
