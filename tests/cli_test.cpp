@@ -1230,6 +1230,18 @@ TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
   EXPECT_EQ(none["recompute"], false);
   EXPECT_EQ(none["reshard_after_forward"], true);
   EXPECT_EQ(full["reshard_after_forward"], false);
+  // --float8: the blocks' products move to the float8 figure; refused on hardware without it.
+  const auto f8 = plan("--float8");
+  EXPECT_EQ(f8["float8"], true);
+  EXPECT_EQ(none["float8"], false);
+  EXPECT_EQ(none["per_device"]["matmul_fp8_flops"], 0.0);
+  EXPECT_GT(f8["per_device"]["matmul_fp8_flops"].get<double>(), 0.0);
+  EXPECT_LT(f8["per_device"]["matmul_flops"].get<double>(),
+            none["per_device"]["matmul_flops"].get<double>());
+  const Result no_fp8 = run(fmt::format(
+      "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --float8 --hardware a100-80g", cfg));
+  EXPECT_EQ(no_fp8.code, 1);
+  EXPECT_THAT(no_fp8.err, ::testing::HasSubstr("'a100-80g' has no float8 matrix units"));
   EXPECT_EQ(full["remat"], "full");
   EXPECT_EQ(recompute["remat"], "full");
   EXPECT_EQ(full["recompute"], true);

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Plans the published runs that tests/published_runs_test.cpp does not contain (docs/validation.md,
+# "Held out") with their settings, one line each: planned peak and tokens/s per device beside the
+# published figures ("-" where none is published) and the fits verdict.
+# Usage: scripts/held_out_runs.sh [path to the shardplan binary, default build-release/shardplan]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-build-release/shardplan}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Llama 2's config.json fields the step reads (meta-llama/Llama-2-13b-hf, Llama-2-70b-hf).
+mkdir -p "$tmp/l2-13b" "$tmp/l2-70b"
+echo '{"model_type": "llama", "vocab_size": 32000, "hidden_size": 5120, "intermediate_size": 13824,
+  "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40}' > "$tmp/l2-13b/config.json"
+echo '{"model_type": "llama", "vocab_size": 32000, "hidden_size": 8192, "intermediate_size": 28672,
+  "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8}' > "$tmp/l2-70b/config.json"
+l3_8b=tests/data/hf_configs/Meta-Llama-3-8B
+l3_70b=tests/data/hf_configs/Meta-Llama-3-70B
+opsac=names:query_proj,value_proj,context,mlpwi_0,mlpwo  # torchtitan's op-SAC (docs/validation.md)
+run() {  # label, published GiB, published tok/s, train-plan arguments...
+  local label=$1 gib=$2 tps=$3 out
+  shift 3
+  out=$("$bin" train-plan --mixed-precision fsdp2 --loss naive --headroom 0 "$@" 2>&1) || {
+    echo "$label: $out"
+    return
+  }
+  printf '%-40s peak %9s GiB (published %5s)  tok/s %6s (published %5s)  %s\n' "$label" \
+    "$(awk '/^  peak/ {print $2}' <<<"$out")" "$gib" \
+    "$(awk '/tokens\/s per device/ {print $4}' <<<"$out")" "$tps" \
+    "$(grep -oE 'fits$|does NOT fit.*' <<<"$out")"
+}
+a100=(--hardware a100-80g --rules preset:llama_fsdp --mesh fsdp:64)
+run "L3 8B, bs1, op-SAC, 64 A100" - 2973 -c $l3_8b "${a100[@]}" --batch 64 --seq 8192 --remat $opsac
+run "L3 70B, bs1, full AC, 64 A100" - 331 -c $l3_70b "${a100[@]}" --batch 64 --seq 8192 --remat full
+run "L2 13B, bs2, op-SAC, 64 A100" - 1904 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
+run "L2 70B, bs2, full AC, 64 A100" - 353 -c "$tmp/l2-70b" "${a100[@]}" --batch 128 --seq 4096 --remat full
+run "L2 70B, bs1, op-SAC, 64 A100" - 355 -c "$tmp/l2-70b" "${a100[@]}" --batch 64 --seq 4096 --remat $opsac
+run "L2 13B, bs2, no AC, 64 A100 (fit)" - 2162 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096
+run "L2 70B, bs2, op-SAC, 64 A100 (OOM)" - - -c "$tmp/l2-70b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
+h100=(--hardware tests/data/hardware/h100-hbm2e-500w.yaml --float8 --remat full)
+run "L3.1 8B, CP table: fsdp:8, 32k" 83.9 3890 -c $l3_8b "${h100[@]}" --mesh fsdp:8 --seq 32768 --batch 8
+run "L3.1 8B, CP table: fsdp:4,cp:2, 64k" 84.2 2540 -c $l3_8b "${h100[@]}" --mesh fsdp:4,cp:2 --seq 65536 --batch 4
+run "L3.1 8B, CP table: fsdp:2,cp:4, 128k" 84.0 1071 -c $l3_8b "${h100[@]}" --mesh fsdp:2,cp:4 --seq 131072 --batch 2
+run "L3.1 8B, CP table: fsdp:1,cp:8, 256k" 84.5 548 -c $l3_8b "${h100[@]}" --mesh fsdp:1,cp:8 --seq 262144 --batch 1
+run "L3.1 70B, fsdp:32,tp:8, Float8" 71.9 829 -c $l3_70b "${h100[@]}" --mesh fsdp:32,tp:8 --batch 512 --seq 8192
+h200=(--hardware h200 --rules preset:llama_fsdp --float8 --remat names:context --seq 8192)
+run "L3.1 8B, 32 H200, Float8" 47.96 10938 -c $l3_8b "${h200[@]}" --mesh fsdp:32 --batch 64
+run "L3.1 8B, 64 H200, Float8" 46.97 10753 -c $l3_8b "${h200[@]}" --mesh fsdp:64 --batch 128
