@@ -188,6 +188,36 @@ std::vector<std::string> batch_axes_option(const std::string& text) {
   return out;
 }
 
+// The dtypes of the step and the hardware it is timed on (what each number is computed in).
+void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
+  t->add_option("--param-dtype", c.param_dtype,
+                "The weights' dtype, bf16, f32 or f64 (the forward computes in it)")
+      ->capture_default_str();
+  t->add_option("--grad-dtype", c.grad_dtype,
+                "The gradients' dtype, bf16, f32 or f64. Default: --param-dtype");
+  t->add_option("--master-dtype", c.master_dtype,
+                "Mixed precision (FSDP2's MixedPrecisionPolicy): the weights held, sharded, and "
+                "updated in this dtype, cast to --param-dtype for use. Default: --param-dtype");
+  t->add_option("--reduce-dtype", c.reduce_dtype,
+                "Mixed precision: the gradients reduced over the batch axes in this dtype "
+                "(FSDP2's reduce_dtype). Default: as computed (--param-dtype)");
+  t->add_option("--mixed-precision", c.mixed_precision,
+                "fsdp2: torchtitan's default, weights and optimizer state f32, computed in "
+                "--param-dtype (bf16), gradients reduced and held in f32 (= --master-dtype f32 "
+                "--reduce-dtype f32 --grad-dtype f32 --optimizer-dtype f32)");
+  t->add_option("--hardware", c.hardware,
+                "Estimate the step's time on this hardware: h100-sxm, h200, a100-80g, a100-40g, "
+                "or a .yaml file (docs/training.md); its memory is the device memory unless "
+                "--device-memory is given");
+  t->add_option("--optimizer-dtype", c.optimizer_dtype,
+                "The optimizer state's dtype, bf16, f32 or f64 (the update runs in it)")
+      ->capture_default_str();
+  t->add_flag("--float8", c.float8,
+              "The decoder blocks' linear layers in float8 as torchao's Float8Linear (tensorwise "
+              "scaling; inputs kept in 8 bits; products at the hardware's fp8 rate); the head and "
+              "attention stay in --param-dtype. LLaMA-family models");
+}
+
 }  // namespace
 
 TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
@@ -226,28 +256,7 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_option("--optimizer", c.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
-  t->add_option("--param-dtype", c.param_dtype,
-                "The weights' dtype, bf16, f32 or f64 (the forward computes in it)")
-      ->capture_default_str();
-  t->add_option("--grad-dtype", c.grad_dtype,
-                "The gradients' dtype, bf16, f32 or f64. Default: --param-dtype");
-  t->add_option("--master-dtype", c.master_dtype,
-                "Mixed precision (FSDP2's MixedPrecisionPolicy): the weights held, sharded, and "
-                "updated in this dtype, cast to --param-dtype for use. Default: --param-dtype");
-  t->add_option("--reduce-dtype", c.reduce_dtype,
-                "Mixed precision: the gradients reduced over the batch axes in this dtype "
-                "(FSDP2's reduce_dtype). Default: as computed (--param-dtype)");
-  t->add_option("--mixed-precision", c.mixed_precision,
-                "fsdp2: torchtitan's default, weights and optimizer state f32, computed in "
-                "--param-dtype (bf16), gradients reduced and held in f32 (= --master-dtype f32 "
-                "--reduce-dtype f32 --grad-dtype f32 --optimizer-dtype f32)");
-  t->add_option("--hardware", c.hardware,
-                "Estimate the step's time on this hardware: h100-sxm, h200, a100-80g, a100-40g, "
-                "or a .yaml file (docs/training.md); its memory is the device memory unless "
-                "--device-memory is given");
-  t->add_option("--optimizer-dtype", c.optimizer_dtype,
-                "The optimizer state's dtype, bf16, f32 or f64 (the update runs in it)")
-      ->capture_default_str();
+  add_precision_options(t, c);
   t->add_option("--grad-accum", c.grad_accum,
                 "Micro-batches per step (the batch splits evenly; activations of one at a time)")
       ->check(CLI::Range(1, 1 << 20))
@@ -258,10 +267,6 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_flag("--no-reshard-after-forward", c.no_reshard_after_forward,
               "Without recomputation, keep each layer's gathered weights from the forward pass "
               "to the backward pass (ZeRO-2) instead of gathering them again (FSDP2's default)");
-  t->add_flag("--float8", c.float8,
-              "The decoder blocks' linear layers in float8 as torchao's Float8Linear (tensorwise "
-              "scaling; inputs kept in 8 bits; products at the hardware's fp8 rate); the head and "
-              "attention stay in --param-dtype. LLaMA-family models");
   t->add_option("--remat", c.remat,
                 "What each layer keeps for the backward pass, the rest recomputed: none, full "
                 "(its input only), dots (its weights' matmul outputs), names:A,B (the values "
