@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -327,6 +329,30 @@ TEST(Profiler, AnUnwritablePathIsAnIoErrorNamingIt) {
   const json doc = json::parse(in);
   EXPECT_EQ(trace_format_violation(doc), "");
   EXPECT_EQ(doc, json::parse(profiler::trace_json()));
+  std::filesystem::remove_all(dir);
+}
+
+// The command reads what the profiler writes: every device's row, the product and the summed
+// collective listed.
+TEST(Profiler, TraceSummarizeReadsTheWrittenTrace) {
+  ContractionProgram p;
+  {
+    profiler::ProfileSession session;
+    for (int i = 0; i < 2; ++i) (void)p.f(p.x, p.w);
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "profiler_test_cli";
+  std::filesystem::create_directories(dir);
+  profiler::write_trace(dir / "t.json");
+  const std::string cmd = "'" + std::string(SHARDPLAN_CLI) + "' trace summarize '" +
+                          (dir / "t.json").string() + "' > '" + (dir / "out.txt").string() + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream in(dir / "out.txt");
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(out, ::testing::ContainsRegex("kernel +dot_general +8 "));
+  EXPECT_THAT(out, ::testing::ContainsRegex("collective +reduce_scatter +8 "));
+  for (const char* thread : {"device 0", "device 1", "device 2", "device 3", "host"}) {
+    EXPECT_THAT(out, HasSubstr(thread));
+  }
   std::filesystem::remove_all(dir);
 }
 
