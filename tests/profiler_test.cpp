@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -25,8 +25,8 @@
 namespace shardplan {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 // The trace event format (Google's "Trace Event Format" document) for the phases written here:
 // every event an object with a string "ph" and "name" and integer "pid" and "tid"; a complete
@@ -40,9 +40,8 @@ std::string trace_format_violation(const json& doc) {
       !(doc["displayTimeUnit"] == "ms" || doc["displayTimeUnit"] == "ns")) {
     return "displayTimeUnit is neither ms nor ns";
   }
-  const std::set<std::string> metadata_names = {"process_name", "process_labels",
-                                                "process_sort_index", "thread_name",
-                                                "thread_sort_index"};
+  const std::set<std::string> metadata_names = {
+      "process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"};
   for (const json& e : doc["traceEvents"]) {
     const std::string at = e.dump();
     if (!e.is_object()) return "an event is not an object: " + at;
@@ -50,7 +49,8 @@ std::string trace_format_violation(const json& doc) {
       if (!e.contains(k) || !e[k].is_string()) return std::string("no string ") + k + ": " + at;
     }
     for (const char* k : {"pid", "tid"}) {
-      if (!e.contains(k) || !e[k].is_number_integer()) return std::string("no integer ") + k + ": " + at;
+      if (!e.contains(k) || !e[k].is_number_integer())
+        return std::string("no integer ") + k + ": " + at;
     }
     if (e["ph"] == "X") {
       if (!e.contains("ts") || !e["ts"].is_number()) return "X without a number ts: " + at;
@@ -126,7 +126,9 @@ TEST(NamedScope, NestsWithSlashesAndCloses) {
 
 TEST(NamedScope, ANameThatIsNotUtf8IsASpecErrorNamingItEscaped) {
   try {
-    auto s = named_scope("bad\xff" "name");
+    auto s = named_scope(
+        "bad\xff"
+        "name");
     FAIL() << "accepted";
   } catch (const SpecError& e) {
     EXPECT_THAT(e.what(), HasSubstr("bad\\xffname"));
@@ -168,8 +170,13 @@ TEST(Profiler, TraceFollowsTheEventFormat) {
     }
   }
   // The checker itself refuses what the format forbids.
-  EXPECT_NE(trace_format_violation(json::parse(R"({"traceEvents":[{"ph":"X","name":"a","pid":0,"tid":0,"ts":1}]})")), "");
-  EXPECT_NE(trace_format_violation(json::parse(R"({"traceEvents":[{"ph":"X","name":"a","pid":"0","tid":0,"ts":1,"dur":1,"cat":"k"}]})")), "");
+  EXPECT_NE(trace_format_violation(
+                json::parse(R"({"traceEvents":[{"ph":"X","name":"a","pid":0,"tid":0,"ts":1}]})")),
+            "");
+  EXPECT_NE(
+      trace_format_violation(json::parse(
+          R"({"traceEvents":[{"ph":"X","name":"a","pid":"0","tid":0,"ts":1,"dur":1,"cat":"k"}]})")),
+      "");
   EXPECT_NE(trace_format_violation(json::parse(R"({"events":[]})")), "");
 }
 
@@ -258,7 +265,8 @@ TEST(Profiler, EventsOnADeviceDoNotOverlap) {
         const double a0 = events[i]["ts"], a1 = a0 + events[i]["dur"].get<double>();
         const double b0 = events[j]["ts"], b1 = b0 + events[j]["dur"].get<double>();
         const bool disjoint = a1 <= b0 + kEps || b1 <= a0 + kEps;
-        const bool nested = (a0 <= b0 + kEps && b1 <= a1 + kEps) || (b0 <= a0 + kEps && a1 <= b1 + kEps);
+        const bool nested =
+            (a0 <= b0 + kEps && b1 <= a1 + kEps) || (b0 <= a0 + kEps && a1 <= b1 + kEps);
         const bool kernel = events[i]["cat"] == "kernel" || events[j]["cat"] == "kernel";
         EXPECT_TRUE(disjoint || (nested && !kernel))
             << "device " << device << ": " << events[i].dump() << " and " << events[j].dump();

@@ -8,7 +8,8 @@
 namespace shardplan::cli {
 
 TraceCommand& add_trace_commands(CLI::App& app, TraceCommand& c) {
-  c.command = app.add_subcommand("trace", "Read profiler traces (Chrome/Perfetto trace event JSON)");
+  c.command =
+      app.add_subcommand("trace", "Read profiler traces (Chrome/Perfetto trace event JSON)");
   c.command->require_subcommand(1);
   c.summarize = c.command->add_subcommand(
       "summarize",

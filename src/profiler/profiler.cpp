@@ -1,6 +1,8 @@
 // The profiler's recording: the flag, a buffer per thread that records (pool threads append
 // without contending: each buffer's mutex is taken by its own thread, and by collect() only),
 // the sessions, and the named-scope stack.
+#include "shardplan/profiler.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/detail/utf8.hpp"
 #include "shardplan/error.hpp"
-#include "shardplan/profiler.hpp"
 
 namespace shardplan::profiler::detail {
 
@@ -141,9 +142,9 @@ std::size_t event_count() { return detail::collect(nullptr).size(); }
 
 NamedScope::NamedScope(std::string_view name) {
   if (name.empty() || !detail::is_utf8(name)) {
-    throw SpecError(fmt::format("[named_scope] the scope name '{}' is {}; give a non-empty UTF-8 name",
-                                detail::printable(name),
-                                name.empty() ? "empty" : "not valid UTF-8"));
+    throw SpecError(
+        fmt::format("[named_scope] the scope name '{}' is {}; give a non-empty UTF-8 name",
+                    detail::printable(name), name.empty() ? "empty" : "not valid UTF-8"));
   }
   const std::shared_ptr<const std::string>& outer = profiler::detail::current_scope();
   std::string path = outer ? fmt::format("{}/{}", *outer, name) : std::string(name);

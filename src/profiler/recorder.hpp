@@ -23,11 +23,11 @@ inline constexpr int kHostTid = 1000000;
 struct Event {
   Category cat = Category::kKernel;
   int device = 0;
-  std::int64_t start_ns = 0, end_ns = 0;  // steady_clock
-  std::shared_ptr<const std::string> name;   // the op ("dot_general", "fused(add, exp)")
-  std::shared_ptr<const std::string> scope;  // its named scope, or null
-  std::int64_t bytes = -1;                   // a collective's bytes received by this device
-  int kind = -1;                             // a collective's CollectiveKind, or -1
+  std::int64_t start_ns = 0, end_ns = 0;          // steady_clock
+  std::shared_ptr<const std::string> name;        // the op ("dot_general", "fused(add, exp)")
+  std::shared_ptr<const std::string> scope;       // its named scope, or null
+  std::int64_t bytes = -1;                        // a collective's bytes received by this device
+  int kind = -1;                                  // a collective's CollectiveKind, or -1
   std::shared_ptr<const std::vector<int>> peers;  // a collective's other devices
 };
 

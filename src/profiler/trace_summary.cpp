@@ -71,7 +71,8 @@ std::string string_or(const Members& m, const char* key, std::string_view file,
     if (required) fail(file, fmt::format("{} has no '{}'", where, key));
     return {};
   }
-  if (!v->is_string()) fail(file, fmt::format("{}: '{}' is {}, not a string", where, key, v->type_name()));
+  if (!v->is_string())
+    fail(file, fmt::format("{}: '{}' is {}, not a string", where, key, v->type_name()));
   return std::string(v->str());
 }
 
@@ -185,9 +186,8 @@ TraceSummary summarize_trace(std::string_view text, std::string_view file) {
   if (s.events == 0) fail(file, "not a trace: it has no complete ('ph': 'X') events");
   s.span_us = last - first;
   for (auto& [key, row] : ops) s.ops.push_back(std::move(row));
-  std::stable_sort(s.ops.begin(), s.ops.end(), [](const auto& a, const auto& b) {
-    return a.total_us > b.total_us;
-  });
+  std::stable_sort(s.ops.begin(), s.ops.end(),
+                   [](const auto& a, const auto& b) { return a.total_us > b.total_us; });
   for (auto& [key, t] : tracks) {
     if (t.busy.empty() && t.kernels.empty()) continue;  // only named
     TraceSummary::ThreadRow r;
@@ -230,14 +230,14 @@ std::string format_trace_summary(const TraceSummary& s, std::string_view file, s
                      "mean");
   for (std::size_t i = 0; i < s.ops.size() && i < top; ++i) {
     const TraceSummary::OpRow& r = s.ops[i];
-    out += fmt::format("  {:<10} {:<32} {:>7} {:>10} {:>10}\n", printable(r.cat),
-                       printable(r.name), r.count, duration(r.total_us), duration(r.mean_us()));
+    out += fmt::format("  {:<10} {:<32} {:>7} {:>10} {:>10}\n", printable(r.cat), printable(r.name),
+                       r.count, duration(r.total_us), duration(r.mean_us()));
   }
   out += fmt::format("\nper thread, over the trace's {}\n", duration(s.span_us));
-  out += fmt::format("  {:<16} {:>10} {:>7} {:>10} {:>10} {:>10}\n", "thread", "busy", "of span", "idle",
-                     "comm", "exposed");
+  out += fmt::format("  {:<16} {:>10} {:>8} {:>10} {:>10} {:>10}\n", "thread", "busy", "of span",
+                     "idle", "comm", "exposed");
   for (const TraceSummary::ThreadRow& r : s.threads) {
-    out += fmt::format("  {:<16} {:>10} {:>7} {:>10} {:>10} {:>10}\n", printable(r.name),
+    out += fmt::format("  {:<16} {:>10} {:>8} {:>10} {:>10} {:>10}\n", printable(r.name),
                        duration(r.busy_us), percent(r.busy_us, s.span_us), duration(r.idle_us),
                        duration(r.comm_us), duration(r.exposed_comm_us));
   }

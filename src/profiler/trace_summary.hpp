@@ -21,10 +21,10 @@ struct TraceSummary {
   /// One track (a device, or the host) of one process, over the whole trace's span.
   struct ThreadRow {
     int pid = 0, tid = 0;
-    std::string name;  // its thread_name metadata, else "pid P tid T"
-    double busy_us = 0;  // the union of its events that are not waits
-    double idle_us = 0;  // the span less busy
-    double comm_us = 0;  // the union of its collectives
+    std::string name;            // its thread_name metadata, else "pid P tid T"
+    double busy_us = 0;          // the union of its events that are not waits
+    double idle_us = 0;          // the span less busy
+    double comm_us = 0;          // the union of its collectives
     double exposed_comm_us = 0;  // of that, what no kernel on the same track overlaps
   };
   std::int64_t events = 0;  // complete events read

@@ -1,9 +1,8 @@
 // The recorded events as Chrome/Perfetto trace event JSON (the "JSON Array/Object Format" of the
 // Trace Event Format document): complete events ("ph": "X") per device, metadata events ("ph":
 // "M") naming the process ("rank N") and its threads ("device D", "host").
-#include <nlohmann/json.hpp>
-
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "../output_file.hpp"
@@ -59,9 +58,9 @@ std::string trace_json() {
   std::set<int> threads;
   for (const detail::Event& e : events) threads.insert(e.device);
   for (const int t : threads) {
-    list.push_back(metadata("thread_name", pid, t,
-                            t == detail::kHostTid ? std::string("host")
-                                                  : "device " + std::to_string(t)));
+    list.push_back(
+        metadata("thread_name", pid, t,
+                 t == detail::kHostTid ? std::string("host") : "device " + std::to_string(t)));
     // The host first, then the devices in order.
     list.push_back(json{{"name", "thread_sort_index"},
                         {"ph", "M"},

@@ -80,9 +80,12 @@ void profile_kernel_step(const Executor& executor, const Mesh& mesh, const Graph
     const std::int64_t e = spans[2 * static_cast<std::size_t>(d) + 1];
     if (s == 0 && e == 0) continue;
     add_wait(d, start_ns, s, name, scope);
-    profiler::detail::record(Event{
-        .cat = Category::kKernel, .device = d, .start_ns = s, .end_ns = e, .name = name,
-        .scope = scope});
+    profiler::detail::record(Event{.cat = Category::kKernel,
+                                   .device = d,
+                                   .start_ns = s,
+                                   .end_ns = e,
+                                   .name = name,
+                                   .scope = scope});
     add_wait(d, e, end_ns, name, scope);
   }
 }

@@ -425,14 +425,15 @@ thread_local std::int64_t t_call_began = 0;
 // The host's part of an sjit call, from get() to its program's first step.
 void profile_dispatch() {
   if (!profiler::detail::on()) return;
+  namespace pd = profiler::detail;
   static const auto kName = std::make_shared<const std::string>("sjit");
-  const std::int64_t now = profiler::detail::now_ns();
-  profiler::detail::record(profiler::detail::Event{.cat = profiler::detail::Category::kDispatch,
-                                                   .device = profiler::detail::kHostTid,
-                                                   .start_ns = t_call_began > 0 ? t_call_began : now,
-                                                   .end_ns = now,
-                                                   .name = kName,
-                                                   .scope = profiler::detail::current_scope()});
+  const std::int64_t now = pd::now_ns();
+  pd::record(pd::Event{.cat = pd::Category::kDispatch,
+                       .device = pd::kHostTid,
+                       .start_ns = t_call_began > 0 ? t_call_began : now,
+                       .end_ns = now,
+                       .name = kName,
+                       .scope = pd::current_scope()});
   t_call_began = 0;
 }
 
