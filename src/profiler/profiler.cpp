@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
 
 #include "recorder.hpp"
@@ -69,15 +70,37 @@ ThreadBuffer& my_buffer() {
 
 }  // namespace
 
-void record(Event e) {
+namespace {
+// This thread's buffer, locked, emptied first when a new session has begun since it last
+// recorded.
+std::unique_lock<std::mutex> open_buffer(ThreadBuffer*& out) {
   ThreadBuffer& b = my_buffer();
   const std::uint64_t session = registry().session.load(std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(b.mu);
+  std::unique_lock<std::mutex> lock(b.mu);
   if (b.session != session) {
     b.events.clear();
     b.session = session;
   }
-  b.events.push_back(std::move(e));
+  out = &b;
+  return lock;
+}
+}  // namespace
+
+void record(Event e) {
+  ThreadBuffer* b = nullptr;
+  const std::unique_lock<std::mutex> lock = open_buffer(b);
+  b->events.push_back(std::move(e));
+}
+
+void record(std::vector<Event>& events) {
+  if (events.empty()) return;
+  {
+    ThreadBuffer* b = nullptr;
+    const std::unique_lock<std::mutex> lock = open_buffer(b);
+    b->events.insert(b->events.end(), std::make_move_iterator(events.begin()),
+                     std::make_move_iterator(events.end()));
+  }
+  events.clear();
 }
 
 std::vector<Event> collect(std::int64_t* session_start_ns) {

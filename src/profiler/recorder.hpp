@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace shardplan::profiler::detail {
@@ -23,12 +24,16 @@ inline constexpr int kHostTid = 1000000;
 struct Event {
   Category cat = Category::kKernel;
   int device = 0;
-  std::int64_t start_ns = 0, end_ns = 0;          // steady_clock
-  std::shared_ptr<const std::string> name;        // the op ("dot_general", "fused(add, exp)")
+  std::int64_t start_ns = 0, end_ns = 0;  // steady_clock
+  /// The op ("dot_general"): text of static storage (a primitive's name), or, when `owned` is
+  /// set, *owned ("fused(add, exp)").
+  std::string_view name;
+  std::shared_ptr<const std::string> owned;
   std::shared_ptr<const std::string> scope;       // its named scope, or null
   std::int64_t bytes = -1;                        // a collective's bytes received by this device
   int kind = -1;                                  // a collective's CollectiveKind, or -1
   std::shared_ptr<const std::vector<int>> peers;  // a collective's other devices
+  std::string_view op() const { return owned ? std::string_view(*owned) : name; }
 };
 
 extern std::atomic<bool> g_on;
@@ -42,6 +47,8 @@ inline std::int64_t now_ns() {
 
 /// Appends `e` to this thread's buffer (dropped when the session it began in has ended).
 void record(Event e);
+/// Moves every event of `events` there under one lock, and clears `events`.
+void record(std::vector<Event>& events);
 /// Every event of the current session, by start time; the session's start (steady_clock ns).
 std::vector<Event> collect(std::int64_t* session_start_ns);
 

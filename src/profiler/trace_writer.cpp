@@ -21,9 +21,10 @@ double micros(std::int64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
 json event_json(const detail::Event& e, std::int64_t origin, int pid) {
   json args = json::object();
-  if (e.name) args["op"] = *e.name;
+  const std::string_view op = e.op();
+  if (!op.empty()) args["op"] = op;
   if (e.scope) args["scope"] = *e.scope;
-  std::string name = e.name ? *e.name : std::string(detail::category_name(e.cat));
+  std::string name = !op.empty() ? std::string(op) : std::string(detail::category_name(e.cat));
   if (e.kind >= 0) {
     const std::string kind(to_string(static_cast<CollectiveKind>(e.kind)));
     args["kind"] = kind;

@@ -288,7 +288,8 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
                                    profiling ? &spans : nullptr);
   if (!grouped) executor.run(mesh_.devices(), one, parallel);
   if (profiling) {
-    profile_kernel_step(executor, mesh_, graph_, st, spans, step_began, profiler::detail::now_ns());
+    profile_kernel_step(executor, mesh_, graph_, st, spans, step_began, profiler::detail::now_ns(),
+                        parallel);
   }
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, std::move(out), st.pending);

@@ -18,15 +18,20 @@ using profiler::detail::Event;
 // each other; a trace of every few-nanosecond gap would only be bigger).
 constexpr std::int64_t kMinWaitNs = 1000;
 
-std::shared_ptr<const std::string> step_name(const Step& st) {
-  if (!st.fused) return std::make_shared<const std::string>(st.local.op->name);
+// The step's op: a primitive's name (static text), or for a fused step its ops' names (made per
+// run of the step, held by its events).
+void name_step(const Step& st, Event& e) {
+  if (!st.fused) {
+    e.name = st.local.op->name;
+    return;
+  }
   std::string s = "fused(";
   for (std::size_t i = 0; i < st.fused->size(); ++i) {
     if (i > 0) s += ", ";
     s += (*st.fused)[i].local.op->name;
   }
   s += ")";
-  return std::make_shared<const std::string>(std::move(s));
+  e.owned = std::make_shared<const std::string>(std::move(s));
 }
 
 // The node's scope, or for a node traced outside any (an eager op's program), the scope open
@@ -36,58 +41,64 @@ std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st) 
   return profiler::detail::current_scope();
 }
 
-// The devices of `mesh` that differ from `d` only along `axes` (all others when none is named).
-std::shared_ptr<const std::vector<int>> peers_of(const Mesh& mesh, int d,
-                                                 const std::vector<std::string>& axes) {
-  std::vector<bool> along(static_cast<std::size_t>(mesh.axis_names().size()), axes.empty());
+// Per local device, the other devices of its group of a collective over `axes`: those that
+// differ from it only along them (all others when none is named).
+std::vector<std::shared_ptr<const std::vector<int>>> peers_of(
+    const Executor& executor, const Mesh& mesh, const std::vector<std::string>& axes) {
+  std::vector<bool> along(mesh.axis_names().size(), axes.empty());
   for (const std::string& a : axes) along[static_cast<std::size_t>(mesh.axis_index(a))] = true;
-  const std::vector<std::int64_t> mine = mesh.coords_of_position(mesh.position_of_device(d));
-  auto peers = std::make_shared<std::vector<int>>();
-  for (const int e : mesh.devices()) {
-    if (e == d) continue;
-    const std::vector<std::int64_t> theirs = mesh.coords_of_position(mesh.position_of_device(e));
-    bool same_group = true;
-    for (std::size_t k = 0; k < along.size(); ++k) {
-      same_group = same_group && (along[k] || mine[k] == theirs[k]);
-    }
-    if (same_group) peers->push_back(e);
+  std::vector<std::vector<std::int64_t>> coords;
+  for (const int d : mesh.devices()) {
+    coords.push_back(mesh.coords_of_position(mesh.position_of_device(d)));
   }
-  return peers;
+  std::vector<std::shared_ptr<const std::vector<int>>> out(mesh.devices().size());
+  for (std::size_t i = 0; i < mesh.devices().size(); ++i) {
+    if (!executor.is_local(mesh.devices()[i])) continue;
+    auto peers = std::make_shared<std::vector<int>>();
+    for (std::size_t j = 0; j < mesh.devices().size(); ++j) {
+      bool same_group = j != i;
+      for (std::size_t k = 0; k < along.size() && same_group; ++k) {
+        same_group = along[k] || coords[i][k] == coords[j][k];
+      }
+      if (same_group) peers->push_back(mesh.devices()[j]);
+    }
+    out[i] = std::move(peers);
+  }
+  return out;
 }
 
-void add_wait(int d, std::int64_t from, std::int64_t to,
-              const std::shared_ptr<const std::string>& name,
-              const std::shared_ptr<const std::string>& scope) {
-  if (to - from < kMinWaitNs) return;
-  profiler::detail::record(Event{.cat = Category::kWait,
-                                 .device = d,
-                                 .start_ns = from,
-                                 .end_ns = to,
-                                 .name = name,
-                                 .scope = scope});
+// The events of one step, gathered before they go to the buffer under one lock.
+std::vector<Event>& scratch() {
+  thread_local std::vector<Event> events;
+  return events;
 }
 
 }  // namespace
 
 void profile_kernel_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
                          const Step& st, const std::vector<std::int64_t>& spans,
-                         std::int64_t start_ns, std::int64_t end_ns) {
-  const std::shared_ptr<const std::string> name = step_name(st);
-  const std::shared_ptr<const std::string> scope = scope_of(graph, st);
+                         std::int64_t start_ns, std::int64_t end_ns, bool waits) {
+  Event proto{.cat = Category::kKernel, .scope = scope_of(graph, st)};
+  name_step(st, proto);
+  std::vector<Event>& events = scratch();
+  const auto add = [&](Category cat, int d, std::int64_t from, std::int64_t to) {
+    if (cat == Category::kWait && to - from < kMinWaitNs) return;
+    Event& e = events.emplace_back(proto);
+    e.cat = cat;
+    e.device = d;
+    e.start_ns = from;
+    e.end_ns = to;
+  };
   for (const int d : mesh.devices()) {
     if (!executor.is_local(d)) continue;
     const std::int64_t s = spans[2 * static_cast<std::size_t>(d)];
     const std::int64_t e = spans[2 * static_cast<std::size_t>(d) + 1];
     if (s == 0 && e == 0) continue;
-    add_wait(d, start_ns, s, name, scope);
-    profiler::detail::record(Event{.cat = Category::kKernel,
-                                   .device = d,
-                                   .start_ns = s,
-                                   .end_ns = e,
-                                   .name = name,
-                                   .scope = scope});
-    add_wait(d, e, end_ns, name, scope);
+    if (waits) add(Category::kWait, d, start_ns, s);
+    add(Category::kKernel, d, s, e);
+    if (waits) add(Category::kWait, d, e, end_ns);
   }
+  profiler::detail::record(events);
 }
 
 void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
@@ -98,32 +109,30 @@ void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Grap
   if (spans.size() != records.size()) {
     spans.assign(records.size(), profiler::detail::Span{start_ns, end_ns});
   }
-  const std::shared_ptr<const std::string> name =
-      index(st.node) < graph.size() ? std::make_shared<const std::string>(graph[st.node].op->name)
-                                    : nullptr;
-  const std::shared_ptr<const std::string> scope = scope_of(graph, st);
-  for (const int d : mesh.devices()) {
+  Event proto{.cat = Category::kReshard, .start_ns = start_ns, .end_ns = end_ns,
+              .scope = scope_of(graph, st)};
+  if (index(st.node) < graph.size()) proto.name = graph[st.node].op->name;
+  std::vector<std::vector<std::shared_ptr<const std::vector<int>>>> peers;
+  for (const CollectiveRecord& rec : records) peers.push_back(peers_of(executor, mesh, rec.axes));
+  std::vector<Event>& events = scratch();
+  for (std::size_t i = 0; i < mesh.devices().size(); ++i) {
+    const int d = mesh.devices()[i];
     if (!executor.is_local(d)) continue;
-    profiler::detail::record(Event{.cat = Category::kReshard,
-                                   .device = d,
-                                   .start_ns = start_ns,
-                                   .end_ns = end_ns,
-                                   .name = name,
-                                   .scope = scope});
+    events.emplace_back(proto).device = d;
     for (std::size_t k = 0; k < records.size(); ++k) {
       const CollectiveRecord& rec = records[k];
       const auto at = static_cast<std::size_t>(d);
-      profiler::detail::record(Event{.cat = Category::kCollective,
-                                     .device = d,
-                                     .start_ns = spans[k].start_ns,
-                                     .end_ns = spans[k].end_ns,
-                                     .name = name,
-                                     .scope = scope,
-                                     .bytes = at < rec.bytes_in.size() ? rec.bytes_in[at] : 0,
-                                     .kind = static_cast<int>(rec.kind),
-                                     .peers = peers_of(mesh, d, rec.axes)});
+      Event& e = events.emplace_back(proto);
+      e.cat = Category::kCollective;
+      e.device = d;
+      e.start_ns = spans[k].start_ns;
+      e.end_ns = spans[k].end_ns;
+      e.bytes = at < rec.bytes_in.size() ? rec.bytes_in[at] : 0;
+      e.kind = static_cast<int>(rec.kind);
+      e.peers = peers[k][i];
     }
   }
+  profiler::detail::record(events);
 }
 
 }  // namespace shardplan::detail

@@ -426,13 +426,12 @@ thread_local std::int64_t t_call_began = 0;
 void profile_dispatch() {
   if (!profiler::detail::on()) return;
   namespace pd = profiler::detail;
-  static const auto kName = std::make_shared<const std::string>("sjit");
   const std::int64_t now = pd::now_ns();
   pd::record(pd::Event{.cat = pd::Category::kDispatch,
                        .device = pd::kHostTid,
                        .start_ns = t_call_began > 0 ? t_call_began : now,
                        .end_ns = now,
-                       .name = kName,
+                       .name = "sjit",
                        .scope = pd::current_scope()});
   t_call_began = 0;
 }
