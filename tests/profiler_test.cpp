@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardplan/autodiff.hpp"
@@ -101,10 +102,14 @@ auto contraction_sjit(const Mesh& mesh) {
   return sjit(mesh, contraction, SjitOptions{.out_shardings = RuleTree(P())});
 }
 
+// `rows` of x: 8 runs each step inline (devices one after another on the calling thread); 512
+// gives results of 128 KiB, run on the pool.
 struct ContractionProgram {
+  explicit ContractionProgram(std::int64_t n = 8) : rows(n) {}
+  std::int64_t rows;
   Executor exec{4};
   Mesh mesh = Mesh::parse("data:4", 4);
-  Array x = device_put(Tensor::normal(Shape{8, 64}, DType::kF32, 1),
+  Array x = device_put(Tensor::normal(Shape{rows, 64}, DType::kF32, 1),
                        NamedSharding(mesh, P(nullptr, "data")), exec);
   Array w = device_put(Tensor::normal(Shape{64, 16}, DType::kF32, 2),
                        NamedSharding(mesh, P("data", nullptr)), exec);
@@ -246,9 +251,11 @@ TEST(Profiler, CollectiveBytesByKindAreWhatTheCostSays) {
 }
 
 // Per device, events either follow one another or one holds the other (a reshard its
-// collectives); kernels never overlap anything.
-TEST(Profiler, EventsOnADeviceDoNotOverlap) {
-  ContractionProgram p;
+// collectives); kernels never overlap anything. Steps run inline and on the pool.
+class ProfilerSizes : public ::testing::TestWithParam<std::int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Rows, ProfilerSizes, ::testing::Values(8, 512));
+TEST_P(ProfilerSizes, EventsOnADeviceDoNotOverlap) {
+  ContractionProgram p(GetParam());
   {
     profiler::ProfileSession session;
     for (int i = 0; i < 3; ++i) (void)p.f(p.x, p.w);
@@ -274,6 +281,11 @@ TEST(Profiler, EventsOnADeviceDoNotOverlap) {
     }
   }
   EXPECT_EQ(events_of(doc, "dispatch").size(), 3u);
+  std::map<int, int> products;
+  for (const json& e : events_of(doc, "kernel")) {
+    if (e["args"]["op"] == "dot_general") ++products[e["tid"].get<int>()];
+  }
+  EXPECT_EQ(products, (std::map<int, int>{{0, 3}, {1, 3}, {2, 3}, {3, 3}}));
 }
 
 TEST(Profiler, BackwardOpsCarryTheirForwardScope) {
@@ -338,6 +350,45 @@ TEST(Profiler, AnUnwritablePathIsAnIoErrorNamingIt) {
   EXPECT_EQ(trace_format_violation(doc), "");
   EXPECT_EQ(doc, json::parse(profiler::trace_json()));
   std::filesystem::remove_all(dir);
+}
+
+// Host threads running programs at once each record into their own buffer; the trace holds all.
+// (Run under the tsan preset after touching the recorder.)
+TEST(Profiler, ThreadsRecordingAtOnceAreAllInTheTrace) {
+  ContractionProgram a, b;
+  {
+    profiler::ProfileSession session;
+    std::thread ta([&] {
+      for (int i = 0; i < 3; ++i) (void)a.f(a.x, a.w);
+    });
+    std::thread tb([&] {
+      for (int i = 0; i < 3; ++i) (void)b.f(b.x, b.w);
+    });
+    ta.join();
+    tb.join();
+  }
+  const json doc = json::parse(profiler::trace_json());
+  EXPECT_EQ(events_of(doc, "dispatch").size(), 6u);
+  int products = 0;
+  for (const json& e : events_of(doc, "kernel")) products += e["args"]["op"] == "dot_general";
+  EXPECT_EQ(products, 2 * 3 * 4);
+}
+
+TEST(Profiler, StartDropsTheEarlierSession) {
+  ContractionProgram p;
+  profiler::start();
+  (void)p.f(p.x, p.w);
+  profiler::stop();
+  const std::size_t one = profiler::event_count();
+  EXPECT_GT(one, 0u);
+  profiler::start();
+  (void)p.f(p.x, p.w);
+  (void)p.f(p.x, p.w);
+  profiler::stop();
+  EXPECT_EQ(profiler::event_count(), 2 * one);
+  profiler::start();
+  profiler::stop();
+  EXPECT_EQ(profiler::event_count(), 0u);
 }
 
 // The command reads what the profiler writes: every device's row, the product and the summed
