@@ -149,7 +149,14 @@ void start() {
   detail::Registry& r = detail::registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);
-    r.session.fetch_add(1);
+    const std::uint64_t session = r.session.fetch_add(1) + 1;
+    // The earlier session's events are dropped here, not by the first step that records (which
+    // would then pay for it); each buffer keeps its capacity for the next.
+    for (const auto& b : r.buffers) {
+      std::lock_guard<std::mutex> block(b->mu);
+      b->events.clear();
+      b->session = session;
+    }
     r.start_ns.store(detail::now_ns());
   }
   detail::g_on.store(true, std::memory_order_relaxed);

@@ -29,10 +29,12 @@ struct Event {
   /// set, *owned ("fused(add, exp)").
   std::string_view name;
   std::shared_ptr<const std::string> owned;
-  std::shared_ptr<const std::string> scope;       // its named scope, or null
-  std::int64_t bytes = -1;                        // a collective's bytes received by this device
-  int kind = -1;                                  // a collective's CollectiveKind, or -1
-  std::shared_ptr<const std::vector<int>> peers;  // a collective's other devices
+  std::shared_ptr<const std::string> scope;  // its named scope, or null
+  std::int64_t bytes = -1;                   // a collective's bytes received by this device
+  int kind = -1;                             // a collective's CollectiveKind, or -1
+  /// A collective's group: the devices it runs among, this one included (shared by the group's
+  /// events; the trace's "peers" leave this device out).
+  std::shared_ptr<const std::vector<int>> group;
   std::string_view op() const { return owned ? std::string_view(*owned) : name; }
 };
 

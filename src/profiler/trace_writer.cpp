@@ -31,7 +31,13 @@ json event_json(const detail::Event& e, std::int64_t origin, int pid) {
     name = kind;
   }
   if (e.bytes >= 0) args["bytes"] = e.bytes;
-  if (e.peers) args["peers"] = *e.peers;
+  if (e.group) {
+    json peers = json::array();
+    for (const int d : *e.group) {
+      if (d != e.device) peers.push_back(d);
+    }
+    args["peers"] = std::move(peers);
+  }
   if (e.cat == detail::Category::kWait) name = "wait";
   if (e.cat == detail::Category::kReshard) name = "reshard";
   return json{{"name", name},

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -41,28 +42,25 @@ std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st) 
   return profiler::detail::current_scope();
 }
 
-// Per local device, the other devices of its group of a collective over `axes`: those that
-// differ from it only along them (all others when none is named).
-std::vector<std::shared_ptr<const std::vector<int>>> peers_of(
-    const Executor& executor, const Mesh& mesh, const std::vector<std::string>& axes) {
+// Per device of the mesh (by position), its group of a collective over `axes`: the devices that
+// differ from it only along them (all devices when none is named), one list per group.
+std::vector<std::shared_ptr<const std::vector<int>>> groups_of(
+    const Mesh& mesh, const std::vector<std::string>& axes) {
   std::vector<bool> along(mesh.axis_names().size(), axes.empty());
   for (const std::string& a : axes) along[static_cast<std::size_t>(mesh.axis_index(a))] = true;
-  std::vector<std::vector<std::int64_t>> coords;
-  for (const int d : mesh.devices()) {
-    coords.push_back(mesh.coords_of_position(mesh.position_of_device(d)));
-  }
-  std::vector<std::shared_ptr<const std::vector<int>>> out(mesh.devices().size());
-  for (std::size_t i = 0; i < mesh.devices().size(); ++i) {
-    if (!executor.is_local(mesh.devices()[i])) continue;
-    auto peers = std::make_shared<std::vector<int>>();
-    for (std::size_t j = 0; j < mesh.devices().size(); ++j) {
-      bool same_group = j != i;
-      for (std::size_t k = 0; k < along.size() && same_group; ++k) {
-        same_group = along[k] || coords[i][k] == coords[j][k];
-      }
-      if (same_group) peers->push_back(mesh.devices()[j]);
+  const std::vector<int>& devices = mesh.devices();
+  // A group's key: the device's coordinates with those along `axes` zeroed.
+  std::map<std::vector<std::int64_t>, std::shared_ptr<std::vector<int>>> by_key;
+  std::vector<std::shared_ptr<const std::vector<int>>> out(devices.size());
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    std::vector<std::int64_t> key = mesh.coords_of_position(mesh.position_of_device(devices[i]));
+    for (std::size_t k = 0; k < along.size(); ++k) {
+      if (along[k]) key[k] = 0;
     }
-    out[i] = std::move(peers);
+    std::shared_ptr<std::vector<int>>& group = by_key[key];
+    if (!group) group = std::make_shared<std::vector<int>>();
+    group->push_back(devices[i]);
+    out[i] = group;
   }
   return out;
 }
@@ -109,11 +107,13 @@ void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Grap
   if (spans.size() != records.size()) {
     spans.assign(records.size(), profiler::detail::Span{start_ns, end_ns});
   }
-  Event proto{.cat = Category::kReshard, .start_ns = start_ns, .end_ns = end_ns,
+  Event proto{.cat = Category::kReshard,
+              .start_ns = start_ns,
+              .end_ns = end_ns,
               .scope = scope_of(graph, st)};
   if (index(st.node) < graph.size()) proto.name = graph[st.node].op->name;
-  std::vector<std::vector<std::shared_ptr<const std::vector<int>>>> peers;
-  for (const CollectiveRecord& rec : records) peers.push_back(peers_of(executor, mesh, rec.axes));
+  std::vector<std::vector<std::shared_ptr<const std::vector<int>>>> groups;
+  for (const CollectiveRecord& rec : records) groups.push_back(groups_of(mesh, rec.axes));
   std::vector<Event>& events = scratch();
   for (std::size_t i = 0; i < mesh.devices().size(); ++i) {
     const int d = mesh.devices()[i];
@@ -129,7 +129,7 @@ void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Grap
       e.end_ns = spans[k].end_ns;
       e.bytes = at < rec.bytes_in.size() ? rec.bytes_in[at] : 0;
       e.kind = static_cast<int>(rec.kind);
-      e.peers = peers[k][i];
+      e.group = groups[k][i];
     }
   }
   profiler::detail::record(events);
