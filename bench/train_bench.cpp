@@ -17,6 +17,7 @@
 #include "paired.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/optim.hpp"
+#include "shardplan/profiler.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/sjit.hpp"
 
@@ -324,6 +325,51 @@ BENCHMARK(BM_LlamaStepFsdpTpNoSequenceParallel)
     ->UseRealTime()
     ->MinTime(3.0);
 BENCHMARK(BM_LlamaStepDataParallel)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+
+// The profiler off and on (include/shardplan/profiler.hpp), in pairs: each iteration times the
+// step with recording off and with it on (a session started just before, as a user would around
+// the steps to look at; writing the trace is not timed), the order alternating. Counters: each
+// one's median step (ms), and the median of on over off (x_on: the overhead is x_on - 1), and
+// the events one traced step records.
+void tracing_off_on(benchmark::State& state, const std::function<void()>& step) {
+  step();  // warm up: compile, allocate
+  step();
+  std::vector<double> ms_off, ms_on, ratio;
+  bool on_first = false;
+  const auto traced = [&] {
+    profiler::start();
+    const double ms = bench::ms_of(step);
+    profiler::stop();
+    return ms;
+  };
+  for (auto _ : state) {
+    double off = 0, on = 0;
+    if (on_first) {
+      on = traced();
+      off = bench::ms_of(step);
+    } else {
+      off = bench::ms_of(step);
+      on = traced();
+    }
+    on_first = !on_first;
+    ms_off.push_back(off);
+    ms_on.push_back(on);
+    ratio.push_back(on / off);
+  }
+  state.counters["ms_off"] = bench::median(ms_off);
+  state.counters["ms_on"] = bench::median(ms_on);
+  state.counters["x_on"] = bench::median(ratio);
+  state.counters["events_per_step"] = static_cast<double>(profiler::event_count());
+}
+void BM_MlpTrainStepTracingOffOn(benchmark::State& state) {
+  tracing_off_on(state, bench::make_mlp_train_step(exec(8), Mesh::parse("data:8", 8),
+                                                   bench::kMlpBatch, false));
+}
+BENCHMARK(BM_MlpTrainStepTracingOffOn)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(30);
+void BM_LlamaStepTracingOffOn(benchmark::State& state) {
+  tracing_off_on(state, make_llama_step(bench_llama(64, 32), /*fsdp_tp=*/true).run);
+}
+BENCHMARK(BM_LlamaStepTracingOffOn)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(30);
 
 }  // namespace
 

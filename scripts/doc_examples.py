@@ -39,11 +39,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # The docs whose examples are run, relative to the repository.
-DOCS = ["docs/cli.md", "docs/training.md", "docs/concepts.md"]
+DOCS = ["docs/cli.md", "docs/training.md", "docs/concepts.md", "docs/profiling.md"]
 # What the scratch directory holds: (folder in the repository, where in the scratch directory).
 # Each Hugging Face config folder <Name>/ is copied to <Name>/; the preset rule files to
-# rules/presets/ (as a checkout has them).
-FIXTURES = [("tests/data/hf_configs", "."), ("rules/presets", "rules/presets")]
+# rules/presets/ (as a checkout has them); the hand-written traces to traces/.
+FIXTURES = [("tests/data/hf_configs", "."), ("rules/presets", "rules/presets"),
+            ("tests/data/traces", "traces")]
 # Figures that differ from run to run, each the second group of its pattern. Keep this short:
 # never a memory, bytes, FLOPs or modelled-time figure.
 MASKS = [

@@ -1467,3 +1467,65 @@ TEST_F(CliTest, TensorNamesAreEscapedInErrorMessages) {
 
 }  // namespace
 }  // namespace shardplan
+
+namespace shardplan {
+namespace {
+
+// `trace summarize` on a trace written by hand (tests/data/traces/small.trace.json): every
+// figure below worked out from its events.
+TEST_F(CliTest, TraceSummarizeOfAHandWrittenTrace) {
+  const std::string file = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/small.trace.json";
+  const Result r = run(fmt::format("trace summarize '{}'", file));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  // Spans 0 to 30 us; dot_general 10 + 20 + 10 us on three devices.
+  EXPECT_THAT(r.out, ::testing::HasSubstr("9 complete events over 30.0 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("kernel +dot_general +3 +40.0 us +13.3 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("collective +all_reduce +2 +15.0 us +7.5 us"));
+  // The order: by total time.
+  EXPECT_LT(r.out.find("dot_general"), r.out.find("all_reduce"));
+  EXPECT_LT(r.out.find("all_gather"), r.out.find("tanh"));
+  // Device 0: busy 0-20 (its wait is idle), its all-reduce exposed. Device 2: the all-gather
+  // (0-10) half under the kernel (5-15): 5 us exposed.
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("device 0 +20.0 us +66.7% +10.0 us +5.0 us +5.0 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("device 1 +30.0 us +100.0% +0 ns +10.0 us +10.0 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("device 2 +15.0 us +50.0% +15.0 us +10.0 us +5.0 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("host +2.0 us +6.7% +28.0 us"));
+  // --top cuts the list.
+  const Result top = run(fmt::format("trace summarize --top 1 '{}'", file));
+  EXPECT_THAT(top.out, ::testing::HasSubstr("(1 of 4)"));
+  EXPECT_EQ(top.out.find("all_reduce"), std::string::npos);
+}
+
+TEST_F(CliTest, TraceSummarizeOfAFileThatIsNotATraceExitsOneNamingItAndWhatIsMissing) {
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return (dir_ / name).string();
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {write("obj.json", R"({"events": []})"), "has no 'traceEvents'"},
+      {write("dup.json", R"({"traceEvents": [], "traceEvents": []})"), "'traceEvents' twice"},
+      {write("none.json", R"({"traceEvents": []})"), "no complete ('ph': 'X') events"},
+      {write("nodur.json", R"([{"ph": "X", "name": "a", "ts": 1, "pid": 0, "tid": 0}])"),
+       "event 0 has no 'dur'"},
+      {write("badts.json", R"([{"ph": "X", "name": "a", "ts": "1", "dur": 1, "pid": 0, "tid": 0}])"),
+       "event 0: 'ts' is string, not a number"},
+      {write("dupev.json", R"([{"ph": "X", "ph": "X"}])"), "event 0 has the key 'ph' twice"},
+      {write("text.json", "not json"), "not valid JSON"},
+      {write("deep.json", std::string(300, '[') + std::string(300, ']')), "not valid JSON"},
+  };
+  for (const auto& [file, missing] : cases) {
+    const Result r = run(fmt::format("trace summarize '{}'", file));
+    EXPECT_EQ(r.code, 1) << file;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(file));
+    EXPECT_THAT(r.err, ::testing::HasSubstr(missing));
+    EXPECT_EQ(r.out, "");
+  }
+  const Result gone = run(fmt::format("trace summarize '{}'", (dir_ / "missing.json").string()));
+  EXPECT_EQ(gone.code, 1);
+  EXPECT_THAT(gone.err, ::testing::HasSubstr("missing.json"));
+  EXPECT_EQ(run("trace summarize").code, 2);  // no file: bad usage
+}
+
+}  // namespace
+}  // namespace shardplan

@@ -22,6 +22,7 @@
 #include "shardplan/partition_spec.hpp"
 #include "shardplan/plan_html.hpp"
 #include "shardplan/plan_report.hpp"
+#include "shardplan/profiler.hpp"
 #include "shardplan/program_cost.hpp"
 #include "shardplan/remat.hpp"
 #include "shardplan/rule_file.hpp"

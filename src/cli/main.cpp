@@ -23,6 +23,7 @@
 #include "checkpoint_cmd.hpp"
 #include "example_model.hpp"
 #include "output_path_option.hpp"
+#include "trace_cmd.hpp"
 #include "train_plan_cmd.hpp"
 #include "usage_error.hpp"
 #include "shardplan/detail/printable.hpp"
@@ -427,7 +428,8 @@ int main(int argc, char** argv) {
       "  shardplan train-plan --config config.json --mesh fsdp:64,tp:8 --batch 256 --seq 4096 "
       "--device-memory 80GiB\n"
       "  shardplan presets\n"
-      "  shardplan checkpoint inspect runs/llama/step_00000100",
+      "  shardplan checkpoint inspect runs/llama/step_00000100\n"
+      "  shardplan trace summarize step.trace.json",
       "shardplan"};
   app.require_subcommand(1);
 
@@ -442,6 +444,9 @@ int main(int argc, char** argv) {
 
   cli::TrainPlanCommand train;
   cli::add_train_plan_command(app, train, kMaxDevices);
+
+  cli::TraceCommand trace;
+  cli::add_trace_commands(app, trace);
 
   try {
     app.parse(argc, argv);
@@ -460,6 +465,7 @@ int main(int argc, char** argv) {
       return cli::run_checkpoint(ckpt, load_rules, devices_of_mesh);
     }
     if (train.command->parsed()) return cli::run_train_plan(train, load_rules, devices_of_mesh);
+    if (trace.command->parsed()) return cli::run_trace(trace);
     return run_presets();
   } catch (const UsageError& e) {
     // Messages quote names from files and options: escaped, as the text outputs are.

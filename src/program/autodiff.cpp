@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "../profiler/recorder.hpp"
 #include "primitive.hpp"
 #include "primitives.hpp"
 #include "shardplan/error.hpp"
@@ -194,6 +195,9 @@ ValueMap<Array> backward(const Graph& g, const TraceContext& inner, const ValueM
     if (!ct[id].valid() || n.is(prim::input)) continue;
     std::vector<Array> ins;
     for (const ValueId o : n.operands) ins.push_back(remat.read(id, o));
+    // The backward ops of a node carry its named scope (the profiler's events name it).
+    const profiler::detail::ScopeOverride scope(n.scope ? n.scope
+                                                        : profiler::detail::current_scope());
     const std::vector<Array> cts = n.op->vjp(n, ins, remat.read(id, id), ct[id]);
     for (std::size_t k = 0; k < cts.size() && k < n.operands.size(); ++k) {
       accumulate(ct[n.operands[k]], cts[k]);

@@ -127,6 +127,7 @@ class Program {
   void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
   void run_collective_step(const Executor& executor, const Step& st,
                            std::vector<Array>& slots) const;
+  void run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
 
   Graph graph_;
   Mesh mesh_;

@@ -111,6 +111,9 @@ struct Node {
   std::vector<ValueId> operands;
   TensorType type;  // of the result (global; a kernel's node has its block's shape)
   Attrs attrs;
+  /// The named scope open when it was recorded (shardplan::named_scope), or null: for people
+  /// (the profiler's events), never read by a pass.
+  std::shared_ptr<const std::string> scope;
 
   bool is(const Primitive& p) const { return op == &p; }
   template <class T>

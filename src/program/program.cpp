@@ -4,11 +4,13 @@
 
 #include <algorithm>
 
+#include "../profiler/recorder.hpp"
 #include "array_access.hpp"
 #include "compile.hpp"
 #include "fuse.hpp"
 #include "primitive.hpp"
 #include "primitives.hpp"
+#include "program_profile.hpp"
 #include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -114,7 +116,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
       if (!st.cost.empty()) distributed::detail::agree(failed);  // throws, on every process
     } else if (st.kind == Step::Kind::kReshard) {
       if (!failed) {
-        slots[index(st.out)] = reshard(slots[index(st.in[0])], *st.sharding).array;
+        run_reshard_step(executor, st, slots);
       } else if (!st.cost.empty()) {
         distributed::detail::agree(failed);  // throws, on every process
       }
@@ -163,7 +165,8 @@ namespace {
 // than threads.
 template <class BlocksOf, class OutOf, class One>
 bool run_grouped(const Executor& executor, const Mesh& mesh, const Step& st, const Array& shared,
-                 const BlocksOf& blocks_of, const OutOf& out_of, const One& one) {
+                 const BlocksOf& blocks_of, const OutOf& out_of, const One& one,
+                 std::vector<std::int64_t>* spans) {
   std::vector<int> mine;
   for (const int d : mesh.devices()) {
     if (executor.is_local(d)) mine.push_back(d);
@@ -202,8 +205,15 @@ bool run_grouped(const Executor& executor, const Mesh& mesh, const Step& st, con
         args.push_back(KernelArgs{st.local, in_blocks.back(), out_blocks.back(),
                                   (*st.offsets)[static_cast<std::size_t>(d)]});
       }
+      const std::int64_t began = spans != nullptr ? profiler::detail::now_ns() : 0;
       if (args.size() < 2 || !st.local.op->group_kernel(args, 1)) {
         for (std::size_t k = i; k < j; ++k) one(run[k].second);
+      } else if (spans != nullptr) {  // the group's devices ran together: each for the whole
+        const std::int64_t ended = profiler::detail::now_ns();
+        for (std::size_t k = i; k < j; ++k) {
+          (*spans)[2 * static_cast<std::size_t>(run[k].second)] = began;
+          (*spans)[2 * static_cast<std::size_t>(run[k].second) + 1] = ended;
+        }
       }
       i = j;
     }
@@ -246,7 +256,7 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
   const auto out_of = [&](int d) {
     return MutBlock{out[static_cast<std::size_t>(d)]->data(), local, st.type.dtype};
   };
-  const auto one = [&](int d) {
+  const auto run_one = [&](int d) {
     const std::vector<ConstBlock> in_blocks = blocks_of(d);
     const MutBlock out_block = out_of(d);
     if (st.fused) {
@@ -256,10 +266,31 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
           KernelArgs{st.local, in_blocks, out_block, (*st.offsets)[static_cast<std::size_t>(d)]});
     }
   };
+  // With the profiler on: each device's start and end (program_profile.hpp).
+  const bool profiling = profiler::detail::on();
+  std::vector<std::int64_t> spans;
+  std::int64_t step_began = 0;
+  if (profiling) {
+    spans.assign(2 * static_cast<std::size_t>(executor.num_devices()), 0);
+    step_began = profiler::detail::now_ns();
+  }
+  const auto one = [&](int d) {
+    const std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
+    run_one(d);
+    if (profiling) {
+      spans[2 * static_cast<std::size_t>(d)] = began;
+      spans[2 * static_cast<std::size_t>(d) + 1] = profiler::detail::now_ns();
+    }
+  };
   const bool grouped = parallel && !st.fused && st.local.op->group_kernel != nullptr &&
                        ins.size() > 1 &&
-                       run_grouped(executor, mesh_, st, *ins[1], blocks_of, out_of, one);
+                       run_grouped(executor, mesh_, st, *ins[1], blocks_of, out_of, one,
+                                   profiling ? &spans : nullptr);
   if (!grouped) executor.run(mesh_.devices(), one, parallel);
+  if (profiling) {
+    profile_kernel_step(executor, mesh_, graph_, st, spans, step_began, profiler::detail::now_ns(),
+                        parallel);
+  }
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, std::move(out), st.pending);
 }
@@ -273,11 +304,37 @@ void Program::run_collective_step(const Executor& executor, const Step& st,
   const Array view =
       Array::from_buffers(executor, plan.view, in.dtype(), NamedSharding(mesh_, plan.from),
                           ArrayAccess::buffers(in), plan.pending);
-  const Array moved = plan.permute_axis.empty()
-                          ? reshard(view, NamedSharding(mesh_, plan.to)).array
-                          : permute(view, plan.permute_axis, plan.pairs);
+  const bool profiling = profiler::detail::on();
+  const std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
+  Array moved;
+  if (plan.permute_axis.empty()) {
+    ReshardResult r = reshard(view, NamedSharding(mesh_, plan.to));
+    moved = std::move(r.array);
+    if (profiling) {
+      profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::now_ns());
+    }
+  } else {
+    moved = permute(view, plan.permute_axis, plan.pairs);
+    if (profiling) {
+      profiler::detail::reshard_spans().clear();
+      profile_reshard_step(executor, mesh_, graph_, st, st.cost, began, profiler::detail::now_ns());
+    }
+  }
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, ArrayAccess::buffers(moved), st.pending);
+}
+
+// A reshard step: its collectives, timed when the profiler is on.
+void Program::run_reshard_step(const Executor& executor, const Step& st,
+                               std::vector<Array>& slots) const {
+  if (!profiler::detail::on()) {
+    slots[index(st.out)] = reshard(slots[index(st.in[0])], *st.sharding).array;
+    return;
+  }
+  const std::int64_t began = profiler::detail::now_ns();
+  ReshardResult r = reshard(slots[index(st.in[0])], *st.sharding);
+  slots[index(st.out)] = std::move(r.array);
+  profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::now_ns());
 }
 
 namespace {

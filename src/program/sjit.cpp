@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "../profiler/recorder.hpp"
 #include "compile.hpp"
 #include "fields.hpp"
 #include "primitives.hpp"
@@ -418,9 +419,27 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   return compiled;
 }
 
+// With the profiler on: when this thread's sjit call began (get), for its dispatch event.
+thread_local std::int64_t t_call_began = 0;
+
+// The host's part of an sjit call, from get() to its program's first step.
+void profile_dispatch() {
+  if (!profiler::detail::on()) return;
+  namespace pd = profiler::detail;
+  const std::int64_t now = pd::now_ns();
+  pd::record(pd::Event{.cat = pd::Category::kDispatch,
+                       .device = pd::kHostTid,
+                       .start_ns = t_call_began > 0 ? t_call_began : now,
+                       .end_ns = now,
+                       .name = "sjit",
+                       .scope = pd::current_scope()});
+  t_call_began = 0;
+}
+
 }  // namespace
 
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
+  if (profiler::detail::on()) t_call_began = profiler::detail::now_ns();
   auto cached = [&](const CacheKey& key) -> std::shared_ptr<const Compiled> {
     std::lock_guard<std::mutex> lock(s_->mu);
     const auto it = s_->cache.find(key);
@@ -583,6 +602,7 @@ Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
   }
   inputs.insert(inputs.end(), compiled.captured.begin(), compiled.captured.end());
   if (s_->options.donate_argnums.empty()) {
+    profile_dispatch();
     const std::vector<Array> outs = compiled.program.run(*exec, inputs);
     return compiled.out_structure.map([&](int i) { return outs[static_cast<std::size_t>(i)]; });
   }
@@ -621,6 +641,7 @@ Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
     taken.push_back(i);
   }
   std::vector<Array> outs;
+  profile_dispatch();
   try {
     outs = compiled.program.run(*exec, inputs);
   } catch (...) {

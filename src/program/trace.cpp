@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "primitives.hpp"
+#include "../profiler/recorder.hpp"
 
 #include <string>
 #include <utility>
@@ -88,6 +89,7 @@ std::int64_t TraceContext::vary_of(const Array& a) const {
 
 Array TraceContext::record(Node n, std::int64_t vary) {
   const TensorType type = n.type;
+  if (!n.scope) n.scope = profiler::detail::current_scope();
   const ValueId id = graph.add(std::move(n));
   if (vary != kNotManual) {
     node_vary.resize(graph.size(), kNotManual);

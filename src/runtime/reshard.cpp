@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "../profiler/recorder.hpp"
 #include "collectives_impl.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
@@ -198,6 +199,17 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
   const int rank = x.shape().rank();
   ReshardResult result{x, {}};
   Array& cur = result.array;
+  // With the profiler on, the span of each collective, for the program step that called
+  // (program_profile.hpp): one per record of result.steps.
+  const bool profiling = profiler::detail::on();
+  if (profiling) profiler::detail::reshard_spans().clear();
+  std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
+  const auto note = [&] {
+    if (!profiling) return;
+    const std::int64_t now = profiler::detail::now_ns();
+    profiler::detail::reshard_spans().push_back({began, now});
+    began = now;
+  };
   if (cur.is_pending()) {
     const auto [scatter_dim, order] =
         pending_route(cur.sharding().spec(), cur.pending(), target.spec(), rank);
@@ -205,6 +217,7 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
     cur = scatter_dim >= 0 ? reduce_scatter(cur, scatter_dim, order, &rec)
                            : all_reduce(cur, {}, &rec);
     result.steps.push_back(std::move(rec));
+    note();
   }
   if (cur.sharding().is_equivalent_to(target, rank)) {
     // The same blocks, perhaps under another name (size-1 axes): no data moves.
@@ -215,6 +228,7 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
   CollectiveRecord rec = make_record(kind, axes, cur);
   cur = move_to(cur, target, rec);
   result.steps.push_back(std::move(rec));
+  note();
   return result;
 }
 

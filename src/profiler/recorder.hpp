@@ -1,0 +1,77 @@
+#pragma once
+// The profiler's recording side (private): the on/off flag the runtime reads, the events, the
+// per-thread buffers they go to, the named-scope stack. include/shardplan/profiler.hpp is the
+// public side.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardplan::profiler::detail {
+
+/// What an event is (the trace's "cat").
+enum class Category : std::uint8_t { kKernel, kCollective, kReshard, kWait, kDispatch };
+/// "kernel", "collective", "reshard", "wait", "dispatch".
+const char* category_name(Category c);
+
+/// The thread id the host's events (dispatch) are written under; devices use their ids.
+inline constexpr int kHostTid = 1000000;
+
+/// One complete event, on a device (or the host: kHostTid).
+struct Event {
+  Category cat = Category::kKernel;
+  int device = 0;
+  std::int64_t start_ns = 0, end_ns = 0;  // steady_clock
+  /// The op ("dot_general"): text of static storage (a primitive's name), or, when `owned` is
+  /// set, *owned ("fused(add, exp)").
+  std::string_view name;
+  std::shared_ptr<const std::string> owned;
+  std::shared_ptr<const std::string> scope;  // its named scope, or null
+  std::int64_t bytes = -1;                   // a collective's bytes received by this device
+  int kind = -1;                             // a collective's CollectiveKind, or -1
+  /// A collective's group: the devices it runs among, this one included (shared by the group's
+  /// events; the trace's "peers" leave this device out).
+  std::shared_ptr<const std::vector<int>> group;
+  std::string_view op() const { return owned ? std::string_view(*owned) : name; }
+};
+
+extern std::atomic<bool> g_on;
+/// The one branch a run pays when the profiler is off.
+inline bool on() { return g_on.load(std::memory_order_relaxed); }
+inline std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+/// Appends `e` to this thread's buffer (dropped when the session it began in has ended).
+void record(Event e);
+/// Moves every event of `events` there under one lock, and clears `events`.
+void record(std::vector<Event>& events);
+/// Every event of the current session, by start time; the session's start (steady_clock ns).
+std::vector<Event> collect(std::int64_t* session_start_ns);
+
+/// Spans of the collectives a reshard ran on this thread, appended by reshard() while on (one
+/// per CollectiveRecord of its result, in order), taken by the program step that called it.
+struct Span {
+  std::int64_t start_ns, end_ns;
+};
+std::vector<Span>& reshard_spans();
+
+/// The named scope open on this thread (the scopes joined by '/'), or null.
+const std::shared_ptr<const std::string>& current_scope();
+
+/// Makes `scope` the current scope for its lifetime (value_and_grad gives a forward node's scope
+/// to the backward ops it records).
+class ScopeOverride {
+ public:
+  explicit ScopeOverride(std::shared_ptr<const std::string> scope);
+  ~ScopeOverride();
+  ScopeOverride(const ScopeOverride&) = delete;
+  ScopeOverride& operator=(const ScopeOverride&) = delete;
+};
+
+}  // namespace shardplan::profiler::detail

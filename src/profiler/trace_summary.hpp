@@ -1,0 +1,46 @@
+#pragma once
+// `shardplan trace summarize`: a Chrome/Perfetto trace event file (the profiler's, or any with
+// complete "X" events) read through json_impl and summed up: the kernels and collectives that
+// took the most time, each thread's busy and idle time, the communication no kernel hid.
+// Private (src/cli/trace_cmd.cpp and tests/fuzz/fuzz_trace_summary.cpp use it).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardplan::detail {
+
+struct TraceSummary {
+  /// Kernels and collectives by name, most total time first (ties by name).
+  struct OpRow {
+    std::string cat, name;
+    std::int64_t count = 0;
+    double total_us = 0;
+    double mean_us() const { return count > 0 ? total_us / static_cast<double>(count) : 0; }
+  };
+  /// One track (a device, or the host) of one process, over the whole trace's span.
+  struct ThreadRow {
+    int pid = 0, tid = 0;
+    std::string name;            // its thread_name metadata, else "pid P tid T"
+    double busy_us = 0;          // the union of its events that are not waits
+    double idle_us = 0;          // the span less busy
+    double comm_us = 0;          // the union of its collectives
+    double exposed_comm_us = 0;  // of that, what no kernel on the same track overlaps
+  };
+  std::int64_t events = 0;  // complete events read
+  double span_us = 0;       // first start to last end
+  std::vector<OpRow> ops;
+  std::vector<ThreadRow> threads;  // by pid, then tid
+};
+
+/// Reads `text`, the content of `file` (named in messages). Throws IoError "[trace] FILE: ..."
+/// when it is not JSON, nests too deep, repeats a key, has no "traceEvents" array (an array at
+/// the top is taken as the events), an event lacks what its phase needs (X: name, ts, dur, pid,
+/// tid as numbers), or there is no complete event at all.
+TraceSummary summarize_trace(std::string_view text, std::string_view file);
+
+/// The summary as a table: the `top` first ops, then the threads. Names are escaped for a
+/// terminal (detail::printable).
+std::string format_trace_summary(const TraceSummary& s, std::string_view file, std::size_t top);
+
+}  // namespace shardplan::detail

@@ -1,0 +1,419 @@
+// The profiler: named scopes, what a traced run records (kernels per device, collectives with the
+// bytes the program's cost says, reshards, dispatches), the trace JSON checked against the trace
+// event format's required fields per phase, and its errors.
+#include "shardplan/profiler.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardplan/autodiff.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/sjit.hpp"
+
+namespace shardplan {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// The trace event format (Google's "Trace Event Format" document) for the phases written here:
+// every event an object with a string "ph" and "name" and integer "pid" and "tid"; a complete
+// event ("X") a number "ts" and a non-negative number "dur", a string "cat", an object "args";
+// a metadata event ("M") one of the metadata names, with "args" holding its "name" (a string)
+// or "sort_index" (an integer). Returns the first violation, or "".
+std::string trace_format_violation(const json& doc) {
+  if (!doc.is_object()) return "the document is not an object";
+  if (!doc.contains("traceEvents") || !doc["traceEvents"].is_array()) return "no traceEvents array";
+  if (doc.contains("displayTimeUnit") &&
+      !(doc["displayTimeUnit"] == "ms" || doc["displayTimeUnit"] == "ns")) {
+    return "displayTimeUnit is neither ms nor ns";
+  }
+  const std::set<std::string> metadata_names = {
+      "process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"};
+  for (const json& e : doc["traceEvents"]) {
+    const std::string at = e.dump();
+    if (!e.is_object()) return "an event is not an object: " + at;
+    for (const char* k : {"ph", "name"}) {
+      if (!e.contains(k) || !e[k].is_string()) return std::string("no string ") + k + ": " + at;
+    }
+    for (const char* k : {"pid", "tid"}) {
+      if (!e.contains(k) || !e[k].is_number_integer())
+        return std::string("no integer ") + k + ": " + at;
+    }
+    if (e["ph"] == "X") {
+      if (!e.contains("ts") || !e["ts"].is_number()) return "X without a number ts: " + at;
+      if (!e.contains("dur") || !e["dur"].is_number() || e["dur"].get<double>() < 0) {
+        return "X without a non-negative dur: " + at;
+      }
+      if (!e.contains("cat") || !e["cat"].is_string()) return "X without a string cat: " + at;
+      if (e.contains("args") && !e["args"].is_object()) return "X args not an object: " + at;
+    } else if (e["ph"] == "M") {
+      if (!metadata_names.count(e["name"].get<std::string>())) return "unknown metadata: " + at;
+      if (!e.contains("args") || !e["args"].is_object()) return "M without args: " + at;
+      const json& a = e["args"];
+      const bool named = a.contains("name") && a["name"].is_string();
+      const bool sorted = a.contains("sort_index") && a["sort_index"].is_number_integer();
+      if (!named && !sorted) return "M args with neither name nor sort_index: " + at;
+    } else {
+      return "a phase this writer does not write: " + at;
+    }
+  }
+  return "";
+}
+
+std::vector<json> events_of(const json& doc, const std::string& cat) {
+  std::vector<json> out;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "X" && e["cat"] == cat) out.push_back(e);
+  }
+  return out;
+}
+
+std::string scope_of(const json& e) {
+  return e["args"].contains("scope") ? e["args"]["scope"].get<std::string>() : std::string();
+}
+
+// x [8, 64] split over its contraction dimension on data:4, w [64, 16] likewise: each device's
+// product is a summand, summed (a collective) for the replicated result; tanh after it.
+Array contraction(const Array& x, const Array& w) {
+  Array y;
+  {
+    auto s = named_scope("proj");
+    y = matmul(x, w);
+  }
+  auto s = named_scope("act");
+  return tanh(y);
+}
+
+auto contraction_sjit(const Mesh& mesh) {
+  return sjit(mesh, contraction, SjitOptions{.out_shardings = RuleTree(P())});
+}
+
+// `rows` of x: 8 runs each step inline (devices one after another on the calling thread); 512
+// gives results of 128 KiB, run on the pool.
+struct ContractionProgram {
+  explicit ContractionProgram(std::int64_t n = 8) : rows(n) {}
+  std::int64_t rows;
+  Executor exec{4};
+  Mesh mesh = Mesh::parse("data:4", 4);
+  Array x = device_put(Tensor::normal(Shape{rows, 64}, DType::kF32, 1),
+                       NamedSharding(mesh, P(nullptr, "data")), exec);
+  Array w = device_put(Tensor::normal(Shape{64, 16}, DType::kF32, 2),
+                       NamedSharding(mesh, P("data", nullptr)), exec);
+  decltype(contraction_sjit(mesh)) f = contraction_sjit(mesh);
+};
+
+TEST(NamedScope, NestsWithSlashesAndCloses) {
+  EXPECT_EQ(current_named_scope(), "");
+  {
+    auto a = named_scope("layer0");
+    {
+      auto b = named_scope("attn");
+      EXPECT_EQ(current_named_scope(), "layer0/attn");
+    }
+    EXPECT_EQ(current_named_scope(), "layer0");
+  }
+  EXPECT_EQ(current_named_scope(), "");
+}
+
+TEST(NamedScope, ANameThatIsNotUtf8IsASpecErrorNamingItEscaped) {
+  try {
+    auto s = named_scope(
+        "bad\xff"
+        "name");
+    FAIL() << "accepted";
+  } catch (const SpecError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("bad\\xffname"));
+    EXPECT_THAT(e.what(), HasSubstr("not valid UTF-8"));
+  }
+  EXPECT_THROW(named_scope(""), SpecError);
+  EXPECT_EQ(current_named_scope(), "");  // nothing left open
+}
+
+TEST(Profiler, OffRecordsNothing) {
+  ContractionProgram p;
+  profiler::start();
+  profiler::stop();
+  (void)p.f(p.x, p.w);
+  EXPECT_FALSE(profiler::is_on());
+  EXPECT_EQ(profiler::event_count(), 0u);
+}
+
+TEST(Profiler, TraceFollowsTheEventFormat) {
+  ContractionProgram p;
+  {
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  EXPECT_EQ(trace_format_violation(doc), "");
+  // The process and every thread named.
+  std::set<int> named;
+  bool process_named = false;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] != "M") continue;
+    if (e["name"] == "process_name") process_named = e["args"]["name"] == "rank 0";
+    if (e["name"] == "thread_name") named.insert(e["tid"].get<int>());
+  }
+  EXPECT_TRUE(process_named);
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "X") {
+      EXPECT_TRUE(named.count(e["tid"].get<int>())) << e.dump();
+    }
+  }
+  // The checker itself refuses what the format forbids.
+  EXPECT_NE(trace_format_violation(
+                json::parse(R"({"traceEvents":[{"ph":"X","name":"a","pid":0,"tid":0,"ts":1}]})")),
+            "");
+  EXPECT_NE(
+      trace_format_violation(json::parse(
+          R"({"traceEvents":[{"ph":"X","name":"a","pid":"0","tid":0,"ts":1,"dur":1,"cat":"k"}]})")),
+      "");
+  EXPECT_NE(trace_format_violation(json::parse(R"({"events":[]})")), "");
+}
+
+TEST(Profiler, EachDeviceHasItsKernelsWithTheirScopes) {
+  ContractionProgram p;
+  {
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  for (int d = 0; d < 4; ++d) {
+    int products = 0, tanhs = 0;
+    for (const json& e : events_of(doc, "kernel")) {
+      if (e["tid"] != d) continue;
+      const std::string op = e["args"]["op"];
+      if (op == "dot_general") {
+        ++products;
+        EXPECT_EQ(scope_of(e), "proj");
+      }
+      if (op.find("tanh") != std::string::npos) {
+        ++tanhs;
+        EXPECT_EQ(scope_of(e), "act");
+      }
+    }
+    EXPECT_EQ(products, 1) << "device " << d;
+    EXPECT_EQ(tanhs, 1) << "device " << d;
+  }
+  // One dispatch on the host for the one call.
+  const std::vector<json> dispatch = events_of(doc, "dispatch");
+  ASSERT_EQ(dispatch.size(), 1u);
+  EXPECT_EQ(dispatch[0]["tid"], 1000000);
+}
+
+TEST(Profiler, CollectiveBytesByKindAreWhatTheCostSays) {
+  ContractionProgram p;
+  const ProgramCost cost = p.f.lower(p.x, p.w).cost();
+  ASSERT_FALSE(cost.bytes_by_kind.empty());
+  {
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  std::map<int, std::map<std::string, std::int64_t>> bytes;  // device -> kind -> bytes
+  for (const json& e : events_of(doc, "collective")) {
+    bytes[e["tid"].get<int>()][e["args"]["kind"].get<std::string>()] +=
+        e["args"]["bytes"].get<std::int64_t>();
+    // Its group: the other three devices of data:4.
+    std::vector<int> peers = e["args"]["peers"];
+    std::vector<int> want;
+    for (int d = 0; d < 4; ++d) {
+      if (d != e["tid"].get<int>()) want.push_back(d);
+    }
+    EXPECT_EQ(peers, want);
+    // A reshard is named by the value it moves: the products summed ("proj"), tanh's result
+    // gathered ("act").
+    const std::string kind = e["args"]["kind"];
+    const bool sums = kind == "reduce_scatter" || kind == "all_reduce";
+    EXPECT_EQ(scope_of(e), sums ? "proj" : "act") << e.dump();
+    EXPECT_EQ(e["args"]["op"], sums ? "dot_general" : "tanh") << e.dump();
+  }
+  ASSERT_EQ(bytes.size(), 4u);
+  for (const auto& [device, by_kind] : bytes) {
+    std::map<std::string, std::int64_t> want;
+    for (const auto& [kind, b] : cost.bytes_by_kind) want[std::string(to_string(kind))] = b;
+    EXPECT_EQ(by_kind, want) << "device " << device;
+  }
+}
+
+// Per device, events either follow one another or one holds the other (a reshard its
+// collectives); kernels never overlap anything. Steps run inline and on the pool.
+class ProfilerSizes : public ::testing::TestWithParam<std::int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Rows, ProfilerSizes, ::testing::Values(8, 512));
+TEST_P(ProfilerSizes, EventsOnADeviceDoNotOverlap) {
+  ContractionProgram p(GetParam());
+  {
+    profiler::ProfileSession session;
+    for (int i = 0; i < 3; ++i) (void)p.f(p.x, p.w);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  std::map<int, std::vector<json>> by_device;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "X") by_device[e["tid"].get<int>()].push_back(e);
+  }
+  constexpr double kEps = 0.0015;  // the written microseconds are rounded to the nanosecond
+  for (const auto& [device, events] : by_device) {
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      for (std::size_t j = i + 1; j < events.size(); ++j) {
+        const double a0 = events[i]["ts"], a1 = a0 + events[i]["dur"].get<double>();
+        const double b0 = events[j]["ts"], b1 = b0 + events[j]["dur"].get<double>();
+        const bool disjoint = a1 <= b0 + kEps || b1 <= a0 + kEps;
+        const bool nested =
+            (a0 <= b0 + kEps && b1 <= a1 + kEps) || (b0 <= a0 + kEps && a1 <= b1 + kEps);
+        const bool kernel = events[i]["cat"] == "kernel" || events[j]["cat"] == "kernel";
+        EXPECT_TRUE(disjoint || (nested && !kernel))
+            << "device " << device << ": " << events[i].dump() << " and " << events[j].dump();
+      }
+    }
+  }
+  EXPECT_EQ(events_of(doc, "dispatch").size(), 3u);
+  std::map<int, int> products;
+  for (const json& e : events_of(doc, "kernel")) {
+    if (e["args"]["op"] == "dot_general") ++products[e["tid"].get<int>()];
+  }
+  EXPECT_EQ(products, (std::map<int, int>{{0, 3}, {1, 3}, {2, 3}, {3, 3}}));
+}
+
+TEST(Profiler, BackwardOpsCarryTheirForwardScope) {
+  ContractionProgram p;
+  const auto loss = [](const Array& x, const Array& w) {
+    return value_and_grad([&](const Array& wv) {
+             auto s = named_scope("proj");
+             return sum(matmul(x, wv));
+           })(w)
+        .second;
+  };
+  auto g = sjit(p.mesh, loss);
+  {
+    profiler::ProfileSession session;
+    (void)g(p.x, p.w);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  int products = 0;
+  for (const json& e : events_of(doc, "kernel")) {
+    if (e["args"]["op"] != "dot_general") continue;
+    ++products;
+    EXPECT_EQ(scope_of(e), "proj") << e.dump();
+  }
+  EXPECT_GE(products, 4);  // the backward product on each device
+}
+
+TEST(Profiler, EagerOpsTakeTheScopeOpenWhenTheyRun) {
+  ContractionProgram p;
+  {
+    profiler::ProfileSession session;
+    auto s = named_scope("eager");
+    (void)tanh(p.x);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  const std::vector<json> kernels = events_of(doc, "kernel");
+  ASSERT_EQ(kernels.size(), 4u);
+  for (const json& e : kernels) EXPECT_EQ(scope_of(e), "eager");
+}
+
+TEST(Profiler, AnUnwritablePathIsAnIoErrorNamingIt) {
+  ContractionProgram p;
+  {
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "profiler_test_dir";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path missing = dir / "no_such_dir" / "t.json";
+  try {
+    profiler::write_trace(missing);
+    FAIL() << "wrote";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(missing.string()));
+  }
+  EXPECT_THROW(profiler::write_trace(dir), IoError);  // a directory is not replaced
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  // Written whole, and the same JSON trace_json gives.
+  const std::filesystem::path file = dir / "t.json";
+  profiler::write_trace(file);
+  std::ifstream in(file);
+  const json doc = json::parse(in);
+  EXPECT_EQ(trace_format_violation(doc), "");
+  EXPECT_EQ(doc, json::parse(profiler::trace_json()));
+  std::filesystem::remove_all(dir);
+}
+
+// Host threads running programs at once each record into their own buffer; the trace holds all.
+// (Run under the tsan preset after touching the recorder.)
+TEST(Profiler, ThreadsRecordingAtOnceAreAllInTheTrace) {
+  ContractionProgram a, b;
+  {
+    profiler::ProfileSession session;
+    std::thread ta([&] {
+      for (int i = 0; i < 3; ++i) (void)a.f(a.x, a.w);
+    });
+    std::thread tb([&] {
+      for (int i = 0; i < 3; ++i) (void)b.f(b.x, b.w);
+    });
+    ta.join();
+    tb.join();
+  }
+  const json doc = json::parse(profiler::trace_json());
+  EXPECT_EQ(events_of(doc, "dispatch").size(), 6u);
+  int products = 0;
+  for (const json& e : events_of(doc, "kernel")) products += e["args"]["op"] == "dot_general";
+  EXPECT_EQ(products, 2 * 3 * 4);
+}
+
+TEST(Profiler, StartDropsTheEarlierSession) {
+  ContractionProgram p;
+  profiler::start();
+  (void)p.f(p.x, p.w);
+  profiler::stop();
+  const std::size_t one = profiler::event_count();
+  EXPECT_GT(one, 0u);
+  profiler::start();
+  (void)p.f(p.x, p.w);
+  (void)p.f(p.x, p.w);
+  profiler::stop();
+  EXPECT_EQ(profiler::event_count(), 2 * one);
+  profiler::start();
+  profiler::stop();
+  EXPECT_EQ(profiler::event_count(), 0u);
+}
+
+// The command reads what the profiler writes: every device's row, the product and the summed
+// collective listed.
+TEST(Profiler, TraceSummarizeReadsTheWrittenTrace) {
+  ContractionProgram p;
+  {
+    profiler::ProfileSession session;
+    for (int i = 0; i < 2; ++i) (void)p.f(p.x, p.w);
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "profiler_test_cli";
+  std::filesystem::create_directories(dir);
+  profiler::write_trace(dir / "t.json");
+  const std::string cmd = "'" + std::string(SHARDPLAN_CLI) + "' trace summarize '" +
+                          (dir / "t.json").string() + "' > '" + (dir / "out.txt").string() + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream in(dir / "out.txt");
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(out, ::testing::ContainsRegex("kernel +dot_general +8 "));
+  EXPECT_THAT(out, ::testing::ContainsRegex("collective +reduce_scatter +8 "));
+  for (const char* thread : {"device 0", "device 1", "device 2", "device 3", "host"}) {
+    EXPECT_THAT(out, HasSubstr(thread));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardplan
