@@ -24,6 +24,23 @@ constexpr const char* kLlama3_8b = R"({"model_type": "llama", "vocab_size": 1282
 
 RulePtr preset(const char* name) { return load_preset(name).make_rule(); }
 
+// `c` with 24 layers (more than the samples' 2 + 3 + 4 + 8: extrapolated) planned from small
+// steps gives the figures of the step traced whole.
+void expect_extrapolated_as_traced_whole(const ModelConfig& c, const Mesh& mesh, TrainPlanOptions o) {
+  ModelConfig deep = c;
+  deep.layers = 24;
+  o.extrapolate = true;
+  const TrainPlan ext = plan_training(deep, mesh, preset("llama_fsdp"), o);
+  o.extrapolate = false;
+  const TrainPlan whole = plan_training(deep, mesh, preset("llama_fsdp"), o);
+  EXPECT_TRUE(ext.extrapolated);
+  EXPECT_EQ(ext.bytes_by_axes, whole.bytes_by_axes);
+  EXPECT_EQ(ext.memory_traffic, whole.memory_traffic);
+  EXPECT_EQ(ext.peak_bytes, whole.peak_bytes);
+  EXPECT_NEAR(ext.matmul_flops, whole.matmul_flops, 1e-9 * whole.matmul_flops);
+  EXPECT_NEAR(ext.matmul_fp8_flops, whole.matmul_fp8_flops, 1e-9 * whole.matmul_fp8_flops);
+}
+
 // Round figures, so that the times below are worked out by hand.
 Hardware toy_hardware(std::int64_t node_size) {
   Hardware h;
@@ -236,18 +253,7 @@ TEST(MixedPrecision, WeightsHeldInOneDtypeGatheredInAnotherReducedInAThird) {
   EXPECT_THAT(reduce32.table(), ::testing::HasSubstr(
                                     "parameters f32 held, cast to bf16 for use (gathered in it), "
                                     "gradients f32 (reduced in f32)"));
-  // Extrapolated from small steps, the same figures as traced whole.
-  o.extrapolate = true;
-  ModelConfig deep = c;
-  deep.layers = 24;  // more than the samples' 2 + 3 + 4 + 8 layers: extrapolated
-  const TrainPlan ext = plan_training(deep, mesh, preset("llama_fsdp"), o);
-  o.extrapolate = false;
-  const TrainPlan whole = plan_training(deep, mesh, preset("llama_fsdp"), o);
-  EXPECT_TRUE(ext.extrapolated);
-  EXPECT_EQ(ext.bytes_by_axes, whole.bytes_by_axes);
-  EXPECT_EQ(ext.memory_traffic, whole.memory_traffic);
-  EXPECT_EQ(ext.peak_bytes, whole.peak_bytes);
-  EXPECT_NEAR(ext.matmul_flops, whole.matmul_flops, 1e-9 * whole.matmul_flops);
+  expect_extrapolated_as_traced_whole(c, mesh, o);
 }
 
 // FSDP2's reshard after forward without recomputation: each layer's weights are gathered again
@@ -304,16 +310,7 @@ TEST(MixedPrecision, ReshardAfterForwardGathersTheWeightsAgainForTheBackwardPass
   o.remat.reset();
   EXPECT_FALSE(plan_training(c, Mesh::parse("fsdp:1", 1), preset("llama_fsdp"), o)
                    .reshard_after_forward);
-  // Extrapolated from small steps, the same figures as traced whole.
-  o.extrapolate = true;
-  ModelConfig deep = c;
-  deep.layers = 24;
-  const TrainPlan ext = plan_training(deep, mesh, preset("llama_fsdp"), o);
-  o.extrapolate = false;
-  const TrainPlan whole = plan_training(deep, mesh, preset("llama_fsdp"), o);
-  EXPECT_TRUE(ext.extrapolated);
-  EXPECT_EQ(ext.bytes_by_axes, whole.bytes_by_axes);
-  EXPECT_EQ(ext.peak_bytes, whole.peak_bytes);
+  expect_extrapolated_as_traced_whole(c, mesh, o);
 }
 
 // Float8 linear layers: every product of a block's linear layer moves from the bf16 figure to
@@ -353,17 +350,7 @@ TEST(Float8, TheBlocksLinearLayersRunAtTheFp8Rate) {
     "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64})");
   EXPECT_THROW_WITH(plan_training(gpt2, mesh, preset("gpt2"), o), SpecError,
                     "float8 linear layers are planned for LLaMA-family blocks", "gpt2");
-  // Extrapolated from small steps, the same figures as traced whole.
-  o.extrapolate = true;
-  ModelConfig deep = c;
-  deep.layers = 24;
-  const TrainPlan ext = plan_training(deep, mesh, preset("llama_fsdp"), o);
-  o.extrapolate = false;
-  const TrainPlan whole = plan_training(deep, mesh, preset("llama_fsdp"), o);
-  EXPECT_TRUE(ext.extrapolated);
-  EXPECT_NEAR(ext.matmul_fp8_flops, whole.matmul_fp8_flops, 1e-9 * whole.matmul_fp8_flops);
-  EXPECT_EQ(ext.peak_bytes, whole.peak_bytes);
-  EXPECT_EQ(ext.bytes_by_axes, whole.bytes_by_axes);
+  expect_extrapolated_as_traced_whole(c, mesh, o);
 }
 
 TrainPlan timed(std::string mesh, std::int64_t devices, double step, double compute,
