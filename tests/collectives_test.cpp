@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 
 #include "runtime_fixtures.hpp"
@@ -245,6 +246,47 @@ TEST(Collectives, ReduceScatterLeavesEachDeviceItsPartOfTheSum) {
   const ReshardResult r = reshard(x, NamedSharding(mesh, P(nullptr, "x")));
   EXPECT_EQ(r.steps.front().kind, CollectiveKind::kAllReduce);
   EXPECT_TRUE(r.array.to_host() == full);
+}
+
+// A sum pending over two axes, to a target that shards one dimension over each: two
+// reduce-scatters (the mesh's innermost axis first), never an all-reduce and a slice. By hand,
+// f32[8, 8] on x:2,y:4 to P("y", "x"): over y into dimension 0 (shard [2, 8], 3 x 64 bytes from
+// the group), then over x into dimension 1 (shard [2, 4], 1 x 32 bytes).
+TEST(Collectives, APendingSumOverTwoAxesIsReduceScatteredIntoTwoDimensions) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:2,y:4", 8);
+  const Array x =
+      pending_array(exec, NamedSharding(mesh, P()), Shape{8, 8}, Pending{ReduceOp::kSum, {"x", "y"}});
+  const NamedSharding to(mesh, P("y", "x"));
+  const ReshardResult ran = reshard(x, to);
+  ASSERT_EQ(ran.steps.size(), 2u);
+  EXPECT_EQ(ran.steps[0].kind, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(ran.steps[0].axes, (std::vector<std::string>{"y"}));
+  EXPECT_EQ(ran.steps[1].kind, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(ran.steps[1].axes, (std::vector<std::string>{"x"}));
+  for (const int d : local(mesh, exec)) {
+    EXPECT_EQ(ran.steps[0].bytes_in[static_cast<std::size_t>(d)], 3 * 2 * 8 * 4);
+    EXPECT_EQ(ran.steps[1].bytes_in[static_cast<std::size_t>(d)], 1 * 2 * 4 * 4);
+  }
+  EXPECT_EQ(ran.array.sharding().spec(), P("y", "x"));
+  EXPECT_FALSE(ran.array.is_pending());
+  // The values: the sum over all eight devices, as the all-reduce gives it (in another order of
+  // additions: within a few f32 roundings of eight terms).
+  const Tensor want = all_reduce(x).to_host();
+  const Tensor got = ran.array.to_host();
+  ASSERT_EQ(got.numel(), want.numel());
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    EXPECT_NEAR(got.get(i), want.get(i), 8 * 0x1p-23 * std::abs(want.get(i))) << i;
+  }
+  const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), to);
+  ASSERT_EQ(planned.size(), 2u);
+  for (std::size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
+    EXPECT_EQ(planned[k].axes, ran.steps[k].axes);
+    EXPECT_EQ(test::local_bytes(planned[k], mesh, exec), test::local_bytes(ran.steps[k], mesh, exec));
+  }
+  // A target that leaves one pending axis unsharded: all-reduced as before.
+  EXPECT_EQ(reshard(x, NamedSharding(mesh, P("y"))).steps.front().kind, CollectiveKind::kAllReduce);
 }
 
 TEST(Collectives, AllGatherAndAllToAllKeepTheValue) {

@@ -19,27 +19,46 @@ using detail::padded_dims;
 
 namespace {
 
-// How a pending array is reduced on the way to `target`: the dimension to reduce-scatter into
-// (and the axes in their order) when the target shards one dimension over exactly the pending
-// axes after what it already has; -1 for an all-reduce.
-std::pair<int, std::vector<std::string>> pending_route(const PartitionSpec& cur,
-                                                       const Pending& pending,
-                                                       const PartitionSpec& target, int rank) {
+// How a pending array is reduced on the way to `target`: reduce-scatters, each into one
+// dimension over the pending axes the target appends to that dimension after what it already
+// has (their order as the target's), when those sets together are exactly the pending axes:
+// Megatron x FSDP's gradient, pending over (fsdp, tp) and sharded [tp, fsdp], is two
+// reduce-scatters, not an all-reduce and a slice. Empty for an all-reduce.
+std::vector<std::pair<int, std::vector<std::string>>> pending_route(const Mesh& mesh,
+                                                                    const PartitionSpec& cur,
+                                                                    const Pending& pending,
+                                                                    const PartitionSpec& target,
+                                                                    int rank) {
   const auto& pend = pending.axes;
   const auto cdims = padded_dims(cur, rank);
   const auto tdims = padded_dims(target, rank);
+  std::vector<std::pair<int, std::vector<std::string>>> route;
+  std::size_t covered = 0;
   for (int d = 0; d < rank; ++d) {
     const auto& ce = cdims[static_cast<std::size_t>(d)];
     const auto& te = tdims[static_cast<std::size_t>(d)];
-    if (te.size() != ce.size() + pend.size() || !std::equal(ce.begin(), ce.end(), te.begin())) {
-      continue;
-    }
+    if (te.size() <= ce.size() || !std::equal(ce.begin(), ce.end(), te.begin())) continue;
     std::vector<std::string> suffix(te.begin() + static_cast<std::ptrdiff_t>(ce.size()), te.end());
-    if (std::is_permutation(suffix.begin(), suffix.end(), pend.begin(), pend.end())) {
-      return {d, suffix};
-    }
+    const bool all_pending = std::all_of(suffix.begin(), suffix.end(), [&](const std::string& a) {
+      return std::find(pend.begin(), pend.end(), a) != pend.end();
+    });
+    if (!all_pending) continue;
+    covered += suffix.size();
+    route.emplace_back(d, std::move(suffix));
   }
-  return {-1, {}};
+  // Each pending axis once (a mesh axis shards at most one dimension of a spec).
+  if (covered != pend.size()) return {};
+  // The innermost axes first (the mesh's last: a node's fast links when devices are laid out
+  // row-major), so that most of the bytes move there; the bytes in all are the same either way.
+  const auto innermost = [&](const std::vector<std::string>& axes) {
+    int i = -1;
+    for (const std::string& a : axes) i = std::max(i, mesh.axis_index(a));
+    return i;
+  };
+  std::stable_sort(route.begin(), route.end(), [&](const auto& x, const auto& y) {
+    return innermost(x.second) > innermost(y.second);
+  });
+  return route;
 }
 
 // The name and axes of the move from `cur` to `target` (not equivalent, nothing pending).
@@ -211,13 +230,20 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
     began = now;
   };
   if (cur.is_pending()) {
-    const auto [scatter_dim, order] =
-        pending_route(cur.sharding().spec(), cur.pending(), target.spec(), rank);
-    CollectiveRecord rec;
-    cur = scatter_dim >= 0 ? reduce_scatter(cur, scatter_dim, order, &rec)
-                           : all_reduce(cur, {}, &rec);
-    result.steps.push_back(std::move(rec));
-    note();
+    const auto route =
+        pending_route(cur.mesh(), cur.sharding().spec(), cur.pending(), target.spec(), rank);
+    if (route.empty()) {
+      CollectiveRecord rec;
+      cur = all_reduce(cur, {}, &rec);
+      result.steps.push_back(std::move(rec));
+      note();
+    }
+    for (const auto& [dim, order] : route) {
+      CollectiveRecord rec;
+      cur = reduce_scatter(cur, dim, order, &rec);
+      result.steps.push_back(std::move(rec));
+      note();
+    }
   }
   if (cur.sharding().is_equivalent_to(target, rank)) {
     // The same blocks, perhaps under another name (size-1 axes): no data moves.
@@ -246,9 +272,9 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
   std::vector<CollectiveRecord> steps;
   NamedSharding cur = from;
   if (!pending.empty()) {
-    const auto [scatter_dim, order] = pending_route(from.spec(), pending, target.spec(), rank);
-    if (scatter_dim >= 0) {
-      auto dims = padded_dims(from.spec(), rank);
+    const auto route = pending_route(mesh, from.spec(), pending, target.spec(), rank);
+    for (const auto& [scatter_dim, order] : route) {
+      auto dims = padded_dims(cur.spec(), rank);
       auto& e = dims[static_cast<std::size_t>(scatter_dim)];
       e.insert(e.end(), order.begin(), order.end());
       cur = NamedSharding(mesh, make_spec(dims));
@@ -259,7 +285,8 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
       for (const int d : mesh.devices())
         rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
       steps.push_back(std::move(rec));
-    } else {
+    }
+    if (route.empty()) {
       const std::int64_t total = from.shard_shape(shape).numel();
       CollectiveRecord rec{CollectiveKind::kAllReduce, pending.axes,
                            std::vector<std::int64_t>(num, 0)};
