@@ -149,14 +149,18 @@ void write_merged_trace(const std::filesystem::path& path) {
       },
       "opening the file and collecting the events");
   const std::vector<ClockOffset> offsets = estimate_clock_offsets();
-  // The job's origin, on process 0's clock: the earliest session start.
-  const auto origins = distributed::allgather_bytes(std::as_bytes(std::span(&origin, 1)));
+  // The job's origin, on process 0's clock: the earliest session start (of the processes that
+  // started one: a process that never did sends nothing).
+  const std::span<const std::int64_t> sent(&origin, origin != 0 || !events.empty() ? 1 : 0);
+  const auto origins = distributed::allgather_bytes(std::as_bytes(sent));
   std::int64_t job_origin = std::numeric_limits<std::int64_t>::max();
   for (std::size_t p = 0; p < origins.size(); ++p) {
     std::int64_t o = 0;
+    if (origins[p].size() != sizeof o) continue;
     std::memcpy(&o, origins[p].data(), sizeof o);
     job_origin = std::min(job_origin, o - offsets[p].offset_ns);
   }
+  if (job_origin == std::numeric_limits<std::int64_t>::max()) job_origin = 0;
   std::string mine;
   agreed(
       [&] {
