@@ -1497,6 +1497,25 @@ TEST_F(CliTest, TraceSummarizeOfAHandWrittenTrace) {
   EXPECT_EQ(top.out.find("all_reduce"), std::string::npos);
 }
 
+// A merged trace of two processes (tests/data/traces/two_ranks.trace.json, by hand): each row is
+// named by its process and thread; the two hosts are two rows.
+TEST_F(CliTest, TraceSummarizeOfAMergedTraceNamesEachRowByRank) {
+  const std::string file =
+      std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/two_ranks.trace.json";
+  const Result r = run(fmt::format("trace summarize '{}'", file));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("6 complete events over 15.0 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("kernel +dot_general +2 +20.0 us +10.0 us"));
+  // Rank 0's device: 0-15 busy, its all-reduce (10-15) exposed; rank 1's: 2-15, 3 us exposed.
+  EXPECT_THAT(r.out,
+              ::testing::ContainsRegex("rank 0 device 0 +15.0 us +100.0% +0 ns +5.0 us +5.0 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("rank 0 host +2.0 us +13.3% +13.0 us"));
+  EXPECT_THAT(r.out,
+              ::testing::ContainsRegex("rank 1 device 1 +13.0 us +86.7% +2.0 us +3.0 us +3.0 us"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("rank 1 host +1.0 us +6.7% +14.0 us"));
+  EXPECT_LT(r.out.find("rank 0 host"), r.out.find("rank 1 device 1"));  // by rank, then thread
+}
+
 TEST_F(CliTest, TraceSummarizeOfAFileThatIsNotATraceExitsOneNamingItAndWhatIsMissing) {
   const auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir_ / name) << text;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "shardplan/detail/agreement.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -82,6 +83,39 @@ TEST(Distributed, AllgatherGivesEveryProcessesBytesInProcessOrder) {
   // Nothing from anyone.
   const auto none = dist::allgather_bytes({});
   for (const auto& v : none) EXPECT_TRUE(v.empty());
+}
+
+TEST(Distributed, GatherGivesTheRootEveryProcessesBytesAndTheOthersNothing) {
+  const int me = dist::process_index(), count = dist::process_count();
+  const int root = count - 1;
+  // Process p sends 2p + 1 bytes of value p + 10.
+  const std::vector<std::byte> mine(static_cast<std::size_t>(2 * me + 1),
+                                    static_cast<std::byte>(me + 10));
+  const auto got = dist::gather_bytes(mine, root);
+  if (me == root) {
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(expected_count()));
+    for (std::size_t p = 0; p < got.size(); ++p) {
+      EXPECT_EQ(got[p], std::vector<std::byte>(2 * p + 1, static_cast<std::byte>(p + 10))) << p;
+    }
+  } else {
+    EXPECT_TRUE(got.empty());
+  }
+  EXPECT_THROW_WITH(dist::gather_bytes(mine, count), DistributedError, std::string("gather_bytes"),
+                    fmt::format("process {} of a group of {}", count, count));
+}
+
+// A gather of 1 MiB or more is agreed on: a root that cannot allocate it fails on every process
+// (naming the root), and the group goes on.
+TEST(Distributed, ARootThatCannotAllocateALargeGatherFailsEverywhere) {
+  const int me = dist::process_index(), count = dist::process_count();
+  if (count == 1) GTEST_SKIP() << "needs two processes";
+  const std::vector<std::byte> mine(std::size_t{1} << 20, std::byte{7});
+  if (me == 0) dist::detail::fail_collective_allocation(1);
+  EXPECT_THROW_WITH(dist::gather_bytes(mine, 0), DistributedError,
+                    fmt::format("process 0 of {} failed", count), std::string("out of host memory"));
+  dist::detail::fail_collective_allocation(0);
+  const auto got = dist::gather_bytes(mine, 0);
+  EXPECT_EQ(got.size(), me == 0 ? static_cast<std::size_t>(count) : 0u);
 }
 
 /// Process p's element i: magnitudes far apart, so that the order of the additions shows in

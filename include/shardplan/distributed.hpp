@@ -72,6 +72,12 @@ void barrier();
 /// Collective: every process's bytes, in process order (sizes may differ between processes).
 std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> mine);
 
+/// Collective: every process's bytes to process `root` only, in process order (sizes may differ);
+/// the other processes get an empty list. As allgather_bytes, a gather of 1 MiB or more is agreed
+/// on before anything crosses (root allocates first; a root that cannot fails on every process).
+/// Throws DistributedError for a root outside the group.
+std::vector<std::vector<std::byte>> gather_bytes(std::span<const std::byte> mine, int root);
+
 /// One message of exchange(): `bytes` bytes at `data`, to or from process `peer`.
 struct Message {
   int peer = 0;

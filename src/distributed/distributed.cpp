@@ -395,6 +395,60 @@ std::vector<std::vector<std::byte>> allgather_bytes(std::span<const std::byte> m
   return out;
 }
 
+std::vector<std::vector<std::byte>> gather_bytes(std::span<const std::byte> mine, int root) {
+  initialize();
+  const Group& g = group();
+  if (root < 0 || root >= g.count) {
+    throw DistributedError(fmt::format("[distributed] gather_bytes to process {} of a group of {}",
+                                       root, g.count));
+  }
+  if (g.count == 1) return {std::vector<std::byte>(mine.begin(), mine.end())};
+  std::vector<std::vector<std::byte>> out;
+#if defined(SHARDPLAN_HAVE_MPI)
+  const auto sizes = allgather_count(static_cast<std::int64_t>(mine.size()));
+  std::vector<int> len(sizes.size()), off(sizes.size());
+  std::size_t total = 0;
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    off[p] = mpi_count(total, "gather_bytes");
+    len[p] = mpi_count(static_cast<std::size_t>(sizes[p]), "gather_bytes");
+    total += static_cast<std::size_t>(sizes[p]);
+  }
+  mpi_count(total, "gather_bytes");
+  const bool at_root = g.index == root;
+  // Only the root allocates; every process knows the total, so all agree alike (allgather_bytes).
+  std::vector<std::byte> all;
+  std::exception_ptr failed;
+  try {
+    if (at_root && total >= static_cast<std::size_t>(detail::kAgreeOnHostAllocationsFrom)) {
+      detail::allocation_fault_point();
+    }
+    if (at_root) all.resize(total);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  if (total >= static_cast<std::size_t>(detail::kAgreeOnHostAllocationsFrom)) {
+    detail::agree(failed, failed ? fmt::format("[distributed] gather_bytes of {} bytes", total)
+                                 : std::string());
+  } else if (failed) {
+    std::rethrow_exception(failed);
+  }
+  MPI_Request r;
+  check(MPI_Igatherv(mine.data(), len[static_cast<std::size_t>(g.index)], MPI_BYTE, all.data(),
+                     len.data(), off.data(), MPI_BYTE, root, MPI_COMM_WORLD, &r),
+        "MPI_Igatherv");
+  wait_one(r, "a gather");
+  if (at_root) {
+    out.resize(sizes.size());
+    for (std::size_t p = 0; p < sizes.size(); ++p) {
+      out[p].assign(all.begin() + off[p], all.begin() + off[p] + len[p]);
+    }
+  }
+#else
+  (void)mine;
+#endif
+  return out;
+}
+
 void exchange(const std::vector<Message>& sends, const std::vector<Message>& receives) {
   initialize();
   const Group& g = group();

@@ -17,6 +17,9 @@
 namespace shardplan::profiler::detail {
 
 std::atomic<bool> g_on{false};
+std::atomic<std::int64_t> g_test_clock_skew_ns{0};
+
+void set_test_clock_skew(std::int64_t ns) { g_test_clock_skew_ns.store(ns); }
 
 const char* category_name(Category c) {
   switch (c) {

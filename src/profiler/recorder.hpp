@@ -41,11 +41,17 @@ struct Event {
 extern std::atomic<bool> g_on;
 /// The one branch a run pays when the profiler is off.
 inline bool on() { return g_on.load(std::memory_order_relaxed); }
+/// Test-only: added to every time this process's profiler reads (events, session starts, the
+/// clock alignment's round trips), as a clock that is off by that much would be. 0 normally.
+extern std::atomic<std::int64_t> g_test_clock_skew_ns;
 inline std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+             .count() +
+         g_test_clock_skew_ns.load(std::memory_order_relaxed);
 }
+/// Sets the test-only skew of now_ns() on this process.
+void set_test_clock_skew(std::int64_t ns);
 
 /// Appends `e` to this thread's buffer (dropped when the session it began in has ended).
 void record(Event e);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "../json_impl.hpp"
@@ -118,7 +119,7 @@ struct Track {
 
 // Reads one event into the tracks and op totals; metadata names threads.
 void read_event(const json::Value& e, std::size_t n, std::string_view file,
-                std::map<std::pair<int, int>, Track>& tracks,
+                std::map<int, std::string>& processes, std::map<std::pair<int, int>, Track>& tracks,
                 std::map<std::pair<std::string, std::string>, TraceSummary::OpRow>& ops,
                 TraceSummary& s, double& first, double& last) {
   const std::string where = fmt::format("event {}", n);
@@ -126,12 +127,16 @@ void read_event(const json::Value& e, std::size_t n, std::string_view file,
   const Members m = members(e, file, where);
   const std::string ph = string_or(m, "ph", file, where, true);
   if (ph == "M") {
-    if (string_or(m, "name", file, where, false) != "thread_name") return;
+    const std::string what = string_or(m, "name", file, where, false);
+    if (what != "thread_name" && what != "process_name") return;
     const json::Value* args = m.find("args");
     if (args == nullptr || !args->is_object()) return;
     const Members a = members(*args, file, where + " args");
     const std::string name = string_or(a, "name", file, where + " args", false);
-    if (!name.empty()) {
+    if (name.empty()) return;
+    if (what == "process_name") {
+      processes[integer(m, "pid", file, where)] = name;
+    } else {
       tracks[{integer(m, "pid", file, where), integer(m, "tid", file, where)}].name = name;
     }
     return;
@@ -181,19 +186,31 @@ TraceSummary summarize_trace(std::string_view text, std::string_view file) {
   std::map<std::pair<int, int>, Track> tracks;
   std::map<std::pair<std::string, std::string>, TraceSummary::OpRow> ops;
   double first = INFINITY, last = -INFINITY;
+  std::map<int, std::string> processes;  // process_name metadata
   std::size_t n = 0;
-  for (const json::Value e : events) read_event(e, n++, file, tracks, ops, s, first, last);
+  for (const json::Value e : events) {
+    read_event(e, n++, file, processes, tracks, ops, s, first, last);
+  }
   if (s.events == 0) fail(file, "not a trace: it has no complete ('ph': 'X') events");
   s.span_us = last - first;
   for (auto& [key, row] : ops) s.ops.push_back(std::move(row));
   std::stable_sort(s.ops.begin(), s.ops.end(),
                    [](const auto& a, const auto& b) { return a.total_us > b.total_us; });
+  // Over several processes (a merged trace) each row is named with its process too.
+  std::set<int> pids;
+  for (const auto& [key, t] : tracks) {
+    if (!t.busy.empty() || !t.kernels.empty()) pids.insert(key.first);
+  }
   for (auto& [key, t] : tracks) {
     if (t.busy.empty() && t.kernels.empty()) continue;  // only named
     TraceSummary::ThreadRow r;
     r.pid = key.first;
     r.tid = key.second;
     r.name = t.name.empty() ? fmt::format("pid {} tid {}", r.pid, r.tid) : t.name;
+    if (pids.size() > 1 && !t.name.empty()) {
+      const auto p = processes.find(r.pid);
+      r.name = (p != processes.end() ? p->second : fmt::format("pid {}", r.pid)) + " " + r.name;
+    }
     const std::vector<Interval> kernels = merged(std::move(t.kernels));
     const std::vector<Interval> comm = merged(std::move(t.collectives));
     r.busy_us = length(merged(std::move(t.busy)));
@@ -234,10 +251,12 @@ std::string format_trace_summary(const TraceSummary& s, std::string_view file, s
                        r.count, duration(r.total_us), duration(r.mean_us()));
   }
   out += fmt::format("\nper thread, over the trace's {}\n", duration(s.span_us));
-  out += fmt::format("  {:<16} {:>10} {:>8} {:>10} {:>10} {:>10}\n", "thread", "busy", "of span",
-                     "idle", "comm", "exposed");
+  std::size_t width = 16;  // wider for long names ("rank 12 device 100")
+  for (const TraceSummary::ThreadRow& r : s.threads) width = std::max(width, printable(r.name).size());
+  out += fmt::format("  {:<{}} {:>10} {:>8} {:>10} {:>10} {:>10}\n", "thread", width, "busy",
+                     "of span", "idle", "comm", "exposed");
   for (const TraceSummary::ThreadRow& r : s.threads) {
-    out += fmt::format("  {:<16} {:>10} {:>8} {:>10} {:>10} {:>10}\n", printable(r.name),
+    out += fmt::format("  {:<{}} {:>10} {:>8} {:>10} {:>10} {:>10}\n", printable(r.name), width,
                        duration(r.busy_us), percent(r.busy_us, s.span_us), duration(r.idle_us),
                        duration(r.comm_us), duration(r.exposed_comm_us));
   }

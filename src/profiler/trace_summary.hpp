@@ -21,7 +21,9 @@ struct TraceSummary {
   /// One track (a device, or the host) of one process, over the whole trace's span.
   struct ThreadRow {
     int pid = 0, tid = 0;
-    std::string name;            // its thread_name metadata, else "pid P tid T"
+    /// Its thread_name metadata, else "pid P tid T"; in a trace of several processes, its
+    /// process_name ("rank 1") before it: "rank 1 device 2", "rank 1 host".
+    std::string name;
     double busy_us = 0;          // the union of its events that are not waits
     double idle_us = 0;          // the span less busy
     double comm_us = 0;          // the union of its collectives
