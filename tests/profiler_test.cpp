@@ -172,6 +172,36 @@ TEST(Profiler, EachDeviceHasItsKernelsWithTheirScopes) {
   EXPECT_EQ(dispatch[0]["tid"], 1000000);
 }
 
+// A compiled program is named by the scope of each call (the caller's, then the function's
+// own), not by the scope it was first traced under: the second call hits the cache.
+TEST(Profiler, ACachedProgramTakesTheScopeOfEachCall) {
+  ContractionProgram p;
+  const auto products_scopes = [&] {
+    std::set<std::string> scopes;
+    for (const json& e : events_of(json::parse(profiler::trace_json()), "kernel")) {
+      if (e["args"]["op"] == "dot_general") scopes.insert(scope_of(e));
+    }
+    return scopes;
+  };
+  {
+    profiler::ProfileSession session;
+    auto train = named_scope("train");
+    (void)p.f(p.x, p.w);
+  }
+  EXPECT_EQ(products_scopes(), std::set<std::string>{"train/proj"});
+  {
+    profiler::ProfileSession session;
+    auto eval = named_scope("eval");
+    (void)p.f(p.x, p.w);
+  }
+  EXPECT_EQ(products_scopes(), std::set<std::string>{"eval/proj"});
+  {
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  EXPECT_EQ(products_scopes(), std::set<std::string>{"proj"});
+}
+
 TEST(Profiler, CollectiveBytesByKindAreWhatTheCostSays) {
   ContractionProgram p;
   const ProgramCost cost = p.f.lower(p.x, p.w).cost();
