@@ -24,6 +24,15 @@ constexpr const char* kLlama3_8b = R"({"model_type": "llama", "vocab_size": 1282
 
 RulePtr preset(const char* name) { return load_preset(name).make_rule(); }
 
+// The tiny model's step traced whole (not extrapolated): 4 sequences of 16 tokens.
+TrainPlanOptions tiny_step() {
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  o.extrapolate = false;
+  return o;
+}
+
 // `c` with 24 layers (more than the samples' 2 + 3 + 4 + 8: extrapolated) planned from small
 // steps gives the figures of the step traced whole.
 void expect_extrapolated_as_traced_whole(const ModelConfig& c, const Mesh& mesh, TrainPlanOptions o) {
@@ -222,10 +231,7 @@ TEST(StepTime, APlanWithHardwareTimesItsOwnFigures) {
 TEST(MixedPrecision, WeightsHeldInOneDtypeGatheredInAnotherReducedInAThird) {
   const ModelConfig c = ModelConfig::parse(kTinyLlama);
   const Mesh mesh = Mesh::parse("fsdp:4", 4);
-  TrainPlanOptions o;
-  o.batch = 4;
-  o.seq = 16;
-  o.extrapolate = false;
+  TrainPlanOptions o = tiny_step();
   o.fused_loss = false;
   const TrainPlan bf16 = plan_training(c, mesh, preset("llama_fsdp"), o);
   o.master_dtype = DType::kF32;
@@ -265,10 +271,7 @@ TEST(MixedPrecision, WeightsHeldInOneDtypeGatheredInAnotherReducedInAThird) {
 TEST(MixedPrecision, ReshardAfterForwardGathersTheWeightsAgainForTheBackwardPass) {
   const ModelConfig c = ModelConfig::parse(kTinyLlama);
   const Mesh mesh = Mesh::parse("fsdp:4", 4);
-  TrainPlanOptions o;
-  o.batch = 4;
-  o.seq = 16;
-  o.extrapolate = false;
+  TrainPlanOptions o = tiny_step();
   o.fused_loss = false;
   o.master_dtype = o.reduce_dtype = o.grad_dtype = DType::kF32;
   const TrainPlan again = plan_training(c, mesh, preset("llama_fsdp"), o);
@@ -322,10 +325,7 @@ TEST(MixedPrecision, ReshardAfterForwardGathersTheWeightsAgainForTheBackwardPass
 TEST(Float8, TheBlocksLinearLayersRunAtTheFp8Rate) {
   const ModelConfig c = ModelConfig::parse(kTinyLlama);
   const Mesh mesh = Mesh::parse("fsdp:4", 4);
-  TrainPlanOptions o;
-  o.batch = 4;
-  o.seq = 16;
-  o.extrapolate = false;
+  TrainPlanOptions o = tiny_step();
   const TrainPlan bf16 = plan_training(c, mesh, preset("llama_fsdp"), o);
   o.float8 = true;
   const TrainPlan f8 = plan_training(c, mesh, preset("llama_fsdp"), o);
