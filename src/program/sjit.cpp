@@ -366,9 +366,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   Tree<Array> out;
   {
     TraceScope scope(&ctx);
-    // The ops record their scopes relative to the function: the caller's scope is added when
-    // the program runs (program_profile.cpp), so a program compiled once and called under
-    // another scope is named by the scope of each call, as jax.named_scope's name stack is.
+    // Scopes relative to the function; each call's scope is joined at run (program_profile.cpp).
     const profiler::detail::ScopeOverride relative(nullptr);
     std::vector<Array> leaf_tracers;
     for (std::size_t i = 0; i < call.leaves.size(); ++i) {
