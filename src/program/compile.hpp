@@ -72,6 +72,8 @@ struct FusedOp {
   std::int64_t period = 0;
 };
 
+class RunRecord;
+
 struct Step {
   enum class Kind { kKernel, kReshard };
   Kind kind = Kind::kKernel;
@@ -119,15 +121,29 @@ class Program {
   /// The sum input k arrives pending with (nothing, unless compiled for a pending array).
   const Pending& input_pending(std::size_t k) const { return input_pending_.at(k); }
   const Graph& graph() const { return graph_; }
+  /// Where each input is held, by input index (a slot past num_slots(): an input no step reads).
+  const std::vector<SlotId>& input_slots() const { return input_slots_; }
+  int num_slots() const { return num_slots_; }
+  /// Per step: whether it is a constant step whose result is kept for the next run.
+  const std::vector<char>& cached_steps() const { return cached_step_; }
+  const std::vector<std::vector<SlotId>>& free_after() const { return free_after_; }
 
  private:
   friend Program compile(const Graph& graph, const CompileSpec& spec);
+  // `rec`: what the run records for the debug modes and tests (run_record.hpp), or null.
   std::vector<Array> run_steps(const Executor& executor, std::vector<Array>& inputs,
-                               std::vector<Array>& slots, std::vector<char>& moved_in) const;
-  void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
-  void run_collective_step(const Executor& executor, const Step& st,
-                           std::vector<Array>& slots) const;
-  void run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
+                               std::vector<Array>& slots, std::vector<char>& moved_in,
+                               RunRecord* rec) const;
+  void bind_inputs(std::vector<Array>& inputs, std::vector<Array>& slots,
+                   std::vector<char>& moved_in, RunRecord* rec) const;
+  void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                       RunRecord* rec) const;
+  void run_collective_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                           RunRecord* rec) const;
+  void run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                        RunRecord* rec) const;
+  // Appends the collectives step `st` ran (moved from `ran`) to `rec`.
+  void note_collectives(RunRecord& rec, const Step& st, std::vector<CollectiveRecord>& ran) const;
 
   Graph graph_;
   Mesh mesh_;

@@ -35,13 +35,6 @@ void name_step(const Step& st, Event& e) {
   e.owned = std::make_shared<const std::string>(std::move(s));
 }
 
-// The node's scope, or for a node traced outside any (an eager op's program), the scope open
-// while it runs.
-std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st) {
-  if (index(st.node) < graph.size() && graph[st.node].scope) return graph[st.node].scope;
-  return profiler::detail::current_scope();
-}
-
 // Per device of the mesh (by position), its group of a collective over `axes`: the devices that
 // differ from it only along them (all devices when none is named), one list per group.
 std::vector<std::shared_ptr<const std::vector<int>>> groups_of(
@@ -72,6 +65,11 @@ std::vector<Event>& scratch() {
 }
 
 }  // namespace
+
+std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st) {
+  if (index(st.node) < graph.size() && graph[st.node].scope) return graph[st.node].scope;
+  return profiler::detail::current_scope();
+}
 
 void profile_kernel_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
                          const Step& st, const std::vector<std::int64_t>& spans,
