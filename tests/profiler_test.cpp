@@ -325,6 +325,88 @@ TEST(Profiler, EagerOpsTakeTheScopeOpenWhenTheyRun) {
   for (const json& e : kernels) EXPECT_EQ(scope_of(e), "eager");
 }
 
+// x [8, 64] f32 on data:4 by columns: each device's block [8, 16], 512 B; w [64, 16] by rows:
+// [16, 16], 1 KiB. Each device's product is a pending [8, 16] (512 B), summed over the 4 devices
+// by a reduce-scatter (scope "proj"): each device keeps rows [2, 16] (128 B) and receives the 3
+// others' parts of them, 3 x 128 = 384 B (1,536 B over the 4 devices). tanh's [2, 16] result is
+// gathered for the replicated output (scope "act"): each device receives the 3 blocks it lacks,
+// 384 B (1,536 B in all). Two calls count each twice.
+TEST(CommDebugMode, CountsEachCollectiveByKindAndScopeByHand) {
+  ContractionProgram p;
+  profiler::start();  // an empty session: what earlier tests recorded is dropped
+  profiler::stop();
+  profiler::CommDebugMode comm;
+  (void)p.f(p.x, p.w);
+  (void)p.f(p.x, p.w);
+  const profiler::CommCounts c = comm.counts();
+  const profiler::CollectiveCount twice{.count = 2, .bytes = 768, .total_bytes = 3072};
+  using K = CollectiveKind;
+  EXPECT_EQ(c.by_kind, (std::map<K, profiler::CollectiveCount>{{K::kAllGather, twice},
+                                                               {K::kReduceScatter, twice}}))
+      << c.to_string() << p.f.lower(p.x, p.w).text();
+  EXPECT_EQ(c.by_scope.size(), 2u) << c.to_string();
+  EXPECT_EQ(c.by_scope.at("proj"), (std::map<K, profiler::CollectiveCount>{{K::kReduceScatter, twice}}));
+  EXPECT_EQ(c.by_scope.at("act"), (std::map<K, profiler::CollectiveCount>{{K::kAllGather, twice}}));
+  EXPECT_EQ(c.total_count(), 4);
+  // The cost of one call, per kind, is what one call counted.
+  for (const auto& [kind, bytes] : p.f.lower(p.x, p.w).cost().bytes_by_kind) {
+    EXPECT_EQ(2 * bytes, c.by_kind.at(kind).bytes) << to_string(kind);
+  }
+  EXPECT_THAT(c.to_string(), HasSubstr("proj"));
+  EXPECT_EQ(profiler::event_count(), 0u);  // no trace was recorded
+  comm.reset();
+  EXPECT_EQ(comm.counts(), profiler::CommCounts{});
+}
+
+TEST(CommDebugMode, CountsOnlyWhileAlive) {
+  ContractionProgram p;
+  {
+    profiler::CommDebugMode comm;
+    (void)p.f(p.x, p.w);
+    EXPECT_EQ(comm.counts().total_count(), 2);
+  }
+  profiler::CommDebugMode later;
+  EXPECT_EQ(later.counts().total_count(), 0);
+  {
+    profiler::CommDebugMode inner;  // two alive: each counts
+    (void)p.f(p.x, p.w);
+    EXPECT_EQ(inner.counts().total_count(), 2);
+  }
+  EXPECT_EQ(later.counts().total_count(), 2);
+}
+
+// The same program's bytes per device after each step, by hand (blocks as in the test above):
+// the arguments 512 + 1,024 = 1,536 B; the products (+512) 2,048; the reduce-scatter's rows
+// (+128) 2,176, then the products freed: 1,664; tanh (+128) 1,792, the rows freed: 1,664; the
+// gathered output (+512) 2,176, tanh freed. The first peak, 2,176 B, is the reduce-scatter's.
+TEST(MemoryDebugMode, MeasuresTheBytesHeldAfterEachStepByHand) {
+  ContractionProgram p;
+  profiler::MemoryDebugMode memory;
+  (void)p.f(p.x, p.w);
+  const std::vector<profiler::MemoryRun> runs = memory.runs();
+  ASSERT_EQ(runs.size(), 1u);
+  const profiler::MemoryRun& r = runs[0];
+  EXPECT_EQ(r.devices, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(r.start_bytes, std::vector<std::int64_t>(4, 1536));
+  std::vector<std::int64_t> device0;
+  for (const auto& per_device : r.live_bytes) device0.push_back(per_device[0]);
+  EXPECT_EQ(device0, (std::vector<std::int64_t>{2048, 2176, 1792, 2176}))
+      << p.f.lower(p.x, p.w).text();
+  EXPECT_EQ(r.peak_step, 1u);
+  EXPECT_EQ(r.peak_bytes, 2176);
+  EXPECT_EQ(r.peak_device, 0);
+  EXPECT_FALSE(r.took_constants);
+  ASSERT_EQ(r.live_at_peak.size(), 4u);
+  EXPECT_EQ(r.live_at_peak[0], (profiler::LiveBuffer{"input 1", "", 1024}));
+  EXPECT_EQ(r.live_at_peak[1], (profiler::LiveBuffer{"input 0", "", 512}));
+  EXPECT_EQ(r.live_at_peak[2], (profiler::LiveBuffer{"dot_general", "proj", 512}));
+  EXPECT_EQ(r.live_at_peak[3], (profiler::LiveBuffer{"dot_general resharded", "proj", 128}));
+  // What the memory pass planned.
+  const ProgramCost cost = p.f.lower(p.x, p.w).cost();
+  EXPECT_EQ(cost.peak_bytes[0], r.peak_bytes);
+  EXPECT_EQ(cost.timeline.live_bytes, device0);
+}
+
 TEST(Profiler, AnUnwritablePathIsAnIoErrorNamingIt) {
   ContractionProgram p;
   {

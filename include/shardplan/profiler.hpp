@@ -110,6 +110,11 @@ struct MemoryRun {
   std::vector<int> devices;               // the local devices of the program's mesh
   std::vector<std::int64_t> start_bytes;  // per device (by position in `devices`)
   std::vector<std::vector<std::int64_t>> live_bytes;  // per step, per device
+  /// The same with each value's buffers counted for it, as the memory pass counts (a view of a
+  /// live operand, or one array passed as two arguments, twice): equal to
+  /// ProgramCost::timeline's start_bytes and live_bytes (tests check every run).
+  std::vector<std::int64_t> value_start_bytes;
+  std::vector<std::vector<std::int64_t>> value_bytes;
   /// The step of the (first) peak; live_bytes.size() when the peak is the arguments alone.
   std::size_t peak_step = 0;
   std::int64_t peak_bytes = 0;  // the most any device held

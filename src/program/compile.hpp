@@ -127,6 +127,8 @@ class Program {
   /// Per step: whether it is a constant step whose result is kept for the next run.
   const std::vector<char>& cached_steps() const { return cached_step_; }
   const std::vector<std::vector<SlotId>>& free_after() const { return free_after_; }
+  /// Whether constant steps' results count in the cost's bytes (CompileSpec::count_constants).
+  bool counts_constants() const { return counts_constants_; }
 
  private:
   friend Program compile(const Graph& graph, const CompileSpec& spec);
@@ -142,6 +144,7 @@ class Program {
                            RunRecord* rec) const;
   void run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
                         RunRecord* rec) const;
+  void note_step(RunRecord& rec, std::size_t s, const std::vector<Array>& slots) const;
   // Appends the collectives step `st` ran (moved from `ran`) to `rec`.
   void note_collectives(RunRecord& rec, const Step& st, std::vector<CollectiveRecord>& ran) const;
 
@@ -170,6 +173,7 @@ class Program {
   std::vector<SlotId> constant_slots_;
   std::vector<char> cached_step_;  // per step: its result is in the constant cache
   CostReport cost_;
+  bool counts_constants_ = true;
 };
 
 /// Called with every program compile() makes, when set (tests check each program's text against

@@ -144,7 +144,12 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
     if (have_constants && cached_step_[s] != 0) {  // taken from the cache
+      // What only it read is freed all the same (a constant that is not kept, made again).
       if (rec != nullptr) rec->sample(s);
+      for (const SlotId f : free_after_[s]) {
+        if (rec != nullptr) rec->drop(f, slots[index(f)], static_cast<int>(s));
+        slots[index(f)] = Array();
+      }
       continue;
     }
     // A shard_map collective communicates as a reshard does.
@@ -175,11 +180,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
     // After a failure nothing more is freed: donated inputs still held go back to the caller,
     // as when the run stops at the failure in one process.
     if (!failed) {
-      if (rec != nullptr) {
-        rec->bind(st.out, slots[index(st.out)], static_cast<int>(s));
-        rec->sample(s);
-        for (const SlotId f : free_after_[s]) rec->drop(f, slots[index(f)], static_cast<int>(s));
-      }
+      if (rec != nullptr) note_step(*rec, s, slots);
       for (const SlotId f : free_after_[s]) slots[index(f)] = Array();
     }
   }
@@ -385,6 +386,22 @@ void Program::run_reshard_step(const Executor& executor, const Step& st, std::ve
     profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::now_ns());
   }
   if (rec != nullptr) note_collectives(*rec, st, r.steps);
+}
+
+// Step s ran: its result is held, sampled, then what it read last let go (a view's operand before
+// the sample, as the memory pass counts it: the view holds the operand's bytes).
+void Program::note_step(RunRecord& rec, std::size_t s, const std::vector<Array>& slots) const {
+  const Step& st = steps_[s];
+  const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
+  const int at = static_cast<int>(s);
+  rec.bind(st.out, slots[index(st.out)], at);
+  if (view) {
+    for (const SlotId f : free_after_[s]) rec.drop(f, slots[index(f)], at - 1);
+  }
+  rec.sample(s);
+  if (!view) {
+    for (const SlotId f : free_after_[s]) rec.drop(f, slots[index(f)], at);
+  }
 }
 
 void Program::note_collectives(RunRecord& rec, const Step& st,

@@ -33,8 +33,10 @@ RunRecord::RunRecord(const Executor& executor, const Mesh& mesh, std::size_t num
     devices.push_back(d);
   }
   live_.assign(devices.size(), 0);
-  start_bytes = live_;
+  values_ = live_;
+  start_bytes = value_start_bytes = live_;
   live_bytes.assign(num_steps, live_);
+  value_bytes = live_bytes;
   bound_at.assign(num_slots, kNever);
   freed_at.assign(num_slots, kNever);
   if (names_buffers_) slot_buffers.resize(num_slots);
@@ -54,6 +56,7 @@ void RunRecord::bind(SlotId slot, const Array& a, int step) {
     const int at = position_[static_cast<std::size_t>(b->device())];
     if (at < 0) continue;
     if (named != nullptr) (*named)[static_cast<std::size_t>(at)] = Held{b.get(), b->size()};
+    values_[static_cast<std::size_t>(at)] += b->size();
     if (refs_[b.get()]++ == 0) live_[static_cast<std::size_t>(at)] += b->size();
   }
 }
@@ -64,9 +67,10 @@ void RunRecord::drop(SlotId slot, const Array& a, int step) {
   for (const std::shared_ptr<Buffer>& b : ArrayAccess::buffers(a)) {
     const auto it = b ? refs_.find(b.get()) : refs_.end();
     if (it == refs_.end()) continue;
+    const auto at = static_cast<std::size_t>(position_[static_cast<std::size_t>(b->device())]);
+    values_[at] -= b->size();
     if (--it->second == 0) {
-      live_[static_cast<std::size_t>(position_[static_cast<std::size_t>(b->device())])] -=
-          b->size();
+      live_[at] -= b->size();
       refs_.erase(it);
     }
   }
@@ -174,6 +178,8 @@ void report_run(const Program& program, const RunRecord& record, bool comm, bool
   run.devices = record.devices;
   run.start_bytes = record.start_bytes;
   run.live_bytes = record.live_bytes;
+  run.value_start_bytes = record.value_start_bytes;
+  run.value_bytes = record.value_bytes;
   run.took_constants = record.took_constants;
   find_peak(program, record, run);
   profiler::detail::add_memory(run);

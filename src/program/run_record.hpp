@@ -29,14 +29,24 @@ class RunRecord {
   void bind(SlotId slot, const Array& a, int step);
   /// `slot` lets go of `a` after step `step`'s sample.
   void drop(SlotId slot, const Array& a, int step);
-  void sample_start() { start_bytes = live_; }
-  void sample(std::size_t step) { live_bytes[step] = live_; }
+  void sample_start() {
+    start_bytes = live_;
+    value_start_bytes = values_;
+  }
+  void sample(std::size_t step) {
+    live_bytes[step] = live_;
+    value_bytes[step] = values_;
+  }
 
   std::vector<int> devices;  // the mesh's local devices
   std::vector<RanCollective> collectives;        // per step that communicated
   std::vector<CollectiveRecord> input_reshards;  // arguments resharded at call time
   std::vector<std::int64_t> start_bytes;               // per device (position in `devices`)
   std::vector<std::vector<std::int64_t>> live_bytes;   // per step, per device
+  /// The same, each value's buffers counted for it (the memory pass's measure: a view and its
+  /// operand, or one array passed as two arguments, count twice).
+  std::vector<std::int64_t> value_start_bytes;
+  std::vector<std::vector<std::int64_t>> value_bytes;
   std::vector<int> bound_at, freed_at;                 // per slot
   /// Per slot, per device (names_buffers): its buffer (an identity only: it may be gone) and
   /// bytes.
@@ -51,7 +61,7 @@ class RunRecord {
  private:
   std::unordered_map<const Buffer*, int> refs_;
   std::vector<int> position_;  // by device id: its position in `devices`, or -1
-  std::vector<std::int64_t> live_;
+  std::vector<std::int64_t> live_, values_;
   bool names_buffers_;
 };
 
