@@ -67,6 +67,14 @@ std::string trace_format_violation(const json& doc) {
       const bool named = a.contains("name") && a["name"].is_string();
       const bool sorted = a.contains("sort_index") && a["sort_index"].is_number_integer();
       if (!named && !sorted) return "M args with neither name nor sort_index: " + at;
+    } else if (e["ph"] == "C") {  // a counter: a number ts, args of numbers (the series)
+      if (!e.contains("ts") || !e["ts"].is_number()) return "C without a number ts: " + at;
+      if (!e.contains("args") || !e["args"].is_object() || e["args"].empty()) {
+        return "C without args: " + at;
+      }
+      for (const auto& [k, v] : e["args"].items()) {
+        if (!v.is_number()) return "C with a series that is not a number: " + at;
+      }
     } else {
       return "a phase this writer does not write: " + at;
     }
@@ -405,6 +413,29 @@ TEST(MemoryDebugMode, MeasuresTheBytesHeldAfterEachStepByHand) {
   const ProgramCost cost = p.f.lower(p.x, p.w).cost();
   EXPECT_EQ(cost.peak_bytes[0], r.peak_bytes);
   EXPECT_EQ(cost.timeline.live_bytes, device0);
+}
+
+// With the profiler on, each device's bytes go to the trace as a counter: the start, then after
+// each step (the figures of MemoryDebugMode's test above).
+TEST(Profiler, EachDeviceHasALiveBytesCounter) {
+  ContractionProgram p;
+  {
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  EXPECT_EQ(trace_format_violation(doc), "");
+  std::map<int, std::vector<std::int64_t>> samples;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] != "C") continue;
+    const int d = e["tid"];
+    EXPECT_EQ(e["name"], "live bytes, device " + std::to_string(d));
+    samples[d].push_back(e["args"]["bytes"].get<std::int64_t>());
+  }
+  ASSERT_EQ(samples.size(), 4u);
+  for (const auto& [d, v] : samples) {
+    EXPECT_EQ(v, (std::vector<std::int64_t>{1536, 2048, 2176, 1792, 2176})) << "device " << d;
+  }
 }
 
 TEST(Profiler, AnUnwritablePathIsAnIoErrorNamingIt) {

@@ -61,8 +61,10 @@ std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& in
   const bool memory = profiler::detail::memory_on();
   const RunObserver observer = run_observer();
   std::optional<RunRecord> record;
-  if (comm || memory || observer != nullptr) {
+  const bool counters = profiler::detail::on();
+  if (comm || memory || counters || observer != nullptr) {
     record.emplace(executor, mesh_, slots.size(), steps_.size(), memory);
+    if (counters) record->write_counters();
   }
   std::vector<Array> outs;
   try {

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "../profiler/debug_modes.hpp"
+#include "../profiler/recorder.hpp"
 #include "array_access.hpp"
 #include "primitive.hpp"
 #include "program_profile.hpp"
@@ -74,6 +75,19 @@ void RunRecord::drop(SlotId slot, const Array& a, int step) {
       refs_.erase(it);
     }
   }
+}
+
+void RunRecord::record_counters() const {
+  std::vector<profiler::detail::Event> events;
+  const std::int64_t now = profiler::detail::now_ns();
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    events.push_back(profiler::detail::Event{.cat = profiler::detail::Category::kMemory,
+                                             .device = devices[i],
+                                             .start_ns = now,
+                                             .end_ns = now,
+                                             .bytes = live_[i]});
+  }
+  profiler::detail::record(events);
 }
 
 namespace {

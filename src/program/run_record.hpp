@@ -32,11 +32,15 @@ class RunRecord {
   void sample_start() {
     start_bytes = live_;
     value_start_bytes = values_;
+    if (counters_) record_counters();
   }
   void sample(std::size_t step) {
     live_bytes[step] = live_;
     value_bytes[step] = values_;
+    if (counters_) record_counters();
   }
+  /// With the profiler on: each sample also goes to the trace as a counter per device.
+  void write_counters() { counters_ = true; }
 
   std::vector<int> devices;  // the mesh's local devices
   std::vector<RanCollective> collectives;        // per step that communicated
@@ -63,6 +67,8 @@ class RunRecord {
   std::vector<int> position_;  // by device id: its position in `devices`, or -1
   std::vector<std::int64_t> live_, values_;
   bool names_buffers_;
+  bool counters_ = false;
+  void record_counters() const;
 };
 
 /// Called after every run that completed when set, with what it recorded (tests check each run
