@@ -1,9 +1,11 @@
 // The profiler: named scopes, what a traced run records (kernels per device, collectives with the
-// bytes the program's cost says, reshards, dispatches), the trace JSON checked against the trace
-// event format's required fields per phase, and its errors.
+// bytes the program's cost says, reshards, dispatches, live-bytes counters), the trace JSON
+// checked against the trace event format's required fields per phase, and its errors;
+// CommDebugMode and MemoryDebugMode by hand; the check every test run gets.
 #include "shardplan/profiler.hpp"
 
 #include <gmock/gmock.h>
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/sjit.hpp"
+#include "support/check_runs.hpp"
 
 namespace shardplan {
 namespace {
@@ -436,6 +439,48 @@ TEST(Profiler, EachDeviceHasALiveBytesCounter) {
   for (const auto& [d, v] : samples) {
     EXPECT_EQ(v, (std::vector<std::int64_t>{1536, 2048, 2176, 1792, 2176})) << "device " << d;
   }
+}
+
+// The check every test run gets (tests/support/check_runs.cpp) fails, naming the step, the device
+// and both figures, when a run differs from its cost: here the run's record altered by one byte.
+ContractionProgram* g_checked = nullptr;
+void one_byte_more_held(const detail::Program& program, const detail::RunRecord& record) {
+  detail::RunRecord altered = record;
+  altered.value_bytes[0][0] += 1;
+  detail::test::check_run(program, altered);
+}
+void one_byte_more_received(const detail::Program& program, const detail::RunRecord& record) {
+  detail::RunRecord altered = record;
+  altered.collectives.at(0).rec.bytes_in.at(0) += 1;
+  detail::test::check_run(program, altered);
+}
+void run_checked() { (void)g_checked->f(g_checked->x, g_checked->w); }
+
+TEST(RunChecks, ARunThatDiffersFromItsCostFailsNamingTheStep) {
+  ContractionProgram p;
+  g_checked = &p;
+  run_checked();  // compiled, and checked as it is
+  detail::set_run_observer(&one_byte_more_held);
+  EXPECT_NONFATAL_FAILURE(run_checked(),
+                          "device 0's values held 2049 bytes after step 0 (kernel %2 = "
+                          "dot_general); the memory pass plans 2048");
+  // One byte more received by device 0: its step differs, and so does the kind's sum.
+  detail::set_run_observer(&one_byte_more_received);
+  ::testing::TestPartResultArray failures;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
+    run_checked();
+  }
+  ASSERT_EQ(failures.size(), 2);
+  EXPECT_THAT(failures.GetTestPartResult(0).message(),
+              HasSubstr("the run's collectives differ from the cost at step 1 (reshard %2 = "
+                        "dot_general)\n  ran:  reduce_scatter over 'data': 385 B max"));
+  EXPECT_THAT(failures.GetTestPartResult(1).message(),
+              HasSubstr("the run received 385 bytes by reduce_scatter (the most a device received "
+                        "per collective, summed); its cost says 384"));
+  detail::set_run_observer(&detail::test::check_run);
+  g_checked = nullptr;
 }
 
 TEST(Profiler, AnUnwritablePathIsAnIoErrorNamingIt) {

@@ -24,6 +24,7 @@
 #include "compile.hpp"
 #include "primitive.hpp"
 #include "run_record.hpp"
+#include "check_runs.hpp"
 
 namespace shardplan::detail {
 namespace {
@@ -118,15 +119,16 @@ void check_memory(const Program& program, const RunRecord& rec) {
   }
 }
 
-void check_run(const Program& program, const RunRecord& rec) {
-  check_collectives(program, rec);
-  check_memory(program, rec);
-}
-
 const bool installed = [] {
-  set_run_observer(&check_run);
+  set_run_observer(&test::check_run);
   return true;
 }();
 
 }  // namespace
+
+void test::check_run(const Program& program, const RunRecord& rec) {
+  check_collectives(program, rec);
+  check_memory(program, rec);
+}
+
 }  // namespace shardplan::detail
