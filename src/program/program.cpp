@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "../profiler/debug_modes.hpp"
 #include "../profiler/recorder.hpp"
 #include "array_access.hpp"
 #include "compile.hpp"
@@ -13,7 +14,6 @@
 #include "primitives.hpp"
 #include "program_profile.hpp"
 #include "run_record.hpp"
-#include "../profiler/debug_modes.hpp"
 #include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -146,8 +146,10 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
     if (have_constants && cached_step_[s] != 0) {  // taken from the cache
-      // What only it read is freed all the same (a constant that is not kept, made again).
+      // What only it read is freed all the same (a constant that is not kept, made again: held
+      // to the end of the run otherwise). It reads no input: nothing donated is freed here.
       if (rec != nullptr) rec->sample(s);
+      if (failed) continue;
       for (const SlotId f : free_after_[s]) {
         if (rec != nullptr) rec->drop(f, slots[index(f)], static_cast<int>(s));
         slots[index(f)] = Array();
