@@ -11,7 +11,8 @@ namespace shardplan::test {
 // every event an object with a string "ph" and "name" and integer "pid" and "tid"; a complete
 // event ("X") a number "ts" and a non-negative number "dur", a string "cat", an object "args";
 // a metadata event ("M") one of the metadata names, with "args" holding its "name" (a string)
-// or "sort_index" (an integer). Returns the first violation, or "".
+// or "sort_index" (an integer); a counter ("C") a number "ts" and "args" of numbers. Returns
+// the first violation, or "".
 inline std::string trace_format_violation(const nlohmann::json& doc) {
   if (!doc.is_object()) return "the document is not an object";
   if (!doc.contains("traceEvents") || !doc["traceEvents"].is_array()) return "no traceEvents array";
@@ -45,6 +46,14 @@ inline std::string trace_format_violation(const nlohmann::json& doc) {
       const bool named = a.contains("name") && a["name"].is_string();
       const bool sorted = a.contains("sort_index") && a["sort_index"].is_number_integer();
       if (!named && !sorted) return "M args with neither name nor sort_index: " + at;
+    } else if (e["ph"] == "C") {  // a counter: a number ts, args of numbers (the series)
+      if (!e.contains("ts") || !e["ts"].is_number()) return "C without a number ts: " + at;
+      if (!e.contains("args") || !e["args"].is_object() || e["args"].empty()) {
+        return "C without args: " + at;
+      }
+      for (const auto& [k, v] : e["args"].items()) {
+        if (!v.is_number()) return "C with a series that is not a number: " + at;
+      }
     } else {
       return "a phase this writer does not write: " + at;
     }

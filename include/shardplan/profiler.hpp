@@ -13,9 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "shardplan/collective_kind.hpp"
 
 namespace shardplan {
 
@@ -70,6 +74,97 @@ class ProfileSession {
   ~ProfileSession() { stop(); }
   ProfileSession(const ProfileSession&) = delete;
   ProfileSession& operator=(const ProfileSession&) = delete;
+};
+
+/// The collectives of one kind a set of program runs ran (CommDebugMode).
+struct CollectiveCount {
+  std::int64_t count = 0;  // collectives run (one per collective of a step, whatever the devices)
+  /// Per collective, the most bytes a device received, summed over the collectives: the measure
+  /// of `lower(...).cost().bytes_by_kind` (a program run once gives exactly its cost's figure).
+  std::int64_t bytes = 0;
+  std::int64_t total_bytes = 0;  // the bytes every device received, summed over devices too
+  friend bool operator==(const CollectiveCount&, const CollectiveCount&) = default;
+};
+
+/// What CommDebugMode counted: per collective kind over all runs, and per named scope (the scope
+/// of the op whose value a collective moves, as the trace names it; "" for none).
+struct CommCounts {
+  std::map<CollectiveKind, CollectiveCount> by_kind;
+  std::map<std::string, std::map<CollectiveKind, CollectiveCount>> by_scope;
+  /// The collectives counted, of every kind.
+  std::int64_t total_count() const;
+  /// A table: per scope ("(all)" first) each kind with its count, bytes and total bytes.
+  std::string to_string() const;
+  friend bool operator==(const CommCounts&, const CommCounts&) = default;
+};
+
+/// Counts the collectives of every compiled program run (sjit calls, eager ops' programs) on any
+/// thread while it lives, as PyTorch's CommDebugMode; no trace is needed. Over processes each
+/// counts its own devices' bytes. Collectives called directly on arrays are not counted. Off (no
+/// mode alive) a run pays one relaxed atomic load. Thread-safe.
+class CommDebugMode {
+ public:
+  CommDebugMode();
+  ~CommDebugMode();
+  CommDebugMode(const CommDebugMode&) = delete;
+  CommDebugMode& operator=(const CommDebugMode&) = delete;
+  /// What was counted so far.
+  CommCounts counts() const;
+  /// Forgets what was counted.
+  void reset();
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+/// A value a device held at a run's peak, measured (MemoryDebugMode).
+struct LiveBuffer {
+  /// "input 2", or the op that made it ("dot_general", "fused(mul, add)", "dot_general
+  /// resharded").
+  std::string what;
+  std::string scope;        // the op's named scope, or ""
+  std::int64_t bytes = 0;   // its buffers' bytes on the peak's device
+  friend bool operator==(const LiveBuffer&, const LiveBuffer&) = default;
+};
+
+/// The bytes a program run held per device, measured from the buffers its slots hold (each
+/// buffer once, however many values share it: views), after binding the arguments and after each
+/// step (before the step frees what it read last): what ProgramCost::timeline plans.
+struct MemoryRun {
+  std::vector<int> devices;               // the local devices of the program's mesh
+  std::vector<std::int64_t> start_bytes;  // per device (by position in `devices`)
+  std::vector<std::vector<std::int64_t>> live_bytes;  // per step, per device
+  /// The same with each value's buffers counted for it, as the memory pass counts (a view of a
+  /// live operand, or one array passed as two arguments, twice): equal to
+  /// ProgramCost::timeline's start_bytes and live_bytes (tests check every run).
+  std::vector<std::int64_t> value_start_bytes;
+  std::vector<std::vector<std::int64_t>> value_bytes;
+  /// The step of the (first) peak; live_bytes.size() when the peak is the arguments alone.
+  std::size_t peak_step = 0;
+  std::int64_t peak_bytes = 0;  // the most any device held
+  int peak_device = -1;
+  /// What that device held at the peak, largest first (each buffer named once).
+  std::vector<LiveBuffer> live_at_peak;
+  /// Kept constants were taken from the cache of an earlier run (held from the start, their
+  /// steps not run).
+  bool took_constants = false;
+};
+
+/// Measures the memory of every compiled program run on any thread while it lives. Off, a run
+/// pays one relaxed atomic load. Thread-safe.
+class MemoryDebugMode {
+ public:
+  MemoryDebugMode();
+  ~MemoryDebugMode();
+  MemoryDebugMode(const MemoryDebugMode&) = delete;
+  MemoryDebugMode& operator=(const MemoryDebugMode&) = delete;
+  /// The runs measured so far, in the order they ended.
+  std::vector<MemoryRun> runs() const;
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace profiler

@@ -31,6 +31,8 @@ const char* category_name(Category c) {
       return "reshard";
     case Category::kWait:
       return "wait";
+    case Category::kMemory:
+      return "memory";
     case Category::kDispatch:
       break;
   }

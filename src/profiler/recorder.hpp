@@ -13,8 +13,9 @@
 namespace shardplan::profiler::detail {
 
 /// What an event is (the trace's "cat").
-enum class Category : std::uint8_t { kKernel, kCollective, kReshard, kWait, kDispatch };
-/// "kernel", "collective", "reshard", "wait", "dispatch".
+/// kMemory: a counter sample ("ph": "C"), `bytes` the bytes a device's program held then.
+enum class Category : std::uint8_t { kKernel, kCollective, kReshard, kWait, kDispatch, kMemory };
+/// "kernel", "collective", "reshard", "wait", "dispatch", "memory".
 const char* category_name(Category c);
 
 /// The thread id the host's events (dispatch) are written under; devices use their ids.

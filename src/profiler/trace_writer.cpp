@@ -1,7 +1,8 @@
 // The recorded events as Chrome/Perfetto trace event JSON (the "JSON Array/Object Format" of the
 // Trace Event Format document): complete events ("ph": "X") per device, metadata events ("ph":
-// "M") naming the process ("rank N") and its threads ("device D", "host"). Under mpirun one file
-// for the job: each process's events on process 0's clock, gathered and written there.
+// "M") naming the process ("rank N") and its threads ("device D", "host"), counters ("ph": "C")
+// of the bytes each device's program holds. Under mpirun one file for the job: each process's
+// events on process 0's clock, gathered and written there.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,7 +25,19 @@ using nlohmann::json;
 // Microseconds (the format's unit) from nanoseconds, to the nanosecond.
 double micros(std::int64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
+// A memory sample: a counter per device (counters are the process's: the device is in the name).
+json counter_json(const detail::Event& e, std::int64_t origin, int pid) {
+  return json{{"name", "live bytes, device " + std::to_string(e.device)},
+              {"cat", detail::category_name(e.cat)},
+              {"ph", "C"},
+              {"ts", micros(e.start_ns - origin)},
+              {"pid", pid},
+              {"tid", e.device},
+              {"args", {{"bytes", e.bytes}}}};
+}
+
 json event_json(const detail::Event& e, std::int64_t origin, int pid) {
+  if (e.cat == detail::Category::kMemory) return counter_json(e, origin, pid);
   json args = json::object();
   const std::string_view op = e.op();
   if (!op.empty()) args["op"] = op;

@@ -155,6 +155,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.any_donated_ = live.any_donated;
   prog.constant_slots_ = std::move(live.constant_slots);
   prog.cached_step_ = std::move(live.cached_step);
+  prog.counts_constants_ = spec.count_constants;
   prog.graph_ = std::move(g);
   if (const CompileObserver observer = compile_observer.load()) observer(prog);
   return prog;

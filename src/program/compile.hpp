@@ -72,6 +72,8 @@ struct FusedOp {
   std::int64_t period = 0;
 };
 
+class RunRecord;
+
 struct Step {
   enum class Kind { kKernel, kReshard };
   Kind kind = Kind::kKernel;
@@ -119,15 +121,32 @@ class Program {
   /// The sum input k arrives pending with (nothing, unless compiled for a pending array).
   const Pending& input_pending(std::size_t k) const { return input_pending_.at(k); }
   const Graph& graph() const { return graph_; }
+  /// Where each input is held, by input index (a slot past num_slots(): an input no step reads).
+  const std::vector<SlotId>& input_slots() const { return input_slots_; }
+  int num_slots() const { return num_slots_; }
+  /// Per step: whether it is a constant step whose result is kept for the next run.
+  const std::vector<char>& cached_steps() const { return cached_step_; }
+  const std::vector<std::vector<SlotId>>& free_after() const { return free_after_; }
+  /// Whether constant steps' results count in the cost's bytes (CompileSpec::count_constants).
+  bool counts_constants() const { return counts_constants_; }
 
  private:
   friend Program compile(const Graph& graph, const CompileSpec& spec);
+  // `rec`: what the run records for the debug modes and tests (run_record.hpp), or null.
   std::vector<Array> run_steps(const Executor& executor, std::vector<Array>& inputs,
-                               std::vector<Array>& slots, std::vector<char>& moved_in) const;
-  void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
-  void run_collective_step(const Executor& executor, const Step& st,
-                           std::vector<Array>& slots) const;
-  void run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots) const;
+                               std::vector<Array>& slots, std::vector<char>& moved_in,
+                               RunRecord* rec) const;
+  void bind_inputs(std::vector<Array>& inputs, std::vector<Array>& slots,
+                   std::vector<char>& moved_in, RunRecord* rec) const;
+  void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                       RunRecord* rec) const;
+  void run_collective_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                           RunRecord* rec) const;
+  void run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                        RunRecord* rec) const;
+  void note_step(RunRecord& rec, std::size_t s, const std::vector<Array>& slots) const;
+  // Appends the collectives step `st` ran (moved from `ran`) to `rec`.
+  void note_collectives(RunRecord& rec, const Step& st, std::vector<CollectiveRecord>& ran) const;
 
   Graph graph_;
   Mesh mesh_;
@@ -154,6 +173,7 @@ class Program {
   std::vector<SlotId> constant_slots_;
   std::vector<char> cached_step_;  // per step: its result is in the constant cache
   CostReport cost_;
+  bool counts_constants_ = true;
 };
 
 /// Called with every program compile() makes, when set (tests check each program's text against

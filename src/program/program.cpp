@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
+#include "../profiler/debug_modes.hpp"
 #include "../profiler/recorder.hpp"
 #include "array_access.hpp"
 #include "compile.hpp"
@@ -11,6 +13,7 @@
 #include "primitive.hpp"
 #include "primitives.hpp"
 #include "program_profile.hpp"
+#include "run_record.hpp"
 #include "shardplan/detail/agreement.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
@@ -53,8 +56,19 @@ std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& in
   // Donated inputs moved into their slots as they are: a failed run gives back those still there.
   std::vector<char> moved_in;
   if (any_donated_) moved_in.assign(input_slots_.size(), 0);
+  // Recorded only for a debug mode alive or a test's observer (run_record.hpp).
+  const bool comm = profiler::detail::comm_on();
+  const bool memory = profiler::detail::memory_on();
+  const RunObserver observer = run_observer();
+  std::optional<RunRecord> record;
+  const bool counters = profiler::detail::on();
+  if (comm || memory || counters || observer != nullptr) {
+    record.emplace(executor, mesh_, slots.size(), steps_.size(), memory);
+    if (counters) record->write_counters();
+  }
+  std::vector<Array> outs;
   try {
-    return run_steps(executor, inputs, slots, moved_in);
+    outs = run_steps(executor, inputs, slots, moved_in, record ? &*record : nullptr);
   } catch (...) {
     for (std::size_t k = 0; k < moved_in.size(); ++k) {
       if (!moved_in[k]) continue;
@@ -63,11 +77,16 @@ std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& in
     }
     throw;
   }
+  if (record) {
+    record->complete = true;
+    if (observer != nullptr) observer(*this, *record);
+    report_run(*this, *record, comm, memory);
+  }
+  return outs;
 }
 
-std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Array>& inputs,
-                                      std::vector<Array>& slots,
-                                      std::vector<char>& moved_in) const {
+void Program::bind_inputs(std::vector<Array>& inputs, std::vector<Array>& slots,
+                          std::vector<char>& moved_in, RunRecord* rec) const {
   for (std::size_t k = 0; k < input_slots_.size(); ++k) {
     if (index(input_slots_[k]) >= slots.size()) continue;
     Array& a = inputs.at(k);
@@ -81,9 +100,24 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
     } else if (same) {
       slot = a;
     } else {
-      slot = reshard(a, want).array;
+      ReshardResult r = reshard(a, want);
+      slot = std::move(r.array);
+      if (rec != nullptr) {
+        for (CollectiveRecord& c : r.steps) rec->input_reshards.push_back(std::move(c));
+      }
       if (input_donated_[k]) a = Array();  // its resharded copy is what the program uses
     }
+    if (rec != nullptr) rec->bind(input_slots_[k], slot, RunRecord::kStart);
+  }
+}
+
+std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Array>& inputs,
+                                      std::vector<Array>& slots, std::vector<char>& moved_in,
+                                      RunRecord* rec) const {
+  bind_inputs(inputs, slots, moved_in, rec);
+  if (rec != nullptr) {
+    rec->sample_start();
+    for (const SlotId f : free_at_start_) rec->drop(f, slots[index(f)], RunRecord::kStart);
   }
   for (const SlotId f : free_at_start_) slots[index(f)] = Array();
   // Constant steps ran on this executor before: take their results.
@@ -92,8 +126,12 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
     std::lock_guard<std::mutex> lock(constants_->mu);
     auto it = constants_->by_executor.find(executor.identity());
     if (it != constants_->by_executor.end()) {
-      for (const auto& [slot, a] : it->second) slots[index(slot)] = a;
+      for (const auto& [slot, a] : it->second) {
+        slots[index(slot)] = a;
+        if (rec != nullptr) rec->bind(slot, a, 0);  // held from the first step's sample on
+      }
       have_constants = true;
+      if (rec != nullptr) rec->took_constants = true;
     }
   }
   // Over processes, a step that fails on one process must not leave the others waiting in the
@@ -107,26 +145,37 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   std::exception_ptr failed;
   for (std::size_t s = 0; s < steps_.size(); ++s) {
     const Step& st = steps_[s];
-    if (have_constants && cached_step_[s] != 0) continue;  // taken from the cache
+    if (have_constants && cached_step_[s] != 0) {  // taken from the cache
+      // What only it read is freed all the same (a constant that is not kept, made again: held
+      // to the end of the run otherwise). It reads no input: nothing donated is freed here.
+      if (rec != nullptr) rec->sample(s);
+      if (failed) continue;
+      for (const SlotId f : free_after_[s]) {
+        if (rec != nullptr) rec->drop(f, slots[index(f)], static_cast<int>(s));
+        slots[index(f)] = Array();
+      }
+      continue;
+    }
     // A shard_map collective communicates as a reshard does.
     const bool communicates =
         st.kind == Step::Kind::kReshard || st.local.op->collective != nullptr;
     if (failed && !communicates) continue;
+    if (rec != nullptr) rec->drop(st.out, slots[index(st.out)], static_cast<int>(s) - 1);
     if (failed && st.kind == Step::Kind::kKernel) {
       if (!st.cost.empty()) distributed::detail::agree(failed);  // throws, on every process
     } else if (st.kind == Step::Kind::kReshard) {
       if (!failed) {
-        run_reshard_step(executor, st, slots);
+        run_reshard_step(executor, st, slots, rec);
       } else if (!st.cost.empty()) {
         distributed::detail::agree(failed);  // throws, on every process
       }
     } else if (communicates) {
       // As a reshard: a failure on any process is agreed inside the collective and thrown on
       // every process, not held as this process's own failure until the next agreement.
-      run_collective_step(executor, st, slots);
+      run_collective_step(executor, st, slots, rec);
     } else {
       try {
-        run_kernel_step(executor, st, slots);
+        run_kernel_step(executor, st, slots, rec);
       } catch (...) {
         if (!spans) throw;
         failed = std::current_exception();
@@ -135,6 +184,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
     // After a failure nothing more is freed: donated inputs still held go back to the caller,
     // as when the run stops at the failure in one process.
     if (!failed) {
+      if (rec != nullptr) note_step(*rec, s, slots);
       for (const SlotId f : free_after_[s]) slots[index(f)] = Array();
     }
   }
@@ -225,9 +275,9 @@ bool run_grouped(const Executor& executor, const Mesh& mesh, const Step& st, con
 
 // One kernel step: a result buffer per local device, the primitive's kernel on each device's
 // blocks, the result array.
-void Program::run_kernel_step(const Executor& executor, const Step& st,
-                              std::vector<Array>& slots) const {
-  if (st.local.op->collective != nullptr) return run_collective_step(executor, st, slots);
+void Program::run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                              RunRecord* rec) const {
+  if (st.local.op->collective != nullptr) return run_collective_step(executor, st, slots, rec);
   if (st.local.op->view && !st.fused) {  // the operand's bytes, another shape and sharding
     slots[index(st.out)] =
         Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
@@ -298,7 +348,7 @@ void Program::run_kernel_step(const Executor& executor, const Step& st,
 // A collective inside shard_map: the operand's per-device values seen as one array (its blocks),
 // resharded or permuted across devices, the blocks that gives taken as the result's values.
 void Program::run_collective_step(const Executor& executor, const Step& st,
-                                  std::vector<Array>& slots) const {
+                                  std::vector<Array>& slots, RunRecord* rec) const {
   const Array& in = slots[index(st.in[0])];
   const CollectivePlan plan = st.local.op->collective(st.local, {in.shard_shape(), in.dtype()});
   const Array view =
@@ -307,34 +357,61 @@ void Program::run_collective_step(const Executor& executor, const Step& st,
   const bool profiling = profiler::detail::on();
   const std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
   Array moved;
+  std::vector<CollectiveRecord> ran;
   if (plan.permute_axis.empty()) {
     ReshardResult r = reshard(view, NamedSharding(mesh_, plan.to));
     moved = std::move(r.array);
+    ran = std::move(r.steps);
     if (profiling) {
-      profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::now_ns());
+      profile_reshard_step(executor, mesh_, graph_, st, ran, began, profiler::detail::now_ns());
     }
   } else {
-    moved = permute(view, plan.permute_axis, plan.pairs);
+    CollectiveRecord permuted;
+    moved = permute(view, plan.permute_axis, plan.pairs, rec != nullptr ? &permuted : nullptr);
+    if (rec != nullptr) ran.push_back(std::move(permuted));
     if (profiling) {
       profiler::detail::reshard_spans().clear();
       profile_reshard_step(executor, mesh_, graph_, st, st.cost, began, profiler::detail::now_ns());
     }
   }
+  if (rec != nullptr) note_collectives(*rec, st, ran);
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, ArrayAccess::buffers(moved), st.pending);
 }
 
 // A reshard step: its collectives, timed when the profiler is on.
-void Program::run_reshard_step(const Executor& executor, const Step& st,
-                               std::vector<Array>& slots) const {
-  if (!profiler::detail::on()) {
-    slots[index(st.out)] = reshard(slots[index(st.in[0])], *st.sharding).array;
-    return;
-  }
-  const std::int64_t began = profiler::detail::now_ns();
+void Program::run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
+                               RunRecord* rec) const {
+  const bool profiling = profiler::detail::on();
+  const std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
   ReshardResult r = reshard(slots[index(st.in[0])], *st.sharding);
   slots[index(st.out)] = std::move(r.array);
-  profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::now_ns());
+  if (profiling) {
+    profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::now_ns());
+  }
+  if (rec != nullptr) note_collectives(*rec, st, r.steps);
+}
+
+// Step s ran: its result is held, sampled, then what it read last let go (a view's operand before
+// the sample, as the memory pass counts it: the view holds the operand's bytes).
+void Program::note_step(RunRecord& rec, std::size_t s, const std::vector<Array>& slots) const {
+  const Step& st = steps_[s];
+  const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
+  const int at = static_cast<int>(s);
+  rec.bind(st.out, slots[index(st.out)], at);
+  if (view) {
+    for (const SlotId f : free_after_[s]) rec.drop(f, slots[index(f)], at - 1);
+  }
+  rec.sample(s);
+  if (!view) {
+    for (const SlotId f : free_after_[s]) rec.drop(f, slots[index(f)], at);
+  }
+}
+
+void Program::note_collectives(RunRecord& rec, const Step& st,
+                               std::vector<CollectiveRecord>& ran) const {
+  const auto s = static_cast<std::size_t>(&st - steps_.data());
+  for (CollectiveRecord& c : ran) rec.collectives.push_back(RanCollective{s, std::move(c)});
 }
 
 namespace {

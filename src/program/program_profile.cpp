@@ -35,28 +35,6 @@ void name_step(const Step& st, Event& e) {
   e.owned = std::make_shared<const std::string>(std::move(s));
 }
 
-// The scope open while the program runs (the caller's), then the node's (relative to the traced
-// function; none for an eager op's program). Joined strings are kept per thread for the pair of
-// scopes they join; the memo holds both, so neither address can become another scope's.
-std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st) {
-  const std::shared_ptr<const std::string>& caller = profiler::detail::current_scope();
-  const std::shared_ptr<const std::string> node =
-      index(st.node) < graph.size() ? graph[st.node].scope : nullptr;
-  if (!node) return caller;
-  if (!caller) return node;
-  struct Joined {
-    std::shared_ptr<const std::string> caller, node, joined;
-  };
-  using Key = std::pair<const std::string*, const std::string*>;
-  thread_local std::map<Key, Joined> memo;
-  const Key key{caller.get(), node.get()};
-  if (const auto it = memo.find(key); it != memo.end()) return it->second.joined;
-  if (memo.size() >= 4096) memo.clear();
-  auto joined = std::make_shared<const std::string>(*caller + "/" + *node);
-  memo.emplace(key, Joined{caller, node, joined});
-  return joined;
-}
-
 // Per device of the mesh (by position), its group of a collective over `axes`: the devices that
 // differ from it only along them (all devices when none is named), one list per group.
 std::vector<std::shared_ptr<const std::vector<int>>> groups_of(
@@ -87,6 +65,28 @@ std::vector<Event>& scratch() {
 }
 
 }  // namespace
+
+// The scope open while the program runs (the caller's), then the node's (relative to the traced
+// function; none for an eager op's program). Joined strings are kept per thread for the pair of
+// scopes they join; the memo holds both, so neither address can become another scope's.
+std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st) {
+  const std::shared_ptr<const std::string>& caller = profiler::detail::current_scope();
+  const std::shared_ptr<const std::string> node =
+      index(st.node) < graph.size() ? graph[st.node].scope : nullptr;
+  if (!node) return caller;
+  if (!caller) return node;
+  struct Joined {
+    std::shared_ptr<const std::string> caller, node, joined;
+  };
+  using Key = std::pair<const std::string*, const std::string*>;
+  thread_local std::map<Key, Joined> memo;
+  const Key key{caller.get(), node.get()};
+  if (const auto it = memo.find(key); it != memo.end()) return it->second.joined;
+  if (memo.size() >= 4096) memo.clear();
+  auto joined = std::make_shared<const std::string>(*caller + "/" + *node);
+  memo.emplace(key, Joined{caller, node, joined});
+  return joined;
+}
 
 void profile_kernel_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
                          const Step& st, const std::vector<std::int64_t>& spans,

@@ -3,11 +3,17 @@
 // device, each kernel step and the waits around it, each reshard and the collectives it ran.
 // Called only after profiler::detail::on() said yes: off, a run pays that one load per step.
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "compile.hpp"
 
 namespace shardplan::detail {
+
+/// The step's named scope: the scope open on this thread while it runs (the caller's), then its
+/// node's (relative to the traced function; none for an eager op's program); null for none.
+std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st);
 
 /// A kernel step ran from `start_ns` to `end_ns` on the host; `spans` holds each device's own
 /// start and end (2 per device id; 0, 0 for a device that ran nothing): its kernel event, and

@@ -1,0 +1,202 @@
+// A run's record (run_record.hpp): the buffers its slots hold, counted per device as they come
+// and go; what the debug modes are given when the run ends.
+#include "run_record.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <numeric>
+
+#include "../profiler/debug_modes.hpp"
+#include "../profiler/recorder.hpp"
+#include "array_access.hpp"
+#include "primitive.hpp"
+#include "program_profile.hpp"
+
+namespace shardplan::detail {
+namespace {
+std::atomic<RunObserver> g_run_observer{nullptr};
+}  // namespace
+
+void set_run_observer(RunObserver observer) { g_run_observer.store(observer); }
+RunObserver run_observer() { return g_run_observer.load(std::memory_order_relaxed); }
+
+RunRecord::RunRecord(const Executor& executor, const Mesh& mesh, std::size_t num_slots,
+                     std::size_t num_steps, bool names_buffers)
+    : names_buffers_(names_buffers) {
+  position_.assign(static_cast<std::size_t>(executor.num_devices()), -1);
+  for (const int d : mesh.devices()) {
+    if (!executor.is_local(d)) continue;
+    position_[static_cast<std::size_t>(d)] = static_cast<int>(devices.size());
+    devices.push_back(d);
+  }
+  live_.assign(devices.size(), 0);
+  values_ = live_;
+  start_bytes = value_start_bytes = live_;
+  live_bytes.assign(num_steps, live_);
+  value_bytes = live_bytes;
+  bound_at.assign(num_slots, kNever);
+  freed_at.assign(num_slots, kNever);
+  if (names_buffers_) slot_buffers.resize(num_slots);
+}
+
+void RunRecord::bind(SlotId slot, const Array& a, int step) {
+  if (!a.valid()) return;
+  bound_at[index(slot)] = step;
+  freed_at[index(slot)] = kNever;
+  std::vector<Held>* named = nullptr;
+  if (names_buffers_) {
+    named = &slot_buffers[index(slot)];
+    named->assign(devices.size(), Held{});
+  }
+  for (const std::shared_ptr<Buffer>& b : ArrayAccess::buffers(a)) {
+    if (!b || b->device() < 0 || static_cast<std::size_t>(b->device()) >= position_.size()) continue;
+    const int at = position_[static_cast<std::size_t>(b->device())];
+    if (at < 0) continue;
+    if (named != nullptr) (*named)[static_cast<std::size_t>(at)] = Held{b.get(), b->size()};
+    values_[static_cast<std::size_t>(at)] += b->size();
+    if (refs_[b.get()]++ == 0) live_[static_cast<std::size_t>(at)] += b->size();
+  }
+}
+
+void RunRecord::drop(SlotId slot, const Array& a, int step) {
+  if (!a.valid()) return;
+  freed_at[index(slot)] = step;
+  for (const std::shared_ptr<Buffer>& b : ArrayAccess::buffers(a)) {
+    const auto it = b ? refs_.find(b.get()) : refs_.end();
+    if (it == refs_.end()) continue;
+    const auto at = static_cast<std::size_t>(position_[static_cast<std::size_t>(b->device())]);
+    values_[at] -= b->size();
+    if (--it->second == 0) {
+      live_[at] -= b->size();
+      refs_.erase(it);
+    }
+  }
+}
+
+void RunRecord::record_counters() const {
+  std::vector<profiler::detail::Event> events;
+  const std::int64_t now = profiler::detail::now_ns();
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    events.push_back(profiler::detail::Event{.cat = profiler::detail::Category::kMemory,
+                                             .device = devices[i],
+                                             .start_ns = now,
+                                             .end_ns = now,
+                                             .bytes = live_[i]});
+  }
+  profiler::detail::record(events);
+}
+
+namespace {
+
+profiler::CollectiveCount count_of(const CollectiveRecord& rec) {
+  profiler::CollectiveCount c;
+  c.count = 1;
+  c.bytes = rec.max_bytes_in();
+  c.total_bytes = rec.total_bytes_in();
+  return c;
+}
+
+void add(profiler::CollectiveCount& to, const profiler::CollectiveCount& c) {
+  to.count += c.count;
+  to.bytes += c.bytes;
+  to.total_bytes += c.total_bytes;
+}
+
+void report_comm(const Program& program, const RunRecord& record) {
+  profiler::detail::ScopeCounts counts;
+  for (const RanCollective& ran : record.collectives) {
+    const auto scope = scope_of(program.graph(), program.steps()[ran.step]);
+    add(counts[scope ? *scope : std::string()][ran.rec.kind], count_of(ran.rec));
+  }
+  const std::string outer = current_named_scope();
+  for (const CollectiveRecord& rec : record.input_reshards) add(counts[outer][rec.kind], count_of(rec));
+  profiler::detail::add_comm(counts);
+}
+
+// What the slot's value is, for people: "input 2", "dot_general", "fused(mul, add)".
+profiler::LiveBuffer describe(const Program& program, std::size_t slot, int bound_at) {
+  profiler::LiveBuffer v;
+  const std::vector<Step>& steps = program.steps();
+  for (std::size_t s = 0; s < steps.size() && bound_at >= 0; ++s) {
+    if (index(steps[s].out) != slot) continue;
+    const Step& st = steps[s];
+    if (st.fused) {
+      std::vector<std::string_view> names;
+      for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
+      v.what = fmt::format("fused({})", fmt::join(names, ", "));
+    } else {
+      v.what = std::string(program.graph()[st.node].op->name);
+    }
+    if (st.kind == Step::Kind::kReshard) v.what += " resharded";
+    const auto scope = scope_of(program.graph(), st);
+    if (scope) v.scope = *scope;
+    return v;
+  }
+  const std::vector<SlotId>& inputs = program.input_slots();
+  const auto k = std::find(inputs.begin(), inputs.end(), static_cast<SlotId>(slot)) - inputs.begin();
+  v.what = fmt::format("input {}", k);
+  return v;
+}
+
+}  // namespace
+
+namespace {
+
+// The peak (first, over devices and samples) and what its device held then, each buffer once.
+void find_peak(const Program& program, const RunRecord& record, profiler::MemoryRun& run) {
+  const std::size_t steps = record.live_bytes.size();
+  run.peak_step = steps;
+  run.peak_bytes = -1;
+  const auto consider = [&](const std::vector<std::int64_t>& live, std::size_t step) {
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      if (live[i] > run.peak_bytes) {
+        run.peak_bytes = live[i];
+        run.peak_step = step;
+        run.peak_device = record.devices[i];
+      }
+    }
+  };
+  consider(record.start_bytes, steps);
+  for (std::size_t s = 0; s < steps; ++s) consider(record.live_bytes[s], s);
+  if (run.peak_device < 0) return;
+  const auto at = static_cast<std::size_t>(
+      std::find(record.devices.begin(), record.devices.end(), run.peak_device) -
+      record.devices.begin());
+  const int p = run.peak_step == steps ? RunRecord::kStart : static_cast<int>(run.peak_step);
+  std::map<const Buffer*, bool> seen;
+  for (std::size_t slot = 0; slot < record.slot_buffers.size(); ++slot) {
+    const bool live = record.bound_at[slot] != RunRecord::kNever && record.bound_at[slot] <= p &&
+                      record.freed_at[slot] >= p;
+    if (!live || record.slot_buffers[slot].size() <= at) continue;
+    const RunRecord::Held& b = record.slot_buffers[slot][at];
+    if (b.id == nullptr || seen[b.id]) continue;
+    seen[b.id] = true;
+    profiler::LiveBuffer v = describe(program, slot, record.bound_at[slot]);
+    v.bytes = b.bytes;
+    run.live_at_peak.push_back(std::move(v));
+  }
+  std::stable_sort(run.live_at_peak.begin(), run.live_at_peak.end(),
+                   [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+}
+
+}  // namespace
+
+void report_run(const Program& program, const RunRecord& record, bool comm, bool memory) {
+  if (comm) report_comm(program, record);
+  if (!memory) return;
+  profiler::MemoryRun run;
+  run.devices = record.devices;
+  run.start_bytes = record.start_bytes;
+  run.live_bytes = record.live_bytes;
+  run.value_start_bytes = record.value_start_bytes;
+  run.value_bytes = record.value_bytes;
+  run.took_constants = record.took_constants;
+  find_peak(program, record, run);
+  profiler::detail::add_memory(run);
+}
+
+}  // namespace shardplan::detail

@@ -1,0 +1,84 @@
+#pragma once
+// What one Program::run did, recorded only when a debug mode (profiler.hpp CommDebugMode,
+// MemoryDebugMode) is alive or a test observer is set: the collectives each step ran, as reshard
+// and permute reported them, and the bytes the run's slots held per local device at the start
+// and after each step, counted from the buffers they hold (each buffer once).
+#include <climits>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "compile.hpp"
+
+namespace shardplan::detail {
+
+struct RanCollective {
+  std::size_t step = 0;
+  CollectiveRecord rec;
+};
+
+class RunRecord {
+ public:
+  static constexpr int kStart = -1;       // bound before the first step / freed at the start
+  static constexpr int kNever = INT_MAX;  // never freed
+
+  /// `names_buffers`: keep each slot's buffers, to name what is live at the peak.
+  RunRecord(const Executor& executor, const Mesh& mesh, std::size_t num_slots,
+            std::size_t num_steps, bool names_buffers);
+  /// `slot` now holds `a`, from the sample after step `step` on (kStart: from the start).
+  void bind(SlotId slot, const Array& a, int step);
+  /// `slot` lets go of `a` after step `step`'s sample.
+  void drop(SlotId slot, const Array& a, int step);
+  void sample_start() {
+    start_bytes = live_;
+    value_start_bytes = values_;
+    if (counters_) record_counters();
+  }
+  void sample(std::size_t step) {
+    live_bytes[step] = live_;
+    value_bytes[step] = values_;
+    if (counters_) record_counters();
+  }
+  /// With the profiler on: each sample also goes to the trace as a counter per device.
+  void write_counters() { counters_ = true; }
+
+  std::vector<int> devices;  // the mesh's local devices
+  std::vector<RanCollective> collectives;        // per step that communicated
+  std::vector<CollectiveRecord> input_reshards;  // arguments resharded at call time
+  std::vector<std::int64_t> start_bytes;               // per device (position in `devices`)
+  std::vector<std::vector<std::int64_t>> live_bytes;   // per step, per device
+  /// The same, each value's buffers counted for it (the memory pass's measure: a view and its
+  /// operand, or one array passed as two arguments, count twice).
+  std::vector<std::int64_t> value_start_bytes;
+  std::vector<std::vector<std::int64_t>> value_bytes;
+  std::vector<int> bound_at, freed_at;                 // per slot
+  /// Per slot, per device (names_buffers): its buffer (an identity only: it may be gone) and
+  /// bytes.
+  struct Held {
+    const Buffer* id = nullptr;
+    std::int64_t bytes = 0;
+  };
+  std::vector<std::vector<Held>> slot_buffers;
+  bool took_constants = false;
+  bool complete = false;
+
+ private:
+  std::unordered_map<const Buffer*, int> refs_;
+  std::vector<int> position_;  // by device id: its position in `devices`, or -1
+  std::vector<std::int64_t> live_, values_;
+  bool names_buffers_;
+  bool counters_ = false;
+  void record_counters() const;
+};
+
+/// Called after every run that completed when set, with what it recorded (tests check each run
+/// against its program's cost). Not for library code.
+using RunObserver = void (*)(const Program& program, const RunRecord& record);
+void set_run_observer(RunObserver observer);
+RunObserver run_observer();
+
+/// Gives the debug modes alive what `record` counted (`comm`: the collectives; `memory`: the
+/// measured timeline and what is live at its peak).
+void report_run(const Program& program, const RunRecord& record, bool comm, bool memory);
+
+}  // namespace shardplan::detail
