@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../src/profiler/recorder.hpp"
@@ -176,9 +177,12 @@ INSTANTIATE_TEST_SUITE_P(Skew, ClockAlignment, ::testing::Values(false, true),
                          [](const auto& param_info) { return param_info.param ? "Skewed" : "AsIs"; });
 
 // All processes share this machine's steady_clock, so process p's true offset is exactly the
-// skew put on it: the estimate must be within its reported bound of it. Independently, the
-// processes leave each barrier within microseconds of one another: after alignment their exits
-// agree (the median difference to process 0 over 200 barriers) within 100 us.
+// skew put on it: the alignment error is |estimate - skew|, which must be within the reported
+// bound and under 100 us. The barrier exits are a second look: with a core per process they
+// leave each barrier within microseconds of one another, so after alignment their exits agree
+// (the median difference to process 0 over 200 barriers) within 100 us. With more processes
+// than cores (4 on 2 here) a process is often descheduled as it leaves (medians of 330 us were
+// seen while the clocks agreed within 4 us), so there it is printed, not asserted.
 TEST_P(ClockAlignment, BarrierExitsAgreeWithin100usAndOffsetsWithinTheirBound) {
   if (count() == 1) GTEST_SKIP() << "one process: nothing to align";
   const bool skewed = GetParam();
@@ -197,6 +201,7 @@ TEST_P(ClockAlignment, BarrierExitsAgreeWithin100usAndOffsetsWithinTheirBound) {
     const std::int64_t offset = o["offset_ns"], bound = o["error_bound_ns"];
     EXPECT_EQ(o["process"], p);
     EXPECT_LE(std::llabs(offset - skew_of(p, skewed)), bound) << o.dump();
+    EXPECT_LT(std::llabs(offset - skew_of(p, skewed)), 100'000) << o.dump();
     if (p == 0) {
       EXPECT_EQ(bound, 0);
     } else {
@@ -212,7 +217,9 @@ TEST_P(ClockAlignment, BarrierExitsAgreeWithin100usAndOffsetsWithinTheirBound) {
                 count(), p, skewed ? " skewed" : "", static_cast<double>(offset) / 1000,
                 static_cast<double>(skew_of(p, skewed)) / 1000, static_cast<double>(bound) / 1000,
                 med);
-    EXPECT_LT(std::fabs(med), 100.0) << "process " << p;
+    if (static_cast<unsigned>(count()) <= std::thread::hardware_concurrency()) {
+      EXPECT_LT(std::fabs(med), 100.0) << "process " << p;
+    }
   }
 }
 
