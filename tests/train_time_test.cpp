@@ -350,6 +350,10 @@ TEST(Float8, TheBlocksLinearLayersRunAtTheFp8Rate) {
     "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64})");
   EXPECT_THROW_WITH(plan_training(gpt2, mesh, preset("gpt2"), o), SpecError,
                     "float8 linear layers are planned for LLaMA-family blocks", "gpt2");
+  TrainPlanOptions wide = o;
+  wide.param_dtype = wide.grad_dtype = DType::kF64;
+  EXPECT_THROW_WITH(plan_training(c, mesh, preset("llama_fsdp"), wide), SpecError,
+                    "float8 linear layers take bf16 or f32 inputs, not f64");
   expect_extrapolated_as_traced_whole(c, mesh, o);
 }
 
