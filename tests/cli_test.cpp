@@ -1530,6 +1530,8 @@ TEST_F(CliTest, TraceSummarizeOfAFileThatIsNotATraceExitsOneNamingItAndWhatIsMis
       {write("badts.json", R"([{"ph": "X", "name": "a", "ts": "1", "dur": 1, "pid": 0, "tid": 0}])"),
        "event 0: 'ts' is string, not a number"},
       {write("dupev.json", R"([{"ph": "X", "ph": "X"}])"), "event 0 has the key 'ph' twice"},
+      {write("huge.json", R"([{"ph": "X", "name": "a", "ts": 1, "dur": 1e308, "pid": 0, "tid": 0}])"),
+       "event 0: 'ts' 1 or 'dur' 1e+308 is past 2^53 us"},
       {write("text.json", "not json"), "not valid JSON"},
       {write("deep.json", std::string(300, '[') + std::string(300, ']')), "not valid JSON"},
   };

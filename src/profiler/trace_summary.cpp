@@ -146,6 +146,12 @@ void read_event(const json::Value& e, std::size_t n, std::string_view file,
   const std::string cat = string_or(m, "cat", file, where, false);
   const double ts = number(m, "ts", file, where), dur = number(m, "dur", file, where);
   if (dur < 0) fail(file, fmt::format("{}: 'dur' is negative", where));
+  // Microseconds past 2^53 (285 years) are no trace's, and their sums would print as inf.
+  constexpr double kMaxUs = 0x1p53;
+  if (!(std::fabs(ts) <= kMaxUs) || !(dur <= kMaxUs)) {
+    fail(file, fmt::format("{}: 'ts' {} or 'dur' {} is past 2^53 us (285 years): not a trace's time",
+                           where, ts, dur));
+  }
   Track& t = tracks[{integer(m, "pid", file, where), integer(m, "tid", file, where)}];
   const Interval iv{ts, ts + dur};
   ++s.events;
