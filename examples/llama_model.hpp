@@ -89,7 +89,7 @@ inline Array attention(const Tree<Array>& p, const Array& x, const Config& cfg) 
 inline Array mlp(const Tree<Array>& p, const Array& x) {
   const Array gate = linear(x, p.at_path("gate_proj/weight").leaf());
   const Array up = linear(x, p.at_path("up_proj/weight").leaf());
-  const Array inner = with_sharding_annotation(gate * sigmoid(gate) * up, "mlp_hidden");
+  const Array inner = with_sharding_annotation(silu(gate) * up, "mlp_hidden");
   return linear(inner, p.at_path("down_proj/weight").leaf());
 }
 

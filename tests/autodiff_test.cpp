@@ -256,6 +256,7 @@ TEST(Autodiff, NetworkPiecesMatchFiniteDifferences) {
          [](const Tree<Array>& t) { return rms_norm(in(t, "x"), in(t, "s")); },
          {{"x", x}, {"s", scale}},
          {{"x", P("x")}, {"s", P()}}});
+  check({"silu", [](const Tree<Array>& t) { return silu(in(t, "x")); }, {{"x", x}}, s});
   check({"causal_mask",
          [](const Tree<Array>& t) {
            return softmax(causal_mask(matmul(in(t, "x"), transpose(in(t, "x"), {1, 0}))));
@@ -286,6 +287,66 @@ TEST(Autodiff, NetworkPiecesMatchFiniteDifferences) {
          },
          {{"x", x}},
          s});
+}
+
+// What one more layer of `layer` adds to the peak of value_and_grad under sjit on one device:
+// the bytes its backward pass keeps. x [1024, 256] f32 (1 MiB), a weight [256] per layer.
+std::int64_t kept_per_layer(const std::function<Array(const Array&, const Array&)>& layer) {
+  static const Executor exec(1);
+  const Mesh mesh = Mesh::parse("d:1", 1);
+  const auto peak = [&](int layers) {
+    const auto put = [&](Shape shape, std::uint64_t seed) {
+      return device_put(Tensor::uniform(std::move(shape), DType::kF32, seed, -1, 1),
+                        NamedSharding(mesh, P()), exec);
+    };
+    std::vector<Tree<Array>> ws;
+    for (int i = 0; i < layers; ++i) ws.push_back(Tree<Array>(put(Shape{256}, 10 + i)));
+    const Tree<Array> params = Tree<Array>::dict(
+        {{"w", Tree<Array>::list(std::move(ws))}, {"x", Tree<Array>(put(Shape{1024, 256}, 1))}});
+    auto step = sjit(mesh, [&](const Tree<Array>& p) {
+      auto [value, grads] = value_and_grad([&](const Tree<Array>& q) {
+        Array h = q.at("x").leaf();
+        for (int i = 0; i < layers; ++i) h = layer(h, q.at("w").at(static_cast<std::size_t>(i)).leaf());
+        return sum(h);
+      })(p);
+      return Tree<Array>::list({Tree<Array>(value), grads});
+    });
+    return step.lower(params).cost().peak_bytes[0];
+  };
+  return peak(3) - peak(2);
+}
+
+// The backward pass keeps what PyTorch's keeps: no broadcast (expand is a view there; the
+// broadcast's smaller operand is kept and the broadcast made again), and silu its input only.
+// By hand, per layer: rms_norm keeps x and x * rsqrt(ms) (2 MiB) and the [1024, 1] rsqrt, not
+// [1024, 256] copies of rsqrt(ms) and the weight (4 MiB before); silu(x) * w keeps x and silu(x)
+// (2 MiB; through x * sigmoid(x): x, sigmoid(x), their product and the broadcast weight, 4 MiB);
+// tanh(x) * w keeps tanh(x) (1 MiB; 2 with the broadcast weight). The rest of a layer is under
+// 16 KiB (the weight, its gradient, the rsqrt column).
+TEST(Autodiff, TheBackwardPassKeepsNoBroadcastAndSiluItsInput) {
+  constexpr std::int64_t kMiB = std::int64_t{1} << 20, kSmall = 16 << 10;
+  const std::int64_t norm = kept_per_layer([](const Array& h, const Array& w) { return rms_norm(h, w); });
+  EXPECT_GE(norm, 2 * kMiB);
+  EXPECT_LT(norm, 2 * kMiB + kSmall);
+  const std::int64_t swish = kept_per_layer([](const Array& h, const Array& w) { return silu(h) * w; });
+  EXPECT_GE(swish, 2 * kMiB);
+  EXPECT_LT(swish, 2 * kMiB + kSmall);
+  const std::int64_t t = kept_per_layer([](const Array& h, const Array& w) { return tanh(h) * w; });
+  EXPECT_GE(t, kMiB);
+  EXPECT_LT(t, kMiB + kSmall);
+}
+
+// silu's own backward (s (1 + x (1 - s))) gives what differentiating x * sigmoid(x) gives.
+TEST(Autodiff, SiluGradientIsThatOfItsDefinition) {
+  const Tensor x = f64(Shape{64}, 31, -6, 6);
+  const Executor exec(1);
+  const Array xa = device_put(x, NamedSharding(Mesh::parse("d:1", 1), P()), exec);
+  const auto grad_of = [&](const std::function<Array(const Array&)>& f) {
+    return grad([&](const Array& a) { return sum(f(a)); })(xa).to_host();
+  };
+  const Tensor a = grad_of([](const Array& v) { return silu(v); });
+  const Tensor b = grad_of([](const Array& v) { return v * sigmoid(v); });
+  for (std::int64_t i = 0; i < 64; ++i) EXPECT_NEAR(a.get(i), b.get(i), 1e-14) << "at " << x.get(i);
 }
 
 TEST(Autodiff, InsideSjitGradientsAreShardedLikeTheirParameters) {

@@ -143,6 +143,9 @@ Array iota_like(const Array& like, int axis, DType dtype = DType::kI32);
 // Neural-network pieces (built from the ops above).
 Array softmax(const Array& x, int axis = -1);
 Array log_softmax(const Array& x, int axis = -1);
+/// x * sigmoid(x) (jax.nn.silu, torch.nn.functional.silu), differentiated as PyTorch's kernel
+/// is: only x is kept for the backward pass, which makes sigmoid(x) again.
+Array silu(const Array& x);
 /// Per-example cross-entropy of logits [..., C] against integer labels [...] (optax's
 /// softmax_cross_entropy_with_integer_labels).
 Array cross_entropy(const Array& logits, const Array& labels);

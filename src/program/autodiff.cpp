@@ -39,6 +39,7 @@ class Recompute {
 
   /// The value of `v` as the backward pass of node `user` reads it.
   Array read(ValueId user, ValueId v) {
+    if (remade(v)) return remake(user, v);
     const int r = tc_.region_of(user);
     if (r < 0 || g_[user].is(prim::input)) return vals_[v];
     // Saving everything is no checkpoint: nothing is recomputed or read through a barrier.
@@ -52,6 +53,28 @@ class Recompute {
 
  private:
   bool inside(int r, ValueId v) const { return !g_[v].is(prim::input) && tc_.region_of(v) == r; }
+
+  // `v` is made again where the backward pass reads it (Primitive::remade_for_backward), when
+  // that keeps fewer bytes: its operands hold fewer elements than it. Traced only: eagerly the
+  // forward value exists already.
+  bool remade(ValueId v) const {
+    const Node& n = g_[v];
+    if (!n.op->remade_for_backward || n.is(prim::input) || current_trace() == nullptr) return false;
+    return std::all_of(n.operands.begin(), n.operands.end(), [&](ValueId o) {
+      return g_[o].type.shape.numel() < n.type.shape.numel();
+    });
+  }
+
+  // `v` made from its operands as the backward pass of `user` reads them, once per region.
+  Array remake(ValueId user, ValueId v) {
+    const auto key = std::pair{tc_.region_of(user), index(v)};
+    if (const auto it = remade_.find(key); it != remade_.end()) return it->second;
+    const Node& n = g_[v];
+    std::vector<Array> ins;
+    ins.reserve(n.operands.size());
+    for (const ValueId o : n.operands) ins.push_back(read(user, o));
+    return remade_.emplace(key, apply(*n.op, n.attrs, ins, &placement_)).first->second;
+  }
 
   bool saved(int r, ValueId v) const {
     const RematPolicy& p = tc_.remat_regions[static_cast<std::size_t>(r)].policy;
@@ -147,6 +170,7 @@ class Recompute {
   ValueMap<Array> rec_;
   std::vector<char> done_;
   std::map<std::pair<int, std::size_t>, Array> barriers_;
+  std::map<std::pair<int, std::size_t>, Array> remade_;  // by region of the reader, value
 };
 
 // acc += c (c may be none).

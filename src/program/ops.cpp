@@ -97,6 +97,20 @@ Array log_softmax(const Array& x, int axis) {
   return custom_vjp(fwd, bwd, {x}).at(0);
 }
 
+Array silu(const Array& x) {
+  // Through its ops, x * sigmoid(x) would keep x, sigmoid(x) and keep nothing less: two arrays
+  // of x's size for the backward pass where PyTorch's kernel keeps one.
+  const auto fwd = [](const std::vector<Array>& in) {
+    return CustomVjpForward{{in[0] * sigmoid(in[0])}, {in[0]}};
+  };
+  const auto bwd = [](const std::vector<Array>& res, const std::vector<Array>& cts) {
+    const Array s = sigmoid(res[0]);
+    // d/dx x s(x) = s + x s (1 - s) = s (1 + x (1 - s))
+    return std::vector<Array>{cts[0] * (s * (1.0 + res[0] * (1.0 - s)))};
+  };
+  return custom_vjp(fwd, bwd, {x}).at(0);
+}
+
 Array cross_entropy(const Array& logits, const Array& labels) {
   const int r = logits.shape().rank();
   if (r < 1 || labels.shape().rank() != r - 1) {

@@ -211,6 +211,13 @@ struct Primitive {
   /// users need of it (a gathered copy) is made anew where they use it instead of shared with
   /// the operand's earlier users. The explicit rematerialisation mechanism.
   bool barrier = false;
+  /// The backward pass never keeps the result from the forward pass: where a VJP reads it, it is
+  /// made again from its (smaller) operand, which is what is kept. A broadcast: PyTorch's expand
+  /// is a view that holds no bytes, and XLA remakes broadcasts beside the ops that read them, so
+  /// neither holds a broadcast for the backward pass (a norm's `x * rsqrt(ms) * scale` keeps x
+  /// and x * rsqrt(ms), not [b, t, d] copies of rsqrt(ms) and scale). Eagerly (no trace) the
+  /// forward value is read as it is.
+  bool remade_for_backward = false;
   /// The result's blocks are the operand's bytes as they are, under another shape and sharding
   /// (shard_map's boundaries: a block of a global array is a device's value and back): the
   /// program makes the result from the operand's buffers and runs no kernel.

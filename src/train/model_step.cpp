@@ -358,7 +358,7 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   };
   const Array gate = mlp(x2, "gate");
   const Array up = mlp(x2, "up");
-  const Array inner = constrain(gate * sigmoid(gate) * up, {{0, &L.batch}, {1, &L.context}, {2, &L.model}}, L);
+  const Array inner = constrain(silu(gate) * up, {{0, &L.batch}, {1, &L.context}, {2, &L.model}}, L);
   return region(h2 + region(mlp(inner, "down"), "mlp_out", L), "residual", L, true);
 }
 
@@ -395,7 +395,7 @@ Array ModelStep::mixture_of_experts(const Tree<Array>& moe, const Array& x) cons
     const Tree<Array>& w = moe.at("experts").at(static_cast<std::size_t>(i));
     const Array xe = reshape(slice(routed, {i, 0, 0}, {i + 1, share, d}), Shape{share, d});
     const Array g = linear(xe, at(w, "w1/weight"));
-    const Array ye = linear(g * sigmoid(g) * linear(xe, at(w, "w3/weight")), at(w, "w2/weight"));
+    const Array ye = linear(silu(g) * linear(xe, at(w, "w3/weight")), at(w, "w2/weight"));
     outs.push_back(reshape(ye, Shape{1, share, d}));
   }
   const Array y = reshape(transpose(constrain(concatenate(outs, 0), {{1, &L.batch}}, L), {1, 0, 2}),

@@ -662,6 +662,7 @@ constinit const Primitive broadcast_in_dim{.name = "broadcast_in_dim",
                                            .flops = no_flops,
                                            .vjp = broadcast_vjp,
                                            .repeat = broadcast_repeat,
+                                           .remade_for_backward = true,
                                            .linearity = linear_in_all,
                                            .tests = &kBroadcastTests};
 constinit const Primitive slice{.name = "slice",
