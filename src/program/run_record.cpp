@@ -77,15 +77,17 @@ void RunRecord::drop(SlotId slot, const Array& a, int step) {
   }
 }
 
-void RunRecord::record_counters() const {
+void RunRecord::record_counters(std::size_t at, std::int64_t planned) {
   std::vector<profiler::detail::Event> events;
   const std::int64_t now = profiler::detail::now_ns();
+  sample_ns[at] = now;
   for (std::size_t i = 0; i < devices.size(); ++i) {
     events.push_back(profiler::detail::Event{.cat = profiler::detail::Category::kMemory,
                                              .device = devices[i],
                                              .start_ns = now,
                                              .end_ns = now,
-                                             .bytes = live_[i]});
+                                             .bytes = live_[i],
+                                             .planned = planned});
   }
   profiler::detail::record(events);
 }
@@ -117,23 +119,35 @@ void report_comm(const Program& program, const RunRecord& record) {
   profiler::detail::add_comm(counts);
 }
 
+// What a step computes or moves, for people: "dot_general", "fused(mul, add)", "dot_general
+// resharded"; the names checkpoint_name gave its value; its scope.
+profiler::MemoryStep step_label(const Program& program, const Step& st) {
+  profiler::MemoryStep l;
+  if (st.fused) {
+    std::vector<std::string_view> names;
+    for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
+    l.op = fmt::format("fused({})", fmt::join(names, ", "));
+  } else {
+    l.op = std::string(program.graph()[st.node].op->name);
+  }
+  if (st.kind == Step::Kind::kReshard) l.op += " resharded";
+  if (const auto it = program.graph().names.find(st.node); it != program.graph().names.end()) {
+    l.value = fmt::format("{}", fmt::join(it->second, ", "));
+  }
+  const auto scope = scope_of(program.graph(), st);
+  if (scope) l.scope = *scope;
+  return l;
+}
+
 // What the slot's value is, for people: "input 2", "dot_general", "fused(mul, add)".
 profiler::LiveBuffer describe(const Program& program, std::size_t slot, int bound_at) {
   profiler::LiveBuffer v;
   const std::vector<Step>& steps = program.steps();
   for (std::size_t s = 0; s < steps.size() && bound_at >= 0; ++s) {
     if (index(steps[s].out) != slot) continue;
-    const Step& st = steps[s];
-    if (st.fused) {
-      std::vector<std::string_view> names;
-      for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
-      v.what = fmt::format("fused({})", fmt::join(names, ", "));
-    } else {
-      v.what = std::string(program.graph()[st.node].op->name);
-    }
-    if (st.kind == Step::Kind::kReshard) v.what += " resharded";
-    const auto scope = scope_of(program.graph(), st);
-    if (scope) v.scope = *scope;
+    profiler::MemoryStep l = step_label(program, steps[s]);
+    v.what = std::move(l.op);
+    v.scope = std::move(l.scope);
     return v;
   }
   const std::vector<SlotId>& inputs = program.input_slots();
@@ -183,20 +197,38 @@ void find_peak(const Program& program, const RunRecord& record, profiler::Memory
                    [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
 }
 
+// The run at its peak, as an instant event on the peak's device (the memory report's source).
+void record_peak(const RunRecord& record, std::shared_ptr<const profiler::MemoryRun> run) {
+  if (run->peak_device < 0 || record.sample_ns.empty()) return;
+  const std::size_t at = std::min(run->peak_step, record.sample_ns.size() - 1);
+  const std::int64_t t = record.sample_ns[at];
+  profiler::detail::record(profiler::detail::Event{.cat = profiler::detail::Category::kMemoryPeak,
+                                                   .device = run->peak_device,
+                                                   .start_ns = t,
+                                                   .end_ns = t,
+                                                   .run = std::move(run)});
+}
+
 }  // namespace
 
 void report_run(const Program& program, const RunRecord& record, bool comm, bool memory) {
   if (comm) report_comm(program, record);
-  if (!memory) return;
-  profiler::MemoryRun run;
-  run.devices = record.devices;
-  run.start_bytes = record.start_bytes;
-  run.live_bytes = record.live_bytes;
-  run.value_start_bytes = record.value_start_bytes;
-  run.value_bytes = record.value_bytes;
-  run.took_constants = record.took_constants;
-  find_peak(program, record, run);
-  profiler::detail::add_memory(run);
+  const bool to_trace = record.writes_counters();
+  if (!memory && !to_trace) return;
+  auto run = std::make_shared<profiler::MemoryRun>();
+  run->devices = record.devices;
+  run->steps.reserve(program.steps().size());
+  for (const Step& st : program.steps()) run->steps.push_back(step_label(program, st));
+  run->start_bytes = record.start_bytes;
+  run->live_bytes = record.live_bytes;
+  run->value_start_bytes = record.value_start_bytes;
+  run->value_bytes = record.value_bytes;
+  run->planned_start_bytes = program.cost().timeline.start_bytes;
+  run->planned_bytes = program.cost().timeline.live_bytes;
+  run->took_constants = record.took_constants;
+  find_peak(program, record, *run);
+  if (memory) profiler::detail::add_memory(*run);
+  if (to_trace) record_peak(record, std::move(run));
 }
 
 }  // namespace shardplan::detail
