@@ -53,7 +53,7 @@ nlohmann::json memory_run_json(const MemoryRun& run) {
 std::string memory_json(const std::vector<MemoryRun>& runs) {
   nlohmann::json list = nlohmann::json::array();
   for (const MemoryRun& r : runs) list.push_back(detail::memory_run_json(r));
-  return nlohmann::json{{"runs", std::move(list)}}.dump(1, ' ', false,
+  return nlohmann::json{{"runs", std::move(list)}}.dump(-1, ' ', false,
                                                        nlohmann::json::error_handler_t::replace) +
          "\n";
 }
@@ -149,9 +149,9 @@ void write_legend(std::string& out, const MemoryRun& r) {
 
 void write_run(std::string& out, const MemoryRun& r, std::size_t index) {
   const std::size_t planned_step = planned_peak_step(r);
-  out += fmt::format("<section class=\"run\">\n<h2>Run {}: live bytes over {} steps</h2>\n"
+  out += fmt::format("<section class=\"run\">\n<h2>Run {}: live bytes over {} step{}</h2>\n"
                      "<p class=\"note\">",
-                     index, r.steps.size());
+                     index, r.steps.size(), r.steps.size() == 1 ? "" : "s");
   escape_to(out, fmt::format("Measured peak {} on device {} {}; planned peak {} {}.",
                              format_bytes(r.peak_bytes), r.peak_device, where(r, r.peak_step),
                              format_bytes(planned_at(r, planned_step)), where(r, planned_step)));

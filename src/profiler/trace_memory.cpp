@@ -216,8 +216,8 @@ std::string format_memory_runs(const std::vector<MemoryRun>& runs, std::string_v
                                 printable(file), runs.size(), runs.size() == 1 ? "" : "s");
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const MemoryRun& r = runs[i];
-    out += fmt::format("\nrun {}: {} steps on devices [{}]\n", i, r.steps.size(),
-                       fmt::join(r.devices, ", "));
+    out += fmt::format("\nrun {}: {} step{} on devices [{}]\n", i, r.steps.size(),
+                       r.steps.size() == 1 ? "" : "s", fmt::join(r.devices, ", "));
     const auto where = [&r](std::size_t step) {
       if (step >= r.steps.size()) return std::string("at the start");
       const MemoryStep& s = r.steps[step];
