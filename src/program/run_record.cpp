@@ -211,7 +211,7 @@ void record_peak(const RunRecord& record, std::shared_ptr<const profiler::Memory
 
 }  // namespace
 
-void report_run(const Program& program, const RunRecord& record, bool comm, bool memory) {
+void report_run(const Program& program, RunRecord& record, bool comm, bool memory) {
   if (comm) report_comm(program, record);
   const bool to_trace = record.writes_counters();
   if (!memory && !to_trace) return;
@@ -219,14 +219,15 @@ void report_run(const Program& program, const RunRecord& record, bool comm, bool
   run->devices = record.devices;
   run->steps.reserve(program.steps().size());
   for (const Step& st : program.steps()) run->steps.push_back(step_label(program, st));
-  run->start_bytes = record.start_bytes;
-  run->live_bytes = record.live_bytes;
-  run->value_start_bytes = record.value_start_bytes;
-  run->value_bytes = record.value_bytes;
+  find_peak(program, record, *run);
+  // The record's figures are not needed after this: moved, not copied.
+  run->start_bytes = std::move(record.start_bytes);
+  run->live_bytes = std::move(record.live_bytes);
+  run->value_start_bytes = std::move(record.value_start_bytes);
+  run->value_bytes = std::move(record.value_bytes);
   run->planned_start_bytes = program.cost().timeline.start_bytes;
   run->planned_bytes = program.cost().timeline.live_bytes;
   run->took_constants = record.took_constants;
-  find_peak(program, record, *run);
   if (memory) profiler::detail::add_memory(*run);
   if (to_trace) record_peak(record, std::move(run));
 }

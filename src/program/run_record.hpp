@@ -88,7 +88,8 @@ RunObserver run_observer();
 
 /// Gives the debug modes alive what `record` counted (`comm`: the collectives; `memory`: the
 /// measured timeline and what is live at its peak); with counters written, the run also goes
-/// to the trace at its peak (an instant event the memory report reads back).
-void report_run(const Program& program, const RunRecord& record, bool comm, bool memory);
+/// to the trace at its peak (an instant event the memory report reads back). Moves the bytes
+/// out of `record` (the last use of it).
+void report_run(const Program& program, RunRecord& record, bool comm, bool memory);
 
 }  // namespace shardplan::detail
