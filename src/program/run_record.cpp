@@ -9,6 +9,7 @@
 #include <atomic>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "../profiler/debug_modes.hpp"
 #include "../profiler/recorder.hpp"
@@ -40,23 +41,23 @@ RunRecord::RunRecord(const Executor& executor, const Mesh& mesh, std::size_t num
   value_bytes = live_bytes;
   bound_at.assign(num_slots, kNever);
   freed_at.assign(num_slots, kNever);
-  if (names_buffers_) slot_buffers.resize(num_slots);
+  if (names_buffers_) slot_buffers.resize(num_slots * devices.size());
 }
 
 void RunRecord::bind(SlotId slot, const Array& a, int step) {
   if (!a.valid()) return;
   bound_at[index(slot)] = step;
   freed_at[index(slot)] = kNever;
-  std::vector<Held>* named = nullptr;
+  Held* named = nullptr;
   if (names_buffers_) {
-    named = &slot_buffers[index(slot)];
-    named->assign(devices.size(), Held{});
+    named = slot_buffers.data() + index(slot) * devices.size();
+    std::fill(named, named + devices.size(), Held{});
   }
   for (const std::shared_ptr<Buffer>& b : ArrayAccess::buffers(a)) {
     if (!b || b->device() < 0 || static_cast<std::size_t>(b->device()) >= position_.size()) continue;
     const int at = position_[static_cast<std::size_t>(b->device())];
     if (at < 0) continue;
-    if (named != nullptr) (*named)[static_cast<std::size_t>(at)] = Held{b.get(), b->size()};
+    if (named != nullptr) named[at] = Held{b.get(), b->size()};
     values_[static_cast<std::size_t>(at)] += b->size();
     if (refs_[b.get()]++ == 0) live_[static_cast<std::size_t>(at)] += b->size();
   }
@@ -139,15 +140,24 @@ profiler::MemoryStep step_label(const Program& program, const Step& st) {
   return l;
 }
 
-// What the slot's value is, for people: "input 2", "dot_general", "fused(mul, add)".
-profiler::LiveBuffer describe(const Program& program, std::size_t slot, int bound_at) {
+// What the slot's value is, for people: "input 2", "dot_general", "fused(mul, add)"; `labels`
+// the program's steps' (MemoryRun::steps). The step that bound it, or for a kept constant (bound
+// at the first step), the step that makes it.
+profiler::LiveBuffer describe(const Program& program, const std::vector<profiler::MemoryStep>& labels,
+                              std::size_t slot, int bound_at) {
   profiler::LiveBuffer v;
   const std::vector<Step>& steps = program.steps();
-  for (std::size_t s = 0; s < steps.size() && bound_at >= 0; ++s) {
-    if (index(steps[s].out) != slot) continue;
-    profiler::MemoryStep l = step_label(program, steps[s]);
-    v.what = std::move(l.op);
-    v.scope = std::move(l.scope);
+  std::size_t made = steps.size();
+  if (bound_at >= 0) {
+    const auto b = static_cast<std::size_t>(bound_at);
+    made = b < steps.size() && index(steps[b].out) == slot ? b : steps.size();
+    for (std::size_t s = 0; s < steps.size() && made == steps.size(); ++s) {
+      if (index(steps[s].out) == slot) made = s;
+    }
+  }
+  if (made < labels.size()) {
+    v.what = labels[made].op;
+    v.scope = labels[made].scope;
     return v;
   }
   const std::vector<SlotId>& inputs = program.input_slots();
@@ -181,15 +191,15 @@ void find_peak(const Program& program, const RunRecord& record, profiler::Memory
       std::find(record.devices.begin(), record.devices.end(), run.peak_device) -
       record.devices.begin());
   const int p = run.peak_step == steps ? RunRecord::kStart : static_cast<int>(run.peak_step);
-  std::map<const Buffer*, bool> seen;
-  for (std::size_t slot = 0; slot < record.slot_buffers.size(); ++slot) {
+  std::set<const Buffer*> seen;
+  const std::size_t per_slot = record.devices.size();
+  for (std::size_t slot = 0; slot < record.bound_at.size(); ++slot) {
     const bool live = record.bound_at[slot] != RunRecord::kNever && record.bound_at[slot] <= p &&
                       record.freed_at[slot] >= p;
-    if (!live || record.slot_buffers[slot].size() <= at) continue;
-    const RunRecord::Held& b = record.slot_buffers[slot][at];
-    if (b.id == nullptr || seen[b.id]) continue;
-    seen[b.id] = true;
-    profiler::LiveBuffer v = describe(program, slot, record.bound_at[slot]);
+    if (!live || (slot + 1) * per_slot > record.slot_buffers.size()) continue;
+    const RunRecord::Held& b = record.slot_buffers[slot * per_slot + at];
+    if (b.id == nullptr || !seen.insert(b.id).second) continue;
+    profiler::LiveBuffer v = describe(program, run.steps, slot, record.bound_at[slot]);
     v.bytes = b.bytes;
     run.live_at_peak.push_back(std::move(v));
   }

@@ -60,12 +60,12 @@ class RunRecord {
   std::vector<std::vector<std::int64_t>> value_bytes;
   std::vector<int> bound_at, freed_at;                 // per slot
   /// Per slot, per device (names_buffers): its buffer (an identity only: it may be gone) and
-  /// bytes.
+  /// bytes; slot s, device position i at s * devices.size() + i (one allocation per run).
   struct Held {
     const Buffer* id = nullptr;
     std::int64_t bytes = 0;
   };
-  std::vector<std::vector<Held>> slot_buffers;
+  std::vector<Held> slot_buffers;
   bool took_constants = false;
   bool complete = false;
   /// With counters: when each sample was taken (per step; the start last).
