@@ -152,6 +152,10 @@ namespace shardplan {
 namespace profiler {
 
 void start() {
+  if constexpr (!detail::kCompiledIn) {
+    throw Error(
+        "profiler::start: this build has no profiler (configured with -DSHARDPLAN_PROFILER=OFF)");
+  }
   detail::Registry& r = detail::registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);

@@ -53,9 +53,20 @@ struct Event {
   std::string_view op() const { return owned ? std::string_view(*owned) : name; }
 };
 
+/// False in a build configured with -DSHARDPLAN_PROFILER=OFF: on() is then a constant and every
+/// recording branch is compiled out (the baseline docs/performance.md times the off path against).
+#ifdef SHARDPLAN_NO_PROFILER
+inline constexpr bool kCompiledIn = false;
+#else
+inline constexpr bool kCompiledIn = true;
+#endif
+
 extern std::atomic<bool> g_on;
 /// The one branch a run pays when the profiler is off.
-inline bool on() { return g_on.load(std::memory_order_relaxed); }
+inline bool on() {
+  if constexpr (!kCompiledIn) return false;
+  return g_on.load(std::memory_order_relaxed);
+}
 /// Test-only: added to every time this process's profiler reads (events, session starts, the
 /// clock alignment's round trips), as a clock that is off by that much would be. 0 normally.
 extern std::atomic<std::int64_t> g_test_clock_skew_ns;
