@@ -146,6 +146,18 @@ TEST(MemoryReport, HtmlDrawsEachDeviceThePlanAndThePeak) {
   EXPECT_EQ(std::count(points.begin(), points.end(), ','), 4);
 }
 
+// A run that took kept constants from an earlier one holds them above its plan: both say so.
+TEST(MemoryReport, ARunThatTookKeptConstantsSaysSo) {
+  profiler::MemoryRun r = measured_run();
+  EXPECT_THAT(profiler::memory_html({r}, "t"), Not(HasSubstr("Kept constants")));
+  r.took_constants = true;
+  EXPECT_THAT(profiler::memory_html({r}, "t"),
+              HasSubstr("Kept constants were taken from an earlier run"));
+  EXPECT_THAT(profiler::detail::format_memory_runs({r}, "t.json", 10),
+              HasSubstr("(kept constants taken from an earlier run: held from the start, above "
+                        "the plan)"));
+}
+
 TEST(MemoryReport, NamesThatAreNotUtf8AreReplacedAndEscaped) {
   profiler::MemoryRun r = measured_run();
   r.live_at_peak[0].what = "bad\xff<v>";

@@ -234,6 +234,9 @@ std::string format_memory_runs(const std::vector<MemoryRun>& runs, std::string_v
     out += fmt::format("  measured peak {} on device {} {}\n  planned peak  {} {}\n",
                        format_bytes(r.peak_bytes), r.peak_device, where(r.peak_step),
                        format_bytes(planned), where(planned_step));
+    if (r.took_constants) {
+      out += "  (kept constants taken from an earlier run: held from the start, above the plan)\n";
+    }
     out += fmt::format("  {:<40} {:<20} {:>12}\n", "live at the peak", "scope", "bytes");
     for (std::size_t k = 0; k < r.live_at_peak.size() && k < top; ++k) {
       const LiveBuffer& b = r.live_at_peak[k];
