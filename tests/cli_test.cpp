@@ -16,8 +16,11 @@
 
 #include "checkpoint_fixtures.hpp"
 #include "shardplan/checkpoint.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/profiler.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/safetensors.hpp"
+#include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -1546,6 +1549,97 @@ TEST_F(CliTest, TraceSummarizeOfAFileThatIsNotATraceExitsOneNamingItAndWhatIsMis
   EXPECT_EQ(gone.code, 1);
   EXPECT_THAT(gone.err, ::testing::HasSubstr("missing.json"));
   EXPECT_EQ(run("trace summarize").code, 2);  // no file: bad usage
+}
+
+// `trace memory` on the hand-written trace (tests/data/traces/memory.trace.json: two runs, every
+// figure there by hand): the text, and the page and JSON it writes.
+TEST_F(CliTest, TraceMemoryOfAHandWrittenTrace) {
+  const std::string file = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/memory.trace.json";
+  const std::string html = (dir_ / "m.html").string(), json_out = (dir_ / "m.json").string();
+  const Result r = run(fmt::format("trace memory '{}' --html '{}' --json '{}'", file, html, json_out));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_THAT(r.out, ::testing::HasSubstr("2 program runs with memory measured"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("run 0: 3 steps on devices [0, 1]\n"
+                                          "  measured peak 256 B on device 0 after step 1 (tanh "
+                                          "'h', scope mlp)\n  planned peak  256 B after step 1"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("dot_general +mlp +32 B"));
+  // Run 1: a view below its plan; its peak is the arguments alone.
+  EXPECT_THAT(r.out, ::testing::HasSubstr("measured peak 128 B on device 0 at the start\n"
+                                          "  planned peak  256 B after step 0 (reshape, scope "
+                                          "flat)"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("wrote " + html));
+  std::ifstream page_in(html);
+  const std::string page((std::istreambuf_iterator<char>(page_in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(page, ::testing::HasSubstr(">peak 256 B</text>"));
+  EXPECT_THAT(page, ::testing::HasSubstr("<dt>Runs</dt><dd>2</dd>"));
+  const nlohmann::json doc = nlohmann::json::parse(std::ifstream(json_out));
+  ASSERT_EQ(doc["runs"].size(), 2u);
+  EXPECT_EQ(doc["runs"][0]["planned_bytes"], nlohmann::json::array({224, 256, 240}));
+  EXPECT_TRUE(doc["runs"][1]["peak"]["step"].is_null());
+  // --top cuts each list.
+  const Result top = run(fmt::format("trace memory --top 1 '{}'", file));
+  EXPECT_THAT(top.out, ::testing::HasSubstr("... and 3 more"));
+}
+
+// The workflow: a program run with the profiler on, the trace written, then `trace memory`.
+// On data:2, x f32[4, 8] by rows (64 B a device), w f32[8, 8] replicated (256 B): the product
+// by rows (2 x 8 x 4 = 64 B) gives 384 B a device after its step, the peak.
+TEST_F(CliTest, TraceMemoryOfATraceTheProfilerWrote) {
+  Executor exec(2);
+  const Mesh mesh = Mesh::parse("data:2", 2);
+  const Array x = device_put(Tensor::normal(Shape{4, 8}, DType::kF32, 1),
+                             NamedSharding(mesh, P("data", nullptr)), exec);
+  const Array w = device_put(Tensor::normal(Shape{8, 8}, DType::kF32, 2), NamedSharding(mesh, P()), exec);
+  auto f = sjit(mesh, [](const Array& a, const Array& b) {
+    auto s = named_scope("proj");
+    return matmul(a, b);
+  });
+  {
+    profiler::ProfileSession session;
+    (void)f(x, w);
+  }
+  const std::string trace = (dir_ / "step.trace.json").string();
+  profiler::write_trace(trace);
+  const Result r = run(fmt::format("trace memory '{}' --json '{}'", trace, (dir_ / "m.json").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("1 program run with memory measured"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("run 0: 1 step on devices [0, 1]\n  measured peak 384 B "
+                                          "on device 0 after step 0 (dot_general, scope proj)\n"
+                                          "  planned peak  384 B after step 0"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("input 1 +256 B"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("dot_general +proj +64 B"));
+}
+
+TEST_F(CliTest, TraceMemoryOfABadTraceOrOutputExitsOneNamingIt) {
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return (dir_ / name).string();
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {write("text.json", "not json"), "not a trace: not valid JSON"},
+      {write("obj.json", R"({"events": []})"), "has no 'traceEvents'"},
+      {std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/small.trace.json",
+       "no memory runs: it has no 'memory peak' instant events"},
+      {write("broken.json", R"([{"ph": "i", "name": "memory peak", "args": {"devices": [0]}}])"),
+       "event 0 'args': has no 'steps'"},
+  };
+  for (const auto& [file, missing] : cases) {
+    const Result r = run(fmt::format("trace memory '{}'", file));
+    EXPECT_EQ(r.code, 1) << file;
+    EXPECT_THAT(r.err, ::testing::HasSubstr(file));
+    EXPECT_THAT(r.err, ::testing::HasSubstr(missing));
+    EXPECT_EQ(r.out, "");
+  }
+  const std::string good = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/memory.trace.json";
+  const std::string unwritable = (dir_ / "no_dir" / "m.html").string();
+  const Result r = run(fmt::format("trace memory '{}' --html '{}'", good, unwritable));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr(unwritable));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("No such file or directory"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "no_dir"));
+  EXPECT_EQ(run(fmt::format("trace memory '{}' --json ''", good)).code, 2);  // an empty path
+  EXPECT_EQ(run("trace memory").code, 2);
 }
 
 }  // namespace

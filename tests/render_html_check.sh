@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The HTML report as a browser shows it: `shardplan plan --html` on the embedded model (or,
-# with a third argument, `shardplan train-plan --html` on that config.json), a screenshot by
-# headless Chromium, then checks that the picture is not blank (size, colours) and that OCR
-# (tesseract) reads the title and a heading in it.
-# Usage: tests/render_html_check.sh SHARDPLAN_BINARY WORK_DIR [TRAIN_CONFIG]
+# with a third argument, `shardplan train-plan --html` on that config.json; with `memory TRACE`,
+# `shardplan trace memory TRACE --html`), a screenshot by headless Chromium, then checks that
+# the picture is not blank (size, colours) and that OCR (tesseract) reads the title and a
+# heading in it.
+# Usage: tests/render_html_check.sh SHARDPLAN_BINARY WORK_DIR [TRAIN_CONFIG | memory TRACE]
 # Needs chromium and tesseract-ocr (scripts/deps.sh installs them); fails when either is missing.
 set -euo pipefail
 cli=$1
@@ -23,7 +24,12 @@ rm -rf "$work"
 mkdir -p "$work"
 html=$work/plan.html
 png=$work/plan.png
-if [[ -z $train_config ]]; then
+if [[ $train_config == memory ]]; then
+  "$cli" trace memory "${4:?memory needs a trace}" --html "$html" >"$work/stdout.txt" ||
+    fail "shardplan trace memory --html exited $?"
+  title_words=("shardplan" "memory" "trace.json")
+  heading="Live at the peak"
+elif [[ -z $train_config ]]; then
   "$cli" plan --summary --html "$html" >"$work/stdout.txt" || fail "shardplan plan --html exited $?"
   title_words=("shardplan" "LLaMA-2-7B" "embedded example" "Mesh")
   heading="Bytes per device"

@@ -11,8 +11,9 @@ namespace shardplan::test {
 // every event an object with a string "ph" and "name" and integer "pid" and "tid"; a complete
 // event ("X") a number "ts" and a non-negative number "dur", a string "cat", an object "args";
 // a metadata event ("M") one of the metadata names, with "args" holding its "name" (a string)
-// or "sort_index" (an integer); a counter ("C") a number "ts" and "args" of numbers. Returns
-// the first violation, or "".
+// or "sort_index" (an integer); a counter ("C") a number "ts" and "args" of numbers; an instant
+// event ("i") a number "ts", a scope "s" of "g", "p" or "t" when given, an object "args".
+// Returns the first violation, or "".
 inline std::string trace_format_violation(const nlohmann::json& doc) {
   if (!doc.is_object()) return "the document is not an object";
   if (!doc.contains("traceEvents") || !doc["traceEvents"].is_array()) return "no traceEvents array";
@@ -54,6 +55,12 @@ inline std::string trace_format_violation(const nlohmann::json& doc) {
       for (const auto& [k, v] : e["args"].items()) {
         if (!v.is_number()) return "C with a series that is not a number: " + at;
       }
+    } else if (e["ph"] == "i") {  // an instant: a number ts, a scope g/p/t, an object args
+      if (!e.contains("ts") || !e["ts"].is_number()) return "i without a number ts: " + at;
+      if (e.contains("s") && !(e["s"] == "g" || e["s"] == "p" || e["s"] == "t")) {
+        return "i with a scope other than g, p, t: " + at;
+      }
+      if (e.contains("args") && !e["args"].is_object()) return "i args not an object: " + at;
     } else {
       return "a phase this writer does not write: " + at;
     }

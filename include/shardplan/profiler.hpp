@@ -128,11 +128,22 @@ struct LiveBuffer {
   friend bool operator==(const LiveBuffer&, const LiveBuffer&) = default;
 };
 
+/// What a program step is, for people (MemoryRun::steps).
+struct MemoryStep {
+  /// The op: "dot_general", "fused(mul, add)", "dot_general resharded" (a reshard step moving
+  /// that op's value).
+  std::string op;
+  std::string value;  // the names checkpoint_name gave its value, joined by ", ", or ""
+  std::string scope;  // its named scope, or ""
+  friend bool operator==(const MemoryStep&, const MemoryStep&) = default;
+};
+
 /// The bytes a program run held per device, measured from the buffers its slots hold (each
 /// buffer once, however many values share it: views), after binding the arguments and after each
 /// step (before the step frees what it read last): what ProgramCost::timeline plans.
 struct MemoryRun {
   std::vector<int> devices;               // the local devices of the program's mesh
+  std::vector<MemoryStep> steps;          // per program step: what it computes or moves
   std::vector<std::int64_t> start_bytes;  // per device (by position in `devices`)
   std::vector<std::vector<std::int64_t>> live_bytes;  // per step, per device
   /// The same with each value's buffers counted for it, as the memory pass counts (a view of a
@@ -146,10 +157,29 @@ struct MemoryRun {
   int peak_device = -1;
   /// What that device held at the peak, largest first (each buffer named once).
   std::vector<LiveBuffer> live_at_peak;
+  /// What the memory pass planned for every device (ProgramCost::timeline): before the first
+  /// step, and per step. A run that took kept constants holds them from the start, above it.
+  std::int64_t planned_start_bytes = 0;
+  std::vector<std::int64_t> planned_bytes;
   /// Kept constants were taken from the cache of an earlier run (held from the start, their
   /// steps not run).
   bool took_constants = false;
+  friend bool operator==(const MemoryRun&, const MemoryRun&) = default;
 };
+
+/// The runs as JSON (docs/profiling.md, "The memory report"): per run its devices, steps, bytes
+/// measured per step and device, the planned bytes, the peak and what is live at it. Names that
+/// are not UTF-8 are written with U+FFFD. Thread-safe.
+std::string memory_json(const std::vector<MemoryRun>& runs);
+/// The runs as one self-contained HTML page (the style of plan --html): per run, the measured
+/// bytes of each device and the planned bytes over the steps, the peak marked, what is live at
+/// it. `title` names the page (escaped). Thread-safe.
+std::string memory_html(const std::vector<MemoryRun>& runs, std::string_view title);
+/// Writes memory_json (a path ending in ".json") or memory_html (".html") to `path`, replaced
+/// whole, never left half-written. Throws SpecError naming the path for another extension,
+/// IoError naming it when it cannot be written.
+void write_memory_report(const std::filesystem::path& path, const std::vector<MemoryRun>& runs,
+                         std::string_view title = "shardplan memory");
 
 /// Measures the memory of every compiled program run on any thread while it lives. Off, a run
 /// pays one relaxed atomic load. Thread-safe.

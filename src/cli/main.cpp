@@ -429,7 +429,8 @@ int main(int argc, char** argv) {
       "--device-memory 80GiB\n"
       "  shardplan presets\n"
       "  shardplan checkpoint inspect runs/llama/step_00000100\n"
-      "  shardplan trace summarize step.trace.json",
+      "  shardplan trace summarize step.trace.json\n"
+      "  shardplan trace memory step.trace.json --html memory.html",
       "shardplan"};
   app.require_subcommand(1);
 

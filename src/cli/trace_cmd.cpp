@@ -3,7 +3,11 @@
 #include <iostream>
 
 #include "../input_file.hpp"
+#include "../output_file.hpp"
+#include "../profiler/memory_report.hpp"
 #include "../profiler/trace_summary.hpp"
+#include "output_path_option.hpp"
+#include "shardplan/detail/printable.hpp"
 
 namespace shardplan::cli {
 
@@ -18,10 +22,47 @@ TraceCommand& add_trace_commands(CLI::App& app, TraceCommand& c) {
   c.summarize->add_option("file", c.file, "A trace written by profiler::write_trace")->required();
   c.summarize->add_option("--top", c.top, "How many kernels and collectives to list (default 10)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1000}));
+  c.memory = c.command->add_subcommand(
+      "memory",
+      "Each program run's live bytes per device over its steps, measured and planned, with the "
+      "peak and what is live at it");
+  c.memory->add_option("file", c.file, "A trace written by profiler::write_trace")->required();
+  c.memory->add_option("--html", c.html, "Also write the report as an HTML page")
+      ->check(non_empty_output_path());
+  c.memory->add_option("--json", c.json, "Also write the report as JSON")
+      ->check(non_empty_output_path());
+  c.memory->add_option("--top", c.top, "How many values live at each peak to list (default 10)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1000}));
   return c;
 }
 
+namespace {
+
+void write_text(const std::string& path, const std::string& text, const char* what) {
+  detail::OutputFile out(path, what);
+  out.write(text);
+  out.commit();
+}
+
+int run_memory(const TraceCommand& c) {
+  const std::string text = detail::read_input_file(c.file, "trace");
+  const std::vector<profiler::MemoryRun> runs = profiler::detail::read_trace_memory(text, c.file);
+  // Each file is written whole or not at all (OutputFile), before anything is printed.
+  if (!c.html.empty()) {
+    write_text(c.html, profiler::memory_html(runs, "shardplan memory: " + c.file), "html");
+  }
+  if (!c.json.empty()) write_text(c.json, profiler::memory_json(runs), "json");
+  std::cout << profiler::detail::format_memory_runs(runs, c.file, c.top);
+  if (!c.html.empty()) std::cout << "\nwrote " << detail::printable(c.html) << "\n";
+  if (!c.json.empty()) std::cout << (c.html.empty() ? "\n" : "") << "wrote "
+                                 << detail::printable(c.json) << "\n";
+  return 0;
+}
+
+}  // namespace
+
 int run_trace(const TraceCommand& c) {
+  if (c.memory->parsed()) return run_memory(c);
   const std::string text = detail::read_input_file(c.file, "trace");
   const detail::TraceSummary s = detail::summarize_trace(text, c.file);
   std::cout << detail::format_trace_summary(s, c.file, c.top);

@@ -32,6 +32,7 @@ const char* category_name(Category c) {
     case Category::kWait:
       return "wait";
     case Category::kMemory:
+    case Category::kMemoryPeak:
       return "memory";
     case Category::kDispatch:
       break;

@@ -10,12 +10,24 @@
 #include <string_view>
 #include <vector>
 
+#include "shardplan/profiler.hpp"
+
 namespace shardplan::profiler::detail {
 
 /// What an event is (the trace's "cat").
-/// kMemory: a counter sample ("ph": "C"), `bytes` the bytes a device's program held then.
-enum class Category : std::uint8_t { kKernel, kCollective, kReshard, kWait, kDispatch, kMemory };
-/// "kernel", "collective", "reshard", "wait", "dispatch", "memory".
+/// kMemory: a counter sample ("ph": "C"), `bytes` the bytes a device's program held then and
+/// `planned` what the memory pass planned. kMemoryPeak: an instant event ("ph": "i") at a run's
+/// peak on the peak's device, `run` the whole run (the memory report reads it back).
+enum class Category : std::uint8_t {
+  kKernel,
+  kCollective,
+  kReshard,
+  kWait,
+  kDispatch,
+  kMemory,
+  kMemoryPeak
+};
+/// "kernel", "collective", "reshard", "wait", "dispatch", "memory", "memory" (the peak).
 const char* category_name(Category c);
 
 /// The thread id the host's events (dispatch) are written under; devices use their ids.
@@ -36,6 +48,8 @@ struct Event {
   /// A collective's group: the devices it runs among, this one included (shared by the group's
   /// events; the trace's "peers" leave this device out).
   std::shared_ptr<const std::vector<int>> group;
+  std::int64_t planned = -1;                     // kMemory: the planned bytes, or -1
+  std::shared_ptr<const MemoryRun> run;          // kMemoryPeak: the run
   std::string_view op() const { return owned ? std::string_view(*owned) : name; }
 };
 

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "../output_file.hpp"
+#include "memory_report.hpp"
 #include "recorder.hpp"
 #include "shardplan/collective_kind.hpp"
 #include "shardplan/detail/agreement.hpp"
@@ -25,19 +26,36 @@ using nlohmann::json;
 // Microseconds (the format's unit) from nanoseconds, to the nanosecond.
 double micros(std::int64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
-// A memory sample: a counter per device (counters are the process's: the device is in the name).
+// A memory sample: a counter per device (counters are the process's: the device is in the name),
+// two series: the bytes measured, and the memory pass's plan.
 json counter_json(const detail::Event& e, std::int64_t origin, int pid) {
+  json args{{"bytes", e.bytes}};
+  if (e.planned >= 0) args["planned"] = e.planned;
   return json{{"name", "live bytes, device " + std::to_string(e.device)},
               {"cat", detail::category_name(e.cat)},
               {"ph", "C"},
               {"ts", micros(e.start_ns - origin)},
               {"pid", pid},
               {"tid", e.device},
-              {"args", {{"bytes", e.bytes}}}};
+              {"args", std::move(args)}};
+}
+
+// A run's peak: an instant event on its device's track, the whole run in its args (what
+// `shardplan trace memory` reads back).
+json peak_json(const detail::Event& e, std::int64_t origin, int pid) {
+  return json{{"name", detail::kMemoryPeakEvent},
+              {"cat", detail::category_name(e.cat)},
+              {"ph", "i"},
+              {"s", "t"},
+              {"ts", micros(e.start_ns - origin)},
+              {"pid", pid},
+              {"tid", e.device},
+              {"args", e.run ? detail::memory_run_json(*e.run) : json::object()}};
 }
 
 json event_json(const detail::Event& e, std::int64_t origin, int pid) {
   if (e.cat == detail::Category::kMemory) return counter_json(e, origin, pid);
+  if (e.cat == detail::Category::kMemoryPeak) return peak_json(e, origin, pid);
   json args = json::object();
   const std::string_view op = e.op();
   if (!op.empty()) args["op"] = op;
@@ -178,7 +196,7 @@ void write_merged_trace(const std::filesystem::path& path) {
   agreed(
       [&] {
         const std::int64_t shift = job_origin + offsets[static_cast<std::size_t>(me)].offset_ns;
-        mine = process_events(events, shift, me).dump();
+        mine = process_events(events, shift, me).dump(-1, ' ', false, json::error_handler_t::replace);
       },
       "writing the events as JSON");
   const auto parts = distributed::gather_bytes(std::as_bytes(std::span(mine)), 0);
@@ -199,7 +217,7 @@ std::string trace_json() {
   const int pid = distributed::process_index();
   json doc = header(pid, origin);
   doc["traceEvents"] = process_events(events, origin, pid);
-  return doc.dump();
+  return doc.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 void write_trace(const std::filesystem::path& path) {

@@ -63,8 +63,9 @@ std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& in
   std::optional<RunRecord> record;
   const bool counters = profiler::detail::on();
   if (comm || memory || counters || observer != nullptr) {
-    record.emplace(executor, mesh_, slots.size(), steps_.size(), memory);
-    if (counters) record->write_counters();
+    // The profiler's trace names what is live at each run's peak too.
+    record.emplace(executor, mesh_, slots.size(), steps_.size(), memory || counters);
+    if (counters) record->write_counters(cost_.timeline);
   }
   std::vector<Array> outs;
   try {

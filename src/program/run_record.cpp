@@ -9,6 +9,7 @@
 #include <atomic>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "../profiler/debug_modes.hpp"
 #include "../profiler/recorder.hpp"
@@ -40,23 +41,23 @@ RunRecord::RunRecord(const Executor& executor, const Mesh& mesh, std::size_t num
   value_bytes = live_bytes;
   bound_at.assign(num_slots, kNever);
   freed_at.assign(num_slots, kNever);
-  if (names_buffers_) slot_buffers.resize(num_slots);
+  if (names_buffers_) slot_buffers.resize(num_slots * devices.size());
 }
 
 void RunRecord::bind(SlotId slot, const Array& a, int step) {
   if (!a.valid()) return;
   bound_at[index(slot)] = step;
   freed_at[index(slot)] = kNever;
-  std::vector<Held>* named = nullptr;
+  Held* named = nullptr;
   if (names_buffers_) {
-    named = &slot_buffers[index(slot)];
-    named->assign(devices.size(), Held{});
+    named = slot_buffers.data() + index(slot) * devices.size();
+    std::fill(named, named + devices.size(), Held{});
   }
   for (const std::shared_ptr<Buffer>& b : ArrayAccess::buffers(a)) {
     if (!b || b->device() < 0 || static_cast<std::size_t>(b->device()) >= position_.size()) continue;
     const int at = position_[static_cast<std::size_t>(b->device())];
     if (at < 0) continue;
-    if (named != nullptr) (*named)[static_cast<std::size_t>(at)] = Held{b.get(), b->size()};
+    if (named != nullptr) named[at] = Held{b.get(), b->size()};
     values_[static_cast<std::size_t>(at)] += b->size();
     if (refs_[b.get()]++ == 0) live_[static_cast<std::size_t>(at)] += b->size();
   }
@@ -77,15 +78,17 @@ void RunRecord::drop(SlotId slot, const Array& a, int step) {
   }
 }
 
-void RunRecord::record_counters() const {
+void RunRecord::record_counters(std::size_t at, std::int64_t planned) {
   std::vector<profiler::detail::Event> events;
   const std::int64_t now = profiler::detail::now_ns();
+  sample_ns[at] = now;
   for (std::size_t i = 0; i < devices.size(); ++i) {
     events.push_back(profiler::detail::Event{.cat = profiler::detail::Category::kMemory,
                                              .device = devices[i],
                                              .start_ns = now,
                                              .end_ns = now,
-                                             .bytes = live_[i]});
+                                             .bytes = live_[i],
+                                             .planned = planned});
   }
   profiler::detail::record(events);
 }
@@ -117,23 +120,44 @@ void report_comm(const Program& program, const RunRecord& record) {
   profiler::detail::add_comm(counts);
 }
 
-// What the slot's value is, for people: "input 2", "dot_general", "fused(mul, add)".
-profiler::LiveBuffer describe(const Program& program, std::size_t slot, int bound_at) {
+// What a step computes or moves, for people: "dot_general", "fused(mul, add)", "dot_general
+// resharded"; the names checkpoint_name gave its value; its scope.
+profiler::MemoryStep step_label(const Program& program, const Step& st) {
+  profiler::MemoryStep l;
+  if (st.fused) {
+    std::vector<std::string_view> names;
+    for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
+    l.op = fmt::format("fused({})", fmt::join(names, ", "));
+  } else {
+    l.op = std::string(program.graph()[st.node].op->name);
+  }
+  if (st.kind == Step::Kind::kReshard) l.op += " resharded";
+  if (const auto it = program.graph().names.find(st.node); it != program.graph().names.end()) {
+    l.value = fmt::format("{}", fmt::join(it->second, ", "));
+  }
+  const auto scope = scope_of(program.graph(), st);
+  if (scope) l.scope = *scope;
+  return l;
+}
+
+// What the slot's value is, for people: "input 2", "dot_general", "fused(mul, add)"; `labels`
+// the program's steps' (MemoryRun::steps). The step that bound it, or for a kept constant (bound
+// at the first step), the step that makes it.
+profiler::LiveBuffer describe(const Program& program, const std::vector<profiler::MemoryStep>& labels,
+                              std::size_t slot, int bound_at) {
   profiler::LiveBuffer v;
   const std::vector<Step>& steps = program.steps();
-  for (std::size_t s = 0; s < steps.size() && bound_at >= 0; ++s) {
-    if (index(steps[s].out) != slot) continue;
-    const Step& st = steps[s];
-    if (st.fused) {
-      std::vector<std::string_view> names;
-      for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
-      v.what = fmt::format("fused({})", fmt::join(names, ", "));
-    } else {
-      v.what = std::string(program.graph()[st.node].op->name);
+  std::size_t made = steps.size();
+  if (bound_at >= 0) {
+    const auto b = static_cast<std::size_t>(bound_at);
+    made = b < steps.size() && index(steps[b].out) == slot ? b : steps.size();
+    for (std::size_t s = 0; s < steps.size() && made == steps.size(); ++s) {
+      if (index(steps[s].out) == slot) made = s;
     }
-    if (st.kind == Step::Kind::kReshard) v.what += " resharded";
-    const auto scope = scope_of(program.graph(), st);
-    if (scope) v.scope = *scope;
+  }
+  if (made < labels.size()) {
+    v.what = labels[made].op;
+    v.scope = labels[made].scope;
     return v;
   }
   const std::vector<SlotId>& inputs = program.input_slots();
@@ -167,15 +191,15 @@ void find_peak(const Program& program, const RunRecord& record, profiler::Memory
       std::find(record.devices.begin(), record.devices.end(), run.peak_device) -
       record.devices.begin());
   const int p = run.peak_step == steps ? RunRecord::kStart : static_cast<int>(run.peak_step);
-  std::map<const Buffer*, bool> seen;
-  for (std::size_t slot = 0; slot < record.slot_buffers.size(); ++slot) {
+  std::set<const Buffer*> seen;
+  const std::size_t per_slot = record.devices.size();
+  for (std::size_t slot = 0; slot < record.bound_at.size(); ++slot) {
     const bool live = record.bound_at[slot] != RunRecord::kNever && record.bound_at[slot] <= p &&
                       record.freed_at[slot] >= p;
-    if (!live || record.slot_buffers[slot].size() <= at) continue;
-    const RunRecord::Held& b = record.slot_buffers[slot][at];
-    if (b.id == nullptr || seen[b.id]) continue;
-    seen[b.id] = true;
-    profiler::LiveBuffer v = describe(program, slot, record.bound_at[slot]);
+    if (!live || (slot + 1) * per_slot > record.slot_buffers.size()) continue;
+    const RunRecord::Held& b = record.slot_buffers[slot * per_slot + at];
+    if (b.id == nullptr || !seen.insert(b.id).second) continue;
+    profiler::LiveBuffer v = describe(program, run.steps, slot, record.bound_at[slot]);
     v.bytes = b.bytes;
     run.live_at_peak.push_back(std::move(v));
   }
@@ -183,20 +207,39 @@ void find_peak(const Program& program, const RunRecord& record, profiler::Memory
                    [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
 }
 
+// The run at its peak, as an instant event on the peak's device (the memory report's source).
+void record_peak(const RunRecord& record, std::shared_ptr<const profiler::MemoryRun> run) {
+  if (run->peak_device < 0 || record.sample_ns.empty()) return;
+  const std::size_t at = std::min(run->peak_step, record.sample_ns.size() - 1);
+  const std::int64_t t = record.sample_ns[at];
+  profiler::detail::record(profiler::detail::Event{.cat = profiler::detail::Category::kMemoryPeak,
+                                                   .device = run->peak_device,
+                                                   .start_ns = t,
+                                                   .end_ns = t,
+                                                   .run = std::move(run)});
+}
+
 }  // namespace
 
-void report_run(const Program& program, const RunRecord& record, bool comm, bool memory) {
+void report_run(const Program& program, RunRecord& record, bool comm, bool memory) {
   if (comm) report_comm(program, record);
-  if (!memory) return;
-  profiler::MemoryRun run;
-  run.devices = record.devices;
-  run.start_bytes = record.start_bytes;
-  run.live_bytes = record.live_bytes;
-  run.value_start_bytes = record.value_start_bytes;
-  run.value_bytes = record.value_bytes;
-  run.took_constants = record.took_constants;
-  find_peak(program, record, run);
-  profiler::detail::add_memory(run);
+  const bool to_trace = record.writes_counters();
+  if (!memory && !to_trace) return;
+  auto run = std::make_shared<profiler::MemoryRun>();
+  run->devices = record.devices;
+  run->steps.reserve(program.steps().size());
+  for (const Step& st : program.steps()) run->steps.push_back(step_label(program, st));
+  find_peak(program, record, *run);
+  // The record's figures are not needed after this: moved, not copied.
+  run->start_bytes = std::move(record.start_bytes);
+  run->live_bytes = std::move(record.live_bytes);
+  run->value_start_bytes = std::move(record.value_start_bytes);
+  run->value_bytes = std::move(record.value_bytes);
+  run->planned_start_bytes = program.cost().timeline.start_bytes;
+  run->planned_bytes = program.cost().timeline.live_bytes;
+  run->took_constants = record.took_constants;
+  if (memory) profiler::detail::add_memory(*run);
+  if (to_trace) record_peak(record, std::move(run));
 }
 
 }  // namespace shardplan::detail

@@ -32,15 +32,22 @@ class RunRecord {
   void sample_start() {
     start_bytes = live_;
     value_start_bytes = values_;
-    if (counters_) record_counters();
+    if (planned_ != nullptr) record_counters(live_bytes.size(), planned_->start_bytes);
   }
   void sample(std::size_t step) {
     live_bytes[step] = live_;
     value_bytes[step] = values_;
-    if (counters_) record_counters();
+    if (planned_ != nullptr) {
+      record_counters(step, step < planned_->live_bytes.size() ? planned_->live_bytes[step] : -1);
+    }
   }
-  /// With the profiler on: each sample also goes to the trace as a counter per device.
-  void write_counters() { counters_ = true; }
+  /// With the profiler on: each sample also goes to the trace as a counter per device, with
+  /// what `planned` (the program's timeline, outliving the run) plans then.
+  void write_counters(const MemoryTimeline& planned) {
+    planned_ = &planned;
+    sample_ns.assign(live_bytes.size() + 1, 0);
+  }
+  bool writes_counters() const { return planned_ != nullptr; }
 
   std::vector<int> devices;  // the mesh's local devices
   std::vector<RanCollective> collectives;        // per step that communicated
@@ -53,22 +60,24 @@ class RunRecord {
   std::vector<std::vector<std::int64_t>> value_bytes;
   std::vector<int> bound_at, freed_at;                 // per slot
   /// Per slot, per device (names_buffers): its buffer (an identity only: it may be gone) and
-  /// bytes.
+  /// bytes; slot s, device position i at s * devices.size() + i (one allocation per run).
   struct Held {
     const Buffer* id = nullptr;
     std::int64_t bytes = 0;
   };
-  std::vector<std::vector<Held>> slot_buffers;
+  std::vector<Held> slot_buffers;
   bool took_constants = false;
   bool complete = false;
+  /// With counters: when each sample was taken (per step; the start last).
+  std::vector<std::int64_t> sample_ns;
 
  private:
   std::unordered_map<const Buffer*, int> refs_;
   std::vector<int> position_;  // by device id: its position in `devices`, or -1
   std::vector<std::int64_t> live_, values_;
   bool names_buffers_;
-  bool counters_ = false;
-  void record_counters() const;
+  const MemoryTimeline* planned_ = nullptr;
+  void record_counters(std::size_t at, std::int64_t planned);
 };
 
 /// Called after every run that completed when set, with what it recorded (tests check each run
@@ -78,7 +87,9 @@ void set_run_observer(RunObserver observer);
 RunObserver run_observer();
 
 /// Gives the debug modes alive what `record` counted (`comm`: the collectives; `memory`: the
-/// measured timeline and what is live at its peak).
-void report_run(const Program& program, const RunRecord& record, bool comm, bool memory);
+/// measured timeline and what is live at its peak); with counters written, the run also goes
+/// to the trace at its peak (an instant event the memory report reads back). Moves the bytes
+/// out of `record` (the last use of it).
+void report_run(const Program& program, RunRecord& record, bool comm, bool memory);
 
 }  // namespace shardplan::detail

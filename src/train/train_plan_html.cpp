@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../bytes_chart.hpp"
 #include "../html_page.hpp"
 #include "../output_file.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -23,28 +24,12 @@ using detail::escape_to;
 using detail::escaped;
 using detail::num;
 
-// The page's own classes beside the shared style (phases, the parts of a stacked bar).
+// The page's own classes beside the shared style and the chart's (the parts of a stacked bar).
 constexpr std::string_view kExtraStyle = R"(
-svg .phase-forward { fill: #e8f0fb; }
-svg .phase-backward { fill: #fdf0e1; }
-svg .phase-update { fill: #e7f5ea; }
-svg .phase-label { font-size: 12px; fill: #4b5563; }
-svg .live { fill: none; stroke: #4e79a7; stroke-width: 1.6; }
-svg .peak { fill: #e15759; }
-svg .peak-line { stroke: #e15759; stroke-width: 1; stroke-dasharray: 4 3; }
 svg .usable { stroke: #b91c1c; stroke-width: 1.5; stroke-dasharray: 6 4; }
 svg .part-0 { fill: #4e79a7; } svg .part-1 { fill: #f28e2b; } svg .part-2 { fill: #59a14f; }
 svg .part-3 { fill: #76b7b2; } svg .part-4 { fill: #edc948; } svg .part-5 { fill: #b07aa1; }
 svg .hidden-comm { fill: #d1d5db; }
-table.live { border-collapse: collapse; width: 100%; font-size: 13px; margin-top: 12px; }
-table.live th { text-align: left; color: #6b7280; font-weight: 600; border-bottom: 1px solid #e3e6ea;
-  padding: 4px 8px; }
-table.live td { border-bottom: 1px solid #f0f1f3; padding: 3px 8px; vertical-align: top; }
-table.live td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-.legend { display: flex; flex-wrap: wrap; gap: 4px 16px; font-size: 13px; color: #374151;
-  margin: 6px 0 0; }
-.legend i { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
-  margin-right: 6px; vertical-align: -1px; }
 )";
 
 constexpr std::array<std::string_view, 6> kPartColours = {"#4e79a7", "#f28e2b", "#59a14f",
@@ -178,142 +163,37 @@ void write_memory(std::string& out, const TrainPlan& p) {
          "each.</figcaption>\n</figure>\n</section>\n";
 }
 
-/// A point of the live-bytes chart: x in steps (the arguments alone at 0, step s at s + 1).
-struct Point {
-  double x = 0;
-  std::int64_t bytes = 0;
-};
-
-/// Per step, or past kTrainPlanHtmlMaxPoints steps per bucket of `bucket` consecutive steps,
-/// the most any of them holds (the peak stays on the line).
-std::vector<Point> chart_points(const MemoryTimeline& m, std::size_t& bucket) {
-  const std::size_t n = m.live_bytes.size();
-  bucket = std::max<std::size_t>(1, (n + kTrainPlanHtmlMaxPoints - 1) / kTrainPlanHtmlMaxPoints);
-  std::vector<Point> points{{0, m.start_bytes}};
-  for (std::size_t first = 0; first < n; first += bucket) {
-    const std::size_t end = std::min(n, first + bucket);
-    const auto from = m.live_bytes.begin() + static_cast<std::ptrdiff_t>(first);
-    const auto to = m.live_bytes.begin() + static_cast<std::ptrdiff_t>(end);
-    points.push_back({static_cast<double>(end), *std::max_element(from, to)});
-  }
-  return points;
-}
-
 std::int64_t timeline_peak(const MemoryTimeline& m) {
   return m.peak_step < m.live_bytes.size() ? m.live_bytes[m.peak_step] : m.start_bytes;
 }
 
-/// The chart's frame: the plot's box and its scales.
-struct Frame {
-  static constexpr double kW = 1040, kH = 340, kLeft = 100, kRight = 20, kTop = 28, kBottom = 50;
-  static constexpr double kPlotW = kW - kLeft - kRight, kPlotH = kH - kTop - kBottom;
-  double steps = 1, top = 1;
-  double x(double step) const { return kLeft + kPlotW * step / steps; }
-  double y(double bytes) const { return kTop + kPlotH - kPlotH * bytes / top; }
-};
-
-void write_phases(std::string& out, const MemoryTimeline& m, const Frame& f) {
-  const double n = static_cast<double>(m.live_bytes.size());
-  for (std::size_t i = 0; i < m.phases.size(); ++i) {
-    const double a = static_cast<double>(m.phases[i].step);
-    const double b = i + 1 < m.phases.size() ? static_cast<double>(m.phases[i + 1].step) : n;
-    const std::string_view phase = name(m.phases[i].phase);
-    out += fmt::format(
-        "<rect class=\"phase-{}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"><title>{}: steps "
-        "{}–{}</title></rect>\n",
-        phase, num(f.x(a)), num(Frame::kTop), num(f.x(b) - f.x(a)), num(Frame::kPlotH), phase,
-        m.phases[i].step, static_cast<std::size_t>(b) - 1);
-    if (f.x(b) - f.x(a) >= 56) {
-      out += fmt::format("<text class=\"phase-label\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}"
-                         "</text>\n",
-                         num((f.x(a) + f.x(b)) / 2), num(Frame::kTop - 8), phase);
-    }
-  }
-}
-
-void write_axes(std::string& out, const Frame& f, const detail::ByteAxis& axis, std::size_t n) {
-  for (std::int64_t k = 0; k <= axis.ticks; ++k) {
-    const std::int64_t value = k * axis.step;
-    const double y = f.y(static_cast<double>(value));
-    out += fmt::format("<line class=\"{}\" x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\"/>",
-                       k == 0 ? "axis" : "grid", num(Frame::kLeft),
-                       num(Frame::kLeft + Frame::kPlotW), num(y), num(y));
-    out += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
-                       num(Frame::kLeft - 8), num(y + 4), format_bytes(value));
-  }
-  for (int k = 0; k <= 4; ++k) {
-    const auto step = static_cast<std::size_t>(static_cast<double>(n) * k / 4);
-    out += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                       num(f.x(static_cast<double>(step))), num(Frame::kTop + Frame::kPlotH + 18),
-                       step);
-  }
-  out += fmt::format(
-      "<text class=\"title\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">program step</text>\n"
-      "<text class=\"title\" transform=\"translate(18 {}) rotate(-90)\" text-anchor=\"middle\">"
-      "live bytes per device</text>\n",
-      num(Frame::kLeft + Frame::kPlotW / 2), num(Frame::kH - 10),
-      num(Frame::kTop + Frame::kPlotH / 2));
-}
-
+// The planned live bytes with the passes shaded and the peak marked (the shared chart).
 void write_live_chart(std::string& out, const MemoryTimeline& m) {
-  std::size_t bucket = 1;
-  const std::vector<Point> points = chart_points(m, bucket);
-  const std::int64_t peak = timeline_peak(m);
-  const detail::ByteAxis axis = detail::byte_axis(peak);
-  Frame f;
-  f.steps = std::max(1.0, static_cast<double>(m.live_bytes.size()));
-  f.top = axis.top();
-  out += fmt::format("<svg class=\"timeline\" viewBox=\"0 0 {} {}\" width=\"100%\" role=\"img\" "
-                     "aria-label=\"live bytes over the step\">\n",
-                     Frame::kW, Frame::kH);
-  write_phases(out, m, f);
-  write_axes(out, f, axis, m.live_bytes.size());
-  out += "<polyline class=\"live\" points=\"";
-  for (const Point& p : points) {
-    out += fmt::format("{},{} ", num(f.x(p.x)), num(f.y(static_cast<double>(p.bytes))));
+  detail::BytesChart c;
+  c.series.push_back(detail::BytesSeries{"planned live bytes", "live", m.start_bytes, m.live_bytes});
+  for (std::size_t i = 0; i < m.phases.size(); ++i) {
+    const std::size_t to = i + 1 < m.phases.size() ? m.phases[i + 1].step : m.live_bytes.size();
+    const std::string phase(name(m.phases[i].phase));
+    c.bands.push_back(detail::StepBand{m.phases[i].step, to, "phase-" + phase, phase});
   }
-  out += "\"/>\n";
-  const double px = m.peak_step < m.live_bytes.size() ? static_cast<double>(m.peak_step + 1) : 0;
-  const double py = f.y(static_cast<double>(peak));
-  out += fmt::format(
-      "<line class=\"peak-line\" x1=\"{0}\" x2=\"{0}\" y1=\"{1}\" y2=\"{2}\"/>"
-      "<circle class=\"peak\" cx=\"{0}\" cy=\"{1}\" r=\"5\"><title>peak: {3} at step {4}</title>"
-      "</circle>\n<text class=\"label\" x=\"{5}\" y=\"{6}\" text-anchor=\"{7}\">peak {3}</text>\n",
-      num(f.x(px)), num(py), num(Frame::kTop + Frame::kPlotH), format_bytes(peak), m.peak_step,
-      num(f.x(px) + (px > f.steps * 0.8 ? -9 : 9)), num(std::max(py - 6, 12.0)),
-      px > f.steps * 0.8 ? "end" : "start");
-  out += "</svg>\n";
-  if (bucket > 1) {
-    out += fmt::format("<figcaption>Each point is the most any of {} consecutive steps holds."
-                       "</figcaption>\n",
-                       bucket);
-  }
+  c.peak_step = m.peak_step;
+  c.peak_bytes = timeline_peak(m);
+  c.peak_title = fmt::format("peak: {} at step {}", format_bytes(c.peak_bytes), m.peak_step);
+  c.max_points = kTrainPlanHtmlMaxPoints;
+  c.aria_label = "live bytes over the step";
+  detail::write_bytes_chart(out, c);
 }
 
 void write_live_table(std::string& out, const MemoryTimeline& m) {
-  const std::int64_t peak = timeline_peak(m);
-  out += "<table class=\"live\">\n<tr><th>#</th><th>value</th><th>type</th><th>made in</th>"
-         "<th>bytes per device</th><th>of the peak</th></tr>\n";
-  std::int64_t shown = 0;
-  for (std::size_t i = 0; i < m.live_at_peak.size(); ++i) {
-    const LiveValue& v = m.live_at_peak[i];
-    shown += v.bytes;
+  std::vector<detail::LiveRow> rows;
+  for (const LiveValue& v : m.live_at_peak) {
     const std::string made = v.phase ? std::string(name(*v.phase))
                              : v.input >= 0 ? std::string("argument")
                                             : std::string("—");
-    out += fmt::format(
-        "<tr><td class=\"n\">{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td>"
-        "<td>{}</td><td class=\"n\">{}</td><td class=\"n\">{:.1f}%</td></tr>\n",
-        i + 1, escaped(v.what), escaped(v.type), made, format_bytes(v.bytes),
-        peak > 0 ? 100.0 * static_cast<double>(v.bytes) / static_cast<double>(peak) : 0.0);
+    rows.push_back(detail::LiveRow{{v.what, v.type, made}, v.bytes});
   }
-  if (peak > shown) {
-    out += fmt::format("<tr><td></td><td>every other value live at the peak</td><td></td><td>"
-                       "</td><td class=\"n\">{}</td><td class=\"n\">{:.1f}%</td></tr>\n",
-                       format_bytes(peak - shown),
-                       100.0 * static_cast<double>(peak - shown) / static_cast<double>(peak));
-  }
-  out += "</table>\n";
+  detail::write_live_table(out, {"value", "type", "made in"}, {true, true, false}, rows,
+                           timeline_peak(m), "bytes per device", rows.size());
 }
 
 void write_timeline(std::string& out, const TrainPlan& p) {
@@ -402,7 +282,7 @@ void write_time(std::string& out, const StepTime& t) {
 std::string train_plan_html(const TrainPlan& plan) {
   const std::string title = fmt::format("shardplan train-plan: {} on {}", plan.model, plan.mesh);
   std::string out;
-  detail::write_head(out, title, kExtraStyle);
+  detail::write_head(out, title, std::string(kExtraStyle) + std::string(detail::bytes_chart_style()));
   write_header(out, plan, title);
   write_memory(out, plan);
   write_timeline(out, plan);

@@ -1,0 +1,280 @@
+// The memory report (profiler.hpp memory_json, memory_html, write_memory_report) and its source
+// in a trace ("memory peak" instant events, read back by `trace memory`'s reader): a two-device
+// program's bytes per step worked out by hand, the page's figures and peak marker, names that
+// are not UTF-8, bad paths and extensions, traces that are not traces or carry no runs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../profiler/memory_report.hpp"
+#include "fixtures.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/profiler.hpp"
+#include "shardplan/remat.hpp"
+#include "shardplan/sjit.hpp"
+#include "test_util.hpp"
+#include "trace_format.hpp"
+
+namespace shardplan {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// On data:2, x f32[8, 8] split by rows (128 B a device) and w f32[8, 2] replicated (64 B): the
+// product [8, 2] by rows (32 B), its tanh (32 B) named "h", both in scope "mlp"; the row sums
+// f32[8] (16 B) in scope "head". Per device, by hand: the arguments 192 B; after the product
+// 224; after tanh 256 (the product is freed after that sample: 224); after the sums 240 (tanh
+// freed: 208). The peak, 256 B after step 1, holds x 128, w 64, the product 32, tanh 32.
+Array two_device_step(const Array& x, const Array& w) {
+  Array h;
+  {
+    auto s = named_scope("mlp");
+    h = checkpoint_name(tanh(matmul(x, w)), "h");
+  }
+  auto s = named_scope("head");
+  return sum(h, {1});
+}
+
+struct TwoDeviceProgram {
+  Executor exec{2};
+  Mesh mesh = Mesh::parse("data:2", 2);
+  Array x = device_put(Tensor::normal(Shape{8, 8}, DType::kF32, 1),
+                       NamedSharding(mesh, P("data", nullptr)), exec);
+  Array w = device_put(Tensor::normal(Shape{8, 2}, DType::kF32, 2), NamedSharding(mesh, P()), exec);
+  decltype(sjit(mesh, two_device_step)) f = sjit(mesh, two_device_step);
+};
+
+std::vector<profiler::LiveBuffer> by_bytes_then_name(std::vector<profiler::LiveBuffer> v) {
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.what < b.what;
+  });
+  return v;
+}
+
+const std::vector<profiler::LiveBuffer> kLiveAtPeak = {{"input 0", "", 128},
+                                                       {"input 1", "", 64},
+                                                       {"dot_general", "mlp", 32},
+                                                       {"tanh", "mlp", 32}};
+
+profiler::MemoryRun measured_run() {
+  TwoDeviceProgram p;
+  profiler::MemoryDebugMode memory;
+  (void)p.f(p.x, p.w);
+  const std::vector<profiler::MemoryRun> runs = memory.runs();
+  EXPECT_EQ(runs.size(), 1u);
+  return runs.empty() ? profiler::MemoryRun{} : runs[0];
+}
+
+TEST(MemoryReport, ARunCarriesItsStepsAndThePlanBesideTheBytesByHand) {
+  const profiler::MemoryRun r = measured_run();
+  EXPECT_EQ(r.devices, (std::vector<int>{0, 1}));
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_EQ(r.steps[0], (profiler::MemoryStep{"dot_general", "", "mlp"}));
+  EXPECT_EQ(r.steps[1], (profiler::MemoryStep{"tanh", "h", "mlp"}));
+  EXPECT_EQ(r.steps[2].scope, "head");
+  EXPECT_EQ(r.start_bytes, (std::vector<std::int64_t>{192, 192}));
+  using Row = std::vector<std::int64_t>;
+  EXPECT_EQ(r.live_bytes, (std::vector<Row>{{224, 224}, {256, 256}, {240, 240}}));
+  EXPECT_EQ(r.planned_start_bytes, 192);
+  EXPECT_EQ(r.planned_bytes, (Row{224, 256, 240}));
+  EXPECT_EQ(r.peak_step, 1u);
+  EXPECT_EQ(r.peak_bytes, 256);
+  EXPECT_EQ(r.peak_device, 0);
+  EXPECT_EQ(by_bytes_then_name(r.live_at_peak), kLiveAtPeak);
+}
+
+TEST(MemoryReport, JsonHasTheFiguresByHand) {
+  const profiler::MemoryRun r = measured_run();
+  const json doc = json::parse(profiler::memory_json({r, r}));
+  ASSERT_EQ(doc["runs"].size(), 2u);
+  const json& run = doc["runs"][0];
+  EXPECT_EQ(run["devices"], json::array({0, 1}));
+  EXPECT_EQ(run["start_bytes"], json::array({192, 192}));
+  EXPECT_EQ(run["live_bytes"], json::parse("[[224, 224], [256, 256], [240, 240]]"));
+  EXPECT_EQ(run["planned_start_bytes"], 192);
+  EXPECT_EQ(run["planned_bytes"], json::array({224, 256, 240}));
+  EXPECT_EQ(run["steps"][1], json::parse(R"({"op": "tanh", "value": "h", "scope": "mlp"})"));
+  EXPECT_EQ(run["peak"]["step"], 1);
+  EXPECT_EQ(run["peak"]["bytes"], 256);
+  EXPECT_EQ(run["peak"]["device"], 0);
+  ASSERT_EQ(run["peak"]["live"].size(), 4u);
+  EXPECT_EQ(run["peak"]["live"][0], json::parse(R"({"what": "input 0", "scope": "", "bytes": 128})"));
+  EXPECT_EQ(run["took_constants"], false);
+  // A peak at the start (the arguments alone) has no step.
+  profiler::MemoryRun start = r;
+  start.peak_step = start.live_bytes.size();
+  EXPECT_TRUE(json::parse(profiler::memory_json({start}))["runs"][0]["peak"]["step"].is_null());
+}
+
+// The page: each device's measured line and the planned one, the peak marked with its bytes and
+// step, the table of what is live at it; well-formed enough to nest, self-contained.
+TEST(MemoryReport, HtmlDrawsEachDeviceThePlanAndThePeak) {
+  const profiler::MemoryRun r = measured_run();
+  const std::string html = profiler::memory_html({r}, "step <1>");
+  EXPECT_TRUE(html.starts_with("<!DOCTYPE html>"));
+  EXPECT_TRUE(html.ends_with("</html>\n"));
+  EXPECT_THAT(html, HasSubstr("<title>step &lt;1&gt;</title>"));
+  for (const char* ref : {"http", "src=", "href", "<script", "<link", "<img", "url("}) {
+    EXPECT_THAT(html, Not(HasSubstr(ref))) << ref;
+  }
+  for (const char* part :
+       {"<polyline class=\"series-0\"", "<polyline class=\"series-1\"", "<polyline class=\"planned\"",
+        "<circle class=\"peak\"", ">peak 256 B</text>", "device 1 (measured)",
+        "peak: 256 B on device 0 after step 1 (tanh &#39;h&#39;, scope mlp)",
+        "Measured peak 256 B on device 0 after step 1 (tanh &#39;h&#39;, scope mlp); planned peak "
+        "256 B after step 1",
+        "<td class=\"mono\">input 0</td><td class=\"mono\"></td><td class=\"n\">128 B</td>"
+        "<td class=\"n\">50.0%</td>",
+        "<td class=\"mono\">tanh</td><td class=\"mono\">mlp</td><td class=\"n\">32 B</td>",
+        "<dt>Highest peak</dt><dd>256 B</dd>", "<dt>Planned peak</dt><dd>256 B</dd>"}) {
+    EXPECT_THAT(html, HasSubstr(part)) << part;
+  }
+  EXPECT_THAT(html, Not(HasSubstr("every other value")));  // the four add up to the peak
+  // Four points a line (the start and three steps); the peak's circle at step 1's x.
+  const std::string planned = html.substr(html.find("<polyline class=\"planned\""));
+  const std::string points = planned.substr(0, planned.find("/>"));
+  EXPECT_EQ(std::count(points.begin(), points.end(), ','), 4);
+}
+
+// A run that took kept constants from an earlier one holds them above its plan: both say so.
+TEST(MemoryReport, ARunThatTookKeptConstantsSaysSo) {
+  profiler::MemoryRun r = measured_run();
+  EXPECT_THAT(profiler::memory_html({r}, "t"), Not(HasSubstr("Kept constants")));
+  r.took_constants = true;
+  EXPECT_THAT(profiler::memory_html({r}, "t"),
+              HasSubstr("Kept constants were taken from an earlier run"));
+  EXPECT_THAT(profiler::detail::format_memory_runs({r}, "t.json", 10),
+              HasSubstr("(kept constants taken from an earlier run: held from the start, above "
+                        "the plan)"));
+}
+
+TEST(MemoryReport, NamesThatAreNotUtf8AreReplacedAndEscaped) {
+  profiler::MemoryRun r = measured_run();
+  r.live_at_peak[0].what = "bad\xff<v>";
+  r.steps[1].scope = "s\xfe&";
+  const std::string html = profiler::memory_html({r}, "t");
+  EXPECT_THAT(html, HasSubstr("bad\xEF\xBF\xBD&lt;v&gt;"));
+  EXPECT_THAT(html, HasSubstr("scope s\xEF\xBF\xBD&amp;"));
+  EXPECT_THAT(html, Not(HasSubstr("\xff")));
+  const json doc = json::parse(profiler::memory_json({r}));  // valid UTF-8, the byte replaced
+  EXPECT_EQ(doc["runs"][0]["steps"][1]["scope"], "s\xEF\xBF\xBD&");
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(MemoryReport, WriteChoosesTheFormatByTheExtensionAndNamesABadPath) {
+  const test::TempDir dir;
+  const profiler::MemoryRun r = measured_run();
+  profiler::write_memory_report(dir.path() / "m.json", {r});
+  EXPECT_EQ(read_file(dir.path() / "m.json"), profiler::memory_json({r}));
+  profiler::write_memory_report(dir.path() / "m.html", {r}, "mine");
+  EXPECT_EQ(read_file(dir.path() / "m.html"), profiler::memory_html({r}, "mine"));
+  const std::string txt = (dir.path() / "m.txt").string();
+  EXPECT_THROW_WITH(profiler::write_memory_report(txt, {r}), SpecError, txt,
+                    std::string("neither .json nor .html"));
+  EXPECT_FALSE(std::filesystem::exists(txt));
+  const std::string missing = (dir.path() / "no_dir" / "m.html").string();
+  EXPECT_THROW_WITH(profiler::write_memory_report(missing, {r}), IoError, missing,
+                    std::string("No such file or directory"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "no_dir"));
+}
+
+// With the profiler on, the trace carries the run: each counter has the planned bytes beside
+// the measured ones, and an instant event at the peak, on the peak's device, holds the whole
+// run; read back, it is the run MemoryDebugMode measured.
+TEST(MemoryReport, TheTraceCarriesTheRunAndReadsBackEqual) {
+  TwoDeviceProgram p;
+  (void)p.f(p.x, p.w);  // compiled before the session: only the run is traced
+  std::vector<profiler::MemoryRun> measured;
+  {
+    profiler::MemoryDebugMode memory;
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+    measured = memory.runs();
+  }
+  const std::string text = profiler::trace_json();
+  const json doc = json::parse(text);
+  EXPECT_EQ(test::trace_format_violation(doc), "");
+  std::vector<std::int64_t> planned;
+  std::vector<json> peaks;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "C" && e["tid"] == 1) planned.push_back(e["args"]["planned"]);
+    if (e["ph"] == "i") peaks.push_back(e);
+  }
+  EXPECT_EQ(planned, (std::vector<std::int64_t>{192, 224, 256, 240}));
+  ASSERT_EQ(peaks.size(), 1u);
+  EXPECT_EQ(peaks[0]["name"], "memory peak");
+  EXPECT_EQ(peaks[0]["tid"], 0);
+  EXPECT_EQ(peaks[0]["s"], "t");
+  EXPECT_EQ(peaks[0]["args"]["peak"]["bytes"], 256);
+  // At the time of step 1's sample: the second counter sample of device 0.
+  std::vector<double> times;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "C" && e["tid"] == 0) times.push_back(e["ts"]);
+  }
+  ASSERT_EQ(times.size(), 4u);
+  EXPECT_EQ(peaks[0]["ts"].get<double>(), times[2]);
+  const std::vector<profiler::MemoryRun> read = profiler::detail::read_trace_memory(text, "t.json");
+  ASSERT_EQ(measured.size(), 1u);
+  EXPECT_EQ(read, measured);
+}
+
+TEST(MemoryReport, ATraceWithoutRunsOrWithABrokenRunIsAnErrorNamingIt) {
+  const auto fails = [](const std::string& text, const std::string& what) {
+    EXPECT_THROW_WITH(profiler::detail::read_trace_memory(text, "x.trace.json"), IoError,
+                      std::string("[trace] x.trace.json: "), what);
+  };
+  fails("not json", "not a trace: not valid JSON");
+  fails(R"({"events": []})", "not a trace: the top-level object has no 'traceEvents'");
+  fails(R"({"traceEvents": 3})", "the events are number, not an array");
+  fails(R"([{"ph": "C", "name": "live bytes, device 0", "pid": 0, "tid": 0, "ts": 1,
+            "args": {"bytes": 5}}])",
+        "no memory runs: it has no 'memory peak' instant events (the profiler writes one per "
+        "program run; this trace has 1 live-bytes counter samples)");
+  // A run whose sizes disagree, or with a field missing or of the wrong type: named.
+  json run = json::parse(profiler::memory_json({measured_run()}))["runs"][0];
+  const auto with = [](json args) {
+    return json{{"traceEvents",
+                 json::array({json{{"ph", "i"}, {"name", "memory peak"}, {"pid", 0}, {"tid", 0},
+                                   {"ts", 1}, {"args", std::move(args)}}})}}
+        .dump();
+  };
+  EXPECT_EQ(profiler::detail::read_trace_memory(with(run), "x").size(), 1u);
+  json short_row = run;
+  short_row["live_bytes"][2] = json::array({1});
+  fails(with(short_row), "event 0 'args' 'live_bytes' [2]: has 1 entries, not one per device (2)");
+  json no_planned = run;
+  no_planned.erase("planned_bytes");
+  fails(with(no_planned), "event 0 'args': has no 'planned_bytes'");
+  json negative = run;
+  negative["start_bytes"][0] = -1;
+  fails(with(negative), "event 0 'args' 'start_bytes' [0]: is -1, not a byte count");
+  json far_peak = run;
+  far_peak["peak"]["step"] = 3;
+  fails(with(far_peak), "event 0 'args' 'peak' 'step': is 3, not null or a step below 3");
+  json other_device = run;
+  other_device["peak"]["device"] = 5;
+  fails(with(other_device), "event 0 'args' 'peak' 'device': 5 is not one of the run's devices [0, 1]");
+  json no_what = run;
+  no_what["peak"]["live"][1].erase("what");
+  fails(with(no_what), "event 0 'args' 'peak' 'live' [1]: has no 'what'");
+  fails(R"([{"ph": "i", "ph": "i"}])", "event 0: has the key 'ph' twice");
+}
+
+}  // namespace
+}  // namespace shardplan
