@@ -210,6 +210,38 @@ TEST(MemoryTimeline, ACollectiveOverOneDeviceHoldsItsOperandsBuffer) {
   EXPECT_EQ(measured(memory.runs()[0]), planned(f.lower(spec).cost().timeline));
 }
 
+// Kept constants read through shard_map's block in: the iota (i32 [16, 64], 4 KiB per device,
+// replicated), its f32 copy (4 KiB), that sliced to P('i') (1 KiB) and the block in of the slice,
+// all kept (memory.hpp's bounds), the view with the slice it views. x f32[16, 64] over i:4 (1 KiB,
+// kept). Steps: iota, convert, in(x) (x's buffer), the slice, in(slice) (its buffer), the sum
+// (+1 KiB), out (the sum's buffer). The first run makes them: 1, 5, 9, 9, 10, 10, 11, 11 KiB
+// (counted per value, the two views added 1 KiB each). A later run takes the constants from the
+// cache, the view and the slice one buffer still: 9 KiB of them held from the first step on.
+TEST(MemoryTimeline, AKeptConstantAndItsViewAreOneBufferInEveryRun) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  auto f = sjit(mesh, [mesh](const Array& x) {
+    const Array c = astype(iota_like(x, 1), DType::kF32);
+    return shard_map([](const Array& b, const Array& k) { return b + k; }, mesh,
+                     {P("i"), P("i")}, {P("i")})(x, c);
+  }, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("i"))})});
+  const TensorSpec spec{Shape{16, 64}, DType::kF32};
+  const MemoryTimeline& t = f.lower(spec).cost().timeline;
+  EXPECT_THAT(planned(t), ElementsAre(1024, 5120, 9216, 9216, 10240, 10240, 11264, 11264))
+      << f.lower(spec).text();
+  Executor exec{4};
+  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
+                             NamedSharding(mesh, P("i")), exec);
+  profiler::MemoryDebugMode memory;
+  (void)f(x);
+  (void)f(x);
+  const std::vector<profiler::MemoryRun> runs = memory.runs();
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_FALSE(runs[0].took_constants);
+  EXPECT_EQ(measured(runs[0]), planned(t));
+  EXPECT_TRUE(runs[1].took_constants);
+  EXPECT_THAT(measured(runs[1]), ElementsAre(1024, 10240, 10240, 10240, 10240, 10240, 11264, 11264));
+}
+
 // One array passed as both arguments: the plan counts each argument (the compiler cannot know
 // they are one), the run holds one buffer (the check of every run credits it by name:
 // tests/support/check_runs.cpp). x f32[16, 64] over i:4: 1 KiB per device; x * x adds 1 KiB.

@@ -214,7 +214,8 @@ std::set<SlotId> kept_slots(const Partitioned& p, const CompileSpec& spec,
     // Made again each run (see memory.hpp).
     if (bytes > kMaxCachedConstantBytes || cached + bytes > spec.kept_constant_bytes) continue;
     // A view of a constant made again is not kept either: a later run would hold it beside the
-    // operand made anew, two buffers where the first run (and the plan) has one.
+    // operand made anew, two buffers where the first run (and the plan) has one. (A view has its
+    // operand's bytes, so the bounds above skip it already; the run check relies on this.)
     const SlotId r = root[index(st.out)];
     if (r != st.out && !keep.count(r)) continue;
     cached += bytes;
