@@ -239,7 +239,8 @@ TEST(MemoryTimeline, AKeptConstantAndItsViewAreOneBufferInEveryRun) {
   EXPECT_FALSE(runs[0].took_constants);
   EXPECT_EQ(measured(runs[0]), planned(t));
   EXPECT_TRUE(runs[1].took_constants);
-  EXPECT_THAT(measured(runs[1]), ElementsAre(1024, 10240, 10240, 10240, 10240, 10240, 11264, 11264));
+  EXPECT_THAT(measured(runs[1]),
+              ElementsAre(1024, 10240, 10240, 10240, 10240, 10240, 11264, 11264));
 }
 
 // One array passed as both arguments: the plan counts each argument (the compiler cannot know

@@ -119,7 +119,8 @@ LiveValue describe_live(const Graph& g, const Partitioned& p, const CompileSpec&
 // argument's bytes), the largest with their names.
 static void count_peak_by_kind(const Graph& g, const Partitioned& p, const CompileSpec& spec,
                                const std::vector<std::int64_t>& slot_bytes,
-                               const std::vector<SlotId>& root, std::size_t peak_step, Liveness& l) {
+                               const std::vector<SlotId>& root, std::size_t peak_step,
+                               Liveness& l) {
   const std::size_t num_slots = slot_bytes.size();
   enum Kind : std::uint8_t { kNone, kInput, kResharded, kComputed };
   std::vector<std::uint8_t> kind(num_slots, kNone), alive(num_slots, 0);

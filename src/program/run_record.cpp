@@ -63,7 +63,9 @@ void RunRecord::bind(SlotId slot, const Array& a, int step) {
     } else if (step == kStart) {
       note_shared_argument(slot, b.get(), static_cast<std::size_t>(at), ref.origin);
     }
-    if (named != nullptr) (*named)[static_cast<std::size_t>(at)] = Held{b.get(), b->size(), ref.origin};
+    if (named != nullptr) {
+      (*named)[static_cast<std::size_t>(at)] = Held{b.get(), b->size(), ref.origin};
+    }
     values_[static_cast<std::size_t>(at)] += b->size();
   }
 }
