@@ -102,28 +102,36 @@ std::vector<std::int64_t> planned_bytes(const Program& program, const RunRecord&
   return want;
 }
 
-// Whether a slot of the group `r` (the slots whose buffers are r's) is held at sample `p`
-// (RunRecord::kStart: the start).
-bool group_held(const RunRecord& rec, const std::vector<SlotId>& root, SlotId r, int p) {
-  for (std::size_t m = 0; m < root.size(); ++m) {
-    if (root[m] == r && rec.bound_at[m] <= p && rec.freed_at[m] >= p) return true;
-  }
-  return false;
-}
-
 // Per sample (steps, then the start), per device: the bytes the plan counts more than once
-// because arguments share a buffer: (groups of those arguments held - 1) x its bytes.
+// because arguments share a buffer: (groups of those arguments held - 1) x its bytes. A group (the
+// slots whose buffers are its root's) is held at a sample while any of its slots is.
 std::vector<std::vector<std::int64_t>> shared_argument_bytes(const RunRecord& rec,
                                                              const std::vector<SlotId>& root) {
   const std::size_t steps = rec.live_bytes.size();
+  const auto sample = [&](std::size_t s) {
+    return s == steps ? RunRecord::kStart : static_cast<int>(s);
+  };
+  std::map<SlotId, std::vector<char>> held_at;  // by group root, per sample
+  const auto held = [&](SlotId r) -> const std::vector<char>& {
+    auto [it, fresh] = held_at.try_emplace(r);
+    if (fresh) {
+      it->second.assign(steps + 1, 0);
+      for (std::size_t m = 0; m < root.size(); ++m) {
+        if (root[m] != r) continue;
+        for (std::size_t s = 0; s <= steps; ++s) {
+          if (rec.bound_at[m] <= sample(s) && rec.freed_at[m] >= sample(s)) it->second[s] = 1;
+        }
+      }
+    }
+    return it->second;
+  };
   std::vector<std::vector<std::int64_t>> out(steps + 1,
                                              std::vector<std::int64_t>(rec.devices.size(), 0));
   for (const RunRecord::SharedArgument& shared : rec.shared_arguments) {
     for (std::size_t s = 0; s <= steps; ++s) {
-      const int p = s == steps ? RunRecord::kStart : static_cast<int>(s);
-      std::int64_t held = 0;
-      for (const SlotId slot : shared.slots) held += group_held(rec, root, root[index(slot)], p);
-      if (held > 1) out[s][shared.device] += (held - 1) * shared.bytes;
+      std::int64_t groups = 0;
+      for (const SlotId slot : shared.slots) groups += held(root[index(slot)])[s];
+      if (groups > 1) out[s][shared.device] += (groups - 1) * shared.bytes;
     }
   }
   return out;
