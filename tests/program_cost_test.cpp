@@ -1,5 +1,6 @@
 // ProgramCost::timeline: the memory pass's live bytes per step, the values live at the peak with
-// their names, and where the phases of a training step begin. Expectations by hand.
+// their names, and where the phases of a training step begin; values that share buffers (views,
+// an array passed twice) against the bytes a run measures. Expectations by hand.
 #include "shardplan/program_cost.hpp"
 
 #include <gmock/gmock.h>
@@ -12,7 +13,9 @@
 
 #include "shardplan/autodiff.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/profiler.hpp"
 #include "shardplan/remat.hpp"
+#include "shardplan/shard_map.hpp"
 #include "shardplan/sjit.hpp"
 
 namespace shardplan {
@@ -107,6 +110,162 @@ TEST(MemoryTimeline, PhasesOfATrainingStepInOrderAndNamesKept) {
   EXPECT_EQ(hidden->bytes, 32 * 256 * 4);
   EXPECT_EQ(hidden->phase, StepPhase::kForward);
   EXPECT_EQ(name(StepPhase::kBackward), "backward");
+}
+
+// Device 0's bytes as a run measured them (MemoryDebugMode): the start, then after each step.
+std::vector<std::int64_t> measured(const profiler::MemoryRun& r) {
+  std::vector<std::int64_t> out{r.start_bytes.at(0)};
+  for (const auto& per_device : r.live_bytes) out.push_back(per_device.at(0));
+  return out;
+}
+
+std::vector<std::int64_t> planned(const MemoryTimeline& t) {
+  std::vector<std::int64_t> out{t.start_bytes};
+  out.insert(out.end(), t.live_bytes.begin(), t.live_bytes.end());
+  return out;
+}
+
+// x f32[16, 64] over i:4 (1 KiB per device, kept: not donated). shard_map's boundaries are views:
+// its block in is x's buffer while x stays live, its result out is the sum's buffer. Steps: in
+// (x's 1 KiB, nothing new), the sum (+1 KiB; the block in dies after it, x's buffer stays), out
+// (the sum's buffer). Counting each value's bytes, the plan said 1, 2, 3, 2 KiB: the block in
+// counted again beside x. The run holds 1, 1, 2, 2 KiB.
+TEST(MemoryTimeline, AViewOfAValueStillLiveHoldsNoBytesOfItsOwn) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  auto f = sjit(mesh, [mesh](const Array& x) {
+    return shard_map([](const Array& b) { return b + b; }, mesh, {P("i")}, {P("i")})(x);
+  }, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("i"))})});
+  const TensorSpec spec{Shape{16, 64}, DType::kF32};
+  const ProgramCost& c = f.lower(spec).cost();
+  EXPECT_THAT(planned(c.timeline), ElementsAre(1024, 1024, 2048, 2048)) << f.lower(spec).text();
+  EXPECT_EQ(c.peak_bytes[0], 2048);
+  EXPECT_EQ(c.timeline.peak_step, 1u);  // the first peak: the sum beside x
+  EXPECT_EQ(c.peak_by_kind, (PeakByKind{.inputs = 1024, .resharded_inputs = 0, .computed = 1024}));
+  ASSERT_EQ(c.timeline.live_at_peak.size(), 2u);  // x named once: its block is its buffer
+  EXPECT_EQ(c.timeline.live_at_peak[0].what, "argument 0");
+  EXPECT_EQ(c.timeline.live_at_peak[0].bytes, 1024);
+  EXPECT_EQ(c.timeline.live_at_peak[1].what, "add");
+  Executor exec{4};
+  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
+                             NamedSharding(mesh, P("i")), exec);
+  profiler::MemoryDebugMode memory;
+  (void)f(x);
+  const std::vector<profiler::MemoryRun> runs = memory.runs();
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(measured(runs[0]), planned(c.timeline));
+  EXPECT_EQ(runs[0].peak_bytes, c.peak_bytes[0]);
+  // Counted per value, the block in and x count twice.
+  EXPECT_EQ(runs[0].value_bytes[0][0], 2048);
+}
+
+// The block in is a view of a sum that dies at it (its last read): the buffer stays while the
+// view lives, to the step that reads the view last. x (1 KiB, kept); a = x + x (+1 KiB); in (a's
+// buffer); b = in + in (+1 KiB; in, a's buffer, let go after it); out (b's buffer), the result.
+TEST(MemoryTimeline, AViewThatOutlivesItsOperandHoldsItsBufferUntilItDies) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  auto f = sjit(mesh, [mesh](const Array& x) {
+    return shard_map([](const Array& v) { return v + v; }, mesh, {P("i")}, {P("i")})(x + x);
+  }, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("i"))})});
+  const TensorSpec spec{Shape{16, 64}, DType::kF32};
+  const ProgramCost& c = f.lower(spec).cost();
+  EXPECT_THAT(planned(c.timeline), ElementsAre(1024, 2048, 2048, 3072, 2048))
+      << f.lower(spec).text();
+  EXPECT_EQ(c.timeline.peak_step, 2u);
+  // At the peak: x, a's buffer (named by a, which made it, though only its view is live) and b.
+  ASSERT_EQ(c.timeline.live_at_peak.size(), 3u);
+  EXPECT_EQ(c.timeline.live_at_peak[1].what, "add");
+  EXPECT_EQ(c.timeline.live_at_peak[2].what, "add");
+  Executor exec{4};
+  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
+                             NamedSharding(mesh, P("i")), exec);
+  profiler::MemoryDebugMode memory;
+  (void)f(x);
+  ASSERT_EQ(memory.runs().size(), 1u);
+  EXPECT_EQ(measured(memory.runs()[0]), planned(c.timeline));
+}
+
+// A collective over an axis of one device moves nothing: reshard() gives its operand's buffers
+// back under the new name, and the memory pass counts them once (shares_operand_buffers: its
+// cost lists no collective). On i:4 x j:1, x f32[16, 64] split over i (1 KiB per device, kept);
+// in the body all_gather over j, then its double (varying over j: out_specs names it).
+TEST(MemoryTimeline, ACollectiveOverOneDeviceHoldsItsOperandsBuffer) {
+  const Mesh mesh = Mesh::parse("i:4,j:1", 4);
+  auto f = sjit(mesh, [mesh](const Array& x) {
+    return shard_map([](const Array& b) {
+      const Array g = lax::all_gather(b, "j", 0, true);
+      return g + g;
+    }, mesh, {P("i")}, {P("i", "j")})(x);
+  }, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("i"))})});
+  const TensorSpec spec{Shape{16, 64}, DType::kF32};
+  const std::string text = f.lower(spec).text();
+  // Steps: in (x's buffer), all_gather (the same buffer), the sum (+1 KiB), out (its buffer).
+  EXPECT_THAT(planned(f.lower(spec).cost().timeline), ElementsAre(1024, 1024, 1024, 2048, 2048))
+      << text;
+  Executor exec{4};
+  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
+                             NamedSharding(mesh, P("i")), exec);
+  profiler::MemoryDebugMode memory;
+  (void)f(x);
+  ASSERT_EQ(memory.runs().size(), 1u);
+  EXPECT_EQ(measured(memory.runs()[0]), planned(f.lower(spec).cost().timeline));
+}
+
+// Kept constants read through shard_map's block in: the iota (i32 [16, 64], 4 KiB per device,
+// replicated), its f32 copy (4 KiB), that sliced to P('i') (1 KiB) and the block in of the slice,
+// all kept (memory.hpp's bounds), the view with the slice it views. x f32[16, 64] over i:4 (1 KiB,
+// kept). Steps: iota, convert, in(x) (x's buffer), the slice, in(slice) (its buffer), the sum
+// (+1 KiB), out (the sum's buffer). The first run makes them: 1, 5, 9, 9, 10, 10, 11, 11 KiB
+// (counted per value, the two views added 1 KiB each). A later run takes the constants from the
+// cache, the view and the slice one buffer still: 9 KiB of them held from the first step on.
+TEST(MemoryTimeline, AKeptConstantAndItsViewAreOneBufferInEveryRun) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  auto f = sjit(mesh, [mesh](const Array& x) {
+    const Array c = astype(iota_like(x, 1), DType::kF32);
+    return shard_map([](const Array& b, const Array& k) { return b + k; }, mesh,
+                     {P("i"), P("i")}, {P("i")})(x, c);
+  }, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("i"))})});
+  const TensorSpec spec{Shape{16, 64}, DType::kF32};
+  const MemoryTimeline& t = f.lower(spec).cost().timeline;
+  EXPECT_THAT(planned(t), ElementsAre(1024, 5120, 9216, 9216, 10240, 10240, 11264, 11264))
+      << f.lower(spec).text();
+  Executor exec{4};
+  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
+                             NamedSharding(mesh, P("i")), exec);
+  profiler::MemoryDebugMode memory;
+  (void)f(x);
+  (void)f(x);
+  const std::vector<profiler::MemoryRun> runs = memory.runs();
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_FALSE(runs[0].took_constants);
+  EXPECT_EQ(measured(runs[0]), planned(t));
+  EXPECT_TRUE(runs[1].took_constants);
+  EXPECT_THAT(measured(runs[1]),
+              ElementsAre(1024, 10240, 10240, 10240, 10240, 10240, 11264, 11264));
+}
+
+// One array passed as both arguments: the plan counts each argument (the compiler cannot know
+// they are one), the run holds one buffer (the check of every run credits it by name:
+// tests/support/check_runs.cpp). x f32[16, 64] over i:4: 1 KiB per device; x * x adds 1 KiB.
+TEST(MemoryTimeline, OneArrayPassedTwiceIsPlannedTwiceAndHeldOnce) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  auto f = sjit(mesh, [](const Array& a, const Array& b) { return a * b; },
+                SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("i")), RuleTree(P("i"))})});
+  const TensorSpec spec{Shape{16, 64}, DType::kF32};
+  EXPECT_THAT(planned(f.lower(spec, spec).cost().timeline), ElementsAre(2048, 3072));
+  Executor exec{4};
+  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
+                             NamedSharding(mesh, P("i")), exec);
+  profiler::MemoryDebugMode memory;
+  (void)f(x, x);
+  (void)(x * x);  // eagerly: a one-op program, the same
+  const std::vector<profiler::MemoryRun> runs = memory.runs();
+  ASSERT_EQ(runs.size(), 2u);
+  for (const profiler::MemoryRun& r : runs) {
+    EXPECT_EQ(measured(r), (std::vector<std::int64_t>{1024, 2048}));
+    ASSERT_EQ(r.live_at_peak.size(), 2u);  // the argument's buffer named once, by the first
+    EXPECT_EQ(r.live_at_peak[0].what, "input 0");
+    EXPECT_EQ(r.live_at_peak[1].what, "mul");
+  }
 }
 
 TEST(MemoryTimeline, BeginPhaseOutsideATraceDoesNothing) {

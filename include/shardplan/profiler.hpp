@@ -140,15 +140,15 @@ struct MemoryStep {
 
 /// The bytes a program run held per device, measured from the buffers its slots hold (each
 /// buffer once, however many values share it: views), after binding the arguments and after each
-/// step (before the step frees what it read last): what ProgramCost::timeline plans.
+/// step (before the step frees what it read last): what ProgramCost::timeline plans (tests check
+/// every run; one array passed as two arguments is one buffer here, two in the plan).
 struct MemoryRun {
   std::vector<int> devices;               // the local devices of the program's mesh
   std::vector<MemoryStep> steps;          // per program step: what it computes or moves
   std::vector<std::int64_t> start_bytes;  // per device (by position in `devices`)
   std::vector<std::vector<std::int64_t>> live_bytes;  // per step, per device
-  /// The same with each value's buffers counted for it, as the memory pass counts (a view of a
-  /// live operand, or one array passed as two arguments, twice): equal to
-  /// ProgramCost::timeline's start_bytes and live_bytes (tests check every run).
+  /// The same with each value's buffers counted for it (a view of a live operand, or one array
+  /// passed as two arguments, twice): more than the devices hold wherever values share buffers.
   std::vector<std::int64_t> value_start_bytes;
   std::vector<std::vector<std::int64_t>> value_bytes;
   /// The step of the (first) peak; live_bytes.size() when the peak is the arguments alone.

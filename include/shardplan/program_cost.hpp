@@ -50,7 +50,8 @@ struct PhaseStart {
   friend bool operator==(const PhaseStart&, const PhaseStart&) = default;
 };
 
-/// The bytes a device holds over the program's steps (the memory pass's own count).
+/// The bytes a device holds over the program's steps (the memory pass's own count: each buffer
+/// once, a view and the value it views one buffer; what a run measures, MemoryDebugMode).
 struct MemoryTimeline {
   std::int64_t start_bytes = 0;  // the arguments, before the first step
   /// Per step: the bytes live once its result is allocated (before it frees what it read last).
@@ -90,7 +91,8 @@ struct ProgramCost {
   /// By device, what a time model counts at the matrix units' rates and at memory bandwidth:
   /// the FLOPs of products (dot_general), of fused attention and of float8 products
   /// (scaled_dot) (each part of `flops`), and the bytes every other kernel reads and writes (a
-  /// fused group: its operands and its result; views and kept constants: none).
+  /// fused group: its operands and its result; views, collectives that move nothing and kept
+  /// constants: none).
   std::vector<double> matmul_flops;
   std::vector<double> attention_flops;
   std::vector<double> matmul_fp8_flops;

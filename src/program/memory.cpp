@@ -114,11 +114,13 @@ LiveValue describe_live(const Graph& g, const Partitioned& p, const CompileSpec&
 
 }  // namespace
 
-// What is live at the peak, by kind: replay the frees up to the peak step; the largest values
-// with their names.
+// What is live at the peak, by kind: replay the frees up to the peak step; each buffer once, of
+// the kind of the slot that made it (its group's root: a view of an argument holds the
+// argument's bytes), the largest with their names.
 static void count_peak_by_kind(const Graph& g, const Partitioned& p, const CompileSpec& spec,
-                        const std::vector<std::int64_t>& slot_bytes, std::size_t peak_step,
-                        Liveness& l) {
+                               const std::vector<std::int64_t>& slot_bytes,
+                               const std::vector<SlotId>& root, std::size_t peak_step,
+                               Liveness& l) {
   const std::size_t num_slots = slot_bytes.size();
   enum Kind : std::uint8_t { kNone, kInput, kResharded, kComputed };
   std::vector<std::uint8_t> kind(num_slots, kNone), alive(num_slots, 0);
@@ -138,23 +140,24 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p, const Compi
       const bool of_input = st.kind == Step::Kind::kReshard && argument_read(g, st.node).has_value();
       kind[index(st.out)] = of_input ? kResharded : kComputed;
       made_by[index(st.out)] = static_cast<int>(s);
-      const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
-      if (s < peak_step || view) {
+      alive[index(st.out)] = 1;
+      if (s < peak_step) {
         for (const SlotId f : l.free_after[s]) alive[index(f)] = 0;
       }
-      alive[index(st.out)] = 1;
     }
   }
   std::int64_t* const part[] = {nullptr, &l.peak_by_kind.inputs, &l.peak_by_kind.resharded_inputs,
                                 &l.peak_by_kind.computed};
-  std::vector<std::size_t> live;
+  std::vector<std::size_t> live;  // the roots of the groups live, each once
+  std::vector<char> counted(num_slots, 0);
   for (std::size_t s = 0; s < num_slots; ++s) {
-    if (alive[s] != 0 && kind[s] != kNone) {
-      *part[kind[s]] += slot_bytes[s];
-      live.push_back(s);
-    }
+    const std::size_t r = index(root[s]);
+    if (alive[s] == 0 || kind[r] == kNone || counted[r] != 0) continue;
+    counted[r] = 1;
+    *part[kind[r]] += slot_bytes[r];
+    live.push_back(r);
   }
-  // The largest first (ties: the earlier slot), named.
+  // The largest first (ties: the earlier slot), named by the slot that made the buffer.
   const std::size_t shown = std::min(live.size(), MemoryTimeline::kMaxLiveAtPeak);
   std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(shown), live.end(),
                     [&](std::size_t a, std::size_t b) {
@@ -168,14 +171,28 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p, const Compi
   }
 }
 
-Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& spec) {
-  Liveness l;
-  const auto num_slots = static_cast<std::size_t>(p.num_slots);
-  // When each slot is last read.
-  std::vector<int> last(num_slots, -1);
-  for (std::size_t s = 0; s < p.steps.size(); ++s) {
-    for (const SlotId in : p.steps[s].in) last[index(in)] = static_cast<int>(s);
+bool shares_operand_buffers(const Step& st) {
+  if (st.kind == Step::Kind::kReshard) return st.cost.empty();
+  if (st.fused) return false;
+  return st.local.op->view || (st.local.op->collective != nullptr && st.cost.empty());
+}
+
+std::vector<SlotId> buffer_roots(const std::vector<Step>& steps, std::size_t num_slots) {
+  std::vector<SlotId> root(num_slots);
+  for (std::size_t s = 0; s < num_slots; ++s) root[s] = static_cast<SlotId>(s);
+  // A step's operand comes before it: its root is final when the step is reached.
+  for (const Step& st : steps) {
+    if (!st.in.empty() && shares_operand_buffers(st)) root[index(st.out)] = root[index(st.in[0])];
   }
+  return root;
+}
+
+namespace {
+
+// The slots held past the run: outputs, undonated inputs, and the constants kept for the next run
+// (Liveness::input_donated, constant_slots, cached_step filled on the way).
+std::set<SlotId> kept_slots(const Partitioned& p, const CompileSpec& spec,
+                            const std::vector<SlotId>& root, Liveness& l) {
   // Inputs stay alive (the caller holds them) unless donated: a donated input is freed after its
   // last use, so that its memory serves what the program computes next.
   l.input_donated.assign(p.input_slots.size(), 0);
@@ -189,20 +206,39 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
     }
   }
   l.cached_step.assign(p.steps.size(), 0);
-  if (spec.cache_constants) {
-    std::int64_t cached = 0;
-    for (std::size_t s = 0; s < p.steps.size(); ++s) {
-      const Step& st = p.steps[s];
-      if (!st.constant || !st.sharding) continue;
-      const std::int64_t bytes = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
-      // Made again each run (see memory.hpp).
-      if (bytes > kMaxCachedConstantBytes || cached + bytes > spec.kept_constant_bytes) continue;
-      cached += bytes;
-      l.constant_slots.push_back(st.out);
-      l.cached_step[s] = 1;
-      keep.insert(st.out);  // cached for the next run
-    }
+  if (!spec.cache_constants) return keep;
+  std::int64_t cached = 0;
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    const Step& st = p.steps[s];
+    if (!st.constant || !st.sharding) continue;
+    const std::int64_t bytes = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
+    // Made again each run (see memory.hpp).
+    if (bytes > kMaxCachedConstantBytes || cached + bytes > spec.kept_constant_bytes) continue;
+    // A view of a constant made again is not kept either: a later run would hold it beside the
+    // operand made anew, two buffers where the first run (and the plan) has one. (A view has its
+    // operand's bytes, so the bounds above skip it already; the run check relies on this.)
+    const SlotId r = root[index(st.out)];
+    if (r != st.out && !keep.count(r)) continue;
+    cached += bytes;
+    l.constant_slots.push_back(st.out);
+    l.cached_step[s] = 1;
+    keep.insert(st.out);  // cached for the next run
   }
+  return keep;
+}
+
+}  // namespace
+
+Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& spec) {
+  Liveness l;
+  const auto num_slots = static_cast<std::size_t>(p.num_slots);
+  const std::vector<SlotId> root = buffer_roots(p.steps, num_slots);
+  // When each slot is last read.
+  std::vector<int> last(num_slots, -1);
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    for (const SlotId in : p.steps[s].in) last[index(in)] = static_cast<int>(s);
+  }
+  const std::set<SlotId> keep = kept_slots(p, spec, root, l);
   l.free_after.resize(p.steps.size());
   for (std::size_t s = 0; s < num_slots; ++s) {
     if (last[s] >= 0 && !keep.count(static_cast<SlotId>(s))) {
@@ -215,47 +251,52 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
       l.free_at_start.push_back(s);
     }
   }
-  // The peak: inputs first, then each step's result, minus what each step frees.
+  // The peak: inputs first, then each step's result, minus what each step frees; a group's bytes
+  // (its root's) while any of its slots is held: a view of a value still live adds nothing, and
+  // a value whose view outlives it stays until the view dies.
   std::vector<std::int64_t> slot_bytes(num_slots, 0);
+  std::vector<int> held(num_slots, 0);  // by root: its group's slots held
   std::int64_t live = 0;
+  const auto hold = [&](SlotId s) {
+    const std::size_t r = index(root[index(s)]);
+    if (held[r]++ == 0) live = add_live(live, slot_bytes[r]);
+  };
+  const auto release = [&](SlotId s) {
+    const std::size_t r = index(root[index(s)]);
+    if (held[r] > 0 && --held[r] == 0) live -= slot_bytes[r];
+  };
   for (const Node& n : g.nodes) {
     if (!n.is(prim::input)) continue;
     const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
     if (k >= p.input_slots.size() || index(p.input_slots[k]) >= num_slots) continue;
     const std::size_t s = index(p.input_slots[k]);
     slot_bytes[s] = byte_size(p.input_shardings[k].shard_shape(n.type.shape), n.type.dtype);
-    live = add_live(live, slot_bytes[s]);
+    hold(p.input_slots[k]);
   }
   std::int64_t peak = live;
   std::size_t peak_step = p.steps.size();  // steps.size(): the peak is the inputs alone
   l.timeline.start_bytes = live;
   l.timeline.live_bytes.reserve(p.steps.size());
-  for (const SlotId f : l.free_at_start) live -= slot_bytes[index(f)];
+  for (const SlotId f : l.free_at_start) release(f);
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
     const Step& st = p.steps[s];
     slot_bytes[index(st.out)] = st.constant && !spec.count_constants
                                     ? 0
                                     : byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
-    // A view holds its operand's bytes: freed here, they are not held twice.
-    const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
-    if (view) {
-      for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
-    }
-    live = add_live(live, slot_bytes[index(st.out)]);
+    hold(st.out);
     l.timeline.live_bytes.push_back(live);
-    count_traffic(st, view || l.cached_step[s] != 0, slot_bytes, l.memory_traffic);
+    count_traffic(st, shares_operand_buffers(st) || l.cached_step[s] != 0, slot_bytes,
+                  l.memory_traffic);
     if (live > peak) {
       peak = live;
       peak_step = s;
     }
-    if (!view) {
-      for (const SlotId f : l.free_after[s]) live -= slot_bytes[index(f)];
-    }
+    for (const SlotId f : l.free_after[s]) release(f);
   }
   l.peak_bytes = peak;
   l.timeline.peak_step = peak_step;
   l.timeline.phases = phase_starts(g, p);
-  count_peak_by_kind(g, p, spec, slot_bytes, peak_step, l);
+  count_peak_by_kind(g, p, spec, slot_bytes, root, peak_step, l);
   return l;
 }
 

@@ -220,7 +220,8 @@ struct Primitive {
   bool remade_for_backward = false;
   /// The result's blocks are the operand's bytes as they are, under another shape and sharding
   /// (shard_map's boundaries: a block of a global array is a device's value and back): the
-  /// program makes the result from the operand's buffers and runs no kernel.
+  /// program makes the result from the operand's buffers and runs no kernel; the memory pass
+  /// counts the two as one buffer (memory.hpp, shares_operand_buffers).
   bool view = false;
   /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
   LinearityFn* linearity = nullptr;

@@ -394,7 +394,8 @@ void Program::run_reshard_step(const Executor& executor, const Step& st, std::ve
 }
 
 // Step s ran: its result is held, sampled, then what it read last let go (a view's operand before
-// the sample, as the memory pass counts it: the view holds the operand's bytes).
+// the sample: for the per-value count; the view holds the same buffers, so the bytes held, each
+// buffer once, are the same either way).
 void Program::note_step(RunRecord& rec, std::size_t s, const std::vector<Array>& slots) const {
   const Step& st = steps_[s];
   const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;

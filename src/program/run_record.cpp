@@ -57,10 +57,28 @@ void RunRecord::bind(SlotId slot, const Array& a, int step) {
     if (!b || b->device() < 0 || static_cast<std::size_t>(b->device()) >= position_.size()) continue;
     const int at = position_[static_cast<std::size_t>(b->device())];
     if (at < 0) continue;
-    if (named != nullptr) named[at] = Held{b.get(), b->size()};
+    Ref& ref = refs_[b.get()];
+    if (ref.count++ == 0) {
+      ref.origin = index(slot);
+      live_[static_cast<std::size_t>(at)] += b->size();
+    } else if (step == kStart) {
+      note_shared_argument(slot, b.get(), static_cast<std::size_t>(at), ref.origin);
+    }
+    if (named != nullptr) named[at] = Held{b.get(), b->size(), ref.origin};
     values_[static_cast<std::size_t>(at)] += b->size();
-    if (refs_[b.get()]++ == 0) live_[static_cast<std::size_t>(at)] += b->size();
   }
+}
+
+void RunRecord::note_shared_argument(SlotId slot, const Buffer* id, std::size_t at,
+                                     std::size_t origin) {
+  for (SharedArgument& s : shared_arguments) {
+    if (s.id == id) {
+      s.slots.push_back(slot);
+      return;
+    }
+  }
+  shared_arguments.push_back(SharedArgument{
+      id, at, id->size(), {static_cast<SlotId>(origin), slot}});
 }
 
 void RunRecord::drop(SlotId slot, const Array& a, int step) {
@@ -71,7 +89,7 @@ void RunRecord::drop(SlotId slot, const Array& a, int step) {
     if (it == refs_.end()) continue;
     const auto at = static_cast<std::size_t>(position_[static_cast<std::size_t>(b->device())]);
     values_[at] -= b->size();
-    if (--it->second == 0) {
+    if (--it->second.count == 0) {
       live_[at] -= b->size();
       refs_.erase(it);
     }
@@ -191,6 +209,7 @@ void find_peak(const Program& program, const RunRecord& record, profiler::Memory
       std::find(record.devices.begin(), record.devices.end(), run.peak_device) -
       record.devices.begin());
   const int p = run.peak_step == steps ? RunRecord::kStart : static_cast<int>(run.peak_step);
+  // Each buffer once, named by the slot that held it first (the value a view was made of).
   std::set<const Buffer*> seen;
   const std::size_t per_slot = record.devices.size();
   for (std::size_t slot = 0; slot < record.bound_at.size(); ++slot) {
@@ -199,7 +218,7 @@ void find_peak(const Program& program, const RunRecord& record, profiler::Memory
     if (!live || (slot + 1) * per_slot > record.slot_buffers.size()) continue;
     const RunRecord::Held& b = record.slot_buffers[slot * per_slot + at];
     if (b.id == nullptr || !seen.insert(b.id).second) continue;
-    profiler::LiveBuffer v = describe(program, run.steps, slot, record.bound_at[slot]);
+    profiler::LiveBuffer v = describe(program, run.steps, b.origin, record.bound_at[b.origin]);
     v.bytes = b.bytes;
     run.live_at_peak.push_back(std::move(v));
   }

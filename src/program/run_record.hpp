@@ -2,7 +2,8 @@
 // What one Program::run did, recorded only when a debug mode (profiler.hpp CommDebugMode,
 // MemoryDebugMode) is alive or a test observer is set: the collectives each step ran, as reshard
 // and permute reported them, and the bytes the run's slots held per local device at the start
-// and after each step, counted from the buffers they hold (each buffer once).
+// and after each step, counted from the buffers they hold (each buffer once: what the memory
+// pass plans, memory.hpp).
 #include <climits>
 #include <cstdint>
 #include <unordered_map>
@@ -54,30 +55,47 @@ class RunRecord {
   std::vector<CollectiveRecord> input_reshards;  // arguments resharded at call time
   std::vector<std::int64_t> start_bytes;               // per device (position in `devices`)
   std::vector<std::vector<std::int64_t>> live_bytes;   // per step, per device
-  /// The same, each value's buffers counted for it (the memory pass's measure: a view and its
-  /// operand, or one array passed as two arguments, count twice).
+  /// The same, each value's buffers counted for it (a view and its operand, or one array passed
+  /// as two arguments, count twice): more than the devices hold wherever values share buffers.
   std::vector<std::int64_t> value_start_bytes;
   std::vector<std::vector<std::int64_t>> value_bytes;
   std::vector<int> bound_at, freed_at;                 // per slot
-  /// Per slot, per device (names_buffers): its buffer (an identity only: it may be gone) and
-  /// bytes; slot s, device position i at s * devices.size() + i (one allocation per run).
+  /// Per slot, per device (names_buffers): its buffer (an identity only: it may be gone), bytes,
+  /// and the slot that held that buffer first (itself, or the operand of a view of it); slot s,
+  /// device position i at s * devices.size() + i (one allocation per run).
   struct Held {
     const Buffer* id = nullptr;
     std::int64_t bytes = 0;
+    std::size_t origin = 0;
   };
   std::vector<Held> slot_buffers;
+  /// A buffer that two or more arguments hold (one array passed as two arguments: `x * x`
+  /// eagerly), on one device: a fact of the run the compiler cannot know, so the memory pass
+  /// counts it for each argument; the run holds it once.
+  struct SharedArgument {
+    const Buffer* id = nullptr;
+    std::size_t device = 0;  // position in `devices`
+    std::int64_t bytes = 0;
+    std::vector<SlotId> slots;  // the argument slots holding it, in binding order
+  };
+  std::vector<SharedArgument> shared_arguments;
   bool took_constants = false;
   bool complete = false;
   /// With counters: when each sample was taken (per step; the start last).
   std::vector<std::int64_t> sample_ns;
 
  private:
-  std::unordered_map<const Buffer*, int> refs_;
+  struct Ref {
+    int count = 0;
+    std::size_t origin = 0;  // the slot that bound the buffer first
+  };
+  std::unordered_map<const Buffer*, Ref> refs_;
   std::vector<int> position_;  // by device id: its position in `devices`, or -1
   std::vector<std::int64_t> live_, values_;
   bool names_buffers_;
   const MemoryTimeline* planned_ = nullptr;
   void record_counters(std::size_t at, std::int64_t planned);
+  void note_shared_argument(SlotId slot, const Buffer* id, std::size_t at, std::size_t origin);
 };
 
 /// Called after every run that completed when set, with what it recorded (tests check each run

@@ -4,15 +4,17 @@
 //   bytes each local device received), and, when this process holds every device, the run's
 //   bytes per kind (the most a device received per collective, summed) are the cost's
 //   bytes_by_kind.
-// - Memory: the bytes of the buffers the run's values held per local device (each value's
-//   buffers counted for it, as the memory pass counts: RunRecord::value_bytes) at the start and
+// - Memory: the bytes of the buffers the run's slots held per local device, each buffer once
+//   however many values share it (RunRecord::live_bytes: what the devices hold), at the start and
 //   after each step are the memory pass's timeline, so that the measured peak is the planned
-//   peak. Counted each buffer once (RunRecord::live_bytes) a run holds less wherever two live
-//   values share buffers (a view whose operand is still live, one array passed as two
-//   arguments): docs/profiling.md. A run that took kept constants from an earlier run holds
-//   them from the start: its expected bytes are the timeline plus the kept constants not yet
-//   reached. A program compiled not to count constants (SjitOptions::count_constants) is not
-//   checked: its plan leaves their bytes out on purpose.
+//   peak. The memory pass counts a view and the value it views as one buffer, as the run holds
+//   them (memory.hpp). Two figures are adjusted, each a fact of the run the compiler cannot
+//   know: a run that took kept constants from an earlier run holds them from the start (expected:
+//   the timeline plus the kept constants not yet reached, each buffer once); arguments that hold
+//   one buffer (one array passed as two arguments, RunRecord::shared_arguments) are held once
+//   where the plan counts each (expected: the timeline less the copies counted while more than
+//   one of their groups is live). A program compiled not to count constants
+//   (SjitOptions::count_constants) is not checked: its plan leaves their bytes out on purpose.
 // A mismatch fails the running test, naming the step, the device and both figures.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "compile.hpp"
+#include "memory.hpp"
 #include "primitive.hpp"
 #include "run_record.hpp"
 #include "check_runs.hpp"
@@ -81,38 +84,80 @@ void check_collectives(const Program& program, const RunRecord& rec) {
 }
 
 // Per step (and the start: index steps.size()), what the memory pass plans, plus kept constants
-// a run that took them holds before their step.
-std::vector<std::int64_t> planned_bytes(const Program& program, const RunRecord& rec) {
+// a run that took them holds before their step (a constant that is a view of another kept one
+// holds its buffer: counted once, for the first).
+std::vector<std::int64_t> planned_bytes(const Program& program, const RunRecord& rec,
+                                        const std::vector<SlotId>& root) {
   const MemoryTimeline& t = program.cost().timeline;
   std::vector<std::int64_t> want(t.live_bytes);
   want.push_back(t.start_bytes);
   if (!rec.took_constants) return want;
   const std::vector<Step>& steps = program.steps();
   for (std::size_t c = 0; c < steps.size(); ++c) {
-    if (program.cached_steps()[c] == 0) continue;
     const Step& st = steps[c];
+    if (program.cached_steps()[c] == 0 || root[index(st.out)] != st.out) continue;
     const std::int64_t bytes = byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
     for (std::size_t s = 0; s < c; ++s) want[s] += bytes;
   }
   return want;
 }
 
+// Per sample (steps, then the start), per device: the bytes the plan counts more than once
+// because arguments share a buffer: (groups of those arguments held - 1) x its bytes. A group (the
+// slots whose buffers are its root's) is held at a sample while any of its slots is.
+std::vector<std::vector<std::int64_t>> shared_argument_bytes(const RunRecord& rec,
+                                                             const std::vector<SlotId>& root) {
+  const std::size_t steps = rec.live_bytes.size();
+  const auto sample = [&](std::size_t s) {
+    return s == steps ? RunRecord::kStart : static_cast<int>(s);
+  };
+  std::map<SlotId, std::vector<char>> held_at;  // by group root, per sample
+  const auto held = [&](SlotId r) -> const std::vector<char>& {
+    auto [it, fresh] = held_at.try_emplace(r);
+    if (fresh) {
+      it->second.assign(steps + 1, 0);
+      for (std::size_t m = 0; m < root.size(); ++m) {
+        if (root[m] != r) continue;
+        for (std::size_t s = 0; s <= steps; ++s) {
+          if (rec.bound_at[m] <= sample(s) && rec.freed_at[m] >= sample(s)) it->second[s] = 1;
+        }
+      }
+    }
+    return it->second;
+  };
+  std::vector<std::vector<std::int64_t>> out(steps + 1,
+                                             std::vector<std::int64_t>(rec.devices.size(), 0));
+  for (const RunRecord::SharedArgument& shared : rec.shared_arguments) {
+    for (std::size_t s = 0; s <= steps; ++s) {
+      std::int64_t groups = 0;
+      for (const SlotId slot : shared.slots) groups += held(root[index(slot)])[s];
+      if (groups > 1) out[s][shared.device] += (groups - 1) * shared.bytes;
+    }
+  }
+  return out;
+}
+
 void check_memory(const Program& program, const RunRecord& rec) {
   if (!program.counts_constants()) return;
-  const std::vector<std::int64_t> want = planned_bytes(program, rec);
-  const std::size_t steps = rec.value_bytes.size();
+  const std::vector<SlotId> root = buffer_roots(program.steps(), rec.bound_at.size());
+  const std::vector<std::int64_t> want = planned_bytes(program, rec, root);
+  const std::size_t steps = rec.live_bytes.size();
   if (want.size() != steps + 1) {
     ADD_FAILURE() << "the timeline has " << want.size() - 1 << " steps, the run " << steps;
     return;
   }
+  const std::vector<std::vector<std::int64_t>> shared = shared_argument_bytes(rec, root);
   for (std::size_t s = 0; s <= steps; ++s) {
-    const std::vector<std::int64_t>& got = s == steps ? rec.value_start_bytes : rec.value_bytes[s];
+    const std::vector<std::int64_t>& got = s == steps ? rec.start_bytes : rec.live_bytes[s];
     for (std::size_t i = 0; i < got.size(); ++i) {
-      if (got[i] == want[s]) continue;
-      ADD_FAILURE() << "device " << rec.devices[i] << "'s values held " << got[i] << " bytes "
+      if (got[i] == want[s] - shared[s][i]) continue;
+      ADD_FAILURE() << "device " << rec.devices[i] << " held " << got[i] << " bytes "
                     << (s == steps ? std::string("at the start") : "after " + step_name(program, s))
                     << "; the memory pass plans " << want[s]
                     << (rec.took_constants ? " (kept constants taken from the cache)" : "")
+                    << (shared[s][i] != 0 ? fmt::format(", less {} bytes its arguments share",
+                                                        shared[s][i])
+                                          : std::string())
                     << "\n" << program.text();
       return;  // the first difference: the later ones follow from it
     }

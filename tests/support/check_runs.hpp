@@ -7,7 +7,7 @@
 namespace shardplan::detail::test {
 
 /// Fails the running test (ADD_FAILURE) where `record` differs from what `program`'s cost says:
-/// a step's collectives, the bytes per collective kind, the bytes held per value after a step.
+/// a step's collectives, the bytes per collective kind, the bytes a device held after a step.
 void check_run(const Program& program, const RunRecord& record);
 
 }  // namespace shardplan::detail::test
