@@ -269,6 +269,12 @@ struct TrainPlan {
   /// moved to the sharding an op needs (FSDP's gathered weights), and what the step computed
   /// (activations, gradients, temporaries).
   std::int64_t peak_held_bytes = 0, peak_gathered_bytes = 0, peak_computed_bytes = 0;
+  /// What PyTorch's CUDA caching allocator would reserve at its peak (reserved_bytes.all.peak)
+  /// running the step as FSDP2 does: a model of the allocator, its rules and constants
+  /// PyTorch's, nothing fitted (docs/training.md, "Reserved bytes"). With a segment per
+  /// cudaMalloc (PyTorch's default) and with expandable segments. The verdict stays on
+  /// peak_bytes (on a failed cudaMalloc PyTorch frees its cached segments and retries).
+  std::int64_t reserved_bytes = 0, reserved_bytes_expandable = 0;
   double flops = 0;                                         // floating-point operations per step
   /// Of `flops`: products, fused attention and float8 products (ProgramCost::matmul_flops,
   /// attention_flops, matmul_fp8_flops); and the bytes the other kernels read and write

@@ -18,7 +18,12 @@ namespace shardplan::train {
 /// batch a device holds, the peak, the peak's split (ProgramCost::peak_by_kind), and the bytes
 /// the kernels not on matrix units read and write (ProgramCost::memory_traffic, the busiest
 /// device's).
-enum class ByteFigure { kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic };
+/// kReserved, kReservedExpandable: ProgramCost::reserved_bytes, reserved_bytes_expandable (the
+/// caching allocator model).
+enum class ByteFigure {
+  kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic, kReserved,
+  kReservedExpandable
+};
 /// A byte figure's key: one of those, a collective kind (the most bytes a device receives), or a
 /// collective kind over the mesh axes it runs in (ProgramCost::bytes_by_axes).
 using ByteKey = std::variant<ByteFigure, CollectiveKind, CollectiveOn>;
@@ -51,5 +56,16 @@ struct StepSample {
 /// byte count overflows int64.
 std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
                                        std::int64_t micro_batches);
+
+/// The byte figures `keys` at (layers, micro_batches) on the function a + b l + c k + d l k
+/// (the terms of the counts the samples vary) fitted to every sample by least squares, rounded:
+/// for figures near an affine function but not on it (the caching allocator model's reserved
+/// bytes: its fragmentation repeats every few layers, not every one). Equal to `extrapolate`'s
+/// when the samples lie on the function. nullopt when a sample lacks a key or the samples are
+/// fewer than the terms. Throws SpecError when a figure passes int64.
+std::optional<std::map<ByteKey, std::int64_t>> fit_nearest(const std::vector<StepSample>& samples,
+                                                           const std::vector<ByteKey>& keys,
+                                                           std::int64_t layers,
+                                                           std::int64_t micro_batches);
 
 }  // namespace shardplan::train

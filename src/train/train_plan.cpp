@@ -389,7 +389,18 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
       }
       samples.push_back({l, k, std::move(t.figures)});
     }
-    if (auto figures = train::extrapolate(samples, c.layers, c.accum)) {
+    // The caching allocator model's figures lie near the affine function, not on it: fitted
+    // apart, by least squares (docs/training.md, "Reserved bytes").
+    const std::vector<train::ByteKey> reserved{train::ByteFigure::kReserved,
+                                               train::ByteFigure::kReservedExpandable};
+    const auto fitted = train::fit_nearest(samples, reserved, c.layers, c.accum);
+    for (train::StepSample& s : samples) {
+      for (const train::ByteKey& k : reserved) s.figures.bytes.erase(k);
+    }
+    if (auto figures = train::extrapolate(samples, c.layers, c.accum); figures && fitted) {
+      // Never under the live bytes: the allocator holds at least what is allocated.
+      const std::int64_t peak = figures->bytes.at(train::ByteFigure::kPeak);
+      for (const auto& [k, v] : *fitted) figures->bytes[k] = std::max(v, peak);
       std::vector<std::string> steps;
       for (const auto& [l, k] : c.points) {
         steps.push_back(c.by_layers && c.by_accum ? fmt::format("{}x{}", l, k)
@@ -488,6 +499,8 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   plan.peak_held_bytes = bytes.at(ByteFigure::kPeakHeld);
   plan.peak_gathered_bytes = bytes.at(ByteFigure::kPeakGathered);
   plan.peak_computed_bytes = bytes.at(ByteFigure::kPeakComputed);
+  plan.reserved_bytes = bytes.at(ByteFigure::kReserved);
+  plan.reserved_bytes_expandable = bytes.at(ByteFigure::kReservedExpandable);
   plan.flops = figures.flops.at(train::FlopFigure::kBusiest);
   plan.total_flops = figures.flops.at(train::FlopFigure::kTotal);
   plan.matmul_flops = figures.flops.at(train::FlopFigure::kMatmul);
