@@ -41,7 +41,6 @@ struct Bilinear {
 
 std::optional<StepFigures> fit(const std::vector<StepSample>& samples, std::int64_t layers,
                                std::int64_t micro_batches);
-bool solve(std::vector<std::vector<double>>& a, std::vector<double>& b);
 
 }  // namespace
 
@@ -149,75 +148,5 @@ std::optional<StepFigures> fit(const std::vector<StepSample>& samples, std::int6
   return out;
 }
 
-// Solves the n x n system a x = b (n <= 4) by elimination with partial pivoting; false when
-// singular.
-bool solve(std::vector<std::vector<double>>& a, std::vector<double>& b) {
-  const std::size_t n = b.size();
-  for (std::size_t c = 0; c < n; ++c) {
-    std::size_t pivot = c;
-    for (std::size_t r = c + 1; r < n; ++r) {
-      if (std::abs(a[r][c]) > std::abs(a[pivot][c])) pivot = r;
-    }
-    if (!(std::abs(a[pivot][c]) > 1e-12)) return false;
-    std::swap(a[c], a[pivot]);
-    std::swap(b[c], b[pivot]);
-    for (std::size_t r = 0; r < n; ++r) {
-      if (r == c) continue;
-      const double f = a[r][c] / a[c][c];
-      for (std::size_t k = c; k < n; ++k) a[r][k] -= f * a[c][k];
-      b[r] -= f * b[c];
-    }
-  }
-  for (std::size_t c = 0; c < n; ++c) b[c] /= a[c][c];
-  return true;
-}
-
 }  // namespace
-
-std::optional<std::map<ByteKey, std::int64_t>> fit_nearest(const std::vector<StepSample>& samples,
-                                                           const std::vector<ByteKey>& keys,
-                                                           std::int64_t layers,
-                                                           std::int64_t micro_batches) {
-  std::set<std::int64_t> ls, ks;
-  for (const StepSample& s : samples) {
-    ls.insert(s.layers);
-    ks.insert(s.micro_batches);
-  }
-  if (ls.empty()) return std::nullopt;
-  const bool by_l = ls.size() > 1, by_k = ks.size() > 1;
-  if ((!by_l && layers != *ls.begin()) || (!by_k && micro_batches != *ks.begin())) return std::nullopt;
-  // The terms, in counts centred on the smallest (better conditioned).
-  const auto terms = [&](std::int64_t l, std::int64_t k) {
-    const auto dl = static_cast<double>(l - *ls.begin()), dk = static_cast<double>(k - *ks.begin());
-    std::vector<double> t{1};
-    if (by_l) t.push_back(dl);
-    if (by_k) t.push_back(dk);
-    if (by_l && by_k) t.push_back(dl * dk);
-    return t;
-  };
-  const std::size_t n = terms(layers, micro_batches).size();
-  if (samples.size() < n) return std::nullopt;
-  std::map<ByteKey, std::int64_t> out;
-  for (const ByteKey& key : keys) {
-    std::vector<std::vector<double>> a(n, std::vector<double>(n, 0));
-    std::vector<double> b(n, 0);
-    for (const StepSample& s : samples) {
-      const auto it = s.figures.bytes.find(key);
-      if (it == s.figures.bytes.end()) return std::nullopt;
-      const std::vector<double> t = terms(s.layers, s.micro_batches);
-      for (std::size_t i = 0; i < n; ++i) {
-        for (std::size_t j = 0; j < n; ++j) a[i][j] += t[i] * t[j];
-        b[i] += t[i] * static_cast<double>(it->second);
-      }
-    }
-    if (!solve(a, b)) return std::nullopt;
-    const std::vector<double> t = terms(layers, micro_batches);
-    double v = 0;
-    for (std::size_t i = 0; i < n; ++i) v += b[i] * t[i];
-    if (!(std::abs(v) < 9.2e18)) throw SpecError("[train] a byte count of the step overflows int64");
-    out[key] = std::llround(v);
-  }
-  return out;
-}
-
 }  // namespace shardplan::train

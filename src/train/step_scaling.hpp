@@ -57,15 +57,4 @@ struct StepSample {
 std::optional<StepFigures> extrapolate(const std::vector<StepSample>& samples, std::int64_t layers,
                                        std::int64_t micro_batches);
 
-/// The byte figures `keys` at (layers, micro_batches) on the function a + b l + c k + d l k
-/// (the terms of the counts the samples vary) fitted to every sample by least squares, rounded:
-/// for figures near an affine function but not on it (the caching allocator model's reserved
-/// bytes: its fragmentation repeats every few layers, not every one). Equal to `extrapolate`'s
-/// when the samples lie on the function. nullopt when a sample lacks a key or the samples are
-/// fewer than the terms. Throws SpecError when a figure passes int64.
-std::optional<std::map<ByteKey, std::int64_t>> fit_nearest(const std::vector<StepSample>& samples,
-                                                           const std::vector<ByteKey>& keys,
-                                                           std::int64_t layers,
-                                                           std::int64_t micro_batches);
-
 }  // namespace shardplan::train

@@ -389,18 +389,22 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
       }
       samples.push_back({l, k, std::move(t.figures)});
     }
-    // The caching allocator model's figures lie near the affine function, not on it: fitted
-    // apart, by least squares (docs/training.md, "Reserved bytes").
-    const std::vector<train::ByteKey> reserved{train::ByteFigure::kReserved,
-                                               train::ByteFigure::kReservedExpandable};
-    const auto fitted = train::fit_nearest(samples, reserved, c.layers, c.accum);
+    // The caching allocator model's figures are not affine in the layers (its fragmentation
+    // repeats every few layers): computed on the whole step, traced for them alone when asked
+    // (TrainPlanOptions::reserved_whole), else not given (docs/training.md, "Reserved bytes").
+    const train::ByteKey reserved[] = {train::ByteFigure::kReserved,
+                                       train::ByteFigure::kReservedExpandable};
     for (train::StepSample& s : samples) {
       for (const train::ByteKey& k : reserved) s.figures.bytes.erase(k);
     }
-    if (auto figures = train::extrapolate(samples, c.layers, c.accum); figures && fitted) {
-      // Never under the live bytes: the allocator holds at least what is allocated.
-      const std::int64_t peak = figures->bytes.at(train::ByteFigure::kPeak);
-      for (const auto& [k, v] : *fitted) figures->bytes[k] = std::max(v, peak);
+    if (auto figures = train::extrapolate(samples, c.layers, c.accum)) {
+      std::optional<train::TracedStep> whole;
+      if (o.reserved_whole && c.full_units <= kMaxTraceUnits) {
+        whole = train::trace_step(config, mesh, rules, o, layout, act.annotations);
+      }
+      for (const train::ByteKey& k : reserved) {
+        figures->bytes[k] = whole ? whole->figures.bytes.at(k) : 0;
+      }
       std::vector<std::string> steps;
       for (const auto& [l, k] : c.points) {
         steps.push_back(c.by_layers && c.by_accum ? fmt::format("{}x{}", l, k)

@@ -135,9 +135,11 @@ std::string TrainPlan::table() const {
   row("  parameters, state, batch still held", peak_held_bytes);
   row("  parameters gathered for use", peak_gathered_bytes);
   row("  activations, gradients, temporaries", peak_computed_bytes);
-  out += fmt::format("  {:<40} {:>12}  (expandable segments: {})\n",
-                     "reserved (caching allocator model)", format_bytes(reserved_bytes),
-                     format_bytes(reserved_bytes_expandable));
+  if (reserved_bytes > 0) {
+    out += fmt::format("  {:<40} {:>12}  (expandable segments: {})\n",
+                       "reserved (caching allocator model)", format_bytes(reserved_bytes),
+                       format_bytes(reserved_bytes_expandable));
+  }
   if (const auto f = fits()) {
     out += fmt::format(
         "  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
