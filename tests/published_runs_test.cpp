@@ -1,11 +1,10 @@
 // train-plan against measured training runs others published (docs/validation.md): each row's
 // settings planned as the run had them, the predicted peak and tokens/s per device compared with
-// the measured ones. Rows whose setting the planner cannot express are listed with what is
-// missing (the peak compared is the caching allocator model's reserved bytes, as published;
-// the live peak printed beside it). The tolerances are the (peak within 10%, tokens/s
-// within 20%); a row known to
-// miss one says why and by how much, and the test fails if it stops missing (update the table)
-// or if a row that met them stops meeting them.
+// the measured ones (the peak compared is the caching allocator model's reserved bytes, as
+// published; the live peak is printed beside it). Rows whose setting the planner cannot express
+// are listed with what is missing. The tolerances are the (peak within 10%, tokens/s
+// within 20%); a row known to miss one says why and by how much, and the test fails if it stops
+// missing (update the table) or if a row that met them stops meeting them.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
