@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Plans the published runs that tests/published_runs_test.cpp does not contain (docs/validation.md,
-# "Held out") with their settings, one line each: planned peak and tokens/s per device beside the
-# published figures ("-" where none is published) and the fits verdict.
+# "Held out") with their settings, one line each: planned peak (live bytes), the caching allocator
+# model's reserved bytes (a segment per cudaMalloc, and with expandable segments) and tokens/s per
+# device beside the published figures ("-" where none is published) and the fits verdict.
 # Usage: scripts/held_out_runs.sh [path to the shardplan binary, default build-release/shardplan]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +25,10 @@ run() {  # label, published GiB, published tok/s, train-plan arguments...
     echo "$label: $out"
     return
   }
-  printf '%-40s peak %9s GiB (published %5s)  tok/s %6s (published %5s)  %s\n' "$label" \
-    "$(awk '/^  peak/ {print $2}' <<<"$out")" "$gib" \
+  printf '%-40s peak %9s GiB, reserved %9s (expandable %9s) (published %5s)  tok/s %6s (published %5s)  %s\n' "$label" \
+    "$(awk '/^  peak/ {print $2}' <<<"$out")" \
+    "$(awk '/^  reserved \(caching allocator model\)/ {print $5}' <<<"$out")" \
+    "$(awk '/^  reserved \(caching allocator model\)/ {print $9}' <<<"$out")" "$gib" \
     "$(awk '/tokens\/s per device/ {print $4}' <<<"$out")" "$tps" \
     "$(grep -oE 'fits$|does NOT fit.*' <<<"$out")"
 }

@@ -110,6 +110,8 @@ void expect_identical(const TrainPlan& a, const TrainPlan& b, const std::string&
   EXPECT_EQ(a.peak_held_bytes, b.peak_held_bytes);
   EXPECT_EQ(a.peak_gathered_bytes, b.peak_gathered_bytes);
   EXPECT_EQ(a.peak_computed_bytes, b.peak_computed_bytes);
+  EXPECT_EQ(a.reserved_bytes, b.reserved_bytes);
+  EXPECT_EQ(a.reserved_bytes_expandable, b.reserved_bytes_expandable);
   EXPECT_EQ(a.bytes_by_collective, b.bytes_by_collective);
   EXPECT_EQ(a.flops, b.flops);
   EXPECT_EQ(a.total_flops, b.total_flops);

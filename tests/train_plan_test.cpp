@@ -1064,6 +1064,14 @@ void expect_same_plan(const TrainPlan& a, const TrainPlan& b, const std::string&
   EXPECT_EQ(a.peak_held_bytes, b.peak_held_bytes);
   EXPECT_EQ(a.peak_gathered_bytes, b.peak_gathered_bytes);
   EXPECT_EQ(a.peak_computed_bytes, b.peak_computed_bytes);
+  // The caching allocator model's reserved bytes: an extrapolated plan gives none unless asked
+  // to trace the whole step for them (TrainPlanOptions::reserved_whole).
+  if (a.extrapolated && a.reserved_bytes == 0) {
+    EXPECT_EQ(a.reserved_bytes_expandable, 0);
+  } else {
+    EXPECT_EQ(a.reserved_bytes, b.reserved_bytes);
+    EXPECT_EQ(a.reserved_bytes_expandable, b.reserved_bytes_expandable);
+  }
   EXPECT_EQ(a.bytes_by_collective, b.bytes_by_collective);
   EXPECT_DOUBLE_EQ(a.flops, b.flops);
   EXPECT_DOUBLE_EQ(a.total_flops, b.total_flops);
@@ -1101,6 +1109,46 @@ TEST_P(Extrapolation, PlanIsTheWholeTracedStep) {
   EXPECT_FALSE(whole.extrapolated);
   EXPECT_EQ(whole.traced, "the whole step");
   expect_same_plan(extrapolated, whole, extrapolated.traced);
+}
+
+// The caching allocator model's reserved bytes are not affine in the layers (its fragmentation
+// repeats every few layers, docs/training.md): an extrapolated plan gives them from the whole step
+// traced when asked, else none. A Llama-2-7B-shaped step of 22 layers.
+TEST(PlanTraining, ReservedBytesOfAnExtrapolatedStepAreTheWholeStepsOrNone) {
+  ModelConfig c = ModelConfig::parse(kLlama2_7b);
+  c.layers = 22;
+  const Mesh mesh = mesh_of("fsdp:8");
+  TrainPlanOptions o;
+  o.batch = 8;
+  o.seq = 2048;
+  o.param_dtype = DType::kBF16;
+  o.master_dtype = o.reduce_dtype = DType::kF32;
+  o.grad_dtype = o.optimizer_dtype = DType::kF32;
+  const TrainPlan none = plan_training(c, mesh, preset("llama_fsdp"), o);
+  EXPECT_TRUE(none.extrapolated);
+  EXPECT_EQ(none.reserved_bytes, 0);
+  EXPECT_EQ(none.reserved_bytes_expandable, 0);
+  EXPECT_EQ(none.table().find("reserved"), std::string::npos);
+  {  // not computed is null in the JSON, not a figure of 0 bytes
+    std::ostringstream js;
+    none.write_json(js);
+    const auto j = nlohmann::json::parse(js.str());
+    EXPECT_TRUE(j["per_device"]["reserved_bytes"].is_null()) << j["per_device"];
+    EXPECT_TRUE(j["per_device"]["reserved_bytes_expandable"].is_null());
+  }
+  o.reserved_whole = true;
+  const TrainPlan asked = plan_training(c, mesh, preset("llama_fsdp"), o);
+  EXPECT_TRUE(asked.extrapolated);
+  o.extrapolate = false;
+  const TrainPlan whole = plan_training(c, mesh, preset("llama_fsdp"), o);
+  expect_same_plan(asked, whole, "reserved_whole");
+  // The allocator holds at least what is live; rounding and caching make it more.
+  EXPECT_GT(whole.reserved_bytes, whole.peak_bytes);
+  EXPECT_GT(whole.reserved_bytes_expandable, whole.peak_bytes);
+  std::ostringstream js;
+  whole.write_json(js);
+  EXPECT_EQ(nlohmann::json::parse(js.str())["per_device"]["reserved_bytes"], whole.reserved_bytes);
+  EXPECT_NE(asked.table().find("reserved (caching allocator model)"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -164,6 +164,11 @@ struct TrainPlanOptions {
   /// Plan many layers or micro-batches from a few small traced steps (docs/training.md, "Sizing
   /// a training run"); false: trace every layer and micro-batch (slow; to check the former).
   bool extrapolate = true;
+  /// When the figures are extrapolated: trace the whole step as well, for the caching allocator
+  /// model's reserved bytes (not affine in the layers; docs/training.md, "Reserved bytes"). Off:
+  /// an extrapolated plan's reserved figures are 0 (not computed). The CLI turns it on for one
+  /// plan, not for --compare.
+  bool reserved_whole = false;
   /// The rule file whose `activations:` (with its logical_axes) shard the layers' norm and
   /// residual regions (docs/training.md, "Sequence parallelism"); none, or a file without
   /// activations: those regions are split over the batch axes only. train-plan binds the
@@ -269,6 +274,13 @@ struct TrainPlan {
   /// moved to the sharding an op needs (FSDP's gathered weights), and what the step computed
   /// (activations, gradients, temporaries).
   std::int64_t peak_held_bytes = 0, peak_gathered_bytes = 0, peak_computed_bytes = 0;
+  /// What PyTorch's CUDA caching allocator would reserve at its peak (reserved_bytes.all.peak)
+  /// running the step as FSDP2 does: a model of the allocator, its rules and constants
+  /// PyTorch's, nothing fitted (docs/training.md, "Reserved bytes"). With a segment per
+  /// cudaMalloc (PyTorch's default) and with expandable segments. The verdict stays on
+  /// peak_bytes (on a failed cudaMalloc PyTorch frees its cached segments and retries). 0: not
+  /// computed (an extrapolated step without TrainPlanOptions::reserved_whole).
+  std::int64_t reserved_bytes = 0, reserved_bytes_expandable = 0;
   double flops = 0;                                         // floating-point operations per step
   /// Of `flops`: products, fused attention and float8 products (ProgramCost::matmul_flops,
   /// attention_flops, matmul_fp8_flops); and the bytes the other kernels read and write

@@ -321,6 +321,7 @@ ModelConfig config_option(const std::string& path) {
 /// The options of the step (everything but the meshes and rules), checked.
 TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   TrainPlanOptions o;
+  o.reserved_whole = !c.compare;  // one plan: its reserved bytes on the whole step
   o.batch = c.batch;
   o.seq = c.seq;
   o.target_seq = c.target_seq;

@@ -9,6 +9,7 @@
 #include <atomic>
 
 #include "fuse.hpp"
+#include "allocation_events.hpp"
 #include "memory.hpp"
 #include "partition.hpp"
 #include "primitives.hpp"
@@ -130,6 +131,20 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   Partitioned parts = partition(g, prop, prog.specs_, spec);
   if (spec.fuse) fuse_pointwise(g, parts);
   Liveness live = plan_memory(g, parts, spec);
+  // The check that the events are the memory pass's: allocated on one stream, their live bytes
+  // peak where the pass's do.
+  const std::int64_t requested =
+      simulate_caching_allocator(allocation_events(g, parts, live, StreamModel::kValues))
+          .requested_peak;
+  if (requested != live.peak_bytes) {
+    throw Error(fmt::format("[compile] the allocation events peak at {} bytes live, the memory "
+                            "plan at {} (a bug: the two counts disagree)",
+                            requested, live.peak_bytes));
+  }
+  const std::vector<AllocEvent> events = allocation_events(g, parts, live, StreamModel::kFsdp2);
+  prog.cost_.reserved_bytes = simulate_caching_allocator(events).reserved_peak;
+  prog.cost_.reserved_bytes_expandable =
+      simulate_caching_allocator(events, {.expandable_segments = true}).reserved_peak;
 
   prog.steps_ = std::move(parts.steps);
   prog.num_slots_ = parts.num_slots;

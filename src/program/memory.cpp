@@ -297,6 +297,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
   l.timeline.peak_step = peak_step;
   l.timeline.phases = phase_starts(g, p);
   count_peak_by_kind(g, p, spec, slot_bytes, root, peak_step, l);
+  l.slot_bytes = std::move(slot_bytes);
   return l;
 }
 

@@ -35,6 +35,9 @@ struct Liveness {
   PeakByKind peak_by_kind;             // ProgramCost::peak_by_kind
   std::int64_t memory_traffic = 0;     // ProgramCost::memory_traffic (per device)
   MemoryTimeline timeline;             // ProgramCost::timeline
+  /// The bytes per device of each slot as counted above (0: a constant not counted, a slot no
+  /// step makes): what allocation_events (allocation_events.hpp) allocates.
+  std::vector<std::int64_t> slot_bytes;
 };
 
 /// Whether step `st`'s result is its operand's buffers at run time, allocating nothing

@@ -18,7 +18,12 @@ namespace shardplan::train {
 /// batch a device holds, the peak, the peak's split (ProgramCost::peak_by_kind), and the bytes
 /// the kernels not on matrix units read and write (ProgramCost::memory_traffic, the busiest
 /// device's).
-enum class ByteFigure { kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic };
+/// kReserved, kReservedExpandable: ProgramCost::reserved_bytes, reserved_bytes_expandable (the
+/// caching allocator model).
+enum class ByteFigure {
+  kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic, kReserved,
+  kReservedExpandable
+};
 /// A byte figure's key: one of those, a collective kind (the most bytes a device receives), or a
 /// collective kind over the mesh axes it runs in (ProgramCost::bytes_by_axes).
 using ByteKey = std::variant<ByteFigure, CollectiveKind, CollectiveOn>;

@@ -231,6 +231,8 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
   bytes[ByteFigure::kPeakHeld] = cost.peak_by_kind.inputs;
   bytes[ByteFigure::kPeakGathered] = cost.peak_by_kind.resharded_inputs;
   bytes[ByteFigure::kPeakComputed] = cost.peak_by_kind.computed;
+  bytes[ByteFigure::kReserved] = cost.reserved_bytes;
+  bytes[ByteFigure::kReservedExpandable] = cost.reserved_bytes_expandable;
   for (const auto& [kind, b] : cost.bytes_by_kind) bytes[kind] = b;
   for (const auto& [on, b] : cost.bytes_by_axes) bytes[on] = b;
   bytes[ByteFigure::kMemoryTraffic] =

@@ -389,7 +389,22 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
       }
       samples.push_back({l, k, std::move(t.figures)});
     }
+    // The caching allocator model's figures are not affine in the layers (its fragmentation
+    // repeats every few layers): computed on the whole step, traced for them alone when asked
+    // (TrainPlanOptions::reserved_whole), else not given (docs/training.md, "Reserved bytes").
+    const train::ByteKey reserved[] = {train::ByteFigure::kReserved,
+                                       train::ByteFigure::kReservedExpandable};
+    for (train::StepSample& s : samples) {
+      for (const train::ByteKey& k : reserved) s.figures.bytes.erase(k);
+    }
     if (auto figures = train::extrapolate(samples, c.layers, c.accum)) {
+      std::optional<train::TracedStep> whole;
+      if (o.reserved_whole && c.full_units <= kMaxTraceUnits) {
+        whole = train::trace_step(config, mesh, rules, o, layout, act.annotations);
+      }
+      for (const train::ByteKey& k : reserved) {
+        figures->bytes[k] = whole ? whole->figures.bytes.at(k) : 0;
+      }
       std::vector<std::string> steps;
       for (const auto& [l, k] : c.points) {
         steps.push_back(c.by_layers && c.by_accum ? fmt::format("{}x{}", l, k)
@@ -488,6 +503,8 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   plan.peak_held_bytes = bytes.at(ByteFigure::kPeakHeld);
   plan.peak_gathered_bytes = bytes.at(ByteFigure::kPeakGathered);
   plan.peak_computed_bytes = bytes.at(ByteFigure::kPeakComputed);
+  plan.reserved_bytes = bytes.at(ByteFigure::kReserved);
+  plan.reserved_bytes_expandable = bytes.at(ByteFigure::kReservedExpandable);
   plan.flops = figures.flops.at(train::FlopFigure::kBusiest);
   plan.total_flops = figures.flops.at(train::FlopFigure::kTotal);
   plan.matmul_flops = figures.flops.at(train::FlopFigure::kMatmul);

@@ -64,6 +64,11 @@ void write_header(std::string& out, const TrainPlan& p, const std::string& title
     out += fmt::format("<div><dt>{}</dt><dd>{}</dd></div>", key, escaped(value));
   };
   item("Peak per device", format_bytes(p.peak_bytes));
+  if (p.reserved_bytes > 0) {
+    item("Reserved (caching allocator model)",
+         fmt::format("{} (expandable segments: {})", format_bytes(p.reserved_bytes),
+                     format_bytes(p.reserved_bytes_expandable)));
+  }
   if (const auto f = p.fits()) {
     item("Usable memory", format_bytes(p.usable_bytes()));
     item("Fits", *f ? "yes" : fmt::format("no, {} short", format_bytes(p.peak_bytes -

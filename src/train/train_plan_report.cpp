@@ -135,6 +135,11 @@ std::string TrainPlan::table() const {
   row("  parameters, state, batch still held", peak_held_bytes);
   row("  parameters gathered for use", peak_gathered_bytes);
   row("  activations, gradients, temporaries", peak_computed_bytes);
+  if (reserved_bytes > 0) {
+    out += fmt::format("  {:<40} {:>12}  (expandable segments: {})\n",
+                       "reserved (caching allocator model)", format_bytes(reserved_bytes),
+                       format_bytes(reserved_bytes_expandable));
+  }
   if (const auto f = fits()) {
     out += fmt::format(
         "  {:<40} {:>12}  ({} with {:.0f}% headroom): {}\n", "device memory",
@@ -234,6 +239,13 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
                      {"peak_gathered_bytes", p.peak_gathered_bytes},
                      {"peak_computed_bytes", p.peak_computed_bytes},
                      {"peak_bytes", p.peak_bytes},
+                     // null when not computed (an extrapolated plan without reserved_whole):
+                     // 0 would read as a figure
+                     {"reserved_bytes", p.reserved_bytes > 0 ? nlohmann::ordered_json(p.reserved_bytes)
+                                                             : nlohmann::ordered_json(nullptr)},
+                     {"reserved_bytes_expandable",
+                      p.reserved_bytes_expandable > 0 ? nlohmann::ordered_json(p.reserved_bytes_expandable)
+                                                      : nlohmann::ordered_json(nullptr)},
                      {"flops", p.flops},
                      {"matmul_flops", p.matmul_flops},
                      {"attention_flops", p.attention_flops},
