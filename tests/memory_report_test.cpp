@@ -93,6 +93,30 @@ TEST(MemoryReport, ARunCarriesItsStepsAndThePlanBesideTheBytesByHand) {
   EXPECT_EQ(by_bytes_then_name(r.live_at_peak), kLiveAtPeak);
 }
 
+// The steps' labels are made once per program (Program::report_memo) relative to the traced
+// function; the caller's scope is joined per run: one cached program run under two outer scopes
+// (and none) is labelled by each.
+TEST(MemoryReport, ACachedProgramsStepsTakeEachCallersScope) {
+  TwoDeviceProgram p;
+  profiler::MemoryDebugMode memory;
+  {
+    auto s = named_scope("train");
+    (void)p.f(p.x, p.w);
+  }
+  {
+    auto s = named_scope("eval");
+    (void)p.f(p.x, p.w);
+  }
+  (void)p.f(p.x, p.w);
+  const std::vector<profiler::MemoryRun> runs = memory.runs();
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0].steps[1], (profiler::MemoryStep{"tanh", "h", "train/mlp"}));
+  EXPECT_EQ(runs[0].steps[2].scope, "train/head");
+  EXPECT_EQ(runs[1].steps[1], (profiler::MemoryStep{"tanh", "h", "eval/mlp"}));
+  EXPECT_EQ(runs[2].steps[1], (profiler::MemoryStep{"tanh", "h", "mlp"}));
+  EXPECT_EQ(by_bytes_then_name(runs[2].live_at_peak), kLiveAtPeak);
+}
+
 TEST(MemoryReport, JsonHasTheFiguresByHand) {
   const profiler::MemoryRun r = measured_run();
   const json doc = json::parse(profiler::memory_json({r, r}));

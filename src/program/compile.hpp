@@ -129,6 +129,13 @@ class Program {
   const std::vector<std::vector<SlotId>>& free_after() const { return free_after_; }
   /// Whether constant steps' results count in the cost's bytes (CompileSpec::count_constants).
   bool counts_constants() const { return counts_constants_; }
+  /// What run_record.cpp works out once per program for the memory report (its steps' labels),
+  /// shared by copies of the program.
+  struct ReportMemo {
+    std::once_flag once;
+    std::shared_ptr<const void> value;
+  };
+  ReportMemo& report_memo() const { return *report_memo_; }
 
  private:
   friend Program compile(const Graph& graph, const CompileSpec& spec);
@@ -174,6 +181,7 @@ class Program {
   std::vector<char> cached_step_;  // per step: its result is in the constant cache
   CostReport cost_;
   bool counts_constants_ = true;
+  std::shared_ptr<ReportMemo> report_memo_ = std::make_shared<ReportMemo>();
 };
 
 /// Called with every program compile() makes, when set (tests check each program's text against

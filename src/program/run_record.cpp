@@ -42,6 +42,8 @@ RunRecord::RunRecord(const Executor& executor, const Mesh& mesh, std::size_t num
   bound_at.assign(num_slots, kNever);
   freed_at.assign(num_slots, kNever);
   if (names_buffers_) slot_buffers.resize(num_slots * devices.size());
+  // Buffers live at once are at most the slots' (and a few arguments'): no rehash while running.
+  refs_.reserve(num_slots * devices.size() / 4 + 64);
 }
 
 void RunRecord::bind(SlotId slot, const Array& a, int step) {
@@ -96,17 +98,25 @@ void RunRecord::drop(SlotId slot, const Array& a, int step) {
   }
 }
 
-void RunRecord::record_counters(std::size_t at, std::int64_t planned) {
+void RunRecord::write_counter_events() const {
+  if (planned_ == nullptr) return;
+  const std::size_t steps = live_bytes.size();
   std::vector<profiler::detail::Event> events;
-  const std::int64_t now = profiler::detail::now_ns();
-  sample_ns[at] = now;
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    events.push_back(profiler::detail::Event{.cat = profiler::detail::Category::kMemory,
-                                             .device = devices[i],
-                                             .start_ns = now,
-                                             .end_ns = now,
-                                             .bytes = live_[i],
-                                             .planned = planned});
+  events.reserve((steps + 1) * devices.size());
+  const auto add = [&](std::int64_t t, const std::vector<std::int64_t>& bytes, std::int64_t planned) {
+    for (std::size_t i = 0; i < devices.size() && i < bytes.size(); ++i) {
+      events.push_back(profiler::detail::Event{.cat = profiler::detail::Category::kMemory,
+                                               .device = devices[i],
+                                               .start_ns = t,
+                                               .end_ns = t,
+                                               .bytes = bytes[i],
+                                               .planned = planned});
+    }
+  };
+  add(sample_ns[steps], start_bytes, planned_->start_bytes);
+  for (std::size_t s = 0; s < steps; ++s) {
+    if (sample_ns[s] == 0) continue;  // a step the run did not reach (it threw): no sample
+    add(sample_ns[s], live_bytes[s], s < planned_->live_bytes.size() ? planned_->live_bytes[s] : -1);
   }
   profiler::detail::record(events);
 }
@@ -153,9 +163,31 @@ profiler::MemoryStep step_label(const Program& program, const Step& st) {
   if (const auto it = program.graph().names.find(st.node); it != program.graph().names.end()) {
     l.value = fmt::format("{}", fmt::join(it->second, ", "));
   }
-  const auto scope = scope_of(program.graph(), st);
-  if (scope) l.scope = *scope;
+  // The node's scope, relative to the traced function (the caller's is joined per run).
+  const Graph& g = program.graph();
+  if (index(st.node) < g.size() && g[st.node].scope) l.scope = *g[st.node].scope;
   return l;
+}
+
+// The steps' labels with their scopes relative to the traced function: made once per program.
+const std::vector<profiler::MemoryStep>& static_labels(const Program& program) {
+  Program::ReportMemo& memo = program.report_memo();
+  std::call_once(memo.once, [&] {
+    auto labels = std::make_shared<std::vector<profiler::MemoryStep>>();
+    labels->reserve(program.steps().size());
+    for (const Step& st : program.steps()) labels->push_back(step_label(program, st));
+    memo.value = std::move(labels);
+  });
+  return *static_cast<const std::vector<profiler::MemoryStep>*>(memo.value.get());
+}
+
+// The steps' labels for this run: the caller's named scope joined in front (as scope_of does).
+std::vector<profiler::MemoryStep> step_labels(const Program& program) {
+  std::vector<profiler::MemoryStep> labels = static_labels(program);
+  const std::shared_ptr<const std::string>& caller = profiler::detail::current_scope();
+  if (!caller) return labels;
+  for (profiler::MemoryStep& l : labels) l.scope = l.scope.empty() ? *caller : *caller + "/" + l.scope;
+  return labels;
 }
 
 // What the slot's value is, for people: "input 2", "dot_general", "fused(mul, add)"; `labels`
@@ -244,10 +276,12 @@ void report_run(const Program& program, RunRecord& record, bool comm, bool memor
   if (comm) report_comm(program, record);
   const bool to_trace = record.writes_counters();
   if (!memory && !to_trace) return;
+  // The counters go to the trace at the run's end, in one batch (a sample per step is only a
+  // clock read while the steps run).
+  record.write_counter_events();
   auto run = std::make_shared<profiler::MemoryRun>();
   run->devices = record.devices;
-  run->steps.reserve(program.steps().size());
-  for (const Step& st : program.steps()) run->steps.push_back(step_label(program, st));
+  run->steps = step_labels(program);
   find_peak(program, record, *run);
   // The record's figures are not needed after this: moved, not copied.
   run->start_bytes = std::move(record.start_bytes);

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../profiler/recorder.hpp"
 #include "compile.hpp"
 
 namespace shardplan::detail {
@@ -33,15 +34,16 @@ class RunRecord {
   void sample_start() {
     start_bytes = live_;
     value_start_bytes = values_;
-    if (planned_ != nullptr) record_counters(live_bytes.size(), planned_->start_bytes);
+    if (planned_ != nullptr) sample_ns[live_bytes.size()] = profiler::detail::now_ns();
   }
   void sample(std::size_t step) {
     live_bytes[step] = live_;
     value_bytes[step] = values_;
-    if (planned_ != nullptr) {
-      record_counters(step, step < planned_->live_bytes.size() ? planned_->live_bytes[step] : -1);
-    }
+    if (planned_ != nullptr) sample_ns[step] = profiler::detail::now_ns();
   }
+  /// The samples as the trace's counter events, a pair per device (measured, planned), recorded
+  /// in one batch: called once the run is complete, before its figures are moved out.
+  void write_counter_events() const;
   /// With the profiler on: each sample also goes to the trace as a counter per device, with
   /// what `planned` (the program's timeline, outliving the run) plans then.
   void write_counters(const MemoryTimeline& planned) {
@@ -94,7 +96,6 @@ class RunRecord {
   std::vector<std::int64_t> live_, values_;
   bool names_buffers_;
   const MemoryTimeline* planned_ = nullptr;
-  void record_counters(std::size_t at, std::int64_t planned);
   void note_shared_argument(SlotId slot, const Buffer* id, std::size_t at, std::size_t origin);
 };
 
