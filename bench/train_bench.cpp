@@ -332,7 +332,8 @@ BENCHMARK(BM_LlamaStepDataParallel)->Unit(benchmark::kMillisecond)->UseRealTime(
 // the steps to look at; writing the trace is not timed), the order alternating. Counters: each
 // one's median step (ms), and the median of on over off (x_on: the overhead is x_on - 1), and
 // the events one traced step records.
-void tracing_off_on(benchmark::State& state, const std::function<void()>& step) {
+void tracing_off_on(benchmark::State& state, const std::function<void()>& step,
+                    const profiler::ProfileOptions& options = {}) {
   try {
     profiler::start();  // throws in a build without the profiler (-DSHARDPLAN_PROFILER=OFF)
     profiler::stop();
@@ -347,7 +348,7 @@ void tracing_off_on(benchmark::State& state, const std::function<void()>& step) 
   std::vector<double> ms_off, ms_on, ratio;
   bool on_first = false;
   const auto traced = [&] {
-    profiler::start();
+    profiler::start(options);
     const double ms = bench::ms_of(step);
     profiler::stop();
     return ms;
@@ -380,6 +381,14 @@ void BM_LlamaStepTracingOffOn(benchmark::State& state) {
   tracing_off_on(state, make_llama_step(bench_llama(64, 32), /*fsdp_tp=*/true).run);
 }
 BENCHMARK(BM_LlamaStepTracingOffOn)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(30);
+// The same with the memory in the trace (ProfileOptions::memory: live bytes and peaks per run).
+void BM_LlamaStepTracingWithMemoryOffOn(benchmark::State& state) {
+  tracing_off_on(state, make_llama_step(bench_llama(64, 32), /*fsdp_tp=*/true).run, {.memory = true});
+}
+BENCHMARK(BM_LlamaStepTracingWithMemoryOffOn)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(30);
 
 }  // namespace
 

@@ -1596,7 +1596,7 @@ TEST_F(CliTest, TraceMemoryOfATraceTheProfilerWrote) {
     return matmul(a, b);
   });
   {
-    profiler::ProfileSession session;
+    profiler::ProfileSession session({.memory = true});
     (void)f(x, w);
   }
   const std::string trace = (dir_ / "step.trace.json").string();

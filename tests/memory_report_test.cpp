@@ -227,7 +227,7 @@ TEST(MemoryReport, TheTraceCarriesTheRunAndReadsBackEqual) {
   std::vector<profiler::MemoryRun> measured;
   {
     profiler::MemoryDebugMode memory;
-    profiler::ProfileSession session;
+    profiler::ProfileSession session({.memory = true});
     (void)p.f(p.x, p.w);
     measured = memory.runs();
   }
@@ -269,7 +269,8 @@ TEST(MemoryReport, ATraceWithoutRunsOrWithABrokenRunIsAnErrorNamingIt) {
   fails(R"([{"ph": "C", "name": "live bytes, device 0", "pid": 0, "tid": 0, "ts": 1,
             "args": {"bytes": 5}}])",
         "no memory runs: it has no 'memory peak' instant events (the profiler writes one per "
-        "program run; this trace has 1 live-bytes counter samples)");
+        "program run with ProfileOptions::memory on; this trace has 1 live-bytes counter "
+        "samples)");
   // A run whose sizes disagree, or with a field missing or of the wrong type: named.
   json run = json::parse(profiler::memory_json({measured_run()}))["runs"][0];
   const auto with = [](json args) {

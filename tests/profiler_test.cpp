@@ -398,12 +398,25 @@ TEST(MemoryDebugMode, MeasuresTheBytesHeldAfterEachStepByHand) {
   EXPECT_EQ(cost.timeline.live_bytes, device0);
 }
 
-// With the profiler on, each device's bytes go to the trace as a counter: the start, then after
-// each step (the figures of MemoryDebugMode's test above).
+// With the profiler on and ProfileOptions::memory, each device's bytes go to the trace as a
+// counter: the start, then after each step (the figures of MemoryDebugMode's test above). Without
+// the option (the default), the trace has no counter and no memory peak.
 TEST(Profiler, EachDeviceHasALiveBytesCounter) {
   ContractionProgram p;
   {
     profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  {
+    const json plain = json::parse(profiler::trace_json());
+    ASSERT_FALSE(plain["traceEvents"].empty());
+    for (const json& e : plain["traceEvents"]) {
+      EXPECT_NE(e["ph"], "C") << e;
+      EXPECT_NE(e["ph"], "i") << e;
+    }
+  }
+  {
+    profiler::ProfileSession session({.memory = true});
     (void)p.f(p.x, p.w);
   }
   const json doc = json::parse(profiler::trace_json());

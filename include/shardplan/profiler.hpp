@@ -25,8 +25,18 @@ namespace shardplan {
 
 namespace profiler {
 
+/// What a session records beyond the steps, collectives, waits and dispatches.
+struct ProfileOptions {
+  /// Each program run's live bytes per device after each step, beside the memory pass's plan
+  /// (counter events), and what is live at its peak (a "memory peak" instant event: the source
+  /// of `shardplan trace memory`). Off by default, as torch.profiler's profile_memory: it keeps
+  /// each value's buffers per run, a few points of a step of many small kernels
+  /// (docs/performance.md, "Tracing overhead").
+  bool memory = false;
+};
+
 /// Starts recording, dropping the events of an earlier session. Thread-safe.
-void start();
+void start(const ProfileOptions& options = {});
 /// Stops recording; what was recorded stays until the next start(). Thread-safe.
 void stop();
 /// Whether recording is on. Thread-safe.
@@ -70,7 +80,7 @@ std::vector<ClockOffset> estimate_clock_offsets(int rounds = 64);
 /// Recording on for its lifetime: start() when made, stop() when it ends.
 class ProfileSession {
  public:
-  ProfileSession() { start(); }
+  explicit ProfileSession(const ProfileOptions& options = {}) { start(options); }
   ~ProfileSession() { stop(); }
   ProfileSession(const ProfileSession&) = delete;
   ProfileSession& operator=(const ProfileSession&) = delete;

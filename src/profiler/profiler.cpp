@@ -17,6 +17,7 @@
 namespace shardplan::profiler::detail {
 
 std::atomic<bool> g_on{false};
+std::atomic<bool> g_memory{false};
 std::atomic<std::int64_t> g_test_clock_skew_ns{0};
 
 void set_test_clock_skew(std::int64_t ns) { g_test_clock_skew_ns.store(ns); }
@@ -151,7 +152,7 @@ namespace shardplan {
 
 namespace profiler {
 
-void start() {
+void start(const ProfileOptions& options) {
   if constexpr (!detail::kCompiledIn) {
     throw Error(
         "profiler::start: this build has no profiler (configured with -DSHARDPLAN_PROFILER=OFF)");
@@ -169,6 +170,7 @@ void start() {
     }
     r.start_ns.store(detail::now_ns());
   }
+  detail::g_memory.store(options.memory, std::memory_order_relaxed);
   detail::g_on.store(true, std::memory_order_relaxed);
 }
 

@@ -67,6 +67,9 @@ inline bool on() {
   if constexpr (!kCompiledIn) return false;
   return g_on.load(std::memory_order_relaxed);
 }
+extern std::atomic<bool> g_memory;
+/// On, with ProfileOptions::memory: runs record their live bytes into the trace.
+inline bool memory_on_trace() { return on() && g_memory.load(std::memory_order_relaxed); }
 /// Test-only: added to every time this process's profiler reads (events, session starts, the
 /// clock alignment's round trips), as a clock that is off by that much would be. 0 normally.
 extern std::atomic<std::int64_t> g_test_clock_skew_ns;

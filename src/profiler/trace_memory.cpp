@@ -204,7 +204,8 @@ std::vector<MemoryRun> read_trace_memory(std::string_view text, std::string_view
   }
   if (runs.empty()) {
     fail(file, fmt::format("no memory runs: it has no '{}' instant events (the profiler writes one "
-                           "per program run; this trace has {} live-bytes counter samples)",
+                           "per program run with ProfileOptions::memory on; this trace has {} "
+                           "live-bytes counter samples)",
                            kMemoryPeakEvent, counters));
   }
   return runs;

@@ -61,7 +61,7 @@ std::vector<Array> Program::run(const Executor& executor, std::vector<Array>& in
   const bool memory = profiler::detail::memory_on();
   const RunObserver observer = run_observer();
   std::optional<RunRecord> record;
-  const bool counters = profiler::detail::on();
+  const bool counters = profiler::detail::memory_on_trace();
   if (comm || memory || counters || observer != nullptr) {
     // The profiler's trace names what is live at each run's peak too.
     record.emplace(executor, mesh_, slots.size(), steps_.size(), memory || counters);
