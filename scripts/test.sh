@@ -32,10 +32,12 @@ if [[ $asan == 1 ]]; then
   cmake -S . -B "$build-asan" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSHARDPLAN_WERROR=ON \
     -DSHARDPLAN_SANITIZE=address,undefined -DSHARDPLAN_BUILD_BENCH=OFF
   cmake --build "$build-asan" -j "$jobs"
-  # The four-process runs of the multi-process suites are left to the Debug stage: under the
-  # sanitizers, four processes on two cores are the slowest part of the stage, and the same code
-  # runs sanitized over two processes (mpi.np2.*).
-  run_ctest "ASan+UBSan" --test-dir "$build-asan" --output-on-failure -j "$jobs" -E '^mpi\.np4\.'
+  # Left to the Debug stage, the slowest runs under the sanitizers whose code runs sanitized
+  # elsewhere: the four-process runs of the multi-process suites (the same code runs over two
+  # processes, mpi.np2.*), the single-process character-LLaMA example (mpi.np2.example.llama_char
+  # runs it sanitized) and the published-runs table (planning, as the train-plan tests).
+  run_ctest "ASan+UBSan" --test-dir "$build-asan" --output-on-failure -j "$jobs" \
+    -E '^mpi\.np4\.|^example\.llama_char|^PublishedRuns\.'
   [[ -n ${CI:-} ]] && rm -rf "$build-asan"
 fi
 if [[ $fuzz == 1 ]]; then
