@@ -8,6 +8,7 @@
 
 #include "../json_impl.hpp"
 #include "memory_report.hpp"
+#include "trace_summary.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -175,21 +176,7 @@ MemoryRun read_run(const json::Value& args, const At& at) {
 
 std::vector<MemoryRun> read_trace_memory(std::string_view text, std::string_view file) {
   std::optional<json::Document> doc;
-  try {
-    doc.emplace(text);
-  } catch (const json::SyntaxError& e) {
-    fail(file, fmt::format("not a trace: not valid JSON (at byte {}): {}", e.byte, e.what()));
-  }
-  json::Value events = doc->root();
-  if (events.is_object()) {
-    const auto top = members(events, At{file, "the top-level object"});
-    const auto list = find(top, "traceEvents");
-    if (!list) fail(file, "not a trace: the top-level object has no 'traceEvents'");
-    events = *list;
-  }
-  if (!events.is_array()) {
-    fail(file, fmt::format("not a trace: the events are {}, not an array", events.type_name()));
-  }
+  const json::Value events = shardplan::detail::trace_event_array(text, file, doc);
   std::vector<MemoryRun> runs;
   std::size_t n = 0, counters = 0;
   for (const json::Value e : events) {

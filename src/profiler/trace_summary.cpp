@@ -171,8 +171,8 @@ void read_event(const json::Value& e, std::size_t n, std::string_view file,
 
 }  // namespace
 
-TraceSummary summarize_trace(std::string_view text, std::string_view file) {
-  std::optional<json::Document> doc;
+json::Value trace_event_array(std::string_view text, std::string_view file,
+                              std::optional<json::Document>& doc) {
   try {
     doc.emplace(text);
   } catch (const json::SyntaxError& e) {
@@ -188,6 +188,12 @@ TraceSummary summarize_trace(std::string_view text, std::string_view file) {
   if (!events.is_array()) {
     fail(file, fmt::format("not a trace: the events are {}, not an array", events.type_name()));
   }
+  return events;
+}
+
+TraceSummary summarize_trace(std::string_view text, std::string_view file) {
+  std::optional<json::Document> doc;
+  const json::Value events = trace_event_array(text, file, doc);
   TraceSummary s;
   std::map<std::pair<int, int>, Track> tracks;
   std::map<std::pair<std::string, std::string>, TraceSummary::OpRow> ops;

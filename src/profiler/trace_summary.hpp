@@ -4,11 +4,24 @@
 // took the most time, each thread's busy and idle time, the communication no kernel hid.
 // Private (src/cli/trace_cmd.cpp and tests/fuzz/fuzz_trace_summary.cpp use it).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace shardplan::detail {
+
+namespace json {
+class Document;
+class Value;
+}  // namespace json
+
+/// What every trace reader (summarize, trace memory) does first: parses `text`, the content of
+/// `file`, into `doc` and gives its events: the root when it is an array, else the top-level
+/// object's "traceEvents" (each key of that object once). Throws IoError "[trace] FILE: not a
+/// trace: ..." naming what is wrong (not JSON, no "traceEvents", events not an array).
+json::Value trace_event_array(std::string_view text, std::string_view file,
+                              std::optional<json::Document>& doc);
 
 struct TraceSummary {
   /// Kernels and collectives by name, most total time first (ties by name).
