@@ -45,8 +45,20 @@ void add_to(CollectiveCount& to, const CollectiveCount& c) {
 }
 
 template <class T>
-void erase_one(std::vector<T*>& v, T* x) {
-  v.erase(std::remove(v.begin(), v.end(), x), v.end());
+void enlist(std::vector<T*> Alive::*list, std::atomic<int>& modes, T* state) {
+  Alive& a = alive();
+  std::lock_guard<std::mutex> lock(a.mu);
+  (a.*list).push_back(state);
+  modes.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <typename T>
+void delist(std::vector<T*> Alive::*list, std::atomic<int>& modes, T* state) {
+  Alive& a = alive();
+  std::lock_guard<std::mutex> lock(a.mu);
+  std::vector<T*>& v = a.*list;
+  v.erase(std::remove(v.begin(), v.end(), state), v.end());
+  modes.fetch_sub(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -98,17 +110,11 @@ std::string CommCounts::to_string() const {
 }
 
 CommDebugMode::CommDebugMode() : state_(std::make_shared<State>()) {
-  detail::Alive& a = detail::alive();
-  std::lock_guard<std::mutex> lock(a.mu);
-  a.comm.push_back(state_.get());
-  detail::g_comm_modes.fetch_add(1, std::memory_order_relaxed);
+  detail::enlist(&detail::Alive::comm, detail::g_comm_modes, state_.get());
 }
 
 CommDebugMode::~CommDebugMode() {
-  detail::Alive& a = detail::alive();
-  std::lock_guard<std::mutex> lock(a.mu);
-  detail::erase_one(a.comm, state_.get());
-  detail::g_comm_modes.fetch_sub(1, std::memory_order_relaxed);
+  detail::delist(&detail::Alive::comm, detail::g_comm_modes, state_.get());
 }
 
 CommCounts CommDebugMode::counts() const {
@@ -122,17 +128,11 @@ void CommDebugMode::reset() {
 }
 
 MemoryDebugMode::MemoryDebugMode() : state_(std::make_shared<State>()) {
-  detail::Alive& a = detail::alive();
-  std::lock_guard<std::mutex> lock(a.mu);
-  a.memory.push_back(state_.get());
-  detail::g_memory_modes.fetch_add(1, std::memory_order_relaxed);
+  detail::enlist(&detail::Alive::memory, detail::g_memory_modes, state_.get());
 }
 
 MemoryDebugMode::~MemoryDebugMode() {
-  detail::Alive& a = detail::alive();
-  std::lock_guard<std::mutex> lock(a.mu);
-  detail::erase_one(a.memory, state_.get());
-  detail::g_memory_modes.fetch_sub(1, std::memory_order_relaxed);
+  detail::delist(&detail::Alive::memory, detail::g_memory_modes, state_.get());
 }
 
 std::vector<MemoryRun> MemoryDebugMode::runs() const {
