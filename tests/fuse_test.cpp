@@ -141,9 +141,10 @@ TEST(Fusion, ABroadcastThatRepeatsItsOperandIsReadInPlaceOthersAreNot) {
   // Replicated, so that every device's blocks are square too.
   const Array x = s.put(Tensor::uniform(sq, DType::kF32, 6, -1, 1), P());
   const Array b = s.put(Tensor::uniform(Shape{64}, DType::kF32, 7, -1, 1), P());
-  // Along the last dimension (a bias): a repetition of b, fused. Along the first (each row one
-  // value of b): the same shapes, but not a repetition; it must stay a broadcast step, or the
-  // fused kernel would read b in the wrong order. Both square, so only the dims tell them apart.
+  // Along the last dimension (a bias): b repeated whole, period 64. Along the first (each row one
+  // value of b, as a row's maximum or sum is broadcast along the row): each element of b 64 times
+  // over. Both square, so only the dims tell them apart: a kernel reading b in the other order
+  // gives other values (checked bitwise below). Both are read in place, none made whole.
   auto rows = [](const Array& v, const Array& w) {
     return relu(v + broadcast_in_dim(w, v.shape(), {1}));
   };
@@ -153,19 +154,76 @@ TEST(Fusion, ABroadcastThatRepeatsItsOperandIsReadInPlaceOthersAreNot) {
   auto scalar = [](const Array& v, const Array& w) {
     return v * broadcast_in_dim(reshape(slice(w, {0}, {1}), Shape{}), v.shape(), {}) - v;
   };
+  // The middle dimension of [4, 64, 16]: each element 16 times, the whole 4 times.
+  auto middle = [](const Array& v, const Array& w) {
+    return relu(reshape(v, Shape{4, 64, 16}) + broadcast_in_dim(w, Shape{4, 64, 16}, {1}));
+  };
+  // [8, 8] onto dimensions 0 and 2 of [8, 64, 8]: not one run of the result's dimensions, so
+  // not a repetition the fused kernel can read; it stays a broadcast step of its own.
+  auto apart = [](const Array& v, const Array& w) {
+    const Array w2 = reshape(w, Shape{8, 8});
+    return relu(reshape(v, Shape{8, 64, 8}) + broadcast_in_dim(w2, Shape{8, 64, 8}, {0, 2}));
+  };
   auto f_rows = sjit(s.mesh, rows);
   auto f_cols = sjit(s.mesh, cols);
   auto f_scalar = sjit(s.mesh, scalar);
+  auto f_middle = sjit(s.mesh, middle);
+  auto f_apart = sjit(s.mesh, apart);
   EXPECT_THAT(f_rows.lower(x, b).text(),
               ::testing::HasSubstr("fused(broadcast_in_dim, add, relu)"));
-  const std::string col_text = f_cols.lower(x, b).text();
-  EXPECT_THAT(col_text, ::testing::HasSubstr("= broadcast_in_dim on blocks")) << col_text;
-  EXPECT_THAT(col_text, ::testing::HasSubstr("fused(add, relu)")) << col_text;
+  EXPECT_THAT(f_cols.lower(x, b).text(),
+              ::testing::HasSubstr("fused(broadcast_in_dim, add, relu)"));
   EXPECT_THAT(f_scalar.lower(x, b).text(),
               ::testing::HasSubstr("fused(broadcast_in_dim, mul, sub)"));
+  EXPECT_THAT(f_middle.lower(x, b).text(),
+              ::testing::HasSubstr("fused(broadcast_in_dim, reshape, add, relu)"));
+  const std::string apart_text = f_apart.lower(x, b).text();
+  EXPECT_THAT(apart_text, ::testing::HasSubstr("= broadcast_in_dim on blocks")) << apart_text;
+  EXPECT_THAT(apart_text, ::testing::HasSubstr("fused(reshape, add, relu)")) << apart_text;
   EXPECT_TRUE(f_rows(x, b).to_host() == rows(x, b).to_host());
   EXPECT_TRUE(f_cols(x, b).to_host() == cols(x, b).to_host());
   EXPECT_TRUE(f_scalar(x, b).to_host() == scalar(x, b).to_host());
+  EXPECT_TRUE(f_middle(x, b).to_host() == middle(x, b).to_host());
+  EXPECT_TRUE(f_apart(x, b).to_host() == apart(x, b).to_host());
+  // Split over rows: each device reads its own 16 values of b, each 64 times.
+  const Array xs = s.put(Tensor::uniform(sq, DType::kF32, 8, -1, 1), P("data"));
+  const Array bs = s.put(Tensor::uniform(Shape{64}, DType::kF32, 9, -1, 1), P("data"));
+  EXPECT_THAT(f_cols.lower(xs, bs).text(),
+              ::testing::HasSubstr("fused(broadcast_in_dim, add, relu)"));
+  EXPECT_TRUE(f_cols(xs, bs).to_host() == cols(xs, bs).to_host());
+}
+
+// A row's statistic broadcast along the row is read where it is, never made whole: softmax over
+// [256, 512] holds its input, e and the result (3 x 512 KiB), not the broadcast max and sum too.
+TEST(Fusion, ARowStatisticIsNotMadeWhole) {
+  Devices s;
+  const Array x = s.put(Tensor::uniform(Shape{256, 512}, DType::kF32, 10, -4, 4), P());
+  auto f = sjit(s.mesh, [](const Array& v) { return softmax(v, -1); });
+  const Lowered low = f.lower(x);
+  EXPECT_EQ(low.text().find("= broadcast_in_dim on blocks"), std::string::npos) << low.text();
+  constexpr std::int64_t kArray = 256 * 512 * 4;
+  EXPECT_LT(low.cost().peak_bytes[0], 3 * kArray + kArray / 4);
+  const Tensor got = f(x).to_host(), want = softmax(x, -1).to_host();
+  EXPECT_TRUE(got == want);
+}
+
+// Nothing fuses across an optimization barrier (as in XLA): exp's result read through one is
+// written whole by a kernel of its own, then cast by another; without it, one fused kernel.
+TEST(Fusion, AnOptimizationBarrierIsAFusionBoundary) {
+  Devices s;
+  const Array x = s.put(Tensor::uniform(Shape{64, 64}, DType::kF32, 11, -1, 1), P());
+  auto barred = sjit(s.mesh, [](const Array& v) {
+    return astype(optimization_barrier(exp(v)), DType::kBF16);
+  });
+  auto plain = sjit(s.mesh, [](const Array& v) { return astype(exp(v), DType::kBF16); });
+  const std::string text = barred.lower(x).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("= exp on blocks")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("= convert on blocks")) << text;
+  EXPECT_THAT(plain.lower(x).text(), ::testing::HasSubstr("fused(exp, convert)"));
+  // The f32 exp (16 KiB) and the bf16 result (8 KiB) live at once, beside x (16 KiB).
+  EXPECT_EQ(barred.lower(x).cost().peak_bytes[0], (16 + 16 + 8) << 10);
+  EXPECT_EQ(plain.lower(x).cost().peak_bytes[0], (16 + 8) << 10);
+  EXPECT_TRUE(barred(x).to_host() == plain(x).to_host());
 }
 
 TEST(Fusion, TheFusedKernelRefusesBlocksOfAnotherSize) {

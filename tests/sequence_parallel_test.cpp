@@ -325,8 +325,8 @@ TEST(SequenceParallel, TrainPlanTurnsItOnWithTheTensorParallelPreset) {
 // bf16, every layer recomputed: the bytes moved per step with sequence parallelism equal those
 // without to 1% (the reduce-scatter and all-gather move what the all-reduce did, and the
 // backward pass gathers the cotangent along the sequence rather than reducing whole weight
-// gradients: the partitioner's axis-by-axis assignment), and the peak no higher (lower with the
-// decomposed attention, whose layers' activations make the peak).
+// gradients: the partitioner's axis-by-axis assignment), and the peak no higher, with the fused
+// attention or the decomposed one.
 TEST(SequenceParallel, BytesMovedPerStepAreThoseWithoutIt) {
   const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 128256,
     "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -345,8 +345,9 @@ TEST(SequenceParallel, BytesMovedPerStepAreThoseWithoutIt) {
   const double ratio = static_cast<double>(on.bytes_moved()) / static_cast<double>(off.bytes_moved());
   EXPECT_NEAR(ratio, 1.0, 0.01) << on.table() << off.table();
   EXPECT_LE(on.peak_bytes, off.peak_bytes);
-  // With the decomposed attention too; there the layers' activations make the peak, which the
-  // regions split along the sequence lower.
+  // With the decomposed attention too. (Its peak is where the fused attention's is, at the
+  // embedding's gather in the forward pass: the softmax keeps only its result, as PyTorch's
+  // does, so no layer's activations make it.)
   o.fused_attention = false;
   const TrainPlan naive_off = plan_training(c, mesh, rules, o);
   o.sequence_parallel = std::nullopt;
@@ -354,7 +355,7 @@ TEST(SequenceParallel, BytesMovedPerStepAreThoseWithoutIt) {
   EXPECT_NEAR(static_cast<double>(naive_on.bytes_moved()) /
                   static_cast<double>(naive_off.bytes_moved()),
               1.0, 0.01);
-  EXPECT_LT(naive_on.peak_bytes, naive_off.peak_bytes);
+  EXPECT_LE(naive_on.peak_bytes, naive_off.peak_bytes);
 }
 
 }  // namespace

@@ -1040,6 +1040,45 @@ TEST(LossAndGrads, RecomputationAndTheFusedLossGiveTheSameGradients) {
   }
 }
 
+// In bf16, the naive loss (the logits taken to f32, whose cotangent is cast back by a kernel of
+// its own, as PyTorch's eager .float()) gives the fused loss's loss and gradients.
+TEST(LossAndGrads, TheNaiveLossInBf16GivesTheFusedLossGradients) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  const Executor exec(1);
+  const Mesh mesh = Mesh::parse("fsdp:1,tp:1", 1);
+  std::uint64_t seed = 5;
+  const Tree<Array> params = c.parameters(DType::kBF16).map([&](const TensorSpec& s) {
+    return device_put(Tensor::uniform(s.shape, DType::kBF16, seed++, -0.3, 0.3),
+                      NamedSharding(mesh, PartitionSpec()), exec);
+  });
+  std::vector<std::int32_t> ids(2 * 8);
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7) % 40);
+  const Array tokens = device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, P()), exec);
+  std::rotate(ids.begin(), ids.begin() + 1, ids.end());
+  const Array targets = device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, P()), exec);
+  const auto run = [&](bool fused_loss) {
+    const train::ModelStep model{.config = c, .layout = train::Layout{}, .fused_loss = fused_loss};
+    return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& x, const Array& y) {
+      auto [loss, grads] = train::loss_and_grads(model, p, x, y);
+      return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+    })(params, tokens, targets));
+  };
+  const Tree<Tensor> naive = run(false), fused = run(true);
+  EXPECT_NEAR(naive.at("loss").leaf().get(0), fused.at("loss").leaf().get(0), 1e-3);
+  const auto a = naive.at("grads").flatten(), b = fused.at("grads").flatten();
+  ASSERT_EQ(a.size(), b.size());
+  double largest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].second.dtype(), DType::kBF16) << a[i].first;
+    const auto x = a[i].second.to_doubles(), y = b[i].second.to_doubles();
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      largest = std::max(largest, std::abs(x[k]));
+      ASSERT_NEAR(x[k], y[k], 1e-3 + 2e-2 * std::abs(y[k])) << a[i].first << " [" << k << "]";
+    }
+  }
+  EXPECT_GT(largest, 1e-3);
+}
+
 // "fsdp:4,tp:2": a mesh of as many devices as its axes make.
 Mesh mesh_of(const std::string& text) {
   std::int64_t devices = 1;

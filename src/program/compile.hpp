@@ -65,11 +65,12 @@ constexpr std::size_t index(SlotId s) { return static_cast<std::size_t>(s); }
 
 /// One kernel of a fused step (fuse.hpp): `args[i] >= 0` is the fused step's input args[i],
 /// `args[i] < 0` the result of the group's op -1 - args[i]. With `period` > 0 the op is not run:
-/// its result element i is its one operand's element i mod period (Primitive::repeat).
+/// its result element i is its one operand's element (i / inner) mod period (Primitive::repeat).
 struct FusedOp {
   Node local;
   std::vector<int> args;
   std::int64_t period = 0;
+  std::int64_t inner = 1;
 };
 
 class RunRecord;

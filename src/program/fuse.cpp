@@ -40,10 +40,10 @@ std::vector<Shape> slot_shapes(const Graph& g, const Partitioned& p) {
   return shapes;
 }
 
-// The period when step `st` only repeats its operand (Primitive::repeat), else 0.
-std::int64_t repeat_period(const Step& st, const std::vector<Shape>& shapes) {
+// How step `st` repeats its operand (Primitive::repeat); period 0 when it does not.
+Repetition repetition(const Step& st, const std::vector<Shape>& shapes) {
   if (st.kind != Step::Kind::kKernel || st.local.op->repeat == nullptr || st.in.size() != 1) {
-    return 0;
+    return {};
   }
   return st.local.op->repeat(st.local, shapes[index(st.in[0])]);
 }
@@ -53,7 +53,7 @@ std::int64_t repeat_period(const Step& st, const std::vector<Shape>& shapes) {
 // the group's outside inputs. Moves the steps out of `p`.
 std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
                                 const std::vector<std::vector<int>>& members,
-                                const std::vector<std::int64_t>& period) {
+                                const std::vector<Repetition>& period) {
   std::vector<Step> steps;
   for (std::size_t t = 0; t < p.steps.size(); ++t) {
     if (group[t] != static_cast<int>(t)) continue;  // computed inside a later fused step
@@ -68,7 +68,8 @@ std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
     std::vector<std::pair<SlotId, int>> made;  // slot -> position of the op computing it
     for (const int m : members[t]) {
       const Step& st = p.steps[static_cast<std::size_t>(m)];
-      FusedOp op{.local = st.local, .period = period[static_cast<std::size_t>(m)]};
+      const Repetition& r = period[static_cast<std::size_t>(m)];
+      FusedOp op{.local = st.local, .period = r.period, .inner = r.inner};
       for (const SlotId in : st.in) {
         const auto inside =
             std::find_if(made.begin(), made.end(), [&](const auto& e) { return e.first == in; });
@@ -95,8 +96,8 @@ std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
 void fuse_pointwise(const Graph& g, Partitioned& p) {
   const auto num_slots = static_cast<std::size_t>(p.num_slots);
   const std::vector<Shape> shapes = slot_shapes(g, p);
-  std::vector<std::int64_t> period(p.steps.size(), 0);
-  for (std::size_t s = 0; s < p.steps.size(); ++s) period[s] = repeat_period(p.steps[s], shapes);
+  std::vector<Repetition> period(p.steps.size());
+  for (std::size_t s = 0; s < p.steps.size(); ++s) period[s] = repetition(p.steps[s], shapes);
   std::vector<int> uses(num_slots, 0);
   std::vector<int> producer(num_slots, -1);
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
@@ -131,13 +132,20 @@ void fuse_pointwise(const Graph& g, Partitioned& p) {
     std::vector<SlotId> ins = consumer.in;
     std::stable_partition(ins.begin(), ins.end(), [&](SlotId in) {
       const int s = producer[index(in)];
-      return s >= 0 && period[static_cast<std::size_t>(s)] > 0;
+      return s >= 0 && period[static_cast<std::size_t>(s)].period > 0;
     });
+    // An operand read through an optimization barrier is made by a kernel of its own, as XLA
+    // fuses nothing across one.
+    std::vector<SlotId> barred;
+    for (std::size_t k = 0; k < consumer.in.size() && k < consumer.local.operands.size(); ++k) {
+      if (g[consumer.local.operands[k]].op->barrier) barred.push_back(consumer.in[k]);
+    }
     for (const SlotId in : ins) {
       const int s = producer[index(in)];
       if (s < 0 || uses[index(in)] != 1 || group[static_cast<std::size_t>(s)] != s) continue;
+      if (std::find(barred.begin(), barred.end(), in) != barred.end()) continue;
       const Step& made = p.steps[static_cast<std::size_t>(s)];
-      const bool joins = fusible(made) || period[static_cast<std::size_t>(s)] > 0;
+      const bool joins = fusible(made) || period[static_cast<std::size_t>(s)].period > 0;
       if (!joins || local_numel(made) != local_numel(consumer)) continue;
       // Fused, s's group is computed at t: an operand whose last reader is in the group then
       // lives until t instead of the group's result. Where other steps run in between, that is
@@ -219,11 +227,19 @@ void run_fused(const std::vector<FusedOp>& ops, const std::vector<ConstBlock>& i
         const ConstBlock& from = in[static_cast<std::size_t>(op.args[0])];
         const auto size = static_cast<std::int64_t>(size_of(from.dtype));
         std::byte* to = o.data;
-        if (op.period == 1) {  // a scalar: the first element, then doubling copies
-          std::memcpy(to, from.data, static_cast<std::size_t>(size));
-          for (std::int64_t have = 1; have < len; have *= 2) {
-            std::memcpy(to + have * size, to,
-                        static_cast<std::size_t>(std::min(have, len - have) * size));
+        if (op.period == 1 || op.inner > 1) {  // runs of one element: copied, then doubled
+          for (std::int64_t e = c; e < c + len;) {
+            const bool scalar = op.period == 1;
+            const std::int64_t run =
+                scalar ? c + len - e : std::min(op.inner - e % op.inner, c + len - e);
+            const std::int64_t at = scalar ? 0 : (e / op.inner) % op.period;
+            std::memcpy(to, from.data + at * size, static_cast<std::size_t>(size));
+            for (std::int64_t have = 1; have < run; have *= 2) {
+              std::memcpy(to + have * size, to,
+                          static_cast<std::size_t>(std::min(have, run - have) * size));
+            }
+            to += run * size;
+            e += run;
           }
           continue;
         }

@@ -2,9 +2,9 @@
 // Pass 2b, fusion. Input: the graph and the partitioned steps (partition.hpp). Output: the same
 // steps with each group of pointwise kernel steps (elementwise ops, select, convert) whose
 // intermediate results are used once, by the group, replaced by one fused step; a broadcast or
-// reshape that only repeats its operand (a bias, a scalar: Primitive::repeat) joins the group as
-// a read of that operand. The fused step runs the group's own
-// kernels chunk by chunk (a few thousand elements, in cache) on every device: the intermediates
+// reshape that only repeats its operand (a bias, a scalar, a row's statistic along the row:
+// Primitive::repeat) joins the group as a read of that operand. The fused step runs the group's
+// own kernels chunk by chunk (a few thousand elements, in cache) on every device: the intermediates
 // are never written to memory, so a chain such as bias + activation or the optimizer update reads
 // and writes its blocks once instead of once per op, and the memory pass (memory.hpp), which runs
 // after it, plans no buffers for them. Results are bitwise those of the unfused steps: each kernel
@@ -22,8 +22,10 @@ inline constexpr std::int64_t kFusedChunk = 4096;
 /// pointwise kernel (pending sums included: a reader takes a pending operand as it is only where
 /// it carries the sum, so the fused chunks are the same summands), the reader is not constant, the
 /// result has no other use (not an output, not read twice), the two blocks hold the same number of
-/// elements, and the step is a pointwise kernel that is not constant, or a repetition of its
-/// operand (its operand then stays outside the group).
+/// elements, the reader does not read it through an optimization barrier (XLA fuses nothing
+/// across one), and the step is a pointwise kernel that is not constant, or a repetition of its
+/// operand (its operand then stays outside the group: a bias, a row's statistic broadcast along
+/// the row, a scalar; Primitive::repeat).
 void fuse_pointwise(const Graph& g, Partitioned& p);
 
 /// Runs a fused step's ops on one device: `in` the step's input blocks, `out` its result block.

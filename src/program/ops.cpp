@@ -76,9 +76,19 @@ Array one_hot(const Array& labels, std::int64_t n, DType dtype) {
 
 Array softmax(const Array& x, int axis) {
   axis = detail::normalize_axis(axis, x, "softmax");
-  const Array shifted = x - max(x, {axis}, true);
-  const Array e = exp(shifted);
-  return e / sum(e, {axis}, true);
+  // Differentiated as PyTorch's kernel and jax.nn.softmax are: only the result y is kept for the
+  // backward pass, whose cotangent is y * (g - sum(g * y)). (Through its ops, the max's VJP would
+  // keep x, exp its result and the division both its operands: three arrays of x's size.)
+  const auto fwd = [axis](const std::vector<Array>& in) {
+    const Array e = exp(in[0] - max(in[0], {axis}, true));
+    const Array y = e / sum(e, {axis}, true);
+    return CustomVjpForward{{y}, {y}};
+  };
+  const auto bwd = [axis](const std::vector<Array>& res, const std::vector<Array>& cts) {
+    const Array& y = res[0];
+    return std::vector<Array>{y * (cts[0] - sum(cts[0] * y, {axis}, true))};
+  };
+  return custom_vjp(fwd, bwd, {x}).at(0);
 }
 
 Array log_softmax(const Array& x, int axis) {

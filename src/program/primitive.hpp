@@ -95,11 +95,17 @@ using VjpFn = std::vector<Array>(const Node& node, const std::vector<Array>& ope
 using LocalizeFn = void(Node& local, std::span<const Shape> global_operands,
                         std::span<const Shape> local_operands);
 
-/// For fusion (fuse.hpp): when the result, in row-major order, is the operand's elements repeated
-/// (result element i is operand element i mod period), the period for these local shapes; else 0.
-/// A fused step then reads the operand instead of materialising the result (a bias or scalar
-/// broadcast, a reshape).
-using RepeatFn = std::int64_t(const Node& local, const Shape& local_operand);
+/// For fusion (fuse.hpp): the result, in row-major order, is the operand's elements each repeated
+/// `inner` times, the whole repeated: result element i is operand element (i / inner) mod period.
+/// A bias [n] broadcast to [m, n] has period n and inner 1, a row's statistic [m, 1] broadcast to
+/// [m, n] period m and inner n, a reshape period = its elements and inner 1.
+struct Repetition {
+  std::int64_t period = 0;  // 0: not a repetition for these shapes
+  std::int64_t inner = 1;
+};
+/// The repetition for these local shapes (period 0 if the result is not one). A fused step then
+/// reads the operand instead of materialising the result.
+using RepeatFn = Repetition(const Node& local, const Shape& local_operand);
 
 /// How a pending sum (each device holds a summand of the value: DTensor's Partial, JAX's
 /// "unreduced") flows through an op: the result is linear in the operands of `operands`, so the

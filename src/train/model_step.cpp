@@ -98,6 +98,24 @@ Array region(const Array& x, const char* name, const Layout& layout, bool batch 
   if (layout.annotate) return with_sharding_annotation(x, name);
   return batch ? constrain(x, {{0, &layout.batch}, {1, &layout.context}}, layout) : x;
 }
+
+// x cast to `wide` as PyTorch's `.float()` runs eagerly: in the backward pass the cotangent in
+// `wide` is written whole (by the kernel before, log_softmax's backward) and then cast back by a
+// kernel of its own (ToCopyBackward), read through an optimization barrier so that fusion does
+// not fold the cast into the kernel before it. The naive loss runs outside the compiled blocks
+// (torchtitan compiles each block, not the loss), so its arrays are eager PyTorch's.
+Array eager_cast(const Array& x, DType wide) {
+  const DType narrow = x.dtype();
+  if (narrow == wide) return x;
+  const auto fwd = [wide](const std::vector<Array>& in) {
+    return CustomVjpForward{{astype(in[0], wide)}, {}};
+  };
+  const auto bwd = [narrow](const std::vector<Array>&, const std::vector<Array>& cts) {
+    return std::vector<Array>{astype(optimization_barrier(cts[0]), narrow)};
+  };
+  return custom_vjp(fwd, bwd, {x}).at(0);
+}
+
 // A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
 Array normed(const Array& x, const char* reader, const Layout& layout) {
   return region(region(x, "norm", layout), reader, layout);
@@ -419,7 +437,7 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
   // cross_entropy(logits.float(), labels)), as linear_cross_entropy does group by group.
   const Array logits = linear(x, head);
   const DType wide = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-  return mean(cross_entropy(astype(logits, wide), targets));
+  return mean(cross_entropy(eager_cast(logits, wide), targets));
 }
 
 Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,

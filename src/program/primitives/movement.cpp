@@ -52,7 +52,7 @@ namespace {
 using Arrays = std::vector<Array>;
 
 // A reshape keeps the row-major order: result element i is operand element i.
-std::int64_t reshape_repeat(const Node&, const Shape& operand) { return operand.numel(); }
+Repetition reshape_repeat(const Node&, const Shape& operand) { return {operand.numel(), 1}; }
 
 void copy_kernel(const KernelArgs& k) {
   const auto bytes = static_cast<std::size_t>(k.out.shape.numel()) * size_of(k.out.dtype);
@@ -199,19 +199,24 @@ OpFactors broadcast_factors(const Node& n, std::span<const Shape> operands) {
   return f;
 }
 
-// A repetition when the operand's dimensions other than 1 are the result's last ones, in order and
-// of the same sizes (a bias [n] to [m, n], a scalar to anything): result element i is operand
-// element i mod (operand elements).
-std::int64_t broadcast_repeat(const Node& n, const Shape& operand) {
+// A repetition when the operand's dimensions other than 1 are consecutive dimensions of the
+// result, in order and of the same sizes: a bias [n] to [m, n] (period n), a row statistic [m, 1]
+// to [m, n] (period m, each element n times), [t, 1] to [b, t, d], a scalar to anything.
+Repetition broadcast_repeat(const Node& n, const Shape& operand) {
   const std::vector<int>& dims = n.attr<BroadcastAttrs>().dims;
   const Shape& out = n.type.shape;
-  int next = out.rank();
+  int last = -1;  // the result dimension of the operand's last dimension other than 1
+  int next = -1;  // the one its previous such dimension must sit at
   for (int d = operand.rank() - 1; d >= 0; --d) {
     if (operand[d] == 1) continue;
-    --next;
-    if (dims[static_cast<std::size_t>(d)] != next || out[next] != operand[d]) return 0;
+    const int to = dims[static_cast<std::size_t>(d)];
+    if (out[to] != operand[d] || (next >= 0 && to != next)) return {};
+    if (last < 0) last = to;
+    next = to - 1;
   }
-  return operand.numel();
+  std::int64_t inner = 1;
+  for (int d = last + 1; last >= 0 && d < out.rank(); ++d) inner *= out[d];
+  return {operand.numel(), inner};
 }
 
 void broadcast_kernel(const KernelArgs& k) {
