@@ -32,7 +32,7 @@ run() {  # label, published GiB, published tok/s, train-plan arguments...
     "$(awk '/tokens\/s per device/ {print $4}' <<<"$out")" "$tps" \
     "$(grep -oE 'fits$|does NOT fit.*' <<<"$out")"
 }
-a100=(--hardware a100-80g --rules preset:llama_fsdp --mesh fsdp:64)
+a100=(--hardware a100-80g --rules preset:llama_fsdp --mesh fsdp:64 --eager)
 run "L3 8B, bs1, op-SAC, 64 A100" - 2973 -c $l3_8b "${a100[@]}" --batch 64 --seq 8192 --remat $opsac
 run "L3 70B, bs1, full AC, 64 A100" - 331 -c $l3_70b "${a100[@]}" --batch 64 --seq 8192 --remat full
 run "L2 13B, bs2, op-SAC, 64 A100" - 1904 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac

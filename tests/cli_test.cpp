@@ -1215,6 +1215,31 @@ TEST_F(TrainPlanCli, TheDefaultRulesFitTheMesh) {
                                    "no tp axis: left out of the preset's specs, as size 1)"));
 }
 
+// --eager plans the step as eager PyTorch runs it: the same products and FLOPs, each elementwise
+// op's result written (more bytes read and written, a peak no lower), said in the step line and
+// the JSON.
+TEST_F(TrainPlanCli, EagerWritesEveryOpsResult) {
+  const std::string cfg = llama().string();
+  const auto plan = [&](const std::string& args) {
+    const Result r = run(fmt::format(
+        "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 256 --hardware h100-sxm {}", cfg, args));
+    EXPECT_EQ(r.code, 0) << args << r.err;
+    return r.out;
+  };
+  const auto compiled = nlohmann::json::parse(plan("--json"));
+  const auto eager = nlohmann::json::parse(plan("--json --eager"));
+  EXPECT_EQ(compiled["eager"], false);
+  EXPECT_EQ(eager["eager"], true);
+  EXPECT_EQ(eager["per_device"]["flops"], compiled["per_device"]["flops"]);
+  EXPECT_GT(eager["per_device"]["memory_traffic_bytes"].get<double>(),
+            1.2 * compiled["per_device"]["memory_traffic_bytes"].get<double>());
+  EXPECT_GE(eager["per_device"]["peak_bytes"], compiled["per_device"]["peak_bytes"]);
+  EXPECT_GT(eager["time"]["memory_seconds"], compiled["time"]["memory_seconds"]);
+  EXPECT_THAT(plan("--eager"), ::testing::HasSubstr(
+                                   ", eager (no torch.compile: each elementwise op writes its result)"));
+  EXPECT_THAT(plan(""), ::testing::Not(::testing::HasSubstr("eager")));
+}
+
 // --remat and --loss are what the step runs: the header says them, the JSON carries them, a
 // name no layer gives is an error listing the names there are, and recomputation adds FLOPs
 // (one more forward pass of the layers for full, less for dots) while the fused loss changes

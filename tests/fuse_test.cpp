@@ -226,6 +226,34 @@ TEST(Fusion, AnOptimizationBarrierIsAFusionBoundary) {
   EXPECT_TRUE(barred(x).to_host() == plain(x).to_host());
 }
 
+// Eager (SjitOptions::eager, an eager framework's kernels): every op writes its result, only a
+// broadcast is read in place (PyTorch's expand is a view). relu(x * 2 + b): the scaling, the
+// add (each reading its broadcast operand in place) and relu are steps of their own; results
+// bitwise the compiled ones.
+TEST(Fusion, EagerFusesOnlyRepetitions) {
+  Devices s;
+  const Array x = s.put(Tensor::uniform(Shape{64, 64}, DType::kF32, 12, -1, 1), P());
+  const Array b = s.put(Tensor::uniform(Shape{64}, DType::kF32, 13, -1, 1), P());
+  auto f = [](const Array& v, const Array& w) {
+    return relu(v * 2.0 + broadcast_in_dim(w, v.shape(), {0}));
+  };
+  SjitOptions eager;
+  eager.eager = true;
+  auto compiled_step = sjit(s.mesh, f);
+  auto eager_step = sjit(s.mesh, f, eager);
+  const std::string text = eager_step.lower(x, b).text();
+  EXPECT_THAT(text, ::testing::HasSubstr("fused(broadcast_in_dim, add)")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("= relu on blocks")) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("fused(broadcast_in_dim, mul)")) << text;  // the 2
+  EXPECT_THAT(compiled_step.lower(x, b).text(),
+              ::testing::HasSubstr("fused(broadcast_in_dim, broadcast_in_dim, mul, add, relu)"));
+  // Eager holds x, x * 2 and their sum at once (16 KiB each); compiled, x and the result; both
+  // b (256 B) and the constant 2 (4 B).
+  EXPECT_EQ(eager_step.lower(x, b).cost().peak_bytes[0], (3 * 16 << 10) + 256 + 4);
+  EXPECT_EQ(compiled_step.lower(x, b).cost().peak_bytes[0], (2 * 16 << 10) + 256 + 4);
+  EXPECT_TRUE(eager_step(x, b).to_host() == compiled_step(x, b).to_host());
+}
+
 TEST(Fusion, TheFusedKernelRefusesBlocksOfAnotherSize) {
   // A block that does not hold as many elements as the result would be read past its end.
   Tensor a(Shape{10}, DType::kF32), out(Shape{12}, DType::kF32);

@@ -53,6 +53,11 @@ struct SjitOptions {
   /// (docs/sjit.md, "How a step runs"). false compiles them one step each, to measure or rule
   /// out fusion; the results are bitwise the same either way.
   bool fuse = true;
+  /// With `fuse`, fuse as an eager framework runs (PyTorch without torch.compile): every op
+  /// writes its result, and only a broadcast or reshape that repeats its operand is read in place
+  /// by its reader (PyTorch's expand and view allocate nothing). Plans the memory and the
+  /// memory-bound time of an eager step; results are bitwise the same.
+  bool eager = false;
   /// The most bytes per device of constant results (values that depend on no argument: a mask,
   /// a rotary table; each under 1 MiB) kept for the next call, the first ones first; the others
   /// are made again each call (docs/sjit.md). Kept ones count in the peak. 0 keeps none.

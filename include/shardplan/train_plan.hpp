@@ -156,6 +156,11 @@ struct TrainPlanOptions {
   /// Attention as dot_product_attention (no [t, t] scores; --attention fused), or the scores,
   /// mask and softmax as ops (--attention naive). T5's attention is always the latter.
   bool fused_attention = true;
+  /// The step as eager PyTorch runs it, without torch.compile (--eager): every elementwise op
+  /// writes its result (a broadcast is read in place, as expand is a view), so the step holds
+  /// each op's temporaries and reads and writes memory once per op. Default: as a compiler runs
+  /// it, each chain of elementwise ops one kernel (SjitOptions::eager).
+  bool eager = false;
   /// The mesh axes the batch is split over; empty: every axis except tensor-parallel ones
   /// (tp, model, mp, tensor).
   std::vector<std::string> batch_axes;
@@ -248,6 +253,7 @@ struct TrainPlan {
   bool float8 = false;  // the decoder blocks' linear layers in float8 (TrainPlanOptions::float8)
   bool fused_loss = true;
   bool fused_attention = true;
+  bool eager = false;  // TrainPlanOptions::eager
   /// Whether the norm and residual regions were split along the sequence, and over which axes.
   bool sequence_parallel = false;
   std::vector<std::string> sequence_axes;

@@ -216,6 +216,10 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
               "The decoder blocks' linear layers in float8 as torchao's Float8Linear (tensorwise "
               "scaling; inputs kept in 8 bits; products at the hardware's fp8 rate); the head and "
               "attention stay in --param-dtype. LLaMA-family models");
+  t->add_flag("--eager", c.eager,
+              "Plan the step as eager PyTorch runs it (no torch.compile): every elementwise op "
+              "writes its result, so each op's temporaries are held and its bytes read and "
+              "written. Default: compiled, each chain of elementwise ops one kernel");
 }
 
 }  // namespace
@@ -355,6 +359,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.recompute = c.recompute;
   o.reshard_after_forward = !c.no_reshard_after_forward;
   o.float8 = c.float8;
+  o.eager = c.eager;
   if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {
     o.sequence_parallel = c.sequence_parallel == "on";
   } else if (!c.sequence_parallel.empty() ||

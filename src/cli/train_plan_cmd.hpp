@@ -28,6 +28,7 @@ struct TrainPlanCommand {
   bool recompute = false;
   bool no_reshard_after_forward = false;
   bool float8 = false;
+  bool eager = false;
   std::string remat;  // --remat; empty: not given
   std::string loss = "fused";
   std::string attention = "fused";

@@ -129,7 +129,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   }
 
   Partitioned parts = partition(g, prop, prog.specs_, spec);
-  if (spec.fuse) fuse_pointwise(g, parts);
+  if (spec.fuse) fuse_pointwise(g, parts, spec.eager);
   Liveness live = plan_memory(g, parts, spec);
   // The check that the events are the memory pass's: allocated on one stream, their live bytes
   // peak where the pass's do.

@@ -46,6 +46,8 @@ struct CompileSpec {
   /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program
   /// (SjitOptions::fuse).
   bool fuse = true;
+  /// Fuse only repetitions into their readers (SjitOptions::eager).
+  bool eager = false;
 };
 
 using CostReport = ProgramCost;

@@ -93,7 +93,7 @@ std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
 
 }  // namespace
 
-void fuse_pointwise(const Graph& g, Partitioned& p) {
+void fuse_pointwise(const Graph& g, Partitioned& p, bool repeats_only) {
   const auto num_slots = static_cast<std::size_t>(p.num_slots);
   const std::vector<Shape> shapes = slot_shapes(g, p);
   std::vector<Repetition> period(p.steps.size());
@@ -145,7 +145,8 @@ void fuse_pointwise(const Graph& g, Partitioned& p) {
       if (s < 0 || uses[index(in)] != 1 || group[static_cast<std::size_t>(s)] != s) continue;
       if (std::find(barred.begin(), barred.end(), in) != barred.end()) continue;
       const Step& made = p.steps[static_cast<std::size_t>(s)];
-      const bool joins = fusible(made) || period[static_cast<std::size_t>(s)].period > 0;
+      const bool joins =
+          (fusible(made) && !repeats_only) || period[static_cast<std::size_t>(s)].period > 0;
       if (!joins || local_numel(made) != local_numel(consumer)) continue;
       // Fused, s's group is computed at t: an operand whose last reader is in the group then
       // lives until t instead of the group's result. Where other steps run in between, that is

@@ -25,8 +25,9 @@ inline constexpr std::int64_t kFusedChunk = 4096;
 /// elements, the reader does not read it through an optimization barrier (XLA fuses nothing
 /// across one), and the step is a pointwise kernel that is not constant, or a repetition of its
 /// operand (its operand then stays outside the group: a bias, a row's statistic broadcast along
-/// the row, a scalar; Primitive::repeat).
-void fuse_pointwise(const Graph& g, Partitioned& p);
+/// the row, a scalar; Primitive::repeat). With `repeats_only`, only such repetitions join (an
+/// eager framework's kernels: each op writes its result, a broadcast is a view).
+void fuse_pointwise(const Graph& g, Partitioned& p, bool repeats_only = false);
 
 /// Runs a fused step's ops on one device: `in` the step's input blocks, `out` its result block.
 void run_fused(const std::vector<FusedOp>& ops, const std::vector<ConstBlock>& in,

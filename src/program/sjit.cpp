@@ -387,7 +387,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
                    .cache_constants = o.kept_constant_bytes > 0,
                    .kept_constant_bytes = o.kept_constant_bytes,
                    .count_constants = o.count_constants,
-                   .fuse = o.fuse};
+                   .fuse = o.fuse, .eager = o.eager};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {

@@ -308,6 +308,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.kept_constant_bytes = 0;
   options.count_constants = false;
   options.annotation_shardings = annotations;
+  options.eager = o.eager;
   const Lowered low = sjit(mesh, step, std::move(options))
                           .lower(args.params, args.state, args.tokens, args.targets);
   return read_cost(low, args, o.grad_dtype);

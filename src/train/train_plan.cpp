@@ -483,6 +483,7 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.remat = remat_name(train::effective_remat(o));
   plan.fused_loss = o.fused_loss;
   plan.fused_attention = o.fused_attention;
+  plan.eager = o.eager;
   plan.float8 = o.float8;
   plan.optimizer = std::string(name(o.optimizer));
   plan.param_dtype = o.param_dtype;

@@ -117,6 +117,9 @@ std::string TrainPlan::table() const {
                            "the head and attention in {})",
                            name(param_dtype)));
   }
+  if (eager) {  // before the blank line the row above ends with
+    out.insert(out.size() - 2, ", eager (no torch.compile: each elementwise op writes its result)");
+  }
   if (!context_axes.empty()) {  // before the blank line the row above ends with
     out.insert(out.size() - 2,
                fmt::format(", context parallel over {} (ring attention, load-balanced order)",
@@ -221,6 +224,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["float8"] = p.float8;
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
+  j["eager"] = p.eager;
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
   j["context_axes"] = p.context_axes;
