@@ -320,6 +320,33 @@ TEST(SequenceParallel, TrainPlanTurnsItOnWithTheTensorParallelPreset) {
       SpecError, "sequence parallelism", "activation_norm_length", "preset:llama_fsdp.yaml");
 }
 
+// With sequence parallelism the residual stream is split along the sequence from the embedding
+// on (torchtitan's tok_embeddings: output_layouts=Shard(1)): with every layer recomputed, the
+// first layer keeps 1/tp of the embedding's output for the backward pass, as it keeps 1/tp of
+// every other layer's input. 8 x 2048 tokens of width 2048 in bf16 are 64 MiB; split over fsdp:2
+// and tp:4, 8 MiB a device (it was kept whole over tp, 32 MiB).
+TEST(SequenceParallel, TheEmbeddingsOutputIsSplitAlongTheSequence) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 512,
+    "hidden_size": 2048, "intermediate_size": 2048, "num_hidden_layers": 2,
+    "num_attention_heads": 16, "num_key_value_heads": 4})");
+  TrainPlanOptions o;
+  o.batch = 8;
+  o.seq = 2048;
+  o.recompute = true;
+  o.fused_loss = false;
+  o.activations = load_preset("llama_fsdp_tp");
+  const TrainPlan p =
+      plan_training(c, Mesh::parse("fsdp:2,tp:4", 8), o.activations->make_rule(), o);
+  ASSERT_TRUE(p.sequence_parallel);
+  ASSERT_TRUE(p.timeline.has_value());
+  const std::vector<LiveValue>& live = p.timeline->memory.live_at_peak;
+  const auto take = std::find_if(live.begin(), live.end(), [](const LiveValue& v) {
+    return v.what.starts_with("take");
+  });
+  ASSERT_NE(take, live.end()) << p.table();
+  EXPECT_EQ(take->bytes, std::int64_t{8} << 20) << take->what << " " << take->type;
+}
+
 // The issue's goal on the shapes of a published run: LLaMA-3-70B (80 layers, hidden 8192, MLP
 // 28672, 64 heads, 8 key/value heads, vocabulary 128256) on fsdp:16,tp:8, 16 x 4096 tokens,
 // bf16, every layer recomputed: the bytes moved per step with sequence parallelism equal those

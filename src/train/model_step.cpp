@@ -130,8 +130,10 @@ Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
     const Array h = take(at(rest, "wte/weight"), tokens, 0) + take(at(rest, "wpe/weight"), pos, 0);
     return constrain(h, {{0, &L.batch}}, L);
   }
-  return constrain(take(at(rest, "model/embed_tokens/weight"), tokens, 0),
-                   {{0, &L.batch}, {1, &L.context}}, L);
+  // The residual stream from its start: with sequence parallelism the embedding's output is
+  // split along the sequence at once (torchtitan's tok_embeddings: output_layouts=Shard(1)), so
+  // the first layer keeps 1/tp of it for the backward pass, not the whole.
+  return region(take(at(rest, "model/embed_tokens/weight"), tokens, 0), "residual", L, true);
 }
 
 Array attention_mask(const Array& scores, std::int64_t window) {
