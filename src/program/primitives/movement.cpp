@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "../../runtime/box_copy.hpp"
 #include "../kernel_util.hpp"
@@ -206,11 +207,11 @@ Repetition broadcast_repeat(const Node& n, const Shape& operand) {
   const std::vector<int>& dims = n.attr<BroadcastAttrs>().dims;
   const Shape& out = n.type.shape;
   int last = -1;  // the result dimension of the operand's last dimension other than 1
-  int next = -1;  // the one its previous such dimension must sit at
+  std::optional<int> next;  // the one its previous such dimension must sit at
   for (int d = operand.rank() - 1; d >= 0; --d) {
     if (operand[d] == 1) continue;
     const int to = dims[static_cast<std::size_t>(d)];
-    if (out[to] != operand[d] || (next >= 0 && to != next)) return {};
+    if (out[to] != operand[d] || (next.has_value() && to != *next)) return {};
     if (last < 0) last = to;
     next = to - 1;
   }
