@@ -229,11 +229,11 @@ void run_fused(const std::vector<FusedOp>& ops, const std::vector<ConstBlock>& i
         const auto size = static_cast<std::int64_t>(size_of(from.dtype));
         std::byte* to = o.data;
         if (op.period == 1 || op.inner > 1) {  // runs of one element: copied, then doubled
+          // A scalar is one run over the whole result.
+          const std::int64_t inner = op.period == 1 ? n : op.inner;
           for (std::int64_t e = c; e < c + len;) {
-            const bool scalar = op.period == 1;
-            const std::int64_t run =
-                scalar ? c + len - e : std::min(op.inner - e % op.inner, c + len - e);
-            const std::int64_t at = scalar ? 0 : (e / op.inner) % op.period;
+            const std::int64_t run = std::min(inner - e % inner, c + len - e);
+            const std::int64_t at = (e / inner) % op.period;
             std::memcpy(to, from.data + at * size, static_cast<std::size_t>(size));
             for (std::int64_t have = 1; have < run; have *= 2) {
               std::memcpy(to + have * size, to,

@@ -94,7 +94,7 @@ std::string TrainPlan::table() const {
                                  : fmt::format("{}", seq);
   out += fmt::format(
       "step: batch {} x {} tokens over [{}] ({} micro-batch{}), {}, parameters {}, gradients {}, "
-      "optimizer state {}, remat {}, attention {}, loss {}, sequence parallel {}\n\n",
+      "optimizer state {}, remat {}, attention {}, loss {}, sequence parallel {}",
       batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
       optimizer,
       master_dtype == param_dtype
@@ -111,21 +111,17 @@ std::string TrainPlan::table() const {
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
                         : "off");
-  if (float8) {  // before the blank line the row above ends with
-    out.insert(out.size() - 2,
-               fmt::format(", linear layers float8 (tensorwise scaling, inputs kept in 8 bits; "
-                           "the head and attention in {})",
-                           name(param_dtype)));
+  if (float8) {
+    out += fmt::format(", linear layers float8 (tensorwise scaling, inputs kept in 8 bits; the "
+                       "head and attention in {})",
+                       name(param_dtype));
   }
-  if (eager) {  // before the blank line the row above ends with
-    out.insert(out.size() - 2, ", eager (no torch.compile: each elementwise op writes its result)");
+  if (eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
+  if (!context_axes.empty()) {
+    out += fmt::format(", context parallel over {} (ring attention, load-balanced order)",
+                       detail::printable(fmt::format("{}", fmt::join(context_axes, ", "))));
   }
-  if (!context_axes.empty()) {  // before the blank line the row above ends with
-    out.insert(out.size() - 2,
-               fmt::format(", context parallel over {} (ring attention, load-balanced order)",
-                           detail::printable(fmt::format("{}", fmt::join(context_axes, ", ")))));
-  }
-  out += "per device\n";
+  out += "\n\nper device\n";
   const auto row = [&](std::string_view what, std::int64_t bytes) {
     out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
   };
