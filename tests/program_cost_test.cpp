@@ -125,6 +125,11 @@ std::vector<std::int64_t> planned(const MemoryTimeline& t) {
   return out;
 }
 
+// x of `spec`, normal from seed 1, split over the mesh's axis i.
+Array normal_over_i(const TensorSpec& spec, const Mesh& mesh, const Executor& exec) {
+  return device_put(Tensor::normal(spec.shape, DType::kF32, 1), NamedSharding(mesh, P("i")), exec);
+}
+
 // x f32[16, 64] over i:4 (1 KiB per device, kept: not donated). shard_map's boundaries are views:
 // its block in is x's buffer while x stays live, its result out is the sum's buffer. Steps: in
 // (x's 1 KiB, nothing new), the sum (+1 KiB; the block in dies after it, x's buffer stays), out
@@ -146,8 +151,7 @@ TEST(MemoryTimeline, AViewOfAValueStillLiveHoldsNoBytesOfItsOwn) {
   EXPECT_EQ(c.timeline.live_at_peak[0].bytes, 1024);
   EXPECT_EQ(c.timeline.live_at_peak[1].what, "add");
   Executor exec{4};
-  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
-                             NamedSharding(mesh, P("i")), exec);
+  const Array x = normal_over_i(spec, mesh, exec);
   profiler::MemoryDebugMode memory;
   (void)f(x);
   const std::vector<profiler::MemoryRun> runs = memory.runs();
@@ -176,8 +180,7 @@ TEST(MemoryTimeline, AViewThatOutlivesItsOperandHoldsItsBufferUntilItDies) {
   EXPECT_EQ(c.timeline.live_at_peak[1].what, "add");
   EXPECT_EQ(c.timeline.live_at_peak[2].what, "add");
   Executor exec{4};
-  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
-                             NamedSharding(mesh, P("i")), exec);
+  const Array x = normal_over_i(spec, mesh, exec);
   profiler::MemoryDebugMode memory;
   (void)f(x);
   ASSERT_EQ(memory.runs().size(), 1u);
@@ -202,8 +205,7 @@ TEST(MemoryTimeline, ACollectiveOverOneDeviceHoldsItsOperandsBuffer) {
   EXPECT_THAT(planned(f.lower(spec).cost().timeline), ElementsAre(1024, 1024, 1024, 2048, 2048))
       << text;
   Executor exec{4};
-  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
-                             NamedSharding(mesh, P("i")), exec);
+  const Array x = normal_over_i(spec, mesh, exec);
   profiler::MemoryDebugMode memory;
   (void)f(x);
   ASSERT_EQ(memory.runs().size(), 1u);
@@ -229,8 +231,7 @@ TEST(MemoryTimeline, AKeptConstantAndItsViewAreOneBufferInEveryRun) {
   EXPECT_THAT(planned(t), ElementsAre(1024, 5120, 9216, 9216, 10240, 10240, 11264, 11264))
       << f.lower(spec).text();
   Executor exec{4};
-  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
-                             NamedSharding(mesh, P("i")), exec);
+  const Array x = normal_over_i(spec, mesh, exec);
   profiler::MemoryDebugMode memory;
   (void)f(x);
   (void)f(x);
@@ -253,8 +254,7 @@ TEST(MemoryTimeline, OneArrayPassedTwiceIsPlannedTwiceAndHeldOnce) {
   const TensorSpec spec{Shape{16, 64}, DType::kF32};
   EXPECT_THAT(planned(f.lower(spec, spec).cost().timeline), ElementsAre(2048, 3072));
   Executor exec{4};
-  const Array x = device_put(Tensor::normal(spec.shape, DType::kF32, 1),
-                             NamedSharding(mesh, P("i")), exec);
+  const Array x = normal_over_i(spec, mesh, exec);
   profiler::MemoryDebugMode memory;
   (void)f(x, x);
   (void)(x * x);  // eagerly: a one-op program, the same

@@ -621,6 +621,26 @@ TEST(PlanTraining, AttentionSplitsOverMoreTensorRanksThanKvHeads) {
   EXPECT_LT(f8.flops, p8.flops);
 }
 
+// The parameters of `c` in `dtype`, each uniform in [-0.3, 0.3] (seeds `seed`, `seed` + 1, ...),
+// replicated over `mesh`.
+Tree<Array> uniform_parameters(const ModelConfig& c, DType dtype, std::uint64_t seed,
+                               const Mesh& mesh, const Executor& exec) {
+  return c.parameters(dtype).map([&](const TensorSpec& s) {
+    return device_put(Tensor::uniform(s.shape, dtype, seed++, -0.3, 0.3),
+                      NamedSharding(mesh, PartitionSpec()), exec);
+  });
+}
+
+// Tokens of `shape` (token i is 7 i mod 40) and their targets (the next token), placed as `spec`.
+std::pair<Array, Array> tokens_and_targets(const Shape& shape, const Mesh& mesh,
+                                           const PartitionSpec& spec, const Executor& exec) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(shape.numel()));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7) % 40);
+  const Array tokens = device_put(Tensor::from(shape, ids), NamedSharding(mesh, spec), exec);
+  std::rotate(ids.begin(), ids.begin() + 1, ids.end());
+  return {tokens, device_put(Tensor::from(shape, ids), NamedSharding(mesh, spec), exec)};
+}
+
 // The heads' width from head_dim, key/value heads repeated over four tensor-parallel ranks
 // (2 key/value heads) and a sliding window: the sharded step gives one device's loss and
 // gradients (one device runs the grouped layout).
@@ -633,18 +653,8 @@ TEST(LossAndGrads, RepeatedKvHeadsAndWindowsGiveOneDevicesGradients) {
                        const ModelConfig& cfg) {
     const Executor exec(n);
     const Mesh mesh = Mesh::parse(axes, n);
-    std::uint64_t seed = 3;
-    const Tree<Array> params = cfg.parameters(DType::kF32).map([&](const TensorSpec& s) {
-      return device_put(Tensor::uniform(s.shape, DType::kF32, seed++, -0.3, 0.3),
-                        NamedSharding(mesh, PartitionSpec()), exec);
-    });
-    std::vector<std::int32_t> ids(2 * 8);
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7) % 40);
-    const Array x =
-        device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, PartitionSpec()), exec);
-    std::rotate(ids.begin(), ids.begin() + 1, ids.end());
-    const Array y =
-        device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, PartitionSpec()), exec);
+    const Tree<Array> params = uniform_parameters(cfg, DType::kF32, 3, mesh, exec);
+    const auto [x, y] = tokens_and_targets(Shape{2, 8}, mesh, PartitionSpec(), exec);
     const train::ModelStep model{cfg, layout};
     return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
       auto [loss, grads] = train::loss_and_grads(model, p, a, b);
@@ -983,18 +993,8 @@ TEST(LossAndGrads, RecomputationAndTheFusedLossGiveTheSameGradients) {
     SCOPED_TRACE(c.model_type);
     const Executor exec(4);
     const Mesh mesh = Mesh::parse("fsdp:2,tp:2", 4);
-    std::uint64_t seed = 1;
-    const Tree<Array> params = c.parameters(DType::kF32).map([&](const TensorSpec& s) {
-      return device_put(Tensor::uniform(s.shape, DType::kF32, seed++, -0.3, 0.3),
-                        NamedSharding(mesh, PartitionSpec()), exec);
-    });
-    std::vector<std::int32_t> ids(4 * 8);
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7) % 40);
-    const Array tokens =
-        device_put(Tensor::from(Shape{4, 8}, ids), NamedSharding(mesh, P("fsdp")), exec);
-    std::rotate(ids.begin(), ids.begin() + 1, ids.end());
-    const Array targets =
-        device_put(Tensor::from(Shape{4, 8}, ids), NamedSharding(mesh, P("fsdp")), exec);
+    const Tree<Array> params = uniform_parameters(c, DType::kF32, 1, mesh, exec);
+    const auto [tokens, targets] = tokens_and_targets(Shape{4, 8}, mesh, P("fsdp"), exec);
     const auto run = [&](std::optional<RematPolicy> remat, bool fused_loss) {
       const train::ModelStep model{.config = c,
                                    .layout = train::Layout{{"fsdp"}, {"tp"}, 2, 2},
@@ -1046,16 +1046,8 @@ TEST(LossAndGrads, TheNaiveLossInBf16GivesTheFusedLossGradients) {
   const ModelConfig c = ModelConfig::parse(kTinyLlama);
   const Executor exec(1);
   const Mesh mesh = Mesh::parse("fsdp:1,tp:1", 1);
-  std::uint64_t seed = 5;
-  const Tree<Array> params = c.parameters(DType::kBF16).map([&](const TensorSpec& s) {
-    return device_put(Tensor::uniform(s.shape, DType::kBF16, seed++, -0.3, 0.3),
-                      NamedSharding(mesh, PartitionSpec()), exec);
-  });
-  std::vector<std::int32_t> ids(2 * 8);
-  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>((i * 7) % 40);
-  const Array tokens = device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, P()), exec);
-  std::rotate(ids.begin(), ids.begin() + 1, ids.end());
-  const Array targets = device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, P()), exec);
+  const Tree<Array> params = uniform_parameters(c, DType::kBF16, 5, mesh, exec);
+  const auto [tokens, targets] = tokens_and_targets(Shape{2, 8}, mesh, P(), exec);
   const auto run = [&](bool fused_loss) {
     const train::ModelStep model{.config = c, .layout = train::Layout{}, .fused_loss = fused_loss};
     return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& x, const Array& y) {
