@@ -27,9 +27,21 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-counter = ctypes.CDLL(os.environ["LD_PRELOAD"])
-for name in ("alloc_count_current", "alloc_count_peak"):
-    getattr(counter, name).restype = ctypes.c_longlong
+def load_counter():
+    path = os.environ.get("LD_PRELOAD", "")
+    try:
+        lib = ctypes.CDLL(path)
+        for name in ("alloc_count_current", "alloc_count_peak", "alloc_count_reset_peak"):
+            getattr(lib, name)
+    except (OSError, AttributeError) as e:
+        raise SystemExit(f"reference.py: LD_PRELOAD={path!r} is not alloc_count.so (build it "
+                         f"from scripts/eager_memory/alloc_count.c; run.sh does): {e}")
+    lib.alloc_count_current.restype = ctypes.c_longlong
+    lib.alloc_count_peak.restype = ctypes.c_longlong
+    return lib
+
+
+counter = load_counter()
 
 
 def rms_norm(x, w, eps):

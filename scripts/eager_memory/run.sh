@@ -6,6 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-/usr/bin/python3}
+if ! "$python" -c 'import torch' 2>/dev/null; then
+  echo "run.sh: $python cannot import torch (Debian: apt-get install python3-torch)" >&2
+  exit 1
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cc -O2 -shared -fPIC -o "$tmp/alloc_count.so" scripts/eager_memory/alloc_count.c
