@@ -187,6 +187,39 @@ TEST(MemoryTimeline, AViewThatOutlivesItsOperandHoldsItsBufferUntilItDies) {
   EXPECT_EQ(measured(memory.runs()[0]), planned(c.timeline));
 }
 
+// keep_alive holds what it reads to its step, as autograd holds a node's saved tensors until the
+// node has run. x f32[16, 64] split over i (1 KiB per device, kept); a = exp(x); b = a + a;
+// c = b + b. Without keep_alive a dies at b (its last read): 1 KiB at the start, then 2, 3, 3.
+// With c read through keep_alive(c, {a}), a lives to that step: 2, 3, 4 KiB (x, a, b, c), then
+// 3 (b let go) at the view, which holds no bytes of its own. A run measures the same bytes.
+TEST(MemoryTimeline, KeepAliveHoldsWhatItReadsUntilItsStep) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  const auto step = [](bool keep) {
+    return [keep](const Array& x) {
+      const Array a = exp(x);
+      const Array b = a + a;
+      const Array c = b + b;
+      return keep ? keep_alive(c, {a}) : c;
+    };
+  };
+  const SjitOptions options{.in_shardings = RuleTree::list({RuleTree(P("i"))})};
+  const TensorSpec spec{Shape{16, 64}, DType::kF32};
+  auto plain = sjit(mesh, step(false), options);
+  auto kept = sjit(mesh, step(true), options);
+  EXPECT_THAT(planned(plain.lower(spec).cost().timeline), ElementsAre(1024, 2048, 3072, 3072))
+      << plain.lower(spec).text();
+  const ProgramCost& c = kept.lower(spec).cost();
+  EXPECT_THAT(planned(c.timeline), ElementsAre(1024, 2048, 3072, 4096, 3072)) << kept.lower(spec).text();
+  EXPECT_EQ(c.peak_bytes[0], 4096);
+  Executor exec{4};
+  const Array x = normal_over_i(spec, mesh, exec);
+  profiler::MemoryDebugMode memory;
+  const Tensor got = kept(x).to_host();
+  ASSERT_EQ(memory.runs().size(), 1u);
+  EXPECT_EQ(measured(memory.runs()[0]), planned(c.timeline));
+  EXPECT_TRUE(got == plain(x).to_host());  // the value is c's
+}
+
 // A collective over an axis of one device moves nothing: reshard() gives its operand's buffers
 // back under the new name, and the memory pass counts them once (shares_operand_buffers: its
 // cost lists no collective). On i:4 x j:1, x f32[16, 64] split over i (1 KiB per device, kept);

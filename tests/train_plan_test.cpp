@@ -14,6 +14,7 @@
 
 #include "model_step.hpp"
 #include "nlohmann/json.hpp"
+#include "shardplan/autodiff.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/detail/utf8.hpp"
 #include "shardplan/error.hpp"
@@ -1069,6 +1070,70 @@ TEST(LossAndGrads, TheNaiveLossInBf16GivesTheFusedLossGradients) {
     }
   }
   EXPECT_GT(largest, 1e-3);
+}
+
+// With tensor parallelism the naive loss runs as DTensor's loss_parallel: the same loss and
+// gradients as the unsplit formulation (one device), and its backward pass holds one more f32
+// copy of the logits: four at its peak (x, grad_input, exp(x) or the product, their sum), where
+// the unsplit loss holds three. On tp:4 with the head split along the vocabulary, 2 x 64 tokens
+// and 4,096 classes: each copy is 128 x 1,024 x 4 bytes = 512 KiB a device.
+TEST(LossAndGrads, LossParallelHoldsFourCopiesOfTheLogits) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 4096,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2})");
+  // Loss and gradients of the whole step: tp:4 (loss parallel) against one device.
+  const auto run = [&](const char* axes, int n, const train::Layout& layout) {
+    const Executor exec(n);
+    const Mesh mesh = Mesh::parse(axes, n);
+    const Tree<Array> params = uniform_parameters(c, DType::kF32, 11, mesh, exec);
+    const auto [x, y] = tokens_and_targets(Shape{2, 8}, mesh, PartitionSpec(), exec);
+    const train::ModelStep model{.config = c, .layout = layout, .fused_loss = false};
+    return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
+      auto [loss, grads] = train::loss_and_grads(model, p, a, b);
+      return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+    })(params, x, y));
+  };
+  const Tree<Tensor> one = run("fsdp:1,tp:1", 1, train::Layout{});
+  const Tree<Tensor> four = run("fsdp:1,tp:4", 4, train::Layout{{"fsdp"}, {"tp"}, 1, 4});
+  EXPECT_NEAR(four.at("loss").leaf().get(0), one.at("loss").leaf().get(0), 1e-5);
+  const auto a = four.at("grads").flatten(), b = one.at("grads").flatten();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto u = a[i].second.to_doubles(), v = b[i].second.to_doubles();
+    ASSERT_EQ(u.size(), v.size()) << a[i].first;
+    for (std::size_t k = 0; k < u.size(); ++k) {
+      ASSERT_NEAR(u[k], v[k], 1e-5 + 1e-4 * std::abs(v[k])) << a[i].first << " [" << k << "]";
+    }
+  }
+
+  // The loss's peak alone: the gradient of the loss with respect to the head's input h.
+  const Mesh mesh = Mesh::parse("fsdp:1,tp:4", 4);
+  const auto peak = [&](const train::Layout& layout) {
+    const train::ModelStep model{.config = c, .layout = layout, .fused_loss = false};
+    auto f = sjit(mesh, [&](const Array& norm, const Array& head, const Array& h, const Array& y) {
+      const Tree<Array> rest = Tree<Array>::dict(
+          {{"model", Tree<Array>::dict({{"norm", Tree<Array>::dict({{"weight", Tree<Array>(norm)}})}})},
+           {"lm_head", Tree<Array>::dict({{"weight", Tree<Array>(head)}})}});
+      return value_and_grad([&](const Array& x) { return model.loss(rest, x, y); })(h).second;
+    }, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P()), RuleTree(P("tp")),
+                                                   RuleTree(P()), RuleTree(P())}),
+                   .count_constants = false});  // as train-plan plans (an iota is folded)
+    return f.lower(TensorSpec{Shape{32}, DType::kF32}, TensorSpec{Shape{4096, 32}, DType::kF32},
+                   TensorSpec{Shape{2, 64, 32}, DType::kF32}, TensorSpec{Shape{2, 64}, DType::kI32})
+        .cost();
+  };
+  const ProgramCost split = peak(train::Layout{{"fsdp"}, {"tp"}, 1, 4});
+  const ProgramCost whole = peak(train::Layout{});
+  constexpr std::int64_t kCopy = 128 * 1024 * 4;
+  // One copy more, give or take the per-token vectors ([2, 64] f32, 512 B) each formulation
+  // holds beside it (the unsplit one sums the cotangent over the vocabulary, for instance).
+  EXPECT_NEAR(static_cast<double>(split.peak_bytes[0] - whole.peak_bytes[0]), kCopy, 4 * 512);
+  ASSERT_GE(split.timeline.live_at_peak.size(), 5u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(split.timeline.live_at_peak[static_cast<std::size_t>(i)].type, "f32[2, 64, 4096]");
+    EXPECT_EQ(split.timeline.live_at_peak[static_cast<std::size_t>(i)].bytes, kCopy);
+  }
+  EXPECT_LT(split.timeline.live_at_peak[4].bytes, kCopy);
 }
 
 // "fsdp:4,tp:2": a mesh of as many devices as its axes make.

@@ -193,6 +193,12 @@ Array dot_product_attention(const Array& q, const Array& k, const Array& v,
 /// again there rather than kept gathered from the forward pass (rematerialisation). Outside sjit
 /// it returns x.
 Array optimization_barrier(const Array& x);
+/// x itself; inside sjit the arrays of `held` (each of x's shape) stay live until this point of
+/// the program, as autograd keeps a node's saved tensors until the node has run, or as
+/// jax.lax.optimization_barrier over (x, *held) keeps them. No step, no bytes of its own, no
+/// FLOPs; a held array in another sharding than x is read resharded like x. Outside sjit, or with
+/// nothing held, it returns x.
+Array keep_alive(const Array& x, const std::vector<Array>& held);
 /// jax.lax.with_sharding_constraint: inside sjit, fixes the sharding of x at this point of the
 /// program; outside, reshards x at once.
 Array with_sharding_constraint(const Array& x, const PartitionSpec& spec);

@@ -28,6 +28,7 @@ namespace shardplan::detail {
   X(take)                                                                                     \
   /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                    \
   /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)    \
+  X(keep_alive)                                                                               \
   /* shard_map_ops.cpp */ X(shard_map_in) X(shard_map_out) X(pvary) X(preduce) X(pall_gather) \
   X(psum_scatter) X(ppermute) X(pall_to_all)
 // clang-format on

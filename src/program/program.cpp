@@ -393,20 +393,21 @@ void Program::run_reshard_step(const Executor& executor, const Step& st, std::ve
   if (rec != nullptr) note_collectives(*rec, st, r.steps);
 }
 
-// Step s ran: its result is held, sampled, then what it read last let go (a view's operand before
-// the sample: for the per-value count; the view holds the same buffers, so the bytes held, each
-// buffer once, are the same either way).
+// Step s ran: its result is held, sampled, then what it read last let go (a view's first operand,
+// whose buffers it is, before the sample: for the per-value count; the bytes held, each buffer
+// once, are the same either way. keep_alive's other operands are held at the sample.)
 void Program::note_step(RunRecord& rec, std::size_t s, const std::vector<Array>& slots) const {
   const Step& st = steps_[s];
   const bool view = st.kind == Step::Kind::kKernel && st.local.op->view && !st.fused;
+  const auto viewed = [&](SlotId f) { return view && f == st.in[0]; };
   const int at = static_cast<int>(s);
   rec.bind(st.out, slots[index(st.out)], at);
-  if (view) {
-    for (const SlotId f : free_after_[s]) rec.drop(f, slots[index(f)], at - 1);
+  for (const SlotId f : free_after_[s]) {
+    if (viewed(f)) rec.drop(f, slots[index(f)], at - 1);
   }
   rec.sample(s);
-  if (!view) {
-    for (const SlotId f : free_after_[s]) rec.drop(f, slots[index(f)], at);
+  for (const SlotId f : free_after_[s]) {
+    if (!viewed(f)) rec.drop(f, slots[index(f)], at);
   }
 }
 

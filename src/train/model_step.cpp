@@ -116,6 +116,39 @@ Array eager_cast(const Array& x, DType wide) {
   return custom_vjp(fwd, bwd, {x}).at(0);
 }
 
+// Cross-entropy on logits whose vocabulary is split over the tensor-parallel axes, as PyTorch's
+// DTensor runs it under loss_parallel (torchtitan's loss with tensor parallelism): the forward
+// pass as cross_entropy, keeping the log-probabilities x; the backward pass of nll_loss and
+// log_softmax fused, eagerly (torch/distributed/tensor/parallel/loss.py): grad_input, zeros with
+// -1 at the target, then exp(x), their sum, and the sum times the cotangent, each written
+// whole, with x (saved by both autograd nodes) and grad_input held until the product is made:
+// four arrays of the logits' size at once, where the unsplit loss holds three. Each written
+// array is read through an optimization barrier, so that fusion does not fold it into its
+// reader (the loss runs outside the compiled blocks).
+Array loss_parallel_cross_entropy(const Array& logits, const Array& targets) {
+  const auto fwd = [](const std::vector<Array>& in) {
+    const int r = in[0].shape().rank();
+    const Array lp = log_softmax(in[0], -1);
+    const Array loss = -sum(lp * one_hot(in[1], in[0].shape()[r - 1], in[0].dtype()), {-1});
+    return CustomVjpForward{{loss}, {lp, in[1]}};
+  };
+  const auto bwd = [](const std::vector<Array>& res, const std::vector<Array>& cts) {
+    const Array& x = res[0];
+    const int r = x.shape().rank();
+    std::vector<int> rows(static_cast<std::size_t>(r - 1));
+    for (int d = 0; d < r - 1; ++d) rows[static_cast<std::size_t>(d)] = d;
+    const Array labels = broadcast_in_dim(res[1], x.shape(), rows);
+    const Array target = equal(labels, iota_like(labels, r - 1));
+    const Array grad_input =
+        optimization_barrier(where(target, full_like(x, -1), full_like(x, 0)));
+    const Array e = optimization_barrier(exp(x));
+    const Array summed = optimization_barrier(grad_input + e);
+    const Array product = summed * broadcast_in_dim(cts[0], x.shape(), rows);
+    return std::vector<Array>{keep_alive(product, {x, grad_input}), Array()};
+  };
+  return custom_vjp(fwd, bwd, {logits, targets}).at(0);
+}
+
 // A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
 Array normed(const Array& x, const char* reader, const Layout& layout) {
   return region(region(x, "norm", layout), reader, layout);
@@ -439,7 +472,11 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
   // cross_entropy(logits.float(), labels)), as linear_cross_entropy does group by group.
   const Array logits = linear(x, head);
   const DType wide = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
-  return mean(cross_entropy(eager_cast(logits, wide), targets));
+  const Array wide_logits = eager_cast(logits, wide);
+  // With tensor parallelism the head's output is split along the vocabulary and the loss runs as
+  // DTensor's loss_parallel (torchtitan's default), which holds one more copy of the logits.
+  return mean(L.model_ways > 1 ? loss_parallel_cross_entropy(wide_logits, targets)
+                               : cross_entropy(wide_logits, targets));
 }
 
 Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,

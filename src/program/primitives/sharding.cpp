@@ -1,8 +1,9 @@
 // The identities the partitioner reads: sharding_constraint (with_sharding_constraint, in/out
 // shardings, gradients sharded like their parameters) and sharding_annotation
 // (with_sharding_annotation), which compute nothing: the partitioner gives the operand the fixed
-// sharding and runs no kernel; and optimization_barrier, a value of its own taken as its operand
-// is (the explicit rematerialisation mechanism).
+// sharding and runs no kernel; optimization_barrier, a value of its own taken as its operand
+// is (the explicit rematerialisation mechanism); and keep_alive, its first operand's bytes as
+// they are, which reads the others so that they stay live until it.
 #include <fmt/format.h>
 
 #include "../kernel_util.hpp"
@@ -100,9 +101,52 @@ std::vector<Array> barrier_vjp(const Node&, const std::vector<Array>&, const Arr
   return {g};
 }
 
+// keep_alive: the cotangent flows to the value; the values held to this point get zero (the
+// result does not depend on them).
+std::vector<Array> keep_alive_vjp(const Node&, const std::vector<Array>& in, const Array&,
+                                  const Array& g) {
+  std::vector<Array> out(in.size());
+  out[0] = g;
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    if (is_floating(in[k].dtype())) out[k] = full_like(in[k], 0);
+  }
+  return out;
+}
+
+TensorType keep_alive_type(const Node&, std::span<const TensorType> in) {
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    if (in[k].shape != in[0].shape) {
+      throw SpecError(fmt::format("[keep_alive] the values held must have the value's shape {}, "
+                                  "operand {} is {}",
+                                  in[0].shape.to_string(), k, in[k].shape.to_string()));
+    }
+  }
+  return in[0];
+}
+
+std::vector<TestCase> keep_alive_cases(const Primitive&, DType t) {
+  return {{NoAttrs{}, {{{Shape{8, 6}, t}}}},
+          {NoAttrs{}, {{{Shape{8, 6}, t}}, {{Shape{8, 6}, t}}, {{Shape{8, 6}, DType::kF32}}}}};
+}
+constexpr PrimitiveTests kKeepAliveTests = identity_tests("keep_alive", keep_alive_cases);
+
 }  // namespace
 
 namespace prim {
+// A view of its first operand (no kernel, no bytes of its own) that reads the others: the memory
+// pass holds them until this step, as autograd holds a node's saved tensors until the node has
+// run. Not pointwise, so that fusion never takes it into a kernel; linear in the value only (a
+// pending sum of a held value is reduced first, as for any operand that must be whole).
+constinit const Primitive keep_alive{.name = "keep_alive",
+                                     .arity = kVariadic,
+                                     .infer = keep_alive_type,
+                                     .factors = identity_factors,
+                                     .kernel = copy_kernel,
+                                     .flops = no_flops,
+                                     .vjp = keep_alive_vjp,
+                                     .view = true,
+                                     .linearity = linear_in_first,
+                                     .tests = &kKeepAliveTests};
 constinit const Primitive optimization_barrier{.name = "optimization_barrier",
                                                .arity = 1,
                                                .infer = identity_type,
@@ -141,6 +185,13 @@ namespace shardplan {
 Array optimization_barrier(const Array& x) {
   if (detail::current_trace() == nullptr && !x.is_tracer()) return x;
   return detail::apply(detail::prim::optimization_barrier, detail::NoAttrs{}, {x});
+}
+
+Array keep_alive(const Array& x, const std::vector<Array>& held) {
+  if (held.empty() || (detail::current_trace() == nullptr && !x.is_tracer())) return x;
+  std::vector<Array> operands{x};
+  operands.insert(operands.end(), held.begin(), held.end());
+  return detail::apply(detail::prim::keep_alive, detail::NoAttrs{}, operands);
 }
 
 Array with_sharding_constraint(const Array& x, const PartitionSpec& spec) {
