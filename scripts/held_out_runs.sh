@@ -46,6 +46,12 @@ run "L3.1 8B, CP table: fsdp:4,cp:2, 64k" 84.2 2540 -c $l3_8b "${h100[@]}" --mes
 run "L3.1 8B, CP table: fsdp:2,cp:4, 128k" 84.0 1071 -c $l3_8b "${h100[@]}" --mesh fsdp:2,cp:4 --seq 131072 --batch 2
 run "L3.1 8B, CP table: fsdp:1,cp:8, 256k" 84.5 548 -c $l3_8b "${h100[@]}" --mesh fsdp:1,cp:8 --seq 262144 --batch 1
 run "L3.1 70B, fsdp:32,tp:8, Float8" 71.9 829 -c $l3_70b "${h100[@]}" --mesh fsdp:32,tp:8 --batch 512 --seq 8192
+# torchtitan commit 7a04053 (Jan 2025): llama3_8b.toml as then (local batch 1 x 8192, op-SAC) with
+# --training.compile, launched by run_llama_train.sh (expandable segments); bf16, then tensorwise
+# float8 with float8 all-gather.
+jan25=(-c $l3_8b --hardware tests/data/hardware/h100-hbm2e-500w.yaml --mesh fsdp:8 --batch 8 --seq 8192 --remat $opsac)
+run "L3 8B, bs1, op-SAC, compile (Jan 2025)" 47.65 5760 "${jan25[@]}"
+run "L3 8B, bs1, op-SAC, compile, Float8" 47.32 7186 "${jan25[@]}" --float8
 h200=(--hardware h200 --rules preset:llama_fsdp --float8 --remat names:context --seq 8192)
 run "L3.1 8B, 32 H200, Float8" 47.96 10938 -c $l3_8b "${h200[@]}" --mesh fsdp:32 --batch 64
 run "L3.1 8B, 64 H200, Float8" 46.97 10753 -c $l3_8b "${h200[@]}" --mesh fsdp:64 --batch 128
