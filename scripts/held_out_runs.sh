@@ -21,7 +21,7 @@ opsac=names:query_proj,value_proj,context,mlpwi_0,mlpwo  # torchtitan's op-SAC (
 run() {  # label, published GiB, published tok/s, train-plan arguments...
   local label=$1 gib=$2 tps=$3 out
   shift 3
-  out=$("$bin" train-plan --mixed-precision fsdp2 --loss naive --headroom 0 "$@" 2>&1) || {
+  out=$("$bin" train-plan --mixed-precision fsdp2 --loss naive --headroom 0 --fsdp-root "$@" 2>&1) || {
     echo "$label: $out"
     return
   }

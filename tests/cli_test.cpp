@@ -1240,6 +1240,33 @@ TEST_F(TrainPlanCli, EagerWritesEveryOpsResult) {
   EXPECT_THAT(plan(""), ::testing::Not(::testing::HasSubstr("eager")));
 }
 
+// --fsdp-root: the root module's weights and the last layer's stay gathered (more gathered and
+// live at the peak), the step line and the JSON say it, and it does not apply on one device.
+TEST_F(TrainPlanCli, FsdpRootIsSaidAndHoldsTheRootsWeights) {
+  const std::string cfg = llama().string();
+  const auto plan = [&](const std::string& mesh, const std::string& args) {
+    const Result r = run(fmt::format(
+        "train-plan -c '{}' --mesh {} --batch 8 --seq 256 --mixed-precision fsdp2 {}", cfg, mesh,
+        args));
+    EXPECT_EQ(r.code, 0) << args << r.err;
+    return r.out;
+  };
+  const auto units = nlohmann::json::parse(plan("fsdp:8", "--json"));
+  const auto root = nlohmann::json::parse(plan("fsdp:8", "--json --fsdp-root"));
+  EXPECT_EQ(units["fsdp_root"], false);
+  EXPECT_EQ(root["fsdp_root"], true);
+  // (The bytes by hand: PlanTraining.FsdpRootHoldsTheRootsWeightsAndTheLastLayers.)
+  EXPECT_GT(root["per_device"]["peak_gathered_bytes"], units["per_device"]["peak_gathered_bytes"]);
+  EXPECT_GT(root["per_device"]["peak_bytes"], units["per_device"]["peak_bytes"]);
+  EXPECT_THAT(plan("fsdp:8", "--fsdp-root"),
+              ::testing::HasSubstr(", FSDP root module (embedding and head gathered from the "
+                                   "forward's start to the backward's end; the last block kept "
+                                   "gathered)"));
+  EXPECT_THAT(plan("fsdp:8", ""), ::testing::Not(::testing::HasSubstr("FSDP root module")));
+  const auto alone = nlohmann::json::parse(plan("fsdp:1", "--json --fsdp-root"));
+  EXPECT_EQ(alone["fsdp_root"], false);
+}
+
 // --remat and --loss are what the step runs: the header says them, the JSON carries them, a
 // name no layer gives is an error listing the names there are, and recomputation adds FLOPs
 // (one more forward pass of the layers for full, less for dots) while the fused loss changes

@@ -1185,6 +1185,7 @@ struct ExtrapolationCase {
   std::int64_t layers;
   int accum;
   bool recompute;
+  bool fsdp_root = false;
 };
 class Extrapolation : public ::testing::TestWithParam<ExtrapolationCase> {};
 
@@ -1198,6 +1199,7 @@ TEST_P(Extrapolation, PlanIsTheWholeTracedStep) {
   o.seq = 8;
   o.grad_accum = k.accum;
   o.recompute = k.recompute;
+  o.fsdp_root = k.fsdp_root;
   const TrainPlan extrapolated = plan_training(c, mesh, preset(k.rules), o);
   EXPECT_TRUE(extrapolated.extrapolated) << extrapolated.traced;
   o.extrapolate = false;
@@ -1267,8 +1269,92 @@ INSTANTIATE_TEST_SUITE_P(
         ExtrapolationCase{"mistral_window", kTinyMistralWindow, "fsdp:4,tp:2", "llama_fsdp_tp",
                           22, 1, false},
         ExtrapolationCase{"gpt2", kTinyGpt2, "fsdp:2,tp:2", "gpt2", 22, 1, false},
-        ExtrapolationCase{"gpt2_accum2_remat", kTinyGpt2, "fsdp:2,tp:2", "gpt2", 22, 2, true}),
+        ExtrapolationCase{"gpt2_accum2_remat", kTinyGpt2, "fsdp:2,tp:2", "gpt2", 22, 2, true},
+        // The last layer differs (kept gathered): in every sample as in the whole step.
+        ExtrapolationCase{"llama_fsdp_root", kTinyLlama, "fsdp:8", "llama_fsdp", 22, 1, false,
+                          true},
+        ExtrapolationCase{"llama_fsdp_root_remat_tp", kTinyLlama, "fsdp:4,tp:2", "llama_fsdp_tp",
+                          22, 1, true, true}),
     [](const ::testing::TestParamInfo<ExtrapolationCase>& c) { return c.param.name; });
+
+// --fsdp-root (torchtitan's wrapping before mid-2025): FSDP2 keeps the root module (embedding,
+// final norm, head) unsharded from the forward pass's start to the backward pass's end, and the
+// last block is not resharded after forward. The tiny LLaMA (vocabulary 64, hidden 32; a
+// layer's matrices q 32x32, k and v 16x32, o 32x32, gate and up 48x32, down 32x48: 7,680
+// elements) on fsdp:4, weights f32 held and used in bf16, no recomputation. By hand: at the peak
+// (the loss's backward pass) the parameters gathered for use are the head alone without it
+// (64 x 32 x 2 bytes), and with it the head, the embedding and the last layer's matrices; its
+// all-gathers receive the last layer's matrices once less (not gathered again for its backward
+// pass: 7,680 x 2 bytes x 3/4); the gradients are reduced as before (the same reduce-scatter
+// bytes: the root's in f32, not in bf16). Without batch axes it does not apply.
+TEST(PlanTraining, FsdpRootHoldsTheRootsWeightsAndTheLastLayers) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  TrainPlanOptions o;
+  o.batch = 8;
+  o.seq = 64;
+  o.param_dtype = DType::kBF16;
+  o.master_dtype = o.reduce_dtype = DType::kF32;
+  o.grad_dtype = o.optimizer_dtype = DType::kF32;
+  const TrainPlan units = plan_training(c, mesh_of("fsdp:4"), preset("llama_fsdp"), o);
+  o.fsdp_root = true;
+  const TrainPlan root = plan_training(c, mesh_of("fsdp:4"), preset("llama_fsdp"), o);
+  constexpr std::int64_t kTable = 64 * 32 * 2;
+  constexpr std::int64_t kLayer = 7680 * 2;
+  EXPECT_FALSE(units.fsdp_root);
+  EXPECT_TRUE(root.fsdp_root);
+  EXPECT_EQ(units.peak_gathered_bytes, kTable);
+  EXPECT_EQ(root.peak_gathered_bytes, 2 * kTable + kLayer);
+  EXPECT_EQ(units.bytes_by_collective.at(CollectiveKind::kAllGather) -
+                root.bytes_by_collective.at(CollectiveKind::kAllGather),
+            kLayer * 3 / 4);
+  EXPECT_EQ(root.bytes_by_collective.at(CollectiveKind::kReduceScatter),
+            units.bytes_by_collective.at(CollectiveKind::kReduceScatter));
+  EXPECT_EQ(root.parameter_bytes, units.parameter_bytes);
+  EXPECT_NE(root.table().find(", FSDP root module ("), std::string::npos) << root.table();
+  EXPECT_EQ(units.table().find("FSDP root module"), std::string::npos);
+  std::ostringstream js;
+  root.write_json(js);
+  EXPECT_EQ(nlohmann::json::parse(js.str())["fsdp_root"], true);
+  // One device: nothing is sharded, so there is no root module to hold.
+  const TrainPlan alone = plan_training(c, mesh_of("fsdp:1"), preset("llama_fsdp"), o);
+  EXPECT_FALSE(alone.fsdp_root);
+  o.fsdp_root = false;
+  const TrainPlan alone_units = plan_training(c, mesh_of("fsdp:1"), preset("llama_fsdp"), o);
+  EXPECT_EQ(alone.peak_bytes, alone_units.peak_bytes);
+}
+
+// The root module's custom VJP and the last layer's shared weights change where values are held,
+// not what is computed: the loss and every gradient are those of the step without them.
+TEST(LossAndGrads, FsdpRootGivesTheSameLossAndGradients) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  const Executor exec(4);
+  const Mesh mesh = Mesh::parse("fsdp:4,tp:1", 4);
+  const Tree<Array> params = uniform_parameters(c, DType::kF32, 21, mesh, exec);
+  const auto [tokens, targets] = tokens_and_targets(Shape{4, 8}, mesh, P("fsdp"), exec);
+  const auto run = [&](bool root, bool remat) {
+    const train::ModelStep model{
+        .config = c,
+        .layout = train::Layout{{"fsdp"}, {"tp"}, 4, 1},
+        .remat = remat ? std::optional(checkpoint_policies::nothing_saveable()) : std::nullopt,
+        .compute_dtype = DType::kBF16,
+        .reshard_after_forward = !remat,
+        .fsdp_root = root};
+    return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& x, const Array& y) {
+      auto [loss, grads] = train::loss_and_grads(model, p, x, y);
+      return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+    })(params, tokens, targets));
+  };
+  for (const bool remat : {false, true}) {
+    SCOPED_TRACE(remat ? "full recomputation" : "reshard after forward");
+    const Tree<Tensor> a = run(true, remat), b = run(false, remat);
+    EXPECT_EQ(a.at("loss").leaf().get(0), b.at("loss").leaf().get(0));
+    const auto ga = a.at("grads").flatten(), gb = b.at("grads").flatten();
+    ASSERT_EQ(ga.size(), gb.size());
+    for (std::size_t i = 0; i < ga.size(); ++i) {
+      EXPECT_TRUE(ga[i].second == gb[i].second) << ga[i].first;
+    }
+  }
+}
 
 // The samples are the model's first layers: a model whose layers differ (Qwen2's window from
 // max_window_layers on; 24 layers would otherwise be planned from samples) is not extrapolated from them but traced whole, and its plan is the

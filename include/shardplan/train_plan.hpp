@@ -161,6 +161,16 @@ struct TrainPlanOptions {
   /// each op's temporaries and reads and writes memory once per op. Default: as a compiler runs
   /// it, each chain of elementwise ops one kernel (SjitOptions::eager).
   bool eager = false;
+  /// FSDP2 wrapping as torchtitan did before mid-2025 (--fsdp-root): the embedding, the final norm
+  /// and the head belong to the root module, which FSDP2 keeps unsharded from its pre-forward to
+  /// its post-backward (gathered at the forward pass's start, held to the backward pass's end,
+  /// their gradients reduced there), and the last block is not resharded after forward (its
+  /// gathered weights kept for its backward pass). Default: each its own unit (torchtitan since
+  /// pytorch/torchtitan#1094): the embedding resharded after forward, the head gathered for the
+  /// loss and kept for its backward pass only, every block resharded. Applied when the weights
+  /// are sharded over batch or context axes (FSDP); the root's parameters are held whole only
+  /// without model axes (docs/training.md).
+  bool fsdp_root = false;
   /// The mesh axes the batch is split over; empty: every axis except tensor-parallel ones
   /// (tp, model, mp, tensor).
   std::vector<std::string> batch_axes;
@@ -254,6 +264,7 @@ struct TrainPlan {
   bool fused_loss = true;
   bool fused_attention = true;
   bool eager = false;  // TrainPlanOptions::eager
+  bool fsdp_root = false;  // TrainPlanOptions::fsdp_root, applied (batch or context axes)
   /// Whether the norm and residual regions were split along the sequence, and over which axes.
   bool sequence_parallel = false;
   std::vector<std::string> sequence_axes;

@@ -220,6 +220,10 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
               "Plan the step as eager PyTorch runs it (no torch.compile): every elementwise op "
               "writes its result, so each op's temporaries are held and its bytes read and "
               "written. Default: compiled, each chain of elementwise ops one kernel");
+  t->add_flag("--fsdp-root", c.fsdp_root,
+              "FSDP2 wrapped as torchtitan did before mid-2025: the embedding, final norm and head "
+              "in the root module, gathered from the forward's start to the backward's end, and "
+              "the last block not resharded after forward. Default: each its own unit");
 }
 
 }  // namespace
@@ -360,6 +364,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.reshard_after_forward = !c.no_reshard_after_forward;
   o.float8 = c.float8;
   o.eager = c.eager;
+  o.fsdp_root = c.fsdp_root;
   if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {
     o.sequence_parallel = c.sequence_parallel == "on";
   } else if (!c.sequence_parallel.empty() ||

@@ -29,6 +29,7 @@ struct TrainPlanCommand {
   bool no_reshard_after_forward = false;
   bool float8 = false;
   bool eager = false;
+  bool fsdp_root = false;
   std::string remat;  // --remat; empty: not given
   std::string loss = "fused";
   std::string attention = "fused";

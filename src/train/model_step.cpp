@@ -149,6 +149,36 @@ Array loss_parallel_cross_entropy(const Array& logits, const Array& targets) {
   return custom_vjp(fwd, bwd, {logits, targets}).at(0);
 }
 
+// FSDP2's root module (torchtitan's until mid-2025 holds the embedding, the final norm and the
+// head): unsharded at its pre-forward and resharded at its post-backward
+// (torch/distributed/fsdp: the root's post_forward_mesh_info is None), so its parameters are
+// gathered whole at the forward pass's start and stay so until the backward pass's end, where
+// their gradients are reduced. One custom VJP over all of them: its backward pass runs when the
+// last of their cotangents is made (the embedding's, the backward pass's last) and reads each
+// gathered copy there (keep_alive), each cotangent held until then as FSDP2 holds the root's
+// unsharded gradients.
+Tree<Array> held_by_root(const Tree<Array>& rest) {
+  std::vector<Array> leaves;
+  (void)rest.map([&](const Array& a) {
+    leaves.push_back(a);
+    return a;
+  });
+  if (leaves.empty()) return rest;
+  const auto fwd = [](const std::vector<Array>& in) {
+    std::vector<Array> whole;
+    for (const Array& a : in) whole.push_back(with_sharding_constraint(a, PartitionSpec()));
+    return CustomVjpForward{whole, whole};
+  };
+  const auto bwd = [](const std::vector<Array>& res, const std::vector<Array>& cts) {
+    std::vector<Array> out;
+    for (std::size_t i = 0; i < cts.size(); ++i) out.push_back(keep_alive(cts[i], {res[i]}));
+    return out;
+  };
+  const std::vector<Array> held = custom_vjp(fwd, bwd, leaves);
+  std::size_t next = 0;
+  return rest.map([&](const Array&) { return held[next++]; });
+}
+
 // A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
 Array normed(const Array& x, const char* reader, const Layout& layout) {
   return region(region(x, "norm", layout), reader, layout);
@@ -599,7 +629,11 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
     return regather ? t.map([](const Array& a) { return optimization_barrier(a); }) : t;
   };
   const std::string path = config.layers_path();
-  const Tree<Array> rest = for_use(use(replace_at_path(params, path, Tree<Array>::list({}))));
+  const Tree<Array> outside = for_use(use(replace_at_path(params, path, Tree<Array>::list({}))));
+  // Held whole by FSDP2's root module; with model axes the embedding's and the head's layouts
+  // are tensor parallelism's, not modelled here (docs/training.md).
+  const Tree<Array> rest =
+      fsdp_root && layout.model_ways == 1 ? held_by_root(outside) : outside;
   Array h = embed(rest, tokens);
   const auto& layers = params.at_path(path).children();
   // Reshard after forward: the casts named (none without compute_dtype: the held weights are
@@ -612,6 +646,16 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
           : std::nullopt;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const Tree<Array> p = use(layers[i]);
+    if (fsdp_root && i + 1 == layers.size()) {
+      // torchtitan does not reshard the last block after forward (FSDP would gather it again at
+      // once for the backward pass): its weights as used are made once, outside the checkpoint,
+      // and its recomputation reads them as they are (no barrier), so their gathered copies
+      // are kept from its forward pass to its backward pass.
+      const Tree<Array> w = for_use(p);
+      const auto run_kept = [&](const Array& x) { return layer(w, x, config.window(i)); };
+      h = remat ? checkpoint(run_kept, *remat, /*prevent_cse=*/false)(h) : run_kept(h);
+      continue;
+    }
     const auto run = [&](const Array& x) {
       Tree<Array> w = for_use(p);
       if (!remat && reshard_after_forward && compute_dtype) {

@@ -92,6 +92,11 @@ struct ModelStep {
   bool reshard_after_forward = false;
   /// The LLaMA-family blocks' linear layers (q, k, v, o, gate, up, down) as float8_linear.
   bool float8 = false;
+  /// FSDP2's root module holds the parameters outside the layers (TrainPlanOptions::fsdp_root):
+  /// gathered whole at the forward pass's start and read again at the backward pass's end (their
+  /// gradients with them), when there are no model axes; and the last layer's weights as used
+  /// are shared by its forward pass and its recomputation (not gathered again).
+  bool fsdp_root = false;
 
   /// y = x @ w^T for a block's Linear weight w [out, in]: float8_linear with `float8`.
   Array block_linear(const Array& x, const Array& w) const;

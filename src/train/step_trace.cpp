@@ -254,6 +254,10 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
 
 }  // namespace
 
+bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout) {
+  return o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
+}
+
 bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout) {
   return o.reshard_after_forward && !effective_remat(o) && layout.batch_ways > 1;
 }
@@ -278,7 +282,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                                                               : std::optional(o.param_dtype),
                        .reduce_in_held = o.reduce_dtype == held,
                        .reshard_after_forward = reshards_after_forward(o, layout),
-                       .float8 = o.float8};
+                       .float8 = o.float8,
+                       .fsdp_root = fsdp_root_applies(o, layout)};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // Mixed precision: the model casts the held weights where it uses them (ModelStep::

@@ -29,6 +29,9 @@ std::string sample_name(std::int64_t layers, std::int64_t micro_batches);
 /// Whether the step gathers the layers' weights again for the backward pass without
 /// recomputation (TrainPlanOptions::reshard_after_forward, with batch axes to gather over).
 bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout);
+/// Whether FSDP2's root module is modelled (TrainPlanOptions::fsdp_root, with batch or context
+/// axes the weights are sharded over).
+bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout);
 
 /// Traces the whole step of `config` with `o.grad_accum` micro-batches and lowers it for `mesh`.
 /// `annotations`: the shardings of the layers' named activations (Layout::annotate).

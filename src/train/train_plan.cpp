@@ -539,6 +539,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   TrainPlan plan;
   describe_step(config, mesh, o, params, batch_axes, plan);
   plan.reshard_after_forward = train::reshards_after_forward(o, act.layout);
+  plan.fsdp_root = train::fsdp_root_applies(o, act.layout);
   if (traced) {
     plan.parameter_bytes = traced->parameter_bytes;
     plan.gradient_bytes = traced->gradient_bytes;

@@ -117,6 +117,10 @@ std::string TrainPlan::table() const {
                        name(param_dtype));
   }
   if (eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
+  if (fsdp_root) {
+    out += ", FSDP root module (embedding and head gathered from the forward's start to the "
+           "backward's end; the last block kept gathered)";
+  }
   if (!context_axes.empty()) {
     out += fmt::format(", context parallel over {} (ring attention, load-balanced order)",
                        detail::printable(fmt::format("{}", fmt::join(context_axes, ", "))));
@@ -221,6 +225,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;
+  j["fsdp_root"] = p.fsdp_root;
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
   j["context_axes"] = p.context_axes;

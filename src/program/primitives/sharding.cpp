@@ -113,6 +113,13 @@ std::vector<Array> keep_alive_vjp(const Node&, const std::vector<Array>& in, con
   return out;
 }
 
+// A pending sum of the value is carried through, whatever the cost: keep_alive holds, it does
+// not decide where a sum is reduced (a gradient's sum reduced after it in the wider dtype a
+// convert_pending asks for stays so).
+Linearity keep_alive_linearity(const Node&, std::span<const TensorType>) {
+  return {.kind = Linearity::Kind::kJointly, .operands = 1u, .carry = true};
+}
+
 TensorType keep_alive_type(const Node&, std::span<const TensorType> in) {
   for (std::size_t k = 1; k < in.size(); ++k) {
     if (in[k].shape != in[0].shape) {
@@ -136,7 +143,8 @@ namespace prim {
 // A view of its first operand (no kernel, no bytes of its own) that reads the others: the memory
 // pass holds them until this step, as autograd holds a node's saved tensors until the node has
 // run. Not pointwise, so that fusion never takes it into a kernel; linear in the value only (a
-// pending sum of a held value is reduced first, as for any operand that must be whole).
+// pending sum of a held value is reduced first, as for any operand that must be whole), and the
+// value's pending sum always carried through.
 constinit const Primitive keep_alive{.name = "keep_alive",
                                      .arity = kVariadic,
                                      .infer = keep_alive_type,
@@ -145,7 +153,7 @@ constinit const Primitive keep_alive{.name = "keep_alive",
                                      .flops = no_flops,
                                      .vjp = keep_alive_vjp,
                                      .view = true,
-                                     .linearity = linear_in_first,
+                                     .linearity = keep_alive_linearity,
                                      .tests = &kKeepAliveTests};
 constinit const Primitive optimization_barrier{.name = "optimization_barrier",
                                                .arity = 1,
