@@ -17,6 +17,7 @@
 #include "shardplan/remat.hpp"
 #include "shardplan/shard_map.hpp"
 #include "shardplan/sjit.hpp"
+#include "test_util.hpp"
 
 namespace shardplan {
 namespace {
@@ -218,6 +219,45 @@ TEST(MemoryTimeline, KeepAliveHoldsWhatItReadsUntilItsStep) {
   ASSERT_EQ(memory.runs().size(), 1u);
   EXPECT_EQ(measured(memory.runs()[0]), planned(c.timeline));
   EXPECT_TRUE(got == plain(x).to_host());  // the value is c's
+}
+
+// keep_alive's held arrays must have the value's shape: another is an error naming both shapes
+// and the operand; outside sjit, or with nothing held, it is the value itself.
+TEST(MemoryTimeline, KeepAliveRefusesAHeldArrayOfAnotherShape) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  auto f = sjit(mesh, [](const Array& x, const Array& y) { return keep_alive(x, {x, y}); });
+  EXPECT_THROW_WITH(f.lower(TensorSpec{Shape{16, 64}, DType::kF32},
+                            TensorSpec{Shape{16, 8}, DType::kF32}),
+                    SpecError, "[keep_alive]", "[16, 64]", "operand 2 is [16, 8]");
+  Executor exec{4};
+  const Array x = normal_over_i(TensorSpec{Shape{16, 64}, DType::kF32}, mesh, exec);
+  EXPECT_TRUE(keep_alive(x, {x}).to_host() == x.to_host());
+  EXPECT_TRUE(keep_alive(x, {}).to_host() == x.to_host());
+}
+
+// keep_alive adds no collective: a bf16 pending sum flows through it to the f32 conversion
+// after it (convert_pending) and is reduced there, in f32, as without it. x [64, 32] and
+// y [64, 256] bf16 split over i:4 along their rows: x^T y [32, 256] is a pending sum,
+// reduce-scattered to its rows in f32: 32 x 256 x 4 bytes x 3/4 received per device; z, held,
+// arrives whole, as the pending sum is laid out. (That the sum is carried even where reducing
+// it first in bf16 is cheaper: PlanTraining.FsdpRootHoldsTheRootsWeightsAndTheLastLayers.)
+TEST(MemoryTimeline, KeepAliveCarriesAPendingSum) {
+  const Mesh mesh = Mesh::parse("i:4", 4);
+  const auto step = [](bool keep) {
+    return [keep](const Array& x, const Array& y, const Array& z) {
+      const Array g = dot_general(x, y, DotDims{{}, {}, {0}, {0}});
+      const Array held = keep ? keep_alive(g, {z}) : g;
+      return with_sharding_constraint(convert_pending(held, DType::kF32), P("i"));
+    };
+  };
+  const SjitOptions options{
+      .in_shardings = RuleTree::list({RuleTree(P("i")), RuleTree(P("i")), RuleTree(P())})};
+  const TensorSpec x{Shape{64, 32}, DType::kBF16}, y{Shape{64, 256}, DType::kBF16};
+  const TensorSpec z{Shape{32, 256}, DType::kBF16};  // held: the value's shape, whole like it
+  const ProgramCost plain = sjit(mesh, step(false), options).lower(x, y, z).cost();
+  const ProgramCost kept = sjit(mesh, step(true), options).lower(x, y, z).cost();
+  EXPECT_EQ(plain.bytes_by_kind.at(CollectiveKind::kReduceScatter), 32 * 256 * 4 * 3 / 4);
+  EXPECT_EQ(kept.bytes_by_kind, plain.bytes_by_kind);
 }
 
 // A collective over an axis of one device moves nothing: reshard() gives its operand's buffers

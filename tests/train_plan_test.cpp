@@ -1286,7 +1286,7 @@ INSTANTIATE_TEST_SUITE_P(
 // (64 x 32 x 2 bytes), and with it the head, the embedding and the last layer's matrices; its
 // all-gathers receive the last layer's matrices once less (not gathered again for its backward
 // pass: 7,680 x 2 bytes x 3/4); the gradients are reduced as before (the same reduce-scatter
-// bytes: the root's in f32, not in bf16). Without batch axes it does not apply.
+// and all-reduce bytes: the root's in f32, not in bf16). Without batch axes it does not apply.
 TEST(PlanTraining, FsdpRootHoldsTheRootsWeightsAndTheLastLayers) {
   const ModelConfig c = ModelConfig::parse(kTinyLlama);
   TrainPlanOptions o;
@@ -1309,6 +1309,10 @@ TEST(PlanTraining, FsdpRootHoldsTheRootsWeightsAndTheLastLayers) {
             kLayer * 3 / 4);
   EXPECT_EQ(root.bytes_by_collective.at(CollectiveKind::kReduceScatter),
             units.bytes_by_collective.at(CollectiveKind::kReduceScatter));
+  // The norms' gradients (whole) are all-reduced in f32 as before: keep_alive carries their
+  // pending sums to the f32 conversion (reduced before it in bf16, 96 bytes fewer).
+  EXPECT_EQ(root.bytes_by_collective.at(CollectiveKind::kAllReduce),
+            units.bytes_by_collective.at(CollectiveKind::kAllReduce));
   EXPECT_EQ(root.parameter_bytes, units.parameter_bytes);
   EXPECT_NE(root.table().find(", FSDP root module ("), std::string::npos) << root.table();
   EXPECT_EQ(units.table().find("FSDP root module"), std::string::npos);
