@@ -52,6 +52,8 @@ run "L3.1 70B, fsdp:32,tp:8, Float8" 71.9 829 -c $l3_70b "${h100[@]}" --mesh fsd
 jan25=(-c $l3_8b --hardware tests/data/hardware/h100-hbm2e-500w.yaml --mesh fsdp:8 --batch 8 --seq 8192 --remat $opsac)
 run "L3 8B, bs1, op-SAC, compile (Jan 2025)" 47.65 5760 "${jan25[@]}"
 run "L3 8B, bs1, op-SAC, compile, Float8" 47.32 7186 "${jan25[@]}" --float8
+# Launched with torchrun directly (the benchmark file's command, no PYTORCH_CUDA_ALLOC_CONF): the
+# default allocator's figure ("reserved") is the one to compare; the others' is "expandable".
 h200=(--hardware h200 --rules preset:llama_fsdp --float8 --remat names:context --seq 8192)
 run "L3.1 8B, 32 H200, Float8" 47.96 10938 -c $l3_8b "${h200[@]}" --mesh fsdp:32 --batch 64
 run "L3.1 8B, 64 H200, Float8" 46.97 10753 -c $l3_8b "${h200[@]}" --mesh fsdp:64 --batch 128
