@@ -236,12 +236,13 @@ TEST(MemoryTimeline, KeepAliveRefusesAHeldArrayOfAnotherShape) {
 }
 
 // keep_alive adds no collective: a bf16 pending sum flows through it to the f32 conversion
-// after it (convert_pending) and is reduced there, in f32, as without it. x [64, 32] and
-// y [64, 256] bf16 split over i:4 along their rows: x^T y [32, 256] is a pending sum,
-// reduce-scattered to its rows in f32: 32 x 256 x 4 bytes x 3/4 received per device; z, held,
-// arrives whole, as the pending sum is laid out. (That the sum is carried even where reducing
-// it first in bf16 is cheaper: PlanTraining.FsdpRootHoldsTheRootsWeightsAndTheLastLayers.)
-TEST(MemoryTimeline, KeepAliveCarriesAPendingSum) {
+// after it (convert_pending) and is reduced there, in f32, as without it, and the held array is
+// read as it is, split over i where the pending sum is whole (not gathered to its layout: 12 KiB).
+// x [64, 32] and y [64, 256] bf16 split over i:4 along their rows: x^T y [32, 256] is a pending
+// sum, reduce-scattered to its rows in f32: 32 x 256 x 4 bytes x 3/4 received per device. (That
+// the sum is carried even where reducing it first in bf16 is cheaper:
+// PlanTraining.FsdpRootHoldsTheRootsWeightsAndTheLastLayers.)
+TEST(MemoryTimeline, KeepAliveCarriesAPendingSumAndReadsWhatItHoldsAsItIs) {
   const Mesh mesh = Mesh::parse("i:4", 4);
   const auto step = [](bool keep) {
     return [keep](const Array& x, const Array& y, const Array& z) {
@@ -251,9 +252,9 @@ TEST(MemoryTimeline, KeepAliveCarriesAPendingSum) {
     };
   };
   const SjitOptions options{
-      .in_shardings = RuleTree::list({RuleTree(P("i")), RuleTree(P("i")), RuleTree(P())})};
+      .in_shardings = RuleTree::list({RuleTree(P("i")), RuleTree(P("i")), RuleTree(P("i"))})};
   const TensorSpec x{Shape{64, 32}, DType::kBF16}, y{Shape{64, 256}, DType::kBF16};
-  const TensorSpec z{Shape{32, 256}, DType::kBF16};  // held: the value's shape, whole like it
+  const TensorSpec z{Shape{32, 256}, DType::kBF16};  // held: split, unlike the pending sum
   const ProgramCost plain = sjit(mesh, step(false), options).lower(x, y, z).cost();
   const ProgramCost kept = sjit(mesh, step(true), options).lower(x, y, z).cost();
   EXPECT_EQ(plain.bytes_by_kind.at(CollectiveKind::kReduceScatter), 32 * 256 * 4 * 3 / 4);

@@ -196,8 +196,8 @@ Array optimization_barrier(const Array& x);
 /// x itself; inside sjit the arrays of `held` (each of x's shape) stay live until this point of
 /// the program, as autograd keeps a node's saved tensors until the node has run, or as
 /// jax.lax.optimization_barrier over (x, *held) keeps them. No step, no bytes of its own, no
-/// FLOPs; a held array in another sharding than x is read resharded like x. Outside sjit, or with
-/// nothing held, it returns x.
+/// FLOPs; each held array is read as it is (its sharding, a pending sum: no collective). Outside
+/// sjit, or with nothing held, it returns x.
 Array keep_alive(const Array& x, const std::vector<Array>& held);
 /// jax.lax.with_sharding_constraint: inside sjit, fixes the sharding of x at this point of the
 /// program; outside, reshards x at once.

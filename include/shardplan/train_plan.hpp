@@ -168,8 +168,8 @@ struct TrainPlanOptions {
   /// gathered weights kept for its backward pass). Default: each its own unit (torchtitan since
   /// pytorch/torchtitan#1094): the embedding resharded after forward, the head gathered for the
   /// loss and kept for its backward pass only, every block resharded. Applied when the weights
-  /// are sharded over batch or context axes (FSDP); the root's parameters are held whole only
-  /// without model axes (docs/training.md).
+  /// are sharded over batch or context axes (FSDP); the root's parameters are held as FSDP
+  /// gathers them, over those axes only (docs/training.md).
   bool fsdp_root = false;
   /// The mesh axes the batch is split over; empty: every axis except tensor-parallel ones
   /// (tp, model, mp, tensor).

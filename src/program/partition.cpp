@@ -526,6 +526,8 @@ class Chooser {
     Choice c;
     c.axes = std::move(axes);
     c.as_is = as_is.empty() ? std::vector<char>(n.operands.size(), 0) : std::move(as_is);
+    // Held operands (keep_alive) are read as they are.
+    if (n.op->holds_operands) std::fill(c.as_is.begin() + 1, c.as_is.end(), char{1});
     // A dimension takes its factor's axes when they split both: a reshape's compound dimension
     // is larger than the factor it shares, and splitting it further than the factor is not a
     // split of the factor (its blocks would not be the operand's).
@@ -542,7 +544,7 @@ class Chooser {
         const int fac = f.operands[k][d];
         if (fits(ot.shape[static_cast<int>(d)], fac)) want[d] = c.axes[fac];
       }
-      c.wants.push_back(spec_of_dims(want));
+      c.wants.push_back(n.op->holds_operands && k > 0 ? layout(o).spec : spec_of_dims(want));
       if (c.as_is[k] != 0) continue;
       const Layout& os = layout(o);
       c.cost = add_bytes(c.cost, costs_.bytes(ot, os.spec, os.pending, c.wants.back()),

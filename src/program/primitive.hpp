@@ -229,6 +229,10 @@ struct Primitive {
   /// program makes the result from the operand's buffers and runs no kernel; the memory pass
   /// counts the two as one buffer (memory.hpp, shares_operand_buffers).
   bool view = false;
+  /// Its operands after the first are held, not computed on (keep_alive): the partitioner reads
+  /// each as it is, in whatever sharding and pending sum it has (no reshard, no collective), and
+  /// its factors link none of their dimensions.
+  bool holds_operands = false;
   /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
   LinearityFn* linearity = nullptr;
   /// Optional: the op is a contraction (see Contraction); none: it is not.

@@ -152,22 +152,29 @@ Array loss_parallel_cross_entropy(const Array& logits, const Array& targets) {
 // FSDP2's root module (torchtitan's until mid-2025 holds the embedding, the final norm and the
 // head): unsharded at its pre-forward and resharded at its post-backward
 // (torch/distributed/fsdp: the root's post_forward_mesh_info is None), so its parameters are
-// gathered whole at the forward pass's start and stay so until the backward pass's end, where
+// gathered over the data axes (`in_use`: what stays split is tensor parallelism's) at the
+// forward pass's start and stay so until the backward pass's end, where
 // their gradients are reduced. One custom VJP over all of them: its backward pass runs when the
 // last of their cotangents is made (the embedding's, the backward pass's last) and reads each
 // gathered copy there (keep_alive), each cotangent held until then as FSDP2 holds the root's
 // unsharded gradients.
-Tree<Array> held_by_root(const Tree<Array>& rest) {
+Tree<Array> held_by_root(const Tree<Array>& rest,
+                         const std::map<std::string, PartitionSpec>& in_use) {
   std::vector<Array> leaves;
-  (void)rest.map([&](const Array& a) {
+  std::vector<PartitionSpec> specs;
+  (void)rest.map_with_path([&](const std::string& path, const Array& a) {
     leaves.push_back(a);
+    const auto it = in_use.find(path);
+    specs.push_back(it == in_use.end() ? PartitionSpec() : it->second);
     return a;
   });
   if (leaves.empty()) return rest;
-  const auto fwd = [](const std::vector<Array>& in) {
-    std::vector<Array> whole;
-    for (const Array& a : in) whole.push_back(with_sharding_constraint(a, PartitionSpec()));
-    return CustomVjpForward{whole, whole};
+  const auto fwd = [specs](const std::vector<Array>& in) {
+    std::vector<Array> gathered;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      gathered.push_back(with_sharding_constraint(in[i], specs[i]));
+    }
+    return CustomVjpForward{gathered, gathered};
   };
   const auto bwd = [](const std::vector<Array>& res, const std::vector<Array>& cts) {
     std::vector<Array> out;
@@ -630,10 +637,7 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
   };
   const std::string path = config.layers_path();
   const Tree<Array> outside = for_use(use(replace_at_path(params, path, Tree<Array>::list({}))));
-  // Held whole by FSDP2's root module; with model axes the embedding's and the head's layouts
-  // are tensor parallelism's, not modelled here (docs/training.md).
-  const Tree<Array> rest =
-      fsdp_root && layout.model_ways == 1 ? held_by_root(outside) : outside;
+  const Tree<Array> rest = fsdp_root ? held_by_root(outside, root_in_use) : outside;
   Array h = embed(rest, tokens);
   const auto& layers = params.at_path(path).children();
   // Reshard after forward: the casts named (none without compute_dtype: the held weights are

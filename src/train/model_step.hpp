@@ -93,10 +93,14 @@ struct ModelStep {
   /// The LLaMA-family blocks' linear layers (q, k, v, o, gate, up, down) as float8_linear.
   bool float8 = false;
   /// FSDP2's root module holds the parameters outside the layers (TrainPlanOptions::fsdp_root):
-  /// gathered whole at the forward pass's start and read again at the backward pass's end (their
-  /// gradients with them), when there are no model axes; and the last layer's weights as used
-  /// are shared by its forward pass and its recomputation (not gathered again).
+  /// gathered at the forward pass's start and read again at the backward pass's end (their
+  /// gradients with them); and the last layer's weights as used are shared by its forward pass
+  /// and its recomputation (not gathered again).
   bool fsdp_root = false;
+  /// With fsdp_root, each root parameter's layout as FSDP gathers it, by path: its spec without
+  /// the batch and context axes (what stays split is tensor parallelism's). A path not listed is
+  /// gathered whole.
+  std::map<std::string, PartitionSpec> root_in_use;
 
   /// y = x @ w^T for a block's Linear weight w [out, in]: float8_linear with `float8`.
   Array block_linear(const Array& x, const Array& w) const;

@@ -254,6 +254,38 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
 
 }  // namespace
 
+namespace {
+
+// FSDP2's root module's parameters (all but the layers') as FSDP gathers them: each one's spec
+// (the rules') without the batch and context axes.
+std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, const Mesh& mesh,
+                                                 const RulePtr& rules,
+                                                 const Tree<TensorSpec>& params,
+                                                 const Layout& layout) {
+  std::map<std::string, PartitionSpec> out;
+  const std::string layers = config.layers_path() + "/";
+  const auto data_axis = [&](const std::string& a) {
+    return std::find(layout.batch.begin(), layout.batch.end(), a) != layout.batch.end() ||
+           std::find(layout.context.begin(), layout.context.end(), a) != layout.context.end();
+  };
+  (void)params.map_with_path([&](const std::string& path, const TensorSpec& t) {
+    if (path.rfind(layers, 0) == 0) return 0;
+    std::vector<AxisNames> dims;
+    for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
+      AxisNames kept;
+      for (const std::string& a : d) {
+        if (!data_axis(a)) kept.push_back(a);
+      }
+      dims.push_back(std::move(kept));
+    }
+    out.emplace(path, PartitionSpec(std::move(dims)));
+    return 0;
+  });
+  return out;
+}
+
+}  // namespace
+
 bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout) {
   return o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
 }
@@ -283,7 +315,10 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .reduce_in_held = o.reduce_dtype == held,
                        .reshard_after_forward = reshards_after_forward(o, layout),
                        .float8 = o.float8,
-                       .fsdp_root = fsdp_root_applies(o, layout)};
+                       .fsdp_root = fsdp_root_applies(o, layout),
+                       .root_in_use = fsdp_root_applies(o, layout)
+                                          ? root_in_use(config, mesh, rules, args.params, layout)
+                                          : std::map<std::string, PartitionSpec>{}};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // Mixed precision: the model casts the held weights where it uses them (ModelStep::

@@ -101,6 +101,16 @@ std::vector<Array> barrier_vjp(const Node&, const std::vector<Array>&, const Arr
   return {g};
 }
 
+// keep_alive: the value's dimensions are the result's; the held operands' are linked to nothing
+// (read as they are: Primitive::holds_operands).
+OpFactors keep_alive_factors(const Node& n, std::span<const Shape> in) {
+  OpFactors f = same_dims(n.type.shape, in.subspan(0, 1));
+  for (std::size_t k = 1; k < in.size(); ++k) {
+    f.operands.emplace_back(static_cast<std::size_t>(in[k].rank()), -1);
+  }
+  return f;
+}
+
 // keep_alive: the cotangent flows to the value; the values held to this point get zero (the
 // result does not depend on them).
 std::vector<Array> keep_alive_vjp(const Node&, const std::vector<Array>& in, const Array&,
@@ -140,19 +150,19 @@ constexpr PrimitiveTests kKeepAliveTests = identity_tests("keep_alive", keep_ali
 }  // namespace
 
 namespace prim {
-// A view of its first operand (no kernel, no bytes of its own) that reads the others: the memory
-// pass holds them until this step, as autograd holds a node's saved tensors until the node has
-// run. Not pointwise, so that fusion never takes it into a kernel; linear in the value only (a
-// pending sum of a held value is reduced first, as for any operand that must be whole), and the
-// value's pending sum always carried through.
+// A view of its first operand (no kernel, no bytes of its own) that reads the others as they are
+// (no reshard: holds_operands): the memory pass holds them until this step, as autograd holds a
+// node's saved tensors until the node has run. Not pointwise, so that fusion never takes it into
+// a kernel; linear in the value, whose pending sum is always carried through.
 constinit const Primitive keep_alive{.name = "keep_alive",
                                      .arity = kVariadic,
                                      .infer = keep_alive_type,
-                                     .factors = identity_factors,
+                                     .factors = keep_alive_factors,
                                      .kernel = copy_kernel,
                                      .flops = no_flops,
                                      .vjp = keep_alive_vjp,
                                      .view = true,
+                                     .holds_operands = true,
                                      .linearity = keep_alive_linearity,
                                      .tests = &kKeepAliveTests};
 constinit const Primitive optimization_barrier{.name = "optimization_barrier",
