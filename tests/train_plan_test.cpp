@@ -1319,6 +1319,12 @@ TEST(PlanTraining, FsdpRootHoldsTheRootsWeightsAndTheLastLayers) {
   std::ostringstream js;
   root.write_json(js);
   EXPECT_EQ(nlohmann::json::parse(js.str())["fsdp_root"], true);
+  // T5's step is not wrapped as torchtitan's: refused, not silently ignored.
+  TrainPlanOptions t5 = o;
+  t5.seq = 8;
+  EXPECT_THROW_WITH(
+      plan_training(ModelConfig::parse(kTinyT5), mesh_of("fsdp:2,tp:2"), preset("t5"), t5),
+      SpecError, "--fsdp-root", "T5");
   // One device: nothing is sharded, so there is no root module to hold.
   const TrainPlan alone = plan_training(c, mesh_of("fsdp:1"), preset("llama_fsdp"), o);
   EXPECT_FALSE(alone.fsdp_root);

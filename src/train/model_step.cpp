@@ -628,6 +628,11 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
           "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
           "T5 without --remat");
     }
+    if (fsdp_root) {
+      throw SpecError(
+          "[train] --fsdp-root (torchtitan's FSDP wrapping) is written for decoder-only models "
+          "(llama, mixtral, gpt2); plan T5 without it");
+    }
     return t5_loss(for_use(params), tokens, targets);
   }
   // With `regather` the weights are read through optimization_barrier: each micro-batch gathers
