@@ -1136,6 +1136,14 @@ TEST(LossAndGrads, LossParallelHoldsFourCopiesOfTheLogits) {
   EXPECT_LT(split.timeline.live_at_peak[4].bytes, kCopy);
 }
 
+// FSDP2's MixedPrecisionPolicy as torchtitan sets it (--mixed-precision fsdp2): weights held in
+// f32, used in bf16, gradients reduced and the optimizer state in f32.
+void fsdp2_mixed_precision(TrainPlanOptions& o) {
+  o.param_dtype = DType::kBF16;
+  o.master_dtype = o.reduce_dtype = DType::kF32;
+  o.grad_dtype = o.optimizer_dtype = DType::kF32;
+}
+
 // "fsdp:4,tp:2": a mesh of as many devices as its axes make.
 Mesh mesh_of(const std::string& text) {
   std::int64_t devices = 1;
@@ -1219,9 +1227,7 @@ TEST(PlanTraining, ReservedBytesOfAnExtrapolatedStepAreTheWholeStepsOrNone) {
   TrainPlanOptions o;
   o.batch = 8;
   o.seq = 2048;
-  o.param_dtype = DType::kBF16;
-  o.master_dtype = o.reduce_dtype = DType::kF32;
-  o.grad_dtype = o.optimizer_dtype = DType::kF32;
+  fsdp2_mixed_precision(o);
   const TrainPlan none = plan_training(c, mesh, preset("llama_fsdp"), o);
   EXPECT_TRUE(none.extrapolated);
   EXPECT_EQ(none.reserved_bytes, 0);
@@ -1292,9 +1298,7 @@ TEST(PlanTraining, FsdpRootHoldsTheRootsWeightsAndTheLastLayers) {
   TrainPlanOptions o;
   o.batch = 8;
   o.seq = 64;
-  o.param_dtype = DType::kBF16;
-  o.master_dtype = o.reduce_dtype = DType::kF32;
-  o.grad_dtype = o.optimizer_dtype = DType::kF32;
+  fsdp2_mixed_precision(o);
   const TrainPlan units = plan_training(c, mesh_of("fsdp:4"), preset("llama_fsdp"), o);
   o.fsdp_root = true;
   const TrainPlan root = plan_training(c, mesh_of("fsdp:4"), preset("llama_fsdp"), o);

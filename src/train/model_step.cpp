@@ -137,8 +137,7 @@ Array loss_parallel_cross_entropy(const Array& logits, const Array& targets) {
     const int r = x.shape().rank();
     std::vector<int> rows(static_cast<std::size_t>(r - 1));
     for (int d = 0; d < r - 1; ++d) rows[static_cast<std::size_t>(d)] = d;
-    const Array labels = broadcast_in_dim(res[1], x.shape(), rows);
-    const Array target = equal(labels, iota_like(labels, r - 1));
+    const Array target = one_hot(res[1], x.shape()[r - 1], DType::kBool);
     const Array grad_input =
         optimization_barrier(where(target, full_like(x, -1), full_like(x, 0)));
     const Array e = optimization_barrier(exp(x));
@@ -162,12 +161,11 @@ Tree<Array> held_by_root(const Tree<Array>& rest,
                          const std::map<std::string, PartitionSpec>& in_use) {
   std::vector<Array> leaves;
   std::vector<PartitionSpec> specs;
-  (void)rest.map_with_path([&](const std::string& path, const Array& a) {
-    leaves.push_back(a);
+  for (auto& [path, a] : rest.flatten()) {
+    leaves.push_back(std::move(a));
     const auto it = in_use.find(path);
     specs.push_back(it == in_use.end() ? PartitionSpec() : it->second);
-    return a;
-  });
+  }
   if (leaves.empty()) return rest;
   const auto fwd = [specs](const std::vector<Array>& in) {
     std::vector<Array> gathered;
@@ -181,9 +179,7 @@ Tree<Array> held_by_root(const Tree<Array>& rest,
     for (std::size_t i = 0; i < cts.size(); ++i) out.push_back(keep_alive(cts[i], {res[i]}));
     return out;
   };
-  const std::vector<Array> held = custom_vjp(fwd, bwd, leaves);
-  std::size_t next = 0;
-  return rest.map([&](const Array&) { return held[next++]; });
+  return rest.unflatten(custom_vjp(fwd, bwd, leaves));
 }
 
 // A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.

@@ -268,8 +268,8 @@ std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, cons
     return std::find(layout.batch.begin(), layout.batch.end(), a) != layout.batch.end() ||
            std::find(layout.context.begin(), layout.context.end(), a) != layout.context.end();
   };
-  (void)params.map_with_path([&](const std::string& path, const TensorSpec& t) {
-    if (path.rfind(layers, 0) == 0) return 0;
+  for (const auto& [path, t] : params.flatten()) {
+    if (path.rfind(layers, 0) == 0) continue;
     std::vector<AxisNames> dims;
     for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
       AxisNames kept;
@@ -279,8 +279,7 @@ std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, cons
       dims.push_back(std::move(kept));
     }
     out.emplace(path, PartitionSpec(std::move(dims)));
-    return 0;
-  });
+  }
   return out;
 }
 
