@@ -1106,9 +1106,10 @@ TEST(LossAndGrads, LossParallelHoldsFourCopiesOfTheLogits) {
     }
   }
 
-  // The loss's peak alone: the gradient of the loss with respect to the head's input h.
-  const Mesh mesh = Mesh::parse("fsdp:1,tp:4", 4);
-  const auto peak = [&](const train::Layout& layout) {
+  // The loss's peak alone: the gradient of the loss with respect to the head's input h, split
+  // over tp:4 against one device with a quarter of the vocabulary (the same local logits, taken
+  // whole by PyTorch's cross_entropy: three copies).
+  const auto peak = [&](const train::Layout& layout, const Mesh& mesh, std::int64_t vocab) {
     const train::ModelStep model{.config = c, .layout = layout, .fused_loss = false};
     auto f = sjit(mesh, [&](const Array& norm, const Array& head, const Array& h, const Array& y) {
       const Tree<Array> rest = Tree<Array>::dict(
@@ -1118,12 +1119,12 @@ TEST(LossAndGrads, LossParallelHoldsFourCopiesOfTheLogits) {
     }, SjitOptions{.in_shardings = RuleTree::list({RuleTree(P()), RuleTree(P("tp")),
                                                    RuleTree(P()), RuleTree(P())}),
                    .count_constants = false});  // as train-plan plans (an iota is folded)
-    return f.lower(TensorSpec{Shape{32}, DType::kF32}, TensorSpec{Shape{4096, 32}, DType::kF32},
+    return f.lower(TensorSpec{Shape{32}, DType::kF32}, TensorSpec{Shape{vocab, 32}, DType::kF32},
                    TensorSpec{Shape{2, 64, 32}, DType::kF32}, TensorSpec{Shape{2, 64}, DType::kI32})
         .cost();
   };
-  const ProgramCost split = peak(train::Layout{{"fsdp"}, {"tp"}, 1, 4});
-  const ProgramCost whole = peak(train::Layout{});
+  const ProgramCost split = peak(train::Layout{{"fsdp"}, {"tp"}, 1, 4}, Mesh::parse("fsdp:1,tp:4", 4), 4096);
+  const ProgramCost whole = peak(train::Layout{}, Mesh::parse("fsdp:1,tp:1", 1), 1024);
   constexpr std::int64_t kCopy = 128 * 1024 * 4;
   // One copy more, give or take the per-token vectors ([2, 64] f32, 512 B) each formulation
   // holds beside it (the unsplit one sums the cotangent over the vocabulary, for instance).
@@ -1134,6 +1135,40 @@ TEST(LossAndGrads, LossParallelHoldsFourCopiesOfTheLogits) {
     EXPECT_EQ(split.timeline.live_at_peak[static_cast<std::size_t>(i)].bytes, kCopy);
   }
   EXPECT_LT(split.timeline.live_at_peak[4].bytes, kCopy);
+}
+
+// The naive loss on whole logits reserves what eager PyTorch's cross_entropy(pred.float(), labels)
+// does, worked by hand in copies of the f32 logits (c): the head writes pred (bf16, c/2), .float()
+// a copy (c), log_softmax its result (c, the one array kept); pred and the copy are freed, which
+// leaves a hole of 1.5c under the result. The backward pass writes nll_loss's cotangent (c) in
+// the hole's first c, then log_softmax's (c), which no hole holds: the segment grows by c. 3.5c
+// reserved with expandable segments for 3c live. With a segment per cudaMalloc: pred's segment
+// (c/2) and the copy's (c) are cached; nll_loss's cotangent reuses the copy's, log_softmax's
+// backward takes a new one: 3.5c again. Writing x - max, exp and a one-hot array in the forward
+// pass (log_softmax's and cross_entropy's ops) left no such hole: 3c with expandable segments.
+TEST(LossAndGrads, NaiveLossReservesAsEagerPyTorchsCrossEntropy) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 32768,
+    "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 2})");
+  const Mesh mesh = Mesh::parse("fsdp:1", 1);
+  const train::ModelStep model{.config = c, .layout = train::Layout{}, .fused_loss = false};
+  auto f = sjit(mesh, [&](const Array& norm, const Array& head, const Array& h, const Array& y) {
+    const Tree<Array> rest = Tree<Array>::dict(
+        {{"model", Tree<Array>::dict({{"norm", Tree<Array>::dict({{"weight", Tree<Array>(norm)}})}})},
+         {"lm_head", Tree<Array>::dict({{"weight", Tree<Array>(head)}})}});
+    return value_and_grad([&](const Array& x) { return model.loss(rest, x, y); })(h).second;
+  }, SjitOptions{.count_constants = false});
+  const ProgramCost cost =
+      f.lower(TensorSpec{Shape{64}, DType::kBF16}, TensorSpec{Shape{32768, 64}, DType::kBF16},
+              TensorSpec{Shape{1, 2048, 64}, DType::kBF16}, TensorSpec{Shape{1, 2048}, DType::kI32})
+          .cost();
+  constexpr double kCopy = 2048.0 * 32768 * 4;  // 256 MiB
+  // Beside the logits' arrays: the weights, h and its gradient, per-token vectors (a few MiB),
+  // and the 20 MiB pages of an expandable segment.
+  constexpr double kSlack = 32.0 * 1024 * 1024;
+  EXPECT_NEAR(static_cast<double>(cost.peak_bytes[0]), 3 * kCopy, kSlack);
+  EXPECT_NEAR(static_cast<double>(cost.reserved_bytes_expandable), 3.5 * kCopy, kSlack);
+  EXPECT_NEAR(static_cast<double>(cost.reserved_bytes), 3.5 * kCopy, kSlack);
 }
 
 // FSDP2's MixedPrecisionPolicy as torchtitan sets it (--mixed-precision fsdp2): weights held in

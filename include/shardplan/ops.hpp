@@ -125,6 +125,12 @@ Array slice(const Array& x, std::vector<std::int64_t> starts, std::vector<std::i
 Array concatenate(const std::vector<Array>& xs, int axis);
 /// x's dimension `axis` indexed by `indices` (i32), as jnp.take (indices clipped into range).
 Array take(const Array& x, const Array& indices, int axis = 0);
+/// numpy's take_along_axis for one element per row: indices (i32) of x's shape with 1 along
+/// `axis`, clipped into range; the result has their shape. One kernel that reads x's rows whole
+/// along `axis` (a split axis is gathered first), as torch.gather and nll_loss read the
+/// log-probabilities at the targets; its cotangent is one array of x's size (zero but at the
+/// indices).
+Array take_along_axis(const Array& x, const Array& indices, int axis);
 /// labels (i32) -> `dtype` one-hot vectors of length n along a new last axis.
 Array one_hot(const Array& labels, std::int64_t n, DType dtype = DType::kF32);
 /// Random arrays inside sjit (counter-based, as Array::normal / uniform: the value at each index
@@ -143,6 +149,11 @@ Array iota_like(const Array& like, int axis, DType dtype = DType::kI32);
 // Neural-network pieces (built from the ops above).
 Array softmax(const Array& x, int axis = -1);
 Array log_softmax(const Array& x, int axis = -1);
+/// log_softmax as one kernel, as PyTorch's (and cuDNN's) is: it reads whole rows of `axis` (a
+/// split axis is gathered first) and writes only its result, where log_softmax's ops also write
+/// x - max and exp(x - max) and reduce a split axis with collectives. The backward pass keeps
+/// the result only. Equal to log_softmax to rounding.
+Array fused_log_softmax(const Array& x, int axis = -1);
 /// x * sigmoid(x) (jax.nn.silu, torch.nn.functional.silu), differentiated as PyTorch's kernel
 /// is: only x is kept for the backward pass, which makes sigmoid(x) again.
 Array silu(const Array& x);

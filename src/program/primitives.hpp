@@ -25,7 +25,7 @@ namespace shardplan::detail {
   /* attention.cpp */ X(attention) X(attention_grad_q) X(attention_grad_kv)                   \
   /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                                  \
   /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \
-  X(take)                                                                                     \
+  X(take) /* rows.cpp */ X(fused_log_softmax) X(take_along_axis)                              \
   /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                    \
   /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)    \
   X(keep_alive)                                                                               \

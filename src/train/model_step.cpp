@@ -116,6 +116,21 @@ Array eager_cast(const Array& x, DType wide) {
   return custom_vjp(fwd, bwd, {x}).at(0);
 }
 
+// Cross-entropy as eager PyTorch runs F.cross_entropy on whole rows: log_softmax as one kernel
+// writing its result (the one array kept for the backward pass), nll_loss reading each row at its
+// target (take_along_axis). Its backward pass writes the cotangent at the targets (nll_loss's:
+// one array), then log_softmax's (another). cross_entropy's ops would write x - max, exp, a
+// one-hot array (kept) and its product with the log-probabilities in the forward pass: the same
+// live peak, but arrays that change where the caching allocator places the backward pass's.
+Array eager_cross_entropy(const Array& logits, const Array& targets) {
+  const int r = logits.shape().rank();
+  std::vector<std::int64_t> column = targets.shape().dims();
+  column.push_back(1);
+  const Array picked =
+      take_along_axis(fused_log_softmax(logits, r - 1), reshape(targets, Shape(column)), r - 1);
+  return -reshape(picked, targets.shape());
+}
+
 // Cross-entropy on logits whose vocabulary is split over the tensor-parallel axes, as PyTorch's
 // DTensor runs it under loss_parallel (torchtitan's loss with tensor parallelism): the forward
 // pass as cross_entropy, keeping the log-probabilities x; the backward pass of nll_loss and
@@ -509,7 +524,7 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
   // With tensor parallelism the head's output is split along the vocabulary and the loss runs as
   // DTensor's loss_parallel (torchtitan's default), which holds one more copy of the logits.
   return mean(L.model_ways > 1 ? loss_parallel_cross_entropy(wide_logits, targets)
-                               : cross_entropy(wide_logits, targets));
+                               : eager_cross_entropy(wide_logits, targets));
 }
 
 Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,
