@@ -88,6 +88,50 @@ TEST(StepTime, LinkTiersFollowTheDeviceLayout) {
   EXPECT_EQ(train::tier_of(h, {"dp", "tp"}, 4), "network");
 }
 
+// A ring over the network runs through one NIC per device of the group in a node (NCCL: the data
+// enters and leaves each node once, one ring per NIC; nccl#687, nccl#569), no faster than the
+// node's links; an all-to-all sends each device's own data through its own NIC. Toy hardware:
+// NICs of 1e9 B/s at 50%, links of 1e10 B/s at 50%; 1.2e9 bytes each.
+TEST(StepTime, ARingOverTheNetworkRunsThroughTheNodesNics) {
+  TrainPlan p;
+  p.devices = 64;
+  p.matmul_flops = 1e12;
+  const train::TimeInputs in{.model_axes = {"tp"}, .layer_steps = 1, .tokens_per_step = 64};
+  const auto comm = [&](const char* axes, CollectiveKind kind, const char* over) {
+    const Mesh mesh = Mesh::parse(axes, 64);
+    p.bytes_by_axes = {{CollectiveOn{kind, {over}}, 1'200'000'000}};
+    const StepTime t = train::step_time(p, mesh, toy_hardware(8), in);
+    EXPECT_EQ(t.comms.at(0).tier, "network");
+    return t.comms.at(0);
+  };
+  EXPECT_EQ(train::group_devices_per_node(Mesh::parse("fsdp:64", 64), {"fsdp"}, 8), 8);
+  EXPECT_EQ(train::group_devices_per_node(Mesh::parse("fsdp:16,tp:4", 64), {"fsdp"}, 8), 2);
+  EXPECT_EQ(train::group_devices_per_node(Mesh::parse("fsdp:8,tp:8", 64), {"fsdp"}, 8), 1);
+  EXPECT_EQ(train::group_devices_per_node(Mesh::parse("dp:4,fsdp:4,tp:4", 64), {"dp", "tp"}, 8), 4);
+  // fsdp:64: 8 NICs a node, 4e9 B/s, capped by the links' 5e9: 0.3 s.
+  CommTime c = comm("fsdp:64", CollectiveKind::kAllGather, "fsdp");
+  EXPECT_EQ(c.nics, 8);
+  EXPECT_NEAR(c.seconds, 1.2e9 / 4e9, 1e-12);
+  // tp:4 innermost: 2 of each fsdp group a node: 1e9 B/s, 1.2 s.
+  c = comm("fsdp:16,tp:4", CollectiveKind::kReduceScatter, "fsdp");
+  EXPECT_EQ(c.nics, 2);
+  EXPECT_NEAR(c.seconds, 1.2e9 / 1e9, 1e-12);
+  // tp:8 fills the node: one NIC, 2.4 s (the earlier model's figure for every network ring).
+  c = comm("fsdp:8,tp:8", CollectiveKind::kAllReduce, "fsdp");
+  EXPECT_EQ(c.nics, 1);
+  EXPECT_NEAR(c.seconds, 2.4, 1e-12);
+  // An all-to-all over all 64: each device's own NIC, 2.4 s.
+  c = comm("fsdp:64", CollectiveKind::kAllToAll, "fsdp");
+  EXPECT_EQ(c.nics, 1);
+  EXPECT_NEAR(c.seconds, 2.4, 1e-12);
+  // 16 NICs a node would pass the links: capped at 1e10 x 0.5.
+  Hardware wide = toy_hardware(16);
+  p.bytes_by_axes = {{CollectiveOn{CollectiveKind::kAllGather, {"fsdp"}}, 1'200'000'000}};
+  const StepTime t = train::step_time(p, Mesh::parse("fsdp:64", 64), wide, in);
+  EXPECT_EQ(t.comms.at(0).nics, 16);
+  EXPECT_NEAR(t.comms.at(0).seconds, 1.2e9 / 5e9, 1e-12);
+}
+
 // PaLM's count, by hand for LLaMA-3-8B at 8,192 tokens: 6 x (8,030,261,248 parameters less the
 // 525,336,576 of the input embedding) + 12 x 32 layers x 32 heads x 128 x 8,192.
 TEST(StepTime, ModelFlopsPerTokenArePalmsCount) {
@@ -203,10 +247,17 @@ TEST(StepTime, APlanWithHardwareTimesItsOwnFigures) {
     // A weight's gather is FSDP's, overlapped whatever its axes; the rest over tp is exposed.
     EXPECT_EQ(comm.overlapped, comm.collective.of_argument || !tp) << to_string(comm.collective.kind);
     saw_weights_over_tp = saw_weights_over_tp || (tp && comm.collective.of_argument);
-    // tp is innermost: its pairs share a node of 2; fsdp's pairs are 2 apart.
+    // tp is innermost: its pairs share a node of 2; fsdp's pairs are 2 apart. A ring over fsdp
+    // and tp together has 2 devices in each node: 2 NICs.
     const bool inside = comm.collective.axes == std::vector<std::string>{"tp"};
+    const CollectiveKind kind = comm.collective.kind;
+    const bool ring = kind == CollectiveKind::kAllGather || kind == CollectiveKind::kReduceScatter ||
+                      kind == CollectiveKind::kAllReduce;
+    const std::int64_t nics = inside ? 0 : ring && axes.size() == 2 ? 2 : 1;
     EXPECT_EQ(comm.tier, inside ? "node" : "network");
-    EXPECT_NEAR(comm.seconds, static_cast<double>(comm.bytes) / (inside ? 5e9 : 5e8),
+    EXPECT_EQ(comm.nics, nics);
+    EXPECT_NEAR(comm.seconds,
+                static_cast<double>(comm.bytes) / (inside ? 5e9 : 5e8 * static_cast<double>(nics)),
                 1e-12 * comm.seconds);
     (comm.overlapped ? data : tensor) += comm.seconds;
   }

@@ -205,7 +205,13 @@ struct CommTime {
   /// rest over model axes: tensor parallelism's collectives).
   std::string role;
   std::int64_t bytes = 0;  // the most a device receives per step
-  double seconds = 0;      // at the tier's achievable bandwidth
+  /// Over the network: the NICs a node's part of the group sends through at once. For a ring
+  /// (all-gather, reduce-scatter, all-reduce) the data enters and leaves each node once and the
+  /// node's devices of the group each drive one ring over their own NIC (NCCL's rings), so it is
+  /// the group's devices in a node; for the rest (all-to-all, permutes) each device sends its
+  /// own data through its own NIC: 1. 0 on the node's links.
+  std::int64_t nics = 0;
+  double seconds = 0;  // at the tier's achievable bandwidth
   bool overlapped = false; // data and context: under compute when there is enough of it
 };
 

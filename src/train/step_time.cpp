@@ -27,6 +27,27 @@ std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std:
   return span < node_size ? "node" : "network";
 }
 
+std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::string>& axes,
+                                    std::int64_t node_size) {
+  const std::vector<std::string>& names = mesh.axis_names();
+  std::vector<std::int64_t> members{0};  // device ids of the group in device 0's node so far
+  for (const std::string& a : axes) {
+    const int i = mesh.axis_index(a);
+    std::int64_t stride = 1;
+    for (std::size_t k = static_cast<std::size_t>(i) + 1; k < names.size(); ++k) {
+      stride *= mesh.axis_size(names[k]);
+    }
+    std::vector<std::int64_t> next;
+    for (const std::int64_t m : members) {
+      for (std::int64_t c = 0; c < mesh.axis_size(a) && m + c * stride < node_size; ++c) {
+        next.push_back(m + c * stride);
+      }
+    }
+    members = std::move(next);
+  }
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(members.size()));
+}
+
 double model_flops_per_token(const ModelConfig& c, std::int64_t parameters, std::int64_t seq) {
   double n = static_cast<double>(parameters);
   if (!c.tie_embeddings) n -= static_cast<double>(c.vocab) * static_cast<double>(c.hidden);
@@ -82,9 +103,19 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
     c.tier = tier_of(mesh, on.axes, hw.node_size);
     c.role = role_of(on, in);
     c.bytes = bytes;
-    c.seconds = static_cast<double>(bytes) /
-                (c.tier == "node" ? hw.intra_node_bandwidth * hw.intra_node_efficiency
-                                  : hw.inter_node_bandwidth * hw.inter_node_efficiency);
+    // Over the network a ring is bound by the node's NICs it runs through, and never faster than
+    // the node's links it also crosses (each device forwards every byte it receives).
+    const double intra = hw.intra_node_bandwidth * hw.intra_node_efficiency;
+    const bool ring = on.kind == CollectiveKind::kAllGather ||
+                      on.kind == CollectiveKind::kReduceScatter ||
+                      on.kind == CollectiveKind::kAllReduce;
+    double bandwidth = intra;
+    if (c.tier == "network") {
+      c.nics = ring ? group_devices_per_node(mesh, on.axes, hw.node_size) : 1;
+      bandwidth = std::min(intra, static_cast<double>(c.nics) * hw.inter_node_bandwidth *
+                                      hw.inter_node_efficiency);
+    }
+    c.seconds = static_cast<double>(bytes) / bandwidth;
     c.overlapped = c.role != "tensor";
     if (c.overlapped) {
       overlapped += c.seconds;

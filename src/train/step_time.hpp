@@ -27,6 +27,11 @@ struct TimeInputs {
 /// torch's init_device_mesh and JAX's create_device_mesh lay them out); else "network".
 std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size);
 
+/// The devices of one group of a collective over `axes` that lie in one node (device 0's group:
+/// every group is a translate of it), the devices numbered as tier_of says; at least 1.
+std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::string>& axes,
+                                    std::int64_t node_size);
+
 /// PaLM's model FLOPs per token: 6 N + 12 L H Q T, N the parameters less the input embedding
 /// (when it is not tied to the head), L layers, H heads, Q their width, T the sequence.
 double model_flops_per_token(const ModelConfig& config, std::int64_t parameters, std::int64_t seq);

@@ -63,7 +63,9 @@ std::string time_table(const StepTime& t) {
                                    c.collective.of_argument ? " of weights" : "",
                                    axes_text(c.collective.axes)),
                        seconds_text(c.seconds), format_bytes(c.bytes),
-                       c.tier == "node" ? "node's links" : "network",
+                       c.tier == "node" ? std::string("node's links")
+                                        : fmt::format("network ({} NIC{} a node)", c.nics,
+                                                      c.nics == 1 ? "" : "s"),
                        c.overlapped ? fmt::format("{}: overlapped with compute", c.role)
                                     : fmt::format("{}: exposed", c.role));
   }
@@ -178,6 +180,7 @@ nlohmann::ordered_json time_json(const StepTime& t) {
                      {"tier", c.tier},
                      {"role", c.role},
                      {"bytes", c.bytes},
+                     {"nics", c.nics},
                      {"seconds", c.seconds},
                      {"overlapped", c.overlapped}});
   }
