@@ -6,6 +6,7 @@
 
 #include "shardplan/collectives.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -190,6 +191,44 @@ TEST(Ops, NeuralNetworkPiecesMatchTheirDefinitions) {
   EXPECT_EQ(masked.get(0 * 4 + 0), 1.0);
   EXPECT_LT(masked.get(0 * 4 + 1), -1e29);
   EXPECT_EQ(masked.get(3 * 4 + 2), 1.0);
+}
+
+// take_along_axis from an axis split over devices: each device takes the indices that fall in
+// its slice (0 for the others) and the sum over them is the value, as DTensor's masked gather
+// under loss_parallel; inside sjit only the [rows] values are reduced, x is never gathered.
+// Out-of-range indices are clamped. fused_log_softmax equals log_softmax.
+TEST(Ops, TakeAlongASplitAxisSumsEachDevicesOwnIndices) {
+  Fixture fx;
+  const Tensor x = Tensor::normal(Shape{8, 12}, DType::kF64, 21);
+  const std::vector<std::int32_t> at{0, 5, 11, 3, -1, 12, 7, 8};  // clamped: -1 -> 0, 12 -> 11
+  const Tensor idx = Tensor::from<std::int32_t>(Shape{8, 1}, at);
+  const Array xa = fx.put(x, P(nullptr, "a"));  // 3 columns a device
+  const Array ia = device_put(idx, NamedSharding(fx.mesh, P()), fx.exec);
+  const Tensor got = take_along_axis(xa, ia, 1).to_host();
+  ASSERT_EQ(got.shape(), Shape({8, 1}));
+  for (std::int64_t r = 0; r < 8; ++r) {
+    const std::int64_t c = std::clamp<std::int64_t>(at[static_cast<std::size_t>(r)], 0, 11);
+    EXPECT_EQ(got.get(r), x.get(r * 12 + c)) << r;
+  }
+  const auto fn = [](const Array& a, const Array& i) { return take_along_axis(a, i, 1); };
+  const Lowered lowered = sjit(fx.mesh, fn, SjitOptions{.in_shardings = RuleTree::list(
+                                                            {RuleTree(P(nullptr, "a")), RuleTree(P())})})
+                              .lower(TensorSpec{Shape{8, 12}, DType::kF64},
+                                     TensorSpec{Shape{8, 1}, DType::kI32});
+  const auto& moved = lowered.cost().bytes_by_kind;
+  EXPECT_EQ(moved.count(CollectiveKind::kAllGather), 0u) << lowered.text();
+  // The pending [8, 1] f64 sum over a's 4 devices, all-reduced: 2 x 3/4 x 64 bytes.
+  ASSERT_EQ(moved.count(CollectiveKind::kAllReduce), 1u) << lowered.text();
+  EXPECT_EQ(moved.at(CollectiveKind::kAllReduce), 96);
+  const Tensor run = sjit(fx.mesh, fn)(xa, ia).to_host();
+  for (std::int64_t r = 0; r < 8; ++r) EXPECT_EQ(run.get(r), got.get(r));
+
+  EXPECT_LT(max_diff(fused_log_softmax(xa, 1).to_host(), log_softmax(xa, 1).to_host()), 1e-12);
+  EXPECT_THROW_WITH(take_along_axis(xa, device_put(Tensor::from<std::int32_t>(Shape{8}, at),
+                                                   NamedSharding(fx.mesh, P()), fx.exec), 1),
+                    SpecError, "take_along_axis", "f64[8, 12]", "i32[8]", "[8, 1]");
+  EXPECT_THROW_WITH(fused_log_softmax(ia), SpecError, "fused_log_softmax", "i32[8, 1]",
+                    "floating-point");
 }
 
 TEST(Ops, ConstraintOutsideSjitReshardsAtOnceAndAnnotationIsIdentity) {

@@ -126,9 +126,10 @@ Array concatenate(const std::vector<Array>& xs, int axis);
 /// x's dimension `axis` indexed by `indices` (i32), as jnp.take (indices clipped into range).
 Array take(const Array& x, const Array& indices, int axis = 0);
 /// numpy's take_along_axis for one element per row: indices (i32) of x's shape with 1 along
-/// `axis`, clipped into range; the result has their shape. One kernel that reads x's rows whole
-/// along `axis` (a split axis is gathered first), as torch.gather and nll_loss read the
-/// log-probabilities at the targets; its cotangent is one array of x's size (zero but at the
+/// `axis`, clipped into range; the result has their shape. One kernel, as torch.gather and
+/// nll_loss read the log-probabilities at the targets; from an axis split over devices each
+/// device takes the indices in its slice and the result is a sum pending over them (DTensor's
+/// _MaskPartial): x is never gathered. Its cotangent is one array of x's size (zero but at the
 /// indices).
 Array take_along_axis(const Array& x, const Array& indices, int axis);
 /// labels (i32) -> `dtype` one-hot vectors of length n along a new last axis.

@@ -133,7 +133,8 @@ Array eager_cross_entropy(const Array& logits, const Array& targets) {
 
 // Cross-entropy on logits whose vocabulary is split over the tensor-parallel axes, as PyTorch's
 // DTensor runs it under loss_parallel (torchtitan's loss with tensor parallelism): the forward
-// pass as cross_entropy, keeping the log-probabilities x; the backward pass of nll_loss and
+// pass as cross_entropy, keeping the log-probabilities x (nll_loss a masked gather from each
+// rank's slice: take_along_axis, no array of the logits' size); the backward pass of nll_loss and
 // log_softmax fused, eagerly (torch/distributed/tensor/parallel/loss.py): grad_input, zeros with
 // -1 at the target, then exp(x), their sum, and the sum times the cotangent, each written
 // whole, with x (saved by both autograd nodes) and grad_input held until the product is made:
@@ -144,7 +145,12 @@ Array loss_parallel_cross_entropy(const Array& logits, const Array& targets) {
   const auto fwd = [](const std::vector<Array>& in) {
     const int r = in[0].shape().rank();
     const Array lp = log_softmax(in[0], -1);
-    const Array loss = -sum(lp * one_hot(in[1], in[0].shape()[r - 1], in[0].dtype()), {-1});
+    // nll_loss as DTensor's _nll_loss_forward: each rank reads its own slice of the vocabulary at
+    // the targets (a masked gather, then a sum over the ranks of [tokens] values).
+    std::vector<std::int64_t> column = in[1].shape().dims();
+    column.push_back(1);
+    const Array loss =
+        -reshape(take_along_axis(lp, reshape(in[1], Shape(column)), r - 1), in[1].shape());
     return CustomVjpForward{{loss}, {lp, in[1]}};
   };
   const auto bwd = [](const std::vector<Array>& res, const std::vector<Array>& cts) {

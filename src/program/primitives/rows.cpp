@@ -1,9 +1,10 @@
-// Ops over whole rows of one axis, each one kernel as PyTorch's eager kernels are:
-// fused_log_softmax (the row's max and log-sum-exp kept in registers, only the result written,
-// where log_softmax's ops write x - max and exp(x - max) too) and take_along_axis (one element of
-// each row, as nll_loss reads the log-probabilities at the targets, where a one-hot product writes
-// two arrays of the rows' size). Each reads its axis whole on a device (a replicated factor): a
-// split axis is gathered first.
+// Ops over rows of one axis, each one kernel as PyTorch's eager kernels are: fused_log_softmax
+// (the row's max and log-sum-exp kept in registers, only the result written, where log_softmax's
+// ops write x - max and exp(x - max) too; its axis read whole on a device: a split axis is
+// gathered first) and take_along_axis (one element of each row, as nll_loss reads the
+// log-probabilities at the targets, where a one-hot product writes two arrays of the rows' size;
+// from an axis split over devices each takes the indices that fall in its slice and the result
+// is a sum pending over them, as DTensor's _MaskPartial does under loss_parallel).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,6 +23,12 @@ struct RowAttrs {
   int axis = 0;
 };
 std::string format_attrs(const RowAttrs& a) { return fmt::format(" axis={}", a.axis); }
+/// take_along_axis: the axis and its global size (indices are clamped into it).
+struct TakeAlongAttrs {
+  int axis = 0;
+  std::int64_t size = 0;
+};
+std::string format_attrs(const TakeAlongAttrs& a) { return fmt::format(" axis={}", a.axis); }
 
 namespace {
 
@@ -37,40 +44,49 @@ RowLayout row_layout(const Shape& s, int axis) {
   return r;
 }
 
-int checked_axis(const Node& n, std::span<const TensorType> in) {
-  const int axis = n.attr<RowAttrs>().axis;
+int checked_axis(const Node& n, std::span<const TensorType> in, int axis) {
   if (axis < 0 || axis >= in[0].shape.rank()) {
     reject(n.op->name, in, fmt::format("axis {} is out of range", axis));
   }
   return axis;
 }
 
-// Every dimension but the axis passes; the axis is whole on each device, in the operands and
-// in the result (its own factor there: take_along_axis's result has 1 along it).
-OpFactors row_factors(const Node& n, std::span<const Shape> in) {
-  const int axis = n.attr<RowAttrs>().axis;
+// Every dimension but the axis passes. log_softmax's axis is whole on each device (in the
+// result too); take_along_axis's may be split, alike in x and in the positions (a reduce factor:
+// the result is then pending), while the indices and the result have 1 along it.
+OpFactors row_factors(const Node& n, std::span<const Shape> in, int axis, bool take) {
   OpFactors f;
   std::vector<int> xf(static_cast<std::size_t>(in[0].rank()));
   std::vector<int> rf(xf.size());
+  int split = -1;
   for (int d = 0; d < in[0].rank(); ++d) {
     const auto i = static_cast<std::size_t>(d);
-    if (d == axis) {
+    if (d != axis) {
+      xf[i] = rf[i] = f.add(in[0][d], FactorKind::kPass);
+    } else if (take) {
+      xf[i] = split = f.add(in[0][d], FactorKind::kReduce);
+      rf[i] = f.add(1, FactorKind::kPass);
+    } else {
       xf[i] = f.add(in[0][d], FactorKind::kReplicate);
       rf[i] = f.add(n.type.shape[d], FactorKind::kReplicate);
-    } else {
-      xf[i] = rf[i] = f.add(in[0][d], FactorKind::kPass);
     }
   }
-  f.operands.assign(in.size(), rf);  // the indices of take_along_axis: the result's dimensions
-  f.operands[0] = xf;
+  f.operands = {xf};
+  if (take) f.operands.insert(f.operands.end(), {rf, {split}});
   f.result = rf;
   return f;
+}
+OpFactors log_softmax_factors(const Node& n, std::span<const Shape> in) {
+  return row_factors(n, in, n.attr<RowAttrs>().axis, false);
+}
+OpFactors take_along_factors(const Node& n, std::span<const Shape> in) {
+  return row_factors(n, in, n.attr<TakeAlongAttrs>().axis, true);
 }
 
 // ---- fused_log_softmax ------------------------------------------------------------------------
 
 TensorType log_softmax_type(const Node& n, std::span<const TensorType> in) {
-  checked_axis(n, in);
+  checked_axis(n, in, n.attr<RowAttrs>().axis);
   if (!is_floating(in[0].dtype)) reject(n.op->name, in, "needs floating-point values");
   return in[0];
 }
@@ -116,8 +132,12 @@ Arrays log_softmax_vjp(const Node& n, const Arrays&, const Array& y, const Array
 // ---- take_along_axis --------------------------------------------------------------------------
 
 TensorType take_along_type(const Node& n, std::span<const TensorType> in) {
-  const int axis = checked_axis(n, in);
-  if (in[1].dtype != DType::kI32) reject(n.op->name, in, "indices must be i32");
+  const auto& attrs = n.attr<TakeAlongAttrs>();
+  const int axis = checked_axis(n, in, attrs.axis);
+  if (!is_computable(in[0].dtype)) reject(n.op->name, in, "cannot take from these values");
+  if (in[1].dtype != DType::kI32 || in[2].dtype != DType::kI32) {
+    reject(n.op->name, in, "indices and positions must be i32");
+  }
   std::vector<std::int64_t> want = in[0].shape.dims();
   want[static_cast<std::size_t>(axis)] = 1;
   if (in[1].shape != Shape(want)) {
@@ -125,39 +145,50 @@ TensorType take_along_type(const Node& n, std::span<const TensorType> in) {
            fmt::format("indices must have the values' shape with 1 along axis {}: {}", axis,
                        Shape(want).to_string()));
   }
+  if (in[2].shape != Shape{in[0].shape[axis]}) {
+    reject(n.op->name, in, fmt::format("positions must be [{}]", in[0].shape[axis]));
+  }
   return TensorType{in[1].shape, in[0].dtype};
 }
 
-// Result element (o, i) is row (o, i)'s element at its index, clamped into [0, n - 1] as take
-// clamps (a kernel on a device cannot fail).
+// Result element (o, i) is the sum of row (o, i)'s elements whose position equals its index,
+// clamped into [0, size - 1] as take clamps (a kernel on a device cannot fail). The positions
+// are an iota over the axis (take_along_axis makes them), so it is the one element at the index,
+// on the device whose slice of the axis holds it, and 0 on the others: their sum is the value.
 void take_along_kernel(const KernelArgs& k) {
-  const RowLayout r = row_layout(k.in[0].shape, k.node.attr<RowAttrs>().axis);
-  if (r.n == 0 && k.out.shape.numel() > 0) {
-    throw SpecError(fmt::format("[kernel] take_along_axis: the axis of {} is empty; nothing to take",
-                                describe(k.in[0].dtype, k.in[0].shape)));
-  }
+  const auto& attrs = k.node.attr<TakeAlongAttrs>();
+  const RowLayout r = row_layout(k.in[0].shape, attrs.axis);
   const auto* idx = elems<std::int32_t>(k.in[1]);
-  const std::size_t elem = size_of(k.out.dtype);
-  for (std::int64_t o = 0; o < r.outer; ++o) {
-    for (std::int64_t i = 0; i < r.inner; ++i) {
-      const std::int64_t at = std::clamp<std::int64_t>(idx[o * r.inner + i], 0, r.n - 1);
-      std::memcpy(k.out.data + static_cast<std::size_t>(o * r.inner + i) * elem,
-                  k.in[0].data + static_cast<std::size_t>((o * r.n + at) * r.inner + i) * elem,
-                  elem);
+  const auto* pos = elems<std::int32_t>(k.in[2]);
+  dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) {
+    using A = SumAcc<T>;
+    const T* x = elems<T>(k.in[0]);
+    T* y = elems<T>(k.out);
+    for (std::int64_t o = 0; o < r.outer; ++o) {
+      for (std::int64_t i = 0; i < r.inner; ++i) {
+        const std::int64_t at =
+            std::clamp<std::int64_t>(idx[o * r.inner + i], 0, std::max<std::int64_t>(attrs.size - 1, 0));
+        A acc(0);
+        for (std::int64_t j = 0; j < r.n; ++j) {
+          if (pos[j] == at) acc = add<A>(acc, static_cast<A>(widen(x[(o * r.n + j) * r.inner + i])));
+        }
+        y[o * r.inner + i] = narrow<T>(acc);
+      }
     }
-  }
+  });
 }
 
-// d/dx: the cotangent at each row's (clamped) index, zero elsewhere: one array of x's size, as
-// PyTorch's nll_loss_backward writes (zeros, then the scatter).
+// d/dx: the cotangent where a position equals the row's (clamped) index, zero elsewhere: one
+// array of x's size, as PyTorch's nll_loss_backward writes (zeros, then the scatter).
 Arrays take_along_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
-  const int a = n.attr<RowAttrs>().axis;
+  const auto& attrs = n.attr<TakeAlongAttrs>();
+  const int a = attrs.axis;
   const Array& x = in[0];
   const Array idx = minimum(maximum(in[1], full_like(in[1], 0)),
-                            full_like(in[1], static_cast<double>(x.shape()[a] - 1)));
-  const Array wide = broadcast_to(idx, x.shape());
-  const Array hit = equal(wide, iota_like(wide, a, DType::kI32));
-  return {where(hit, broadcast_to(g, x.shape()), full(x.shape(), g.dtype(), 0, g)), Array()};
+                            full_like(in[1], static_cast<double>(std::max<std::int64_t>(attrs.size - 1, 0))));
+  const Array hit = equal(broadcast_to(idx, x.shape()), broadcast_in_dim(in[2], x.shape(), {a}));
+  return {where(hit, broadcast_to(g, x.shape()), full(x.shape(), g.dtype(), 0, g)), Array(),
+          Array()};
 }
 
 // ---- Test declarations (primitive_tests.hpp) --------------------------------------------------
@@ -186,30 +217,39 @@ constexpr PrimitiveTests kLogSoftmaxTests{.public_ops = "fused_log_softmax",
                                           .reference = log_softmax_reference,
                                           .gradient = true};
 
-// Indices from 2 below the axis to 1 past its end: the out-of-range ones are clamped.
+// Indices from 2 below the axis to 1 past its end: the out-of-range ones are clamped. The
+// positions are sampled too (take_along_axis passes an iota): the reference is the sum of the
+// row's elements at the positions equal to the index.
 std::vector<TestCase> take_along_cases(const Primitive&, DType t) {
   const auto c = [t](Shape x, int axis) {
     std::vector<std::int64_t> idx = x.dims();
     idx[static_cast<std::size_t>(axis)] = 1;
     const Domain indices{.low = -2, .high = static_cast<double>(x[axis]) + 1, .whole = true};
-    return TestCase{RowAttrs{axis}, {{{std::move(x), t}}, {{Shape(idx), DType::kI32}, indices}}};
+    const Domain positions{.low = 0, .high = static_cast<double>(x[axis]) - 1, .whole = true};
+    const std::int64_t n = x[axis];
+    return TestCase{TakeAlongAttrs{axis, n},
+                    {{{std::move(x), t}},
+                     {{Shape(idx), DType::kI32}, indices},
+                     {{Shape{n}, DType::kI32}, positions}}};
   };
   return {c(Shape{8, 6}, 1), c(Shape{8, 6}, 0), c(Shape{2, 5, 4}, 1)};
 }
 std::vector<double> take_along_reference(const Node& n, std::span<const HostValues> in) {
-  const int axis = n.attr<RowAttrs>().axis;
-  const std::int64_t size = in[0].shape[axis];
-  std::vector<double> y(in[1].v.size());
+  const auto& attrs = n.attr<TakeAlongAttrs>();
+  std::vector<double> y(in[1].v.size(), 0.0);
   for (std::size_t e = 0; e < y.size(); ++e) {
     std::vector<std::int64_t> at = unravel(static_cast<std::int64_t>(e), in[1].shape);
-    const auto j = static_cast<std::int64_t>(in[1].v[e]);
-    at[static_cast<std::size_t>(axis)] = std::min<std::int64_t>(std::max<std::int64_t>(j, 0), size - 1);
-    y[e] = in[0].v[static_cast<std::size_t>(ravel(at, in[0].shape))];
+    const double want = std::clamp(in[1].v[e], 0.0, static_cast<double>(attrs.size - 1));
+    for (std::int64_t j = 0; j < attrs.size; ++j) {
+      if (in[2].v[static_cast<std::size_t>(j)] != want) continue;
+      at[static_cast<std::size_t>(attrs.axis)] = j;
+      y[e] += in[0].v[static_cast<std::size_t>(ravel(at, in[0].shape))];
+    }
   }
   return y;
 }
 constexpr PrimitiveTests kTakeAlongTests{.public_ops = "take_along_axis",
-                                         .dtypes = kMovedTypes,
+                                         .dtypes = kNumericTypes,
                                          .cases = take_along_cases,
                                          .reference = take_along_reference,
                                          .gradient = true};
@@ -220,15 +260,15 @@ namespace prim {
 constinit const Primitive fused_log_softmax{.name = "fused_log_softmax",
                                             .arity = 1,
                                             .infer = log_softmax_type,
-                                            .factors = row_factors,
+                                            .factors = log_softmax_factors,
                                             .kernel = log_softmax_kernel,
                                             .flops = log_softmax_flops,
                                             .vjp = log_softmax_vjp,
                                             .tests = &kLogSoftmaxTests};
 constinit const Primitive take_along_axis{.name = "take_along_axis",
-                                          .arity = 2,
+                                          .arity = 3,
                                           .infer = take_along_type,
-                                          .factors = row_factors,
+                                          .factors = take_along_factors,
                                           .kernel = take_along_kernel,
                                           .flops = no_flops,
                                           .vjp = take_along_vjp,
@@ -247,7 +287,13 @@ Array fused_log_softmax(const Array& x, int axis) {
 
 Array take_along_axis(const Array& x, const Array& indices, int axis) {
   axis = detail::normalize_axis(axis, x, "take_along_axis");
-  return detail::apply(detail::prim::take_along_axis, detail::RowAttrs{axis}, {x, indices});
+  const std::int64_t n = x.shape()[axis];
+  // The global position of each element along the axis: what lets a device holding a slice of
+  // it tell its own indices from the others' (a constant; folded into the kernel on an
+  // accelerator).
+  const Array positions = iota_like(full(Shape{n}, DType::kI32, 0, x), 0, DType::kI32);
+  return detail::apply(detail::prim::take_along_axis, detail::TakeAlongAttrs{axis, n},
+                       {x, indices, positions});
 }
 
 }  // namespace shardplan
