@@ -229,6 +229,11 @@ TEST(Ops, TakeAlongASplitAxisSumsEachDevicesOwnIndices) {
                     SpecError, "take_along_axis", "f64[8, 12]", "i32[8]", "[8, 1]");
   EXPECT_THROW_WITH(fused_log_softmax(ia), SpecError, "fused_log_softmax", "i32[8, 1]",
                     "floating-point");
+  // An axis past i32's reach would wrap the positions: refused (traced: no bytes are made).
+  const auto huge = [](const Array& a, const Array& i) { return take_along_axis(a, i, 1); };
+  EXPECT_THROW_WITH(sjit(fx.mesh, huge).lower(TensorSpec{Shape{2, std::int64_t{1} << 31}, DType::kBF16},
+                                              TensorSpec{Shape{2, 1}, DType::kI32}),
+                    SpecError, "take_along_axis", "2147483648", "i32");
 }
 
 TEST(Ops, ConstraintOutsideSjitReshardsAtOnceAndAnnotationIsIdentity) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -144,6 +145,9 @@ TensorType take_along_type(const Node& n, std::span<const TensorType> in) {
     reject(n.op->name, in,
            fmt::format("indices must have the values' shape with 1 along axis {}: {}", axis,
                        Shape(want).to_string()));
+  }
+  if (in[0].shape[axis] > std::numeric_limits<std::int32_t>::max()) {
+    reject(n.op->name, in, fmt::format("axis {} has more elements than i32 indices reach", axis));
   }
   if (in[2].shape != Shape{in[0].shape[axis]}) {
     reject(n.op->name, in, fmt::format("positions must be [{}]", in[0].shape[axis]));
@@ -288,6 +292,11 @@ Array fused_log_softmax(const Array& x, int axis) {
 Array take_along_axis(const Array& x, const Array& indices, int axis) {
   axis = detail::normalize_axis(axis, x, "take_along_axis");
   const std::int64_t n = x.shape()[axis];
+  if (n > std::numeric_limits<std::int32_t>::max()) {
+    throw SpecError(fmt::format("[take_along_axis] axis {} of {} has more elements than i32 "
+                                "indices reach",
+                                axis, detail::type_str(x)));
+  }
   // The global position of each element along the axis: what lets a device holding a slice of
   // it tell its own indices from the others' (a constant; folded into the kernel on an
   // accelerator).
