@@ -234,6 +234,33 @@ TEST(TrainPlanHtml, PageCarriesThePeakTheChartAndTheStepTime) {
   EXPECT_THAT(train_plan_html(tiny_plan(false)), Not(HasSubstr("Step time on")));
 }
 
+// Over two nodes of 8 the FSDP rings run through 8 NICs a node: the page, the text and the JSON
+// say so (docs/training.md, "Step time").
+TEST(TrainPlanHtml, ANetworkCollectiveNamesTheNicsItRunsThrough) {
+  TrainPlanOptions o;
+  o.batch = 16;
+  o.seq = 16;
+  o.hardware = find_hardware("h100-sxm");
+  const TrainPlan p = plan_training(ModelConfig::parse(kTinyLlama), Mesh::parse("fsdp:16", 16),
+                                    load_preset("llama_fsdp").make_rule(), o);
+  ASSERT_TRUE(p.time.has_value());
+  bool network = false;
+  for (const CommTime& c : p.time->comms) {
+    if (c.tier != "network") continue;
+    network = true;
+    const bool ring = c.collective.kind == CollectiveKind::kAllGather ||
+                      c.collective.kind == CollectiveKind::kReduceScatter ||
+                      c.collective.kind == CollectiveKind::kAllReduce;
+    EXPECT_EQ(c.nics, ring ? 8 : 1) << to_string(c.collective.kind);
+  }
+  ASSERT_TRUE(network);
+  EXPECT_THAT(train_plan_html(p), HasSubstr("<td>network (8 NICs a node)</td>"));
+  EXPECT_THAT(p.table(), HasSubstr("over the network (8 NICs a node), data: overlapped"));
+  std::ostringstream json;
+  p.write_json(json);
+  EXPECT_THAT(json.str(), HasSubstr("\"nics\": 8"));
+}
+
 TEST(TrainPlanHtml, WriteRenamesACompletePageAndNamesAPathItCannotWrite) {
   const test::TempDir dir;
   const TrainPlan p = tiny_plan(false);

@@ -270,7 +270,9 @@ void write_time(std::string& out, const StepTime& t) {
         "<td class=\"n\">{}</td><td>{}</td></tr>\n",
         to_string(c.collective.kind), c.collective.of_argument ? " of weights" : "",
         escaped(fmt::format("{}", fmt::join(c.collective.axes, ", "))),
-        c.tier == "node" ? "node's links" : "network", escaped(c.role), format_bytes(c.bytes),
+        c.tier == "node" ? std::string("node's links")
+                         : fmt::format("network ({} NIC{} a node)", c.nics, c.nics == 1 ? "" : "s"),
+        escaped(c.role), format_bytes(c.bytes),
         seconds_text(c.seconds), c.overlapped ? "overlapped with compute" : "exposed");
   }
   out += fmt::format(
