@@ -132,6 +132,23 @@ TEST(StepTime, ARingOverTheNetworkRunsThroughTheNodesNics) {
   EXPECT_NEAR(t.comms.at(0).seconds, 1.2e9 / 5e9, 1e-12);
 }
 
+// FSDP2 copies each gathered weight out of the all-gather's flat buffer into its parameter on
+// the compute stream (foreach_all_gather_copy_out): 1.2e9 bytes received over fsdp:4 are 1.6e9
+// unsharded, read and written: 3.2e9 bytes at 1e11 x 0.5 B/s = 0.064 s, part of compute. A
+// gather that is not a weight's (an activation's) copies nothing.
+TEST(StepTime, FsdpCopiesEachGatheredWeightOut) {
+  const Mesh mesh = Mesh::parse("fsdp:4", 4);
+  TrainPlan p;
+  p.devices = 4;
+  p.matmul_flops = 5e11;  // 1 s
+  p.bytes_by_axes = {{CollectiveOn{CollectiveKind::kAllGather, {"fsdp"}, true}, 1'200'000'000},
+                     {CollectiveOn{CollectiveKind::kAllGather, {"fsdp"}, false}, 1'200'000'000}};
+  const train::TimeInputs in{.layer_steps = 1, .tokens_per_step = 4};
+  const StepTime t = train::step_time(p, mesh, toy_hardware(4), in);
+  EXPECT_NEAR(t.copy_out_seconds, 3.2e9 / 5e10, 1e-12);
+  EXPECT_NEAR(t.compute_seconds(), 1 + 0.064, 1e-12);
+}
+
 // PaLM's count, by hand for LLaMA-3-8B at 8,192 tokens: 6 x (8,030,261,248 parameters less the
 // 525,336,576 of the input embedding) + 12 x 32 layers x 32 heads x 128 x 8,192.
 TEST(StepTime, ModelFlopsPerTokenArePalmsCount) {
@@ -180,6 +197,7 @@ TEST(StepTime, OverlapAndExposureWorkedByHand) {
   EXPECT_NEAR(t.step_seconds, 2.9, 1e-12);
   EXPECT_NEAR(t.tokens_per_second_per_device, 8000 / 2.9 / 8, 1e-9);
   EXPECT_NEAR(t.mfu, 1e9 * (8000 / 2.9 / 8) / 1e12, 1e-12);
+  EXPECT_EQ(t.copy_out_seconds, 0);  // no weight is gathered
   // With compute to hide it all, only the first layer's share shows: 2.4 / 4.
   p.matmul_flops = 4e12;  // 8 s
   const StepTime hidden = train::step_time(p, mesh, toy_hardware(2), in);
@@ -233,9 +251,19 @@ TEST(StepTime, APlanWithHardwareTimesItsOwnFigures) {
   EXPECT_LT(p.matmul_flops + p.attention_flops, p.flops);
   EXPECT_GT(p.memory_traffic, 0);
   const StepTime& t = *p.time;
+  // FSDP's copy-out: each weight gathered over fsdp (2 devices) or fsdp and tp (4) is read from
+  // the flat buffer and written to its parameter, its unsharded bytes n / (n - 1) x received.
+  double copy_out = 0;
+  for (const auto& [on, bytes] : p.bytes_by_axes) {
+    if (!on.of_argument || on.kind != CollectiveKind::kAllGather) continue;
+    const double n = on.axes.size() == 2 ? 4 : 2;
+    copy_out += 2 * static_cast<double>(bytes) * n / (n - 1) / 5e10;
+  }
+  EXPECT_GT(copy_out, 0);
+  EXPECT_NEAR(t.copy_out_seconds, copy_out, 1e-12 * copy_out);
   EXPECT_NEAR(t.compute_seconds(),
               p.matmul_flops / 5e11 + p.attention_flops / 2.5e11 +
-                  static_cast<double>(p.memory_traffic) / 5e10,
+                  static_cast<double>(p.memory_traffic) / 5e10 + copy_out,
               1e-12 * t.compute_seconds());
   double data = 0, tensor = 0;
   bool saw_tp = false, saw_fsdp = false, saw_weights_over_tp = false;

@@ -223,6 +223,10 @@ struct StepTime {
   std::string hardware;  // the entry's name
   double matmul_seconds = 0, attention_seconds = 0, memory_seconds = 0;
   double matmul_fp8_seconds = 0;  // float8 products at the fp8 rate (--float8)
+  /// FSDP2's copy-out of each gathered weight from the all-gather's flat buffer into its
+  /// parameter (foreach_all_gather_copy_out, on the compute stream before the layer runs): the
+  /// unsharded bytes read and written at memory bandwidth.
+  double copy_out_seconds = 0;
   std::vector<CommTime> comms;
   /// Exposed communication by tier ("node", "network") and in all; what of it is tensor
   /// parallelism's.
@@ -234,7 +238,8 @@ struct StepTime {
   double mfu = 0;                    // model FLOPs per second per device / the bf16 peak
 
   double compute_seconds() const {
-    return matmul_seconds + matmul_fp8_seconds + attention_seconds + memory_seconds;
+    return matmul_seconds + matmul_fp8_seconds + attention_seconds + memory_seconds +
+           copy_out_seconds;
   }
 };
 

@@ -91,8 +91,8 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
     }
     t.matmul_fp8_seconds = plan.matmul_fp8_flops / (hw.fp8_flops * hw.fp8_matmul_efficiency);
   }
-  t.memory_seconds = static_cast<double>(plan.memory_traffic) /
-                     (hw.memory_bandwidth * hw.memory_efficiency);
+  const double memory_rate = hw.memory_bandwidth * hw.memory_efficiency;
+  t.memory_seconds = static_cast<double>(plan.memory_traffic) / memory_rate;
   double overlapped = 0;
   std::map<std::string, double> overlapped_by_tier;
   t.exposed_by_tier = {{"node", 0.0}, {"network", 0.0}};
@@ -116,6 +116,16 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
                                       hw.inter_node_efficiency);
     }
     c.seconds = static_cast<double>(bytes) / bandwidth;
+    if (on.of_argument && on.kind == CollectiveKind::kAllGather) {
+      // The gathered weight's unsharded bytes: a device receives (n - 1) / n of them.
+      std::int64_t n = 1;
+      for (const std::string& a : on.axes) n *= mesh.axis_size(a);
+      if (n > 1) {
+        const double unsharded = static_cast<double>(bytes) * static_cast<double>(n) /
+                                 static_cast<double>(n - 1);
+        t.copy_out_seconds += 2 * unsharded / memory_rate;
+      }
+    }
     c.overlapped = c.role != "tensor";
     if (c.overlapped) {
       overlapped += c.seconds;

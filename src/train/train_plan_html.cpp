@@ -250,7 +250,7 @@ void write_time(std::string& out, const StepTime& t) {
        {{"matmul", t.matmul_seconds},
         {"float8 matmul", t.matmul_fp8_seconds},
         {"attention", t.attention_seconds},
-        {"memory-bound kernels", t.memory_seconds},
+        {"memory-bound kernels", t.memory_seconds + t.copy_out_seconds},
         {"exposed communication, node's links", t.exposed_by_tier.count("node") != 0
                                                     ? t.exposed_by_tier.at("node")
                                                     : 0.0},

@@ -54,9 +54,14 @@ std::string time_table(const StepTime& t) {
   const std::string fp8 = t.matmul_fp8_seconds > 0
                               ? fmt::format("float8 matmul {}, ", seconds_text(t.matmul_fp8_seconds))
                               : std::string();
-  out += fmt::format("  {:<40} {:>12}  (matmul {}, {}attention {}, memory-bound kernels {})\n",
+  const std::string copy_out =
+      t.copy_out_seconds > 0
+          ? fmt::format(", FSDP's copy-out of gathered weights {}", seconds_text(t.copy_out_seconds))
+          : std::string();
+  out += fmt::format("  {:<40} {:>12}  (matmul {}, {}attention {}, memory-bound kernels {}{})\n",
                      "compute", seconds_text(t.compute_seconds()), seconds_text(t.matmul_seconds),
-                     fp8, seconds_text(t.attention_seconds), seconds_text(t.memory_seconds));
+                     fp8, seconds_text(t.attention_seconds), seconds_text(t.memory_seconds),
+                     copy_out);
   for (const CommTime& c : t.comms) {
     out += fmt::format("  {:<40} {:>12}  ({} over the {}, {})\n",
                        fmt::format("{}{} over {}", to_string(c.collective.kind),
@@ -189,6 +194,7 @@ nlohmann::ordered_json time_json(const StepTime& t) {
           {"attention_seconds", t.attention_seconds},
           {"matmul_fp8_seconds", t.matmul_fp8_seconds},
           {"memory_seconds", t.memory_seconds},
+          {"copy_out_seconds", t.copy_out_seconds},
           {"compute_seconds", t.compute_seconds()},
           {"communication", std::move(comms)},
           {"exposed_seconds", t.exposed_seconds},
