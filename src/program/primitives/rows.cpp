@@ -5,12 +5,12 @@
 // log-probabilities at the targets, where a one-hot product writes two arrays of the rows' size;
 // from an axis split over devices each takes the indices that fall in its slice and the result
 // is a sum pending over them, as DTensor's _MaskPartial does under loss_parallel).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "../kernel_util.hpp"
 #include "../primitive_tests.hpp"
@@ -170,11 +170,12 @@ void take_along_kernel(const KernelArgs& k) {
     T* y = elems<T>(k.out);
     for (std::int64_t o = 0; o < r.outer; ++o) {
       for (std::int64_t i = 0; i < r.inner; ++i) {
-        const std::int64_t at =
-            std::clamp<std::int64_t>(idx[o * r.inner + i], 0, std::max<std::int64_t>(attrs.size - 1, 0));
+        const std::int64_t at = std::clamp<std::int64_t>(idx[o * r.inner + i], 0,
+                                                         std::max<std::int64_t>(attrs.size - 1, 0));
         A acc(0);
         for (std::int64_t j = 0; j < r.n; ++j) {
-          if (pos[j] == at) acc = add<A>(acc, static_cast<A>(widen(x[(o * r.n + j) * r.inner + i])));
+          if (pos[j] == at)
+            acc = add<A>(acc, static_cast<A>(widen(x[(o * r.n + j) * r.inner + i])));
         }
         y[o * r.inner + i] = narrow<T>(acc);
       }
@@ -188,8 +189,9 @@ Arrays take_along_vjp(const Node& n, const Arrays& in, const Array&, const Array
   const auto& attrs = n.attr<TakeAlongAttrs>();
   const int a = attrs.axis;
   const Array& x = in[0];
-  const Array idx = minimum(maximum(in[1], full_like(in[1], 0)),
-                            full_like(in[1], static_cast<double>(std::max<std::int64_t>(attrs.size - 1, 0))));
+  const Array idx =
+      minimum(maximum(in[1], full_like(in[1], 0)),
+              full_like(in[1], static_cast<double>(std::max<std::int64_t>(attrs.size - 1, 0))));
   const Array hit = equal(broadcast_to(idx, x.shape()), broadcast_in_dim(in[2], x.shape(), {a}));
   return {where(hit, broadcast_to(g, x.shape()), full(x.shape(), g.dtype(), 0, g)), Array(),
           Array()};
@@ -207,7 +209,9 @@ std::vector<double> log_softmax_reference(const Node& n, std::span<const HostVal
   std::vector<double> y(x.size());
   for (std::int64_t o = 0; o < r.outer; ++o) {
     for (std::int64_t i = 0; i < r.inner; ++i) {
-      const auto at = [&](std::int64_t j) { return static_cast<std::size_t>((o * r.n + j) * r.inner + i); };
+      const auto at = [&](std::int64_t j) {
+        return static_cast<std::size_t>((o * r.n + j) * r.inner + i);
+      };
       double s = 0;
       for (std::int64_t j = 0; j < r.n; ++j) s += std::exp(x[at(j)]);
       for (std::int64_t j = 0; j < r.n; ++j) y[at(j)] = x[at(j)] - std::log(s);
@@ -293,9 +297,10 @@ Array take_along_axis(const Array& x, const Array& indices, int axis) {
   axis = detail::normalize_axis(axis, x, "take_along_axis");
   const std::int64_t n = x.shape()[axis];
   if (n > std::numeric_limits<std::int32_t>::max()) {
-    throw SpecError(fmt::format("[take_along_axis] axis {} of {} has more elements than i32 "
-                                "indices reach",
-                                axis, detail::type_str(x)));
+    throw SpecError(
+        fmt::format("[take_along_axis] axis {} of {} has more elements than i32 "
+                    "indices reach",
+                    axis, detail::type_str(x)));
   }
   // The global position of each element along the axis: what lets a device holding a slice of
   // it tell its own indices from the others' (a constant; folded into the kernel on an
