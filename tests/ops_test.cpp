@@ -227,6 +227,10 @@ TEST(Ops, TakeAlongASplitAxisSumsEachDevicesOwnIndices) {
   EXPECT_THROW_WITH(take_along_axis(xa, device_put(Tensor::from<std::int32_t>(Shape{8}, at),
                                                    NamedSharding(fx.mesh, P()), fx.exec), 1),
                     SpecError, "take_along_axis", "f64[8, 12]", "i32[8]", "[8, 1]");
+  EXPECT_THROW_WITH(take_along_axis(xa, astype(ia, DType::kF32), 1), SpecError,
+                    "take_along_axis", "f32[8, 1]", "must be i32");
+  EXPECT_THROW_WITH(take_along_axis(astype(xa, DType::kBool), ia, 1), SpecError,
+                    "take_along_axis", "bool[8, 12]", "cannot take");
   EXPECT_THROW_WITH(fused_log_softmax(ia), SpecError, "fused_log_softmax", "i32[8, 1]",
                     "floating-point");
   // An axis past i32's reach would wrap the positions: refused (traced: no bytes are made).

@@ -95,6 +95,9 @@ std::vector<int> inverse_permutation(const std::vector<int>& order);
 Array maybe_transpose(const Array& x, const std::vector<int>& perm);
 /// from, from + 1, ..., to - 1.
 std::vector<int> int_range(int from, int to);
+/// Indices clamped into [0, size - 1] as the gathers' kernels clamp them (take,
+/// take_along_axis): what their VJPs scatter the cotangent to.
+Array clamped_indices(const Array& indices, std::int64_t size);
 
 /// The result type `op` gives these operands (arity and the primitive's checks; nothing runs).
 TensorType infer_type(const Primitive& op, const Attrs& attrs, const std::vector<Array>& operands);

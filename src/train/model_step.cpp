@@ -122,13 +122,17 @@ Array eager_cast(const Array& x, DType wide) {
 // one array), then log_softmax's (another). cross_entropy's ops would write x - max, exp, a
 // one-hot array (kept) and its product with the log-probabilities in the forward pass: the same
 // live peak, but arrays that change where the caching allocator places the backward pass's.
-Array eager_cross_entropy(const Array& logits, const Array& targets) {
-  const int r = logits.shape().rank();
+// nll_loss per token: minus the log-probabilities lp [..., vocab] at the targets [...], read by
+// take_along_axis (from a vocabulary split over devices, each reads its own slice).
+Array nll_at_targets(const Array& lp, const Array& targets) {
   std::vector<std::int64_t> column = targets.shape().dims();
   column.push_back(1);
-  const Array picked =
-      take_along_axis(fused_log_softmax(logits, r - 1), reshape(targets, Shape(column)), r - 1);
-  return -reshape(picked, targets.shape());
+  const int last = lp.shape().rank() - 1;
+  return -reshape(take_along_axis(lp, reshape(targets, Shape(column)), last), targets.shape());
+}
+
+Array eager_cross_entropy(const Array& logits, const Array& targets) {
+  return nll_at_targets(fused_log_softmax(logits, -1), targets);
 }
 
 // Cross-entropy on logits whose vocabulary is split over the tensor-parallel axes, as PyTorch's
@@ -143,15 +147,10 @@ Array eager_cross_entropy(const Array& logits, const Array& targets) {
 // reader (the loss runs outside the compiled blocks).
 Array loss_parallel_cross_entropy(const Array& logits, const Array& targets) {
   const auto fwd = [](const std::vector<Array>& in) {
-    const int r = in[0].shape().rank();
     const Array lp = log_softmax(in[0], -1);
     // nll_loss as DTensor's _nll_loss_forward: each rank reads its own slice of the vocabulary at
     // the targets (a masked gather, then a sum over the ranks of [tokens] values).
-    std::vector<std::int64_t> column = in[1].shape().dims();
-    column.push_back(1);
-    const Array loss =
-        -reshape(take_along_axis(lp, reshape(in[1], Shape(column)), r - 1), in[1].shape());
-    return CustomVjpForward{{loss}, {lp, in[1]}};
+    return CustomVjpForward{{nll_at_targets(lp, in[1])}, {lp, in[1]}};
   };
   const auto bwd = [](const std::vector<Array>& res, const std::vector<Array>& cts) {
     const Array& x = res[0];

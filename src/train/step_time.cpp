@@ -11,32 +11,39 @@
 
 namespace shardplan::train {
 
+namespace {
+
+// The distance in device ids between neighbours along `axis` (row-major, the last axis
+// innermost).
+std::int64_t axis_stride(const Mesh& mesh, const std::string& axis) {
+  const std::vector<std::string>& names = mesh.axis_names();
+  std::int64_t stride = 1;
+  for (auto k = static_cast<std::size_t>(mesh.axis_index(axis)) + 1; k < names.size(); ++k) {
+    stride *= mesh.axis_size(names[k]);
+  }
+  return stride;
+}
+
+}  // namespace
+
 std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size) {
   // The devices of the group holding device 0 are sums of coordinate x stride; the group lies
   // in one node when its last device does (every group is a translate of this one).
-  const std::vector<std::string>& names = mesh.axis_names();
   std::int64_t span = 0;
-  for (const std::string& a : axes) {
-    const int i = mesh.axis_index(a);
-    std::int64_t stride = 1;
-    for (std::size_t k = static_cast<std::size_t>(i) + 1; k < names.size(); ++k) {
-      stride *= mesh.axis_size(names[k]);
-    }
-    span += (mesh.axis_size(a) - 1) * stride;
-  }
+  for (const std::string& a : axes) span += (mesh.axis_size(a) - 1) * axis_stride(mesh, a);
   return span < node_size ? "node" : "network";
+}
+
+std::string link_text(const CommTime& c) {
+  if (c.tier == "node") return "node's links";
+  return fmt::format("network ({} NIC{} a node)", c.nics, c.nics == 1 ? "" : "s");
 }
 
 std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::string>& axes,
                                     std::int64_t node_size) {
-  const std::vector<std::string>& names = mesh.axis_names();
   std::vector<std::int64_t> members{0};  // device ids of the group in device 0's node so far
   for (const std::string& a : axes) {
-    const int i = mesh.axis_index(a);
-    std::int64_t stride = 1;
-    for (std::size_t k = static_cast<std::size_t>(i) + 1; k < names.size(); ++k) {
-      stride *= mesh.axis_size(names[k]);
-    }
+    const std::int64_t stride = axis_stride(mesh, a);
     std::vector<std::int64_t> next;
     for (const std::int64_t m : members) {
       for (std::int64_t c = 0; c < mesh.axis_size(a) && m + c * stride < node_size; ++c) {
@@ -112,8 +119,8 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
     double bandwidth = intra;
     if (c.tier == "network") {
       c.nics = ring ? group_devices_per_node(mesh, on.axes, hw.node_size) : 1;
-      bandwidth = std::min(intra, static_cast<double>(c.nics) * hw.inter_node_bandwidth *
-                                      hw.inter_node_efficiency);
+      bandwidth = std::min(
+          intra, static_cast<double>(c.nics) * hw.inter_node_bandwidth * hw.inter_node_efficiency);
     }
     c.seconds = static_cast<double>(bytes) / bandwidth;
     if (on.of_argument && on.kind == CollectiveKind::kAllGather) {
@@ -121,8 +128,8 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
       std::int64_t n = 1;
       for (const std::string& a : on.axes) n *= mesh.axis_size(a);
       if (n > 1) {
-        const double unsharded = static_cast<double>(bytes) * static_cast<double>(n) /
-                                 static_cast<double>(n - 1);
+        const double unsharded =
+            static_cast<double>(bytes) * static_cast<double>(n) / static_cast<double>(n - 1);
         t.copy_out_seconds += 2 * unsharded / memory_rate;
       }
     }

@@ -27,6 +27,10 @@ struct TimeInputs {
 /// torch's init_device_mesh and JAX's create_device_mesh lay them out); else "network".
 std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size);
 
+/// "node's links", or "network (8 NICs a node)": where a collective runs, for the report and
+/// the page.
+std::string link_text(const CommTime& c);
+
 /// The devices of one group of a collective over `axes` that lie in one node (device 0's group:
 /// every group is a translate of it), the devices numbered as tier_of says; at least 1.
 std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::string>& axes,

@@ -15,6 +15,7 @@
 #include "../bytes_chart.hpp"
 #include "../html_page.hpp"
 #include "../output_file.hpp"
+#include "step_time.hpp"
 #include "shardplan/format_bytes.hpp"
 
 namespace shardplan {
@@ -250,7 +251,7 @@ void write_time(std::string& out, const StepTime& t) {
        {{"matmul", t.matmul_seconds},
         {"float8 matmul", t.matmul_fp8_seconds},
         {"attention", t.attention_seconds},
-        {"memory-bound kernels", t.memory_seconds + t.copy_out_seconds},
+        {"memory-bound kernels and FSDP's copy-out", t.memory_seconds + t.copy_out_seconds},
         {"exposed communication, node's links", t.exposed_by_tier.count("node") != 0
                                                     ? t.exposed_by_tier.at("node")
                                                     : 0.0},
@@ -260,7 +261,8 @@ void write_time(std::string& out, const StepTime& t) {
       {"hidden under compute", {{"communication hidden under compute", hidden}}, true}};
   write_hbars(out, bars, std::max(t.step_seconds, hidden) * 1.02, 0, "", seconds_value,
               "step time");
-  write_legend(out, {"matmul", "float8 matmul", "attention", "memory-bound kernels",
+  write_legend(out, {"matmul", "float8 matmul", "attention",
+                     "memory-bound kernels and FSDP's copy-out",
                      "exposed communication (node's links)", "exposed communication (network)"});
   out += "</figure>\n<table class=\"live\">\n<tr><th>collective</th><th>tier</th><th>role</th>"
          "<th>bytes per device</th><th>time</th><th></th></tr>\n";
@@ -270,9 +272,7 @@ void write_time(std::string& out, const StepTime& t) {
         "<td class=\"n\">{}</td><td>{}</td></tr>\n",
         to_string(c.collective.kind), c.collective.of_argument ? " of weights" : "",
         escaped(fmt::format("{}", fmt::join(c.collective.axes, ", "))),
-        c.tier == "node" ? std::string("node's links")
-                         : fmt::format("network ({} NIC{} a node)", c.nics, c.nics == 1 ? "" : "s"),
-        escaped(c.role), format_bytes(c.bytes),
+        train::link_text(c), escaped(c.role), format_bytes(c.bytes),
         seconds_text(c.seconds), c.overlapped ? "overlapped with compute" : "exposed");
   }
   out += fmt::format(

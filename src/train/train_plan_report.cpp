@@ -9,6 +9,7 @@
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/train_plan.hpp"
+#include "step_time.hpp"
 
 namespace shardplan {
 namespace {
@@ -68,9 +69,7 @@ std::string time_table(const StepTime& t) {
                                    c.collective.of_argument ? " of weights" : "",
                                    axes_text(c.collective.axes)),
                        seconds_text(c.seconds), format_bytes(c.bytes),
-                       c.tier == "node" ? std::string("node's links")
-                                        : fmt::format("network ({} NIC{} a node)", c.nics,
-                                                      c.nics == 1 ? "" : "s"),
+                       train::link_text(c),
                        c.overlapped ? fmt::format("{}: overlapped with compute", c.role)
                                     : fmt::format("{}: exposed", c.role));
   }

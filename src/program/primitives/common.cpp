@@ -106,6 +106,11 @@ Array maybe_transpose(const Array& x, const std::vector<int>& perm) {
   return x;
 }
 
+Array clamped_indices(const Array& indices, std::int64_t size) {
+  return minimum(maximum(indices, full_like(indices, 0)),
+                 full_like(indices, static_cast<double>(std::max<std::int64_t>(size - 1, 0))));
+}
+
 std::vector<int> int_range(int from, int to) {
   std::vector<int> v(static_cast<std::size_t>(std::max(0, to - from)));
   std::iota(v.begin(), v.end(), from);

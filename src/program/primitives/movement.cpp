@@ -476,8 +476,7 @@ void take_kernel(const KernelArgs& k) {
 Arrays take_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
   const Array& x = in[0];
   const int a = n.attr<AxisAttrs>().axis;
-  const Array idx = minimum(maximum(in[1], full_like(in[1], 0)),
-                            full_like(in[1], static_cast<double>(x.shape()[a] - 1)));
+  const Array idx = clamped_indices(in[1], x.shape()[a]);
   const int ni = idx.shape().rank();
   const Array oh = one_hot(idx, x.shape()[a], g.dtype());  // [I..., V]
   // g dims: x[:a], I, x[a+1:]; contract the I dims with oh's first ni dims.

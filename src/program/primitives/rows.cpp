@@ -189,9 +189,7 @@ Arrays take_along_vjp(const Node& n, const Arrays& in, const Array&, const Array
   const auto& attrs = n.attr<TakeAlongAttrs>();
   const int a = attrs.axis;
   const Array& x = in[0];
-  const Array idx =
-      minimum(maximum(in[1], full_like(in[1], 0)),
-              full_like(in[1], static_cast<double>(std::max<std::int64_t>(attrs.size - 1, 0))));
+  const Array idx = clamped_indices(in[1], attrs.size);
   const Array hit = equal(broadcast_to(idx, x.shape()), broadcast_in_dim(in[2], x.shape(), {a}));
   return {where(hit, broadcast_to(g, x.shape()), full(x.shape(), g.dtype(), 0, g)), Array(),
           Array()};
