@@ -178,10 +178,12 @@ INSTANTIATE_TEST_SUITE_P(Skew, ClockAlignment, ::testing::Values(false, true),
 
 // All processes share this machine's steady_clock, so process p's true offset is exactly the
 // skew put on it: the alignment error is |estimate - skew|, which must be within the reported
-// bound and under 100 us. The barrier exits are a second look: with a core per process they
-// leave each barrier within microseconds of one another, so after alignment their exits agree
-// (the median difference to process 0 over 200 barriers) within 100 us. With more processes
-// than cores (4 on 2 here) a process is often descheduled as it leaves (medians of 330 us were
+// bound, and under 100 us with a core per process (oversubscribed, every round trip can be
+// slow: a least round trip of 231 us, an error of 109 us within its 115 us bound, was seen at 4
+// processes on 2 cores beside another test). The barrier exits are a second look: with a core
+// per process they leave each barrier within microseconds of one another, so after alignment
+// their exits agree (the median difference to process 0 over 200 barriers) within 100 us. With
+// more processes than cores (4 on 2 here) a process is often descheduled as it leaves (medians of 330 us were
 // seen while the clocks agreed within 4 us), so there it is printed, not asserted.
 TEST_P(ClockAlignment, BarrierExitsAgreeWithin100usAndOffsetsWithinTheirBound) {
   if (count() == 1) GTEST_SKIP() << "one process: nothing to align";
@@ -200,8 +202,11 @@ TEST_P(ClockAlignment, BarrierExitsAgreeWithin100usAndOffsetsWithinTheirBound) {
     const json& o = offsets[static_cast<std::size_t>(p)];
     const std::int64_t offset = o["offset_ns"], bound = o["error_bound_ns"];
     EXPECT_EQ(o["process"], p);
+    const bool core_each = static_cast<unsigned>(count()) <= std::thread::hardware_concurrency();
     EXPECT_LE(std::llabs(offset - skew_of(p, skewed)), bound) << o.dump();
-    EXPECT_LT(std::llabs(offset - skew_of(p, skewed)), 100'000) << o.dump();
+    if (core_each) {
+      EXPECT_LT(std::llabs(offset - skew_of(p, skewed)), 100'000) << o.dump();
+    }
     if (p == 0) {
       EXPECT_EQ(bound, 0);
     } else {
@@ -217,7 +222,7 @@ TEST_P(ClockAlignment, BarrierExitsAgreeWithin100usAndOffsetsWithinTheirBound) {
                 count(), p, skewed ? " skewed" : "", static_cast<double>(offset) / 1000,
                 static_cast<double>(skew_of(p, skewed)) / 1000, static_cast<double>(bound) / 1000,
                 med);
-    if (static_cast<unsigned>(count()) <= std::thread::hardware_concurrency()) {
+    if (core_each) {
       EXPECT_LT(std::fabs(med), 100.0) << "process " << p;
     }
   }

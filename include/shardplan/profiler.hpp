@@ -62,7 +62,8 @@ void write_trace(const std::filesystem::path& path);
 /// How a process's clock (the one the profiler reads, std::chrono::steady_clock) stands against
 /// process 0's, estimated over the interconnect as Cristian's algorithm does: process 0 notes
 /// t0, sends a message, the process replies with its clock's reading t, process 0 notes t1;
-/// offset = t - (t0 + (t1 - t0) / 2), from the round trip with the least t1 - t0 of `rounds`.
+/// offset = t - (t0 + (t1 - t0) / 2), from the round trip with the least t1 - t0 of `rounds`
+/// (more while the bound is over 10 us: up to 16 times `rounds`, or 100 ms a process).
 struct ClockOffset {
   int process = 0;
   /// Its clock less process 0's: a time T on its clock is T - offset_ns on process 0's.
