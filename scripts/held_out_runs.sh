@@ -32,14 +32,21 @@ run() {  # label, published GiB, published tok/s, train-plan arguments...
     "$(awk '/tokens\/s per device/ {print $4}' <<<"$out")" "$tps" \
     "$(grep -oE 'fits$|does NOT fit.*' <<<"$out")"
 }
-a100=(--hardware a100-80g --rules preset:llama_fsdp --mesh fsdp:64 --eager)
-run "L3 8B, bs1, op-SAC, 64 A100" - 2973 -c $l3_8b "${a100[@]}" --batch 64 --seq 8192 --remat $opsac
-run "L3 70B, bs1, full AC, 64 A100" - 331 -c $l3_70b "${a100[@]}" --batch 64 --seq 8192 --remat full
-run "L2 13B, bs2, op-SAC, 64 A100" - 1904 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
-run "L2 70B, bs2, full AC, 64 A100" - 353 -c "$tmp/l2-70b" "${a100[@]}" --batch 128 --seq 4096 --remat full
-run "L2 70B, bs1, op-SAC, 64 A100" - 355 -c "$tmp/l2-70b" "${a100[@]}" --batch 64 --seq 4096 --remat $opsac
-run "L2 13B, bs2, no AC, 64 A100 (fit)" - 2162 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096
-run "L2 70B, bs2, op-SAC, 64 A100 (OOM)" - - -c "$tmp/l2-70b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
+# torchtitan's A100 runs (mid-2024) were on AWS: its multinode_trainer.slurm was "optimized for
+# AWS with EFA" ("Enable for A100": FI_PROVIDER=efa, 96 CPUs a task), and AWS's A100 80GB
+# instance is the p4de (docs/validation.md). Each row is planned on it, then on a DGX A100's
+# network (8 x 200 Gb/s a node) to show how much the network decides.
+a100_rows() {  # hardware, label suffix
+  local a100=(--hardware "$1" --rules preset:llama_fsdp --mesh fsdp:64 --eager)
+  run "L3 8B, bs1, op-SAC, 64 A100$2" - 2973 -c $l3_8b "${a100[@]}" --batch 64 --seq 8192 --remat $opsac
+  run "L3 70B, bs1, full AC, 64 A100$2" - 331 -c $l3_70b "${a100[@]}" --batch 64 --seq 8192 --remat full
+  run "L2 13B, bs2, op-SAC, 64 A100$2" - 1904 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
+  run "L2 70B, bs2, full AC, 64 A100$2" - 353 -c "$tmp/l2-70b" "${a100[@]}" --batch 128 --seq 4096 --remat full
+  run "L2 70B, bs1, op-SAC, 64 A100$2" - 355 -c "$tmp/l2-70b" "${a100[@]}" --batch 64 --seq 4096 --remat $opsac
+  run "L2 13B, bs2, no AC, 64 A100 (fit)$2" - 2162 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096
+  run "L2 70B, bs2, op-SAC, 64 A100 (OOM)$2" - - -c "$tmp/l2-70b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
+}
+a100_rows a100-80g-p4de ""
 h100=(--hardware tests/data/hardware/h100-hbm2e-500w.yaml --float8 --remat full)
 run "L3.1 8B, CP table: fsdp:8, 32k" 83.9 3890 -c $l3_8b "${h100[@]}" --mesh fsdp:8 --seq 32768 --batch 8
 run "L3.1 8B, CP table: fsdp:4,cp:2, 64k" 84.2 2540 -c $l3_8b "${h100[@]}" --mesh fsdp:4,cp:2 --seq 65536 --batch 4
@@ -57,3 +64,5 @@ run "L3 8B, bs1, op-SAC, compile, Float8" 47.32 7186 "${jan25[@]}" --float8
 h200=(--hardware h200 --rules preset:llama_fsdp --float8 --remat names:context --seq 8192)
 run "L3.1 8B, 32 H200, Float8" 47.96 10938 -c $l3_8b "${h200[@]}" --mesh fsdp:32 --batch 64
 run "L3.1 8B, 64 H200, Float8" 46.97 10753 -c $l3_8b "${h200[@]}" --mesh fsdp:64 --batch 128
+# Sensitivity: the A100 rows on a DGX A100 network instead (not the runs' cluster).
+a100_rows a100-80g ", DGX net"

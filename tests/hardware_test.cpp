@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "shardplan/error.hpp"
@@ -87,6 +88,30 @@ TEST(Hardware, TheH100FiguresAreTheDatasheets) {
   EXPECT_DOUBLE_EQ(h.intra_node_bandwidth, 900e9 / 2);
   EXPECT_DOUBLE_EQ(h.inter_node_bandwidth, 400e9 / 8);  // 400 Gb/s
   EXPECT_DOUBLE_EQ(find_hardware("a100-80g").fp8_flops, 0);  // no float8 units
+}
+
+// AWS's A100 80GB instance is the DGX A100 but for its network: four 100 Gb/s EFA NICs for the
+// node's eight GPUs (6.25 GB/s a GPU, where the DGX has a 200 Gb/s HDR NIC each: 25 GB/s), at
+// NCCL's 40 of 50 GB/s on EFA.
+TEST(Hardware, TheP4deIsTheDgxA100WithFourEfaNicsANode) {
+  const Hardware p = find_hardware("a100-80g-p4de"), dgx = find_hardware("a100-80g");
+  EXPECT_DOUBLE_EQ(p.inter_node_bandwidth, 400e9 / 8 / 8);
+  EXPECT_DOUBLE_EQ(dgx.inter_node_bandwidth, 200e9 / 8);
+  EXPECT_DOUBLE_EQ(p.inter_node_efficiency, 0.80);
+  EXPECT_EQ(p.node_size, 8);
+  for (const auto& [a, b] :
+       {std::pair{p.bf16_flops, dgx.bf16_flops}, {p.fp8_flops, dgx.fp8_flops},
+        {p.memory_bandwidth, dgx.memory_bandwidth}, {p.intra_node_bandwidth, dgx.intra_node_bandwidth},
+        {p.matmul_efficiency, dgx.matmul_efficiency}, {p.attention_efficiency, dgx.attention_efficiency},
+        {p.memory_efficiency, dgx.memory_efficiency},
+        {p.intra_node_efficiency, dgx.intra_node_efficiency}}) {
+    EXPECT_DOUBLE_EQ(a, b);
+  }
+  EXPECT_EQ(p.memory_bytes, dgx.memory_bytes);
+  // The network's figures name their own sources, not the DGX's.
+  std::map<std::string, std::string> sources(p.sources.begin(), p.sources.end());
+  EXPECT_THAT(sources.at("inter_node_bandwidth"), ::testing::HasSubstr("p4de"));
+  EXPECT_THAT(sources.at("inter_node_efficiency"), ::testing::HasSubstr("EFA"));
 }
 
 TEST(Hardware, AnUnknownNameListsTheBuiltInOnes) {

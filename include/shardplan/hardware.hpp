@@ -42,7 +42,7 @@ struct Hardware {
   static const std::vector<std::string_view>& figure_names();
 };
 
-/// The built-in entries (h100-sxm, h200, a100-80g, a100-40g, b200, mi300x, ...).
+/// The built-in entries: h100-sxm, h200, a100-80g, a100-40g (DGX A100), a100-80g-p4de (AWS).
 const std::vector<Hardware>& builtin_hardware();
 
 /// A built-in entry by name, or, for a name ending in .yaml / .yml, that file read. Throws

@@ -207,8 +207,8 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
                 "--reduce-dtype f32 --grad-dtype f32 --optimizer-dtype f32)");
   t->add_option("--hardware", c.hardware,
                 "Estimate the step's time on this hardware: h100-sxm, h200, a100-80g, a100-40g, "
-                "or a .yaml file (docs/training.md); its memory is the device memory unless "
-                "--device-memory is given");
+                "a100-80g-p4de, or a .yaml file (docs/training.md); its memory is the device "
+                "memory unless --device-memory is given");
   t->add_option("--optimizer-dtype", c.optimizer_dtype,
                 "The optimizer state's dtype, bf16, f32 or f64 (the update runs in it)")
       ->capture_default_str();

@@ -121,6 +121,26 @@ Hardware a100(bool eighty) {
   return h;
 }
 
+// AWS's A100 80GB instance: the DGX A100's GPUs and NVSwitch, with four 100 Gb/s EFA NICs for
+// the eight GPUs (400 Gb/s a node, 6.25 GB/s a GPU) where the DGX has one 200 Gb/s HDR NIC each.
+Hardware a100_p4de() {
+  Hardware h = a100(true);
+  h.name = "a100-80g-p4de";
+  h.description = "AWS p4de.24xlarge: 8 NVIDIA A100 SXM4 80GB, NVSwitch (NVLink 3), 400 Gb/s EFA a "
+                  "node (4 x 100 Gb/s for 8 GPUs)";
+  h.inter_node_bandwidth = 400 * kG / 8 / 8;
+  h.inter_node_efficiency = 0.80;
+  for (auto& [what, source] : h.sources) {
+    if (what == "inter_node_bandwidth") {
+      source = "AWS EC2 P4 instances: p4de.24xlarge, 8 A100 80GB, 400 Gbps EFA networking a node";
+    } else if (what == "inter_node_efficiency") {
+      source = "NVIDIA/nccl issue 527 (NVIDIA, on AWS p4d's 4 x 100 Gb/s EFA): up to 40 GB/s "
+               "all-reduce bus bandwidth, 0.80 of 50 GB/s";
+    }
+  }
+  return h;
+}
+
 void require(bool ok, std::string_view source, std::string_view what) {
   if (!ok) throw IoError(fmt::format("[hardware] {}: {}", detail::printable(source), what));
 }
@@ -137,7 +157,8 @@ const std::vector<std::string_view>& Hardware::figure_names() {
 }
 
 const std::vector<Hardware>& builtin_hardware() {
-  static const std::vector<Hardware> table{h100_sxm(), h200(), a100(true), a100(false)};
+  static const std::vector<Hardware> table{h100_sxm(), h200(), a100(true), a100(false),
+                                           a100_p4de()};
   return table;
 }
 
