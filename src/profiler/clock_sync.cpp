@@ -31,9 +31,9 @@ ClockOffset measure(int peer, int rounds) {
   ClockOffset best{peer, 0, 0, std::numeric_limits<std::int64_t>::max()};
   const std::int64_t start = detail::now_ns();
   for (int k = 0;; ++k) {
-    const bool enough =
-        k >= rounds && (best.error_bound_ns <= kTightBoundNs || k >= kMoreRounds * rounds ||
-                        detail::now_ns() - start >= kMoreTimeNs);
+    const bool enough = k >= rounds && (best.error_bound_ns <= kTightBoundNs ||
+                                        k >= std::int64_t{kMoreRounds} * rounds ||
+                                        detail::now_ns() - start >= kMoreTimeNs);
     if (enough) break;
     std::int64_t ping = k, reading = 0;
     const std::int64_t t0 = detail::now_ns();
