@@ -183,8 +183,8 @@ INSTANTIATE_TEST_SUITE_P(Skew, ClockAlignment, ::testing::Values(false, true),
 // processes on 2 cores beside another test). The barrier exits are a second look: with a core
 // per process they leave each barrier within microseconds of one another, so after alignment
 // their exits agree (the median difference to process 0 over 200 barriers) within 100 us. With
-// more processes than cores (4 on 2 here) a process is often descheduled as it leaves (medians of 330 us were
-// seen while the clocks agreed within 4 us), so there it is printed, not asserted.
+// more processes than cores (4 on 2 here) a process is often descheduled as it leaves (medians
+// of 330 us were seen while the clocks agreed within 4 us), so there it is printed, not asserted.
 TEST_P(ClockAlignment, BarrierExitsAgreeWithin100usAndOffsetsWithinTheirBound) {
   if (count() == 1) GTEST_SKIP() << "one process: nothing to align";
   const bool skewed = GetParam();

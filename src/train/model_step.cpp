@@ -116,12 +116,6 @@ Array eager_cast(const Array& x, DType wide) {
   return custom_vjp(fwd, bwd, {x}).at(0);
 }
 
-// Cross-entropy as eager PyTorch runs F.cross_entropy on whole rows: log_softmax as one kernel
-// writing its result (the one array kept for the backward pass), nll_loss reading each row at its
-// target (take_along_axis). Its backward pass writes the cotangent at the targets (nll_loss's:
-// one array), then log_softmax's (another). cross_entropy's ops would write x - max, exp, a
-// one-hot array (kept) and its product with the log-probabilities in the forward pass: the same
-// live peak, but arrays that change where the caching allocator places the backward pass's.
 // nll_loss per token: minus the log-probabilities lp [..., vocab] at the targets [...], read by
 // take_along_axis (from a vocabulary split over devices, each reads its own slice).
 Array nll_at_targets(const Array& lp, const Array& targets) {
@@ -131,6 +125,12 @@ Array nll_at_targets(const Array& lp, const Array& targets) {
   return -reshape(take_along_axis(lp, reshape(targets, Shape(column)), last), targets.shape());
 }
 
+// Cross-entropy as eager PyTorch runs F.cross_entropy on whole rows: log_softmax as one kernel
+// writing its result (the one array kept for the backward pass), nll_loss reading each row at its
+// target (take_along_axis). Its backward pass writes the cotangent at the targets (nll_loss's:
+// one array), then log_softmax's (another). cross_entropy's ops would write x - max, exp, a
+// one-hot array (kept) and its product with the log-probabilities in the forward pass: the same
+// live peak, but arrays that change where the caching allocator places the backward pass's.
 Array eager_cross_entropy(const Array& logits, const Array& targets) {
   return nll_at_targets(fused_log_softmax(logits, -1), targets);
 }
