@@ -1,7 +1,8 @@
 // The per-device kernels on one thread: the GEMM in each instruction-set variant this CPU runs
 // (src/runtime/gemm.hpp) beside plain Eigen as this file is compiled (the library's default flags,
 // which is what the GEMM was before the variants), two GEMMs side by side on two threads (the
-// ceiling for 8 devices over 2 cores), and the pairwise f32 sum beside a left-to-right loop.
+// ceiling for 8 devices over 2 cores), the pairwise f32 sum beside a left-to-right loop, and
+// the loss's row kernels (take_along_axis, fused_log_softmax) beside the composed log_softmax.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -137,6 +138,38 @@ void BM_SumF32Loop(benchmark::State& state) {
 }
 BENCHMARK(BM_SumF32Pairwise)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_SumF32Loop)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// nll_loss's read of the log-probabilities at the targets: take_along_axis of one element from
+// each of 512 rows of 32,000 (Llama 2's vocabulary) on one device; fused_log_softmax of the same
+// rows (the kernel before it, which reads every element) beside log_softmax composed of its
+// max, exp, sum and log kernels (the baseline).
+struct Rows {
+  shardplan::Mesh mesh = shardplan::Mesh::parse("x:1", 1);
+  shardplan::Executor ex{1};
+  shardplan::Array x = shardplan::device_put(
+      shardplan::Tensor::normal(shardplan::Shape{512, 32000}, shardplan::DType::kF32, 2),
+      shardplan::NamedSharding(mesh, shardplan::P()), ex);
+};
+void BM_TakeAlongAxisRows(benchmark::State& state) {
+  using namespace shardplan;
+  const Rows r;
+  std::vector<std::int32_t> at(512);
+  for (std::size_t i = 0; i < at.size(); ++i) at[i] = static_cast<std::int32_t>(i * 61 % 32000);
+  const Array idx =
+      device_put(Tensor::from<std::int32_t>(Shape{512, 1}, at), NamedSharding(r.mesh, P()), r.ex);
+  for (auto _ : state) benchmark::DoNotOptimize(take_along_axis(r.x, idx, 1));
+}
+void BM_FusedLogSoftmaxRows(benchmark::State& state) {
+  const Rows r;
+  for (auto _ : state) benchmark::DoNotOptimize(shardplan::fused_log_softmax(r.x, 1));
+}
+void BM_LogSoftmaxRows(benchmark::State& state) {  // the composed op: max, exp, sum, log
+  const Rows r;
+  for (auto _ : state) benchmark::DoNotOptimize(shardplan::log_softmax(r.x, 1));
+}
+BENCHMARK(BM_TakeAlongAxisRows)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_LogSoftmaxRows)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_FusedLogSoftmaxRows)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

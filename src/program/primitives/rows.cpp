@@ -104,16 +104,23 @@ void log_softmax_kernel(const KernelArgs& k) {
     for (std::int64_t o = 0; o < r.outer; ++o) {
       for (std::int64_t i = 0; i < r.inner; ++i) {
         const std::int64_t base = o * r.n * r.inner + i;
-        C m = max_identity<C>();
-        for (std::int64_t j = 0; j < r.n; ++j) m = maximum<C>(m, widen(x[base + j * r.inner]));
-        double s = 0;
-        for (std::int64_t j = 0; j < r.n; ++j) {
-          s += std::exp(static_cast<double>(widen(x[base + j * r.inner]) - m));
+        const auto at = [&](std::int64_t j) { return widen(x[base + j * r.inner]); };
+        // Four running maxima and sums, so that neither pass waits on its previous element
+        // (the maximum is the same in any order; the sum is in double).
+        C mk[4] = {max_identity<C>(), max_identity<C>(), max_identity<C>(), max_identity<C>()};
+        std::int64_t j = 0;
+        for (; j + 4 <= r.n; j += 4) {
+          for (int l = 0; l < 4; ++l) mk[l] = maximum<C>(mk[l], at(j + l));
         }
-        const auto log_s = static_cast<C>(std::log(s));
-        for (std::int64_t j = 0; j < r.n; ++j) {
-          y[base + j * r.inner] = narrow<T>((widen(x[base + j * r.inner]) - m) - log_s);
+        for (; j < r.n; ++j) mk[0] = maximum<C>(mk[0], at(j));
+        const C m = maximum<C>(maximum<C>(mk[0], mk[1]), maximum<C>(mk[2], mk[3]));
+        double sk[4] = {0, 0, 0, 0};
+        for (j = 0; j + 4 <= r.n; j += 4) {
+          for (int l = 0; l < 4; ++l) sk[l] += static_cast<double>(std::exp(at(j + l) - m));
         }
+        for (; j < r.n; ++j) sk[0] += static_cast<double>(std::exp(at(j) - m));
+        const auto log_s = static_cast<C>(std::log((sk[0] + sk[1]) + (sk[2] + sk[3])));
+        for (j = 0; j < r.n; ++j) y[base + j * r.inner] = narrow<T>((at(j) - m) - log_s);
       }
     }
   });
@@ -159,23 +166,34 @@ TensorType take_along_type(const Node& n, std::span<const TensorType> in) {
 // clamped into [0, size - 1] as take clamps (a kernel on a device cannot fail). The positions
 // are an iota over the axis (take_along_axis makes them), so it is the one element at the index,
 // on the device whose slice of the axis holds it, and 0 on the others: their sum is the value.
+// Positions that run on by one (the iota, or a device's slice of it) are found by subtraction;
+// any others (the registry's sampled ones) by a scan of the row. Both add the element to 0.
 void take_along_kernel(const KernelArgs& k) {
   const auto& attrs = k.node.attr<TakeAlongAttrs>();
   const RowLayout r = row_layout(k.in[0].shape, attrs.axis);
   const auto* idx = elems<std::int32_t>(k.in[1]);
   const auto* pos = elems<std::int32_t>(k.in[2]);
+  bool run = true;
+  for (std::int64_t j = 1; j < r.n && run; ++j) run = std::int64_t{pos[j]} == pos[0] + j;
   dispatch_if<IsNumeric>(k, k.in[0].dtype, [&]<class T>(Tag<T>) {
     using A = SumAcc<T>;
     const T* x = elems<T>(k.in[0]);
     T* y = elems<T>(k.out);
+    const auto element = [&](std::int64_t o, std::int64_t j, std::int64_t i) {
+      return static_cast<A>(widen(x[(o * r.n + j) * r.inner + i]));
+    };
     for (std::int64_t o = 0; o < r.outer; ++o) {
       for (std::int64_t i = 0; i < r.inner; ++i) {
         const std::int64_t at = std::clamp<std::int64_t>(idx[o * r.inner + i], 0,
                                                          std::max<std::int64_t>(attrs.size - 1, 0));
         A acc(0);
-        for (std::int64_t j = 0; j < r.n; ++j) {
-          if (pos[j] == at)
-            acc = add<A>(acc, static_cast<A>(widen(x[(o * r.n + j) * r.inner + i])));
+        if (run) {
+          const std::int64_t j = r.n > 0 ? at - pos[0] : -1;
+          if (j >= 0 && j < r.n) acc = add<A>(acc, element(o, j, i));
+        } else {
+          for (std::int64_t j = 0; j < r.n; ++j) {
+            if (pos[j] == at) acc = add<A>(acc, element(o, j, i));
+          }
         }
         y[o * r.inner + i] = narrow<T>(acc);
       }
