@@ -240,6 +240,35 @@ TEST(Ops, TakeAlongASplitAxisSumsEachDevicesOwnIndices) {
                     SpecError, "take_along_axis", "2147483648", "i32");
 }
 
+// fused_log_softmax keeps four running maxima and sums a row: rows whose length is not a
+// multiple of four (the tail), a NaN in any lane, +inf, a row of -inf and a row of one element
+// give what the composed log_softmax gives, element for element (NaN where it has NaN).
+TEST(Ops, FusedLogSoftmaxEqualsTheComposedOneOnEveryLaneAndSpecialValue) {
+  Fixture fx;
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  for (const std::int64_t n : {1, 3, 4, 7, 9}) {
+    for (const DType t : {DType::kF32, DType::kF64}) {
+      Tensor x = Tensor::normal(Shape{8, n}, t, static_cast<std::uint64_t>(5 + n));
+      x.set(1 * n + (n - 1), nan);  // the tail's (or the last lane's) element
+      x.set(2 * n, inf);
+      for (std::int64_t j = 0; j < n; ++j) x.set(3 * n + j, -inf);
+      x.set(4 * n + n / 2, 1e30);
+      const Array a = fx.put(x, P("a"));
+      const Tensor got = fused_log_softmax(a, 1).to_host(), want = log_softmax(a, 1).to_host();
+      for (std::int64_t i = 0; i < x.numel(); ++i) {
+        SCOPED_TRACE(::testing::Message() << "n " << n << " " << name(t) << " element " << i);
+        if (std::isnan(want.get(i))) {
+          EXPECT_TRUE(std::isnan(got.get(i))) << got.get(i);
+        } else if (std::isinf(want.get(i))) {
+          EXPECT_EQ(got.get(i), want.get(i));
+        } else {
+          EXPECT_NEAR(got.get(i), want.get(i), t == DType::kF32 ? 1e-5 : 1e-12);
+        }
+      }
+    }
+  }
+}
+
 TEST(Ops, ConstraintOutsideSjitReshardsAtOnceAndAnnotationIsIdentity) {
   Fixture fx;
   const Tensor x = Tensor::normal(Shape{8, 8}, DType::kF32, 3);
