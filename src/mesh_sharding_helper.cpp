@@ -25,6 +25,7 @@ struct RuleSlot {
   std::string name;
   std::vector<std::string> labels;
   std::vector<std::int64_t> entry_hits;
+  std::vector<int> activation_entries;  // the rule's ShardingRule::activation_entries()
   std::int64_t leaves = 0;
   const PathAutomaton* automaton = nullptr;  // the rule's, when it has one
 };
@@ -212,6 +213,7 @@ class Planner {
       if (slot.leaf) {
         if (const auto* r = std::get_if<RulePtr>(slot.leaf); r && *r) {
           slot.labels = (*r)->entry_labels();
+          slot.activation_entries = (*r)->activation_entries();
           slot.automaton = (*r)->path_automaton();
         }
       }
@@ -526,8 +528,11 @@ PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec
     }
     for (std::size_t e = 0; e < s.entry_hits.size(); ++e) {
       if (s.entry_hits[e] == 0) {
-        report.unmatched_rules.push_back(
-            {s.index, s.path, s.name, static_cast<int>(e), s.labels[e]});
+        const int entry = static_cast<int>(e);
+        const bool activation =
+            std::find(s.activation_entries.begin(), s.activation_entries.end(), entry) !=
+            s.activation_entries.end();
+        report.unmatched_rules.push_back({s.index, s.path, s.name, entry, s.labels[e], activation});
       }
     }
   }

@@ -465,18 +465,34 @@ void write_rules(std::string& out, const PlanReport& report) {
   constexpr std::size_t kMaxListed = 20;
   const std::vector<std::size_t> fell = report.fell_through();
   out += "<section class=\"rules\">\n<h2>Rules</h2>\n";
-  if (report.unmatched_rules.empty()) {
-    out += "<p class=\"note\">Every rule entry decided at least one tensor.</p>\n";
+  std::vector<const UnmatchedRule*> unmatched, activation_only;
+  for (const UnmatchedRule& u : report.unmatched_rules) {
+    (u.activation ? activation_only : unmatched).push_back(&u);
+  }
+  if (unmatched.empty()) {
+    out += "<p class=\"note\">Every rule entry for weights decided at least one tensor.</p>\n";
   } else {
     out += fmt::format(
         "<p class=\"note\">{} rule entr{} decided no tensor:</p>\n<ul class=\"rules\">\n",
-        report.unmatched_rules.size(), report.unmatched_rules.size() == 1 ? "y" : "ies");
-    for (const UnmatchedRule& u : report.unmatched_rules) {
+        unmatched.size(), unmatched.size() == 1 ? "y" : "ies");
+    for (const UnmatchedRule* u : unmatched) {
       out += "<li><code>";
-      escape_to(out, to_text(u));
+      escape_to(out, to_text(*u));
       out += "</code></li>\n";
     }
     out += "</ul>\n";
+  }
+  if (!activation_only.empty()) {
+    out += fmt::format("<p class=\"note\">{} entr{} for activations only (not matched against "
+                       "weights): ",
+                       activation_only.size(), activation_only.size() == 1 ? "y" : "ies");
+    for (std::size_t i = 0; i < activation_only.size(); ++i) {
+      if (i > 0) out += ", ";
+      out += "<code>";
+      escape_to(out, activation_only[i]->label);
+      out += "</code>";
+    }
+    out += "</p>\n";
   }
   if (!fell.empty()) {
     out += fmt::format(

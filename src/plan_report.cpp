@@ -472,15 +472,23 @@ std::string PlanReport::summary(std::size_t largest_n) const {
                          format_bytes(l.bytes_per_device));
     }
   }
-  if (unmatched_rules.empty()) {
-    out += "unmatched rules: none\n";
-  } else {
-    out += "unmatched rules:\n";
-    for (const auto& u : unmatched_rules) {
-      out += fmt::format("  #{} {}{}: {}\n", u.rule_index, detail::printable(u.rule),
-                         u.entry >= 0 ? fmt::format(" [{}]", u.entry) : "",
-                         detail::printable(u.label));
+  // Entries for activations only are not matched against weights: listing them among the
+  // unmatched would bury the entries that are (a typo in a pattern).
+  std::vector<std::string> activation_labels;
+  std::string unmatched;
+  for (const auto& u : unmatched_rules) {
+    if (u.activation) {
+      activation_labels.push_back(detail::printable(u.label));
+    } else {
+      unmatched += fmt::format("  #{} {}{}: {}\n", u.rule_index, detail::printable(u.rule),
+                               u.entry >= 0 ? fmt::format(" [{}]", u.entry) : "",
+                               detail::printable(u.label));
     }
+  }
+  out += unmatched.empty() ? "unmatched rules: none\n" : "unmatched rules:\n" + unmatched;
+  if (!activation_labels.empty()) {
+    out += fmt::format("for activations only (not matched against weights): {}\n",
+                       fmt::join(activation_labels, ", "));
   }
   auto fell = fell_through();
   out += fmt::format("fell through to a default or catch-all: {}\n", fell.size());
@@ -690,6 +698,7 @@ void write_report(JsonWriter& w, const PlanReport& report) {
   w.key("unmatched_rules").begin_array();
   for (const auto& u : unmatched_rules) {
     w.begin_object();
+    w.key("activation").value(u.activation);
     w.key("entry").value(u.entry);
     w.key("label").value(u.label);
     w.key("rule").value(u.rule);

@@ -327,8 +327,15 @@ RulePtr RuleFile::make_rule() const {
                                                .min_size = fsdp_fallback->min_size});
   std::optional<LogicalAxisRule> logical;
   if (!logical_axes.empty()) logical.emplace(logical_axes);
+  std::vector<std::string> activation_axes;
+  for (const Activation& a : activations) {
+    for (const std::string& axis : a.logical_axes) {
+      if (!axis.empty()) activation_axes.push_back(axis);
+    }
+  }
   return std::make_shared<RuleTableShardingRule>(source, std::move(table), std::move(fallback),
-                                                 std::move(logical), strict);
+                                                 std::move(logical), strict,
+                                                 std::move(activation_axes));
 }
 
 namespace {

@@ -1697,5 +1697,66 @@ TEST_F(CliTest, TraceMemoryOfABadTraceOrOutputExitsOneNamingIt) {
   EXPECT_EQ(run("trace memory").code, 2);
 }
 
+// `example trace` makes a trace the trace commands read: the MLP's products on all 8 devices in
+// the scopes it names, and both runs' memory.
+TEST_F(CliTest, ExampleTraceWritesATraceTheTraceCommandsRead) {
+  const std::string file = (dir_ / "step.trace.json").string();
+  const Result r = run(fmt::format("example trace '{}'", file));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_THAT(r.out, ::testing::HasSubstr("wrote " + file + ": two training steps"));
+  const Result summary = run(fmt::format("trace summarize '{}'", file));
+  ASSERT_EQ(summary.code, 0) << summary.err;
+  EXPECT_THAT(summary.out, ::testing::ContainsRegex("kernel +dot_general"));
+  for (int d = 0; d < 8; ++d) {
+    EXPECT_THAT(summary.out, ::testing::HasSubstr(fmt::format("device {} ", d)));
+  }
+  const Result memory = run(fmt::format("trace memory '{}'", file));
+  ASSERT_EQ(memory.code, 0) << memory.err;
+  EXPECT_THAT(memory.out, ::testing::HasSubstr("2 program runs with memory measured"));
+  EXPECT_THAT(memory.out, ::testing::ContainsRegex("scope mlp_(in|out)"));
+  // The trace is an output: an empty path is bad usage.
+  EXPECT_EQ(run("example trace ''").code, 2);
+}
+
+// `example checkpoint` saves a small LLaMA by the preset: every tensor with its shape and the
+// preset's spec (by hand from rules/presets/llama_fsdp_tp.yaml), readable by `plan --model`
+// (the record's tree-path names, not read as dotted names) and by `checkpoint reshard`; a
+// second save into the same directory is refused, naming it.
+TEST_F(CliTest, ExampleCheckpointIsAShardplanCheckpointTheOtherCommandsRead) {
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const Result r = run(fmt::format("example checkpoint '{}'", ckpt));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Result inspect = run(fmt::format("checkpoint inspect --json '{}'", ckpt));
+  ASSERT_EQ(inspect.code, 0) << inspect.err;
+  const auto j = nlohmann::json::parse(inspect.out);
+  EXPECT_EQ(j["format"], "shardplan");
+  std::map<std::string, std::pair<std::vector<std::int64_t>, std::string>> tensors;
+  for (const auto& t : j["tensors"]) {
+    tensors[t["name"]] = {t["shape"].get<std::vector<std::int64_t>>(), t["sharding"]};
+  }
+  // 1 embedding + 2 layers x (4 attention + 3 MLP matrices + 2 norms) + final norm + head.
+  EXPECT_EQ(tensors.size(), 21u);
+  const std::string on = " on Mesh('fsdp': 4, 'tp': 2)";
+  using Row = std::pair<std::vector<std::int64_t>, std::string>;
+  EXPECT_EQ(tensors["model/embed_tokens/weight"],
+            (Row{{512, 64}, "PartitionSpec('tp', 'fsdp')" + on}));
+  EXPECT_EQ(tensors["model/layers/1/self_attn/q_proj/weight"],
+            (Row{{64, 64}, "PartitionSpec('tp', 'fsdp')" + on}));
+  EXPECT_EQ(tensors["model/layers/0/mlp/down_proj/weight"],
+            (Row{{64, 128}, "PartitionSpec('fsdp', 'tp')" + on}));
+  EXPECT_EQ(tensors["model/norm/weight"], (Row{{64}, "PartitionSpec()" + on}));
+  const Result plan = run(fmt::format("plan --model '{}' --json", ckpt));
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  const auto p = nlohmann::json::parse(plan.out);
+  EXPECT_EQ(p["leaves"].size(), 21u);
+  const Result reshard =
+      run(fmt::format("checkpoint reshard '{}' '{}-tp4' --mesh fsdp:2,tp:4", ckpt, ckpt));
+  EXPECT_EQ(reshard.code, 0) << reshard.err;
+  const Result again = run(fmt::format("example checkpoint '{}'", ckpt));
+  EXPECT_EQ(again.code, 1);
+  EXPECT_THAT(again.err, ::testing::HasSubstr(ckpt + ": already exists"));
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -255,7 +255,8 @@ nlohmann::json report_dom(const PlanReport& r) {
                                     {"rule_path", u.rule_path},
                                     {"rule", u.rule},
                                     {"entry", u.entry},
-                                    {"label", u.label}});
+                                    {"label", u.label},
+                                    {"activation", u.activation}});
   }
   j["fell_through"] = nlohmann::json::array();
   for (auto i : r.fell_through()) j["fell_through"].push_back(r.leaves[i].path);

@@ -3,6 +3,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
@@ -51,6 +54,52 @@ TEST(RuleTable, LogicalAxesThatDecidedADimensionAreNotUnmatched) {
   ASSERT_EQ(report.unmatched_rules.size(), 1u);  // "heads" is on no tensor
   EXPECT_EQ(report.unmatched_rules[0].entry, 4);
   EXPECT_EQ(report.unmatched_rules[0].label, "heads -> tp");
+}
+
+TEST(RuleTable, LogicalAxesOfActivationsAreReportedApartFromUnmatchedWeightRules) {
+  // Entries: 0 'norm', 1 'typo' (matches nothing), then the mappings 2..4; `batch` and `embed`
+  // name the activation's dimensions, `heads` nothing: only 'typo' and `heads` are unmatched.
+  const RulePtr rule = parse_rule_file(
+                           "rules:\n  - {match: norm, spec: []}\n  - {match: typo, spec: []}\n"
+                           "logical_axes: {batch: data, embed: null, heads: tp}\n"
+                           "activations: {residual: [batch, null, embed]}\n",
+                           "r.yaml")
+                           .make_rule();
+  EXPECT_EQ(rule->activation_entries(), (std::vector<int>{2, 3}));
+  const Tree<TensorSpec> weights =
+      Tree<TensorSpec>::dict({{"norm", TensorSpec{Shape{16}, DType::kF32}}});
+  const PlanReport report =
+      MeshShardingHelper(Mesh::parse("data:4,tp:2", 8)).plan(RuleTree(rule), weights);
+  std::vector<std::tuple<int, std::string, bool>> unmatched;
+  for (const UnmatchedRule& u : report.unmatched_rules) {
+    unmatched.emplace_back(u.entry, u.label, u.activation);
+  }
+  EXPECT_EQ(unmatched, (std::vector<std::tuple<int, std::string, bool>>{
+                           {1, "typo", false},
+                           {2, "batch -> data", true},
+                           {3, "embed -> null", true},
+                           {4, "heads -> tp", false}}));
+  using testing::HasSubstr;
+  using testing::Not;
+  const std::string text = report.summary();
+  EXPECT_THAT(text, HasSubstr("unmatched rules:\n  #0 rules r.yaml"));
+  EXPECT_THAT(text, HasSubstr("[1]: typo\n"));
+  EXPECT_THAT(text, HasSubstr("[4]: heads -> tp\n"));
+  EXPECT_THAT(text, HasSubstr("for activations only (not matched against weights): "
+                              "batch -> data, embed -> null\n"));
+  EXPECT_THAT(text, Not(HasSubstr("[2]: batch")));
+  // Without activations, the same logical axes are ordinary entries: unmatched when unused.
+  const RulePtr plain = parse_rule_file(
+                            "rules:\n  - {match: norm, spec: []}\n"
+                            "logical_axes: {batch: data}\n",
+                            "r.yaml")
+                            .make_rule();
+  EXPECT_TRUE(plain->activation_entries().empty());
+  const PlanReport plain_report =
+      MeshShardingHelper(Mesh::parse("data:4,tp:2", 8)).plan(RuleTree(plain), weights);
+  ASSERT_EQ(plain_report.unmatched_rules.size(), 1u);
+  EXPECT_FALSE(plain_report.unmatched_rules[0].activation);
+  EXPECT_THAT(plain_report.summary(), HasSubstr("[1]: batch -> data\n"));
 }
 
 TEST(RuleTable, StrictWithoutFallbackFailsNamingTheFileAndPath) {

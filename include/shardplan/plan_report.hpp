@@ -55,6 +55,9 @@ struct UnmatchedRule {
   std::string rule;
   int entry = -1;  // -1: the whole rule covered no leaf
   std::string label;
+  /// The entry decides named activations, not weights (ShardingRule::activation_entries): not a
+  /// sign of a typo in a plan of weights, and reported apart.
+  bool activation = false;
   friend bool operator==(const UnmatchedRule&, const UnmatchedRule&) = default;
 };
 

@@ -77,6 +77,10 @@ class ShardingRule {
   /// Labels of the rule's entries, indexed like RuleDecision::entry (empty when it has none);
   /// the planner reports entries that decided no leaf.
   virtual std::vector<std::string> entry_labels() const { return {}; }
+  /// The entries that decide named activations of a traced step (a rule file's logical axes that
+  /// its `activations:` name) rather than leaves of a weight tree: a plan of weights reports them
+  /// apart from the entries that decided nothing (UnmatchedRule::activation). Default: none.
+  virtual std::vector<int> activation_entries() const { return {}; }
   /// Every entry tried on a leaf, in order, and which one decided. The default reports apply().
   virtual std::vector<RuleStep> explain(const RuleInput& in) const;
   /// The automaton the rule's decisions depend on, if it has one (see PathAutomaton); the default

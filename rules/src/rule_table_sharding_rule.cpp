@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "shardplan/error.hpp"
@@ -11,12 +12,14 @@ namespace shardplan {
 RuleTableShardingRule::RuleTableShardingRule(std::string source,
                                              std::shared_ptr<const TreePathShardingRule> table,
                                              std::optional<FSDPShardingRule> fsdp_fallback,
-                                             std::optional<LogicalAxisRule> logical, bool strict)
+                                             std::optional<LogicalAxisRule> logical, bool strict,
+                                             std::vector<std::string> activation_axes)
     : source_(std::move(source)),
       table_(std::move(table)),
       fsdp_fallback_(std::move(fsdp_fallback)),
       logical_(std::move(logical)),
-      strict_(strict) {
+      strict_(strict),
+      activation_axes_(std::move(activation_axes)) {
   if (!table_) throw RuleError("[rule] RuleTableShardingRule: no regex table");
   const int n = static_cast<int>(table_->entries().size());
   fallback_entry_ = fsdp_fallback_ ? n : -1;
@@ -63,6 +66,19 @@ std::vector<std::string> RuleTableShardingRule::entry_labels() const {
     for (auto& l : logical_->entry_labels()) labels.push_back(std::move(l));
   }
   return labels;
+}
+
+std::vector<int> RuleTableShardingRule::activation_entries() const {
+  std::vector<int> entries;
+  if (!logical_) return entries;
+  const auto& mapping = logical_->mapping();
+  for (std::size_t i = 0; i < mapping.size(); ++i) {
+    if (std::find(activation_axes_.begin(), activation_axes_.end(), mapping[i].first) !=
+        activation_axes_.end()) {
+      entries.push_back(logical_offset_ + static_cast<int>(i));
+    }
+  }
+  return entries;
 }
 
 std::vector<RuleStep> RuleTableShardingRule::explain(const RuleInput& in) const {

@@ -21,11 +21,13 @@
 #include <string>
 
 #include "checkpoint_cmd.hpp"
+#include "example_cmd.hpp"
 #include "example_model.hpp"
 #include "output_path_option.hpp"
 #include "trace_cmd.hpp"
 #include "train_plan_cmd.hpp"
 #include "usage_error.hpp"
+#include "shardplan/checkpoint.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -91,6 +93,17 @@ Tree<TensorSpec> load_data(const std::string& model) {
     throw UsageError(fmt::format("--model: no such file '{}'", model));
   }
   if (std::filesystem::is_directory(model, ec)) {
+    // A checkpoint that shardplan saved names its tensors as its record says (tree paths, or
+    // dotted names): read them as `checkpoint reshard` and restore do, not as dotted names.
+    if (std::filesystem::is_regular_file(
+            std::filesystem::path(model) / "model.safetensors.index.json", ec)) {
+      const CheckpointInfo info = read_checkpoint_info(model);
+      if (info.shardplan) {
+        std::vector<std::pair<std::string, TensorSpec>> named;
+        for (const CheckpointTensor& t : info.tensors) named.emplace_back(t.name, t.spec);
+        return tree_from_names(named, info.name_separator);
+      }
+    }
     // A Hugging Face checkpoint directory: the index of a sharded checkpoint, else the one file
     // (or one stat cannot tell, a link loop: the reader names it).
     for (const char* name : {"model.safetensors.index.json", "model.safetensors"}) {
@@ -430,7 +443,9 @@ int main(int argc, char** argv) {
       "  shardplan presets\n"
       "  shardplan checkpoint inspect runs/llama/step_00000100\n"
       "  shardplan trace summarize step.trace.json\n"
-      "  shardplan trace memory step.trace.json --html memory.html",
+      "  shardplan trace memory step.trace.json --html memory.html\n"
+      "  shardplan example trace step.trace.json   # a trace to try the trace commands on\n"
+      "  shardplan example checkpoint ckpt         # a small checkpoint to try the others on",
       "shardplan"};
   app.require_subcommand(1);
 
@@ -448,6 +463,9 @@ int main(int argc, char** argv) {
 
   cli::TraceCommand trace;
   cli::add_trace_commands(app, trace);
+
+  cli::ExampleCommand example;
+  cli::add_example_commands(app, example);
 
   try {
     app.parse(argc, argv);
@@ -467,6 +485,7 @@ int main(int argc, char** argv) {
     }
     if (train.command->parsed()) return cli::run_train_plan(train, load_rules, devices_of_mesh);
     if (trace.command->parsed()) return cli::run_trace(trace);
+    if (example.command->parsed()) return cli::run_example(example);
     return run_presets();
   } catch (const UsageError& e) {
     // Messages quote names from files and options: escaped, as the text outputs are.

@@ -22,13 +22,18 @@ namespace shardplan {
 class RuleTableShardingRule : public ShardingRule {
  public:
   /// `table` must not be strict: this rule applies strictness after the fallback.
+  /// `activation_axes`: the logical axes that name activations' dimensions (a rule file's
+  /// `activations:`), reported by activation_entries().
   RuleTableShardingRule(std::string source, std::shared_ptr<const TreePathShardingRule> table,
                         std::optional<FSDPShardingRule> fsdp_fallback,
-                        std::optional<LogicalAxisRule> logical, bool strict);
+                        std::optional<LogicalAxisRule> logical, bool strict,
+                        std::vector<std::string> activation_axes = {});
 
   RuleDecision apply(const RuleInput& in) const override;
   std::string name() const override;
   std::vector<std::string> entry_labels() const override;
+  /// The logical mappings whose name is one of the activation axes given when built.
+  std::vector<int> activation_entries() const override;
   std::vector<RuleStep> explain(const RuleInput& in) const override;
   /// The regex table's automaton: the other steps depend only on the tensor spec.
   const PathAutomaton* path_automaton() const override { return table_->path_automaton(); }
@@ -39,6 +44,7 @@ class RuleTableShardingRule : public ShardingRule {
   std::optional<FSDPShardingRule> fsdp_fallback_;
   std::optional<LogicalAxisRule> logical_;
   bool strict_;
+  std::vector<std::string> activation_axes_;
   int fallback_entry_;
   int logical_offset_;
 };
