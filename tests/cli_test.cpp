@@ -1,6 +1,7 @@
 // The `shardplan` command, run as a user runs it: exit codes, text and JSON output.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -21,6 +23,7 @@
 #include "shardplan/rule_file.hpp"
 #include "shardplan/safetensors.hpp"
 #include "shardplan/sjit.hpp"
+#include "json_schema.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -1756,6 +1759,63 @@ TEST_F(CliTest, ExampleCheckpointIsAShardplanCheckpointTheOtherCommandsRead) {
   const Result again = run(fmt::format("example checkpoint '{}'", ckpt));
   EXPECT_EQ(again.code, 1);
   EXPECT_THAT(again.err, ::testing::HasSubstr(ckpt + ": already exists"));
+}
+
+// The --json outputs keep the keys and types docs/schemas/ pins (issue 39: keys keep their
+// meaning, additions only). A key removed, renamed or of another type fails here, naming it.
+TEST_F(CliTest, JsonOutputsHaveTheKeysTheirSchemasPin) {
+  const std::string src = SHARDPLAN_SOURCE_DIR;
+  const std::string cfg = src + "/tests/data/hf_configs/Meta-Llama-3-8B";
+  const std::string ckpt = (dir_ / "ckpt").string();
+  ASSERT_EQ(run(fmt::format("example checkpoint '{}'", ckpt)).code, 0);
+  const std::string memory = (dir_ / "memory.json").string();
+  struct Case {
+    std::string schema, args, file;  // file: the output, "" for stdout
+  };
+  const std::vector<Case> cases = {
+      {"plan", "plan --json", ""},
+      {"plan_explain", "plan --explain model/layers/0/mlp/up_proj/weight --json", ""},
+      {"train_plan",
+       fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 1024 --hardware h100-sxm "
+                   "--json",
+                   cfg),
+       ""},
+      {"train_plan_compare",
+       fmt::format("train-plan -c '{}' --mesh fsdp:8 --mesh fsdp:4,tp:2 --batch 8 --seq 1024 "
+                   "--hardware h100-sxm --compare --json",
+                   cfg),
+       ""},
+      {"checkpoint_inspect", fmt::format("checkpoint inspect --json '{}'", ckpt), ""},
+      {"trace_memory",
+       fmt::format("trace memory '{}/tests/data/traces/memory.trace.json' --json '{}'", src,
+                   memory),
+       memory},
+  };
+  nlohmann::json plan_doc;
+  for (const Case& c : cases) {
+    const Result r = run(c.args);
+    ASSERT_EQ(r.code, 0) << c.args << "\n" << r.err;
+    std::string text = r.out;
+    if (!c.file.empty()) {
+      std::ifstream in(c.file);
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto doc = nlohmann::json::parse(text);
+    std::ifstream schema_file(src + "/docs/schemas/" + c.schema + ".schema.json");
+    ASSERT_TRUE(schema_file) << c.schema;
+    const auto schema = nlohmann::json::parse(schema_file);
+    const auto errors = test::json_schema_errors(schema, doc);
+    EXPECT_TRUE(errors.empty()) << c.args << ":\n" << fmt::format("{}", fmt::join(errors, "\n"));
+    if (c.schema == "plan") plan_doc = doc;
+  }
+  // The check fails on what it is for: a key gone, a type changed, inside an array's items.
+  std::ifstream schema_file(src + "/docs/schemas/plan.schema.json");
+  const auto schema = nlohmann::json::parse(schema_file);
+  plan_doc.erase("total_bytes");
+  plan_doc["leaves"][3]["shape"] = "[4096]";
+  EXPECT_EQ(test::json_schema_errors(schema, plan_doc),
+            (std::vector<std::string>{"/: the key 'total_bytes' is missing",
+                                      "/leaves/3/shape/: expected \"array\", got string"}));
 }
 
 }  // namespace
