@@ -13,6 +13,7 @@
 // dtype.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "../primitive.hpp"
@@ -36,6 +37,11 @@ inline int mask_operand(const AttentionAttrs& a, int first) { return a.has_mask 
 inline int bias_operand(const AttentionAttrs& a, int first) {
   return a.has_bias ? first + (a.has_mask ? 1 : 0) : -1;
 }
+
+/// The scale of dot_product_attention, ring_attention and context_parallel_attention: `scale`, or
+/// 1/sqrt(head_size) when not given. Throws SpecError naming `op` and the value when it is NaN,
+/// infinite or not positive (every score would be NaN, or the softmax meaningless).
+double attention_scale(const char* op, std::optional<double> scale, std::int64_t head_size);
 
 /// The kernels (attention_kernel.cpp).
 void attention_kernel(const KernelArgs& k);
