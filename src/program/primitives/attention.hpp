@@ -6,7 +6,8 @@
 //   mask (bool) and bias (q's dtype) [B|1, K|1, G|1, T|1, S|1] (a 1 broadcasts),
 //   packed result of `attention` [B, T, K, G, H + 1] in the accumulator dtype (f32 for f32 and
 //   bf16, f64 for f64): the output in [..., :H], the row's log-sum-exp (natural log, of the
-//   scaled and biased scores; -inf for a row with no allowed key) in [..., H].
+//   scaled and biased scores; -inf for a row with no allowed key, NaN for a row with a NaN or
+//   +inf score allowed) in [..., H].
 // attention_grad_q takes q, k, v, the packed result, its cotangent (dO in [..., :H], the
 // log-sum-exp's in [..., H]) [, mask] [, bias] and gives dq [B, T, K, G, H]; attention_grad_kv
 // takes the same and gives dk and dv packed as [B, S, K, 2, H] (index 0: dk, 1: dv), both in q's
