@@ -366,10 +366,11 @@ void pack_backward_rows(const View<T>& w, std::int64_t b, std::int64_t kh, std::
 }
 
 // Scores s become P = exp(s - lse) (0 for a row without an allowed key), and dp becomes
-// dS = P * (dP - D), 0 at a masked pair even where dP or D is NaN (a masked value, a NaN row).
+// dS = P * (dP - D), 0 at a masked pair even where dP or D is NaN. `values_finite`: the block's
+// values are finite, so dP is; with D finite too, P = 0 at a masked pair makes dS 0 already.
 template <class A>
 void score_gradient(std::int64_t rows, std::int64_t cols, std::int64_t ld, const A* lse, const A* d,
-                    A* s, A* dp) {
+                    bool values_finite, A* s, A* dp) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   for (std::int64_t r = 0; r < rows; ++r) {
     A* sr = s + r * ld;
@@ -377,6 +378,11 @@ void score_gradient(std::int64_t rows, std::int64_t cols, std::int64_t ld, const
     if (lse[r] == kNegInf) {
       std::fill(sr, sr + cols, A(0));
       std::fill(dr, dr + cols, A(0));
+      continue;
+    }
+    if (values_finite && std::isfinite(d[r])) {
+      row_weights(sr, cols, lse[r]);
+      for (std::int64_t c = 0; c < cols; ++c) dr[c] = sr[c] * (dr[c] - d[r]);
       continue;
     }
     for (std::int64_t c = 0; c < cols; ++c) dr[c] = sr[c] == kNegInf ? A(0) : dr[c] - d[r];
@@ -397,12 +403,13 @@ void grad_q(const KernelArgs& c) {
   constexpr std::int64_t bq = kAttentionQueryBlock, bk = kAttentionKeyBlock;
   std::vector<A> kc, vc, qc(static_cast<std::size_t>(bq * w.H)), doc(qc.size()), dq(qc.size()),
       tmp(qc.size()), lse(bq), d(bq), sb(bq * bk), dp(bq * bk), scores;
-  Operand<A> ko;
+  Operand<A> ko, vo;
   T* out = elems<T>(c.out);
   for (std::int64_t b = 0; b < w.B; ++b) {
     for (std::int64_t kh = 0; kh < w.K; ++kh) {
       pack_kv(w, b, kh, kc, vc);
       ko.set(kc.data(), w.S, w.H);
+      vo.set(vc.data(), w.S, w.H);
       for (std::int64_t gi = 0; gi < w.G; ++gi) {
         for (std::int64_t t0 = 0; t0 < w.T_; t0 += bq) {
           const std::int64_t rows = std::min(bq, w.T_ - t0);
@@ -418,7 +425,8 @@ void grad_q(const KernelArgs& c) {
             const bool fix = ko.any_in(s0, cols);
             if (fix) scores.assign(sb.begin(), sb.begin() + rows * cols);
             gemm(false, true, bq, cols, w.H, doc.data(), vc.data() + s0 * w.H, dp.data());
-            score_gradient(rows, cols, cols, lse.data(), d.data(), sb.data(), dp.data());
+            score_gradient(rows, cols, cols, lse.data(), d.data(), !vo.any_in(s0, cols),
+                           sb.data(), dp.data());
             gemm(false, false, bq, w.H, cols, dp.data(), ko.rows() + s0 * w.H, tmp.data());
             if (fix) add_allowed(ko, s0, false, rows, cols, cols, scores.data(), dp.data(),
                                  tmp.data());
@@ -462,11 +470,12 @@ void grad_kv(const KernelArgs& c) {
   std::vector<A> kc, vc, dk(static_cast<std::size_t>(bk * w.H)), dv(dk.size()), tmp(dk.size()),
       sb(bq * bk), dp(bq * bk), scores;
   QueryPack<A> qp;
-  Operand<A> qo, doo;
+  Operand<A> qo, doo, vo;
   T* out = elems<T>(c.out);
   for (std::int64_t b = 0; b < w.B; ++b) {
     for (std::int64_t kh = 0; kh < w.K; ++kh) {
       pack_kv(w, b, kh, kc, vc, bk);
+      vo.set(vc.data(), w.S, w.H);
       pack_queries(w, b, kh, qp);
       qo.set(qp.q.data(), w.G * w.T_, w.H);
       doo.set(qp.d_o.data(), w.G * w.T_, w.H);
@@ -488,8 +497,8 @@ void grad_kv(const KernelArgs& c) {
             const bool fix = qo.any_in(at, rows) || doo.any_in(at, rows);
             if (fix) scores.assign(sb.begin(), sb.begin() + rows * bk);
             gemm(false, true, rows, bk, w.H, dob, vc.data() + s0 * w.H, dp.data());
-            score_gradient(rows, cols, bk, qp.lse.data() + at, qp.d.data() + at, sb.data(),
-                           dp.data());
+            score_gradient(rows, cols, bk, qp.lse.data() + at, qp.d.data() + at,
+                           !vo.any_in(s0, cols), sb.data(), dp.data());
             gemm(true, false, bk, w.H, rows, sb.data(), doo.rows() + at * w.H, tmp.data());
             if (fix) add_allowed(doo, at, true, rows, cols, bk, scores.data(), sb.data(),
                                  tmp.data());
