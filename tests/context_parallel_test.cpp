@@ -4,6 +4,8 @@
 // without recomputation, with a batch axis beside it); a 32k-token step's activation bytes per
 // device are 1/8 of the unsplit step's on cp:8; bad settings are named.
 #include <cmath>
+#include <limits>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -40,16 +42,24 @@ Tensor tokens(std::size_t shift, const std::vector<std::int64_t>& order) {
   return Tensor::from(Shape{kBatch, kSeq}, out);
 }
 
-// The loss and gradients of one step on `axes` (a cp axis: the sequence split over it).
-Tree<Tensor> step(const char* axes, int devices, bool remat) {
+// The loss and gradients of one step on `axes` (a cp axis: the sequence split over it);
+// `poison`: element 0 of the first layer's query weight is NaN; `jit`: under sjit, else eagerly.
+Tree<Tensor> step(const char* axes, int devices, bool remat, bool poison = false, bool jit = true) {
   const ModelConfig c = ModelConfig::parse(kSmall);
   const Executor exec = Executor::process_local(devices);
   const Mesh mesh = Mesh::parse(axes, devices);
   std::uint64_t seed = 5;
-  const Tree<Array> params = c.parameters(DType::kF32).map([&](const TensorSpec& s) {
-    return device_put(Tensor::uniform(s.shape, DType::kF32, seed++, -0.3, 0.3),
-                      NamedSharding(mesh, PartitionSpec()), exec);
-  });
+  bool poisoned = false;
+  const Tree<Array> params =
+      c.parameters(DType::kF32).map_with_path([&](const std::string& path, const TensorSpec& s) {
+        Tensor t = Tensor::uniform(s.shape, DType::kF32, seed++, -0.3, 0.3);
+        if (poison && !poisoned && path.find("q_proj") != std::string::npos) {
+          t.set(0, std::numeric_limits<double>::quiet_NaN());
+          poisoned = true;
+        }
+        return device_put(t, NamedSharding(mesh, PartitionSpec()), exec);
+      });
+  EXPECT_EQ(poisoned, poison);
   train::Layout layout;
   std::vector<std::int64_t> order(static_cast<std::size_t>(kSeq));
   for (std::int64_t p = 0; p < kSeq; ++p) order[static_cast<std::size_t>(p)] = p;
@@ -69,10 +79,11 @@ Tree<Tensor> step(const char* axes, int devices, bool remat) {
   const Array y = device_put(tokens(1, order), data, exec);
   train::ModelStep model{c, layout};
   if (remat) model.remat = checkpoint_policies::nothing_saveable();
-  return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
+  const auto f = [&](const Tree<Array>& p, const Array& a, const Array& b) {
     auto [loss, grads] = train::loss_and_grads(model, p, a, b);
     return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
-  })(params, x, y));
+  };
+  return to_host(jit ? sjit(mesh, f)(params, x, y) : f(params, x, y));
 }
 
 TEST(ContextParallel, LossAndGradientsEqualTheUnsplitStep) {
@@ -81,6 +92,18 @@ TEST(ContextParallel, LossAndGradientsEqualTheUnsplitStep) {
   expect_same_step(step("cp:4", 4, false), one, "cp:4");
   expect_same_step(step("data:2,cp:4", 8, false), one, "data:2,cp:4");
   expect_same_step(step("cp:8", 8, true), one, "cp:8 with recomputation");
+}
+
+// Issue 39: a NaN in the query (one element of the first layer's query weight: one query
+// element NaN at every token) gave a finite loss, attention dropping the NaN scores as masked, so
+// no NaN check could fire. The loss is NaN, eagerly, under sjit and by ring over cp.
+TEST(ContextParallel, NanInTheQueryGivesANanLoss) {
+  for (const auto& [axes, devices, jit] :
+       {std::tuple{"data:1", 1, false}, std::tuple{"data:1", 1, true}, std::tuple{"cp:2", 2, true}}) {
+    SCOPED_TRACE(::testing::Message() << axes << (jit ? " sjit" : " eager"));
+    const Tree<Tensor> r = step(axes, devices, false, true, jit);
+    EXPECT_TRUE(std::isnan(r.at("loss").leaf().get(0))) << r.at("loss").leaf().get(0);
+  }
 }
 
 // A 32k-token step of a small LLaMA (its parameters negligible beside its activations), planned:

@@ -3,6 +3,8 @@
 // eagerly and under sjit, grouped-query heads; over processes bitwise equal to one process of 8
 // devices; bad input named.
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -159,6 +161,103 @@ TEST(RingAttention, BadInputIsNamed) {
                     SpecError, "even");
   EXPECT_THROW_WITH(context_parallel_attention(k, k, k, m, P("cp"), "cp", true), SpecError,
                     "dimension 1");
+}
+
+// ---- Non-finite values (docs/sjit.md "Non-finite values") ------------------------------------
+
+Tensor poked(Tensor t, const std::vector<std::int64_t>& at, double x) {
+  std::int64_t flat = 0;
+  for (int d = 0; d < t.shape().rank(); ++d) flat = flat * t.shape()[d] + at[static_cast<std::size_t>(d)];
+  t.set(flat, x);
+  return t;
+}
+
+// Row (b, t, n) of y [B, T, N, H] is NaN in every element when nan(b, t, n), else within tol of
+// `clean`'s (finite).
+void expect_nan_rows(const Tensor& y, const Tensor& clean,
+                     const std::function<bool(std::int64_t, std::int64_t, std::int64_t)>& nan,
+                     const std::string& what) {
+  for (std::int64_t i = 0; i < y.numel(); ++i) {
+    const std::int64_t n = i / kH % kN, t = i / (kH * kN) % kT, b = i / (kH * kN * kT);
+    if (nan(b, t, n)) {
+      EXPECT_TRUE(std::isnan(y.get(i))) << what << " row " << b << ", " << t << ", head " << n;
+    } else {
+      ASSERT_TRUE(std::isfinite(clean.get(i)));
+      EXPECT_NEAR(y.get(i), clean.get(i), 2e-5) << what << " row " << b << ", " << t << ", head " << n;
+    }
+  }
+}
+
+// NaN where `want` is NaN, within tol elsewhere.
+void expect_same_nans(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape());
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    if (std::isnan(want.get(i))) {
+      EXPECT_TRUE(std::isnan(got.get(i))) << what << " element " << i;
+    } else {
+      EXPECT_NEAR(got.get(i), want.get(i), 2e-5) << what << " element " << i;
+    }
+  }
+}
+
+void expect_same_nans(const Results& got, const Results& want, const std::string& what) {
+  expect_same_nans(got.out, want.out, what + " output");
+  expect_same_nans(got.dq, want.dq, what + " dq");
+  expect_same_nans(got.dk, want.dk, what + " dk");
+  expect_same_nans(got.dv, want.dv, what + " dv");
+}
+
+// One NaN key on one device (position 40 of 64: on cp:4 it lies on device 2, causal or not):
+// every row that reads it (unmasked) is NaN, every other row is the run's without it; the
+// gradients have NaN where whole-sequence attention has them.
+TEST(RingAttention, NanKeyGivesNanInTheRowsThatReadItAlone) {
+  Executor exec{4};
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    Inputs in;
+    const Results clean = by_ring(in, causal, exec, 4, true);
+    in.k = poked(in.k, {0, 40, 0, 3}, std::numeric_limits<double>::quiet_NaN());  // kv head 0
+    const auto reads = [causal](std::int64_t b, std::int64_t t, std::int64_t n) {
+      return b == 0 && n < 2 && (!causal || t >= 40);
+    };
+    const Results want = reference(in, causal);
+    for (const bool jit : {true, false}) {
+      const Results got = by_ring(in, causal, exec, 4, jit);
+      expect_nan_rows(got.out, clean.out, reads, jit ? "sjit" : "eager");
+      expect_same_nans(got, want, jit ? "sjit" : "eager");
+    }
+  }
+}
+
+TEST(RingAttention, NanQueryGivesANanRow) {
+  Executor exec{4};
+  Inputs in;
+  const Results clean = by_ring(in, true, exec, 4, true);
+  in.q = poked(in.q, {1, 10, 3, 0}, std::numeric_limits<double>::quiet_NaN());
+  const Results got = by_ring(in, true, exec, 4, true);
+  const auto row = [](std::int64_t b, std::int64_t t, std::int64_t n) {
+    return b == 1 && t == 10 && n == 3;
+  };
+  expect_nan_rows(got.out, clean.out, row, "output");
+  expect_nan_rows(got.dq, clean.dq, row, "dq");
+  expect_same_nans(got, reference(in, true), "against whole-sequence attention");
+}
+
+TEST(RingAttention, ScaleNotFiniteOrNotPositiveIsNamed) {
+  Executor exec{4};
+  const Mesh m = Mesh::parse("cp:4", 4);
+  const Array q = device_put(Inputs{}.q, NamedSharding(m, P(nullptr, "cp")), exec);
+  EXPECT_THROW_WITH(context_parallel_attention(q, q, q, m, P(nullptr, "cp"), "cp", true,
+                                               std::numeric_limits<double>::quiet_NaN()),
+                    SpecError, "[context_parallel_attention] scale nan", "finite and positive");
+  const auto ring = [&](double scale) {
+    return shard_map(
+        [scale](const Array& a) { return ring_attention(a, a, a, "cp", false, scale); }, m,
+        {P(nullptr, "cp")}, {P(nullptr, "cp")})(q);
+  };
+  EXPECT_THROW_WITH(ring(0), SpecError, "[ring_attention] scale 0 ", "finite and positive");
+  EXPECT_THROW_WITH(ring(-std::numeric_limits<double>::infinity()), SpecError,
+                    "[ring_attention] scale -inf");
 }
 
 }  // namespace

@@ -192,10 +192,13 @@ struct AttentionOptions {
 /// jax.nn.dot_product_attention / torch's scaled_dot_product_attention, fused (FlashAttention-2's
 /// blocked online softmax: no [T, S] scores are ever held, forward or backward). q [B, T, N, H],
 /// k and v [B, S, K, H], N a multiple of K (grouped-query: query head n uses kv head n / G, G =
-/// N / K); returns [B, T, N, H] in q's dtype (f32 and bf16 computed in f32). A query row with no
-/// allowed key gives 0 (PyTorch gives NaN). Gradients flow to q, k, v and the bias; a second
-/// derivative (through the gradient) is a SpecError, not zero. Throws SpecError naming the operands for shapes, heads, mask or dtypes that
-/// disagree. Shards over batch, heads and the query sequence.
+/// N / K); returns [B, T, N, H] in q's dtype (f32 and bf16 computed in f32). Non-finite values
+/// as PyTorch (docs/sjit.md "Non-finite values"): a NaN score not masked gives a NaN row, a
+/// masked pair has no effect, a query row with no allowed key gives 0. Gradients flow to q, k,
+/// v and the bias; a second derivative (through the gradient) is a SpecError, not zero. Throws
+/// SpecError naming the operands for shapes, heads, mask or dtypes that disagree, and for a
+/// `scale` that is NaN, infinite or not positive. Shards over batch, heads and the query
+/// sequence.
 Array dot_product_attention(const Array& q, const Array& k, const Array& v,
                             const AttentionOptions& options = {});
 

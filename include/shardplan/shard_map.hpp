@@ -129,8 +129,9 @@ auto shard_map(F f, Mesh mesh, std::vector<PartitionSpec> in_specs,
 /// forward or backward (custom_vjp: the blocks go round again with their gradients). Causal: the
 /// sequence must be in the load-balanced order (load_balanced_positions: device d holds chunks d
 /// and 2n-1-d of 2n, so every device does the same work at every step), and t is even. Equal to
-/// dot_product_attention over the whole sequence to float rounding. `scale`: 1/sqrt(H) when
-/// not given.
+/// dot_product_attention over the whole sequence to float rounding, non-finite values included
+/// (docs/sjit.md "Non-finite values in attention"). `scale`: 1/sqrt(H) when not given; NaN,
+/// infinite or not positive is a SpecError.
 Array ring_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
                      bool is_causal, std::optional<double> scale = std::nullopt);
 /// The load-balanced order of t tokens over n devices: element p is the position of the token

@@ -134,10 +134,12 @@ std::pair<Array, Array> ring_backward(const Ring& r, const Array& q, const Array
     auto [dq_a, dkv_a] = r.grads(pick(q), first(k), first(v), pick(y), pick(g), false);
     auto [dq_b, dkv_b] = r.grads(second(q), pick(k), pick(v), second(y), second(g), false);
     // Where the block is earlier, pair a's dq is the first chunk's and pair b's dk, dv the block's
-    // first chunk's; else both go to the second chunks (a 0/1 factor: no array of zeros).
-    const Array e = astype(earlier, dq_a.dtype()), l = 1.0 - e;
-    dq = concatenate({first(dq) + dq_a * e, second(dq) + dq_b + dq_a * l}, 1);
-    dblk = concatenate({first(dblk) + dkv_a + dkv_b * e, second(dblk) + dkv_b * l}, 1);
+    // first chunk's; else both go to the second chunks. Selected, not scaled by a 0/1 factor:
+    // 0 times a NaN gradient would put NaN where the pair does not belong.
+    const Array dq1 = first(dq), dq2 = second(dq) + dq_b;
+    const Array dkv1 = first(dblk) + dkv_a, dkv2 = second(dblk);
+    dq = concatenate({where(earlier, dq1 + dq_a, dq1), where(earlier, dq2, dq2 + dq_a)}, 1);
+    dblk = concatenate({where(earlier, dkv1 + dkv_b, dkv1), where(earlier, dkv2, dkv2 + dkv_b)}, 1);
   }
   if (r.n > 1) dblk = r.pass(dblk);
   return {dq, dblk};
@@ -175,8 +177,8 @@ Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const 
                q, k, v);
   }
   const std::int64_t B = qs[0], t = qs[1], N = qs[2], H = qs[3], K = ks[2];
-  const Ring r{axis, lax::axis_size(axis),
-               scale ? *scale : 1.0 / std::sqrt(static_cast<double>(H)), is_causal, communicate};
+  const Ring r{axis, lax::axis_size(axis), attention_scale("ring_attention", scale, H), is_causal,
+               communicate};
   const Array i = lax::axis_index(axis);
   const Array qg = reshape(q, Shape{B, t, K, N / K, H});
   const Array kv =
@@ -218,6 +220,9 @@ std::vector<std::int64_t> load_balanced_positions(std::int64_t t, std::int64_t n
 Array context_parallel_attention(const Array& q, const Array& k, const Array& v, const Mesh& mesh,
                                  const PartitionSpec& spec, const std::string& axis, bool is_causal,
                                  std::optional<double> scale) {
+  if (q.shape().rank() == 4) {
+    detail::attention_scale("context_parallel_attention", scale, q.shape()[3]);
+  }
   const auto& dims = spec.dims();
   if (dims.size() < 2 || dims[1].size() != 1 || dims[1][0] != axis) {
     throw SpecError(fmt::format("[context_parallel_attention] the spec {} must split the sequence "

@@ -195,7 +195,8 @@ Array bias_gradient(const AttentionAttrs& a, const std::vector<Array>& in, const
   const Array o = slice(y, {0, 0, 0, 0, 0}, {B, T, K, G, H});
   const Array dp = transpose(dot_general(d_o, astype(in[2], acc), heads), to_bkgts);
   const Array d = reshape(transpose(sum(d_o * o, {4}), to_bkgt), rows) - column(g);
-  const Array ds = p * (dp - d);
+  // A masked pair's (a -inf score's) is 0, even in a NaN row (where p is NaN throughout).
+  const Array ds = where(equal(s, full_like(s, -inf)), full_like(s, 0), p * (dp - d));
   std::vector<int> axes;
   for (int i = 0; i < 5; ++i) {
     if (bias.shape()[i] == 1 && ds.shape()[i] != 1) axes.push_back(i);
@@ -273,6 +274,19 @@ constinit const Primitive attention_grad_kv{.name = "attention_grad_kv",
 
 namespace shardplan {
 
+namespace detail {
+
+double attention_scale(const char* op, std::optional<double> scale, std::int64_t head_size) {
+  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_size));
+  if (!std::isfinite(s) || s <= 0) {
+    throw SpecError(fmt::format("[{}] scale {} {}: it must be finite and positive", op, s,
+                                scale ? "given" : fmt::format("(1/sqrt of head size {})", head_size)));
+  }
+  return s;
+}
+
+}  // namespace detail
+
 namespace {
 
 [[noreturn]] void attention_error(const std::string& why, const Array& q, const Array& k,
@@ -324,7 +338,7 @@ Array dot_product_attention(const Array& q, const Array& k, const Array& v,
                     q, k, v);
   }
   const std::int64_t B = qs[0], T = qs[1], N = qs[2], H = qs[3], K = ks[2], G = N / K;
-  const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(H));
+  const double scale = detail::attention_scale("dot_product_attention", o.scale, H);
   const detail::AttentionAttrs attrs{.scale = scale,
                                      .causal = o.is_causal,
                                      .has_mask = o.mask.has_value(),

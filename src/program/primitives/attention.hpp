@@ -6,13 +6,15 @@
 //   mask (bool) and bias (q's dtype) [B|1, K|1, G|1, T|1, S|1] (a 1 broadcasts),
 //   packed result of `attention` [B, T, K, G, H + 1] in the accumulator dtype (f32 for f32 and
 //   bf16, f64 for f64): the output in [..., :H], the row's log-sum-exp (natural log, of the
-//   scaled and biased scores; -inf for a row with no allowed key) in [..., H].
+//   scaled and biased scores; -inf for a row with no allowed key, NaN for a row with a NaN or
+//   +inf score allowed) in [..., H].
 // attention_grad_q takes q, k, v, the packed result, its cotangent (dO in [..., :H], the
 // log-sum-exp's in [..., H]) [, mask] [, bias] and gives dq [B, T, K, G, H]; attention_grad_kv
 // takes the same and gives dk and dv packed as [B, S, K, 2, H] (index 0: dk, 1: dv), both in q's
 // dtype.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "../primitive.hpp"
@@ -36,6 +38,11 @@ inline int mask_operand(const AttentionAttrs& a, int first) { return a.has_mask 
 inline int bias_operand(const AttentionAttrs& a, int first) {
   return a.has_bias ? first + (a.has_mask ? 1 : 0) : -1;
 }
+
+/// The scale of dot_product_attention, ring_attention and context_parallel_attention: `scale`, or
+/// 1/sqrt(head_size) when not given. Throws SpecError naming `op` and the value when it is NaN,
+/// infinite or not positive (every score would be NaN, or the softmax meaningless).
+double attention_scale(const char* op, std::optional<double> scale, std::int64_t head_size);
 
 /// The kernels (attention_kernel.cpp).
 void attention_kernel(const KernelArgs& k);

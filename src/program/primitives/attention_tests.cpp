@@ -102,7 +102,8 @@ struct Naive {
       off = off * x.shape[d] + (x.shape[d] == 1 ? 0 : i[static_cast<std::size_t>(d)]);
     return x.v[static_cast<std::size_t>(off)];
   }
-  // The score of query (b, t, k, g) and key s, or nothing when masked.
+  // The score of query (b, t, k, g) and key s, or nothing when masked (by the mask, the causal
+  // order or a score of -inf).
   std::optional<double> score(std::int64_t b, std::int64_t t, std::int64_t k, std::int64_t g,
                               std::int64_t s) const {
     if (a.causal && s > t) return std::nullopt;
@@ -111,6 +112,7 @@ struct Naive {
     for (std::int64_t h = 0; h < H; ++h) x += q(b, t, k, g, h) * kv(1, b, s, k, h);
     x *= a.scale;
     if (a.has_bias) x += broadcast(bias_operand(a, first), {b, k, g, t, s});
+    if (x == -std::numeric_limits<double>::infinity()) return std::nullopt;  // masked by its value
     return x;
   }
 };
@@ -122,23 +124,27 @@ std::vector<double> forward_reference(const Node& n, std::span<const HostValues>
     for (std::int64_t t = 0; t < w.T; ++t) {
       for (std::int64_t k = 0; k < w.K; ++k) {
         for (std::int64_t g = 0; g < w.G; ++g) {
+          // PyTorch's softmax: a NaN score not masked makes the row NaN; a row with every pair
+          // masked (or -inf) gives 0 and a log-sum-exp of -inf.
           std::vector<std::optional<double>> s(static_cast<std::size_t>(w.S));
           double mx = -std::numeric_limits<double>::infinity();
           for (std::int64_t j = 0; j < w.S; ++j) {
             s[static_cast<std::size_t>(j)] = w.score(b, t, k, g, j);
-            if (s[static_cast<std::size_t>(j)]) mx = std::max(mx, *s[static_cast<std::size_t>(j)]);
+            const auto& x = s[static_cast<std::size_t>(j)];
+            if (x && (std::isnan(*x) || *x > mx)) mx = std::isnan(mx) ? mx : *x;
           }
+          const bool none = mx == -std::numeric_limits<double>::infinity();
           double total = 0;
           std::vector<double> o(static_cast<std::size_t>(w.H), 0.0);
           for (std::int64_t j = 0; j < w.S; ++j) {
-            if (!s[static_cast<std::size_t>(j)]) continue;
+            if (!s[static_cast<std::size_t>(j)] || none) continue;
             const double p = std::exp(*s[static_cast<std::size_t>(j)] - mx);
             total += p;
             for (std::int64_t h = 0; h < w.H; ++h)
               o[static_cast<std::size_t>(h)] += p * w.kv(2, b, j, k, h);
           }
-          for (const double x : o) y.push_back(total > 0 ? x / total : 0.0);
-          y.push_back(total > 0 ? mx + std::log(total) : -std::numeric_limits<double>::infinity());
+          for (const double x : o) y.push_back(none ? 0.0 : x / total);
+          y.push_back(none ? mx : mx + std::log(total));
         }
       }
     }
