@@ -1295,7 +1295,7 @@ TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
             none["per_device"]["matmul_flops"].get<double>());
   const Result no_fp8 = run(fmt::format(
       "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --float8 --hardware a100-80g", cfg));
-  EXPECT_EQ(no_fp8.code, 1);
+  EXPECT_EQ(no_fp8.code, 2);  // a refusal (train_plan_refusals()): bad usage
   EXPECT_THAT(no_fp8.err, ::testing::HasSubstr("'a100-80g' has no float8 matrix units"));
   EXPECT_EQ(full["remat"], "full");
   EXPECT_EQ(recompute["remat"], "full");
@@ -1381,7 +1381,7 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
   check("--mesh fsdp:8 --headroom inf", {"--headroom"});
   check("--mesh fsdp:8 --device-memory " + std::string(400, '9'),
         {"--device-memory", "out of range"});
-  check("--mesh fsdp:8 --device-memory ''", {"--device-memory", "not a size"});
+  check("--mesh fsdp:8 --device-memory ''", {"--device-memory", "the value is empty"});
   for (const char* option : {"--param-dtype", "--grad-dtype", "--optimizer-dtype"}) {
     check(fmt::format("--mesh fsdp:8 {} f16", option), {option, "f16", "bf16, f32 or f64"});
   }
@@ -1389,11 +1389,11 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
   check("--mesh fsdp:8 --remat some", {"--remat", "'some'", "none, full, dots, names:"});
   check("--mesh fsdp:8 --remat names:", {"--remat", "'names:'"});
   check("--mesh fsdp:8 --remat names:a,,b", {"--remat", "'names:a,,b'"});
-  check("--mesh fsdp:8 --remat ''", {"--remat", "''"});
+  check("--mesh fsdp:8 --remat ''", {"--remat", "the value is empty"});
   check("--mesh fsdp:8 --recompute --remat none", {"--recompute", "--remat none"});
   check("--mesh fsdp:8 --loss chunked", {"--loss", "'chunked'", "fused, naive"});
   check("--mesh fsdp:8 --attention flash", {"--attention", "'flash'", "fused, naive"});
-  check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "empty axis name"});
+  check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "the value is empty"});
   check("--mesh fsdp:8 --batch-axes fsdp,fsdp", {"--batch-axes", "'fsdp' is named twice"});
   check("--mesh fsdp:1048576,tp:2", {"2097152 devices", "limit of 1048576"});
   check("--mesh fsdp:1048576,tp:2 --devices 8",
