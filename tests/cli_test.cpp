@@ -1404,6 +1404,49 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
   EXPECT_THAT(help.out, ::testing::HasSubstr("bf16, f32 or f64"));
 }
 
+// Issue 39: an option that cannot apply is refused (exit 2, naming it), never dropped.
+TEST_F(TrainPlanCli, OptionsThatCannotApplyAreRefused) {
+  const std::string cfg = llama().string();
+  const auto refused = [&](const std::string& args, std::vector<std::string> parts) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << args;
+    for (const std::string& p : parts) EXPECT_THAT(r.err, ::testing::HasSubstr(p)) << args;
+  };
+  const std::string base = fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64", cfg);
+  // An empty value was "not given": --rules '' planned the llama_fsdp_tp preset.
+  for (const char* option : {"--hardware", "--master-dtype", "--reduce-dtype", "--grad-dtype",
+                             "--mixed-precision", "--rules", "--mesh", "--optimizer-dtype",
+                             "--param-dtype", "--attention", "--loss", "--sequence-parallel",
+                             "--device-memory", "--remat", "--batch-axes"}) {
+    refused(fmt::format("{} {} ''", base, option), {option, "the value is empty"});
+  }
+  refused(base + " --optimizer ''", {"--optimizer", "not in {sgd,adam,adamw}"});
+  // --optimizer-dtype bf16 with FSDP2's mixed precision was silently f32.
+  refused(base + " --mixed-precision fsdp2 --optimizer-dtype bf16",
+          {"--optimizer-dtype bf16", "--mixed-precision fsdp2"});
+  // --target-seq on a decoder-only model was ignored.
+  refused(base + " --target-seq 32", {"--target-seq", "decoder-only", "llama"});
+  // T5 on a cp mesh: its cp devices repeated the same work under a "context parallel" line.
+  const std::string t5 = config(R"({"model_type": "t5", "vocab_size": 40, "d_model": 16,
+    "d_kv": 6, "d_ff": 24, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 2,
+    "relative_attention_num_buckets": 8, "feed_forward_proj": "relu"})", "t5.json").string();
+  refused(fmt::format("train-plan -c '{}' --mesh fsdp:2,cp:2 --batch 4 --seq 8", t5),
+          {"--mesh with a cp or context axis", "T5"});
+  refused(fmt::format("train-plan -c '{}' --mesh fsdp:2,tp:2 --batch 4 --seq 8 --attention fused",
+                      t5),
+          {"--attention fused", "T5"});
+  // Not given, T5's attention and loss are what its step runs.
+  const Result plain = run(fmt::format("train-plan -c '{}' --mesh fsdp:2,tp:2 --batch 4 --seq 8", t5));
+  EXPECT_EQ(plain.code, 0) << plain.err;
+  EXPECT_THAT(plain.out, ::testing::HasSubstr("attention naive, loss naive"));
+  // seq 3 over tp:2: the sequence cannot split.
+  refused(fmt::format("train-plan -c '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 3 "
+                      "--sequence-parallel on",
+                      cfg),
+          {"--sequence-parallel on", "3 tokens", "[tp]"});
+}
+
 // With --compare, a configuration that cannot be planned (a mesh that does not fit --devices)
 // is a row saying why; mesh axes and rule file names that are not UTF-8 still make JSON.
 TEST_F(TrainPlanCli, CompareKeepsGoingAndWritesJsonForAnyName) {
