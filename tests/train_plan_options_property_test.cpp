@@ -193,6 +193,25 @@ TEST(TrainPlanOptions, FusedLossWithoutGroups) {
                     OptionError, "--loss fused", "67 tokens");
 }
 
+// With FSDP2's root module the last block keeps its gathered weights for its backward pass, so a
+// one-block model reshards nothing after forward: "weights gathered again" was reported while
+// the program equalled the one without it (found by the property below, seed 39 case 43).
+TEST(TrainPlanOptions, ReshardAfterForwardIsReportedWhereABlockRegathers) {
+  const ModelConfig one = ModelConfig::parse(R"({"model_type": "gpt2", "vocab_size": 40,
+    "n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 16})");
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  o.fsdp_root = true;
+  const TrainPlan p = plan_training(one, Mesh::parse("fsdp:4,tp:1", 4), preset("gpt2"), o);
+  EXPECT_TRUE(p.fsdp_root);
+  EXPECT_FALSE(p.reshard_after_forward);
+  EXPECT_THAT(p.table(), ::testing::Not(::testing::HasSubstr("gathered again")));
+  o.reshard_after_forward = false;
+  EXPECT_EQ(plan_training(one, Mesh::parse("fsdp:4,tp:1", 4), preset("gpt2"), o).peak_bytes,
+            p.peak_bytes);
+}
+
 // ---- The property ----
 
 // One layer each (the property plans a few hundred steps in Debug).
@@ -383,6 +402,13 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
   }
   if (p.fused_loss) without([](TrainPlanOptions& o) { o.fused_loss = false; }, "fused loss");
   if (p.float8) without([](TrainPlanOptions& o) { o.float8 = false; }, "float8");
+  if (p.fsdp_root) without([](TrainPlanOptions& o) { o.fsdp_root = false; }, "FSDP root module");
+  // (With --float8 the blocks' linears keep their float8 weights for the backward pass
+  // (float8_linear's residuals), so a LLaMA block gathers nothing again: left out here, a known
+  // gap of the float8 model, not of the report.)
+  if (p.reshard_after_forward && !p.float8) {
+    without([](TrainPlanOptions& o) { o.reshard_after_forward = false; }, "reshard after forward");
+  }
 }
 
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
@@ -401,8 +427,8 @@ TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
       const TrainPlan p = plan_training(c, mesh, rules, k.o);
       ++planned;
       check_plan(k, mesh, p);
-      // Every tenth plan again without each option it reports applied.
-      if (planned % 10 == 0) check_applied_changes(k, c, mesh, rules, p);
+      // Every eighth plan again without each option it reports applied.
+      if (planned % 8 == 0) check_applied_changes(k, c, mesh, rules, p);
     } catch (const OptionError& e) {
       ++refused;
       refusals_seen.insert(e.refusal_index());

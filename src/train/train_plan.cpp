@@ -496,8 +496,11 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const Tree<TensorSpec> params = config.parameters(o.param_dtype);
   TrainPlan plan;
   describe_step(config, mesh, o, params, batch_axes, plan);
-  plan.reshard_after_forward = train::reshards_after_forward(o, act.layout);
   plan.fsdp_root = train::fsdp_root_applies(o, act.layout);
+  // With FSDP2's root module the last block keeps its gathered weights (ModelStep::
+  // forward_loss): a model of one block reshards none after forward.
+  plan.reshard_after_forward =
+      train::reshards_after_forward(o, act.layout) && !(plan.fsdp_root && config.layers == 1);
   if (traced) {
     plan.parameter_bytes = traced->parameter_bytes;
     plan.gradient_bytes = traced->gradient_bytes;
