@@ -1425,6 +1425,9 @@ TEST_F(TrainPlanCli, OptionsThatCannotApplyAreRefused) {
   // --optimizer-dtype bf16 with FSDP2's mixed precision was silently f32.
   refused(base + " --mixed-precision fsdp2 --optimizer-dtype bf16",
           {"--optimizer-dtype bf16", "--mixed-precision fsdp2"});
+  // --headroom without a memory to keep it in changed nothing.
+  refused(base + " --headroom 0.2", {"--headroom 0.2", "--device-memory or --hardware"});
+  EXPECT_EQ(run(base + " --headroom 0.2 --device-memory 80GiB").code, 0);
   // --target-seq on a decoder-only model was ignored.
   refused(base + " --target-seq 32", {"--target-seq", "decoder-only", "llama"});
   // T5 on a cp mesh: its cp devices repeated the same work under a "context parallel" line.

@@ -443,6 +443,12 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
                     "kept free)",
                     c.headroom));
   }
+  if (given("--headroom") && !given("--device-memory") && c.hardware.empty()) {
+    throw UsageError(fmt::format(
+        "--headroom {} is refused without --device-memory or --hardware: there is no memory to "
+        "keep it in (nothing would use it)",
+        c.headroom));
+  }
   o.headroom = c.headroom;
   return o;
 }

@@ -21,6 +21,7 @@ constexpr OptionRefusal kRefusals[] = {
       {"any option taking a value", "given an empty value ('')"},
       {"--master-dtype, --reduce-dtype, --grad-dtype", "with --mixed-precision fsdp2"},
       {"--optimizer-dtype", "with --mixed-precision fsdp2"},
+      {"--headroom", "without --device-memory or --hardware (no memory to keep it in)"},
       {"--target-seq", "a decoder-only model (llama, mistral, qwen2, mixtral, gpt2)"},
       {"--mesh with a cp or context axis", "a family without ring attention (t5, gpt2)"},
       {"--mesh with a cp or context axis", "two context axes (cp and context)"},

@@ -16,6 +16,7 @@ enum class Refusal : std::size_t {
   kEmptyValue,
   kMixedPrecisionDtypes,
   kMixedPrecisionOptimizerDtype,
+  kHeadroomWithoutMemory,
   kTargetSeqDecoderOnly,
   kContextFamily,
   kContextAxes,
