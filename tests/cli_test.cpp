@@ -1298,7 +1298,7 @@ TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
             none["per_device"]["matmul_flops"].get<double>());
   const Result no_fp8 = run(fmt::format(
       "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --float8 --hardware a100-80g", cfg));
-  EXPECT_EQ(no_fp8.code, 1);
+  EXPECT_EQ(no_fp8.code, 2);  // a refusal (train_plan_refusals()): bad usage
   EXPECT_THAT(no_fp8.err, ::testing::HasSubstr("'a100-80g' has no float8 matrix units"));
   EXPECT_EQ(full["remat"], "full");
   EXPECT_EQ(recompute["remat"], "full");
@@ -1384,7 +1384,7 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
   check("--mesh fsdp:8 --headroom inf", {"--headroom"});
   check("--mesh fsdp:8 --device-memory " + std::string(400, '9'),
         {"--device-memory", "out of range"});
-  check("--mesh fsdp:8 --device-memory ''", {"--device-memory", "not a size"});
+  check("--mesh fsdp:8 --device-memory ''", {"--device-memory", "the value is empty"});
   for (const char* option : {"--param-dtype", "--grad-dtype", "--optimizer-dtype"}) {
     check(fmt::format("--mesh fsdp:8 {} f16", option), {option, "f16", "bf16, f32 or f64"});
   }
@@ -1392,11 +1392,11 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
   check("--mesh fsdp:8 --remat some", {"--remat", "'some'", "none, full, dots, names:"});
   check("--mesh fsdp:8 --remat names:", {"--remat", "'names:'"});
   check("--mesh fsdp:8 --remat names:a,,b", {"--remat", "'names:a,,b'"});
-  check("--mesh fsdp:8 --remat ''", {"--remat", "''"});
+  check("--mesh fsdp:8 --remat ''", {"--remat", "the value is empty"});
   check("--mesh fsdp:8 --recompute --remat none", {"--recompute", "--remat none"});
   check("--mesh fsdp:8 --loss chunked", {"--loss", "'chunked'", "fused, naive"});
   check("--mesh fsdp:8 --attention flash", {"--attention", "'flash'", "fused, naive"});
-  check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "empty axis name"});
+  check("--mesh fsdp:8 --batch-axes ''", {"--batch-axes", "the value is empty"});
   check("--mesh fsdp:8 --batch-axes fsdp,fsdp", {"--batch-axes", "'fsdp' is named twice"});
   check("--mesh fsdp:1048576,tp:2", {"2097152 devices", "limit of 1048576"});
   check("--mesh fsdp:1048576,tp:2 --devices 8",
@@ -1405,6 +1405,52 @@ TEST_F(TrainPlanCli, BadOptionsAreUsageErrors) {
   const Result help = run("train-plan --help");
   EXPECT_THAT(help.out, ::testing::Not(::testing::ContainsRegex("[^b]f16")));
   EXPECT_THAT(help.out, ::testing::HasSubstr("bf16, f32 or f64"));
+}
+
+// Issue 39: an option that cannot apply is refused (exit 2, naming it), never dropped.
+TEST_F(TrainPlanCli, OptionsThatCannotApplyAreRefused) {
+  const std::string cfg = llama().string();
+  const auto refused = [&](const std::string& args, std::vector<std::string> parts) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << args;
+    for (const std::string& p : parts) EXPECT_THAT(r.err, ::testing::HasSubstr(p)) << args;
+  };
+  const std::string base = fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64", cfg);
+  // An empty value was "not given": --rules '' planned the llama_fsdp_tp preset.
+  for (const char* option : {"--hardware", "--master-dtype", "--reduce-dtype", "--grad-dtype",
+                             "--mixed-precision", "--rules", "--mesh", "--optimizer-dtype",
+                             "--param-dtype", "--attention", "--loss", "--sequence-parallel",
+                             "--device-memory", "--remat", "--batch-axes"}) {
+    refused(fmt::format("{} {} ''", base, option), {option, "the value is empty"});
+  }
+  refused(base + " --optimizer ''", {"--optimizer", "not in {sgd,adam,adamw}"});
+  // --optimizer-dtype bf16 with FSDP2's mixed precision was silently f32.
+  refused(base + " --mixed-precision fsdp2 --optimizer-dtype bf16",
+          {"--optimizer-dtype bf16", "--mixed-precision fsdp2"});
+  // --headroom without a memory to keep it in changed nothing.
+  refused(base + " --headroom 0.2", {"--headroom 0.2", "--device-memory or --hardware"});
+  EXPECT_EQ(run(base + " --headroom 0.2 --device-memory 80GiB").code, 0);
+  // --target-seq on a decoder-only model was ignored.
+  refused(base + " --target-seq 32", {"--target-seq", "decoder-only", "llama"});
+  // T5 on a cp mesh: its cp devices repeated the same work under a "context parallel" line.
+  const std::string t5 = config(R"({"model_type": "t5", "vocab_size": 40, "d_model": 16,
+    "d_kv": 6, "d_ff": 24, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 2,
+    "relative_attention_num_buckets": 8, "feed_forward_proj": "relu"})", "t5.json").string();
+  refused(fmt::format("train-plan -c '{}' --mesh fsdp:2,cp:2 --batch 4 --seq 8", t5),
+          {"--mesh with a cp or context axis", "T5"});
+  refused(fmt::format("train-plan -c '{}' --mesh fsdp:2,tp:2 --batch 4 --seq 8 --attention fused",
+                      t5),
+          {"--attention fused", "T5"});
+  // Not given, T5's attention and loss are what its step runs.
+  const Result plain = run(fmt::format("train-plan -c '{}' --mesh fsdp:2,tp:2 --batch 4 --seq 8", t5));
+  EXPECT_EQ(plain.code, 0) << plain.err;
+  EXPECT_THAT(plain.out, ::testing::HasSubstr("attention naive, loss naive"));
+  // seq 3 over tp:2: the sequence cannot split.
+  refused(fmt::format("train-plan -c '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 3 "
+                      "--sequence-parallel on",
+                      cfg),
+          {"--sequence-parallel on", "3 tokens", "[tp]"});
 }
 
 // With --compare, a configuration that cannot be planned (a mesh that does not fit --devices)

@@ -71,6 +71,20 @@ struct SjitOptions {
   bool count_constants = true;
 };
 
+/// One operation of a compiled program, as it runs: its primitive's name ("dot_general",
+/// "attention", "ppermute"), its result's global type, the sharding that result is computed in
+/// and, for with_sharding_annotation, the annotation's name (else empty); the named scope it was
+/// traced in ("" for none; linear_cross_entropy's ops are in "linear_cross_entropy"). What a
+/// report reads to say what a program holds rather than what it was asked for.
+struct LoweredOp {
+  std::string primitive;
+  TensorSpec type;
+  PartitionSpec spec;
+  std::string annotation;
+  std::string scope;
+  friend bool operator==(const LoweredOp&, const LoweredOp&) = default;
+};
+
 /// A compiled program, not run: what `lower()` returns.
 class Lowered {
  public:
@@ -84,6 +98,9 @@ class Lowered {
   /// The shardings of the array arguments' leaves (in order) and of the outputs' leaves.
   std::vector<NamedSharding> input_shardings() const;
   std::vector<NamedSharding> output_shardings() const;
+  /// The traced program's operations in order (the forward and backward passes, the update,
+  /// shard_map bodies), each with the sharding the partitioner computes it in.
+  std::vector<LoweredOp> ops() const;
   /// The outputs' shapes and dtypes, in the output tree's shape (jax.eval_shape).
   Tree<TensorSpec> output_specs() const;
   /// True when both are the same compiled program (the same cache entry).

@@ -25,6 +25,7 @@
 
 #include "shardplan/collective_kind.hpp"
 #include "shardplan/dtype.hpp"
+#include "shardplan/error.hpp"
 #include "shardplan/hardware.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/program_cost.hpp"
@@ -94,6 +95,10 @@ struct ModelConfig {
   Tree<TensorSpec> parameters(DType dtype) const;
   /// Number of parameters (the elements of parameters()).
   std::int64_t parameter_count() const;
+  /// The parameters one token runs through: parameter_count() less, for a mixture of experts
+  /// (Mixtral), the experts it is not routed to (each layer's E experts counted k / E, k =
+  /// experts_per_token), as torchtitan and Megatron count active parameters for MFU.
+  std::int64_t active_parameter_count() const;
   /// "llama" / "gpt2" / "mixtral" / "t5".
   std::string family_name() const;
   /// Where the list of decoder layers sits in parameters(): "model/layers" / "h" (T5 has two
@@ -151,11 +156,15 @@ struct TrainPlanOptions {
   /// attention and Mixtral's experts stay in the compute dtype. LLaMA-family models only.
   bool float8 = false;
   /// The LM head and the loss as linear_cross_entropy (groups of tokens; --loss fused), or the
-  /// logits whole (--loss naive).
-  bool fused_loss = true;
+  /// logits whole (--loss naive). nullopt: fused where it applies (not T5, whose loss reads the
+  /// whole logits; not a sequence that splits into no groups); true where it cannot apply is an
+  /// OptionError.
+  std::optional<bool> fused_loss;
   /// Attention as dot_product_attention (no [t, t] scores; --attention fused), or the scores,
-  /// mask and softmax as ops (--attention naive). T5's attention is always the latter.
-  bool fused_attention = true;
+  /// mask and softmax as ops (--attention naive). nullopt: fused where the family has it (not
+  /// T5, whose attention with its relative position bias runs as ops); true for T5 and false
+  /// with context parallelism (ring attention runs the fused kernel) are OptionErrors.
+  std::optional<bool> fused_attention;
   /// The step as eager PyTorch runs it, without torch.compile (--eager): every elementwise op
   /// writes its result (a broadcast is read in place, as expand is a view), so the step holds
   /// each op's temporaries and reads and writes memory once per op. Default: as a compiler runs
@@ -193,6 +202,30 @@ struct TrainPlanOptions {
   /// the logical axis activation_norm_length maps to. nullopt: on when it maps to one; false:
   /// off (activation_norm_length unsharded); true: on, a SpecError when nothing maps it.
   std::optional<bool> sequence_parallel;
+};
+
+/// One kind of refusal of train-plan's options: an option (as the command spells it) under a
+/// condition it cannot apply in. The list is closed (train_plan_refusals(); docs/cli.md prints
+/// it as a table, and a test keeps the two equal).
+struct OptionRefusal {
+  std::string_view option;     // "--attention fused"
+  std::string_view condition;  // "T5 (its attention, with a relative position bias, runs as ops)"
+};
+
+/// Every refusal train-plan makes, in docs/cli.md's order.
+const std::vector<OptionRefusal>& train_plan_refusals();
+
+/// An option train-plan cannot apply (the CLI exits 2): which refusal of train_plan_refusals()
+/// and, in the message, the values ("[train] --target-seq 16: a decoder-only model (llama): ...").
+class OptionError : public SpecError {
+ public:
+  OptionError(std::size_t refusal, const std::string& what) : SpecError(what), refusal_(refusal) {}
+  /// The index of the refusal in train_plan_refusals().
+  std::size_t refusal_index() const { return refusal_; }
+  const OptionRefusal& refusal() const { return train_plan_refusals().at(refusal_); }
+
+ private:
+  std::size_t refusal_;
 };
 
 /// One line of a step's communication time: a kind of collective over some mesh axes.
@@ -234,8 +267,10 @@ struct StepTime {
   double exposed_seconds = 0, exposed_tensor_seconds = 0;
   double step_seconds = 0;
   double tokens_per_second_per_device = 0;
-  double model_flops_per_token = 0;  // 6 N + 12 L H Q T (PaLM's; N without the input embedding)
-  double mfu = 0;                    // model FLOPs per second per device / the bf16 peak
+  /// 6 N + 12 L H Q T (PaLM's; N the active parameters without the input embedding)
+  double model_flops_per_token = 0;
+  /// model_flops_per_token x tokens/s per device / the bf16 peak, never clamped.
+  double mfu = 0;
 
   double compute_seconds() const {
     return matmul_seconds + matmul_fp8_seconds + attention_seconds + memory_seconds +
@@ -262,6 +297,9 @@ struct TrainPlan {
   std::string mesh;
   std::int64_t devices = 0;
   std::int64_t parameter_count = 0;
+  /// The parameters a token runs through (ModelConfig::active_parameter_count: a mixture of
+  /// experts counts its routed experts only); the model FLOPs of MFU are of these.
+  std::int64_t active_parameter_count = 0;
   std::vector<std::string> batch_axes;
   std::int64_t batch = 0, seq = 0;
   std::int64_t target_seq = 0;  // T5: the decoder's tokens per sequence; 0 for decoder-only
@@ -271,16 +309,21 @@ struct TrainPlan {
   /// Without recomputation: the layers' weights gathered again for the backward pass
   /// (TrainPlanOptions::reshard_after_forward, applied: there are batch axes).
   bool reshard_after_forward = false;
-  bool float8 = false;  // the decoder blocks' linear layers in float8 (TrainPlanOptions::float8)
+  /// What the planned program holds, read from it (never from the options): float8 products
+  /// (the decoder blocks' linear layers, TrainPlanOptions::float8), linear_cross_entropy's
+  /// groups (the fused loss), the fused attention primitive.
+  bool float8 = false;
   bool fused_loss = true;
   bool fused_attention = true;
   bool eager = false;  // TrainPlanOptions::eager
   bool fsdp_root = false;  // TrainPlanOptions::fsdp_root, applied (batch or context axes)
-  /// Whether the norm and residual regions were split along the sequence, and over which axes.
+  /// Whether the program splits the norm and residual regions along the sequence over model
+  /// (tensor-parallel) axes, and over which (read from the program's annotated values).
   bool sequence_parallel = false;
   std::vector<std::string> sequence_axes;
-  /// The axes the sequence is split over by context parallelism (cp, context: ring attention,
-  /// the tokens in the load-balanced order); empty for none.
+  /// The axes the program splits the tokens' sequence over and runs ring attention on (its
+  /// key/value blocks exchanged by ppermute): context parallelism (cp, context; the tokens in
+  /// the load-balanced order); empty for none.
   std::vector<std::string> context_axes;
   std::string optimizer;
   DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;

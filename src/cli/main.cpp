@@ -36,6 +36,7 @@
 #include "shardplan/named_sharding.hpp"
 #include "shardplan/plan_html.hpp"
 #include "shardplan/rule_file.hpp"
+#include "shardplan/train_plan.hpp"
 #include "shardplan/tensor_spec.hpp"
 
 namespace {
@@ -489,6 +490,10 @@ int main(int argc, char** argv) {
     return run_presets();
   } catch (const UsageError& e) {
     // Messages quote names from files and options: escaped, as the text outputs are.
+    std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
+    return kUsage;
+  } catch (const shardplan::OptionError& e) {
+    // An option the plan cannot apply (train_plan_refusals()): bad usage, named.
     std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
     return kUsage;
   } catch (const shardplan::Error& e) {

@@ -32,6 +32,16 @@ const char* default_preset(ModelFamily family) {
   return "llama_fsdp_tp";
 }
 
+/// Refuses an empty value (CLI11 names the option: "--hardware: the value is empty").
+CLI::Validator non_empty_value() {
+  return CLI::Validator(
+      [](std::string& v) {
+        return v.empty() ? std::string("the value is empty (leave the option out for its default)")
+                         : std::string();
+      },
+      "");
+}
+
 /// The dtypes a training step can be planned in (f16 is not: the step cannot be differentiated
 /// in it).
 constexpr const char* kTrainingDtypes = "bf16, f32 or f64";
@@ -281,12 +291,11 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "named A, B in the layer: docs/training.md). Default: none, full with --recompute");
   t->add_option("--attention", c.attention,
                 "fused: dot_product_attention (blocked, no [t, t] scores held); naive: the scores, "
-                "mask and softmax as separate ops (T5 is always naive)")
-      ->capture_default_str();
+                "mask and softmax as separate ops. Default: fused (T5: naive; fused is refused)");
   t->add_option("--loss", c.loss,
                 "fused: the LM head and the loss in groups of tokens (the logits never whole); "
-                "naive: the logits whole, then the loss")
-      ->capture_default_str();
+                "naive: the logits whole, then the loss. Default: fused where the tokens split "
+                "into groups (T5: naive; fused is refused)");
   t->add_option("--sequence-parallel", c.sequence_parallel,
                 "on or off: split the layers' norm and residual regions along the sequence over "
                 "the tensor-parallel axes (Megatron's sequence parallelism; the rules' "
@@ -308,6 +317,11 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_flag("--compare", c.compare,
               "Plan every --mesh with every --rules, one row each, and name the cheapest that "
               "fits (fewest bytes moved per step)");
+  // Every option that takes a value refuses an empty one (docs/cli.md, "Refused combinations"):
+  // '' is not "not given" (--rules '' once planned the default preset).
+  for (CLI::Option* opt : t->get_options()) {
+    if (opt->get_type_size() > 0 && opt->get_name() != "--html") opt->check(non_empty_value());
+  }
   return c;
 }
 
@@ -324,6 +338,20 @@ ModelConfig config_option(const std::string& path) {
     throw UsageError(fmt::format("--config: no such file or directory '{}'", path));
   }
   return ModelConfig::load(path);
+}
+
+bool given_option(const TrainPlanCommand& c, const char* option) {
+  return c.command != nullptr && c.command->count(option) > 0;
+}
+
+/// --attention / --loss: fused or naive, or nullopt when not given (the family's).
+std::optional<bool> fused_option(const char* option, const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  if (text != "fused" && text != "naive") {
+    throw UsageError(fmt::format("{}: unknown '{}' (known: fused, naive)", option,
+                                 detail::printable(text)));
+  }
+  return text == "fused";
 }
 
 /// The options of the step (everything but the meshes and rules), checked.
@@ -347,12 +375,22 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
           "--mixed-precision fsdp2 sets the dtypes itself: give it or --master-dtype, "
           "--reduce-dtype, --grad-dtype, not both");
     }
+    // FSDP2's mixed precision holds the optimizer state like the f32 weights it updates
+    // (torch.optim's state is zeros_like(param); torchtitan has no other dtype with it): a
+    // bf16 state there is not a run torchtitan makes, and was once silently f32.
+    if (given_option(c, "--optimizer-dtype")) {
+      throw UsageError(fmt::format(
+          "--optimizer-dtype {} is refused with --mixed-precision fsdp2: it holds the optimizer "
+          "state in f32, like the weights it updates (torch.optim's state is zeros_like the "
+          "f32 parameter); leave --optimizer-dtype out, or give the dtypes one by one",
+          detail::printable(c.optimizer_dtype)));
+    }
     o.master_dtype = o.reduce_dtype = DType::kF32;
     o.grad_dtype = o.optimizer_dtype = DType::kF32;
   }
   if (!c.master_dtype.empty()) o.master_dtype = dtype_option("--master-dtype", c.master_dtype);
   if (!c.reduce_dtype.empty()) o.reduce_dtype = dtype_option("--reduce-dtype", c.reduce_dtype);
-  if (!c.hardware.empty()) {
+  if (!c.hardware.empty()) {  // an empty --hardware is refused when parsed
     try {
       o.hardware = find_hardware(c.hardware);
     } catch (const SpecError& e) {
@@ -386,16 +424,8 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
       throw UsageError("--recompute and --remat none contradict each other: give one");
     }
   }
-  if (c.loss != "fused" && c.loss != "naive") {
-    throw UsageError(fmt::format("--loss: unknown '{}' (known: fused, naive)",
-                                 detail::printable(c.loss)));
-  }
-  o.fused_loss = c.loss == "fused";
-  if (c.attention != "fused" && c.attention != "naive") {
-    throw UsageError(fmt::format("--attention: unknown '{}' (known: fused, naive)",
-                                 detail::printable(c.attention)));
-  }
-  o.fused_attention = c.attention == "fused";
+  o.fused_loss = fused_option("--loss", c.loss);
+  o.fused_attention = fused_option("--attention", c.attention);
   if (!c.batch_axes.empty() || given("--batch-axes")) {
     o.batch_axes = batch_axes_option(c.batch_axes);
   }
@@ -412,6 +442,12 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
         fmt::format("--headroom {}: not a fraction in [0, 0.99] (the part of --device-memory "
                     "kept free)",
                     c.headroom));
+  }
+  if (given("--headroom") && !given("--device-memory") && c.hardware.empty()) {
+    throw UsageError(fmt::format(
+        "--headroom {} is refused without --device-memory or --hardware: there is no memory to "
+        "keep it in (nothing would use it)",
+        c.headroom));
   }
   o.headroom = c.headroom;
   return o;

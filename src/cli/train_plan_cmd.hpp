@@ -31,8 +31,8 @@ struct TrainPlanCommand {
   bool eager = false;
   bool fsdp_root = false;
   std::string remat;  // --remat; empty: not given
-  std::string loss = "fused";
-  std::string attention = "fused";
+  std::string loss;       // "fused", "naive"; empty: not given (the family's)
+  std::string attention;  // "fused", "naive"; empty: not given (the family's)
   std::string sequence_parallel;  // "on", "off"; empty: the rules decide
   std::string batch_axes;
   std::string device_memory;

@@ -11,6 +11,7 @@
 #include "primitives.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/profiler.hpp"
 #include "shardplan/remat.hpp"
 
 namespace shardplan {
@@ -67,6 +68,8 @@ std::int64_t linear_cross_entropy_chunks(const Shape& hidden) {
 
 Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks) {
   check_operands(h, w, labels, chunks);
+  // Its ops carry its name, so that a program says it holds the fused loss (Lowered::ops).
+  const NamedScope scope("linear_cross_entropy");
   const int r = h.shape().rank();
   const std::int64_t t = h.shape()[r - 2], d = h.shape()[r - 1];
   const std::int64_t k = chunks > 0 ? chunks : linear_cross_entropy_chunks(h.shape());

@@ -663,6 +663,22 @@ const ProgramCost& Lowered::cost() const { return c_->program.cost(); }
 std::vector<NamedSharding> Lowered::input_shardings() const {
   return c_->program.input_shardings();
 }
+std::vector<LoweredOp> Lowered::ops() const {
+  const detail::Program& program = c_->program;
+  const detail::Graph& g = program.graph();
+  std::vector<LoweredOp> out;
+  out.reserve(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const detail::Node& n = g.nodes[i];
+    LoweredOp op{std::string(n.op->name), TensorSpec{n.type.shape, n.type.dtype},
+                 program.layout(detail::value_id(i)).spec, "", n.scope ? *n.scope : ""};
+    if (n.is(detail::prim::sharding_annotation)) {
+      op.annotation = n.attr<detail::AnnotationAttrs>().name;
+    }
+    out.push_back(std::move(op));
+  }
+  return out;
+}
 std::vector<NamedSharding> Lowered::output_shardings() const {
   return c_->program.output_shardings();
 }

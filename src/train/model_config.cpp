@@ -752,4 +752,19 @@ std::int64_t ModelConfig::parameter_count() const {
   return n;
 }
 
+std::int64_t ModelConfig::active_parameter_count() const {
+  // What one token runs through: every parameter but the experts it is not routed to. Each
+  // layer's experts are alike, so a token's k of E experts are k / E of their parameters
+  // (torchtitan's get_nparams_and_flops for its MoE models counts nparams_experts * top_k /
+  // num_experts, with the router and every dense parameter whole; Mistral gives Mixtral 8x7B
+  // 12.9B active of 46.7B).
+  std::int64_t total = 0, routed = 0;
+  for (const auto& [path, t] : parameters(DType::kF32).flatten()) {
+    total += t.shape.numel();
+    if (path.find("/block_sparse_moe/experts/") != std::string::npos) routed += t.shape.numel();
+  }
+  if (routed == 0) return total;
+  return total - routed + routed / experts * experts_per_token;
+}
+
 }  // namespace shardplan

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "shardplan/detail/printable.hpp"
+#include "resolve_options.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::train {
@@ -91,10 +92,10 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
   t.attention_seconds = plan.attention_flops / (hw.bf16_flops * hw.attention_efficiency);
   if (plan.matmul_fp8_flops > 0) {
     if (hw.fp8_flops <= 0) {
-      throw SpecError(fmt::format(
-          "[train] the step has float8 products (--float8) but the hardware '{}' has no float8 "
-          "matrix units (fp8_flops 0)",
-          detail::printable(hw.name)));
+      refuse(Refusal::kFloat8Hardware,
+             fmt::format("the step has float8 products (--float8) but the hardware '{}' has no "
+                         "float8 matrix units (fp8_flops 0)",
+                         detail::printable(hw.name)));
     }
     t.matmul_fp8_seconds = plan.matmul_fp8_flops / (hw.fp8_flops * hw.fp8_matmul_efficiency);
   }

@@ -36,7 +36,8 @@ std::string link_text(const CommTime& c);
 std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::string>& axes,
                                     std::int64_t node_size);
 
-/// PaLM's model FLOPs per token: 6 N + 12 L H Q T, N the parameters less the input embedding
+/// PaLM's model FLOPs per token: 6 N + 12 L H Q T, N the parameters (the active ones:
+/// ModelConfig::active_parameter_count) less the input embedding
 /// (when it is not tied to the head), L layers, H heads, Q their width, T the sequence.
 double model_flops_per_token(const ModelConfig& config, std::int64_t parameters, std::int64_t seq);
 

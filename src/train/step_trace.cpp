@@ -215,6 +215,43 @@ void name_live_values(const StepArguments& args, MemoryTimeline& timeline) {
   }
 }
 
+bool has_axis(const AxisNames& axes, const std::string& a) {
+  return std::find(axes.begin(), axes.end(), a) != axes.end();
+}
+
+/// What the lowered step holds (ProgramFacts), from its operations and the tokens' sharding.
+ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Layout& layout,
+                        const Mesh& mesh) {
+  ProgramFacts f;
+  bool ring = false;
+  for (const LoweredOp& op : low.ops()) {
+    if (op.primitive == "attention") f.fused_attention = true;
+    if (op.primitive == "scaled_dot") f.float8 = true;
+    if (op.primitive == "ppermute") ring = true;
+    if (op.scope.find("linear_cross_entropy") != std::string::npos) f.fused_loss = true;
+    // A region [b, t, d]: the model axes its sequence is split over.
+    if (!op.annotation.empty() && op.type.shape.rank() == 3 && op.spec.dims().size() > 1) {
+      for (const std::string& a : op.spec.dims()[1]) {
+        if (has_axis(layout.model, a) && mesh.axis_size(a) > 1 && !has_axis(f.sequence_axes, a)) {
+          f.sequence_axes.push_back(a);
+        }
+      }
+    }
+  }
+  if (ring) {
+    // The tokens' sequence dimension as the program takes them ([b, t] or [k, b, t]).
+    const std::vector<NamedSharding> in = low.input_shardings();
+    const NamedSharding& tokens = in.at(args.params.num_leaves() + args.state.num_leaves());
+    const auto& dims = tokens.spec().dims();
+    if (!dims.empty()) {
+      for (const std::string& a : dims.back()) {
+        if (has_axis(layout.context, a) && mesh.axis_size(a) > 1) f.context_axes.push_back(a);
+      }
+    }
+  }
+  return f;
+}
+
 /// The figures and the state's bytes read off the lowered step.
 TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_dtype) {
   TracedStep out;
@@ -307,8 +344,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   const ModelStep base{.config = config,
                        .layout = layout,
                        .remat = effective_remat(o),
-                       .fused_attention = o.fused_attention,
-                       .fused_loss = o.fused_loss,
+                       .fused_attention = o.fused_attention.value_or(true),
+                       .fused_loss = o.fused_loss.value_or(true),
                        .compute_dtype = held == o.param_dtype ? std::nullopt
                                                               : std::optional(o.param_dtype),
                        .reduce_in_held = o.reduce_dtype == held,
@@ -350,7 +387,9 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.eager = o.eager;
   const Lowered low = sjit(mesh, step, std::move(options))
                           .lower(args.params, args.state, args.tokens, args.targets);
-  return read_cost(low, args, o.grad_dtype);
+  TracedStep out = read_cost(low, args, o.grad_dtype);
+  out.facts = read_facts(low, args, layout, mesh);
+  return out;
 }
 
 }  // namespace shardplan::train

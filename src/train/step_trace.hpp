@@ -14,6 +14,21 @@
 
 namespace shardplan::train {
 
+/// What a traced step's program holds, read from its operations (Lowered::ops): the report
+/// says these, never the options asked for.
+struct ProgramFacts {
+  bool fused_attention = false;  // it holds the fused attention primitive ("attention")
+  bool fused_loss = false;       // it holds linear_cross_entropy's ops (their named scope)
+  bool float8 = false;           // it holds float8 products ("scaled_dot")
+  /// The model (not batch, not context) axes its annotated norm and residual regions split the
+  /// sequence (their dimension 1) over: Megatron's sequence parallelism. Empty: none.
+  AxisNames sequence_axes;
+  /// The axes the tokens' sequence is split over, when the program exchanges key/value blocks
+  /// by ring (ppermute): context parallelism. Empty: none.
+  AxisNames context_axes;
+  friend bool operator==(const ProgramFacts&, const ProgramFacts&) = default;
+};
+
 /// What one trace of the step gives: the figures that grow with the layers and micro-batches,
 /// and the state each device holds (from the traced program's input shardings).
 struct TracedStep {
@@ -21,6 +36,7 @@ struct TracedStep {
   std::int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   /// The live bytes over the step, its values at the peak named for the step.
   MemoryTimeline timeline;
+  ProgramFacts facts;
 };
 
 /// "the 8-layer sample step", "the 4-layer x 2 micro-batch sample step".

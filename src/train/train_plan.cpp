@@ -15,6 +15,7 @@
 #include <variant>
 
 #include "model_step.hpp"
+#include "resolve_options.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
@@ -137,41 +138,6 @@ std::int64_t parse_bytes(std::string_view text) {
 
 namespace {
 
-void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
-  if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
-    throw SpecError(fmt::format(
-        "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
-        o.batch, o.seq, o.grad_accum));
-  }
-  if (o.target_seq < 0) {
-    throw SpecError(fmt::format("[train] target sequence length {} is negative", o.target_seq));
-  }
-  if (o.float8 && config.family != ModelFamily::kLlama && config.family != ModelFamily::kMixtral) {
-    throw SpecError(fmt::format(
-        "[train] float8 linear layers are planned for LLaMA-family blocks (llama, mistral, qwen2, "
-        "mixtral's attention), not {} ({})",
-        config.family_name(), detail::printable(config.model_type)));
-  }
-  if (o.float8 && o.param_dtype != DType::kBF16 && o.param_dtype != DType::kF32) {
-    throw SpecError(fmt::format("[train] float8 linear layers take bf16 or f32 inputs, not {}",
-                                name(o.param_dtype)));
-  }
-  if (config.family == ModelFamily::kT5 && train::effective_remat(o)) {
-    throw SpecError(
-        "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
-        "T5 without --recompute / --remat");
-  }
-  if (!(o.headroom >= 0 && o.headroom < 1)) {  // NaN too
-    throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
-  }
-  if (config.family == ModelFamily::kGpt2 && o.seq > config.positions) {
-    throw SpecError(
-        fmt::format("[train] sequence length {} is longer than the model's {} learned positions "
-                    "(n_positions)",
-                    o.seq, config.positions));
-  }
-}
-
 /// The batch axes (the options', else every axis not named as a model axis) and the model
 /// axes; throws when an axis is not the mesh's or the batch does not split over them.
 train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
@@ -192,9 +158,11 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
     if (std::find(batch_axes.begin(), batch_axes.end(), a) != batch_axes.end()) continue;
     if (is_context_axis(a)) {
       if (!layout.context.empty()) {
-        throw SpecError(fmt::format("[train] context parallelism runs over one axis; the mesh {} "
-                                    "has two ({} and {})",
-                                    mesh.to_string(), layout.context[0], a));
+        train::refuse(train::Refusal::kContextAxes,
+                      fmt::format("context parallelism runs over one axis; the mesh {} has two "
+                                  "({} and {})",
+                                  detail::printable(mesh.to_string()),
+                                  detail::printable(layout.context[0]), detail::printable(a)));
       }
       layout.context.push_back(a);
       layout.context_ways *= mesh.axis_size(a);
@@ -322,13 +290,11 @@ void check_parameter_tensors(const ModelConfig& config, const TrainPlanOptions& 
 struct Activations {
   train::Layout layout;
   std::map<std::string, RuleTree> annotations;
-  AxisNames sequence_axes;  // empty: no sequence parallelism
 };
 
 /// The named activations of `o.activations` on `mesh`: activation_batch bound to the batch
-/// axes, activation_norm_length to nothing when sequence parallelism is off. Throws SpecError
-/// when the file lacks a name the layers use, or sequence parallelism is asked for and nothing
-/// maps the sequence.
+/// axes, activation_norm_length to nothing when sequence parallelism is off (`o` resolved:
+/// resolve_options). Throws SpecError when the file lacks a name the layers use.
 Activations activations_of(const ModelConfig& config, const Mesh& mesh, const TrainPlanOptions& o,
                            train::Layout layout) {
   Activations a;
@@ -336,17 +302,7 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
       o.activations && !o.activations->activations.empty() ? &*o.activations : nullptr;
   const std::string source = o.activations ? o.activations->source : std::string("none");
   RuleFile::LogicalMapping bind{{"activation_batch", layout.batch}};
-  const AxisNames sequence =
-      file != nullptr ? file->logical_axis("activation_norm_length", bind) : AxisNames{};
-  if (o.sequence_parallel == true && (sequence.empty() || config.family == ModelFamily::kT5)) {
-    throw SpecError(fmt::format(
-        "[train] sequence parallelism was asked for, but {}: it needs rules whose activations "
-        "map the logical axis activation_norm_length to a mesh axis (rules: {})",
-        config.family == ModelFamily::kT5 ? "T5's step has no annotated regions"
-                                          : "nothing maps the sequence",
-        detail::printable(source)));
-  }
-  if (file != nullptr && config.family != ModelFamily::kT5) {
+  if (file != nullptr && train::support_of(config.family).annotated_regions) {
     for (const char* name : train::kActivationNames) {
       const auto given = [&](const RuleFile::Activation& x) { return x.name == name; };
       if (std::none_of(file->activations.begin(), file->activations.end(), given)) {
@@ -355,11 +311,10 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
                         detail::printable(source), name, fmt::join(train::kActivationNames, ", ")));
       }
     }
-    const bool on = o.sequence_parallel.value_or(true) && !sequence.empty();
+    const bool on = o.sequence_parallel.value_or(false);
     if (!on) bind.emplace_back("activation_norm_length", std::nullopt);
     a.annotations = file->activation_shardings(mesh, bind);
     layout.annotate = true;
-    if (on) a.sequence_axes = sequence;
   }
   a.layout = std::move(layout);
   return a;
@@ -371,7 +326,8 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
 train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                                  const TrainPlanOptions& o, const Activations& act,
                                  const TraceChoice& c, std::optional<train::TracedStep>& traced,
-                                 std::string& what_traced, StepTimeline& timeline) {
+                                 std::string& what_traced, StepTimeline& timeline,
+                                 train::ProgramFacts& facts) {
   const train::Layout& layout = act.layout;
   if (!c.full) {
     std::vector<train::StepSample> samples;
@@ -386,6 +342,7 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
       if (l * k > largest) {
         largest = l * k;
         timeline = {train::sample_name(l, k), std::move(t.timeline)};
+        facts = t.facts;
       }
       samples.push_back({l, k, std::move(t.figures)});
     }
@@ -427,6 +384,7 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
   what_traced = "the whole step";
   traced = train::trace_step(config, mesh, rules, o, layout, act.annotations);
   timeline = {what_traced, traced->timeline};
+  facts = traced->facts;
   return traced->figures;
 }
 
@@ -481,10 +439,7 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.grad_accum = o.grad_accum;
   plan.recompute = train::effective_remat(o).has_value();
   plan.remat = remat_name(train::effective_remat(o));
-  plan.fused_loss = o.fused_loss;
-  plan.fused_attention = o.fused_attention;
   plan.eager = o.eager;
-  plan.float8 = o.float8;
   plan.optimizer = std::string(name(o.optimizer));
   plan.param_dtype = o.param_dtype;
   plan.master_dtype = o.master_dtype.value_or(o.param_dtype);
@@ -521,11 +476,13 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
 }  // namespace
 
 TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                        const TrainPlanOptions& o) {
+                        const TrainPlanOptions& asked) {
   const auto start = std::chrono::steady_clock::now();
-  check_options(config, o);
+  train::check_options(config, asked);
   std::vector<std::string> batch_axes;
-  const train::Layout layout = make_layout(mesh, o, batch_axes);
+  const train::Layout layout = make_layout(mesh, asked, batch_axes);
+  // From here on the options as the step runs them (each applies, or was refused).
+  const TrainPlanOptions o = train::resolve_options(config, mesh, layout, asked);
   const Activations act = activations_of(config, mesh, o, layout);
   const TraceChoice choice = choose_trace(config, o);
   check_parameter_tensors(config, o, choice.layers);
@@ -533,13 +490,17 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   std::optional<train::TracedStep> traced;
   std::string what_traced;
   StepTimeline timeline;
+  train::ProgramFacts facts;
   const train::StepFigures figures =
-      trace_figures(config, mesh, rules, o, act, choice, traced, what_traced, timeline);
+      trace_figures(config, mesh, rules, o, act, choice, traced, what_traced, timeline, facts);
   const Tree<TensorSpec> params = config.parameters(o.param_dtype);
   TrainPlan plan;
   describe_step(config, mesh, o, params, batch_axes, plan);
-  plan.reshard_after_forward = train::reshards_after_forward(o, act.layout);
   plan.fsdp_root = train::fsdp_root_applies(o, act.layout);
+  // With FSDP2's root module the last block keeps its gathered weights (ModelStep::
+  // forward_loss): a model of one block reshards none after forward.
+  plan.reshard_after_forward =
+      train::reshards_after_forward(o, act.layout) && !(plan.fsdp_root && config.layers == 1);
   if (traced) {
     plan.parameter_bytes = traced->parameter_bytes;
     plan.gradient_bytes = traced->gradient_bytes;
@@ -550,12 +511,16 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   read_figures(figures, plan);
   plan.device_memory =
       o.device_memory == 0 && o.hardware ? o.hardware->memory_bytes : o.device_memory;
+  // MFU's model FLOPs count the parameters a token runs through (a mixture of experts: its k
+  // routed experts, not all of them).
+  plan.active_parameter_count = config.active_parameter_count();
   if (o.hardware) {
     const train::TimeInputs in{
         .model_axes = layout.model,
         .context_axes = layout.context,
         .layer_steps = choice.layers * choice.accum,
-        .model_flops_per_token = train::model_flops_per_token(config, plan.parameter_count, o.seq),
+        .model_flops_per_token =
+            train::model_flops_per_token(config, plan.active_parameter_count, o.seq),
         .tokens_per_step = o.batch * o.seq};
     plan.time = train::step_time(plan, mesh, *o.hardware, in);
   }
@@ -564,9 +529,13 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.extrapolated = !traced;
   plan.traced = what_traced;
   plan.timeline = std::move(timeline);
-  plan.sequence_parallel = !act.sequence_axes.empty();
-  plan.sequence_axes = act.sequence_axes;
-  plan.context_axes = layout.context;
+  // What the program ran, read from it (never the options).
+  plan.fused_attention = facts.fused_attention;
+  plan.fused_loss = facts.fused_loss;
+  plan.float8 = facts.float8;
+  plan.sequence_parallel = !facts.sequence_axes.empty();
+  plan.sequence_axes = facts.sequence_axes;
+  plan.context_axes = facts.context_axes;
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;

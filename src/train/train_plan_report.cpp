@@ -221,6 +221,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   if (!p.rules_note.empty()) j["rules_note"] = p.rules_note;
   j["not_modelled"] = p.not_modelled;
   j["parameter_count"] = p.parameter_count;
+  j["active_parameter_count"] = p.active_parameter_count;
   j["batch"] = p.batch;
   j["seq"] = p.seq;
   if (p.target_seq > 0) j["target_seq"] = p.target_seq;

@@ -1,0 +1,247 @@
+// train-plan's options against the family's step and the mesh: applied, or refused by name.
+#include "resolve_options.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "shardplan/detail/printable.hpp"
+#include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
+
+namespace shardplan {
+
+namespace {
+
+// In train::Refusal's order. docs/cli.md, "Refused combinations", prints this table (a test
+// compares them).
+constexpr OptionRefusal kRefusals[] = {
+      {"any option taking a value", "given an empty value ('')"},
+      {"--master-dtype, --reduce-dtype, --grad-dtype", "with --mixed-precision fsdp2"},
+      {"--optimizer-dtype", "with --mixed-precision fsdp2"},
+      {"--headroom", "without --device-memory or --hardware (no memory to keep it in)"},
+      {"--target-seq", "a decoder-only model (llama, mistral, qwen2, mixtral, gpt2)"},
+      {"--mesh with a cp or context axis", "a family without ring attention (t5, gpt2)"},
+      {"--mesh with a cp or context axis", "two context axes (cp and context)"},
+      {"--mesh with a cp or context axis", "sliding-window attention on a layer"},
+      {"--attention naive", "a cp or context axis"},
+      {"--attention fused", "T5"},
+      {"--loss fused", "T5"},
+      {"--loss fused", "a sequence (T5: the decoder's) that splits into no groups of tokens"},
+      {"--sequence-parallel on",
+       "rules mapping activation_norm_length to no tensor-parallel axis of more than one device, "
+       "or T5"},
+      {"--sequence-parallel on", "a sequence that does not split over the axes it maps to"},
+      {"--float8", "a family other than the LLaMA family (gpt2, t5)"},
+      {"--float8", "--param-dtype f64"},
+      {"--float8", "--hardware without float8 matrix units"},
+      {"--recompute, --remat", "T5"},
+      {"--fsdp-root", "T5"},
+};
+static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
+              "one entry per train::Refusal, in its order");
+
+}  // namespace
+
+const std::vector<OptionRefusal>& train_plan_refusals() {
+  static const std::vector<OptionRefusal> kList(std::begin(kRefusals), std::end(kRefusals));
+  return kList;
+}
+
+namespace train {
+
+void refuse(Refusal r, const std::string& values) {
+  const auto i = static_cast<std::size_t>(r);
+  const OptionRefusal& x = train_plan_refusals().at(i);
+  throw OptionError(i, fmt::format("[train] {} is refused: {}; {}", x.option, x.condition, values));
+}
+
+const FamilySupport& support_of(ModelFamily family) {
+  static const FamilySupport kLlama{};
+  static const FamilySupport kGpt2{.ring_attention = false, .float8 = false};
+  static const FamilySupport kT5{.decoder_only = false,
+                                 .ring_attention = false,
+                                 .fused_attention = false,
+                                 .fused_loss = false,
+                                 .annotated_regions = false,
+                                 .float8 = false,
+                                 .remat = false,
+                                 .fsdp_root = false};
+  switch (family) {
+    case ModelFamily::kGpt2:
+      return kGpt2;
+    case ModelFamily::kT5:
+      return kT5;
+    case ModelFamily::kLlama:
+    case ModelFamily::kMixtral:
+      break;
+  }
+  return kLlama;
+}
+
+namespace {
+
+std::string model_text(const ModelConfig& c) {
+  return fmt::format("the model is {} ({})", c.family_name(), detail::printable(c.model_type));
+}
+
+}  // namespace
+
+void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
+  const FamilySupport& can = support_of(config.family);
+  if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
+    throw SpecError(fmt::format(
+        "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
+        o.batch, o.seq, o.grad_accum));
+  }
+  if (o.target_seq < 0) {
+    throw SpecError(fmt::format("[train] target sequence length {} is negative", o.target_seq));
+  }
+  if (o.target_seq > 0 && can.decoder_only) {
+    refuse(Refusal::kTargetSeqDecoderOnly,
+           fmt::format("--target-seq {}: {}, whose one sequence is --seq", o.target_seq,
+                       model_text(config)));
+  }
+  if (o.float8 && !can.float8) {
+    refuse(Refusal::kFloat8Family,
+           fmt::format("float8 linear layers are planned for LLaMA-family blocks (llama, mistral, "
+                       "qwen2, mixtral's attention); {}",
+                       model_text(config)));
+  }
+  if (o.float8 && o.param_dtype != DType::kBF16 && o.param_dtype != DType::kF32) {
+    refuse(Refusal::kFloat8Dtype, fmt::format("float8 linear layers take bf16 or f32 inputs, not {}",
+                                              name(o.param_dtype)));
+  }
+  if (!can.remat && effective_remat(o)) {
+    refuse(Refusal::kRematFamily,
+           "recomputation is written for decoder-only models (llama, mixtral, gpt2); plan T5 "
+           "without --recompute / --remat");
+  }
+  if (!can.fsdp_root && o.fsdp_root) {
+    refuse(Refusal::kFsdpRootFamily,
+           "--fsdp-root (torchtitan's FSDP wrapping) is written for decoder-only models (llama, "
+           "mixtral, gpt2); plan T5 without it");
+  }
+  if (o.fused_attention == true && !can.fused_attention) {
+    refuse(Refusal::kFusedAttentionFamily,
+           "T5's attention adds its relative position bias to the scores, so it runs as the "
+           "scores, the bias, the mask and the softmax (--attention naive)");
+  }
+  if (o.fused_loss == true && !can.fused_loss) {
+    refuse(Refusal::kFusedLossFamily,
+           "T5's step computes the whole logits, then the cross-entropy (--loss naive)");
+  }
+  if (!(o.headroom >= 0 && o.headroom < 1)) {  // NaN too
+    throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
+  }
+  if (config.family == ModelFamily::kGpt2 && o.seq > config.positions) {
+    throw SpecError(
+        fmt::format("[train] sequence length {} is longer than the model's {} learned positions "
+                    "(n_positions)",
+                    o.seq, config.positions));
+  }
+}
+
+namespace {
+
+// The tokens per sequence the head reads (T5: the decoder's).
+std::int64_t head_tokens(const ModelConfig& config, const TrainPlanOptions& o) {
+  return config.family == ModelFamily::kT5 && o.target_seq > 0 ? o.target_seq : o.seq;
+}
+
+void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
+                     const TrainPlanOptions& o) {
+  if (layout.context.empty()) return;
+  const std::string axis = layout.context.front();
+  const std::string mesh_text = detail::printable(mesh.to_string());
+  if (!support_of(config.family).ring_attention) {
+    refuse(Refusal::kContextFamily,
+           fmt::format("{} on {}: context parallelism (ring attention) is written for the "
+                       "LLaMA-family attention (llama, mistral, qwen2, mixtral), not {}'s, whose "
+                       "devices on '{}' would repeat the same work",
+                       model_text(config), mesh_text,
+                       config.family == ModelFamily::kGpt2 ? "GPT-2" : "T5",
+                       detail::printable(axis)));
+  }
+  if (o.fused_attention == false) {
+    refuse(Refusal::kContextNaiveAttention,
+           fmt::format("the mesh {} splits the sequence over '{}': context parallelism runs ring "
+                       "attention on the fused kernel: plan it with --attention fused",
+                       mesh_text, detail::printable(axis)));
+  }
+  for (std::size_t l = 0; l < static_cast<std::size_t>(std::max<std::int64_t>(config.layers, 0));
+       ++l) {
+    const std::int64_t w = config.window(l);
+    if (w > 0 && w < o.seq) {
+      refuse(Refusal::kContextWindow,
+             fmt::format("sliding-window attention (window {}) with context parallelism over {} "
+                         "is not supported: plan it without the context axis",
+                         w, detail::printable(axis)));
+    }
+  }
+}
+
+}  // namespace
+
+TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
+                                 const TrainPlanOptions& o) {
+  TrainPlanOptions r = o;
+  const FamilySupport& can = support_of(config.family);
+  resolve_context(config, mesh, layout, o);
+  r.fused_attention = o.fused_attention.value_or(can.fused_attention);
+  // linear_cross_entropy splits the tokens into groups; with one group the logits are whole.
+  const std::int64_t t = head_tokens(config, o);
+  const bool groups = linear_cross_entropy_chunks(Shape{1, t, 1}) > 1;
+  if (o.fused_loss == true && !groups) {
+    refuse(Refusal::kFusedLossNoGroups,
+           fmt::format("a sequence of {} tokens has no divisor from 2 to 64: "
+                       "linear_cross_entropy's one group would hold the whole logits",
+                       t));
+  }
+  r.fused_loss = o.fused_loss.value_or(can.fused_loss && groups);
+
+  // Sequence parallelism: the axes activation_norm_length maps to, less the context axes (the
+  // sequence's split over those is context parallelism's).
+  const RuleFile* file =
+      o.activations && !o.activations->activations.empty() ? &*o.activations : nullptr;
+  const std::string source =
+      detail::printable(o.activations ? o.activations->source : std::string("none"));
+  const RuleFile::LogicalMapping bind{{"activation_batch", layout.batch}};
+  const AxisNames mapped =
+      file != nullptr && can.annotated_regions ? file->logical_axis("activation_norm_length", bind)
+                                               : AxisNames{};
+  AxisNames model;
+  std::int64_t ways = 1;
+  for (const std::string& a : mapped) {
+    ways *= mesh.axis_size(a);
+    if (std::find(layout.context.begin(), layout.context.end(), a) == layout.context.end() &&
+        mesh.axis_size(a) > 1) {
+      model.push_back(a);
+    }
+  }
+  if (o.sequence_parallel == true && model.empty()) {
+    refuse(Refusal::kSequenceParallelUnmapped,
+           fmt::format("sequence parallelism was asked for, but {}: it needs rules whose "
+                       "activations map the logical axis activation_norm_length to a mesh axis "
+                       "(rules: {})",
+                       !can.annotated_regions
+                           ? "T5's step has no annotated regions"
+                           : "nothing maps the sequence to a tensor-parallel axis of more than "
+                             "one device",
+                       source));
+  }
+  const bool splits = !mapped.empty() && o.seq % ways == 0;
+  if (o.sequence_parallel == true && !splits) {
+    refuse(Refusal::kSequenceParallelSplit,
+           fmt::format("a sequence of {} tokens does not split over [{}] ({} devices)", o.seq,
+                       detail::printable(fmt::format("{}", fmt::join(mapped, ", "))), ways));
+  }
+  // Not asked for: on where the sequence splits (over the context axes too: their regions).
+  if (!o.sequence_parallel) r.sequence_parallel = splits;
+  return r;
+}
+
+}  // namespace train
+}  // namespace shardplan

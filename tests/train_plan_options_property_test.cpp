@@ -1,0 +1,448 @@
+// train-plan's options either apply to the planned program or are refused by name (issue 39):
+// the reported defects one by one, the closed list of refusals against docs/cli.md, and a
+// property over random combinations of options, meshes, families and hardware figures.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "shardplan/hardware.hpp"
+#include "shardplan/rule_file.hpp"
+#include "shardplan/train_plan.hpp"
+#include "test_util.hpp"
+
+namespace shardplan {
+namespace {
+
+constexpr const char* kTinyLlama = R"({"model_type": "llama", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2})";
+constexpr const char* kTinyMixtral = R"({"model_type": "mixtral", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+  "num_experts_per_tok": 2})";
+constexpr const char* kTinyT5 = R"({"model_type": "t5", "vocab_size": 40, "d_model": 16,
+  "d_kv": 6, "d_ff": 24, "num_layers": 2, "num_decoder_layers": 1, "num_heads": 2,
+  "relative_attention_num_buckets": 8, "relative_attention_max_distance": 12,
+  "feed_forward_proj": "gated-gelu", "tie_word_embeddings": true})";
+constexpr const char* kMixtral8x7b = R"({"model_type": "mixtral", "vocab_size": 32000,
+  "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+  "num_experts_per_tok": 2})";
+
+/// docs/cli.md's table of refusals ("| option | refused when |" rows under "Refused
+/// combinations"): (option, condition) with the backquotes taken off.
+std::vector<std::pair<std::string, std::string>> documented_refusals() {
+  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/docs/cli.md");
+  std::vector<std::pair<std::string, std::string>> out;
+  std::string line;
+  bool in_section = false;
+  const auto unquote = [](std::string s) {
+    std::erase(s, '`');
+    while (!s.empty() && s.front() == ' ') s.erase(s.begin());
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    // "\|" in a table cell is a literal bar.
+    for (std::size_t i; (i = s.find("\\|")) != std::string::npos;) s.replace(i, 2, "|");
+    return s;
+  };
+  while (std::getline(in, line)) {
+    if (line.starts_with("#")) in_section = line.find("Refused combinations") != std::string::npos;
+    if (!in_section || !line.starts_with("| ") || line.starts_with("| option") ||
+        line.starts_with("|---")) {
+      continue;
+    }
+    std::vector<std::string> cells;
+    std::size_t from = 1;
+    for (std::size_t bar; (bar = line.find(" |", from)) != std::string::npos; from = bar + 2) {
+      cells.push_back(unquote(line.substr(from, bar - from)));
+    }
+    if (cells.size() >= 2) out.emplace_back(cells[0], cells[1]);
+  }
+  return out;
+}
+
+bool documented(const OptionRefusal& r) {
+  static const auto docs = documented_refusals();
+  return std::find(docs.begin(), docs.end(),
+                   std::pair{std::string(r.option), std::string(r.condition)}) != docs.end();
+}
+
+TEST(TrainPlanRefusals, AreTheClosedListInTheDocs) {
+  const auto docs = documented_refusals();
+  std::vector<std::pair<std::string, std::string>> list;
+  for (const OptionRefusal& r : train_plan_refusals()) list.emplace_back(r.option, r.condition);
+  EXPECT_EQ(docs, list);
+}
+
+RulePtr preset(const char* name) { return load_preset(name).make_rule(); }
+
+// Mixtral 8x7B: each token runs 2 of its 8 experts, so its model FLOPs are of the 12.9B active
+// parameters (Mistral's figure), not of the 46.7B: MFU was 105.1%, about 3.4x too high.
+TEST(TrainPlanMfu, MixtureOfExpertsCountsActiveParameters) {
+  const ModelConfig c = ModelConfig::parse(kMixtral8x7b);
+  // By hand: per layer 8 experts of 3 x 4096 x 14336 weights; a token runs 2 of them.
+  const std::int64_t expert = 3LL * 4096 * 14336;
+  const std::int64_t active = c.parameter_count() - 32 * 6 * expert;
+  EXPECT_EQ(c.active_parameter_count(), active);
+  EXPECT_NEAR(static_cast<double>(active) / 1e9, 12.9, 0.05);  // Mistral: 12.9B active
+  EXPECT_EQ(ModelConfig::parse(kTinyLlama).active_parameter_count(),
+            ModelConfig::parse(kTinyLlama).parameter_count());
+
+  // A plan's MFU from those: 6 N + 12 L H Q T, N less the input embedding, over tokens/s.
+  const ModelConfig tiny = ModelConfig::parse(kTinyMixtral);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  o.hardware = find_hardware("h100-sxm");
+  const TrainPlan p = plan_training(tiny, Mesh::parse("ep:2,fsdp:2", 4), preset("mixtral_ep"), o);
+  ASSERT_TRUE(p.time);
+  const double n = static_cast<double>(tiny.parameter_count() - 2 * 2 * 3 * 32 * 24 - 64 * 32);
+  const double flops = 6 * n + 12.0 * 2 * 4 * 8 * 8;
+  EXPECT_DOUBLE_EQ(p.time->model_flops_per_token, flops);
+  EXPECT_DOUBLE_EQ(p.time->mfu,
+                   flops * p.time->tokens_per_second_per_device / o.hardware->bf16_flops);
+  EXPECT_EQ(p.active_parameter_count, tiny.active_parameter_count());
+}
+
+// T5 has no ring attention: on a cp mesh its cp devices repeated the same work while the report
+// claimed context parallelism. Refused, naming --mesh.
+TEST(TrainPlanOptions, ContextParallelOnT5IsRefused) {
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  EXPECT_THROW_WITH(plan_training(ModelConfig::parse(kTinyT5), Mesh::parse("fsdp:2,tp:1,cp:2", 4),
+                                  preset("t5"), o),
+                    OptionError, "--mesh with a cp or context axis", "T5", "repeat the same work");
+}
+
+// T5's step runs neither the fused attention nor the fused loss: reported naive (read from its
+// program), and refused when asked for.
+TEST(TrainPlanOptions, T5ReportsWhatItsProgramRuns) {
+  const ModelConfig c = ModelConfig::parse(kTinyT5);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  const TrainPlan p = plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("t5"), o);
+  EXPECT_FALSE(p.fused_attention);
+  EXPECT_FALSE(p.fused_loss);
+  EXPECT_THAT(p.table(), ::testing::HasSubstr("attention naive, loss naive"));
+  o.fused_attention = true;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("t5"), o), OptionError,
+                    "--attention fused", "T5");
+  o.fused_attention = std::nullopt;
+  o.fused_loss = true;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:2,tp:2", 4), preset("t5"), o), OptionError,
+                    "--loss fused", "T5");
+}
+
+// seq 3 over tp:2 cannot split: "on" was reported (text and JSON) with the figures of "off".
+TEST(TrainPlanOptions, SequenceParallelWhereTheSequenceCannotSplit) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 3;
+  o.activations = load_preset("llama_fsdp_tp");
+  const Mesh mesh = Mesh::parse("fsdp:2,tp:2", 4);
+  o.sequence_parallel = true;
+  EXPECT_THROW_WITH(plan_training(c, mesh, preset("llama_fsdp_tp"), o), OptionError,
+                    "--sequence-parallel on", "3 tokens", "[tp]");
+  o.sequence_parallel = std::nullopt;  // the default: off where it cannot split
+  const TrainPlan p = plan_training(c, mesh, preset("llama_fsdp_tp"), o);
+  EXPECT_FALSE(p.sequence_parallel);
+  EXPECT_THAT(p.table(), ::testing::HasSubstr("sequence parallel off"));
+  std::ostringstream js;
+  p.write_json(js);
+  EXPECT_EQ(nlohmann::json::parse(js.str())["sequence_parallel"], false);
+  // Where it splits it is on, read from the program, and changes it.
+  o.seq = 4;
+  const TrainPlan on = plan_training(c, mesh, preset("llama_fsdp_tp"), o);
+  EXPECT_TRUE(on.sequence_parallel);
+  EXPECT_EQ(on.sequence_axes, std::vector<std::string>{"tp"});
+  o.sequence_parallel = false;
+  const TrainPlan off = plan_training(c, mesh, preset("llama_fsdp_tp"), o);
+  EXPECT_NE(on.bytes_by_collective, off.bytes_by_collective);
+}
+
+TEST(TrainPlanOptions, TargetSeqOnADecoderOnlyModelIsRefused) {
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  o.target_seq = 16;
+  EXPECT_THROW_WITH(plan_training(ModelConfig::parse(kTinyLlama), Mesh::parse("fsdp:4", 4),
+                                  preset("llama_fsdp"), o),
+                    OptionError, "--target-seq", "decoder-only", "--target-seq 16", "llama");
+}
+
+// The fused loss with one group of tokens (a prime sequence over 64) would be the whole logits:
+// refused when asked for, naive by default.
+TEST(TrainPlanOptions, FusedLossWithoutGroups) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 67;
+  const TrainPlan p = plan_training(c, Mesh::parse("fsdp:4", 4), preset("llama_fsdp"), o);
+  EXPECT_FALSE(p.fused_loss);
+  o.fused_loss = true;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4", 4), preset("llama_fsdp"), o),
+                    OptionError, "--loss fused", "67 tokens");
+}
+
+// With FSDP2's root module the last block keeps its gathered weights for its backward pass, so a
+// one-block model reshards nothing after forward: "weights gathered again" was reported while
+// the program equalled the one without it (found by the property below, seed 39 case 43).
+TEST(TrainPlanOptions, ReshardAfterForwardIsReportedWhereABlockRegathers) {
+  const ModelConfig one = ModelConfig::parse(R"({"model_type": "gpt2", "vocab_size": 40,
+    "n_embd": 16, "n_layer": 1, "n_head": 2, "n_positions": 16})");
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 8;
+  o.fsdp_root = true;
+  const TrainPlan p = plan_training(one, Mesh::parse("fsdp:4,tp:1", 4), preset("gpt2"), o);
+  EXPECT_TRUE(p.fsdp_root);
+  EXPECT_FALSE(p.reshard_after_forward);
+  EXPECT_THAT(p.table(), ::testing::Not(::testing::HasSubstr("gathered again")));
+  o.reshard_after_forward = false;
+  EXPECT_EQ(plan_training(one, Mesh::parse("fsdp:4,tp:1", 4), preset("gpt2"), o).peak_bytes,
+            p.peak_bytes);
+}
+
+// ---- The property ----
+
+// One layer each (the property plans a few hundred steps in Debug).
+constexpr const char* kOneLayerLlama = R"({"model_type": "llama", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+  "num_attention_heads": 4, "num_key_value_heads": 2})";
+constexpr const char* kOneLayerMistralWindow = R"({"model_type": "mistral", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 4})";
+constexpr const char* kOneLayerMixtral = R"({"model_type": "mixtral", "vocab_size": 64,
+  "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 1,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+  "num_experts_per_tok": 2})";
+constexpr const char* kOneLayerT5 = R"({"model_type": "t5", "vocab_size": 40, "d_model": 16,
+  "d_kv": 6, "d_ff": 24, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 2,
+  "relative_attention_num_buckets": 8, "relative_attention_max_distance": 12,
+  "feed_forward_proj": "gated-gelu", "tie_word_embeddings": true})";
+constexpr const char* kOneLayerGpt2 = R"({"model_type": "gpt2", "vocab_size": 40, "n_embd": 16,
+  "n_layer": 1, "n_head": 2, "n_positions": 16})";
+
+struct Family {
+  const char* json;
+  const char* rules;
+  std::vector<const char*> meshes;
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> kFamilies = {
+      {kOneLayerLlama, "llama_fsdp_tp",
+       {"fsdp:4,tp:1", "fsdp:2,tp:2", "fsdp:1,tp:4", "fsdp:2,tp:1,cp:2", "fsdp:1,tp:2,cp:2",
+        "fsdp:1,tp:1,cp:2,context:2"}},
+      {kOneLayerMistralWindow, "llama_fsdp_tp", {"fsdp:2,tp:2", "fsdp:2,tp:1,cp:2"}},
+      {kOneLayerMixtral, "mixtral_ep", {"ep:2,fsdp:2", "ep:1,fsdp:4", "ep:2,fsdp:1,cp:2"}},
+      {kOneLayerT5, "t5", {"fsdp:2,tp:2", "fsdp:4,tp:1", "fsdp:2,tp:1,cp:2"}},
+      {kOneLayerGpt2, "gpt2", {"fsdp:2,tp:2", "fsdp:4,tp:1", "fsdp:2,tp:1,cp:2"}},
+  };
+  return kFamilies;
+}
+
+template <class T>
+const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
+  return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
+}
+
+std::optional<bool> tri(std::mt19937_64& rng) {
+  return pick(rng, std::vector<std::optional<bool>>{std::nullopt, true, false});
+}
+
+struct Case {
+  const Family* family;
+  std::string mesh;
+  TrainPlanOptions o;
+  std::string text;  // for the failure message
+};
+
+Case random_case(std::mt19937_64& rng) {
+  Case k;
+  k.family = &pick(rng, families());
+  k.mesh = pick(rng, k.family->meshes);
+  TrainPlanOptions& o = k.o;
+  o.grad_accum = pick(rng, std::vector<int>{1, 1, 2});
+  o.batch = 4 * o.grad_accum;  // 4 sequences a micro-batch: split over up to 4 batch devices
+  const bool cp = k.mesh.find("cp") != std::string::npos;
+  o.seq = cp ? pick(rng, std::vector<std::int64_t>{4, 8, 16})
+             : pick(rng, std::vector<std::int64_t>{3, 4, 8, 12, 16, 67});
+  if (k.family->json == kOneLayerGpt2) o.seq = std::min<std::int64_t>(o.seq, 16);
+  o.target_seq = pick(rng, std::vector<std::int64_t>{0, 0, 4, 8});
+  o.fused_attention = tri(rng);
+  o.fused_loss = tri(rng);
+  o.sequence_parallel = tri(rng);
+  o.float8 = std::uniform_int_distribution<int>(0, 9)(rng) == 0;
+  o.param_dtype = pick(rng, std::vector<DType>{DType::kBF16, DType::kBF16, DType::kF32, DType::kF64});
+  o.grad_dtype = pick(rng, std::vector<DType>{o.param_dtype, DType::kF32});
+  o.optimizer_dtype = pick(rng, std::vector<DType>{DType::kF32, DType::kBF16});
+  if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) o.master_dtype = DType::kF32;
+  if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) o.reduce_dtype = DType::kF32;
+  o.optimizer = pick(rng, std::vector<OptimizerKind>{OptimizerKind::kAdamw, OptimizerKind::kSgd});
+  o.remat = pick(rng, std::vector<std::optional<RematPolicy>>{
+                          std::nullopt, std::nullopt, checkpoint_policies::nothing_saveable(),
+                          checkpoint_policies::dots_with_no_batch_dims_saveable()});
+  o.fsdp_root = std::uniform_int_distribution<int>(0, 4)(rng) == 0;
+  o.eager = std::uniform_int_distribution<int>(0, 4)(rng) == 0;
+  o.reshard_after_forward = std::uniform_int_distribution<int>(0, 3)(rng) != 0;
+  if (std::uniform_int_distribution<int>(0, 1)(rng) == 0) o.activations = load_preset(k.family->rules);
+  // Hardware: a built-in entry with its compute and bandwidth figures scaled.
+  if (std::uniform_int_distribution<int>(0, 2)(rng) != 0) {
+    Hardware hw = pick(rng, builtin_hardware());
+    const std::vector<double> scales{0.25, 1.0, 3.0};
+    hw.bf16_flops *= pick(rng, scales);
+    hw.fp8_flops = hw.fp8_flops > 0 ? 2 * hw.bf16_flops : 0;
+    hw.memory_bandwidth *= pick(rng, scales);
+    hw.intra_node_bandwidth *= pick(rng, scales);
+    hw.inter_node_bandwidth *= pick(rng, scales);
+    hw.node_size = pick(rng, std::vector<std::int64_t>{1, 2, 8});
+    o.hardware = hw;
+  }
+  const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
+  k.text = fmt::format(
+      "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
+      "param {} remat {} fsdp_root {} eager {} activations {} hardware {}",
+      ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
+      o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
+      name(o.param_dtype), remat_name(o.remat), o.fsdp_root, o.eager, o.activations.has_value(),
+      o.hardware ? o.hardware->name : "none");
+  return k;
+}
+
+std::int64_t axis_ways(const Mesh& mesh, const std::vector<std::string>& axes) {
+  std::int64_t n = 1;
+  for (const std::string& a : axes) n *= mesh.axis_size(a);
+  return n;
+}
+
+/// What a plan reports must be what its program ran and figures that hold together.
+void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
+  const TrainPlanOptions& o = k.o;
+  EXPECT_EQ(p.peak_held_bytes + p.peak_gathered_bytes + p.peak_computed_bytes, p.peak_bytes);
+  // The attention the program holds: the fused kernel's FLOPs are counted apart.
+  EXPECT_EQ(p.fused_attention, p.attention_flops > 0);
+  if (o.fused_attention) {
+    EXPECT_EQ(p.fused_attention, *o.fused_attention);
+  }
+  if (o.fused_loss) {
+    EXPECT_EQ(p.fused_loss, *o.fused_loss);
+  }
+  EXPECT_EQ(p.float8, p.matmul_fp8_flops > 0);
+  EXPECT_EQ(p.float8, o.float8);
+  if (o.sequence_parallel == false) {
+    EXPECT_FALSE(p.sequence_parallel);
+  }
+  if (p.sequence_parallel) {
+    EXPECT_GT(axis_ways(mesh, p.sequence_axes), 1);
+    EXPECT_EQ(o.seq % axis_ways(mesh, p.sequence_axes), 0);
+  }
+  if (!p.context_axes.empty()) {
+    EXPECT_GT(axis_ways(mesh, p.context_axes), 1);
+    EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kPermute), 0u);
+  }
+  // The text and JSON say the same.
+  const std::string text = p.table();
+  EXPECT_THAT(text, ::testing::HasSubstr(p.fused_attention ? "attention fused" : "attention naive"));
+  EXPECT_THAT(text, ::testing::HasSubstr(p.fused_loss ? "loss fused" : "loss naive"));
+  EXPECT_THAT(text, ::testing::HasSubstr(p.sequence_parallel ? "sequence parallel on"
+                                                             : "sequence parallel off"));
+  EXPECT_EQ(text.find("context parallel over") != std::string::npos, !p.context_axes.empty());
+  std::ostringstream js;
+  p.write_json(js);
+  const auto j = nlohmann::json::parse(js.str());
+  EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
+  EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
+  EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
+  if (o.hardware) {
+    ASSERT_TRUE(p.time);
+    const StepTime& t = *p.time;
+    EXPECT_TRUE(std::isfinite(t.tokens_per_second_per_device));
+    EXPECT_GT(t.tokens_per_second_per_device, 0);
+    EXPECT_GT(t.mfu, 0);
+    EXPECT_LE(t.mfu, 1);
+    // Recomputed from its parts (never clamped).
+    EXPECT_DOUBLE_EQ(t.mfu,
+                     t.model_flops_per_token * t.tokens_per_second_per_device / o.hardware->bf16_flops);
+  }
+}
+
+/// An option reported as applied changes the program: the same plan without it differs.
+void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh,
+                           const RulePtr& rules, const TrainPlan& p) {
+  const auto same = [](const TrainPlan& a, const TrainPlan& b) {
+    return a.peak_bytes == b.peak_bytes && a.flops == b.flops &&
+           a.memory_traffic == b.memory_traffic && a.bytes_by_axes == b.bytes_by_axes &&
+           a.attention_flops == b.attention_flops && a.matmul_fp8_flops == b.matmul_fp8_flops;
+  };
+  const auto without = [&](const auto& change, const char* what) {
+    TrainPlanOptions o = k.o;
+    change(o);
+    try {
+      const TrainPlan q = plan_training(c, mesh, rules, o);
+      EXPECT_FALSE(same(p, q)) << what << " reported applied but the program is the same";
+    } catch (const OptionError& e) {
+      ADD_FAILURE() << what << ": the plan without it is refused: " << e.what();
+    }
+  };
+  if (p.sequence_parallel) {
+    without([](TrainPlanOptions& o) { o.sequence_parallel = false; }, "sequence parallel");
+  }
+  if (p.fused_attention && p.context_axes.empty()) {
+    without([](TrainPlanOptions& o) { o.fused_attention = false; }, "fused attention");
+  }
+  if (p.fused_loss) without([](TrainPlanOptions& o) { o.fused_loss = false; }, "fused loss");
+  if (p.float8) without([](TrainPlanOptions& o) { o.float8 = false; }, "float8");
+  if (p.fsdp_root) without([](TrainPlanOptions& o) { o.fsdp_root = false; }, "FSDP root module");
+  // (With --float8 the blocks' linears keep their float8 weights for the backward pass
+  // (float8_linear's residuals), so a LLaMA block gathers nothing again: left out here, a known
+  // gap of the float8 model, not of the report.)
+  if (p.reshard_after_forward && !p.float8) {
+    without([](TrainPlanOptions& o) { o.reshard_after_forward = false; }, "reshard after forward");
+  }
+}
+
+TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
+  constexpr std::uint64_t kSeed = 39;
+  constexpr int kCases = 500;
+  std::mt19937_64 rng(kSeed);
+  int planned = 0, refused = 0;
+  std::set<std::size_t> refusals_seen;
+  for (int i = 0; i < kCases; ++i) {
+    const Case k = random_case(rng);
+    SCOPED_TRACE(fmt::format("seed {} case {}: {}", kSeed, i, k.text));
+    const ModelConfig c = ModelConfig::parse(k.family->json);
+    const Mesh mesh = Mesh::parse(k.mesh, 4);
+    const RulePtr rules = preset(k.family->rules);
+    try {
+      const TrainPlan p = plan_training(c, mesh, rules, k.o);
+      ++planned;
+      check_plan(k, mesh, p);
+      // Every eighth plan again without each option it reports applied.
+      if (planned % 8 == 0) check_applied_changes(k, c, mesh, rules, p);
+    } catch (const OptionError& e) {
+      ++refused;
+      refusals_seen.insert(e.refusal_index());
+      EXPECT_TRUE(documented(e.refusal())) << e.what();
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(std::string(e.refusal().option)));
+    } catch (const Error& e) {
+      ADD_FAILURE() << "neither planned nor refused by name: " << e.what();
+    }
+    if (HasFailure()) break;  // the first failing case, with its seed and index
+  }
+  EXPECT_GT(planned, kCases / 6);
+  EXPECT_GT(refused, kCases / 10);
+  EXPECT_GE(refusals_seen.size(), 8u);
+}
+
+}  // namespace
+}  // namespace shardplan
