@@ -4,9 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
+#include <mutex>
 
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -21,6 +23,52 @@ const char* file_kind(unsigned mode) {
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";
   return "of an unknown kind";
+}
+
+namespace {
+
+/// InputRecord's state: how many are alive, and what was opened meanwhile.
+struct Record {
+  std::mutex mutex;
+  int alive = 0;
+  std::vector<ReadInput> files;
+};
+Record& record() {
+  static Record r;
+  return r;
+}
+
+void note_input(const struct stat& st, const std::string& path, std::string_view what) {
+  Record& r = record();
+  const std::lock_guard lock(r.mutex);
+  if (r.alive == 0) return;
+  const auto same = [&](const ReadInput& f) {
+    return f.device == st.st_dev && f.inode == st.st_ino;
+  };
+  if (std::none_of(r.files.begin(), r.files.end(), same)) {
+    r.files.push_back({static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                       path, std::string(what)});
+  }
+}
+
+}  // namespace
+
+InputRecord::InputRecord() {
+  Record& r = record();
+  const std::lock_guard lock(r.mutex);
+  ++r.alive;
+}
+
+InputRecord::~InputRecord() {
+  Record& r = record();
+  const std::lock_guard lock(r.mutex);
+  if (--r.alive == 0) r.files.clear();
+}
+
+std::vector<ReadInput> InputRecord::files() {
+  Record& r = record();
+  const std::lock_guard lock(r.mutex);
+  return r.files;
 }
 
 InputFile::InputFile(const std::filesystem::path& file, std::string_view what)
@@ -47,6 +95,7 @@ InputFile::InputFile(const std::filesystem::path& file, std::string_view what)
                               file_kind(st.st_mode)));
   }
   size_ = static_cast<std::size_t>(st.st_size);
+  note_input(st, path_, what_);
 }
 
 InputFile::~InputFile() {

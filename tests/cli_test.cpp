@@ -238,7 +238,8 @@ TEST_F(CliTest, PlansASafetensorsCheckpointWithThePresetFile) {
 }
 
 TEST_F(CliTest, ACheckpointDirectoryIsReadThroughItsSafetensorsFile) {
-  const fs::path model = llama_checkpoint(1);  // dir_/model.safetensors
+  const fs::path model = dir_ / "model.json";
+  std::ofstream(model) << R"({"w": {"shape": [8, 8], "dtype": "BF16"}})";  // dir_/model.safetensors
   const Result by_file = run(fmt::format("plan --model '{}' --json", model.string()));
   const Result by_dir = run(fmt::format("plan --model '{}' --json", dir_.string()));
   ASSERT_EQ(by_dir.code, 0) << by_dir.err;
@@ -282,7 +283,8 @@ TEST_F(CliTest, SummaryLeavesOutTheRowPerTensor) {
 }
 
 TEST_F(CliTest, ExplainTakesTheCheckpointsNameAndPrintsJson) {
-  const fs::path model = llama_checkpoint(1);
+  const fs::path model = dir_ / "model.json";
+  std::ofstream(model) << R"({"w": {"shape": [8, 8], "dtype": "BF16"}})";
   const Result by_path = run(
       fmt::format("plan --model '{}' --explain model/layers/0/mlp/up_proj/weight", model.string()));
   const Result by_name = run(
@@ -1695,6 +1697,153 @@ TEST_F(CliTest, TraceMemoryOfABadTraceOrOutputExitsOneNamingIt) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "no_dir"));
   EXPECT_EQ(run(fmt::format("trace memory '{}' --json ''", good)).code, 2);  // an empty path
   EXPECT_EQ(run("trace memory").code, 2);
+}
+
+// The outputs contract (docs/cli.md "Outputs"), issue 39: an output may not be an input, the
+// outputs of one command are distinct files, they appear together or not at all, and a path
+// that names a directory is refused. Each refusal exits 2 naming the option and the path.
+class OutputsContract : public TrainPlanCli {
+ protected:
+  static std::string text_of(const fs::path& file) {
+    std::stringstream ss;
+    ss << std::ifstream(file).rdbuf();
+    return ss.str();
+  }
+  /// `args` exits 2 naming `option` and `path` with `why`, and `input` keeps its bytes.
+  void expect_refused(const std::string& args, const std::string& option, const fs::path& path,
+                      const std::string& why, const fs::path& input = {}) const {
+    SCOPED_TRACE(args);
+    const std::string before = input.empty() ? "" : text_of(input);
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_THAT(r.err, ::testing::HasSubstr(fmt::format("{} '{}'", option, path.string())));
+    EXPECT_THAT(r.err, ::testing::HasSubstr(why));
+    if (!input.empty()) {
+      EXPECT_EQ(text_of(input), before);
+    }
+  }
+  /// A small LLaMA (two layers of width 256): planned in a fraction of a second.
+  fs::path small_llama() const {
+    return config(R"({"model_type": "llama", "vocab_size": 1000, "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 4})");
+  }
+  std::string trace() const {
+    const fs::path t = dir_ / "t.json";
+    fs::copy_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/memory.trace.json", t,
+                  fs::copy_options::overwrite_existing);
+    return t.string();
+  }
+};
+
+TEST_F(OutputsContract, AnOutputMayNotBeAnInput) {
+  const std::string t = trace();
+  const char* kInput = "an output may not be an input";
+  expect_refused(fmt::format("trace memory '{}' --html '{}'", t, t), "--html", t, kInput, t);
+  expect_refused(fmt::format("trace memory '{}' --json '{}'", t, t), "--json", t, kInput, t);
+  // The same file under another name (a hard link, a path through "..").
+  fs::create_hard_link(t, dir_ / "alias.json");
+  expect_refused(fmt::format("trace memory '{}' --json '{}'", t, (dir_ / "alias.json").string()),
+                 "--json", dir_ / "alias.json", "(the trace " + t + ")", t);
+  fs::create_directories(dir_ / "sub");
+  const fs::path up = dir_ / "sub" / ".." / "t.json";
+  expect_refused(fmt::format("trace memory '{}' --html '{}'", t, up.string()), "--html", up,
+                 kInput, t);
+
+  // train-plan --html over its config (given as the file or as its directory), rules and
+  // hardware file.
+  const fs::path config = small_llama();
+  const std::string base =
+      fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64", config.string());
+  expect_refused(fmt::format("{} --html '{}'", base, config.string()), "--html", config,
+                 "(the config " + config.string() + ")", config);
+  expect_refused(fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64 --html "
+                             "'{}'",
+                             dir_.string(), config.string()),
+                 "--html", config, kInput, config);
+  const fs::path rules = dir_ / "rules.yaml";
+  std::ofstream(rules) << "rules:\n  - {match: '.*', spec: [fsdp]}\n";
+  expect_refused(fmt::format("{} --rules '{}' --html '{}'", base, rules.string(), rules.string()),
+                 "--html", rules, "(the rules " + rules.string() + ")", rules);
+  const fs::path hw = dir_ / "hw.yaml";
+  fs::copy_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/hardware/h100-hbm2e-500w.yaml",
+                hw);
+  expect_refused(fmt::format("{} --hardware '{}' --html '{}'", base, hw.string(), hw.string()),
+                 "--html", hw, "(the hardware file " + hw.string() + ")", hw);
+  // plan --html over its rule file or its model.
+  expect_refused(fmt::format("plan --rules '{}' --html '{}'", rules.string(), rules.string()),
+                 "--html", rules, kInput, rules);
+  const fs::path model = dir_ / "model.json";
+  std::ofstream(model) << R"({"w": {"shape": [8, 8], "dtype": "BF16"}})";
+  expect_refused(fmt::format("plan --model '{}' --html '{}'", model.string(), model.string()),
+                 "--html", model, kInput, model);
+  // Not an input: written.
+  const Result ok = run(fmt::format("{} --rules '{}' --html '{}'", base, rules.string(),
+                                    (dir_ / "plan.html").string()));
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(dir_ / "plan.html"));
+}
+
+TEST_F(OutputsContract, TheOutputsOfOneCommandAreDistinctFiles) {
+  const std::string t = trace();
+  const fs::path x = dir_ / "x";
+  expect_refused(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, x.string(), x.string()),
+                 "--json", x, "is the same file as --html '" + x.string() + "'");
+  // The same path spelled differently, not existing yet; the same existing file by a hard link.
+  const fs::path x2 = dir_ / "." / "x";
+  expect_refused(
+      fmt::format("trace memory '{}' --html '{}' --json '{}'", t, x.string(), x2.string()),
+      "--json", x2, "is the same file as --html");
+  std::ofstream(dir_ / "y") << "mine";
+  fs::create_hard_link(dir_ / "y", dir_ / "y2");
+  expect_refused(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, (dir_ / "y").string(),
+                             (dir_ / "y2").string()),
+                 "--json", dir_ / "y2", "is the same file as --html", dir_ / "y");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"stderr.txt", "t.json", "y", "y2"}));
+}
+
+TEST_F(OutputsContract, TheOutputsAppearTogetherOrNotAtAll) {
+  const std::string t = trace();
+  // --json cannot be written: the page is not left behind, and a page already there is kept.
+  const fs::path page = dir_ / "m.html", json = dir_ / "no_dir" / "m.json";
+  Result r = run(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, page.string(),
+                             json.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr(json.string()));
+  EXPECT_EQ(r.out, "");
+  EXPECT_FALSE(fs::exists(page));
+  std::ofstream(page) << "the old page";
+  r = run(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, page.string(),
+                      json.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(text_of(page), "the old page");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"m.html", "stderr.txt", "t.json"}));
+  // Both written: each reported once.
+  r = run(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, page.string(),
+                      (dir_ / "m.json").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::EndsWith(fmt::format("\nwrote {}\nwrote {}\n", page.string(),
+                                                     (dir_ / "m.json").string())));
+  EXPECT_THAT(text_of(page), ::testing::HasSubstr("<html"));
+}
+
+TEST_F(OutputsContract, ADirectoryIsNotAnOutputFile) {
+  const std::string t = trace();
+  fs::create_directories(dir_ / "d");
+  const fs::path slash = dir_ / "y/";
+  expect_refused(fmt::format("trace memory '{}' --html '{}'", t, slash.string()), "--html", slash,
+                 "names a directory (it ends in '/')");
+  expect_refused(fmt::format("trace memory '{}' --json '{}'", t, (dir_ / "d").string()), "--json",
+                 dir_ / "d", "is a directory");
+  const fs::path config = small_llama();
+  expect_refused(fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64 --html "
+                             "'{}'",
+                             config.string(), slash.string()),
+                 "--html", slash, "names a directory");
+  expect_refused(fmt::format("plan --html '{}'", slash.string()), "--html", slash,
+                 "names a directory");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"config.json", "d", "stderr.txt", "t.json"}));
 }
 
 }  // namespace

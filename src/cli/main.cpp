@@ -20,6 +20,8 @@
 #include <sstream>
 #include <string>
 
+#include "../input_file.hpp"
+#include "../output_file.hpp"
 #include "checkpoint_cmd.hpp"
 #include "example_model.hpp"
 #include "output_path_option.hpp"
@@ -253,13 +255,17 @@ int plan_with(const PlanOptions& o) {
     }
     return kOk;
   }
+  // The inputs are read: the page's path is checked against them (docs/cli.md "Outputs").
+  std::optional<detail::OutputFiles> out;
+  if (!o.html.empty()) out.emplace(std::vector<detail::NamedOutput>{{"--html", o.html}});
   const PlanReport report = helper.plan(rules, data);
   const std::string model_name = o.model.empty() ? "LLaMA-2-7B (embedded example)" : o.model;
-  if (!o.html.empty()) {
+  if (out) {
     // Before the text: a page that cannot be written fails the command before its long output.
-    write_plan_html(o.html, report,
-                    fmt::format("shardplan: {} on {}", model_name, helper.mesh().to_string()),
-                    std::max<std::size_t>(8, static_cast<std::size_t>(o.largest)));
+    (*out)[0].write(
+        plan_html(report, fmt::format("shardplan: {} on {}", model_name, helper.mesh().to_string()),
+                  std::max<std::size_t>(8, static_cast<std::size_t>(o.largest))));
+    out->commit();
   }
   if (o.json) {
     report.write_json(std::cout);
@@ -449,6 +455,8 @@ int main(int argc, char** argv) {
   cli::TraceCommand trace;
   cli::add_trace_commands(app, trace);
 
+  // Every file the command reads is noted, so that no output overwrites one (OutputFiles).
+  const detail::InputRecord inputs;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -470,6 +478,9 @@ int main(int argc, char** argv) {
     return run_presets();
   } catch (const UsageError& e) {
     // Messages quote names from files and options: escaped, as the text outputs are.
+    std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
+    return kUsage;
+  } catch (const detail::OutputPathError& e) {  // an output path against the outputs contract
     std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
     return kUsage;
   } catch (const shardplan::Error& e) {

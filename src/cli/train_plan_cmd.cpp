@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 
+#include "../output_file.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
@@ -565,10 +567,17 @@ int run_train_plan(
       }
     }
   }
+  // The inputs (config, rules, hardware file) are read: the page's path is checked against
+  // them before the planning (docs/cli.md "Outputs").
+  std::optional<detail::OutputFiles> out;
+  if (!c.html.empty()) out.emplace(std::vector<detail::NamedOutput>{{"--html", c.html}});
   const std::vector<TrainPlan> plans = plan_concurrently(
       configurations.size(), [&](std::size_t i) { return plan_one(c, config, configurations[i]); });
   // Before the text, as plan --html: a page that cannot be written fails the command.
-  if (!c.html.empty()) write_train_plan_html(c.html, plans.front());
+  if (out) {
+    (*out)[0].write(train_plan_html(plans.front()));
+    out->commit();
+  }
   print_plans(c, plans);
   return 0;
 }
