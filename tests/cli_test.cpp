@@ -176,9 +176,10 @@ TEST_F(CliTest, CheckpointInspectReshardAndConsolidate) {
   r = run(fmt::format("checkpoint consolidate '{}' '{}'", sp, back));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, ::testing::HasSubstr("already exists"));
+  // A missing input is bad usage, as a missing --config or --rules (issue 39: was exit 1).
   r = run("checkpoint inspect '" + (dir_ / "missing").string() + "'");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, ::testing::HasSubstr("no such file or directory"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("checkpoint inspect DIR: no such file or directory"));
 }
 
 TEST_F(CliTest, DemoPlansTheEmbeddedModel) {
@@ -1602,8 +1603,10 @@ TEST_F(CliTest, TraceSummarizeOfAFileThatIsNotATraceExitsOneNamingItAndWhatIsMis
     EXPECT_THAT(r.err, ::testing::HasSubstr(missing));
     EXPECT_EQ(r.out, "");
   }
+  // A missing input is bad usage, as a missing --config or --rules (issue 39: was exit 1).
   const Result gone = run(fmt::format("trace summarize '{}'", (dir_ / "missing.json").string()));
-  EXPECT_EQ(gone.code, 1);
+  EXPECT_EQ(gone.code, 2);
+  EXPECT_THAT(gone.err, ::testing::HasSubstr("trace FILE: no such file or directory"));
   EXPECT_THAT(gone.err, ::testing::HasSubstr("missing.json"));
   EXPECT_EQ(run("trace summarize").code, 2);  // no file: bad usage
 }
@@ -1844,6 +1847,37 @@ TEST_F(OutputsContract, ADirectoryIsNotAnOutputFile) {
   expect_refused(fmt::format("plan --html '{}'", slash.string()), "--html", slash,
                  "names a directory");
   EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"config.json", "d", "stderr.txt", "t.json"}));
+}
+
+// Every input a command names that is not there is bad usage, exit 2 naming the option and the
+// path, as a missing --config always was (issue 39: a missing --hardware .yaml, trace file or
+// checkpoint exited 1).
+TEST_F(OutputsContract, AMissingInputIsBadUsageInEveryCommand) {
+  const std::string config = small_llama().string(), gone = (dir_ / "gone").string();
+  const std::string train =
+      fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64", config);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fmt::format("train-plan --config '{}.json' --mesh fsdp:2", gone), "--config"},
+      {fmt::format("{} --hardware '{}.yaml'", train, gone), "--hardware"},
+      {fmt::format("{} --hardware '{}.yml'", train, gone), "--hardware"},
+      {fmt::format("{} --rules '{}.yaml'", train, gone), "--rules"},
+      {fmt::format("plan --model '{}.json'", gone), "--model"},
+      {fmt::format("plan --rules '{}.yaml'", gone), "--rules"},
+      {fmt::format("trace summarize '{}.json'", gone), "trace FILE"},
+      {fmt::format("trace memory '{}.json'", gone), "trace FILE"},
+      {fmt::format("checkpoint inspect '{}'", gone), "checkpoint inspect DIR"},
+      {fmt::format("checkpoint consolidate '{}' '{}/out'", gone, dir_.string()),
+       "checkpoint consolidate SRC"},
+      {fmt::format("checkpoint reshard '{}' '{}/out' --mesh fsdp:2", gone, dir_.string()),
+       "checkpoint reshard SRC"},
+  };
+  for (const auto& [args, option] : cases) {
+    SCOPED_TRACE(args);
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_THAT(r.err, ::testing::HasSubstr(option + ": no such file or directory '" + gone));
+    EXPECT_EQ(r.out, "");
+  }
 }
 
 }  // namespace

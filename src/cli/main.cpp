@@ -24,6 +24,7 @@
 #include "../output_file.hpp"
 #include "checkpoint_cmd.hpp"
 #include "example_model.hpp"
+#include "input_path_option.hpp"
 #include "output_path_option.hpp"
 #include "trace_cmd.hpp"
 #include "train_plan_cmd.hpp"
@@ -74,24 +75,15 @@ RuleFile load_rules(const std::string& rules) {
     }
     return load_preset(name);
   }
-  // (With an error code: a link loop or a permission error is the reader's to name, not an
-  // exception out of stat.)
-  std::error_code ec;
-  if (!std::filesystem::exists(rules, ec) && !ec) {
-    throw UsageError(
-        fmt::format("--rules: no such file '{}' (use preset:NAME for a built-in "
-                    "preset; `shardplan presets` lists them)",
-                    rules));
-  }
+  cli::require_input("--rules", rules,
+                     " (use preset:NAME for a built-in preset; `shardplan presets` lists them)");
   return load_rule_file(rules);
 }
 
 Tree<TensorSpec> load_data(const std::string& model) {
   if (model.empty()) return tree_from_names(cli::llama2_7b_tensors());
-  std::error_code ec;  // (a link loop or a permission error: the reader names it)
-  if (!std::filesystem::exists(model, ec) && !ec) {
-    throw UsageError(fmt::format("--model: no such file '{}'", model));
-  }
+  cli::require_input("--model", model);
+  std::error_code ec;
   if (std::filesystem::is_directory(model, ec)) {
     // A Hugging Face checkpoint directory: the index of a sharded checkpoint, else the one file
     // (or one stat cannot tell, a link loop: the reader names it).

@@ -6,6 +6,7 @@
 #include "../output_file.hpp"
 #include "../profiler/memory_report.hpp"
 #include "../profiler/trace_summary.hpp"
+#include "input_path_option.hpp"
 #include "output_path_option.hpp"
 #include "shardplan/detail/printable.hpp"
 
@@ -39,6 +40,7 @@ TraceCommand& add_trace_commands(CLI::App& app, TraceCommand& c) {
 namespace {
 
 int run_memory(const TraceCommand& c) {
+  require_input("trace FILE", c.file);
   const std::string text = detail::read_input_file(c.file, "trace");
   const std::vector<profiler::MemoryRun> runs = profiler::detail::read_trace_memory(text, c.file);
   // The outputs contract (docs/cli.md "Outputs"): checked, written, then renamed together,
@@ -63,6 +65,7 @@ int run_memory(const TraceCommand& c) {
 
 int run_trace(const TraceCommand& c) {
   if (c.memory->parsed()) return run_memory(c);
+  require_input("trace FILE", c.file);
   const std::string text = detail::read_input_file(c.file, "trace");
   const detail::TraceSummary s = detail::summarize_trace(text, c.file);
   std::cout << detail::format_trace_summary(s, c.file, c.top);

@@ -11,6 +11,7 @@
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
+#include "input_path_option.hpp"
 #include "output_path_option.hpp"
 #include "shardplan/train_plan.hpp"
 #include "shardplan/train_plan_html.hpp"
@@ -320,11 +321,7 @@ using DevicesFor = std::function<std::int64_t(const std::string&, std::int64_t)>
 /// The --config file's model. Only "it is not there" is bad usage; anything else (a link loop,
 /// a permission) is the reader's error naming the file.
 ModelConfig config_option(const std::string& path) {
-  std::error_code ec;
-  (void)std::filesystem::status(path, ec);
-  if (ec == std::errc::no_such_file_or_directory) {
-    throw UsageError(fmt::format("--config: no such file or directory '{}'", path));
-  }
+  require_input("--config", path);
   return ModelConfig::load(path);
 }
 
@@ -355,6 +352,9 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   if (!c.master_dtype.empty()) o.master_dtype = dtype_option("--master-dtype", c.master_dtype);
   if (!c.reduce_dtype.empty()) o.reduce_dtype = dtype_option("--reduce-dtype", c.reduce_dtype);
   if (!c.hardware.empty()) {
+    if (c.hardware.ends_with(".yaml") || c.hardware.ends_with(".yml")) {
+      require_input("--hardware", c.hardware);
+    }
     try {
       o.hardware = find_hardware(c.hardware);
     } catch (const SpecError& e) {
