@@ -1705,7 +1705,7 @@ TEST_F(CliTest, TraceMemoryOfABadTraceOrOutputExitsOneNamingIt) {
 // The outputs contract (docs/cli.md "Outputs"), issue 39: an output may not be an input, the
 // outputs of one command are distinct files, they appear together or not at all, and a path
 // that names a directory is refused. Each refusal exits 2 naming the option and the path.
-class OutputsContract : public TrainPlanCli {
+class InputsAndOutputs : public TrainPlanCli {
  protected:
   static std::string text_of(const fs::path& file) {
     std::stringstream ss;
@@ -1740,7 +1740,7 @@ class OutputsContract : public TrainPlanCli {
   }
 };
 
-TEST_F(OutputsContract, AnOutputMayNotBeAnInput) {
+TEST_F(InputsAndOutputs, AnOutputMayNotBeAnInput) {
   const std::string t = trace();
   const char* kInput = "an output may not be an input";
   expect_refused(fmt::format("trace memory '{}' --html '{}'", t, t), "--html", t, kInput, t);
@@ -1788,7 +1788,7 @@ TEST_F(OutputsContract, AnOutputMayNotBeAnInput) {
   EXPECT_TRUE(fs::exists(dir_ / "plan.html"));
 }
 
-TEST_F(OutputsContract, TheOutputsOfOneCommandAreDistinctFiles) {
+TEST_F(InputsAndOutputs, TheOutputsOfOneCommandAreDistinctFiles) {
   const std::string t = trace();
   const fs::path x = dir_ / "x";
   expect_refused(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, x.string(), x.string()),
@@ -1806,7 +1806,7 @@ TEST_F(OutputsContract, TheOutputsOfOneCommandAreDistinctFiles) {
   EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"stderr.txt", "t.json", "y", "y2"}));
 }
 
-TEST_F(OutputsContract, TheOutputsAppearTogetherOrNotAtAll) {
+TEST_F(InputsAndOutputs, TheOutputsAppearTogetherOrNotAtAll) {
   const std::string t = trace();
   // --json cannot be written: the page is not left behind, and a page already there is kept.
   const fs::path page = dir_ / "m.html", json = dir_ / "no_dir" / "m.json";
@@ -1831,7 +1831,7 @@ TEST_F(OutputsContract, TheOutputsAppearTogetherOrNotAtAll) {
   EXPECT_THAT(text_of(page), ::testing::HasSubstr("<html"));
 }
 
-TEST_F(OutputsContract, ADirectoryIsNotAnOutputFile) {
+TEST_F(InputsAndOutputs, ADirectoryIsNotAnOutputFile) {
   const std::string t = trace();
   fs::create_directories(dir_ / "d");
   const fs::path slash = dir_ / "y/";
@@ -1852,7 +1852,7 @@ TEST_F(OutputsContract, ADirectoryIsNotAnOutputFile) {
 // Every input a command names that is not there is bad usage, exit 2 naming the option and the
 // path, as a missing --config always was (issue 39: a missing --hardware .yaml, trace file or
 // checkpoint exited 1).
-TEST_F(OutputsContract, AMissingInputIsBadUsageInEveryCommand) {
+TEST_F(InputsAndOutputs, AMissingInputIsBadUsageInEveryCommand) {
   const std::string config = small_llama().string(), gone = (dir_ / "gone").string();
   const std::string train =
       fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64", config);
@@ -1876,6 +1876,42 @@ TEST_F(OutputsContract, AMissingInputIsBadUsageInEveryCommand) {
     const Result r = run(args);
     EXPECT_EQ(r.code, 2);
     EXPECT_THAT(r.err, ::testing::HasSubstr(option + ": no such file or directory '" + gone));
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+// A hardware file is read by the reader contract: what broke it exits 1 naming the file, the line
+// and the key, never an internal error or a plan on a figure out of range (issue 39).
+TEST_F(InputsAndOutputs, AHardwareFileBreakingTheReaderContractIsNamed) {
+  const std::string good = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/hardware/h100-hbm2e-500w.yaml";
+  std::stringstream text;
+  text << std::ifstream(good).rdbuf();
+  const auto file = [&](const std::string& name, const std::string& from, const std::string& to) {
+    std::string t = text.str();
+    t.replace(t.find(from), from.size(), to);
+    std::ofstream(dir_ / name) << t;
+    return (dir_ / name).string();
+  };
+  const std::string base = fmt::format(
+      "train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64 --compare --rules preset:llama_fsdp",
+      small_llama().string());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {file("list.yaml", text.str().substr(text.str().find("sources:")),
+            "sources:\n  - the datasheet\n  - torchtitan\n"),
+       ":22: 'sources' is a list"},
+      {file("slow.yaml", "bf16_flops: 835.5e12", "bf16_flops: 1e-300"),
+       ":8: 'bf16_flops' is 1e-300: it must be 1e9 to 1e18 FLOP/s per device"},
+      {file("twice.yaml", "node_size: 8", "node_size: 8\nnode_size: 4"),
+       ":13: 'node_size' is given twice"},
+      {file("typo.yaml", "node_size: 8", "node_size: 8\nnodesize: 4"),
+       ":13: unknown key 'nodesize'"},
+  };
+  for (const auto& [path, why] : cases) {
+    SCOPED_TRACE(path);
+    const Result r = run(fmt::format("{} --hardware '{}'", base, path));
+    EXPECT_EQ(r.code, 1);
+    EXPECT_THAT(r.err, ::testing::HasSubstr("[hardware] " + path + why));
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error")));
     EXPECT_EQ(r.out, "");
   }
 }
