@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -299,6 +300,67 @@ TEST(MemoryReport, ATraceWithoutRunsOrWithABrokenRunIsAnErrorNamingIt) {
   no_what["peak"]["live"][1].erase("what");
   fails(with(no_what), "event 0 'args' 'peak' 'live' [1]: has no 'what'");
   fails(R"([{"ph": "i", "ph": "i"}])", "event 0: has the key 'ph' twice");
+  // Issue 39: a null peak device printed "device -1"; a device listed twice was accepted; 25
+  // values of 2^63-1 live at the peak added up to a negative figure on the page.
+  json null_device = run;
+  null_device["peak"]["device"] = nullptr;
+  fails(with(null_device), "event 0 'args' 'peak' 'device': is null, not a device id");
+  json twice = run;
+  twice["devices"] = json::array({1, 1});
+  fails(with(twice), "event 0 'args' 'devices' [1]: device 1 is listed twice");
+  json none = run;
+  none["devices"] = json::array();
+  fails(with(none), "event 0 'args' 'devices': is empty");
+  json huge = run;
+  huge["peak"]["live"] = json::array();
+  for (int i = 0; i < 25; ++i) {
+    huge["peak"]["live"].push_back(json{{"what", "v"}, {"scope", ""}, {"bytes", INT64_MAX}});
+  }
+  fails(with(huge), "event 0 'args' 'peak' 'live' [1] 'bytes': the values live at the peak add "
+                    "up past 9223372036854775807 bytes");
+}
+
+// A run's peak is the largest of its own samples (the profiler finds it so). A trace claiming
+// another (256 B where its samples reach 5,000 B) is read, and its peak shown as claimed beside
+// the sampled one, in the text and on the page (issue 39: printed as "measured").
+TEST(MemoryReport, APeakItsOwnSamplesContradictIsShownAsClaimed) {
+  const profiler::MemoryRun measured = measured_run();
+  EXPECT_TRUE(profiler::detail::peak_agrees_with_samples(measured));
+  const profiler::detail::SampledPeak s = profiler::detail::sampled_peak(measured);
+  EXPECT_EQ(s.bytes, 256);  // by hand: after step 1, first on device 0
+  EXPECT_EQ(s.step, 1u);
+  EXPECT_EQ(s.device, 0);
+  profiler::MemoryRun edited = measured;
+  edited.live_bytes[2][1] = 5000;  // device 1 after step 2
+  EXPECT_FALSE(profiler::detail::peak_agrees_with_samples(edited));
+  const std::string text = profiler::detail::format_memory_runs({edited}, "t.json", 10);
+  EXPECT_THAT(text, HasSubstr("  claimed peak  256 B on device 0 after step 1 (tanh 'h', scope "
+                              "mlp): its own samples contradict it\n"
+                              "  sampled peak  4.88 KiB on device 1 after step 2 (reduce_sum, "
+                              "scope head)\n"));
+  EXPECT_THAT(text, Not(HasSubstr("measured peak")));
+  const std::string page = profiler::memory_html({edited}, "t");
+  EXPECT_THAT(page, HasSubstr("Claimed peak 256 B on device 0"));
+  EXPECT_THAT(page, HasSubstr("they reach 4.88 KiB on device 1 after step 2"));
+  // A claimed peak at a sample that is a largest one, but not the first, agrees.
+  profiler::MemoryRun tie = measured;
+  tie.peak_device = 1;
+  EXPECT_TRUE(profiler::detail::peak_agrees_with_samples(tie));
+  // A peak claimed at a sample that holds less, with the same largest figure elsewhere, does not.
+  profiler::MemoryRun moved = measured;
+  moved.peak_step = 0;
+  EXPECT_FALSE(profiler::detail::peak_agrees_with_samples(moved));
+}
+
+// The page adds up what is live at the peak in 64 bits without wrapping: 25 values of 2^63-1
+// (a run made in the program, not read from a trace) gave a negative "every other value" row.
+TEST(MemoryReport, ThePagesSumOfLiveValuesDoesNotWrap) {
+  profiler::MemoryRun r = measured_run();
+  r.peak_bytes = INT64_MAX;
+  r.live_at_peak.assign(25, profiler::LiveBuffer{"v", "", INT64_MAX});
+  const std::string page = profiler::memory_html({r}, "t");
+  EXPECT_THAT(page, Not(HasSubstr("every other value live at the peak")));
+  EXPECT_THAT(page, Not(HasSubstr(">-")));
 }
 
 }  // namespace
