@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "../json_impl.hpp"
 #include "../profiler/memory_report.hpp"
+#include "../profiler/trace_summary.hpp"
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
@@ -361,6 +363,78 @@ TEST(MemoryReport, ThePagesSumOfLiveValuesDoesNotWrap) {
   const std::string page = profiler::memory_html({r}, "t");
   EXPECT_THAT(page, Not(HasSubstr("every other value live at the peak")));
   EXPECT_THAT(page, Not(HasSubstr(">-")));
+}
+
+// The trace readers walk the events one at a time (for_each_trace_event), holding one event's
+// parse, not the whole file's (issue 39: 774 MB for a 78 MB trace). They accept and refuse what a
+// whole-document parse does: each text here is read both ways, and the events seen (by their
+// source text) and the verdicts agree.
+TEST(MemoryReport, TheEventsAreReadOneByOneAsTheWholeDocumentGivesThem) {
+  const std::vector<std::string> texts = {
+      R"([])",
+      R"([{"ph": "X"}, {"ph": "i", "name": "a \"]}[{\\"}, 3, "s", null, [1, [2]]])",
+      R"( {"displayTimeUnit": "ms", "traceEvents": [ {"a": {"b": [1, 2]}} ], "other": {"x": "]"}} )",
+      R"({"other": [1, {"y": null}], "traceEvents": []})",
+      R"([{"ph": "X"},])",               // a trailing comma
+      R"([{"ph": "X"} {"ph": "X"}])",    // no comma
+      R"([{"ph": "X"}] extra)",          // text after the value
+      R"([{"ph": "X"})",                 // not closed
+      R"([{"ph": "X]})",                 // a string not closed
+      R"({"traceEvents": [], "traceEvents": []})",
+      R"({"traceEvents": [1], "bad": [1,]})",
+      R"({"traceEvents": 3})",
+      R"({"x": 1})",
+      R"({"traceEvents": [tru]})",
+      R"([1e5, -0, 1.5e-3, 12abc])",
+      R"(["\u00e9", "\ud800"])",      // a lone surrogate is not UTF-8
+      "",
+      "  ",
+      R"("a trace?")",
+      std::string(300, '[') + std::string(300, ']'),
+      "[" + std::string(254, '[') + std::string(254, ']') + "]",
+      "[" + std::string(256, '[') + std::string(256, ']') + "]",
+  };
+  for (const std::string& text : texts) {
+    SCOPED_TRACE(text.substr(0, 80));
+    // The whole document: valid or not, and its events.
+    bool whole_ok = true;
+    std::vector<std::string> whole;
+    try {
+      const detail::json::Document doc(text);
+      detail::json::Value events = doc.root();
+      if (events.is_object()) {
+        for (auto it = events.begin(); it != events.end(); ++it) {
+          if (it.key() == "traceEvents") events = it.value();
+        }
+      }
+      if (!events.is_array()) throw std::runtime_error("no events");
+      for (const detail::json::Value e : events) whole.push_back(e.source_text(1000));
+    } catch (const std::exception&) {
+      whole_ok = false;
+    }
+    std::vector<std::string> walked;
+    bool walked_ok = true;
+    try {
+      detail::for_each_trace_event(text, "t.json", [&](const detail::json::Value& e, std::size_t i) {
+        EXPECT_EQ(i, walked.size());
+        walked.push_back(e.source_text(1000));
+      });
+    } catch (const IoError& e) {
+      walked_ok = false;
+      EXPECT_THAT(e.what(), HasSubstr("[trace] t.json: "));
+    }
+    const bool duplicate = text.find(R"("traceEvents": [], "traceEvents")") != std::string::npos;
+    EXPECT_EQ(walked_ok, whole_ok && !duplicate);
+    if (whole_ok && walked_ok) {
+      EXPECT_EQ(walked, whole);
+    }
+  }
+  EXPECT_THROW_WITH(detail::for_each_trace_event(R"([{"ph": "X"},])", "t.json",
+                                                 [](const detail::json::Value&, std::size_t) {}),
+                    IoError, std::string("not a trace: not valid JSON (at byte 13)"));
+  EXPECT_THROW_WITH(detail::for_each_trace_event(R"({"traceEvents": [], "traceEvents": []})", "t.json",
+                                                 [](const detail::json::Value&, std::size_t) {}),
+                    IoError, std::string("the top-level object has the key 'traceEvents' twice"));
 }
 
 }  // namespace

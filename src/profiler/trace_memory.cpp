@@ -185,20 +185,18 @@ MemoryRun read_run(const json::Value& args, const At& at) {
 }  // namespace
 
 std::vector<MemoryRun> read_trace_memory(std::string_view text, std::string_view file) {
-  std::optional<json::Document> doc;
-  const json::Value events = shardplan::detail::trace_event_array(text, file, doc);
   std::vector<MemoryRun> runs;
-  std::size_t n = 0, counters = 0;
-  for (const json::Value e : events) {
-    const At at{file, fmt::format("event {}", n++)};
+  std::size_t counters = 0;
+  shardplan::detail::for_each_trace_event(text, file, [&](const json::Value& e, std::size_t n) {
+    const At at{file, fmt::format("event {}", n)};
     const Object o(e, at);
     const std::string ph = string_of(o.get("ph"), at / "ph");
     const auto name = find(o.m, "name");
     const bool named = name && name->is_string();
     if (ph == "C" && named && name->str().starts_with("live bytes, device ")) ++counters;
-    if (ph != "i" || !named || name->str() != kMemoryPeakEvent) continue;
+    if (ph != "i" || !named || name->str() != kMemoryPeakEvent) return;
     runs.push_back(read_run(o.get("args"), at / "args"));
-  }
+  });
   if (runs.empty()) {
     fail(file, fmt::format("no memory runs: it has no '{}' instant events (the profiler writes one "
                            "per program run with ProfileOptions::memory on; this trace has {} "
