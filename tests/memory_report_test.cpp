@@ -310,6 +310,14 @@ TEST(MemoryReport, ATraceWithoutRunsOrWithABrokenRunIsAnErrorNamingIt) {
   json twice = run;
   twice["devices"] = json::array({1, 1});
   fails(with(twice), "event 0 'args' 'devices' [1]: device 1 is listed twice");
+  // The run's objects are shardplan's own: a key memory_run_json does not write is refused.
+  json extra = run;
+  extra["peak"]["bytez"] = 1;
+  fails(with(extra), "event 0 'args' 'peak': has the unknown key 'bytez' (expected step, bytes, "
+                     "device, live)");
+  json extra_step = run;
+  extra_step["steps"][0]["ops"] = "x";
+  fails(with(extra_step), "event 0 'args' 'steps' [0]: has the unknown key 'ops'");
   json none = run;
   none["devices"] = json::array();
   fails(with(none), "event 0 'args' 'devices': is empty");

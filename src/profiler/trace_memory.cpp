@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <optional>
 
 #include "../json_impl.hpp"
@@ -63,6 +64,16 @@ struct Object {
     if (!v) at.fail(fmt::format("has no '{}'", key));
     return *v;
   }
+  /// A run's objects are shardplan's own (memory_run_json): a key it does not write is an error.
+  const Object& known(std::initializer_list<std::string_view> keys) const {
+    for (const auto& [k, v] : m) {
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+        at.fail(fmt::format("has the unknown key '{}' (expected {})", printable(k),
+                            fmt::join(keys, ", ")));
+      }
+    }
+    return *this;
+  }
 };
 
 std::int64_t bytes(const json::Value& v, const At& at) {
@@ -116,6 +127,7 @@ std::vector<std::vector<std::int64_t>> per_step(const json::Value& v, const At& 
 
 void read_peak(const Object& o, MemoryRun& r) {
   const Object peak(o.get("peak"), o.at / "peak");
+  peak.known({"step", "bytes", "device", "live"});
   const json::Value step = peak.get("step");
   if (step.is_null()) {
     r.peak_step = r.steps.size();
@@ -136,6 +148,7 @@ void read_peak(const Object& o, MemoryRun& r) {
   std::int64_t sum = 0;  // what the page adds up: must fit
   for (const json::Value b : array(peak.get("live"), live_at, std::nullopt, "")) {
     const Object lb(b, live_at[i++]);
+    lb.known({"what", "scope", "bytes"});
     r.live_at_peak.push_back(LiveBuffer{string_of(lb.get("what"), lb.at / "what"),
                                         string_of(lb.get("scope"), lb.at / "scope"),
                                         bytes(lb.get("bytes"), lb.at / "bytes")});
@@ -149,6 +162,8 @@ void read_peak(const Object& o, MemoryRun& r) {
 
 MemoryRun read_run(const json::Value& args, const At& at) {
   const Object o(args, at);
+  o.known({"devices", "steps", "start_bytes", "live_bytes", "value_start_bytes", "value_bytes",
+           "planned_start_bytes", "planned_bytes", "peak", "took_constants"});
   MemoryRun r;
   std::size_t i = 0;
   for (const json::Value d : array(o.get("devices"), at / "devices", std::nullopt, "")) {
@@ -162,6 +177,7 @@ MemoryRun read_run(const json::Value& args, const At& at) {
   i = 0;
   for (const json::Value s : array(o.get("steps"), at / "steps", std::nullopt, "")) {
     const Object st(s, (at / "steps")[i++]);
+    st.known({"op", "value", "scope"});
     r.steps.push_back(MemoryStep{string_of(st.get("op"), st.at / "op"),
                                  string_of(st.get("value"), st.at / "value"),
                                  string_of(st.get("scope"), st.at / "scope")});
