@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <mutex>
+#include <set>
+#include <utility>
 
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -32,6 +34,7 @@ struct Record {
   std::mutex mutex;
   int alive = 0;
   std::vector<ReadInput> files;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> seen;  // (device, inode) of files
 };
 Record& record() {
   static Record r;
@@ -42,12 +45,10 @@ void note_input(const struct stat& st, const std::string& path, std::string_view
   Record& r = record();
   const std::lock_guard lock(r.mutex);
   if (r.alive == 0) return;
-  const auto same = [&](const ReadInput& f) {
-    return f.device == st.st_dev && f.inode == st.st_ino;
-  };
-  if (std::none_of(r.files.begin(), r.files.end(), same)) {
-    r.files.push_back({static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
-                       path, std::string(what)});
+  const auto device = static_cast<std::uint64_t>(st.st_dev);
+  const auto inode = static_cast<std::uint64_t>(st.st_ino);
+  if (r.seen.emplace(device, inode).second) {
+    r.files.push_back({device, inode, path, std::string(what)});
   }
 }
 
@@ -62,7 +63,10 @@ InputRecord::InputRecord() {
 InputRecord::~InputRecord() {
   Record& r = record();
   const std::lock_guard lock(r.mutex);
-  if (--r.alive == 0) r.files.clear();
+  if (--r.alive == 0) {
+    r.files.clear();
+    r.seen.clear();
+  }
 }
 
 std::vector<ReadInput> InputRecord::files() {

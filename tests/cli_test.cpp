@@ -240,8 +240,7 @@ TEST_F(CliTest, PlansASafetensorsCheckpointWithThePresetFile) {
 }
 
 TEST_F(CliTest, ACheckpointDirectoryIsReadThroughItsSafetensorsFile) {
-  const fs::path model = dir_ / "model.json";
-  std::ofstream(model) << R"({"w": {"shape": [8, 8], "dtype": "BF16"}})";  // dir_/model.safetensors
+  const fs::path model = llama_checkpoint(1);  // dir_/model.safetensors
   const Result by_file = run(fmt::format("plan --model '{}' --json", model.string()));
   const Result by_dir = run(fmt::format("plan --model '{}' --json", dir_.string()));
   ASSERT_EQ(by_dir.code, 0) << by_dir.err;
@@ -285,8 +284,7 @@ TEST_F(CliTest, SummaryLeavesOutTheRowPerTensor) {
 }
 
 TEST_F(CliTest, ExplainTakesTheCheckpointsNameAndPrintsJson) {
-  const fs::path model = dir_ / "model.json";
-  std::ofstream(model) << R"({"w": {"shape": [8, 8], "dtype": "BF16"}})";
+  const fs::path model = llama_checkpoint(1);
   const Result by_path = run(
       fmt::format("plan --model '{}' --explain model/layers/0/mlp/up_proj/weight", model.string()));
   const Result by_name = run(
