@@ -480,7 +480,7 @@ void OutputFiles::commit() {
   // (a hard link, locked as a temporary is), so that a later failure can put it back.
   struct Renamed {
     OutputFile* file;
-    fs::path backup;  // empty: nothing was replaced
+    fs::path backup;  // empty: nothing was replaced (or, without hard links, nothing kept)
     int backup_lock = -1;
   };
   std::vector<Renamed> renamed;
@@ -503,12 +503,18 @@ void OutputFiles::commit() {
       r.backup = temp_name_for(f->dst_, "partial");
       if (::link(f->dst_.c_str(), r.backup.c_str()) != 0) {
         const int err = errno;
-        undo();
-        fail(f->what_, f->dst_, "cannot keep the file it replaces until every output is written",
-             err);
+        if (err == EPERM || err == EOPNOTSUPP || err == ENOSYS || err == EMLINK) {
+          r.backup.clear();  // a file system without hard links: replaced without a way back
+        } else {
+          undo();
+          fail(f->what_, f->dst_,
+               "cannot keep the file it replaces until every output is written", err);
+        }
       }
-      r.backup_lock = ::open(r.backup.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-      if (r.backup_lock >= 0) (void)::flock(r.backup_lock, LOCK_EX | LOCK_NB);
+      if (!r.backup.empty()) {
+        r.backup_lock = ::open(r.backup.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (r.backup_lock >= 0) (void)::flock(r.backup_lock, LOCK_EX | LOCK_NB);
+      }
     }
     if (::rename(f->temp_.c_str(), f->dst_.c_str()) != 0) {
       const int err = errno;
