@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "html_page.hpp"
+#include "shardplan/detail/checked.hpp"
 #include "shardplan/format_bytes.hpp"
 
 namespace shardplan::detail {
@@ -85,7 +87,8 @@ void write_bands(std::string& out, const std::vector<StepBand>& bands, const Fra
 
 void write_axes(std::string& out, const Frame& f, const ByteAxis& axis, std::size_t n) {
   for (std::int64_t k = 0; k <= axis.ticks; ++k) {
-    const std::int64_t value = k * axis.step;
+    std::int64_t value = 0;
+    if (!checked_mul(k, axis.step, &value)) break;  // a top tick past 8 EiB: left unlabelled
     const double y = f.y(static_cast<double>(value));
     out += fmt::format("<line class=\"{}\" x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\"/>",
                        k == 0 ? "axis" : "grid", num(Frame::kLeft),
@@ -172,7 +175,7 @@ void write_live_table(std::string& out, const std::vector<std::string>& headers,
   std::int64_t shown = 0;
   for (std::size_t i = 0; i < rows.size() && i < max_rows; ++i) {
     const LiveRow& r = rows[i];
-    shown += r.bytes;
+    if (!checked_add(shown, r.bytes, &shown)) shown = INT64_MAX;  // more than any peak
     out += fmt::format("<tr><td class=\"n\">{}</td>", i + 1);
     for (std::size_t k = 0; k < r.cells.size(); ++k) {
       out += k < mono.size() && mono[k] ? "<td class=\"mono\">" : "<td>";

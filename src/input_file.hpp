@@ -4,9 +4,11 @@
 // such as /dev/zero or a directory given by mistake is an error naming it rather than a hang,
 // an unbounded read or a confusing parse error; and at most a stated number of bytes.
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace shardplan::detail {
 
@@ -23,6 +25,25 @@ inline constexpr std::size_t kMaxInputFileBytes = std::size_t{1} << 30;  // 1 Gi
 /// the opened descriptor, so a file replaced between a check and the open cannot slip through.
 std::string read_input_file(const std::filesystem::path& file, std::string_view what,
                             std::size_t max_bytes = kMaxInputFileBytes);
+
+/// A file opened by InputFile (or read_input_file) while an InputRecord was alive.
+struct ReadInput {
+  std::uint64_t device = 0, inode = 0;  // st_dev, st_ino: the file, however it was named
+  std::string path, what;               // as opened; the reader's word for it ("trace")
+};
+
+/// While one is alive (in any thread), every file InputFile opens is noted: a command checks that
+/// none of its outputs is one of the files it read (OutputFiles, docs/cli.md "Outputs"). Off
+/// otherwise: a program may read a file and later write it again. Nests.
+class InputRecord {
+ public:
+  InputRecord();
+  ~InputRecord();
+  InputRecord(const InputRecord&) = delete;
+  InputRecord& operator=(const InputRecord&) = delete;
+  /// The files opened since the first live InputRecord was made, each once, in order.
+  static std::vector<ReadInput> files();
+};
 
 /// An opened regular file for reads at offsets (safetensors headers, shard data): the same
 /// checks as read_input_file, without reading it. Closes on destruction.

@@ -287,8 +287,20 @@ void OutputDir::discard() noexcept {
 
 // ---- OutputFile -----------------------------------------------------------------------------
 
+namespace {
+
+/// Whether `p` names a directory by its form: "out/", "out/.", "..".
+bool names_a_directory(const fs::path& p) {
+  return !p.empty() && (!p.has_filename() || p.filename() == "." || p.filename() == "..");
+}
+
+}  // namespace
+
 OutputFile::OutputFile(const fs::path& dst, std::string_view what)
     : what_(what), dst_(output_path(dst, what)) {
+  if (names_a_directory(dst)) {
+    fail(what_, dst, "names a directory (it ends in '/'); name a file to write");
+  }
   struct stat st {};
   if (::lstat(dst_.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode)) {
@@ -351,7 +363,7 @@ void OutputFile::resize(std::int64_t bytes) {
   }
 }
 
-void OutputFile::commit() {
+void OutputFile::close_written() {
   if (done_) fail(what_, dst_, "committed or discarded already");
   if (::fsync(fd_) != 0) {
     const int err = errno;
@@ -365,6 +377,10 @@ void OutputFile::commit() {
     discard();
     fail(what_, dst_, "close failed", err);
   }
+}
+
+void OutputFile::commit() {
+  close_written();
   if (::rename(temp_.c_str(), dst_.c_str()) != 0) {
     const int err = errno;
     discard();
@@ -384,6 +400,143 @@ void OutputFile::discard() noexcept {
   ::unlink(temp_.c_str());
   if (lock_fd_ >= 0) ::close(lock_fd_);
   lock_fd_ = -1;
+}
+
+// ---- OutputFiles ----------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void refuse(const NamedOutput& o, const std::string& why) {
+  throw OutputPathError(fmt::format("{} '{}': {}", o.option, o.path.string(), why));
+}
+
+/// The output contract's checks of OutputFiles, before anything is made.
+void check_outputs(const std::vector<NamedOutput>& outputs) {
+  const std::vector<ReadInput> inputs = InputRecord::files();
+  struct Seen {
+    const NamedOutput* output;
+    fs::path resolved;
+    bool exists;
+    struct stat st;
+  };
+  std::vector<Seen> seen;
+  for (const NamedOutput& o : outputs) {
+    if (o.path.empty()) refuse(o, "the path is empty");
+    if (names_a_directory(o.path)) {
+      refuse(o, "names a directory (it ends in '/'); name a file to write");
+    }
+    Seen s{&o, {}, false, {}};
+    s.exists = ::stat(o.path.c_str(), &s.st) == 0;
+    if (s.exists && S_ISDIR(s.st.st_mode)) refuse(o, "is a directory; name a file to write");
+    if (s.exists) {
+      for (const ReadInput& in : inputs) {
+        if (in.device == static_cast<std::uint64_t>(s.st.st_dev) &&
+            in.inode == static_cast<std::uint64_t>(s.st.st_ino)) {
+          refuse(o, fmt::format("is an input of this command (the {} {}); an output may not "
+                                "be an input",
+                                in.what, in.path));
+        }
+      }
+    }
+    std::error_code ec;
+    s.resolved = fs::weakly_canonical(fs::absolute(o.path, ec), ec);
+    if (ec) s.resolved = fs::absolute(o.path, ec).lexically_normal();
+    for (const Seen& t : seen) {
+      const bool same_file = s.exists && t.exists && s.st.st_dev == t.st.st_dev &&
+                             s.st.st_ino == t.st.st_ino;
+      if (same_file || (!s.resolved.empty() && s.resolved == t.resolved)) {
+        refuse(o, fmt::format("is the same file as {} '{}'; each output of a command is a "
+                              "different file",
+                              t.output->option, t.output->path.string()));
+      }
+    }
+    seen.push_back(s);
+  }
+}
+
+}  // namespace
+
+OutputFiles::OutputFiles(const std::vector<NamedOutput>& outputs) {
+  check_outputs(outputs);
+  for (const NamedOutput& o : outputs) {
+    files_.push_back(std::make_unique<OutputFile>(o.path, o.option));
+  }
+}
+
+OutputFiles::~OutputFiles() { discard(); }
+
+void OutputFiles::discard() noexcept {
+  for (auto& f : files_) f->discard();
+}
+
+void OutputFiles::commit() {
+  try {
+    for (auto& f : files_) f->close_written();
+  } catch (...) {
+    discard();
+    throw;
+  }
+  // Each destination in turn; a regular file it replaces is first kept under a hidden name
+  // (a hard link, locked as a temporary is), so that a later failure can put it back.
+  struct Renamed {
+    OutputFile* file;
+    fs::path backup;  // empty: nothing was replaced (or, without hard links, nothing kept)
+    int backup_lock = -1;
+  };
+  std::vector<Renamed> renamed;
+  const auto undo = [&] {
+    for (auto it = renamed.rbegin(); it != renamed.rend(); ++it) {
+      if (it->backup.empty()) {
+        ::unlink(it->file->dst_.c_str());
+      } else {
+        ::rename(it->backup.c_str(), it->file->dst_.c_str());
+      }
+      if (it->backup_lock >= 0) ::close(it->backup_lock);
+    }
+    discard();
+  };
+  const bool several = files_.size() > 1;
+  for (auto& f : files_) {
+    Renamed r{f.get(), {}, -1};
+    struct stat st {};
+    if (several && ::lstat(f->dst_.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      r.backup = temp_name_for(f->dst_, "partial");
+      if (::link(f->dst_.c_str(), r.backup.c_str()) != 0) {
+        const int err = errno;
+        if (err == EPERM || err == EOPNOTSUPP || err == ENOSYS || err == EMLINK) {
+          r.backup.clear();  // a file system without hard links: replaced without a way back
+        } else {
+          undo();
+          fail(f->what_, f->dst_,
+               "cannot keep the file it replaces until every output is written", err);
+        }
+      }
+      if (!r.backup.empty()) {
+        r.backup_lock = ::open(r.backup.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (r.backup_lock >= 0) (void)::flock(r.backup_lock, LOCK_EX | LOCK_NB);
+      }
+    }
+    if (::rename(f->temp_.c_str(), f->dst_.c_str()) != 0) {
+      const int err = errno;
+      if (!r.backup.empty()) ::unlink(r.backup.c_str());
+      if (r.backup_lock >= 0) ::close(r.backup_lock);
+      undo();
+      fail(f->what_, f->dst_,
+           several ? "cannot rename the finished file into place (no output of this command was "
+                     "written)"
+                   : "cannot rename the finished file into place",
+           err);
+    }
+    renamed.push_back(r);
+  }
+  for (Renamed& r : renamed) {
+    if (!r.backup.empty()) ::unlink(r.backup.c_str());
+    if (r.backup_lock >= 0) ::close(r.backup_lock);
+    r.file->done_ = true;
+    ::close(r.file->lock_fd_);
+    r.file->lock_fd_ = -1;
+  }
+  for (const Renamed& r : renamed) sync_directory(r.file->dst_.parent_path(), r.file->what_);
 }
 
 }  // namespace shardplan::detail

@@ -7,9 +7,12 @@
 // the temporary and nothing else. Errors are IoError "[what] PATH: ..." naming the destination.
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "shardplan/error.hpp"
 
 namespace shardplan::detail {
 
@@ -77,7 +80,8 @@ class OutputDir {
 
 /// A file written under a temporary name in its destination's directory (which must exist),
 /// then renamed to its destination: a regular file there is replaced atomically; anything else
-/// (a directory, a symbolic link, a device) is an error and left as it is. (The report files
+/// (a directory, a symbolic link, a device) is an error and left as it is, and so is a path that
+/// names a directory by its form (ending in '/', "." or ".."). (The report files
 /// and skeletons written this way are made again by running the command again; a checkpoint,
 /// which must never be replaced, is an OutputDir.) Not thread-safe; the destructor removes an uncommitted file.
 class OutputFile {
@@ -102,11 +106,58 @@ class OutputFile {
   void discard() noexcept;
 
  private:
+  friend class OutputFiles;
+  void close_written();  // fsync and close (commit's first half); discards on failure
+
   std::string what_;
   std::filesystem::path dst_, temp_;
   int fd_ = -1;
   int lock_fd_ = -1;  // temp_ opened again, flock'ed until the rename: see OutputDir
   bool done_ = false;
+};
+
+/// An output path a command was given that breaks the output contract (OutputFiles): bad usage,
+/// exit 2 in the CLI. Names the option and the path.
+class OutputPathError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+/// One output of a command: the option that names it ("--html") and its path.
+struct NamedOutput {
+  std::string option;
+  std::filesystem::path path;
+};
+
+/// The files one command writes, under the output contract (docs/cli.md "Outputs"):
+/// - no output is a file the command read (InputRecord: the same device and inode, however
+///   named), so construct it once the inputs are read;
+/// - the outputs are distinct files (the same path once resolved, or the same device and inode);
+/// - an output names a file: a path ending in '/' (or "." / "..") or an existing directory is
+///   refused;
+/// - they appear together or not at all: each is written to its temporary (OutputFile), and
+///   commit() renames them all at the end; when one rename fails, those made already are undone
+///   (a file they replaced is put back) and every temporary removed.
+/// The constructor checks all of that before anything is made (OutputPathError naming the
+/// option and path), then makes every temporary (IoError as OutputFile). Not thread-safe.
+class OutputFiles {
+ public:
+  explicit OutputFiles(const std::vector<NamedOutput>& outputs);
+  ~OutputFiles();
+  OutputFiles(const OutputFiles&) = delete;
+  OutputFiles& operator=(const OutputFiles&) = delete;
+
+  std::size_t size() const { return files_.size(); }
+  /// Output `i` (in the constructor's order): write it, then commit() all.
+  OutputFile& operator[](std::size_t i) { return *files_[i]; }
+  /// Closes every temporary, then renames each into place; all or none appear. Throws IoError
+  /// naming the destination that failed.
+  void commit();
+  /// Removes every temporary (also done by the destructor unless committed).
+  void discard() noexcept;
+
+ private:
+  std::vector<std::unique_ptr<OutputFile>> files_;
 };
 
 }  // namespace shardplan::detail

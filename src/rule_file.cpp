@@ -8,6 +8,7 @@
 #include <set>
 
 #include "input_file.hpp"
+#include "yaml_input.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/rules/logical_axis_rule.hpp"
 #include "shardplan/rules/rule_table_sharding_rule.hpp"
@@ -19,72 +20,6 @@ const std::vector<std::pair<std::string_view, std::string_view>>& embedded_prese
 }  // namespace detail
 
 namespace {
-
-/// Deeper nesting than this is rejected before yaml-cpp parses the text: yaml-cpp recurses once
-/// per level (its own guard stops at 2000 levels, deeper than a small or sanitized stack holds).
-/// Rule files nest four or five levels.
-constexpr int kMaxYamlDepth = 128;
-
-/// An upper bound on the nesting at each point: a line's indentation and its leading "- " / "? "
-/// / ": " indicators (block levels take at least one column each), plus the open flow brackets.
-/// Quoted text and comments are skipped. Throws IoError naming the line.
-void check_yaml_depth(std::string_view text, std::string_view source) {
-  int flow = 0;
-  int line = 1;
-  int block = 0;
-  bool line_start = true;
-  char quote = 0;
-  auto fail = [&] {
-    throw IoError(
-        fmt::format("[rules] {}:{}: nesting deeper than {} levels", source, line, kMaxYamlDepth));
-  };
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    const char next = i + 1 < text.size() ? text[i + 1] : '\n';
-    if (c == '\n') {
-      ++line;
-      block = 0;
-      line_start = true;
-      continue;
-    }
-    if (quote != 0) {
-      if (quote == '"' && c == '\\') {
-        ++i;
-      } else if (c == quote) {
-        if (quote == '\'' && next == '\'') {
-          ++i;
-        } else {
-          quote = 0;
-        }
-      }
-      continue;
-    }
-    if (line_start) {
-      if (c == ' ' || c == '\t') {
-        ++block;
-        continue;
-      }
-      if ((c == '-' || c == '?' || c == ':') && (next == ' ' || next == '\t' || next == '\n')) {
-        block += 2;
-        if (next != '\n') ++i;
-        if (block + flow > kMaxYamlDepth) fail();
-        continue;
-      }
-      line_start = false;
-      if (block + flow > kMaxYamlDepth) fail();
-    }
-    if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) {
-      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
-    } else if ((c == '"' || c == '\'') && (i == 0 || std::string_view(" \t[{,:").find(
-                                                         text[i - 1]) != std::string_view::npos)) {
-      quote = c;  // a quoted scalar starts a token; a quote inside a plain scalar is text
-    } else if (c == '[' || c == '{') {
-      if (block + ++flow > kMaxYamlDepth) fail();
-    } else if ((c == ']' || c == '}') && flow > 0) {
-      --flow;
-    }
-  }
-}
 
 class Parser {
  public:
@@ -177,7 +112,7 @@ class Parser {
   }
 
   RuleFile parse(std::string_view text) const {
-    check_yaml_depth(text, source_);
+    detail::check_yaml_depth(text, "rules", source_);
     YAML::Node root;
     try {
       root = YAML::Load(std::string(text));

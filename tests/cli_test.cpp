@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -179,9 +180,10 @@ TEST_F(CliTest, CheckpointInspectReshardAndConsolidate) {
   r = run(fmt::format("checkpoint consolidate '{}' '{}'", sp, back));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, ::testing::HasSubstr("already exists"));
+  // A missing input is bad usage, as a missing --config or --rules (issue 39: was exit 1).
   r = run("checkpoint inspect '" + (dir_ / "missing").string() + "'");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, ::testing::HasSubstr("no such file or directory"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("checkpoint inspect DIR: no such file or directory"));
 }
 
 TEST_F(CliTest, DemoPlansTheEmbeddedModel) {
@@ -1649,8 +1651,10 @@ TEST_F(CliTest, TraceSummarizeOfAFileThatIsNotATraceExitsOneNamingItAndWhatIsMis
     EXPECT_THAT(r.err, ::testing::HasSubstr(missing));
     EXPECT_EQ(r.out, "");
   }
+  // A missing input is bad usage, as a missing --config or --rules (issue 39: was exit 1).
   const Result gone = run(fmt::format("trace summarize '{}'", (dir_ / "missing.json").string()));
-  EXPECT_EQ(gone.code, 1);
+  EXPECT_EQ(gone.code, 2);
+  EXPECT_THAT(gone.err, ::testing::HasSubstr("trace FILE: no such file or directory"));
   EXPECT_THAT(gone.err, ::testing::HasSubstr("missing.json"));
   EXPECT_EQ(run("trace summarize").code, 2);  // no file: bad usage
 }
@@ -1862,6 +1866,285 @@ TEST_F(CliTest, JsonOutputsHaveTheKeysTheirSchemasPin) {
   EXPECT_EQ(test::json_schema_errors(schema, plan_doc),
             (std::vector<std::string>{"/: the key 'total_bytes' is missing",
                                       "/leaves/3/shape/: expected \"array\", got string"}));
+
+// The outputs contract (docs/cli.md "Outputs"), issue 39: an output may not be an input, the
+// outputs of one command are distinct files, they appear together or not at all, and a path
+// that names a directory is refused. Each refusal exits 2 naming the option and the path.
+class InputsAndOutputs : public TrainPlanCli {
+ protected:
+  static std::string text_of(const fs::path& file) {
+    std::stringstream ss;
+    ss << std::ifstream(file).rdbuf();
+    return ss.str();
+  }
+  /// `args` exits 2 naming `option` and `path` with `why`, and `input` keeps its bytes.
+  void expect_refused(const std::string& args, const std::string& option, const fs::path& path,
+                      const std::string& why, const fs::path& input = {}) const {
+    SCOPED_TRACE(args);
+    const std::string before = input.empty() ? "" : text_of(input);
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_THAT(r.err, ::testing::HasSubstr(fmt::format("{} '{}'", option, path.string())));
+    EXPECT_THAT(r.err, ::testing::HasSubstr(why));
+    if (!input.empty()) {
+      EXPECT_EQ(text_of(input), before);
+    }
+  }
+  /// A small LLaMA (two layers of width 256): planned in a fraction of a second.
+  fs::path small_llama() const {
+    return config(R"({"model_type": "llama", "vocab_size": 1000, "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 4})");
+  }
+  std::string trace() const {
+    const fs::path t = dir_ / "t.json";
+    fs::copy_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/memory.trace.json", t,
+                  fs::copy_options::overwrite_existing);
+    return t.string();
+  }
+};
+
+TEST_F(InputsAndOutputs, AnOutputMayNotBeAnInput) {
+  const std::string t = trace();
+  const char* kInput = "an output may not be an input";
+  expect_refused(fmt::format("trace memory '{}' --html '{}'", t, t), "--html", t, kInput, t);
+  expect_refused(fmt::format("trace memory '{}' --json '{}'", t, t), "--json", t, kInput, t);
+  // The same file under another name (a hard link, a path through "..").
+  fs::create_hard_link(t, dir_ / "alias.json");
+  expect_refused(fmt::format("trace memory '{}' --json '{}'", t, (dir_ / "alias.json").string()),
+                 "--json", dir_ / "alias.json", "(the trace " + t + ")", t);
+  fs::create_directories(dir_ / "sub");
+  const fs::path up = dir_ / "sub" / ".." / "t.json";
+  expect_refused(fmt::format("trace memory '{}' --html '{}'", t, up.string()), "--html", up,
+                 kInput, t);
+
+  // train-plan --html over its config (given as the file or as its directory), rules and
+  // hardware file.
+  const fs::path config = small_llama();
+  const std::string base =
+      fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64", config.string());
+  expect_refused(fmt::format("{} --html '{}'", base, config.string()), "--html", config,
+                 "(the config " + config.string() + ")", config);
+  expect_refused(fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64 --html "
+                             "'{}'",
+                             dir_.string(), config.string()),
+                 "--html", config, kInput, config);
+  const fs::path rules = dir_ / "rules.yaml";
+  std::ofstream(rules) << "rules:\n  - {match: '.*', spec: [fsdp]}\n";
+  expect_refused(fmt::format("{} --rules '{}' --html '{}'", base, rules.string(), rules.string()),
+                 "--html", rules, "(the rules " + rules.string() + ")", rules);
+  const fs::path hw = dir_ / "hw.yaml";
+  fs::copy_file(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/hardware/h100-hbm2e-500w.yaml",
+                hw);
+  expect_refused(fmt::format("{} --hardware '{}' --html '{}'", base, hw.string(), hw.string()),
+                 "--html", hw, "(the hardware file " + hw.string() + ")", hw);
+  // plan --html over its rule file or its model.
+  expect_refused(fmt::format("plan --rules '{}' --html '{}'", rules.string(), rules.string()),
+                 "--html", rules, kInput, rules);
+  const fs::path model = dir_ / "model.json";
+  std::ofstream(model) << R"({"w": {"shape": [8, 8], "dtype": "BF16"}})";
+  expect_refused(fmt::format("plan --model '{}' --html '{}'", model.string(), model.string()),
+                 "--html", model, kInput, model);
+  // Not an input: written.
+  const Result ok = run(fmt::format("{} --rules '{}' --html '{}'", base, rules.string(),
+                                    (dir_ / "plan.html").string()));
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_TRUE(fs::exists(dir_ / "plan.html"));
+}
+
+TEST_F(InputsAndOutputs, TheOutputsOfOneCommandAreDistinctFiles) {
+  const std::string t = trace();
+  const fs::path x = dir_ / "x";
+  expect_refused(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, x.string(), x.string()),
+                 "--json", x, "is the same file as --html '" + x.string() + "'");
+  // The same path spelled differently, not existing yet; the same existing file by a hard link.
+  const fs::path x2 = dir_ / "." / "x";
+  expect_refused(
+      fmt::format("trace memory '{}' --html '{}' --json '{}'", t, x.string(), x2.string()),
+      "--json", x2, "is the same file as --html");
+  std::ofstream(dir_ / "y") << "mine";
+  fs::create_hard_link(dir_ / "y", dir_ / "y2");
+  expect_refused(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, (dir_ / "y").string(),
+                             (dir_ / "y2").string()),
+                 "--json", dir_ / "y2", "is the same file as --html", dir_ / "y");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"stderr.txt", "t.json", "y", "y2"}));
+}
+
+TEST_F(InputsAndOutputs, TheOutputsAppearTogetherOrNotAtAll) {
+  const std::string t = trace();
+  // --json cannot be written: the page is not left behind, and a page already there is kept.
+  const fs::path page = dir_ / "m.html", json = dir_ / "no_dir" / "m.json";
+  Result r = run(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, page.string(),
+                             json.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr(json.string()));
+  EXPECT_EQ(r.out, "");
+  EXPECT_FALSE(fs::exists(page));
+  std::ofstream(page) << "the old page";
+  r = run(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, page.string(),
+                      json.string()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(text_of(page), "the old page");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"m.html", "stderr.txt", "t.json"}));
+  // Both written: each reported once.
+  r = run(fmt::format("trace memory '{}' --html '{}' --json '{}'", t, page.string(),
+                      (dir_ / "m.json").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::EndsWith(fmt::format("\nwrote {}\nwrote {}\n", page.string(),
+                                                     (dir_ / "m.json").string())));
+  EXPECT_THAT(text_of(page), ::testing::HasSubstr("<html"));
+}
+
+TEST_F(InputsAndOutputs, ADirectoryIsNotAnOutputFile) {
+  const std::string t = trace();
+  fs::create_directories(dir_ / "d");
+  const fs::path slash = dir_ / "y/";
+  expect_refused(fmt::format("trace memory '{}' --html '{}'", t, slash.string()), "--html", slash,
+                 "names a directory (it ends in '/')");
+  expect_refused(fmt::format("trace memory '{}' --json '{}'", t, (dir_ / "d").string()), "--json",
+                 dir_ / "d", "is a directory");
+  const fs::path config = small_llama();
+  expect_refused(fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64 --html "
+                             "'{}'",
+                             config.string(), slash.string()),
+                 "--html", slash, "names a directory");
+  expect_refused(fmt::format("plan --html '{}'", slash.string()), "--html", slash,
+                 "names a directory");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"config.json", "d", "stderr.txt", "t.json"}));
+}
+
+// Every input a command names that is not there is bad usage, exit 2 naming the option and the
+// path, as a missing --config always was (issue 39: a missing --hardware .yaml, trace file or
+// checkpoint exited 1).
+TEST_F(InputsAndOutputs, AMissingInputIsBadUsageInEveryCommand) {
+  const std::string config = small_llama().string(), gone = (dir_ / "gone").string();
+  const std::string train =
+      fmt::format("train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64", config);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fmt::format("train-plan --config '{}.json' --mesh fsdp:2", gone), "--config"},
+      {fmt::format("{} --hardware '{}.yaml'", train, gone), "--hardware"},
+      {fmt::format("{} --hardware '{}.yml'", train, gone), "--hardware"},
+      {fmt::format("{} --rules '{}.yaml'", train, gone), "--rules"},
+      {fmt::format("plan --model '{}.json'", gone), "--model"},
+      {fmt::format("plan --rules '{}.yaml'", gone), "--rules"},
+      {fmt::format("trace summarize '{}.json'", gone), "trace FILE"},
+      {fmt::format("trace memory '{}.json'", gone), "trace FILE"},
+      {fmt::format("checkpoint inspect '{}'", gone), "checkpoint inspect DIR"},
+      {fmt::format("checkpoint consolidate '{}' '{}/out'", gone, dir_.string()),
+       "checkpoint consolidate SRC"},
+      {fmt::format("checkpoint reshard '{}' '{}/out' --mesh fsdp:2", gone, dir_.string()),
+       "checkpoint reshard SRC"},
+  };
+  for (const auto& [args, option] : cases) {
+    SCOPED_TRACE(args);
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_THAT(r.err, ::testing::HasSubstr(option + ": no such file or directory '" + gone));
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+// A hardware file is read by the reader contract: what broke it exits 1 naming the file, the line
+// and the key, never an internal error or a plan on a figure out of range (issue 39).
+TEST_F(InputsAndOutputs, AHardwareFileBreakingTheReaderContractIsNamed) {
+  const std::string good = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/hardware/h100-hbm2e-500w.yaml";
+  std::stringstream text;
+  text << std::ifstream(good).rdbuf();
+  const auto file = [&](const std::string& name, const std::string& from, const std::string& to) {
+    std::string t = text.str();
+    t.replace(t.find(from), from.size(), to);
+    std::ofstream(dir_ / name) << t;
+    return (dir_ / name).string();
+  };
+  const std::string base = fmt::format(
+      "train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 64 --compare --rules preset:llama_fsdp",
+      small_llama().string());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {file("list.yaml", text.str().substr(text.str().find("sources:")),
+            "sources:\n  - the datasheet\n  - torchtitan\n"),
+       ":22: 'sources' is a list"},
+      {file("slow.yaml", "bf16_flops: 835.5e12", "bf16_flops: 1e-300"),
+       ":8: 'bf16_flops' is 1e-300: it must be 1e9 to 1e18 FLOP/s per device"},
+      {file("twice.yaml", "node_size: 8", "node_size: 8\nnode_size: 4"),
+       ":13: 'node_size' is given twice"},
+      {file("typo.yaml", "node_size: 8", "node_size: 8\nnodesize: 4"),
+       ":13: unknown key 'nodesize'"},
+  };
+  for (const auto& [path, why] : cases) {
+    SCOPED_TRACE(path);
+    const Result r = run(fmt::format("{} --hardware '{}'", base, path));
+    EXPECT_EQ(r.code, 1);
+    EXPECT_THAT(r.err, ::testing::HasSubstr("[hardware] " + path + why));
+    EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("internal error")));
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+/// The most memory (bytes resident) the command took with `args`, run alone (wait4's rusage:
+/// this child only). Its output is discarded; the exit code must be 0.
+std::int64_t peak_rss_of(const std::vector<std::string>& args) {
+  std::vector<char*> argv{const_cast<char*>(SHARDPLAN_CLI)};
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::execv(SHARDPLAN_CLI, argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  EXPECT_EQ(::wait4(pid, &status, 0, &ru), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  return static_cast<std::int64_t>(ru.ru_maxrss) * 1024;
+}
+
+// Reading a trace holds it about once: beside what the command takes on a trace of a few events,
+// a 16 MB trace (kernels, collectives, counters and runs, as scripts/make_big_trace.py writes)
+// adds less than twice its size (issue 39: about 10 times, through a parse of the whole file;
+// docs/performance.md has the 78 MB figure).
+TEST_F(InputsAndOutputs, ReadingATraceHoldsItAboutOnce) {
+  std::stringstream peak_text;
+  peak_text << std::ifstream(std::string(SHARDPLAN_SOURCE_DIR) +
+                             "/tests/data/traces/memory.trace.json")
+                   .rdbuf();
+  const nlohmann::json doc = nlohmann::json::parse(peak_text.str());
+  nlohmann::json peak;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["name"] == "memory peak") peak = e;
+  }
+  const fs::path big = dir_ / "big.json";
+  std::int64_t size = 0;
+  {
+    std::ofstream out(big);
+    out << R"({"displayTimeUnit": "ms", "traceEvents": [)" << "\n";
+    for (std::int64_t n = 0; size < (16 << 20); ++n) {
+      std::string line;
+      if (n % 20000 == 19999) {
+        line = peak.dump();
+      } else if (n % 3 == 0) {
+        line = fmt::format(R"({{"name": "live bytes, device {}", "cat": "memory", "ph": "C", "ts": {}, "pid": 0, "tid": {}, "args": {{"bytes": {}, "planned": {}}}}})",
+                           n % 8, n, n % 8, n * 4096, n * 4000);
+      } else {
+        line = fmt::format(R"({{"name": "dot_general", "cat": "kernel", "ph": "X", "ts": {}.5, "dur": 3.25, "pid": 0, "tid": {}, "args": {{"op": "dot_general", "scope": "mlp/down"}}}})",
+                           n, n % 8);
+      }
+      line += ",\n";
+      out << line;
+      size += static_cast<std::int64_t>(line.size());
+    }
+    out << R"({"name": "tanh", "cat": "kernel", "ph": "X", "ts": 0, "dur": 1, "pid": 0, "tid": 0}]})" << "\n";
+  }
+  const std::string small = std::string(SHARDPLAN_SOURCE_DIR) + "/tests/data/traces/memory.trace.json";
+  for (const char* command : {"summarize", "memory"}) {
+    SCOPED_TRACE(command);
+    const std::int64_t base = peak_rss_of({"trace", command, small});
+    const std::int64_t held = peak_rss_of({"trace", command, big.string()});
+    EXPECT_LT(held - base, 2 * size) << "resident " << held << " B, " << base
+                                     << " B on a small trace; the trace is " << size << " B";
+  }
 }
 
 }  // namespace

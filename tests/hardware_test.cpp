@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "shardplan/error.hpp"
 #include "test_util.hpp"
@@ -173,17 +175,17 @@ TEST(Hardware, AFileMissingOrMistypingAFigureIsAnErrorNamingIt) {
     expect_error(without(std::string(figure)), fmt::format("no figure '{}'", figure));
   }
   expect_error(without("name"), "no 'name'");
-  expect_error(replaced("bf16_flops", "fast"), "'bf16_flops' is not a number: 'fast'");
+  expect_error(replaced("bf16_flops", "fast"), "lab.yaml:3: 'bf16_flops' is 'fast', not a number");
   expect_error(replaced("memory_bandwidth", "-3e12"), "'memory_bandwidth' is -3e12");
   expect_error(replaced("fp8_flops", "-1"), "'fp8_flops' is -1");
-  expect_error(replaced("matmul_efficiency", "1.2"), "a fraction in (0, 1]");
-  expect_error(replaced("attention_efficiency", "0"), "a fraction in (0, 1]");
-  expect_error(replaced("node_size", "7.5"), "'node_size' must be a whole number");
+  expect_error(replaced("matmul_efficiency", "1.2"), "a fraction in [0.01, 1]");
+  expect_error(replaced("attention_efficiency", "0"), "a fraction in [0.01, 1]");
+  expect_error(replaced("node_size", "7.5"), "'node_size' is 7.5: it must be a whole number");
   expect_error(replaced("inter_node_bandwidth", ".nan"), "'inter_node_bandwidth' is .nan");
-  expect_error(replaced("bf16_flops", "[1, 2]"), "no figure 'bf16_flops'");
+  expect_error(replaced("bf16_flops", "[1, 2]"), "'bf16_flops' is a list, not a number");
   expect_error("- a list", "a mapping of figures");
   expect_error("name: [unclosed", "not YAML");
-  expect_error(replaced("fp8_matmul_efficiency", "1.5"), "0 or a fraction in (0, 1]");
+  expect_error(replaced("fp8_matmul_efficiency", "1.5"), "0, or a fraction in [0.01, 1]");
   // No float8 units: both float8 figures 0; one without the other is an error naming both.
   expect_error(replaced("fp8_flops", "0"), "fp8_flops is 0 but fp8_matmul_efficiency is 0.7");
   std::string none = replaced("fp8_flops", "0");
@@ -206,6 +208,79 @@ TEST(Hardware, AFileIsReadByItsName) {
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_THROW_WITH(find_hardware(fifo.string()), IoError, "fifo.yaml");
   fs::remove_all(dir);
+}
+
+// The reader contract (docs/cli.md "Input files"), as rule files follow it: a key given twice or
+// unknown, a value of the wrong type (a list of sources, a quoted number) and a figure outside
+// its physical range are errors naming the file, the line and the key (issue 39: a figure given
+// twice kept the first, an unknown key was ignored, a list under sources: was "internal error:
+// yaml-cpp ... bad conversion", and bf16_flops: 1e-300 planned "step inf s").
+TEST(Hardware, AFileFollowsTheReaderContract) {
+  const std::string full = kFile;
+  const auto replaced = [&](const std::string& key, const std::string& value) {
+    std::string s = full;
+    const std::size_t at = s.find(key + ":") + key.size() + 2;
+    return s.replace(at, s.find('\n', at) - at, value);
+  };
+  const auto expect_error = [](const std::string& text, const std::string& words) {
+    SCOPED_TRACE(text);
+    EXPECT_THROW_WITH(parse_hardware(text, "lab.yaml"), IoError, std::string("[hardware] lab.yaml:"),
+                      words);
+  };
+  expect_error(full + "bf16_flops: 2.0e15\n", "'bf16_flops' is given twice");
+  expect_error(full + "name: other\n", "'name' is given twice");
+  expect_error(full + "bf16_flop: 1e15\n", "unknown key 'bf16_flop' (a hardware file has: name, ");
+  expect_error(full + "  bf16_flops: again\n", "'sources' gives 'bf16_flops' twice");
+  expect_error(replaced("sources", "[a, b]"), "'sources' is a list: it must be a mapping");
+  expect_error(full + "  fp8_flops: [a, b]\n", "the source of 'fp8_flops' is a list, not text");
+  expect_error(replaced("name", "[a]"), "'name' is a list, not text");
+  expect_error(replaced("bf16_flops", "\"1e15\""), "'bf16_flops' is quoted text, not a number");
+  expect_error(replaced("bf16_flops", ""), "'bf16_flops' is empty, not a number");
+  // Each figure's range, at and past its ends (the ends themselves are accepted).
+  const std::vector<std::tuple<std::string, std::string, std::string, std::string>> ranges = {
+      {"bf16_flops", "1e-300", "1e9", "1e18"},       {"bf16_flops", "1.1e18", "1e9", "1e18"},
+      {"fp8_flops", "1e8", "1e9", "1e18"},           {"memory_bandwidth", "9e8", "1e9", "1e15"},
+      {"memory_bandwidth", "2e15", "1e9", "1e15"},   {"memory_bytes", "1048575", "1048576", "1125899906842624"},
+      {"memory_bytes", "1125899906842625", "1048576", "1125899906842624"},
+      {"node_size", "0", "1", "65536"},              {"node_size", "65537", "1", "65536"},
+      {"intra_node_bandwidth", "9e7", "1e8", "1e14"}, {"inter_node_bandwidth", "2e14", "1e8", "1e14"},
+      {"matmul_efficiency", "0.009", "0.01", "1"},   {"inter_node_efficiency", "80", "0.01", "1"},
+  };
+  for (const auto& [key, bad, low, high] : ranges) {
+    expect_error(replaced(key, bad), fmt::format("'{}' is {}: it must be", key, bad));
+    EXPECT_NO_THROW(parse_hardware(replaced(key, low), "lab.yaml")) << key << " " << low;
+    EXPECT_NO_THROW(parse_hardware(replaced(key, high), "lab.yaml")) << key << " " << high;
+  }
+  // Nesting past what yaml-cpp recurses through safely is refused before it parses.
+  expect_error(replaced("sources", std::string(5000, '[') + std::string(5000, ']')),
+               "nesting deeper than 128 levels");
+}
+
+// Every built-in entry, written as a file, is read back: the built-in figures are inside the
+// ranges a file is held to.
+TEST(Hardware, EveryBuiltInEntryIsInsideTheFileRanges) {
+  for (const Hardware& h : builtin_hardware()) {
+    SCOPED_TRACE(h.name);
+    std::string text = fmt::format("name: {}\n", h.name);
+    const std::vector<std::pair<std::string, double>> figures = {
+        {"bf16_flops", h.bf16_flops},
+        {"fp8_flops", h.fp8_flops},
+        {"memory_bandwidth", h.memory_bandwidth},
+        {"memory_bytes", static_cast<double>(h.memory_bytes)},
+        {"node_size", static_cast<double>(h.node_size)},
+        {"intra_node_bandwidth", h.intra_node_bandwidth},
+        {"inter_node_bandwidth", h.inter_node_bandwidth},
+        {"matmul_efficiency", h.matmul_efficiency},
+        {"fp8_matmul_efficiency", h.fp8_matmul_efficiency},
+        {"attention_efficiency", h.attention_efficiency},
+        {"memory_efficiency", h.memory_efficiency},
+        {"intra_node_efficiency", h.intra_node_efficiency},
+        {"inter_node_efficiency", h.inter_node_efficiency}};
+    for (const auto& [key, v] : figures) text += fmt::format("{}: {}\n", key, v);
+    const Hardware back = parse_hardware(text, h.name + ".yaml");
+    EXPECT_DOUBLE_EQ(back.bf16_flops, h.bf16_flops);
+    EXPECT_EQ(back.memory_bytes, h.memory_bytes);
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "../json_impl.hpp"
 #include "../profiler/memory_report.hpp"
+#include "../profiler/trace_summary.hpp"
 #include "fixtures.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
@@ -299,6 +302,147 @@ TEST(MemoryReport, ATraceWithoutRunsOrWithABrokenRunIsAnErrorNamingIt) {
   no_what["peak"]["live"][1].erase("what");
   fails(with(no_what), "event 0 'args' 'peak' 'live' [1]: has no 'what'");
   fails(R"([{"ph": "i", "ph": "i"}])", "event 0: has the key 'ph' twice");
+  // Issue 39: a null peak device printed "device -1"; a device listed twice was accepted; 25
+  // values of 2^63-1 live at the peak added up to a negative figure on the page.
+  json null_device = run;
+  null_device["peak"]["device"] = nullptr;
+  fails(with(null_device), "event 0 'args' 'peak' 'device': is null, not a device id");
+  json twice = run;
+  twice["devices"] = json::array({1, 1});
+  fails(with(twice), "event 0 'args' 'devices' [1]: device 1 is listed twice");
+  // The run's objects are shardplan's own: a key memory_run_json does not write is refused.
+  json extra = run;
+  extra["peak"]["bytez"] = 1;
+  fails(with(extra), "event 0 'args' 'peak': has the unknown key 'bytez' (expected step, bytes, "
+                     "device, live)");
+  json extra_step = run;
+  extra_step["steps"][0]["ops"] = "x";
+  fails(with(extra_step), "event 0 'args' 'steps' [0]: has the unknown key 'ops'");
+  json none = run;
+  none["devices"] = json::array();
+  fails(with(none), "event 0 'args' 'devices': is empty");
+  json huge = run;
+  huge["peak"]["live"] = json::array();
+  for (int i = 0; i < 25; ++i) {
+    huge["peak"]["live"].push_back(json{{"what", "v"}, {"scope", ""}, {"bytes", INT64_MAX}});
+  }
+  fails(with(huge), "event 0 'args' 'peak' 'live' [1] 'bytes': the values live at the peak add "
+                    "up past 9223372036854775807 bytes");
+}
+
+// A run's peak is the largest of its own samples (the profiler finds it so). A trace claiming
+// another (256 B where its samples reach 5,000 B) is read, and its peak shown as claimed beside
+// the sampled one, in the text and on the page (issue 39: printed as "measured").
+TEST(MemoryReport, APeakItsOwnSamplesContradictIsShownAsClaimed) {
+  const profiler::MemoryRun measured = measured_run();
+  EXPECT_TRUE(profiler::detail::peak_agrees_with_samples(measured));
+  const profiler::detail::SampledPeak s = profiler::detail::sampled_peak(measured);
+  EXPECT_EQ(s.bytes, 256);  // by hand: after step 1, first on device 0
+  EXPECT_EQ(s.step, 1u);
+  EXPECT_EQ(s.device, 0);
+  profiler::MemoryRun edited = measured;
+  edited.live_bytes[2][1] = 5000;  // device 1 after step 2
+  EXPECT_FALSE(profiler::detail::peak_agrees_with_samples(edited));
+  const std::string text = profiler::detail::format_memory_runs({edited}, "t.json", 10);
+  EXPECT_THAT(text, HasSubstr("  claimed peak  256 B on device 0 after step 1 (tanh 'h', scope "
+                              "mlp): its own samples contradict it\n"
+                              "  sampled peak  4.88 KiB on device 1 after step 2 (reduce_sum, "
+                              "scope head)\n"));
+  EXPECT_THAT(text, Not(HasSubstr("measured peak")));
+  const std::string page = profiler::memory_html({edited}, "t");
+  EXPECT_THAT(page, HasSubstr("Claimed peak 256 B on device 0"));
+  EXPECT_THAT(page, HasSubstr("they reach 4.88 KiB on device 1 after step 2"));
+  // A claimed peak at a sample that is a largest one, but not the first, agrees.
+  profiler::MemoryRun tie = measured;
+  tie.peak_device = 1;
+  EXPECT_TRUE(profiler::detail::peak_agrees_with_samples(tie));
+  // A peak claimed at a sample that holds less, with the same largest figure elsewhere, does not.
+  profiler::MemoryRun moved = measured;
+  moved.peak_step = 0;
+  EXPECT_FALSE(profiler::detail::peak_agrees_with_samples(moved));
+}
+
+// The page adds up what is live at the peak in 64 bits without wrapping: 25 values of 2^63-1
+// (a run made in the program, not read from a trace) gave a negative "every other value" row.
+TEST(MemoryReport, ThePagesSumOfLiveValuesDoesNotWrap) {
+  profiler::MemoryRun r = measured_run();
+  r.peak_bytes = INT64_MAX;
+  r.live_at_peak.assign(25, profiler::LiveBuffer{"v", "", INT64_MAX});
+  const std::string page = profiler::memory_html({r}, "t");
+  EXPECT_THAT(page, Not(HasSubstr("every other value live at the peak")));
+  EXPECT_THAT(page, Not(HasSubstr(">-")));
+}
+
+// The trace readers walk the events one at a time (for_each_trace_event), holding one event's
+// parse, not the whole file's (issue 39: 774 MB for a 78 MB trace). They accept and refuse what a
+// whole-document parse does: each text here is read both ways, and the events seen (by their
+// source text) and the verdicts agree.
+TEST(MemoryReport, TheEventsAreReadOneByOneAsTheWholeDocumentGivesThem) {
+  const std::vector<std::string> texts = {
+      R"([])",
+      R"([{"ph": "X"}, {"ph": "i", "name": "a \"]}[{\\"}, 3, "s", null, [1, [2]]])",
+      R"( {"displayTimeUnit": "ms", "traceEvents": [ {"a": {"b": [1, 2]}} ], "other": {"x": "]"}} )",
+      R"({"other": [1, {"y": null}], "traceEvents": []})",
+      R"([{"ph": "X"},])",               // a trailing comma
+      R"([{"ph": "X"} {"ph": "X"}])",    // no comma
+      R"([{"ph": "X"}] extra)",          // text after the value
+      R"([{"ph": "X"})",                 // not closed
+      R"([{"ph": "X]})",                 // a string not closed
+      R"({"traceEvents": [], "traceEvents": []})",
+      R"({"traceEvents": [1], "bad": [1,]})",
+      R"({"traceEvents": 3})",
+      R"({"x": 1})",
+      R"({"traceEvents": [tru]})",
+      R"([1e5, -0, 1.5e-3, 12abc])",
+      R"(["\u00e9", "\ud800"])",      // a lone surrogate is not UTF-8
+      "",
+      "  ",
+      R"("a trace?")",
+      std::string(300, '[') + std::string(300, ']'),
+      "[" + std::string(254, '[') + std::string(254, ']') + "]",
+      "[" + std::string(256, '[') + std::string(256, ']') + "]",
+  };
+  for (const std::string& text : texts) {
+    SCOPED_TRACE(text.substr(0, 80));
+    // The whole document: valid or not, and its events.
+    bool whole_ok = true;
+    std::vector<std::string> whole;
+    try {
+      const detail::json::Document doc(text);
+      detail::json::Value events = doc.root();
+      if (events.is_object()) {
+        for (auto it = events.begin(); it != events.end(); ++it) {
+          if (it.key() == "traceEvents") events = it.value();
+        }
+      }
+      if (!events.is_array()) throw std::runtime_error("no events");
+      for (const detail::json::Value e : events) whole.push_back(e.source_text(1000));
+    } catch (const std::exception&) {
+      whole_ok = false;
+    }
+    std::vector<std::string> walked;
+    bool walked_ok = true;
+    try {
+      detail::for_each_trace_event(text, "t.json", [&](const detail::json::Value& e, std::size_t i) {
+        EXPECT_EQ(i, walked.size());
+        walked.push_back(e.source_text(1000));
+      });
+    } catch (const IoError& e) {
+      walked_ok = false;
+      EXPECT_THAT(e.what(), HasSubstr("[trace] t.json: "));
+    }
+    const bool duplicate = text.find(R"("traceEvents": [], "traceEvents")") != std::string::npos;
+    EXPECT_EQ(walked_ok, whole_ok && !duplicate);
+    if (whole_ok && walked_ok) {
+      EXPECT_EQ(walked, whole);
+    }
+  }
+  EXPECT_THROW_WITH(detail::for_each_trace_event(R"([{"ph": "X"},])", "t.json",
+                                                 [](const detail::json::Value&, std::size_t) {}),
+                    IoError, std::string("not a trace: not valid JSON (at byte 13)"));
+  EXPECT_THROW_WITH(detail::for_each_trace_event(R"({"traceEvents": [], "traceEvents": []})", "t.json",
+                                                 [](const detail::json::Value&, std::size_t) {}),
+                    IoError, std::string("the top-level object has the key 'traceEvents' twice"));
 }
 
 }  // namespace

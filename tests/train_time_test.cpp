@@ -88,6 +88,29 @@ TEST(StepTime, LinkTiersFollowTheDeviceLayout) {
   EXPECT_EQ(train::tier_of(h, {"dp", "tp"}, 4), "network");
 }
 
+// Each group against the real node boundaries (issue 39): nodes of 6 on fsdp:2,tp:4 are devices
+// 0-5 and 6-7. tp's groups are {0,1,2,3} (inside node 0) and {4,5,6,7} (4, 5 in node 0; 6, 7 in
+// node 1): the second crosses, so tp runs over the network, through 2 NICs a node (it was "node":
+// device 0's group alone was looked at). fsdp's groups {0,4}, {1,5} are inside, {2,6}, {3,7}
+// cross: network, 1 NIC a node.
+TEST(StepTime, LinkTiersComeFromEveryGroupAgainstTheNodes) {
+  const Mesh m = Mesh::parse("fsdp:2,tp:4", 8);
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 6), "network");
+  EXPECT_EQ(train::group_devices_per_node(m, {"tp"}, 6), 2);
+  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 6), "network");
+  EXPECT_EQ(train::group_devices_per_node(m, {"fsdp"}, 6), 1);
+  EXPECT_EQ(train::tier_of(m, {"fsdp", "tp"}, 6), "network");
+  EXPECT_EQ(train::group_devices_per_node(m, {"fsdp", "tp"}, 6), 2);  // 6 in node 0, 2 in node 1
+  // Nodes of 4 divide it: tp inside, 4 a group; nodes of 3: tp {0,1,2 | 3}: 1 NIC at the narrowest.
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 4), "node");
+  EXPECT_EQ(train::group_devices_per_node(m, {"tp"}, 3), 1);
+  // dp:3,tp:2 on nodes of 4: tp {0,1} {2,3} inside, {4,5} inside the second node.
+  const Mesh d = Mesh::parse("dp:3,tp:2", 6);
+  EXPECT_EQ(train::tier_of(d, {"tp"}, 4), "node");
+  // ... and on nodes of 3: {2,3} crosses.
+  EXPECT_EQ(train::tier_of(d, {"tp"}, 3), "network");
+}
+
 // A ring over the network runs through one NIC per device of the group in a node (NCCL: the data
 // enters and leaves each node once, one ring per NIC; nccl#687, nccl#569), no faster than the
 // node's links; an all-to-all sends each device's own data through its own NIC. Toy hardware:

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "input_path_option.hpp"
 #include "output_path_option.hpp"
 #include "shardplan/checkpoint.hpp"
 #include "shardplan/detail/printable.hpp"
@@ -155,6 +156,10 @@ CheckpointCommand& add_checkpoint_commands(CLI::App& app, CheckpointCommand& c,
 int run_checkpoint(
     const CheckpointCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
     const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
+  require_input(c.inspect->parsed()       ? "checkpoint inspect DIR"
+                : c.consolidate->parsed() ? "checkpoint consolidate SRC"
+                                          : "checkpoint reshard SRC",
+                c.src);
   if (c.inspect->parsed()) return run_inspect(c);
   ConvertOptions o;
   o.max_file_bytes = c.max_file_mib << 20;

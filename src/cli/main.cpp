@@ -20,9 +20,12 @@
 #include <sstream>
 #include <string>
 
+#include "../input_file.hpp"
+#include "../output_file.hpp"
 #include "checkpoint_cmd.hpp"
 #include "example_cmd.hpp"
 #include "example_model.hpp"
+#include "input_path_option.hpp"
 #include "output_path_option.hpp"
 #include "trace_cmd.hpp"
 #include "train_plan_cmd.hpp"
@@ -75,24 +78,15 @@ RuleFile load_rules(const std::string& rules) {
     }
     return load_preset(name);
   }
-  // (With an error code: a link loop or a permission error is the reader's to name, not an
-  // exception out of stat.)
-  std::error_code ec;
-  if (!std::filesystem::exists(rules, ec) && !ec) {
-    throw UsageError(
-        fmt::format("--rules: no such file '{}' (use preset:NAME for a built-in "
-                    "preset; `shardplan presets` lists them)",
-                    rules));
-  }
+  cli::require_input("--rules", rules,
+                     " (use preset:NAME for a built-in preset; `shardplan presets` lists them)");
   return load_rule_file(rules);
 }
 
 Tree<TensorSpec> load_data(const std::string& model) {
   if (model.empty()) return tree_from_names(cli::llama2_7b_tensors());
-  std::error_code ec;  // (a link loop or a permission error: the reader names it)
-  if (!std::filesystem::exists(model, ec) && !ec) {
-    throw UsageError(fmt::format("--model: no such file '{}'", model));
-  }
+  cli::require_input("--model", model);
+  std::error_code ec;
   if (std::filesystem::is_directory(model, ec)) {
     // A checkpoint that shardplan saved names its tensors as its record says (tree paths, or
     // dotted names): read them as `checkpoint reshard` and restore do, not as dotted names.
@@ -267,13 +261,17 @@ int plan_with(const PlanOptions& o) {
     }
     return kOk;
   }
+  // The inputs are read: the page's path is checked against them (docs/cli.md "Outputs").
+  std::optional<detail::OutputFiles> out;
+  if (!o.html.empty()) out.emplace(std::vector<detail::NamedOutput>{{"--html", o.html}});
   const PlanReport report = helper.plan(rules, data);
   const std::string model_name = o.model.empty() ? "LLaMA-2-7B (embedded example)" : o.model;
-  if (!o.html.empty()) {
+  if (out) {
     // Before the text: a page that cannot be written fails the command before its long output.
-    write_plan_html(o.html, report,
-                    fmt::format("shardplan: {} on {}", model_name, helper.mesh().to_string()),
-                    std::max<std::size_t>(8, static_cast<std::size_t>(o.largest)));
+    (*out)[0].write(
+        plan_html(report, fmt::format("shardplan: {} on {}", model_name, helper.mesh().to_string()),
+                  std::max<std::size_t>(8, static_cast<std::size_t>(o.largest))));
+    out->commit();
   }
   if (o.json) {
     report.write_json(std::cout);
@@ -468,6 +466,8 @@ int main(int argc, char** argv) {
   cli::ExampleCommand example;
   cli::add_example_commands(app, example);
 
+  // Every file the command reads is noted, so that no output overwrites one (OutputFiles).
+  const detail::InputRecord inputs;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -494,6 +494,9 @@ int main(int argc, char** argv) {
     return kUsage;
   } catch (const shardplan::OptionError& e) {
     // An option the plan cannot apply (train_plan_refusals()): bad usage, named.
+    std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
+    return kUsage;
+  } catch (const detail::OutputPathError& e) {  // an output path against the outputs contract
     std::cerr << "shardplan: " << detail::printable_lines(e.what()) << "\n";
     return kUsage;
   } catch (const shardplan::Error& e) {

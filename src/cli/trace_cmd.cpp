@@ -6,6 +6,7 @@
 #include "../output_file.hpp"
 #include "../profiler/memory_report.hpp"
 #include "../profiler/trace_summary.hpp"
+#include "input_path_option.hpp"
 #include "output_path_option.hpp"
 #include "shardplan/detail/printable.hpp"
 
@@ -38,24 +39,25 @@ TraceCommand& add_trace_commands(CLI::App& app, TraceCommand& c) {
 
 namespace {
 
-void write_text(const std::string& path, const std::string& text, const char* what) {
-  detail::OutputFile out(path, what);
-  out.write(text);
-  out.commit();
-}
-
 int run_memory(const TraceCommand& c) {
+  require_input("trace FILE", c.file);
   const std::string text = detail::read_input_file(c.file, "trace");
   const std::vector<profiler::MemoryRun> runs = profiler::detail::read_trace_memory(text, c.file);
-  // Each file is written whole or not at all (OutputFile), before anything is printed.
-  if (!c.html.empty()) {
-    write_text(c.html, profiler::memory_html(runs, "shardplan memory: " + c.file), "html");
-  }
-  if (!c.json.empty()) write_text(c.json, profiler::memory_json(runs), "json");
+  // The outputs contract (docs/cli.md "Outputs"): checked, written, then renamed together,
+  // before anything is printed.
+  std::vector<detail::NamedOutput> named;
+  if (!c.html.empty()) named.push_back({"--html", c.html});
+  if (!c.json.empty()) named.push_back({"--json", c.json});
+  detail::OutputFiles out(named);
+  std::size_t i = 0;
+  if (!c.html.empty()) out[i++].write(profiler::memory_html(runs, "shardplan memory: " + c.file));
+  if (!c.json.empty()) out[i++].write(profiler::memory_json(runs));
+  out.commit();
   std::cout << profiler::detail::format_memory_runs(runs, c.file, c.top);
-  if (!c.html.empty()) std::cout << "\nwrote " << detail::printable(c.html) << "\n";
-  if (!c.json.empty()) std::cout << (c.html.empty() ? "\n" : "") << "wrote "
-                                 << detail::printable(c.json) << "\n";
+  for (std::size_t k = 0; k < named.size(); ++k) {
+    std::cout << (k == 0 ? "\n" : "") << "wrote " << detail::printable(named[k].path.string())
+              << "\n";
+  }
   return 0;
 }
 
@@ -63,6 +65,7 @@ int run_memory(const TraceCommand& c) {
 
 int run_trace(const TraceCommand& c) {
   if (c.memory->parsed()) return run_memory(c);
+  require_input("trace FILE", c.file);
   const std::string text = detail::read_input_file(c.file, "trace");
   const detail::TraceSummary s = detail::summarize_trace(text, c.file);
   std::cout << detail::format_trace_summary(s, c.file, c.top);

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 
+#include "../output_file.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
+#include "input_path_option.hpp"
 #include "output_path_option.hpp"
 #include "shardplan/train_plan.hpp"
 #include "shardplan/train_plan_html.hpp"
@@ -332,11 +335,7 @@ using DevicesFor = std::function<std::int64_t(const std::string&, std::int64_t)>
 /// The --config file's model. Only "it is not there" is bad usage; anything else (a link loop,
 /// a permission) is the reader's error naming the file.
 ModelConfig config_option(const std::string& path) {
-  std::error_code ec;
-  (void)std::filesystem::status(path, ec);
-  if (ec == std::errc::no_such_file_or_directory) {
-    throw UsageError(fmt::format("--config: no such file or directory '{}'", path));
-  }
+  require_input("--config", path);
   return ModelConfig::load(path);
 }
 
@@ -391,6 +390,9 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   if (!c.master_dtype.empty()) o.master_dtype = dtype_option("--master-dtype", c.master_dtype);
   if (!c.reduce_dtype.empty()) o.reduce_dtype = dtype_option("--reduce-dtype", c.reduce_dtype);
   if (!c.hardware.empty()) {  // an empty --hardware is refused when parsed
+    if (c.hardware.ends_with(".yaml") || c.hardware.ends_with(".yml")) {
+      require_input("--hardware", c.hardware);
+    }
     try {
       o.hardware = find_hardware(c.hardware);
     } catch (const SpecError& e) {
@@ -601,10 +603,17 @@ int run_train_plan(
       }
     }
   }
+  // The inputs (config, rules, hardware file) are read: the page's path is checked against
+  // them before the planning (docs/cli.md "Outputs").
+  std::optional<detail::OutputFiles> out;
+  if (!c.html.empty()) out.emplace(std::vector<detail::NamedOutput>{{"--html", c.html}});
   const std::vector<TrainPlan> plans = plan_concurrently(
       configurations.size(), [&](std::size_t i) { return plan_one(c, config, configurations[i]); });
   // Before the text, as plan --html: a page that cannot be written fails the command.
-  if (!c.html.empty()) write_train_plan_html(c.html, plans.front());
+  if (out) {
+    (*out)[0].write(train_plan_html(plans.front()));
+    out->commit();
+  }
   print_plans(c, plans);
   return 0;
 }

@@ -48,6 +48,28 @@ nlohmann::json memory_run_json(const MemoryRun& run) {
               {"took_constants", run.took_constants}};
 }
 
+SampledPeak sampled_peak(const MemoryRun& run) {
+  SampledPeak p;
+  const auto consider = [&](const std::vector<std::int64_t>& live, std::size_t step) {
+    for (std::size_t i = 0; i < live.size() && i < run.devices.size(); ++i) {
+      if (live[i] > p.bytes) p = {live[i], step, run.devices[i]};
+    }
+  };
+  consider(run.start_bytes, run.live_bytes.size());
+  for (std::size_t s = 0; s < run.live_bytes.size(); ++s) consider(run.live_bytes[s], s);
+  return p;
+}
+
+bool peak_agrees_with_samples(const MemoryRun& run) {
+  const auto at = std::find(run.devices.begin(), run.devices.end(), run.peak_device);
+  if (at == run.devices.end()) return false;
+  const auto d = static_cast<std::size_t>(at - run.devices.begin());
+  const std::vector<std::int64_t>& sample =
+      run.peak_step < run.live_bytes.size() ? run.live_bytes[run.peak_step] : run.start_bytes;
+  return d < sample.size() && sample[d] == run.peak_bytes &&
+         sampled_peak(run).bytes == run.peak_bytes;
+}
+
 }  // namespace detail
 
 std::string memory_json(const std::vector<MemoryRun>& runs) {
@@ -123,7 +145,8 @@ void write_runs_table(std::string& out, const std::vector<MemoryRun>& runs) {
         "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td>"
         "<td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
         i, r.steps.size(), escaped(fmt::format("{}", fmt::join(r.devices, ", "))),
-        format_bytes(r.peak_bytes), escaped(where(r, r.peak_step)), r.peak_device,
+        format_bytes(r.peak_bytes) + (detail::peak_agrees_with_samples(r) ? "" : " (claimed)"),
+        escaped(where(r, r.peak_step)), r.peak_device,
         format_bytes(planned_at(r, planned_peak_step(r))));
   }
   out += "</table>\n";
@@ -152,9 +175,17 @@ void write_run(std::string& out, const MemoryRun& r, std::size_t index) {
   out += fmt::format("<section class=\"run\">\n<h2>Run {}: live bytes over {} step{}</h2>\n"
                      "<p class=\"note\">",
                      index, r.steps.size(), r.steps.size() == 1 ? "" : "s");
-  escape_to(out, fmt::format("Measured peak {} on device {} {}; planned peak {} {}.",
-                             format_bytes(r.peak_bytes), r.peak_device, where(r, r.peak_step),
+  const bool agrees = detail::peak_agrees_with_samples(r);
+  escape_to(out, fmt::format("{} peak {} on device {} {}; planned peak {} {}.",
+                             agrees ? "Measured" : "Claimed", format_bytes(r.peak_bytes),
+                             r.peak_device, where(r, r.peak_step),
                              format_bytes(planned_at(r, planned_step)), where(r, planned_step)));
+  if (!agrees) {
+    const detail::SampledPeak s = detail::sampled_peak(r);
+    escape_to(out, fmt::format(" The run's own samples contradict the claimed peak: they reach "
+                               "{} on device {} {}.",
+                               format_bytes(s.bytes), s.device, where(r, s.step)));
+  }
   if (r.took_constants) {
     escape_to(out, " Kept constants were taken from an earlier run: they are held from the start, "
                    "above the plan until their step.");
@@ -174,8 +205,8 @@ void write_run(std::string& out, const MemoryRun& r, std::size_t index) {
   c.series.push_back({"planned", "planned", r.planned_start_bytes, r.planned_bytes});
   c.peak_step = r.peak_step;
   c.peak_bytes = r.peak_bytes;
-  c.peak_title = fmt::format("peak: {} on device {} {}", format_bytes(r.peak_bytes),
-                             r.peak_device, where(r, r.peak_step));
+  c.peak_title = fmt::format("{}: {} on device {} {}", agrees ? "peak" : "claimed peak",
+                             format_bytes(r.peak_bytes), r.peak_device, where(r, r.peak_step));
   c.aria_label = fmt::format("live bytes over the steps of run {}", index);
   shardplan::detail::write_bytes_chart(out, c);
   out += "</figure>\n";

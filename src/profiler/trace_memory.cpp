@@ -4,11 +4,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <optional>
 
 #include "../json_impl.hpp"
 #include "memory_report.hpp"
 #include "trace_summary.hpp"
+#include "shardplan/detail/checked.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"
@@ -61,6 +63,16 @@ struct Object {
     const auto v = find(m, key);
     if (!v) at.fail(fmt::format("has no '{}'", key));
     return *v;
+  }
+  /// A run's objects are shardplan's own (memory_run_json): a key it does not write is an error.
+  const Object& known(std::initializer_list<std::string_view> keys) const {
+    for (const auto& [k, v] : m) {
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+        at.fail(fmt::format("has the unknown key '{}' (expected {})", printable(k),
+                            fmt::join(keys, ", ")));
+      }
+    }
+    return *this;
   }
 };
 
@@ -115,6 +127,7 @@ std::vector<std::vector<std::int64_t>> per_step(const json::Value& v, const At& 
 
 void read_peak(const Object& o, MemoryRun& r) {
   const Object peak(o.get("peak"), o.at / "peak");
+  peak.known({"step", "bytes", "device", "live"});
   const json::Value step = peak.get("step");
   if (step.is_null()) {
     r.peak_step = r.steps.size();
@@ -125,33 +138,46 @@ void read_peak(const Object& o, MemoryRun& r) {
     r.peak_step = static_cast<std::size_t>(step.as_uint());
   }
   r.peak_bytes = bytes(peak.get("bytes"), peak.at / "bytes");
-  const json::Value d = peak.get("device");
-  r.peak_device = d.is_null() ? -1 : device(d, peak.at / "device");
-  if (r.peak_device >= 0 &&
-      std::find(r.devices.begin(), r.devices.end(), r.peak_device) == r.devices.end()) {
+  r.peak_device = device(peak.get("device"), peak.at / "device");
+  if (std::find(r.devices.begin(), r.devices.end(), r.peak_device) == r.devices.end()) {
     (peak.at / "device").fail(fmt::format("{} is not one of the run's devices [{}]",
                                           r.peak_device, fmt::join(r.devices, ", ")));
   }
   const At live_at = peak.at / "live";
   std::size_t i = 0;
+  std::int64_t sum = 0;  // what the page adds up: must fit
   for (const json::Value b : array(peak.get("live"), live_at, std::nullopt, "")) {
     const Object lb(b, live_at[i++]);
+    lb.known({"what", "scope", "bytes"});
     r.live_at_peak.push_back(LiveBuffer{string_of(lb.get("what"), lb.at / "what"),
                                         string_of(lb.get("scope"), lb.at / "scope"),
                                         bytes(lb.get("bytes"), lb.at / "bytes")});
+    if (!shardplan::detail::checked_add(sum, r.live_at_peak.back().bytes, &sum)) {
+      (lb.at / "bytes").fail(fmt::format("the values live at the peak add up past {} bytes (no "
+                                         "device holds that much)",
+                                         INT64_MAX));
+    }
   }
 }
 
 MemoryRun read_run(const json::Value& args, const At& at) {
   const Object o(args, at);
+  o.known({"devices", "steps", "start_bytes", "live_bytes", "value_start_bytes", "value_bytes",
+           "planned_start_bytes", "planned_bytes", "peak", "took_constants"});
   MemoryRun r;
   std::size_t i = 0;
   for (const json::Value d : array(o.get("devices"), at / "devices", std::nullopt, "")) {
-    r.devices.push_back(device(d, (at / "devices")[i++]));
+    const At here = (at / "devices")[i++];
+    r.devices.push_back(device(d, here));
+    if (std::count(r.devices.begin(), r.devices.end(), r.devices.back()) > 1) {
+      here.fail(fmt::format("device {} is listed twice", r.devices.back()));
+    }
   }
+  if (r.devices.empty()) (at / "devices").fail("is empty: a run has at least one device");
   i = 0;
   for (const json::Value s : array(o.get("steps"), at / "steps", std::nullopt, "")) {
     const Object st(s, (at / "steps")[i++]);
+    st.known({"op", "value", "scope"});
     r.steps.push_back(MemoryStep{string_of(st.get("op"), st.at / "op"),
                                  string_of(st.get("value"), st.at / "value"),
                                  string_of(st.get("scope"), st.at / "scope")});
@@ -175,20 +201,18 @@ MemoryRun read_run(const json::Value& args, const At& at) {
 }  // namespace
 
 std::vector<MemoryRun> read_trace_memory(std::string_view text, std::string_view file) {
-  std::optional<json::Document> doc;
-  const json::Value events = shardplan::detail::trace_event_array(text, file, doc);
   std::vector<MemoryRun> runs;
-  std::size_t n = 0, counters = 0;
-  for (const json::Value e : events) {
-    const At at{file, fmt::format("event {}", n++)};
+  std::size_t counters = 0;
+  shardplan::detail::for_each_trace_event(text, file, [&](const json::Value& e, std::size_t n) {
+    const At at{file, fmt::format("event {}", n)};
     const Object o(e, at);
     const std::string ph = string_of(o.get("ph"), at / "ph");
     const auto name = find(o.m, "name");
     const bool named = name && name->is_string();
     if (ph == "C" && named && name->str().starts_with("live bytes, device ")) ++counters;
-    if (ph != "i" || !named || name->str() != kMemoryPeakEvent) continue;
+    if (ph != "i" || !named || name->str() != kMemoryPeakEvent) return;
     runs.push_back(read_run(o.get("args"), at / "args"));
-  }
+  });
   if (runs.empty()) {
     fail(file, fmt::format("no memory runs: it has no '{}' instant events (the profiler writes one "
                            "per program run with ProfileOptions::memory on; this trace has {} "
@@ -219,9 +243,18 @@ std::string format_memory_runs(const std::vector<MemoryRun>& runs, std::string_v
     for (std::size_t s = 0; s < r.planned_bytes.size(); ++s) {
       if (r.planned_bytes[s] > planned) planned = r.planned_bytes[planned_step = s];
     }
-    out += fmt::format("  measured peak {} on device {} {}\n  planned peak  {} {}\n",
-                       format_bytes(r.peak_bytes), r.peak_device, where(r.peak_step),
-                       format_bytes(planned), where(planned_step));
+    if (peak_agrees_with_samples(r)) {
+      out += fmt::format("  measured peak {} on device {} {}\n", format_bytes(r.peak_bytes),
+                         r.peak_device, where(r.peak_step));
+    } else {
+      // A peak the run's own samples contradict is the trace's claim, not a measurement.
+      const SampledPeak s = sampled_peak(r);
+      out += fmt::format("  claimed peak  {} on device {} {}: its own samples contradict it\n"
+                         "  sampled peak  {} on device {} {}\n",
+                         format_bytes(r.peak_bytes), r.peak_device, where(r.peak_step),
+                         format_bytes(s.bytes), s.device, where(s.step));
+    }
+    out += fmt::format("  planned peak  {} {}\n", format_bytes(planned), where(planned_step));
     if (r.took_constants) {
       out += "  (kept constants taken from an earlier run: held from the start, above the plan)\n";
     }

@@ -3,7 +3,9 @@
 // complete "X" events) read through json_impl and summed up: the kernels and collectives that
 // took the most time, each thread's busy and idle time, the communication no kernel hid.
 // Private (src/cli/trace_cmd.cpp and tests/fuzz/fuzz_trace_summary.cpp use it).
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,12 +18,14 @@ class Document;
 class Value;
 }  // namespace json
 
-/// What every trace reader (summarize, trace memory) does first: parses `text`, the content of
-/// `file`, into `doc` and gives its events: the root when it is an array, else the top-level
-/// object's "traceEvents" (each key of that object once). Throws IoError "[trace] FILE: not a
-/// trace: ..." naming what is wrong (not JSON, no "traceEvents", events not an array).
-json::Value trace_event_array(std::string_view text, std::string_view file,
-                              std::optional<json::Document>& doc);
+/// What every trace reader (summarize, trace memory) reads through: each event of `text`, the
+/// content of `file`, in order, with its index. The events are the root when it is an array,
+/// else the top-level object's "traceEvents" (each key of that object once). Each event is
+/// parsed alone and lives only during its call, so a trace is read in about its own size.
+/// Throws IoError "[trace] FILE: not a trace: ..." naming what is wrong (not JSON, with the byte;
+/// no "traceEvents"; events not an array); what `fn` throws passes through.
+using TraceEventFn = std::function<void(const json::Value& event, std::size_t index)>;
+void for_each_trace_event(std::string_view text, std::string_view file, const TraceEventFn& fn);
 
 struct TraceSummary {
   /// Kernels and collectives by name, most total time first (ties by name).

@@ -12,6 +12,7 @@
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "../input_file.hpp"
+#include "../yaml_input.hpp"
 
 namespace shardplan {
 namespace {
@@ -141,18 +142,190 @@ Hardware a100_p4de() {
   return h;
 }
 
-void require(bool ok, std::string_view source, std::string_view what) {
-  if (!ok) throw IoError(fmt::format("[hardware] {}: {}", detail::printable(source), what));
-}
+// ---- Hardware files -------------------------------------------------------------------------
+
+/// The physical range of each figure of a hardware file (docs/cli.md, "Hardware files"): a value
+/// outside it is a unit slip (TFLOP/s for FLOP/s, Gb/s for bytes/s, a percentage for a
+/// fraction), not a device, and would give a step time as wrong (1e-300 FLOP/s gave "step inf s"
+/// and was named the fastest by --compare).
+struct FigureRange {
+  std::string_view key;
+  double low, high;
+  bool zero_allowed;  // fp8 figures: 0 is "no float8 matrix units"
+  bool whole;         // a count: memory_bytes, node_size
+  std::string_view range;  // the range as docs/cli.md gives it, with its unit
+  void (*set)(Hardware&, double);
+};
+
+constexpr double kFlopsLow = 1e9, kFlopsHigh = 1e18;  // a CPU core .. 400x a B200's dense bf16
+constexpr double kBandwidthLow = 1e8;                  // 0.8 Gb/s: slower is no training link
+constexpr std::string_view kFraction = "a fraction in [0.01, 1] (a share of the peak: 0.8, not 80)";
+constexpr std::string_view kLink = "1e8 to 1e14 bytes/s per device, one direction";
+
+#define SHARDPLAN_SET(field) [](Hardware& h, double v) { h.field = static_cast<decltype(h.field)>(v); }
+constexpr FigureRange kRanges[] = {
+    {"bf16_flops", kFlopsLow, kFlopsHigh, false, false, "1e9 to 1e18 FLOP/s per device",
+     SHARDPLAN_SET(bf16_flops)},
+    {"fp8_flops", kFlopsLow, kFlopsHigh, true, false, "0, or 1e9 to 1e18 FLOP/s per device",
+     SHARDPLAN_SET(fp8_flops)},
+    {"memory_bandwidth", 1e9, 1e15, false, false, "1e9 to 1e15 bytes/s (1 GB/s to 1 PB/s)",
+     SHARDPLAN_SET(memory_bandwidth)},
+    {"memory_bytes", 0x1p20, 0x1p50, false, true,
+     "a whole number of bytes, 2^20 to 2^50 (1 MiB to 1 PiB)", SHARDPLAN_SET(memory_bytes)},
+    {"node_size", 1, 65536, false, true, "a whole number of devices, 1 to 65536",
+     SHARDPLAN_SET(node_size)},
+    {"intra_node_bandwidth", kBandwidthLow, 1e14, false, false, kLink,
+     SHARDPLAN_SET(intra_node_bandwidth)},
+    {"inter_node_bandwidth", kBandwidthLow, 1e14, false, false, kLink,
+     SHARDPLAN_SET(inter_node_bandwidth)},
+    {"matmul_efficiency", 0.01, 1, false, false, kFraction, SHARDPLAN_SET(matmul_efficiency)},
+    {"attention_efficiency", 0.01, 1, false, false, kFraction, SHARDPLAN_SET(attention_efficiency)},
+    {"memory_efficiency", 0.01, 1, false, false, kFraction, SHARDPLAN_SET(memory_efficiency)},
+    {"intra_node_efficiency", 0.01, 1, false, false, kFraction,
+     SHARDPLAN_SET(intra_node_efficiency)},
+    {"inter_node_efficiency", 0.01, 1, false, false, kFraction,
+     SHARDPLAN_SET(inter_node_efficiency)},
+    {"fp8_matmul_efficiency", 0.01, 1, true, false, "0, or a fraction in [0.01, 1]",
+     SHARDPLAN_SET(fp8_matmul_efficiency)},
+};
+#undef SHARDPLAN_SET
+
+/// A hardware file read by the reader contract every YAML and JSON input follows (docs/cli.md,
+/// "Input files"): each key known and given once, each value of its type, each figure in its
+/// range; errors IoError "[hardware] FILE:LINE: ..." naming the key.
+class HardwareReader {
+ public:
+  explicit HardwareReader(std::string_view source) : source_(source) {}
+
+  Hardware read(std::string_view yaml) const {
+    detail::check_yaml_depth(yaml, "hardware", source_);
+    YAML::Node root;
+    try {
+      root = YAML::Load(std::string(yaml));
+    } catch (const YAML::ParserException& e) {
+      throw IoError(fmt::format("[hardware] {}:{}: not YAML: {}", detail::printable(source_),
+                                e.mark.line + 1, e.msg));
+    } catch (const YAML::Exception& e) {
+      throw IoError(fmt::format("[hardware] {}: not YAML: {}", detail::printable(source_), e.what()));
+    }
+    if (!root.IsMap()) fail(root, "a hardware file is a mapping of figures (docs/cli.md)");
+    check_keys(root);
+    Hardware h;
+    h.name = text(root, "name", true);
+    if (h.name.empty()) fail(root, "'name' is empty");
+    h.description = text(root, "description", false);
+    for (const FigureRange& r : kRanges) r.set(h, figure(root, r));
+    if ((h.fp8_flops == 0) != (h.fp8_matmul_efficiency == 0)) {
+      fail(root, fmt::format("fp8_flops is {} but fp8_matmul_efficiency is {}: both are 0 (no "
+                             "float8 matrix units) or both positive",
+                             h.fp8_flops, h.fp8_matmul_efficiency));
+    }
+    if (const YAML::Node n = root["sources"]) h.sources = sources(n);
+    return h;
+  }
+
+ private:
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& what) const {
+    const YAML::Mark m = at.Mark();
+    if (m.line >= 0) {
+      throw IoError(fmt::format("[hardware] {}:{}: {}", detail::printable(source_), m.line + 1,
+                                detail::printable(what)));
+    }
+    throw IoError(fmt::format("[hardware] {}: {}", detail::printable(source_), detail::printable(what)));
+  }
+
+  static std::string describe(const YAML::Node& n) {
+    switch (n.Type()) {
+      case YAML::NodeType::Null: return "empty";
+      case YAML::NodeType::Scalar: return fmt::format("'{}'", n.Scalar());
+      case YAML::NodeType::Sequence: return "a list";
+      case YAML::NodeType::Map: return "a mapping";
+      default: return "nothing";
+    }
+  }
+
+  /// The top level's keys: each once, each one of name, description, sources and the figures.
+  void check_keys(const YAML::Node& root) const {
+    std::vector<std::string> known{"name", "description", "sources"};
+    for (const std::string_view f : Hardware::figure_names()) known.emplace_back(f);
+    std::vector<std::string> seen;
+    for (const auto& kv : root) {
+      if (!kv.first.IsScalar()) fail(kv.first, fmt::format("a key is {}, not a name", describe(kv.first)));
+      const std::string& key = kv.first.Scalar();
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+        fail(kv.first, fmt::format("'{}' is given twice", key));
+      }
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        fail(kv.first, fmt::format("unknown key '{}' (a hardware file has: {})", key,
+                                   fmt::join(known, ", ")));
+      }
+      seen.push_back(key);
+    }
+  }
+
+  std::string text(const YAML::Node& root, const char* key, bool required) const {
+    const YAML::Node n = root[key];
+    if (!n) {
+      if (required) fail(root, fmt::format("no '{}'", key));
+      return {};
+    }
+    if (!n.IsScalar()) fail(n, fmt::format("'{}' is {}, not text", key, describe(n)));
+    return n.Scalar();
+  }
+
+  /// A figure: a plain (unquoted) number inside its range.
+  double figure(const YAML::Node& root, const FigureRange& r) const {
+    const std::string key(r.key);
+    const YAML::Node n = root[key];
+    if (!n) {
+      fail(root, fmt::format("no figure '{}' (a hardware file gives all of: {})", key,
+                             fmt::join(Hardware::figure_names(), ", ")));
+    }
+    double v = 0;
+    if (!n.IsScalar() || n.Tag() != "?" || !YAML::convert<double>::decode(n, v)) {
+      fail(n, fmt::format("'{}' is {}, not a number", key,
+                          n.IsScalar() && n.Tag() != "?" ? "quoted text" : describe(n)));
+    }
+    const bool in_range = (r.zero_allowed && v == 0) ||
+                          (std::isfinite(v) && v >= r.low && v <= r.high &&
+                           (!r.whole || v == std::floor(v)));
+    if (!in_range) fail(n, fmt::format("'{}' is {}: it must be {}", key, n.Scalar(), r.range));
+    return v;
+  }
+
+  /// `sources:`, a mapping of figure (or several, comma-separated) -> where it comes from.
+  std::vector<std::pair<std::string, std::string>> sources(const YAML::Node& n) const {
+    if (!n.IsMap()) {
+      fail(n, fmt::format("'sources' is {}: it must be a mapping of figure -> where it comes "
+                          "from (text)",
+                          describe(n)));
+    }
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar()) fail(kv.first, fmt::format("a key of 'sources' is {}, not a name", describe(kv.first)));
+      const std::string& key = kv.first.Scalar();
+      for (const auto& [seen, text] : out) {
+        if (seen == key) fail(kv.first, fmt::format("'sources' gives '{}' twice", key));
+      }
+      if (!kv.second.IsScalar()) {
+        fail(kv.second, fmt::format("the source of '{}' is {}, not text", key, describe(kv.second)));
+      }
+      out.emplace_back(key, kv.second.Scalar());
+    }
+    return out;
+  }
+
+  std::string_view source_;
+};
 
 }  // namespace
 
 const std::vector<std::string_view>& Hardware::figure_names() {
-  static const std::vector<std::string_view> names{
-      "bf16_flops",           "fp8_flops",           "memory_bandwidth",      "memory_bytes",
-      "node_size",            "intra_node_bandwidth", "inter_node_bandwidth", "matmul_efficiency",
-      "attention_efficiency", "memory_efficiency",   "intra_node_efficiency", "inter_node_efficiency",
-      "fp8_matmul_efficiency"};
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    for (const FigureRange& r : kRanges) out.push_back(r.key);
+    return out;
+  }();
   return names;
 }
 
@@ -163,62 +336,7 @@ const std::vector<Hardware>& builtin_hardware() {
 }
 
 Hardware parse_hardware(std::string_view yaml, std::string_view source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(yaml));
-  } catch (const YAML::Exception& e) {
-    require(false, source, fmt::format("not YAML: {}", e.what()));
-  }
-  require(root.IsMap(), source, "a hardware file is a mapping of figures (docs/training.md)");
-  const auto text = [&](const char* key) -> std::string {
-    const YAML::Node n = root[key];
-    if (!n) return {};
-    require(n.IsScalar(), source, fmt::format("'{}' must be text", key));
-    return n.as<std::string>();
-  };
-  Hardware h;
-  h.name = text("name");
-  require(!h.name.empty(), source, "no 'name'");
-  h.description = text("description");
-  double* const doubles[] = {&h.bf16_flops,           &h.fp8_flops,          &h.memory_bandwidth,
-                             nullptr,                 nullptr,               &h.intra_node_bandwidth,
-                             &h.inter_node_bandwidth, &h.matmul_efficiency,  &h.attention_efficiency,
-                             &h.memory_efficiency,    &h.intra_node_efficiency,
-                             &h.inter_node_efficiency, &h.fp8_matmul_efficiency};
-  const std::vector<std::string_view>& names = Hardware::figure_names();
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const std::string key(names[i]);
-    const YAML::Node n = root[key];
-    require(n.IsDefined() && n.IsScalar(), source,
-            fmt::format("no figure '{}' (a hardware file gives all of: {})", key, fmt::join(names, ", ")));
-    double v = 0;
-    try {
-      v = n.as<double>();
-    } catch (const YAML::Exception&) {
-      require(false, source, fmt::format("'{}' is not a number: '{}'", key, detail::printable(n.Scalar())));
-    }
-    const bool fraction = key.ends_with("efficiency");
-    // No float8 matrix units: both float8 figures 0 (checked together below).
-    const bool may_be_zero = key == "fp8_flops" || key == "fp8_matmul_efficiency";
-    require(std::isfinite(v) && (v > 0 || (may_be_zero && v == 0)) && (!fraction || v <= 1), source,
-            fmt::format("'{}' is {}: it must be {}", key, n.Scalar(),
-                        fraction ? (may_be_zero ? "0 or a fraction in (0, 1]" : "a fraction in (0, 1]")
-                                 : may_be_zero ? "a number >= 0" : "a positive number"));
-    if (key == "memory_bytes" || key == "node_size") {
-      require(v < 0x1p62 && v == std::floor(v), source, fmt::format("'{}' must be a whole number", key));
-      (key == "memory_bytes" ? h.memory_bytes : h.node_size) = static_cast<std::int64_t>(v);
-    } else {
-      *doubles[i] = v;
-    }
-  }
-  require((h.fp8_flops == 0) == (h.fp8_matmul_efficiency == 0), source,
-          fmt::format("fp8_flops is {} but fp8_matmul_efficiency is {}: both are 0 (no float8 "
-                      "matrix units) or both positive",
-                      h.fp8_flops, h.fp8_matmul_efficiency));
-  if (const YAML::Node s = root["sources"]; s && s.IsMap()) {
-    for (const auto& kv : s) h.sources.emplace_back(kv.first.as<std::string>(), kv.second.as<std::string>());
-  }
-  return h;
+  return HardwareReader(source).read(yaml);
 }
 
 Hardware find_hardware(std::string_view name) {

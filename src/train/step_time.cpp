@@ -25,14 +25,54 @@ std::int64_t axis_stride(const Mesh& mesh, const std::string& axis) {
   return stride;
 }
 
+/// How the groups of a collective over `axes` lie against nodes of `node_size` consecutive
+/// device ids: every group, from each of its bases (a device whose coordinate on each of `axes`
+/// is 0), its members base + the offsets. A node size that does not divide the mesh or the group
+/// layout (6 on fsdp:2,tp:4) makes groups that differ: each is looked at, none assumed a
+/// translate of device 0's.
+struct Placement {
+  bool inside_nodes = true;       // every group lies in one node
+  std::int64_t fewest_in_a_node;  // the fewest members a group has in any node it touches
+};
+Placement place_groups(const Mesh& mesh, const std::vector<std::string>& axes,
+                       std::int64_t node_size) {
+  std::vector<std::int64_t> offsets{0};  // ascending
+  std::vector<std::pair<std::int64_t, std::int64_t>> strides;  // (stride, size) per axis
+  for (const std::string& a : axes) {
+    const std::int64_t stride = axis_stride(mesh, a), size = mesh.axis_size(a);
+    strides.emplace_back(stride, size);
+    std::vector<std::int64_t> next;
+    for (std::int64_t c = 0; c < size; ++c) {
+      for (const std::int64_t o : offsets) next.push_back(o + c * stride);
+    }
+    offsets = std::move(next);
+  }
+  std::sort(offsets.begin(), offsets.end());
+  Placement p{true, static_cast<std::int64_t>(offsets.size())};
+  for (std::int64_t base = 0; base < mesh.size(); ++base) {
+    const bool is_base = std::all_of(strides.begin(), strides.end(), [&](const auto& s) {
+      return (base / s.first) % s.second == 0;
+    });
+    if (!is_base) continue;
+    if (base / node_size != (base + offsets.back()) / node_size) p.inside_nodes = false;
+    std::int64_t run = 0, node = base / node_size;
+    for (const std::int64_t o : offsets) {
+      if ((base + o) / node_size != node) {
+        p.fewest_in_a_node = std::min(p.fewest_in_a_node, run);
+        node = (base + o) / node_size;
+        run = 0;
+      }
+      ++run;
+    }
+    p.fewest_in_a_node = std::min(p.fewest_in_a_node, run);
+  }
+  return p;
+}
+
 }  // namespace
 
 std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size) {
-  // The devices of the group holding device 0 are sums of coordinate x stride; the group lies
-  // in one node when its last device does (every group is a translate of this one).
-  std::int64_t span = 0;
-  for (const std::string& a : axes) span += (mesh.axis_size(a) - 1) * axis_stride(mesh, a);
-  return span < node_size ? "node" : "network";
+  return place_groups(mesh, axes, node_size).inside_nodes ? "node" : "network";
 }
 
 std::string link_text(const CommTime& c) {
@@ -42,18 +82,7 @@ std::string link_text(const CommTime& c) {
 
 std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::string>& axes,
                                     std::int64_t node_size) {
-  std::vector<std::int64_t> members{0};  // device ids of the group in device 0's node so far
-  for (const std::string& a : axes) {
-    const std::int64_t stride = axis_stride(mesh, a);
-    std::vector<std::int64_t> next;
-    for (const std::int64_t m : members) {
-      for (std::int64_t c = 0; c < mesh.axis_size(a) && m + c * stride < node_size; ++c) {
-        next.push_back(m + c * stride);
-      }
-    }
-    members = std::move(next);
-  }
-  return std::max<std::int64_t>(1, static_cast<std::int64_t>(members.size()));
+  return std::max<std::int64_t>(1, place_groups(mesh, axes, node_size).fewest_in_a_node);
 }
 
 double model_flops_per_token(const ModelConfig& c, std::int64_t parameters, std::int64_t seq) {

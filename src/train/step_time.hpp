@@ -23,7 +23,7 @@ struct TimeInputs {
 };
 
 /// "node" when every group of devices a collective over `axes` runs in lies in one node of
-/// `node_size` devices, the mesh's devices numbered row-major (the last axis innermost, as
+/// `node_size` consecutive device ids (each group checked: none is assumed like device 0's), the mesh's devices numbered row-major (the last axis innermost, as
 /// torch's init_device_mesh and JAX's create_device_mesh lay them out); else "network".
 std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size);
 
@@ -31,8 +31,10 @@ std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std:
 /// the page.
 std::string link_text(const CommTime& c);
 
-/// The devices of one group of a collective over `axes` that lie in one node (device 0's group:
-/// every group is a translate of it), the devices numbered as tier_of says; at least 1.
+/// The fewest devices of one group of a collective over `axes` in one node, over every group and
+/// every node it touches (the ring's narrowest crossing: its NICs), the devices numbered as
+/// tier_of says; at least 1. Every group is looked at: with a node size that does not divide
+/// the group layout (6 on fsdp:2,tp:4) they lie differently.
 std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::string>& axes,
                                     std::int64_t node_size);
 
