@@ -11,6 +11,7 @@
 #include <functional>
 #include <new>
 #include <optional>
+#include <stdexcept>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/autodiff.hpp"
@@ -351,6 +352,37 @@ TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) 
   auto g = sjit(mesh, [](const Array& a) { return reshape(a, Shape{32}) * 2.0; });
   EXPECT_EQ(g(x).to_host(),
             g(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host());
+}
+
+// An eager shard_map (outside sjit) traces its body into a program of its own: a body that
+// throws on one process only is named on every process, as inside sjit, before any collective
+// (before the fix the others waited in the program's first agreement until the collective
+// timeout). A body that traces differently on one process is named too, not run.
+TEST(MultiProcessTraining, AnEagerShardMapBodyThatThrowsOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  const Tensor host = Tensor::normal(Shape{64, 16}, DType::kF32, 4);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  // A psum over 'a': the program communicates (every process would wait in it).
+  const auto body = [&](const Array& b) {
+    if (me == last) throw std::runtime_error("no weights for this process");
+    return lax::psum(exp(b), "a");
+  };
+  expect_failure_of<std::runtime_error>(
+      last, "[shard_map] tracing and compiling the call: no weights for this process",
+      [&] { shard_map(body, mesh, {P("a")}, {P()})(x); });
+  // A body that traces another program on the last process: named, not run.
+  const auto other = [&](const Array& b) { return me == last ? b * b : b + b; };
+  EXPECT_THROW_WITH(shard_map(other, mesh, {P("a")}, {P("a")})(x), DistributedError,
+                    std::string("the shard_map program"), fmt::format("process {}", last));
+  // The group is in step: a body every process traces alike runs, and sums as one process does.
+  const auto ok = [](const Array& b) { return lax::psum(exp(b), "a"); };
+  const Executor here = Executor::process_local(8);
+  EXPECT_EQ(shard_map(ok, mesh, {P("a")}, {P()})(x).to_host(),
+            shard_map(ok, mesh, {P("a")}, {P()})(device_put(host, NamedSharding(mesh, P("a")), here))
+                .to_host());
 }
 
 TEST(MultiProcessTraining, OneProcessFailuresKeepTheirType) {
