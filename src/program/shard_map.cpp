@@ -164,7 +164,9 @@ std::vector<Array> eager_call(const ShardMapBody& body, const Mesh& mesh,
       for (const Array& a : args) tracers.push_back(tc.add_argument(TensorType{a.shape(), a.dtype()}));
       g = tc.finish(traced_call(tc, body, mesh, in_specs, out_specs, check, tracers));
     }
-    CompileSpec spec{.mesh = mesh, .outputs = std::vector<std::optional<PartitionSpec>>(g.outputs.size())};
+    CompileSpec spec{.mesh = mesh,
+                     .outputs = std::vector<std::optional<PartitionSpec>>(g.outputs.size()),
+                     .devices_per_process = devices_per_process(&executor, mesh)};
     inputs.insert(inputs.end(), tc.captured.begin(), tc.captured.end());
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       spec.inputs.push_back(InputSpec{.spec = inputs[k].sharding().spec(),

@@ -127,6 +127,9 @@ struct CacheKey {
   std::vector<Tree<int>> structures;
   std::vector<LeafKey> leaves;
   std::vector<StaticValue> statics;
+  /// CompileSpec::devices_per_process of the executor called on: a program over processes plans
+  /// what its collectives stage, one in a process does not.
+  int devices_per_process = 0;
   friend bool operator==(const CacheKey&, const CacheKey&) = default;
 
   /// The arrays' part as text, for telling processes apart when their programs differ.
@@ -169,7 +172,7 @@ struct CacheKeyHash {
       h = hash_combine(h, l.pending.axes.size());
     }
     for (const StaticValue& v : k.statics) h = hash_combine(h, v.hash());
-    return h;
+    return hash_combine(h, static_cast<std::size_t>(k.devices_per_process));
   }
 };
 
@@ -331,7 +334,8 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
                    .cache_constants = o.kept_constant_bytes > 0,
                    .kept_constant_bytes = o.kept_constant_bytes,
                    .count_constants = o.count_constants,
-                   .fuse = o.fuse, .eager = o.eager};
+                   .fuse = o.fuse, .eager = o.eager,
+                   .devices_per_process = devices_per_process(exec, mesh)};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
@@ -399,6 +403,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   const Executor* on = executor_of(call, s_->options);
   if (on == nullptr || on->holds_all(s_->mesh.devices())) {
     CacheKey key = cache_key(call);
+    key.devices_per_process = devices_per_process(on, s_->mesh);
     if (auto hit = cached(key)) return hit;
     return keep(std::move(key), compile_call());
   }
@@ -411,6 +416,7 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   bool hit = false;
   try {
     key = cache_key(call);
+    key->devices_per_process = devices_per_process(on, s_->mesh);
     compiled = cached(*key);
     hit = compiled != nullptr;
     if (!hit) compiled = compile_call();

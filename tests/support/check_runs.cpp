@@ -1,7 +1,8 @@
 // Linked into every test executable (tests/CMakeLists.txt): each Program::run that completes
 // while a test runs is checked against what compile() said it would do.
 // - Collectives: each step ran exactly the collectives its static cost lists (kind, axes, the
-//   bytes each local device received), and, when this process holds every device, the run's
+//   bytes each local device received and, over processes, staged beside its output to receive
+//   them: what the plan adds to that device's peak at the step), and, when this process holds every device, the run's
 //   bytes per kind (the most a device received per collective, summed) are the cost's
 //   bytes_by_kind.
 // - Memory: the bytes of the buffers the run's slots held per local device, each buffer once
@@ -41,11 +42,13 @@ std::string step_name(const Program& program, std::size_t s) {
 
 bool same_on(const CollectiveRecord& a, const CollectiveRecord& b, const std::vector<int>& devices) {
   if (a.kind != b.kind || a.axes != b.axes) return false;
+  const auto at_or_0 = [](const std::vector<std::int64_t>& v, std::size_t at) {
+    return at < v.size() ? v[at] : 0;
+  };
   for (const int d : devices) {
     const auto at = static_cast<std::size_t>(d);
-    const std::int64_t x = at < a.bytes_in.size() ? a.bytes_in[at] : 0;
-    const std::int64_t y = at < b.bytes_in.size() ? b.bytes_in[at] : 0;
-    if (x != y) return false;
+    if (at_or_0(a.bytes_in, at) != at_or_0(b.bytes_in, at)) return false;
+    if (at_or_0(a.staging_bytes, at) != at_or_0(b.staging_bytes, at)) return false;
   }
   return true;
 }
