@@ -228,13 +228,12 @@ std::set<SlotId> kept_slots(const Partitioned& p, const CompileSpec& spec,
 }
 
 // By device id: the peak, or, over processes, the bytes live at a step whose collective stages
-// what it receives (held with its output until it returns) plus those staged, when more. A step
-// taken from the constants' cache runs nothing.
+// what it receives (held with its output until it returns) plus those staged, when more. As the
+// timeline, the first run's: a constant step kept for the next run runs in it.
 std::vector<std::int64_t> peak_with_staging(const Partitioned& p, const Liveness& l,
                                             const Mesh& mesh, std::int64_t peak) {
   std::vector<std::int64_t> out(static_cast<std::size_t>(mesh.size()), peak);  // as ProgramCost
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
-    if (l.cached_step[s] != 0) continue;
     for (const CollectiveRecord& rec : p.steps[s].cost) {
       for (std::size_t d = 0; d < rec.staging_bytes.size() && d < out.size(); ++d) {
         if (rec.staging_bytes[d] == 0) continue;
