@@ -52,12 +52,16 @@ TEST(Reshard, EveryPairOfShardingsKeepsTheValuesBitExactly) {
           const ReshardResult r = reshard(src, target);
           ASSERT_EQ(r.array.sharding().spec(), to);
           // The static plan (used to cost programs) agrees with what ran, byte for byte.
-          const auto planned = plan_reshard(shape, DType::kF32, src.sharding(), {}, target);
+          // Over processes also the bytes each device stages to receive from other processes.
+          const auto planned = plan_reshard(shape, DType::kF32, src.sharding(), {}, target,
+                                            test::devices_per_process(exec, mesh));
           ASSERT_EQ(planned.size(), r.steps.size());
           for (std::size_t k = 0; k < planned.size(); ++k) {
             ASSERT_EQ(planned[k].kind, r.steps[k].kind);
             ASSERT_EQ(test::local_bytes(planned[k], mesh, exec),
                       test::local_bytes(r.steps[k], mesh, exec));
+            ASSERT_EQ(test::local_staging(planned[k], mesh, exec),
+                      test::local_staging(r.steps[k], mesh, exec));
           }
           const auto blocks = target.device_blocks(shape);
           for (const int d : local(mesh, exec)) {
@@ -230,13 +234,16 @@ TEST(Collectives, ReduceScatterLeavesEachDeviceItsPartOfTheSum) {
   // The static plan of a pending reshard matches what runs.
   for (const PartitionSpec& to : {P("x", "y"), P(nullptr, "x"), P()}) {
     const ReshardResult ran = reshard(x, NamedSharding(mesh, to));
-    const auto planned =
-        plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), NamedSharding(mesh, to));
+    const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(),
+                                      NamedSharding(mesh, to), test::devices_per_process(exec, mesh));
     ASSERT_EQ(planned.size(), ran.steps.size()) << to.to_string();
     for (std::size_t k = 0; k < planned.size(); ++k) {
       EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
       EXPECT_EQ(test::local_bytes(planned[k], mesh, exec),
                 test::local_bytes(ran.steps[k], mesh, exec))
+          << to.to_string() << k;
+      EXPECT_EQ(test::local_staging(planned[k], mesh, exec),
+                test::local_staging(ran.steps[k], mesh, exec))
           << to.to_string() << k;
     }
   }
@@ -278,12 +285,15 @@ TEST(Collectives, APendingSumOverTwoAxesIsReduceScatteredIntoTwoDimensions) {
   for (std::int64_t i = 0; i < got.numel(); ++i) {
     EXPECT_NEAR(got.get(i), want.get(i), 8 * 0x1p-23 * std::abs(want.get(i))) << i;
   }
-  const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), to);
+  const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), to,
+                                    test::devices_per_process(exec, mesh));
   ASSERT_EQ(planned.size(), 2u);
   for (std::size_t k = 0; k < 2; ++k) {
     EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
     EXPECT_EQ(planned[k].axes, ran.steps[k].axes);
     EXPECT_EQ(test::local_bytes(planned[k], mesh, exec), test::local_bytes(ran.steps[k], mesh, exec));
+    EXPECT_EQ(test::local_staging(planned[k], mesh, exec),
+              test::local_staging(ran.steps[k], mesh, exec));
   }
   // A target that leaves one pending axis unsharded: all-reduced as before.
   EXPECT_EQ(reshard(x, NamedSharding(mesh, P("y"))).steps.front().kind, CollectiveKind::kAllReduce);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -103,6 +104,80 @@ TEST(MultiProcessCheckpoint, AsynchronousSavesFinishInTheNextCall) {
   const CheckpointManager manager(dir.path() / "run", 2);
   EXPECT_EQ(manager.steps(), (std::vector<std::int64_t>{2, 3}));
   const Tree<Array> back = restore_checkpoint(manager.path_of(3), state);
+  for (const auto& [path, a] : state.flatten()) {
+    EXPECT_TRUE(back.at_path(path).leaf().to_host() == a.to_host()) << path;
+  }
+}
+
+// Every process writes its blocks where its own tree puts them: a tree that differs between
+// processes (a leaf more on one, a leaf sharded otherwise) would give a checkpoint whose
+// checksums verify and whose tensors are wrong. It is an error on every process, naming the
+// first tensor that differs and the processes, and nothing is written (before the fix each save
+// succeeded). A check that fails on one process only (a pending array there) is named on every
+// process too.
+TEST(MultiProcessCheckpoint, ATreeThatDiffersBetweenProcessesIsAnErrorOnEveryProcess) {
+  if (dist::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = dist::process_index(), last = dist::process_count() - 1;
+  SharedDir dir;
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("data:4,model:2", 8);
+  const Tree<Array> state = state_on(exec, mesh);
+  const auto saved_nothing = [&] {
+    dist::barrier();
+    EXPECT_TRUE(fs::is_empty(dir.path())) << "something was written in " << dir.path();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  // One leaf more on the last process ('extra' comes after 'emb' in the flattened order).
+  Tree<Array> more = state;
+  if (me == last) {
+    more = Tree<Array>::dict(
+        {{"w", state.at_path("w").leaf()},
+         {"emb", state.at_path("emb").leaf()},
+         {"b", state.at_path("b").leaf()},
+         {"step", state.at_path("step").leaf()},
+         {"extra", Array::normal(Shape{8}, DType::kF32, NamedSharding(mesh, P()), exec, 4)}});
+  }
+  EXPECT_THROW_WITH(save_checkpoint(dir.path() / "ckpt", more), DistributedError,
+                    std::string("the processes disagree on the tree saved to"),
+                    std::string("first at line 3"),
+                    fmt::format("process {}: ''extra': f32[8]", last),
+                    std::string("'step': i64[] sharded PartitionSpec() on Mesh('data': 4, 'model': 2)"));
+  saved_nothing();
+  // The same names and shapes, one leaf sharded otherwise on the last process.
+  Tree<Array> other = state;
+  if (me == last) {
+    other = Tree<Array>::dict({{"w", state.at_path("w").leaf()},
+                               {"emb", state.at_path("emb").leaf()},
+                               {"b", Array::normal(Shape{8}, DType::kF32,
+                                                   NamedSharding(mesh, P("data")), exec, 3)},
+                               {"step", state.at_path("step").leaf()}});
+  }
+  EXPECT_THROW_WITH(save_checkpoint(dir.path() / "ckpt", other), DistributedError,
+                    std::string("first at line 1"),
+                    fmt::format("process {}: ''b': f32[8] sharded PartitionSpec('data')", last));
+  saved_nothing();
+  // A check that fails on the last process only: a leaf pending a reduction there.
+  Tree<Array> pending = state;
+  if (me == last) {
+    std::vector<std::shared_ptr<Buffer>> ones(8);
+    for (const int d : exec.local_devices()) {
+      ones[static_cast<std::size_t>(d)] = std::make_shared<Buffer>(exec.allocate(d, 8 * 4));
+    }
+    pending = Tree<Array>::dict(
+        {{"w", state.at_path("w").leaf()},
+         {"emb", state.at_path("emb").leaf()},
+         {"b", Array::from_buffers(exec, Shape{8}, DType::kF32, NamedSharding(mesh, P()),
+                                   std::move(ones), Pending{ReduceOp::kSum, {"data"}})},
+         {"step", state.at_path("step").leaf()}});
+  }
+  EXPECT_THROW_WITH(save_checkpoint(dir.path() / "ckpt", pending), DistributedError,
+                    fmt::format("process {} of {} failed", last, dist::process_count()),
+                    std::string("'b'"), std::string("is pending a reduction"));
+  saved_nothing();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // The processes are in step: the same tree everywhere saves and restores.
+  save_checkpoint(dir.path() / "ckpt", state);
+  const Tree<Array> back = restore_checkpoint(dir.path() / "ckpt", state);
   for (const auto& [path, a] : state.flatten()) {
     EXPECT_TRUE(back.at_path(path).leaf().to_host() == a.to_host()) << path;
   }

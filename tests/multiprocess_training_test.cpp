@@ -11,6 +11,7 @@
 #include <functional>
 #include <new>
 #include <optional>
+#include <stdexcept>
 
 #include "../examples/mlp.hpp"
 #include "shardplan/autodiff.hpp"
@@ -353,6 +354,37 @@ TEST(MultiProcessTraining, TracingThatFailsOnOneProcessIsAnErrorOnEveryProcess) 
             g(device_put(host, NamedSharding(mesh, P("a")), Executor::process_local(8))).to_host());
 }
 
+// An eager shard_map (outside sjit) traces its body into a program of its own: a body that
+// throws on one process only is named on every process, as inside sjit, before any collective
+// (before the fix the others waited in the program's first agreement until the collective
+// timeout). A body that traces differently on one process is named too, not run.
+TEST(MultiProcessTraining, AnEagerShardMapBodyThatThrowsOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  const Tensor host = Tensor::normal(Shape{64, 16}, DType::kF32, 4);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  // A psum over 'a': the program communicates (every process would wait in it).
+  const auto body = [&](const Array& b) {
+    if (me == last) throw std::runtime_error("no weights for this process");
+    return lax::psum(exp(b), "a");
+  };
+  expect_failure_of<std::runtime_error>(
+      last, "[shard_map] tracing and compiling the call: no weights for this process",
+      [&] { shard_map(body, mesh, {P("a")}, {P()})(x); });
+  // A body that traces another program on the last process: named, not run.
+  const auto other = [&](const Array& b) { return me == last ? b * b : b + b; };
+  EXPECT_THROW_WITH(shard_map(other, mesh, {P("a")}, {P("a")})(x), DistributedError,
+                    std::string("the shard_map program"), fmt::format("process {}", last));
+  // The group is in step: a body every process traces alike runs, and sums as one process does.
+  const auto ok = [](const Array& b) { return lax::psum(exp(b), "a"); };
+  const Executor here = Executor::process_local(8);
+  EXPECT_EQ(shard_map(ok, mesh, {P("a")}, {P()})(x).to_host(),
+            shard_map(ok, mesh, {P("a")}, {P()})(device_put(host, NamedSharding(mesh, P("a")), here))
+                .to_host());
+}
+
 TEST(MultiProcessTraining, OneProcessFailuresKeepTheirType) {
   // Arrays that never leave this process (any group size): no agreement, the errors as they are.
   const Executor exec = Executor::process_local(8);
@@ -388,6 +420,46 @@ TEST(MultiProcessTraining, AProcessInAnotherCollectiveIsNamedNotAHang) {
   }
   // The mismatched calls met each other: the processes are in step again.
   EXPECT_EQ(f(x).to_host(), twice);
+}
+
+// The planned peak is what the allocator reaches, on every device, over processes as in one: an
+// FSDP training step (weights gathered over 'fsdp' before use, gradients reduce-scattered over
+// it) on 8 devices, as 2 or 4 processes. Over processes a collective also holds, while it runs,
+// the copies of other processes' shards or chunks it receives (CollectiveRecord::staging_bytes);
+// before the plan counted them, the first device of each process peaked above the plan (by 2.4x
+// on process 0's device 0 over 2 processes).
+TEST(MultiProcessTraining, TheAllocatorsPeakIsThePlannedPeakOnEveryDeviceOfAnFsdpStep) {
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("fsdp:8", 8);
+  const auto on = [&](const PartitionSpec& s) { return NamedSharding(mesh, s); };
+  const std::vector<std::int64_t> sizes = {32, 64, 64, 16};
+  std::vector<Tree<Array>> layers;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers.push_back(Tree<Array>::dict(
+        {{"w", Array::normal(Shape{sizes[i], sizes[i + 1]}, DType::kF32, on(P("fsdp")), exec,
+                             10 + i, 0, 0.2)},
+         {"b", Array::zeros(Shape{sizes[i + 1]}, DType::kF32, on(P("fsdp")), exec)}}));
+  }
+  const Tree<Array> params = Tree<Array>::list(layers);
+  layers.clear();
+  const Array x = Array::normal(Shape{64, 32}, DType::kF32, on(P("fsdp")), exec, 1);
+  std::vector<std::int32_t> lab;
+  for (int i = 0; i < 64; ++i) lab.push_back(i % 10);
+  const Array y = device_put(Tensor::from<std::int32_t>(Shape{64}, lab), on(P("fsdp")), exec);
+  const Optimizer opt = Optimizer::sgd(0.01);
+  const Tree<Array> state = opt.init(params);
+  auto step = sjit(mesh, [&](const Tree<Array>& p, const Tree<Array>& s, const Array& xb,
+                             const Array& yb) {
+    const auto [loss, g] = value_and_grad(mlp::loss)(p, xb, yb);
+    auto [np, ns] = opt.update(g, s, p);
+    return Tree<Array>::dict({{"loss", loss}, {"params", np}, {"state", ns}});
+  });
+  const ProgramCost cost = step.lower(params, state, x, y).cost();
+  exec.reset_peak();
+  const Tree<Array> out = step(params, state, x, y);
+  for (const int d : exec.local_devices()) {
+    EXPECT_EQ(exec.memory(d).peak, cost.peak_bytes[static_cast<std::size_t>(d)]) << "device " << d;
+  }
 }
 
 TEST(MultiProcessTraining, AStepOnAThousandDevicesIsCostedFromAbstractArguments) {

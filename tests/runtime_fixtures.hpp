@@ -78,6 +78,24 @@ inline std::vector<std::int64_t> local_bytes(const CollectiveRecord& r, const Me
   return out;
 }
 
+// The bytes a collective's record stages (CollectiveRecord::staging_bytes) on this process's
+// devices of `mesh`, 0 where it lists none.
+inline std::vector<std::int64_t> local_staging(const CollectiveRecord& r, const Mesh& mesh,
+                                               const Executor& exec) {
+  std::vector<std::int64_t> out;
+  for (const int d : local(mesh, exec)) {
+    const auto at = static_cast<std::size_t>(d);
+    out.push_back(at < r.staging_bytes.size() ? r.staging_bytes[at] : 0);
+  }
+  return out;
+}
+
+// plan_reshard's devices_per_process for arrays of `exec` on `mesh`: this process's devices when
+// the mesh spans processes, else 0.
+inline int devices_per_process(const Executor& exec, const Mesh& mesh) {
+  return exec.holds_all(mesh.devices()) ? 0 : static_cast<int>(exec.local_devices().size());
+}
+
 // True when `devices` can be spread evenly over this run's processes (an executor of that many
 // devices exists here); a test under mpirun skips the meshes for which it is false.
 inline bool divides_over_processes(int devices) {

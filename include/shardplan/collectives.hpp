@@ -19,7 +19,15 @@ struct CollectiveRecord {
   /// By device id. When the mesh spans processes, each process counts its own devices only
   /// (the others' entries are 0): plan_reshard gives every device's figure without running.
   std::vector<std::int64_t> bytes_in;
+  /// By device id: the bytes a device holds beside its output while the collective runs, to
+  /// receive what other processes send it (a copy of a shard, a chunk of an all-reduce) when it
+  /// cannot land in the output itself; freed when the collective returns. 0 when the mesh is in
+  /// one process (every shard is read where it is). Counted, as bytes_in, for this process's
+  /// devices by a run, and for every device by plan_reshard given the processes.
+  std::vector<std::int64_t> staging_bytes;
   std::int64_t max_bytes_in() const;
+  /// The most bytes a device stages (staging_bytes), 0 when none.
+  std::int64_t max_staging_bytes() const;
   std::int64_t total_bytes_in() const;
   /// "all_gather over 'x': 384 B max per device, 1.50 KiB in all".
   std::string to_string() const;
@@ -69,10 +77,15 @@ ReshardResult reshard(const Array& x, const NamedSharding& target);
 
 /// What reshard() would run for an array of this shape, dtype, sharding and pending state,
 /// without running it: its steps and the bytes each device would receive (for costing programs
-/// too large to run here). Throws as reshard.
+/// too large to run here). With `devices_per_process` > 0 the mesh's devices are held by
+/// processes of that many consecutive device ids each (an Executor over processes:
+/// Executor::process_of), and each step also gives the bytes each device stages
+/// (CollectiveRecord::staging_bytes), as reshard() allocates them there; 0: one process holds
+/// every device, nothing is staged. Throws as reshard.
 std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
                                            const NamedSharding& from, const Pending& pending,
-                                           const NamedSharding& target);
+                                           const NamedSharding& target,
+                                           int devices_per_process = 0);
 
 /// Throws ArrayError naming both when `a` and `b` are on different executors, meshes or device
 /// orders (what an operation on both requires), `where` naming the operation.

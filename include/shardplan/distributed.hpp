@@ -100,7 +100,8 @@ void allreduce_sum(std::span<double> data);
 
 /// Collective: checks that every process passes the same `value` for `what` (a program's
 /// signature, shapes, static arguments). Otherwise every process throws a DistributedError that
-/// names `what` and each distinct value with the processes that passed it.
+/// names `what` and each distinct value with the processes that passed it (values of several
+/// lines: the first line where any two differ, as each process has it).
 void check_same(std::string_view what, std::string_view value);
 
 /// Collective: runs `step` on this process, then tells every process whether every process's

@@ -97,7 +97,11 @@ struct ProgramCost {
   std::vector<double> attention_flops;
   std::vector<double> matmul_fp8_flops;
   std::vector<std::int64_t> memory_traffic;
-  std::vector<std::int64_t> peak_bytes;  // by device id
+  /// By device id. Over processes (a program compiled for an executor whose devices span them)
+  /// a device's peak also counts what a collective stages there to receive from other
+  /// processes, at its step (CollectiveRecord::staging_bytes; docs/distributed.md): the first
+  /// device of each process may then peak above the others and above `timeline`.
+  std::vector<std::int64_t> peak_bytes;
   /// What is live at the (first) peak, by kind.
   PeakByKind peak_by_kind;
   /// The bytes live after each step, what is live at the peak, where each phase begins.

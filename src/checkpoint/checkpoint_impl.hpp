@@ -172,6 +172,10 @@ namespace shardplan {
 class SaveJob {
  public:
   /// Checks the tree (named leaves, valid, not pending) and lays the tensors out in files.
+  /// Collective over processes: a check that fails on one process fails on every process
+  /// (distributed::all_succeed), and the processes must pass the same tree (each leaf's name,
+  /// dtype, shape and sharding, and the structure; distributed::check_same), before anything is
+  /// written: each process writes its blocks at the places its own tree gives.
   SaveJob(const std::filesystem::path& dir_in, const Tree<Array>& tree,
           const CheckpointOptions& options);
 
@@ -197,6 +201,11 @@ class SaveJob {
   void abort() noexcept;
 
  private:
+  /// The constructor's work on this process: the checks and the layout.
+  void lay_out(const Tree<Array>& tree, const CheckpointOptions& options);
+  /// A line per tensor (name, dtype, shape, sharding), then the structure: what every process
+  /// must save alike.
+  std::string description() const;
   /// XXH3-64 of file f as written: its header, then each tensor's runs sorted by place.
   std::uint64_t checksum_from_memory(std::size_t f) const;
 

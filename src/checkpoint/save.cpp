@@ -36,6 +36,25 @@ using detail::structure_of;
 
 SaveJob::SaveJob(const fs::path& dir_in, const Tree<Array>& tree, const CheckpointOptions& options)
     : dir_(detail::output_path(dir_in, "checkpoint")) {
+  collectively([&] { lay_out(tree, options); });
+  if (distributed::process_count() > 1) {
+    distributed::check_same(fmt::format("the tree saved to {} (each tensor's name, dtype, shape "
+                                        "and sharding, then the tree's structure)",
+                                        dir_.string()),
+                            description());
+  }
+}
+
+std::string SaveJob::description() const {
+  std::string text;
+  for (const SaveTensor& t : tensors_) {
+    text += fmt::format("'{}': {}{} sharded {}\n", t.name, name(t.spec.dtype),
+                        t.spec.shape.to_string(), t.sharding);
+  }
+  return text + "structure " + structure_.dump();
+}
+
+void SaveJob::lay_out(const Tree<Array>& tree, const CheckpointOptions& options) {
   std::string path;
   structure_ = structure_of(tree, path);
   for (const auto& [name, a] : tree.flatten()) {

@@ -487,19 +487,54 @@ void exchange(const std::vector<Message>& sends, const std::vector<Message>& rec
 void allreduce_sum(std::span<float> data) { allreduce_sum_impl(data); }
 void allreduce_sum(std::span<double> data) { allreduce_sum_impl(data); }
 
+namespace {
+
+/// The lines of `text` ('\n' apart).
+std::vector<std::string_view> lines_of(std::string_view text) {
+  std::vector<std::string_view> out;
+  for (std::size_t at = 0;;) {
+    const std::size_t end = text.find('\n', at);
+    out.push_back(text.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at));
+    if (end == std::string_view::npos) return out;
+    at = end + 1;
+  }
+}
+
+}  // namespace
+
 void check_same(std::string_view what, std::string_view value) {
   const auto all = allgather_bytes(std::as_bytes(std::span(value.data(), value.size())));
   std::vector<std::string> values;
   for (const auto& v : all) values.emplace_back(reinterpret_cast<const char*>(v.data()), v.size());
-  for (const std::string& v : values) {
-    if (v != values[0]) {
-      throw DistributedError(
-          fmt::format("[distributed] the processes disagree on {}: {}", what,
-                      by_value(values, [](const std::string& s) {
-                        return fmt::format("'{}'", s.size() > 200 ? s.substr(0, 200) + "..." : s);
-                      })));
-    }
+  if (std::all_of(values.begin(), values.end(), [&](const std::string& v) { return v == values[0]; })) {
+    return;
   }
+  const auto quote = [](std::string_view s) {
+    return fmt::format("'{}'", s.size() > 200 ? std::string(s.substr(0, 200)) + "..." : s);
+  };
+  // Values of several lines (a tree's tensors, a program's nodes): the first line where any two
+  // differ, each process's line there.
+  std::vector<std::vector<std::string_view>> lines;
+  for (const std::string& v : values) lines.push_back(lines_of(v));
+  std::size_t first = 0;
+  const auto same_at = [&](std::size_t k) {
+    for (const auto& l : lines) {
+      if (k >= l.size() || k >= lines[0].size() || l[k] != lines[0][k]) return false;
+    }
+    return true;
+  };
+  while (same_at(first)) ++first;
+  const bool multi_line = std::any_of(lines.begin(), lines.end(), [](const auto& l) { return l.size() > 1; });
+  if (!multi_line) {
+    throw DistributedError(fmt::format("[distributed] the processes disagree on {}: {}", what,
+                                       by_value(values, quote)));
+  }
+  throw DistributedError(fmt::format(
+      "[distributed] the processes disagree on {}, first at line {}: {}", what, first + 1,
+      by_value(values, [&](const std::string& s) {
+        const std::vector<std::string_view> l = lines_of(s);
+        return first < l.size() ? quote(l[first]) : std::string("(no such line)");
+      })));
 }
 
 namespace detail {

@@ -58,7 +58,10 @@ Array run_eager(Node n, const std::vector<Array>& ins, const Array& placement) {
   for (std::size_t k = 1; k < ins.size(); ++k) check_same_placement(ins[0], ins[k], n.op->name);
   EagerKey key{n.op, n.attrs, {}, {}, {}, placement.mesh()};
   Graph g;
-  CompileSpec spec{.mesh = placement.mesh(), .outputs = {std::nullopt}, .cache_constants = false};
+  CompileSpec spec{.mesh = placement.mesh(),
+                   .outputs = {std::nullopt},
+                   .cache_constants = false,
+                   .devices_per_process = devices_per_process(&placement.executor(), placement.mesh())};
   for (std::size_t k = 0; k < ins.size(); ++k) {
     const TensorType type{ins[k].shape(), ins[k].dtype()};
     n.operands.push_back(g.add(

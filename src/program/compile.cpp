@@ -161,7 +161,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.cost_.attention_flops = std::move(parts.attention_flops);
   prog.cost_.matmul_fp8_flops = std::move(parts.matmul_fp8_flops);
   prog.cost_.memory_traffic.assign(static_cast<std::size_t>(mesh.size()), live.memory_traffic);
-  prog.cost_.peak_bytes.assign(static_cast<std::size_t>(mesh.size()), live.peak_bytes);
+  prog.cost_.peak_bytes = std::move(live.peak_by_device);
   prog.cost_.peak_by_kind = std::move(live.peak_by_kind);
   prog.cost_.timeline = std::move(live.timeline);
   prog.free_after_ = std::move(live.free_after);
@@ -174,6 +174,11 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.graph_ = std::move(g);
   if (const CompileObserver observer = compile_observer.load()) observer(prog);
   return prog;
+}
+
+int devices_per_process(const Executor* executor, const Mesh& mesh) {
+  if (executor == nullptr || executor->holds_all(mesh.devices())) return 0;
+  return static_cast<int>(executor->local_devices().size());
 }
 
 void set_compile_observer(CompileObserver observer) { compile_observer.store(observer); }

@@ -48,7 +48,15 @@ struct CompileSpec {
   bool fuse = true;
   /// Fuse only repetitions into their readers (SjitOptions::eager).
   bool eager = false;
+  /// Over processes: each process holds this many consecutive device ids
+  /// (Executor::process_of); 0 when one process holds every device. The collectives then
+  /// count what they stage to receive from other processes (plan_reshard), and the peak per
+  /// device includes it (ProgramCost::peak_bytes).
+  int devices_per_process = 0;
 };
+
+/// CompileSpec::devices_per_process for a program run on `executor` over `mesh` (0 for none).
+int devices_per_process(const Executor* executor, const Mesh& mesh);
 
 using CostReport = ProgramCost;
 

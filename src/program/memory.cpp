@@ -227,6 +227,23 @@ std::set<SlotId> kept_slots(const Partitioned& p, const CompileSpec& spec,
   return keep;
 }
 
+// By device id: the peak, or, over processes, the bytes live at a step whose collective stages
+// what it receives (held with its output until it returns) plus those staged, when more. As the
+// timeline, the first run's: a constant step kept for the next run runs in it.
+std::vector<std::int64_t> peak_with_staging(const Partitioned& p, const Liveness& l,
+                                            const Mesh& mesh, std::int64_t peak) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(mesh.size()), peak);  // as ProgramCost
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    for (const CollectiveRecord& rec : p.steps[s].cost) {
+      for (std::size_t d = 0; d < rec.staging_bytes.size() && d < out.size(); ++d) {
+        if (rec.staging_bytes[d] == 0) continue;
+        out[d] = std::max(out[d], add_live(l.timeline.live_bytes[s], rec.staging_bytes[d]));
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& spec) {
@@ -294,6 +311,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
     for (const SlotId f : l.free_after[s]) release(f);
   }
   l.peak_bytes = peak;
+  l.peak_by_device = peak_with_staging(p, l, spec.mesh, peak);
   l.timeline.peak_step = peak_step;
   l.timeline.phases = phase_starts(g, p);
   count_peak_by_kind(g, p, spec, slot_bytes, root, peak_step, l);

@@ -32,6 +32,9 @@ struct Liveness {
   std::vector<SlotId> constant_slots;  // results of constant steps, kept for the next run
   std::vector<char> cached_step;       // per step: a constant step whose result is kept
   std::int64_t peak_bytes = 0;  // per device, each buffer once (every device holds one size)
+  /// By device id: peak_bytes, or more on a device where a collective over processes stages
+  /// what it receives (CollectiveRecord::staging_bytes) beside the bytes live at its step.
+  std::vector<std::int64_t> peak_by_device;
   PeakByKind peak_by_kind;             // ProgramCost::peak_by_kind
   std::int64_t memory_traffic = 0;     // ProgramCost::memory_traffic (per device)
   MemoryTimeline timeline;             // ProgramCost::timeline

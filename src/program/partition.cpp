@@ -593,6 +593,7 @@ class Emitter {
         constant_(constant),
         specs_(specs),
         mesh_(spec.mesh),
+        devices_per_process_(spec.devices_per_process),
         slot_(g.size(), SlotId{-1}),
         resharded_(g.size()) {}
 
@@ -661,11 +662,13 @@ class Emitter {
     // reduced copy when it moves fewer bytes (slicing or gathering a reduced sum instead of
     // reducing the summands again).
     SlotId from = slot_[value];
-    std::vector<CollectiveRecord> cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target);
+    std::vector<CollectiveRecord> cost =
+        plan_reshard(t.shape, t.dtype, cur, at.pending, target, devices_per_process_);
     if (!at.pending.empty()) {
       std::int64_t best = bytes_received(cost);
       for (const auto& [done, slot] : resharded_[value]) {
-        auto other = plan_reshard(t.shape, t.dtype, NamedSharding(mesh_, done), {}, target);
+        auto other = plan_reshard(t.shape, t.dtype, NamedSharding(mesh_, done), {}, target,
+                                  devices_per_process_);
         if (const std::int64_t b = bytes_received(other); b < best) {
           best = b;
           from = slot;
@@ -713,7 +716,7 @@ class Emitter {
     step.flops = n.op->flops(step.local, in_local, step.local.type.shape);
     if (n.op->collective != nullptr) {
       step.cost = collective_cost(n.op->collective(step.local, {in_local[0], g_[n.operands[0]].type.dtype}),
-                                  g_[n.operands[0]].type.dtype, mesh_);
+                                  g_[n.operands[0]].type.dtype, mesh_, devices_per_process_);
     }
     slot_[id] = step.out;
     out_.steps.push_back(std::move(step));
@@ -763,6 +766,7 @@ class Emitter {
   const ValueMap<char>& constant_;
   const ValueMap<PartitionSpec>& specs_;
   const Mesh& mesh_;
+  const int devices_per_process_;  // CompileSpec::devices_per_process
   ValueMap<SlotId> slot_;
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
   std::unordered_map<BlocksKey, SharedBlocks, BlocksKeyHash> blocks_;

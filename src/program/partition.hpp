@@ -41,9 +41,10 @@ struct Partitioned {
 /// output), then counts the FLOPs and the bytes per collective kind of the steps kept.
 void keep_read(const Graph& g, Partitioned& p, int devices);
 
-/// What a collective inside shard_map (Primitive::collective) moves, as its step's static cost.
+/// What a collective inside shard_map (Primitive::collective) moves, as its step's static cost
+/// (with what it stages over processes: CompileSpec::devices_per_process).
 std::vector<CollectiveRecord> collective_cost(const CollectivePlan& plan, DType dtype,
-                                              const Mesh& mesh);
+                                              const Mesh& mesh, int devices_per_process);
 
 Partitioned partition(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
                       const CompileSpec& spec);

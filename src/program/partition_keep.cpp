@@ -75,17 +75,18 @@ void keep_read(const Graph& g, Partitioned& p, int devices) {
 }
 
 std::vector<CollectiveRecord> collective_cost(const CollectivePlan& plan, DType dtype,
-                                              const Mesh& mesh) {
+                                              const Mesh& mesh, int devices_per_process) {
   if (plan.permute_axis.empty()) {
     return plan_reshard(plan.view, dtype, NamedSharding(mesh, plan.from), plan.pending,
-                        NamedSharding(mesh, plan.to));
+                        NamedSharding(mesh, plan.to), devices_per_process);
   }
-  // A permute: every device a pair sends to from another coordinate receives one block.
+  // A permute: every device a pair sends to from another coordinate receives one block, into
+  // its output (permute stages nothing).
   const int ax = mesh.axis_index(plan.permute_axis);
   const auto num =
       static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1);
   CollectiveRecord rec{CollectiveKind::kPermute, {plan.permute_axis},
-                       std::vector<std::int64_t>(num, 0)};
+                       std::vector<std::int64_t>(num, 0), std::vector<std::int64_t>(num, 0)};
   const std::int64_t block = byte_size(NamedSharding(mesh, plan.from).shard_shape(plan.view), dtype);
   for (const int d : mesh.devices()) {
     const std::int64_t at = mesh.coords_of_position(mesh.position_of_device(d))[static_cast<std::size_t>(ax)];

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "compile.hpp"
@@ -14,6 +15,7 @@
 #include "primitives/shard_map_ops.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
+#include "spmd_check.hpp"
 #include "trace.hpp"
 
 namespace shardplan::detail {
@@ -125,40 +127,62 @@ std::vector<Array> traced_call(TraceContext& ctx, const ShardMapBody& body, cons
   return results;
 }
 
-// Outside any trace: traced into a program of its own and run (as jax.shard_map eagerly).
+// Outside any trace: traced into a program of its own and run (as jax.shard_map eagerly). Over
+// processes, as an sjit call: every process checks that all traced the same program, and a
+// failure to trace or compile it on some processes (the body throwing on one) is named on every
+// process before any collective (check_same_program), instead of the others waiting in the
+// program's first collective for a process that never comes.
 std::vector<Array> eager_call(const ShardMapBody& body, const Mesh& mesh,
                               const std::vector<PartitionSpec>& in_specs,
                               const std::vector<PartitionSpec>& out_specs, bool check,
                               const std::vector<Array>& args) {
   if (args.empty()) {
+    check_call(mesh, in_specs, args);
     throw SpecError("[shard_map] called outside sjit with no arguments: nothing says which "
                     "devices run it (pass an array, or call it inside sjit)");
   }
-  for (std::size_t k = 0; k < args.size(); ++k) {
-    if (!(args[k].mesh() == mesh)) {
-      throw ArrayError(fmt::format("[shard_map] argument {} is on {}, not on the shard_map's mesh {}",
-                                   k, args[k].mesh().to_string(), mesh.to_string()));
-    }
-  }
   const Executor& executor = args[0].executor();
-  TraceContext tc(executor, mesh);
-  tc.allow_unknown_annotations = true;  // as outside sjit: an annotation there changes nothing
-  Graph g;
-  {
-    TraceScope scope(&tc);
-    std::vector<Array> tracers;
-    for (const Array& a : args) tracers.push_back(tc.add_argument(TensorType{a.shape(), a.dtype()}));
-    g = tc.finish(traced_call(tc, body, mesh, in_specs, out_specs, check, tracers));
-  }
-  CompileSpec spec{.mesh = mesh, .outputs = std::vector<std::optional<PartitionSpec>>(g.outputs.size())};
+  const bool spans = !executor.holds_all(mesh.devices());
+  std::optional<Program> program;
   std::vector<Array> inputs = args;
-  inputs.insert(inputs.end(), tc.captured.begin(), tc.captured.end());
-  for (std::size_t k = 0; k < inputs.size(); ++k) {
-    spec.inputs.push_back(InputSpec{.spec = inputs[k].sharding().spec(),
-                                    .pending = inputs[k].pending(),
-                                    .origin = fmt::format("shard_map input {}", k)});
+  std::string text;  // the call as every process must make it: its inputs and traced program
+  std::exception_ptr failed;
+  try {
+    check_call(mesh, in_specs, args);
+    for (std::size_t k = 0; k < args.size(); ++k) {
+      if (!(args[k].mesh() == mesh)) {
+        throw ArrayError(fmt::format("[shard_map] argument {} is on {}, not on the shard_map's mesh {}",
+                                     k, args[k].mesh().to_string(), mesh.to_string()));
+      }
+    }
+    TraceContext tc(executor, mesh);
+    tc.allow_unknown_annotations = true;  // as outside sjit: an annotation there changes nothing
+    Graph g;
+    {
+      TraceScope scope(&tc);
+      std::vector<Array> tracers;
+      for (const Array& a : args) tracers.push_back(tc.add_argument(TensorType{a.shape(), a.dtype()}));
+      g = tc.finish(traced_call(tc, body, mesh, in_specs, out_specs, check, tracers));
+    }
+    CompileSpec spec{.mesh = mesh,
+                     .outputs = std::vector<std::optional<PartitionSpec>>(g.outputs.size()),
+                     .devices_per_process = devices_per_process(&executor, mesh)};
+    inputs.insert(inputs.end(), tc.captured.begin(), tc.captured.end());
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      spec.inputs.push_back(InputSpec{.spec = inputs[k].sharding().spec(),
+                                      .pending = inputs[k].pending(),
+                                      .origin = fmt::format("shard_map input {}", k)});
+      text += fmt::format("{} pending over [{}]\n", inputs[k].sharding().spec().to_string(),
+                          fmt::join(inputs[k].pending().axes, ","));
+    }
+    text += g.to_string();
+    program.emplace(compile(g, spec));
+  } catch (...) {
+    if (!spans) throw;
+    failed = std::current_exception();
   }
-  return compile(g, spec).run(executor, inputs);
+  if (spans) check_same_program("shard_map", failed ? nullptr : &text, 0, "", failed);
+  return program->run(executor, inputs);
 }
 
 }  // namespace
@@ -217,12 +241,12 @@ std::vector<Array> shard_map_call(const ShardMapBody& body, const Mesh& mesh,
                                   const std::vector<PartitionSpec>& in_specs,
                                   const std::vector<PartitionSpec>& out_specs, bool check,
                                   const std::vector<Array>& args) {
-  check_call(mesh, in_specs, args);
   TraceContext* ctx = current_trace();
   const bool traced =
       ctx != nullptr || std::any_of(args.begin(), args.end(), [](const Array& a) { return a.is_tracer(); });
   if (!traced) return eager_call(body, mesh, in_specs, out_specs, check, args);
   if (ctx == nullptr) throw ArrayError("[shard_map] a tracer used outside the sjit that made it");
+  check_call(mesh, in_specs, args);
   return traced_call(*ctx, body, mesh, in_specs, out_specs, check, args);
 }
 

@@ -3,11 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <sstream>
 #include <unordered_map>
 
@@ -16,9 +14,8 @@
 #include "fields.hpp"
 #include "primitives.hpp"
 #include "resolve_rules.hpp"
+#include "spmd_check.hpp"
 #include "shardplan/collectives.hpp"
-#include "shardplan/detail/agreement.hpp"
-#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 #include "trace.hpp"
 
@@ -130,6 +127,9 @@ struct CacheKey {
   std::vector<Tree<int>> structures;
   std::vector<LeafKey> leaves;
   std::vector<StaticValue> statics;
+  /// CompileSpec::devices_per_process of the executor called on: a program over processes plans
+  /// what its collectives stage, one in a process does not.
+  int devices_per_process = 0;
   friend bool operator==(const CacheKey&, const CacheKey&) = default;
 
   /// The arrays' part as text, for telling processes apart when their programs differ.
@@ -172,7 +172,7 @@ struct CacheKeyHash {
       h = hash_combine(h, l.pending.axes.size());
     }
     for (const StaticValue& v : k.statics) h = hash_combine(h, v.hash());
-    return h;
+    return hash_combine(h, static_cast<std::size_t>(k.devices_per_process));
   }
 };
 
@@ -243,71 +243,18 @@ std::size_t SjitCore::cache_size() const {
 namespace {
 
 /// With a mesh whose devices span processes, every process must run the same program (SPMD):
-/// the same argument signature, statics and traced program. Checked on every call with one
-/// 8-byte hash per process; when they differ, the texts are exchanged so that every process
-/// throws a DistributedError saying which differs, instead of the processes entering different
-/// collectives and waiting for ever. The same exchange carries the failure of a process that
-/// could not trace or compile the call (`failed`, with `key` or `compiled` then null): every
-/// process throws a DistributedError naming the lowest such process (its own error nested in
-/// it on that process), instead of the others waiting for its hash. When every process failed,
-/// each throws its own error, as in one process.
-void check_same_program(const CacheKey* key, const Compiled* compiled, std::exception_ptr failed) {
-  // A tag, then the hash, then 0 or 1 + the failure's message: a process that is in another
-  // collective (a to_host, say, that only some processes called) sends something else, and is
-  // named.
-  constexpr std::uint64_t kTag = 0x736a69745f737064ull;  // "sjit_spd"
-  std::string mine(2 * sizeof(std::uint64_t), '\0');
-  std::uint64_t h = 0;
-  if (failed) {
-    mine += '1';
-    mine += "[sjit] tracing and compiling the call: " + distributed::detail::describe(failed);
-  } else {
-    // The hash of the text: the same on every process for the same call (no addresses in it).
-    h = std::hash<std::string>()(key->text() + "\n" + compiled->jaxpr);
-    for (const StaticValue& v : key->statics) h = hash_combine(h, v.hash());
-    mine += '0';
+/// the same argument signature, statics and traced program, checked on every call
+/// (check_same_program, spmd_check.hpp), which also carries the failure of a process that could
+/// not trace or compile the call (`failed`, with `key` or `compiled` then null).
+void check_same_sjit_program(const CacheKey* key, const Compiled* compiled,
+                             std::exception_ptr failed) {
+  std::string text;
+  std::uint64_t statics = 0;
+  if (!failed) {
+    text = key->text() + "\n" + compiled->jaxpr;  // no addresses: the same on every process
+    for (const StaticValue& v : key->statics) statics = hash_combine(statics, v.hash());
   }
-  std::memcpy(mine.data(), &kTag, sizeof kTag);
-  std::memcpy(mine.data() + sizeof kTag, &h, sizeof h);
-  const auto all = distributed::allgather_bytes(std::as_bytes(std::span(mine.data(), mine.size())));
-  constexpr std::size_t kHead = 2 * sizeof(std::uint64_t) + 1;
-  for (std::size_t p = 0; p < all.size(); ++p) {
-    std::uint64_t tag = 0;
-    if (all[p].size() >= kHead) std::memcpy(&tag, all[p].data(), sizeof tag);
-    if (tag != kTag) {
-      throw DistributedError(fmt::format(
-          "[distributed] process {} is not calling this sjit program with the others: it is in "
-          "another collective (every process must make the same calls that span processes, "
-          "such as sjit calls and to_host, in the same order)",
-          p));
-    }
-  }
-  // Every process failed: each throws its own error, as in one process (nobody waits).
-  const auto failed_on = [&](const std::vector<std::byte>& v) {
-    return static_cast<char>(v[kHead - 1]) == '1';
-  };
-  if (std::all_of(all.begin(), all.end(), failed_on)) std::rethrow_exception(failed);
-  const int me = distributed::process_index();
-  for (std::size_t p = 0; p < all.size(); ++p) {
-    if (!failed_on(all[p])) continue;
-    const int who = static_cast<int>(p);
-    distributed::detail::throw_failed(
-        who, static_cast<int>(all.size()),
-        std::string(reinterpret_cast<const char*>(all[p].data()) + kHead, all[p].size() - kHead),
-        who == me ? failed : nullptr);
-  }
-  for (const auto& other : all) {
-    if (other != all.front()) {
-      // Every process is here (they all see the hashes differ): compare the texts, which names
-      // what differs; when they are the same, the static arguments differ.
-      distributed::check_same(
-          "the sjit program (argument shapes, dtypes and shardings, and the traced program)",
-          key->text() + "\n" + compiled->jaxpr);
-      throw DistributedError(
-          "[distributed] the processes disagree on the static arguments of an sjit call (their "
-          "values differ between processes; the traced programs are the same)");
-    }
-  }
+  check_same_program("sjit", failed ? nullptr : &text, statics, "the static arguments", failed);
 }
 
 /// The executor the call's arrays live on (or the options'), or null for abstract arguments.
@@ -387,7 +334,8 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
                    .cache_constants = o.kept_constant_bytes > 0,
                    .kept_constant_bytes = o.kept_constant_bytes,
                    .count_constants = o.count_constants,
-                   .fuse = o.fuse, .eager = o.eager};
+                   .fuse = o.fuse, .eager = o.eager,
+                   .devices_per_process = devices_per_process(exec, mesh)};
   const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
   const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
@@ -455,25 +403,27 @@ std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceF
   const Executor* on = executor_of(call, s_->options);
   if (on == nullptr || on->holds_all(s_->mesh.devices())) {
     CacheKey key = cache_key(call);
+    key.devices_per_process = devices_per_process(on, s_->mesh);
     if (auto hit = cached(key)) return hit;
     return keep(std::move(key), compile_call());
   }
   // Over processes anything up to the program's hash (a tracing error, a shape one process
   // computes differently, an out-of-memory) may fail on some processes only: it is caught and
-  // sent with the hash (check_same_program), so that every process throws naming it.
+  // sent with the hash (check_same_sjit_program), so that every process throws naming it.
   std::optional<CacheKey> key;
   std::shared_ptr<const Compiled> compiled;
   std::exception_ptr failed;
   bool hit = false;
   try {
     key = cache_key(call);
+    key->devices_per_process = devices_per_process(on, s_->mesh);
     compiled = cached(*key);
     hit = compiled != nullptr;
     if (!hit) compiled = compile_call();
   } catch (...) {
     failed = std::current_exception();
   }
-  check_same_program(failed ? nullptr : &*key, compiled.get(), failed);
+  check_same_sjit_program(failed ? nullptr : &*key, compiled.get(), failed);
   return hit ? compiled : keep(std::move(*key), std::move(compiled));
 }
 

@@ -57,15 +57,16 @@ void require_not_pending(const Array& x, std::string_view op) {
 // The member of `group` sharing the most mesh coordinates with `device` (the first on ties),
 // among the members held by the process holding `device` when there are any (reading a replica
 // in memory, not over the network).
-int nearest(const Mesh& mesh, const Executor& e, const std::vector<int>& group, int device) {
+int nearest(const Mesh& mesh, const std::function<int(int)>& process_of,
+            const std::vector<int>& group, int device) {
   const auto c = mesh.coords_of_position(mesh.position_of_device(device));
-  const int process = e.process_of(device);
+  const int process = process_of(device);
   const bool any_here =
-      std::any_of(group.begin(), group.end(), [&](int g) { return e.process_of(g) == process; });
+      std::any_of(group.begin(), group.end(), [&](int g) { return process_of(g) == process; });
   int best = group.front();
   int best_same = -1;
   for (const int g : group) {
-    if (any_here && e.process_of(g) != process) continue;
+    if (any_here && process_of(g) != process) continue;
     const auto gc = mesh.coords_of_position(mesh.position_of_device(g));
     int same = 0;
     for (std::size_t i = 0; i < c.size(); ++i) same += gc[i] == c[i];
@@ -77,9 +78,82 @@ int nearest(const Mesh& mesh, const Executor& e, const std::vector<int>& group, 
   return best;
 }
 
+// What move_to reads for each device's block of `target`: the replica groups of `from` whose
+// block overlaps it and the member it reads each from (itself when it is one, else the nearest),
+// and where a source shard lies whole in a target block. The run (move_to) and the plan
+// (move_staging) read the same.
+class MoveSources {
+ public:
+  MoveSources(const Shape& shape, DType dtype, const NamedSharding& from,
+              const NamedSharding& target, std::function<int(int)> process_of)
+      : rank_(shape.rank()),
+        elem_(size_of(dtype)),
+        mesh_(target.mesh()),
+        process_of_(std::move(process_of)),
+        tblocks_(target.device_blocks(shape)),
+        groups_(from.replica_groups(shape)),
+        sblocks_(from.device_blocks(shape)) {}
+
+  const Block& source_block(int m) const { return sblocks_[static_cast<std::size_t>(m)]; }
+  const Block& target_block(int d) const { return tblocks_[static_cast<std::size_t>(d)]; }
+
+  /// The groups whose block overlaps the target block of d, and the member d reads each from.
+  std::vector<std::pair<const std::vector<int>*, int>> operator()(int d) const {
+    std::vector<std::pair<const std::vector<int>*, int>> out;
+    const Block& bt = target_block(d);
+    for (const auto& group : groups_) {
+      const Block& bs = source_block(group.front());
+      bool overlaps = true;
+      for (int k = 0; k < rank_ && overlaps; ++k) {
+        const auto i = static_cast<std::size_t>(k);
+        overlaps = std::max(bt[i].start, bs[i].start) <
+                   std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size);
+      }
+      if (!overlaps) continue;
+      const bool holds = std::find(group.begin(), group.end(), d) != group.end();
+      out.emplace_back(&group, holds ? d : nearest(mesh_, process_of_, group, d));
+    }
+    return out;
+  }
+
+  /// The devices whose shards d reads.
+  std::vector<int> reads(int d) const {
+    std::vector<int> out;
+    for (const auto& [group, src] : (*this)(d)) out.push_back(src);
+    return out;
+  }
+
+  /// Where shard m lies in device d's output, in bytes, when whole and in one piece; else -1.
+  std::int64_t offset(int m, int d) const {
+    return contiguous_offset(source_block(m), target_block(d), elem_);
+  }
+
+ private:
+  int rank_;
+  std::size_t elem_;
+  const Mesh& mesh_;
+  std::function<int(int)> process_of_;
+  std::vector<Block> tblocks_;
+  std::vector<std::vector<int>> groups_;
+  std::vector<Block> sblocks_;
+};
+
 }  // namespace
 
 namespace detail {
+
+std::vector<std::int64_t> move_staging(const Shape& shape, DType dtype, const NamedSharding& from,
+                                       const NamedSharding& target,
+                                       const std::function<int(int)>& process_of) {
+  const Mesh& mesh = target.mesh();
+  const MoveSources sources(shape, dtype, from, target, process_of);
+  const auto reads = remote_reads(
+      mesh, process_of, [&](int d) { return sources.reads(d); },
+      [&](int m, int d) { return sources.offset(m, d) >= 0; });
+  const auto devices =
+      static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1);
+  return staged_copies(reads, byte_size(from.shard_shape(shape), dtype), devices);
+}
 
 // The data movement under all_gather, all_to_all and reshard: each device builds its block of
 // `target` from the source blocks that overlap it, reading its own buffer where it holds the
@@ -90,56 +164,33 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
   const std::size_t elem = size_of(x.dtype());
   const Mesh& mesh = target.mesh();
   const Shape tshard = target.shard_shape(shape);
-  const auto tblocks = target.device_blocks(shape);
-  const auto groups = x.sharding().replica_groups(shape);
-  const auto sblocks = x.sharding().device_blocks(shape);
-  // The groups whose block overlaps the target block of d, and the member d reads each from.
-  auto sources = [&](int d) {
-    std::vector<std::pair<const std::vector<int>*, int>> out;
-    const Block& bt = tblocks[static_cast<std::size_t>(d)];
-    for (const auto& group : groups) {
-      const Block& bs = sblocks[static_cast<std::size_t>(group.front())];
-      bool overlaps = true;
-      for (int k = 0; k < rank && overlaps; ++k) {
-        const auto i = static_cast<std::size_t>(k);
-        overlaps = std::max(bt[i].start, bs[i].start) <
-                   std::min(bt[i].start + bt[i].size, bs[i].start + bs[i].size);
-      }
-      if (!overlaps) continue;
-      const bool holds = std::find(group.begin(), group.end(), d) != group.end();
-      out.emplace_back(&group, holds ? d : nearest(mesh, x.executor(), group, d));
-    }
-    return out;
-  };
+  const Executor& e = x.executor();
+  const MoveSources sources(shape, x.dtype(), x.sharding(), target,
+                            [&](int d) { return e.process_of(d); });
   std::vector<std::shared_ptr<Buffer>> out;
   std::optional<ShardSource> source;
   prepare_then_agree(x, rec.kind, [&] {
     out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
     source.emplace(
-        x,
-        [&](int d) {
-          std::vector<int> reads;
-          for (const auto& [group, src] : sources(d)) reads.push_back(src);
-          return reads;
-        },
+        x, [&](int d) { return sources.reads(d); },
         [&](int m, int d) -> std::byte* {
-          const std::int64_t at = contiguous_offset(sblocks[static_cast<std::size_t>(m)],
-                                                    tblocks[static_cast<std::size_t>(d)], elem);
+          const std::int64_t at = sources.offset(m, d);
           return at < 0 ? nullptr : out[static_cast<std::size_t>(d)]->data() + at;
-        });
+        },
+        &rec.staging_bytes);
   });
   source->exchange();
   const ShardSource& shard_of = *source;
   const Shape& sshard = x.shard_shape();
   x.executor().run(mesh.devices(), [&](int d) {
-    const Block& bt = tblocks[static_cast<std::size_t>(d)];
+    const Block& bt = sources.target_block(d);
     std::byte* dst = out[static_cast<std::size_t>(d)]->data();
     std::vector<std::int64_t> src_origin(static_cast<std::size_t>(rank));
     std::vector<std::int64_t> dst_origin(static_cast<std::size_t>(rank));
     std::vector<std::int64_t> extent(static_cast<std::size_t>(rank));
     for (const auto& [group_ptr, src] : sources(d)) {
       const std::vector<int>& group = *group_ptr;
-      const Block& bs = sblocks[static_cast<std::size_t>(group.front())];
+      const Block& bs = sources.source_block(group.front());
       bool empty = false;
       std::int64_t numel = 1;
       for (int k = 0; k < rank; ++k) {
@@ -252,12 +303,17 @@ Array permute(const Array& x, const std::string& axis,
   };
   std::vector<std::shared_ptr<Buffer>> out;
   std::optional<ShardSource> shards;
+  // A shard from another process is received straight into its one reader's output (the
+  // shards of a permutation each go to one device): nothing is staged.
   prepare_then_agree(x, rec.kind, [&] {
     out = allocate_like(x, mesh, bytes);
-    shards.emplace(x, [&](int d) {
-      const int src = source(d);
-      return src < 0 ? std::vector<int>{} : std::vector<int>{src};
-    });
+    shards.emplace(
+        x,
+        [&](int d) {
+          const int src = source(d);
+          return src < 0 ? std::vector<int>{} : std::vector<int>{src};
+        },
+        [&](int, int d) { return out[static_cast<std::size_t>(d)]->data(); }, &rec.staging_bytes);
   });
   shards->exchange();
   const ShardSource& shard_of = *shards;
@@ -268,7 +324,9 @@ Array permute(const Array& x, const std::string& axis,
       if (bytes > 0) std::memset(dst, 0, static_cast<std::size_t>(bytes));
       return;
     }
-    if (bytes > 0) std::memcpy(dst, shard_of(src), static_cast<std::size_t>(bytes));
+    if (bytes > 0 && !(src != d && shard_of.placed(src))) {
+      std::memcpy(dst, shard_of(src), static_cast<std::size_t>(bytes));
+    }
     if (src != d) rec.bytes_in[static_cast<std::size_t>(d)] += bytes;
   });
   Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), x.sharding(),

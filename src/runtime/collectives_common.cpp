@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "collectives_impl.hpp"
@@ -46,64 +47,94 @@ std::vector<std::shared_ptr<Buffer>> allocate_like(const Array& x, const Mesh& m
 }
 
 CollectiveRecord make_record(CollectiveKind kind, std::vector<std::string> axes, const Array& x) {
-  return CollectiveRecord{
-      kind, std::move(axes),
-      std::vector<std::int64_t>(static_cast<std::size_t>(x.executor().num_devices()), 0)};
+  const auto n = static_cast<std::size_t>(x.executor().num_devices());
+  return CollectiveRecord{kind, std::move(axes), std::vector<std::int64_t>(n, 0),
+                          std::vector<std::int64_t>(n, 0)};
 }
 
 bool spans_processes(const Array& x) { return !x.executor().holds_all(x.mesh().devices()); }
 
+std::vector<std::vector<RemoteRead>> remote_reads(
+    const Mesh& mesh, const std::function<int(int)>& process_of,
+    const std::function<std::vector<int>(int)>& reads,
+    const std::function<bool(int, int)>& placeable) {
+  int processes = 0;
+  for (const int d : mesh.devices()) processes = std::max(processes, process_of(d) + 1);
+  // By process: each shard of another process its devices read, with its first reader there
+  // (mesh order) and how many of its devices read it.
+  std::vector<std::map<int, std::pair<int, int>>> read(static_cast<std::size_t>(processes));
+  for (const int d : mesh.devices()) {
+    const int p = process_of(d);
+    for (const int m : reads(d)) {
+      if (process_of(m) == p) continue;
+      auto [it, fresh] = read[static_cast<std::size_t>(p)].try_emplace(m, d, 0);
+      ++it->second.second;
+    }
+  }
+  std::vector<std::vector<RemoteRead>> out(static_cast<std::size_t>(processes));
+  for (std::size_t p = 0; p < read.size(); ++p) {
+    for (const auto& [m, first] : read[p]) {
+      const auto [reader, readers] = first;
+      out[p].push_back(
+          RemoteRead{m, reader, readers == 1 && placeable != nullptr && placeable(m, reader)});
+    }
+  }
+  return out;
+}
+
+std::vector<std::int64_t> staged_copies(const std::vector<std::vector<RemoteRead>>& reads,
+                                        std::int64_t shard_bytes, std::size_t devices) {
+  std::vector<std::int64_t> staged(devices, 0);
+  for (const auto& of_process : reads) {
+    for (const RemoteRead& r : of_process) {
+      if (!r.placed) staged[static_cast<std::size_t>(r.reader)] += shard_bytes;
+    }
+  }
+  return staged;
+}
+
 ShardSource::ShardSource(const Array& x, const std::function<std::vector<int>(int)>& reads,
-                         const Place& place)
+                         const Place& place, std::vector<std::int64_t>* staged)
     : x_(x) {
   if (!spans_processes(x)) return;
   const Executor& e = x.executor();
-  const Mesh& mesh = x.mesh();
   const int me = distributed::process_index();
-  const int processes = distributed::process_count();
   const std::int64_t bytes = x.shard_nbytes();
-  // needed[p]: the other processes' devices whose shards process p's devices read, sorted;
-  // reader[m]: the first of this process's devices reading m.
-  std::vector<std::vector<int>> needed(static_cast<std::size_t>(processes));
-  std::vector<int> reader(static_cast<std::size_t>(e.num_devices()), -1);
-  std::vector<int> readers(static_cast<std::size_t>(e.num_devices()), 0);  // local readers
-  for (const int d : mesh.devices()) {
-    const int p = e.process_of(d);
-    for (const int m : reads(d)) {
-      if (e.process_of(m) == p) continue;
-      needed[static_cast<std::size_t>(p)].push_back(m);
-      if (p == me) {
-        if (reader[static_cast<std::size_t>(m)] < 0) reader[static_cast<std::size_t>(m)] = d;
-        ++readers[static_cast<std::size_t>(m)];
-      }
-    }
-  }
-  for (auto& v : needed) {
-    std::sort(v.begin(), v.end());
-    v.erase(std::unique(v.begin(), v.end()), v.end());
-  }
+  const auto process_of = [&](int d) { return e.process_of(d); };
+  // Where another process's reader receives changes nothing here (it sends the same): only this
+  // process's outputs are asked.
+  const auto all = remote_reads(
+      x.mesh(), process_of, reads,
+      place ? std::function<bool(int, int)>(
+                  [&](int m, int d) { return e.is_local(d) && place(m, d) != nullptr; })
+            : nullptr);
   remote_.resize(static_cast<std::size_t>(e.num_devices()));
   placed_.assign(static_cast<std::size_t>(e.num_devices()), 0);
   if (bytes == 0) return;
-  for (const int m : needed[static_cast<std::size_t>(me)]) {
-    const int d = reader[static_cast<std::size_t>(m)];
+  for (const RemoteRead& r : all[static_cast<std::size_t>(me)]) {
     std::byte* into = nullptr;
-    if (place && readers[static_cast<std::size_t>(m)] == 1) into = place(m, d);
-    if (into != nullptr) {
-      placed_[static_cast<std::size_t>(m)] = 1;
+    if (r.placed) {
+      into = place(r.shard, r.reader);
+      placed_[static_cast<std::size_t>(r.shard)] = 1;
     } else {
-      auto& copy = remote_[static_cast<std::size_t>(m)];
-      copy = allocate_on(e, d, bytes);
+      auto& copy = remote_[static_cast<std::size_t>(r.shard)];
+      copy = allocate_on(e, r.reader, bytes);
+      if (staged != nullptr) {
+        if (staged->size() <= static_cast<std::size_t>(r.reader)) {
+          staged->resize(static_cast<std::size_t>(r.reader) + 1, 0);
+        }
+        (*staged)[static_cast<std::size_t>(r.reader)] += bytes;
+      }
       into = copy->data();
     }
-    receives_.push_back({e.process_of(m), into, static_cast<std::size_t>(bytes)});
+    receives_.push_back({e.process_of(r.shard), into, static_cast<std::size_t>(bytes)});
   }
-  for (int p = 0; p < processes; ++p) {
-    if (p == me) continue;
-    for (const int m : needed[static_cast<std::size_t>(p)]) {
-      if (e.process_of(m) != me) continue;
-      sends_.push_back(
-          {p, const_cast<std::byte*>(x.shard(m).data()), static_cast<std::size_t>(bytes)});
+  for (std::size_t p = 0; p < all.size(); ++p) {
+    if (static_cast<int>(p) == me) continue;
+    for (const RemoteRead& r : all[p]) {
+      if (e.process_of(r.shard) != me) continue;
+      sends_.push_back({static_cast<int>(p), const_cast<std::byte*>(x.shard(r.shard).data()),
+                        static_cast<std::size_t>(bytes)});
     }
   }
 }
@@ -131,11 +162,18 @@ std::int64_t CollectiveRecord::total_bytes_in() const {
   return std::accumulate(bytes_in.begin(), bytes_in.end(), std::int64_t{0}, saturating_add);
 }
 
+std::int64_t CollectiveRecord::max_staging_bytes() const {
+  return staging_bytes.empty() ? 0 : *std::max_element(staging_bytes.begin(), staging_bytes.end());
+}
+
 std::string CollectiveRecord::to_string() const {
-  return fmt::format("{} over {}{}: {} max per device, {} in all", shardplan::to_string(kind),
+  const std::int64_t staged = max_staging_bytes();
+  return fmt::format("{} over {}{}: {} max per device, {} in all{}", shardplan::to_string(kind),
                      quoted(axes),
                      kind == CollectiveKind::kAllReduce ? " (reduce-scatter, then all-gather)" : "",
-                     format_bytes(max_bytes_in()), format_bytes(total_bytes_in()));
+                     format_bytes(max_bytes_in()), format_bytes(total_bytes_in()),
+                     staged > 0 ? fmt::format(", {} staged at most", format_bytes(staged))
+                                : std::string());
 }
 
 std::ostream& operator<<(std::ostream& os, const CollectiveRecord& r) {

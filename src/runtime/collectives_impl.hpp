@@ -69,6 +69,29 @@ void prepare_then_agree(const Array& x, CollectiveKind kind, const Prepare& prep
       failed, failed ? fmt::format("[{}] of {}", to_string(kind), x.to_string()) : "");
 }
 
+/// A shard of another process that a process's devices read, and where it is received: on the
+/// first of them in mesh order (`reader`), straight into that device's output (`placed`) when
+/// it is the only reader there and the output can take it, else into a copy staged there.
+struct RemoteRead {
+  int shard = -1;
+  int reader = -1;
+  bool placed = false;
+};
+
+/// The one decision of what crosses processes, for the run (ShardSource) and the plan
+/// (plan_reshard's staging_bytes): by process, the shards of other processes its devices read
+/// (`reads(d)`: the devices whose shards device d reads), sorted by device, each with its
+/// reader; `placeable(m, d)` (may be null: never) says whether shard m can be received into
+/// device d's output.
+std::vector<std::vector<RemoteRead>> remote_reads(const Mesh& mesh,
+                                                  const std::function<int(int)>& process_of,
+                                                  const std::function<std::vector<int>(int)>& reads,
+                                                  const std::function<bool(int, int)>& placeable);
+
+/// By device id (`devices` entries): the bytes of the copies `reads` stages, `shard_bytes` each.
+std::vector<std::int64_t> staged_copies(const std::vector<std::vector<RemoteRead>>& reads,
+                                        std::int64_t shard_bytes, std::size_t devices);
+
 /// The shards a collective reads: this process's own, and a copy of each shard of another
 /// process that one of this process's devices reads. `reads(d)` lists the devices whose shards
 /// device d reads; every process evaluates it for every device, so each knows what to send
@@ -81,9 +104,10 @@ class ShardSource {
   /// `place(m, d)`, when given, may name where in device d's output shard m belongs whole and in
   /// one piece, for a shard of another process that only d reads here: it is then received
   /// there directly (placed(m)), saving a copy.
+  /// The bytes of the copies go to `staged` (CollectiveRecord::staging_bytes), by device id.
   using Place = std::function<std::byte*(int m, int d)>;
   ShardSource(const Array& x, const std::function<std::vector<int>(int)>& reads,
-              const Place& place = {});
+              const Place& place, std::vector<std::int64_t>* staged);
 
   /// Moves the shards between processes (nothing when the array does not span them).
   void exchange() {
@@ -107,6 +131,24 @@ class ShardSource {
   std::vector<char> placed_;                     // by device id
   std::vector<distributed::Message> sends_, receives_;
 };
+
+/// By device id, the bytes each device stages over processes (`process_of`) in:
+/// move_to from `from` to `target` (the copies of other processes' source shards);
+std::vector<std::int64_t> move_staging(const Shape& shape, DType dtype, const NamedSharding& from,
+                                       const NamedSharding& target,
+                                       const std::function<int(int)>& process_of);
+/// reduce_scatter over `axes` of an array sharded `from` (a copy of each other process's member
+/// shard of the group);
+std::vector<std::int64_t> reduce_scatter_staging(const Shape& shape, DType dtype,
+                                                 const NamedSharding& from,
+                                                 const std::vector<std::string>& axes,
+                                                 const std::function<int(int)>& process_of);
+/// all_reduce over `axes` (the chunks of other processes' members but the first, received in
+/// the output).
+std::vector<std::int64_t> all_reduce_staging(const Shape& shape, DType dtype,
+                                             const NamedSharding& from,
+                                             const std::vector<std::string>& axes,
+                                             const std::function<int(int)>& process_of);
 
 /// The data movement under all_gather, all_to_all and reshard: each device builds its block of
 /// `target` from the source blocks that overlap it, reading its own buffer where it holds the

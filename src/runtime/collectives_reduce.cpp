@@ -156,6 +156,7 @@ void AllReduce::prepare() {
           into = chunk(d, lo);
         } else {
           in[i] = allocate_on(exec_, d, bytes);
+          rec_.staging_bytes[at(d)] += bytes;
           into = in[i]->data();
         }
         receives_.push_back({exec_.process_of(m), into, static_cast<std::size_t>(bytes)});
@@ -259,6 +260,47 @@ Array AllReduce::result(CollectiveRecord* record) {
 
 }  // namespace
 
+namespace detail {
+
+std::vector<std::int64_t> reduce_scatter_staging(const Shape& shape, DType dtype,
+                                                 const NamedSharding& from,
+                                                 const std::vector<std::string>& axes,
+                                                 const std::function<int(int)>& process_of) {
+  // As reduce_scatter's ShardSource: every member's whole shard, none placed.
+  const Mesh& mesh = from.mesh();
+  const auto reads =
+      remote_reads(mesh, process_of, [&](int d) { return device_group(mesh, d, axes); }, nullptr);
+  const auto devices =
+      static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1);
+  return staged_copies(reads, byte_size(from.shard_shape(shape), dtype), devices);
+}
+
+std::vector<std::int64_t> all_reduce_staging(const Shape& shape, DType dtype,
+                                             const NamedSharding& from,
+                                             const std::vector<std::string>& axes,
+                                             const std::function<int(int)>& process_of) {
+  // As AllReduce::prepare: device d reduces chunk r (its rank) of its group; of the members of
+  // other processes, the first is received into d's output, each other one into a chunk staged.
+  const Mesh& mesh = from.mesh();
+  const std::int64_t total = from.shard_shape(shape).numel();
+  const auto elem = static_cast<std::int64_t>(size_of(dtype));
+  std::vector<std::int64_t> staged(
+      static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1),
+      0);
+  for (const int d : mesh.devices()) {
+    const std::vector<int> g = device_group(mesh, d, axes);
+    const auto n = static_cast<std::int64_t>(g.size());
+    const auto r = static_cast<std::int64_t>(std::find(g.begin(), g.end(), d) - g.begin());
+    const std::int64_t bytes = (chunk_start(r + 1, total, n) - chunk_start(r, total, n)) * elem;
+    const auto others = std::count_if(g.begin(), g.end(),
+                                      [&](int m) { return process_of(m) != process_of(d); });
+    if (bytes > 0 && others > 1) staged[static_cast<std::size_t>(d)] = (others - 1) * bytes;
+  }
+  return staged;
+}
+
+}  // namespace detail
+
 Array all_reduce(const Array& x, const std::vector<std::string>& axes, CollectiveRecord* record) {
   AllReduce op(x, reduced_axes(x, axes, "all_reduce"));
   op.reduce_scatter();
@@ -286,7 +328,8 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
   std::optional<ShardSource> source;
   prepare_then_agree(x, rec.kind, [&] {
     out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
-    source.emplace(x, [&](int d) { return device_group(mesh, d, axes); });
+    source.emplace(x, [&](int d) { return device_group(mesh, d, axes); }, ShardSource::Place{},
+                   &rec.staging_bytes);
   });
   source->exchange();
   const ShardSource& shard_of = *source;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "../profiler/recorder.hpp"
 #include "collectives_impl.hpp"
@@ -260,7 +261,7 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
 
 std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
                                            const NamedSharding& from, const Pending& pending,
-                                           const NamedSharding& target) {
+                                           const NamedSharding& target, int devices_per_process) {
   check_reshard(from.mesh(), target, shape,
                 [&] { return fmt::format("{}{}", name(dtype), shape.to_string()); });
   byte_size(shape, dtype);  // the global bytes fit; so do a shard's and a device's traffic below
@@ -270,10 +271,17 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
   const auto num =
       static_cast<std::size_t>(*std::max_element(mesh.devices().begin(), mesh.devices().end()) + 1);
   std::vector<CollectiveRecord> steps;
+  // Over processes, what each step stages (the collectives' own rule, collectives_impl.hpp).
+  const std::function<int(int)> process_of = [&](int d) { return d / devices_per_process; };
+  const auto staging = [&](CollectiveRecord& rec, const auto& bytes_of) {
+    rec.staging_bytes = devices_per_process > 0 ? bytes_of() : std::vector<std::int64_t>();
+    rec.staging_bytes.resize(num, 0);
+  };
   NamedSharding cur = from;
   if (!pending.empty()) {
     const auto route = pending_route(mesh, from.spec(), pending, target.spec(), rank);
     for (const auto& [scatter_dim, order] : route) {
+      const NamedSharding before = cur;
       auto dims = padded_dims(cur.spec(), rank);
       auto& e = dims[static_cast<std::size_t>(scatter_dim)];
       e.insert(e.end(), order.begin(), order.end());
@@ -284,6 +292,9 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
       const std::int64_t n = group_size(mesh, order);  // every group has the same size
       for (const int d : mesh.devices())
         rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
+      staging(rec, [&, &axes = rec.axes] {  // (a lambda may not capture a structured binding)
+        return detail::reduce_scatter_staging(shape, dtype, before, axes, process_of);
+      });
       steps.push_back(std::move(rec));
     }
     if (route.empty()) {
@@ -307,6 +318,9 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
         }
         rec.bytes_in[static_cast<std::size_t>(d)] = in;
       });
+      staging(rec, [&] {
+        return detail::all_reduce_staging(shape, dtype, from, pending.axes, process_of);
+      });
       steps.push_back(std::move(rec));
     }
   }
@@ -314,6 +328,7 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
   auto [kind, axes] = move_route(cur.spec(), target.spec(), rank);
   CollectiveRecord rec{kind, axes, move_bytes(shape, elem, cur, target)};
   rec.bytes_in.resize(num, 0);
+  staging(rec, [&] { return detail::move_staging(shape, dtype, cur, target, process_of); });
   steps.push_back(std::move(rec));
   return steps;
 }

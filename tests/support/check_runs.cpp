@@ -1,7 +1,8 @@
 // Linked into every test executable (tests/CMakeLists.txt): each Program::run that completes
 // while a test runs is checked against what compile() said it would do.
 // - Collectives: each step ran exactly the collectives its static cost lists (kind, axes, the
-//   bytes each local device received), and, when this process holds every device, the run's
+//   bytes each local device received and, over processes, staged beside its output to receive
+//   them: what the plan adds to that device's peak at the step), and, when this process holds every device, the run's
 //   bytes per kind (the most a device received per collective, summed) are the cost's
 //   bytes_by_kind.
 // - Memory: the bytes of the buffers the run's slots held per local device, each buffer once
@@ -13,7 +14,9 @@
 //   the timeline plus the kept constants not yet reached, each buffer once); arguments that hold
 //   one buffer (one array passed as two arguments, RunRecord::shared_arguments) are held once
 //   where the plan counts each (expected: the timeline less the copies counted while more than
-//   one of their groups is live). A program compiled not to count constants
+//   one of their groups is live). Then each local device's peak (its values' bytes, plus what
+//   its collectives staged at their step over processes) is the cost's peak for that device.
+//   A program compiled not to count constants
 //   (SjitOptions::count_constants) is not checked: its plan leaves their bytes out on purpose.
 // A mismatch fails the running test, naming the step, the device and both figures.
 #include <fmt/format.h>
@@ -41,11 +44,13 @@ std::string step_name(const Program& program, std::size_t s) {
 
 bool same_on(const CollectiveRecord& a, const CollectiveRecord& b, const std::vector<int>& devices) {
   if (a.kind != b.kind || a.axes != b.axes) return false;
+  const auto at_or_0 = [](const std::vector<std::int64_t>& v, std::size_t at) {
+    return at < v.size() ? v[at] : 0;
+  };
   for (const int d : devices) {
     const auto at = static_cast<std::size_t>(d);
-    const std::int64_t x = at < a.bytes_in.size() ? a.bytes_in[at] : 0;
-    const std::int64_t y = at < b.bytes_in.size() ? b.bytes_in[at] : 0;
-    if (x != y) return false;
+    if (at_or_0(a.bytes_in, at) != at_or_0(b.bytes_in, at)) return false;
+    if (at_or_0(a.staging_bytes, at) != at_or_0(b.staging_bytes, at)) return false;
   }
   return true;
 }
@@ -137,6 +142,39 @@ std::vector<std::vector<std::int64_t>> shared_argument_bytes(const RunRecord& re
   return out;
 }
 
+// The peak each local device reached: the bytes its values held at the start and after each step,
+// plus, at a step, what its collectives staged there to receive from other processes (as the
+// run allocated them: CollectiveRecord::staging_bytes), against the cost's peak for that device.
+// (A run that took kept constants or shares argument buffers holds other bytes than the plan, as
+// above: its steps are checked, not its peak.)
+void check_peak(const Program& program, const RunRecord& rec) {
+  if (rec.took_constants || !rec.shared_arguments.empty()) return;
+  std::vector<std::int64_t> staged(rec.live_bytes.size() * rec.devices.size(), 0);
+  for (const RanCollective& r : rec.collectives) {
+    for (std::size_t i = 0; i < rec.devices.size(); ++i) {
+      const auto d = static_cast<std::size_t>(rec.devices[i]);
+      if (d < r.rec.staging_bytes.size() && r.step < rec.live_bytes.size()) {
+        std::int64_t& at = staged[r.step * rec.devices.size() + i];
+        at = std::max(at, r.rec.staging_bytes[d]);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < rec.devices.size(); ++i) {
+    std::int64_t peak = rec.start_bytes[i];
+    for (std::size_t s = 0; s < rec.live_bytes.size(); ++s) {
+      peak = std::max(peak, rec.live_bytes[s][i] + staged[s * rec.devices.size() + i]);
+    }
+    const auto d = static_cast<std::size_t>(rec.devices[i]);
+    const std::vector<std::int64_t>& planned = program.cost().peak_bytes;
+    if (d < planned.size() && peak != planned[d]) {
+      ADD_FAILURE() << "device " << d << " peaked at " << peak
+                    << " bytes (its values, and what its collectives staged); the cost plans "
+                    << planned[d] << "\n" << program.text();
+      return;
+    }
+  }
+}
+
 void check_memory(const Program& program, const RunRecord& rec) {
   if (!program.counts_constants()) return;
   const std::vector<SlotId> root = buffer_roots(program.steps(), rec.bound_at.size());
@@ -162,6 +200,7 @@ void check_memory(const Program& program, const RunRecord& rec) {
       return;  // the first difference: the later ones follow from it
     }
   }
+  check_peak(program, rec);
 }
 
 const bool installed = [] {
