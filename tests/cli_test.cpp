@@ -1866,6 +1866,7 @@ TEST_F(CliTest, JsonOutputsHaveTheKeysTheirSchemasPin) {
   EXPECT_EQ(test::json_schema_errors(schema, plan_doc),
             (std::vector<std::string>{"/: the key 'total_bytes' is missing",
                                       "/leaves/3/shape/: expected \"array\", got string"}));
+}
 
 // The outputs contract (docs/cli.md "Outputs"), issue 39: an output may not be an input, the
 // outputs of one command are distinct files, they appear together or not at all, and a path
