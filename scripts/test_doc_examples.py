@@ -93,8 +93,8 @@ class DocExamples(unittest.TestCase):
         rc, out = self.run_script("--check", self.write(text))
         self.assertEqual(rc, 1, out)
         self.assertIn("doc.md:2: the command printed on stderr", out)
-        self.assertIn("llama-3-70b-checkpoint: no such file or directory", out)
-        self.assertIn("+[exit 1]", out)
+        self.assertIn("no such file or directory 'llama-3-70b-checkpoint'", out)
+        self.assertIn("+[exit 2]", out)  # a missing input is bad usage (docs/cli.md)
         marked = self.write("<!-- example: not run (a checkpoint of 140 GB) -->\n" +
                             doc(text), name="marked.md")
         rc, out = self.run_script("--check", marked)

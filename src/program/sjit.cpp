@@ -266,9 +266,8 @@ const Executor* executor_of(const CallArgs& call, const SjitOptions& o) {
   return nullptr;
 }
 
-// Traces the call and compiles its program (not cached yet).
-std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOptions& o,
-                                                  const CallArgs& call, const TraceFn& trace) {
+// static_argnums name no array argument; donate_argnums name array arguments of the call.
+void check_argnums(const SjitOptions& o, const CallArgs& call) {
   for (const int p : o.static_argnums) {
     for (const int q : call.positions) {
       if (p == q) {
@@ -293,6 +292,12 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
           p));
     }
   }
+}
+
+// Traces the call and compiles its program (not cached yet).
+std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOptions& o,
+                                                  const CallArgs& call, const TraceFn& trace) {
+  check_argnums(o, call);
   const Executor* exec = o.executor ? &*o.executor : nullptr;
   for (const ArgLeaf& l : call.leaves) {
     if (exec == nullptr && l.array.valid()) exec = &l.array.executor();
