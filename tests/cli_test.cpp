@@ -2107,6 +2107,11 @@ std::int64_t peak_rss_of(const std::vector<std::string>& args) {
 // adds less than twice its size (issue 39: about 10 times, through a parse of the whole file;
 // docs/performance.md has the 78 MB figure).
 TEST_F(InputsAndOutputs, ReadingATraceHoldsItAboutOnce) {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed blocks in quarantine (256 MiB) and adds shadow memory and redzones: the
+  // resident size measures the sanitizer, not the reader. The Debug stage measures the reader.
+  GTEST_SKIP() << "resident memory is not the reader's under AddressSanitizer";
+#endif
   std::stringstream peak_text;
   peak_text << std::ifstream(std::string(SHARDPLAN_SOURCE_DIR) +
                              "/tests/data/traces/memory.trace.json")
