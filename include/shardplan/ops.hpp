@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardplan/array.hpp"
@@ -158,17 +159,37 @@ Array fused_log_softmax(const Array& x, int axis = -1);
 /// x * sigmoid(x) (jax.nn.silu, torch.nn.functional.silu), differentiated as PyTorch's kernel
 /// is: only x is kept for the backward pass, which makes sigmoid(x) again.
 Array silu(const Array& x);
+/// The label that marks a token every loss leaves out (PyTorch's ignore_index default).
+inline constexpr std::int64_t kIgnoreIndex = -100;
+/// The losses' label rule: labels (i32) as they are (a view: no bytes, no FLOPs), each checked
+/// to be a class in [0, classes) or `ignore_index` on the device that holds it when the op runs.
+/// Eagerly a bad label throws at once; under sjit the compiled step throws when it runs (over
+/// processes, on every process: docs/distributed.md). The error is a ValueError naming `op`,
+/// the label, its index and `classes`, nested in the DeviceError naming the device (PyTorch's
+/// "Target out of bounds"). Throws SpecError for classes < 1 or labels not i32.
+Array check_labels(const Array& labels, std::int64_t classes,
+                   std::int64_t ignore_index = kIgnoreIndex,
+                   std::string_view op = "check_labels");
 /// Per-example cross-entropy of logits [..., C] against integer labels [...] (optax's
-/// softmax_cross_entropy_with_integer_labels).
-Array cross_entropy(const Array& logits, const Array& labels);
+/// softmax_cross_entropy_with_integer_labels; PyTorch's cross_entropy with reduction='none'):
+/// a label equal to `ignore_index` gives 0 and no gradient; any other outside [0, C) is an
+/// error (check_labels). mean_over_labels gives PyTorch's reduction='mean'.
+Array cross_entropy(const Array& logits, const Array& labels,
+                    std::int64_t ignore_index = kIgnoreIndex);
+/// PyTorch's reduction='mean' of per-token losses [...]: their sum over the number of labels
+/// [...] not equal to `ignore_index` (NaN when every label is ignored: 0 / 0, as PyTorch).
+Array mean_over_labels(const Array& losses, const Array& labels,
+                       std::int64_t ignore_index = kIgnoreIndex);
 /// The per-token cross-entropy of the logits h @ w^T against labels, without the logits ever
 /// existing whole: hidden h [..., t, d], a Linear weight w [vocab, d] (an LM head), labels
 /// [..., t] (i32) -> [..., t], f32 (f64 for f64 h), the logits taken to f32 for the softmax. The
 /// t tokens are split into `chunks` groups (every chunks-th token: a sharded token dimension is
 /// not moved); each group's logits are made, used and dropped, and made again in the backward
 /// pass (a checkpoint that saves nothing), so a device holds one group's logits at a time.
-/// `chunks` 0: linear_cross_entropy_chunks. Equal to cross_entropy(h @ w^T, labels) to rounding.
-Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks = 0);
+/// `chunks` 0: linear_cross_entropy_chunks. Equal to cross_entropy(h @ w^T, labels) to rounding,
+/// labels checked alike (check_labels, with vocab classes; `ignore_index` gives 0).
+Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks = 0,
+                           std::int64_t ignore_index = kIgnoreIndex);
 /// The groups linear_cross_entropy makes by default for hidden [..., t, d]: the smallest divisor
 /// of t from 16 to 64, else the largest below 16 (1 for a prime t).
 std::int64_t linear_cross_entropy_chunks(const Shape& hidden);

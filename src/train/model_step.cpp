@@ -117,12 +117,14 @@ Array eager_cast(const Array& x, DType wide) {
 }
 
 // nll_loss per token: minus the log-probabilities lp [..., vocab] at the targets [...], read by
-// take_along_axis (from a vocabulary split over devices, each reads its own slice).
+// take_along_axis (from a vocabulary split over devices, each reads its own slice). The targets
+// pass the losses' label rule first (check_labels: a view, no bytes or FLOPs in the plan).
 Array nll_at_targets(const Array& lp, const Array& targets) {
   std::vector<std::int64_t> column = targets.shape().dims();
   column.push_back(1);
   const int last = lp.shape().rank() - 1;
-  return -reshape(take_along_axis(lp, reshape(targets, Shape(column)), last), targets.shape());
+  const Array checked = check_labels(targets, lp.shape()[last], kIgnoreIndex, "cross_entropy");
+  return -reshape(take_along_axis(lp, reshape(checked, Shape(column)), last), targets.shape());
 }
 
 // Cross-entropy as eager PyTorch runs F.cross_entropy on whole rows: log_softmax as one kernel

@@ -4,8 +4,10 @@
 // gathered first) and take_along_axis (one element of each row, as nll_loss reads the
 // log-probabilities at the targets, where a one-hot product writes two arrays of the rows' size;
 // from an axis split over devices each takes the indices that fall in its slice and the result
-// is a sum pending over them, as DTensor's _MaskPartial does under loss_parallel).
+// is a sum pending over them, as DTensor's _MaskPartial does under loss_parallel); and
+// check_labels, the losses' label rule (a view whose values are checked on each device).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -30,6 +32,16 @@ struct TakeAlongAttrs {
   std::int64_t size = 0;
 };
 std::string format_attrs(const TakeAlongAttrs& a) { return fmt::format(" axis={}", a.axis); }
+/// check_labels: the classes a label may name, the label that marks a token to leave out, and
+/// the op named in the error (the loss that reads the labels).
+struct LabelCheckAttrs {
+  std::int64_t classes = 0;
+  std::int64_t ignore_index = kIgnoreIndex;
+  std::string op;
+};
+std::string format_attrs(const LabelCheckAttrs& a) {
+  return fmt::format(" classes={} ignore_index={}", a.classes, a.ignore_index);
+}
 
 namespace {
 
@@ -213,6 +225,44 @@ Arrays take_along_vjp(const Node& n, const Arrays& in, const Array&, const Array
           Array()};
 }
 
+// ---- check_labels -----------------------------------------------------------------------------
+
+TensorType check_labels_type(const Node& n, std::span<const TensorType> in) {
+  if (in[0].dtype != DType::kI32) reject(n.op->name, in, "labels must be i32");
+  return in[0];
+}
+
+OpFactors check_labels_factors(const Node& n, std::span<const Shape> in) {
+  return same_dims(n.type.shape, in);
+}
+
+// The label rule of every loss (PyTorch's nll_loss: "Target out of bounds"): a label is a class
+// in [0, classes) or the ignore_index; the first other one of the block is named, with its
+// index in the whole array.
+void check_labels_block(const Node& n, const ConstBlock& labels,
+                        std::span<const std::int64_t> offset) {
+  const auto& a = n.attr<LabelCheckAttrs>();
+  const auto* v = elems<std::int32_t>(labels);
+  const std::int64_t count = labels.shape.numel();
+  for (std::int64_t e = 0; e < count; ++e) {
+    const std::int64_t label = v[e];
+    if ((label >= 0 && label < a.classes) || label == a.ignore_index) continue;
+    std::vector<std::int64_t> at = unravel(e, labels.shape);
+    for (std::size_t d = 0; d < at.size() && d < offset.size(); ++d) at[d] += offset[d];
+    throw ValueError(fmt::format(
+        "[{}] label {} at index [{}] is out of bounds: labels must be in [0, {}) (the "
+        "classes of the logits' last dimension), or the ignore_index {}",
+        a.op, label, fmt::join(at, ", "), a.classes, a.ignore_index));
+  }
+}
+
+// Run where the node is computed on its own: the check, then the labels unchanged.
+void check_labels_kernel(const KernelArgs& k) {
+  check_labels_block(k.node, k.in[0], k.out_offset);
+  const auto bytes = static_cast<std::size_t>(k.out.shape.numel()) * size_of(k.out.dtype);
+  if (bytes > 0) std::memcpy(k.out.data, k.in[0].data, bytes);
+}
+
 // ---- Test declarations (primitive_tests.hpp) --------------------------------------------------
 
 std::vector<TestCase> log_softmax_cases(const Primitive&, DType t) {
@@ -272,6 +322,23 @@ std::vector<double> take_along_reference(const Node& n, std::span<const HostValu
   }
   return y;
 }
+// Labels within the classes pass unchanged (the refusals are tested by the losses'
+// tests: tests/ops_test.cpp, fused_loss_test.cpp).
+std::vector<TestCase> check_labels_cases(const Primitive&, DType) {
+  const auto c = [](Shape s, std::int64_t classes) {
+    const Domain labels{.low = 0, .high = static_cast<double>(classes) - 1, .whole = true};
+    return TestCase{LabelCheckAttrs{classes, kIgnoreIndex, "check_labels"},
+                    {{{std::move(s), DType::kI32}, labels}}};
+  };
+  return {c(Shape{8, 6}, 5), c(Shape{8}, 3)};
+}
+constexpr PrimitiveTests kCheckLabelsTests{.public_ops = "check_labels",
+                                           .dtypes = {DType::kI32},
+                                           .cases = check_labels_cases,
+                                           .elementwise = [](std::span<const double> x) {
+                                             return x[0];
+                                           }};
+
 constexpr PrimitiveTests kTakeAlongTests{.public_ops = "take_along_axis",
                                          .dtypes = kNumericTypes,
                                          .cases = take_along_cases,
@@ -298,6 +365,19 @@ constinit const Primitive take_along_axis{.name = "take_along_axis",
                                           .vjp = take_along_vjp,
                                           .linearity = linear_in_first,
                                           .tests = &kTakeAlongTests};
+// The labels as they are (a view: no bytes, no FLOPs), checked on each device when the step
+// runs: a loss reads its labels through it, so that a label outside its classes fails the step
+// that sees it (eagerly at once; under sjit when the program runs) instead of giving a 0 loss.
+constinit const Primitive check_labels{.name = "check_labels",
+                                       .arity = 1,
+                                       .infer = check_labels_type,
+                                       .factors = check_labels_factors,
+                                       .kernel = check_labels_kernel,
+                                       .flops = no_flops,
+                                       .vjp = no_gradient,
+                                       .view = true,
+                                       .check = check_labels_block,
+                                       .tests = &kCheckLabelsTests};
 }  // namespace prim
 
 }  // namespace shardplan::detail
@@ -307,6 +387,15 @@ namespace shardplan {
 Array fused_log_softmax(const Array& x, int axis) {
   axis = detail::normalize_axis(axis, x, "fused_log_softmax");
   return detail::apply(detail::prim::fused_log_softmax, detail::RowAttrs{axis}, {x});
+}
+
+Array check_labels(const Array& labels, std::int64_t classes, std::int64_t ignore_index,
+                   std::string_view op) {
+  if (classes < 1) {
+    throw SpecError(fmt::format("[{}] needs at least one class, got {}", op, classes));
+  }
+  return detail::apply(detail::prim::check_labels,
+                       detail::LabelCheckAttrs{classes, ignore_index, std::string(op)}, {labels});
 }
 
 Array take_along_axis(const Array& x, const Array& indices, int axis) {
