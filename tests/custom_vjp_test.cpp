@@ -82,7 +82,9 @@ TEST(CustomVjp, ACotangentOfAnotherShapeOrDtypeIsRefused) {
       {[](const Array& g) { return reshape(g, Shape{4}); }, "f32[4]"},
       {[](const Array& g) { return astype(g, DType::kF64); }, "f64[2, 2]"},
       {[](const Array& g) { return astype(g, DType::kI32); }, "i32[2, 2]"}};
-  for (const auto& [wrong, got] : wrongs) {
+  for (const auto& entry : wrongs) {
+    Array (*const wrong)(const Array&) = entry.first;
+    const std::string& got = entry.second;
     SCOPED_TRACE(got);
     const auto f = [wrong](const Array& a) {
       return sum(custom_vjp([](const std::vector<Array>& in) { return CustomVjpForward{{in[0] * 2.0}, {}}; },
