@@ -126,13 +126,17 @@ Array slice(const Array& x, std::vector<std::int64_t> starts, std::vector<std::i
 Array concatenate(const std::vector<Array>& xs, int axis);
 /// x's dimension `axis` indexed by `indices` (i32), as jnp.take (indices clipped into range).
 Array take(const Array& x, const Array& indices, int axis = 0);
+/// What a gather reads at an index outside its axis: the nearest element (numpy's and
+/// jnp.take's clip), or 0 (jnp's mode='fill' with 0; the gradient there is 0 too).
+enum class OutOfBounds : std::uint8_t { kClip, kZero };
 /// numpy's take_along_axis for one element per row: indices (i32) of x's shape with 1 along
-/// `axis`, clipped into range; the result has their shape. One kernel, as torch.gather and
+/// `axis`, clipped into range (or read as 0: `mode`); the result has their shape. One kernel, as torch.gather and
 /// nll_loss read the log-probabilities at the targets; from an axis split over devices each
 /// device takes the indices in its slice and the result is a sum pending over them (DTensor's
 /// _MaskPartial): x is never gathered. Its cotangent is one array of x's size (zero but at the
 /// indices).
-Array take_along_axis(const Array& x, const Array& indices, int axis);
+Array take_along_axis(const Array& x, const Array& indices, int axis,
+                      OutOfBounds mode = OutOfBounds::kClip);
 /// labels (i32) -> `dtype` one-hot vectors of length n along a new last axis.
 Array one_hot(const Array& labels, std::int64_t n, DType dtype = DType::kF32);
 /// Random arrays inside sjit (counter-based, as Array::normal / uniform: the value at each index

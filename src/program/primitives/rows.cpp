@@ -26,12 +26,16 @@ struct RowAttrs {
   int axis = 0;
 };
 std::string format_attrs(const RowAttrs& a) { return fmt::format(" axis={}", a.axis); }
-/// take_along_axis: the axis and its global size (indices are clamped into it).
+/// take_along_axis: the axis, its global size, and what an index outside it reads (clamped into
+/// it, or 0).
 struct TakeAlongAttrs {
   int axis = 0;
   std::int64_t size = 0;
+  OutOfBounds mode = OutOfBounds::kClip;
 };
-std::string format_attrs(const TakeAlongAttrs& a) { return fmt::format(" axis={}", a.axis); }
+std::string format_attrs(const TakeAlongAttrs& a) {
+  return fmt::format(" axis={}{}", a.axis, a.mode == OutOfBounds::kZero ? " out_of_bounds=zero" : "");
+}
 /// check_labels: the classes a label may name, the label that marks a token to leave out, and
 /// the op named in the error (the loss that reads the labels).
 struct LabelCheckAttrs {
@@ -175,7 +179,8 @@ TensorType take_along_type(const Node& n, std::span<const TensorType> in) {
 }
 
 // Result element (o, i) is the sum of row (o, i)'s elements whose position equals its index,
-// clamped into [0, size - 1] as take clamps (a kernel on a device cannot fail). The positions
+// clamped into [0, size - 1] as take clamps (kClip), or as it is (kZero: an index outside the
+// axis equals no position, and reads 0). The positions
 // are an iota over the axis (take_along_axis makes them), so it is the one element at the index,
 // on the device whose slice of the axis holds it, and 0 on the others: their sum is the value.
 // Positions that run on by one (the iota, or a device's slice of it) are found by subtraction;
@@ -196,8 +201,11 @@ void take_along_kernel(const KernelArgs& k) {
     };
     for (std::int64_t o = 0; o < r.outer; ++o) {
       for (std::int64_t i = 0; i < r.inner; ++i) {
-        const std::int64_t at = std::clamp<std::int64_t>(idx[o * r.inner + i], 0,
-                                                         std::max<std::int64_t>(attrs.size - 1, 0));
+        const std::int64_t index = idx[o * r.inner + i];
+        const std::int64_t at =
+            attrs.mode == OutOfBounds::kZero
+                ? index
+                : std::clamp<std::int64_t>(index, 0, std::max<std::int64_t>(attrs.size - 1, 0));
         A acc(0);
         if (run) {
           const std::int64_t j = r.n > 0 ? at - pos[0] : -1;
@@ -213,13 +221,15 @@ void take_along_kernel(const KernelArgs& k) {
   });
 }
 
-// d/dx: the cotangent where a position equals the row's (clamped) index, zero elsewhere: one
-// array of x's size, as PyTorch's nll_loss_backward writes (zeros, then the scatter).
+// d/dx: the cotangent where a position equals the row's index (clamped, for kClip), zero
+// elsewhere: one array of x's size, as PyTorch's nll_loss_backward writes (zeros, then the
+// scatter). Under kZero an index outside the axis gets nothing.
 Arrays take_along_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
   const auto& attrs = n.attr<TakeAlongAttrs>();
   const int a = attrs.axis;
   const Array& x = in[0];
-  const Array idx = clamped_indices(in[1], attrs.size);
+  const Array idx =
+      attrs.mode == OutOfBounds::kZero ? in[1] : clamped_indices(in[1], attrs.size);
   const Array hit = equal(broadcast_to(idx, x.shape()), broadcast_in_dim(in[2], x.shape(), {a}));
   return {where(hit, broadcast_to(g, x.shape()), full(x.shape(), g.dtype(), 0, g)), Array(),
           Array()};
@@ -291,29 +301,33 @@ constexpr PrimitiveTests kLogSoftmaxTests{.public_ops = "fused_log_softmax",
                                           .reference = log_softmax_reference,
                                           .gradient = true};
 
-// Indices from 2 below the axis to 1 past its end: the out-of-range ones are clamped. The
+// Indices from 2 below the axis to 1 past its end: the out-of-range ones are clamped (kClip) or
+// read 0 (kZero: they equal no position). The
 // positions are sampled too (take_along_axis passes an iota): the reference is the sum of the
 // row's elements at the positions equal to the index.
 std::vector<TestCase> take_along_cases(const Primitive&, DType t) {
-  const auto c = [t](Shape x, int axis) {
+  const auto c = [t](Shape x, int axis, OutOfBounds mode = OutOfBounds::kClip) {
     std::vector<std::int64_t> idx = x.dims();
     idx[static_cast<std::size_t>(axis)] = 1;
     const Domain indices{.low = -2, .high = static_cast<double>(x[axis]) + 1, .whole = true};
     const Domain positions{.low = 0, .high = static_cast<double>(x[axis]) - 1, .whole = true};
     const std::int64_t n = x[axis];
-    return TestCase{TakeAlongAttrs{axis, n},
+    return TestCase{TakeAlongAttrs{axis, n, mode},
                     {{{std::move(x), t}},
                      {{Shape(idx), DType::kI32}, indices},
                      {{Shape{n}, DType::kI32}, positions}}};
   };
-  return {c(Shape{8, 6}, 1), c(Shape{8, 6}, 0), c(Shape{2, 5, 4}, 1)};
+  return {c(Shape{8, 6}, 1), c(Shape{8, 6}, 0), c(Shape{2, 5, 4}, 1),
+          c(Shape{8, 6}, 1, OutOfBounds::kZero), c(Shape{2, 5, 4}, 1, OutOfBounds::kZero)};
 }
 std::vector<double> take_along_reference(const Node& n, std::span<const HostValues> in) {
   const auto& attrs = n.attr<TakeAlongAttrs>();
   std::vector<double> y(in[1].v.size(), 0.0);
   for (std::size_t e = 0; e < y.size(); ++e) {
     std::vector<std::int64_t> at = unravel(static_cast<std::int64_t>(e), in[1].shape);
-    const double want = std::clamp(in[1].v[e], 0.0, static_cast<double>(attrs.size - 1));
+    const double want = attrs.mode == OutOfBounds::kZero
+                            ? in[1].v[e]
+                            : std::clamp(in[1].v[e], 0.0, static_cast<double>(attrs.size - 1));
     for (std::int64_t j = 0; j < attrs.size; ++j) {
       if (in[2].v[static_cast<std::size_t>(j)] != want) continue;
       at[static_cast<std::size_t>(attrs.axis)] = j;
@@ -398,7 +412,7 @@ Array check_labels(const Array& labels, std::int64_t classes, std::int64_t ignor
                        detail::LabelCheckAttrs{classes, ignore_index, std::string(op)}, {labels});
 }
 
-Array take_along_axis(const Array& x, const Array& indices, int axis) {
+Array take_along_axis(const Array& x, const Array& indices, int axis, OutOfBounds mode) {
   axis = detail::normalize_axis(axis, x, "take_along_axis");
   const std::int64_t n = x.shape()[axis];
   if (n > std::numeric_limits<std::int32_t>::max()) {
@@ -411,7 +425,7 @@ Array take_along_axis(const Array& x, const Array& indices, int axis) {
   // it tell its own indices from the others' (a constant; folded into the kernel on an
   // accelerator).
   const Array positions = iota_like(full(Shape{n}, DType::kI32, 0, x), 0, DType::kI32);
-  return detail::apply(detail::prim::take_along_axis, detail::TakeAlongAttrs{axis, n},
+  return detail::apply(detail::prim::take_along_axis, detail::TakeAlongAttrs{axis, n, mode},
                        {x, indices, positions});
 }
 
