@@ -1,7 +1,7 @@
 // custom_vjp (autodiff.hpp): the backward function replaces differentiation through the forward
 // one (a gradient no op of the forward pass would give), eagerly, under sjit and inside a
 // checkpoint; only the residuals are kept; a backward function giving the wrong number of
-// cotangents is named.
+// cotangents, or one of another shape or dtype than its input, is refused with JAX's message.
 #include <vector>
 
 #include "shardplan/autodiff.hpp"
@@ -64,7 +64,47 @@ TEST(CustomVjp, AWrongNumberOfCotangentsIsNamed) {
                       {a, a * 2.0})
         .at(0);
   };
-  EXPECT_THROW_WITH(grad_of(bad, s.x), SpecError, "custom_vjp", "1 cotangents for 2 inputs");
+  EXPECT_THROW_WITH(grad_of(bad, s.x), SpecError, "custom_vjp",
+                    "Custom VJP bwd rule must produce an output with the same shape/dtypes as "
+                    "the args tuple of the primal function",
+                    "1 cotangents for 2 inputs");
+}
+
+// A backward function whose cotangent for an f32[2,2] parameter is `wrong` (JAX: "Custom VJP
+// bwd rule must produce an output with the same shape/dtypes as the args tuple of the primal
+// function"): refused eagerly and under sjit, naming the input, what it got and what it needed.
+TEST(CustomVjp, ACotangentOfAnotherShapeOrDtypeIsRefused) {
+  Executor exec{1};
+  const Array w = device_put(Tensor::uniform(Shape{2, 2}, DType::kF32, 3, -1, 1),
+                             NamedSharding(Mesh::parse("d:1", 1), P()), exec);
+  const std::vector<std::pair<Array (*)(const Array&), std::string>> wrongs{
+      {[](const Array& g) { return sum(g); }, "f32[]"},
+      {[](const Array& g) { return reshape(g, Shape{4}); }, "f32[4]"},
+      {[](const Array& g) { return astype(g, DType::kF64); }, "f64[2, 2]"},
+      {[](const Array& g) { return astype(g, DType::kI32); }, "i32[2, 2]"}};
+  for (const auto& entry : wrongs) {
+    Array (*const wrong)(const Array&) = entry.first;
+    const std::string& got = entry.second;
+    SCOPED_TRACE(got);
+    const auto f = [wrong](const Array& a) {
+      return sum(custom_vjp([](const std::vector<Array>& in) { return CustomVjpForward{{in[0] * 2.0}, {}}; },
+                            [wrong](const std::vector<Array>&, const std::vector<Array>& cts) {
+                              return std::vector<Array>{wrong(cts[0])};
+                            },
+                            {a})
+                     .at(0));
+    };
+    const auto expect_refused = [&](const std::function<void()>& run) {
+      EXPECT_THROW_WITH(run(), SpecError, std::string("[custom_vjp]"),
+                        std::string("Custom VJP bwd rule must produce an output with the same "
+                                    "shape/dtypes as the args tuple of the primal function"),
+                        std::string("at input 0"), "cotangent " + got,
+                        std::string("input f32[2, 2]"));
+    };
+    expect_refused([&] { (void)value_and_grad(f)(w); });
+    auto jitted = sjit(w.mesh(), [f](const Array& a) { return value_and_grad(f)(a).second; });
+    expect_refused([&] { (void)jitted(w); });
+  }
 }
 
 }  // namespace

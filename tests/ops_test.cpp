@@ -3,7 +3,12 @@
 #include "shardplan/ops.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
 
+#include "shardplan/autodiff.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/sjit.hpp"
@@ -320,6 +325,133 @@ TEST(Ops, MoreShapeErrorsNameTheOpAndTheShapes) {
   EXPECT_THROW_WITH(iota_like(sum(a), 0), SpecError, "[iota]", "f32[]");
   EXPECT_THROW_WITH(sum(a, {2}), SpecError, "axis 2", "f32[8, 4]");
   (void)idx;
+}
+
+
+// ---- The losses' labels (PyTorch's cross_entropy: ignore_index -100, "Target out of bounds") ----
+
+// 8 tokens over d:4 (2 a device), 10 classes; labels i % 10 with `at` set to `label`.
+struct LabelProblem {
+  Executor exec{4};
+  Mesh mesh = Mesh::parse("d:4", 4);
+  Tensor logits_host = Tensor::normal(Shape{8, 10}, DType::kF64, 21);
+  Array logits = device_put(logits_host, NamedSharding(mesh, P("d")), exec);
+  Array hidden = device_put(Tensor::normal(Shape{8, 6}, DType::kF64, 22),
+                            NamedSharding(mesh, P("d")), exec);
+  Array weight = device_put(Tensor::normal(Shape{10, 6}, DType::kF64, 23),
+                            NamedSharding(mesh, P()), exec);
+  Array labels_with(const std::vector<std::pair<int, std::int32_t>>& set) const {
+    std::vector<std::int32_t> l;
+    for (int i = 0; i < 8; ++i) l.push_back(i % 10);
+    for (const auto& [at, v] : set) l[static_cast<std::size_t>(at)] = v;
+    return device_put(Tensor::from<std::int32_t>(Shape{8}, l), NamedSharding(mesh, P("d")), exec);
+  }
+};
+
+// Every label outside [0, 10) but -100 is refused where it is seen: eagerly at the op, under
+// sjit when the compiled step runs (the labels sharded: device 2 holds index 5), by
+// cross_entropy and linear_cross_entropy alike, naming the op, the label, its index and the
+// classes; the DeviceError holds the ValueError.
+TEST(CrossEntropy, ALabelOutsideTheClassesIsAnErrorEagerlyAndUnderSjit) {
+  LabelProblem p;
+  auto loss = sjit(p.mesh, [](const Array& logits, const Array& labels) {
+    return mean_over_labels(cross_entropy(logits, labels), labels);
+  });
+  auto grads = sjit(p.mesh, [](const Array& h, const Array& w, const Array& labels) {
+    return value_and_grad([&](const Array& v) {
+             return mean_over_labels(linear_cross_entropy(h, v, labels, 2), labels);
+           })(w)
+        .second;
+  });
+  for (const std::int32_t bad : {-1, 10, 1000000, std::numeric_limits<std::int32_t>::min()}) {
+    SCOPED_TRACE(bad);
+    const Array labels = p.labels_with({{5, bad}});
+    const std::string label = "label " + std::to_string(bad) + " at index [5]";
+    const std::string classes = "[0, 10)";
+    EXPECT_THROW_WITH(cross_entropy(p.logits, labels), DeviceError, std::string("device 2"),
+                      std::string("[cross_entropy]"), label, classes);
+    EXPECT_THROW_WITH(linear_cross_entropy(p.hidden, p.weight, labels), DeviceError,
+                      std::string("[linear_cross_entropy]"), label, classes);
+    EXPECT_THROW_WITH(loss(p.logits, labels), DeviceError, std::string("device 2"),
+                      std::string("[cross_entropy]"), label, classes);
+    EXPECT_THROW_WITH(grads(p.hidden, p.weight, labels), DeviceError,
+                      std::string("[linear_cross_entropy]"), label, classes);
+    try {
+      (void)cross_entropy(p.logits, labels);
+    } catch (const DeviceError& e) {
+      EXPECT_THROW(std::rethrow_if_nested(e), ValueError);
+    }
+  }
+  // The same programs run with good labels afterwards.
+  EXPECT_TRUE(std::isfinite(loss(p.logits, p.labels_with({})).to_host().get(0)));
+  EXPECT_THROW_WITH(check_labels(p.labels_with({}), 0), SpecError, "[check_labels]", "0");
+}
+
+// -100 leaves a token out: its loss is 0 and its logits' gradient exactly 0, and the mean is over
+// the other tokens (PyTorch's reduction='mean'), its gradient (softmax - one_hot) / 6 by hand;
+// eagerly and under sjit alike. Every token ignored: NaN (0 / 0, as PyTorch).
+TEST(CrossEntropy, IgnoredLabelsGiveZeroAndTheMeanIsOverTheOthers) {
+  LabelProblem p;
+  const Array labels = p.labels_with({{1, kIgnoreIndex}, {6, kIgnoreIndex}});
+  const std::vector<std::int32_t> l{0, -100, 2, 3, 4, 5, -100, 7};
+  const auto x = [&](int r, int c) { return p.logits_host.get(r * 10 + c); };
+  std::vector<double> lse(8, 0.0);
+  for (int r = 0; r < 8; ++r) {
+    for (int c = 0; c < 10; ++c) lse[static_cast<std::size_t>(r)] += std::exp(x(r, c));
+    lse[static_cast<std::size_t>(r)] = std::log(lse[static_cast<std::size_t>(r)]);
+  }
+  const Tensor per_token = cross_entropy(p.logits, labels).to_host();
+  double total = 0;
+  for (int r = 0; r < 8; ++r) {
+    const auto lr = l[static_cast<std::size_t>(r)];
+    const double want = lr == kIgnoreIndex ? 0.0 : lse[static_cast<std::size_t>(r)] - x(r, lr);
+    EXPECT_NEAR(per_token.get(r), want, 1e-12) << r;
+    total += want;
+  }
+  const auto loss = [&](const Array& logits) {
+    return mean_over_labels(cross_entropy(logits, labels), labels);
+  };
+  auto jitted = sjit(p.mesh, [&](const Array& logits) {
+    const auto [v, g] = value_and_grad(loss)(logits);
+    return Tree<Array>::list({Tree<Array>(v), Tree<Array>(g)});
+  });
+  const Tree<Array> under_sjit = jitted(p.logits);
+  const std::vector<std::pair<Array, Array>> runs{
+      value_and_grad(loss)(p.logits),
+      {under_sjit.at(0).leaf(), under_sjit.at(1).leaf()}};
+  for (const auto& [value, grad] : runs) {
+    EXPECT_NEAR(value.to_host().get(0), total / 6, 1e-12);
+    const Tensor g = grad.to_host();
+    for (int r = 0; r < 8; ++r) {
+      const auto lr = l[static_cast<std::size_t>(r)];
+      for (int c = 0; c < 10; ++c) {
+        const double gv = g.get(r * 10 + c);
+        if (lr == kIgnoreIndex) {
+          EXPECT_EQ(gv, 0.0) << r << ", " << c;  // exactly
+        } else {
+          const double softmax = std::exp(x(r, c) - lse[static_cast<std::size_t>(r)]);
+          EXPECT_NEAR(gv, (softmax - (c == lr ? 1.0 : 0.0)) / 6, 1e-12) << r << ", " << c;
+        }
+      }
+    }
+  }
+  // linear_cross_entropy leaves the same tokens out.
+  const Tensor fused = linear_cross_entropy(p.hidden, p.weight, labels, 2).to_host();
+  EXPECT_EQ(fused.get(1), 0.0);
+  EXPECT_EQ(fused.get(6), 0.0);
+  EXPECT_GT(fused.get(0), 0.0);
+  // Every token ignored: 0 / 0.
+  const Array none = p.labels_with({{0, -100}, {1, -100}, {2, -100}, {3, -100}, {4, -100},
+                                    {5, -100}, {6, -100}, {7, -100}});
+  EXPECT_TRUE(std::isnan(mean_over_labels(cross_entropy(p.logits, none), none).to_host().get(0)));
+  EXPECT_TRUE(std::isnan(
+      mean_over_labels(linear_cross_entropy(p.hidden, p.weight, none), none).to_host().get(0)));
+  // Another ignore_index: -100 is then a bad label, and 3 the one left out.
+  EXPECT_THROW_WITH(cross_entropy(p.logits, labels, 3), DeviceError, "label -100 at index [1]",
+                    "or the ignore_index 3");
+  EXPECT_EQ(cross_entropy(p.logits, p.labels_with({}), 3).to_host().get(3), 0.0);
+  EXPECT_THROW_WITH(mean_over_labels(p.logits, labels), SpecError, "[mean_over_labels]",
+                    "f64[8, 10]", "i32[8]");
 }
 
 }  // namespace

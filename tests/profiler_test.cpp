@@ -206,6 +206,41 @@ TEST(Profiler, ACachedProgramTakesTheScopeOfEachCall) {
   EXPECT_EQ(products_scopes(), std::set<std::string>{"proj"});
 }
 
+// Ops traced inside nested scopes carry the whole path ("mlp/down"), under value_and_grad as
+// without it: the forward ops value_and_grad replays keep their scope, as its backward ops do.
+TEST(Profiler, ForwardOpsUnderValueAndGradKeepTheirNestedScope) {
+  ContractionProgram p;
+  const auto layer = [](const Array& x, const Array& w) {
+    auto mlp = named_scope("mlp");
+    auto down = named_scope("down");
+    return tanh(matmul(x, w));
+  };
+  const auto scopes_of_ops = [&](auto& f) {
+    {
+      profiler::ProfileSession session;
+      (void)f(p.x, p.w);
+    }
+    std::map<std::string, std::set<std::string>> scopes;  // op -> scopes of its kernels
+    for (const json& e : events_of(json::parse(profiler::trace_json()), "kernel")) {
+      scopes[e["args"]["op"].get<std::string>()].insert(scope_of(e));
+    }
+    return scopes;
+  };
+  const SjitOptions no_fusion{.fuse = false};  // each op its own kernel, named by its op
+  auto forward = sjit(p.mesh, [&](const Array& x, const Array& w) { return layer(x, w); },
+                            no_fusion);
+  auto with_grad = sjit(p.mesh, [&](const Array& x, const Array& w) {
+    return value_and_grad([&](const Array& v) { return sum(layer(x, v)); })(w).second;
+  }, no_fusion);
+  const std::set<std::string> nested{"mlp/down"};
+  const auto plain = scopes_of_ops(forward);
+  EXPECT_EQ(plain.at("dot_general"), nested);
+  EXPECT_EQ(plain.at("tanh"), nested);
+  const auto differentiated = scopes_of_ops(with_grad);
+  EXPECT_EQ(differentiated.at("tanh"), nested);         // forward only
+  EXPECT_EQ(differentiated.at("dot_general"), nested);  // forward and backward
+}
+
 TEST(Profiler, CollectiveBytesByKindAreWhatTheCostSays) {
   ContractionProgram p;
   const ProgramCost cost = p.f.lower(p.x, p.w).cost();

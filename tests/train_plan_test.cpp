@@ -1137,6 +1137,62 @@ TEST(LossAndGrads, LossParallelHoldsFourCopiesOfTheLogits) {
   EXPECT_LT(split.timeline.live_at_peak[4].bytes, kCopy);
 }
 
+// The naive losses (eager_cross_entropy on one device, loss_parallel on tp:4) follow the losses'
+// label rule (docs/sjit.md "Losses' labels"): an ignored target (-100) gives 0 and no gradient
+// (the head input's rows of those tokens exactly 0), the others the fused loss's (one-hot)
+// cross-entropy; a target outside the vocabulary is a named error.
+TEST(LossAndGrads, TheNaiveLossesFollowTheLabelRule) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 2})");
+  const auto run = [&](const char* axes, int n, const train::Layout& layout, bool fused,
+                       std::int32_t bad) {
+    const Executor exec(n);
+    const Mesh mesh = Mesh::parse(axes, n);
+    std::vector<std::int32_t> ids;
+    for (int i = 0; i < 16; ++i) ids.push_back((i * 7) % 64);
+    ids[3] = ids[12] = -100;
+    ids[9] = bad;
+    const Array y = device_put(Tensor::from(Shape{2, 8}, ids), NamedSharding(mesh, P()), exec);
+    const Array norm = device_put(Tensor::uniform(Shape{32}, DType::kF32, 1, 0.5, 1.5),
+                                  NamedSharding(mesh, P()), exec);
+    const Array head = device_put(Tensor::uniform(Shape{64, 32}, DType::kF32, 2, -1, 1),
+                                  NamedSharding(mesh, layout.model_ways > 1 ? P("tp") : P()), exec);
+    const Array h = device_put(Tensor::uniform(Shape{2, 8, 32}, DType::kF32, 3, -1, 1),
+                               NamedSharding(mesh, P()), exec);
+    const train::ModelStep model{.config = c, .layout = layout, .fused_loss = fused};
+    return to_host(sjit(mesh, [&](const Array& nw, const Array& hw, const Array& x, const Array& t) {
+      const Tree<Array> rest = Tree<Array>::dict(
+          {{"model", Tree<Array>::dict({{"norm", Tree<Array>::dict({{"weight", Tree<Array>(nw)}})}})},
+           {"lm_head", Tree<Array>::dict({{"weight", Tree<Array>(hw)}})}});
+      auto [loss, grad] = value_and_grad([&](const Array& v) { return model.loss(rest, v, t); })(x);
+      return Tree<Array>::dict({{"grad", Tree<Array>(grad)}, {"loss", Tree<Array>(loss)}});
+    })(norm, head, h, y));
+  };
+  const train::Layout one{}, tp4{{"fsdp"}, {"tp"}, 1, 4};
+  const Tree<Tensor> want = run("fsdp:1,tp:1", 1, one, true, 5);  // linear_cross_entropy
+  for (const auto& [axes, n, layout] : {std::tuple{"fsdp:1,tp:1", 1, one},
+                                        std::tuple{"fsdp:1,tp:4", 4, tp4}}) {
+    SCOPED_TRACE(axes);
+    const Tree<Tensor> got = run(axes, n, layout, false, 5);
+    EXPECT_NEAR(got.at("loss").leaf().get(0), want.at("loss").leaf().get(0), 1e-5);
+    const Tensor& g = got.at("grad").leaf();
+    const Tensor& wg = want.at("grad").leaf();
+    for (std::int64_t token = 0; token < 16; ++token) {
+      for (std::int64_t d = 0; d < 32; ++d) {
+        const std::int64_t k = token * 32 + d;
+        if (token == 3 || token == 12) {
+          ASSERT_EQ(g.get(k), 0.0) << token << ", " << d;  // exactly
+        } else {
+          ASSERT_NEAR(g.get(k), wg.get(k), 1e-6) << token << ", " << d;
+        }
+      }
+    }
+    EXPECT_THROW_WITH(run(axes, n, layout, false, 64), DeviceError,
+                      "[cross_entropy] label 64 at index [1, 1]", "[0, 64)");
+  }
+}
+
 // The naive loss on whole logits reserves what eager PyTorch's cross_entropy(pred.float(), labels)
 // does, worked by hand in copies of the f32 logits (c): the head writes pred (bf16, c/2), .float()
 // a copy (c), log_softmax its result (c, the one array kept); pred and the copy are freed, which

@@ -46,6 +46,14 @@ class DeviceError : public Error {
   int device_;
 };
 
+/// A value an op refuses, found when its kernel runs on a device: a loss's label outside
+/// [0, classes) that is not its ignore_index (check_labels). It reaches the caller nested in the
+/// DeviceError naming the device (over processes, named in every process's DistributedError).
+class ValueError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// An allocation past a device's memory limit. Names the device, the bytes asked for, the bytes in
 /// use and the limit.
 class OutOfMemoryError : public Error {

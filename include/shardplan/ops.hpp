@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardplan/array.hpp"
@@ -125,13 +126,17 @@ Array slice(const Array& x, std::vector<std::int64_t> starts, std::vector<std::i
 Array concatenate(const std::vector<Array>& xs, int axis);
 /// x's dimension `axis` indexed by `indices` (i32), as jnp.take (indices clipped into range).
 Array take(const Array& x, const Array& indices, int axis = 0);
+/// What a gather reads at an index outside its axis: the nearest element (numpy's and
+/// jnp.take's clip), or 0 (jnp's mode='fill' with 0; the gradient there is 0 too).
+enum class OutOfBounds : std::uint8_t { kClip, kZero };
 /// numpy's take_along_axis for one element per row: indices (i32) of x's shape with 1 along
-/// `axis`, clipped into range; the result has their shape. One kernel, as torch.gather and
+/// `axis`, clipped into range (or read as 0: `mode`); the result has their shape. One kernel, as torch.gather and
 /// nll_loss read the log-probabilities at the targets; from an axis split over devices each
 /// device takes the indices in its slice and the result is a sum pending over them (DTensor's
 /// _MaskPartial): x is never gathered. Its cotangent is one array of x's size (zero but at the
 /// indices).
-Array take_along_axis(const Array& x, const Array& indices, int axis);
+Array take_along_axis(const Array& x, const Array& indices, int axis,
+                      OutOfBounds mode = OutOfBounds::kClip);
 /// labels (i32) -> `dtype` one-hot vectors of length n along a new last axis.
 Array one_hot(const Array& labels, std::int64_t n, DType dtype = DType::kF32);
 /// Random arrays inside sjit (counter-based, as Array::normal / uniform: the value at each index
@@ -158,17 +163,37 @@ Array fused_log_softmax(const Array& x, int axis = -1);
 /// x * sigmoid(x) (jax.nn.silu, torch.nn.functional.silu), differentiated as PyTorch's kernel
 /// is: only x is kept for the backward pass, which makes sigmoid(x) again.
 Array silu(const Array& x);
+/// The label that marks a token every loss leaves out (PyTorch's ignore_index default).
+inline constexpr std::int64_t kIgnoreIndex = -100;
+/// The losses' label rule: labels (i32) as they are (a view: no bytes, no FLOPs), each checked
+/// to be a class in [0, classes) or `ignore_index` on the device that holds it when the op runs.
+/// Eagerly a bad label throws at once; under sjit the compiled step throws when it runs (over
+/// processes, on every process: docs/distributed.md). The error is a ValueError naming `op`,
+/// the label, its index and `classes`, nested in the DeviceError naming the device (PyTorch's
+/// "Target out of bounds"). Throws SpecError for classes < 1 or labels not i32.
+Array check_labels(const Array& labels, std::int64_t classes,
+                   std::int64_t ignore_index = kIgnoreIndex,
+                   std::string_view op = "check_labels");
 /// Per-example cross-entropy of logits [..., C] against integer labels [...] (optax's
-/// softmax_cross_entropy_with_integer_labels).
-Array cross_entropy(const Array& logits, const Array& labels);
+/// softmax_cross_entropy_with_integer_labels; PyTorch's cross_entropy with reduction='none'):
+/// a label equal to `ignore_index` gives 0 and no gradient; any other outside [0, C) is an
+/// error (check_labels). mean_over_labels gives PyTorch's reduction='mean'.
+Array cross_entropy(const Array& logits, const Array& labels,
+                    std::int64_t ignore_index = kIgnoreIndex);
+/// PyTorch's reduction='mean' of per-token losses [...]: their sum over the number of labels
+/// [...] not equal to `ignore_index` (NaN when every label is ignored: 0 / 0, as PyTorch).
+Array mean_over_labels(const Array& losses, const Array& labels,
+                       std::int64_t ignore_index = kIgnoreIndex);
 /// The per-token cross-entropy of the logits h @ w^T against labels, without the logits ever
 /// existing whole: hidden h [..., t, d], a Linear weight w [vocab, d] (an LM head), labels
 /// [..., t] (i32) -> [..., t], f32 (f64 for f64 h), the logits taken to f32 for the softmax. The
 /// t tokens are split into `chunks` groups (every chunks-th token: a sharded token dimension is
 /// not moved); each group's logits are made, used and dropped, and made again in the backward
 /// pass (a checkpoint that saves nothing), so a device holds one group's logits at a time.
-/// `chunks` 0: linear_cross_entropy_chunks. Equal to cross_entropy(h @ w^T, labels) to rounding.
-Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks = 0);
+/// `chunks` 0: linear_cross_entropy_chunks. Equal to cross_entropy(h @ w^T, labels) to rounding,
+/// labels checked alike (check_labels, with vocab classes; `ignore_index` gives 0).
+Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks = 0,
+                           std::int64_t ignore_index = kIgnoreIndex);
 /// The groups linear_cross_entropy makes by default for hidden [..., t, d]: the smallest divisor
 /// of t from 16 to 64, else the largest below 16 (1 for a prime t).
 std::int64_t linear_cross_entropy_chunks(const Shape& hidden);

@@ -178,6 +178,28 @@ void accumulate(Array& acc, const Array& c) {
   if (c.valid()) acc = acc.valid() ? acc + c : c;
 }
 
+// What a custom_vjp backward function gives must be one cotangent per primal input, each of its
+// input's shape and dtype, or none (an empty Array), as JAX checks a bwd rule's output: a wrong
+// one would flow on as a gradient of another shape or type.
+void check_custom_cotangents(const TraceContext::CustomRegion& r, const ValueMap<Array>& vals,
+                             const std::vector<Array>& cts) {
+  constexpr const char* kRule =
+      "[custom_vjp] Custom VJP bwd rule must produce an output with the same shape/dtypes as the "
+      "args tuple of the primal function";
+  if (cts.size() != r.inputs.size()) {
+    throw SpecError(fmt::format("{}, but it gave {} cotangents for {} inputs", kRule, cts.size(),
+                                r.inputs.size()));
+  }
+  for (std::size_t k = 0; k < cts.size(); ++k) {
+    const Array& primal = vals[r.inputs[k]];
+    if (!cts[k].valid() || (cts[k].shape() == primal.shape() && cts[k].dtype() == primal.dtype())) {
+      continue;
+    }
+    throw SpecError(fmt::format("{}, but at input {} it produced a cotangent {} for an input {}",
+                                kRule, k, type_str(cts[k]), type_str(primal)));
+  }
+}
+
 // A custom_vjp region's backward function, called at its first output (the backward pass has
 // then passed every output): its residuals as the backward pass reads them, a cotangent per
 // output (zeros where none flowed); what it gives goes to the region's inputs. The region's own
@@ -194,10 +216,7 @@ void custom_backward(const TraceContext::CustomRegion& r, ValueId at, const Valu
   std::optional<EagerPerDeviceScope> eager;
   if (current_trace() == nullptr) eager.emplace();  // lax's collectives take its arrays as they are
   const std::vector<Array> in_cts = (*r.bwd)(residuals, cts);
-  if (in_cts.size() != r.inputs.size()) {
-    throw SpecError(fmt::format("[custom_vjp] the backward function gave {} cotangents for {} inputs",
-                                in_cts.size(), r.inputs.size()));
-  }
+  check_custom_cotangents(r, vals, in_cts);
   for (std::size_t k = 0; k < in_cts.size(); ++k) accumulate(ct[r.inputs[k]], in_cts[k]);
 }
 
@@ -309,6 +328,10 @@ ValueAndGrad value_and_grad_impl(
     }
     std::vector<Array> ins;
     for (const ValueId o : n.operands) ins.push_back(vals[o]);
+    // Each replayed op keeps the scope it was traced under (the whole nested path), as the
+    // backward ops do.
+    const profiler::detail::ScopeOverride scope(n.scope ? n.scope
+                                                        : profiler::detail::current_scope());
     vals[id] = apply(*n.op, n.attrs, ins, &placement);
   }
   if (outer != nullptr) {

@@ -66,10 +66,13 @@ std::int64_t linear_cross_entropy_chunks(const Shape& hidden) {
   return 1;
 }
 
-Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks) {
+Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks,
+                           std::int64_t ignore_index) {
   check_operands(h, w, labels, chunks);
   // Its ops carry its name, so that a program says it holds the fused loss (Lowered::ops).
   const NamedScope scope("linear_cross_entropy");
+  // Checked once, whole, before the groups (which read them as they are).
+  const Array checked = check_labels(labels, w.shape()[0], ignore_index, "linear_cross_entropy");
   const int r = h.shape().rank();
   const std::int64_t t = h.shape()[r - 2], d = h.shape()[r - 1];
   const std::int64_t k = chunks > 0 ? chunks : linear_cross_entropy_chunks(h.shape());
@@ -83,11 +86,12 @@ Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, 
   hd.insert(hd.end(), {t / k, k, d});
   ld.insert(ld.end(), {t / k, k});
   const Array hs = reshape(h, Shape(hd));
-  const Array ls = reshape(labels, Shape(ld));
+  const Array ls = reshape(checked, Shape(ld));
   const auto chunk_loss = checkpoint([&](const Array& hc, const Array& lc) {
     const int cr = hc.shape().rank();
     const Array logits = dot_general(hc, w, DotDims{{}, {}, {cr - 1}, {1}});
-    return cross_entropy(logits.dtype() == acc ? logits : astype(logits, acc), lc);
+    return detail::cross_entropy_of_checked(logits.dtype() == acc ? logits : astype(logits, acc),
+                                            lc, ignore_index);
   }, checkpoint_policies::nothing_saveable(), /*prevent_cse=*/false);
   std::vector<Array> losses;
   losses.reserve(static_cast<std::size_t>(k));

@@ -27,7 +27,7 @@ std::int64_t add_live(std::int64_t live, std::int64_t bytes) {
 void count_traffic(const Step& st, bool skip, const std::vector<std::int64_t>& slot_bytes,
                    std::int64_t& traffic) {
   if (skip || st.kind != Step::Kind::kKernel || st.local.op->time_bound != TimeBound::kMemory) return;
-  if (st.local.op->sharding_identity || st.local.op->barrier) return;
+  if (st.local.op->sharding_identity || st.local.op->barrier || st.local.op->check) return;
   const auto add = [&](SlotId slot) {
     if (!checked_add(traffic, slot_bytes[index(slot)], &traffic)) {
       throw SpecError("[compile] the bytes the kernels read and write on a device overflow int64");

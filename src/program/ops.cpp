@@ -121,15 +121,46 @@ Array silu(const Array& x) {
   return custom_vjp(fwd, bwd, {x}).at(0);
 }
 
-Array cross_entropy(const Array& logits, const Array& labels) {
+namespace detail {
+
+// Labels already through check_labels: the ignore_index names no class (one that would is
+// replaced by -1 first), so its one-hot row is zeros: its loss is 0 and its logits' gradient 0.
+Array cross_entropy_of_checked(const Array& logits, const Array& labels,
+                               std::int64_t ignore_index) {
+  const std::int64_t classes = logits.shape()[logits.shape().rank() - 1];
+  Array named = labels;
+  if (ignore_index >= 0 && ignore_index < classes) {
+    const Array ignored =
+        equal(labels, full(labels.shape(), DType::kI32, static_cast<double>(ignore_index), labels));
+    named = where(ignored, full(labels.shape(), DType::kI32, -1, labels), labels);
+  }
+  const Array lp = log_softmax(logits, -1);
+  return -sum(lp * one_hot(named, classes, logits.dtype()), {-1});
+}
+
+}  // namespace detail
+
+Array cross_entropy(const Array& logits, const Array& labels, std::int64_t ignore_index) {
   const int r = logits.shape().rank();
   if (r < 1 || labels.shape().rank() != r - 1) {
     throw SpecError(fmt::format("[cross_entropy] logits {} need labels of rank {}, got {}",
                                 detail::type_str(logits), r - 1, detail::type_str(labels)));
   }
-  const Array lp = log_softmax(logits, -1);
-  const Array oh = one_hot(labels, logits.shape()[r - 1], logits.dtype());
-  return -sum(lp * oh, {-1});
+  return detail::cross_entropy_of_checked(
+      logits, check_labels(labels, logits.shape()[r - 1], ignore_index, "cross_entropy"),
+      ignore_index);
+}
+
+Array mean_over_labels(const Array& losses, const Array& labels, std::int64_t ignore_index) {
+  if (losses.shape() != labels.shape() || labels.dtype() != DType::kI32 ||
+      !is_floating(losses.dtype())) {
+    throw SpecError(fmt::format("[mean_over_labels] needs float losses and i32 labels of one "
+                                "shape, got {} and {}",
+                                detail::type_str(losses), detail::type_str(labels)));
+  }
+  const Array ignore = full(labels.shape(), DType::kI32, static_cast<double>(ignore_index), labels);
+  const Array counted = astype(not_equal(labels, ignore), losses.dtype());
+  return sum(losses) / sum(counted);
 }
 
 Array layer_norm(const Array& x, const Array& scale, const Array& bias, double eps) {

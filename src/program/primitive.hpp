@@ -183,6 +183,12 @@ using VaryFn = std::int64_t(const Node& node, const Mesh& mesh, std::span<const 
 /// at memory bandwidth; products of float8 operands at the fp8 rate (scaled_dot).
 enum class TimeBound : std::uint8_t { kMemory, kMatmul, kAttention, kMatmulFp8 };
 
+/// Checks a device's block of a view's operand when the step runs, before the view is made, and
+/// throws what is wrong (check_labels: a label outside its range). `offset` is the index of the
+/// block's first element in the whole array.
+using CheckFn = void(const Node& node, const ConstBlock& operand,
+                     std::span<const std::int64_t> offset);
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -229,6 +235,12 @@ struct Primitive {
   /// program makes the result from the operand's buffers and runs no kernel; the memory pass
   /// counts the two as one buffer (memory.hpp, shares_operand_buffers).
   bool view = false;
+  /// Optional, for a view: its operand's values are checked on every device when the step runs
+  /// (see CheckFn); a failure on one device fails the step, as a kernel's does (over processes,
+  /// every process throws it: Program::run). The view still costs no bytes, no FLOPs and no
+  /// memory traffic (the check is part of the kernel that reads the values next, as PyTorch's
+  /// nll_loss checks its targets).
+  CheckFn* check = nullptr;
   /// Its operands after the first are held, not computed on (keep_alive): the partitioner reads
   /// each as it is, in whatever sharding and pending sum it has (no reshard, no collective), and
   /// its factors link none of their dimensions.

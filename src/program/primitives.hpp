@@ -25,7 +25,7 @@ namespace shardplan::detail {
   /* attention.cpp */ X(attention) X(attention_grad_q) X(attention_grad_kv)                   \
   /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                                  \
   /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \
-  X(take) /* rows.cpp */ X(fused_log_softmax) X(take_along_axis)                              \
+  X(take) /* rows.cpp */ X(fused_log_softmax) X(take_along_axis) X(check_labels)             \
   /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                    \
   /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)    \
   X(keep_alive)                                                                               \
@@ -95,6 +95,10 @@ std::vector<int> inverse_permutation(const std::vector<int>& order);
 Array maybe_transpose(const Array& x, const std::vector<int>& perm);
 /// from, from + 1, ..., to - 1.
 std::vector<int> int_range(int from, int to);
+/// The per-token cross-entropy of logits [..., C] against labels that check_labels has passed
+/// (cross_entropy without the check: linear_cross_entropy checks its labels once, whole).
+Array cross_entropy_of_checked(const Array& logits, const Array& labels,
+                               std::int64_t ignore_index);
 /// Indices clamped into [0, size - 1] as the gathers' kernels clamp them (take,
 /// take_along_axis): what their VJPs scatter the cotangent to.
 Array clamped_indices(const Array& indices, std::int64_t size);

@@ -280,6 +280,13 @@ void Program::run_kernel_step(const Executor& executor, const Step& st, std::vec
                               RunRecord* rec) const {
   if (st.local.op->collective != nullptr) return run_collective_step(executor, st, slots, rec);
   if (st.local.op->view && !st.fused) {  // the operand's bytes, another shape and sharding
+    if (st.local.op->check != nullptr) {
+      const Array& in = slots[index(st.in[0])];
+      executor.run(mesh_.devices(), [&](int d) {
+        st.local.op->check(st.local, ConstBlock{in.shard(d).data(), in.shard_shape(), in.dtype()},
+                           (*st.offsets)[static_cast<std::size_t>(d)]);
+      }, /*parallel=*/false);
+    }
     slots[index(st.out)] =
         Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding, st.blocks,
                             ArrayAccess::buffers(slots[index(st.in[0])]), st.pending);

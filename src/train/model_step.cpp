@@ -117,12 +117,17 @@ Array eager_cast(const Array& x, DType wide) {
 }
 
 // nll_loss per token: minus the log-probabilities lp [..., vocab] at the targets [...], read by
-// take_along_axis (from a vocabulary split over devices, each reads its own slice).
+// take_along_axis (from a vocabulary split over devices, each reads its own slice). The targets
+// pass the losses' label rule first (check_labels: a view, no bytes or FLOPs in the plan); an
+// ignored target (kIgnoreIndex) is outside the vocabulary and reads 0, with no gradient, as
+// nll_loss's ignore_index.
 Array nll_at_targets(const Array& lp, const Array& targets) {
   std::vector<std::int64_t> column = targets.shape().dims();
   column.push_back(1);
   const int last = lp.shape().rank() - 1;
-  return -reshape(take_along_axis(lp, reshape(targets, Shape(column)), last), targets.shape());
+  const Array checked = check_labels(targets, lp.shape()[last], kIgnoreIndex, "cross_entropy");
+  return -reshape(take_along_axis(lp, reshape(checked, Shape(column)), last, OutOfBounds::kZero),
+                  targets.shape());
 }
 
 // Cross-entropy as eager PyTorch runs F.cross_entropy on whole rows: log_softmax as one kernel
@@ -162,7 +167,12 @@ Array loss_parallel_cross_entropy(const Array& logits, const Array& targets) {
         optimization_barrier(where(target, full_like(x, -1), full_like(x, 0)));
     const Array e = optimization_barrier(exp(x));
     const Array summed = optimization_barrier(grad_input + e);
-    const Array product = summed * broadcast_in_dim(cts[0], x.shape(), rows);
+    // An ignored target's row gets no gradient (nll_loss's ignore_index): its cotangent is 0.
+    const Array& labels = res[1];
+    const Array kept = not_equal(
+        labels, full(labels.shape(), DType::kI32, static_cast<double>(kIgnoreIndex), labels));
+    const Array g = where(kept, cts[0], full_like(cts[0], 0));
+    const Array product = summed * broadcast_in_dim(g, x.shape(), rows);
     return std::vector<Array>{keep_alive(product, {x, grad_input}), Array()};
   };
   return custom_vjp(fwd, bwd, {logits, targets}).at(0);

@@ -4,8 +4,10 @@
 // gathered first) and take_along_axis (one element of each row, as nll_loss reads the
 // log-probabilities at the targets, where a one-hot product writes two arrays of the rows' size;
 // from an axis split over devices each takes the indices that fall in its slice and the result
-// is a sum pending over them, as DTensor's _MaskPartial does under loss_parallel).
+// is a sum pending over them, as DTensor's _MaskPartial does under loss_parallel); and
+// check_labels, the losses' label rule (a view whose values are checked on each device).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,12 +26,26 @@ struct RowAttrs {
   int axis = 0;
 };
 std::string format_attrs(const RowAttrs& a) { return fmt::format(" axis={}", a.axis); }
-/// take_along_axis: the axis and its global size (indices are clamped into it).
+/// take_along_axis: the axis, its global size, and what an index outside it reads (clamped into
+/// it, or 0).
 struct TakeAlongAttrs {
   int axis = 0;
   std::int64_t size = 0;
+  OutOfBounds mode = OutOfBounds::kClip;
 };
-std::string format_attrs(const TakeAlongAttrs& a) { return fmt::format(" axis={}", a.axis); }
+std::string format_attrs(const TakeAlongAttrs& a) {
+  return fmt::format(" axis={}{}", a.axis, a.mode == OutOfBounds::kZero ? " out_of_bounds=zero" : "");
+}
+/// check_labels: the classes a label may name, the label that marks a token to leave out, and
+/// the op named in the error (the loss that reads the labels).
+struct LabelCheckAttrs {
+  std::int64_t classes = 0;
+  std::int64_t ignore_index = kIgnoreIndex;
+  std::string op;
+};
+std::string format_attrs(const LabelCheckAttrs& a) {
+  return fmt::format(" classes={} ignore_index={}", a.classes, a.ignore_index);
+}
 
 namespace {
 
@@ -163,7 +179,8 @@ TensorType take_along_type(const Node& n, std::span<const TensorType> in) {
 }
 
 // Result element (o, i) is the sum of row (o, i)'s elements whose position equals its index,
-// clamped into [0, size - 1] as take clamps (a kernel on a device cannot fail). The positions
+// clamped into [0, size - 1] as take clamps (kClip), or as it is (kZero: an index outside the
+// axis equals no position, and reads 0). The positions
 // are an iota over the axis (take_along_axis makes them), so it is the one element at the index,
 // on the device whose slice of the axis holds it, and 0 on the others: their sum is the value.
 // Positions that run on by one (the iota, or a device's slice of it) are found by subtraction;
@@ -184,8 +201,11 @@ void take_along_kernel(const KernelArgs& k) {
     };
     for (std::int64_t o = 0; o < r.outer; ++o) {
       for (std::int64_t i = 0; i < r.inner; ++i) {
-        const std::int64_t at = std::clamp<std::int64_t>(idx[o * r.inner + i], 0,
-                                                         std::max<std::int64_t>(attrs.size - 1, 0));
+        const std::int64_t index = idx[o * r.inner + i];
+        const std::int64_t at =
+            attrs.mode == OutOfBounds::kZero
+                ? index
+                : std::clamp<std::int64_t>(index, 0, std::max<std::int64_t>(attrs.size - 1, 0));
         A acc(0);
         if (run) {
           const std::int64_t j = r.n > 0 ? at - pos[0] : -1;
@@ -201,16 +221,56 @@ void take_along_kernel(const KernelArgs& k) {
   });
 }
 
-// d/dx: the cotangent where a position equals the row's (clamped) index, zero elsewhere: one
-// array of x's size, as PyTorch's nll_loss_backward writes (zeros, then the scatter).
+// d/dx: the cotangent where a position equals the row's index (clamped, for kClip), zero
+// elsewhere: one array of x's size, as PyTorch's nll_loss_backward writes (zeros, then the
+// scatter). Under kZero an index outside the axis gets nothing.
 Arrays take_along_vjp(const Node& n, const Arrays& in, const Array&, const Array& g) {
   const auto& attrs = n.attr<TakeAlongAttrs>();
   const int a = attrs.axis;
   const Array& x = in[0];
-  const Array idx = clamped_indices(in[1], attrs.size);
+  const Array idx =
+      attrs.mode == OutOfBounds::kZero ? in[1] : clamped_indices(in[1], attrs.size);
   const Array hit = equal(broadcast_to(idx, x.shape()), broadcast_in_dim(in[2], x.shape(), {a}));
   return {where(hit, broadcast_to(g, x.shape()), full(x.shape(), g.dtype(), 0, g)), Array(),
           Array()};
+}
+
+// ---- check_labels -----------------------------------------------------------------------------
+
+TensorType check_labels_type(const Node& n, std::span<const TensorType> in) {
+  if (in[0].dtype != DType::kI32) reject(n.op->name, in, "labels must be i32");
+  return in[0];
+}
+
+OpFactors check_labels_factors(const Node& n, std::span<const Shape> in) {
+  return same_dims(n.type.shape, in);
+}
+
+// The label rule of every loss (PyTorch's nll_loss: "Target out of bounds"): a label is a class
+// in [0, classes) or the ignore_index; the first other one of the block is named, with its
+// index in the whole array.
+void check_labels_block(const Node& n, const ConstBlock& labels,
+                        std::span<const std::int64_t> offset) {
+  const auto& a = n.attr<LabelCheckAttrs>();
+  const auto* v = elems<std::int32_t>(labels);
+  const std::int64_t count = labels.shape.numel();
+  for (std::int64_t e = 0; e < count; ++e) {
+    const std::int64_t label = v[e];
+    if ((label >= 0 && label < a.classes) || label == a.ignore_index) continue;
+    std::vector<std::int64_t> at = unravel(e, labels.shape);
+    for (std::size_t d = 0; d < at.size() && d < offset.size(); ++d) at[d] += offset[d];
+    throw ValueError(fmt::format(
+        "[{}] label {} at index [{}] is out of bounds: labels must be in [0, {}) (the "
+        "classes of the logits' last dimension), or the ignore_index {}",
+        a.op, label, fmt::join(at, ", "), a.classes, a.ignore_index));
+  }
+}
+
+// Run where the node is computed on its own: the check, then the labels unchanged.
+void check_labels_kernel(const KernelArgs& k) {
+  check_labels_block(k.node, k.in[0], k.out_offset);
+  const auto bytes = static_cast<std::size_t>(k.out.shape.numel()) * size_of(k.out.dtype);
+  if (bytes > 0) std::memcpy(k.out.data, k.in[0].data, bytes);
 }
 
 // ---- Test declarations (primitive_tests.hpp) --------------------------------------------------
@@ -241,29 +301,33 @@ constexpr PrimitiveTests kLogSoftmaxTests{.public_ops = "fused_log_softmax",
                                           .reference = log_softmax_reference,
                                           .gradient = true};
 
-// Indices from 2 below the axis to 1 past its end: the out-of-range ones are clamped. The
+// Indices from 2 below the axis to 1 past its end: the out-of-range ones are clamped (kClip) or
+// read 0 (kZero: they equal no position). The
 // positions are sampled too (take_along_axis passes an iota): the reference is the sum of the
 // row's elements at the positions equal to the index.
 std::vector<TestCase> take_along_cases(const Primitive&, DType t) {
-  const auto c = [t](Shape x, int axis) {
+  const auto c = [t](Shape x, int axis, OutOfBounds mode = OutOfBounds::kClip) {
     std::vector<std::int64_t> idx = x.dims();
     idx[static_cast<std::size_t>(axis)] = 1;
     const Domain indices{.low = -2, .high = static_cast<double>(x[axis]) + 1, .whole = true};
     const Domain positions{.low = 0, .high = static_cast<double>(x[axis]) - 1, .whole = true};
     const std::int64_t n = x[axis];
-    return TestCase{TakeAlongAttrs{axis, n},
+    return TestCase{TakeAlongAttrs{axis, n, mode},
                     {{{std::move(x), t}},
                      {{Shape(idx), DType::kI32}, indices},
                      {{Shape{n}, DType::kI32}, positions}}};
   };
-  return {c(Shape{8, 6}, 1), c(Shape{8, 6}, 0), c(Shape{2, 5, 4}, 1)};
+  return {c(Shape{8, 6}, 1), c(Shape{8, 6}, 0), c(Shape{2, 5, 4}, 1),
+          c(Shape{8, 6}, 1, OutOfBounds::kZero), c(Shape{2, 5, 4}, 1, OutOfBounds::kZero)};
 }
 std::vector<double> take_along_reference(const Node& n, std::span<const HostValues> in) {
   const auto& attrs = n.attr<TakeAlongAttrs>();
   std::vector<double> y(in[1].v.size(), 0.0);
   for (std::size_t e = 0; e < y.size(); ++e) {
     std::vector<std::int64_t> at = unravel(static_cast<std::int64_t>(e), in[1].shape);
-    const double want = std::clamp(in[1].v[e], 0.0, static_cast<double>(attrs.size - 1));
+    const double want = attrs.mode == OutOfBounds::kZero
+                            ? in[1].v[e]
+                            : std::clamp(in[1].v[e], 0.0, static_cast<double>(attrs.size - 1));
     for (std::int64_t j = 0; j < attrs.size; ++j) {
       if (in[2].v[static_cast<std::size_t>(j)] != want) continue;
       at[static_cast<std::size_t>(attrs.axis)] = j;
@@ -272,6 +336,23 @@ std::vector<double> take_along_reference(const Node& n, std::span<const HostValu
   }
   return y;
 }
+// Labels within the classes pass unchanged (the refusals are tested by the losses'
+// tests: tests/ops_test.cpp, fused_loss_test.cpp).
+std::vector<TestCase> check_labels_cases(const Primitive&, DType) {
+  const auto c = [](Shape s, std::int64_t classes) {
+    const Domain labels{.low = 0, .high = static_cast<double>(classes) - 1, .whole = true};
+    return TestCase{LabelCheckAttrs{classes, kIgnoreIndex, "check_labels"},
+                    {{{std::move(s), DType::kI32}, labels}}};
+  };
+  return {c(Shape{8, 6}, 5), c(Shape{8}, 3)};
+}
+constexpr PrimitiveTests kCheckLabelsTests{.public_ops = "check_labels",
+                                           .dtypes = {DType::kI32},
+                                           .cases = check_labels_cases,
+                                           .elementwise = [](std::span<const double> x) {
+                                             return x[0];
+                                           }};
+
 constexpr PrimitiveTests kTakeAlongTests{.public_ops = "take_along_axis",
                                          .dtypes = kNumericTypes,
                                          .cases = take_along_cases,
@@ -298,6 +379,19 @@ constinit const Primitive take_along_axis{.name = "take_along_axis",
                                           .vjp = take_along_vjp,
                                           .linearity = linear_in_first,
                                           .tests = &kTakeAlongTests};
+// The labels as they are (a view: no bytes, no FLOPs), checked on each device when the step
+// runs: a loss reads its labels through it, so that a label outside its classes fails the step
+// that sees it (eagerly at once; under sjit when the program runs) instead of giving a 0 loss.
+constinit const Primitive check_labels{.name = "check_labels",
+                                       .arity = 1,
+                                       .infer = check_labels_type,
+                                       .factors = check_labels_factors,
+                                       .kernel = check_labels_kernel,
+                                       .flops = no_flops,
+                                       .vjp = no_gradient,
+                                       .view = true,
+                                       .check = check_labels_block,
+                                       .tests = &kCheckLabelsTests};
 }  // namespace prim
 
 }  // namespace shardplan::detail
@@ -309,7 +403,16 @@ Array fused_log_softmax(const Array& x, int axis) {
   return detail::apply(detail::prim::fused_log_softmax, detail::RowAttrs{axis}, {x});
 }
 
-Array take_along_axis(const Array& x, const Array& indices, int axis) {
+Array check_labels(const Array& labels, std::int64_t classes, std::int64_t ignore_index,
+                   std::string_view op) {
+  if (classes < 1) {
+    throw SpecError(fmt::format("[{}] needs at least one class, got {}", op, classes));
+  }
+  return detail::apply(detail::prim::check_labels,
+                       detail::LabelCheckAttrs{classes, ignore_index, std::string(op)}, {labels});
+}
+
+Array take_along_axis(const Array& x, const Array& indices, int axis, OutOfBounds mode) {
   axis = detail::normalize_axis(axis, x, "take_along_axis");
   const std::int64_t n = x.shape()[axis];
   if (n > std::numeric_limits<std::int32_t>::max()) {
@@ -322,7 +425,7 @@ Array take_along_axis(const Array& x, const Array& indices, int axis) {
   // it tell its own indices from the others' (a constant; folded into the kernel on an
   // accelerator).
   const Array positions = iota_like(full(Shape{n}, DType::kI32, 0, x), 0, DType::kI32);
-  return detail::apply(detail::prim::take_along_axis, detail::TakeAlongAttrs{axis, n},
+  return detail::apply(detail::prim::take_along_axis, detail::TakeAlongAttrs{axis, n, mode},
                        {x, indices, positions});
 }
 
