@@ -1770,6 +1770,10 @@ TEST_F(CliTest, ExampleTraceWritesATraceTheTraceCommandsRead) {
   EXPECT_THAT(memory.out, ::testing::ContainsRegex("scope mlp_(in|out)"));
   // The trace is an output: an empty path is bad usage.
   EXPECT_EQ(run("example trace ''").code, 2);
+  // ... and so is a directory, as for every output (docs/cli.md "Outputs"), naming it.
+  const Result dir = run(fmt::format("example trace '{}'", dir_.string()));
+  EXPECT_EQ(dir.code, 2);
+  EXPECT_THAT(dir.err, ::testing::HasSubstr(dir_.string()));
 }
 
 // `example checkpoint` saves a small LLaMA by the preset: every tensor with its shape and the

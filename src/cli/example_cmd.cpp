@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "../output_file.hpp"
 #include "example_model.hpp"
 #include "output_path_option.hpp"
 #include "shardplan/autodiff.hpp"
@@ -28,6 +29,8 @@ constexpr const char* kMesh = "fsdp:4,tp:2";
 constexpr std::int64_t kDevices = 8;
 
 int write_example_trace(const std::string& path) {
+  // The outputs contract (docs/cli.md "Outputs"), checked before the steps run.
+  detail::OutputFiles file({{"trace FILE", path}});
   const Executor exec(kDevices);
   const Mesh mesh = Mesh::parse(kMesh, kDevices);
   constexpr std::int64_t kBatch = 64, kIn = 256, kHidden = 512, kClasses = 16;
@@ -71,7 +74,8 @@ int write_example_trace(const std::string& path) {
   }
   profiler::stop();
   const std::size_t events = profiler::event_count();
-  profiler::write_trace(path);
+  file[0].write(profiler::trace_json());
+  file.commit();
   std::cout << fmt::format(
       "wrote {}: two training steps (loss {:.4f}, then {:.4f}) of a 2-layer MLP on Mesh('fsdp': "
       "4, 'tp': 2), {} events\n"
