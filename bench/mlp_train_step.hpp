@@ -18,7 +18,8 @@ inline constexpr std::int64_t kMlpBatch = 4096;
 inline const std::vector<std::int64_t> kMlpSizes = {784, 1024, 1024, 1024, 10};
 
 /// The step on `mesh` (its first axis splits the batch) as a function that runs it once, updating
-/// the parameters it holds.
+/// the parameters it holds. `sizes`: the layers' widths, the input's first (the last must be 10,
+/// the labels' classes).
 /// With `sharded_update`, the update is written as ZeRO-1 / XLA's sharded weight update does it:
 /// each gradient is reduce-scattered over the batch axis (instead of all-reduced), each device
 /// updates its slice of every weight, and the new weights are all-gathered: the same bytes
@@ -29,7 +30,8 @@ inline const std::vector<std::int64_t> kMlpSizes = {784, 1024, 1024, 1024, 10};
 inline std::function<void()> make_mlp_train_step(const shardplan::Executor& ex,
                                                  const shardplan::Mesh& mesh,
                                                  std::int64_t batch_size = kMlpBatch,
-                                                 bool sharded_update = false, bool fuse = true) {
+                                                 bool sharded_update = false, bool fuse = true,
+                                                 const std::vector<std::int64_t>& sizes = kMlpSizes) {
   using namespace shardplan;
   const PartitionSpec batch = P(mesh.axis_names()[0]);
   struct State {
@@ -39,14 +41,14 @@ inline std::function<void()> make_mlp_train_step(const shardplan::Executor& ex,
   };
   auto st = std::make_shared<State>();
   std::vector<Tree<Array>> layers;
-  for (std::size_t i = 0; i + 1 < kMlpSizes.size(); ++i) {
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
     layers.push_back(Tree<Array>::dict(
-        {{"w", Array::normal(Shape{kMlpSizes[i], kMlpSizes[i + 1]}, DType::kF32,
-                             NamedSharding(mesh, P()), ex, i, 0, 0.03)},
-         {"b", Array::zeros(Shape{kMlpSizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()), ex)}}));
+        {{"w", Array::normal(Shape{sizes[i], sizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()),
+                             ex, i, 0, 0.03)},
+         {"b", Array::zeros(Shape{sizes[i + 1]}, DType::kF32, NamedSharding(mesh, P()), ex)}}));
   }
   st->params = Tree<Array>::list(layers);
-  st->x = Array::normal(Shape{batch_size, kMlpSizes[0]}, DType::kF32, NamedSharding(mesh, batch),
+  st->x = Array::normal(Shape{batch_size, sizes[0]}, DType::kF32, NamedSharding(mesh, batch),
                         ex, 9);
   std::vector<std::int32_t> lab;
   for (std::int64_t i = 0; i < batch_size; ++i) lab.push_back(static_cast<std::int32_t>(i % 10));

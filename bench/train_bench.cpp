@@ -333,7 +333,7 @@ BENCHMARK(BM_LlamaStepDataParallel)->Unit(benchmark::kMillisecond)->UseRealTime(
 // one's median step (ms), and the median of on over off (x_on: the overhead is x_on - 1), and
 // the events one traced step records.
 void tracing_off_on(benchmark::State& state, const std::function<void()>& step,
-                    const profiler::ProfileOptions& options = {}) {
+                    const profiler::ProfileOptions& options = {}, int steps_per_sample = 1) {
   try {
     profiler::start();  // throws in a build without the profiler (-DSHARDPLAN_PROFILER=OFF)
     profiler::stop();
@@ -347,9 +347,12 @@ void tracing_off_on(benchmark::State& state, const std::function<void()>& step,
   step();
   std::vector<double> ms_off, ms_on, ratio;
   bool on_first = false;
+  const auto steps = [&] {
+    for (int i = 0; i < steps_per_sample; ++i) step();
+  };
   const auto traced = [&] {
     profiler::start(options);
-    const double ms = bench::ms_of(step);
+    const double ms = bench::ms_of(steps);
     profiler::stop();
     return ms;
   };
@@ -357,9 +360,9 @@ void tracing_off_on(benchmark::State& state, const std::function<void()>& step,
     double off = 0, on = 0;
     if (on_first) {
       on = traced();
-      off = bench::ms_of(step);
+      off = bench::ms_of(steps);
     } else {
-      off = bench::ms_of(step);
+      off = bench::ms_of(steps);
       on = traced();
     }
     on_first = !on_first;
@@ -367,11 +370,27 @@ void tracing_off_on(benchmark::State& state, const std::function<void()>& step,
     ms_on.push_back(on);
     ratio.push_back(on / off);
   }
-  state.counters["ms_off"] = bench::median(ms_off);
-  state.counters["ms_on"] = bench::median(ms_on);
+  state.counters["ms_off"] = bench::median(ms_off) / steps_per_sample;
+  state.counters["ms_on"] = bench::median(ms_on) / steps_per_sample;
   state.counters["x_on"] = bench::median(ratio);
-  state.counters["events_per_step"] = static_cast<double>(profiler::event_count());
+  const double events = static_cast<double>(profiler::event_count()) / steps_per_sample;
+  state.counters["events_per_step"] = events;
+  // What an event costs: the step's time traced less untraced, over its events.
+  state.counters["ns_per_event"] =
+      (bench::median(ms_on) - bench::median(ms_off)) * 1e6 / steps_per_sample / events;
 }
+// A small step (~0.5 ms, ~500 events: the MLP 64-128-128-10, batch 256, on 8 devices), where
+// the per-event cost decides the overhead; 20 steps a sample, 100 pairs.
+void BM_SmallMlpStepTracingOffOn(benchmark::State& state) {
+  tracing_off_on(state,
+                 bench::make_mlp_train_step(exec(8), Mesh::parse("data:8", 8), 256, false, true,
+                                            {64, 128, 128, 10}),
+                 {}, 20);
+}
+BENCHMARK(BM_SmallMlpStepTracingOffOn)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(100);
 void BM_MlpTrainStepTracingOffOn(benchmark::State& state) {
   tracing_off_on(state, bench::make_mlp_train_step(exec(8), Mesh::parse("data:8", 8),
                                                    bench::kMlpBatch, false));

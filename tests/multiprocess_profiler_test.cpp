@@ -137,7 +137,7 @@ json barrier_exits_trace(const std::filesystem::path& file, int rounds) {
   profiler::start();
   for (int i = 0; i < rounds; ++i) {
     distributed::barrier();
-    const std::int64_t t = profiler::detail::now_ns();
+    const std::int64_t t = profiler::detail::stamp();
     profiler::detail::record(profiler::detail::Event{.cat = profiler::detail::Category::kDispatch,
                                                      .device = profiler::detail::kHostTid,
                                                      .start_ns = t,

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -25,6 +27,7 @@
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/sjit.hpp"
+#include "../src/profiler/recorder.hpp"
 #include "support/check_runs.hpp"
 #include "trace_format.hpp"
 
@@ -628,6 +631,109 @@ TEST(Profiler, TraceSummarizeReadsTheWrittenTrace) {
     EXPECT_THAT(out, HasSubstr(thread));
   }
   std::filesystem::remove_all(dir);
+}
+
+// Events are stamped with the cheapest clock (the time-stamp counter where the kernel's clock
+// runs on it) and given steady_clock nanoseconds when collected: checked on both clocks against
+// steady_clock read around the steps, and against a 30 ms sleep between two calls (a wrong rate
+// would stretch or shrink it). Two collects give the same times.
+class ProfilerClock : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Stamps, ProfilerClock, ::testing::Values(false, true),
+                         [](const auto& param_info) { return param_info.param ? "Tsc" : "SteadyClock"; });
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+TEST_P(ProfilerClock, EventTimesAreSteadyClockNanoseconds) {
+  const bool tsc = GetParam();
+  if (tsc && !profiler::detail::tsc_usable()) {
+    GTEST_SKIP() << "this machine's clock does not run on the time-stamp counter";
+  }
+  profiler::detail::set_test_tsc_allowed(tsc);
+  ContractionProgram p(512);  // steps on the pool: waits too
+  (void)p.f(p.x, p.w);        // compiled before the session
+  const std::int64_t before = steady_ns();
+  profiler::start();
+  EXPECT_EQ(profiler::detail::g_stamp_tsc.load(), tsc);
+  (void)p.f(p.x, p.w);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  (void)p.f(p.x, p.w);
+  profiler::stop();
+  const std::int64_t after = steady_ns();
+  profiler::detail::set_test_tsc_allowed(true);
+  std::int64_t origin = 0;
+  const std::vector<profiler::detail::Event> events = profiler::detail::collect(&origin);
+  EXPECT_LE(before, origin);
+  std::vector<std::int64_t> dispatch_ends;
+  for (const auto& e : events) {
+    EXPECT_LE(before, e.start_ns) << profiler::detail::category_name(e.cat);
+    EXPECT_LE(e.start_ns, e.end_ns) << profiler::detail::category_name(e.cat);
+    EXPECT_LE(e.end_ns, after) << profiler::detail::category_name(e.cat);
+    if (e.cat == profiler::detail::Category::kDispatch) dispatch_ends.push_back(e.end_ns);
+  }
+  ASSERT_EQ(dispatch_ends.size(), 2u);
+  // The second dispatch ended at least the sleep after the first, and not far beyond it (the
+  // first call's steps and the second's dispatch: under a few ms here, 20 allowed).
+  EXPECT_GE(dispatch_ends[1] - dispatch_ends[0], 30'000'000);
+  EXPECT_LT(dispatch_ends[1] - dispatch_ends[0], 50'000'000);
+  // A later collect gives every event the same times.
+  const std::vector<profiler::detail::Event> again = profiler::detail::collect(nullptr);
+  ASSERT_EQ(again.size(), events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(again[i].start_ns, events[i].start_ns) << i;
+    EXPECT_EQ(again[i].end_ns, events[i].end_ns) << i;
+  }
+}
+
+// What the recorder derives from a step's span rather than have every device write it (a wait
+// before and after each kernel run on the pool; the reshard around each device's collectives):
+// each wait touches its device's kernel of the same op and lasts 1 us or more; each device has
+// one reshard event per reshard, and its collectives lie inside it.
+TEST(Profiler, WaitsTouchTheirKernelAndCollectivesLieInsideTheirReshard) {
+  ContractionProgram p(512);
+  (void)p.f(p.x, p.w);
+  {
+    profiler::ProfileSession session;
+    (void)p.f(p.x, p.w);
+  }
+  const json doc = json::parse(profiler::trace_json());
+  const std::vector<json> kernels = events_of(doc, "kernel");
+  const auto near = [](double a, double b) { return std::abs(a - b) < 0.002; };  // us, rounded
+  const std::vector<json> waits = events_of(doc, "wait");
+  // 4 devices on the pool's threads (2 here): some wait for a thread.
+  EXPECT_FALSE(waits.empty());
+  for (const json& w : waits) {
+    EXPECT_GE(w["dur"].get<double>(), 1.0) << w.dump();
+    const double start = w["ts"], end = start + w["dur"].get<double>();
+    const bool touches = std::any_of(kernels.begin(), kernels.end(), [&](const json& k) {
+      const double ks = k["ts"], ke = ks + k["dur"].get<double>();
+      return k["tid"] == w["tid"] && k["args"]["op"] == w["args"]["op"] &&
+             (near(end, ks) || near(start, ke));
+    });
+    EXPECT_TRUE(touches) << w.dump();
+  }
+  const std::vector<json> reshards = events_of(doc, "reshard");
+  const std::vector<json> collectives = events_of(doc, "collective");
+  ASSERT_FALSE(collectives.empty());
+  for (int d = 0; d < 4; ++d) {
+    std::vector<json> mine;
+    std::copy_if(reshards.begin(), reshards.end(), std::back_inserter(mine),
+                 [&](const json& r) { return r["tid"] == d; });
+    // proj's summed product is reduce-scattered, then tanh's result gathered: two reshards.
+    EXPECT_EQ(mine.size(), 2u) << "device " << d;
+    for (const json& c : collectives) {
+      if (c["tid"] != d) continue;
+      const double cs = c["ts"], ce = cs + c["dur"].get<double>();
+      const bool inside = std::any_of(mine.begin(), mine.end(), [&](const json& r) {
+        const double rs = r["ts"], re = rs + r["dur"].get<double>();
+        return r["args"]["op"] == c["args"]["op"] && rs <= cs + 0.002 && ce <= re + 0.002;
+      });
+      EXPECT_TRUE(inside) << c.dump();
+    }
+  }
 }
 
 }  // namespace

@@ -6,8 +6,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <iterator>
 #include <mutex>
+#include <string>
 
 #include "recorder.hpp"
 #include "shardplan/detail/printable.hpp"
@@ -19,6 +22,7 @@ namespace shardplan::profiler::detail {
 std::atomic<bool> g_on{false};
 std::atomic<bool> g_memory{false};
 std::atomic<std::int64_t> g_test_clock_skew_ns{0};
+std::atomic<bool> g_stamp_tsc{false};
 
 void set_test_clock_skew(std::int64_t ns) { g_test_clock_skew_ns.store(ns); }
 
@@ -43,10 +47,67 @@ const char* category_name(Category c) {
 
 namespace {
 
+// Waits shorter than this are not written (a step's devices rarely end within a microsecond of
+// each other; a trace of every few-nanosecond gap would only be bigger).
+constexpr std::int64_t kMinWaitNs = 1000;
+
+// A stamp() and now_ns() read together: of three tries, the one whose two stamps around the ns
+// read are closest (the stamp is their middle).
+struct ClockPair {
+  std::int64_t stamp = 0, ns = 0;
+};
+ClockPair read_pair() {
+  ClockPair best;
+  std::int64_t best_gap = -1;
+  for (int i = 0; i < 3; ++i) {
+    const std::int64_t a = stamp();
+    const std::int64_t ns = now_ns();
+    const std::int64_t b = stamp();
+    if (best_gap < 0 || b - a < best_gap) {
+      best_gap = b - a;
+      best = ClockPair{a + (b - a) / 2, ns};
+    }
+  }
+  return best;
+}
+
+// Stamps to ns: through the session's pairs (one read at its start, one at each collect), a
+// stamp between two pairs on the line through them, one past the last on the last segment's
+// line. A stamp's ns never change once a later pair is read, so each collect of a session gives
+// every event it has already given the same times. Identity while stamps are ns.
+class StampToNs {
+ public:
+  StampToNs(bool tsc, const std::vector<ClockPair>& pairs) : tsc_(tsc), pairs_(pairs) {}
+  std::int64_t operator()(std::int64_t s) const {
+    if (!tsc_ || pairs_.empty()) return s;
+    if (pairs_.size() == 1) return pairs_[0].ns;
+    // The segment: the first pair after s, and the one before it (the first or last segment
+    // for stamps outside).
+    const auto after = std::upper_bound(pairs_.begin() + 1, pairs_.end() - 1, s,
+                                        [](std::int64_t v, const ClockPair& p) { return v < p.stamp; });
+    const ClockPair& to = *after;
+    const ClockPair& from = *(after - 1);
+    if (to.stamp == from.stamp) return from.ns;
+    const long double slope = static_cast<long double>(to.ns - from.ns) /
+                              static_cast<long double>(to.stamp - from.stamp);
+    return from.ns + static_cast<std::int64_t>(
+                         std::llround(slope * static_cast<long double>(s - from.stamp)));
+  }
+
+ private:
+  bool tsc_;
+  const std::vector<ClockPair>& pairs_;
+};
+
 struct ThreadBuffer {
   std::mutex mu;
   std::uint64_t session = 0;
-  std::vector<Event> events;
+  std::vector<Proto> protos;
+  std::vector<Slice> slices;  // each names its proto by its index in `protos`
+  void clear() {
+    protos.clear();
+    slices.clear();
+  }
 };
 
 // Buffers are owned here, never freed: a thread that ends leaves its buffer to the next collect
@@ -56,6 +117,10 @@ struct Registry {
   std::vector<std::unique_ptr<ThreadBuffer>> buffers;
   std::atomic<std::uint64_t> session{0};
   std::atomic<std::int64_t> start_ns{0};
+  // The session's clock pairs (its start's, then one per collect), stamps rising (under mu).
+  std::vector<ClockPair> pairs;
+  bool tsc = false;  // the session stamps with the time-stamp counter (under mu)
+  bool tsc_allowed = true;
 };
 
 Registry& registry() {
@@ -85,29 +150,139 @@ std::unique_lock<std::mutex> open_buffer(ThreadBuffer*& out) {
   const std::uint64_t session = registry().session.load(std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(b.mu);
   if (b.session != session) {
-    b.events.clear();
+    b.clear();
     b.session = session;
   }
   out = &b;
   return lock;
 }
+
+// The proto and slice of one whole event.
+Proto proto_of(Event& e) {
+  return Proto{.name = e.name,
+               .owned = std::move(e.owned),
+               .scope = std::move(e.scope),
+               .kind = e.kind,
+               .groups = e.group ? std::make_shared<const GroupTable>(GroupTable{{*e.group}}) : nullptr,
+               .run = std::move(e.run),
+               .planned = e.planned};
+}
+Slice slice_of(const Event& e, std::uint32_t proto) {
+  return Slice{.start_ns = e.start_ns,
+               .end_ns = e.end_ns,
+               .bytes = e.bytes,
+               .proto = proto,
+               .device = e.device,
+               .group = e.group ? 0 : -1,
+               .cat = e.cat};
+}
+
+// The event `s` stands for, its shared fields from `p`, its times in ns.
+Event event_of(const Proto& p, const Slice& s, const StampToNs& to_ns) {
+  Event e{.cat = s.cat,
+          .device = s.device,
+          .start_ns = to_ns(s.start_ns),
+          .end_ns = to_ns(s.end_ns),
+          .name = p.name,
+          .owned = p.owned,
+          .scope = p.scope,
+          .bytes = s.bytes,
+          .kind = p.kind,
+          .planned = p.planned,
+          .run = p.run};
+  if (p.groups && s.group >= 0 && static_cast<std::size_t>(s.group) < p.groups->groups.size()) {
+    // Shares the table's ownership: every event of one group holds the same list.
+    e.group = std::shared_ptr<const std::vector<int>>(
+        p.groups, &p.groups->groups[static_cast<std::size_t>(s.group)]);
+  }
+  return e;
+}
+
+// Appends the events `s` stands for to `out`: its own, and those derived from its proto (the
+// waits around a kernel, the reshard a collective ran in: Proto), in the order they happened.
+void expand(const Proto& p, const Slice& s, const StampToNs& to_ns, std::vector<Event>& out) {
+  const auto derived = [&](Category cat, std::int64_t from, std::int64_t to) {
+    Event e{.cat = cat,
+            .device = s.device,
+            .start_ns = to_ns(from),
+            .end_ns = to_ns(to),
+            .name = p.name,
+            .owned = p.owned,
+            .scope = p.scope};
+    if (cat == Category::kWait && e.end_ns - e.start_ns < kMinWaitNs) return;
+    out.push_back(std::move(e));
+  };
+  if (s.with_reshard) derived(Category::kReshard, p.step_start, p.step_end);
+  if (p.waits) derived(Category::kWait, p.step_start, s.start_ns);
+  out.push_back(event_of(p, s, to_ns));
+  if (p.waits) derived(Category::kWait, s.end_ns, p.step_end);
+}
 }  // namespace
 
+void record(std::vector<Proto>& protos, std::vector<Slice>& slices) {
+  if (!slices.empty()) {
+    ThreadBuffer* b = nullptr;
+    const std::unique_lock<std::mutex> lock = open_buffer(b);
+    const auto base = static_cast<std::uint32_t>(b->protos.size());
+    for (Proto& p : protos) b->protos.push_back(std::move(p));
+    for (Slice& s : slices) {
+      s.proto += base;
+      b->slices.push_back(s);
+    }
+  }
+  protos.clear();
+  slices.clear();
+}
+
 void record(Event e) {
-  ThreadBuffer* b = nullptr;
-  const std::unique_lock<std::mutex> lock = open_buffer(b);
-  b->events.push_back(std::move(e));
+  std::vector<Event> one;
+  one.push_back(std::move(e));
+  record(one);
 }
 
 void record(std::vector<Event>& events) {
-  if (events.empty()) return;
-  {
-    ThreadBuffer* b = nullptr;
-    const std::unique_lock<std::mutex> lock = open_buffer(b);
-    b->events.insert(b->events.end(), std::make_move_iterator(events.begin()),
-                     std::make_move_iterator(events.end()));
+  std::vector<Proto> protos;
+  std::vector<Slice> slices;
+  protos.reserve(events.size());
+  slices.reserve(events.size());
+  for (Event& e : events) {
+    slices.push_back(slice_of(e, static_cast<std::uint32_t>(protos.size())));
+    protos.push_back(proto_of(e));
   }
+  record(protos, slices);
   events.clear();
+}
+
+bool tsc_usable() {
+#if defined(__x86_64__)
+  static const bool usable = [] {
+    // The kernel runs its clock on the counter only when it found it invariant and in step
+    // over every core; the CPU's flags say it ticks at one rate through frequency changes and
+    // sleep states.
+    std::ifstream source("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+    std::string name;
+    if (!(source >> name) || name != "tsc") return false;
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line)) {
+      if (line.rfind("flags", 0) != 0) continue;
+      const auto has = [&](const char* flag) {
+        return (" " + line + " ").find(std::string(" ") + flag + " ") != std::string::npos;
+      };
+      return has("constant_tsc") && has("nonstop_tsc");
+    }
+    return false;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+
+void set_test_tsc_allowed(bool allowed) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  r.tsc_allowed = allowed;
 }
 
 std::vector<Event> collect(std::int64_t* session_start_ns) {
@@ -115,10 +290,16 @@ std::vector<Event> collect(std::int64_t* session_start_ns) {
   std::vector<Event> all;
   std::lock_guard<std::mutex> lock(r.mu);
   const std::uint64_t session = r.session.load();
+  if (r.tsc) {
+    const ClockPair now = read_pair();
+    if (r.pairs.empty() || now.stamp > r.pairs.back().stamp) r.pairs.push_back(now);
+  }
+  const StampToNs to_ns(r.tsc, r.pairs);
   for (const auto& b : r.buffers) {
     std::lock_guard<std::mutex> block(b->mu);
     if (b->session != session) continue;
-    all.insert(all.end(), b->events.begin(), b->events.end());
+    all.reserve(all.size() + b->slices.size());
+    for (const Slice& s : b->slices) expand(b->protos[s.proto], s, to_ns, all);
   }
   std::stable_sort(all.begin(), all.end(),
                    [](const Event& a, const Event& b) { return a.start_ns < b.start_ns; });
@@ -165,10 +346,14 @@ void start(const ProfileOptions& options) {
     // would then pay for it); each buffer keeps its capacity for the next.
     for (const auto& b : r.buffers) {
       std::lock_guard<std::mutex> block(b->mu);
-      b->events.clear();
+      b->clear();
       b->session = session;
     }
-    r.start_ns.store(detail::now_ns());
+    // Stamps are the time-stamp counter for the whole session, or ns for the whole session.
+    r.tsc = r.tsc_allowed && detail::tsc_usable();
+    detail::g_stamp_tsc.store(r.tsc, std::memory_order_relaxed);
+    r.pairs.assign(1, detail::read_pair());
+    r.start_ns.store(r.pairs.front().ns);
   }
   detail::g_memory.store(options.memory, std::memory_order_relaxed);
   detail::g_on.store(true, std::memory_order_relaxed);

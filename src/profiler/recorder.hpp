@@ -37,7 +37,8 @@ inline constexpr int kHostTid = 1000000;
 struct Event {
   Category cat = Category::kKernel;
   int device = 0;
-  std::int64_t start_ns = 0, end_ns = 0;  // steady_clock
+  /// steady_clock ns from collect(); stamp()s where an Event is handed to record().
+  std::int64_t start_ns = 0, end_ns = 0;
   /// The op ("dot_general"): text of static storage (a primitive's name), or, when `owned` is
   /// set, *owned ("fused(add, exp)").
   std::string_view name;
@@ -82,14 +83,79 @@ inline std::int64_t now_ns() {
 /// Sets the test-only skew of now_ns() on this process.
 void set_test_clock_skew(std::int64_t ns);
 
-/// Appends `e` to this thread's buffer (dropped when the session it began in has ended).
+/// True while this session's stamps are the CPU's time-stamp counter (set by start()).
+extern std::atomic<bool> g_stamp_tsc;
+/// The time of an event as it is recorded: as cheap a clock read as this machine allows. On
+/// x86-64, where the kernel's own clock runs on the time-stamp counter (invariant, synchronized
+/// over cores: the kernel checked), the counter itself (~9 ns here, against ~20 ns for
+/// steady_clock through the vDSO); elsewhere now_ns(). collect() turns stamps into now_ns()'s
+/// nanoseconds along the line through two (stamp, ns) pairs read at the session's start and at
+/// the collect, so an Event's times are steady_clock nanoseconds either way.
+inline std::int64_t stamp() {
+#if defined(__x86_64__)
+  if (g_stamp_tsc.load(std::memory_order_relaxed)) {
+    return static_cast<std::int64_t>(__builtin_ia32_rdtsc());
+  }
+#endif
+  return now_ns();
+}
+/// Whether sessions may stamp with the time-stamp counter (as detected: x86-64, the kernel's
+/// clocksource "tsc", the CPU's constant_tsc and nonstop_tsc). Tests turn it off to run the
+/// steady_clock path; takes effect at the next start().
+bool tsc_usable();
+void set_test_tsc_allowed(bool allowed);
+
+/// The groups of a collective over some mesh axes: each group's devices, and the group of each
+/// device by its position in the mesh. Made once per mesh and axes (group_table in
+/// program_profile.cpp) and shared by every event that names one of its groups.
+struct GroupTable {
+  std::vector<std::vector<int>> groups;
+};
+
+/// What the events of one step share (its op, scope, a collective's kind and groups), stored once
+/// per step in the buffer; the events themselves are Slices. collect() joins the two into Events.
+/// Recording a step is then one Proto (a few reference counts) and a small plain record per
+/// device, under one lock (docs/performance.md, "Tracing a small step").
+struct Proto {
+  std::string_view name;  // as Event::name
+  std::shared_ptr<const std::string> owned, scope;
+  int kind = -1;
+  std::shared_ptr<const GroupTable> groups;  // a collective's groups, or null
+  std::shared_ptr<const MemoryRun> run;      // kMemoryPeak
+  std::int64_t planned = -1;                 // kMemory
+  /// The step's own span (stamps), for the events collect() derives from slices rather than
+  /// have each step write them: with `waits`, a kernel slice's device waited from `step_start` to
+  /// its start and from its end to `step_end` (kWait events, those of 1 us or more); a slice
+  /// `with_reshard` is its device's first collective of a reshard that ran from `step_start` to
+  /// `step_end` (a kReshard event before it, named as this proto, without kind).
+  std::int64_t step_start = 0, step_end = 0;
+  bool waits = false;
+};
+/// One event: what it does not share with its step's other events. `proto` indexes the protos
+/// recorded with it; `group` indexes its proto's GroupTable (-1: none). Times are stamp()s.
+/// 40 bytes: what a traced step writes per event is most of what tracing costs.
+struct Slice {
+  std::int64_t start_ns = 0, end_ns = 0;
+  std::int64_t bytes = -1;
+  std::uint32_t proto = 0;
+  int device = 0;
+  int group = -1;
+  Category cat = Category::kKernel;
+  bool with_reshard = false;  // see Proto::step_start
+};
+
+/// Appends one step's events to this thread's buffer under one lock (dropped when the session
+/// they began in has ended): `protos` what they share, `slices` the events, each naming its
+/// proto by index. Clears both.
+void record(std::vector<Proto>& protos, std::vector<Slice>& slices);
+/// Appends `e` to this thread's buffer.
 void record(Event e);
-/// Moves every event of `events` there under one lock, and clears `events`.
+/// Appends every event of `events` there under one lock, and clears `events`.
 void record(std::vector<Event>& events);
 /// Every event of the current session, by start time; the session's start (steady_clock ns).
 std::vector<Event> collect(std::int64_t* session_start_ns);
 
-/// Spans of the collectives a reshard ran on this thread, appended by reshard() while on (one
+/// Spans (stamp()s) of the collectives a reshard ran on this thread, appended by reshard() while on (one
 /// per CollectiveRecord of its result, in order), taken by the program step that called it.
 struct Span {
   std::int64_t start_ns, end_ns;

@@ -104,6 +104,8 @@ struct Step {
   bool constant = false;               // depends on no input: run once per executor, then cached
   // kernel: pointwise ops fused into this step, in order (the last computes `out`); empty: `local`
   std::shared_ptr<const std::vector<FusedOp>> fused;
+  /// kernel, fused: "fused(add, exp)", its ops' names (the trace's name for the step).
+  std::shared_ptr<const std::string> fused_name;
 };
 
 class Program {

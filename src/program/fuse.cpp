@@ -85,6 +85,12 @@ std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
       made.emplace_back(st.out, static_cast<int>(ops->size()));
       ops->push_back(std::move(op));
     }
+    std::string name = "fused(";
+    for (std::size_t i = 0; i < ops->size(); ++i) {
+      if (i > 0) name += ", ";
+      name += (*ops)[i].local.op->name;
+    }
+    fused.fused_name = std::make_shared<const std::string>(name + ")");
     fused.fused = std::move(ops);
     steps.push_back(std::move(fused));
   }

@@ -256,11 +256,11 @@ bool run_grouped(const Executor& executor, const Mesh& mesh, const Step& st, con
         args.push_back(KernelArgs{st.local, in_blocks.back(), out_blocks.back(),
                                   (*st.offsets)[static_cast<std::size_t>(d)]});
       }
-      const std::int64_t began = spans != nullptr ? profiler::detail::now_ns() : 0;
+      const std::int64_t began = spans != nullptr ? profiler::detail::stamp() : 0;
       if (args.size() < 2 || !st.local.op->group_kernel(args, 1)) {
         for (std::size_t k = i; k < j; ++k) one(run[k].second);
       } else if (spans != nullptr) {  // the group's devices ran together: each for the whole
-        const std::int64_t ended = profiler::detail::now_ns();
+        const std::int64_t ended = profiler::detail::stamp();
         for (std::size_t k = i; k < j; ++k) {
           (*spans)[2 * static_cast<std::size_t>(run[k].second)] = began;
           (*spans)[2 * static_cast<std::size_t>(run[k].second) + 1] = ended;
@@ -324,20 +324,24 @@ void Program::run_kernel_step(const Executor& executor, const Step& st, std::vec
           KernelArgs{st.local, in_blocks, out_block, (*st.offsets)[static_cast<std::size_t>(d)]});
     }
   };
-  // With the profiler on: each device's start and end (program_profile.hpp).
+  // With the profiler on: each device's start and end (program_profile.hpp). Run inline, the
+  // devices run one after another on this thread, so one clock read ends a device's span and
+  // begins the next one's (a read is most of what an event costs: docs/performance.md).
   const bool profiling = profiler::detail::on();
-  std::vector<std::int64_t> spans;
-  std::int64_t step_began = 0;
+  thread_local std::vector<std::int64_t> this_threads_spans;
+  std::vector<std::int64_t>& spans = this_threads_spans;  // the pool's threads write it too
+  std::int64_t step_began = 0, last = 0;
   if (profiling) {
     spans.assign(2 * static_cast<std::size_t>(executor.num_devices()), 0);
-    step_began = profiler::detail::now_ns();
+    step_began = last = profiler::detail::stamp();
   }
   const auto one = [&](int d) {
-    const std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
+    const std::int64_t began = !profiling ? 0 : parallel ? profiler::detail::stamp() : last;
     run_one(d);
     if (profiling) {
       spans[2 * static_cast<std::size_t>(d)] = began;
-      spans[2 * static_cast<std::size_t>(d) + 1] = profiler::detail::now_ns();
+      spans[2 * static_cast<std::size_t>(d) + 1] = profiler::detail::stamp();
+      if (!parallel) last = spans[2 * static_cast<std::size_t>(d) + 1];
     }
   };
   const bool grouped = parallel && !st.fused && st.local.op->group_kernel != nullptr &&
@@ -346,8 +350,8 @@ void Program::run_kernel_step(const Executor& executor, const Step& st, std::vec
                                    profiling ? &spans : nullptr);
   if (!grouped) executor.run(mesh_.devices(), one, parallel);
   if (profiling) {
-    profile_kernel_step(executor, mesh_, graph_, st, spans, step_began, profiler::detail::now_ns(),
-                        parallel);
+    profile_kernel_step(executor, mesh_, graph_, st, spans, step_began,
+                        parallel ? profiler::detail::stamp() : last, parallel);
   }
   slots[index(st.out)] = Array::from_buffers(executor, st.type.shape, st.type.dtype, *st.sharding,
                                              st.blocks, std::move(out), st.pending);
@@ -363,7 +367,7 @@ void Program::run_collective_step(const Executor& executor, const Step& st,
       Array::from_buffers(executor, plan.view, in.dtype(), NamedSharding(mesh_, plan.from),
                           ArrayAccess::buffers(in), plan.pending);
   const bool profiling = profiler::detail::on();
-  const std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
+  const std::int64_t began = profiling ? profiler::detail::stamp() : 0;
   Array moved;
   std::vector<CollectiveRecord> ran;
   if (plan.permute_axis.empty()) {
@@ -371,7 +375,7 @@ void Program::run_collective_step(const Executor& executor, const Step& st,
     moved = std::move(r.array);
     ran = std::move(r.steps);
     if (profiling) {
-      profile_reshard_step(executor, mesh_, graph_, st, ran, began, profiler::detail::now_ns());
+      profile_reshard_step(executor, mesh_, graph_, st, ran, began, profiler::detail::stamp());
     }
   } else {
     CollectiveRecord permuted;
@@ -379,7 +383,7 @@ void Program::run_collective_step(const Executor& executor, const Step& st,
     if (rec != nullptr) ran.push_back(std::move(permuted));
     if (profiling) {
       profiler::detail::reshard_spans().clear();
-      profile_reshard_step(executor, mesh_, graph_, st, st.cost, began, profiler::detail::now_ns());
+      profile_reshard_step(executor, mesh_, graph_, st, st.cost, began, profiler::detail::stamp());
     }
   }
   if (rec != nullptr) note_collectives(*rec, st, ran);
@@ -391,11 +395,11 @@ void Program::run_collective_step(const Executor& executor, const Step& st,
 void Program::run_reshard_step(const Executor& executor, const Step& st, std::vector<Array>& slots,
                                RunRecord* rec) const {
   const bool profiling = profiler::detail::on();
-  const std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
+  const std::int64_t began = profiling ? profiler::detail::stamp() : 0;
   ReshardResult r = reshard(slots[index(st.in[0])], *st.sharding);
   slots[index(st.out)] = std::move(r.array);
   if (profiling) {
-    profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::now_ns());
+    profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::stamp());
   }
   if (rec != nullptr) note_collectives(*rec, st, r.steps);
 }

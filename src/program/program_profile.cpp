@@ -13,55 +13,84 @@ namespace shardplan::detail {
 namespace {
 
 using profiler::detail::Category;
-using profiler::detail::Event;
+using profiler::detail::GroupTable;
+using profiler::detail::Proto;
+using profiler::detail::Slice;
 
-// Waits shorter than this are not written (a step's devices rarely end within a microsecond of
-// each other; a trace of every few-nanosecond gap would only be bigger).
-constexpr std::int64_t kMinWaitNs = 1000;
-
-// The step's op: a primitive's name (static text), or for a fused step its ops' names (made per
-// run of the step, held by its events).
-void name_step(const Step& st, Event& e) {
-  if (!st.fused) {
-    e.name = st.local.op->name;
+// The step's op: a primitive's name (static text), or for a fused step its ops' names (made once,
+// when the step was fused: Step::fused_name).
+void name_step(const Step& st, Proto& p) {
+  if (st.fused && st.fused_name) {
+    p.owned = st.fused_name;
     return;
   }
-  std::string s = "fused(";
-  for (std::size_t i = 0; i < st.fused->size(); ++i) {
-    if (i > 0) s += ", ";
-    s += (*st.fused)[i].local.op->name;
-  }
-  s += ")";
-  e.owned = std::make_shared<const std::string>(std::move(s));
+  p.name = st.local.op->name;
 }
 
+// The groups of a collective over some axes of a mesh, and each device's (by position).
+struct Groups {
+  std::shared_ptr<const GroupTable> table;
+  std::vector<int> of_position;
+};
+
 // Per device of the mesh (by position), its group of a collective over `axes`: the devices that
-// differ from it only along them (all devices when none is named), one list per group.
-std::vector<std::shared_ptr<const std::vector<int>>> groups_of(
-    const Mesh& mesh, const std::vector<std::string>& axes) {
-  std::vector<bool> along(mesh.axis_names().size(), axes.empty());
-  for (const std::string& a : axes) along[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+// differ from it only along them (all devices when none is named).
+Groups make_groups(const Mesh& mesh, const std::vector<bool>& along) {
   const std::vector<int>& devices = mesh.devices();
+  auto table = std::make_shared<GroupTable>();
+  Groups out;
+  out.of_position.resize(devices.size());
   // A group's key: the device's coordinates with those along `axes` zeroed.
-  std::map<std::vector<std::int64_t>, std::shared_ptr<std::vector<int>>> by_key;
-  std::vector<std::shared_ptr<const std::vector<int>>> out(devices.size());
+  std::map<std::vector<std::int64_t>, int> by_key;
   for (std::size_t i = 0; i < devices.size(); ++i) {
     std::vector<std::int64_t> key = mesh.coords_of_position(mesh.position_of_device(devices[i]));
     for (std::size_t k = 0; k < along.size(); ++k) {
       if (along[k]) key[k] = 0;
     }
-    std::shared_ptr<std::vector<int>>& group = by_key[key];
-    if (!group) group = std::make_shared<std::vector<int>>();
-    group->push_back(devices[i]);
-    out[i] = group;
+    const auto [it, added] = by_key.emplace(std::move(key), static_cast<int>(table->groups.size()));
+    if (added) table->groups.emplace_back();
+    table->groups[static_cast<std::size_t>(it->second)].push_back(devices[i]);
+    out.of_position[i] = it->second;
   }
+  out.table = std::move(table);
   return out;
 }
 
+// make_groups, kept per thread for the meshes (devices and axis sizes) and axes it last served:
+// a reshard's collectives name the same groups every time its step runs. The lookup allocates
+// nothing (a few comparisons), the table is made once; what an event holds outlives the entry.
+std::shared_ptr<const Groups> groups_of(const Mesh& mesh, const std::vector<std::string>& axes) {
+  std::vector<bool> along(mesh.axis_names().size(), axes.empty());
+  for (const std::string& a : axes) along[static_cast<std::size_t>(mesh.axis_index(a))] = true;
+  struct Entry {
+    std::vector<int> devices;
+    std::vector<std::int64_t> sizes;
+    std::vector<bool> along;
+    std::shared_ptr<const Groups> groups;
+  };
+  thread_local std::vector<Entry> cache;
+  thread_local std::size_t next = 0;  // the entry replaced next once the cache is full
+  for (const Entry& e : cache) {
+    if (e.along == along && e.sizes == mesh.axis_sizes() && e.devices == mesh.devices()) {
+      return e.groups;
+    }
+  }
+  Entry made{mesh.devices(), mesh.axis_sizes(), along,
+             std::make_shared<const Groups>(make_groups(mesh, along))};
+  constexpr std::size_t kEntries = 32;
+  if (cache.size() < kEntries) return cache.emplace_back(std::move(made)).groups;
+  next = (next + 1) % kEntries;
+  return (cache[next] = std::move(made)).groups;
+}
+
 // The events of one step, gathered before they go to the buffer under one lock.
-std::vector<Event>& scratch() {
-  thread_local std::vector<Event> events;
-  return events;
+struct Scratch {
+  std::vector<Proto> protos;
+  std::vector<Slice> slices;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
 }
 
 }  // namespace
@@ -91,27 +120,21 @@ std::shared_ptr<const std::string> scope_of(const Graph& graph, const Step& st) 
 void profile_kernel_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
                          const Step& st, const std::vector<std::int64_t>& spans,
                          std::int64_t start_ns, std::int64_t end_ns, bool waits) {
-  Event proto{.cat = Category::kKernel, .scope = scope_of(graph, st)};
+  Scratch& out = scratch();
+  Proto& proto = out.protos.emplace_back();
+  proto.scope = scope_of(graph, st);
   name_step(st, proto);
-  std::vector<Event>& events = scratch();
-  const auto add = [&](Category cat, int d, std::int64_t from, std::int64_t to) {
-    if (cat == Category::kWait && to - from < kMinWaitNs) return;
-    Event& e = events.emplace_back(proto);
-    e.cat = cat;
-    e.device = d;
-    e.start_ns = from;
-    e.end_ns = to;
-  };
+  proto.step_start = start_ns;
+  proto.step_end = end_ns;
+  proto.waits = waits;
   for (const int d : mesh.devices()) {
     if (!executor.is_local(d)) continue;
     const std::int64_t s = spans[2 * static_cast<std::size_t>(d)];
     const std::int64_t e = spans[2 * static_cast<std::size_t>(d) + 1];
     if (s == 0 && e == 0) continue;
-    if (waits) add(Category::kWait, d, start_ns, s);
-    add(Category::kKernel, d, s, e);
-    if (waits) add(Category::kWait, d, e, end_ns);
+    out.slices.push_back(Slice{.start_ns = s, .end_ns = e, .device = d});
   }
-  profiler::detail::record(events);
+  profiler::detail::record(out.protos, out.slices);
 }
 
 void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
@@ -122,32 +145,43 @@ void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Grap
   if (spans.size() != records.size()) {
     spans.assign(records.size(), profiler::detail::Span{start_ns, end_ns});
   }
-  Event proto{.cat = Category::kReshard,
-              .start_ns = start_ns,
-              .end_ns = end_ns,
-              .scope = scope_of(graph, st)};
-  if (index(st.node) < graph.size()) proto.name = graph[st.node].op->name;
-  std::vector<std::vector<std::shared_ptr<const std::vector<int>>>> groups;
-  for (const CollectiveRecord& rec : records) groups.push_back(groups_of(mesh, rec.axes));
-  std::vector<Event>& events = scratch();
+  Scratch& out = scratch();
+  // Proto 0: the reshard (its event written as such when it ran no collective); proto 1 + k:
+  // its collective k (kind and groups), whose first brings the reshard's event (Proto).
+  Proto& reshard = out.protos.emplace_back();
+  reshard.scope = scope_of(graph, st);
+  if (index(st.node) < graph.size()) reshard.name = graph[st.node].op->name;
+  reshard.step_start = start_ns;
+  reshard.step_end = end_ns;
+  std::vector<std::shared_ptr<const Groups>> groups;
+  for (const CollectiveRecord& rec : records) {
+    groups.push_back(groups_of(mesh, rec.axes));
+    Proto p = out.protos.front();
+    p.kind = static_cast<int>(rec.kind);
+    p.groups = groups.back()->table;
+    out.protos.push_back(std::move(p));
+  }
   for (std::size_t i = 0; i < mesh.devices().size(); ++i) {
     const int d = mesh.devices()[i];
     if (!executor.is_local(d)) continue;
-    events.emplace_back(proto).device = d;
+    if (records.empty()) {
+      out.slices.push_back(
+          Slice{.start_ns = start_ns, .end_ns = end_ns, .device = d, .cat = Category::kReshard});
+    }
     for (std::size_t k = 0; k < records.size(); ++k) {
-      const CollectiveRecord& rec = records[k];
       const auto at = static_cast<std::size_t>(d);
-      Event& e = events.emplace_back(proto);
-      e.cat = Category::kCollective;
-      e.device = d;
-      e.start_ns = spans[k].start_ns;
-      e.end_ns = spans[k].end_ns;
-      e.bytes = at < rec.bytes_in.size() ? rec.bytes_in[at] : 0;
-      e.kind = static_cast<int>(rec.kind);
-      e.group = groups[k][i];
+      out.slices.push_back(
+          Slice{.start_ns = spans[k].start_ns,
+                .end_ns = spans[k].end_ns,
+                .bytes = at < records[k].bytes_in.size() ? records[k].bytes_in[at] : 0,
+                .proto = static_cast<std::uint32_t>(1 + k),
+                .device = d,
+                .group = groups[k]->of_position[i],
+                .cat = Category::kCollective,
+                .with_reshard = k == 0});
     }
   }
-  profiler::detail::record(events);
+  profiler::detail::record(out.protos, out.slices);
 }
 
 }  // namespace shardplan::detail

@@ -34,12 +34,12 @@ class RunRecord {
   void sample_start() {
     start_bytes = live_;
     value_start_bytes = values_;
-    if (planned_ != nullptr) sample_ns[live_bytes.size()] = profiler::detail::now_ns();
+    if (planned_ != nullptr) sample_ns[live_bytes.size()] = profiler::detail::stamp();
   }
   void sample(std::size_t step) {
     live_bytes[step] = live_;
     value_bytes[step] = values_;
-    if (planned_ != nullptr) sample_ns[step] = profiler::detail::now_ns();
+    if (planned_ != nullptr) sample_ns[step] = profiler::detail::stamp();
   }
   /// The samples as the trace's counter events, a pair per device (measured, planned), recorded
   /// in one batch: called once the run is complete, before its figures are moved out.

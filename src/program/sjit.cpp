@@ -381,7 +381,7 @@ thread_local std::int64_t t_call_began = 0;
 void profile_dispatch() {
   if (!profiler::detail::on()) return;
   namespace pd = profiler::detail;
-  const std::int64_t now = pd::now_ns();
+  const std::int64_t now = pd::stamp();
   pd::record(pd::Event{.cat = pd::Category::kDispatch,
                        .device = pd::kHostTid,
                        .start_ns = t_call_began > 0 ? t_call_began : now,
@@ -394,7 +394,7 @@ void profile_dispatch() {
 }  // namespace
 
 std::shared_ptr<const Compiled> SjitCore::get(const CallArgs& call, const TraceFn& trace) {
-  if (profiler::detail::on()) t_call_began = profiler::detail::now_ns();
+  if (profiler::detail::on()) t_call_began = profiler::detail::stamp();
   auto cached = [&](const CacheKey& key) -> std::shared_ptr<const Compiled> {
     std::lock_guard<std::mutex> lock(s_->mu);
     const auto it = s_->cache.find(key);

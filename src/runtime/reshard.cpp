@@ -223,10 +223,10 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
   // (program_profile.hpp): one per record of result.steps.
   const bool profiling = profiler::detail::on();
   if (profiling) profiler::detail::reshard_spans().clear();
-  std::int64_t began = profiling ? profiler::detail::now_ns() : 0;
+  std::int64_t began = profiling ? profiler::detail::stamp() : 0;
   const auto note = [&] {
     if (!profiling) return;
-    const std::int64_t now = profiler::detail::now_ns();
+    const std::int64_t now = profiler::detail::stamp();
     profiler::detail::reshard_spans().push_back({began, now});
     began = now;
   };
