@@ -307,11 +307,6 @@ std::vector<Event> collect(std::int64_t* session_start_ns) {
   return all;
 }
 
-std::vector<Span>& reshard_spans() {
-  thread_local std::vector<Span> spans;
-  return spans;
-}
-
 namespace {
 // Each entry: the whole path of the scope it opened ("a/b"); an override pushes its own.
 thread_local std::vector<std::shared_ptr<const std::string>> t_scopes;

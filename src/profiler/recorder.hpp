@@ -155,13 +155,6 @@ void record(std::vector<Event>& events);
 /// Every event of the current session, by start time; the session's start (steady_clock ns).
 std::vector<Event> collect(std::int64_t* session_start_ns);
 
-/// Spans (stamp()s) of the collectives a reshard ran on this thread, appended by reshard() while on (one
-/// per CollectiveRecord of its result, in order), taken by the program step that called it.
-struct Span {
-  std::int64_t start_ns, end_ns;
-};
-std::vector<Span>& reshard_spans();
-
 /// The named scope open on this thread (the scopes joined by '/'), or null.
 const std::shared_ptr<const std::string>& current_scope();
 

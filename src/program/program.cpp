@@ -370,20 +370,24 @@ void Program::run_collective_step(const Executor& executor, const Step& st,
   const std::int64_t began = profiling ? profiler::detail::stamp() : 0;
   Array moved;
   std::vector<CollectiveRecord> ran;
+  std::vector<StepSpan> spans;
   if (plan.permute_axis.empty()) {
-    ReshardResult r = reshard(view, NamedSharding(mesh_, plan.to));
+    ReshardResult r = profiling ? reshard_timed(view, NamedSharding(mesh_, plan.to),
+                                                &profiler::detail::stamp, spans)
+                                : reshard(view, NamedSharding(mesh_, plan.to));
     moved = std::move(r.array);
     ran = std::move(r.steps);
     if (profiling) {
-      profile_reshard_step(executor, mesh_, graph_, st, ran, began, profiler::detail::stamp());
+      profile_reshard_step(executor, mesh_, graph_, st, ran, spans, began,
+                           profiler::detail::stamp());
     }
   } else {
     CollectiveRecord permuted;
     moved = permute(view, plan.permute_axis, plan.pairs, rec != nullptr ? &permuted : nullptr);
     if (rec != nullptr) ran.push_back(std::move(permuted));
     if (profiling) {
-      profiler::detail::reshard_spans().clear();
-      profile_reshard_step(executor, mesh_, graph_, st, st.cost, began, profiler::detail::stamp());
+      profile_reshard_step(executor, mesh_, graph_, st, st.cost, spans, began,
+                           profiler::detail::stamp());
     }
   }
   if (rec != nullptr) note_collectives(*rec, st, ran);
@@ -396,10 +400,15 @@ void Program::run_reshard_step(const Executor& executor, const Step& st, std::ve
                                RunRecord* rec) const {
   const bool profiling = profiler::detail::on();
   const std::int64_t began = profiling ? profiler::detail::stamp() : 0;
-  ReshardResult r = reshard(slots[index(st.in[0])], *st.sharding);
+  std::vector<StepSpan> spans;
+  ReshardResult r =
+      profiling
+          ? reshard_timed(slots[index(st.in[0])], *st.sharding, &profiler::detail::stamp, spans)
+          : reshard(slots[index(st.in[0])], *st.sharding);
   slots[index(st.out)] = std::move(r.array);
   if (profiling) {
-    profile_reshard_step(executor, mesh_, graph_, st, r.steps, began, profiler::detail::stamp());
+    profile_reshard_step(executor, mesh_, graph_, st, r.steps, spans, began,
+                         profiler::detail::stamp());
   }
   if (rec != nullptr) note_collectives(*rec, st, r.steps);
 }

@@ -139,12 +139,10 @@ void profile_kernel_step(const Executor& executor, const Mesh& mesh, const Graph
 
 void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
                           const Step& st, const std::vector<CollectiveRecord>& records,
-                          std::int64_t start_ns, std::int64_t end_ns) {
-  std::vector<profiler::detail::Span> spans = std::move(profiler::detail::reshard_spans());
-  profiler::detail::reshard_spans().clear();
-  if (spans.size() != records.size()) {
-    spans.assign(records.size(), profiler::detail::Span{start_ns, end_ns});
-  }
+                          const std::vector<StepSpan>& ran, std::int64_t start_ns,
+                          std::int64_t end_ns) {
+  const bool timed = ran.size() == records.size();
+  const auto span_of = [&](std::size_t k) { return timed ? ran[k] : StepSpan{start_ns, end_ns}; };
   Scratch& out = scratch();
   // Proto 0: the reshard (its event written as such when it ran no collective); proto 1 + k:
   // its collective k (kind and groups), whose first brings the reshard's event (Proto).
@@ -171,8 +169,8 @@ void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Grap
     for (std::size_t k = 0; k < records.size(); ++k) {
       const auto at = static_cast<std::size_t>(d);
       out.slices.push_back(
-          Slice{.start_ns = spans[k].start_ns,
-                .end_ns = spans[k].end_ns,
+          Slice{.start_ns = span_of(k).first,
+                .end_ns = span_of(k).second,
                 .bytes = at < records[k].bytes_in.size() ? records[k].bytes_in[at] : 0,
                 .proto = static_cast<std::uint32_t>(1 + k),
                 .device = d,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../runtime/reshard_timed.hpp"
 #include "compile.hpp"
 
 namespace shardplan::detail {
@@ -25,11 +26,12 @@ void profile_kernel_step(const Executor& executor, const Mesh& mesh, const Graph
                          std::int64_t start_ns, std::int64_t end_ns, bool waits);
 
 /// A reshard (or a shard_map collective) ran from `start_ns` to `end_ns` and ran `records`, the
-/// k-th from the k-th span reshard() noted (profiler::detail::reshard_spans(), taken here; the
-/// whole step for each when they disagree): per local device a reshard event, and a collective
-/// event per record with the bytes that device received and its group's other devices.
+/// k-th over the k-th of `spans` (reshard_timed's; the whole step for each when they disagree):
+/// per local device a reshard event, and a collective event per record with the bytes that
+/// device received and its group's other devices.
 void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Graph& graph,
                           const Step& st, const std::vector<CollectiveRecord>& records,
-                          std::int64_t start_ns, std::int64_t end_ns);
+                          const std::vector<StepSpan>& spans, std::int64_t start_ns,
+                          std::int64_t end_ns);
 
 }  // namespace shardplan::detail

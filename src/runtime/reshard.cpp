@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "../profiler/recorder.hpp"
 #include "collectives_impl.hpp"
+#include "reshard_timed.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 
@@ -214,20 +214,21 @@ std::int64_t rank_in_group(const Mesh& mesh, const std::vector<std::int64_t>& co
 
 }  // namespace
 
-ReshardResult reshard(const Array& x, const NamedSharding& target) {
+namespace {
+
+// reshard(), with `clock` (when given) read after each collective into `spans`.
+ReshardResult reshard_with(const Array& x, const NamedSharding& target, std::int64_t (*clock)(),
+                           std::vector<detail::StepSpan>* spans) {
   check_reshard(x.mesh(), target, x.shape(), [&] { return x.to_string(); });
   const int rank = x.shape().rank();
   ReshardResult result{x, {}};
   Array& cur = result.array;
-  // With the profiler on, the span of each collective, for the program step that called
-  // (program_profile.hpp): one per record of result.steps.
-  const bool profiling = profiler::detail::on();
-  if (profiling) profiler::detail::reshard_spans().clear();
-  std::int64_t began = profiling ? profiler::detail::stamp() : 0;
+  if (spans != nullptr) spans->clear();
+  std::int64_t began = clock != nullptr ? clock() : 0;
   const auto note = [&] {
-    if (!profiling) return;
-    const std::int64_t now = profiler::detail::stamp();
-    profiler::detail::reshard_spans().push_back({began, now});
+    if (clock == nullptr || spans == nullptr) return;
+    const std::int64_t now = clock();
+    spans->emplace_back(began, now);
     began = now;
   };
   if (cur.is_pending()) {
@@ -257,6 +258,17 @@ ReshardResult reshard(const Array& x, const NamedSharding& target) {
   result.steps.push_back(std::move(rec));
   note();
   return result;
+}
+
+}  // namespace
+
+ReshardResult reshard(const Array& x, const NamedSharding& target) {
+  return reshard_with(x, target, nullptr, nullptr);
+}
+
+ReshardResult detail::reshard_timed(const Array& x, const NamedSharding& target,
+                                    std::int64_t (*clock)(), std::vector<StepSpan>& spans) {
+  return reshard_with(x, target, clock, &spans);
 }
 
 std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
