@@ -379,15 +379,20 @@ void tracing_off_on(benchmark::State& state, const std::function<void()>& step,
   state.counters["ns_per_event"] =
       (bench::median(ms_on) - bench::median(ms_off)) * 1e6 / steps_per_sample / events;
 }
-// A small step (~0.5 ms, ~500 events: the MLP 64-128-128-10, batch 256, on 8 devices), where
-// the per-event cost decides the overhead; 20 steps a sample, 100 pairs.
+// Small steps, where the per-event cost decides the overhead (the MLP 64-128-128-10; 20 steps a
+// sample, 100 pairs): `devices` 8 and batch 256 (~0.4 ms, ~650 events: denser than issue 39's
+// case of ~500 events in ~0.5 ms); 6 and 576 (~0.6 ms, ~420 events).
 void BM_SmallMlpStepTracingOffOn(benchmark::State& state) {
+  const auto devices = static_cast<int>(state.range(0));
+  const Executor& ex = devices == 8 ? exec(8) : *new Executor(devices);  // kept for the process
   tracing_off_on(state,
-                 bench::make_mlp_train_step(exec(8), Mesh::parse("data:8", 8), 256, false, true,
-                                            {64, 128, 128, 10}),
+                 bench::make_mlp_train_step(ex, Mesh::parse(fmt::format("data:{}", devices), devices),
+                                            state.range(1), false, true, {64, 128, 128, 10}),
                  {}, 20);
 }
 BENCHMARK(BM_SmallMlpStepTracingOffOn)
+    ->Args({8, 256})
+    ->Args({6, 576})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(100);
