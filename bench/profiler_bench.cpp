@@ -47,11 +47,13 @@ void BM_RecordKernelStepPerEvent(benchmark::State& state) {
     p.name = "dot_general";
     p.scope = scope;
     std::int64_t last = pd::stamp();
+    p.step_start = last;
     for (int d = 0; d < 8; ++d) {
       const std::int64_t now = pd::stamp();
       slices.push_back(pd::Slice{.start_ns = last, .end_ns = now, .device = d});
       last = now;
     }
+    protos.back().step_end = last;
     pd::record(protos, slices);
     if (++steps % 4096 == 0) {
       state.PauseTiming();

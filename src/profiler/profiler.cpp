@@ -99,11 +99,18 @@ class StampToNs {
   const std::vector<ClockPair>& pairs_;
 };
 
+// A Slice as the buffer keeps it: its span as offsets from its proto's step_start (Proto::shift).
+struct Packed {
+  std::uint32_t start, end;
+  std::uint32_t proto;  // its index in the buffer's protos
+  int device;
+};
+
 struct ThreadBuffer {
   std::mutex mu;
   std::uint64_t session = 0;
   std::vector<Proto> protos;
-  std::vector<Slice> slices;  // each names its proto by its index in `protos`
+  std::vector<Packed> slices;
   void clear() {
     protos.clear();
     slices.clear();
@@ -159,48 +166,73 @@ std::unique_lock<std::mutex> open_buffer(ThreadBuffer*& out) {
 
 // The proto and slice of one whole event.
 Proto proto_of(Event& e) {
-  return Proto{.name = e.name,
-               .owned = std::move(e.owned),
-               .scope = std::move(e.scope),
-               .kind = e.kind,
-               .groups = e.group ? std::make_shared<const GroupTable>(GroupTable{{*e.group}}) : nullptr,
-               .run = std::move(e.run),
-               .planned = e.planned};
+  Proto p{.cat = e.cat,
+          .name = e.name,
+          .owned = std::move(e.owned),
+          .scope = std::move(e.scope),
+          .kind = e.kind,
+          .groups = nullptr,
+          .bytes_in = nullptr,
+          .bytes = e.bytes,
+          .run = std::move(e.run),
+          .planned = e.planned,
+          .step_start = e.start_ns,
+          .step_end = std::max(e.start_ns, e.end_ns)};
+  if (e.group && e.device >= 0) {
+    auto table = std::make_shared<GroupTable>();
+    table->groups.push_back(*e.group);
+    table->group_of_device.assign(static_cast<std::size_t>(e.device) + 1, -1);
+    table->group_of_device.back() = 0;
+    p.groups = std::move(table);
+  }
+  return p;
 }
-Slice slice_of(const Event& e, std::uint32_t proto) {
-  return Slice{.start_ns = e.start_ns,
-               .end_ns = e.end_ns,
-               .bytes = e.bytes,
-               .proto = proto,
-               .device = e.device,
-               .group = e.group ? 0 : -1,
-               .cat = e.cat};
+
+// The shift that makes the proto's span fit 32 bits (Proto::shift).
+int shift_for(const Proto& p) {
+  const std::uint64_t span = static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.step_end - p.step_start));
+  int shift = 0;
+  while ((span >> shift) > 0xffffffffULL) ++shift;
+  return shift;
+}
+// A time inside the proto's span as an offset, and back.
+std::uint32_t offset_of(const Proto& p, std::int64_t t) {
+  const std::int64_t d = std::clamp(t - p.step_start, std::int64_t{0}, p.step_end - p.step_start);
+  return static_cast<std::uint32_t>(static_cast<std::uint64_t>(d) >> p.shift);
+}
+std::int64_t time_of(const Proto& p, std::uint32_t offset) {
+  return p.step_start + static_cast<std::int64_t>(static_cast<std::uint64_t>(offset) << p.shift);
 }
 
 // The event `s` stands for, its shared fields from `p`, its times in ns.
-Event event_of(const Proto& p, const Slice& s, const StampToNs& to_ns) {
-  Event e{.cat = s.cat,
+Event event_of(const Proto& p, const Packed& s, const StampToNs& to_ns) {
+  Event e{.cat = p.cat,
           .device = s.device,
-          .start_ns = to_ns(s.start_ns),
-          .end_ns = to_ns(s.end_ns),
+          .start_ns = to_ns(time_of(p, s.start)),
+          .end_ns = to_ns(time_of(p, s.end)),
           .name = p.name,
           .owned = p.owned,
           .scope = p.scope,
-          .bytes = s.bytes,
+          .bytes = p.bytes,
           .kind = p.kind,
           .planned = p.planned,
           .run = p.run};
-  if (p.groups && s.group >= 0 && static_cast<std::size_t>(s.group) < p.groups->groups.size()) {
-    // Shares the table's ownership: every event of one group holds the same list.
-    e.group = std::shared_ptr<const std::vector<int>>(
-        p.groups, &p.groups->groups[static_cast<std::size_t>(s.group)]);
+  const auto at = static_cast<std::size_t>(s.device);
+  if (p.bytes_in) e.bytes = s.device >= 0 && at < p.bytes_in->size() ? (*p.bytes_in)[at] : 0;
+  if (p.groups && s.device >= 0 && at < p.groups->group_of_device.size()) {
+    const int g = p.groups->group_of_device[at];
+    if (g >= 0) {
+      // Shares the table's ownership: every event of one group holds the same list.
+      e.group = std::shared_ptr<const std::vector<int>>(
+          p.groups, &p.groups->groups[static_cast<std::size_t>(g)]);
+    }
   }
   return e;
 }
 
 // Appends the events `s` stands for to `out`: its own, and those derived from its proto (the
 // waits around a kernel, the reshard a collective ran in: Proto), in the order they happened.
-void expand(const Proto& p, const Slice& s, const StampToNs& to_ns, std::vector<Event>& out) {
+void expand(const Proto& p, const Packed& s, const StampToNs& to_ns, std::vector<Event>& out) {
   const auto derived = [&](Category cat, std::int64_t from, std::int64_t to) {
     Event e{.cat = cat,
             .device = s.device,
@@ -212,23 +244,25 @@ void expand(const Proto& p, const Slice& s, const StampToNs& to_ns, std::vector<
     if (cat == Category::kWait && e.end_ns - e.start_ns < kMinWaitNs) return;
     out.push_back(std::move(e));
   };
-  if (s.with_reshard) derived(Category::kReshard, p.step_start, p.step_end);
-  if (p.waits) derived(Category::kWait, p.step_start, s.start_ns);
+  if (p.with_reshard) derived(Category::kReshard, p.step_start, p.step_end);
+  if (p.waits) derived(Category::kWait, p.step_start, time_of(p, s.start));
   out.push_back(event_of(p, s, to_ns));
-  if (p.waits) derived(Category::kWait, s.end_ns, p.step_end);
+  if (p.waits) derived(Category::kWait, time_of(p, s.end), p.step_end);
 }
 }  // namespace
 
 void record(std::vector<Proto>& protos, std::vector<Slice>& slices) {
   if (!slices.empty()) {
+    for (Proto& p : protos) p.shift = shift_for(p);
     ThreadBuffer* b = nullptr;
     const std::unique_lock<std::mutex> lock = open_buffer(b);
     const auto base = static_cast<std::uint32_t>(b->protos.size());
-    for (Proto& p : protos) b->protos.push_back(std::move(p));
-    for (Slice& s : slices) {
-      s.proto += base;
-      b->slices.push_back(s);
+    for (const Slice& s : slices) {
+      const Proto& p = protos[s.proto];
+      b->slices.push_back(
+          Packed{offset_of(p, s.start_ns), offset_of(p, s.end_ns), base + s.proto, s.device});
     }
+    for (Proto& p : protos) b->protos.push_back(std::move(p));
   }
   protos.clear();
   slices.clear();
@@ -246,7 +280,10 @@ void record(std::vector<Event>& events) {
   protos.reserve(events.size());
   slices.reserve(events.size());
   for (Event& e : events) {
-    slices.push_back(slice_of(e, static_cast<std::uint32_t>(protos.size())));
+    slices.push_back(Slice{.start_ns = e.start_ns,
+                           .end_ns = e.end_ns,
+                           .proto = static_cast<std::uint32_t>(protos.size()),
+                           .device = e.device});
     protos.push_back(proto_of(e));
   }
   record(protos, slices);
@@ -299,7 +336,7 @@ std::vector<Event> collect(std::int64_t* session_start_ns) {
     std::lock_guard<std::mutex> block(b->mu);
     if (b->session != session) continue;
     all.reserve(all.size() + b->slices.size());
-    for (const Slice& s : b->slices) expand(b->protos[s.proto], s, to_ns, all);
+    for (const Packed& s : b->slices) expand(b->protos[s.proto], s, to_ns, all);
   }
   std::stable_sort(all.begin(), all.end(),
                    [](const Event& a, const Event& b) { return a.start_ns < b.start_ns; });

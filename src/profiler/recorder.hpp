@@ -105,43 +105,48 @@ inline std::int64_t stamp() {
 bool tsc_usable();
 void set_test_tsc_allowed(bool allowed);
 
-/// The groups of a collective over some mesh axes: each group's devices, and the group of each
-/// device by its position in the mesh. Made once per mesh and axes (group_table in
-/// program_profile.cpp) and shared by every event that names one of its groups.
+/// The groups of a collective over some mesh axes: each group's devices, and each device's
+/// group (by device id; -1 for a device not in the mesh). Made once per mesh and axes
+/// (program_profile.cpp) and shared by every event that names one of its groups.
 struct GroupTable {
   std::vector<std::vector<int>> groups;
+  std::vector<int> group_of_device;
 };
 
-/// What the events of one step share (its op, scope, a collective's kind and groups), stored once
-/// per step in the buffer; the events themselves are Slices. collect() joins the two into Events.
-/// Recording a step is then one Proto (a few reference counts) and a small plain record per
-/// device, under one lock (docs/performance.md, "Tracing a small step").
+/// What the events of one step share, stored once per step in the buffer: its op and scope, the
+/// category of its events, a collective's kind, groups and bytes, and the step's span. Its events
+/// themselves are Slices (a device and a span each). collect() joins the two into Events.
+/// Recording a step is then one Proto (a few reference counts) and 16 bytes per device, under one
+/// lock (docs/performance.md, "Tracing a small step").
 struct Proto {
-  std::string_view name;  // as Event::name
+  Category cat = Category::kKernel;  // of its slices
+  std::string_view name;             // as Event::name
   std::shared_ptr<const std::string> owned, scope;
   int kind = -1;
   std::shared_ptr<const GroupTable> groups;  // a collective's groups, or null
-  std::shared_ptr<const MemoryRun> run;      // kMemoryPeak
-  std::int64_t planned = -1;                 // kMemory
-  /// The step's own span (stamps), for the events collect() derives from slices rather than
-  /// have each step write them: with `waits`, a kernel slice's device waited from `step_start` to
-  /// its start and from its end to `step_end` (kWait events, those of 1 us or more); a slice
-  /// `with_reshard` is its device's first collective of a reshard that ran from `step_start` to
-  /// `step_end` (a kReshard event before it, named as this proto, without kind).
+  /// A collective's bytes received, by device id (Event::bytes); or null and `bytes` for all.
+  std::shared_ptr<const std::vector<std::int64_t>> bytes_in;
+  std::int64_t bytes = -1;
+  std::shared_ptr<const MemoryRun> run;  // kMemoryPeak
+  std::int64_t planned = -1;             // kMemory
+  /// The step's own span (stamps): its slices lie inside it. collect() derives from it the
+  /// events no step writes: with `waits`, each kernel slice's device waited from `step_start` to
+  /// its start and from its end to `step_end` (kWait events, those of 1 us or more); with
+  /// `with_reshard`, each slice is its device's first collective of a reshard that ran from
+  /// `step_start` to `step_end` (a kReshard event before it, named as this proto, no kind).
   std::int64_t step_start = 0, step_end = 0;
   bool waits = false;
+  bool with_reshard = false;
+  /// Set by record(): a slice's times are kept as 32-bit offsets from `step_start` in units of
+  /// 2^shift stamps (0 unless the step spans 2^32 stamps or more: over a second).
+  int shift = 0;
 };
-/// One event: what it does not share with its step's other events. `proto` indexes the protos
-/// recorded with it; `group` indexes its proto's GroupTable (-1: none). Times are stamp()s.
-/// 40 bytes: what a traced step writes per event is most of what tracing costs.
+/// One event as a step hands it to record(): its proto (an index into the protos recorded with
+/// it), its device, its span (stamp()s, inside the proto's step span).
 struct Slice {
   std::int64_t start_ns = 0, end_ns = 0;
-  std::int64_t bytes = -1;
   std::uint32_t proto = 0;
   int device = 0;
-  int group = -1;
-  Category cat = Category::kKernel;
-  bool with_reshard = false;  // see Proto::step_start
 };
 
 /// Appends one step's events to this thread's buffer under one lock (dropped when the session

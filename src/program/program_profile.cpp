@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,46 +28,40 @@ void name_step(const Step& st, Proto& p) {
   p.name = st.local.op->name;
 }
 
-// The groups of a collective over some axes of a mesh, and each device's (by position).
-struct Groups {
-  std::shared_ptr<const GroupTable> table;
-  std::vector<int> of_position;
-};
-
-// Per device of the mesh (by position), its group of a collective over `axes`: the devices that
-// differ from it only along them (all devices when none is named).
-Groups make_groups(const Mesh& mesh, const std::vector<bool>& along) {
+// Per device of the mesh, its group of a collective over the axes `along` marks: the devices
+// that differ from it only along them (all devices when none is marked).
+std::shared_ptr<const GroupTable> make_groups(const Mesh& mesh, const std::vector<bool>& along) {
   const std::vector<int>& devices = mesh.devices();
   auto table = std::make_shared<GroupTable>();
-  Groups out;
-  out.of_position.resize(devices.size());
+  table->group_of_device.assign(
+      static_cast<std::size_t>(*std::max_element(devices.begin(), devices.end())) + 1, -1);
   // A group's key: the device's coordinates with those along `axes` zeroed.
   std::map<std::vector<std::int64_t>, int> by_key;
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    std::vector<std::int64_t> key = mesh.coords_of_position(mesh.position_of_device(devices[i]));
+  for (const int d : devices) {
+    std::vector<std::int64_t> key = mesh.coords_of_position(mesh.position_of_device(d));
     for (std::size_t k = 0; k < along.size(); ++k) {
       if (along[k]) key[k] = 0;
     }
     const auto [it, added] = by_key.emplace(std::move(key), static_cast<int>(table->groups.size()));
     if (added) table->groups.emplace_back();
-    table->groups[static_cast<std::size_t>(it->second)].push_back(devices[i]);
-    out.of_position[i] = it->second;
+    table->groups[static_cast<std::size_t>(it->second)].push_back(d);
+    table->group_of_device[static_cast<std::size_t>(d)] = it->second;
   }
-  out.table = std::move(table);
-  return out;
+  return table;
 }
 
 // make_groups, kept per thread for the meshes (devices and axis sizes) and axes it last served:
 // a reshard's collectives name the same groups every time its step runs. The lookup allocates
 // nothing (a few comparisons), the table is made once; what an event holds outlives the entry.
-std::shared_ptr<const Groups> groups_of(const Mesh& mesh, const std::vector<std::string>& axes) {
+std::shared_ptr<const GroupTable> groups_of(const Mesh& mesh,
+                                            const std::vector<std::string>& axes) {
   std::vector<bool> along(mesh.axis_names().size(), axes.empty());
   for (const std::string& a : axes) along[static_cast<std::size_t>(mesh.axis_index(a))] = true;
   struct Entry {
     std::vector<int> devices;
     std::vector<std::int64_t> sizes;
     std::vector<bool> along;
-    std::shared_ptr<const Groups> groups;
+    std::shared_ptr<const GroupTable> groups;
   };
   thread_local std::vector<Entry> cache;
   thread_local std::size_t next = 0;  // the entry replaced next once the cache is full
@@ -75,8 +70,7 @@ std::shared_ptr<const Groups> groups_of(const Mesh& mesh, const std::vector<std:
       return e.groups;
     }
   }
-  Entry made{mesh.devices(), mesh.axis_sizes(), along,
-             std::make_shared<const Groups>(make_groups(mesh, along))};
+  Entry made{mesh.devices(), mesh.axis_sizes(), along, make_groups(mesh, along)};
   constexpr std::size_t kEntries = 32;
   if (cache.size() < kEntries) return cache.emplace_back(std::move(made)).groups;
   next = (next + 1) % kEntries;
@@ -142,41 +136,33 @@ void profile_reshard_step(const Executor& executor, const Mesh& mesh, const Grap
                           const std::vector<StepSpan>& ran, std::int64_t start_ns,
                           std::int64_t end_ns) {
   const bool timed = ran.size() == records.size();
-  const auto span_of = [&](std::size_t k) { return timed ? ran[k] : StepSpan{start_ns, end_ns}; };
   Scratch& out = scratch();
-  // Proto 0: the reshard (its event written as such when it ran no collective); proto 1 + k:
-  // its collective k (kind and groups), whose first brings the reshard's event (Proto).
-  Proto& reshard = out.protos.emplace_back();
-  reshard.scope = scope_of(graph, st);
+  // One proto per collective (its kind, groups and bytes; the first brings the reshard's event:
+  // Proto::with_reshard); a reshard that ran none has one of its own.
+  Proto reshard{.cat = Category::kReshard, .scope = scope_of(graph, st)};
   if (index(st.node) < graph.size()) reshard.name = graph[st.node].op->name;
   reshard.step_start = start_ns;
   reshard.step_end = end_ns;
-  std::vector<std::shared_ptr<const Groups>> groups;
-  for (const CollectiveRecord& rec : records) {
-    groups.push_back(groups_of(mesh, rec.axes));
-    Proto p = out.protos.front();
-    p.kind = static_cast<int>(rec.kind);
-    p.groups = groups.back()->table;
+  for (std::size_t k = 0; k < records.size(); ++k) {
+    Proto p = reshard;
+    p.cat = Category::kCollective;
+    p.kind = static_cast<int>(records[k].kind);
+    p.groups = groups_of(mesh, records[k].axes);
+    p.bytes_in = std::make_shared<const std::vector<std::int64_t>>(records[k].bytes_in);
+    p.with_reshard = k == 0;
     out.protos.push_back(std::move(p));
   }
-  for (std::size_t i = 0; i < mesh.devices().size(); ++i) {
-    const int d = mesh.devices()[i];
+  if (records.empty()) out.protos.push_back(std::move(reshard));
+  for (const int d : mesh.devices()) {
     if (!executor.is_local(d)) continue;
     if (records.empty()) {
-      out.slices.push_back(
-          Slice{.start_ns = start_ns, .end_ns = end_ns, .device = d, .cat = Category::kReshard});
+      out.slices.push_back(Slice{.start_ns = start_ns, .end_ns = end_ns, .device = d});
     }
     for (std::size_t k = 0; k < records.size(); ++k) {
-      const auto at = static_cast<std::size_t>(d);
-      out.slices.push_back(
-          Slice{.start_ns = span_of(k).first,
-                .end_ns = span_of(k).second,
-                .bytes = at < records[k].bytes_in.size() ? records[k].bytes_in[at] : 0,
-                .proto = static_cast<std::uint32_t>(1 + k),
-                .device = d,
-                .group = groups[k]->of_position[i],
-                .cat = Category::kCollective,
-                .with_reshard = k == 0});
+      out.slices.push_back(Slice{.start_ns = timed ? ran[k].first : start_ns,
+                                 .end_ns = timed ? ran[k].second : end_ns,
+                                 .proto = static_cast<std::uint32_t>(k),
+                                 .device = d});
     }
   }
   profiler::detail::record(out.protos, out.slices);
