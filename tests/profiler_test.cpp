@@ -688,6 +688,34 @@ TEST_P(ProfilerClock, EventTimesAreSteadyClockNanoseconds) {
   }
 }
 
+// A slice keeps its span as 32-bit offsets from its step's start: a span of 2^32 stamps or more
+// (over 4 s of steady_clock stamps) is kept in coarser units, to within one unit (a few ns).
+TEST(Profiler, AnEventOverFourSecondsLongKeepsItsSpan) {
+  profiler::detail::set_test_tsc_allowed(false);  // stamps are ns: the span is known exactly
+  profiler::start();
+  const std::int64_t t = profiler::detail::stamp();
+  constexpr std::int64_t kLong = 10'000'000'007;  // 10 s: 2^33.2 ns
+  profiler::detail::record(profiler::detail::Event{.cat = profiler::detail::Category::kDispatch,
+                                                   .device = profiler::detail::kHostTid,
+                                                   .start_ns = t,
+                                                   .end_ns = t + kLong,
+                                                   .name = "long"});
+  profiler::detail::record(profiler::detail::Event{.cat = profiler::detail::Category::kDispatch,
+                                                   .device = profiler::detail::kHostTid,
+                                                   .start_ns = t + 5,
+                                                   .end_ns = t + 12,
+                                                   .name = "short"});
+  profiler::stop();
+  profiler::detail::set_test_tsc_allowed(true);
+  const std::vector<profiler::detail::Event> events = profiler::detail::collect(nullptr);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].op(), "long");
+  EXPECT_EQ(events[0].start_ns, t);
+  EXPECT_LE(std::llabs(events[0].end_ns - (t + kLong)), 4);  // units of 2^2 ns
+  EXPECT_EQ(events[1].start_ns, t + 5);  // exact below 2^32
+  EXPECT_EQ(events[1].end_ns, t + 12);
+}
+
 // What the recorder derives from a step's span rather than have every device write it (a wait
 // before and after each kernel run on the pool; the reshard around each device's collectives):
 // each wait touches its device's kernel of the same op and lasts 1 us or more; each device has
