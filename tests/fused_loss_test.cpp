@@ -10,6 +10,7 @@
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/profiler.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 #include "torch_reference.hpp"
@@ -101,6 +102,35 @@ TEST(LinearCrossEntropy, ShardedOverDataAndVocabulary) {
   const std::string text = step.lower(vocab.h, vocab.w, vocab.labels).text();
   EXPECT_EQ(text.find("reshard %0 ->"), std::string::npos) << text;
   EXPECT_NE(text.find("%0 = input 0"), std::string::npos) << text;
+}
+
+// A program says it holds the fused loss by the composite linear_cross_entropy declares on its
+// ops (and their backward ops), not from a scope's name: a user's scope named
+// "linear_cross_entropy" marks nothing (train-plan's "loss fused" reads this).
+TEST(LinearCrossEntropy, ItsOpsAreTheCompositesAndAScopeOfItsNameIsNot) {
+  const Problem data(DType::kF32, P("data"), PartitionSpec());
+  auto fused = sjit(data.mesh, [&](const Array& h, const Array& w, const Array& l) {
+    return value_and_grad([&](const Array& hh) { return sum(linear_cross_entropy(hh, w, l, 4)); })(h)
+        .second;
+  });
+  int dots = 0, dots_in_composite = 0;
+  for (const LoweredOp& op : fused.lower(data.h, data.w, data.labels).ops()) {
+    if (op.primitive != "dot_general") continue;
+    ++dots;
+    dots_in_composite += op.composite == composite::kLinearCrossEntropy;
+  }
+  // Only h's gradient is asked for, so per group (4): the logits made again for the backward
+  // pass (the forward's are dead) and the product giving h's gradient. All of them the loss's,
+  // the one made again included (it is named as the one it remakes).
+  EXPECT_EQ(dots, 2 * 4);
+  EXPECT_EQ(dots_in_composite, dots);
+  auto lookalike = sjit(data.mesh, [&](const Array& h, const Array& w) {
+    const NamedScope scope("linear_cross_entropy");
+    return matmul(h, transpose(w, {1, 0}));
+  });
+  for (const LoweredOp& op : lookalike.lower(data.h, data.w).ops()) {
+    EXPECT_EQ(op.composite, "") << op.primitive;
+  }
 }
 
 // The size: a 128,256 vocabulary over 8,192 tokens (hidden 256, f32, one device, the

@@ -11,6 +11,7 @@
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/profiler.hpp"
 #include "shardplan/shard_map.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
@@ -258,6 +259,46 @@ TEST(RingAttention, ScaleNotFiniteOrNotPositiveIsNamed) {
   EXPECT_THROW_WITH(ring(0), SpecError, "[ring_attention] scale 0 ", "finite and positive");
   EXPECT_THROW_WITH(ring(-std::numeric_limits<double>::infinity()), SpecError,
                     "[ring_attention] scale -inf");
+}
+
+// A program says it holds ring attention by the composite its definition declares on its ops
+// (forward and backward), not from any ppermute: a user's own ppermute in a shard_map is no
+// ring attention (train-plan's "context parallel" reads this: src/train/step_trace.cpp).
+TEST(RingAttention, ItsOpsAreTheCompositesAndAUsersPpermuteIsNot) {
+  const Inputs in;
+  Executor exec{4};
+  const Mesh m = Mesh::parse("cp:4", 4);
+  const PartitionSpec spec = P(nullptr, "cp");
+  const auto put = [&](const Tensor& t) { return device_put(t, NamedSharding(m, spec), exec); };
+  const Array q = put(in.q), k = put(in.k), v = put(in.v);
+  auto ring = sjit(m, [&](const Array& qq, const Array& kk, const Array& vv) {
+    return value_and_grad([&](const Array& x) {
+             return sum(context_parallel_attention(x, kk, vv, m, spec, "cp", false));
+           })(qq)
+        .second;
+  });
+  int ring_ppermutes = 0, other_ppermutes = 0;
+  for (const LoweredOp& op : ring.lower(q, k, v).ops()) {
+    if (op.primitive != "ppermute") continue;
+    (op.composite == composite::kRingAttention ? ring_ppermutes : other_ppermutes) += 1;
+  }
+  EXPECT_GT(ring_ppermutes, 0);
+  EXPECT_EQ(other_ppermutes, 0);  // the backward pass's sends are the ring's too
+  // A user's ppermute, even under a scope named after the ring.
+  auto shift = sjit(m, [&](const Array& x) {
+    const NamedScope scope("ring_attention");
+    return shard_map(
+        [](const Array& b) { return lax::ppermute(b, "cp", {{0, 1}, {1, 2}, {2, 3}, {3, 0}}); }, m,
+        {spec}, {spec})(x);
+  });
+  int ppermutes = 0;
+  for (const LoweredOp& op : shift.lower(q).ops()) {
+    if (op.primitive != "ppermute") continue;
+    ++ppermutes;
+    EXPECT_EQ(op.composite, "");
+    EXPECT_EQ(op.scope, "ring_attention");
+  }
+  EXPECT_EQ(ppermutes, 1);
 }
 
 }  // namespace

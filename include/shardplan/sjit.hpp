@@ -71,17 +71,27 @@ struct SjitOptions {
   bool count_constants = true;
 };
 
+/// The library's composite ops, as LoweredOp::composite names them: each op's definition
+/// declares its name on every op it traces (and on their backward ops), so a program says it
+/// holds one whatever the user's own scopes and collectives are called.
+namespace composite {
+inline constexpr char kLinearCrossEntropy[] = "linear_cross_entropy";
+inline constexpr char kRingAttention[] = "ring_attention";
+}  // namespace composite
+
 /// One operation of a compiled program, as it runs: its primitive's name ("dot_general",
 /// "attention", "ppermute"), its result's global type, the sharding that result is computed in
 /// and, for with_sharding_annotation, the annotation's name (else empty); the named scope it was
-/// traced in ("" for none; linear_cross_entropy's ops are in "linear_cross_entropy"). What a
-/// report reads to say what a program holds rather than what it was asked for.
+/// traced in ("" for none); the library composite op it belongs to (`composite::`, innermost;
+/// "" for none). What a report reads to say what a program holds rather than what it was asked
+/// for.
 struct LoweredOp {
   std::string primitive;
   TensorSpec type;
   PartitionSpec spec;
   std::string annotation;
   std::string scope;
+  std::string composite;
   friend bool operator==(const LoweredOp&, const LoweredOp&) = default;
 };
 

@@ -28,6 +28,18 @@ Contraction contraction(const Node& n) {
   return n.op->contraction != nullptr ? n.op->contraction(n) : Contraction::kNone;
 }
 
+// While alive, ops recorded on this thread carry `n`'s named scope and composite op: a value
+// made again for the backward pass is named as the one it remakes.
+class Remade {
+ public:
+  explicit Remade(const Node& n)
+      : scope_(n.scope ? n.scope : profiler::detail::current_scope()), composite_(n.composite) {}
+
+ private:
+  profiler::detail::ScopeOverride scope_;
+  CompositeScope composite_;
+};
+
 class Recompute {
  public:
   Recompute(const Graph& g, const TraceContext& tc, const ValueMap<Array>& vals,
@@ -73,6 +85,7 @@ class Recompute {
     std::vector<Array> ins;
     ins.reserve(n.operands.size());
     for (const ValueId o : n.operands) ins.push_back(read(user, o));
+    const Remade as_traced(n);
     return remade_.emplace(key, apply(*n.op, n.attrs, ins, &placement_)).first->second;
   }
 
@@ -125,6 +138,7 @@ class Recompute {
       std::vector<Array> ins;
       ins.reserve(n.operands.size());
       for (const ValueId o : n.operands) ins.push_back(view(r, o));
+      const Remade as_traced(n);
       rec_[id] = apply(*n.op, n.attrs, ins, &placement_);
     }
   }
@@ -238,9 +252,11 @@ ValueMap<Array> backward(const Graph& g, const TraceContext& inner, const ValueM
     if (!ct[id].valid() || n.is(prim::input)) continue;
     std::vector<Array> ins;
     for (const ValueId o : n.operands) ins.push_back(remat.read(id, o));
-    // The backward ops of a node carry its named scope (the profiler's events name it).
+    // The backward ops of a node carry its named scope (the profiler's events name it) and the
+    // composite op it belongs to.
     const profiler::detail::ScopeOverride scope(n.scope ? n.scope
                                                         : profiler::detail::current_scope());
+    const CompositeScope in_composite(n.composite);
     const std::vector<Array> cts = n.op->vjp(n, ins, remat.read(id, id), ct[id]);
     for (std::size_t k = 0; k < cts.size() && k < n.operands.size(); ++k) {
       accumulate(ct[n.operands[k]], cts[k]);
@@ -328,10 +344,11 @@ ValueAndGrad value_and_grad_impl(
     }
     std::vector<Array> ins;
     for (const ValueId o : n.operands) ins.push_back(vals[o]);
-    // Each replayed op keeps the scope it was traced under (the whole nested path), as the
-    // backward ops do.
+    // Each replayed op keeps the scope it was traced under (the whole nested path) and its
+    // composite op, as the backward ops do.
     const profiler::detail::ScopeOverride scope(n.scope ? n.scope
                                                         : profiler::detail::current_scope());
+    const CompositeScope in_composite(n.composite);
     vals[id] = apply(*n.op, n.attrs, ins, &placement);
   }
   if (outer != nullptr) {

@@ -13,6 +13,8 @@
 #include "shardplan/ops.hpp"
 #include "shardplan/profiler.hpp"
 #include "shardplan/remat.hpp"
+#include "shardplan/sjit.hpp"
+#include "trace.hpp"
 
 namespace shardplan {
 namespace {
@@ -69,7 +71,9 @@ std::int64_t linear_cross_entropy_chunks(const Shape& hidden) {
 Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, int chunks,
                            std::int64_t ignore_index) {
   check_operands(h, w, labels, chunks);
-  // Its ops carry its name, so that a program says it holds the fused loss (Lowered::ops).
+  // Its ops are the composite's (Lowered::ops says a program holds the fused loss), and are
+  // named in traces by its scope.
+  const detail::CompositeScope in_composite(composite::kLinearCrossEntropy);
   const NamedScope scope("linear_cross_entropy");
   // Checked once, whole, before the groups (which read them as they are).
   const Array checked = check_labels(labels, w.shape()[0], ignore_index, "linear_cross_entropy");

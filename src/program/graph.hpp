@@ -114,6 +114,9 @@ struct Node {
   /// The named scope open when it was recorded (shardplan::named_scope), or null: for people
   /// (the profiler's events), never read by a pass.
   std::shared_ptr<const std::string> scope;
+  /// The library composite op that recorded it (CompositeScope: a `composite::` name, static
+  /// text), or null; its backward ops carry it too. What Lowered::ops() reports.
+  const char* composite = nullptr;
 
   bool is(const Primitive& p) const { return op == &p; }
   template <class T>

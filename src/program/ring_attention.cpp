@@ -16,6 +16,8 @@
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/shard_map.hpp"
+#include "shardplan/sjit.hpp"
+#include "trace.hpp"
 
 namespace shardplan {
 namespace {
@@ -176,6 +178,8 @@ Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const 
     ring_error("causal: the block holds two chunks (the load-balanced order), so its length must be even",
                q, k, v);
   }
+  // Its ops, forward and backward, are the composite's (Lowered::ops says a program holds it).
+  const CompositeScope in_ring(composite::kRingAttention);
   const std::int64_t B = qs[0], t = qs[1], N = qs[2], H = qs[3], K = ks[2];
   const Ring r{axis, lax::axis_size(axis), attention_scale("ring_attention", scale, H), is_causal,
                communicate};
@@ -190,6 +194,7 @@ Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const 
     return CustomVjpForward{{out}, {in[0], in[1], y, i}};
   };
   const auto bwd = [r, H](const std::vector<Array>& res, const std::vector<Array>& cts) {
+    const CompositeScope in_ring_backward(composite::kRingAttention);
     const Array& y = res[2];
     const Shape& ys = y.shape();
     const Shape os{ys[0], ys[1], ys[2], ys[3], H};

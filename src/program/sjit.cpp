@@ -626,7 +626,8 @@ std::vector<LoweredOp> Lowered::ops() const {
   for (std::size_t i = 0; i < g.size(); ++i) {
     const detail::Node& n = g.nodes[i];
     LoweredOp op{std::string(n.op->name), TensorSpec{n.type.shape, n.type.dtype},
-                 program.layout(detail::value_id(i)).spec, "", n.scope ? *n.scope : ""};
+                 program.layout(detail::value_id(i)).spec, "", n.scope ? *n.scope : "",
+                 n.composite != nullptr ? n.composite : ""};
     if (n.is(detail::prim::sharding_annotation)) {
       op.annotation = n.attr<detail::AnnotationAttrs>().name;
     }

@@ -25,6 +25,13 @@ EagerPerDeviceScope::EagerPerDeviceScope() { ++g_eager_per_device; }
 EagerPerDeviceScope::~EagerPerDeviceScope() { --g_eager_per_device; }
 bool eager_per_device() { return g_eager_per_device > 0; }
 
+namespace {
+thread_local const char* g_composite = nullptr;
+}  // namespace
+CompositeScope::CompositeScope(const char* name) : previous_(g_composite) { g_composite = name; }
+CompositeScope::~CompositeScope() { g_composite = previous_; }
+const char* current_composite() { return g_composite; }
+
 TraceScope::TraceScope(TraceContext* ctx) : previous_(g_current) { g_current = ctx; }
 TraceScope::~TraceScope() { g_current = previous_; }
 
@@ -90,6 +97,7 @@ std::int64_t TraceContext::vary_of(const Array& a) const {
 Array TraceContext::record(Node n, std::int64_t vary) {
   const TensorType type = n.type;
   if (!n.scope) n.scope = profiler::detail::current_scope();
+  if (n.composite == nullptr) n.composite = current_composite();
   const ValueId id = graph.add(std::move(n));
   if (vary != kNotManual) {
     node_vary.resize(graph.size(), kNotManual);

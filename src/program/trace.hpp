@@ -124,6 +124,22 @@ bool eager_per_device();
 /// broadcast stays a scalar instead of a whole block copied in.
 Array per_device(const Array& global);
 
+/// While alive, the nodes this thread records belong to the composite op `name` (a
+/// `composite::` name, or null: none; nesting restores the outer one). Opened by a composite's
+/// definition around what it traces, and by value_and_grad around each node's backward ops.
+class CompositeScope {
+ public:
+  explicit CompositeScope(const char* name);
+  ~CompositeScope();
+  CompositeScope(const CompositeScope&) = delete;
+  CompositeScope& operator=(const CompositeScope&) = delete;
+
+ private:
+  const char* previous_;
+};
+/// The composite op open on this thread, or null.
+const char* current_composite();
+
 /// The trace this thread is recording, or nullptr.
 TraceContext* current_trace();
 

@@ -227,8 +227,8 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
   for (const LoweredOp& op : low.ops()) {
     if (op.primitive == "attention") f.fused_attention = true;
     if (op.primitive == "scaled_dot") f.float8 = true;
-    if (op.primitive == "ppermute") ring = true;
-    if (op.scope.find("linear_cross_entropy") != std::string::npos) f.fused_loss = true;
+    if (op.composite == composite::kRingAttention) ring = true;
+    if (op.composite == composite::kLinearCrossEntropy) f.fused_loss = true;
     // A region [b, t, d]: the model axes its sequence is split over.
     if (!op.annotation.empty() && op.type.shape.rank() == 3 && op.spec.dims().size() > 1) {
       for (const std::string& a : op.spec.dims()[1]) {
