@@ -417,6 +417,26 @@ TEST(MultiProcessTraining, AnEagerShardMapBodyThatThrowsOnOneProcessIsAnErrorOnE
                 .to_host());
 }
 
+// An eager op (outside sjit) whose shape rule refuses its operands on one process only (a reshape
+// to a shape the last process alone asks for): every process throws
+// a DistributedError naming that process and the op within seconds, instead of the others
+// running the op's program and waiting in its first collective (the reshape gathers x: it is
+// split over 'a'). Then an eager op every process calls alike runs and agrees with one process.
+TEST(MultiProcessTraining, AnEagerOpThatFailsItsChecksOnOneProcessIsAnErrorOnEveryProcess) {
+  if (distributed::process_count() == 1) GTEST_SKIP() << "needs two processes";
+  const int me = distributed::process_index(), last = distributed::process_count() - 1;
+  Executor exec(8);
+  const Mesh mesh = Mesh::parse("a:8", 8);
+  const Tensor host = Tensor::normal(Shape{64, 16}, DType::kF32, 4);
+  const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+  expect_failure_of<SpecError>(last, "[eager reshape] tracing and compiling the call: [reshape]",
+                               [&] { reshape(x, me == last ? Shape{7, 3} : Shape{16, 64}); });
+  // In step again: the same eager op on every process runs as in one process.
+  const Executor here = Executor::process_local(8);
+  EXPECT_EQ(reshape(x, Shape{16, 64}).to_host(),
+            reshape(device_put(host, NamedSharding(mesh, P("a")), here), Shape{16, 64}).to_host());
+}
+
 TEST(MultiProcessTraining, OneProcessFailuresKeepTheirType) {
   // Arrays that never leave this process (any group size): no agreement, the errors as they are.
   const Executor exec = Executor::process_local(8);

@@ -2,11 +2,14 @@
 // one-op program is compiled (once per key, cached by the executor) and run at once.
 #include <fmt/format.h>
 
+#include <exception>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "compile.hpp"
 #include "primitives.hpp"
+#include "spmd_check.hpp"
 #include "trace.hpp"
 
 namespace shardplan::detail {
@@ -54,7 +57,10 @@ EagerCache& eager_cache(const Executor& executor) {
   return *static_cast<EagerCache*>(p.get());  // the executor keeps it alive
 }
 
-Array run_eager(Node n, const std::vector<Array>& ins, const Array& placement) {
+// The one-op program of `n` on `ins` (compiled once per key, cached by the executor); in `text`,
+// when given, the call as every process must make it (its operands and the op, no addresses).
+std::shared_ptr<const Program> eager_program(Node n, const std::vector<Array>& ins,
+                                             const Array& placement, std::string* text) {
   for (std::size_t k = 1; k < ins.size(); ++k) check_same_placement(ins[0], ins[k], n.op->name);
   EagerKey key{n.op, n.attrs, {}, {}, {}, placement.mesh()};
   Graph g;
@@ -72,9 +78,14 @@ Array run_eager(Node n, const std::vector<Array>& ins, const Array& placement) {
     key.types.push_back(type);
     key.specs.push_back(ins[k].sharding().spec());
     key.pending.push_back(ins[k].pending());
+    if (text != nullptr) {
+      *text += fmt::format("{} pending over [{}]\n", ins[k].sharding().spec().to_string(),
+                           fmt::join(ins[k].pending().axes, ","));
+    }
   }
   g.num_inputs = static_cast<int>(ins.size());
   g.outputs = {g.add(std::move(n))};
+  if (text != nullptr) *text += g.to_string();
   EagerCache& cache = eager_cache(placement.executor());
   std::shared_ptr<const Program> prog;
   {
@@ -87,6 +98,31 @@ Array run_eager(Node n, const std::vector<Array>& ins, const Array& placement) {
     if (cache.programs.size() >= EagerCache::kMaxEntries) cache.programs.clear();
     cache.programs.emplace(std::move(key), prog);
   }
+  return prog;
+}
+
+// An op run eagerly. Over processes (its mesh spans them), as an sjit call: every process checks
+// that all are about to run the same one-op program, and a failure to check or compile it on
+// some processes (an operand its shape rule refuses on one of them) is named on every process
+// before the program's first collective (check_same_program), instead of the others waiting
+// there. One all-gather per op over processes; nothing in one process.
+Array run_eager(const Primitive& op, Attrs attrs, const std::vector<Array>& ins,
+                const Array& placement) {
+  const auto node = [&] {
+    return Node{.op = &op, .type = infer_type(op, attrs, ins), .attrs = std::move(attrs)};
+  };
+  if (placement.executor().holds_all(placement.mesh().devices())) {
+    return eager_program(node(), ins, placement, nullptr)->run(placement.executor(), ins)[0];
+  }
+  std::shared_ptr<const Program> prog;
+  std::string text;
+  std::exception_ptr failed;
+  try {
+    prog = eager_program(node(), ins, placement, &text);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  check_same_program(fmt::format("eager {}", op.name), failed ? nullptr : &text, 0, "", failed);
   return prog->run(placement.executor(), ins)[0];
 }
 
@@ -109,25 +145,27 @@ TensorType infer_type(const Primitive& op, const Attrs& attrs, const std::vector
 
 Array apply(const Primitive& op, Attrs attrs, const std::vector<Array>& operands,
             const Array* placement) {
-  TensorType type = infer_type(op, attrs, operands);
   TraceContext* ctx = current_trace();
   bool traced = ctx != nullptr;
   for (const Array& a : operands) traced = traced || a.is_tracer();
-  Node n{.op = &op, .type = std::move(type), .attrs = std::move(attrs)};
-  if (traced) {
-    if (ctx == nullptr) {
-      throw ArrayError(fmt::format("[{}] {} is a tracer used outside the sjit that made it",
-                                   op.name, type_str(operands[0])));
-    }
-    // Inside shard_map: the axes the result varies over, its operands made to vary alike.
-    std::vector<Array> ins = operands;
-    bool pass = false;
-    const std::int64_t vary = vary_operands(*ctx, op, n, ins, pass);
-    if (pass) return ins[0];
-    for (const Array& a : ins) n.operands.push_back(ctx->node_of(a));
-    return ctx->record(std::move(n), vary);
+  if (!traced) {
+    if (placement == nullptr && operands.empty()) (void)infer_type(op, attrs, operands);
+    return run_eager(op, std::move(attrs), operands,
+                     placement != nullptr ? *placement : operands.at(0));
   }
-  return run_eager(std::move(n), operands, placement != nullptr ? *placement : operands.at(0));
+  TensorType type = infer_type(op, attrs, operands);
+  Node n{.op = &op, .type = std::move(type), .attrs = std::move(attrs)};
+  if (ctx == nullptr) {
+    throw ArrayError(fmt::format("[{}] {} is a tracer used outside the sjit that made it",
+                                 op.name, type_str(operands[0])));
+  }
+  // Inside shard_map: the axes the result varies over, its operands made to vary alike.
+  std::vector<Array> ins = operands;
+  bool pass = false;
+  const std::int64_t vary = vary_operands(*ctx, op, n, ins, pass);
+  if (pass) return ins[0];
+  for (const Array& a : ins) n.operands.push_back(ctx->node_of(a));
+  return ctx->record(std::move(n), vary);
 }
 
 }  // namespace shardplan::detail

@@ -65,7 +65,9 @@ void copy_kernel(const KernelArgs& k) {
 TensorType reshape_type(const Node& n, std::span<const TensorType> in) {
   const Shape& to = n.attr<ReshapeAttrs>().shape;
   if (to.numel() != in[0].shape.numel()) {
-    reject(n.op->name, in, fmt::format("cannot reshape to {}", to.to_string()));
+    throw SpecError(fmt::format("[{}] cannot reshape {}{} ({} elements) to {} ({})", n.op->name,
+                                name(in[0].dtype), in[0].shape.to_string(), in[0].shape.numel(),
+                                to.to_string(), to.numel()));
   }
   return TensorType{to, in[0].dtype};
 }
@@ -708,10 +710,8 @@ using detail::type_str;
 namespace prim = detail::prim;
 
 Array reshape(const Array& x, const Shape& shape) {
-  if (shape.numel() != x.shape().numel()) {
-    throw SpecError(fmt::format("[reshape] cannot reshape {} ({} elements) to {} ({})", type_str(x),
-                                x.shape().numel(), shape.to_string(), shape.numel()));
-  }
+  // A shape of another size is refused by the primitive's shape rule (eagerly over processes,
+  // that is where the processes agree on it).
   if (shape == x.shape()) return x;
   return apply(prim::reshape, detail::ReshapeAttrs{shape}, {x});
 }
