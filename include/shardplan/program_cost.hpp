@@ -106,13 +106,6 @@ struct ProgramCost {
   PeakByKind peak_by_kind;
   /// The bytes live after each step, what is live at the peak, where each phase begins.
   MemoryTimeline timeline;
-  /// What PyTorch's CUDA caching allocator would reserve per device (its reserved_bytes peak)
-  /// running the steps as FSDP2 does: a model of the allocator (its constants and rules,
-  /// nothing fitted), with a cudaMalloc'd segment per request no cached block serves
-  /// (PyTorch's default), and with expandable segments (PYTORCH_CUDA_ALLOC_CONF=
-  /// expandable_segments:True). docs/training.md, "Reserved bytes".
-  std::int64_t reserved_bytes = 0;
-  std::int64_t reserved_bytes_expandable = 0;
   /// Three or more lines: flops, bytes per collective kind, peak memory.
   std::string to_string() const;
 };

@@ -85,6 +85,13 @@ struct LoweredOp {
   friend bool operator==(const LoweredOp&, const LoweredOp&) = default;
 };
 
+class Lowered;
+namespace detail {
+class Program;
+/// The program `lowered` holds: for the library's own analyses of it (src/train).
+const Program& program_of(const Lowered& lowered);
+}  // namespace detail
+
 /// A compiled program, not run: what `lower()` returns.
 class Lowered {
  public:
@@ -107,6 +114,7 @@ class Lowered {
   friend bool operator==(const Lowered& a, const Lowered& b) { return a.c_ == b.c_; }
 
  private:
+  friend const detail::Program& detail::program_of(const Lowered& lowered);
   std::shared_ptr<const detail::Compiled> c_;
 };
 

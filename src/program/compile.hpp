@@ -138,6 +138,10 @@ class Program {
   /// Per step: whether it is a constant step whose result is kept for the next run.
   const std::vector<char>& cached_steps() const { return cached_step_; }
   const std::vector<std::vector<SlotId>>& free_after() const { return free_after_; }
+  /// Donated inputs no step uses, freed before the first step.
+  const std::vector<SlotId>& free_at_start() const { return free_at_start_; }
+  /// The bytes per device of each slot as the memory pass counts them (Liveness::slot_bytes).
+  const std::vector<std::int64_t>& slot_bytes() const { return slot_bytes_; }
   /// Whether constant steps' results count in the cost's bytes (CompileSpec::count_constants).
   bool counts_constants() const { return counts_constants_; }
   /// What run_record.cpp works out once per program for the memory report (its steps' labels),
@@ -180,6 +184,7 @@ class Program {
   std::vector<NamedSharding> output_shardings_;
   std::vector<std::vector<SlotId>> free_after_;  // per step: slots no longer needed
   std::vector<SlotId> free_at_start_;            // donated inputs no step uses
+  std::vector<std::int64_t> slot_bytes_;         // per slot, as the memory pass counts them
   std::vector<char> input_donated_;              // by input index
   bool any_donated_ = false;
   // Results of the constant steps, per executor (they never change).

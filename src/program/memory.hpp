@@ -39,7 +39,7 @@ struct Liveness {
   std::int64_t memory_traffic = 0;     // ProgramCost::memory_traffic (per device)
   MemoryTimeline timeline;             // ProgramCost::timeline
   /// The bytes per device of each slot as counted above (0: a constant not counted, a slot no
-  /// step makes): what allocation_events (allocation_events.hpp) allocates.
+  /// step makes): what allocation_events (src/train/allocation_events.hpp) allocates.
   std::vector<std::int64_t> slot_bytes;
 };
 
