@@ -619,7 +619,7 @@ TEST(Sjit, DonatedArgumentsCannotBeUsedAfterwards) {
 // freed: kept, a model's per-layer masks would stay resident between steps. The second and third
 // runs (the small constant from the cache, the large one made again) give the first run's values.
 // Constants each under the per-constant bound, together over the total one
-// (kMaxCachedConstantTotal, 4 MiB per device): only the first ones that fit are kept; the others
+// (kDefaultKeptConstantBytes, 4 MiB per device): only the first ones that fit are kept; the others
 // are made again each run. Eight iotas of ~0.9 MiB each per device (replicated) would otherwise
 // keep 7.3 MiB resident.
 TEST(Sjit, ManySmallConstantsAreKeptOnlyUpToATotal) {

@@ -17,6 +17,7 @@
 #include "graph.hpp"
 #include "shardplan/array.hpp"
 #include "shardplan/collectives.hpp"
+#include "shardplan/detail/sjit_call.hpp"
 #include "shardplan/program_cost.hpp"
 
 namespace shardplan::detail {
@@ -40,7 +41,7 @@ struct CompileSpec {
   /// one-op programs, which the executor itself caches: they must hold no arrays.
   bool cache_constants = true;
   /// The most bytes of them kept per device (SjitOptions::kept_constant_bytes).
-  std::int64_t kept_constant_bytes = std::int64_t{4} << 20;  // memory.hpp kMaxCachedConstantTotal
+  std::int64_t kept_constant_bytes = kDefaultKeptConstantBytes;
   /// Count constant steps' results in the peak (SjitOptions::count_constants).
   bool count_constants = true;
   /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program

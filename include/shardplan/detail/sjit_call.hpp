@@ -4,6 +4,7 @@
 // and the non-template core that traces, compiles, caches and runs.
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -29,6 +30,12 @@ struct SjitOptions;
 namespace detail {
 
 struct Compiled;
+
+/// The most bytes per device all kept constants of one program hold together by default
+/// (SjitOptions::kept_constant_bytes): beyond it, the later ones are made again each run (a step
+/// whose many per-layer constants each fit kMaxCachedConstantBytes, once split over many devices,
+/// would otherwise keep all of them resident).
+inline constexpr std::int64_t kDefaultKeptConstantBytes = std::int64_t{4} << 20;
 
 /// One argument leaf as sjit sees it.
 struct ArgLeaf {
