@@ -342,9 +342,22 @@ TEST(MemoryTimeline, OneArrayPassedTwiceIsPlannedTwiceAndHeldOnce) {
   }
 }
 
-TEST(MemoryTimeline, BeginPhaseOutsideATraceDoesNothing) {
-  begin_phase(StepPhase::kUpdate);  // no trace: nothing to record, nothing thrown
-  SUCCEED();
+// begin_phase outside a trace records nothing (sjit.hpp): a phase begun eagerly does not carry
+// into the next trace on the thread, whose timeline then has no phases, as one traced without
+// it; and inside a trace the phase is still recorded from its first step.
+TEST(MemoryTimeline, BeginPhaseOutsideATraceRecordsNothing) {
+  const Mesh mesh = Mesh::parse("data:2", 2);
+  const TensorSpec x{Shape{4, 2}, DType::kF32};
+  begin_phase(StepPhase::kUpdate);
+  auto plain = sjit(mesh, [](const Array& a) { return a * a; });
+  EXPECT_TRUE(plain.lower(x).cost().timeline.phases.empty());
+  begin_phase(StepPhase::kUpdate);
+  auto marked = sjit(mesh, [](const Array& a) {
+    begin_phase(StepPhase::kBackward);
+    return a * a;
+  });
+  EXPECT_EQ(marked.lower(x).cost().timeline.phases,
+            (std::vector<PhaseStart>{{StepPhase::kBackward, 0}}));
 }
 
 }  // namespace
