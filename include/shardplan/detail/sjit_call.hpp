@@ -18,6 +18,7 @@
 
 #include "shardplan/array.hpp"
 #include "shardplan/detail/array_tree.hpp"
+#include "shardplan/detail/hash.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/tree.hpp"
@@ -50,10 +51,6 @@ template <class T>
 bool static_equal(const T& a, const T& b);
 template <class T>
 std::size_t static_hash(const T& v);
-
-inline std::size_t hash_combine(std::size_t seed, std::size_t h) {
-  return seed ^ (h + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
-}
 
 template <class T>
 concept StaticString = std::is_same_v<T, std::string> || std::is_same_v<T, std::string_view>;
