@@ -144,7 +144,7 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.cost_.matmul_flops = std::move(parts.matmul_flops);
   prog.cost_.attention_flops = std::move(parts.attention_flops);
   prog.cost_.matmul_fp8_flops = std::move(parts.matmul_fp8_flops);
-  prog.cost_.memory_traffic.assign(static_cast<std::size_t>(mesh.size()), live.memory_traffic);
+  prog.cost_.memory_traffic = live.memory_traffic;
   prog.cost_.peak_bytes = std::move(live.peak_by_device);
   prog.cost_.peak_by_kind = std::move(live.peak_by_kind);
   prog.cost_.timeline = std::move(live.timeline);

@@ -274,8 +274,7 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
   bytes[ByteFigure::kReservedExpandable] = reserved.expandable;
   for (const auto& [kind, b] : cost.bytes_by_kind) bytes[kind] = b;
   for (const auto& [on, b] : cost.bytes_by_axes) bytes[on] = b;
-  bytes[ByteFigure::kMemoryTraffic] =
-      *std::max_element(cost.memory_traffic.begin(), cost.memory_traffic.end());
+  bytes[ByteFigure::kMemoryTraffic] = cost.memory_traffic;
   out.figures.flops[FlopFigure::kBusiest] = *std::max_element(cost.flops.begin(), cost.flops.end());
   out.figures.flops[FlopFigure::kMatmul] =
       *std::max_element(cost.matmul_flops.begin(), cost.matmul_flops.end());
