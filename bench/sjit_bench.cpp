@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "../examples/mlp.hpp"
 #include "paired.hpp"
@@ -35,6 +36,32 @@ void BM_CachedDispatch(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(f(x));
 }
 BENCHMARK(BM_CachedDispatch)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// An eager elementwise op (x + x) on a small array on 2 devices, outside any sjit. First call:
+// each iteration a shape the executor has not run (cycling through more shapes than its cache of
+// one-op programs holds), so the op's program is compiled: what compile() costs a one-op
+// program. Cached: the same shape every iteration (the program is found, then run).
+void eager_add_case(benchmark::State& state, bool first_call) {
+  static const Executor exec2(2);
+  const Mesh mesh = Mesh::parse("data:2", 2);
+  const std::size_t shapes = first_call ? 5000 : 1;  // above EagerCache::kMaxEntries (4096)
+  std::vector<Array> xs;
+  xs.reserve(shapes);
+  for (std::size_t k = 0; k < shapes; ++k) {
+    const auto rows = static_cast<std::int64_t>(2 * (1 + k % 100));
+    const auto cols = static_cast<std::int64_t>(1 + k / 100);
+    xs.push_back(Array::ones(Shape{rows, cols}, DType::kF32, NamedSharding(mesh, P("data")), exec2));
+  }
+  std::size_t k = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(xs[k] + xs[k]);
+    k = (k + 1) % shapes;
+  }
+}
+void BM_EagerAddFirstCall(benchmark::State& s) { eager_add_case(s, true); }
+void BM_EagerAddCached(benchmark::State& s) { eager_add_case(s, false); }
+BENCHMARK(BM_EagerAddFirstCall)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_EagerAddCached)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The guide's matmul: [N, N] x [N, N], P('a', None) x P(None, 'b') on 4 x 2 devices (no
 // communication) vs the same program on one device.

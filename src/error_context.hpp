@@ -9,7 +9,6 @@
 #include <string_view>
 #include <typeinfo>
 
-#include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {

@@ -1,12 +1,16 @@
 // The caching allocator model against sequences worked by hand from PyTorch's rules
-// (c10/cuda/CUDACachingAllocator.cpp; docs/training.md, "Reserved bytes").
+// (c10/cuda/CUDACachingAllocator.cpp; docs/training.md, "Reserved bytes"), and over a compiled
+// program's steps (reserved_bytes, allocation_events.hpp).
 #include "caching_allocator.hpp"
 
 #include <gtest/gtest.h>
 
 #include <vector>
 
+#include "allocation_events.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
+#include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
 namespace shardplan::detail {
@@ -146,6 +150,32 @@ TEST(CachingAllocator, ZeroBytesHoldNothing) {
 TEST(CachingAllocator, BadSequencesAreErrors) {
   EXPECT_THROW_WITH(run({alloc(1, 8), alloc(1, 8)}), Error, "allocation 1 is made twice");
   EXPECT_THROW_WITH(run({release(7)}), Error, "free of 7, not allocated");
+}
+
+// reserved_bytes: the caching allocator model over a compiled program's steps as FSDP2 runs them
+// (docs/training.md, "Reserved bytes"). w [1536, 2048] f32 arrives split over data:4 (3 MiB a
+// device), is gathered whole (12 MiB) and added to itself (12 MiB). By hand, a segment per
+// cudaMalloc: the shard takes a 20 MiB segment (17 MiB left); the gather stages 12 MiB on the
+// all-gather stream (a 12 MiB segment) and the gathered weight takes 12 of the 17 MiB; the sum
+// needs a new 12 MiB segment: 44 MiB. Expandable: one 20 MiB page for the shard, one on the
+// all-gather stream, the gathered weight in the first page's free 17 MiB, then the sum past the
+// 5 MiB left: one more page: 60 MiB.
+TEST(ReservedBytes, AGatheredWeightAndASumByHand) {
+  const Mesh mesh = Mesh::parse("data:4", 4);
+  auto f = sjit(
+      mesh,
+      [](const Array& w) {
+        const Array g = with_sharding_constraint(w, P());
+        return g + g;
+      },
+      SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("data"))})});
+  const Lowered low = f.lower(TensorSpec{Shape{1536, 2048}, DType::kF32});
+  const ProgramCost& c = low.cost();
+  ASSERT_EQ(c.timeline.live_bytes.size(), 2u);  // the gather, the sum
+  EXPECT_EQ(c.peak_bytes[0], 27 * kMiB);
+  const ReservedBytes r = reserved_bytes(program_of(low));
+  EXPECT_EQ(r.segments, 44 * kMiB);
+  EXPECT_EQ(r.expandable, 60 * kMiB);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "allocation_events.hpp"
 #include "model_step.hpp"
 #include "nlohmann/json.hpp"
 #include "shardplan/autodiff.hpp"
@@ -1214,17 +1215,18 @@ TEST(LossAndGrads, NaiveLossReservesAsEagerPyTorchsCrossEntropy) {
          {"lm_head", Tree<Array>::dict({{"weight", Tree<Array>(head)}})}});
     return value_and_grad([&](const Array& x) { return model.loss(rest, x, y); })(h).second;
   }, SjitOptions{.count_constants = false});
-  const ProgramCost cost =
+  const Lowered low =
       f.lower(TensorSpec{Shape{64}, DType::kBF16}, TensorSpec{Shape{32768, 64}, DType::kBF16},
-              TensorSpec{Shape{1, 2048, 64}, DType::kBF16}, TensorSpec{Shape{1, 2048}, DType::kI32})
-          .cost();
+              TensorSpec{Shape{1, 2048, 64}, DType::kBF16}, TensorSpec{Shape{1, 2048}, DType::kI32});
+  const ProgramCost& cost = low.cost();
+  const detail::ReservedBytes reserved = detail::reserved_bytes(detail::program_of(low));
   constexpr double kCopy = 2048.0 * 32768 * 4;  // 256 MiB
   // Beside the logits' arrays: the weights, h and its gradient, per-token vectors (a few MiB),
   // and the 20 MiB pages of an expandable segment.
   constexpr double kSlack = 32.0 * 1024 * 1024;
   EXPECT_NEAR(static_cast<double>(cost.peak_bytes[0]), 3 * kCopy, kSlack);
-  EXPECT_NEAR(static_cast<double>(cost.reserved_bytes_expandable), 3.5 * kCopy, kSlack);
-  EXPECT_NEAR(static_cast<double>(cost.reserved_bytes), 3.5 * kCopy, kSlack);
+  EXPECT_NEAR(static_cast<double>(reserved.expandable), 3.5 * kCopy, kSlack);
+  EXPECT_NEAR(static_cast<double>(reserved.segments), 3.5 * kCopy, kSlack);
 }
 
 // FSDP2's MixedPrecisionPolicy as torchtitan sets it (--mixed-precision fsdp2): weights held in

@@ -88,15 +88,17 @@ struct ProgramCost {
   std::map<CollectiveKind, std::int64_t> bytes_by_kind;
   /// The same split by the mesh axes each collective runs in (a time model's link tiers).
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;
-  /// By device, what a time model counts at the matrix units' rates and at memory bandwidth:
-  /// the FLOPs of products (dot_general), of fused attention and of float8 products
-  /// (scaled_dot) (each part of `flops`), and the bytes every other kernel reads and writes (a
-  /// fused group: its operands and its result; views, collectives that move nothing and kept
-  /// constants: none).
+  /// By device, what a time model counts at the matrix units' rates: the FLOPs of products
+  /// (dot_general), of fused attention and of float8 products (scaled_dot) (each part of
+  /// `flops`).
   std::vector<double> matmul_flops;
   std::vector<double> attention_flops;
   std::vector<double> matmul_fp8_flops;
-  std::vector<std::int64_t> memory_traffic;
+  /// Per device (every device holds blocks of one size, so one figure), what a time model counts
+  /// at memory bandwidth: the bytes every kernel not on the matrix units reads and writes (a
+  /// fused group: its operands and its result; views, collectives that move nothing and kept
+  /// constants: none).
+  std::int64_t memory_traffic = 0;
   /// By device id. Over processes (a program compiled for an executor whose devices span them)
   /// a device's peak also counts what a collective stages there to receive from other
   /// processes, at its step (CollectiveRecord::staging_bytes; docs/distributed.md): the first
@@ -106,13 +108,6 @@ struct ProgramCost {
   PeakByKind peak_by_kind;
   /// The bytes live after each step, what is live at the peak, where each phase begins.
   MemoryTimeline timeline;
-  /// What PyTorch's CUDA caching allocator would reserve per device (its reserved_bytes peak)
-  /// running the steps as FSDP2 does: a model of the allocator (its constants and rules,
-  /// nothing fitted), with a cudaMalloc'd segment per request no cached block serves
-  /// (PyTorch's default), and with expandable segments (PYTORCH_CUDA_ALLOC_CONF=
-  /// expandable_segments:True). docs/training.md, "Reserved bytes".
-  std::int64_t reserved_bytes = 0;
-  std::int64_t reserved_bytes_expandable = 0;
   /// Three or more lines: flops, bytes per collective kind, peak memory.
   std::string to_string() const;
 };

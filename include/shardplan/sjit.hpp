@@ -63,7 +63,7 @@ struct SjitOptions {
   /// are made again each call (docs/sjit.md). Kept ones count in the peak. 0 keeps none.
   /// train-plan keeps them all (no bound): a step's figures then grow with its layers in a
   /// straight line, not up to the bound.
-  std::int64_t kept_constant_bytes = std::int64_t{4} << 20;
+  std::int64_t kept_constant_bytes = detail::kDefaultKeptConstantBytes;
   /// Count the results of constant steps in the cost (the peak, the kernels' memory traffic).
   /// false (train-plan) plans them as an accelerator's compiler does: folded into the kernels
   /// that read them (an iota, a mask, a rotary table), holding no memory of their own. The
@@ -95,6 +95,13 @@ struct LoweredOp {
   friend bool operator==(const LoweredOp&, const LoweredOp&) = default;
 };
 
+class Lowered;
+namespace detail {
+class Program;
+/// The program `lowered` holds: for the library's own analyses of it (src/train).
+const Program& program_of(const Lowered& lowered);
+}  // namespace detail
+
 /// A compiled program, not run: what `lower()` returns.
 class Lowered {
  public:
@@ -117,6 +124,7 @@ class Lowered {
   friend bool operator==(const Lowered& a, const Lowered& b) { return a.c_ == b.c_; }
 
  private:
+  friend const detail::Program& detail::program_of(const Lowered& lowered);
   std::shared_ptr<const detail::Compiled> c_;
 };
 

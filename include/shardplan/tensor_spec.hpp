@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardplan/dtype.hpp"
+#include "shardplan/detail/hash.hpp"
 #include "shardplan/shape.hpp"
 
 namespace shardplan {
@@ -47,13 +48,10 @@ std::ostream& operator<<(std::ostream& os, const TensorSpec& spec);
 template <>
 struct std::hash<shardplan::TensorSpec> {
   std::size_t operator()(const shardplan::TensorSpec& t) const noexcept {
-    std::size_t h = static_cast<std::size_t>(t.dtype) * 0x9e3779b97f4a7c15ULL + t.shape.rank();
-    for (const std::int64_t d : t.shape) {
-      h ^= static_cast<std::size_t>(d) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    }
-    for (const auto& a : t.logical_axes) {
-      h ^= std::hash<std::string>()(a) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    }
+    using shardplan::detail::hash_combine;
+    std::size_t h = hash_combine(static_cast<std::size_t>(t.dtype), t.shape.rank());
+    for (const std::int64_t d : t.shape) h = hash_combine(h, static_cast<std::size_t>(d));
+    for (const auto& a : t.logical_axes) h = hash_combine(h, std::hash<std::string>()(a));
     return h;
   }
 };

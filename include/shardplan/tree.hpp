@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardplan/detail/hash.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan {
@@ -380,22 +381,18 @@ class Tree {
     return empty;
   }
 
-  static std::size_t mix(std::size_t seed, std::size_t v) {
-    return seed ^ (v + 0x9e3779b97f4a7c15ULL + (seed << 12) + (seed >> 4));
-  }
-
   // Replaces this node's branch by an equal one already in `table` (children first); returns
   // the node's structural hash.
   template <class Hash>
   std::size_t intern(std::unordered_map<std::size_t, std::vector<std::shared_ptr<Branch>>>& table,
                      const Hash& leaf_hash) {
     if (is_none()) return 0x51ed270b27a1c3d5ULL;
-    if (is_leaf()) return mix(0x2545f4914f6cdd1dULL, leaf_hash(*leaf_));
-    std::size_t h = mix(static_cast<std::size_t>(kind_), size());
+    if (is_leaf()) return detail::hash_combine(0x2545f4914f6cdd1dULL, leaf_hash(*leaf_));
+    std::size_t h = detail::hash_combine(static_cast<std::size_t>(kind_), size());
     std::vector<Tree>& kids = children();
     for (std::size_t i = 0; i < kids.size(); ++i) {
-      if (is_dict()) h = mix(h, std::hash<std::string>()(branch_->keys[i]));
-      h = mix(h, kids[i].intern(table, leaf_hash));
+      if (is_dict()) h = detail::hash_combine(h, std::hash<std::string>()(branch_->keys[i]));
+      h = detail::hash_combine(h, kids[i].intern(table, leaf_hash));
     }
     auto& bucket = table[h];
     for (const auto& candidate : bucket) {

@@ -30,14 +30,14 @@ struct EagerKey {
 
 struct EagerKeyHash {
   std::size_t operator()(const EagerKey& k) const {
-    std::size_t h = mix(std::hash<const void*>()(k.op), k.attrs.hash());
+    std::size_t h = hash_combine(std::hash<const void*>()(k.op), k.attrs.hash());
     for (std::size_t i = 0; i < k.types.size(); ++i) {
-      h = mix(h, hash_of(k.types[i].shape));
-      h = mix(h, static_cast<std::size_t>(k.types[i].dtype));
-      h = mix(h, hash_of(k.specs[i]));
-      h = mix(h, hash_of(k.pending[i].axes));
+      h = hash_combine(h, hash_of(k.types[i].shape));
+      h = hash_combine(h, static_cast<std::size_t>(k.types[i].dtype));
+      h = hash_combine(h, hash_of(k.specs[i]));
+      h = hash_combine(h, hash_of(k.pending[i].axes));
     }
-    return mix(h, hash_of(k.mesh.devices()));
+    return hash_combine(h, hash_of(k.mesh.devices()));
   }
 };
 

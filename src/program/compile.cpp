@@ -9,7 +9,6 @@
 #include <atomic>
 
 #include "fuse.hpp"
-#include "allocation_events.hpp"
 #include "memory.hpp"
 #include "partition.hpp"
 #include "primitives.hpp"
@@ -131,21 +130,6 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   Partitioned parts = partition(g, prop, prog.specs_, spec);
   if (spec.fuse) fuse_pointwise(g, parts, spec.eager);
   Liveness live = plan_memory(g, parts, spec);
-  // The check that the events are the memory pass's: allocated on one stream, their live bytes
-  // peak where the pass's do.
-  const std::int64_t requested =
-      simulate_caching_allocator(allocation_events(g, parts, live, StreamModel::kValues))
-          .requested_peak;
-  if (requested != live.peak_bytes) {
-    throw Error(fmt::format("[compile] the allocation events peak at {} bytes live, the memory "
-                            "plan at {} (a bug: the two counts disagree)",
-                            requested, live.peak_bytes));
-  }
-  const std::vector<AllocEvent> events = allocation_events(g, parts, live, StreamModel::kFsdp2);
-  prog.cost_.reserved_bytes = simulate_caching_allocator(events).reserved_peak;
-  prog.cost_.reserved_bytes_expandable =
-      simulate_caching_allocator(events, {.expandable_segments = true}).reserved_peak;
-
   prog.steps_ = std::move(parts.steps);
   prog.num_slots_ = parts.num_slots;
   prog.input_slots_ = std::move(parts.input_slots);
@@ -160,12 +144,13 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   prog.cost_.matmul_flops = std::move(parts.matmul_flops);
   prog.cost_.attention_flops = std::move(parts.attention_flops);
   prog.cost_.matmul_fp8_flops = std::move(parts.matmul_fp8_flops);
-  prog.cost_.memory_traffic.assign(static_cast<std::size_t>(mesh.size()), live.memory_traffic);
+  prog.cost_.memory_traffic = live.memory_traffic;
   prog.cost_.peak_bytes = std::move(live.peak_by_device);
   prog.cost_.peak_by_kind = std::move(live.peak_by_kind);
   prog.cost_.timeline = std::move(live.timeline);
   prog.free_after_ = std::move(live.free_after);
   prog.free_at_start_ = std::move(live.free_at_start);
+  prog.slot_bytes_ = std::move(live.slot_bytes);
   prog.input_donated_ = std::move(live.input_donated);
   prog.any_donated_ = live.any_donated;
   prog.constant_slots_ = std::move(live.constant_slots);

@@ -17,6 +17,7 @@
 #include "graph.hpp"
 #include "shardplan/array.hpp"
 #include "shardplan/collectives.hpp"
+#include "shardplan/detail/sjit_call.hpp"
 #include "shardplan/program_cost.hpp"
 
 namespace shardplan::detail {
@@ -40,7 +41,7 @@ struct CompileSpec {
   /// one-op programs, which the executor itself caches: they must hold no arrays.
   bool cache_constants = true;
   /// The most bytes of them kept per device (SjitOptions::kept_constant_bytes).
-  std::int64_t kept_constant_bytes = std::int64_t{4} << 20;  // memory.hpp kMaxCachedConstantTotal
+  std::int64_t kept_constant_bytes = kDefaultKeptConstantBytes;
   /// Count constant steps' results in the peak (SjitOptions::count_constants).
   bool count_constants = true;
   /// Fuse groups of pointwise steps (fuse.hpp). Off only to compare with the unfused program
@@ -140,6 +141,10 @@ class Program {
   /// Per step: whether it is a constant step whose result is kept for the next run.
   const std::vector<char>& cached_steps() const { return cached_step_; }
   const std::vector<std::vector<SlotId>>& free_after() const { return free_after_; }
+  /// Donated inputs no step uses, freed before the first step.
+  const std::vector<SlotId>& free_at_start() const { return free_at_start_; }
+  /// The bytes per device of each slot as the memory pass counts them (Liveness::slot_bytes).
+  const std::vector<std::int64_t>& slot_bytes() const { return slot_bytes_; }
   /// Whether constant steps' results count in the cost's bytes (CompileSpec::count_constants).
   bool counts_constants() const { return counts_constants_; }
   /// What run_record.cpp works out once per program for the memory report (its steps' labels),
@@ -182,6 +187,7 @@ class Program {
   std::vector<NamedSharding> output_shardings_;
   std::vector<std::vector<SlotId>> free_after_;  // per step: slots no longer needed
   std::vector<SlotId> free_at_start_;            // donated inputs no step uses
+  std::vector<std::int64_t> slot_bytes_;         // per slot, as the memory pass counts them
   std::vector<char> input_donated_;              // by input index
   bool any_donated_ = false;
   // Results of the constant steps, per executor (they never change).

@@ -16,15 +16,12 @@
 #include <utility>
 #include <vector>
 
+#include "shardplan/detail/hash.hpp"
 #include "shardplan/partition_spec.hpp"
 #include "shardplan/shape.hpp"
 #include "shardplan/tensor.hpp"
 
 namespace shardplan::detail {
-
-inline std::size_t mix(std::size_t seed, std::size_t h) {
-  return seed ^ (h + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
-}
 
 namespace fields_impl {
 
@@ -131,7 +128,7 @@ std::size_t hash_of(const T& v) {
     std::size_t h = 0;
     unsigned char bytes[sizeof(T)];
     std::memcpy(bytes, &v, sizeof(T));
-    for (const unsigned char c : bytes) h = mix(h, c);
+    for (const unsigned char c : bytes) h = hash_combine(h, c);
     return h;
   } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
     return std::hash<std::int64_t>()(static_cast<std::int64_t>(v));
@@ -143,23 +140,23 @@ std::size_t hash_of(const T& v) {
     return hash_of(v.dims());
   } else if constexpr (std::is_same_v<T, std::shared_ptr<const Tensor>>) {
     // Shape and dtype only: equal values must hash alike, and the bytes may be large.
-    return v ? mix(hash_of(v->shape()), static_cast<std::size_t>(v->dtype())) : 0;
+    return v ? hash_combine(hash_of(v->shape()), static_cast<std::size_t>(v->dtype())) : 0;
   } else if constexpr (requires {
                          v.has_value();
                          *v;
                        }) {
-    return v ? mix(1, hash_of(*v)) : 0;
+    return v ? hash_combine(1, hash_of(*v)) : 0;
   } else if constexpr (requires {
                          v.size();
                          v.begin();
                        }) {
     std::size_t h = v.size();
-    for (const auto& e : v) h = mix(h, hash_of(e));
+    for (const auto& e : v) h = hash_combine(h, hash_of(e));
     return h;
   } else {
     return apply_fields(v, [](const auto&... f) {
       std::size_t h = 0;
-      ((h = mix(h, hash_of(f))), ...);
+      ((h = hash_combine(h, hash_of(f))), ...);
       return h;
     });
   }

@@ -98,7 +98,7 @@ class Attrs {
       const auto* o = dynamic_cast<const Model<T>*>(&other);
       return o != nullptr && same(value, o->value);
     }
-    std::size_t hash() const override { return mix(typeid(T).hash_code(), hash_of(value)); }
+    std::size_t hash() const override { return hash_combine(typeid(T).hash_code(), hash_of(value)); }
     std::string text() const override { return format_attrs(value); }
     T value;
   };

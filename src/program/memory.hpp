@@ -19,10 +19,7 @@ namespace shardplan::detail {
 /// run and freed after their last use, like any value: kept, every layer's copy would stay
 /// resident between steps.
 inline constexpr std::int64_t kMaxCachedConstantBytes = std::int64_t{1} << 20;
-/// The most bytes per device all kept constants of one program hold together: beyond it, the
-/// later ones are made again each run too (a step whose many per-layer constants each fit the
-/// bound above, once split over many devices, would otherwise keep all of them resident).
-inline constexpr std::int64_t kMaxCachedConstantTotal = std::int64_t{4} << 20;
+/// The bound on all of them together: kDefaultKeptConstantBytes (shardplan/detail/sjit_call.hpp).
 
 struct Liveness {
   std::vector<std::vector<SlotId>> free_after;  // per step
@@ -39,7 +36,7 @@ struct Liveness {
   std::int64_t memory_traffic = 0;     // ProgramCost::memory_traffic (per device)
   MemoryTimeline timeline;             // ProgramCost::timeline
   /// The bytes per device of each slot as counted above (0: a constant not counted, a slot no
-  /// step makes): what allocation_events (allocation_events.hpp) allocates.
+  /// step makes): what allocation_events (src/train/allocation_events.hpp) allocates.
   std::vector<std::int64_t> slot_bytes;
 };
 

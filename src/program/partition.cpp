@@ -10,6 +10,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "fields.hpp"
 #include "primitive.hpp"
 #include "primitives.hpp"
 #include "reshard_cost.hpp"
@@ -731,14 +732,7 @@ class Emitter {
   };
   struct BlocksKeyHash {
     std::size_t operator()(const BlocksKey& k) const {
-      std::size_t h = static_cast<std::size_t>(k.spec.size());
-      for (const AxisNames& dim : k.spec.dims()) {
-        for (const std::string& a : dim) h = h * 31u ^ std::hash<std::string>()(a);
-        h = h * 1000003u + 1u;
-      }
-      for (const std::int64_t dim : k.shape.dims())
-        h = h * 1000003u ^ std::hash<std::int64_t>()(dim);
-      return h;
+      return hash_combine(hash_of(k.spec), hash_of(k.shape));
     }
   };
   using Offsets = std::vector<std::vector<std::int64_t>>;

@@ -615,6 +615,8 @@ Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
 std::string Lowered::text() const { return c_->program.text(); }
 std::string Lowered::jaxpr() const { return c_->jaxpr; }
 const ProgramCost& Lowered::cost() const { return c_->program.cost(); }
+
+const detail::Program& detail::program_of(const Lowered& lowered) { return lowered.c_->program; }
 std::vector<NamedSharding> Lowered::input_shardings() const {
   return c_->program.input_shardings();
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shardplan/detail/agreement.hpp"
+#include "shardplan/detail/hash.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"
 
@@ -28,7 +29,7 @@ void check_same_program(std::string_view entry, const std::string* program, std:
                         distributed::detail::describe(failed));
   } else {
     h = std::hash<std::string>()(*program);
-    h ^= extra + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = hash_combine(h, extra);
     mine += '0';
   }
   std::memcpy(mine.data(), &kTag, sizeof kTag);

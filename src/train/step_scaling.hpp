@@ -16,9 +16,8 @@ namespace shardplan::train {
 
 /// The byte figures of a traced step besides the bytes each collective kind receives: the
 /// batch a device holds, the peak, the peak's split (ProgramCost::peak_by_kind), and the bytes
-/// the kernels not on matrix units read and write (ProgramCost::memory_traffic, the busiest
-/// device's).
-/// kReserved, kReservedExpandable: ProgramCost::reserved_bytes, reserved_bytes_expandable (the
+/// the kernels not on matrix units read and write (ProgramCost::memory_traffic, per device).
+/// kReserved, kReservedExpandable: detail::reserved_bytes (allocation_events.hpp: the
 /// caching allocator model).
 enum class ByteFigure {
   kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic, kReserved,

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "allocation_events.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
@@ -268,12 +269,12 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
   bytes[ByteFigure::kPeakHeld] = cost.peak_by_kind.inputs;
   bytes[ByteFigure::kPeakGathered] = cost.peak_by_kind.resharded_inputs;
   bytes[ByteFigure::kPeakComputed] = cost.peak_by_kind.computed;
-  bytes[ByteFigure::kReserved] = cost.reserved_bytes;
-  bytes[ByteFigure::kReservedExpandable] = cost.reserved_bytes_expandable;
+  const detail::ReservedBytes reserved = detail::reserved_bytes(detail::program_of(low));
+  bytes[ByteFigure::kReserved] = reserved.segments;
+  bytes[ByteFigure::kReservedExpandable] = reserved.expandable;
   for (const auto& [kind, b] : cost.bytes_by_kind) bytes[kind] = b;
   for (const auto& [on, b] : cost.bytes_by_axes) bytes[on] = b;
-  bytes[ByteFigure::kMemoryTraffic] =
-      *std::max_element(cost.memory_traffic.begin(), cost.memory_traffic.end());
+  bytes[ByteFigure::kMemoryTraffic] = cost.memory_traffic;
   out.figures.flops[FlopFigure::kBusiest] = *std::max_element(cost.flops.begin(), cost.flops.end());
   out.figures.flops[FlopFigure::kMatmul] =
       *std::max_element(cost.matmul_flops.begin(), cost.matmul_flops.end());

@@ -2,7 +2,9 @@
 // test runs is checked for one source of truth. The text must print, for every value a kernel
 // step computes and for every input, the sharding and pending sum that step runs with (rebuilt
 // here from the step itself, not from what the text is printed from), and each kernel step must
-// run on the blocks of that sharding. A mismatch fails the running test, naming the value.
+// run on the blocks of that sharding. A mismatch fails the running test, naming the value. The
+// caching allocator model's events (src/train/allocation_events.hpp, which compile() no longer
+// runs) must peak where the memory plan does, for every program, not only train-plan's.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -10,8 +12,10 @@
 #include <string>
 #include <unordered_map>
 
+#include "allocation_events.hpp"
 #include "compile.hpp"
 #include "primitives.hpp"
+#include "shardplan/error.hpp"
 
 namespace shardplan::detail {
 namespace {
@@ -95,6 +99,11 @@ void check(const Program& program) {
                     << " runs on other devices' blocks than its sharding gives\n"
                     << text;
     }
+  }
+  try {
+    (void)reserved_bytes(program);  // throws when the two counts of live bytes disagree
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what() << "\n" << text;
   }
 }
 

@@ -4,6 +4,7 @@
 // and the non-template core that traces, compiles, caches and runs.
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -17,6 +18,7 @@
 
 #include "shardplan/array.hpp"
 #include "shardplan/detail/array_tree.hpp"
+#include "shardplan/detail/hash.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/tree.hpp"
@@ -29,6 +31,12 @@ struct SjitOptions;
 namespace detail {
 
 struct Compiled;
+
+/// The most bytes per device all kept constants of one program hold together by default
+/// (SjitOptions::kept_constant_bytes): beyond it, the later ones are made again each run (a step
+/// whose many per-layer constants each fit kMaxCachedConstantBytes, once split over many devices,
+/// would otherwise keep all of them resident).
+inline constexpr std::int64_t kDefaultKeptConstantBytes = std::int64_t{4} << 20;
 
 /// One argument leaf as sjit sees it.
 struct ArgLeaf {
@@ -43,10 +51,6 @@ template <class T>
 bool static_equal(const T& a, const T& b);
 template <class T>
 std::size_t static_hash(const T& v);
-
-inline std::size_t hash_combine(std::size_t seed, std::size_t h) {
-  return seed ^ (h + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
-}
 
 template <class T>
 concept StaticString = std::is_same_v<T, std::string> || std::is_same_v<T, std::string_view>;

@@ -1,8 +1,12 @@
 #include "allocation_events.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
-#include "primitives.hpp"
+#include "../program/memory.hpp"
+#include "../program/primitives.hpp"
+#include "shardplan/error.hpp"
 
 namespace shardplan::detail {
 namespace {
@@ -14,13 +18,14 @@ bool runs(const Step& st, CollectiveKind kind) {
 
 }  // namespace
 
-std::vector<AllocEvent> allocation_events(const Graph& g, const Partitioned& p, const Liveness& l,
-                                          StreamModel model) {
+std::vector<AllocEvent> allocation_events(const Program& p, StreamModel model) {
   using Kind = AllocEvent::Kind;
-  const std::vector<std::int64_t>& bytes = l.slot_bytes;
+  const Graph& g = p.graph();
+  const std::vector<Step>& steps = p.steps();
+  const std::vector<std::int64_t>& bytes = p.slot_bytes();
   const auto num_slots = static_cast<std::int64_t>(bytes.size());
   std::vector<AllocEvent> out;
-  out.reserve(2 * p.steps.size() + p.input_slots.size());
+  out.reserve(2 * steps.size() + p.input_slots().size());
   const auto alloc = [&](std::int64_t id, std::int64_t b, AllocStream s) {
     out.push_back({Kind::kAllocate, id, b, s});
   };
@@ -28,7 +33,7 @@ std::vector<AllocEvent> allocation_events(const Graph& g, const Partitioned& p, 
   // Slots that share one buffer (a value and its views: shares_operand_buffers) are one
   // allocation, made by the group's root and freed when its last member is (as the memory pass
   // counts them).
-  const std::vector<SlotId> root = buffer_roots(p.steps, bytes.size());
+  const std::vector<SlotId> root = buffer_roots(steps, bytes.size());
   std::vector<int> members(bytes.size(), 0);
   const auto free_all = [&](const std::vector<SlotId>& slots) {
     for (const SlotId f : slots) {
@@ -41,16 +46,16 @@ std::vector<AllocEvent> allocation_events(const Graph& g, const Partitioned& p, 
   for (const Node& n : g.nodes) {
     if (!n.is(prim::input)) continue;
     const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
-    if (k >= p.input_slots.size() || index(p.input_slots[k]) >= bytes.size()) continue;
-    const std::size_t s = index(p.input_slots[k]);
+    if (k >= p.input_slots().size() || index(p.input_slots()[k]) >= bytes.size()) continue;
+    const std::size_t s = index(p.input_slots()[k]);
     dtype[s] = n.type.dtype;
     members[s] = 1;
     alloc(static_cast<std::int64_t>(s), bytes[s], AllocStream::kDefault);
   }
-  free_all(l.free_at_start);
+  free_all(p.free_at_start());
   const bool fsdp = model == StreamModel::kFsdp2;
-  for (std::size_t s = 0; s < p.steps.size(); ++s) {
-    const Step& st = p.steps[s];
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    const Step& st = steps[s];
     const std::size_t o = index(st.out);
     const auto id = static_cast<std::int64_t>(o);
     dtype[o] = st.type.dtype;
@@ -61,7 +66,7 @@ std::vector<AllocEvent> allocation_events(const Graph& g, const Partitioned& p, 
       const std::int64_t in_bytes = bytes[in] / byte_size(Shape{}, dtype[in]) *
                                     byte_size(Shape{}, st.type.dtype);
       alloc(staging, in_bytes, AllocStream::kReduceScatter);
-      free_all(l.free_after[s]);
+      free_all(p.free_after()[s]);
       members[o] = 1;
       alloc(id, bytes[o], AllocStream::kReduceScatter);
       free(staging);
@@ -73,7 +78,7 @@ std::vector<AllocEvent> allocation_events(const Graph& g, const Partitioned& p, 
       members[o] = 1;
       alloc(id, bytes[o], AllocStream::kDefault);
       free(staging);
-      free_all(l.free_after[s]);
+      free_all(p.free_after()[s]);
       continue;
     }
     const std::size_t r = index(root[o]);
@@ -83,9 +88,26 @@ std::vector<AllocEvent> allocation_events(const Graph& g, const Partitioned& p, 
       members[o] = 1;
       alloc(id, bytes[o], AllocStream::kDefault);
     }
-    free_all(l.free_after[s]);
+    free_all(p.free_after()[s]);
   }
   return out;
+}
+
+ReservedBytes reserved_bytes(const Program& p) {
+  const std::int64_t requested =
+      simulate_caching_allocator(allocation_events(p, StreamModel::kValues)).requested_peak;
+  const MemoryTimeline& t = p.cost().timeline;  // the memory plan's peak, at its step
+  const std::int64_t planned =
+      t.peak_step < t.live_bytes.size() ? t.live_bytes[t.peak_step] : t.start_bytes;
+  if (requested != planned) {
+    throw Error(fmt::format("[reserved_bytes] the allocation events peak at {} bytes live, the "
+                            "memory plan at {} (a bug: the two counts disagree)",
+                            requested, planned));
+  }
+  const std::vector<AllocEvent> events = allocation_events(p, StreamModel::kFsdp2);
+  return {.segments = simulate_caching_allocator(events).reserved_peak,
+          .expandable =
+              simulate_caching_allocator(events, {.expandable_segments = true}).reserved_peak};
 }
 
 }  // namespace shardplan::detail
