@@ -688,6 +688,36 @@ TEST_P(ProfilerClock, EventTimesAreSteadyClockNanoseconds) {
   }
 }
 
+// A collective's groups are kept per thread by the mesh's devices, axis sizes and axes: meshes
+// over the same four devices that differ in shape or in device order get their own groups, one
+// run after another on this thread (a cache keyed on less would name the first mesh's peers).
+TEST(Profiler, CollectivePeersFollowEachMeshOverTheSameDevices) {
+  Executor exec{4};
+  const Tensor host = Tensor::normal(Shape{8, 4}, DType::kF32, 3);
+  // The peers of device 0 in a gather of a value split over axis 'a' of `mesh`.
+  const auto peers_of_0 = [&](const Mesh& mesh) {
+    const Array x = device_put(host, NamedSharding(mesh, P("a")), exec);
+    auto gather = sjit(mesh, [](const Array& a) { return with_sharding_constraint(a, P()); });
+    (void)gather(x);
+    {
+      profiler::ProfileSession session;
+      (void)gather(x);
+    }
+    const json doc = json::parse(profiler::trace_json());
+    for (const json& e : events_of(doc, "collective")) {
+      if (e["tid"] == 0) return e["args"]["peers"].get<std::vector<int>>();
+    }
+    return std::vector<int>{-1};
+  };
+  EXPECT_EQ(peers_of_0(Mesh::parse("a:4", 4)), (std::vector<int>{1, 2, 3}));
+  // a:2,b:2: device 0 is (0, 0); along 'a' its group is device 2, (1, 0).
+  EXPECT_EQ(peers_of_0(Mesh::parse("a:2,b:2", 4)), (std::vector<int>{2}));
+  // The same shape over the devices in another order: 0 is (0, 0), 1 is (1, 0).
+  EXPECT_EQ(peers_of_0(Mesh({{"a", 2}, {"b", 2}}, std::vector<int>{0, 2, 1, 3})),
+            (std::vector<int>{1}));
+  EXPECT_EQ(peers_of_0(Mesh::parse("a:4", 4)), (std::vector<int>{1, 2, 3}));
+}
+
 // A slice keeps its span as 32-bit offsets from its step's start: a span of 2^32 stamps or more
 // (over 4 s of steady_clock stamps) is kept in coarser units, to within one unit (a few ns).
 TEST(Profiler, AnEventOverFourSecondsLongKeepsItsSpan) {

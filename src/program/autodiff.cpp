@@ -29,10 +29,11 @@ Contraction contraction(const Node& n) {
 }
 
 // While alive, ops recorded on this thread carry `n`'s named scope and composite op: a value
-// made again for the backward pass is named as the one it remakes.
-class Remade {
+// made again, replayed or differentiated is named as the node it comes from (the scope open now
+// when `n` has none).
+class NamedAs {
  public:
-  explicit Remade(const Node& n)
+  explicit NamedAs(const Node& n)
       : scope_(n.scope ? n.scope : profiler::detail::current_scope()), composite_(n.composite) {}
 
  private:
@@ -85,7 +86,7 @@ class Recompute {
     std::vector<Array> ins;
     ins.reserve(n.operands.size());
     for (const ValueId o : n.operands) ins.push_back(read(user, o));
-    const Remade as_traced(n);
+    const NamedAs as_traced(n);
     return remade_.emplace(key, apply(*n.op, n.attrs, ins, &placement_)).first->second;
   }
 
@@ -138,7 +139,7 @@ class Recompute {
       std::vector<Array> ins;
       ins.reserve(n.operands.size());
       for (const ValueId o : n.operands) ins.push_back(view(r, o));
-      const Remade as_traced(n);
+      const NamedAs as_traced(n);
       rec_[id] = apply(*n.op, n.attrs, ins, &placement_);
     }
   }
@@ -254,9 +255,7 @@ ValueMap<Array> backward(const Graph& g, const TraceContext& inner, const ValueM
     for (const ValueId o : n.operands) ins.push_back(remat.read(id, o));
     // The backward ops of a node carry its named scope (the profiler's events name it) and the
     // composite op it belongs to.
-    const profiler::detail::ScopeOverride scope(n.scope ? n.scope
-                                                        : profiler::detail::current_scope());
-    const CompositeScope in_composite(n.composite);
+    const NamedAs as_forward(n);
     const std::vector<Array> cts = n.op->vjp(n, ins, remat.read(id, id), ct[id]);
     for (std::size_t k = 0; k < cts.size() && k < n.operands.size(); ++k) {
       accumulate(ct[n.operands[k]], cts[k]);
@@ -346,9 +345,7 @@ ValueAndGrad value_and_grad_impl(
     for (const ValueId o : n.operands) ins.push_back(vals[o]);
     // Each replayed op keeps the scope it was traced under (the whole nested path) and its
     // composite op, as the backward ops do.
-    const profiler::detail::ScopeOverride scope(n.scope ? n.scope
-                                                        : profiler::detail::current_scope());
-    const CompositeScope in_composite(n.composite);
+    const NamedAs as_traced(n);
     vals[id] = apply(*n.op, n.attrs, ins, &placement);
   }
   if (outer != nullptr) {
