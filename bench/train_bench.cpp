@@ -225,6 +225,7 @@ BENCHMARK(BM_MlpTrainStepEigen)->Unit(benchmark::kMillisecond)->UseRealTime()->M
 // `run` runs one step (updating its own parameters); `cost` is the program's static cost.
 struct LlamaStep {
   std::function<void()> run;
+  std::function<void()> compile;  // traces and compiles the step anew (a new sjit, no cache)
   ProgramCost cost;
 };
 LlamaStep make_llama_step(const llama::Config& cfg, bool fsdp_tp, bool fuse = true,
@@ -270,6 +271,9 @@ LlamaStep make_llama_step(const llama::Config& cfg, bool fsdp_tp, bool fuse = tr
       batch, exec(8));
   LlamaStep out;
   out.cost = step->lower(*params, *st, x, y).cost();
+  out.compile = [mesh, fn, so, params, st, x, y] {
+    benchmark::DoNotOptimize(sjit(mesh, fn, so).lower(*params, *st, x, y).cost().peak_bytes);
+  };
   out.run = [step, params, st, x, y] {
     const Tree<Array> r = (*step)(*params, *st, x, y);
     *params = r.at("params");
@@ -326,6 +330,14 @@ BENCHMARK(BM_LlamaStepFsdpTpNoSequenceParallel)
     ->UseRealTime()
     ->MinTime(3.0);
 BENCHMARK(BM_LlamaStepDataParallel)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
+
+// The time to trace and compile the FSDP+TP step (propagation, partitioning, fusion, memory plan)
+// with a new sjit each iteration: what a change to the compiler's passes is measured by.
+void BM_LlamaStepCompile(benchmark::State& state) {
+  const LlamaStep step = make_llama_step(bench_llama(64, 32), true);
+  for (auto _ : state) step.compile();
+}
+BENCHMARK(BM_LlamaStepCompile)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(3.0);
 
 // The profiler off and on (include/shardplan/profiler.hpp), in pairs: each iteration times the
 // step with recording off and with it on (a session started just before, as a user would around
