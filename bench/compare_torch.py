@@ -62,7 +62,7 @@ MLP_LR = 0.01
 LLAMA = {"vocab": 128, "dim": 256, "heads": 4, "ffn": 512, "layers": 2, "seq": 64, "batch": 32}
 RMS_EPS = 1e-6  # rms_norm's default in include/shardplan/ops.hpp
 ROPE_BASE = 10000.0
-MASK_VALUE = -1e30  # causal_mask in src/program/ops.cpp
+MASK_VALUE = -1e30  # causal_mask in src/program/ops/ops.cpp
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
 MLP_BENCH_8 = "BM_MlpTrainStep8Devices"

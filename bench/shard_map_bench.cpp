@@ -9,7 +9,7 @@
 #include <benchmark/benchmark.h>
 
 #include "paired.hpp"
-#include "ring_attention.hpp"
+#include "../src/program/ops/ring_attention.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/shard_map.hpp"

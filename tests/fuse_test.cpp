@@ -1,12 +1,12 @@
-// Fusion of pointwise steps (src/program/fuse.hpp): under sjit a group of pointwise ops runs as
+// Fusion of pointwise steps (src/program/compiler/fuse.hpp): under sjit a group of pointwise ops runs as
 // one step, chunk by chunk, and gives bitwise what the same ops give run one by one (eagerly,
 // where every op is a program of its own and nothing is fused).
-#include "fuse.hpp"
+#include "../src/program/compiler/fuse.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "primitives.hpp"
+#include "../src/program/ir/primitives.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"

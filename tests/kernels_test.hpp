@@ -8,10 +8,10 @@
 #include <numbers>
 #include <string>
 
-#include "primitives.hpp"
+#include "../src/program/ir/primitives.hpp"
 #include "shardplan/ops.hpp"
 #include "test_util.hpp"
-#include "trace.hpp"
+#include "../src/program/frontend/trace.hpp"
 
 namespace shardplan::detail::test {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../json_impl.hpp"
+#include "../src/formats/json_impl.hpp"
 #include "../profiler/memory_report.hpp"
 #include "../profiler/trace_summary.hpp"
 #include "fixtures.hpp"

@@ -1,4 +1,4 @@
-// OutputFiles (src/output_file.hpp): a command's outputs appear together or not at all.
+// OutputFiles (src/formats/output_file.hpp): a command's outputs appear together or not at all.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "../input_file.hpp"
-#include "../output_file.hpp"
+#include "../src/formats/input_file.hpp"
+#include "../src/formats/output_file.hpp"
 #include "test_util.hpp"
 
 namespace shardplan::detail {

@@ -1,4 +1,4 @@
-// The partitioner's decisions (src/program/partition.cpp), each on its own, on small traced
+// The partitioner's decisions (src/program/compiler/partition.cpp), each on its own, on small traced
 // graphs compiled without fusion (so that every kernel step computes one node): which step
 // computes a value, in which sharding, pending or not; which reshards run, with their
 // collectives and bytes worked out by hand; and the values, against the same function run on one
@@ -8,7 +8,7 @@
 // pending sum receives B on each device (its half of the other's summand, then the other half
 // reduced: (n - 1) * chunk + (total - chunk) elements); a reduce-scatter or an all-gather over x
 // receives B / 2; a local slice moves nothing (it is not counted as a collective below).
-#include "partition.hpp"
+#include "../src/program/compiler/partition.hpp"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "compile.hpp"
-#include "primitives.hpp"
+#include "../src/program/compiler/compile.hpp"
+#include "../src/program/ir/primitives.hpp"
 #include "shardplan/ops.hpp"
 #include "test_util.hpp"
-#include "trace.hpp"
+#include "../src/program/frontend/trace.hpp"
 
 namespace shardplan {
 // For gtest's messages: "sum over [x]".

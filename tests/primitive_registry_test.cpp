@@ -1,5 +1,5 @@
 // The registry test: every primitive of all_primitives() is checked from what its definition
-// declares (Primitive::tests, src/program/primitive_tests.hpp), one test per primitive. For each
+// declares (Primitive::tests, src/program/ir/primitive_tests.hpp), one test per primitive. For each
 // declared dtype and case: the result against the declared reference; in f64, the VJP against
 // central finite differences of the reference; and the case run under sjit over 4 devices on two
 // meshes, operands sharded, against the one-device result. A primitive without a declaration
@@ -12,8 +12,8 @@
 #include <random>
 #include <sstream>
 
-#include "primitive_tests.hpp"
-#include "primitives.hpp"
+#include "../src/program/ir/primitive_tests.hpp"
+#include "../src/program/ir/primitives.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
@@ -378,7 +378,7 @@ TEST_P(Registry, ChecksWhatTheDefinitionDeclares) {
   const Primitive& p = *GetParam();
   ASSERT_NE(p.tests, nullptr) << p.name
                               << " declares no tests: give its definition a PrimitiveTests "
-                                 "(src/program/primitive_tests.hpp)";
+                                 "(src/program/ir/primitive_tests.hpp)";
   ASSERT_NE(p.tests->cases, nullptr) << p.name << " declares no cases";
   ASSERT_FALSE(p.tests->dtypes.list().empty()) << p.name << " declares no dtypes";
   switch (p.tests->kind) {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "primitives.hpp"
+#include "../src/program/ir/primitives.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/sjit.hpp"

@@ -1,7 +1,7 @@
 #pragma once
 // A rule table's patterns (Python `re` syntax, py_regex.hpp) matched against tree paths: which
 // entry is the first to be found (re.search) in a path decoded from UTF-8. Private to the rules
-// library (and src/program/optim.cpp).
+// library (and src/program/ops/optim.cpp).
 //
 // PathMatcher is one DFA over Unicode code points for a list of patterns without lookaround or
 // backreferences: a code point is mapped to a class (code points every set of the table treats

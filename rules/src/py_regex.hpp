@@ -2,7 +2,7 @@
 // Python `re` patterns (str patterns) for rule tables: a parser with Python's syntax and errors,
 // and a bounded backtracking matcher over code points for what a DFA cannot decide (lookaround,
 // backreferences, atomic groups, possessive repeats, conditionals). The DFA over the same syntax
-// tree is path_matcher.{hpp,cpp}. Private to the rules library (and src/program/optim.cpp).
+// tree is path_matcher.{hpp,cpp}. Private to the rules library (and src/program/ops/optim.cpp).
 #include <cstddef>
 #include <cstdint>
 #include <memory>

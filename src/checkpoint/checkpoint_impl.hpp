@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "../output_file.hpp"
+#include "../formats/output_file.hpp"
 #include "shardplan/array.hpp"
 #include "shardplan/checkpoint.hpp"
 #include "shardplan/named_sharding.hpp"

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "../json_impl.hpp"
+#include "../formats/json_impl.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {

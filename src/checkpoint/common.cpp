@@ -8,7 +8,7 @@
 #include <cstring>
 #include <new>
 
-#include "../input_file.hpp"
+#include "../formats/input_file.hpp"
 #include "checkpoint_impl.hpp"
 #include "shardplan/distributed.hpp"
 #include "shardplan/error.hpp"

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "../input_file.hpp"
+#include "../formats/input_file.hpp"
 #include "checkpoint_impl.hpp"
 #include "checkpoint_index.hpp"
 #include "shardplan/distributed.hpp"

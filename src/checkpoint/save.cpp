@@ -1,6 +1,6 @@
 // Saving: SaveJob's steps (shared with AsyncCheckpointer, async_save.cpp) and save_checkpoint.
 // POSIX pwrite of each block's runs into files made at their full size, the run's own
-// `.NAME.partial-X` directory then a no-replace rename (src/output_file.hpp), XXH3 checksums in
+// `.NAME.partial-X` directory then a no-replace rename (src/formats/output_file.hpp), XXH3 checksums in
 // the index.
 #include <fmt/format.h>
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "../output_file.hpp"
+#include "../formats/output_file.hpp"
 #include "example_model.hpp"
 #include "output_path_option.hpp"
 #include "shardplan/autodiff.hpp"

@@ -20,8 +20,8 @@
 #include <sstream>
 #include <string>
 
-#include "../input_file.hpp"
-#include "../output_file.hpp"
+#include "../formats/input_file.hpp"
+#include "../formats/output_file.hpp"
 #include "checkpoint_cmd.hpp"
 #include "example_cmd.hpp"
 #include "example_model.hpp"

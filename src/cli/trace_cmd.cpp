@@ -2,8 +2,8 @@
 
 #include <iostream>
 
-#include "../input_file.hpp"
-#include "../output_file.hpp"
+#include "../formats/input_file.hpp"
+#include "../formats/output_file.hpp"
 #include "../profiler/memory_report.hpp"
 #include "../profiler/trace_summary.hpp"
 #include "input_path_option.hpp"

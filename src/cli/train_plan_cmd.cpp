@@ -7,7 +7,7 @@
 #include <iostream>
 #include <optional>
 
-#include "../output_file.hpp"
+#include "../formats/output_file.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"

@@ -1,7 +1,7 @@
 // The memory report (profiler.hpp memory_json, memory_html, write_memory_report): program runs'
 // live bytes per device over their steps, measured and planned, with the peak and what is live
 // at it, as JSON or as one self-contained page (no script, no URL) drawn with the chart
-// train-plan --html uses (src/bytes_chart.hpp).
+// train-plan --html uses (src/report/bytes_chart.hpp).
 #include "memory_report.hpp"
 
 #include <fmt/format.h>
@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
-#include "../bytes_chart.hpp"
-#include "../html_page.hpp"
-#include "../output_file.hpp"
+#include "../report/bytes_chart.hpp"
+#include "../report/html_page.hpp"
+#include "../formats/output_file.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/format_bytes.hpp"

@@ -7,7 +7,7 @@
 #include <initializer_list>
 #include <optional>
 
-#include "../json_impl.hpp"
+#include "../formats/json_impl.hpp"
 #include "memory_report.hpp"
 #include "trace_summary.hpp"
 #include "shardplan/detail/checked.hpp"

@@ -9,7 +9,7 @@
 #include <set>
 #include <utility>
 
-#include "../json_impl.hpp"
+#include "../formats/json_impl.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "../output_file.hpp"
+#include "../formats/output_file.hpp"
 #include "memory_report.hpp"
 #include "recorder.hpp"
 #include "shardplan/collective_kind.hpp"

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "../program/memory.hpp"
-#include "../program/primitives.hpp"
+#include "../program/compiler/memory.hpp"
+#include "../program/ir/primitives.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {

@@ -1,13 +1,13 @@
 #pragma once
 // The allocations and frees one device makes running a compiled program's steps, in the memory
-// pass's order (src/program/memory.hpp): what the caching allocator model (caching_allocator.hpp)
+// pass's order (src/program/compiler/memory.hpp): what the caching allocator model (caching_allocator.hpp)
 // runs over. Every device holds blocks of one size, so one device's sequence stands for all. A
 // training analysis: compile() does not run it; train-plan asks for it (reserved_bytes below).
 
 #include <cstdint>
 #include <vector>
 
-#include "../program/compile.hpp"
+#include "../program/compiler/compile.hpp"
 #include "caching_allocator.hpp"
 
 namespace shardplan::detail {

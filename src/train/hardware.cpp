@@ -11,8 +11,8 @@
 
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
-#include "../input_file.hpp"
-#include "../yaml_input.hpp"
+#include "../formats/input_file.hpp"
+#include "../formats/yaml_input.hpp"
 
 namespace shardplan {
 namespace {

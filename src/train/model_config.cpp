@@ -8,8 +8,8 @@
 #include <limits>
 #include <optional>
 
-#include "../input_file.hpp"
-#include "../json_impl.hpp"
+#include "../formats/input_file.hpp"
+#include "../formats/json_impl.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"

@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "../bytes_chart.hpp"
-#include "../html_page.hpp"
-#include "../output_file.hpp"
+#include "../report/bytes_chart.hpp"
+#include "../report/html_page.hpp"
+#include "../formats/output_file.hpp"
 #include "step_time.hpp"
 #include "shardplan/format_bytes.hpp"
 

@@ -1,6 +1,6 @@
 // Must not compile: a primitive whose kernel is given as nullptr (Required has no constructor
 // from nullptr). Run by ctest (primitive.compile_fail.*).
-#include "primitives.hpp"
+#include "../../src/program/ir/primitives.hpp"
 
 namespace shardplan::detail {
 namespace {

@@ -1,6 +1,6 @@
 // Must not compile: a primitive defined without a VJP. Run by ctest
 // (primitive.compile_fail.*), which expects the compiler to name the missing Required part.
-#include "primitives.hpp"
+#include "../../src/program/ir/primitives.hpp"
 
 namespace shardplan::detail {
 namespace {

@@ -13,8 +13,8 @@
 #include <unordered_map>
 
 #include "allocation_events.hpp"
-#include "compile.hpp"
-#include "primitives.hpp"
+#include "../../src/program/compiler/compile.hpp"
+#include "../../src/program/ir/primitives.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {

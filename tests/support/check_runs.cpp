@@ -26,10 +26,10 @@
 #include <map>
 #include <string>
 
-#include "compile.hpp"
-#include "memory.hpp"
-#include "primitive.hpp"
-#include "run_record.hpp"
+#include "../../src/program/compiler/compile.hpp"
+#include "../../src/program/compiler/memory.hpp"
+#include "../../src/program/ir/primitive.hpp"
+#include "../../src/program/analysis/run_record.hpp"
 #include "check_runs.hpp"
 
 namespace shardplan::detail {

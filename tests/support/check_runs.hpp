@@ -1,8 +1,8 @@
 #pragma once
 // The check every test executable runs on each completed Program::run (check_runs.cpp), for
 // tests of the check itself.
-#include "compile.hpp"
-#include "run_record.hpp"
+#include "../../src/program/compiler/compile.hpp"
+#include "../../src/program/analysis/run_record.hpp"
 
 namespace shardplan::detail::test {
 

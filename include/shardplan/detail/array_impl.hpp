@@ -1,6 +1,6 @@
 #pragma once
 // What an Array holds (not part of the public API): built by name (designated initialisers) in
-// src/runtime/array.cpp and src/program/array_access.hpp. In a header because Array's accessors
+// src/runtime/array.cpp and src/program/ir/array_access.hpp. In a header because Array's accessors
 // are inline (each is a load, called in every op).
 // Included by shardplan/array.hpp after the class.
 

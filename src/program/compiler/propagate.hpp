@@ -1,0 +1,76 @@
+#pragma once
+// Pass 1, sharding propagation. Input: a graph, a mesh, and the shardings fixed by the user
+// (in/out shardings, constraints, annotations). Output: a sharding for every value (dimension by
+// dimension, as mesh axes) with its origin ("from %3 through dot_general"), and each node's
+// factors (its primitive's sharding rule), which the partitioner reuses.
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../ir/factors.hpp"
+#include "../ir/graph.hpp"
+#include "shardplan/array.hpp"
+#include "shardplan/mesh.hpp"
+#include "shardplan/partition_spec.hpp"
+
+namespace shardplan::detail {
+
+/// A value's sharding while propagating.
+struct Sharding {
+  std::vector<AxisNames> dims;
+  bool known = false;
+  bool fixed = false;
+  std::string origin;
+  /// The sum the value would be pending over if every node ran in its propagated sharding: a
+  /// node's own reduce factors' axes, and the pending sums of its operands carried through it
+  /// where it is linear in them (Primitive::linearity). An estimate (carry_pending): the
+  /// partitioner decides the actual layout, and reads this for values it has not decided yet.
+  Pending pending;
+
+  bool uses(const std::string& axis) const;
+};
+
+/// `spec`'s dimensions padded with unsharded ones to `rank`.
+std::vector<AxisNames> padded(const PartitionSpec& spec, int rank);
+/// The spec of `dims`, without trailing unsharded dimensions.
+PartitionSpec spec_of_dims(std::vector<AxisNames> dims);
+/// The number of devices along `axes`.
+std::int64_t product(const Mesh& mesh, const AxisNames& axes);
+
+class Propagator {
+ public:
+  Propagator(const Graph& g, const Mesh& mesh);
+  /// Fixes value `id` to `spec`. Throws SpecError for an unknown axis or a shape that does not
+  /// divide, naming the value.
+  void fix(ValueId id, const PartitionSpec& spec, std::string origin);
+  /// Propagates to a fixed point; values nothing reached are replicated.
+  void run();
+
+  /// Estimates every value's pending sum (Sharding::pending), after run(); `inputs`: the sums
+  /// the inputs arrive pending over, by input index.
+  void carry_pending(std::span<const Pending> inputs);
+
+  const Sharding& at(ValueId id) const { return sh_[id]; }
+  const OpFactors& factors(ValueId id) const { return factors_[id]; }
+
+ private:
+  bool sweep(bool pointwise_only);
+  bool through(ValueId id, bool pointwise_only);
+
+  const Graph& g_;
+  const Mesh& mesh_;
+  ValueMap<Sharding> sh_;
+  ValueMap<OpFactors> factors_;
+};
+
+/// The operand shapes of `n` in `g`.
+std::vector<Shape> operand_shapes(const Graph& g, const Node& n);
+/// The operand types of `n` in `g`.
+std::vector<TensorType> operand_types(const Graph& g, const Node& n);
+/// How a pending sum flows through `n` (its primitive's declared linearity; none when it declares
+/// none).
+struct Linearity;
+Linearity linearity_of(const Graph& g, const Node& n);
+
+}  // namespace shardplan::detail

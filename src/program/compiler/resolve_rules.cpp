@@ -1,0 +1,26 @@
+#include "resolve_rules.hpp"
+
+#include "../../core/error_context.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+
+std::vector<MaybeSharding> resolve_rules(const Mesh& mesh, const RuleTree& rules,
+                                         const Tree<TensorSpec>& specs, std::string_view context) {
+  try {
+    return MeshShardingHelper(mesh).match(rules, specs).leaves();
+  } catch (const Error&) {
+    if (context.empty()) throw;
+    rethrow_with_context(context);
+  }
+}
+
+std::vector<MaybeSharding> resolve_rules(const Mesh& mesh, const RuleTree& rules,
+                                         const Tree<Array>& arrays, std::string_view context) {
+  const Tree<TensorSpec> specs = arrays.map([](const Array& a) {
+    return TensorSpec{a.shape(), a.dtype()};
+  });
+  return resolve_rules(mesh, rules, specs, context);
+}
+
+}  // namespace shardplan::detail
