@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "../formats/output_file.hpp"
+#include "../train/model_family.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
@@ -21,18 +22,8 @@ namespace shardplan::cli {
 namespace {
 
 /// The preset written for the family's layout, used when no --rules is given.
-const char* default_preset(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::kGpt2:
-      return "gpt2";
-    case ModelFamily::kMixtral:
-      return "mixtral_ep";
-    case ModelFamily::kT5:
-      return "t5";
-    case ModelFamily::kLlama:
-      break;
-  }
-  return "llama_fsdp_tp";
+std::string default_preset(ModelFamily family) {
+  return std::string(train::family(family).default_preset);
 }
 
 /// Refuses an empty value (CLI11 names the option: "--hardware: the value is empty").
@@ -150,7 +141,10 @@ DefaultRules default_rules(ModelFamily family, const std::string& family_name,
                            const std::vector<std::string>& mesh,
                            const std::function<RuleFile(const std::string&)>& load_rules) {
   std::string preset = default_preset(family);
-  if (family == ModelFamily::kLlama && !has_axis(mesh, "tp")) preset = "llama_fsdp";
+  const train::FamilyDef& def = train::family(family);
+  if (!def.preset_without_tp.empty() && !has_axis(mesh, "tp")) {
+    preset = std::string(def.preset_without_tp);
+  }
   DefaultRules d{"preset:" + preset, load_rules("preset:" + preset), ""};
   std::vector<std::string> missing;
   for (const std::string& a : axes_of(d.file)) {

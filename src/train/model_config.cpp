@@ -15,28 +15,20 @@
 #include "shardplan/error.hpp"
 #include "shardplan/model_loader.hpp"
 #include "shardplan/train_plan.hpp"
+#include "model_family.hpp"
 
 namespace shardplan {
 namespace {
 
 namespace json = detail::json;
 
-struct Family {
-  const char* model_type;
-  ModelFamily family;
-};
-// The model types whose layout the family's step reproduces.
-constexpr Family kFamilies[] = {
-    {"llama", ModelFamily::kLlama}, {"mistral", ModelFamily::kLlama},
-    {"qwen2", ModelFamily::kLlama}, {"mixtral", ModelFamily::kMixtral},
-    {"gpt2", ModelFamily::kGpt2},   {"t5", ModelFamily::kT5},
-};
-
 std::string known_types() {
   std::string out;
-  for (const Family& f : kFamilies) {
-    if (!out.empty()) out += ", ";
-    out += f.model_type;
+  for (const train::FamilyDef& f : train::families()) {
+    for (std::string_view t : f.types) {
+      if (!out.empty()) out += ", ";
+      out += t;
+    }
   }
   return out;
 }
@@ -543,9 +535,11 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
   }
   ModelConfig c;
   c.model_type = std::string(type->str());
-  const Family* family = nullptr;
-  for (const Family& fam : kFamilies) {
-    if (c.model_type == fam.model_type) family = &fam;
+  const train::FamilyDef* family = nullptr;
+  for (const train::FamilyDef& fam : train::families()) {
+    for (std::string_view t : fam.types) {
+      if (c.model_type == t) family = &fam;
+    }
   }
   if (family == nullptr) {
     throw IoError(fmt::format(
@@ -553,7 +547,7 @@ ModelConfig ModelConfig::parse(std::string_view text, std::string_view source) {
         "still plans its weights",
         source, detail::printable(c.model_type), known_types()));
   }
-  c.family = family->family;
+  c.family = family->id;
   check_architectures(f, c.not_modelled);
   if (c.family == ModelFamily::kGpt2) {
     read_gpt2(f, c);
@@ -585,23 +579,10 @@ ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   return parse(text, file.string());
 }
 
-std::string ModelConfig::family_name() const {
-  switch (family) {
-    case ModelFamily::kGpt2:
-      return "gpt2";
-    case ModelFamily::kMixtral:
-      return "mixtral";
-    case ModelFamily::kT5:
-      return "t5";
-    case ModelFamily::kLlama:
-      break;
-  }
-  return "llama";
-}
+std::string ModelConfig::family_name() const { return std::string(train::family(family).name); }
 
 std::string ModelConfig::layers_path() const {
-  if (family == ModelFamily::kT5) return "decoder/block";
-  return family == ModelFamily::kGpt2 ? "h" : "model/layers";
+  return std::string(train::family(family).layers_path);
 }
 
 namespace {

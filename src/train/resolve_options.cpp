@@ -1,5 +1,6 @@
 // train-plan's options against the family's step and the mesh: applied, or refused by name.
 #include "resolve_options.hpp"
+#include "model_family.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -58,28 +59,7 @@ void refuse(Refusal r, const std::string& values) {
   throw OptionError(i, fmt::format("[train] {} is refused: {}; {}", x.option, x.condition, values));
 }
 
-const FamilySupport& support_of(ModelFamily family) {
-  static const FamilySupport kLlama{};
-  static const FamilySupport kGpt2{.ring_attention = false, .float8 = false};
-  static const FamilySupport kT5{.decoder_only = false,
-                                 .ring_attention = false,
-                                 .fused_attention = false,
-                                 .fused_loss = false,
-                                 .annotated_regions = false,
-                                 .float8 = false,
-                                 .remat = false,
-                                 .fsdp_root = false};
-  switch (family) {
-    case ModelFamily::kGpt2:
-      return kGpt2;
-    case ModelFamily::kT5:
-      return kT5;
-    case ModelFamily::kLlama:
-    case ModelFamily::kMixtral:
-      break;
-  }
-  return kLlama;
-}
+const FamilySupport& support_of(ModelFamily id) { return family(id).support; }
 
 namespace {
 

@@ -2,6 +2,7 @@
 // micro-batches when accumulating), the optimizer's update one parameter at a time, lowered for
 // the mesh and its cost read off the compiled program.
 #include "step_trace.hpp"
+#include "model_family.hpp"
 
 #include <fmt/format.h>
 
@@ -103,13 +104,13 @@ StepArguments step_arguments(const ModelConfig& config, const RulePtr& rules,
   // T5 reads the encoder's tokens and then the decoder's from one array; its targets are the
   // decoder's.
   const std::int64_t target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
-  const std::int64_t input_seq = config.family == ModelFamily::kT5 ? o.seq + target_seq : o.seq;
+  const std::int64_t input_seq = !support_of(config.family).decoder_only ? o.seq + target_seq : o.seq;
   const auto batch_of = [&](std::int64_t len) {
     return TensorSpec{o.grad_accum == 1 ? Shape{o.batch, len} : Shape{o.grad_accum, micro, len},
                       DType::kI32};
   };
   a.tokens = batch_of(input_seq);
-  a.targets = batch_of(config.family == ModelFamily::kT5 ? target_seq : o.seq);
+  a.targets = batch_of(!support_of(config.family).decoder_only ? target_seq : o.seq);
   return a;
 }
 
