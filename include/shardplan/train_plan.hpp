@@ -37,17 +37,15 @@
 
 namespace shardplan {
 
-/// The model families whose training step shardplan can write.
-enum class ModelFamily {
-  kLlama,    // model_type llama, mistral, qwen2 (and others of the same layout)
-  kGpt2,     // model_type gpt2
-  kMixtral,  // model_type mixtral: LLaMA attention, a mixture of experts for the MLP
-  kT5,       // model_type t5 (T5, T5 v1.1, Flan-T5): encoder-decoder
-};
+namespace train {
+struct FamilyDef;  // a model family's declaration (src/train/families/)
+}
 
 /// The fields of a Hugging Face config.json a training step needs.
 struct ModelConfig {
-  ModelFamily family = ModelFamily::kLlama;
+  /// The family the model_type belongs to: what reads its fields, builds its parameters and its
+  /// step (set by parse).
+  const train::FamilyDef* family = nullptr;
   std::string model_type;  // as the file says ("llama", "gpt2", ...)
   std::int64_t vocab = 0;
   std::int64_t hidden = 0;
@@ -60,6 +58,7 @@ struct ModelConfig {
   bool attention_bias = false;         // q/k/v projections have biases (Qwen2, LLaMA's flag)
   bool output_bias = false;            // o_proj has a bias (LLaMA's attention_bias)
   bool mlp_bias = false;               // gate/up/down projections have biases (LLaMA's mlp_bias)
+  bool qk_norm = false;  // an RMSNorm over each query and key head before RoPE (Qwen3's q/k_norm)
   std::int64_t experts = 0;            // Mixtral: experts per layer (num_local_experts)
   std::int64_t experts_per_token = 0;  // Mixtral: experts each token goes to (top-k)
   /// The heads' width: head_dim (LLaMA family, else hidden / heads), d_kv (T5), hidden / heads
@@ -99,7 +98,7 @@ struct ModelConfig {
   /// (Mixtral), the experts it is not routed to (each layer's E experts counted k / E, k =
   /// experts_per_token), as torchtitan and Megatron count active parameters for MFU.
   std::int64_t active_parameter_count() const;
-  /// "llama" / "gpt2" / "mixtral" / "t5".
+  /// The family's name: "llama" (llama, mistral, qwen2), "qwen3", "mixtral", "gpt2", "t5".
   std::string family_name() const;
   /// Where the list of decoder layers sits in parameters(): "model/layers" / "h" (T5 has two
   /// stacks, "encoder/block" and "decoder/block"; this gives the decoder's).

@@ -22,8 +22,8 @@ namespace shardplan::cli {
 namespace {
 
 /// The preset written for the family's layout, used when no --rules is given.
-std::string default_preset(ModelFamily family) {
-  return std::string(train::family(family).default_preset);
+std::string default_preset(const train::FamilyDef* family) {
+  return std::string(family->default_preset);
 }
 
 /// Refuses an empty value (CLI11 names the option: "--hardware: the value is empty").
@@ -137,11 +137,11 @@ struct DefaultRules {
   RuleFile file;
   std::string note;
 };
-DefaultRules default_rules(ModelFamily family, const std::string& family_name,
+DefaultRules default_rules(const train::FamilyDef* family, const std::string& family_name,
                            const std::vector<std::string>& mesh,
                            const std::function<RuleFile(const std::string&)>& load_rules) {
   std::string preset = default_preset(family);
-  const train::FamilyDef& def = train::family(family);
+  const train::FamilyDef& def = *family;
   if (!def.preset_without_tp.empty() && !has_axis(mesh, "tp")) {
     preset = std::string(def.preset_without_tp);
   }
@@ -150,7 +150,7 @@ DefaultRules default_rules(ModelFamily family, const std::string& family_name,
   for (const std::string& a : axes_of(d.file)) {
     if (!has_axis(mesh, a)) missing.push_back(a);
   }
-  if (preset == "llama_fsdp" && preset != default_preset(family)) {
+  if (preset == def.preset_without_tp && preset != default_preset(family)) {
     d.note = fmt::format("the default for {} on a mesh without tp", family_name);
   } else {
     d.note = fmt::format("the default for {}", family_name);

@@ -14,20 +14,21 @@
 #include "shardplan/ops.hpp"
 #include "shardplan/remat.hpp"
 #include "shardplan/shard_map.hpp"
+#include "model_family.hpp"
 
 namespace shardplan::train {
-namespace {
 
 const Array& at(const Tree<Array>& t, std::string_view path) { return t.at_path(path).leaf(); }
 
-// y = x @ w^T for a Linear weight w [out, in].
 Array linear(const Array& x, const Array& w) {
   return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {1}});
 }
-// y = x @ w for a Conv1D weight w [in, out] (GPT-2).
+
 Array conv1d(const Array& x, const Array& w) {
   return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {0}});
 }
+
+namespace {
 
 // Rotary position embedding (LLaMA's rotate-half form) over the positions of dimension `t_axis`
 // and the last dimension (the head's width): [..., t, dh] by default, [b, t, heads, dh] with
@@ -73,10 +74,6 @@ Array rotary(const Array& x, SharedTables* shared, int t_axis = -2, std::int64_t
 
 }  // namespace
 
-// The layout constraints: each is applied only when the dimension divides, so a model whose
-// heads do not split over the model axes is left to propagation instead of failing here.
-namespace {
-
 Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames*>>& dims,
                 const Layout& layout) {
   std::vector<AxisNames> spec(static_cast<std::size_t>(x.shape().rank()));
@@ -91,13 +88,12 @@ Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames
   return with_sharding_constraint(x, PartitionSpec(spec));
 }
 
-// A norm or residual region [b, t, d] (kActivationNames): annotated when the layout says so,
-// else constrained to the batch when `batch` (the constraints the layers had before), else left
-// to propagation.
-Array region(const Array& x, const char* name, const Layout& layout, bool batch = false) {
+Array region(const Array& x, const char* name, const Layout& layout, bool batch) {
   if (layout.annotate) return with_sharding_annotation(x, name);
   return batch ? constrain(x, {{0, &layout.batch}, {1, &layout.context}}, layout) : x;
 }
+
+namespace {
 
 // x cast to `wide` as PyTorch's `.float()` runs eagerly: in the backward pass the cotangent in
 // `wide` is written whole (by the kernel before, log_softmax's backward) and then cast back by a
@@ -212,20 +208,15 @@ Tree<Array> held_by_root(const Tree<Array>& rest,
   return rest.unflatten(custom_vjp(fwd, bwd, leaves));
 }
 
-// A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
+}  // namespace
+
 Array normed(const Array& x, const char* reader, const Layout& layout) {
   return region(region(x, "norm", layout), reader, layout);
 }
 
-}  // namespace
 
 Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
   const Layout& L = layout;
-  if (config.family == ModelFamily::kGpt2) {
-    const Array pos = iota_like(tokens, 1);
-    const Array h = take(at(rest, "wte/weight"), tokens, 0) + take(at(rest, "wpe/weight"), pos, 0);
-    return constrain(h, {{0, &L.batch}}, L);
-  }
   // The residual stream from its start: with sequence parallelism the embedding's output is
   // split along the sequence at once (torchtitan's tok_embeddings: output_layouts=Shard(1)), so
   // the first layer keeps 1/tp of it for the backward pass, not the whole.
@@ -243,56 +234,6 @@ Array attention_mask(const Array& scores, std::int64_t window) {
   return where(less_equal(j, i), where(near, scores, masked), masked);
 }
 
-// GPT-2's block: layer norms before attention and MLP, one fused q/k/v projection (Conv1D).
-Array ModelStep::gpt2_layer(const Tree<Array>& p, const Array& h) const {
-  const Layout& L = layout;
-  if (!L.context.empty()) {
-    throw SpecError("[train] context parallelism (ring attention) is written for the LLaMA-family "
-                    "attention (llama, mistral, qwen2, mixtral), not GPT-2's");
-  }
-  const ModelConfig& c = config;
-  const std::int64_t b = h.shape()[0], t = h.shape()[1], d = c.hidden, dh = c.head_dim;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const Array x = normed(layer_norm(h, at(p, "ln_1/weight"), at(p, "ln_1/bias")), "attention_in", L);
-  const Array qkv = checkpoint_name(
-      conv1d(x, at(p, "attn/c_attn/weight")) + at(p, "attn/c_attn/bias"), "qkv_proj");
-  const auto part = [&](std::int64_t k) {  // q, k or v as [b, t, heads, dh]
-    const Array y = slice(qkv, {0, 0, k * d}, {b, t, (k + 1) * d});
-    return reshape(y, Shape{b, t, c.heads, dh});
-  };
-  Array merged;
-  if (fused_attention) {
-    const auto place = [&](const Array& y) {
-      return constrain(y, {{0, &L.batch}, {2, &L.model}}, L);
-    };
-    merged = reshape(place(dot_product_attention(place(part(0)), place(part(1)), place(part(2)),
-                                                 AttentionOptions{.is_causal = true})),
-                     Shape{b, t, d});
-  } else {
-    const auto heads_first = [&](const Array& y) {  // [b, heads, t, dh]
-      return constrain(transpose(y, {0, 2, 1, 3}), {{0, &L.batch}, {1, &L.model}}, L);
-    };
-    const Array q = heads_first(part(0)), k = heads_first(part(1)), v = heads_first(part(2));
-    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
-    const Array probs = softmax(causal_mask(scores), -1);
-    const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
-    merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, d});
-  }
-  const Array a = region(
-      checkpoint_name(conv1d(checkpoint_name(merged, "context"), at(p, "attn/c_proj/weight")),
-                      "out_proj"),
-      "attention_out", L);
-  const Array h2 = region(h + a + at(p, "attn/c_proj/bias"), "residual", L);
-  const Array x2 = normed(layer_norm(h2, at(p, "ln_2/weight"), at(p, "ln_2/bias")), "mlp_in", L);
-  const Array inner = constrain(
-      gelu(checkpoint_name(conv1d(x2, at(p, "mlp/c_fc/weight")) + at(p, "mlp/c_fc/bias"),
-                           "mlpwi"),
-           /*approximate=*/true),
-      {{0, &L.batch}, {2, &L.model}}, L);
-  const Array m = region(checkpoint_name(conv1d(inner, at(p, "mlp/c_proj/weight")), "mlpwo"),
-                         "mlp_out", L);
-  return region(h2 + m + at(p, "mlp/c_proj/bias"), "residual", L, true);
-}
 
 // LLaMA's self-attention on the normed input x [b, t, d]: the heads' outputs merged [b, t,
 // heads * dh], before o_proj. Fused (dot_product_attention: no [t, t] scores held) or decomposed
@@ -306,6 +247,15 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
   const auto proj = [&](const char* name) {
     Array y = block_linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
+    if (c.qk_norm && name[0] != 'v') {
+      // Qwen3: each query and key head RMS-normed over its head_dim (one [head_dim] scale for
+      // every head) before the rotary positions.
+      const Shape flat = y.shape();
+      const std::int64_t n = flat[2] / c.head_dim;
+      y = reshape(rms_norm(reshape(y, Shape{flat[0], flat[1], n, c.head_dim}),
+                           at(p, fmt::format("self_attn/{}_norm/weight", name))),
+                  flat);
+    }
     return checkpoint_name(y, fmt::format("{}", name[0] == 'q'   ? "query_proj"
                                                  : name[0] == 'k' ? "key_proj"
                                                                   : "value_proj"));
@@ -314,7 +264,7 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
   // More model-parallel ranks than key/value heads: see repeat below.
   const bool repeat_kv = L.model_ways > 1 && kv % L.model_ways != 0 && heads % L.model_ways == 0;
   if (fused_attention) {
-    return fused_llama_attention(proj("q"), proj("k"), proj("v"), window, repeat_kv);
+    return fused_rotary_attention(proj("q"), proj("k"), proj("v"), window, repeat_kv);
   }
   if (!L.context.empty()) {
     throw SpecError("[train] context parallelism runs ring attention on the fused kernel: plan it "
@@ -372,7 +322,7 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
 // `repeat_kv` each key/value head repeated for the query heads that share it, so that the heads
 // split over more model ranks than there are key/value heads), causal, a sliding window as a
 // [t, t] mask.
-Array ModelStep::fused_llama_attention(const Array& q_proj, const Array& k_proj,
+Array ModelStep::fused_rotary_attention(const Array& q_proj, const Array& k_proj,
                                        const Array& v_proj, std::int64_t window,
                                        bool repeat_kv) const {
   const Layout& L = layout;
@@ -449,10 +399,12 @@ Array ModelStep::ring(const Array& q, const Array& k, const Array& v) const {
 }
 
 Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t window) const {
+  return config.family->step.layer(*this, p, region(h_in, "residual", layout, true), window);
+}
+
+Array ModelStep::rms_norm_layer(const Tree<Array>& p, const Array& h, std::int64_t window) const {
   const Layout& L = layout;
   const ModelConfig& c = config;
-  const Array h = region(h_in, "residual", L, true);
-  if (c.family == ModelFamily::kGpt2) return gpt2_layer(p, h);
   const Array x = normed(rms_norm(h, at(p, "input_layernorm/weight")), "attention_in", L);
   const Array merged = attention(p, x, window);
   Array attended = region(
@@ -463,9 +415,13 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   if (c.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
   const Array h2 = region(h + attended, "residual", L);
   const Array x2 = normed(rms_norm(h2, at(p, "post_attention_layernorm/weight")), "mlp_in", L);
-  if (c.family == ModelFamily::kMixtral) {
-    return region(h2 + mixture_of_experts(p.at("block_sparse_moe"), x2), "residual", L, true);
-  }
+  return region(h2 + c.family->step.mlp(*this, p, x2), "residual", L, true);
+}
+
+
+Array ModelStep::gated_mlp(const Tree<Array>& p, const Array& x2) const {
+  const Layout& L = layout;
+  const ModelConfig& c = config;
   const auto mlp = [&](const Array& in, const char* name) {
     Array y = block_linear(in, at(p, fmt::format("mlp/{}_proj/weight", name)));
     if (c.mlp_bias) y = y + at(p, fmt::format("mlp/{}_proj/bias", name));
@@ -475,61 +431,16 @@ Array ModelStep::layer(const Tree<Array>& p, const Array& h_in, std::int64_t win
   const Array gate = mlp(x2, "gate");
   const Array up = mlp(x2, "up");
   const Array inner = constrain(silu(gate) * up, {{0, &L.batch}, {1, &L.context}, {2, &L.model}}, L);
-  return region(h2 + region(mlp(inner, "down"), "mlp_out", L), "residual", L, true);
+  return region(mlp(inner, "down"), "mlp_out", L);
 }
 
-// Mixtral's sparse MLP with routing taken as perfectly balanced: the router's softmax is
-// computed and differentiated, each token goes to `experts_per_token` experts, and every expert
-// receives the same share of the tokens (k N / E), so each expert's matrix products have the
-// sizes of a dropless top-k layer at capacity factor 1. Which tokens an expert gets is not
-// modelled (the FLOPs, memory and communication do not depend on it); the gate values are the
-// router's first k probabilities.
-Array ModelStep::mixture_of_experts(const Tree<Array>& moe, const Array& x) const {
-  const Layout& L = layout;
-  const ModelConfig& c = config;
-  const std::int64_t b = x.shape()[0], t = x.shape()[1], d = c.hidden;
-  const std::int64_t n = b * t, k = c.experts_per_token, e = c.experts;
-  if ((k * n) % e != 0) {
-    throw SpecError(fmt::format(
-        "[train] {} tokens x {} experts each do not share evenly over {} experts (balanced "
-        "routing needs k x tokens divisible by the expert count)",
-        n, k, e));
-  }
-  const std::int64_t share = k * n / e;
-  const Array flat = reshape(x, Shape{n, d});
-  const Array probs = softmax(linear(flat, at(moe, "gate/weight")), -1);  // [n, e]
-  const Array gates = slice(probs, {0, 0}, {n, k});                       // [n, k]
-  // Token copies [n, k] read as [share, e]: the token dimension stays the major one, so each
-  // device's tokens are split over the experts where they are (no data moves to route them).
-  const Array routed = constrain(
-      transpose(reshape(broadcast_in_dim(flat, Shape{n, k, d}, {0, 2}), Shape{share, e, d}),
-                {1, 0, 2}),
-      {{1, &L.batch}}, L);  // [e, share, d]
-  std::vector<Array> outs;
-  outs.reserve(static_cast<std::size_t>(e));
-  for (std::int64_t i = 0; i < e; ++i) {
-    const Tree<Array>& w = moe.at("experts").at(static_cast<std::size_t>(i));
-    const Array xe = reshape(slice(routed, {i, 0, 0}, {i + 1, share, d}), Shape{share, d});
-    const Array g = linear(xe, at(w, "w1/weight"));
-    const Array ye = linear(silu(g) * linear(xe, at(w, "w3/weight")), at(w, "w2/weight"));
-    outs.push_back(reshape(ye, Shape{1, share, d}));
-  }
-  const Array y = reshape(transpose(constrain(concatenate(outs, 0), {{1, &L.batch}}, L), {1, 0, 2}),
-                          Shape{n, k, d});
-  const Array weights = broadcast_in_dim(gates, Shape{n, k, d}, {0, 1});
-  return reshape(sum(y * weights, {1}), Shape{b, t, d});
-}
 
 Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targets) const {
-  Array x, head;
   const Layout& L = layout;
-  if (config.family == ModelFamily::kGpt2) {
-    x = normed(layer_norm(h, at(rest, "ln_f/weight"), at(rest, "ln_f/bias")), "head_in", L);
-    head = at(rest, config.tie_embeddings ? "wte/weight" : "lm_head/weight");
-  } else {
-    x = normed(rms_norm(h, at(rest, "model/norm/weight")), "head_in", L);
-    head = at(rest, config.tie_embeddings ? "model/embed_tokens/weight" : "lm_head/weight");
-  }
+  const StepParts& step = config.family->step;
+  const Array x = normed(step.final_norm(*this, rest, h), "head_in", L);
+  const Array head =
+      at(rest, config.tie_embeddings ? std::string(step.embedding) : std::string("lm_head/weight"));
   if (fused_loss) return mean(linear_cross_entropy(x, head, targets));
   // The logits whole, taken to f32 for the softmax (as PyTorch training code does:
   // cross_entropy(logits.float(), labels)), as linear_cross_entropy does group by group.
@@ -542,97 +453,12 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
                                : eager_cross_entropy(wide_logits, targets));
 }
 
-Array relative_bias(const Array& weight, std::int64_t q, std::int64_t k, bool bidirectional,
-                    std::int64_t max_distance) {
-  const Shape table{q, k};
-  const Array zeros = full(table, DType::kI32, 0, weight);
-  const Array rel = iota_like(zeros, 1) - iota_like(zeros, 0);  // key - query
-  std::int64_t buckets = weight.shape()[0];
-  Array base = zeros, n;
-  if (bidirectional) {
-    buckets /= 2;
-    base = where(greater(rel, zeros), full_like(zeros, static_cast<double>(buckets)), zeros);
-    n = abs(rel);
-  } else {
-    n = neg(minimum(rel, zeros));
-  }
-  const std::int64_t exact = buckets / 2;
-  const double e = static_cast<double>(exact);
-  const Array far = astype(log(astype(maximum(n, full_like(n, e)), DType::kF32) / e) /
-                               std::log(static_cast<double>(max_distance) / e) *
-                               static_cast<double>(buckets - exact),
-                           DType::kI32) +
-                    e;
-  const Array bucket = base + where(less(n, full_like(n, e)), n,
-                                    minimum(far, full_like(far, static_cast<double>(buckets - 1))));
-  return transpose(take(weight, bucket, 0), {2, 0, 1});  // [q, k, heads] -> [heads, q, k]
+
+
+Array ModelStep::rms_final_norm(const Tree<Array>& rest, const Array& h) const {
+  return rms_norm(h, at(rest, "model/norm/weight"));
 }
 
-Array ModelStep::t5_loss(const Tree<Array>& params, const Array& tokens,
-                         const Array& targets) const {
-  const Layout& L = layout;
-  const ModelConfig& c = config;
-  const std::int64_t b = tokens.shape()[0], s_dec = targets.shape()[1];
-  const std::int64_t s_enc = tokens.shape()[1] - s_dec, dk = c.head_dim, heads = c.heads;
-  const Array& shared = at(params, "shared/weight");
-  const auto heads_of = [&](const Array& y, std::int64_t t) {  // [b, t, h dk] -> [b, h, t, dk]
-    return constrain(transpose(reshape(y, Shape{b, t, heads, dk}), {0, 2, 1, 3}),
-                     {{0, &L.batch}, {1, &L.model}}, L);
-  };
-  const auto attention = [&](const Tree<Array>& p, const Array& x, const Array& kv,
-                             const Array* bias, bool causal) {
-    const std::int64_t tq = x.shape()[1], tk = kv.shape()[1];
-    const Array q = heads_of(linear(x, at(p, "q/weight")), tq);
-    const Array k = heads_of(linear(kv, at(p, "k/weight")), tk);
-    const Array v = heads_of(linear(kv, at(p, "v/weight")), tk);
-    Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}});  // T5 does not scale
-    if (bias != nullptr) scores = scores + broadcast_in_dim(*bias, scores.shape(), {1, 2, 3});
-    if (causal) scores = causal_mask(scores);
-    const Array out = dot_general(softmax(scores, -1), v, DotDims{{0, 1}, {0, 1}, {3}, {2}});
-    return linear(reshape(transpose(out, {0, 2, 1, 3}), Shape{b, tq, heads * dk}),
-                  at(p, "o/weight"));
-  };
-  const auto feed_forward = [&](const Tree<Array>& p, const Array& x) {
-    const Tree<Array>& d = p.at("DenseReluDense");
-    const Array inner =
-        c.gated_mlp ? gelu(linear(x, at(d, "wi_0/weight"))) * linear(x, at(d, "wi_1/weight"))
-                    : relu(linear(x, at(d, "wi/weight")));
-    return linear(constrain(inner, {{0, &L.batch}, {2, &L.model}}, L), at(d, "wo/weight"));
-  };
-  const auto hidden = [&](const Array& h) { return constrain(h, {{0, &L.batch}}, L); };
-
-  const Array enc_tokens = slice(tokens, {0, 0}, {b, s_enc});
-  const Array dec_tokens = slice(tokens, {0, s_enc}, {b, s_enc + s_dec});
-  const auto& enc_blocks = params.at_path("encoder/block").children();
-  const auto& dec_blocks = params.at_path("decoder/block").children();
-  const Array enc_bias =
-      relative_bias(at(enc_blocks[0], "layer/0/SelfAttention/relative_attention_bias/weight"),
-                    s_enc, s_enc, true, c.relative_max_distance);
-  Array h = hidden(take(shared, enc_tokens, 0));
-  for (const Tree<Array>& blk : enc_blocks) {
-    const Tree<Array>& ly = blk.at("layer");
-    const Array x = rms_norm(h, at(ly.at(0), "layer_norm/weight"));
-    h = hidden(h + attention(ly.at(0).at("SelfAttention"), x, x, &enc_bias, false));
-    h = hidden(h + feed_forward(ly.at(1), rms_norm(h, at(ly.at(1), "layer_norm/weight"))));
-  }
-  const Array enc_out = rms_norm(h, at(params, "encoder/final_layer_norm/weight"));
-  const Array dec_bias =
-      relative_bias(at(dec_blocks[0], "layer/0/SelfAttention/relative_attention_bias/weight"),
-                    s_dec, s_dec, false, c.relative_max_distance);
-  h = hidden(take(shared, dec_tokens, 0));
-  for (const Tree<Array>& blk : dec_blocks) {
-    const Tree<Array>& ly = blk.at("layer");
-    const Array x = rms_norm(h, at(ly.at(0), "layer_norm/weight"));
-    h = hidden(h + attention(ly.at(0).at("SelfAttention"), x, x, &dec_bias, true));
-    const Array y = rms_norm(h, at(ly.at(1), "layer_norm/weight"));
-    h = hidden(h + attention(ly.at(1).at("EncDecAttention"), y, enc_out, nullptr, false));
-    h = hidden(h + feed_forward(ly.at(2), rms_norm(h, at(ly.at(2), "layer_norm/weight"))));
-  }
-  Array out = rms_norm(h, at(params, "decoder/final_layer_norm/weight"));
-  if (c.tie_embeddings) out = out * (1.0 / std::sqrt(static_cast<double>(c.hidden)));
-  const Array logits = linear(out, c.tie_embeddings ? shared : at(params, "lm_head/weight"));
-  return mean(cross_entropy(logits, targets));
-}
 
 Array ModelStep::block_linear(const Array& x, const Array& w) const {
   return float8 ? float8_linear(x, w) : linear(x, w);
@@ -648,18 +474,19 @@ Tree<Array> ModelStep::for_use(const Tree<Array>& weights) const {
 
 Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
                               const Array& targets) const {
-  if (config.family == ModelFamily::kT5) {
+  if (const auto whole = config.family->step.whole) {
     if (remat) {
-      throw SpecError(
-          "[train] recomputation is written for decoder-only models (llama, mixtral, gpt2); plan "
-          "T5 without --remat");
+      throw SpecError(fmt::format(
+          "[train] recomputation is written for decoder-only models ({}); plan {} without --remat",
+          titles_with(&FamilySupport::remat), config.family->title));
     }
     if (fsdp_root) {
-      throw SpecError(
+      throw SpecError(fmt::format(
           "[train] --fsdp-root (torchtitan's FSDP wrapping) is written for decoder-only models "
-          "(llama, mixtral, gpt2); plan T5 without it");
+          "({}); plan {} without it",
+          titles_with(&FamilySupport::fsdp_root), config.family->title));
     }
-    return t5_loss(for_use(params), tokens, targets);
+    return whole(*this, for_use(params), tokens, targets);
   }
   // With `regather` the weights are read through optimization_barrier: each micro-batch gathers
   // them again instead of reusing (and so keeping alive) the first one's gathered copies.
@@ -669,7 +496,7 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
   const std::string path = config.layers_path();
   const Tree<Array> outside = for_use(use(replace_at_path(params, path, Tree<Array>::list({}))));
   const Tree<Array> rest = fsdp_root ? held_by_root(outside, root_in_use) : outside;
-  Array h = embed(rest, tokens);
+  Array h = config.family->step.embed(*this, rest, tokens);
   const auto& layers = params.at_path(path).children();
   // Reshard after forward: the casts named (none without compute_dtype: the held weights are
   // then read again through the checkpoint's barrier, which is all it takes).

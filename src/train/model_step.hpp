@@ -6,7 +6,10 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "shardplan/array.hpp"
 #include "shardplan/mesh.hpp"
@@ -108,28 +111,26 @@ struct ModelStep {
   /// `weights` cast for use (compute_dtype); as they are without one.
   Tree<Array> for_use(const Tree<Array>& weights) const;
 
-  /// tokens [b, t] (i32) -> hidden [b, t, d].
+  /// The LLaMA layout's embedding: tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;
-  /// hidden [b, t, d] -> hidden [b, t, d]; `window` > 0: sliding-window attention
-  /// (ModelConfig::window of the layer).
+  /// hidden [b, t, d] -> hidden [b, t, d], the family's layer; `window` > 0: sliding-window
+  /// attention (ModelConfig::window of the layer).
   Array layer(const Tree<Array>& layer, const Array& h, std::int64_t window = 0) const;
-  /// GPT-2's layer (layer() for that family).
-  Array gpt2_layer(const Tree<Array>& layer, const Array& h) const;
+  /// The LLaMA layout's layer: RMSNorm, rotary attention, RMSNorm, the family's MLP.
+  Array rms_norm_layer(const Tree<Array>& layer, const Array& h, std::int64_t window) const;
+  /// LLaMA's SwiGLU MLP on the normed x [b, t, d].
+  Array gated_mlp(const Tree<Array>& layer, const Array& x) const;
+  Array rms_final_norm(const Tree<Array>& rest, const Array& h) const;
   /// Ring attention over the context axes (Layout::context): q [b, t, heads, dh], k, v [b, t,
   /// kv, dh] -> [b, t, heads, dh].
   Array ring(const Array& q, const Array& k, const Array& v) const;
   /// LLaMA's self-attention on the normed input x [b, t, d]: the heads merged [b, t, heads * dh].
   Array attention(const Tree<Array>& layer, const Array& x, std::int64_t window) const;
   /// Its fused form from the projections [b, t, heads * dh] and [b, t, kv * dh].
-  Array fused_llama_attention(const Array& q_proj, const Array& k_proj, const Array& v_proj,
+  Array fused_rotary_attention(const Array& q_proj, const Array& k_proj, const Array& v_proj,
                               std::int64_t window, bool repeat_kv) const;
-  /// Mixtral's sparse MLP on hidden [b, t, d] (routing taken as balanced; see the definition).
-  Array mixture_of_experts(const Tree<Array>& moe, const Array& x) const;
   /// The mean next-token cross-entropy of hidden [b, t, d] against targets [b, t].
   Array loss(const Tree<Array>& rest, const Array& h, const Array& targets) const;
-  /// T5: tokens [b, s_enc + s_dec] (the encoder's input, then the decoder's), targets
-  /// [b, s_dec]; the mean cross-entropy of the decoder's predictions.
-  Array t5_loss(const Tree<Array>& params, const Array& tokens, const Array& targets) const;
   /// The whole forward pass and its loss over the full parameter tree.
   Array forward_loss(const Tree<Array>& params, const Array& tokens, const Array& targets) const;
 };
@@ -138,6 +139,25 @@ struct ModelStep {
 /// it, and with `window` > 0 only the `window` latest of them (itself included), as Mistral's
 /// sliding window. Masked scores become -1e30.
 Array attention_mask(const Array& scores, std::int64_t window);
+
+// The pieces the families' step parts are written with (src/train/families/).
+
+/// The leaf at `path` of `t`.
+const Array& at(const Tree<Array>& t, std::string_view path);
+/// y = x @ w^T for a Linear weight w [out, in].
+Array linear(const Array& x, const Array& w);
+/// y = x @ w for a Conv1D weight w [in, out] (GPT-2).
+Array conv1d(const Array& x, const Array& w);
+/// The layout constraints: each is applied only when the dimension divides, so a model whose
+/// heads do not split over the model axes is left to propagation instead of failing here.
+Array constrain(const Array& x, const std::vector<std::pair<int, const AxisNames*>>& dims,
+                const Layout& layout);
+/// A norm or residual region [b, t, d] (kActivationNames): annotated when the layout says so,
+/// else constrained to the batch when `batch` (the constraints the layers had before), else
+/// left to propagation.
+Array region(const Array& x, const char* name, const Layout& layout, bool batch = false);
+/// A norm's output `x`: the "norm" region, then as the projections named by `reader` read it.
+Array normed(const Array& x, const char* reader, const Layout& layout);
 
 /// T5's relative position bias [heads, q, k] from its table `weight` [buckets, heads]: the
 /// distance from query i to key j in buckets, exact below half the buckets (of each direction,

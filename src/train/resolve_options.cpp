@@ -23,23 +23,23 @@ constexpr OptionRefusal kRefusals[] = {
       {"--master-dtype, --reduce-dtype, --grad-dtype", "with --mixed-precision fsdp2"},
       {"--optimizer-dtype", "with --mixed-precision fsdp2"},
       {"--headroom", "without --device-memory or --hardware (no memory to keep it in)"},
-      {"--target-seq", "a decoder-only model (llama, mistral, qwen2, mixtral, gpt2)"},
+      {"--target-seq", "a decoder-only model (llama, mistral, qwen2, qwen3, mixtral, gpt2)"},
       {"--mesh with a cp or context axis", "a family without ring attention (t5, gpt2)"},
       {"--mesh with a cp or context axis", "two context axes (cp and context)"},
       {"--mesh with a cp or context axis", "sliding-window attention on a layer"},
       {"--attention naive", "a cp or context axis"},
-      {"--attention fused", "T5"},
-      {"--loss fused", "T5"},
+      {"--attention fused", "a family without fused attention (T5)"},
+      {"--loss fused", "a family without the fused loss (T5)"},
       {"--loss fused", "a sequence (T5: the decoder's) that splits into no groups of tokens"},
       {"--sequence-parallel on",
        "rules mapping activation_norm_length to no tensor-parallel axis of more than one device, "
-       "or T5"},
+       "or a family without annotated regions (T5)"},
       {"--sequence-parallel on", "a sequence that does not split over the axes it maps to"},
       {"--float8", "a family other than the LLaMA family (gpt2, t5)"},
       {"--float8", "--param-dtype f64"},
       {"--float8", "--hardware without float8 matrix units"},
-      {"--recompute, --remat", "T5"},
-      {"--fsdp-root", "T5"},
+      {"--recompute, --remat", "a family without recomputation (T5)"},
+      {"--fsdp-root", "a family without FSDP's root module (T5)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -59,7 +59,7 @@ void refuse(Refusal r, const std::string& values) {
   throw OptionError(i, fmt::format("[train] {} is refused: {}; {}", x.option, x.condition, values));
 }
 
-const FamilySupport& support_of(ModelFamily id) { return family(id).support; }
+const FamilySupport& support_of(const ModelConfig& c) { return c.family->support; }
 
 namespace {
 
@@ -70,7 +70,7 @@ std::string model_text(const ModelConfig& c) {
 }  // namespace
 
 void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
-  const FamilySupport& can = support_of(config.family);
+  const FamilySupport& can = support_of(config);
   if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
     throw SpecError(fmt::format(
         "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
@@ -86,9 +86,8 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
   }
   if (o.float8 && !can.float8) {
     refuse(Refusal::kFloat8Family,
-           fmt::format("float8 linear layers are planned for LLaMA-family blocks (llama, mistral, "
-                       "qwen2, mixtral's attention); {}",
-                       model_text(config)));
+           fmt::format("float8 linear layers are planned for LLaMA-family blocks ({}); {}",
+                       titles_with(&FamilySupport::float8), model_text(config)));
   }
   if (o.float8 && o.param_dtype != DType::kBF16 && o.param_dtype != DType::kF32) {
     refuse(Refusal::kFloat8Dtype, fmt::format("float8 linear layers take bf16 or f32 inputs, not {}",
@@ -116,7 +115,7 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
   if (!(o.headroom >= 0 && o.headroom < 1)) {  // NaN too
     throw SpecError(fmt::format("[train] headroom {} is not a fraction in [0, 1)", o.headroom));
   }
-  if (config.family == ModelFamily::kGpt2 && o.seq > config.positions) {
+  if (config.positions > 0 && o.seq > config.positions) {
     throw SpecError(
         fmt::format("[train] sequence length {} is longer than the model's {} learned positions "
                     "(n_positions)",
@@ -128,7 +127,7 @@ namespace {
 
 // The tokens per sequence the head reads (T5: the decoder's).
 std::int64_t head_tokens(const ModelConfig& config, const TrainPlanOptions& o) {
-  return config.family == ModelFamily::kT5 && o.target_seq > 0 ? o.target_seq : o.seq;
+  return !config.family->support.decoder_only && o.target_seq > 0 ? o.target_seq : o.seq;
 }
 
 void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
@@ -136,13 +135,13 @@ void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& 
   if (layout.context.empty()) return;
   const std::string axis = layout.context.front();
   const std::string mesh_text = detail::printable(mesh.to_string());
-  if (!support_of(config.family).ring_attention) {
+  if (!support_of(config).ring_attention) {
     refuse(Refusal::kContextFamily,
            fmt::format("{} on {}: context parallelism (ring attention) is written for the "
-                       "LLaMA-family attention (llama, mistral, qwen2, mixtral), not {}'s, whose "
-                       "devices on '{}' would repeat the same work",
-                       model_text(config), mesh_text,
-                       config.family == ModelFamily::kGpt2 ? "GPT-2" : "T5",
+                       "LLaMA-family attention ({}), not {}'s, whose devices on '{}' would repeat "
+                       "the same work",
+                       model_text(config), mesh_text, titles_with(&FamilySupport::ring_attention),
+                       config.family->title,
                        detail::printable(axis)));
   }
   if (o.fused_attention == false) {
@@ -168,7 +167,7 @@ void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& 
 TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
                                  const TrainPlanOptions& o) {
   TrainPlanOptions r = o;
-  const FamilySupport& can = support_of(config.family);
+  const FamilySupport& can = support_of(config);
   resolve_context(config, mesh, layout, o);
   r.fused_attention = o.fused_attention.value_or(can.fused_attention);
   // linear_cross_entropy splits the tokens into groups; with one group the logits are whole.

@@ -49,7 +49,7 @@ struct FamilySupport {
   bool remat = true;             // each layer a checkpoint
   bool fsdp_root = true;         // FSDP2's root module
 };
-const FamilySupport& support_of(ModelFamily family);
+const FamilySupport& support_of(const ModelConfig& config);
 
 /// The values the options take alone (positive sizes, a headroom fraction, GPT-2's positions)
 /// and the combinations with the family that cannot apply. Throws SpecError / OptionError.

@@ -89,7 +89,7 @@ std::int64_t group_devices_per_node(const Mesh& mesh, const std::vector<std::str
 double model_flops_per_token(const ModelConfig& c, std::int64_t parameters, std::int64_t seq) {
   double n = static_cast<double>(parameters);
   if (!c.tie_embeddings) n -= static_cast<double>(c.vocab) * static_cast<double>(c.hidden);
-  const double layers = static_cast<double>(family(c.family).encoder_decoder ? c.layers + c.decoder_layers
+  const double layers = static_cast<double>(c.family->encoder_decoder ? c.layers + c.decoder_layers
                                                                          : c.layers);
   return 6 * n + 12 * layers * static_cast<double>(c.heads) * static_cast<double>(c.head_dim) *
                      static_cast<double>(seq);

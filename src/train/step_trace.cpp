@@ -104,13 +104,13 @@ StepArguments step_arguments(const ModelConfig& config, const RulePtr& rules,
   // T5 reads the encoder's tokens and then the decoder's from one array; its targets are the
   // decoder's.
   const std::int64_t target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
-  const std::int64_t input_seq = !support_of(config.family).decoder_only ? o.seq + target_seq : o.seq;
+  const std::int64_t input_seq = !support_of(config).decoder_only ? o.seq + target_seq : o.seq;
   const auto batch_of = [&](std::int64_t len) {
     return TensorSpec{o.grad_accum == 1 ? Shape{o.batch, len} : Shape{o.grad_accum, micro, len},
                       DType::kI32};
   };
   a.tokens = batch_of(input_seq);
-  a.targets = batch_of(!support_of(config.family).decoder_only ? target_seq : o.seq);
+  a.targets = batch_of(!support_of(config).decoder_only ? target_seq : o.seq);
   return a;
 }
 

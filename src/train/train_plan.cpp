@@ -14,6 +14,7 @@
 #include <optional>
 #include <variant>
 
+#include "model_family.hpp"
 #include "model_step.hpp"
 #include "resolve_options.hpp"
 #include "shardplan/detail/checked.hpp"
@@ -207,11 +208,11 @@ struct TraceChoice {
 
 TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
   TraceChoice c;
-  const bool t5 = config.family == ModelFamily::kT5;
-  c.layers = t5 ? config.layers + config.decoder_layers : config.layers;
+  const bool whole = config.family->encoder_decoder;
+  c.layers = whole ? config.layers + config.decoder_layers : config.layers;
   c.accum = o.grad_accum;
   const double layer_units =
-      config.family == ModelFamily::kMixtral
+      config.experts > 0
           ? 1 + static_cast<double>(config.experts) / static_cast<double>(kExpertsPerUnit)
           : 1.0;
   const auto units = [=](std::int64_t l, std::int64_t k) {
@@ -223,7 +224,7 @@ TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
   for (std::size_t i = 1; i < static_cast<std::size_t>(std::max<std::int64_t>(c.layers, 0)); ++i) {
     if (config.window(i) != config.window(0)) layers_alike = false;
   }
-  c.by_layers = !t5 && layers_alike && c.layers > kLargestSample;
+  c.by_layers = !whole && layers_alike && c.layers > kLargestSample;
   c.by_accum = c.accum > kLargestSample;
   if (c.by_layers && c.by_accum) {
     // The corners the function is fitted on, then checks along each count and across.
@@ -242,15 +243,16 @@ TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
   for (const auto& [l, k] : c.points) sample_units += units(l, k);
   c.full_units = units(c.layers, c.accum);
   c.full = c.points.empty() || c.full_units <= sample_units || !o.extrapolate;
-  const bool mixtral = config.family == ModelFamily::kMixtral;
+  const bool experts = config.experts > 0;
+  const std::string title(config.family->title);
   c.too_large = [=](const std::string& what, double u) {
     return SpecError(fmt::format(
         "[train] the step is too large to plan: {} make {:.0f} layer units to trace, over the "
         "limit of {} (a layer of one micro-batch is one unit{}); use fewer {}",
         what, u, kMaxTraceUnits,
-        mixtral ? fmt::format(", a Mixtral layer 1 + experts / {}", kExpertsPerUnit) : "",
-        mixtral ? "experts or layers"
-        : t5    ? "layers or micro-batches (T5 is traced whole)"
+        experts ? fmt::format(", a {} layer 1 + experts / {}", title, kExpertsPerUnit) : "",
+        experts ? "experts or layers"
+        : whole ? fmt::format("layers or micro-batches ({} is traced whole)", title)
                 : "layers or micro-batches"));
   };
   const auto steps = [](std::int64_t l, std::int64_t k) {
@@ -275,7 +277,7 @@ void check_parameter_tensors(const ModelConfig& config, const TrainPlanOptions& 
     return static_cast<double>(c.parameters(o.param_dtype).leaves().size());
   };
   const double tensors =
-      config.family == ModelFamily::kT5
+      config.family->encoder_decoder
           ? 0
           : leaves_with(1) + (leaves_with(2) - leaves_with(1)) * static_cast<double>(layers - 1);
   if (tensors > static_cast<double>(kMaxParameterTensors)) {
@@ -302,7 +304,7 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
       o.activations && !o.activations->activations.empty() ? &*o.activations : nullptr;
   const std::string source = o.activations ? o.activations->source : std::string("none");
   RuleFile::LogicalMapping bind{{"activation_batch", layout.batch}};
-  if (file != nullptr && train::support_of(config.family).annotated_regions) {
+  if (file != nullptr && train::support_of(config).annotated_regions) {
     for (const char* name : train::kActivationNames) {
       const auto given = [&](const RuleFile::Activation& x) { return x.name == name; };
       if (std::none_of(file->activations.begin(), file->activations.end(), given)) {
@@ -435,7 +437,7 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.batch_axes = batch_axes;
   plan.batch = o.batch;
   plan.seq = o.seq;
-  if (config.family == ModelFamily::kT5) plan.target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
+  if (!train::support_of(config).decoder_only) plan.target_seq = o.target_seq > 0 ? o.target_seq : o.seq;
   plan.grad_accum = o.grad_accum;
   plan.recompute = train::effective_remat(o).has_value();
   plan.remat = remat_name(train::effective_remat(o));
