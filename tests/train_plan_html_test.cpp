@@ -246,7 +246,7 @@ TEST(TrainPlanHtml, ANetworkCollectiveNamesTheNicsItRunsThrough) {
   ASSERT_TRUE(p.time.has_value());
   bool network = false;
   for (const CommTime& c : p.time->comms) {
-    if (c.tier != "network") continue;
+    if (c.tier != LinkTier::kNetwork) continue;
     network = true;
     const bool ring = c.collective.kind == CollectiveKind::kAllGather ||
                       c.collective.kind == CollectiveKind::kReduceScatter ||

@@ -74,18 +74,18 @@ Hardware toy_hardware(std::int64_t node_size) {
 // fsdp:4,tp:8 with nodes of 8 the tp groups are nodes and the fsdp groups span 4 of them.
 TEST(StepTime, LinkTiersFollowTheDeviceLayout) {
   const Mesh m = Mesh::parse("fsdp:4,tp:8", 32);
-  EXPECT_EQ(train::tier_of(m, {"tp"}, 8), "node");
-  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 8), "network");
-  EXPECT_EQ(train::tier_of(m, {"fsdp", "tp"}, 8), "network");
-  EXPECT_EQ(train::tier_of(m, {"tp"}, 4), "network");  // half a tp group per node
-  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 32), "node");  // one node holds them all
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 8), LinkTier::kNode);
+  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 8), LinkTier::kNetwork);
+  EXPECT_EQ(train::tier_of(m, {"fsdp", "tp"}, 8), LinkTier::kNetwork);
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 4), LinkTier::kNetwork);  // half a tp group per node
+  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 32), LinkTier::kNode);  // one node holds them all
   // dp:2,fsdp:2,tp:2 on nodes of 4: tp (stride 1) and fsdp (stride 2) inside, dp across.
   const Mesh h = Mesh::parse("dp:2,fsdp:2,tp:2", 8);
-  EXPECT_EQ(train::tier_of(h, {"tp"}, 4), "node");
-  EXPECT_EQ(train::tier_of(h, {"fsdp"}, 4), "node");
-  EXPECT_EQ(train::tier_of(h, {"fsdp", "tp"}, 4), "node");
-  EXPECT_EQ(train::tier_of(h, {"dp"}, 4), "network");
-  EXPECT_EQ(train::tier_of(h, {"dp", "tp"}, 4), "network");
+  EXPECT_EQ(train::tier_of(h, {"tp"}, 4), LinkTier::kNode);
+  EXPECT_EQ(train::tier_of(h, {"fsdp"}, 4), LinkTier::kNode);
+  EXPECT_EQ(train::tier_of(h, {"fsdp", "tp"}, 4), LinkTier::kNode);
+  EXPECT_EQ(train::tier_of(h, {"dp"}, 4), LinkTier::kNetwork);
+  EXPECT_EQ(train::tier_of(h, {"dp", "tp"}, 4), LinkTier::kNetwork);
 }
 
 // Each group against the real node boundaries (issue 39): nodes of 6 on fsdp:2,tp:4 are devices
@@ -95,20 +95,20 @@ TEST(StepTime, LinkTiersFollowTheDeviceLayout) {
 // cross: network, 1 NIC a node.
 TEST(StepTime, LinkTiersComeFromEveryGroupAgainstTheNodes) {
   const Mesh m = Mesh::parse("fsdp:2,tp:4", 8);
-  EXPECT_EQ(train::tier_of(m, {"tp"}, 6), "network");
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 6), LinkTier::kNetwork);
   EXPECT_EQ(train::group_devices_per_node(m, {"tp"}, 6), 2);
-  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 6), "network");
+  EXPECT_EQ(train::tier_of(m, {"fsdp"}, 6), LinkTier::kNetwork);
   EXPECT_EQ(train::group_devices_per_node(m, {"fsdp"}, 6), 1);
-  EXPECT_EQ(train::tier_of(m, {"fsdp", "tp"}, 6), "network");
+  EXPECT_EQ(train::tier_of(m, {"fsdp", "tp"}, 6), LinkTier::kNetwork);
   EXPECT_EQ(train::group_devices_per_node(m, {"fsdp", "tp"}, 6), 2);  // 6 in node 0, 2 in node 1
   // Nodes of 4 divide it: tp inside, 4 a group; nodes of 3: tp {0,1,2 | 3}: 1 NIC at the narrowest.
-  EXPECT_EQ(train::tier_of(m, {"tp"}, 4), "node");
+  EXPECT_EQ(train::tier_of(m, {"tp"}, 4), LinkTier::kNode);
   EXPECT_EQ(train::group_devices_per_node(m, {"tp"}, 3), 1);
   // dp:3,tp:2 on nodes of 4: tp {0,1} {2,3} inside, {4,5} inside the second node.
   const Mesh d = Mesh::parse("dp:3,tp:2", 6);
-  EXPECT_EQ(train::tier_of(d, {"tp"}, 4), "node");
+  EXPECT_EQ(train::tier_of(d, {"tp"}, 4), LinkTier::kNode);
   // ... and on nodes of 3: {2,3} crosses.
-  EXPECT_EQ(train::tier_of(d, {"tp"}, 3), "network");
+  EXPECT_EQ(train::tier_of(d, {"tp"}, 3), LinkTier::kNetwork);
 }
 
 // A ring over the network runs through one NIC per device of the group in a node (NCCL: the data
@@ -124,7 +124,7 @@ TEST(StepTime, ARingOverTheNetworkRunsThroughTheNodesNics) {
     const Mesh mesh = Mesh::parse(axes, 64);
     p.bytes_by_axes = {{CollectiveOn{kind, {over}}, 1'200'000'000}};
     const StepTime t = train::step_time(p, mesh, toy_hardware(8), in);
-    EXPECT_EQ(t.comms.at(0).tier, "network");
+    EXPECT_EQ(t.comms.at(0).tier, LinkTier::kNetwork);
     return t.comms.at(0);
   };
   EXPECT_EQ(train::group_devices_per_node(Mesh::parse("fsdp:64", 64), {"fsdp"}, 8), 8);
@@ -206,17 +206,17 @@ TEST(StepTime, OverlapAndExposureWorkedByHand) {
   EXPECT_NEAR(t.attention_seconds, 0.2, 1e-12);
   EXPECT_NEAR(t.memory_seconds, 0.2, 1e-12);
   ASSERT_EQ(t.comms.size(), 2u);  // the slice moves nothing
-  EXPECT_EQ(t.comms[0].tier, "network");
-  EXPECT_EQ(t.comms[0].role, "data");
+  EXPECT_EQ(t.comms[0].tier, LinkTier::kNetwork);
+  EXPECT_EQ(t.comms[0].role, CommRole::kData);
   EXPECT_TRUE(t.comms[0].overlapped);
   EXPECT_NEAR(t.comms[0].seconds, 2.4, 1e-12);
-  EXPECT_EQ(t.comms[1].tier, "node");
-  EXPECT_EQ(t.comms[1].role, "tensor");
+  EXPECT_EQ(t.comms[1].tier, LinkTier::kNode);
+  EXPECT_EQ(t.comms[1].role, CommRole::kTensor);
   EXPECT_FALSE(t.comms[1].overlapped);
   EXPECT_NEAR(t.comms[1].seconds, 0.2, 1e-12);
   EXPECT_NEAR(t.exposed_tensor_seconds, 0.2, 1e-12);
-  EXPECT_NEAR(t.exposed_by_tier.at("network"), 1.5, 1e-12);
-  EXPECT_NEAR(t.exposed_by_tier.at("node"), 0.2, 1e-12);
+  EXPECT_NEAR(t.exposed_by_tier.at(LinkTier::kNetwork), 1.5, 1e-12);
+  EXPECT_NEAR(t.exposed_by_tier.at(LinkTier::kNode), 0.2, 1e-12);
   EXPECT_NEAR(t.step_seconds, 2.9, 1e-12);
   EXPECT_NEAR(t.tokens_per_second_per_device, 8000 / 2.9 / 8, 1e-9);
   EXPECT_NEAR(t.mfu, 1e9 * (8000 / 2.9 / 8) / 1e12, 1e-12);
@@ -224,7 +224,7 @@ TEST(StepTime, OverlapAndExposureWorkedByHand) {
   // With compute to hide it all, only the first layer's share shows: 2.4 / 4.
   p.matmul_flops = 4e12;  // 8 s
   const StepTime hidden = train::step_time(p, mesh, toy_hardware(2), in);
-  EXPECT_NEAR(hidden.exposed_by_tier.at("network"), 0.6, 1e-12);
+  EXPECT_NEAR(hidden.exposed_by_tier.at(LinkTier::kNetwork), 0.6, 1e-12);
   EXPECT_NEAR(hidden.step_seconds, 8.4 + 0.6 + 0.2, 1e-12);
 }
 
@@ -305,7 +305,7 @@ TEST(StepTime, APlanWithHardwareTimesItsOwnFigures) {
     const bool ring = kind == CollectiveKind::kAllGather || kind == CollectiveKind::kReduceScatter ||
                       kind == CollectiveKind::kAllReduce;
     const std::int64_t nics = inside ? 0 : ring && axes.size() == 2 ? 2 : 1;
-    EXPECT_EQ(comm.tier, inside ? "node" : "network");
+    EXPECT_EQ(comm.tier, inside ? LinkTier::kNode : LinkTier::kNetwork);
     EXPECT_EQ(comm.nics, nics);
     EXPECT_NEAR(comm.seconds,
                 static_cast<double>(comm.bytes) / (inside ? 5e9 : 5e8 * static_cast<double>(nics)),
@@ -472,7 +472,7 @@ TrainPlan timed(std::string mesh, std::int64_t devices, double step, double comp
   StepTime t;
   t.hardware = "toy";
   t.matmul_seconds = compute;
-  t.exposed_by_tier = {{"node", node}, {"network", network}};
+  t.exposed_by_tier = {{LinkTier::kNode, node}, {LinkTier::kNetwork, network}};
   t.step_seconds = step;
   t.tokens_per_second_per_device = 8000 / step / static_cast<double>(devices);
   p.time = t;

@@ -15,6 +15,16 @@
 
 namespace shardplan {
 
+/// What a mesh axis is for in a training step (docs/rule-files.md, "Axis roles"): the batch is
+/// split over batch and expert axes, tensor parallelism runs over model axes, ring attention over
+/// a context axis; pipeline axes are not planned.
+enum class AxisRole { kBatch, kModel, kContext, kPipeline, kExpert };
+/// "batch", "model", "context", "pipeline", "expert" (as a rule file writes them).
+std::string_view name(AxisRole role);
+/// The role an axis has when no rule file declares it, by its name: tp, model, mp and tensor are
+/// model axes, cp and context context axes, every other a batch axis.
+AxisRole default_axis_role(std::string_view axis);
+
 /// A rule table read from YAML (format in docs/rule-files.md):
 ///
 ///   mesh: "fsdp:-1,tp:2"          # optional default mesh
@@ -26,6 +36,7 @@ namespace shardplan {
 ///   logical_axes: {batch: data, mlp: tp, embed: null} # optional
 ///   activations:                  # optional: named activations in logical axes
 ///     residual: [activation_batch, activation_norm_length, activation_embed]
+///   axis_roles: {ep: expert, shard: model}   # optional: what an axis is for (else by name)
 struct RuleFile {
   struct Rule {
     std::string match;
@@ -54,6 +65,11 @@ struct RuleFile {
   LogicalMapping logical_axes;
   /// Every logical axis they name is one of logical_axes (checked when parsed).
   std::vector<Activation> activations;
+  /// Mesh axis -> its role, as declared (axis_roles:); the axes not named have their default.
+  std::vector<std::pair<std::string, AxisRole>> axis_roles;
+
+  /// The role of mesh axis `axis`: as declared, else default_axis_role.
+  AxisRole axis_role(std::string_view axis) const;
 
   /// The rule the table describes: tensors with logical axes use the logical mapping (when
   /// given), others the regex rules in order, then the FSDP fallback, then (strict) a RuleError

@@ -227,15 +227,23 @@ class OptionError : public SpecError {
   std::size_t refusal_;
 };
 
+/// The links a collective's groups run over: kNode (every device of a group in one node: the
+/// fast links) or kNetwork.
+enum class LinkTier { kNode, kNetwork };
+/// "node", "network" (as the report and its JSON write them).
+std::string_view name(LinkTier tier);
+/// What a collective is for: kData (a weight's gather, whatever its axes, and anything over
+/// batch axes only: FSDP's gathers and gradient reductions), kContext (ring attention's
+/// transfers), kTensor (the rest over model axes: tensor parallelism's collectives).
+enum class CommRole { kData, kContext, kTensor };
+/// "data", "context", "tensor" (as the report and its JSON write them).
+std::string_view name(CommRole role);
+
 /// One line of a step's communication time: a kind of collective over some mesh axes.
 struct CommTime {
   CollectiveOn collective;
-  /// "node" (every device of a group in one node: the fast links) or "network".
-  std::string tier;
-  /// "data" (a weight's gather, whatever its axes, and anything over batch axes only: FSDP's
-  /// gathers and gradient reductions), "context" (ring attention's transfers), "tensor" (the
-  /// rest over model axes: tensor parallelism's collectives).
-  std::string role;
+  LinkTier tier = LinkTier::kNode;
+  CommRole role = CommRole::kData;
   std::int64_t bytes = 0;  // the most a device receives per step
   /// Over the network: the NICs a node's part of the group sends through at once. For a ring
   /// (all-gather, reduce-scatter, all-reduce) the data enters and leaves each node once and the
@@ -260,9 +268,9 @@ struct StepTime {
   /// unsharded bytes read and written at memory bandwidth.
   double copy_out_seconds = 0;
   std::vector<CommTime> comms;
-  /// Exposed communication by tier ("node", "network") and in all; what of it is tensor
+  /// Exposed communication by tier (both tiers present) and in all; what of it is tensor
   /// parallelism's.
-  std::map<std::string, double> exposed_by_tier;
+  std::map<LinkTier, double> exposed_by_tier;
   double exposed_seconds = 0, exposed_tensor_seconds = 0;
   double step_seconds = 0;
   double tokens_per_second_per_device = 0;

@@ -160,8 +160,8 @@ DefaultRules default_rules(const train::FamilyDef* family, const std::string& fa
     d.note += fmt::format("; the mesh has no {} axis{}: left out of the preset's specs, as size 1",
                           fmt::join(missing, ", "), missing.size() == 1 ? "" : "es");
   }
-  for (const std::string context : {"cp", "context"}) {
-    if (!has_axis(mesh, context)) continue;
+  for (const std::string& context : mesh) {
+    if (default_axis_role(context) != AxisRole::kContext) continue;  // a preset declares no roles
     d.file = with_context_sharding(std::move(d.file), context);
     d.note += has_axis(mesh, "fsdp")
                   ? fmt::format("; the weights sharded over fsdp and {} together, the "

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 
 #include "input_file.hpp"
@@ -125,10 +126,12 @@ class Parser {
     file.source = std::string(source_);
     if (!root.IsMap()) {
       fail(root, fmt::format("expected a mapping with 'rules' (and optionally mesh, strict, "
-                             "fsdp_fallback, logical_axes, activations), got {}",
+                             "fsdp_fallback, logical_axes, activations, axis_roles), got {}",
                              describe(root)));
     }
-    check_keys(root, {"mesh", "strict", "rules", "fsdp_fallback", "logical_axes", "activations"},
+    check_keys(root,
+               {"mesh", "strict", "rules", "fsdp_fallback", "logical_axes", "activations",
+                "axis_roles"},
                "rule file");
     if (const auto n = root["mesh"]) file.mesh = string(n, "'mesh' (like \"fsdp:-1,tp:2\")");
     if (const auto n = root["strict"]) file.strict = boolean(n, "'strict'");
@@ -183,7 +186,32 @@ class Parser {
       }
     }
     if (const auto n = root["activations"]) activations(n, file);
+    if (const auto n = root["axis_roles"]) axis_roles(n, file);
     return file;
+  }
+
+  /// `axis_roles:`, a mapping of mesh axis -> batch, model, context, pipeline or expert.
+  void axis_roles(const YAML::Node& n, RuleFile& file) const {
+    constexpr AxisRole kRoles[] = {AxisRole::kBatch, AxisRole::kModel, AxisRole::kContext,
+                                   AxisRole::kPipeline, AxisRole::kExpert};
+    if (!n.IsMap()) {
+      fail(n, fmt::format("expected 'axis_roles' as a mapping of mesh axis -> role (batch, "
+                          "model, context, pipeline or expert), got {}",
+                          describe(n)));
+    }
+    check_keys(n, {}, "axis_roles");
+    for (const auto& kv : n) {
+      const std::string axis_name = axis(kv.first, "an axis_roles key");
+      const std::string role = kv.second.IsScalar() ? kv.second.Scalar() : "";
+      const auto* it = std::find_if(std::begin(kRoles), std::end(kRoles),
+                                    [&](AxisRole r) { return name(r) == role; });
+      if (it == std::end(kRoles)) {
+        fail(kv.second, fmt::format("axis_roles: axis '{}': expected batch, model, context, "
+                                    "pipeline or expert, got {}",
+                                    axis_name, describe(kv.second)));
+      }
+      file.axis_roles.emplace_back(axis_name, *it);
+    }
   }
 
   /// `activations:`, a mapping of name -> a list of logical axes (null: not sharded), each
@@ -234,6 +262,35 @@ class Parser {
 };
 
 }  // namespace
+
+std::string_view name(AxisRole role) {
+  switch (role) {
+    case AxisRole::kBatch:
+      return "batch";
+    case AxisRole::kModel:
+      return "model";
+    case AxisRole::kContext:
+      return "context";
+    case AxisRole::kPipeline:
+      return "pipeline";
+    case AxisRole::kExpert:
+      return "expert";
+  }
+  return "batch";
+}
+
+AxisRole default_axis_role(std::string_view axis) {
+  if (axis == "tp" || axis == "model" || axis == "mp" || axis == "tensor") return AxisRole::kModel;
+  if (axis == "cp" || axis == "context") return AxisRole::kContext;
+  return AxisRole::kBatch;
+}
+
+AxisRole RuleFile::axis_role(std::string_view axis) const {
+  for (const auto& [a, role] : axis_roles) {
+    if (a == axis) return role;
+  }
+  return default_axis_role(axis);
+}
 
 RulePtr RuleFile::make_rule() const {
   std::vector<TreePathShardingRule::Entry> entries;

@@ -72,12 +72,34 @@ Placement place_groups(const Mesh& mesh, const std::vector<std::string>& axes,
 
 }  // namespace
 
-std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size) {
-  return place_groups(mesh, axes, node_size).inside_nodes ? "node" : "network";
+}  // namespace shardplan::train
+
+namespace shardplan {
+
+std::string_view name(LinkTier tier) { return tier == LinkTier::kNode ? "node" : "network"; }
+
+std::string_view name(CommRole role) {
+  switch (role) {
+    case CommRole::kData:
+      return "data";
+    case CommRole::kContext:
+      return "context";
+    case CommRole::kTensor:
+      return "tensor";
+  }
+  return "data";
+}
+
+}  // namespace shardplan
+
+namespace shardplan::train {
+
+LinkTier tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size) {
+  return place_groups(mesh, axes, node_size).inside_nodes ? LinkTier::kNode : LinkTier::kNetwork;
 }
 
 std::string link_text(const CommTime& c) {
-  if (c.tier == "node") return "node's links";
+  if (c.tier == LinkTier::kNode) return "node's links";
   return fmt::format("network ({} NIC{} a node)", c.nics, c.nics == 1 ? "" : "s");
 }
 
@@ -99,17 +121,17 @@ namespace {
 
 // A weight's gather is FSDP's (prefetched under compute) whatever axes it runs over; anything
 // else by its axes.
-std::string role_of(const CollectiveOn& on, const TimeInputs& in) {
-  if (on.of_argument) return "data";
+CommRole role_of(const CollectiveOn& on, const TimeInputs& in) {
+  if (on.of_argument) return CommRole::kData;
   const std::vector<std::string>& axes = on.axes;
   const auto any_in = [&](const AxisNames& set) {
     return std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
       return std::find(set.begin(), set.end(), a) != set.end();
     });
   };
-  if (any_in(in.model_axes)) return "tensor";
-  if (any_in(in.context_axes)) return "context";
-  return "data";
+  if (any_in(in.model_axes)) return CommRole::kTensor;
+  if (any_in(in.context_axes)) return CommRole::kContext;
+  return CommRole::kData;
 }
 
 }  // namespace
@@ -132,8 +154,8 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
   const double memory_rate = hw.memory_bandwidth * hw.memory_efficiency;
   t.memory_seconds = static_cast<double>(plan.memory_traffic) / memory_rate;
   double overlapped = 0;
-  std::map<std::string, double> overlapped_by_tier;
-  t.exposed_by_tier = {{"node", 0.0}, {"network", 0.0}};
+  std::map<LinkTier, double> overlapped_by_tier;
+  t.exposed_by_tier = {{LinkTier::kNode, 0.0}, {LinkTier::kNetwork, 0.0}};
   for (const auto& [on, bytes] : plan.bytes_by_axes) {
     if (bytes == 0) continue;
     CommTime c;
@@ -148,7 +170,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
                       on.kind == CollectiveKind::kReduceScatter ||
                       on.kind == CollectiveKind::kAllReduce;
     double bandwidth = intra;
-    if (c.tier == "network") {
+    if (c.tier == LinkTier::kNetwork) {
       c.nics = ring ? group_devices_per_node(mesh, on.axes, hw.node_size) : 1;
       bandwidth = std::min(
           intra, static_cast<double>(c.nics) * hw.inter_node_bandwidth * hw.inter_node_efficiency);
@@ -164,7 +186,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
         t.copy_out_seconds += 2 * unsharded / memory_rate;
       }
     }
-    c.overlapped = c.role != "tensor";
+    c.overlapped = c.role != CommRole::kTensor;
     if (c.overlapped) {
       overlapped += c.seconds;
       overlapped_by_tier[c.tier] += c.seconds;

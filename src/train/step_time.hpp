@@ -25,7 +25,7 @@ struct TimeInputs {
 /// "node" when every group of devices a collective over `axes` runs in lies in one node of
 /// `node_size` consecutive device ids (each group checked: none is assumed like device 0's), the mesh's devices numbered row-major (the last axis innermost, as
 /// torch's init_device_mesh and JAX's create_device_mesh lay them out); else "network".
-std::string tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size);
+LinkTier tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size);
 
 /// "node's links", or "network (8 NICs a node)": where a collective runs, for the report and
 /// the page.

@@ -28,12 +28,10 @@
 namespace shardplan {
 namespace {
 
-/// Mesh axes that are tensor (model) parallel by name: the batch is not split over them.
-bool is_model_axis(std::string_view name) {
-  return name == "tp" || name == "model" || name == "mp" || name == "tensor";
+/// The role of mesh axis `axis`: as the rule file declares it (axis_roles:), else by its name.
+AxisRole role_of(const TrainPlanOptions& o, std::string_view axis) {
+  return o.activations ? o.activations->axis_role(axis) : default_axis_role(axis);
 }
-// The axes that split the sequence (context parallelism: ring attention).
-bool is_context_axis(std::string_view name) { return name == "cp" || name == "context"; }
 
 // Cost bounds (docs/training.md, "Sizing a training run"). The largest layer or micro-batch
 // count traced as a sample; counts up to it are traced as they are.
@@ -147,7 +145,8 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
   batch_axes = o.batch_axes;
   if (batch_axes.empty()) {
     for (const std::string& a : mesh.axis_names()) {
-      if (!is_model_axis(a) && !is_context_axis(a)) batch_axes.push_back(a);
+      const AxisRole role = role_of(o, a);
+      if (role == AxisRole::kBatch || role == AxisRole::kExpert) batch_axes.push_back(a);
     }
   }
   for (const std::string& a : batch_axes) {
@@ -157,7 +156,13 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
   }
   for (const std::string& a : mesh.axis_names()) {
     if (std::find(batch_axes.begin(), batch_axes.end(), a) != batch_axes.end()) continue;
-    if (is_context_axis(a)) {
+    if (role_of(o, a) == AxisRole::kPipeline) {
+      throw SpecError(fmt::format(
+          "[train] the mesh axis '{}' is a pipeline axis (axis_roles in {}): pipeline "
+          "parallelism is not planned; give it the role batch or model",
+          detail::printable(a), detail::printable(o.activations->source)));
+    }
+    if (role_of(o, a) == AxisRole::kContext) {
       if (!layout.context.empty()) {
         train::refuse(train::Refusal::kContextAxes,
                       fmt::format("context parallelism runs over one axis; the mesh {} has two "

@@ -252,11 +252,11 @@ void write_time(std::string& out, const StepTime& t) {
         {"float8 matmul", t.matmul_fp8_seconds},
         {"attention", t.attention_seconds},
         {"memory-bound kernels and FSDP's copy-out", t.memory_seconds + t.copy_out_seconds},
-        {"exposed communication, node's links", t.exposed_by_tier.count("node") != 0
-                                                    ? t.exposed_by_tier.at("node")
+        {"exposed communication, node's links", t.exposed_by_tier.count(LinkTier::kNode) != 0
+                                                    ? t.exposed_by_tier.at(LinkTier::kNode)
                                                     : 0.0},
-        {"exposed communication, network", t.exposed_by_tier.count("network") != 0
-                                               ? t.exposed_by_tier.at("network")
+        {"exposed communication, network", t.exposed_by_tier.count(LinkTier::kNetwork) != 0
+                                               ? t.exposed_by_tier.at(LinkTier::kNetwork)
                                                : 0.0}}},
       {"hidden under compute", {{"communication hidden under compute", hidden}}, true}};
   write_hbars(out, bars, std::max(t.step_seconds, hidden) * 1.02, 0, "", seconds_value,
@@ -272,7 +272,7 @@ void write_time(std::string& out, const StepTime& t) {
         "<td class=\"n\">{}</td><td>{}</td></tr>\n",
         to_string(c.collective.kind), c.collective.of_argument ? " of weights" : "",
         escaped(fmt::format("{}", fmt::join(c.collective.axes, ", "))),
-        train::link_text(c), escaped(c.role), format_bytes(c.bytes),
+        train::link_text(c), escaped(std::string(name(c.role))), format_bytes(c.bytes),
         seconds_text(c.seconds), c.overlapped ? "overlapped with compute" : "exposed");
   }
   out += fmt::format(

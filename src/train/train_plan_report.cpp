@@ -70,13 +70,13 @@ std::string time_table(const StepTime& t) {
                                    axes_text(c.collective.axes)),
                        seconds_text(c.seconds), format_bytes(c.bytes),
                        train::link_text(c),
-                       c.overlapped ? fmt::format("{}: overlapped with compute", c.role)
-                                    : fmt::format("{}: exposed", c.role));
+                       c.overlapped ? fmt::format("{}: overlapped with compute", name(c.role))
+                                    : fmt::format("{}: exposed", name(c.role)));
   }
   out += fmt::format("  {:<40} {:>12}  (node {}, network {}; tensor parallel {})\n",
                      "exposed communication", seconds_text(t.exposed_seconds),
-                     seconds_text(t.exposed_by_tier.at("node")),
-                     seconds_text(t.exposed_by_tier.at("network")),
+                     seconds_text(t.exposed_by_tier.at(LinkTier::kNode)),
+                     seconds_text(t.exposed_by_tier.at(LinkTier::kNetwork)),
                      seconds_text(t.exposed_tensor_seconds));
   out += fmt::format("  {:<40} {:>12}\n", "step", seconds_text(t.step_seconds));
   out += fmt::format("  {:<40} {:>12.0f}\n", "tokens/s per device", t.tokens_per_second_per_device);
@@ -176,13 +176,15 @@ std::string TrainPlan::table() const {
 namespace {
 
 nlohmann::ordered_json time_json(const StepTime& t) {
+  std::map<std::string, double> exposed_by_tier;  // by the tiers' names, ordered as they sort
+  for (const auto& [tier, s] : t.exposed_by_tier) exposed_by_tier[std::string(name(tier))] = s;
   nlohmann::ordered_json comms = nlohmann::ordered_json::array();
   for (const CommTime& c : t.comms) {
     comms.push_back({{"kind", std::string(to_string(c.collective.kind))},
                      {"axes", c.collective.axes},
                      {"of_weights", c.collective.of_argument},
-                     {"tier", c.tier},
-                     {"role", c.role},
+                     {"tier", std::string(name(c.tier))},
+                     {"role", std::string(name(c.role))},
                      {"bytes", c.bytes},
                      {"nics", c.nics},
                      {"seconds", c.seconds},
@@ -197,7 +199,7 @@ nlohmann::ordered_json time_json(const StepTime& t) {
           {"compute_seconds", t.compute_seconds()},
           {"communication", std::move(comms)},
           {"exposed_seconds", t.exposed_seconds},
-          {"exposed_by_tier", t.exposed_by_tier},
+          {"exposed_by_tier", exposed_by_tier},
           {"exposed_tensor_seconds", t.exposed_tensor_seconds},
           {"step_seconds", t.step_seconds},
           {"tokens_per_second_per_device", t.tokens_per_second_per_device},
@@ -345,8 +347,8 @@ std::string why_slower(const TrainPlan& p, const TrainPlan& best) {
     const auto d = static_cast<double>(q.devices);
     return std::vector<std::pair<std::string, double>>{
         {"more compute per token", t.compute_seconds() * d},
-        {"exposed communication on the node's links", t.exposed_by_tier.at("node") * d},
-        {"exposed communication over the network", t.exposed_by_tier.at("network") * d}};
+        {"exposed communication on the node's links", t.exposed_by_tier.at(LinkTier::kNode) * d},
+        {"exposed communication over the network", t.exposed_by_tier.at(LinkTier::kNetwork) * d}};
   };
   const auto mine = parts(p), theirs = parts(best);
   std::size_t worst = 0;
