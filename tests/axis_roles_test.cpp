@@ -67,5 +67,11 @@ TEST(AxisRoles, TrainPlanSplitsTheBatchOverTheDeclaredBatchAxes) {
                     "mesh axis 'stage' is a pipeline axis", "roles.yaml", "not planned");
 }
 
+// A role for an axis the mesh lacks would apply to nothing: refused, naming the file and axis.
+TEST(AxisRoles, ARoleForAnAxisTheMeshLacksIsRefused) {
+  EXPECT_THROW_WITH(plan_on("shard:2,mp2:2", "axis_roles: {mp3: model}\n"), SpecError,
+                    "axis_roles in roles.yaml", "'mp3'", "does not have");
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -154,6 +154,16 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
     layout.batch.push_back(a);
     layout.batch_ways *= mesh.axis_size(a);
   }
+  if (o.activations) {  // a role declared for an axis the mesh lacks would apply to nothing
+    for (const auto& [a, role] : o.activations->axis_roles) {
+      if (!mesh.has_axis(a)) {
+        throw SpecError(fmt::format("[train] axis_roles in {} names the axis '{}', which the mesh "
+                                    "{} does not have",
+                                    detail::printable(o.activations->source), detail::printable(a),
+                                    detail::printable(mesh.to_string())));
+      }
+    }
+  }
   for (const std::string& a : mesh.axis_names()) {
     if (std::find(batch_axes.begin(), batch_axes.end(), a) != batch_axes.end()) continue;
     if (role_of(o, a) == AxisRole::kPipeline) {
