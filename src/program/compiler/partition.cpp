@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -596,9 +598,11 @@ class Emitter {
         mesh_(spec.mesh),
         devices_per_process_(spec.devices_per_process),
         slot_(g.size(), SlotId{-1}),
-        resharded_(g.size()) {}
+        resharded_(g.size()),
+        source_(g.size()) {}
 
   Partitioned run() {
+    plan_reduced_sources();
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId id = value_id(i);
       const Decision& d = dec_[id];
@@ -659,23 +663,20 @@ class Emitter {
     for (const auto& [done, slot] : resharded_[value]) {
       if (done == want) return slot;
     }
-    // From the value as it is, or, for a pending sum already reduced for another user, from that
-    // reduced copy when it moves fewer bytes (slicing or gathering a reduced sum instead of
-    // reducing the summands again).
+    // From the value as it is, or, for a pending sum, from the reduced copy plan_reduced_sources
+    // chose (made first when it is not yet).
     SlotId from = slot_[value];
-    std::vector<CollectiveRecord> cost =
-        plan_reshard(t.shape, t.dtype, cur, at.pending, target, devices_per_process_);
-    if (!at.pending.empty()) {
-      std::int64_t best = bytes_received(cost);
-      for (const auto& [done, slot] : resharded_[value]) {
-        auto other = plan_reshard(t.shape, t.dtype, NamedSharding(mesh_, done), {}, target,
-                                  devices_per_process_);
-        if (const std::int64_t b = bytes_received(other); b < best) {
-          best = b;
-          from = slot;
-          cost = std::move(other);
-        }
-      }
+    std::vector<CollectiveRecord> cost;
+    const PartitionSpec* source = nullptr;
+    for (const auto& [spec, src] : source_[value]) {
+      if (spec == want && src.has_value()) source = &*src;
+    }
+    if (source != nullptr) {
+      from = require(value, *source);
+      cost = plan_reshard(t.shape, t.dtype, NamedSharding(mesh_, *source), {}, target,
+                          devices_per_process_);
+    } else {
+      cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target, devices_per_process_);
     }
     Step step{.kind = Step::Kind::kReshard,
               .node = value,
@@ -688,6 +689,114 @@ class Emitter {
     resharded_[value].emplace_back(want, step.out);
     out_.steps.push_back(std::move(step));
     return out_.steps.back().out;
+  }
+
+  // Where each sharding a pending sum is wanted in is made from: the summands (reduced there) or
+  // another wanted sharding's reduced copy (sliced or gathered from it), decided for all of the
+  // value's wanted shardings at once before anything is emitted, so the order of the value's
+  // uses does not matter. The least bytes received, then the fewest collectives (a reduction
+  // and a local slice before two collectives of half the bytes), then the first in the order of
+  // the shardings' text with the summands first. Exact over every forest of up to six wanted
+  // shardings; beyond that (not met in the tests or benchmarks) each is reduced from the
+  // summands.
+  void plan_reduced_sources() {
+    ValueMap<std::vector<PartitionSpec>> wanted(g_.size());
+    const auto want = [&](ValueId v, const PartitionSpec& spec) {
+      if (dec_[v].result.pending.empty()) return;
+      auto& w = wanted[v];
+      if (std::find(w.begin(), w.end(), spec) == w.end()) w.push_back(spec);
+    };
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId id = value_id(i);
+      const Decision& d = dec_[id];
+      if (d.kind == Decision::Kind::kInput) continue;
+      const std::size_t reads = d.kind == Decision::Kind::kAlias ? 1 : g_[id].operands.size();
+      for (std::size_t k = 0; k < reads; ++k) {
+        if (d.as_is[k] == 0) want(g_[id].operands[k], d.wants[k]);
+      }
+    }
+    for (const ValueId o : g_.outputs) want(o, specs_[o]);
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      if (!wanted[v].empty()) source_[v] = plan_sources(v, std::move(wanted[v]));
+    }
+  }
+
+  std::vector<std::pair<PartitionSpec, std::optional<PartitionSpec>>> plan_sources(
+      ValueId v, std::vector<PartitionSpec> targets) const {
+    std::sort(targets.begin(), targets.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
+      return a.to_string() < b.to_string();
+    });
+    const int n = static_cast<int>(targets.size());
+    const TensorType& t = g_[v].type;
+    const Layout& at = dec_[v].result;
+    // cost[s + 1][j]: (bytes, collectives) of target j made from source s (-1: the summands).
+    using Cost = std::pair<std::int64_t, int>;
+    std::vector<std::vector<Cost>> cost(static_cast<std::size_t>(n + 1),
+                                        std::vector<Cost>(static_cast<std::size_t>(n)));
+    for (int s = -1; s < n; ++s) {
+      for (int j = 0; j < n; ++j) {
+        if (s == j) continue;
+        const NamedSharding target(mesh_, targets[static_cast<std::size_t>(j)]);
+        const auto plan =
+            s < 0 ? plan_reshard(t.shape, t.dtype, NamedSharding(mesh_, at.spec), at.pending,
+                                 target, devices_per_process_)
+                  : plan_reshard(t.shape, t.dtype,
+                                 NamedSharding(mesh_, targets[static_cast<std::size_t>(s)]), {},
+                                 target, devices_per_process_);
+        const auto collectives = std::count_if(plan.begin(), plan.end(), [](const auto& r) {
+          return r.kind != CollectiveKind::kSlice;
+        });
+        cost[static_cast<std::size_t>(s + 1)][static_cast<std::size_t>(j)] = {
+            bytes_received(plan), static_cast<int>(collectives)};
+      }
+    }
+    std::vector<int> parent(static_cast<std::size_t>(n), -1);
+    std::vector<int> best = parent;
+    if (n <= 6) {
+      Cost best_cost{std::numeric_limits<std::int64_t>::max(), 0};
+      // Every assignment of a source to each target, in order (the summands first); the
+      // forests only (each target reaches the summands).
+      const auto reaches_root = [&](int j) {
+        for (int steps = 0; steps <= n; ++steps) {
+          if (j < 0) return true;
+          j = parent[static_cast<std::size_t>(j)];
+        }
+        return false;
+      };
+      std::function<void(int)> search = [&](int j) {
+        if (j == n) {
+          Cost c{0, 0};
+          for (int k = 0; k < n; ++k) {
+            if (!reaches_root(k)) return;
+            const Cost& e = cost[static_cast<std::size_t>(parent[static_cast<std::size_t>(k)] + 1)]
+                                [static_cast<std::size_t>(k)];
+            c.first += e.first;
+            c.second += e.second;
+          }
+          if (c < best_cost) {
+            best_cost = c;
+            best = parent;
+          }
+          return;
+        }
+        for (int s = -1; s < n; ++s) {
+          if (s == j) continue;
+          parent[static_cast<std::size_t>(j)] = s;
+          search(j + 1);
+        }
+        parent[static_cast<std::size_t>(j)] = -1;
+      };
+      search(0);
+    }
+    std::vector<std::pair<PartitionSpec, std::optional<PartitionSpec>>> out;
+    for (int j = 0; j < n; ++j) {
+      const int s = best[static_cast<std::size_t>(j)];
+      out.emplace_back(targets[static_cast<std::size_t>(j)],
+                       s < 0 ? std::nullopt
+                             : std::optional<PartitionSpec>(targets[static_cast<std::size_t>(s)]));
+    }
+    return out;
   }
 
   void emit_kernel(ValueId id) {
@@ -716,8 +825,9 @@ class Emitter {
     std::tie(step.blocks, step.offsets) = blocks_of(d.result.spec, n.type.shape);
     step.flops = n.op->flops(step.local, in_local, step.local.type.shape);
     if (n.op->collective != nullptr) {
-      step.cost = collective_cost(n.op->collective(step.local, {in_local[0], g_[n.operands[0]].type.dtype}),
-                                  g_[n.operands[0]].type.dtype, mesh_, devices_per_process_);
+      step.cost =
+          collective_cost(n.op->collective(step.local, {in_local[0], g_[n.operands[0]].type.dtype}),
+                          g_[n.operands[0]].type.dtype, mesh_, devices_per_process_);
     }
     slot_[id] = step.out;
     out_.steps.push_back(std::move(step));
@@ -763,6 +873,9 @@ class Emitter {
   const int devices_per_process_;  // CompileSpec::devices_per_process
   ValueMap<SlotId> slot_;
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
+  // By pending value: each sharding it is wanted in, and the reduced copy it is made from
+  // (nullopt: from the summands); plan_reduced_sources.
+  ValueMap<std::vector<std::pair<PartitionSpec, std::optional<PartitionSpec>>>> source_;
   std::unordered_map<BlocksKey, SharedBlocks, BlocksKeyHash> blocks_;
   int next_slot_ = 0;
   Partitioned out_;
