@@ -12,6 +12,7 @@
 #include "memory.hpp"
 #include "partition.hpp"
 #include "../ir/primitives.hpp"
+#include "partition_choose.hpp"
 #include "propagate.hpp"
 
 namespace shardplan::detail {
@@ -108,6 +109,34 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
 }
 
 }  // namespace
+
+CandidateSpace partition_candidates(const Graph& input_graph, const CompileSpec& spec) {
+  // What compile() partitions, kept alive as long as the space's cost function.
+  struct Prepared {
+    explicit Prepared(const CompileSpec& s) : spec(s) {}
+    CompileSpec spec;
+    Graph g;
+    std::optional<Propagator> prop;
+    ValueMap<PartitionSpec> specs;
+  };
+  auto p = std::make_shared<Prepared>(spec);
+  p->g = without_dead_values(constrain_outputs(input_graph, spec));
+  p->prop.emplace(p->g, p->spec.mesh);
+  fix_user_shardings(p->g, p->spec, *p->prop);
+  p->prop->run();
+  std::vector<Pending> input_pending;
+  for (const InputSpec& in : spec.inputs) input_pending.push_back(in.spec ? in.pending : Pending{});
+  p->prop->carry_pending(input_pending);
+  p->specs = ValueMap<PartitionSpec>(p->g.size());
+  for (std::size_t i = 0; i < p->g.size(); ++i) {
+    p->specs[value_id(i)] = spec_of_dims(p->prop->at(value_id(i)).dims);
+  }
+  CandidateSpace space = candidate_space(p->g, *p->prop, p->specs, p->spec);
+  space.cost = [p, cost = std::move(space.cost)](const std::vector<int>& pick) {
+    return cost(pick);
+  };
+  return space;
+}
 
 Program compile(const Graph& input_graph, const CompileSpec& spec) {
   Graph g = without_dead_values(constrain_outputs(input_graph, spec));

@@ -33,6 +33,21 @@ struct InputSpec {
   std::string name;  // for people: "argument 0 'params/w'"
 };
 
+/// A mesh axis's link for the partitioner's cost (partition_choose.hpp): a collective over some
+/// axes costs the latency plus the bytes a device receives over the slowest of their bandwidths.
+struct AxisLink {
+  double bytes_per_second = 0;
+  double latency_seconds = 0;
+  friend bool operator==(const AxisLink&, const AxisLink&) = default;
+};
+/// Link figures by mesh axis, and a device's compute rate (the compute a strategy repeats costs
+/// flops over it; 0: not counted). Every axis of the mesh must have a figure.
+struct LinkFigures {
+  std::map<std::string, AxisLink> axes;
+  double flops_per_second = 0;
+  friend bool operator==(const LinkFigures&, const LinkFigures&) = default;
+};
+
 struct CompileSpec {
   Mesh mesh;
   std::vector<InputSpec> inputs;                      // by input index
@@ -54,6 +69,9 @@ struct CompileSpec {
   /// count what they stage to receive from other processes (plan_reshard), and the peak per
   /// device includes it (ProgramCost::peak_bytes).
   int devices_per_process = 0;
+  /// The partitioner ranks its candidates by estimated time with these figures, by bytes
+  /// received without them.
+  std::optional<LinkFigures> links;
 };
 
 /// CompileSpec::devices_per_process for a program run on `executor` over `mesh` (0 for none).
@@ -107,6 +125,9 @@ struct Step {
   std::shared_ptr<const std::vector<FusedOp>> fused;
   /// kernel, fused: "fused(add, exp)", its ops' names (the trace's name for the step).
   std::shared_ptr<const std::string> fused_name;
+  /// reshard: the decision that asked for it, "for %5: pass factors first: 96 B; runner-up
+  /// reduce factors first: 192 B" (the first reader in graph order; "for output 0: ...").
+  std::shared_ptr<const std::string> reason;
 };
 
 class Program {

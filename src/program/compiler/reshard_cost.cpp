@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -25,20 +27,77 @@ std::int64_t bytes_received(const std::vector<CollectiveRecord>& records) {
   return total;
 }
 
-std::int64_t ReshardCosts::bytes(const TensorType& type, const PartitionSpec& from,
-                                 const Pending& pending, const PartitionSpec& to) {
+bool same_cost(double a, double b) {
+  if (a == b) return true;
+  if (std::isinf(a) || std::isinf(b)) return false;
+  return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+}
+
+PartitionCost::PartitionCost(const Mesh& mesh, const std::optional<LinkFigures>& links)
+    : timed_(links.has_value()) {
+  if (!links) return;
+  links_ = *links;
+  for (const std::string& axis : mesh.axis_names()) {
+    const auto it = links_.axes.find(axis);
+    if (it == links_.axes.end()) {
+      throw SpecError(fmt::format("[compile] the link figures name no bandwidth for mesh axis '{}' "
+                                  "(mesh {})",
+                                  axis, mesh.to_string()));
+    }
+    if (!(it->second.bytes_per_second > 0) || !(it->second.latency_seconds >= 0)) {
+      throw SpecError(fmt::format("[compile] mesh axis '{}': bandwidth {} B/s and latency {} s; "
+                                  "want a bandwidth > 0 and a latency >= 0",
+                                  axis, it->second.bytes_per_second, it->second.latency_seconds));
+    }
+  }
+}
+
+Cost PartitionCost::of(const std::vector<CollectiveRecord>& records) const {
+  Cost total;
+  for (const CollectiveRecord& rec : records) {
+    const auto bytes = static_cast<double>(rec.max_bytes_in());
+    if (rec.kind == CollectiveKind::kSlice) continue;  // local: no link crossed
+    ++total.collectives;
+    if (!timed_) {
+      total.value += bytes;
+      continue;
+    }
+    double bandwidth = 0;
+    double latency = 0;
+    for (const std::string& axis : rec.axes) {
+      const AxisLink& l = links_.axes.at(axis);
+      bandwidth = bandwidth == 0 ? l.bytes_per_second : std::min(bandwidth, l.bytes_per_second);
+      latency = std::max(latency, l.latency_seconds);
+    }
+    if (bandwidth > 0) total.value += latency + bytes / bandwidth;
+  }
+  return total;
+}
+
+Cost PartitionCost::compute(double flops) const {
+  return {timed_ && links_.flops_per_second > 0 ? flops / links_.flops_per_second : 0, 0};
+}
+
+std::string PartitionCost::format(double cost) const {
+  if (!timed_) return fmt::format("{} B", static_cast<std::int64_t>(cost));
+  if (cost >= 1e-3) return fmt::format("{:.3g} ms", cost * 1e3);
+  return fmt::format("{:.3g} us", cost * 1e6);
+}
+
+Cost ReshardCosts::cost(const TensorType& type, const PartitionSpec& from,
+                          const Pending& pending, const PartitionSpec& to) {
   std::size_t h = hash_combine(hash_of(type.dtype), hash_of(type.shape));
   h = hash_combine(h, hash_of(from));
   h = hash_combine(h, hash_of(pending));
   h = hash_combine(h, hash_of(to));
   std::vector<Entry>& same_hash = known_[h];
   for (const Entry& e : same_hash) {
-    if (e.type == type && e.from == from && e.pending == pending && e.to == to) return e.bytes;
+    if (e.type == type && e.from == from && e.pending == pending && e.to == to) return e.cost;
   }
-  const std::int64_t b = bytes_received(plan_reshard(
-      type.shape, type.dtype, NamedSharding(mesh_, from), pending, NamedSharding(mesh_, to)));
-  same_hash.push_back(Entry{type, from, pending, to, b});
-  return b;
+  const Cost c = model_.of(plan_reshard(type.shape, type.dtype, NamedSharding(mesh_, from),
+                                          pending, NamedSharding(mesh_, to)));
+  same_hash.push_back(Entry{type, from, pending, to, c});
+  return c;
 }
 
 }  // namespace shardplan::detail

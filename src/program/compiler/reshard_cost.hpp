@@ -1,14 +1,16 @@
 #pragma once
-// What the partitioner's choices cost: the bytes of reshards (plan_reshard's steps, the most any
-// device receives in each, summed), remembered per (type, layout, target) for one mesh, since a
-// step of many alike layers asks the same question at every layer. Private to the library.
+// What the partitioner's choices cost (partition_choose.hpp): the reshards' collectives priced by
+// one formula (PartitionCost), each distinct question planned once per mesh, since a step of many
+// alike layers asks the same question at every layer. Private to the library.
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "../ir/graph.hpp"
+#include "compile.hpp"
 #include "shardplan/collectives.hpp"
 
 namespace shardplan::detail {
@@ -19,14 +21,48 @@ std::int64_t add_bytes(std::int64_t a, std::int64_t b, std::string_view what);
 /// The steps' bytes: each step's most bytes any device receives, summed.
 std::int64_t bytes_received(const std::vector<CollectiveRecord>& records);
 
-/// bytes_received(plan_reshard(...)) on one mesh, each distinct question answered once (the
+/// A cost in PartitionCost's unit, and the number of collectives in it (the second key of the
+/// tie order: among equal cost and equal work, fewer collectives).
+struct Cost {
+  double value = 0;
+  int collectives = 0;
+  Cost& operator+=(const Cost& o) {
+    value += o.value;
+    collectives += o.collectives;
+    return *this;
+  }
+  friend Cost operator+(Cost a, const Cost& b) { return a += b; }
+};
+/// Whether two costs are the same up to rounding (sums of the same terms in another order).
+bool same_cost(double a, double b);
+
+/// The partitioner's one cost formula. With link figures (CompileSpec::links): per collective,
+/// the latency of its slowest axis plus the most bytes a device receives over that axis's
+/// bandwidth, in seconds; the compute a strategy repeats, its flops over the device's rate. Without
+/// them: the bytes a device receives, and compute counts nothing.
+class PartitionCost {
+ public:
+  /// Throws SpecError naming a mesh axis `links` has no figure for (or a bandwidth not > 0).
+  PartitionCost(const Mesh& mesh, const std::optional<LinkFigures>& links);
+  Cost of(const std::vector<CollectiveRecord>& records) const;
+  Cost compute(double flops) const;
+  bool timed() const { return timed_; }
+  /// "96 B" or "1.25 us".
+  std::string format(double cost) const;
+
+ private:
+  bool timed_ = false;
+  LinkFigures links_;
+};
+
+/// PartitionCost::of(plan_reshard(...)) on one mesh, each distinct question answered once (the
 /// answer is a function of the question: the same shape, dtype, sharding, pending state and
 /// target always cost the same). Throws as plan_reshard, and then remembers nothing.
 class ReshardCosts {
  public:
-  explicit ReshardCosts(const Mesh& mesh) : mesh_(mesh) {}
-  std::int64_t bytes(const TensorType& type, const PartitionSpec& from, const Pending& pending,
-                     const PartitionSpec& to);
+  ReshardCosts(const Mesh& mesh, const PartitionCost& model) : mesh_(mesh), model_(model) {}
+  Cost cost(const TensorType& type, const PartitionSpec& from, const Pending& pending,
+            const PartitionSpec& to);
 
  private:
   struct Entry {
@@ -34,9 +70,10 @@ class ReshardCosts {
     PartitionSpec from;
     Pending pending;
     PartitionSpec to;
-    std::int64_t bytes = 0;
+    Cost cost;
   };
   const Mesh& mesh_;
+  const PartitionCost& model_;
   // By a hash of the question; the entries of one hash compared in full.
   std::unordered_map<std::size_t, std::vector<Entry>> known_;
 };

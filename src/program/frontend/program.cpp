@@ -492,9 +492,10 @@ std::string Program::text() const {
         s += fmt::format("          {}: {}\n", value_name(st.node), rec.to_string());
       }
     } else {
-      for (const auto& rec : st.cost) {
-        s += fmt::format("  reshard {} -> {}: {}\n", value_name(st.node),
-                         st.sharding->spec().to_string(), rec.to_string());
+      for (std::size_t r = 0; r < st.cost.size(); ++r) {
+        s += fmt::format("  reshard {} -> {}: {}{}\n", value_name(st.node),
+                         st.sharding->spec().to_string(), st.cost[r].to_string(),
+                         r == 0 && st.reason ? fmt::format("  [{}]", *st.reason) : "");
       }
     }
   }

@@ -1,0 +1,593 @@
+// Phase 1 of the partitioner: the candidates of every node, one cost, one choice
+// (partition_choose.hpp).
+#include "partition_choose.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "partition_space.hpp"
+#include "../ir/primitive.hpp"
+#include "../ir/primitives.hpp"
+#include "shardplan/error.hpp"
+
+namespace shardplan::detail {
+
+std::string_view to_string(Strategy s) {
+  switch (s) {
+    case Strategy::kSplitLike:
+      return "split like an operand";
+    case Strategy::kPassFirst:
+      return "pass factors first";
+    case Strategy::kReduceFirst:
+      return "reduce factors first";
+    case Strategy::kCarry:
+      return "pending sum carried";
+    case Strategy::kMadeForUser:
+      return "made in its user's sharding";
+    case Strategy::kFixed:
+      return "fixed";
+  }
+  return "?";
+}
+
+namespace {
+
+
+// a < b: less cost, then (among the same cost) fewer collectives.
+bool cheaper(const Cost& a, const Cost& b) {
+  if (!same_cost(a.value, b.value)) return a.value < b.value;
+  return a.collectives < b.collectives;
+}
+// The tie order: less cost, then less work per device, then fewer collectives, then the
+// strategies' order, then the candidate's place (made from the node and its operands alone,
+// never from its uses).
+bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const Cand& b, int ib) {
+  if (!same_cost(cost_a.value, cost_b.value)) return cost_a.value < cost_b.value;
+  return std::tie(a.work, cost_a.collectives, a.strategy, ia) <
+         std::tie(b.work, cost_b.collectives, b.strategy, ib);
+}
+
+class Chooser {
+ public:
+  Chooser(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
+          const CompileSpec& spec)
+      : g_(g),
+        prop_(prop),
+        specs_(specs),
+        mesh_(spec.mesh),
+        model_(spec.mesh, spec.links),
+        costs_(spec.mesh, model_),
+        uses_(g),
+        pick_(g.size(), -1),
+        state_(g.size(), -1),
+        reads_of_(uses_.reads_of) {}
+
+  // The steps of partition_choose.hpp.
+  Choices run() {
+    solve();
+    return finish();
+  }
+
+  // Steps 1-4; then, where values have several uses, steps 1-4 again with each shared value's
+  // reads priced at their marginal cost given the other reads of the last choice (the value in
+  // the state it was chosen in costs nothing more to make, and a read of it in a sharding another
+  // read already makes costs nothing more to reshard). The cheapest choice of the rounds is kept.
+  static constexpr int kRounds = 3;
+  void solve() {
+    space_ = build_candidates(g_, prop_, specs_, mesh_, model_, uses_);
+    std::vector<int> best_pick;
+    double best_cost = kInfinite;
+    bool shared = false;
+    for (std::size_t i = 0; i < g_.size(); ++i) shared |= reads_of_[value_id(i)] > 1;
+    for (int round = 0; round < (shared ? kRounds : 1); ++round) {
+      marginal_ = round > 0;
+      for (std::size_t i = 0; i < g_.size(); ++i) forward(value_id(i));
+      extract();
+      realize();
+      improve();
+      std::vector<int> pick(g_.size());
+      for (std::size_t i = 0; i < g_.size(); ++i) pick[i] = pick_[value_id(i)];
+      const double cost = shared ? program_cost(pick) : 0;
+      if (best_pick.empty() || cost < best_cost) {
+        best_cost = cost;
+        best_pick = pick;
+      } else {
+        break;  // no better than the round before: it will not move further
+      }
+      remember_choice();
+    }
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      pick_[value_id(i)] = best_pick[i];
+      state_[value_id(i)] = space_[value_id(i)].cands[static_cast<std::size_t>(best_pick[i])].state;
+    }
+  }
+
+  // The last round's choice, for the marginal prices of the next.
+  void remember_choice() {
+    last_state_ = state_;
+    last_pick_ = pick_;
+    last_wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
+    for (const ValueId o : g_.outputs) last_wants_[o].push_back(specs_[o]);
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      const Cand& c = space_[v].cands[static_cast<std::size_t>(pick_[v])];
+      for (std::size_t k = 0; k < c.as_is.size(); ++k) {
+        if (c.as_is[k] == kRead) last_wants_[g_[v].operands[k]].push_back(c.wants[k]);
+      }
+    }
+  }
+
+  CandidateSpace space() {
+    solve();
+    CandidateSpace out;
+    out.nodes = ValueMap<CandidateSpace::NodeSpace>(g_.size());
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      auto& ns = out.nodes[v];
+      ns.states = space_[v].states;
+      for (const Cand& c : space_[v].cands) {
+        ns.candidates.push_back({c.strategy, decision_of(v, c), c.as_is, c.compute});
+        ns.result_state.push_back(c.state);
+      }
+      out.chosen.push_back(pick_[v]);
+    }
+    out.cost = [this](const std::vector<int>& pick) { return program_cost(pick); };
+    return out;
+  }
+
+ private:
+  const Node& node(ValueId v) const { return g_[v]; }
+  const Layout& state(ValueId v, int s) const {
+    return space_[v].states[static_cast<std::size_t>(s)];
+  }
+
+  // ---- the choice ----------------------------------------------------------------------------
+
+  Cost reshard(ValueId v, const Layout& from, const PartitionSpec& to) {
+    const TensorType& t = g_[v].type;
+    if (from.pending.empty() && (from.spec == to || equivalent(mesh_, from.spec, to, t.shape.rank())))
+      return {};
+    return costs_.cost(t, from.spec, from.pending, to);
+  }
+
+  // The least cost of operand k's read by candidate c (a state of the operand and the reshard
+  // from it), and that state. A value read n times is made once: each read bears 1/n of making
+  // it and of its reshard (the reads that want the same sharding share one), so the sum over its
+  // reads is its cost where they agree; exact where each value is read once.
+  std::pair<Cost, int> read(ValueId id, const Cand& c, std::size_t k) {
+    const ValueId o = g_[id].operands[k];
+    const Space& os = space_[o];
+    const double share = 1.0 / static_cast<double>(reads_of_[o]);
+    const auto scaled = [&](Cost x) {
+      x.value *= share;
+      return x;
+    };
+    if (marginal_ && reads_of_[o] > 1) return marginal_read(id, c, k);
+    if (c.as_is[k] >= 0) return {scaled(os.best[static_cast<std::size_t>(c.as_is[k])]), c.as_is[k]};
+    std::pair<Cost, int> best{kInf, -1};
+    for (std::size_t s = 0; s < os.states.size(); ++s) {
+      if (c.fallback && !os.states[s].pending.empty()) continue;
+      const Cost& upstream = os.best[s];
+      if (upstream.value == kInfinite) continue;
+      const Cost total = scaled(
+          upstream + (c.as_is[k] == kAnyState ? Cost{} : reshard(o, os.states[s], c.wants[k])));
+      if (cheaper(total, best.first)) best = {total, static_cast<int>(s)};
+    }
+    return best;
+  }
+
+  // A read of a shared value priced against the last round's choice: in the state the value was
+  // chosen in, what this read adds to the value's reads (the others' kept); in another state, the
+  // whole cost of making it there and resharding (the others not counted).
+  std::pair<Cost, int> marginal_read(ValueId id, const Cand& c, std::size_t k) {
+    const ValueId o = g_[id].operands[k];
+    const Space& os = space_[o];
+    const int chosen = last_state_[o];
+    std::vector<PartitionSpec> others = last_wants_[o];
+    const Cand& mine = space_[id].cands[static_cast<std::size_t>(last_pick_[id])];
+    if (mine.as_is[k] == kRead) {
+      const auto it = std::find(others.begin(), others.end(), mine.wants[k]);
+      if (it != others.end()) others.erase(it);
+    }
+    std::pair<Cost, int> best{kInf, -1};
+    for (std::size_t s = 0; s < os.states.size(); ++s) {
+      const int si = static_cast<int>(s);
+      if (c.as_is[k] >= 0 && c.as_is[k] != si) continue;
+      if (c.fallback && c.as_is[k] == kRead && !os.states[s].pending.empty()) continue;
+      Cost total;
+      if (si == chosen) {
+        if (c.as_is[k] == kRead) {
+          std::vector<PartitionSpec> with = others;
+          with.push_back(c.wants[k]);
+          total = read_plan(o, os.states[s], with).first;
+          const Cost without = read_plan(o, os.states[s], others).first;
+          total.value -= without.value;
+          total.collectives -= without.collectives;
+        }
+      } else {
+        if (os.best[s].value == kInfinite) continue;
+        total = os.best[s];
+        if (c.as_is[k] == kRead) total += reshard(o, os.states[s], c.wants[k]);
+      }
+      if (cheaper(total, best.first)) best = {total, si};
+    }
+    return best;
+  }
+
+  // Step 1: each candidate's least total, each state's least candidate.
+  void forward(ValueId id) {
+    Space& sp = space_[id];
+    sp.best.assign(sp.states.size(), kInf);
+    sp.arg.assign(sp.states.size(), -1);
+    for (std::size_t i = 0; i < sp.cands.size(); ++i) {
+      Cand& c = sp.cands[i];
+      c.total = c.fallback ? kInf : c.compute;
+      for (std::size_t k = 0; k < g_[id].operands.size() && c.total.value < kInfinite; ++k) {
+        c.total += read(id, c, k).first;
+      }
+      const auto s = static_cast<std::size_t>(c.state);
+      const int a = sp.arg[s];
+      if (a < 0 || before(c.total, c, static_cast<int>(i), sp.best[s],
+                          sp.cands[static_cast<std::size_t>(a)], a)) {
+        sp.best[s] = c.total;
+        sp.arg[s] = static_cast<int>(i);
+      }
+    }
+  }
+
+  // The reads of value v in layout `at` for the shardings `wants` (each made from v as it is or,
+  // for a pending sum, from the copy reduced into one of them), and their cost.
+  std::pair<Cost, ReadPlan> read_plan(ValueId v, const Layout& at,
+                                        std::vector<PartitionSpec> wants) {
+    std::sort(wants.begin(), wants.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
+      return a.to_string() < b.to_string();
+    });
+    wants.erase(std::unique(wants.begin(), wants.end()), wants.end());
+    ReadPlan plan;
+    Cost direct;
+    for (const PartitionSpec& w : wants) {
+      direct += reshard(v, at, w);
+      plan.emplace_back(w, std::nullopt);
+    }
+    if (at.pending.empty() || wants.size() < 2) return {direct, std::move(plan)};
+    // One of them reduced first, the others each made from it or from the summands.
+    Cost best = direct;
+    for (std::size_t r = 0; r < wants.size(); ++r) {
+      const Layout root{wants[r], {}, {}};
+      Cost total = reshard(v, at, wants[r]);
+      ReadPlan p;
+      for (std::size_t j = 0; j < wants.size(); ++j) {
+        if (j == r) {
+          p.emplace_back(wants[j], std::nullopt);
+          continue;
+        }
+        const Cost own = reshard(v, at, wants[j]);
+        const Cost from_root = reshard(v, root, wants[j]);
+        const bool reuse = cheaper(from_root, own);
+        total += reuse ? from_root : own;
+        p.emplace_back(wants[j], reuse ? std::optional(wants[r]) : std::nullopt);
+      }
+      if (cheaper(total, best)) {
+        best = total;
+        plan = std::move(p);
+      }
+    }
+    return {best, std::move(plan)};
+  }
+
+  // Step 2: backward, each value's state given what its chosen users read it in.
+  void extract() {
+    pick_ = ValueMap<int>(g_.size(), -1);
+    state_ = ValueMap<int>(g_.size(), -1);
+    wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
+    need_ = ValueMap<std::vector<int>>(g_.size());
+    for (const ValueId o : g_.outputs) wants_[o].push_back(specs_[o]);
+    for (std::size_t i = g_.size(); i-- > 0;) {
+      const ValueId v = value_id(i);
+      const Space& sp = space_[v];
+      std::vector<int> allowed = need_[v];
+      if (allowed.empty()) {
+        for (std::size_t s = 0; s < sp.states.size(); ++s) allowed.push_back(static_cast<int>(s));
+      }
+      std::sort(allowed.begin(), allowed.end());
+      allowed.erase(std::unique(allowed.begin(), allowed.end()), allowed.end());
+      Cost best = kInf;
+      for (const int s : allowed) {
+        const int a = sp.arg[static_cast<std::size_t>(s)];
+        if (a < 0) continue;
+        const Cost c = sp.best[static_cast<std::size_t>(s)] +
+                         read_plan(v, state(v, s), wants_[v]).first;
+        if (pick_[v] < 0 || before(c, sp.cands[static_cast<std::size_t>(a)], s, best,
+                                   sp.cands[static_cast<std::size_t>(pick_[v])], state_[v])) {
+          best = c;
+          pick_[v] = a;
+          state_[v] = s;
+        }
+      }
+      if (pick_[v] < 0) {
+        throw SpecError(fmt::format("[compile] the partitioner found no way to make {} {}",
+                                    g_[v].op->name, to_string(g_[v].type)));
+      }
+      ask_operands(v, sp.cands[static_cast<std::size_t>(pick_[v])]);
+    }
+  }
+
+  void ask_operands(ValueId v, const Cand& c) {
+    const Node& n = g_[v];
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const ValueId o = n.operands[k];
+      if (c.as_is[k] >= 0) {
+        need_[o].push_back(c.as_is[k]);
+      } else if (c.as_is[k] == kRead) {
+        wants_[o].push_back(c.wants[k]);
+      }
+    }
+  }
+
+  // Step 3: forward, every read as it is checked against the state chosen for its operand; a
+  // node where one is not met takes its cheapest candidate given its operands' states.
+  void realize() {
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      const Space& sp = space_[v];
+      if (meets(v, sp.cands[static_cast<std::size_t>(pick_[v])])) continue;
+      Cost best = kInf;
+      int pick = -1;
+      for (std::size_t c = 0; c < sp.cands.size(); ++c) {
+        const Cand& cand = sp.cands[c];
+        if (!meets(v, cand)) continue;
+        Cost total = cand.compute;
+        for (std::size_t k = 0; k < cand.as_is.size(); ++k) {
+          const ValueId o = g_[v].operands[k];
+          if (cand.as_is[k] == kRead) total += reshard(o, state(o, state_[o]), cand.wants[k]);
+        }
+        if (pick < 0 || before(total, cand, static_cast<int>(c), best,
+                               sp.cands[static_cast<std::size_t>(pick)], pick)) {
+          best = total;
+          pick = static_cast<int>(c);
+        }
+      }
+      if (pick < 0) {
+        throw SpecError(fmt::format("[compile] the partitioner found no way to make {} {}",
+                                    g_[v].op->name, to_string(g_[v].type)));
+      }
+      pick_[v] = pick;
+      state_[v] = sp.cands[static_cast<std::size_t>(pick)].state;
+    }
+  }
+
+  // Step 4: where values have several uses (the dynamic programming shares a value's cost among
+  // its reads, which is exact only where they agree), one node at a time in graph order takes
+  // the candidate that lowers the whole program's cost, its users' reads as they are kept; until
+  // no node changes (at most kImprovePasses passes).
+  static constexpr int kImprovePasses = 8;
+  void improve() {
+    ValueMap<std::vector<PartitionSpec>> wants(g_.size());
+    for (const ValueId o : g_.outputs) wants[o].push_back(specs_[o]);
+    ValueMap<char> read_as_is(g_.size(), 0);
+    bool shared = false;
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      const Cand& c = space_[v].cands[static_cast<std::size_t>(pick_[v])];
+      for (std::size_t k = 0; k < c.as_is.size(); ++k) {
+        const ValueId o = g_[v].operands[k];
+        if (c.as_is[k] == kRead) wants[o].push_back(c.wants[k]);
+        if (c.as_is[k] >= 0) ++read_as_is[o];
+      }
+      shared |= reads_of_[v] > 1;
+    }
+    if (!shared) return;  // every value read once: the dynamic programming was exact
+    for (int pass = 0; pass < kImprovePasses; ++pass) {
+      bool changed = false;
+      for (std::size_t i = 0; i < g_.size(); ++i) {
+        const ValueId v = value_id(i);
+        const Space& sp = space_[v];
+        if (sp.cands.size() < 2) continue;
+        const Cand& now = sp.cands[static_cast<std::size_t>(pick_[v])];
+        for (std::size_t ci = 0; ci < sp.cands.size(); ++ci) {
+          const Cand& c = sp.cands[ci];
+          if (static_cast<int>(ci) == pick_[v] || !meets(v, c)) continue;
+          if (c.state != state_[v] && read_as_is[v] != 0) continue;
+          if (delta(v, now, c, wants) < 0) {
+            apply(v, now, c, wants, read_as_is);
+            pick_[v] = static_cast<int>(ci);
+            state_[v] = c.state;
+            changed = true;
+            break;
+          }
+        }
+      }
+      if (!changed) break;
+    }
+  }
+
+  // The cost of value o's reads with `wants` changed by candidate `from` -> `to` of user v.
+  static void swap_wants(std::vector<PartitionSpec>& w, const Cand& from, const Cand& to,
+                         const Node& n, ValueId o) {
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      if (n.operands[k] != o) continue;
+      if (from.as_is[k] == kRead) w.erase(std::find(w.begin(), w.end(), from.wants[k]));
+      if (to.as_is[k] == kRead) w.push_back(to.wants[k]);
+    }
+  }
+
+  double delta(ValueId v, const Cand& from, const Cand& to,
+               const ValueMap<std::vector<PartitionSpec>>& wants) {
+    const Node& n = g_[v];
+    Cost before = from.compute, after = to.compute;
+    std::vector<ValueId> seen;
+    for (const ValueId o : n.operands) {
+      if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
+      seen.push_back(o);
+      std::vector<PartitionSpec> w = wants[o];
+      const Layout& at = state(o, state_[o]);
+      before += read_plan(o, at, w).first;
+      swap_wants(w, from, to, n, o);
+      after += read_plan(o, at, w).first;
+    }
+    if (to.state != from.state) {
+      before += read_plan(v, state(v, from.state), wants[v]).first;
+      after += read_plan(v, state(v, to.state), wants[v]).first;
+    }
+    if (same_cost(after.value, before.value)) return 0;
+    return after.value - before.value;
+  }
+
+  void apply(ValueId v, const Cand& from, const Cand& to,
+             ValueMap<std::vector<PartitionSpec>>& wants, ValueMap<char>& read_as_is) {
+    const Node& n = g_[v];
+    std::vector<ValueId> seen;
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const ValueId o = n.operands[k];
+      if (from.as_is[k] >= 0) --read_as_is[o];
+      if (to.as_is[k] >= 0) ++read_as_is[o];
+      if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
+      seen.push_back(o);
+      swap_wants(wants[o], from, to, n, o);
+    }
+  }
+
+  bool meets(ValueId v, const Cand& c) const {
+    for (std::size_t k = 0; k < c.as_is.size(); ++k) {
+      const ValueId o = g_[v].operands[k];
+      if (c.as_is[k] >= 0 && c.as_is[k] != state_[o]) return false;
+      if (c.fallback && c.as_is[k] == kRead &&
+          !state(o, state_[o]).pending.empty()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Decision decision_of(ValueId v, const Cand& c) const {
+    Decision d{.kind = c.kind, .wants = c.wants, .result = c.result};
+    d.result.why = c.why;
+    d.as_is.assign(c.as_is.size(), 0);
+    for (std::size_t k = 0; k < c.as_is.size(); ++k) {
+      if (c.as_is[k] == kRead) continue;
+      d.as_is[k] = 1;
+      const ValueId o = g_[v].operands[k];
+      if (c.as_is[k] == kAnyState && state_[o] >= 0) d.wants[k] = state(o, state_[o]).spec;
+    }
+    return d;
+  }
+
+  // The cost of a whole assignment (CandidateSpace::cost; choose()'s own cost): the compute each
+  // candidate does and each value's reads.
+  double program_cost(const std::vector<int>& pick) {
+    ValueMap<std::vector<PartitionSpec>> wants(g_.size());
+    for (const ValueId o : g_.outputs) wants[o].push_back(specs_[o]);
+    Cost total;
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      const Cand& c = space_[v].cands[static_cast<std::size_t>(pick[i])];
+      total += c.compute;
+      for (std::size_t k = 0; k < c.as_is.size(); ++k) {
+        const ValueId o = g_[v].operands[k];
+        const Cand& oc = space_[o].cands[static_cast<std::size_t>(pick[static_cast<std::size_t>(o)])];
+        if (c.as_is[k] >= 0 && c.as_is[k] != oc.state) return kInfinite;
+        if (c.fallback && c.as_is[k] == kRead && !oc.result.pending.empty()) return kInfinite;
+        if (c.as_is[k] == kRead) wants[o].push_back(c.wants[k]);
+      }
+    }
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      const Cand& c = space_[v].cands[static_cast<std::size_t>(pick[i])];
+      total += read_plan(v, state(v, c.state), wants[v]).first;
+    }
+    return total.value;
+  }
+
+  Choices finish() {
+    Choices out;
+    out.decisions = ValueMap<Decision>(g_.size());
+    out.reads = ValueMap<ReadPlan>(g_.size());
+    wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
+    for (const ValueId o : g_.outputs) wants_[o].push_back(specs_[o]);
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      ask_operands(v, space_[v].cands[static_cast<std::size_t>(pick_[v])]);
+    }
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const ValueId v = value_id(i);
+      const Space& sp = space_[v];
+      const Cand& c = sp.cands[static_cast<std::size_t>(pick_[v])];
+      out.decisions[v] = decision_of(v, c);
+      auto [reads, plan] = read_plan(v, state(v, state_[v]), wants_[v]);
+      out.cost += (c.compute + reads).value;
+      out.reads[v] = std::move(plan);
+      out.decisions[v].decision = describe(v, c);
+    }
+    out.constants = uses_.constant;
+    return out;
+  }
+
+  // "pass factors first: 96 B; runner-up reduce factors first: 192 B" (each candidate's cost:
+  // its compute, its operands' reads from their chosen states, its result's reads).
+  std::string describe(ValueId v, const Cand& chosen) {
+    const Space& sp = space_[v];
+    if (sp.cands.size() < 2) return std::string(to_string(chosen.strategy));
+    Cost runner = kInf;
+    const Cand* second = nullptr;
+    for (const Cand& c : sp.cands) {
+      if (&c == &chosen || !meets(v, c)) continue;
+      Cost total = c.compute + read_plan(v, sp.states[static_cast<std::size_t>(c.state)],
+                                           wants_[v]).first;
+      for (std::size_t k = 0; k < c.as_is.size(); ++k) {
+        const ValueId o = g_[v].operands[k];
+        if (c.as_is[k] == kRead) total += reshard(o, state(o, state_[o]), c.wants[k]);
+      }
+      if (second == nullptr || cheaper(total, runner)) {
+        runner = total;
+        second = &c;
+      }
+    }
+    if (second == nullptr) return std::string(to_string(chosen.strategy));
+    Cost own = chosen.compute + read_plan(v, state(v, state_[v]), wants_[v]).first;
+    for (std::size_t k = 0; k < chosen.as_is.size(); ++k) {
+      const ValueId o = g_[v].operands[k];
+      if (chosen.as_is[k] == kRead) own += reshard(o, state(o, state_[o]), chosen.wants[k]);
+    }
+    return fmt::format("{}: {}; runner-up {}: {}", to_string(chosen.strategy), model_.format(own.value),
+                       to_string(second->strategy), model_.format(runner.value));
+  }
+
+  const Graph& g_;
+  const Propagator& prop_;
+  const ValueMap<PartitionSpec>& specs_;
+  const Mesh& mesh_;
+  PartitionCost model_;
+  ReshardCosts costs_;
+  ValueMap<Space> space_;
+  GraphUses uses_;
+  ValueMap<int> pick_;   // by node: the chosen candidate
+  ValueMap<int> state_;  // by value: its chosen state
+  ValueMap<std::vector<PartitionSpec>> wants_;  // by value: what chosen users read it in
+  ValueMap<std::vector<int>> need_;             // by value: states chosen users read as they are
+  bool marginal_ = false;                       // solve(): a round after the first
+  ValueMap<int> last_state_, last_pick_;        // the last round's choice
+  ValueMap<std::vector<PartitionSpec>> last_wants_;
+  const ValueMap<int>& reads_of_;  // uses_.reads_of
+};
+
+}  // namespace
+
+Choices choose(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
+               const CompileSpec& spec) {
+  return Chooser(g, prop, specs, spec).run();
+}
+
+CandidateSpace candidate_space(const Graph& g, const Propagator& prop,
+                               const ValueMap<PartitionSpec>& specs, const CompileSpec& spec) {
+  auto chooser = std::make_shared<Chooser>(g, prop, specs, spec);
+  CandidateSpace out = chooser->space();
+  auto cost = std::move(out.cost);
+  out.cost = [chooser, cost](const std::vector<int>& pick) { return cost(pick); };
+  return out;
+}
+
+}  // namespace shardplan::detail

@@ -1,0 +1,75 @@
+#pragma once
+// The candidates of every node (partition_choose.hpp), each made from the declared properties
+// of its op and the layouts its operands can be in. Private to partition_candidates.cpp and
+// partition_choose.cpp.
+
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "partition_choose.hpp"
+
+namespace shardplan::detail {
+
+inline constexpr double kInfinite = std::numeric_limits<double>::infinity();
+inline constexpr Cost kInf{kInfinite, 0};
+inline constexpr int kRead = -1;      // Cand::as_is: read in the wanted sharding (a reshard when needed)
+inline constexpr int kAnyState = -2;  // Cand::as_is: held as it is, in whatever layout (keep_alive)
+
+bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b, int rank);
+
+// Mesh axes per factor of a node.
+class FactorAxes {
+ public:
+  explicit FactorAxes(int factors = 0) : axes_(static_cast<std::size_t>(factors)) {}
+  AxisNames& operator[](int factor) { return axes_[static_cast<std::size_t>(factor)]; }
+  const AxisNames& operator[](int factor) const { return axes_[static_cast<std::size_t>(factor)]; }
+  friend bool operator==(const FactorAxes&, const FactorAxes&) = default;
+
+ private:
+  std::vector<AxisNames> axes_;
+};
+
+// One way to run a node (a candidate): what it reads each operand in, what it makes.
+struct Cand {
+  Strategy strategy = Strategy::kPassFirst;
+  std::string why;  // the result's Layout::why ("" for the propagation's own choice)
+  Decision::Kind kind = Decision::Kind::kKernel;
+  std::vector<PartitionSpec> wants;
+  std::vector<int> as_is;  // per operand: the operand state read as it is, kRead or kAnyState
+  Layout result;
+  int state = -1;       // index of `result` among the node's states
+  Cost compute;         // the compute it does per device (PartitionCost)
+  double work = 1;      // the fraction of the node's work each device does
+  // Not a candidate while a carry is possible (Linearity::carry: the sum is carried whatever it
+  // costs): taken only where its operand is not pending after all, reading it reduced.
+  bool fallback = false;
+  Cost total = kInf;  // forward: compute + its reads at their least cost
+};
+
+struct Space {
+  std::vector<Layout> states;
+  std::vector<Cand> cands;
+  std::vector<Cost> best;  // by state: the least total of a candidate making it
+  std::vector<int> arg;      // by state: that candidate
+};
+
+/// What the candidates and the choice both read of the graph: each value's readers.
+struct GraphUses {
+  explicit GraphUses(const Graph& g);
+  ValueMap<std::vector<std::pair<ValueId, int>>> users;  // (node, operand position), by value
+  ValueMap<int> reads_of;        // the operand slots and outputs that read it
+  ValueMap<char> is_output;
+  ValueMap<char> pointwise_only;  // read by pointwise nodes only
+  ValueMap<char> constant;        // depends on no input (cacheable sources and what they make)
+};
+
+/// Every node's candidates and the states they make, in graph order (a candidate may depend on
+/// the layouts its operands can be in), then a repetition's candidates in the shardings its one
+/// user reads it in.
+ValueMap<Space> build_candidates(const Graph& g, const Propagator& prop,
+                                 const ValueMap<PartitionSpec>& specs, const Mesh& mesh,
+                                 const PartitionCost& model, const GraphUses& uses);
+
+}  // namespace shardplan::detail
