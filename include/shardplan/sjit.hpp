@@ -44,6 +44,12 @@ struct SjitOptions {
   /// Positions of arguments whose buffers the program may reuse for its outputs; the arrays
   /// passed there cannot be used afterwards (ArrayError).
   std::vector<int> donate_argnums = {};
+  /// Positions of arguments holding a batch of examples, split along their first dimension over
+  /// some mesh axes (the batch axes). Values computed from them are never moved between devices
+  /// of those axes, only their sums reduced: as data-parallel stacks (DDP, FSDP) run a step,
+  /// where the partitioner would otherwise move activations when that moves fewer bytes than
+  /// gathering the weights. Empty: nothing is held in place.
+  std::vector<int> batch_argnums = {};
   /// Let with_sharding_annotation names without a sharding pass (as scalax does); otherwise an
   /// unknown name is an error listing the known ones.
   bool allow_unknown_annotations = false;

@@ -379,6 +379,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.out_shardings = RuleTree::dict(
       {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", args.state_rule}});
   options.donate_argnums = {0, 1};
+  options.batch_argnums = {2, 3};  // tokens and targets: a data-parallel step moves no example
   // Constants (iotas, masks, rotary tables) planned as an accelerator's compiler runs them:
   // folded into the kernels that read them, neither kept between steps nor counted. (Kept up to
   // a bound, they grew with the first layers only, so the figures were not affine in the layer

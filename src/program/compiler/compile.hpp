@@ -31,6 +31,9 @@ struct InputSpec {
   // Donated (sjit's donate_argnums): the program owns the array and frees it after its last use.
   bool donated = false;
   std::string name;  // for people: "argument 0 'params/w'"
+  /// A batch of examples (SjitOptions::batch_argnums): what is computed from it is not moved
+  /// between devices of the mesh axes its first dimension is split over.
+  bool batch = false;
 };
 
 /// A mesh axis's link for the partitioner's cost (partition_choose.hpp): a collective over some

@@ -64,7 +64,9 @@ class Chooser {
         uses_(g),
         pick_(g.size(), -1),
         state_(g.size(), -1),
-        reads_of_(uses_.reads_of) {}
+        reads_of_(uses_.reads_of) {
+    mark_examples(spec);
+  }
 
   // The steps of partition_choose.hpp.
   Choices run() {
@@ -147,11 +149,47 @@ class Chooser {
 
   // ---- the choice ----------------------------------------------------------------------------
 
+  // A reshard's cost; none possible (infinite) where it would move examples of a batch between
+  // devices of the batch axes (InputSpec::batch).
   Cost reshard(ValueId v, const Layout& from, const PartitionSpec& to) {
     const TensorType& t = g_[v].type;
     if (from.pending.empty() && (from.spec == to || equivalent(mesh_, from.spec, to, t.shape.rank())))
       return {};
-    return costs_.cost(t, from.spec, from.pending, to);
+    if (examples_[v] == 0) return costs_.cost(t, from.spec, from.pending, to);
+    bool moves = false;
+    const Cost c = costs_.cost(t, from.spec, from.pending, to, &batch_axes_, &moves);
+    return moves ? kInf : c;
+  }
+
+  // Values computed from a batch (InputSpec::batch) and not summed over its axes, whose
+  // propagated pending sum is not over a batch axis: their examples stay where they are.
+  void mark_examples(const CompileSpec& spec) {
+    examples_ = ValueMap<char>(g_.size(), 0);
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      if (!n.is(prim::input)) continue;
+      const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
+      if (k >= spec.inputs.size() || !spec.inputs[k].batch || !spec.inputs[k].spec) continue;
+      const auto dims = padded(*spec.inputs[k].spec, std::max(1, n.type.shape.rank()));
+      for (const std::string& a : dims[0]) {
+        if (std::find(batch_axes_.begin(), batch_axes_.end(), a) == batch_axes_.end()) {
+          batch_axes_.push_back(a);
+        }
+      }
+      examples_[value_id(i)] = dims[0].empty() ? 0 : 1;
+    }
+    if (batch_axes_.empty()) return;
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      if (n.is(prim::input)) continue;
+      const bool from_batch = std::any_of(n.operands.begin(), n.operands.end(),
+                                          [&](ValueId o) { return examples_[o] != 0; });
+      const auto& pend = prop_.at(value_id(i)).pending.axes;
+      const bool summed = std::any_of(pend.begin(), pend.end(), [&](const std::string& a) {
+        return std::find(batch_axes_.begin(), batch_axes_.end(), a) != batch_axes_.end();
+      });
+      examples_[value_id(i)] = from_batch && !summed ? 1 : 0;
+    }
   }
 
   // The least cost of operand k's read by candidate c (a state of the operand and the reshard
@@ -572,6 +610,8 @@ class Chooser {
   ValueMap<int> last_state_, last_pick_;        // the last round's choice
   ValueMap<std::vector<PartitionSpec>> last_wants_;
   const ValueMap<int>& reads_of_;  // uses_.reads_of
+  ValueMap<char> examples_;               // mark_examples
+  std::vector<std::string> batch_axes_;   // the axes batch inputs are split over
 };
 
 }  // namespace

@@ -85,19 +85,36 @@ std::string PartitionCost::format(double cost) const {
 }
 
 Cost ReshardCosts::cost(const TensorType& type, const PartitionSpec& from,
-                          const Pending& pending, const PartitionSpec& to) {
+                        const Pending& pending, const PartitionSpec& to,
+                        const std::vector<std::string>* axes, bool* moves) {
+  const auto answer = [&](const Entry& e) {
+    if (moves != nullptr) {
+      *moves = axes != nullptr && std::any_of(e.moved.begin(), e.moved.end(), [&](const auto& a) {
+        return std::find(axes->begin(), axes->end(), a) != axes->end();
+      });
+    }
+    return e.cost;
+  };
   std::size_t h = hash_combine(hash_of(type.dtype), hash_of(type.shape));
   h = hash_combine(h, hash_of(from));
   h = hash_combine(h, hash_of(pending));
   h = hash_combine(h, hash_of(to));
   std::vector<Entry>& same_hash = known_[h];
   for (const Entry& e : same_hash) {
-    if (e.type == type && e.from == from && e.pending == pending && e.to == to) return e.cost;
+    if (e.type == type && e.from == from && e.pending == pending && e.to == to) return answer(e);
   }
-  const Cost c = model_.of(plan_reshard(type.shape, type.dtype, NamedSharding(mesh_, from),
-                                          pending, NamedSharding(mesh_, to)));
-  same_hash.push_back(Entry{type, from, pending, to, c});
-  return c;
+  const std::vector<CollectiveRecord> plan = plan_reshard(
+      type.shape, type.dtype, NamedSharding(mesh_, from), pending, NamedSharding(mesh_, to));
+  Entry e{type, from, pending, to, model_.of(plan), {}};
+  for (const CollectiveRecord& rec : plan) {
+    if (rec.kind == CollectiveKind::kReduceScatter || rec.kind == CollectiveKind::kAllReduce ||
+        rec.kind == CollectiveKind::kSlice) {
+      continue;
+    }
+    e.moved.insert(e.moved.end(), rec.axes.begin(), rec.axes.end());
+  }
+  same_hash.push_back(std::move(e));
+  return answer(same_hash.back());
 }
 
 }  // namespace shardplan::detail

@@ -61,8 +61,11 @@ class PartitionCost {
 class ReshardCosts {
  public:
   ReshardCosts(const Mesh& mesh, const PartitionCost& model) : mesh_(mesh), model_(model) {}
+  /// `moves`, when given, is set to whether the reshard moves data (a collective other than a
+  /// reduction or a local slice) over one of `axes`.
   Cost cost(const TensorType& type, const PartitionSpec& from, const Pending& pending,
-            const PartitionSpec& to);
+            const PartitionSpec& to, const std::vector<std::string>* axes = nullptr,
+            bool* moves = nullptr);
 
  private:
   struct Entry {
@@ -71,6 +74,7 @@ class ReshardCosts {
     Pending pending;
     PartitionSpec to;
     Cost cost;
+    std::vector<std::string> moved;  // the axes of its collectives that move data
   };
   const Mesh& mesh_;
   const PartitionCost& model_;

@@ -96,8 +96,8 @@ std::vector<MaybeSharding> resolve(const Mesh& mesh, const std::optional<RuleTre
   return resolve_rules(mesh, *rules, tree, fmt::format("[sjit] {}", what));
 }
 
-// Per argument leaf: whether donate_argnums names its argument.
-std::vector<char> donated_leaves(const CallArgs& call, const std::vector<int>& donate_argnums) {
+// Per argument leaf: whether `positions` (donate_argnums, batch_argnums) names its argument.
+std::vector<char> leaves_at(const CallArgs& call, const std::vector<int>& donate_argnums) {
   std::vector<char> out(call.leaves.size(), 0);
   for (const int p : donate_argnums) {
     for (std::size_t k = 0; k < call.positions.size(); ++k) {
@@ -213,6 +213,16 @@ SjitCore::SjitCore(Mesh mesh, SjitOptions options)
     }
   }
   const SjitOptions& o = s_->options;
+  for (std::size_t i = 0; i < o.batch_argnums.size(); ++i) {
+    const int p = o.batch_argnums[i];
+    if (p < 0 || std::count(o.batch_argnums.begin(), o.batch_argnums.end(), p) > 1 ||
+        std::count(o.static_argnums.begin(), o.static_argnums.end(), p) > 0) {
+      throw SpecError(fmt::format(
+          "[sjit] batch_argnums: position {} is negative, listed twice or static; each names "
+          "one array argument",
+          p));
+    }
+  }
   for (std::size_t i = 0; i < o.donate_argnums.size(); ++i) {
     const int p = o.donate_argnums[i];
     if (p < 0) {
@@ -341,7 +351,8 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
                    .count_constants = o.count_constants,
                    .fuse = o.fuse, .eager = o.eager,
                    .devices_per_process = devices_per_process(exec, mesh)};
-  const std::vector<char> donated = donated_leaves(call, o.donate_argnums);
+  const std::vector<char> donated = leaves_at(call, o.donate_argnums);
+  const std::vector<char> batch = leaves_at(call, o.batch_argnums);
   const std::vector<std::string> names = leaf_names(call);
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     const ArgLeaf& l = call.leaves[i];
@@ -355,6 +366,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
       in.origin = fmt::format("{} as passed", names[i]);
     }
     in.donated = donated[i] != 0;
+    in.batch = batch[i] != 0;
     in.name = names[i];
     spec.inputs.push_back(std::move(in));
   }
@@ -566,7 +578,7 @@ Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
   // Donated arguments give their buffers to the program, which frees them after their last use
   // (the executor's block cache hands them to outputs of the same size). A donated array may not
   // also be passed undonated, or captured: the program would read freed buffers.
-  const std::vector<char> donated = donated_leaves(call, s_->options.donate_argnums);
+  const std::vector<char> donated = leaves_at(call, s_->options.donate_argnums);
   for (std::size_t i = 0; i < donated.size(); ++i) {
     if (!donated[i]) continue;
     const void* id = ArrayAccess::identity(call.leaves[i].array);
