@@ -126,6 +126,9 @@ class CandidateBuilder {
       c.state = static_cast<int>(sp.states.size());
       sp.states.push_back(Layout{c.result.spec, c.result.pending, {}});
     }
+    const TensorType& t = g_[id].type;
+    c.held = NamedSharding(mesh_, c.result.spec).shard_shape(t.shape).numel() *
+             static_cast<std::int64_t>(size_of(t.dtype));
     sp.cands.push_back(std::move(c));
   }
 

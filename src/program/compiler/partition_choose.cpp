@@ -42,13 +42,14 @@ bool cheaper(const Cost& a, const Cost& b) {
   if (!same_cost(a.value, b.value)) return a.value < b.value;
   return a.collectives < b.collectives;
 }
-// The tie order: less cost, then less work per device, then fewer collectives, then the
+// The tie order: less cost, then fewer bytes held (memory is not a cost, but of two plans alike
+// the one that keeps less), then less work per device, then fewer collectives, then the
 // strategies' order, then the candidate's place (made from the node and its operands alone,
 // never from its uses).
 bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const Cand& b, int ib) {
   if (!same_cost(cost_a.value, cost_b.value)) return cost_a.value < cost_b.value;
-  return std::tie(a.work, cost_a.collectives, a.strategy, ia) <
-         std::tie(b.work, cost_b.collectives, b.strategy, ib);
+  return std::tie(a.held, a.work, cost_a.collectives, a.strategy, ia) <
+         std::tie(b.held, b.work, cost_b.collectives, b.strategy, ib);
 }
 
 class Chooser {
@@ -170,13 +171,18 @@ class Chooser {
       if (!n.is(prim::input)) continue;
       const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
       if (k >= spec.inputs.size() || !spec.inputs[k].batch || !spec.inputs[k].spec) continue;
-      const auto dims = padded(*spec.inputs[k].spec, std::max(1, n.type.shape.rank()));
-      for (const std::string& a : dims[0]) {
-        if (std::find(batch_axes_.begin(), batch_axes_.end(), a) == batch_axes_.end()) {
-          batch_axes_.push_back(a);
+      // The axes of its first split dimension (the batch; a micro-batch index before it is not
+      // split, a sequence split over a context axis after it is not the batch).
+      for (const AxisNames& dim : spec.inputs[k].spec->dims()) {
+        if (dim.empty()) continue;
+        for (const std::string& a : dim) {
+          if (std::find(batch_axes_.begin(), batch_axes_.end(), a) == batch_axes_.end()) {
+            batch_axes_.push_back(a);
+          }
         }
+        examples_[value_id(i)] = 1;
+        break;
       }
-      examples_[value_id(i)] = dims[0].empty() ? 0 : 1;
     }
     if (batch_axes_.empty()) return;
     for (std::size_t i = 0; i < g_.size(); ++i) {
@@ -406,15 +412,12 @@ class Chooser {
   void improve() {
     ValueMap<std::vector<PartitionSpec>> wants(g_.size());
     for (const ValueId o : g_.outputs) wants[o].push_back(specs_[o]);
-    ValueMap<char> read_as_is(g_.size(), 0);
     bool shared = false;
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       const Cand& c = space_[v].cands[static_cast<std::size_t>(pick_[v])];
       for (std::size_t k = 0; k < c.as_is.size(); ++k) {
-        const ValueId o = g_[v].operands[k];
-        if (c.as_is[k] == kRead) wants[o].push_back(c.wants[k]);
-        if (c.as_is[k] >= 0) ++read_as_is[o];
+        if (c.as_is[k] == kRead) wants[g_[v].operands[k]].push_back(c.wants[k]);
       }
       shared |= reads_of_[v] > 1;
     }
@@ -425,67 +428,189 @@ class Chooser {
         const ValueId v = value_id(i);
         const Space& sp = space_[v];
         if (sp.cands.size() < 2) continue;
-        const Cand& now = sp.cands[static_cast<std::size_t>(pick_[v])];
         for (std::size_t ci = 0; ci < sp.cands.size(); ++ci) {
-          const Cand& c = sp.cands[ci];
-          if (static_cast<int>(ci) == pick_[v] || !meets(v, c)) continue;
-          if (c.state != state_[v] && read_as_is[v] != 0) continue;
-          if (delta(v, now, c, wants) < 0) {
-            apply(v, now, c, wants, read_as_is);
-            pick_[v] = static_cast<int>(ci);
-            state_[v] = c.state;
+          if (static_cast<int>(ci) == pick_[v] || sp.cands[ci].fallback ||
+              !meets(v, sp.cands[ci])) {
+            continue;
+          }
+          std::vector<std::pair<ValueId, int>> moves;
+          if (!move_with_followers(v, static_cast<int>(ci), moves)) continue;
+          if (delta(moves, wants) < 0) {
+            apply(moves, wants);
             changed = true;
             break;
           }
         }
       }
+      for (std::size_t i = 0; i < g_.size(); ++i) changed |= drop_a_want(value_id(i), wants);
       if (!changed) break;
     }
   }
 
-  // The cost of value o's reads with `wants` changed by candidate `from` -> `to` of user v.
-  static void swap_wants(std::vector<PartitionSpec>& w, const Cand& from, const Cand& to,
-                         const Node& n, ValueId o) {
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      if (n.operands[k] != o) continue;
-      if (from.as_is[k] == kRead) w.erase(std::find(w.begin(), w.end(), from.wants[k]));
-      if (to.as_is[k] == kRead) w.push_back(to.wants[k]);
+  // A sharding several readers of x share (a weight gathered once for two products) is kept by
+  // each single move, since the others still pay for it; so the readers of x in one sharding
+  // move together, each to its cheapest candidate that reads x otherwise, where that lowers the
+  // program's cost.
+  bool drop_a_want(ValueId x, ValueMap<std::vector<PartitionSpec>>& wants) {
+    if (uses_.users[x].size() < 2) return false;
+    std::vector<PartitionSpec> distinct = wants[x];
+    std::sort(distinct.begin(), distinct.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
+      return a.to_string() < b.to_string();
+    });
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    for (const PartitionSpec& w : distinct) {
+      std::vector<std::pair<ValueId, int>> moves;
+      bool possible = true;
+      std::vector<ValueId> readers;
+      for (const auto& [u, pos] : uses_.users[x]) {
+        const Cand& now = space_[u].cands[static_cast<std::size_t>(pick_[u])];
+        const auto k = static_cast<std::size_t>(pos);
+        if (now.as_is[k] != kRead || !(now.wants[k] == w)) continue;
+        if (std::find(readers.begin(), readers.end(), u) != readers.end()) continue;
+        readers.push_back(u);
+      }
+      if (readers.size() < 2) continue;
+      for (const ValueId u : readers) {
+        double best = kInfinite;
+        std::vector<std::pair<ValueId, int>> best_moves;
+        const auto& cands = space_[u].cands;
+        for (std::size_t c = 0; c < cands.size(); ++c) {
+          const Cand& alt = cands[c];
+          if (static_cast<int>(c) == pick_[u] || alt.fallback || !meets(u, alt)) continue;
+          bool still = false;
+          for (std::size_t q = 0; q < alt.as_is.size(); ++q) {
+            still |= g_[u].operands[q] == x && alt.as_is[q] == kRead && alt.wants[q] == w;
+          }
+          if (still) continue;
+          std::vector<std::pair<ValueId, int>> m;
+          if (!move_with_followers(u, static_cast<int>(c), m)) continue;
+          const double d = delta(m, wants);
+          if (d < best) {
+            best = d;
+            best_moves = std::move(m);
+          }
+        }
+        if (best_moves.empty()) {
+          possible = false;
+          break;
+        }
+        moves.insert(moves.end(), best_moves.begin(), best_moves.end());
+      }
+      if (!possible) continue;
+      // One move per node (followers of two readers may coincide).
+      std::vector<ValueId> nodes;
+      bool clash = false;
+      for (const auto& [v, c] : moves) {
+        clash |= std::find(nodes.begin(), nodes.end(), v) != nodes.end();
+        nodes.push_back(v);
+      }
+      if (clash || delta(moves, wants) >= 0) continue;
+      apply(moves, wants);
+      return true;
     }
+    return false;
   }
 
-  double delta(ValueId v, const Cand& from, const Cand& to,
-               const ValueMap<std::vector<PartitionSpec>>& wants) {
-    const Node& n = g_[v];
-    Cost before = from.compute, after = to.compute;
-    std::vector<ValueId> seen;
-    for (const ValueId o : n.operands) {
-      if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
-      seen.push_back(o);
-      std::vector<PartitionSpec> w = wants[o];
-      const Layout& at = state(o, state_[o]);
-      before += read_plan(o, at, w).first;
-      swap_wants(w, from, to, n, o);
-      after += read_plan(o, at, w).first;
+  // Node v to candidate ci, with every reader that takes v as it is (an optimization barrier, a
+  // gradient's constraint keeping its sum, a carried sum) moved to its alike candidate reading v's
+  // new state, transitively; false when a reader has none.
+  bool move_with_followers(ValueId v, int ci, std::vector<std::pair<ValueId, int>>& moves) {
+    moves.emplace_back(v, ci);
+    const int from_state = state_[v];
+    const int to_state = space_[v].cands[static_cast<std::size_t>(ci)].state;
+    if (from_state == to_state) return true;
+    for (const auto& [u, pos] : uses_.users[v]) {
+      if (std::any_of(moves.begin(), moves.end(), [&](const auto& m) { return m.first == u; }))
+        continue;
+      const Cand& now = space_[u].cands[static_cast<std::size_t>(pick_[u])];
+      const auto k = static_cast<std::size_t>(pos);
+      if (now.as_is[k] != from_state) continue;  // reads v resharded (or held): any state does
+      int follower = -1;
+      const auto& cands = space_[u].cands;
+      for (std::size_t c = 0; c < cands.size() && follower < 0; ++c) {
+        const Cand& alt = cands[c];
+        if (alt.strategy != now.strategy || alt.kind != now.kind || alt.fallback) continue;
+        bool alike = true;
+        for (std::size_t q = 0; q < alt.as_is.size() && alike; ++q) {
+          if (g_[u].operands[q] == v) {
+            alike = alt.as_is[q] == (now.as_is[q] >= 0 ? to_state : now.as_is[q]) &&
+                    (alt.as_is[q] >= 0 || alt.wants[q] == now.wants[q]);
+          } else {
+            alike = alt.as_is[q] == now.as_is[q] && alt.wants[q] == now.wants[q];
+          }
+        }
+        if (alike) follower = static_cast<int>(c);
+      }
+      if (follower < 0 || moves.size() > 64) return false;
+      if (!move_with_followers(u, follower, moves)) return false;
     }
-    if (to.state != from.state) {
-      before += read_plan(v, state(v, from.state), wants[v]).first;
-      after += read_plan(v, state(v, to.state), wants[v]).first;
+    return true;
+  }
+
+  // The change of the whole program's cost when the moved nodes take their new candidates.
+  double delta(const std::vector<std::pair<ValueId, int>>& moves,
+               const ValueMap<std::vector<PartitionSpec>>& wants) {
+    const auto moved_to = [&](ValueId v) {
+      for (const auto& [m, c] : moves) {
+        if (m == v) return c;
+      }
+      return -1;
+    };
+    std::vector<ValueId> touched;
+    for (const auto& [v, c] : moves) {
+      touched.push_back(v);
+      for (const ValueId o : g_[v].operands) touched.push_back(o);
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    Cost before, after;
+    for (const auto& [v, c] : moves) {
+      before += space_[v].cands[static_cast<std::size_t>(pick_[v])].compute;
+      after += space_[v].cands[static_cast<std::size_t>(c)].compute;
+    }
+    for (const ValueId x : touched) {
+      std::vector<PartitionSpec> w = wants[x];
+      for (const auto& [v, c] : moves) {
+        swap_wants(w, space_[v].cands[static_cast<std::size_t>(pick_[v])],
+                   space_[v].cands[static_cast<std::size_t>(c)], g_[v], x);
+      }
+      const int to = moved_to(x);
+      const int new_state = to < 0 ? state_[x] : space_[x].cands[static_cast<std::size_t>(to)].state;
+      before += read_plan(x, state(x, state_[x]), wants[x]).first;
+      after += read_plan(x, state(x, new_state), w).first;
     }
     if (same_cost(after.value, before.value)) return 0;
     return after.value - before.value;
   }
 
-  void apply(ValueId v, const Cand& from, const Cand& to,
-             ValueMap<std::vector<PartitionSpec>>& wants, ValueMap<char>& read_as_is) {
-    const Node& n = g_[v];
-    std::vector<ValueId> seen;
+  void apply(const std::vector<std::pair<ValueId, int>>& moves,
+             ValueMap<std::vector<PartitionSpec>>& wants) {
+    for (const auto& [v, c] : moves) {
+      const Cand& from = space_[v].cands[static_cast<std::size_t>(pick_[v])];
+      const Cand& to = space_[v].cands[static_cast<std::size_t>(c)];
+      std::vector<ValueId> seen;
+      for (const ValueId o : g_[v].operands) {
+        if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
+        seen.push_back(o);
+        swap_wants(wants[o], from, to, g_[v], o);
+      }
+    }
+    for (const auto& [v, c] : moves) {
+      pick_[v] = c;
+      state_[v] = space_[v].cands[static_cast<std::size_t>(c)].state;
+    }
+  }
+
+  // Value o's wants with user v's candidate `from` replaced by `to`.
+  static void swap_wants(std::vector<PartitionSpec>& w, const Cand& from, const Cand& to,
+                         const Node& n, ValueId o) {
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      const ValueId o = n.operands[k];
-      if (from.as_is[k] >= 0) --read_as_is[o];
-      if (to.as_is[k] >= 0) ++read_as_is[o];
-      if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
-      seen.push_back(o);
-      swap_wants(wants[o], from, to, n, o);
+      if (n.operands[k] != o) continue;
+      if (from.as_is[k] == kRead) {
+        const auto it = std::find(w.begin(), w.end(), from.wants[k]);
+        if (it != w.end()) w.erase(it);
+      }
+      if (to.as_is[k] == kRead) w.push_back(to.wants[k]);
     }
   }
 

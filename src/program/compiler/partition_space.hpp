@@ -42,6 +42,7 @@ struct Cand {
   int state = -1;       // index of `result` among the node's states
   Cost compute;         // the compute it does per device (PartitionCost)
   double work = 1;      // the fraction of the node's work each device does
+  std::int64_t held = 0;  // the bytes of its result a device holds
   // Not a candidate while a carry is possible (Linearity::carry: the sum is carried whatever it
   // costs): taken only where its operand is not pending after all, reading it reduced.
   bool fallback = false;
