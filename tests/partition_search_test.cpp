@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -17,6 +18,7 @@
 
 #include "compile.hpp"
 #include "partition_choose.hpp"
+#include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
 #include "trace.hpp"
 
@@ -192,6 +194,81 @@ TEST(PartitionSearch, TheChoiceIsWithinFivePercentOfTheLeastCostOnOtherPrograms)
   EXPECT_EQ(tally.programs, 180);
   RecordProperty("worst_ratio", fmt::format("{:.4f}", tally.worst));
   RecordProperty("above_least", tally.above);
+}
+
+}  // namespace
+}  // namespace shardplan::detail
+
+namespace shardplan::detail {
+namespace {
+
+// The cost formula by hand: per collective, the slowest axis's latency plus the bytes a device
+// receives over that axis's bandwidth; slices cost nothing.
+TEST(PartitionCostModel, ACollectiveCostsItsSlowestAxisLatencyPlusBytesOverBandwidth) {
+  const Mesh mesh = Mesh::parse("x:2,y:2", 4);
+  LinkFigures links;
+  links.axes["x"] = AxisLink{.bytes_per_second = 100e9, .latency_seconds = 1e-6};
+  links.axes["y"] = AxisLink{.bytes_per_second = 10e9, .latency_seconds = 5e-6};
+  const PartitionCost timed(mesh, links);
+  const PartitionCost bytes(mesh, std::nullopt);
+  CollectiveRecord over_x{.kind = CollectiveKind::kAllGather, .axes = {"x"}, .bytes_in = {1000, 1000, 1000, 1000}};
+  CollectiveRecord over_xy{.kind = CollectiveKind::kAllReduce, .axes = {"x", "y"}, .bytes_in = {0, 4000, 0, 0}};
+  CollectiveRecord slice{.kind = CollectiveKind::kSlice, .axes = {"x"}, .bytes_in = {0, 0, 0, 0}};
+  EXPECT_DOUBLE_EQ(timed.of({over_x}).value, 1e-6 + 1000 / 100e9);
+  EXPECT_DOUBLE_EQ(timed.of({over_xy}).value, 5e-6 + 4000 / 10e9);
+  EXPECT_DOUBLE_EQ(timed.of({over_x, slice, over_xy}).value, 1e-6 + 1e-8 + 5e-6 + 4e-7);
+  EXPECT_EQ(timed.of({over_x, slice, over_xy}).collectives, 2);
+  EXPECT_DOUBLE_EQ(bytes.of({over_x, slice, over_xy}).value, 5000);
+  LinkFigures missing;
+  missing.axes["x"] = links.axes["x"];
+  EXPECT_THROW(
+      {
+        try {
+          const PartitionCost bad(mesh, missing);
+        } catch (const SpecError& e) {
+          EXPECT_NE(std::string(e.what()).find("mesh axis 'y'"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      SpecError);
+}
+
+// The collectives of exp(w - g), w f32[8, 4] whole, g pending over x (the sharded weight update):
+// by bytes, a reduce-scatter and an all-gather of 64 B each (the same bytes as an all-reduce of
+// 128 B, and half the work); with a link whose latency dominates, one all-reduce.
+std::vector<std::string> update_collectives(const std::optional<LinkFigures>& links) {
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const Executor exec = Executor::process_local(2);
+  TraceContext ctx(exec, mesh);
+  std::vector<Array> outs;
+  {
+    TraceScope scope(&ctx);
+    const Array w = ctx.add_argument(TensorType{{8, 4}, DType::kF32});
+    const Array g = ctx.add_argument(TensorType{{8, 4}, DType::kF32});
+    outs = {exp(w - g)};
+  }
+  CompileSpec spec{.mesh = mesh};
+  spec.inputs.push_back(InputSpec{.spec = P(), .origin = "w"});
+  spec.inputs.push_back(
+      InputSpec{.spec = P(), .pending = Pending{ReduceOp::kSum, {"x"}}, .origin = "g"});
+  spec.links = links;
+  const Program prog = compile(ctx.finish(outs), spec);
+  std::vector<std::string> out;
+  for (const Step& st : prog.steps()) {
+    for (const CollectiveRecord& rec : st.cost) {
+      if (rec.kind != CollectiveKind::kSlice) out.emplace_back(to_string(rec.kind));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(PartitionCostModel, LinkLatencyPrefersOneCollectiveWhereBytesTie) {
+  EXPECT_EQ(update_collectives(std::nullopt),
+            (std::vector<std::string>{"all_gather", "reduce_scatter"}));
+  LinkFigures slow_start;
+  slow_start.axes["x"] = AxisLink{.bytes_per_second = 100e9, .latency_seconds = 1e-3};
+  EXPECT_EQ(update_collectives(slow_start), (std::vector<std::string>{"all_reduce"}));
 }
 
 }  // namespace
