@@ -79,6 +79,7 @@ Cost PartitionCost::compute(double flops) const {
 }
 
 std::string PartitionCost::format(double cost) const {
+  if (std::isinf(cost)) return "not possible (it would move a batch's examples)";
   if (!timed_) return fmt::format("{} B", static_cast<std::int64_t>(cost));
   if (cost >= 1e-3) return fmt::format("{:.3g} ms", cost * 1e3);
   return fmt::format("{:.3g} us", cost * 1e6);
