@@ -154,8 +154,8 @@ class Chooser {
   // devices of the batch axes (InputSpec::batch).
   Cost reshard(ValueId v, const Layout& from, const PartitionSpec& to) {
     const TensorType& t = g_[v].type;
-    if (from.pending.empty() && (from.spec == to || equivalent(mesh_, from.spec, to, t.shape.rank())))
-      return {};
+    // (Equivalent specs cost nothing: plan_reshard moves nothing; the cache answers that.)
+    if (from.pending.empty() && from.spec == to) return {};
     if (examples_[v] == 0) return costs_.cost(t, from.spec, from.pending, to);
     bool moves = false;
     const Cost c = costs_.cost(t, from.spec, from.pending, to, &batch_axes_, &moves);
@@ -288,7 +288,7 @@ class Chooser {
   std::pair<Cost, ReadPlan> read_plan(ValueId v, const Layout& at,
                                         std::vector<PartitionSpec> wants) {
     std::sort(wants.begin(), wants.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
-      return a.to_string() < b.to_string();
+      return a.dims() < b.dims();
     });
     wants.erase(std::unique(wants.begin(), wants.end()), wants.end());
     ReadPlan plan;
@@ -422,6 +422,8 @@ class Chooser {
       shared |= reads_of_[v] > 1;
     }
     if (!shared) return;  // every value read once: the dynamic programming was exact
+    reads_now_ = ValueMap<Cost>(g_.size());
+    reads_known_ = ValueMap<char>(g_.size(), 0);
     for (int pass = 0; pass < kImprovePasses; ++pass) {
       bool changed = false;
       for (std::size_t i = 0; i < g_.size(); ++i) {
@@ -455,7 +457,7 @@ class Chooser {
     if (uses_.users[x].size() < 2) return false;
     std::vector<PartitionSpec> distinct = wants[x];
     std::sort(distinct.begin(), distinct.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
-      return a.to_string() < b.to_string();
+      return a.dims() < b.dims();
     });
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     for (const PartitionSpec& w : distinct) {
@@ -576,15 +578,28 @@ class Chooser {
       }
       const int to = moved_to(x);
       const int new_state = to < 0 ? state_[x] : space_[x].cands[static_cast<std::size_t>(to)].state;
-      before += read_plan(x, state(x, state_[x]), wants[x]).first;
+      before += current_reads(x, wants);
       after += read_plan(x, state(x, new_state), w).first;
     }
     if (same_cost(after.value, before.value)) return 0;
     return after.value - before.value;
   }
 
+  // read_plan's cost of x as chosen now (improve: remembered until a move touches x).
+  Cost current_reads(ValueId x, const ValueMap<std::vector<PartitionSpec>>& wants) {
+    if (reads_known_[x] == 0) {
+      reads_now_[x] = read_plan(x, state(x, state_[x]), wants[x]).first;
+      reads_known_[x] = 1;
+    }
+    return reads_now_[x];
+  }
+
   void apply(const std::vector<std::pair<ValueId, int>>& moves,
              ValueMap<std::vector<PartitionSpec>>& wants) {
+    for (const auto& [v, c] : moves) {
+      reads_known_[v] = 0;
+      for (const ValueId o : g_[v].operands) reads_known_[o] = 0;
+    }
     for (const auto& [v, c] : moves) {
       const Cand& from = space_[v].cands[static_cast<std::size_t>(pick_[v])];
       const Cand& to = space_[v].cands[static_cast<std::size_t>(c)];
@@ -736,6 +751,8 @@ class Chooser {
   ValueMap<std::vector<PartitionSpec>> last_wants_;
   const ValueMap<int>& reads_of_;  // uses_.reads_of
   ValueMap<char> examples_;               // mark_examples
+  ValueMap<Cost> reads_now_;              // current_reads
+  ValueMap<char> reads_known_;
   std::vector<std::string> batch_axes_;   // the axes batch inputs are split over
 };
 
