@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "compile.hpp"
-#include "partition.hpp"
+#include "../src/program/compiler/compile.hpp"
+#include "../src/program/compiler/partition.hpp"
 #include "shardplan/ops.hpp"
-#include "trace.hpp"
+#include "../src/program/frontend/trace.hpp"
 
 namespace shardplan::detail {
 namespace {

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "compile.hpp"
-#include "partition_choose.hpp"
+#include "../src/program/compiler/compile.hpp"
+#include "../src/program/compiler/partition_choose.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
-#include "trace.hpp"
+#include "../src/program/frontend/trace.hpp"
 
 namespace shardplan::detail {
 namespace {
