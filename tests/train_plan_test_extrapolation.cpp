@@ -394,7 +394,8 @@ TEST(PlanTraining, LargeStepsArePlannedOrRefusedUpFront) {
 // With recomputation each micro-batch gathers the weights it uses again (as FSDP does), and its
 // reduced gradients are added to the sum when it ends: more micro-batches of the same global
 // batch do not raise the peak, but for the sum itself: from one micro-batch (no sum) to two the
-// peak may grow by at most the gradient shards the sum holds, and from two on not at all. (Before, every micro-batch used the first one's gathered weights,
+// peak may grow by at most the gradient shards the sum holds, and from two on not at all.
+// (Before, every micro-batch used the first one's gathered weights,
 // so the whole model stayed gathered: LLaMA-3-8B on 8 devices, 32 x 1024 tokens, peaked at
 // 20.4, 29.4 and 32.4 GiB with 1, 2 and 4 micro-batches; and the fused chain of sums kept every
 // micro-batch's gradients to the end.)
@@ -408,14 +409,20 @@ TEST(PlanTraining, MoreMicroBatchesDoNotRaiseThePeakWithRecomputation) {
   for (const std::int64_t batch : {32, 64}) {
     o.batch = batch;
     std::int64_t previous = std::numeric_limits<std::int64_t>::max();
+    std::int64_t gathered_one = 0;
     for (const int k : {1, 2, 4}) {
       o.grad_accum = k;
       const TrainPlan p = plan_training(c, mesh_of("fsdp:8"), preset("llama_fsdp"), o);
       EXPECT_LE(p.peak_bytes, previous + (k == 2 ? p.gradient_bytes : 0))
           << batch << " sequences in " << k << " micro-batches";
-      if (k > 1) {
-        EXPECT_EQ(p.peak_gathered_bytes, 0) << batch << " sequences in " << k << " micro-batches";
-      }
+      // Gathered at the peak: at most one module's weights (FSDP2 gathers one unit at a time; the
+      // largest is the head, 128256 x 4096 bf16), and no more than with one micro-batch (no
+      // micro-batch keeps another's gathered copies).
+      EXPECT_LE(p.peak_gathered_bytes, std::int64_t{128256} * 4096 * 2)
+          << batch << " sequences in " << k << " micro-batches";
+      if (k == 1) gathered_one = p.peak_gathered_bytes;
+      EXPECT_LE(p.peak_gathered_bytes, gathered_one)
+          << batch << " sequences in " << k << " micro-batches";
       previous = p.peak_bytes;
     }
   }

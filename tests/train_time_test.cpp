@@ -350,9 +350,25 @@ TEST(MixedPrecision, WeightsHeldInOneDtypeGatheredInAnotherReducedInAThird) {
     const auto it = p.bytes_by_collective.find(k);
     return it == p.bytes_by_collective.end() ? std::int64_t{0} : it->second;
   };
-  EXPECT_EQ(bytes(master, CollectiveKind::kAllGather), bytes(bf16, CollectiveKind::kAllGather));
-  EXPECT_EQ(bytes(master, CollectiveKind::kReduceScatter),
-            bytes(bf16, CollectiveKind::kReduceScatter));
+  // The weights' gathers (of arguments) are the same bf16 bytes; the step moves the same bytes in
+  // all. (Which of two plans of equal cost a replicated norm's gradient takes, an all-reduce or
+  // a reduce-scatter, the update on a quarter and an all-gather of the new weight, may differ
+  // with the dtypes of the update: the partitioner's cost ties them, docs/design.md.)
+  const auto weights_gathered = [](const TrainPlan& p) {
+    std::int64_t sum = 0;
+    for (const auto& [on, b] : p.bytes_by_axes) {
+      if (on.kind == CollectiveKind::kAllGather && on.of_argument) sum += b;
+    }
+    return sum;
+  };
+  const auto moved = [](const TrainPlan& p) {
+    std::int64_t sum = 0;
+    for (const auto& [kind, b] : p.bytes_by_collective) sum += b;
+    return sum;
+  };
+  EXPECT_GT(weights_gathered(bf16), 0);
+  EXPECT_EQ(weights_gathered(master), weights_gathered(bf16));
+  EXPECT_EQ(moved(master), moved(bf16));
   EXPECT_GT(bytes(bf16, CollectiveKind::kReduceScatter), 0);
   EXPECT_EQ(bytes(reduce32, CollectiveKind::kReduceScatter),
             2 * bytes(bf16, CollectiveKind::kReduceScatter));

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
@@ -267,10 +268,16 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
                      {"attention_flops", p.attention_flops},
                      {"matmul_fp8_flops", p.matmul_fp8_flops},
                      {"memory_traffic_bytes", p.memory_traffic}};
-  // An object keyed by the kinds' names, in their order (the order of the names).
+  // An object keyed by the kinds' names, in their order (the order of the names). The kinds of
+  // the schema's required keys are always there (0 where the step runs none); the others where
+  // it runs them.
+  std::map<CollectiveKind, std::int64_t> by_kind{{CollectiveKind::kAllGather, 0},
+                                                 {CollectiveKind::kAllReduce, 0},
+                                                 {CollectiveKind::kAllToAll, 0},
+                                                 {CollectiveKind::kReduceScatter, 0}};
+  for (const auto& [kind, bytes] : p.bytes_by_collective) by_kind[kind] = bytes;
   nlohmann::ordered_json received = nlohmann::ordered_json::object();
-  for (const auto& [kind, bytes] : p.bytes_by_collective)
-    received[std::string(to_string(kind))] = bytes;
+  for (const auto& [kind, bytes] : by_kind) received[std::string(to_string(kind))] = bytes;
   j["bytes_received_per_device"] = std::move(received);
   j["bytes_moved_per_device"] = p.bytes_moved();
   j["total_flops"] = p.total_flops;

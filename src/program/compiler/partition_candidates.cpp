@@ -11,9 +11,48 @@
 
 namespace shardplan::detail {
 
+// NamedSharding::is_equivalent_to without building the shardings (called for every candidate
+// against every state): the same axes per dimension once the axes of size 1 are left out.
 bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b, int rank) {
-  return NamedSharding(mesh, a).is_equivalent_to(NamedSharding(mesh, b), rank);
+  const int dims = std::max({rank, a.size(), b.size()});
+  static const AxisNames kNone;
+  for (int d = 0; d < dims; ++d) {
+    const AxisNames& x = d < a.size() ? a[d] : kNone;
+    const AxisNames& y = d < b.size() ? b[d] : kNone;
+    std::size_t i = 0, j = 0;
+    while (true) {
+      while (i < x.size() && mesh.axis_size(x[i]) == 1) ++i;
+      while (j < y.size() && mesh.axis_size(y[j]) == 1) ++j;
+      if (i == x.size() || j == y.size()) {
+        if (i != x.size() || j != y.size()) return false;
+        break;
+      }
+      if (x[i] != y[j]) return false;
+      ++i;
+      ++j;
+    }
+  }
+  return true;
 }
+
+namespace {
+
+// The elements of a block of `shape` split as `spec` (NamedSharding::shard_shape's, which also
+// refuses a dimension its axes do not divide: that case goes through it).
+std::int64_t block_numel(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape) {
+  std::int64_t numel = 1;
+  for (int d = 0; d < shape.rank(); ++d) {
+    std::int64_t ways = 1;
+    if (d < spec.size()) {
+      for (const std::string& axis : spec[d]) ways *= mesh.axis_size(axis);
+    }
+    if (shape[d] % ways != 0) return NamedSharding(mesh, spec).shard_shape(shape).numel();
+    numel *= shape[d] / ways;
+  }
+  return numel;
+}
+
+}  // namespace
 
 GraphUses::GraphUses(const Graph& g)
     : users(g.size()),
@@ -127,7 +166,7 @@ class CandidateBuilder {
       sp.states.push_back(Layout{c.result.spec, c.result.pending, {}});
     }
     const TensorType& t = g_[id].type;
-    c.held = NamedSharding(mesh_, c.result.spec).shard_shape(t.shape).numel() *
+    c.held = block_numel(mesh_, c.result.spec, t.shape) *
              static_cast<std::int64_t>(size_of(t.dtype));
     sp.cands.push_back(std::move(c));
   }

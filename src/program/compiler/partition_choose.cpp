@@ -88,6 +88,10 @@ class Chooser {
     for (std::size_t i = 0; i < g_.size(); ++i) shared |= reads_of_[value_id(i)] > 1;
     for (int round = 0; round < (shared ? kRounds : 1); ++round) {
       marginal_ = round > 0;
+      memo_ = ValueMap<std::vector<MarginalMemo>>(g_.size());
+      for (std::size_t i = 0; i < g_.size(); ++i) {
+        memo_[value_id(i)].resize(g_.nodes[i].operands.size());
+      }
       for (std::size_t i = 0; i < g_.size(); ++i) forward(value_id(i));
       extract();
       realize();
@@ -95,7 +99,7 @@ class Chooser {
       std::vector<int> pick(g_.size());
       for (std::size_t i = 0; i < g_.size(); ++i) pick[i] = pick_[value_id(i)];
       const double cost = shared ? program_cost(pick) : 0;
-      if (best_pick.empty() || cost < best_cost) {
+      if (best_pick.empty() || (cost < best_cost && !same_cost(cost, best_cost))) {
         best_cost = cost;
         best_pick = pick;
       } else {
@@ -198,6 +202,14 @@ class Chooser {
     }
   }
 
+  // marginal_read's, per (node, operand), for one round.
+  struct MarginalMemo {
+    bool ready = false;
+    std::vector<PartitionSpec> others;                 // the other reads' shardings
+    Cost without;                                      // their cost
+    std::vector<std::pair<PartitionSpec, Cost>> with;  // what a read in a sharding adds
+  };
+
   // The least cost of operand k's read by candidate c (a state of the operand and the reshard
   // from it), and that state. A value read n times is made once: each read bears 1/n of making
   // it and of its reshard (the reads that want the same sharding share one), so the sum over its
@@ -231,11 +243,17 @@ class Chooser {
     const ValueId o = g_[id].operands[k];
     const Space& os = space_[o];
     const int chosen = last_state_[o];
-    std::vector<PartitionSpec> others = last_wants_[o];
-    const Cand& mine = space_[id].cands[static_cast<std::size_t>(last_pick_[id])];
-    if (mine.as_is[k] == kRead) {
-      const auto it = std::find(others.begin(), others.end(), mine.wants[k]);
-      if (it != others.end()) others.erase(it);
+    // The other reads and their cost, the same for every candidate of `id` (made once a round).
+    MarginalMemo& memo = memo_[id][k];
+    if (!memo.ready) {
+      memo.others = last_wants_[o];
+      const Cand& mine = space_[id].cands[static_cast<std::size_t>(last_pick_[id])];
+      if (mine.as_is[k] == kRead) {
+        const auto it = std::find(memo.others.begin(), memo.others.end(), mine.wants[k]);
+        if (it != memo.others.end()) memo.others.erase(it);
+      }
+      memo.without = read_cost(o, os.states[static_cast<std::size_t>(chosen)], memo.others);
+      memo.ready = true;
     }
     std::pair<Cost, int> best{kInf, -1};
     for (std::size_t s = 0; s < os.states.size(); ++s) {
@@ -244,14 +262,7 @@ class Chooser {
       if (c.fallback && c.as_is[k] == kRead && !os.states[s].pending.empty()) continue;
       Cost total;
       if (si == chosen) {
-        if (c.as_is[k] == kRead) {
-          std::vector<PartitionSpec> with = others;
-          with.push_back(c.wants[k]);
-          total = read_plan(o, os.states[s], with).first;
-          const Cost without = read_plan(o, os.states[s], others).first;
-          total.value -= without.value;
-          total.collectives -= without.collectives;
-        }
+        if (c.as_is[k] == kRead) total = added_read(memo, o, os.states[s], c.wants[k]);
       } else {
         if (os.best[s].value == kInfinite) continue;
         total = os.best[s];
@@ -260,6 +271,21 @@ class Chooser {
       if (cheaper(total, best.first)) best = {total, si};
     }
     return best;
+  }
+
+  // What a read in `want` adds to the other reads of o (in its chosen state `at`), memoized by
+  // the sharding wanted.
+  Cost added_read(MarginalMemo& memo, ValueId o, const Layout& at, const PartitionSpec& want) {
+    for (const auto& [w, cost] : memo.with) {
+      if (w == want) return cost;
+    }
+    std::vector<PartitionSpec> with = memo.others;
+    with.push_back(want);
+    Cost total = read_cost(o, at, with);
+    total.value -= memo.without.value;
+    total.collectives -= memo.without.collectives;
+    memo.with.emplace_back(want, total);
+    return total;
   }
 
   // Step 1: each candidate's least total, each state's least candidate.
@@ -281,6 +307,44 @@ class Chooser {
         sp.arg[s] = static_cast<int>(i);
       }
     }
+  }
+
+  // read_plan's cost alone (the least (cost, collectives) does not depend on the order of the
+  // wants, so they are not sorted; duplicates count once), without building the plan.
+  Cost read_cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants) {
+    const std::size_t n = wants.size();
+    const auto duplicate = [&](std::size_t i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (wants[j] == wants[i]) return true;
+      }
+      return false;
+    };
+    own_.clear();
+    dup_.assign(n, 0);
+    Cost direct;
+    std::size_t unique = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool dup = duplicate(i);
+      own_.push_back(dup ? Cost{} : reshard(v, at, wants[i]));
+      dup_[i] = dup ? 1 : 0;
+      if (dup) continue;
+      direct += own_[i];
+      ++unique;
+    }
+    if (at.pending.empty() || unique < 2) return direct;
+    Cost best = direct;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (dup_[r] != 0) continue;
+      const Layout root{wants[r], {}, {}};
+      Cost total = own_[r];
+      for (std::size_t j = 0; j < n; ++j) {
+        if (j == r || dup_[j] != 0) continue;
+        const Cost from_root = reshard(v, root, wants[j]);
+        total += cheaper(from_root, own_[j]) ? from_root : own_[j];
+      }
+      if (cheaper(total, best)) best = total;
+    }
+    return best;
   }
 
   // The reads of value v in layout `at` for the shardings `wants` (each made from v as it is or,
@@ -344,7 +408,7 @@ class Chooser {
         const int a = sp.arg[static_cast<std::size_t>(s)];
         if (a < 0) continue;
         const Cost c = sp.best[static_cast<std::size_t>(s)] +
-                         read_plan(v, state(v, s), wants_[v]).first;
+                         read_cost(v, state(v, s), wants_[v]);
         if (pick_[v] < 0 || before(c, sp.cands[static_cast<std::size_t>(a)], s, best,
                                    sp.cands[static_cast<std::size_t>(pick_[v])], state_[v])) {
           best = c;
@@ -579,7 +643,7 @@ class Chooser {
       const int to = moved_to(x);
       const int new_state = to < 0 ? state_[x] : space_[x].cands[static_cast<std::size_t>(to)].state;
       before += current_reads(x, wants);
-      after += read_plan(x, state(x, new_state), w).first;
+      after += read_cost(x, state(x, new_state), w);
     }
     if (same_cost(after.value, before.value)) return 0;
     return after.value - before.value;
@@ -588,7 +652,7 @@ class Chooser {
   // read_plan's cost of x as chosen now (improve: remembered until a move touches x).
   Cost current_reads(ValueId x, const ValueMap<std::vector<PartitionSpec>>& wants) {
     if (reads_known_[x] == 0) {
-      reads_now_[x] = read_plan(x, state(x, state_[x]), wants[x]).first;
+      reads_now_[x] = read_cost(x, state(x, state_[x]), wants[x]);
       reads_known_[x] = 1;
     }
     return reads_now_[x];
@@ -675,7 +739,7 @@ class Chooser {
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       const Cand& c = space_[v].cands[static_cast<std::size_t>(pick[i])];
-      total += read_plan(v, state(v, c.state), wants[v]).first;
+      total += read_cost(v, state(v, c.state), wants[v]);
     }
     return total.value;
   }
@@ -713,8 +777,8 @@ class Chooser {
     const Cand* second = nullptr;
     for (const Cand& c : sp.cands) {
       if (&c == &chosen || !meets(v, c)) continue;
-      Cost total = c.compute + read_plan(v, sp.states[static_cast<std::size_t>(c.state)],
-                                           wants_[v]).first;
+      Cost total = c.compute + read_cost(v, sp.states[static_cast<std::size_t>(c.state)],
+                                           wants_[v]);
       for (std::size_t k = 0; k < c.as_is.size(); ++k) {
         const ValueId o = g_[v].operands[k];
         if (c.as_is[k] == kRead) total += reshard(o, state(o, state_[o]), c.wants[k]);
@@ -725,7 +789,7 @@ class Chooser {
       }
     }
     if (second == nullptr) return std::string(to_string(chosen.strategy));
-    Cost own = chosen.compute + read_plan(v, state(v, state_[v]), wants_[v]).first;
+    Cost own = chosen.compute + read_cost(v, state(v, state_[v]), wants_[v]);
     for (std::size_t k = 0; k < chosen.as_is.size(); ++k) {
       const ValueId o = g_[v].operands[k];
       if (chosen.as_is[k] == kRead) own += reshard(o, state(o, state_[o]), chosen.wants[k]);
@@ -747,6 +811,9 @@ class Chooser {
   ValueMap<std::vector<PartitionSpec>> wants_;  // by value: what chosen users read it in
   ValueMap<std::vector<int>> need_;             // by value: states chosen users read as they are
   bool marginal_ = false;                       // solve(): a round after the first
+  ValueMap<std::vector<MarginalMemo>> memo_;
+  std::vector<Cost> own_;  // read_cost's scratch
+  std::vector<char> dup_;
   ValueMap<int> last_state_, last_pick_;        // the last round's choice
   ValueMap<std::vector<PartitionSpec>> last_wants_;
   const ValueMap<int>& reads_of_;  // uses_.reads_of
