@@ -553,14 +553,14 @@ TEST_F(TrainPlanCli, CompareKeepsGoingAndWritesJsonForAnyName) {
   EXPECT_THAT(r.out, ::testing::HasSubstr("cheapest that fits: #0"));
   const Result j = run(fmt::format(
       "train-plan -c '{}' --compare --json --mesh 'f\xffsdp:8' --mesh fsdp:8 --batch 8 --seq 128 "
-      "--device-memory 80GiB",
+      "--device-memory 4GiB",
       cfg));
   ASSERT_EQ(j.code, 0) << j.err;
   const auto plans = nlohmann::json::parse(j.out);
   ASSERT_EQ(plans["plans"].size(), 2u);
   // The rules name no axis 'f\xffsdp': that plan holds the whole model and its optimizer state
-  // on each device (8.03B parameters x (2 + 2 + 8) bytes, over 80 GiB), so the FSDP plan is the
-  // cheapest that fits.
+  // on each device (0.67B parameters x (2 + 2 + 8) bytes = 7.5 GiB, over 4 GiB), so the FSDP
+  // plan is the cheapest that fits.
   EXPECT_EQ(plans["plans"][0]["fits"], false);
   EXPECT_EQ(plans["cheapest_fitting"], 1);
   // A rule file whose name is not UTF-8.
