@@ -9,6 +9,7 @@
 #include <set>
 #include <tuple>
 
+#include "partition_reads.hpp"
 #include "partition_space.hpp"
 #include "../ir/primitive.hpp"
 #include "../ir/primitives.hpp"
@@ -37,11 +38,6 @@ std::string_view to_string(Strategy s) {
 namespace {
 
 
-// a < b: less cost, then (among the same cost) fewer collectives.
-bool cheaper(const Cost& a, const Cost& b) {
-  if (!same_cost(a.value, b.value)) return a.value < b.value;
-  return a.collectives < b.collectives;
-}
 // The tie order: less cost, then fewer bytes held (memory is not a cost, but of two plans alike
 // the one that keeps less), then less work per device, then fewer collectives, then the
 // strategies' order, then the candidate's place (made from the node and its operands alone,
@@ -61,12 +57,11 @@ class Chooser {
         specs_(specs),
         mesh_(spec.mesh),
         model_(spec.mesh, spec.links),
-        costs_(spec.mesh, model_),
+        reads_(g, prop, spec.mesh, model_, spec),
         uses_(g),
         pick_(g.size(), -1),
         state_(g.size(), -1),
         reads_of_(uses_.reads_of) {
-    mark_examples(spec);
   }
 
   // The steps of partition_choose.hpp.
@@ -154,54 +149,6 @@ class Chooser {
 
   // ---- the choice ----------------------------------------------------------------------------
 
-  // A reshard's cost; none possible (infinite) where it would move examples of a batch between
-  // devices of the batch axes (InputSpec::batch).
-  Cost reshard(ValueId v, const Layout& from, const PartitionSpec& to) {
-    const TensorType& t = g_[v].type;
-    // (Equivalent specs cost nothing: plan_reshard moves nothing; the cache answers that.)
-    if (from.pending.empty() && from.spec == to) return {};
-    if (examples_[v] == 0) return costs_.cost(t, from.spec, from.pending, to);
-    bool moves = false;
-    const Cost c = costs_.cost(t, from.spec, from.pending, to, &batch_axes_, &moves);
-    return moves ? kInf : c;
-  }
-
-  // Values computed from a batch (InputSpec::batch) and not summed over its axes, whose
-  // propagated pending sum is not over a batch axis: their examples stay where they are.
-  void mark_examples(const CompileSpec& spec) {
-    examples_ = ValueMap<char>(g_.size(), 0);
-    for (std::size_t i = 0; i < g_.size(); ++i) {
-      const Node& n = g_.nodes[i];
-      if (!n.is(prim::input)) continue;
-      const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
-      if (k >= spec.inputs.size() || !spec.inputs[k].batch || !spec.inputs[k].spec) continue;
-      // The axes of its first split dimension (the batch; a micro-batch index before it is not
-      // split, a sequence split over a context axis after it is not the batch).
-      for (const AxisNames& dim : spec.inputs[k].spec->dims()) {
-        if (dim.empty()) continue;
-        for (const std::string& a : dim) {
-          if (std::find(batch_axes_.begin(), batch_axes_.end(), a) == batch_axes_.end()) {
-            batch_axes_.push_back(a);
-          }
-        }
-        examples_[value_id(i)] = 1;
-        break;
-      }
-    }
-    if (batch_axes_.empty()) return;
-    for (std::size_t i = 0; i < g_.size(); ++i) {
-      const Node& n = g_.nodes[i];
-      if (n.is(prim::input)) continue;
-      const bool from_batch = std::any_of(n.operands.begin(), n.operands.end(),
-                                          [&](ValueId o) { return examples_[o] != 0; });
-      const auto& pend = prop_.at(value_id(i)).pending.axes;
-      const bool summed = std::any_of(pend.begin(), pend.end(), [&](const std::string& a) {
-        return std::find(batch_axes_.begin(), batch_axes_.end(), a) != batch_axes_.end();
-      });
-      examples_[value_id(i)] = from_batch && !summed ? 1 : 0;
-    }
-  }
-
   // marginal_read's, per (node, operand), for one round.
   struct MarginalMemo {
     bool ready = false;
@@ -230,7 +177,7 @@ class Chooser {
       const Cost& upstream = os.best[s];
       if (upstream.value == kInfinite) continue;
       const Cost total = scaled(
-          upstream + (c.as_is[k] == kAnyState ? Cost{} : reshard(o, os.states[s], c.wants[k])));
+          upstream + (c.as_is[k] == kAnyState ? Cost{} : reads_.reshard(o, os.states[s], c.wants[k])));
       if (cheaper(total, best.first)) best = {total, static_cast<int>(s)};
     }
     return best;
@@ -252,7 +199,7 @@ class Chooser {
         const auto it = std::find(memo.others.begin(), memo.others.end(), mine.wants[k]);
         if (it != memo.others.end()) memo.others.erase(it);
       }
-      memo.without = read_cost(o, os.states[static_cast<std::size_t>(chosen)], memo.others);
+      memo.without = reads_.cost(o, os.states[static_cast<std::size_t>(chosen)], memo.others);
       memo.ready = true;
     }
     std::pair<Cost, int> best{kInf, -1};
@@ -266,7 +213,7 @@ class Chooser {
       } else {
         if (os.best[s].value == kInfinite) continue;
         total = os.best[s];
-        if (c.as_is[k] == kRead) total += reshard(o, os.states[s], c.wants[k]);
+        if (c.as_is[k] == kRead) total += reads_.reshard(o, os.states[s], c.wants[k]);
       }
       if (cheaper(total, best.first)) best = {total, si};
     }
@@ -281,7 +228,7 @@ class Chooser {
     }
     std::vector<PartitionSpec> with = memo.others;
     with.push_back(want);
-    Cost total = read_cost(o, at, with);
+    Cost total = reads_.cost(o, at, with);
     total.value -= memo.without.value;
     total.collectives -= memo.without.collectives;
     memo.with.emplace_back(want, total);
@@ -309,84 +256,6 @@ class Chooser {
     }
   }
 
-  // read_plan's cost alone (the least (cost, collectives) does not depend on the order of the
-  // wants, so they are not sorted; duplicates count once), without building the plan.
-  Cost read_cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants) {
-    const std::size_t n = wants.size();
-    const auto duplicate = [&](std::size_t i) {
-      for (std::size_t j = 0; j < i; ++j) {
-        if (wants[j] == wants[i]) return true;
-      }
-      return false;
-    };
-    own_.clear();
-    dup_.assign(n, 0);
-    Cost direct;
-    std::size_t unique = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const bool dup = duplicate(i);
-      own_.push_back(dup ? Cost{} : reshard(v, at, wants[i]));
-      dup_[i] = dup ? 1 : 0;
-      if (dup) continue;
-      direct += own_[i];
-      ++unique;
-    }
-    if (at.pending.empty() || unique < 2) return direct;
-    Cost best = direct;
-    for (std::size_t r = 0; r < n; ++r) {
-      if (dup_[r] != 0) continue;
-      const Layout root{wants[r], {}, {}};
-      Cost total = own_[r];
-      for (std::size_t j = 0; j < n; ++j) {
-        if (j == r || dup_[j] != 0) continue;
-        const Cost from_root = reshard(v, root, wants[j]);
-        total += cheaper(from_root, own_[j]) ? from_root : own_[j];
-      }
-      if (cheaper(total, best)) best = total;
-    }
-    return best;
-  }
-
-  // The reads of value v in layout `at` for the shardings `wants` (each made from v as it is or,
-  // for a pending sum, from the copy reduced into one of them), and their cost.
-  std::pair<Cost, ReadPlan> read_plan(ValueId v, const Layout& at,
-                                        std::vector<PartitionSpec> wants) {
-    std::sort(wants.begin(), wants.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
-      return a.dims() < b.dims();
-    });
-    wants.erase(std::unique(wants.begin(), wants.end()), wants.end());
-    ReadPlan plan;
-    Cost direct;
-    for (const PartitionSpec& w : wants) {
-      direct += reshard(v, at, w);
-      plan.emplace_back(w, std::nullopt);
-    }
-    if (at.pending.empty() || wants.size() < 2) return {direct, std::move(plan)};
-    // One of them reduced first, the others each made from it or from the summands.
-    Cost best = direct;
-    for (std::size_t r = 0; r < wants.size(); ++r) {
-      const Layout root{wants[r], {}, {}};
-      Cost total = reshard(v, at, wants[r]);
-      ReadPlan p;
-      for (std::size_t j = 0; j < wants.size(); ++j) {
-        if (j == r) {
-          p.emplace_back(wants[j], std::nullopt);
-          continue;
-        }
-        const Cost own = reshard(v, at, wants[j]);
-        const Cost from_root = reshard(v, root, wants[j]);
-        const bool reuse = cheaper(from_root, own);
-        total += reuse ? from_root : own;
-        p.emplace_back(wants[j], reuse ? std::optional(wants[r]) : std::nullopt);
-      }
-      if (cheaper(total, best)) {
-        best = total;
-        plan = std::move(p);
-      }
-    }
-    return {best, std::move(plan)};
-  }
-
   // Step 2: backward, each value's state given what its chosen users read it in.
   void extract() {
     pick_ = ValueMap<int>(g_.size(), -1);
@@ -408,7 +277,7 @@ class Chooser {
         const int a = sp.arg[static_cast<std::size_t>(s)];
         if (a < 0) continue;
         const Cost c = sp.best[static_cast<std::size_t>(s)] +
-                         read_cost(v, state(v, s), wants_[v]);
+                         reads_.cost(v, state(v, s), wants_[v]);
         if (pick_[v] < 0 || before(c, sp.cands[static_cast<std::size_t>(a)], s, best,
                                    sp.cands[static_cast<std::size_t>(pick_[v])], state_[v])) {
           best = c;
@@ -451,7 +320,7 @@ class Chooser {
         Cost total = cand.compute;
         for (std::size_t k = 0; k < cand.as_is.size(); ++k) {
           const ValueId o = g_[v].operands[k];
-          if (cand.as_is[k] == kRead) total += reshard(o, state(o, state_[o]), cand.wants[k]);
+          if (cand.as_is[k] == kRead) total += reads_.reshard(o, state(o, state_[o]), cand.wants[k]);
         }
         if (pick < 0 || before(total, cand, static_cast<int>(c), best,
                                sp.cands[static_cast<std::size_t>(pick)], pick)) {
@@ -643,7 +512,7 @@ class Chooser {
       const int to = moved_to(x);
       const int new_state = to < 0 ? state_[x] : space_[x].cands[static_cast<std::size_t>(to)].state;
       before += current_reads(x, wants);
-      after += read_cost(x, state(x, new_state), w);
+      after += reads_.cost(x, state(x, new_state), w);
     }
     if (same_cost(after.value, before.value)) return 0;
     return after.value - before.value;
@@ -652,7 +521,7 @@ class Chooser {
   // read_plan's cost of x as chosen now (improve: remembered until a move touches x).
   Cost current_reads(ValueId x, const ValueMap<std::vector<PartitionSpec>>& wants) {
     if (reads_known_[x] == 0) {
-      reads_now_[x] = read_cost(x, state(x, state_[x]), wants[x]);
+      reads_now_[x] = reads_.cost(x, state(x, state_[x]), wants[x]);
       reads_known_[x] = 1;
     }
     return reads_now_[x];
@@ -739,7 +608,7 @@ class Chooser {
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       const Cand& c = space_[v].cands[static_cast<std::size_t>(pick[i])];
-      total += read_cost(v, state(v, c.state), wants[v]);
+      total += reads_.cost(v, state(v, c.state), wants[v]);
     }
     return total.value;
   }
@@ -759,7 +628,7 @@ class Chooser {
       const Space& sp = space_[v];
       const Cand& c = sp.cands[static_cast<std::size_t>(pick_[v])];
       out.decisions[v] = decision_of(v, c);
-      auto [reads, plan] = read_plan(v, state(v, state_[v]), wants_[v]);
+      auto [reads, plan] = reads_.plan(v, state(v, state_[v]), wants_[v]);
       out.cost += (c.compute + reads).value;
       out.reads[v] = std::move(plan);
       out.decisions[v].decision = describe(v, c);
@@ -777,11 +646,11 @@ class Chooser {
     const Cand* second = nullptr;
     for (const Cand& c : sp.cands) {
       if (&c == &chosen || !meets(v, c)) continue;
-      Cost total = c.compute + read_cost(v, sp.states[static_cast<std::size_t>(c.state)],
+      Cost total = c.compute + reads_.cost(v, sp.states[static_cast<std::size_t>(c.state)],
                                            wants_[v]);
       for (std::size_t k = 0; k < c.as_is.size(); ++k) {
         const ValueId o = g_[v].operands[k];
-        if (c.as_is[k] == kRead) total += reshard(o, state(o, state_[o]), c.wants[k]);
+        if (c.as_is[k] == kRead) total += reads_.reshard(o, state(o, state_[o]), c.wants[k]);
       }
       if (second == nullptr || cheaper(total, runner)) {
         runner = total;
@@ -789,10 +658,10 @@ class Chooser {
       }
     }
     if (second == nullptr) return std::string(to_string(chosen.strategy));
-    Cost own = chosen.compute + read_cost(v, state(v, state_[v]), wants_[v]);
+    Cost own = chosen.compute + reads_.cost(v, state(v, state_[v]), wants_[v]);
     for (std::size_t k = 0; k < chosen.as_is.size(); ++k) {
       const ValueId o = g_[v].operands[k];
-      if (chosen.as_is[k] == kRead) own += reshard(o, state(o, state_[o]), chosen.wants[k]);
+      if (chosen.as_is[k] == kRead) own += reads_.reshard(o, state(o, state_[o]), chosen.wants[k]);
     }
     return fmt::format("{}: {}; runner-up {}: {}", to_string(chosen.strategy), model_.format(own.value),
                        to_string(second->strategy), model_.format(runner.value));
@@ -803,7 +672,7 @@ class Chooser {
   const ValueMap<PartitionSpec>& specs_;
   const Mesh& mesh_;
   PartitionCost model_;
-  ReshardCosts costs_;
+  ReadPricer reads_;
   ValueMap<Space> space_;
   GraphUses uses_;
   ValueMap<int> pick_;   // by node: the chosen candidate
@@ -812,15 +681,11 @@ class Chooser {
   ValueMap<std::vector<int>> need_;             // by value: states chosen users read as they are
   bool marginal_ = false;                       // solve(): a round after the first
   ValueMap<std::vector<MarginalMemo>> memo_;
-  std::vector<Cost> own_;  // read_cost's scratch
-  std::vector<char> dup_;
   ValueMap<int> last_state_, last_pick_;        // the last round's choice
   ValueMap<std::vector<PartitionSpec>> last_wants_;
   const ValueMap<int>& reads_of_;  // uses_.reads_of
-  ValueMap<char> examples_;               // mark_examples
   ValueMap<Cost> reads_now_;              // current_reads
   ValueMap<char> reads_known_;
-  std::vector<std::string> batch_axes_;   // the axes batch inputs are split over
 };
 
 }  // namespace

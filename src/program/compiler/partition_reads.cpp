@@ -1,0 +1,148 @@
+// Pricing and planning a value's reads (partition_reads.hpp).
+#include "partition_reads.hpp"
+
+#include <algorithm>
+
+#include "../ir/primitive.hpp"
+#include "../ir/primitives.hpp"
+
+namespace shardplan::detail {
+
+bool cheaper(const Cost& a, const Cost& b) {
+  if (!same_cost(a.value, b.value)) return a.value < b.value;
+  return a.collectives < b.collectives;
+}
+
+ReadPricer::ReadPricer(const Graph& g, const Propagator& prop, const Mesh& mesh,
+                       const PartitionCost& model, const CompileSpec& spec)
+    : g_(g), prop_(prop), costs_(mesh, model) {
+  mark_examples(spec);
+}
+
+// A reshard's cost; none possible (infinite) where it would move examples of a batch between
+// devices of the batch axes (InputSpec::batch).
+Cost ReadPricer::reshard(ValueId v, const Layout& from, const PartitionSpec& to) {
+  const TensorType& t = g_[v].type;
+  // (Equivalent specs cost nothing: plan_reshard moves nothing; the cache answers that.)
+  if (from.pending.empty() && from.spec == to) return {};
+  if (examples_[v] == 0) return costs_.cost(t, from.spec, from.pending, to);
+  bool moves = false;
+  const Cost c = costs_.cost(t, from.spec, from.pending, to, &batch_axes_, &moves);
+  return moves ? kInf : c;
+}
+
+// Values computed from a batch (InputSpec::batch) and not summed over its axes, whose
+// propagated pending sum is not over a batch axis: their examples stay where they are.
+void ReadPricer::mark_examples(const CompileSpec& spec) {
+  examples_ = ValueMap<char>(g_.size(), 0);
+  for (std::size_t i = 0; i < g_.size(); ++i) {
+    const Node& n = g_.nodes[i];
+    if (!n.is(prim::input)) continue;
+    const auto k = static_cast<std::size_t>(n.attr<InputAttrs>().index);
+    if (k >= spec.inputs.size() || !spec.inputs[k].batch || !spec.inputs[k].spec) continue;
+    // The axes of its first split dimension (the batch; a micro-batch index before it is not
+    // split, a sequence split over a context axis after it is not the batch).
+    for (const AxisNames& dim : spec.inputs[k].spec->dims()) {
+      if (dim.empty()) continue;
+      for (const std::string& a : dim) {
+        if (std::find(batch_axes_.begin(), batch_axes_.end(), a) == batch_axes_.end()) {
+          batch_axes_.push_back(a);
+        }
+      }
+      examples_[value_id(i)] = 1;
+      break;
+    }
+  }
+  if (batch_axes_.empty()) return;
+  for (std::size_t i = 0; i < g_.size(); ++i) {
+    const Node& n = g_.nodes[i];
+    if (n.is(prim::input)) continue;
+    const bool from_batch = std::any_of(n.operands.begin(), n.operands.end(),
+                                        [&](ValueId o) { return examples_[o] != 0; });
+    const auto& pend = prop_.at(value_id(i)).pending.axes;
+    const bool summed = std::any_of(pend.begin(), pend.end(), [&](const std::string& a) {
+      return std::find(batch_axes_.begin(), batch_axes_.end(), a) != batch_axes_.end();
+    });
+    examples_[value_id(i)] = from_batch && !summed ? 1 : 0;
+  }
+}
+
+// plan()'s cost alone (the least (cost, collectives) does not depend on the order of the
+// wants, so they are not sorted; duplicates count once), without building the plan.
+Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants) {
+  const std::size_t n = wants.size();
+  const auto duplicate = [&](std::size_t i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (wants[j] == wants[i]) return true;
+    }
+    return false;
+  };
+  own_.clear();
+  dup_.assign(n, 0);
+  Cost direct;
+  std::size_t unique = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool dup = duplicate(i);
+    own_.push_back(dup ? Cost{} : reshard(v, at, wants[i]));
+    dup_[i] = dup ? 1 : 0;
+    if (dup) continue;
+    direct += own_[i];
+    ++unique;
+  }
+  if (at.pending.empty() || unique < 2) return direct;
+  Cost best = direct;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (dup_[r] != 0) continue;
+    const Layout root{wants[r], {}, {}};
+    Cost total = own_[r];
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j == r || dup_[j] != 0) continue;
+      const Cost from_root = reshard(v, root, wants[j]);
+      total += cheaper(from_root, own_[j]) ? from_root : own_[j];
+    }
+    if (cheaper(total, best)) best = total;
+  }
+  return best;
+}
+
+// The reads of value v in layout `at` for the shardings `wants` (each made from v as it is or,
+// for a pending sum, from the copy reduced into one of them), and their cost.
+std::pair<Cost, ReadPlan> ReadPricer::plan(ValueId v, const Layout& at,
+                                      std::vector<PartitionSpec> wants) {
+  std::sort(wants.begin(), wants.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
+    return a.dims() < b.dims();
+  });
+  wants.erase(std::unique(wants.begin(), wants.end()), wants.end());
+  ReadPlan plan;
+  Cost direct;
+  for (const PartitionSpec& w : wants) {
+    direct += reshard(v, at, w);
+    plan.emplace_back(w, std::nullopt);
+  }
+  if (at.pending.empty() || wants.size() < 2) return {direct, std::move(plan)};
+  // One of them reduced first, the others each made from it or from the summands.
+  Cost best = direct;
+  for (std::size_t r = 0; r < wants.size(); ++r) {
+    const Layout root{wants[r], {}, {}};
+    Cost total = reshard(v, at, wants[r]);
+    ReadPlan p;
+    for (std::size_t j = 0; j < wants.size(); ++j) {
+      if (j == r) {
+        p.emplace_back(wants[j], std::nullopt);
+        continue;
+      }
+      const Cost own = reshard(v, at, wants[j]);
+      const Cost from_root = reshard(v, root, wants[j]);
+      const bool reuse = cheaper(from_root, own);
+      total += reuse ? from_root : own;
+      p.emplace_back(wants[j], reuse ? std::optional(wants[r]) : std::nullopt);
+    }
+    if (cheaper(total, best)) {
+      best = total;
+      plan = std::move(p);
+    }
+  }
+  return {best, std::move(plan)};
+}
+
+}  // namespace shardplan::detail
