@@ -565,4 +565,42 @@ ValueMap<Space> build_candidates(const Graph& g, const Propagator& prop,
   return CandidateBuilder(g, prop, specs, mesh, model, uses).run();
 }
 
+void read_pieces(const Graph& g, const ValueMap<PartitionSpec>& specs, const ValueMap<Space>& space,
+                 CandidateSpace& out,
+                 const std::function<Cost(ValueId, const Layout&, const PartitionSpec&)>& reshard) {
+  const auto index_of = [&](ValueId v, const PartitionSpec& w) {
+    std::vector<PartitionSpec>& list = out.nodes[v].wanted;
+    const auto it = std::find(list.begin(), list.end(), w);
+    if (it != list.end()) return static_cast<int>(it - list.begin());
+    list.push_back(w);
+    return static_cast<int>(list.size()) - 1;
+  };
+  for (const ValueId o : g.outputs) out.nodes[o].output = index_of(o, specs[o]);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const ValueId v = value_id(i);
+    for (std::size_t c = 0; c < space[v].cands.size(); ++c) {
+      const Cand& cand = space[v].cands[c];
+      for (std::size_t k = 0; k < cand.as_is.size(); ++k) {
+        if (cand.as_is[k] != kRead) continue;
+        out.nodes[v].candidates[c].wanted[k] = index_of(g[v].operands[k], cand.wants[k]);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const ValueId v = value_id(i);
+    CandidateSpace::NodeSpace& ns = out.nodes[v];
+    const bool pending = std::any_of(ns.states.begin(), ns.states.end(),
+                                     [](const Layout& l) { return !l.pending.empty(); });
+    for (const PartitionSpec& w : ns.wanted) {
+      auto& row = ns.from_state.emplace_back();
+      for (const Layout& s : ns.states) row.push_back(reshard(v, s, w).value);
+      if (!pending) continue;
+      auto& copies = ns.from_copy.emplace_back();
+      for (const PartitionSpec& r : ns.wanted) {
+        copies.push_back(r == w ? kInfinite : reshard(v, Layout{r, {}, {}}, w).value);
+      }
+    }
+  }
+}
+
 }  // namespace shardplan::detail

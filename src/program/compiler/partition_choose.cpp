@@ -131,12 +131,18 @@ class Chooser {
       const ValueId v = value_id(i);
       auto& ns = out.nodes[v];
       ns.states = space_[v].states;
+      ns.operands = g_[v].operands;
       for (const Cand& c : space_[v].cands) {
-        ns.candidates.push_back({c.strategy, decision_of(v, c), c.as_is, c.compute});
+        ns.candidates.push_back({c.strategy, decision_of(v, c), c.as_is, c.compute,
+                                 std::vector<int>(c.as_is.size(), -1), c.fallback});
         ns.result_state.push_back(c.state);
       }
       out.chosen.push_back(pick_[v]);
     }
+    read_pieces(g_, specs_, space_, out,
+                [this](ValueId v, const Layout& from, const PartitionSpec& to) {
+                  return reshard(v, from, to);
+                });
     out.cost = [this](const std::vector<int>& pick) { return program_cost(pick); };
     return out;
   }

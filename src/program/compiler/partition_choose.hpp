@@ -85,17 +85,36 @@ struct CandidateSpace {
   struct Candidate {
     Strategy strategy;
     Decision decision;  // wants, as_is, result
-    std::vector<int> as_is_state;  // per operand: the operand's state index read as it is, or -1
-    Cost compute;                  // the compute it does (PartitionCost's unit)
+    // Per operand: the operand's state index read as it is, -1 (read in decision.wants, made
+    // from the operand's state as cost() says) or -2 (held in whatever state it is in).
+    std::vector<int> as_is_state;
+    Cost compute;  // the compute it does (PartitionCost's unit)
+    // Per operand read in decision.wants: that sharding's index in the operand's `wanted`; -1.
+    std::vector<int> wanted;
+    // Possible only where the operands it reads in decision.wants are in a state with no sum
+    // pending (cost() is infinite otherwise).
+    bool fallback = false;
   };
   struct NodeSpace {
     std::vector<Layout> states;         // the layouts the value can be in
     std::vector<Candidate> candidates;  // each names its result state in `result_state`
     std::vector<int> result_state;
+    std::vector<ValueId> operands;
+    // The pieces of cost()'s reads of the value: every sharding a candidate of one of its readers
+    // reads it in, and the program's output its own (`output`: its index, or -1); the cost of
+    // making wanted[w] from states[s] (from_state[w][s]) and, when a state has a sum pending,
+    // from the copy reduced into wanted[r] (from_copy[w][r], infinite for r == w).
+    std::vector<PartitionSpec> wanted;
+    int output = -1;
+    std::vector<std::vector<double>> from_state, from_copy;
   };
   ValueMap<NodeSpace> nodes;
   /// The cost of the program where node i runs candidate pick[i] (consistent: each read as it is
-  /// meets the operand's chosen result), its reads made as choose() makes them (ReadPlan).
+  /// meets the operand's chosen result), its reads made as choose() makes them (ReadPlan): the
+  /// candidates' compute, plus per value in its chosen state s, with W the distinct shardings its
+  /// chosen readers read it in (and the output's): the sum over W of from_state[w][s]; or, where
+  /// s has a sum pending and W has two or more, the least of that and, over each r in W, the
+  /// cost of making W[r] from s and each other w from s or from W[r], whichever costs less.
   std::function<double(const std::vector<int>& pick)> cost;
   /// choose()'s pick, as candidate indices.
   std::vector<int> chosen;

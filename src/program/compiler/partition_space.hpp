@@ -3,6 +3,7 @@
 // of its op and the layouts its operands can be in. Private to partition_candidates.cpp and
 // partition_choose.cpp.
 
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -72,5 +73,13 @@ struct GraphUses {
 ValueMap<Space> build_candidates(const Graph& g, const Propagator& prop,
                                  const ValueMap<PartitionSpec>& specs, const Mesh& mesh,
                                  const PartitionCost& model, const GraphUses& uses);
+
+/// CandidateSpace's pieces of the reads' cost (partition_choose.hpp): each value's wanted
+/// shardings (outputs' and every reader's candidates'), each candidate's index into its operands',
+/// and what each costs made from each state and from each other's reduced copy, by `reshard`
+/// (the choice's own: read_plan's terms).
+void read_pieces(const Graph& g, const ValueMap<PartitionSpec>& specs, const ValueMap<Space>& space,
+                 CandidateSpace& out,
+                 const std::function<Cost(ValueId, const Layout&, const PartitionSpec&)>& reshard);
 
 }  // namespace shardplan::detail
