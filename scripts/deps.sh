@@ -7,6 +7,7 @@ packages=(build-essential cmake ninja-build ccache python3
           libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev libtbb-dev librange-v3-dev
           libopenmpi-dev openmpi-bin libxxhash-dev python3-numpy
           chromium tesseract-ocr fonts-dejavu-core  # the HTML report's rendering test
+          coinor-libcbc-dev pkgconf  # the partitioner's integer-program comparison (a test only)
           "$@")
 missing=()
 for p in "${packages[@]}"; do
