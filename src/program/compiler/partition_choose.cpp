@@ -131,6 +131,7 @@ class Chooser {
       const ValueId v = value_id(i);
       auto& ns = out.nodes[v];
       ns.states = space_[v].states;
+      ns.op = g_[v].op->name;
       ns.operands = g_[v].operands;
       for (const Cand& c : space_[v].cands) {
         ns.candidates.push_back({c.strategy, decision_of(v, c), c.as_is, c.compute,

@@ -99,6 +99,7 @@ struct CandidateSpace {
     std::vector<Layout> states;         // the layouts the value can be in
     std::vector<Candidate> candidates;  // each names its result state in `result_state`
     std::vector<int> result_state;
+    std::string op;  // the node's primitive
     std::vector<ValueId> operands;
     // The pieces of cost()'s reads of the value: every sharding a candidate of one of its readers
     // reads it in, and the program's output its own (`output`: its index, or -1); the cost of
