@@ -407,7 +407,7 @@ Traced llama_step() {
   const Tree<Array> state = opt.init(params);
   const NamedSharding batch(mesh, P("fsdp"));
   const Array tokens = Array::zeros(Shape{cfg.batch, cfg.seq}, DType::kI32, batch, exec);
-  static const std::map<std::string, RuleTree> annotations = preset.activation_shardings(mesh, {});
+  const std::map<std::string, RuleTree> annotations = preset.activation_shardings(mesh, {});
   return trace_step(
       mesh, exec, {params, state, Tree<Array>(tokens), Tree<Array>(tokens)},
       [cfg, opt](const std::vector<Tree<Array>>& a) {
