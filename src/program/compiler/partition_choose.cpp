@@ -142,7 +142,7 @@ class Chooser {
     }
     read_pieces(g_, specs_, space_, out,
                 [this](ValueId v, const Layout& from, const PartitionSpec& to) {
-                  return reshard(v, from, to);
+                  return reads_.reshard(v, from, to);
                 });
     out.cost = [this](const std::vector<int>& pick) { return program_cost(pick); };
     return out;
