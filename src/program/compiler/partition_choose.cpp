@@ -461,7 +461,8 @@ class Chooser {
     const int from_state = state_[v];
     const int to_state = space_[v].cands[static_cast<std::size_t>(ci)].state;
     if (from_state == to_state) return true;
-    for (const auto& [u, pos] : uses_.users[v]) {
+    for (const auto& [reader, pos] : uses_.users[v]) {
+      const ValueId u = reader;  // (a lambda may not capture a structured binding in C++20)
       if (std::any_of(moves.begin(), moves.end(), [&](const auto& m) { return m.first == u; }))
         continue;
       const Cand& now = space_[u].cands[static_cast<std::size_t>(pick_[u])];
