@@ -180,6 +180,7 @@ class Program {
   ReportMemo& report_memo() const { return *report_memo_; }
 
  private:
+  std::string step_text(const Step& st) const;  // text()'s lines of one step
   friend Program compile(const Graph& graph, const CompileSpec& spec);
   // `rec`: what the run records for the debug modes and tests (run_record.hpp), or null.
   std::vector<Array> run_steps(const Executor& executor, std::vector<Array>& inputs,

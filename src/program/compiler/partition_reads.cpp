@@ -108,10 +108,9 @@ Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<PartitionSp
 // The reads of value v in layout `at` for the shardings `wants` (each made from v as it is or,
 // for a pending sum, from the copy reduced into one of them), and their cost.
 std::pair<Cost, ReadPlan> ReadPricer::plan(ValueId v, const Layout& at,
-                                      std::vector<PartitionSpec> wants) {
-  std::sort(wants.begin(), wants.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
-    return a.dims() < b.dims();
-  });
+                                           std::vector<PartitionSpec> wants) {
+  std::sort(wants.begin(), wants.end(),
+            [](const PartitionSpec& a, const PartitionSpec& b) { return a.dims() < b.dims(); });
   wants.erase(std::unique(wants.begin(), wants.end()), wants.end());
   ReadPlan plan;
   Cost direct;

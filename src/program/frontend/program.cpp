@@ -476,30 +476,36 @@ std::string Program::text() const {
                      to_string(n.type), layout_text(at.spec, at.pending), origin);
   }
   s += "steps:\n";
-  for (const Step& st : steps_) {
-    if (st.kind == Step::Kind::kKernel) {
-      std::string what(st.local.op->name);
-      if (st.fused) {
-        std::vector<std::string_view> names;
-        for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
-        what = fmt::format("fused({})", fmt::join(names, ", "));
-      }
-      s += fmt::format("  kernel  {} = {} on blocks {}{} in {}\n", value_name(st.node), what,
-                       st.local.type.shape.to_string(),
-                       st.pending.empty() ? "" : fmt::format(" ({})", pending_text(st.pending)),
-                       st.sharding->spec().to_string());
-      for (const auto& rec : st.cost) {  // a shard_map collective's
-        s += fmt::format("          {}: {}\n", value_name(st.node), rec.to_string());
-      }
-    } else {
-      for (std::size_t r = 0; r < st.cost.size(); ++r) {
-        s += fmt::format("  reshard {} -> {}: {}{}\n", value_name(st.node),
-                         st.sharding->spec().to_string(), st.cost[r].to_string(),
-                         r == 0 && st.reason ? fmt::format("  [{}]", *st.reason) : "");
-      }
-    }
-  }
+  for (const Step& st : steps_) s += step_text(st);
   s += cost_.to_string();
+  return s;
+}
+
+// A step's lines of text(): "kernel %3 = exp on blocks [4, 8] in P('x')" (and a shard_map's
+// collectives), or "reshard %2 -> P(): all_gather ... [the decision that inserted it]".
+std::string Program::step_text(const Step& st) const {
+  std::string s;
+  if (st.kind == Step::Kind::kKernel) {
+    std::string what(st.local.op->name);
+    if (st.fused) {
+      std::vector<std::string_view> names;
+      for (const FusedOp& op : *st.fused) names.push_back(op.local.op->name);
+      what = fmt::format("fused({})", fmt::join(names, ", "));
+    }
+    s += fmt::format("  kernel  {} = {} on blocks {}{} in {}\n", value_name(st.node), what,
+                     st.local.type.shape.to_string(),
+                     st.pending.empty() ? "" : fmt::format(" ({})", pending_text(st.pending)),
+                     st.sharding->spec().to_string());
+    for (const auto& rec : st.cost) {  // a shard_map collective's
+      s += fmt::format("          {}: {}\n", value_name(st.node), rec.to_string());
+    }
+    return s;
+  }
+  for (std::size_t r = 0; r < st.cost.size(); ++r) {
+    s += fmt::format("  reshard {} -> {}: {}{}\n", value_name(st.node),
+                     st.sharding->spec().to_string(), st.cost[r].to_string(),
+                     r == 0 && st.reason ? fmt::format("  [{}]", *st.reason) : "");
+  }
   return s;
 }
 

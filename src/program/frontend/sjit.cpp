@@ -96,10 +96,30 @@ std::vector<MaybeSharding> resolve(const Mesh& mesh, const std::optional<RuleTre
   return resolve_rules(mesh, *rules, tree, fmt::format("[sjit] {}", what));
 }
 
+// A donated array may not also be passed undonated, or captured: the program would read freed
+// buffers. `inputs`: the program's inputs, the call's leaves first.
+void check_donated_alone(const CallArgs& call, const std::vector<char>& donated,
+                         const std::vector<Array>& inputs) {
+  for (std::size_t i = 0; i < donated.size(); ++i) {
+    if (!donated[i]) continue;
+    const void* id = ArrayAccess::identity(call.leaves[i].array);
+    for (std::size_t j = 0; j < inputs.size(); ++j) {
+      if (j == i || ArrayAccess::identity(inputs[j]) != id) continue;
+      const std::string other = j < call.leaves.size()
+                                    ? leaf_name(call, j)
+                                    : std::string("an array the function captures from outside");
+      throw ArrayError(fmt::format(
+          "[sjit] {} is donated, but the same array is also {}{}; donate a copy, or do not "
+          "donate it",
+          leaf_name(call, i), j < call.leaves.size() ? "passed as " : "", other));
+    }
+  }
+}
+
 // Per argument leaf: whether `positions` (donate_argnums, batch_argnums) names its argument.
-std::vector<char> leaves_at(const CallArgs& call, const std::vector<int>& donate_argnums) {
+std::vector<char> leaves_at(const CallArgs& call, const std::vector<int>& positions) {
   std::vector<char> out(call.leaves.size(), 0);
-  for (const int p : donate_argnums) {
+  for (const int p : positions) {
     for (std::size_t k = 0; k < call.positions.size(); ++k) {
       if (call.positions[k] != p) continue;
       call.structures[k].for_each_leaf(
@@ -579,20 +599,7 @@ Tree<Array> SjitCore::run(const Compiled& compiled, const CallArgs& call) {
   // (the executor's block cache hands them to outputs of the same size). A donated array may not
   // also be passed undonated, or captured: the program would read freed buffers.
   const std::vector<char> donated = leaves_at(call, s_->options.donate_argnums);
-  for (std::size_t i = 0; i < donated.size(); ++i) {
-    if (!donated[i]) continue;
-    const void* id = ArrayAccess::identity(call.leaves[i].array);
-    for (std::size_t j = 0; j < inputs.size(); ++j) {
-      if (j == i || ArrayAccess::identity(inputs[j]) != id) continue;
-      const std::string other = j < call.leaves.size()
-                                    ? leaf_name(call, j)
-                                    : std::string("an array the function captures from outside");
-      throw ArrayError(fmt::format(
-          "[sjit] {} is donated, but the same array is also {}{}; donate a copy, or do not "
-          "donate it",
-          leaf_name(call, i), j < call.leaves.size() ? "passed as " : "", other));
-    }
-  }
+  check_donated_alone(call, donated, inputs);
   std::vector<std::size_t> taken;
   auto give_back = [&] {
     for (const std::size_t i : taken) {
