@@ -28,14 +28,9 @@ constexpr std::string_view kEmbedding = "model/embed_tokens/weight";
 constexpr GateActivation kGeluTanhGate{
     "hidden_activation", {"gelu_pytorch_tanh", "gelu_pytorch_tanh"}, "GeGLU, with the tanh gelu"};
 
-bool present(Fields& f, std::string_view key) {
-  const auto& m = f.members();
-  return std::any_of(m.begin(), m.end(), [&](const Fields::Member& x) { return x.key == key; });
-}
-
 /// A number > 0 at `key`: `fallback` when absent; null is 0 (a cap: none) when `nullable`.
 double positive_number(Fields& f, std::string_view key, double fallback, bool nullable) {
-  if (!present(f, key)) return fallback;
+  if (!f.present(key)) return fallback;
   const auto v = f.get(key);
   if (!v && nullable) return 0;
   if (v && (v->kind() == json::Kind::kUint || v->kind() == json::Kind::kInt ||
@@ -59,7 +54,7 @@ void read_gemma2(Fields& f, ModelConfig& c) {
   c.logit_softcap = positive_number(f, "final_logit_softcapping", 30, true);
   // sliding_window: 4096 when absent, null for none.
   const std::int64_t window =
-      present(f, "sliding_window") ? f.optional_positive("sliding_window").value_or(0) : 4096;
+      f.present("sliding_window") ? f.optional_positive("sliding_window").value_or(0) : 4096;
   std::vector<bool> sliding(static_cast<std::size_t>(c.layers));
   for (std::size_t l = 0; l < sliding.size(); ++l) sliding[l] = l % 2 == 0;
   read_layer_types(f, c, sliding);
