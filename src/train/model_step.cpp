@@ -224,7 +224,7 @@ Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
 }
 
 Array soft_cap(const Array& x, double cap) {
-  return cap > 0 ? tanh(x * (1.0 / cap)) * cap : x;
+  return cap > 0 ? tanh(x / cap) * cap : x;
 }
 
 namespace {
