@@ -268,5 +268,26 @@ TEST(Gemma2, TrainingIsPlanned) {
   EXPECT_TRUE(q.fused_loss);
 }
 
+// Its layers alternate, so a step whose sequence is longer than the window is traced whole (the
+// small steps traced to extrapolate from are the model's first layers); where the sequence fits
+// in the window every layer is global, and the step of 22 layers is extrapolated from small
+// steps (whose figures against the whole step's: the Extrapolation tests).
+TEST(Gemma2, AlternatingLayersAreTracedWholeWhereTheWindowMatters) {
+  ModelConfig c = ModelConfig::parse(kTinyGemma2);
+  c.layers = 22;
+  c.window_layers.assign(22, false);
+  for (std::size_t l = 0; l < 22; l += 2) c.window_layers[l] = true;
+  c.sliding_window = 8;
+  const Mesh mesh = Mesh::parse("fsdp:1", 1);
+  const RulePtr rules = load_preset("llama_fsdp").make_rule();
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  EXPECT_EQ(plan_training(c, mesh, rules, o).traced, "the whole step");
+  o.seq = 8;
+  const TrainPlan p = plan_training(c, mesh, rules, o);
+  EXPECT_TRUE(p.extrapolated) << p.traced;
+}
+
 }  // namespace
 }  // namespace shardplan
