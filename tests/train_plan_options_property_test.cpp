@@ -231,6 +231,10 @@ constexpr const char* kOneLayerT5 = R"({"model_type": "t5", "vocab_size": 40, "d
   "feed_forward_proj": "gated-gelu", "tie_word_embeddings": true})";
 constexpr const char* kOneLayerGpt2 = R"({"model_type": "gpt2", "vocab_size": 40, "n_embd": 16,
   "n_layer": 1, "n_head": 2, "n_positions": 16})";
+// Soft-capped scores and logits (the fused kernels refused), a window on its one layer.
+constexpr const char* kOneLayerGemma2 = R"({"model_type": "gemma2", "vocab_size": 40,
+  "hidden_size": 16, "head_dim": 8, "intermediate_size": 24, "num_hidden_layers": 1,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "sliding_window": 4})";
 
 struct Family {
   const char* json;
@@ -247,6 +251,7 @@ const std::vector<Family>& families() {
       {kOneLayerMixtral, "mixtral_ep", {"ep:2,fsdp:2", "ep:1,fsdp:4", "ep:2,fsdp:1,cp:2"}},
       {kOneLayerT5, "t5", {"fsdp:2,tp:2", "fsdp:4,tp:1", "fsdp:2,tp:1,cp:2"}},
       {kOneLayerGpt2, "gpt2", {"fsdp:2,tp:2", "fsdp:4,tp:1", "fsdp:2,tp:1,cp:2"}},
+      {kOneLayerGemma2, "llama_fsdp_tp", {"fsdp:2,tp:2", "fsdp:4,tp:1", "fsdp:2,tp:1,cp:2"}},
   };
   return kFamilies;
 }

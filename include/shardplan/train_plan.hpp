@@ -72,6 +72,14 @@ struct ModelConfig {
   /// sliding_window - 1 keys before it, on the layers window_layers marks (empty: none).
   std::int64_t sliding_window = 0;
   std::vector<bool> window_layers;
+  /// The attention scores' scale (Gemma 2: 1 / sqrt(query_pre_attn_scalar)); 0: 1 / sqrt(head_dim).
+  double attention_scale = 0;
+  /// Soft-capping x -> cap * tanh(x / cap) (0: none) of the attention scores, after the scale and
+  /// before the mask (Gemma 2's attn_logit_softcapping), and of the LM head's logits before the
+  /// loss (final_logit_softcapping). The fused attention kernel and the fused loss have none: a
+  /// capped model runs them as ops (train-plan refuses --attention / --loss fused for it).
+  double attention_softcap = 0;
+  double logit_softcap = 0;
   /// What the file says that the step does not model, one entry each ("hidden_act 'gelu' (the
   /// step's MLP is SwiGLU, with silu)", "dropout (resid_pdrop 0.1)", a field not known here).
   /// Fields known to change neither shapes nor work (token ids, epsilons, rotary settings) are
@@ -98,7 +106,8 @@ struct ModelConfig {
   /// (Mixtral), the experts it is not routed to (each layer's E experts counted k / E, k =
   /// experts_per_token), as torchtitan and Megatron count active parameters for MFU.
   std::int64_t active_parameter_count() const;
-  /// The family's name: "llama" (llama, mistral, qwen2), "qwen3", "mixtral", "gpt2", "t5".
+  /// The family's name: "llama" (llama, mistral, qwen2), "qwen3", "gemma2", "mixtral", "gpt2",
+  /// "t5".
   std::string family_name() const;
   /// Where the list of decoder layers sits in parameters(): "model/layers" / "h" (T5 has two
   /// stacks, "encoder/block" and "decoder/block"; this gives the decoder's).

@@ -223,6 +223,20 @@ Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
   return region(take(at(rest, "model/embed_tokens/weight"), tokens, 0), "residual", L, true);
 }
 
+Array soft_cap(const Array& x, double cap) {
+  return cap > 0 ? tanh(x / cap) * cap : x;
+}
+
+namespace {
+
+// The scores' scale: the config's (Gemma 2's query_pre_attn_scalar), else 1 / sqrt(head_dim).
+double scores_scale(const ModelConfig& c) {
+  return c.attention_scale > 0 ? c.attention_scale
+                               : 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+}
+
+}  // namespace
+
 Array attention_mask(const Array& scores, std::int64_t window) {
   const int r = scores.shape().rank();
   if (window <= 0 || window >= scores.shape()[r - 2]) return causal_mask(scores);
@@ -243,7 +257,7 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
   const ModelConfig& c = config;
   const std::int64_t b = x.shape()[0], t = x.shape()[1];
   const std::int64_t dh = c.head_dim, kv = c.kv_heads, g = c.heads / c.kv_heads;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const double scale = scores_scale(c);
   const auto proj = [&](const char* name) {
     Array y = block_linear(x, at(p, fmt::format("self_attn/{}_proj/weight", name)));
     if (c.attention_bias) y = y + at(p, fmt::format("self_attn/{}_proj/bias", name));
@@ -296,7 +310,8 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
     const Array v =
         constrain(repeat(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3})),
                   {{0, &L.batch}, {1, &L.model}}, L);
-    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale;
+    const Array scores =
+        soft_cap(dot_general(q, k, DotDims{{0, 1}, {0, 1}, {3}, {3}}) * scale, c.attention_softcap);
     const Array probs = softmax(attention_mask(scores, window), -1);             // [b, h, t, t]
     const Array out = dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {3}, {2}});  // [b, h, t, dh]
     merged = reshape(transpose(out, {0, 2, 1, 3}), Shape{b, t, heads * dh});
@@ -309,7 +324,9 @@ Array ModelStep::attention(const Tree<Array>& p, const Array& x, std::int64_t wi
                   {{0, &L.batch}, {1, &L.model}}, L);
     const Array v = constrain(transpose(reshape(proj("v"), Shape{b, t, kv, dh}), {0, 2, 1, 3}),
                               {{0, &L.batch}, {1, &L.model}}, L);
-    const Array scores = dot_general(q, k, DotDims{{0, 1}, {0, 1}, {4}, {3}}) * scale;
+    // Soft-capped after the scale, before the mask (transformers' eager_attention_forward).
+    const Array scores =
+        soft_cap(dot_general(q, k, DotDims{{0, 1}, {0, 1}, {4}, {3}}) * scale, c.attention_softcap);
     const Array probs = softmax(attention_mask(scores, window), -1);  // [b, kv, g, t, t]
     const Array out =
         dot_general(probs, v, DotDims{{0, 1}, {0, 1}, {4}, {2}});  // [b, kv, g, t, dh]
@@ -340,6 +357,12 @@ Array ModelStep::fused_rotary_attention(const Array& q_proj, const Array& k_proj
     return concatenate(copies, 2);
   };
   const auto place = [&](const Array& y) { return constrain(y, {{0, &L.batch}, {2, &L.model}}, L); };
+  if (c.attention_softcap > 0) {
+    // train-plan refuses the fused kernel for such a model (resolve_options).
+    throw SpecError(fmt::format("[train] dot_product_attention has no soft-capping of the scores "
+                                "(attn_logit_softcapping {}): run the attention as ops",
+                                c.attention_softcap));
+  }
   Array k = rotary(heads_of(k_proj, kv), tables, 1, L.context_ways);
   Array v = heads_of(v_proj, kv);
   if (repeat_kv) {
@@ -357,7 +380,7 @@ Array ModelStep::fused_rotary_attention(const Array& q_proj, const Array& k_proj
                    Shape{b, t, c.heads * dh});
   }
   const Array q = place(rotary(heads_of(q_proj, c.heads), tables, 1));
-  AttentionOptions o{.is_causal = true};
+  AttentionOptions o{.scale = scores_scale(c), .is_causal = true};
   if (window > 0 && window < t) {
     // Query i sees keys i - window + 1 .. i (with the causal mask: kv > q - window).
     const Array zeros = full(Shape{t, t}, DType::kF32, 0, q);
@@ -391,9 +414,10 @@ Array ModelStep::ring(const Array& q, const Array& k, const Array& v) const {
     return PartitionSpec(dims);
   };
   const std::string axis = L.context.at(0);
+  const double scale = scores_scale(config);
   return shard_map(
-      [axis](const Array& qb, const Array& kb, const Array& vb) {
-        return ring_attention(qb, kb, vb, axis, true);
+      [axis, scale](const Array& qb, const Array& kb, const Array& vb) {
+        return ring_attention(qb, kb, vb, axis, true, scale);
       },
       *L.mesh, {spec(q), spec(k), spec(v)}, {spec(q)})(q, k, v);
 }
@@ -406,20 +430,24 @@ Array ModelStep::rms_norm_layer(const Tree<Array>& p, const Array& h, std::int64
   const Layout& L = layout;
   const ModelConfig& c = config;
   const Array x = normed(rms_norm(h, at(p, "input_layernorm/weight")), "attention_in", L);
-  const Array merged = attention(p, x, window);
-  Array attended = region(
-      checkpoint_name(
-          block_linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight")),
-          "out_proj"),
-      "attention_out", L);
-  if (c.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
-  const Array h2 = region(h + attended, "residual", L);
+  const Array h2 = region(h + attention_out(p, x, window), "residual", L);
   const Array x2 = normed(rms_norm(h2, at(p, "post_attention_layernorm/weight")), "mlp_in", L);
   return region(h2 + c.family->step.mlp(*this, p, x2), "residual", L, true);
 }
 
 
-Array ModelStep::gated_mlp(const Tree<Array>& p, const Array& x2) const {
+Array ModelStep::attention_out(const Tree<Array>& p, const Array& x, std::int64_t window) const {
+  const Array merged = attention(p, x, window);
+  Array attended = region(
+      checkpoint_name(
+          block_linear(checkpoint_name(merged, "context"), at(p, "self_attn/o_proj/weight")),
+          "out_proj"),
+      "attention_out", layout);
+  if (config.output_bias) attended = attended + at(p, "self_attn/o_proj/bias");
+  return attended;
+}
+
+Array ModelStep::gated_mlp(const Tree<Array>& p, const Array& x2, Array (*act)(const Array&)) const {
   const Layout& L = layout;
   const ModelConfig& c = config;
   const auto mlp = [&](const Array& in, const char* name) {
@@ -430,7 +458,8 @@ Array ModelStep::gated_mlp(const Tree<Array>& p, const Array& x2) const {
   };
   const Array gate = mlp(x2, "gate");
   const Array up = mlp(x2, "up");
-  const Array inner = constrain(silu(gate) * up, {{0, &L.batch}, {1, &L.context}, {2, &L.model}}, L);
+  const Array inner = constrain((act != nullptr ? act(gate) : silu(gate)) * up,
+                                {{0, &L.batch}, {1, &L.context}, {2, &L.model}}, L);
   return region(mlp(inner, "down"), "mlp_out", L);
 }
 
@@ -441,10 +470,17 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
   const Array x = normed(step.final_norm(*this, rest, h), "head_in", L);
   const Array head =
       at(rest, config.tie_embeddings ? std::string(step.embedding) : std::string("lm_head/weight"));
+  if (fused_loss && config.logit_softcap > 0) {
+    // train-plan refuses the fused loss for such a model (resolve_options).
+    throw SpecError(fmt::format("[train] linear_cross_entropy has no soft-capping of the logits "
+                                "(final_logit_softcapping {}): compute the logits whole",
+                                config.logit_softcap));
+  }
   if (fused_loss) return mean(linear_cross_entropy(x, head, targets));
-  // The logits whole, taken to f32 for the softmax (as PyTorch training code does:
-  // cross_entropy(logits.float(), labels)), as linear_cross_entropy does group by group.
-  const Array logits = linear(x, head);
+  // The logits whole (soft-capped in their dtype, as transformers' Gemma2ForCausalLM), taken to
+  // f32 for the softmax (as PyTorch training code does: cross_entropy(logits.float(), labels)),
+  // as linear_cross_entropy does group by group.
+  const Array logits = soft_cap(linear(x, head), config.logit_softcap);
   const DType wide = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
   const Array wide_logits = eager_cast(logits, wide);
   // With tensor parallelism the head's output is split along the vocabulary and the loss runs as

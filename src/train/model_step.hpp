@@ -118,8 +118,13 @@ struct ModelStep {
   Array layer(const Tree<Array>& layer, const Array& h, std::int64_t window = 0) const;
   /// The LLaMA layout's layer: RMSNorm, rotary attention, RMSNorm, the family's MLP.
   Array rms_norm_layer(const Tree<Array>& layer, const Array& h, std::int64_t window) const;
-  /// LLaMA's SwiGLU MLP on the normed x [b, t, d].
-  Array gated_mlp(const Tree<Array>& layer, const Array& x) const;
+  /// attention() on the normed x [b, t, d] through o_proj (and its bias): [b, t, d], the
+  /// "attention_out" region, before the residual add.
+  Array attention_out(const Tree<Array>& layer, const Array& x, std::int64_t window) const;
+  /// LLaMA's gated MLP on the normed x [b, t, d]: down(act(gate(x)) * up(x)), act silu (SwiGLU)
+  /// unless given (GeGLU: the tanh gelu).
+  Array gated_mlp(const Tree<Array>& layer, const Array& x,
+                  Array (*act)(const Array&) = nullptr) const;
   Array rms_final_norm(const Tree<Array>& rest, const Array& h) const;
   /// Ring attention over the context axes (Layout::context): q [b, t, heads, dh], k, v [b, t,
   /// kv, dh] -> [b, t, heads, dh].
@@ -134,6 +139,10 @@ struct ModelStep {
   /// The whole forward pass and its loss over the full parameter tree.
   Array forward_loss(const Tree<Array>& params, const Array& tokens, const Array& targets) const;
 };
+
+/// Soft-capping: cap * tanh(x / cap), x itself for cap 0 (Gemma 2's attention scores and
+/// logits: ModelConfig::attention_softcap, logit_softcap).
+Array soft_cap(const Array& x, double cap);
 
 /// Causal attention's mask on scores [..., q, k] (q == k): a query sees the keys at or before
 /// it, and with `window` > 0 only the `window` latest of them (itself included), as Mistral's

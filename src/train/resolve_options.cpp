@@ -23,7 +23,7 @@ constexpr OptionRefusal kRefusals[] = {
       {"--master-dtype, --reduce-dtype, --grad-dtype", "with --mixed-precision fsdp2"},
       {"--optimizer-dtype", "with --mixed-precision fsdp2"},
       {"--headroom", "without --device-memory or --hardware (no memory to keep it in)"},
-      {"--target-seq", "a decoder-only model (llama, mistral, qwen2, qwen3, mixtral, gpt2)"},
+      {"--target-seq", "a decoder-only model (every family but T5)"},
       {"--mesh with a cp or context axis", "a family without ring attention (t5, gpt2)"},
       {"--mesh with a cp or context axis", "two context axes (cp and context)"},
       {"--mesh with a cp or context axis", "sliding-window attention on a layer"},
@@ -40,6 +40,9 @@ constexpr OptionRefusal kRefusals[] = {
       {"--float8", "--hardware without float8 matrix units"},
       {"--recompute, --remat", "a family without recomputation (T5)"},
       {"--fsdp-root", "a family without FSDP's root module (T5)"},
+      {"--attention fused", "soft-capped attention scores (attn_logit_softcapping)"},
+      {"--loss fused", "soft-capped logits (final_logit_softcapping)"},
+      {"--mesh with a cp or context axis", "soft-capped attention scores (attn_logit_softcapping)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -108,6 +111,21 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
            "T5's attention adds its relative position bias to the scores, so it runs as the "
            "scores, the bias, the mask and the softmax (--attention naive)");
   }
+  // The fused kernels have no soft-capping (ModelConfig::attention_softcap, logit_softcap).
+  if (o.fused_attention == true && config.attention_softcap > 0) {
+    refuse(Refusal::kFusedAttentionSoftcap,
+           fmt::format("{}, whose attention scores are soft-capped at {} before the mask; "
+                       "dot_product_attention has no soft-capping, so the scores, the cap, the "
+                       "mask and the softmax run as ops (--attention naive)",
+                       model_text(config), config.attention_softcap));
+  }
+  if (o.fused_loss == true && config.logit_softcap > 0) {
+    refuse(Refusal::kFusedLossSoftcap,
+           fmt::format("{}, whose logits are soft-capped at {} before the loss; "
+                       "linear_cross_entropy has no soft-capping, so the logits are made whole, "
+                       "capped, then the cross-entropy (--loss naive)",
+                       model_text(config), config.logit_softcap));
+  }
   if (o.fused_loss == true && !can.fused_loss) {
     refuse(Refusal::kFusedLossFamily,
            "T5's step computes the whole logits, then the cross-entropy (--loss naive)");
@@ -144,6 +162,14 @@ void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& 
                        config.family->title,
                        detail::printable(axis)));
   }
+  if (config.attention_softcap > 0) {
+    refuse(Refusal::kContextSoftcap,
+           fmt::format("{} on {}: its attention scores are soft-capped at {}, and ring attention "
+                       "(on the fused kernel) has no soft-capping; plan it without the context "
+                       "axis '{}'",
+                       model_text(config), mesh_text, config.attention_softcap,
+                       detail::printable(axis)));
+  }
   if (o.fused_attention == false) {
     refuse(Refusal::kContextNaiveAttention,
            fmt::format("the mesh {} splits the sequence over '{}': context parallelism runs ring "
@@ -169,7 +195,8 @@ TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, co
   TrainPlanOptions r = o;
   const FamilySupport& can = support_of(config);
   resolve_context(config, mesh, layout, o);
-  r.fused_attention = o.fused_attention.value_or(can.fused_attention);
+  r.fused_attention =
+      o.fused_attention.value_or(can.fused_attention && config.attention_softcap == 0);
   // linear_cross_entropy splits the tokens into groups; with one group the logits are whole.
   const std::int64_t t = head_tokens(config, o);
   const bool groups = linear_cross_entropy_chunks(Shape{1, t, 1}) > 1;
@@ -179,7 +206,7 @@ TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, co
                        "linear_cross_entropy's one group would hold the whole logits",
                        t));
   }
-  r.fused_loss = o.fused_loss.value_or(can.fused_loss && groups);
+  r.fused_loss = o.fused_loss.value_or(can.fused_loss && groups && config.logit_softcap == 0);
 
   // Sequence parallelism: the axes activation_norm_length maps to, less the context axes (the
   // sequence's split over those is context parallelism's).

@@ -32,6 +32,9 @@ enum class Refusal : std::size_t {
   kFloat8Hardware,
   kRematFamily,
   kFsdpRootFamily,
+  kFusedAttentionSoftcap,
+  kFusedLossSoftcap,
+  kContextSoftcap,
   kCount
 };
 

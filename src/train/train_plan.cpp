@@ -234,10 +234,15 @@ TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
     return static_cast<double>(k) * (static_cast<double>(l) * layer_units + 1);
   };
   // Layers alike: the samples' layers are the model's first ones, so a model whose layers
-  // differ (Qwen2's sliding window from max_window_layers on) is traced whole.
+  // differ (Qwen2's sliding window from max_window_layers on, Gemma 2's on every other layer) is
+  // traced whole. A window the sequence fits in is no window (the step's mask is causal then).
+  const auto window = [&](std::size_t i) {
+    const std::int64_t w = config.window(i);
+    return w > 0 && w < o.seq ? w : 0;
+  };
   bool layers_alike = true;
   for (std::size_t i = 1; i < static_cast<std::size_t>(std::max<std::int64_t>(c.layers, 0)); ++i) {
-    if (config.window(i) != config.window(0)) layers_alike = false;
+    if (window(i) != window(0)) layers_alike = false;
   }
   c.by_layers = !whole && layers_alike && c.layers > kLargestSample;
   c.by_accum = c.accum > kLargestSample;

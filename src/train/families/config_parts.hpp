@@ -55,6 +55,14 @@ class Fields {
     }
     return false;
   }
+  /// Whether the file has the field, null or not (transformers: absent is the default, null
+  /// may mean none).
+  bool present(std::string_view key) const {
+    for (const Member& m : members_) {
+      if (m.key == key) return true;
+    }
+    return false;
+  }
 
   /// A positive integer (up to 2^63 - 1); `fallback` (when > 0) if absent or null.
   std::int64_t positive(std::string_view key, std::int64_t fallback = 0) {

@@ -9,7 +9,8 @@
 
 namespace shardplan::train {
 
-void read_llama_like(Fields& f, ModelConfig& c, std::int64_t head_dim) {
+void read_llama_like(Fields& f, ModelConfig& c, std::int64_t head_dim,
+                     const GateActivation& gate) {
   const std::string_view source = f.source();
   c.vocab = f.positive("vocab_size");
   c.hidden = f.positive("hidden_size");
@@ -26,10 +27,10 @@ void read_llama_like(Fields& f, ModelConfig& c, std::int64_t head_dim) {
                               c.hidden, c.heads));
   }
   c.head_dim = f.positive("head_dim", head_dim > 0 ? head_dim : c.hidden / c.heads);
-  const std::string act = f.string("hidden_act").value_or("silu");
-  if (act != "silu" && act != "swish") {
-    c.not_modelled.push_back(fmt::format("hidden_act '{}' (the step's MLP is SwiGLU, with silu)",
-                                         detail::printable(act)));
+  const std::string act = f.string(gate.field).value_or(std::string(gate.names[0]));
+  if (act != gate.names[0] && act != gate.names[1]) {
+    c.not_modelled.push_back(fmt::format("{} '{}' (the step's MLP is {})", gate.field,
+                                         detail::printable(act), gate.mlp));
   }
   if (const double r = f.rate("attention_dropout"); r > 0) {
     c.not_modelled.push_back(fmt::format("dropout (attention_dropout {})", r));
@@ -50,13 +51,21 @@ void read_window_every_layer(Fields& f, ModelConfig& c) {
 }
 
 void read_window_from_layer(Fields& f, ModelConfig& c) {
-  const std::string_view source = f.source();
   // transformers' defaults: a window of 4096 from layer 28 on, when use_sliding_window.
   const bool use = f.flag("use_sliding_window", false);
   const std::int64_t window = f.positive("sliding_window", 4096);
   const std::int64_t from = f.integer("max_window_layers", 0, 28);
   std::vector<bool> sliding(static_cast<std::size_t>(c.layers));
   for (std::int64_t l = 0; l < c.layers; ++l) sliding[static_cast<std::size_t>(l)] = l >= from;
+  read_layer_types(f, c, sliding);
+  if (use && std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
+    c.sliding_window = window;
+    c.window_layers = std::move(sliding);
+  }
+}
+
+void read_layer_types(Fields& f, const ModelConfig& c, std::vector<bool>& sliding) {
+  const std::string_view source = f.source();
   if (const auto types = f.get("layer_types")) {
     if (!types->is_array() || static_cast<std::int64_t>(types->size()) != c.layers) {
       throw IoError(
@@ -74,10 +83,6 @@ void read_window_from_layer(Fields& f, ModelConfig& c) {
       }
       sliding[l++] = t.str() == "sliding_attention";
     }
-  }
-  if (use && std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
-    c.sliding_window = window;
-    c.window_layers = std::move(sliding);
   }
 }
 
