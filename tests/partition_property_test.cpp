@@ -1,10 +1,11 @@
 // Properties of compile() (propagation, src/program/compiler/propagate.cpp, and the partitioner,
 // partition_choose.cpp) over random small programs on one-, two- and three-axis meshes (issue
-// 40: "permuting the order of uses gives the identical program"): 100 programs per mesh, 300 in
+// 40: "permuting the order of uses gives the identical program"): 200 programs per mesh, 600 in
 // all. Each program is a short random chain from a sum pending over the mesh's first axis (and
-// values split over the others), whose result then has two or three uses (a pointwise op, a
-// sharding constraint by rows or columns, a sum with a split value, a product with a split
-// matrix); every order of those uses is compiled and the programs must be identical.
+// values split over the others), whose result then has two or three uses (a pointwise op,
+// sharding constraints by rows or columns, a sum with a split value, products with a split
+// matrix on either side, row sums, a constraint of a pointwise op of it); every order of those
+// uses is compiled and the programs must be identical.
 //
 // Identical, when the uses are traced in another order: the values are numbered differently and
 // the steps come in another order, so a value is named by what it computes (its primitive, its
@@ -17,7 +18,7 @@
 //   axes and bytes (most per device and in all),
 // - each output's value and sharding.
 // Not compared: the explanations (a value's origin, a reshard's reason), which name values by
-// number and, among equal proposals, the first in graph order (propagate.hpp).
+// number and, among equal proposals, the source numbered first (propagate.cpp).
 //
 // The same uses need the same values in the same shardings, so nothing justifies a different
 // program: an order-dependent result is a decision made by whichever use came first (issue 40:
@@ -98,11 +99,21 @@ Array use_op(int code, const Array& v, const std::vector<Array>& in, const Mesh&
       return with_sharding_constraint(v, P(nullptr, last));
     case 3:
       return v + in[1];
-    default:
+    case 4:
       return matmul(v, in[2]);
+    // The kinds below came later (the programs drawn from the first five stay the same).
+    case 5:
+      return sum(v, {1});
+    case 6:
+      return matmul(in[2], v);
+    case 7:
+      return with_sharding_constraint(v, P(nullptr, first));
+    default:
+      return with_sharding_constraint(exp(v), P(nullptr, last));
   }
 }
-constexpr int kUseOps = 5;
+constexpr int kFirstUseOps = 5;
+constexpr int kUseOps = 9;
 
 // Each value of `g` named by what it computes (see the header): numbering-free.
 std::vector<std::string> value_names(const Graph& g) {
@@ -207,7 +218,8 @@ Program compile_random(const Mesh& mesh, const RandomProgram& rp, const std::vec
 
 // Compiles `count` random programs on `mesh`, each in every order of its uses, and returns the
 // descriptions of those whose compiled program depends on the order (the first difference).
-std::vector<std::string> order_dependent(const Mesh& mesh, std::uint64_t seed, int count) {
+std::vector<std::string> order_dependent(const Mesh& mesh, std::uint64_t seed, int count,
+                                         int use_ops) {
   std::vector<std::string> bad;
   Rng rng(seed);
   for (int i = 0; i < count; ++i) {
@@ -215,7 +227,7 @@ std::vector<std::string> order_dependent(const Mesh& mesh, std::uint64_t seed, i
     const int n = rng.below(3);
     for (int k = 0; k < n; ++k) rp.chain.push_back(rng.below(kChainOps));
     const int uses = 2 + rng.below(2);
-    for (int k = 0; k < uses; ++k) rp.uses.push_back(rng.below(kUseOps));
+    for (int k = 0; k < uses; ++k) rp.uses.push_back(rng.below(use_ops));
     std::vector<int> order(rp.uses.size());
     for (std::size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
     const std::vector<std::string> want = describe(compile_random(mesh, rp, order));
@@ -234,31 +246,45 @@ std::vector<std::string> order_dependent(const Mesh& mesh, std::uint64_t seed, i
   return bad;
 }
 
-void expect_order_independent(const Mesh& mesh, std::uint64_t seed, int programs = 100) {
-  const std::vector<std::string> bad = order_dependent(mesh, seed, programs);
-  EXPECT_TRUE(bad.empty()) << bad.size() << " of " << programs
+// 100 programs on `mesh` drawn with `use_ops` kinds of use.
+void expect_order_independent(const Mesh& mesh, std::uint64_t seed, int use_ops) {
+  constexpr int kPrograms = 100;
+  const std::vector<std::string> bad = order_dependent(mesh, seed, kPrograms, use_ops);
+  EXPECT_TRUE(bad.empty()) << bad.size() << " of " << kPrograms
                            << " programs depend on the order of uses on the mesh with axes "
                            << fmt::format("{}", fmt::join(mesh.axis_names(), ",")) << ":\n"
                            << fmt::format("{}", fmt::join(bad, "\n"));
 }
 
-// Before the partitioner planned where each wanted sharding of a pending sum is made from, for all
-// of them at once (Emitter::plan_reduced_sources), the collectives of 2, 3 and 4 programs of the
-// first 12 on one, two and three axes depended on the order: ties broken by the use traced first
-// (all_reduce 256 B against reduce_scatter + all_gather of 128 B each: the issue's case, uses
-// exp and a constraint by rows) and cost differences (uses `v + q` and `v @ w` on x:2,y:2).
-// Before propagation decided in rounds (propagate.cpp), the collectives of 1 program of 40 on x:2
-// did: v = -p with the uses "constraint by columns", "v @ w" and "constraint by rows": the
-// constraint swept first gave v its sharding (all_reduce of 256 B in one order; reduce_scatter of
+// With the first five kinds of use. Before the partitioner planned where each wanted sharding of
+// a pending sum is made from, for all of them at once (Emitter::plan_reduced_sources), the
+// collectives of 2, 3 and 4 programs of the first 12 on one, two and three axes depended on the
+// order: ties broken by the use traced first (all_reduce 256 B against reduce_scatter +
+// all_gather of 128 B each: the issue's case, uses exp and a constraint by rows) and cost
+// differences (uses `v + q` and `v @ w` on x:2,y:2). Before propagation decided the nodes of one
+// depth together (propagate.cpp), 10, 13 and 4 programs of these 100 did, by propagation: e.g.
+// v = -p with the uses "constraint by columns", "v @ w" and "constraint by rows": the constraint
+// traced first gave v its sharding (on x:2: all_reduce of 256 B in one order; reduce_scatter of
 // 128 B, all_gather of 128 B and all_to_all of 64 B in another).
 TEST(PartitionProperty, TheOrderOfUsesDoesNotChangeTheProgramOnOneAxis) {
-  expect_order_independent(Mesh::parse("x:2", 2), 1);
+  expect_order_independent(Mesh::parse("x:2", 2), 1, kFirstUseOps);
 }
 TEST(PartitionProperty, TheOrderOfUsesDoesNotChangeTheProgramOnTwoAxes) {
-  expect_order_independent(Mesh::parse("x:2,y:2", 4), 2);
+  expect_order_independent(Mesh::parse("x:2,y:2", 4), 2, kFirstUseOps);
 }
 TEST(PartitionProperty, TheOrderOfUsesDoesNotChangeTheProgramOnThreeAxes) {
-  expect_order_independent(Mesh::parse("x:2,y:2,z:2", 8), 3);
+  expect_order_independent(Mesh::parse("x:2,y:2,z:2", 8), 3, kFirstUseOps);
+}
+// With every kind of use: row sums, `w @ v`, a constraint by columns over the first axis, and a
+// constraint of exp(v) (a use one node further).
+TEST(PartitionProperty, TheOrderOfMoreKindsOfUsesDoesNotChangeTheProgramOnOneAxis) {
+  expect_order_independent(Mesh::parse("x:2", 2), 4, kUseOps);
+}
+TEST(PartitionProperty, TheOrderOfMoreKindsOfUsesDoesNotChangeTheProgramOnTwoAxes) {
+  expect_order_independent(Mesh::parse("x:2,y:2", 4), 5, kUseOps);
+}
+TEST(PartitionProperty, TheOrderOfMoreKindsOfUsesDoesNotChangeTheProgramOnThreeAxes) {
+  expect_order_independent(Mesh::parse("x:2,y:2,z:2", 8), 6, kUseOps);
 }
 
 }  // namespace
