@@ -28,17 +28,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <map>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "../src/program/compiler/compile.hpp"
 #include "../src/program/compiler/partition.hpp"
+#include "../src/program/frontend/trace.hpp"
 #include "../src/program/ir/primitives.hpp"
 #include "shardplan/ops.hpp"
-#include "../src/program/frontend/trace.hpp"
 
 namespace shardplan::detail {
 namespace {
@@ -157,8 +157,8 @@ std::vector<std::string> describe(const Program& prog) {
   }
   std::map<SlotId, std::string> slots;
   for (std::size_t k = 0; k < prog.input_slots().size(); ++k) {
-    slots[prog.input_slots()[k]] = fmt::format("input {} in {}", k,
-                                               prog.input_shardings()[k].spec().to_string());
+    slots[prog.input_slots()[k]] =
+        fmt::format("input {} in {}", k, prog.input_shardings()[k].spec().to_string());
   }
   for (const Step& st : prog.steps()) {
     std::vector<std::string> in;
@@ -285,6 +285,21 @@ TEST(PartitionProperty, TheOrderOfMoreKindsOfUsesDoesNotChangeTheProgramOnTwoAxe
 }
 TEST(PartitionProperty, TheOrderOfMoreKindsOfUsesDoesNotChangeTheProgramOnThreeAxes) {
   expect_order_independent(Mesh::parse("x:2,y:2,z:2", 8), 6, kUseOps);
+}
+
+// Disabled: an order dependence of the partitioner's choice (partition_choose.cpp), found among
+// 6,000 programs of this kind (1,000 per test above, other seeds, chains of up to 4 ops; 5
+// programs, all this one). Propagation leaves every value whole (the same in both orders). Uses
+// `w @ p` and the row sums of p (p pending over x, w split by columns over y): traced in this
+// order, both carry p's sum (all_gather of w 128 B, all_reduce 256 B + 32 B: 416 B per device);
+// in the other, p is reduced first (256 B) for the sums and the product reads it split over y
+// (its sum over y reduced: 256 B): 512 B. No single node's move leaves the second (the sums
+// carried: 544 B; the product carried: 640 B), so which user is decided first decides.
+TEST(PartitionProperty, DISABLED_TheOrderOfAProductAndRowSumsOfAPendingInputDoesNotChangeIt) {
+  const Mesh mesh = Mesh::parse("x:2,y:2", 4);
+  const RandomProgram rp{{}, {6, 5}};
+  EXPECT_EQ(describe(compile_random(mesh, rp, {0, 1})),
+            describe(compile_random(mesh, rp, {1, 0})));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Sharding propagation (src/program/compiler/propagate.hpp): where two fixed shardings propose
 // different shardings for one value, the rule propagate.hpp documents decides (a fixed sharding,
 // then the larger tensor, then the axes first in mesh order, then the more major dimension),
-// whichever of them was traced first. Random programs in every order of their uses:
+// whichever of them was traced first; within one node, its factors' order. Random programs in every order of their uses:
 // partition_property_test.cpp.
 #include "../src/program/compiler/propagate.hpp"
 
@@ -54,6 +54,29 @@ TEST(Propagate, OfTwoConstraintsOnOneDimensionTheAxisFirstInMeshOrderWinsInEithe
   EXPECT_EQ(propagated_spec_of_v(mesh, {P("x"), P("y")}), P("x"));
   // Where they do not conflict, both are taken: the columns from the other.
   EXPECT_EQ(propagated_spec_of_v(mesh, {P(nullptr, "y"), P("x")}), P("x", "y"));
+}
+
+// Within one node the factors keep their declared order (rows, then columns, for a product):
+// x @ w with x split by rows and w, the larger, by columns over the same axis gives the result
+// x's rows, as before propagation took proposals by their data (Float8Linear's sharded step
+// relies on it).
+TEST(Propagate, WithinOneNodeTheEarlierFactorWins) {
+  const Mesh mesh = Mesh::parse("x:2", 2);
+  const Executor exec = Executor::process_local(2);
+  TraceContext ctx(exec, mesh);
+  Array y;
+  {
+    TraceScope scope(&ctx);
+    const Array x = ctx.add_argument(TensorType{{8, 32}, DType::kF32});
+    const Array w = ctx.add_argument(TensorType{{32, 12}, DType::kF32});
+    y = matmul(x, w);
+  }
+  const Graph g = ctx.finish({y});
+  Propagator prop(g, mesh);
+  prop.fix(value_id(0), P("x"), "input 0");
+  prop.fix(value_id(1), P(nullptr, "x"), "input 1");
+  prop.run();
+  EXPECT_EQ(spec_of_dims(prop.at(g.outputs[0]).dims), P("x"));
 }
 
 }  // namespace

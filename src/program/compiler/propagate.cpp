@@ -200,7 +200,7 @@ bool Propagator::through(std::span<const ValueId> nodes, bool pointwise_only) {
 
 // Each factor of the node takes the best sharding among the tensors it touches (fixed shardings
 // first, then the larger tensor; between operands, the first) and proposes it to the others where
-// their dimension is free.
+// their dimension is free and no earlier factor of the node proposed the dimension or the axes.
 void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
   const Node& node = g_[id];
   const OpFactors& f = factors_[id];
@@ -214,6 +214,17 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
     touched.push_back({node.operands[k], &f.operands[k]});
   }
   touched.push_back({id, &f.result});
+  // Within the node, an earlier factor wins, as its primitive declares them.
+  const std::size_t first = out.size();
+  const auto conflicts_earlier = [&](ValueId target, int dim, const AxisNames& axes) {
+    return std::any_of(
+        out.begin() + static_cast<std::ptrdiff_t>(first), out.end(), [&](const Proposal& e) {
+          return e.target == target &&
+                 (e.dim == dim || std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
+                    return std::find(e.axes.begin(), e.axes.end(), a) != e.axes.end();
+                  }));
+        });
+  };
   for (int fac = 0; fac < f.count(); ++fac) {
     if (f.kind(fac) == FactorKind::kReplicate) continue;
     const AxisNames* best = nullptr;
@@ -248,6 +259,7 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
         if (std::any_of(best->begin(), best->end(), [&](const auto& a) { return sh.uses(a); })) {
           continue;
         }
+        if (conflicts_earlier(t.value, static_cast<int>(d), *best)) continue;
         out.push_back({t.value, rank, axis_order, static_cast<int>(d), *best, best_value, id});
       }
     }
