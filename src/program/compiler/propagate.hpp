@@ -51,7 +51,8 @@ class Propagator {
   /// Propagates to a fixed point, forward and backward over the nodes by depth (pointwise ones
   /// first); values nothing reached are replicated. Where proposals of one depth for a value
   /// conflict, a fixed sharding wins, then the larger tensor's, then the axes first in mesh
-  /// order, then the more major dimension: never the order of the uses.
+  /// order, then the more major dimension (within one node, the earlier factor): never the
+  /// order of the uses.
   void run();
 
   /// Estimates every value's pending sum (Sharding::pending), after run(); `inputs`: the sums
