@@ -293,8 +293,12 @@ TEST(PartitionProperty, TheOrderOfMoreKindsOfUsesDoesNotChangeTheProgramOnThreeA
 // `w @ p` and the row sums of p (p pending over x, w split by columns over y): traced in this
 // order, both carry p's sum (all_gather of w 128 B, all_reduce 256 B + 32 B: 416 B per device);
 // in the other, p is reduced first (256 B) for the sums and the product reads it split over y
-// (its sum over y reduced: 256 B): 512 B. No single node's move leaves the second (the sums
-// carried: 544 B; the product carried: 640 B), so which user is decided first decides.
+// (its sum over y reduced: 256 B): 512 B. In both orders the dynamic programming gives the same
+// program of 544 B (the product reads p reduced, the sums carry it); Chooser::improve then visits
+// the nodes in graph order and applies the first move that lowers the cost: the sums reading the
+// reduced p (-32 B, to 512 B) when they come first, the product carrying the sum (-128 B, to
+// 416 B) when it does; no single move leaves 512 B (the sums carried: 544 B; the product
+// carried: 640 B).
 TEST(PartitionProperty, DISABLED_TheOrderOfAProductAndRowSumsOfAPendingInputDoesNotChangeIt) {
   const Mesh mesh = Mesh::parse("x:2,y:2", 4);
   const RandomProgram rp{{}, {6, 5}};
