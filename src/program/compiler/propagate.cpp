@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "../ir/primitive.hpp"
 #include "../ir/primitives.hpp"
@@ -57,6 +58,13 @@ Propagator::Propagator(const Graph& g, const Mesh& mesh) : g_(g), mesh_(mesh) {
   factors_.reserve(g.size());
   for (const Node& n : g.nodes) {
     factors_.push_back(n.op->factors(n, operand_shapes(g, n)));
+  }
+  // Each node's depth: the longest path to it from a node without operands.
+  std::vector<std::size_t> depth(g.size(), 0);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    for (const ValueId o : g.nodes[i].operands) depth[i] = std::max(depth[i], depth[index(o)] + 1);
+    if (depth[i] >= levels_.size()) levels_.resize(depth[i] + 1);
+    levels_[depth[i]].push_back(value_id(i));
   }
   for (std::size_t i = 0; i < g.size(); ++i) {
     sh_[value_id(i)].dims.resize(static_cast<std::size_t>(g.nodes[i].type.shape.rank()));
@@ -141,19 +149,60 @@ void Propagator::carry_pending(std::span<const Pending> inputs) {
   }
 }
 
+// Forward by depth, then backward. The nodes of one depth propose together, from the shardings
+// before them: nodes the same distance from the inputs (such as two uses of one value) are not
+// ordered by the graph, so neither is what they decide.
 bool Propagator::sweep(bool pointwise_only) {
   bool changed = false;
-  const std::size_t n = g_.size();
-  for (std::size_t i = 0; i < n; ++i) changed |= through(value_id(i), pointwise_only);
-  for (std::size_t i = n; i-- > 0;) changed |= through(value_id(i), pointwise_only);
+  for (const auto& level : levels_) changed |= through(level, pointwise_only);
+  for (auto l = levels_.rbegin(); l != levels_.rend(); ++l) changed |= through(*l, pointwise_only);
   return changed;
 }
 
-// Each factor of the node takes the best proposal among the tensors it touches (fixed shardings
-// first, then the larger tensor) and gives it to the others where their dimension is free.
-bool Propagator::through(ValueId id, bool pointwise_only) {
+bool Propagator::through(std::span<const ValueId> nodes, bool pointwise_only) {
+  std::vector<Proposal> proposals;
+  for (const ValueId id : nodes) {
+    if (!pointwise_only || g_[id].op->pointwise) propose(id, proposals);
+  }
+  // Each value takes its proposals best first, in an order of the proposals as data: the
+  // declared priority (a fixed sharding, then the larger tensor), then the axes in mesh order,
+  // then the more major dimension. The source's number only picks which of equal proposals
+  // the origin names.
+  const auto key = [](const Proposal& p) {
+    return std::tie(p.target, p.rank, p.axis_order, p.dim, p.source, p.through);
+  };
+  std::sort(proposals.begin(), proposals.end(),
+            [&](const Proposal& a, const Proposal& b) { return key(a) < key(b); });
+  bool changed = false;
+  for (const Proposal& p : proposals) {
+    Sharding& sh = sh_[p.target];
+    const auto d = static_cast<std::size_t>(p.dim);
+    if (!sh.dims[d].empty()) continue;
+    if (std::any_of(p.axes.begin(), p.axes.end(), [&](const auto& a) { return sh.uses(a); })) {
+      continue;
+    }
+    sh.dims[d] = p.axes;
+    const Node& node = g_[p.through];
+    const std::string note =
+        fmt::format("from {} through {}", value_name(p.source),
+                    p.target == p.through ? std::string(node.op->name)
+                                          : fmt::format("{} (backward)", node.op->name));
+    if (!sh.known || sh.origin.empty()) {
+      sh.origin = note;
+    } else if (sh.origin.find(note) == std::string::npos) {
+      sh.origin += fmt::format("; dim {} {}", d, note);
+    }
+    sh.known = true;
+    changed = true;
+  }
+  return changed;
+}
+
+// Each factor of the node takes the best sharding among the tensors it touches (fixed shardings
+// first, then the larger tensor; between operands, the first) and proposes it to the others where
+// their dimension is free and no earlier factor of the node proposed the dimension or the axes.
+void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
   const Node& node = g_[id];
-  if (pointwise_only && !node.op->pointwise) return false;
   const OpFactors& f = factors_[id];
   // The tensors an op touches: its operands, then itself (the result).
   struct Touched {
@@ -165,7 +214,17 @@ bool Propagator::through(ValueId id, bool pointwise_only) {
     touched.push_back({node.operands[k], &f.operands[k]});
   }
   touched.push_back({id, &f.result});
-  bool changed = false;
+  // Within the node, an earlier factor wins, as its primitive declares them.
+  const std::size_t first = out.size();
+  const auto conflicts_earlier = [&](ValueId target, int dim, const AxisNames& axes) {
+    return std::any_of(
+        out.begin() + static_cast<std::ptrdiff_t>(first), out.end(), [&](const Proposal& e) {
+          return e.target == target &&
+                 (e.dim == dim || std::any_of(axes.begin(), axes.end(), [&](const std::string& a) {
+                    return std::find(e.axes.begin(), e.axes.end(), a) != e.axes.end();
+                  }));
+        });
+  };
   for (int fac = 0; fac < f.count(); ++fac) {
     if (f.kind(fac) == FactorKind::kReplicate) continue;
     const AxisNames* best = nullptr;
@@ -185,35 +244,26 @@ bool Propagator::through(ValueId id, bool pointwise_only) {
       }
     }
     if (best == nullptr) continue;
-    const AxisNames axes = *best;  // a copy: the shardings below may change
-    const std::int64_t p = product(mesh_, axes);
+    const std::int64_t p = product(mesh_, *best);
     if (f.size(fac) % p != 0) continue;
+    std::vector<int> axis_order;
+    for (const auto& a : *best) axis_order.push_back(mesh_.axis_index(a));
+    const std::pair<int, std::int64_t> rank{-best_rank.first, -best_rank.second};
     for (const Touched& t : touched) {
-      Sharding& sh = sh_[t.value];
+      const Sharding& sh = sh_[t.value];
       if (sh.fixed || t.value == best_value) continue;
       const Shape& shape = g_[t.value].type.shape;
       for (std::size_t d = 0; d < t.dims->size(); ++d) {
         if ((*t.dims)[d] != fac || !sh.dims[d].empty()) continue;
         if (shape[static_cast<int>(d)] % p != 0) continue;
-        if (std::any_of(axes.begin(), axes.end(), [&](const auto& a) { return sh.uses(a); })) {
+        if (std::any_of(best->begin(), best->end(), [&](const auto& a) { return sh.uses(a); })) {
           continue;
         }
-        sh.dims[d] = axes;
-        const std::string note =
-            fmt::format("from {} through {}", value_name(best_value),
-                        t.value == id ? std::string(node.op->name)
-                                      : fmt::format("{} (backward)", node.op->name));
-        if (!sh.known || sh.origin.empty()) {
-          sh.origin = note;
-        } else if (sh.origin.find(note) == std::string::npos) {
-          sh.origin += fmt::format("; dim {} {}", d, note);
-        }
-        sh.known = true;
-        changed = true;
+        if (conflicts_earlier(t.value, static_cast<int>(d), *best)) continue;
+        out.push_back({t.value, rank, axis_order, static_cast<int>(d), *best, best_value, id});
       }
     }
   }
-  return changed;
 }
 
 }  // namespace shardplan::detail

@@ -2,10 +2,14 @@
 // Pass 1, sharding propagation. Input: a graph, a mesh, and the shardings fixed by the user
 // (in/out shardings, constraints, annotations). Output: a sharding for every value (dimension by
 // dimension, as mesh axes) with its origin ("from %3 through dot_general"), and each node's
-// factors (its primitive's sharding rule), which the partitioner reuses.
+// factors (its primitive's sharding rule), which the partitioner reuses. The result does not
+// depend on the order of a value's uses: the nodes are visited by depth, those of one depth
+// propose together, and a value takes its proposals in an order of their data (Propagator::run).
 
+#include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../ir/factors.hpp"
@@ -44,7 +48,11 @@ class Propagator {
   /// Fixes value `id` to `spec`. Throws SpecError for an unknown axis or a shape that does not
   /// divide, naming the value.
   void fix(ValueId id, const PartitionSpec& spec, std::string origin);
-  /// Propagates to a fixed point; values nothing reached are replicated.
+  /// Propagates to a fixed point, forward and backward over the nodes by depth (pointwise ones
+  /// first); values nothing reached are replicated. Where proposals of one depth for a value
+  /// conflict, a fixed sharding wins, then the larger tensor's, then the axes first in mesh
+  /// order, then the more major dimension (within one node, the earlier factor): never the
+  /// order of the uses.
   void run();
 
   /// Estimates every value's pending sum (Sharding::pending), after run(); `inputs`: the sums
@@ -55,13 +63,27 @@ class Propagator {
   const OpFactors& factors(ValueId id) const { return factors_[id]; }
 
  private:
+  /// A sharding one node proposes for one dimension of a value it touches.
+  struct Proposal {
+    ValueId target;
+    std::pair<int, std::int64_t> rank;  // -(fixed, elements) of the source: lower first
+    std::vector<int> axis_order;        // the axes' indices in the mesh
+    int dim;
+    AxisNames axes;
+    ValueId source;
+    ValueId through;  // the node
+  };
+  // Over every depth, forward then backward (only the pointwise nodes when `pointwise_only`).
   bool sweep(bool pointwise_only);
-  bool through(ValueId id, bool pointwise_only);
+  // Every proposal of `nodes` is made from the shardings before them, then taken best first.
+  bool through(std::span<const ValueId> nodes, bool pointwise_only);
+  void propose(ValueId id, std::vector<Proposal>& out) const;
 
   const Graph& g_;
   const Mesh& mesh_;
   ValueMap<Sharding> sh_;
   ValueMap<OpFactors> factors_;
+  std::vector<std::vector<ValueId>> levels_;  // the nodes by depth from the inputs
 };
 
 /// The operand shapes of `n` in `g`.
