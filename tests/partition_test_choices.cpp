@@ -57,6 +57,55 @@ TEST(Partition, ADotReducesOverTheSplitContractionWhenThatMovesFewerBytes) {
   c.expect_values();
 }
 
+// Contested axes on a two-axis mesh (x:2, y:2): a mesh axis both a pass factor and a reduce
+// factor of one dot want. Worked out by hand, bytes a device receives.
+Mesh xy() { return Mesh::parse("x:2,y:2", 4); }
+
+TEST(Partition, OnTwoAxesAContestedAxisGoesToTheReduceFactorWhenThatMovesFewerBytes) {
+  // a f32[8, 64] columns over x, b f32[64, 8] rows over x and columns over y, the output wanted
+  // P('x', 'y'): x is wanted by the rows (a pass factor, the output's) and by the contraction
+  // (a reduce factor, both operands'). Contraction first: each device multiplies its [8, 32] by
+  // its [32, 4], a partial sum of f32[8, 4] (128 bytes) reduce-scattered over x to the output's
+  // [4, 4] blocks: 64 bytes. Rows first: a moved to row blocks (all-to-all, [4, 32] received:
+  // 512 bytes) and b gathered over x ([32, 4] received: 512 bytes): 1024.
+  const Case c(xy(),
+               {Arg{{{8, 64}, DType::kF32}, P(nullptr, "x"), {}},
+                Arg{{{64, 8}, DType::kF32}, P("x", "y"), {}}},
+               [](const auto& a) { return std::vector{matmul(a[0], a[1])}; }, {P("x", "y")});
+  const ValueId dot = c.node(prim::dot_general);
+  const Step* k = c.kernel(dot);
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->pending, sum_over("x")) << c.text();
+  EXPECT_EQ(k->local.type.shape, (Shape{8, 4}));
+  EXPECT_TRUE(c.reshards(c.input(0)).empty()) << c.text();
+  EXPECT_TRUE(c.reshards(c.input(1)).empty()) << c.text();
+  EXPECT_THAT(c.collectives(), ElementsAre(c.collective("reduce_scatter", dot, 64))) << c.text();
+  EXPECT_EQ(c.prog().output_shardings()[0].spec(), P("x", "y"));
+  c.expect_values();
+}
+
+TEST(Partition, OnTwoAxesAContestedAxisGoesToThePassFactorWhenThatMovesFewerBytes) {
+  // a f32[16, 16] rows over x, b f32[16, 16] rows over x and columns over y, the output wanted
+  // P('x', 'y'). Rows first: a as it is, b gathered over x to [16, 8] column blocks ([8, 8]
+  // received: 256 bytes), each device's product its output block, nothing pending. Contraction
+  // first: a moved to column blocks (all-to-all, [8, 8] received: 256 bytes) and the partial
+  // sums of f32[16, 8] reduce-scattered over x (256 bytes): 512.
+  const Case c(xy(),
+               {Arg{{{16, 16}, DType::kF32}, P("x"), {}},
+                Arg{{{16, 16}, DType::kF32}, P("x", "y"), {}}},
+               [](const auto& a) { return std::vector{matmul(a[0], a[1])}; }, {P("x", "y")});
+  const ValueId dot = c.node(prim::dot_general);
+  const Step* k = c.kernel(dot);
+  ASSERT_NE(k, nullptr);
+  EXPECT_TRUE(k->pending.empty()) << c.text();
+  EXPECT_EQ(k->local.type.shape, (Shape{8, 8}));
+  EXPECT_TRUE(c.reshards(c.input(0)).empty()) << c.text();
+  EXPECT_THAT(c.collectives(), ElementsAre(c.collective("all_gather", c.input(1), 256)))
+      << c.text();
+  EXPECT_EQ(c.prog().output_shardings()[0].spec(), P("x", "y"));
+  c.expect_values();
+}
+
 TEST(Partition, ADotSplitsItsRowsWhenThatMovesFewerBytes) {
   // K = 4, N = 16. Rows first: x moved from [8, 2] column blocks to [4, 4] row blocks
   // (all-to-all: each device receives the 4 x 2 elements it lacks, 32 bytes), then each device
