@@ -511,8 +511,10 @@ class Chooser {
       before += space_[v].cands[static_cast<std::size_t>(pick_[v])].compute;
       after += space_[v].cands[static_cast<std::size_t>(c)].compute;
     }
+    std::vector<const PartitionSpec*> w;
     for (const ValueId x : touched) {
-      std::vector<PartitionSpec> w = wants[x];
+      w.clear();
+      for (const PartitionSpec& s : wants[x]) w.push_back(&s);
       for (const auto& [v, c] : moves) {
         swap_wants(w, space_[v].cands[static_cast<std::size_t>(pick_[v])],
                    space_[v].cands[static_cast<std::size_t>(c)], g_[v], x);
@@ -567,6 +569,20 @@ class Chooser {
         if (it != w.end()) w.erase(it);
       }
       if (to.as_is[k] == kRead) w.push_back(to.wants[k]);
+    }
+  }
+  // The same on a list of the shardings (delta: nothing copied).
+  static void swap_wants(std::vector<const PartitionSpec*>& w, const Cand& from, const Cand& to,
+                         const Node& n, ValueId o) {
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      if (n.operands[k] != o) continue;
+      if (from.as_is[k] == kRead) {
+        const auto it = std::find_if(w.begin(), w.end(), [&](const PartitionSpec* p) {
+          return *p == from.wants[k];
+        });
+        if (it != w.end()) w.erase(it);
+      }
+      if (to.as_is[k] == kRead) w.push_back(&to.wants[k]);
     }
   }
 

@@ -22,12 +22,17 @@ ReadPricer::ReadPricer(const Graph& g, const Propagator& prop, const Mesh& mesh,
 // A reshard's cost; none possible (infinite) where it would move examples of a batch between
 // devices of the batch axes (InputSpec::batch).
 Cost ReadPricer::reshard(ValueId v, const Layout& from, const PartitionSpec& to) {
+  return reshard(v, from.spec, from.pending, to);
+}
+
+Cost ReadPricer::reshard(ValueId v, const PartitionSpec& from, const Pending& pending,
+                         const PartitionSpec& to) {
   const TensorType& t = g_[v].type;
   // (Equivalent specs cost nothing: plan_reshard moves nothing; the cache answers that.)
-  if (from.pending.empty() && from.spec == to) return {};
-  if (examples_[v] == 0) return costs_.cost(t, from.spec, from.pending, to);
+  if (pending.empty() && from == to) return {};
+  if (examples_[v] == 0) return costs_.cost(t, from, pending, to);
   bool moves = false;
-  const Cost c = costs_.cost(t, from.spec, from.pending, to, &batch_axes_, &moves);
+  const Cost c = costs_.cost(t, from, pending, to, &batch_axes_, &moves);
   return moves ? kInf : c;
 }
 
@@ -70,10 +75,18 @@ void ReadPricer::mark_examples(const CompileSpec& spec) {
 // plan()'s cost alone (the least (cost, collectives) does not depend on the order of the
 // wants, so they are not sorted; duplicates count once), without building the plan.
 Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants) {
+  std::vector<const PartitionSpec*> ptrs;
+  ptrs.reserve(wants.size());
+  for (const PartitionSpec& w : wants) ptrs.push_back(&w);
+  return cost(v, at, ptrs);
+}
+
+Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<const PartitionSpec*>& wants) {
+  static const Pending kNothing;
   const std::size_t n = wants.size();
   const auto duplicate = [&](std::size_t i) {
     for (std::size_t j = 0; j < i; ++j) {
-      if (wants[j] == wants[i]) return true;
+      if (*wants[j] == *wants[i]) return true;
     }
     return false;
   };
@@ -83,7 +96,7 @@ Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<PartitionSp
   std::size_t unique = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const bool dup = duplicate(i);
-    own_.push_back(dup ? Cost{} : reshard(v, at, wants[i]));
+    own_.push_back(dup ? Cost{} : reshard(v, at, *wants[i]));
     dup_[i] = dup ? 1 : 0;
     if (dup) continue;
     direct += own_[i];
@@ -93,11 +106,10 @@ Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<PartitionSp
   Cost best = direct;
   for (std::size_t r = 0; r < n; ++r) {
     if (dup_[r] != 0) continue;
-    const Layout root{wants[r], {}, {}};
     Cost total = own_[r];
     for (std::size_t j = 0; j < n; ++j) {
       if (j == r || dup_[j] != 0) continue;
-      const Cost from_root = reshard(v, root, wants[j]);
+      const Cost from_root = reshard(v, *wants[r], kNothing, *wants[j]);
       total += cheaper(from_root, own_[j]) ? from_root : own_[j];
     }
     if (cheaper(total, best)) best = total;

@@ -25,10 +25,12 @@ class ReadPricer {
   Cost reshard(ValueId v, const Layout& from, const PartitionSpec& to);
   /// plan()'s cost alone.
   Cost cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants);
+  Cost cost(ValueId v, const Layout& at, const std::vector<const PartitionSpec*>& wants);
   /// The reads of v in layout `at` for the shardings `wants`, and their cost.
   std::pair<Cost, ReadPlan> plan(ValueId v, const Layout& at, std::vector<PartitionSpec> wants);
 
  private:
+  Cost reshard(ValueId v, const PartitionSpec& from, const Pending& pending, const PartitionSpec& to);
   void mark_examples(const CompileSpec& spec);
 
   const Graph& g_;
