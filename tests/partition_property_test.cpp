@@ -38,25 +38,14 @@
 #include "../src/program/compiler/partition.hpp"
 #include "../src/program/frontend/trace.hpp"
 #include "../src/program/ir/primitives.hpp"
+#include "partition_search_test.hpp"
 #include "shardplan/ops.hpp"
 
 namespace shardplan::detail {
 namespace {
 
 // A small deterministic generator (the tests' programs are the same on every run).
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ULL + 1) {}
-  int below(int n) {
-    s_ ^= s_ << 13;
-    s_ ^= s_ >> 7;
-    s_ ^= s_ << 17;
-    return static_cast<int>(s_ % static_cast<std::uint64_t>(n));
-  }
-
- private:
-  std::uint64_t s_;
-};
+using search::Rng;
 
 using Use = std::function<Array(const Array& v, const std::vector<Array>& in)>;
 
