@@ -44,8 +44,12 @@ namespace {
 // never from its uses).
 bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const Cand& b, int ib) {
   if (!same_cost(cost_a.value, cost_b.value)) return cost_a.value < cost_b.value;
-  return std::tie(a.held, a.work, cost_a.collectives, a.strategy, ia) <
-         std::tie(b.held, b.work, cost_b.collectives, b.strategy, ib);
+  if (a.held != b.held) return a.held < b.held;
+  if (a.work != b.work) return a.work < b.work;
+  if (!same_cost(cost_a.collectives, cost_b.collectives)) {
+    return cost_a.collectives < cost_b.collectives;
+  }
+  return std::tie(a.strategy, ia) < std::tie(b.strategy, ib);
 }
 
 class Chooser {
@@ -174,6 +178,7 @@ class Chooser {
     const double share = 1.0 / static_cast<double>(reads_of_[o]);
     const auto scaled = [&](Cost x) {
       x.value *= share;
+      x.collectives *= share;
       return x;
     };
     if (marginal_ && reads_of_[o] > 1) return marginal_read(id, c, k);

@@ -10,7 +10,7 @@ namespace shardplan::detail {
 
 bool cheaper(const Cost& a, const Cost& b) {
   if (!same_cost(a.value, b.value)) return a.value < b.value;
-  return a.collectives < b.collectives;
+  return !same_cost(a.collectives, b.collectives) && a.collectives < b.collectives;
 }
 
 ReadPricer::ReadPricer(const Graph& g, const Propagator& prop, const Mesh& mesh,

@@ -21,11 +21,13 @@ std::int64_t add_bytes(std::int64_t a, std::int64_t b, std::string_view what);
 /// The steps' bytes: each step's most bytes any device receives, summed.
 std::int64_t bytes_received(const std::vector<CollectiveRecord>& records);
 
-/// A cost in PartitionCost's unit, and the number of collectives in it (the second key of the
-/// tie order: among equal cost and equal work, fewer collectives).
+/// A cost in PartitionCost's unit, and the number of collectives in it (a key of the tie
+/// order). Both are shared alike: a value read n times charges each read 1/n of its making, of
+/// its cost and of its collectives (so a total over a graph with shared values counts each once,
+/// not once per path: an integer count summed along paths grew past 2^31 on the LLaMA step).
 struct Cost {
   double value = 0;
-  int collectives = 0;
+  double collectives = 0;
   Cost& operator+=(const Cost& o) {
     value += o.value;
     collectives += o.collectives;
