@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "partition_search_test.hpp"
+#include "test_util.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
@@ -109,6 +110,13 @@ TEST(PartitionCostModel, ACollectiveCostsItsSlowestAxisLatencyPlusBytesOverBandw
         }
       },
       SpecError);
+  // A bandwidth not above 0 (or NaN) and a latency below 0 (or NaN) are refused, naming the axis.
+  for (const AxisLink bad : {AxisLink{0, 1e-6}, AxisLink{std::nan(""), 1e-6}, AxisLink{1e9, -1},
+                             AxisLink{1e9, std::nan("")}}) {
+    LinkFigures f = links;
+    f.axes["y"] = bad;
+    EXPECT_THROW_WITH(PartitionCost(mesh, f), SpecError, "mesh axis 'y'", "bandwidth");
+  }
 }
 
 // The collectives of exp(w - g), w f32[8, 4] whole, g pending over x (the sharded weight update):

@@ -323,6 +323,23 @@ TEST(Sjit, InvalidDonateArgnumsAreErrorsNamingThePosition) {
   EXPECT_EQ(x.to_host().get(0), 1.0);
 }
 
+TEST(Sjit, InvalidBatchArgnumsAreErrorsNamingThePosition) {
+  Meshes s;
+  const auto f = [](const Array& x, int k) { return x * double(k); };
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.batch_argnums = {-1}}), SpecError,
+                    "batch_argnums", "position -1");
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.batch_argnums = {0, 0}}), SpecError,
+                    "batch_argnums", "position 0", "twice");
+  EXPECT_THROW_WITH(sjit(s.mesh, f, SjitOptions{.static_argnums = {1}, .batch_argnums = {1}}),
+                    SpecError, "batch_argnums", "position 1", "static");
+  const Array x = s.put(Tensor::ones(Shape{8}, DType::kF32), P());
+  auto static_one = sjit(s.mesh, f, SjitOptions{.batch_argnums = {1}});
+  EXPECT_THROW_WITH(static_one(x, 2), SpecError, "batch_argnums", "argument 1", "static");
+  auto out_of_range = sjit(s.mesh, f, SjitOptions{.batch_argnums = {2}});
+  EXPECT_THROW_WITH(out_of_range.lower(x, 2), SpecError, "batch_argnums", "position 2",
+                    "out of range", "2 arguments");
+}
+
 TEST(Sjit, AFailedCallDoesNotConsumeItsDonatedArguments) {
   const Mesh mesh = Mesh::parse("data:4,model:2", 8);
   const Tensor t = Tensor::normal(Shape{1024, 64}, DType::kF32, 1);

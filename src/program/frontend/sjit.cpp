@@ -308,20 +308,25 @@ void check_argnums(const SjitOptions& o, const CallArgs& call) {
       }
     }
   }
-  for (const int p : o.donate_argnums) {
-    if (p >= call.num_args) {
-      throw SpecError(fmt::format(
-          "[sjit] donate_argnums: position {} is out of range: the function was called with {} "
-          "argument{}",
-          p, call.num_args, call.num_args == 1 ? "" : "s"));
+  // donate_argnums and batch_argnums each name array arguments of this call (a position past
+  // the arguments or a non-array one would apply to nothing).
+  const auto check_arrays = [&](const std::vector<int>& positions, std::string_view option,
+                                std::string_view why) {
+    for (const int p : positions) {
+      if (p >= call.num_args) {
+        throw SpecError(fmt::format(
+            "[sjit] {}: position {} is out of range: the function was called with {} "
+            "argument{}",
+            option, p, call.num_args, call.num_args == 1 ? "" : "s"));
+      }
+      if (std::find(call.positions.begin(), call.positions.end(), p) == call.positions.end()) {
+        throw SpecError(
+            fmt::format("[sjit] {}: argument {} is static (not an array), so {}", option, p, why));
+      }
     }
-    if (std::find(call.positions.begin(), call.positions.end(), p) == call.positions.end()) {
-      throw SpecError(fmt::format(
-          "[sjit] donate_argnums: argument {} is static (not an array), so it has no buffers to "
-          "donate",
-          p));
-    }
-  }
+  };
+  check_arrays(o.donate_argnums, "donate_argnums", "it has no buffers to donate");
+  check_arrays(o.batch_argnums, "batch_argnums", "it holds no batch of examples");
 }
 
 // Traces the call and compiles its program (not cached yet).
