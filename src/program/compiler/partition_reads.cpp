@@ -75,10 +75,9 @@ void ReadPricer::mark_examples(const CompileSpec& spec) {
 // plan()'s cost alone (the least (cost, collectives) does not depend on the order of the
 // wants, so they are not sorted; duplicates count once), without building the plan.
 Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants) {
-  std::vector<const PartitionSpec*> ptrs;
-  ptrs.reserve(wants.size());
-  for (const PartitionSpec& w : wants) ptrs.push_back(&w);
-  return cost(v, at, ptrs);
+  ptrs_.clear();  // (the overload below does not touch ptrs_)
+  for (const PartitionSpec& w : wants) ptrs_.push_back(&w);
+  return cost(v, at, ptrs_);
 }
 
 Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<const PartitionSpec*>& wants) {

@@ -38,7 +38,8 @@ class ReadPricer {
   ReshardCosts costs_;
   ValueMap<char> examples_;              // values whose examples stay on their devices
   std::vector<std::string> batch_axes_;  // the axes batch inputs are split over
-  std::vector<Cost> own_;                // cost()'s scratch
+  std::vector<const PartitionSpec*> ptrs_;  // cost()'s scratch
+  std::vector<Cost> own_;
   std::vector<char> dup_;
 };
 
