@@ -285,3 +285,26 @@ TEST(Hardware, EveryBuiltInEntryIsInsideTheFileRanges) {
 
 }  // namespace
 }  // namespace shardplan
+
+namespace shardplan {
+namespace {
+
+// The partitioner's per-axis figures, by hand from the H100 entry (8 GPUs a node, NVLink 450
+// GB/s x 0.82, a 50 GB/s NIC per GPU x 0.96): on fsdp:4,tp:8 the tp groups are the nodes (the
+// node's links); each fsdp group has one device in each of 4 nodes (one NIC); on fsdp:2,tp:16
+// the tp groups span two nodes with 8 devices in each (8 NICs, bound by the node's links).
+TEST(Hardware, LinkFiguresPriceEachAxisAsTheTimeModelPricesARingOverIt) {
+  const Hardware h = find_hardware("h100-sxm");
+  const LinkFigures a = link_figures(h, Mesh::parse("fsdp:4,tp:8", 32));
+  ASSERT_EQ(a.axes.size(), 2U);
+  EXPECT_DOUBLE_EQ(a.axes.at("tp").bytes_per_second, 450e9 * 0.82);
+  EXPECT_DOUBLE_EQ(a.axes.at("fsdp").bytes_per_second, 50e9 * 0.96);
+  EXPECT_EQ(a.axes.at("tp").latency_seconds, 0);
+  EXPECT_DOUBLE_EQ(a.flops_per_second, 989.4e12 * 0.80);
+  const LinkFigures b = link_figures(h, Mesh::parse("fsdp:2,tp:16", 32));
+  EXPECT_DOUBLE_EQ(b.axes.at("tp").bytes_per_second, std::min(450e9 * 0.82, 8 * 50e9 * 0.96));
+  EXPECT_DOUBLE_EQ(b.axes.at("fsdp").bytes_per_second, 50e9 * 0.96);
+}
+
+}  // namespace
+}  // namespace shardplan

@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "shardplan/links.hpp"
+#include "shardplan/mesh.hpp"
+
 namespace shardplan {
 
 struct Hardware {
@@ -50,6 +53,14 @@ const std::vector<Hardware>& builtin_hardware();
 /// be read, is not YAML, or lacks a figure or gives one that is not a positive number (naming the
 /// file and the figure).
 Hardware find_hardware(std::string_view name_or_file);
+
+/// The partitioner's link figures (SjitOptions::links) for `mesh` on `hw`, as train-plan's time
+/// model prices a ring collective over one axis (docs/training.md "Step time"): an axis whose
+/// groups lie inside nodes of hw.node_size consecutive devices runs at the node's links' rate,
+/// one that crosses nodes at its groups' NICs' (at most the node's links'); each times its
+/// measured efficiency. Latency 0 (the time model has none); compute at the large products'
+/// rate (bf16_flops x matmul_efficiency).
+LinkFigures link_figures(const Hardware& hw, const Mesh& mesh);
 
 /// A hardware entry from YAML text (every figure of figure_names(), `name`, optional
 /// `description` and `sources:` {figure: text}). Throws IoError naming `source` and the figure.

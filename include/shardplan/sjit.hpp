@@ -19,6 +19,7 @@
 
 #include "shardplan/array.hpp"
 #include "shardplan/detail/sjit_call.hpp"
+#include "shardplan/links.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/ops.hpp"
 #include "shardplan/program_cost.hpp"
@@ -75,6 +76,12 @@ struct SjitOptions {
   /// that read them (an iota, a mask, a rotary table), holding no memory of their own. The
   /// program still makes them to run.
   bool count_constants = true;
+  /// Rank the ways to partition the step by estimated time on these links (links.hpp; every
+  /// mesh axis needs a figure) instead of by the bytes a device receives. link_figures
+  /// (hardware.hpp) gives a hardware entry's; train-plan ranks by bytes (docs/design.md says
+  /// why). Refused at construction when an axis is not the mesh's, a mesh axis has none, or a
+  /// figure is not a finite number in range.
+  std::optional<LinkFigures> links = std::nullopt;
 };
 
 /// The library's composite ops, as LoweredOp::composite names them: each op's definition

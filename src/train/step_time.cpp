@@ -98,6 +98,18 @@ LinkTier tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::in
   return place_groups(mesh, axes, node_size).inside_nodes ? LinkTier::kNode : LinkTier::kNetwork;
 }
 
+Bandwidth bandwidth(const Mesh& mesh, const std::vector<std::string>& axes, const Hardware& hw,
+                    bool ring) {
+  // Over the network a ring is bound by the node's NICs it runs through, and never faster than
+  // the node's links it also crosses (each device forwards every byte it receives).
+  const double intra = hw.intra_node_bandwidth * hw.intra_node_efficiency;
+  if (tier_of(mesh, axes, hw.node_size) == LinkTier::kNode) return {intra, 0};
+  const std::int64_t nics = ring ? group_devices_per_node(mesh, axes, hw.node_size) : 1;
+  return {std::min(intra,
+                   static_cast<double>(nics) * hw.inter_node_bandwidth * hw.inter_node_efficiency),
+          nics};
+}
+
 std::string link_text(const CommTime& c) {
   if (c.tier == LinkTier::kNode) return "node's links";
   return fmt::format("network ({} NIC{} a node)", c.nics, c.nics == 1 ? "" : "s");
@@ -163,19 +175,12 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
     c.tier = tier_of(mesh, on.axes, hw.node_size);
     c.role = role_of(on, in);
     c.bytes = bytes;
-    // Over the network a ring is bound by the node's NICs it runs through, and never faster than
-    // the node's links it also crosses (each device forwards every byte it receives).
-    const double intra = hw.intra_node_bandwidth * hw.intra_node_efficiency;
     const bool ring = on.kind == CollectiveKind::kAllGather ||
                       on.kind == CollectiveKind::kReduceScatter ||
                       on.kind == CollectiveKind::kAllReduce;
-    double bandwidth = intra;
-    if (c.tier == LinkTier::kNetwork) {
-      c.nics = ring ? group_devices_per_node(mesh, on.axes, hw.node_size) : 1;
-      bandwidth = std::min(
-          intra, static_cast<double>(c.nics) * hw.inter_node_bandwidth * hw.inter_node_efficiency);
-    }
-    c.seconds = static_cast<double>(bytes) / bandwidth;
+    const Bandwidth b = bandwidth(mesh, on.axes, hw, ring);
+    c.nics = b.nics;
+    c.seconds = static_cast<double>(bytes) / b.bytes_per_second;
     if (on.of_argument && on.kind == CollectiveKind::kAllGather) {
       // The gathered weight's unsharded bytes: a device receives (n - 1) / n of them.
       std::int64_t n = 1;
@@ -217,3 +222,17 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
 }
 
 }  // namespace shardplan::train
+
+namespace shardplan {
+
+LinkFigures link_figures(const Hardware& hw, const Mesh& mesh) {
+  LinkFigures links;
+  for (const std::string& axis : mesh.axis_names()) {
+    links.axes[axis] =
+        AxisLink{.bytes_per_second = train::bandwidth(mesh, {axis}, hw, true).bytes_per_second};
+  }
+  links.flops_per_second = hw.bf16_flops * hw.matmul_efficiency;
+  return links;
+}
+
+}  // namespace shardplan

@@ -27,6 +27,18 @@ struct TimeInputs {
 /// torch's init_device_mesh and JAX's create_device_mesh lay them out); else "network".
 LinkTier tier_of(const Mesh& mesh, const std::vector<std::string>& axes, std::int64_t node_size);
 
+/// What a collective over `axes` runs at: bytes per second a device receives, and over the
+/// network the NICs a node lends its group (0 inside a node). A ring (all-gather,
+/// reduce-scatter, all-reduce) over the network is bound by the fewest of its group's devices in
+/// a node (group_devices_per_node) times a NIC's rate, and never faster than the node's links
+/// it also crosses; anything else by one NIC.
+struct Bandwidth {
+  double bytes_per_second = 0;
+  std::int64_t nics = 0;
+};
+Bandwidth bandwidth(const Mesh& mesh, const std::vector<std::string>& axes, const Hardware& hw,
+                    bool ring);
+
 /// "node's links", or "network (8 NICs a node)": where a collective runs, for the report and
 /// the page.
 std::string link_text(const CommTime& c);

@@ -18,6 +18,7 @@
 #include "shardplan/array.hpp"
 #include "shardplan/collectives.hpp"
 #include "shardplan/detail/sjit_call.hpp"
+#include "shardplan/links.hpp"
 #include "shardplan/program_cost.hpp"
 
 namespace shardplan::detail {
@@ -34,21 +35,6 @@ struct InputSpec {
   /// A batch of examples (SjitOptions::batch_argnums): what is computed from it is not moved
   /// between devices of the mesh axes its first dimension is split over.
   bool batch = false;
-};
-
-/// A mesh axis's link for the partitioner's cost (partition_choose.hpp): a collective over some
-/// axes costs the latency plus the bytes a device receives over the slowest of their bandwidths.
-struct AxisLink {
-  double bytes_per_second = 0;
-  double latency_seconds = 0;
-  friend bool operator==(const AxisLink&, const AxisLink&) = default;
-};
-/// Link figures by mesh axis, and a device's compute rate (the compute a strategy repeats costs
-/// flops over it; 0: not counted). Every axis of the mesh must have a figure.
-struct LinkFigures {
-  std::map<std::string, AxisLink> axes;
-  double flops_per_second = 0;
-  friend bool operator==(const LinkFigures&, const LinkFigures&) = default;
 };
 
 struct CompileSpec {
