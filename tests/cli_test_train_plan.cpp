@@ -279,19 +279,33 @@ TEST_F(TrainPlanCli, TheDefaultRulesFitTheMesh) {
   const Result r =
       run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128", llama().string()));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, ::testing::HasSubstr(
-                         "rules preset:llama_fsdp (the default for llama on a mesh without tp)"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("rules preset:llama_fsdp (the default for llama on a "
+                                           "mesh without a model axis)"));
   const Result j = run(
       fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 128 --json", llama().string()));
   ASSERT_EQ(j.code, 0) << j.err;
   const auto plan = nlohmann::json::parse(j.out);
   EXPECT_EQ(plan["rules"], "preset:llama_fsdp");
-  EXPECT_EQ(plan["rules_note"], "the default for llama on a mesh without tp");
+  EXPECT_EQ(plan["rules_note"], "the default for llama on a mesh without a model axis");
   // With tp, the FSDP x TP preset as before.
   const Result tp = run(
       fmt::format("train-plan -c '{}' --mesh fsdp:4,tp:2 --batch 8 --seq 128", llama().string()));
   ASSERT_EQ(tp.code, 0) << tp.err;
   EXPECT_THAT(tp.out, ::testing::HasSubstr("rules preset:llama_fsdp_tp (the default for llama)"));
+  // A model axis by another default name (mp: docs/rule-files.md "Axis roles") takes tp's place
+  // in the preset: the same plan as on fsdp:4,tp:2, byte for byte.
+  const auto json_of = [&](const std::string& mesh) {
+    const Result m = run(fmt::format("train-plan -c '{}' --mesh {} --batch 8 --seq 128 --json",
+                                     llama().string(), mesh));
+    EXPECT_EQ(m.code, 0) << m.err;
+    return nlohmann::json::parse(m.out);
+  };
+  const auto mp = json_of("fsdp:4,mp:2");
+  const auto with_tp = json_of("fsdp:4,tp:2");
+  EXPECT_EQ(mp["rules"], "preset:llama_fsdp_tp");
+  EXPECT_EQ(mp["rules_note"], "the default for llama; its tp is the mesh's model axis mp");
+  EXPECT_EQ(mp["per_device"], with_tp["per_device"]);
+  EXPECT_GT(mp["per_device"]["peak_bytes"], 0);
   // A family with one preset: the axes the mesh lacks are left out of its specs, and said.
   const fs::path gpt2 = config(R"({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768,
     "n_layer": 2, "n_head": 12, "n_positions": 1024})",

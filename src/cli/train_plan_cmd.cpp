@@ -76,30 +76,36 @@ std::vector<std::string> axes_of(const RuleFile& file) {
   return out;
 }
 
+/// `file` with each mesh axis it names replaced by `to(axis)`, or taken out where that is
+/// empty (in its specs, its FSDP fallback and its logical axes).
+RuleFile map_axes(RuleFile file, const std::function<std::string(const std::string&)>& to) {
+  const auto mapped = [&](const AxisNames& axes) {
+    AxisNames out;
+    for (const std::string& a : axes) {
+      if (std::string b = to(a); !b.empty()) out.push_back(std::move(b));
+    }
+    return out;
+  };
+  for (RuleFile::Rule& r : file.rules) {
+    std::vector<AxisNames> dims;
+    for (const AxisNames& dim : r.spec.dims()) dims.push_back(mapped(dim));
+    r.spec = PartitionSpec(std::move(dims));
+  }
+  if (file.fsdp_fallback) {
+    file.fsdp_fallback->axis = to(file.fsdp_fallback->axis);
+    if (file.fsdp_fallback->axis.empty()) file.fsdp_fallback.reset();
+  }
+  for (auto& [logical, axes] : file.logical_axes) {
+    if (axes) axes = mapped(*axes);
+  }
+  return file;
+}
+
 /// `file` with the axes `mesh` lacks taken out of its specs: such an axis counts as size 1 (as
 /// a logical-axis rule's mesh axis that is absent does in MaxText).
 RuleFile without_axes(RuleFile file, const std::vector<std::string>& mesh) {
-  for (RuleFile::Rule& r : file.rules) {
-    std::vector<AxisNames> dims;
-    for (const AxisNames& dim : r.spec.dims()) {
-      AxisNames kept;
-      for (const std::string& a : dim) {
-        if (has_axis(mesh, a)) kept.push_back(a);
-      }
-      dims.push_back(std::move(kept));
-    }
-    r.spec = PartitionSpec(std::move(dims));
-  }
-  if (file.fsdp_fallback && !has_axis(mesh, file.fsdp_fallback->axis)) file.fsdp_fallback.reset();
-  for (auto& [logical, axes] : file.logical_axes) {
-    if (!axes) continue;
-    AxisNames kept;
-    for (const std::string& a : *axes) {
-      if (has_axis(mesh, a)) kept.push_back(a);
-    }
-    axes = std::move(kept);
-  }
-  return file;
+  return map_axes(std::move(file),
+                  [&](const std::string& a) { return has_axis(mesh, a) ? a : std::string(); });
 }
 
 /// `file` for a mesh with a context axis: every weight spec entry that names `fsdp` names
@@ -130,8 +136,10 @@ RuleFile with_context_sharding(RuleFile file, const std::string& context) {
 }
 
 /// The rules used without --rules on `mesh`: the family's preset, or the one of its layout
-/// that fits the mesh's axes (LLaMA on a mesh without tp: llama_fsdp), or the family's preset
-/// with the axes the mesh lacks left out. `note` says which and why.
+/// that fits the mesh's axes (LLaMA on a mesh without a model axis: llama_fsdp), or the family's
+/// preset with the axes the mesh lacks left out. A preset names its model axis `tp`; a mesh whose
+/// one model axis has another default name (model, mp, tensor: default_axis_role) has it take
+/// tp's place. `note` says which and why.
 struct DefaultRules {
   std::string name;  // "preset:llama_fsdp"
   RuleFile file;
@@ -142,18 +150,28 @@ DefaultRules default_rules(const train::FamilyDef* family, const std::string& fa
                            const std::function<RuleFile(const std::string&)>& load_rules) {
   std::string preset = default_preset(family);
   const train::FamilyDef& def = *family;
-  if (!def.preset_without_tp.empty() && !has_axis(mesh, "tp")) {
+  std::vector<std::string> model_axes;
+  for (const std::string& a : mesh) {
+    if (default_axis_role(a) == AxisRole::kModel) model_axes.push_back(a);
+  }
+  if (!def.preset_without_tp.empty() && model_axes.empty()) {
     preset = std::string(def.preset_without_tp);
   }
   DefaultRules d{"preset:" + preset, load_rules("preset:" + preset), ""};
+  if (preset == def.preset_without_tp && preset != default_preset(family)) {
+    d.note = fmt::format("the default for {} on a mesh without a model axis", family_name);
+  } else {
+    d.note = fmt::format("the default for {}", family_name);
+  }
+  if (!has_axis(mesh, "tp") && model_axes.size() == 1 && has_axis(axes_of(d.file), "tp")) {
+    const std::string& model = model_axes.front();
+    d.file = map_axes(std::move(d.file),
+                      [&](const std::string& a) { return a == "tp" ? model : a; });
+    d.note += fmt::format("; its tp is the mesh's model axis {}", model);
+  }
   std::vector<std::string> missing;
   for (const std::string& a : axes_of(d.file)) {
     if (!has_axis(mesh, a)) missing.push_back(a);
-  }
-  if (preset == def.preset_without_tp && preset != default_preset(family)) {
-    d.note = fmt::format("the default for {} on a mesh without tp", family_name);
-  } else {
-    d.note = fmt::format("the default for {}", family_name);
   }
   if (!missing.empty()) {
     d.file = without_axes(std::move(d.file), mesh);
@@ -257,8 +275,8 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       ->check(CLI::Range(std::int64_t{1}, max_devices));
   t->add_option("--rules,-r", c.rules,
                 "A YAML rule file or preset:NAME. Repeat it with --compare. Default: the "
-                "family's preset (llama_fsdp_tp, or llama_fsdp on a mesh without tp; mixtral_ep, "
-                "gpt2, t5), leaving out the axes the mesh lacks");
+                "family's preset (llama_fsdp_tp, or llama_fsdp on a mesh without a model axis; "
+                "mixtral_ep, gpt2, t5), leaving out the axes the mesh lacks");
   t->add_option("--batch,-b", c.batch, "Sequences per step (the global batch)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->capture_default_str();
