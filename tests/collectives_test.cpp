@@ -295,8 +295,54 @@ TEST(Collectives, APendingSumOverTwoAxesIsReduceScatteredIntoTwoDimensions) {
     EXPECT_EQ(test::local_staging(planned[k], mesh, exec),
               test::local_staging(ran.steps[k], mesh, exec));
   }
-  // A target that leaves one pending axis unsharded: all-reduced as before.
-  EXPECT_EQ(reshard(x, NamedSharding(mesh, P("y"))).steps.front().kind, CollectiveKind::kAllReduce);
+}
+
+// HSDP's gradient: a sum pending over (replicate x, shard y) to a target sharded over y only is
+// a reduce-scatter in each y group, then an all-reduce of the part across x (FSDP's
+// HYBRID_SHARD), not an all-reduce over both and a slice. By hand, f32[8, 8] on x:2,y:4 to
+// P("y"): the reduce-scatter receives 3 x 64 B (shard [2, 8]); the all-reduce over x of [2, 8]
+// (16 elements in 2 chunks of 8) receives 8 x 4 from the other device's chunk and 8 x 4 of the
+// gathered half, 64 B: 256 B in all, where an all-reduce over all eight devices receives
+// (7 x 8 + 56) x 4 = 448 B. (Before, this target was the all-reduce.)
+TEST(Collectives, APendingSumOverAReplicaAxisIsAllReducedAfterTheScatter) {
+  const Executor exec(8);
+  const Mesh mesh = Mesh::parse("x:2,y:4", 8);
+  const Array x =
+      pending_array(exec, NamedSharding(mesh, P()), Shape{8, 8}, Pending{ReduceOp::kSum, {"x", "y"}});
+  const NamedSharding to(mesh, P("y"));
+  const ReshardResult ran = reshard(x, to);
+  ASSERT_EQ(ran.steps.size(), 2u);
+  EXPECT_EQ(ran.steps[0].kind, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(ran.steps[0].axes, (std::vector<std::string>{"y"}));
+  EXPECT_EQ(ran.steps[1].kind, CollectiveKind::kAllReduce);
+  EXPECT_EQ(ran.steps[1].axes, (std::vector<std::string>{"x"}));
+  for (const int d : local(mesh, exec)) {
+    EXPECT_EQ(ran.steps[0].bytes_in[static_cast<std::size_t>(d)], 3 * 2 * 8 * 4);
+    EXPECT_EQ(ran.steps[1].bytes_in[static_cast<std::size_t>(d)], 64);
+  }
+  EXPECT_EQ(ran.array.sharding().spec(), P("y"));
+  EXPECT_FALSE(ran.array.is_pending());
+  const Tensor want = all_reduce(x).to_host();
+  const Tensor got = ran.array.to_host();
+  ASSERT_EQ(got.numel(), want.numel());
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    EXPECT_NEAR(got.get(i), want.get(i), 8 * 0x1p-23 * std::abs(want.get(i))) << i;
+  }
+  const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), to,
+                                    test::devices_per_process(exec, mesh));
+  ASSERT_EQ(planned.size(), 2u);
+  for (std::size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
+    EXPECT_EQ(planned[k].axes, ran.steps[k].axes);
+    EXPECT_EQ(test::local_bytes(planned[k], mesh, exec), test::local_bytes(ran.steps[k], mesh, exec));
+    EXPECT_EQ(test::local_staging(planned[k], mesh, exec),
+              test::local_staging(ran.steps[k], mesh, exec));
+  }
+  // A target no pending axis shards a dimension over: one all-reduce over both.
+  const ReshardResult whole = reshard(x, NamedSharding(mesh, P()));
+  ASSERT_EQ(whole.steps.size(), 1u);
+  EXPECT_EQ(whole.steps[0].kind, CollectiveKind::kAllReduce);
+  EXPECT_EQ(whole.steps[0].axes, (std::vector<std::string>{"x", "y"}));
 }
 
 TEST(Collectives, AllGatherAndAllToAllKeepTheValue) {

@@ -1,5 +1,6 @@
 // Planning a training step: state bytes, FLOPs, attention over tensor ranks, MoE, T5, dtypes,
 // recomputation and accumulation, bad options, the cheapest plan that fits, its JSON and table.
+#include "shardplan/rules/tree_path_sharding_rule.hpp"
 #include "train_plan_test.hpp"
 
 namespace shardplan {
@@ -452,3 +453,39 @@ TEST(PlanTraining, JsonAndTableCarryTheFigures) {
 
 }  // namespace
 }  // namespace shardplan
+
+namespace shardplan::test {
+namespace {
+
+// HSDP (FSDP's HYBRID_SHARD): weights sharded over fsdp and replicated over rep, the batch over
+// both. Each gradient is reduce-scattered in its fsdp group, then its shard all-reduced across
+// the replicas: per device 3 x the gradient shard's bytes (a ring of 4 receives 3 shards) and 1
+// x (an all-reduce of 2 receives its peer's half and the gathered half). Summing over both
+// axes whole would receive 2 x 7/8 x 4 = 7 shards.
+TEST(PlanTraining, HybridShardingReducesInTheShardGroupThenAcrossReplicas) {
+  const ModelConfig c = ModelConfig::parse(kLlama7bTwoLayers);
+  const Mesh mesh = Mesh::parse("rep:2,fsdp:4", 8);
+  const RulePtr every_weight_over_fsdp = std::make_shared<TreePathShardingRule>(
+      std::vector<TreePathShardingRule::Entry>{{".*", P("fsdp")}});
+  TrainPlanOptions o;
+  o.batch = 8;
+  o.seq = 64;
+  o.optimizer = OptimizerKind::kSgd;
+  const TrainPlan p = plan_training(c, mesh, every_weight_over_fsdp, o);
+  EXPECT_EQ(p.batch_axes, (std::vector<std::string>{"rep", "fsdp"}));
+  const auto bytes = [&](CollectiveKind kind, const std::vector<std::string>& axes) {
+    std::int64_t sum = 0;
+    for (const auto& [on, b] : p.bytes_by_axes) {
+      if (on.kind == kind && on.axes == axes) sum += b;
+    }
+    return sum;
+  };
+  ASSERT_GT(p.gradient_bytes, 0);
+  EXPECT_EQ(bytes(CollectiveKind::kReduceScatter, {"fsdp"}), 3 * p.gradient_bytes);
+  EXPECT_EQ(bytes(CollectiveKind::kAllReduce, {"rep"}), p.gradient_bytes);
+  // Over both axes only the loss (a scalar) is summed.
+  EXPECT_LE(bytes(CollectiveKind::kAllReduce, {"rep", "fsdp"}), 64);
+}
+
+}  // namespace
+}  // namespace shardplan::test

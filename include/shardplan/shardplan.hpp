@@ -14,6 +14,7 @@
 #include "shardplan/executor.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/hardware.hpp"
+#include "shardplan/links.hpp"
 #include "shardplan/mesh.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/model_loader.hpp"

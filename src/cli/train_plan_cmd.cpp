@@ -275,8 +275,8 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
       ->check(CLI::Range(std::int64_t{1}, max_devices));
   t->add_option("--rules,-r", c.rules,
                 "A YAML rule file or preset:NAME. Repeat it with --compare. Default: the "
-                "family's preset (llama_fsdp_tp, or llama_fsdp on a mesh without a model axis; "
-                "mixtral_ep, gpt2, t5), leaving out the axes the mesh lacks");
+                "model family's preset (docs/cli.md lists them; its FSDP-only one on a mesh "
+                "without a model axis), leaving out the axes the mesh lacks");
   t->add_option("--batch,-b", c.batch, "Sequences per step (the global batch)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
       ->capture_default_str();

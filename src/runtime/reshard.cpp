@@ -22,9 +22,11 @@ namespace {
 
 // How a pending array is reduced on the way to `target`: reduce-scatters, each into one
 // dimension over the pending axes the target appends to that dimension after what it already
-// has (their order as the target's), when those sets together are exactly the pending axes:
-// Megatron x FSDP's gradient, pending over (fsdp, tp) and sharded [tp, fsdp], is two
-// reduce-scatters, not an all-reduce and a slice. Empty for an all-reduce.
+// has (their order as the target's): Megatron x FSDP's gradient, pending over (fsdp, tp) and
+// sharded [tp, fsdp], is two reduce-scatters, not an all-reduce and a slice. The pending axes
+// no scatter covers are all-reduced afterwards, on the scattered parts (HSDP's gradient,
+// pending over (replicate, shard) and sharded over shard: a reduce-scatter in each shard group,
+// then an all-reduce of the shard across the replicas, as FSDP's HYBRID_SHARD runs it).
 std::vector<std::pair<int, std::vector<std::string>>> pending_route(const Mesh& mesh,
                                                                     const PartitionSpec& cur,
                                                                     const Pending& pending,
@@ -34,7 +36,6 @@ std::vector<std::pair<int, std::vector<std::string>>> pending_route(const Mesh& 
   const auto cdims = padded_dims(cur, rank);
   const auto tdims = padded_dims(target, rank);
   std::vector<std::pair<int, std::vector<std::string>>> route;
-  std::size_t covered = 0;
   for (int d = 0; d < rank; ++d) {
     const auto& ce = cdims[static_cast<std::size_t>(d)];
     const auto& te = tdims[static_cast<std::size_t>(d)];
@@ -44,11 +45,8 @@ std::vector<std::pair<int, std::vector<std::string>>> pending_route(const Mesh& 
       return std::find(pend.begin(), pend.end(), a) != pend.end();
     });
     if (!all_pending) continue;
-    covered += suffix.size();
     route.emplace_back(d, std::move(suffix));
   }
-  // Each pending axis once (a mesh axis shards at most one dimension of a spec).
-  if (covered != pend.size()) return {};
   // The innermost axes first (the mesh's last: a node's fast links when devices are laid out
   // row-major), so that most of the bytes move there; the bytes in all are the same either way.
   const auto innermost = [&](const std::vector<std::string>& axes) {
@@ -234,15 +232,15 @@ ReshardResult reshard_with(const Array& x, const NamedSharding& target, std::int
   if (cur.is_pending()) {
     const auto route =
         pending_route(cur.mesh(), cur.sharding().spec(), cur.pending(), target.spec(), rank);
-    if (route.empty()) {
-      CollectiveRecord rec;
-      cur = all_reduce(cur, {}, &rec);
-      result.steps.push_back(std::move(rec));
-      note();
-    }
     for (const auto& [dim, order] : route) {
       CollectiveRecord rec;
       cur = reduce_scatter(cur, dim, order, &rec);
+      result.steps.push_back(std::move(rec));
+      note();
+    }
+    if (cur.is_pending()) {  // the axes no target dimension is split over, on the scattered parts
+      CollectiveRecord rec;
+      cur = all_reduce(cur, {}, &rec);
       result.steps.push_back(std::move(rec));
       note();
     }
@@ -309,11 +307,20 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
       });
       steps.push_back(std::move(rec));
     }
-    if (route.empty()) {
-      const std::int64_t total = from.shard_shape(shape).numel();
-      CollectiveRecord rec{CollectiveKind::kAllReduce, pending.axes,
-                           std::vector<std::int64_t>(num, 0)};
-      const std::vector<bool> varies = varying_axes(mesh, pending.axes);
+    // The pending axes no target dimension is split over: all-reduced after the scatters, on
+    // the parts they leave (HSDP: a reduce-scatter in the shard group, then an all-reduce of
+    // the shard across the replicas).
+    std::vector<std::string> rest;
+    for (const std::string& a : pending.axes) {
+      const bool scattered = std::any_of(route.begin(), route.end(), [&](const auto& r) {
+        return std::find(r.second.begin(), r.second.end(), a) != r.second.end();
+      });
+      if (!scattered) rest.push_back(a);
+    }
+    if (!rest.empty()) {
+      const std::int64_t total = cur.shard_shape(shape).numel();
+      CollectiveRecord rec{CollectiveKind::kAllReduce, rest, std::vector<std::int64_t>(num, 0)};
+      const std::vector<bool> varies = varying_axes(mesh, rest);
       const std::int64_t n = group_size(mesh, varies);
       for_each_device(mesh, [&](int d, const std::vector<std::int64_t>& coords) {
         const std::int64_t r = rank_in_group(mesh, coords, varies);
@@ -331,7 +338,7 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
         rec.bytes_in[static_cast<std::size_t>(d)] = in;
       });
       staging(rec, [&] {
-        return detail::all_reduce_staging(shape, dtype, from, pending.axes, process_of);
+        return detail::all_reduce_staging(shape, dtype, cur, rest, process_of);
       });
       steps.push_back(std::move(rec));
     }
