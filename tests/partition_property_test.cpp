@@ -29,6 +29,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
@@ -208,12 +210,12 @@ Program compile_random(const Mesh& mesh, const RandomProgram& rp, const std::vec
 // Compiles `count` random programs on `mesh`, each in every order of its uses, and returns the
 // descriptions of those whose compiled program depends on the order (the first difference).
 std::vector<std::string> order_dependent(const Mesh& mesh, std::uint64_t seed, int count,
-                                         int use_ops) {
+                                         int use_ops, int chain_lengths) {
   std::vector<std::string> bad;
   Rng rng(seed);
   for (int i = 0; i < count; ++i) {
     RandomProgram rp;
-    const int n = rng.below(3);
+    const int n = rng.below(chain_lengths);
     for (int k = 0; k < n; ++k) rp.chain.push_back(rng.below(kChainOps));
     const int uses = 2 + rng.below(2);
     for (int k = 0; k < uses; ++k) rp.uses.push_back(rng.below(use_ops));
@@ -235,11 +237,33 @@ std::vector<std::string> order_dependent(const Mesh& mesh, std::uint64_t seed, i
   return bad;
 }
 
-// 100 programs on `mesh` drawn with `use_ops` kinds of use.
+// How many programs each test draws: 100, chains of up to 2 ops; by hand, more, other seeds and
+// longer chains: SHARDPLAN_PARTITION_PROPERTY="PROGRAMS SEED MAX_CHAIN" (e.g. "1000 7 4": 1,000
+// programs per test, each test's seed plus 7, chains of up to 4 ops).
+struct Corpus {
+  int programs = 100;
+  std::uint64_t seed = 0;
+  int max_chain = 2;
+};
+Corpus corpus() {
+  Corpus c;
+  if (const char* env = std::getenv("SHARDPLAN_PARTITION_PROPERTY")) {
+    unsigned long long seed = 0;
+    if (std::sscanf(env, "%d %llu %d", &c.programs, &seed, &c.max_chain) < 1) {
+      ADD_FAILURE() << "SHARDPLAN_PARTITION_PROPERTY='" << env
+                    << "' is not \"PROGRAMS [SEED [MAX_CHAIN]]\"";
+    }
+    c.seed = seed;
+  }
+  return c;
+}
+
+// The corpus's programs on `mesh` drawn with `use_ops` kinds of use.
 void expect_order_independent(const Mesh& mesh, std::uint64_t seed, int use_ops) {
-  constexpr int kPrograms = 100;
-  const std::vector<std::string> bad = order_dependent(mesh, seed, kPrograms, use_ops);
-  EXPECT_TRUE(bad.empty()) << bad.size() << " of " << kPrograms
+  const Corpus c = corpus();
+  const std::vector<std::string> bad =
+      order_dependent(mesh, seed + c.seed, c.programs, use_ops, c.max_chain + 1);
+  EXPECT_TRUE(bad.empty()) << bad.size() << " of " << c.programs
                            << " programs depend on the order of uses on the mesh with axes "
                            << fmt::format("{}", fmt::join(mesh.axis_names(), ",")) << ":\n"
                            << fmt::format("{}", fmt::join(bad, "\n"));
@@ -276,21 +300,28 @@ TEST(PartitionProperty, TheOrderOfMoreKindsOfUsesDoesNotChangeTheProgramOnThreeA
   expect_order_independent(Mesh::parse("x:2,y:2,z:2", 8), 6, kUseOps);
 }
 
-// Disabled: an order dependence of the partitioner's choice (partition_choose.cpp), found among
-// 6,000 programs of this kind (1,000 per test above, other seeds, chains of up to 4 ops; 5
-// programs, all this one). Propagation leaves every value whole (the same in both orders). Uses
-// `w @ p` and the row sums of p (p pending over x, w split by columns over y): traced in this
-// order, both carry p's sum (all_gather of w 128 B, all_reduce 256 B + 32 B: 416 B per device);
-// in the other, p is reduced first (256 B) for the sums and the product reads it split over y
-// (its sum over y reduced: 256 B): 512 B. In both orders the dynamic programming gives the same
-// program of 544 B (the product reads p reduced, the sums carry it); Chooser::improve then visits
-// the nodes in graph order and applies the first move that lowers the cost: the sums reading the
-// reduced p (-32 B, to 512 B) when they come first, the product carrying the sum (-128 B, to
-// 416 B) when it does; no single move leaves 512 B (the sums carried: 544 B; the product
-// carried: 640 B).
-TEST(PartitionProperty, DISABLED_TheOrderOfAProductAndRowSumsOfAPendingInputDoesNotChangeIt) {
+// An order dependence of the partitioner's choice (partition_choose.cpp) found among 6,000
+// programs of this kind (1,000 per test above, other seeds, chains of up to 4 ops; 5 programs,
+// all this one), when Chooser::improve applied the first move that lowered the cost in graph
+// order. Propagation leaves every value whole (the same in both orders). Uses `w @ p` and the row
+// sums of p (p pending over x, w split by columns over y). The dynamic programming gives the
+// same program of 544 B in both orders (the product reads p reduced, the sums carry it). Of the
+// moves from there, the sums reading the reduced p save 32 B (512 B: p reduced for the sums,
+// 256 B, and the product reads it split over y, its sum over y reduced, 256 B); the product
+// carrying p's sum saves 128 B (416 B: all_gather of w 128 B, all_reduce 256 B + 32 B); no
+// single move leaves either. Graph order applied the sums' move when they were traced first;
+// the move that lowers the cost most gives 416 B in both orders.
+TEST(PartitionProperty, TheOrderOfAProductAndRowSumsOfAPendingInputDoesNotChangeIt) {
   const Mesh mesh = Mesh::parse("x:2,y:2", 4);
   const RandomProgram rp{{}, {6, 5}};
+  for (const std::vector<int>& order : {std::vector<int>{0, 1}, std::vector<int>{1, 0}}) {
+    const Program prog = compile_random(mesh, rp, order);
+    std::int64_t bytes = 0;
+    for (const Step& st : prog.steps()) {
+      for (const CollectiveRecord& rec : st.cost) bytes += rec.max_bytes_in();
+    }
+    EXPECT_EQ(bytes, 128 + 256 + 32) << "order " << order[0] << "," << order[1];
+  }
   EXPECT_EQ(describe(compile_random(mesh, rp, {0, 1})),
             describe(compile_random(mesh, rp, {1, 0})));
 }

@@ -9,6 +9,7 @@
 #include <set>
 #include <tuple>
 
+#include "partition_moves.hpp"
 #include "partition_reads.hpp"
 #include "partition_space.hpp"
 #include "../ir/primitive.hpp"
@@ -35,13 +36,10 @@ std::string_view to_string(Strategy s) {
   return "?";
 }
 
-namespace {
-
-
-// The tie order: less cost, then fewer bytes held (memory is not a cost, but of two plans alike
-// the one that keeps less), then less work per device, then fewer collectives, then the
-// strategies' order, then the candidate's place (made from the node and its operands alone,
-// never from its uses).
+// The tie order (partition_moves.hpp): less cost, then fewer bytes held (memory is not a cost,
+// but of two plans alike the one that keeps less), then less work per device, then fewer
+// collectives, then the strategies' order, then the candidate's place (made from the node and
+// its operands alone, never from its uses).
 bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const Cand& b, int ib) {
   if (!same_cost(cost_a.value, cost_b.value)) return cost_a.value < cost_b.value;
   if (a.held != b.held) return a.held < b.held;
@@ -51,6 +49,10 @@ bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const
   }
   return std::tie(a.strategy, ia) < std::tie(b.strategy, ib);
 }
+
+namespace {
+
+
 
 class Chooser {
  public:
@@ -349,259 +351,10 @@ class Chooser {
     }
   }
 
-  // Step 4: where values have several uses (the dynamic programming shares a value's cost among
-  // its reads, which is exact only where they agree), one node at a time in graph order takes
-  // the candidate that lowers the whole program's cost, its users' reads as they are kept; until
-  // no node changes (at most kImprovePasses passes).
-  static constexpr int kImprovePasses = 8;
-  void improve() {
-    ValueMap<std::vector<PartitionSpec>> wants(g_.size());
-    for (const ValueId o : g_.outputs) wants[o].push_back(specs_[o]);
-    bool shared = false;
-    for (std::size_t i = 0; i < g_.size(); ++i) {
-      const ValueId v = value_id(i);
-      const Cand& c = space_[v].cands[static_cast<std::size_t>(pick_[v])];
-      for (std::size_t k = 0; k < c.as_is.size(); ++k) {
-        if (c.as_is[k] == kRead) wants[g_[v].operands[k]].push_back(c.wants[k]);
-      }
-      shared |= reads_of_[v] > 1;
-    }
-    if (!shared) return;  // every value read once: the dynamic programming was exact
-    reads_now_ = ValueMap<Cost>(g_.size());
-    reads_known_ = ValueMap<char>(g_.size(), 0);
-    for (int pass = 0; pass < kImprovePasses; ++pass) {
-      bool changed = false;
-      for (std::size_t i = 0; i < g_.size(); ++i) {
-        const ValueId v = value_id(i);
-        const Space& sp = space_[v];
-        if (sp.cands.size() < 2) continue;
-        for (std::size_t ci = 0; ci < sp.cands.size(); ++ci) {
-          if (static_cast<int>(ci) == pick_[v] || sp.cands[ci].fallback ||
-              !meets(v, sp.cands[ci])) {
-            continue;
-          }
-          std::vector<std::pair<ValueId, int>> moves;
-          if (!move_with_followers(v, static_cast<int>(ci), moves)) continue;
-          if (delta(moves, wants) < 0) {
-            apply(moves, wants);
-            changed = true;
-            break;
-          }
-        }
-      }
-      for (std::size_t i = 0; i < g_.size(); ++i) changed |= drop_a_want(value_id(i), wants);
-      if (!changed) break;
-    }
-  }
+  // Step 4 (partition_moves.hpp).
+  void improve() { detail::improve(g_, specs_, uses_, space_, reads_, pick_, state_); }
 
-  // A sharding several readers of x share (a weight gathered once for two products) is kept by
-  // each single move, since the others still pay for it; so the readers of x in one sharding
-  // move together, each to its cheapest candidate that reads x otherwise, where that lowers the
-  // program's cost.
-  bool drop_a_want(ValueId x, ValueMap<std::vector<PartitionSpec>>& wants) {
-    if (uses_.users[x].size() < 2) return false;
-    std::vector<PartitionSpec> distinct = wants[x];
-    std::sort(distinct.begin(), distinct.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
-      return a.dims() < b.dims();
-    });
-    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-    for (const PartitionSpec& w : distinct) {
-      std::vector<std::pair<ValueId, int>> moves;
-      bool possible = true;
-      std::vector<ValueId> readers;
-      for (const auto& [u, pos] : uses_.users[x]) {
-        const Cand& now = space_[u].cands[static_cast<std::size_t>(pick_[u])];
-        const auto k = static_cast<std::size_t>(pos);
-        if (now.as_is[k] != kRead || !(now.wants[k] == w)) continue;
-        if (std::find(readers.begin(), readers.end(), u) != readers.end()) continue;
-        readers.push_back(u);
-      }
-      if (readers.size() < 2) continue;
-      for (const ValueId u : readers) {
-        double best = kInfinite;
-        std::vector<std::pair<ValueId, int>> best_moves;
-        const auto& cands = space_[u].cands;
-        for (std::size_t c = 0; c < cands.size(); ++c) {
-          const Cand& alt = cands[c];
-          if (static_cast<int>(c) == pick_[u] || alt.fallback || !meets(u, alt)) continue;
-          bool still = false;
-          for (std::size_t q = 0; q < alt.as_is.size(); ++q) {
-            still |= g_[u].operands[q] == x && alt.as_is[q] == kRead && alt.wants[q] == w;
-          }
-          if (still) continue;
-          std::vector<std::pair<ValueId, int>> m;
-          if (!move_with_followers(u, static_cast<int>(c), m)) continue;
-          const double d = delta(m, wants);
-          if (d < best) {
-            best = d;
-            best_moves = std::move(m);
-          }
-        }
-        if (best_moves.empty()) {
-          possible = false;
-          break;
-        }
-        moves.insert(moves.end(), best_moves.begin(), best_moves.end());
-      }
-      if (!possible) continue;
-      // One move per node (followers of two readers may coincide).
-      std::vector<ValueId> nodes;
-      bool clash = false;
-      for (const auto& [v, c] : moves) {
-        clash |= std::find(nodes.begin(), nodes.end(), v) != nodes.end();
-        nodes.push_back(v);
-      }
-      if (clash || delta(moves, wants) >= 0) continue;
-      apply(moves, wants);
-      return true;
-    }
-    return false;
-  }
-
-  // Node v to candidate ci, with every reader that takes v as it is (an optimization barrier, a
-  // gradient's constraint keeping its sum, a carried sum) moved to its alike candidate reading v's
-  // new state, transitively; false when a reader has none.
-  bool move_with_followers(ValueId v, int ci, std::vector<std::pair<ValueId, int>>& moves) {
-    moves.emplace_back(v, ci);
-    const int from_state = state_[v];
-    const int to_state = space_[v].cands[static_cast<std::size_t>(ci)].state;
-    if (from_state == to_state) return true;
-    for (const auto& [reader, pos] : uses_.users[v]) {
-      const ValueId u = reader;  // (a lambda may not capture a structured binding in C++20)
-      if (std::any_of(moves.begin(), moves.end(), [&](const auto& m) { return m.first == u; }))
-        continue;
-      const Cand& now = space_[u].cands[static_cast<std::size_t>(pick_[u])];
-      const auto k = static_cast<std::size_t>(pos);
-      if (now.as_is[k] != from_state) continue;  // reads v resharded (or held): any state does
-      int follower = -1;
-      const auto& cands = space_[u].cands;
-      for (std::size_t c = 0; c < cands.size() && follower < 0; ++c) {
-        const Cand& alt = cands[c];
-        if (alt.strategy != now.strategy || alt.kind != now.kind || alt.fallback) continue;
-        bool alike = true;
-        for (std::size_t q = 0; q < alt.as_is.size() && alike; ++q) {
-          if (g_[u].operands[q] == v) {
-            alike = alt.as_is[q] == (now.as_is[q] >= 0 ? to_state : now.as_is[q]) &&
-                    (alt.as_is[q] >= 0 || alt.wants[q] == now.wants[q]);
-          } else {
-            alike = alt.as_is[q] == now.as_is[q] && alt.wants[q] == now.wants[q];
-          }
-        }
-        if (alike) follower = static_cast<int>(c);
-      }
-      if (follower < 0 || moves.size() > 64) return false;
-      if (!move_with_followers(u, follower, moves)) return false;
-    }
-    return true;
-  }
-
-  // The change of the whole program's cost when the moved nodes take their new candidates.
-  double delta(const std::vector<std::pair<ValueId, int>>& moves,
-               const ValueMap<std::vector<PartitionSpec>>& wants) {
-    const auto moved_to = [&](ValueId v) {
-      for (const auto& [m, c] : moves) {
-        if (m == v) return c;
-      }
-      return -1;
-    };
-    std::vector<ValueId> touched;
-    for (const auto& [v, c] : moves) {
-      touched.push_back(v);
-      for (const ValueId o : g_[v].operands) touched.push_back(o);
-    }
-    std::sort(touched.begin(), touched.end());
-    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-    Cost before, after;
-    for (const auto& [v, c] : moves) {
-      before += space_[v].cands[static_cast<std::size_t>(pick_[v])].compute;
-      after += space_[v].cands[static_cast<std::size_t>(c)].compute;
-    }
-    std::vector<const PartitionSpec*> w;
-    for (const ValueId x : touched) {
-      w.clear();
-      for (const PartitionSpec& s : wants[x]) w.push_back(&s);
-      for (const auto& [v, c] : moves) {
-        swap_wants(w, space_[v].cands[static_cast<std::size_t>(pick_[v])],
-                   space_[v].cands[static_cast<std::size_t>(c)], g_[v], x);
-      }
-      const int to = moved_to(x);
-      const int new_state = to < 0 ? state_[x] : space_[x].cands[static_cast<std::size_t>(to)].state;
-      before += current_reads(x, wants);
-      after += reads_.cost(x, state(x, new_state), w);
-    }
-    if (same_cost(after.value, before.value)) return 0;
-    return after.value - before.value;
-  }
-
-  // read_plan's cost of x as chosen now (improve: remembered until a move touches x).
-  Cost current_reads(ValueId x, const ValueMap<std::vector<PartitionSpec>>& wants) {
-    if (reads_known_[x] == 0) {
-      reads_now_[x] = reads_.cost(x, state(x, state_[x]), wants[x]);
-      reads_known_[x] = 1;
-    }
-    return reads_now_[x];
-  }
-
-  void apply(const std::vector<std::pair<ValueId, int>>& moves,
-             ValueMap<std::vector<PartitionSpec>>& wants) {
-    for (const auto& [v, c] : moves) {
-      reads_known_[v] = 0;
-      for (const ValueId o : g_[v].operands) reads_known_[o] = 0;
-    }
-    for (const auto& [v, c] : moves) {
-      const Cand& from = space_[v].cands[static_cast<std::size_t>(pick_[v])];
-      const Cand& to = space_[v].cands[static_cast<std::size_t>(c)];
-      std::vector<ValueId> seen;
-      for (const ValueId o : g_[v].operands) {
-        if (std::find(seen.begin(), seen.end(), o) != seen.end()) continue;
-        seen.push_back(o);
-        swap_wants(wants[o], from, to, g_[v], o);
-      }
-    }
-    for (const auto& [v, c] : moves) {
-      pick_[v] = c;
-      state_[v] = space_[v].cands[static_cast<std::size_t>(c)].state;
-    }
-  }
-
-  // Value o's wants with user v's candidate `from` replaced by `to`.
-  static void swap_wants(std::vector<PartitionSpec>& w, const Cand& from, const Cand& to,
-                         const Node& n, ValueId o) {
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      if (n.operands[k] != o) continue;
-      if (from.as_is[k] == kRead) {
-        const auto it = std::find(w.begin(), w.end(), from.wants[k]);
-        if (it != w.end()) w.erase(it);
-      }
-      if (to.as_is[k] == kRead) w.push_back(to.wants[k]);
-    }
-  }
-  // The same on a list of the shardings (delta: nothing copied).
-  static void swap_wants(std::vector<const PartitionSpec*>& w, const Cand& from, const Cand& to,
-                         const Node& n, ValueId o) {
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      if (n.operands[k] != o) continue;
-      if (from.as_is[k] == kRead) {
-        const auto it = std::find_if(w.begin(), w.end(), [&](const PartitionSpec* p) {
-          return *p == from.wants[k];
-        });
-        if (it != w.end()) w.erase(it);
-      }
-      if (to.as_is[k] == kRead) w.push_back(&to.wants[k]);
-    }
-  }
-
-  bool meets(ValueId v, const Cand& c) const {
-    for (std::size_t k = 0; k < c.as_is.size(); ++k) {
-      const ValueId o = g_[v].operands[k];
-      if (c.as_is[k] >= 0 && c.as_is[k] != state_[o]) return false;
-      if (c.fallback && c.as_is[k] == kRead &&
-          !state(o, state_[o]).pending.empty()) {
-        return false;
-      }
-    }
-    return true;
-  }
+  bool meets(ValueId v, const Cand& c) const { return detail::meets(g_, space_, state_, v, c); }
 
   Decision decision_of(ValueId v, const Cand& c) const {
     Decision d{.kind = c.kind, .wants = c.wants, .result = c.result};
@@ -713,8 +466,6 @@ class Chooser {
   ValueMap<int> last_state_, last_pick_;        // the last round's choice
   ValueMap<std::vector<PartitionSpec>> last_wants_;
   const ValueMap<int>& reads_of_;  // uses_.reads_of
-  ValueMap<Cost> reads_now_;              // current_reads
-  ValueMap<char> reads_known_;
 };
 
 }  // namespace

@@ -17,12 +17,15 @@
 //      others made from that copy where that is cheaper; ReadPlan);
 //   3. forward again, every read as it is checked against the layout chosen for its operand; a
 //      node where one is not met takes its cheapest candidate given its operands' layouts;
-//   4. where values have several uses, one node at a time takes a candidate that lowers the whole
-//      program's cost; then 1-4 again with shared values priced at their marginal cost given
-//      the last choice, keeping the cheapest round.
+//   4. where values have several uses, moves that lower the whole program's cost: each node's
+//      best move and each shared sharding's (its readers moving together) are evaluated, the
+//      one lowering the cost most is applied, and the moves it touched are evaluated again,
+//      until none lowers it; then 1-4 again with shared values priced at their marginal cost
+//      given the last choice, keeping the cheapest round.
 // Ties go to less work per device, then fewer collectives, then the strategies' declared order
-// (Strategy), then the candidate's place among its node's. Nothing depends on the order of a
-// value's uses.
+// (Strategy), then the candidate's place among its node's; of two moves that lower the cost
+// alike, to a hash of what the node computes and how it is read (not its number). Nothing
+// depends on the order of a value's uses.
 
 #include <cstdint>
 #include <functional>

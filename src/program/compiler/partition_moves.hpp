@@ -1,0 +1,27 @@
+#pragma once
+// Step 4 of the partitioner's choice (partition_choose.hpp): from the assignment steps 1-3 made,
+// moves that lower the whole program's cost, the one lowering it most first. Private to
+// partition_choose.cpp and partition_moves.cpp.
+
+#include "partition_reads.hpp"
+#include "partition_space.hpp"
+
+namespace shardplan::detail {
+
+/// The tie order of a node's candidates a and b (their places ia, ib among the node's): less
+/// cost, then fewer bytes held, less work per device, fewer collectives, the strategies' order,
+/// the place (partition_choose.cpp).
+bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const Cand& b, int ib);
+
+/// Whether node v's candidate c can run given its operands' chosen states (`state`, by value):
+/// each read as it is meets its operand's state, and a fallback reads no pending sum.
+bool meets(const Graph& g, const ValueMap<Space>& space, const ValueMap<int>& state, ValueId v,
+           const Cand& c);
+
+/// Step 4, where values have several uses: `pick` (by node, its candidate) and `state` (by
+/// value, its candidate's state) moved while a move lowers the program's cost (the best first).
+void improve(const Graph& g, const ValueMap<PartitionSpec>& specs, const GraphUses& uses,
+             const ValueMap<Space>& space, ReadPricer& reads, ValueMap<int>& pick,
+             ValueMap<int>& state);
+
+}  // namespace shardplan::detail
