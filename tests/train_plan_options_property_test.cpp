@@ -414,6 +414,10 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
   if (p.reshard_after_forward && !p.float8) {
     without([](TrainPlanOptions& o) { o.reshard_after_forward = false; }, "reshard after forward");
   }
+  if (p.kept_gathered_for_recompute && !p.float8) {
+    without([](TrainPlanOptions& o) { o.reshard_after_forward = true; },
+            "weights kept gathered for the recomputation");
+  }
 }
 
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {

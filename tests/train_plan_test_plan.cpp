@@ -489,3 +489,45 @@ TEST(PlanTraining, HybridShardingReducesInTheShardGroupThenAcrossReplicas) {
 
 }  // namespace
 }  // namespace shardplan::test
+
+namespace shardplan::test {
+namespace {
+
+// FSDP2's reshard_after_forward=False under activation checkpointing: the forward pass's
+// gathered weights are kept for the recomputation, so each block's weights are gathered once a
+// step, not twice. By hand (LLaMA-2-7B widths, 2 layers, fsdp:4, bf16): a block's sharded
+// weights are 4 x 4096^2 + 3 x 4096 x 11008 = 202,375,168 (its two norms are held whole by
+// llama_fsdp), a gather of them receives 3/4 x 2 B each = 303,562,752 B; two blocks gathered
+// once less.
+TEST(PlanTraining, NoReshardAfterForwardKeepsTheGatheredWeightsForTheRecomputation) {
+  const ModelConfig c = ModelConfig::parse(kLlama7bTwoLayers);
+  const Mesh mesh = Mesh::parse("fsdp:4", 4);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 64;
+  o.remat = checkpoint_policies::nothing_saveable();
+  const TrainPlan again = plan_training(c, mesh, preset("llama_fsdp"), o);
+  o.reshard_after_forward = false;
+  const TrainPlan kept = plan_training(c, mesh, preset("llama_fsdp"), o);
+  const auto weight_gathers = [](const TrainPlan& p) {
+    std::int64_t sum = 0;
+    for (const auto& [on, b] : p.bytes_by_axes) {
+      if (on.kind == CollectiveKind::kAllGather && on.of_argument) sum += b;
+    }
+    return sum;
+  };
+  EXPECT_EQ(weight_gathers(again) - weight_gathers(kept), 2 * std::int64_t{303562752});
+  EXPECT_FALSE(again.kept_gathered_for_recompute);
+  EXPECT_TRUE(kept.kept_gathered_for_recompute);
+  EXPECT_FALSE(kept.reshard_after_forward);
+  // The kept copies are live from the forward pass on: at the backward pass's start both
+  // blocks' gathered weights (404,750,336 B each), where recomputing holds one at a time.
+  EXPECT_GE(kept.peak_bytes - again.peak_bytes, std::int64_t{404750336});
+  EXPECT_THAT(kept.table(), ::testing::HasSubstr(
+                                "remat full (weights kept gathered from the forward pass for the "
+                                "recomputation)"));
+  EXPECT_EQ(kept.flops, again.flops);
+}
+
+}  // namespace
+}  // namespace shardplan::test

@@ -156,7 +156,9 @@ struct TrainPlanOptions {
   /// Without recomputation, over batch axes: each layer's weights gathered (and cast) again for
   /// the backward pass rather than kept gathered from the forward pass, as FSDP2's
   /// reshard_after_forward (its default); false: kept (--no-reshard-after-forward, ZeRO-2's
-  /// behaviour). With recomputation the weights are gathered again either way.
+  /// behaviour). With recomputation, false keeps the forward pass's gathered weights for the
+  /// recomputation (FSDP2's reshard_after_forward=False under activation checkpointing); true
+  /// gathers them again there.
   bool reshard_after_forward = true;
   /// torchao's float8 training (--float8): every linear layer of the decoder blocks (attention's
   /// q, k, v, o; the MLP's gate, up, down) as float8_linear (ops.hpp: tensorwise scaling, inputs
@@ -325,6 +327,10 @@ struct TrainPlan {
   /// Without recomputation: the layers' weights gathered again for the backward pass
   /// (TrainPlanOptions::reshard_after_forward, applied: there are batch axes).
   bool reshard_after_forward = false;
+  /// With recomputation: the layers' weights as the forward pass gathered them kept for the
+  /// recomputation and the backward pass, not gathered again (TrainPlanOptions::
+  /// reshard_after_forward false, applied: there are batch axes).
+  bool kept_gathered_for_recompute = false;
   /// What the planned program holds, read from it (never from the options): float8 products
   /// (the decoder blocks' linear layers, TrainPlanOptions::float8), linear_cross_entropy's
   /// groups (the fused loss), the fused attention primitive.

@@ -544,7 +544,7 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
           : std::nullopt;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const Tree<Array> p = use(layers[i]);
-    if (fsdp_root && i + 1 == layers.size()) {
+    if (keep_gathered || (fsdp_root && i + 1 == layers.size())) {
       // torchtitan does not reshard the last block after forward (FSDP would gather it again at
       // once for the backward pass): its weights as used are made once, outside the checkpoint,
       // and its recomputation reads them as they are (no barrier), so their gathered copies

@@ -93,6 +93,11 @@ struct ModelStep {
   /// pass reads the held weights again and gathers (and casts) them again instead of keeping
   /// the forward pass's gathered copies. (With `remat` the checkpoint does this already.)
   bool reshard_after_forward = false;
+  /// With `remat`: FSDP2's reshard_after_forward=False under activation checkpointing. Each
+  /// layer's weights as used are made once, outside its checkpoint, and its recomputation reads
+  /// them as they are (as the root module's last block does with fsdp_root), so the forward
+  /// pass's gathered copies are kept to the backward pass instead of gathered again.
+  bool keep_gathered = false;
   /// The LLaMA-family blocks' linear layers (q, k, v, o, gate, up, down) as float8_linear.
   bool float8 = false;
   /// FSDP2's root module holds the parameters outside the layers (TrainPlanOptions::fsdp_root):

@@ -332,6 +332,10 @@ bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout) {
   return o.reshard_after_forward && !effective_remat(o) && layout.batch_ways > 1;
 }
 
+bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout) {
+  return !o.reshard_after_forward && effective_remat(o).has_value() && layout.batch_ways > 1;
+}
+
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
   if (micro_batches == 1) return fmt::format("the {}-layer sample step", layers);
   return fmt::format("the {}-layer x {} micro-batch sample step", layers, micro_batches);
@@ -352,6 +356,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                                                               : std::optional(o.param_dtype),
                        .reduce_in_held = o.reduce_dtype == held,
                        .reshard_after_forward = reshards_after_forward(o, layout),
+                       .keep_gathered = keeps_gathered_for_recompute(o, layout),
                        .float8 = o.float8,
                        .fsdp_root = fsdp_root_applies(o, layout),
                        .root_in_use = fsdp_root_applies(o, layout)

@@ -45,6 +45,9 @@ std::string sample_name(std::int64_t layers, std::int64_t micro_batches);
 /// Whether the step gathers the layers' weights again for the backward pass without
 /// recomputation (TrainPlanOptions::reshard_after_forward, with batch axes to gather over).
 bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout);
+/// Whether the recomputation reads the weights the forward pass gathered, kept to the backward
+/// pass (TrainPlanOptions::reshard_after_forward false, with recomputation and batch axes).
+bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout);
 /// Whether FSDP2's root module is modelled (TrainPlanOptions::fsdp_root, with batch or context
 /// axes the weights are sharded over).
 bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout);

@@ -523,6 +523,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   // forward_loss): a model of one block reshards none after forward.
   plan.reshard_after_forward =
       train::reshards_after_forward(o, act.layout) && !(plan.fsdp_root && config.layers == 1);
+  plan.kept_gathered_for_recompute = train::keeps_gathered_for_recompute(o, act.layout);
   if (traced) {
     plan.parameter_bytes = traced->parameter_bytes;
     plan.gradient_bytes = traced->gradient_bytes;

@@ -113,7 +113,10 @@ std::string TrainPlan::table() const {
           : fmt::format("{} (reduced in {})", name(grad_dtype), name(reduce_dtype)),
       name(optimizer_dtype),
       reshard_after_forward ? fmt::format("{} (weights gathered again for the backward pass)", remat)
-                            : remat,
+      : kept_gathered_for_recompute
+          ? fmt::format("{} (weights kept gathered from the forward pass for the recomputation)",
+                        remat)
+          : remat,
       fused_attention ? "fused" : "naive", fused_loss ? "fused" : "naive",
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
@@ -233,6 +236,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["recompute"] = p.recompute;
   j["remat"] = p.remat;
   j["reshard_after_forward"] = p.reshard_after_forward;
+  j["kept_gathered_for_recompute"] = p.kept_gathered_for_recompute;
   j["float8"] = p.float8;
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
