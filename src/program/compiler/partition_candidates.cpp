@@ -6,6 +6,7 @@
 #include <set>
 
 #include "partition_space.hpp"
+#include "../ir/fields.hpp"
 #include "../ir/primitive.hpp"
 #include "../ir/primitives.hpp"
 
@@ -54,6 +55,16 @@ std::int64_t block_numel(const Mesh& mesh, const PartitionSpec& spec, const Shap
 
 }  // namespace
 
+Spec SpecTable::intern(const PartitionSpec& spec) {
+  std::vector<const Spec::Entry*>& same_hash = by_hash_[hash_of(spec)];
+  for (const Spec::Entry* e : same_hash) {
+    if (e->spec == spec) return Spec(e);
+  }
+  entries_.push_back({spec, static_cast<int>(entries_.size())});
+  same_hash.push_back(&entries_.back());
+  return Spec(&entries_.back());
+}
+
 GraphUses::GraphUses(const Graph& g)
     : users(g.size()),
       reads_of(g.size(), 0),
@@ -91,7 +102,8 @@ namespace {
 class CandidateBuilder {
  public:
   CandidateBuilder(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
-                   const Mesh& mesh, const PartitionCost& model, const GraphUses& uses)
+                   const Mesh& mesh, const PartitionCost& model, const GraphUses& uses,
+                   SpecTable& table)
       : g_(g),
         prop_(prop),
         specs_(specs),
@@ -101,7 +113,8 @@ class CandidateBuilder {
         users_(uses.users),
         is_output_(uses.is_output),
         pointwise_only_(uses.pointwise_only),
-        constant_(uses.constant) {}
+        constant_(uses.constant),
+        table_(table) {}
 
   ValueMap<Space> run() {
     build();
@@ -129,7 +142,7 @@ class CandidateBuilder {
       const Node& n = g_[id];
       if (n.op->repeat == nullptr || users_[id].size() != 1 || is_output_[id] != 0) continue;
       const auto [user, pos] = users_[id].front();
-      std::vector<PartitionSpec> wanted;
+      std::vector<Spec> wanted;
       for (const Cand& c : space_[user].cands) {
         const auto k = static_cast<std::size_t>(pos);
         if (c.as_is[k] == kRead &&
@@ -137,8 +150,8 @@ class CandidateBuilder {
           wanted.push_back(c.wants[k]);
         }
       }
-      for (const PartitionSpec& want : wanted) {
-        if (auto c = made_for_user(id, want)) add(id, std::move(*c));
+      for (const Spec want : wanted) {
+        if (auto c = made_for_user(id, *want)) add(id, std::move(*c));
       }
     }
   }
@@ -189,7 +202,7 @@ class CandidateBuilder {
     if (n.op->fixed_layout != nullptr) {  // shard_map: the layouts the op fixes
       FixedLayout fl = n.op->fixed_layout(n);
       Cand c{.strategy = Strategy::kFixed, .kind = Decision::Kind::kKernel};
-      c.wants = std::move(fl.operands);
+      for (const PartitionSpec& w : fl.operands) c.wants.push_back(table_.intern(w));
       c.as_is.assign(n.operands.size(), kRead);
       c.result = {std::move(fl.result), {}, {}};
       out.push_back(std::move(c));
@@ -219,7 +232,7 @@ class CandidateBuilder {
     const ValueId o = g_[id].operands[0];
     const Layout& in = state(o, s);
     Cand c{.strategy = Strategy::kFixed, .why = std::move(why), .kind = Decision::Kind::kAlias};
-    c.wants = {in.spec};
+    c.wants = {table_.intern(in.spec)};
     c.as_is = {s};
     c.result = {in.spec, in.pending, {}};
     return c;
@@ -411,7 +424,7 @@ class CandidateBuilder {
     }
     Cand c = evaluate(id, std::move(axes), Strategy::kCarry, &*carried, as_is);
     for (std::size_t q = 0; q < n.operands.size(); ++q) {
-      if (c.as_is[q] >= 0 && !equivalent(mesh_, c.wants[q], S.spec,
+      if (c.as_is[q] >= 0 && !equivalent(mesh_, *c.wants[q], S.spec,
                                          g_[n.operands[q]].type.shape.rank())) {
         return std::nullopt;
       }
@@ -521,7 +534,7 @@ class CandidateBuilder {
         const int fac = f.operands[k][d];
         if (fits(ot.shape[static_cast<int>(d)], fac)) want[d] = axes[fac];
       }
-      c.wants.push_back(spec_of_dims(want));
+      c.wants.push_back(table_.intern(spec_of_dims(want)));
     }
     std::vector<AxisNames> out_dims(static_cast<std::size_t>(n.type.shape.rank()));
     for (std::size_t d = 0; d < out_dims.size(); ++d) {
@@ -555,14 +568,16 @@ class CandidateBuilder {
   const ValueMap<char>& is_output_;
   const ValueMap<char>& pointwise_only_;
   const ValueMap<char>& constant_;
+  SpecTable& table_;
 };
 
 }  // namespace
 
 ValueMap<Space> build_candidates(const Graph& g, const Propagator& prop,
                                  const ValueMap<PartitionSpec>& specs, const Mesh& mesh,
-                                 const PartitionCost& model, const GraphUses& uses) {
-  return CandidateBuilder(g, prop, specs, mesh, model, uses).run();
+                                 const PartitionCost& model, const GraphUses& uses,
+                                 SpecTable& table) {
+  return CandidateBuilder(g, prop, specs, mesh, model, uses, table).run();
 }
 
 void read_pieces(const Graph& g, const ValueMap<PartitionSpec>& specs, const ValueMap<Space>& space,
@@ -582,7 +597,7 @@ void read_pieces(const Graph& g, const ValueMap<PartitionSpec>& specs, const Val
       const Cand& cand = space[v].cands[c];
       for (std::size_t k = 0; k < cand.as_is.size(); ++k) {
         if (cand.as_is[k] != kRead) continue;
-        out.nodes[v].candidates[c].wanted[k] = index_of(g[v].operands[k], cand.wants[k]);
+        out.nodes[v].candidates[c].wanted[k] = index_of(g[v].operands[k], *cand.wants[k]);
       }
     }
   }

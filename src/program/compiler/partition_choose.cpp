@@ -80,7 +80,13 @@ class Chooser {
   // read already makes costs nothing more to reshard). The cheapest choice of the rounds is kept.
   static constexpr int kRounds = 3;
   void solve() {
-    space_ = build_candidates(g_, prop_, specs_, mesh_, model_, uses_);
+    space_ = build_candidates(g_, prop_, specs_, mesh_, model_, uses_, table_);
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      Space& sp = space_[value_id(i)];
+      for (const Layout& l : sp.states) sp.keys.push_back(reads_.key(l, table_));
+    }
+    out_specs_ = ValueMap<Spec>(g_.size());
+    for (const ValueId o : g_.outputs) out_specs_[o] = table_.intern(specs_[o]);
     std::vector<int> best_pick;
     double best_cost = kInfinite;
     bool shared = false;
@@ -116,8 +122,8 @@ class Chooser {
   void remember_choice() {
     last_state_ = state_;
     last_pick_ = pick_;
-    last_wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
-    for (const ValueId o : g_.outputs) last_wants_[o].push_back(specs_[o]);
+    last_wants_ = ValueMap<std::vector<Spec>>(g_.size());
+    for (const ValueId o : g_.outputs) last_wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       const Cand& c = space_[v].cands[static_cast<std::size_t>(pick_[v])];
@@ -146,7 +152,7 @@ class Chooser {
     }
     read_pieces(g_, specs_, space_, out,
                 [this](ValueId v, const Layout& from, const PartitionSpec& to) {
-                  return reads_.reshard(v, from, to);
+                  return reads_.reshard(v, reads_.key(from, table_), table_.intern(to));
                 });
     out.cost = [this](const std::vector<int>& pick) { return program_cost(pick); };
     return out;
@@ -157,15 +163,16 @@ class Chooser {
   const Layout& state(ValueId v, int s) const {
     return space_[v].states[static_cast<std::size_t>(s)];
   }
+  StateKey key(ValueId v, int s) const { return space_[v].keys[static_cast<std::size_t>(s)]; }
 
   // ---- the choice ----------------------------------------------------------------------------
 
   // marginal_read's, per (node, operand), for one round.
   struct MarginalMemo {
     bool ready = false;
-    std::vector<PartitionSpec> others;                 // the other reads' shardings
-    Cost without;                                      // their cost
-    std::vector<std::pair<PartitionSpec, Cost>> with;  // what a read in a sharding adds
+    std::vector<Spec> others;                 // the other reads' shardings
+    Cost without;                             // their cost
+    std::vector<std::pair<Spec, Cost>> with;  // what a read in a sharding adds
   };
 
   // The least cost of operand k's read by candidate c (a state of the operand and the reshard
@@ -189,7 +196,7 @@ class Chooser {
       const Cost& upstream = os.best[s];
       if (upstream.value == kInfinite) continue;
       const Cost total = scaled(
-          upstream + (c.as_is[k] == kAnyState ? Cost{} : reads_.reshard(o, os.states[s], c.wants[k])));
+          upstream + (c.as_is[k] == kAnyState ? Cost{} : reads_.reshard(o, os.keys[s], c.wants[k])));
       if (cheaper(total, best.first)) best = {total, static_cast<int>(s)};
     }
     return best;
@@ -211,7 +218,7 @@ class Chooser {
         const auto it = std::find(memo.others.begin(), memo.others.end(), mine.wants[k]);
         if (it != memo.others.end()) memo.others.erase(it);
       }
-      memo.without = reads_.cost(o, os.states[static_cast<std::size_t>(chosen)], memo.others);
+      memo.without = reads_.cost(o, os.keys[static_cast<std::size_t>(chosen)], memo.others);
       memo.ready = true;
     }
     std::pair<Cost, int> best{kInf, -1};
@@ -221,11 +228,11 @@ class Chooser {
       if (c.fallback && c.as_is[k] == kRead && !os.states[s].pending.empty()) continue;
       Cost total;
       if (si == chosen) {
-        if (c.as_is[k] == kRead) total = added_read(memo, o, os.states[s], c.wants[k]);
+        if (c.as_is[k] == kRead) total = added_read(memo, o, os.keys[s], c.wants[k]);
       } else {
         if (os.best[s].value == kInfinite) continue;
         total = os.best[s];
-        if (c.as_is[k] == kRead) total += reads_.reshard(o, os.states[s], c.wants[k]);
+        if (c.as_is[k] == kRead) total += reads_.reshard(o, os.keys[s], c.wants[k]);
       }
       if (cheaper(total, best.first)) best = {total, si};
     }
@@ -234,11 +241,11 @@ class Chooser {
 
   // What a read in `want` adds to the other reads of o (in its chosen state `at`), memoized by
   // the sharding wanted.
-  Cost added_read(MarginalMemo& memo, ValueId o, const Layout& at, const PartitionSpec& want) {
+  Cost added_read(MarginalMemo& memo, ValueId o, StateKey at, Spec want) {
     for (const auto& [w, cost] : memo.with) {
       if (w == want) return cost;
     }
-    std::vector<PartitionSpec> with = memo.others;
+    std::vector<Spec> with = memo.others;
     with.push_back(want);
     Cost total = reads_.cost(o, at, with);
     total.value -= memo.without.value;
@@ -272,9 +279,9 @@ class Chooser {
   void extract() {
     pick_ = ValueMap<int>(g_.size(), -1);
     state_ = ValueMap<int>(g_.size(), -1);
-    wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
+    wants_ = ValueMap<std::vector<Spec>>(g_.size());
     need_ = ValueMap<std::vector<int>>(g_.size());
-    for (const ValueId o : g_.outputs) wants_[o].push_back(specs_[o]);
+    for (const ValueId o : g_.outputs) wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = g_.size(); i-- > 0;) {
       const ValueId v = value_id(i);
       const Space& sp = space_[v];
@@ -289,7 +296,7 @@ class Chooser {
         const int a = sp.arg[static_cast<std::size_t>(s)];
         if (a < 0) continue;
         const Cost c = sp.best[static_cast<std::size_t>(s)] +
-                         reads_.cost(v, state(v, s), wants_[v]);
+                         reads_.cost(v, key(v, s), wants_[v]);
         if (pick_[v] < 0 || before(c, sp.cands[static_cast<std::size_t>(a)], s, best,
                                    sp.cands[static_cast<std::size_t>(pick_[v])], state_[v])) {
           best = c;
@@ -332,7 +339,7 @@ class Chooser {
         Cost total = cand.compute;
         for (std::size_t k = 0; k < cand.as_is.size(); ++k) {
           const ValueId o = g_[v].operands[k];
-          if (cand.as_is[k] == kRead) total += reads_.reshard(o, state(o, state_[o]), cand.wants[k]);
+          if (cand.as_is[k] == kRead) total += reads_.reshard(o, key(o, state_[o]), cand.wants[k]);
         }
         if (pick < 0 || before(total, cand, static_cast<int>(c), best,
                                sp.cands[static_cast<std::size_t>(pick)], pick)) {
@@ -355,8 +362,8 @@ class Chooser {
   // no node changes (at most kImprovePasses passes).
   static constexpr int kImprovePasses = 8;
   void improve() {
-    ValueMap<std::vector<PartitionSpec>> wants(g_.size());
-    for (const ValueId o : g_.outputs) wants[o].push_back(specs_[o]);
+    ValueMap<std::vector<Spec>> wants(g_.size());
+    for (const ValueId o : g_.outputs) wants[o].push_back(out_specs_[o]);
     bool shared = false;
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
@@ -398,14 +405,14 @@ class Chooser {
   // each single move, since the others still pay for it; so the readers of x in one sharding
   // move together, each to its cheapest candidate that reads x otherwise, where that lowers the
   // program's cost.
-  bool drop_a_want(ValueId x, ValueMap<std::vector<PartitionSpec>>& wants) {
+  bool drop_a_want(ValueId x, ValueMap<std::vector<Spec>>& wants) {
     if (uses_.users[x].size() < 2) return false;
-    std::vector<PartitionSpec> distinct = wants[x];
-    std::sort(distinct.begin(), distinct.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
+    std::vector<Spec> distinct = wants[x];
+    std::sort(distinct.begin(), distinct.end(), [](const Spec& a, const Spec& b) {
       return a.dims() < b.dims();
     });
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-    for (const PartitionSpec& w : distinct) {
+    for (const Spec& w : distinct) {
       std::vector<std::pair<ValueId, int>> moves;
       bool possible = true;
       std::vector<ValueId> readers;
@@ -497,7 +504,7 @@ class Chooser {
 
   // The change of the whole program's cost when the moved nodes take their new candidates.
   double delta(const std::vector<std::pair<ValueId, int>>& moves,
-               const ValueMap<std::vector<PartitionSpec>>& wants) {
+               const ValueMap<std::vector<Spec>>& wants) {
     const auto moved_to = [&](ValueId v) {
       for (const auto& [m, c] : moves) {
         if (m == v) return c;
@@ -516,10 +523,9 @@ class Chooser {
       before += space_[v].cands[static_cast<std::size_t>(pick_[v])].compute;
       after += space_[v].cands[static_cast<std::size_t>(c)].compute;
     }
-    std::vector<const PartitionSpec*> w;
+    std::vector<Spec>& w = delta_wants_;
     for (const ValueId x : touched) {
-      w.clear();
-      for (const PartitionSpec& s : wants[x]) w.push_back(&s);
+      w.assign(wants[x].begin(), wants[x].end());
       for (const auto& [v, c] : moves) {
         swap_wants(w, space_[v].cands[static_cast<std::size_t>(pick_[v])],
                    space_[v].cands[static_cast<std::size_t>(c)], g_[v], x);
@@ -527,23 +533,23 @@ class Chooser {
       const int to = moved_to(x);
       const int new_state = to < 0 ? state_[x] : space_[x].cands[static_cast<std::size_t>(to)].state;
       before += current_reads(x, wants);
-      after += reads_.cost(x, state(x, new_state), w);
+      after += reads_.cost(x, key(x, new_state), w);
     }
     if (same_cost(after.value, before.value)) return 0;
     return after.value - before.value;
   }
 
   // read_plan's cost of x as chosen now (improve: remembered until a move touches x).
-  Cost current_reads(ValueId x, const ValueMap<std::vector<PartitionSpec>>& wants) {
+  Cost current_reads(ValueId x, const ValueMap<std::vector<Spec>>& wants) {
     if (reads_known_[x] == 0) {
-      reads_now_[x] = reads_.cost(x, state(x, state_[x]), wants[x]);
+      reads_now_[x] = reads_.cost(x, key(x, state_[x]), wants[x]);
       reads_known_[x] = 1;
     }
     return reads_now_[x];
   }
 
   void apply(const std::vector<std::pair<ValueId, int>>& moves,
-             ValueMap<std::vector<PartitionSpec>>& wants) {
+             ValueMap<std::vector<Spec>>& wants) {
     for (const auto& [v, c] : moves) {
       reads_known_[v] = 0;
       for (const ValueId o : g_[v].operands) reads_known_[o] = 0;
@@ -565,8 +571,8 @@ class Chooser {
   }
 
   // Value o's wants with user v's candidate `from` replaced by `to`.
-  static void swap_wants(std::vector<PartitionSpec>& w, const Cand& from, const Cand& to,
-                         const Node& n, ValueId o) {
+  static void swap_wants(std::vector<Spec>& w, const Cand& from, const Cand& to, const Node& n,
+                         ValueId o) {
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       if (n.operands[k] != o) continue;
       if (from.as_is[k] == kRead) {
@@ -574,20 +580,6 @@ class Chooser {
         if (it != w.end()) w.erase(it);
       }
       if (to.as_is[k] == kRead) w.push_back(to.wants[k]);
-    }
-  }
-  // The same on a list of the shardings (delta: nothing copied).
-  static void swap_wants(std::vector<const PartitionSpec*>& w, const Cand& from, const Cand& to,
-                         const Node& n, ValueId o) {
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      if (n.operands[k] != o) continue;
-      if (from.as_is[k] == kRead) {
-        const auto it = std::find_if(w.begin(), w.end(), [&](const PartitionSpec* p) {
-          return *p == from.wants[k];
-        });
-        if (it != w.end()) w.erase(it);
-      }
-      if (to.as_is[k] == kRead) w.push_back(&to.wants[k]);
     }
   }
 
@@ -604,7 +596,8 @@ class Chooser {
   }
 
   Decision decision_of(ValueId v, const Cand& c) const {
-    Decision d{.kind = c.kind, .wants = c.wants, .result = c.result};
+    Decision d{.kind = c.kind, .result = c.result};
+    for (const Spec w : c.wants) d.wants.push_back(*w);
     d.result.why = c.why;
     d.as_is.assign(c.as_is.size(), 0);
     for (std::size_t k = 0; k < c.as_is.size(); ++k) {
@@ -619,8 +612,8 @@ class Chooser {
   // The cost of a whole assignment (CandidateSpace::cost; choose()'s own cost): the compute each
   // candidate does and each value's reads.
   double program_cost(const std::vector<int>& pick) {
-    ValueMap<std::vector<PartitionSpec>> wants(g_.size());
-    for (const ValueId o : g_.outputs) wants[o].push_back(specs_[o]);
+    ValueMap<std::vector<Spec>> wants(g_.size());
+    for (const ValueId o : g_.outputs) wants[o].push_back(out_specs_[o]);
     Cost total;
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
@@ -637,7 +630,7 @@ class Chooser {
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       const Cand& c = space_[v].cands[static_cast<std::size_t>(pick[i])];
-      total += reads_.cost(v, state(v, c.state), wants[v]);
+      total += reads_.cost(v, key(v, c.state), wants[v]);
     }
     return total.value;
   }
@@ -646,8 +639,8 @@ class Chooser {
     Choices out;
     out.decisions = ValueMap<Decision>(g_.size());
     out.reads = ValueMap<ReadPlan>(g_.size());
-    wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
-    for (const ValueId o : g_.outputs) wants_[o].push_back(specs_[o]);
+    wants_ = ValueMap<std::vector<Spec>>(g_.size());
+    for (const ValueId o : g_.outputs) wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       ask_operands(v, space_[v].cands[static_cast<std::size_t>(pick_[v])]);
@@ -657,7 +650,7 @@ class Chooser {
       const Space& sp = space_[v];
       const Cand& c = sp.cands[static_cast<std::size_t>(pick_[v])];
       out.decisions[v] = decision_of(v, c);
-      auto [reads, plan] = reads_.plan(v, state(v, state_[v]), wants_[v]);
+      auto [reads, plan] = reads_.plan(v, key(v, state_[v]), wants_[v]);
       out.cost += (c.compute + reads).value;
       out.reads[v] = std::move(plan);
       out.decisions[v].decision = describe(v, c);
@@ -675,11 +668,10 @@ class Chooser {
     const Cand* second = nullptr;
     for (const Cand& c : sp.cands) {
       if (&c == &chosen || !meets(v, c)) continue;
-      Cost total = c.compute + reads_.cost(v, sp.states[static_cast<std::size_t>(c.state)],
-                                           wants_[v]);
+      Cost total = c.compute + reads_.cost(v, key(v, c.state), wants_[v]);
       for (std::size_t k = 0; k < c.as_is.size(); ++k) {
         const ValueId o = g_[v].operands[k];
-        if (c.as_is[k] == kRead) total += reads_.reshard(o, state(o, state_[o]), c.wants[k]);
+        if (c.as_is[k] == kRead) total += reads_.reshard(o, key(o, state_[o]), c.wants[k]);
       }
       if (second == nullptr || cheaper(total, runner)) {
         runner = total;
@@ -687,10 +679,10 @@ class Chooser {
       }
     }
     if (second == nullptr) return std::string(to_string(chosen.strategy));
-    Cost own = chosen.compute + reads_.cost(v, state(v, state_[v]), wants_[v]);
+    Cost own = chosen.compute + reads_.cost(v, key(v, state_[v]), wants_[v]);
     for (std::size_t k = 0; k < chosen.as_is.size(); ++k) {
       const ValueId o = g_[v].operands[k];
-      if (chosen.as_is[k] == kRead) own += reads_.reshard(o, state(o, state_[o]), chosen.wants[k]);
+      if (chosen.as_is[k] == kRead) own += reads_.reshard(o, key(o, state_[o]), chosen.wants[k]);
     }
     return fmt::format("{}: {}; runner-up {}: {}", to_string(chosen.strategy), model_.format(own.value),
                        to_string(second->strategy), model_.format(runner.value));
@@ -702,19 +694,22 @@ class Chooser {
   const Mesh& mesh_;
   PartitionCost model_;
   ReadPricer reads_;
+  SpecTable table_;  // the specs of space_ (its candidates' wants, its states) and the outputs'
   ValueMap<Space> space_;
   GraphUses uses_;
   ValueMap<int> pick_;   // by node: the chosen candidate
   ValueMap<int> state_;  // by value: its chosen state
-  ValueMap<std::vector<PartitionSpec>> wants_;  // by value: what chosen users read it in
+  ValueMap<Spec> out_specs_;  // by output: specs_, interned
+  ValueMap<std::vector<Spec>> wants_;  // by value: what chosen users read it in
   ValueMap<std::vector<int>> need_;             // by value: states chosen users read as they are
   bool marginal_ = false;                       // solve(): a round after the first
   ValueMap<std::vector<MarginalMemo>> memo_;
   ValueMap<int> last_state_, last_pick_;        // the last round's choice
-  ValueMap<std::vector<PartitionSpec>> last_wants_;
+  ValueMap<std::vector<Spec>> last_wants_;
   const ValueMap<int>& reads_of_;  // uses_.reads_of
   ValueMap<Cost> reads_now_;              // current_reads
   ValueMap<char> reads_known_;
+  std::vector<Spec> delta_wants_;  // delta's scratch
 };
 
 }  // namespace
