@@ -56,11 +56,25 @@ std::int64_t block_numel(const Mesh& mesh, const PartitionSpec& spec, const Shap
 }  // namespace
 
 Spec SpecTable::intern(const PartitionSpec& spec) {
-  std::vector<const Spec::Entry*>& same_hash = by_hash_[hash_of(spec)];
+  return intern(spec.dims().data(), spec.dims().size());
+}
+
+Spec SpecTable::intern_dims(const std::vector<AxisNames>& dims) {
+  std::size_t n = dims.size();
+  while (n > 0 && dims[n - 1].empty()) --n;  // as spec_of_dims
+  return intern(dims.data(), n);
+}
+
+Spec SpecTable::intern(const AxisNames* dims, std::size_t n) {
+  std::size_t h = n;
+  for (std::size_t d = 0; d < n; ++d) h = hash_combine(h, hash_of(dims[d]));
+  std::vector<const Spec::Entry*>& same_hash = by_hash_[h];
   for (const Spec::Entry* e : same_hash) {
-    if (e->spec == spec) return Spec(e);
+    const std::vector<AxisNames>& have = e->spec.dims();
+    if (have.size() == n && std::equal(have.begin(), have.end(), dims)) return Spec(e);
   }
-  entries_.push_back({spec, static_cast<int>(entries_.size())});
+  entries_.push_back({PartitionSpec(std::vector<AxisNames>(dims, dims + n)),
+                      static_cast<int>(entries_.size())});
   same_hash.push_back(&entries_.back());
   return Spec(&entries_.back());
 }
@@ -244,7 +258,8 @@ class CandidateBuilder {
   void kernel_candidates(ValueId id, std::vector<Cand>& out) {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
-    out.push_back(evaluate(id, assign(id, false), Strategy::kPassFirst));
+    const FactorAxes base = assign(id, false);
+    out.push_back(evaluate(id, base, Strategy::kPassFirst));
     if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
       Cand c = evaluate(id, assign(id, true), Strategy::kReduceFirst);
       c.why = "its reduce factors took the axes first";
@@ -264,7 +279,6 @@ class CandidateBuilder {
         out.push_back(std::move(m));
       }
     }
-    const FactorAxes base = assign(id, false);
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
       if (pointwise_only_[o] == 0) continue;
@@ -330,7 +344,11 @@ class CandidateBuilder {
     const OpFactors& f = prop_.factors(id);
     const auto& rdims = prop_.at(id).dims;
     FactorAxes axes(f.count());
-    std::set<std::string> used;
+    // The axes taken (a mesh has few: a list searched beats a tree of strings).
+    std::vector<std::string> used;
+    const auto is_used = [&](const std::string& a) {
+      return std::find(used.begin(), used.end(), a) != used.end();
+    };
     auto take_pass = [&] {
       for (std::size_t d = 0; d < f.result.size(); ++d) {
         const int fac = f.result[d];
@@ -338,11 +356,11 @@ class CandidateBuilder {
         if (!axes[fac].empty()) continue;
         AxisNames kept;
         for (const auto& a : rdims[d]) {
-          if (used.count(a)) break;  // a major-to-minor prefix only
+          if (is_used(a)) break;  // a major-to-minor prefix only
           kept.push_back(a);
         }
-        axes[fac] = kept;
-        used.insert(kept.begin(), kept.end());
+        used.insert(used.end(), kept.begin(), kept.end());
+        axes[fac] = std::move(kept);
       }
     };
     auto take_reduce = [&](const std::set<std::string>* among) {
@@ -358,10 +376,10 @@ class CandidateBuilder {
             continue;
           }
           const bool free = std::none_of(odims[d].begin(), odims[d].end(),
-                                         [&](const auto& a) { return used.count(a) > 0; });
+                                         [&](const auto& a) { return is_used(a); });
           if (!free || f.size(fac) % product(mesh_, odims[d]) != 0) continue;
           axes[fac] = odims[d];
-          used.insert(odims[d].begin(), odims[d].end());
+          used.insert(used.end(), odims[d].begin(), odims[d].end());
         }
       }
     };
@@ -522,35 +540,40 @@ class CandidateBuilder {
     // A dimension takes its factor's axes when they split both: a reshape's compound dimension
     // is larger than the factor it shares, and splitting it further than the factor is not a
     // split of the factor (its blocks would not be the operand's).
+    std::vector<std::int64_t>& fac_ways = fac_ways_;  // the devices each factor is split over
+    fac_ways.resize(static_cast<std::size_t>(f.count()));
+    for (int fac = 0; fac < f.count(); ++fac) {
+      fac_ways[static_cast<std::size_t>(fac)] = std::max<std::int64_t>(1, product(mesh_, axes[fac]));
+    }
     auto fits = [&](std::int64_t size, int fac) {
       if (fac < 0) return false;
-      const std::int64_t ways = std::max<std::int64_t>(1, product(mesh_, axes[fac]));
+      const std::int64_t ways = fac_ways[static_cast<std::size_t>(fac)];
       return size % ways == 0 && f.size(fac) % ways == 0;
     };
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      const TensorType& ot = g_[n.operands[k]].type;
-      std::vector<AxisNames> want(static_cast<std::size_t>(ot.shape.rank()));
-      for (std::size_t d = 0; d < want.size(); ++d) {
-        const int fac = f.operands[k][d];
-        if (fits(ot.shape[static_cast<int>(d)], fac)) want[d] = axes[fac];
+    // Each operand's dims, then the result's, in one scratch (its lists keep their memory).
+    std::vector<AxisNames>& dims = dims_;
+    const auto spec_of = [&](const Shape& shape, const std::vector<int>& factors) {
+      dims.resize(static_cast<std::size_t>(shape.rank()));
+      for (std::size_t d = 0; d < dims.size(); ++d) {
+        dims[d].clear();
+        const int fac = factors[d];
+        if (fits(shape[static_cast<int>(d)], fac)) dims[d].assign(axes[fac].begin(), axes[fac].end());
       }
-      c.wants.push_back(table_.intern(spec_of_dims(want)));
+      return table_.intern_dims(dims);
+    };
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      c.wants.push_back(spec_of(g_[n.operands[k]].type.shape, f.operands[k]));
     }
-    std::vector<AxisNames> out_dims(static_cast<std::size_t>(n.type.shape.rank()));
-    for (std::size_t d = 0; d < out_dims.size(); ++d) {
-      const int fac = f.result[d];
-      if (fits(n.type.shape[static_cast<int>(d)], fac)) out_dims[d] = axes[fac];
-    }
+    c.result.spec = *spec_of(n.type.shape, f.result);
     c.result.pending = carried != nullptr ? *carried : Pending{n.op->partial, {}};
     std::int64_t ways = 1;
     for (int fac = 0; fac < f.count(); ++fac) {
-      ways *= std::max<std::int64_t>(1, product(mesh_, axes[fac]));
+      ways *= fac_ways[static_cast<std::size_t>(fac)];
       if (f.kind(fac) == FactorKind::kReduce) {
         c.result.pending.axes.insert(c.result.pending.axes.end(), axes[fac].begin(),
                                      axes[fac].end());
       }
     }
-    c.result.spec = spec_of_dims(std::move(out_dims));
     c.work = 1.0 / static_cast<double>(ways);
     if (model_.timed()) {
       c.compute = model_.compute(n.op->flops(n, operand_shapes(g_, n), n.type.shape) * c.work);
@@ -569,6 +592,8 @@ class CandidateBuilder {
   const ValueMap<char>& pointwise_only_;
   const ValueMap<char>& constant_;
   SpecTable& table_;
+  std::vector<AxisNames> dims_;          // evaluate's scratch
+  std::vector<std::int64_t> fac_ways_;  // evaluate's scratch
 };
 
 }  // namespace

@@ -37,6 +37,15 @@ std::string_view to_string(Strategy s) {
 
 namespace {
 
+// Every list of `m` emptied, their memory kept (the choice's rounds refill them).
+template <class T>
+void clear_each(ValueMap<std::vector<T>>& m, std::size_t n) {
+  if (m.size() != n) {
+    m = ValueMap<std::vector<T>>(n);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) m[value_id(i)].clear();
+}
 
 // The tie order: less cost, then fewer bytes held (memory is not a cost, but of two plans alike
 // the one that keeps less), then less work per device, then fewer collectives, then the
@@ -93,9 +102,18 @@ class Chooser {
     for (std::size_t i = 0; i < g_.size(); ++i) shared |= reads_of_[value_id(i)] > 1;
     for (int round = 0; round < (shared ? kRounds : 1); ++round) {
       marginal_ = round > 0;
-      memo_ = ValueMap<std::vector<MarginalMemo>>(g_.size());
+      if (memo_.size() != g_.size()) {
+        memo_ = ValueMap<std::vector<MarginalMemo>>(g_.size());
+        for (std::size_t i = 0; i < g_.size(); ++i) {
+          memo_[value_id(i)].resize(g_.nodes[i].operands.size());
+        }
+      }
       for (std::size_t i = 0; i < g_.size(); ++i) {
-        memo_[value_id(i)].resize(g_.nodes[i].operands.size());
+        for (MarginalMemo& m : memo_[value_id(i)]) {
+          m.ready = false;
+          m.others.clear();
+          m.with.clear();
+        }
       }
       for (std::size_t i = 0; i < g_.size(); ++i) forward(value_id(i));
       extract();
@@ -122,7 +140,7 @@ class Chooser {
   void remember_choice() {
     last_state_ = state_;
     last_pick_ = pick_;
-    last_wants_ = ValueMap<std::vector<Spec>>(g_.size());
+    clear_each(last_wants_, g_.size());
     for (const ValueId o : g_.outputs) last_wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
@@ -245,7 +263,8 @@ class Chooser {
     for (const auto& [w, cost] : memo.with) {
       if (w == want) return cost;
     }
-    std::vector<Spec> with = memo.others;
+    std::vector<Spec>& with = with_;
+    with.assign(memo.others.begin(), memo.others.end());
     with.push_back(want);
     Cost total = reads_.cost(o, at, with);
     total.value -= memo.without.value;
@@ -279,13 +298,14 @@ class Chooser {
   void extract() {
     pick_ = ValueMap<int>(g_.size(), -1);
     state_ = ValueMap<int>(g_.size(), -1);
-    wants_ = ValueMap<std::vector<Spec>>(g_.size());
-    need_ = ValueMap<std::vector<int>>(g_.size());
+    clear_each(wants_, g_.size());
+    clear_each(need_, g_.size());
     for (const ValueId o : g_.outputs) wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = g_.size(); i-- > 0;) {
       const ValueId v = value_id(i);
       const Space& sp = space_[v];
-      std::vector<int> allowed = need_[v];
+      std::vector<int>& allowed = allowed_;
+      allowed.assign(need_[v].begin(), need_[v].end());
       if (allowed.empty()) {
         for (std::size_t s = 0; s < sp.states.size(); ++s) allowed.push_back(static_cast<int>(s));
       }
@@ -612,7 +632,8 @@ class Chooser {
   // The cost of a whole assignment (CandidateSpace::cost; choose()'s own cost): the compute each
   // candidate does and each value's reads.
   double program_cost(const std::vector<int>& pick) {
-    ValueMap<std::vector<Spec>> wants(g_.size());
+    ValueMap<std::vector<Spec>>& wants = cost_wants_;
+    clear_each(wants, g_.size());
     for (const ValueId o : g_.outputs) wants[o].push_back(out_specs_[o]);
     Cost total;
     for (std::size_t i = 0; i < g_.size(); ++i) {
@@ -639,7 +660,7 @@ class Chooser {
     Choices out;
     out.decisions = ValueMap<Decision>(g_.size());
     out.reads = ValueMap<ReadPlan>(g_.size());
-    wants_ = ValueMap<std::vector<Spec>>(g_.size());
+    clear_each(wants_, g_.size());
     for (const ValueId o : g_.outputs) wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
@@ -709,7 +730,10 @@ class Chooser {
   const ValueMap<int>& reads_of_;  // uses_.reads_of
   ValueMap<Cost> reads_now_;              // current_reads
   ValueMap<char> reads_known_;
-  std::vector<Spec> delta_wants_;  // delta's scratch
+  // Scratch, kept for its memory: delta's, added_read's, extract's, program_cost's.
+  std::vector<Spec> delta_wants_, with_;
+  std::vector<int> allowed_;
+  ValueMap<std::vector<Spec>> cost_wants_;
 };
 
 }  // namespace

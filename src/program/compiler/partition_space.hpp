@@ -51,8 +51,12 @@ class SpecTable {
   SpecTable(const SpecTable&) = delete;
   SpecTable& operator=(const SpecTable&) = delete;
   Spec intern(const PartitionSpec& spec);
+  /// intern(spec_of_dims(dims)) without building the spec when it is known.
+  Spec intern_dims(const std::vector<AxisNames>& dims);
 
  private:
+  Spec intern(const AxisNames* dims, std::size_t n);
+
   std::deque<Spec::Entry> entries_;
   std::unordered_map<std::size_t, std::vector<const Spec::Entry*>> by_hash_;
 };
