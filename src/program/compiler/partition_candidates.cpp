@@ -284,7 +284,7 @@ class CandidateBuilder {
       if (pointwise_only_[o] == 0) continue;
       for (const Layout& os : space_[o].states) {
         if (auto axes = split_pointwise(id, base, os)) {
-          Cand c = evaluate(id, std::move(*axes), Strategy::kSplitLike);
+          Cand c = evaluate(id, *axes, Strategy::kSplitLike);
           c.why = "split like its pending or split operand (1/n of the work)";
           out.push_back(std::move(c));
         }
@@ -440,7 +440,7 @@ class CandidateBuilder {
       if (fac < 0 || f.kind(fac) == FactorKind::kReplicate) return std::nullopt;
       axes[fac] = dims[d];
     }
-    Cand c = evaluate(id, std::move(axes), Strategy::kCarry, &*carried, as_is);
+    Cand c = evaluate(id, axes, Strategy::kCarry, &*carried, std::move(as_is));
     for (std::size_t q = 0; q < n.operands.size(); ++q) {
       if (c.as_is[q] >= 0 && !equivalent(mesh_, *c.wants[q], S.spec,
                                          g_[n.operands[q]].type.shape.rank())) {
@@ -517,7 +517,7 @@ class CandidateBuilder {
       if (fac < 0 || f.kind(fac) != FactorKind::kPass) return std::nullopt;
       axes[fac] = dims[d];
     }
-    Cand c = evaluate(o, std::move(axes), Strategy::kMadeForUser);
+    Cand c = evaluate(o, axes, Strategy::kMadeForUser);
     if (!c.result.pending.empty() ||
         !equivalent(mesh_, c.result.spec, want, rn.type.shape.rank())) {
       return std::nullopt;
@@ -529,8 +529,8 @@ class CandidateBuilder {
   // What running node `id` with these factor axes asks of its operands and gives its result.
   // Operands with a state in `as_is` are read as they are and `carried`, their pending sum,
   // stays pending in the result.
-  Cand evaluate(ValueId id, FactorAxes axes, Strategy strategy, const Pending* carried = nullptr,
-                std::vector<int> as_is = {}) {
+  Cand evaluate(ValueId id, const FactorAxes& axes, Strategy strategy,
+                const Pending* carried = nullptr, std::vector<int> as_is = {}) {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     Cand c{.strategy = strategy};
