@@ -543,7 +543,8 @@ class CandidateBuilder {
     std::vector<std::int64_t>& fac_ways = fac_ways_;  // the devices each factor is split over
     fac_ways.resize(static_cast<std::size_t>(f.count()));
     for (int fac = 0; fac < f.count(); ++fac) {
-      fac_ways[static_cast<std::size_t>(fac)] = std::max<std::int64_t>(1, product(mesh_, axes[fac]));
+      fac_ways[static_cast<std::size_t>(fac)] =
+          std::max<std::int64_t>(1, product(mesh_, axes[fac]));
     }
     auto fits = [&](std::int64_t size, int fac) {
       if (fac < 0) return false;
@@ -557,7 +558,9 @@ class CandidateBuilder {
       for (std::size_t d = 0; d < dims.size(); ++d) {
         dims[d].clear();
         const int fac = factors[d];
-        if (fits(shape[static_cast<int>(d)], fac)) dims[d].assign(axes[fac].begin(), axes[fac].end());
+        if (fits(shape[static_cast<int>(d)], fac)) {
+          dims[d].assign(axes[fac].begin(), axes[fac].end());
+        }
       }
       return table_.intern_dims(dims);
     };
@@ -592,7 +595,7 @@ class CandidateBuilder {
   const ValueMap<char>& pointwise_only_;
   const ValueMap<char>& constant_;
   SpecTable& table_;
-  std::vector<AxisNames> dims_;          // evaluate's scratch
+  std::vector<AxisNames> dims_;         // evaluate's scratch
   std::vector<std::int64_t> fac_ways_;  // evaluate's scratch
 };
 

@@ -213,8 +213,9 @@ class Chooser {
       if (c.fallback && !os.states[s].pending.empty()) continue;
       const Cost& upstream = os.best[s];
       if (upstream.value == kInfinite) continue;
-      const Cost total = scaled(
-          upstream + (c.as_is[k] == kAnyState ? Cost{} : reads_.reshard(o, os.keys[s], c.wants[k])));
+      const Cost moved =
+          c.as_is[k] == kAnyState ? Cost{} : reads_.reshard(o, os.keys[s], c.wants[k]);
+      const Cost total = scaled(upstream + moved);
       if (cheaper(total, best.first)) best = {total, static_cast<int>(s)};
     }
     return best;
