@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../src/program/compiler/partition_space.hpp"
 #include "partition_search_test.hpp"
 #include "test_util.hpp"
 #include "shardplan/error.hpp"
@@ -155,6 +156,28 @@ TEST(PartitionCostModel, LinkLatencyPrefersOneCollectiveWhereBytesTie) {
   LinkFigures slow_start;
   slow_start.axes["x"] = AxisLink{.bytes_per_second = 100e9, .latency_seconds = 1e-3};
   EXPECT_EQ(update_collectives(slow_start), (std::vector<std::string>{"all_reduce"}));
+}
+
+// The choice's specs are interned (SpecTable): equal specs are one handle however they were made,
+// so handles compare as the specs do (PartitionSpec's ==: dimension by dimension, the order of a
+// dimension's axes included); intern_dims drops trailing whole dimensions as spec_of_dims does.
+TEST(PartitionSpecTable, EqualSpecsAreOneHandleHoweverTheyWereMade) {
+  SpecTable table;
+  const Spec x = table.intern(PartitionSpec{"x"});
+  EXPECT_EQ(x, table.intern(PartitionSpec{"x"}));
+  EXPECT_EQ(x, table.intern_dims({{"x"}, {}, {}}));
+  EXPECT_EQ(*x, PartitionSpec{"x"});
+  const Spec x_whole = table.intern(PartitionSpec{"x", nullptr});  // not equal to P("x")
+  EXPECT_FALSE(x_whole == x);
+  EXPECT_EQ(x_whole, table.intern(PartitionSpec{"x", nullptr}));
+  const Spec whole = table.intern(PartitionSpec());
+  EXPECT_EQ(whole, table.intern_dims({{}, {}}));
+  const Spec yx = table.intern_dims({{}, {"y", "x"}});
+  EXPECT_EQ(*yx, (PartitionSpec{nullptr, AxisNames{"y", "x"}}));
+  const Spec xy = table.intern_dims({{}, {"x", "y"}});
+  EXPECT_FALSE(xy == yx);
+  EXPECT_EQ((std::vector<int>{x.id(), x_whole.id(), whole.id(), yx.id(), xy.id()}),
+            (std::vector<int>{0, 1, 2, 3, 4}));
 }
 
 }  // namespace

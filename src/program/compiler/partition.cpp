@@ -103,8 +103,8 @@ class Emitter {
     const Layout& at = dec_[value].result;
     if (at.pending.empty() && at.spec == want) return slot_[value];  // (the common case, cheaply)
     const TensorType& t = g_[value].type;
-    const NamedSharding cur(mesh_, at.spec);
-    const NamedSharding target(mesh_, want);
+    const NamedSharding& cur = sharding_of(at.spec);
+    const NamedSharding& target = sharding_of(want);
     if (at.pending.empty() && cur.is_equivalent_to(target, t.shape.rank())) return slot_[value];
     for (const auto& [done, slot] : resharded_[value]) {
       if (done == want) return slot;
@@ -119,7 +119,7 @@ class Emitter {
     }
     if (source != nullptr) {
       from = require(value, *source, reason);
-      cost = plan_reshard(t.shape, t.dtype, NamedSharding(mesh_, *source), {}, target,
+      cost = plan_reshard(t.shape, t.dtype, sharding_of(*source), {}, target,
                           devices_per_process_);
     } else {
       cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target, devices_per_process_);
@@ -146,9 +146,9 @@ class Emitter {
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
       in_slots.push_back(read(o, d, k));
-      in_local.push_back(NamedSharding(mesh_, d.wants[k]).shard_shape(g_[o].type.shape));
+      in_local.push_back(sharding_of(d.wants[k]).shard_shape(g_[o].type.shape));
     }
-    const NamedSharding out_sharding(mesh_, d.result.spec);
+    const NamedSharding& out_sharding = sharding_of(d.result.spec);
     Node local = n;
     local.type.shape = out_sharding.shard_shape(n.type.shape);
     if (n.op->localize != nullptr) n.op->localize(local, operand_shapes(g_, n), in_local);
@@ -192,7 +192,7 @@ class Emitter {
     BlocksKey key{spec, shape};
     if (const auto it = blocks_.find(key); it != blocks_.end()) return it->second;
     auto blocks =
-        std::make_shared<const std::vector<Block>>(NamedSharding(mesh_, spec).device_blocks(shape));
+        std::make_shared<const std::vector<Block>>(sharding_of(spec).device_blocks(shape));
     auto offsets = std::make_shared<Offsets>();
     for (const Block& b : *blocks) {
       std::vector<std::int64_t> starts;
@@ -202,6 +202,15 @@ class Emitter {
     SharedBlocks made{std::move(blocks), std::move(offsets)};
     blocks_.emplace(std::move(key), made);
     return made;
+  }
+
+  // NamedSharding(mesh_, spec), made once per spec instance (the decisions share the choice's
+  // instances): each entry holds its spec, so the address of the spec's dims names it.
+  const NamedSharding& sharding_of(const PartitionSpec& spec) {
+    const void* key = &spec.dims();
+    if (const auto it = shardings_.find(key); it != shardings_.end()) return it->second.second;
+    return shardings_.emplace(key, std::pair(spec, NamedSharding(mesh_, spec)))
+        .first->second.second;
   }
 
   const Graph& g_;
@@ -214,6 +223,7 @@ class Emitter {
   ValueMap<SlotId> slot_;
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
   std::unordered_map<BlocksKey, SharedBlocks, BlocksKeyHash> blocks_;
+  std::unordered_map<const void*, std::pair<PartitionSpec, NamedSharding>> shardings_;
   int next_slot_ = 0;
   Partitioned out_;
   ValueId reader_{};                              // the node whose operands are read now

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "partition_space.hpp"
+#include "../ir/fields.hpp"
 #include "../ir/primitive.hpp"
 #include "../ir/primitives.hpp"
 
@@ -54,6 +55,30 @@ std::int64_t block_numel(const Mesh& mesh, const PartitionSpec& spec, const Shap
 
 }  // namespace
 
+Spec SpecTable::intern(const PartitionSpec& spec) {
+  return intern(spec.dims().data(), spec.dims().size());
+}
+
+Spec SpecTable::intern_dims(const std::vector<AxisNames>& dims) {
+  std::size_t n = dims.size();
+  while (n > 0 && dims[n - 1].empty()) --n;  // as spec_of_dims
+  return intern(dims.data(), n);
+}
+
+Spec SpecTable::intern(const AxisNames* dims, std::size_t n) {
+  std::size_t h = n;
+  for (std::size_t d = 0; d < n; ++d) h = hash_combine(h, hash_of(dims[d]));
+  std::vector<const Spec::Entry*>& same_hash = by_hash_[h];
+  for (const Spec::Entry* e : same_hash) {
+    const std::vector<AxisNames>& have = e->spec.dims();
+    if (have.size() == n && std::equal(have.begin(), have.end(), dims)) return Spec(e);
+  }
+  entries_.push_back({PartitionSpec(std::vector<AxisNames>(dims, dims + n)),
+                      static_cast<int>(entries_.size())});
+  same_hash.push_back(&entries_.back());
+  return Spec(&entries_.back());
+}
+
 GraphUses::GraphUses(const Graph& g)
     : users(g.size()),
       reads_of(g.size(), 0),
@@ -91,7 +116,8 @@ namespace {
 class CandidateBuilder {
  public:
   CandidateBuilder(const Graph& g, const Propagator& prop, const ValueMap<PartitionSpec>& specs,
-                   const Mesh& mesh, const PartitionCost& model, const GraphUses& uses)
+                   const Mesh& mesh, const PartitionCost& model, const GraphUses& uses,
+                   SpecTable& table)
       : g_(g),
         prop_(prop),
         specs_(specs),
@@ -101,7 +127,8 @@ class CandidateBuilder {
         users_(uses.users),
         is_output_(uses.is_output),
         pointwise_only_(uses.pointwise_only),
-        constant_(uses.constant) {}
+        constant_(uses.constant),
+        table_(table) {}
 
   ValueMap<Space> run() {
     build();
@@ -129,7 +156,7 @@ class CandidateBuilder {
       const Node& n = g_[id];
       if (n.op->repeat == nullptr || users_[id].size() != 1 || is_output_[id] != 0) continue;
       const auto [user, pos] = users_[id].front();
-      std::vector<PartitionSpec> wanted;
+      std::vector<Spec> wanted;
       for (const Cand& c : space_[user].cands) {
         const auto k = static_cast<std::size_t>(pos);
         if (c.as_is[k] == kRead &&
@@ -137,8 +164,8 @@ class CandidateBuilder {
           wanted.push_back(c.wants[k]);
         }
       }
-      for (const PartitionSpec& want : wanted) {
-        if (auto c = made_for_user(id, want)) add(id, std::move(*c));
+      for (const Spec want : wanted) {
+        if (auto c = made_for_user(id, *want)) add(id, std::move(*c));
       }
     }
   }
@@ -189,7 +216,7 @@ class CandidateBuilder {
     if (n.op->fixed_layout != nullptr) {  // shard_map: the layouts the op fixes
       FixedLayout fl = n.op->fixed_layout(n);
       Cand c{.strategy = Strategy::kFixed, .kind = Decision::Kind::kKernel};
-      c.wants = std::move(fl.operands);
+      for (const PartitionSpec& w : fl.operands) c.wants.push_back(table_.intern(w));
       c.as_is.assign(n.operands.size(), kRead);
       c.result = {std::move(fl.result), {}, {}};
       out.push_back(std::move(c));
@@ -219,7 +246,7 @@ class CandidateBuilder {
     const ValueId o = g_[id].operands[0];
     const Layout& in = state(o, s);
     Cand c{.strategy = Strategy::kFixed, .why = std::move(why), .kind = Decision::Kind::kAlias};
-    c.wants = {in.spec};
+    c.wants = {table_.intern(in.spec)};
     c.as_is = {s};
     c.result = {in.spec, in.pending, {}};
     return c;
@@ -231,7 +258,8 @@ class CandidateBuilder {
   void kernel_candidates(ValueId id, std::vector<Cand>& out) {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
-    out.push_back(evaluate(id, assign(id, false), Strategy::kPassFirst));
+    const FactorAxes base = assign(id, false);
+    out.push_back(evaluate(id, base, Strategy::kPassFirst));
     if (std::find(f.kinds.begin(), f.kinds.end(), FactorKind::kReduce) != f.kinds.end()) {
       Cand c = evaluate(id, assign(id, true), Strategy::kReduceFirst);
       c.why = "its reduce factors took the axes first";
@@ -251,13 +279,12 @@ class CandidateBuilder {
         out.push_back(std::move(m));
       }
     }
-    const FactorAxes base = assign(id, false);
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
       if (pointwise_only_[o] == 0) continue;
       for (const Layout& os : space_[o].states) {
         if (auto axes = split_pointwise(id, base, os)) {
-          Cand c = evaluate(id, std::move(*axes), Strategy::kSplitLike);
+          Cand c = evaluate(id, *axes, Strategy::kSplitLike);
           c.why = "split like its pending or split operand (1/n of the work)";
           out.push_back(std::move(c));
         }
@@ -317,7 +344,11 @@ class CandidateBuilder {
     const OpFactors& f = prop_.factors(id);
     const auto& rdims = prop_.at(id).dims;
     FactorAxes axes(f.count());
-    std::set<std::string> used;
+    // The axes taken (a mesh has few: a list searched beats a tree of strings).
+    std::vector<std::string> used;
+    const auto is_used = [&](const std::string& a) {
+      return std::find(used.begin(), used.end(), a) != used.end();
+    };
     auto take_pass = [&] {
       for (std::size_t d = 0; d < f.result.size(); ++d) {
         const int fac = f.result[d];
@@ -325,11 +356,11 @@ class CandidateBuilder {
         if (!axes[fac].empty()) continue;
         AxisNames kept;
         for (const auto& a : rdims[d]) {
-          if (used.count(a)) break;  // a major-to-minor prefix only
+          if (is_used(a)) break;  // a major-to-minor prefix only
           kept.push_back(a);
         }
-        axes[fac] = kept;
-        used.insert(kept.begin(), kept.end());
+        used.insert(used.end(), kept.begin(), kept.end());
+        axes[fac] = std::move(kept);
       }
     };
     auto take_reduce = [&](const std::set<std::string>* among) {
@@ -345,10 +376,10 @@ class CandidateBuilder {
             continue;
           }
           const bool free = std::none_of(odims[d].begin(), odims[d].end(),
-                                         [&](const auto& a) { return used.count(a) > 0; });
+                                         [&](const auto& a) { return is_used(a); });
           if (!free || f.size(fac) % product(mesh_, odims[d]) != 0) continue;
           axes[fac] = odims[d];
-          used.insert(odims[d].begin(), odims[d].end());
+          used.insert(used.end(), odims[d].begin(), odims[d].end());
         }
       }
     };
@@ -409,9 +440,9 @@ class CandidateBuilder {
       if (fac < 0 || f.kind(fac) == FactorKind::kReplicate) return std::nullopt;
       axes[fac] = dims[d];
     }
-    Cand c = evaluate(id, std::move(axes), Strategy::kCarry, &*carried, as_is);
+    Cand c = evaluate(id, axes, Strategy::kCarry, &*carried, std::move(as_is));
     for (std::size_t q = 0; q < n.operands.size(); ++q) {
-      if (c.as_is[q] >= 0 && !equivalent(mesh_, c.wants[q], S.spec,
+      if (c.as_is[q] >= 0 && !equivalent(mesh_, *c.wants[q], S.spec,
                                          g_[n.operands[q]].type.shape.rank())) {
         return std::nullopt;
       }
@@ -486,7 +517,7 @@ class CandidateBuilder {
       if (fac < 0 || f.kind(fac) != FactorKind::kPass) return std::nullopt;
       axes[fac] = dims[d];
     }
-    Cand c = evaluate(o, std::move(axes), Strategy::kMadeForUser);
+    Cand c = evaluate(o, axes, Strategy::kMadeForUser);
     if (!c.result.pending.empty() ||
         !equivalent(mesh_, c.result.spec, want, rn.type.shape.rank())) {
       return std::nullopt;
@@ -498,8 +529,8 @@ class CandidateBuilder {
   // What running node `id` with these factor axes asks of its operands and gives its result.
   // Operands with a state in `as_is` are read as they are and `carried`, their pending sum,
   // stays pending in the result.
-  Cand evaluate(ValueId id, FactorAxes axes, Strategy strategy, const Pending* carried = nullptr,
-                std::vector<int> as_is = {}) {
+  Cand evaluate(ValueId id, const FactorAxes& axes, Strategy strategy,
+                const Pending* carried = nullptr, std::vector<int> as_is = {}) {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     Cand c{.strategy = strategy};
@@ -509,35 +540,43 @@ class CandidateBuilder {
     // A dimension takes its factor's axes when they split both: a reshape's compound dimension
     // is larger than the factor it shares, and splitting it further than the factor is not a
     // split of the factor (its blocks would not be the operand's).
+    std::vector<std::int64_t>& fac_ways = fac_ways_;  // the devices each factor is split over
+    fac_ways.resize(static_cast<std::size_t>(f.count()));
+    for (int fac = 0; fac < f.count(); ++fac) {
+      fac_ways[static_cast<std::size_t>(fac)] =
+          std::max<std::int64_t>(1, product(mesh_, axes[fac]));
+    }
     auto fits = [&](std::int64_t size, int fac) {
       if (fac < 0) return false;
-      const std::int64_t ways = std::max<std::int64_t>(1, product(mesh_, axes[fac]));
+      const std::int64_t ways = fac_ways[static_cast<std::size_t>(fac)];
       return size % ways == 0 && f.size(fac) % ways == 0;
     };
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      const TensorType& ot = g_[n.operands[k]].type;
-      std::vector<AxisNames> want(static_cast<std::size_t>(ot.shape.rank()));
-      for (std::size_t d = 0; d < want.size(); ++d) {
-        const int fac = f.operands[k][d];
-        if (fits(ot.shape[static_cast<int>(d)], fac)) want[d] = axes[fac];
+    // Each operand's dims, then the result's, in one scratch (its lists keep their memory).
+    std::vector<AxisNames>& dims = dims_;
+    const auto spec_of = [&](const Shape& shape, const std::vector<int>& factors) {
+      dims.resize(static_cast<std::size_t>(shape.rank()));
+      for (std::size_t d = 0; d < dims.size(); ++d) {
+        dims[d].clear();
+        const int fac = factors[d];
+        if (fits(shape[static_cast<int>(d)], fac)) {
+          dims[d].assign(axes[fac].begin(), axes[fac].end());
+        }
       }
-      c.wants.push_back(spec_of_dims(want));
+      return table_.intern_dims(dims);
+    };
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      c.wants.push_back(spec_of(g_[n.operands[k]].type.shape, f.operands[k]));
     }
-    std::vector<AxisNames> out_dims(static_cast<std::size_t>(n.type.shape.rank()));
-    for (std::size_t d = 0; d < out_dims.size(); ++d) {
-      const int fac = f.result[d];
-      if (fits(n.type.shape[static_cast<int>(d)], fac)) out_dims[d] = axes[fac];
-    }
+    c.result.spec = *spec_of(n.type.shape, f.result);
     c.result.pending = carried != nullptr ? *carried : Pending{n.op->partial, {}};
     std::int64_t ways = 1;
     for (int fac = 0; fac < f.count(); ++fac) {
-      ways *= std::max<std::int64_t>(1, product(mesh_, axes[fac]));
+      ways *= fac_ways[static_cast<std::size_t>(fac)];
       if (f.kind(fac) == FactorKind::kReduce) {
         c.result.pending.axes.insert(c.result.pending.axes.end(), axes[fac].begin(),
                                      axes[fac].end());
       }
     }
-    c.result.spec = spec_of_dims(std::move(out_dims));
     c.work = 1.0 / static_cast<double>(ways);
     if (model_.timed()) {
       c.compute = model_.compute(n.op->flops(n, operand_shapes(g_, n), n.type.shape) * c.work);
@@ -555,14 +594,18 @@ class CandidateBuilder {
   const ValueMap<char>& is_output_;
   const ValueMap<char>& pointwise_only_;
   const ValueMap<char>& constant_;
+  SpecTable& table_;
+  std::vector<AxisNames> dims_;         // evaluate's scratch
+  std::vector<std::int64_t> fac_ways_;  // evaluate's scratch
 };
 
 }  // namespace
 
 ValueMap<Space> build_candidates(const Graph& g, const Propagator& prop,
                                  const ValueMap<PartitionSpec>& specs, const Mesh& mesh,
-                                 const PartitionCost& model, const GraphUses& uses) {
-  return CandidateBuilder(g, prop, specs, mesh, model, uses).run();
+                                 const PartitionCost& model, const GraphUses& uses,
+                                 SpecTable& table) {
+  return CandidateBuilder(g, prop, specs, mesh, model, uses, table).run();
 }
 
 void read_pieces(const Graph& g, const ValueMap<PartitionSpec>& specs, const ValueMap<Space>& space,
@@ -582,7 +625,7 @@ void read_pieces(const Graph& g, const ValueMap<PartitionSpec>& specs, const Val
       const Cand& cand = space[v].cands[c];
       for (std::size_t k = 0; k < cand.as_is.size(); ++k) {
         if (cand.as_is[k] != kRead) continue;
-        out.nodes[v].candidates[c].wanted[k] = index_of(g[v].operands[k], cand.wants[k]);
+        out.nodes[v].candidates[c].wanted[k] = index_of(g[v].operands[k], *cand.wants[k]);
       }
     }
   }

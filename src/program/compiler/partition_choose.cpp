@@ -52,6 +52,16 @@ bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const
 
 namespace {
 
+// Every list of `m` emptied, their memory kept (the choice's rounds refill them).
+template <class T>
+void clear_each(ValueMap<std::vector<T>>& m, std::size_t n) {
+  if (m.size() != n) {
+    m = ValueMap<std::vector<T>>(n);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) m[value_id(i)].clear();
+}
+
 
 
 class Chooser {
@@ -82,16 +92,31 @@ class Chooser {
   // read already makes costs nothing more to reshard). The cheapest choice of the rounds is kept.
   static constexpr int kRounds = 3;
   void solve() {
-    space_ = build_candidates(g_, prop_, specs_, mesh_, model_, uses_);
+    space_ = build_candidates(g_, prop_, specs_, mesh_, model_, uses_, table_);
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      Space& sp = space_[value_id(i)];
+      for (const Layout& l : sp.states) sp.keys.push_back(reads_.key(l, table_));
+    }
+    out_specs_ = ValueMap<Spec>(g_.size());
+    for (const ValueId o : g_.outputs) out_specs_[o] = table_.intern(specs_[o]);
     std::vector<int> best_pick;
     double best_cost = kInfinite;
     bool shared = false;
     for (std::size_t i = 0; i < g_.size(); ++i) shared |= reads_of_[value_id(i)] > 1;
     for (int round = 0; round < (shared ? kRounds : 1); ++round) {
       marginal_ = round > 0;
-      memo_ = ValueMap<std::vector<MarginalMemo>>(g_.size());
+      if (memo_.size() != g_.size()) {
+        memo_ = ValueMap<std::vector<MarginalMemo>>(g_.size());
+        for (std::size_t i = 0; i < g_.size(); ++i) {
+          memo_[value_id(i)].resize(g_.nodes[i].operands.size());
+        }
+      }
       for (std::size_t i = 0; i < g_.size(); ++i) {
-        memo_[value_id(i)].resize(g_.nodes[i].operands.size());
+        for (MarginalMemo& m : memo_[value_id(i)]) {
+          m.ready = false;
+          m.others.clear();
+          m.with.clear();
+        }
       }
       for (std::size_t i = 0; i < g_.size(); ++i) forward(value_id(i));
       extract();
@@ -118,8 +143,8 @@ class Chooser {
   void remember_choice() {
     last_state_ = state_;
     last_pick_ = pick_;
-    last_wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
-    for (const ValueId o : g_.outputs) last_wants_[o].push_back(specs_[o]);
+    clear_each(last_wants_, g_.size());
+    for (const ValueId o : g_.outputs) last_wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       const Cand& c = space_[v].cands[static_cast<std::size_t>(pick_[v])];
@@ -148,7 +173,7 @@ class Chooser {
     }
     read_pieces(g_, specs_, space_, out,
                 [this](ValueId v, const Layout& from, const PartitionSpec& to) {
-                  return reads_.reshard(v, from, to);
+                  return reads_.reshard(v, reads_.key(from, table_), table_.intern(to));
                 });
     out.cost = [this](const std::vector<int>& pick) { return program_cost(pick); };
     return out;
@@ -159,15 +184,16 @@ class Chooser {
   const Layout& state(ValueId v, int s) const {
     return space_[v].states[static_cast<std::size_t>(s)];
   }
+  StateKey key(ValueId v, int s) const { return space_[v].keys[static_cast<std::size_t>(s)]; }
 
   // ---- the choice ----------------------------------------------------------------------------
 
   // marginal_read's, per (node, operand), for one round.
   struct MarginalMemo {
     bool ready = false;
-    std::vector<PartitionSpec> others;                 // the other reads' shardings
-    Cost without;                                      // their cost
-    std::vector<std::pair<PartitionSpec, Cost>> with;  // what a read in a sharding adds
+    std::vector<Spec> others;                 // the other reads' shardings
+    Cost without;                             // their cost
+    std::vector<std::pair<Spec, Cost>> with;  // what a read in a sharding adds
   };
 
   // The least cost of operand k's read by candidate c (a state of the operand and the reshard
@@ -190,8 +216,9 @@ class Chooser {
       if (c.fallback && !os.states[s].pending.empty()) continue;
       const Cost& upstream = os.best[s];
       if (upstream.value == kInfinite) continue;
-      const Cost total = scaled(
-          upstream + (c.as_is[k] == kAnyState ? Cost{} : reads_.reshard(o, os.states[s], c.wants[k])));
+      const Cost moved =
+          c.as_is[k] == kAnyState ? Cost{} : reads_.reshard(o, os.keys[s], c.wants[k]);
+      const Cost total = scaled(upstream + moved);
       if (cheaper(total, best.first)) best = {total, static_cast<int>(s)};
     }
     return best;
@@ -213,7 +240,7 @@ class Chooser {
         const auto it = std::find(memo.others.begin(), memo.others.end(), mine.wants[k]);
         if (it != memo.others.end()) memo.others.erase(it);
       }
-      memo.without = reads_.cost(o, os.states[static_cast<std::size_t>(chosen)], memo.others);
+      memo.without = reads_.cost(o, os.keys[static_cast<std::size_t>(chosen)], memo.others);
       memo.ready = true;
     }
     std::pair<Cost, int> best{kInf, -1};
@@ -223,11 +250,11 @@ class Chooser {
       if (c.fallback && c.as_is[k] == kRead && !os.states[s].pending.empty()) continue;
       Cost total;
       if (si == chosen) {
-        if (c.as_is[k] == kRead) total = added_read(memo, o, os.states[s], c.wants[k]);
+        if (c.as_is[k] == kRead) total = added_read(memo, o, os.keys[s], c.wants[k]);
       } else {
         if (os.best[s].value == kInfinite) continue;
         total = os.best[s];
-        if (c.as_is[k] == kRead) total += reads_.reshard(o, os.states[s], c.wants[k]);
+        if (c.as_is[k] == kRead) total += reads_.reshard(o, os.keys[s], c.wants[k]);
       }
       if (cheaper(total, best.first)) best = {total, si};
     }
@@ -236,11 +263,12 @@ class Chooser {
 
   // What a read in `want` adds to the other reads of o (in its chosen state `at`), memoized by
   // the sharding wanted.
-  Cost added_read(MarginalMemo& memo, ValueId o, const Layout& at, const PartitionSpec& want) {
+  Cost added_read(MarginalMemo& memo, ValueId o, StateKey at, Spec want) {
     for (const auto& [w, cost] : memo.with) {
       if (w == want) return cost;
     }
-    std::vector<PartitionSpec> with = memo.others;
+    std::vector<Spec>& with = with_;
+    with.assign(memo.others.begin(), memo.others.end());
     with.push_back(want);
     Cost total = reads_.cost(o, at, with);
     total.value -= memo.without.value;
@@ -274,13 +302,14 @@ class Chooser {
   void extract() {
     pick_ = ValueMap<int>(g_.size(), -1);
     state_ = ValueMap<int>(g_.size(), -1);
-    wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
-    need_ = ValueMap<std::vector<int>>(g_.size());
-    for (const ValueId o : g_.outputs) wants_[o].push_back(specs_[o]);
+    clear_each(wants_, g_.size());
+    clear_each(need_, g_.size());
+    for (const ValueId o : g_.outputs) wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = g_.size(); i-- > 0;) {
       const ValueId v = value_id(i);
       const Space& sp = space_[v];
-      std::vector<int> allowed = need_[v];
+      std::vector<int>& allowed = allowed_;
+      allowed.assign(need_[v].begin(), need_[v].end());
       if (allowed.empty()) {
         for (std::size_t s = 0; s < sp.states.size(); ++s) allowed.push_back(static_cast<int>(s));
       }
@@ -291,7 +320,7 @@ class Chooser {
         const int a = sp.arg[static_cast<std::size_t>(s)];
         if (a < 0) continue;
         const Cost c = sp.best[static_cast<std::size_t>(s)] +
-                         reads_.cost(v, state(v, s), wants_[v]);
+                         reads_.cost(v, key(v, s), wants_[v]);
         if (pick_[v] < 0 || before(c, sp.cands[static_cast<std::size_t>(a)], s, best,
                                    sp.cands[static_cast<std::size_t>(pick_[v])], state_[v])) {
           best = c;
@@ -334,7 +363,7 @@ class Chooser {
         Cost total = cand.compute;
         for (std::size_t k = 0; k < cand.as_is.size(); ++k) {
           const ValueId o = g_[v].operands[k];
-          if (cand.as_is[k] == kRead) total += reads_.reshard(o, state(o, state_[o]), cand.wants[k]);
+          if (cand.as_is[k] == kRead) total += reads_.reshard(o, key(o, state_[o]), cand.wants[k]);
         }
         if (pick < 0 || before(total, cand, static_cast<int>(c), best,
                                sp.cands[static_cast<std::size_t>(pick)], pick)) {
@@ -352,12 +381,13 @@ class Chooser {
   }
 
   // Step 4 (partition_moves.hpp).
-  void improve() { detail::improve(g_, specs_, uses_, space_, reads_, pick_, state_); }
+  void improve() { detail::improve(g_, out_specs_, uses_, space_, reads_, pick_, state_); }
 
   bool meets(ValueId v, const Cand& c) const { return detail::meets(g_, space_, state_, v, c); }
 
   Decision decision_of(ValueId v, const Cand& c) const {
-    Decision d{.kind = c.kind, .wants = c.wants, .result = c.result};
+    Decision d{.kind = c.kind, .result = c.result};
+    for (const Spec w : c.wants) d.wants.push_back(*w);
     d.result.why = c.why;
     d.as_is.assign(c.as_is.size(), 0);
     for (std::size_t k = 0; k < c.as_is.size(); ++k) {
@@ -372,8 +402,9 @@ class Chooser {
   // The cost of a whole assignment (CandidateSpace::cost; choose()'s own cost): the compute each
   // candidate does and each value's reads.
   double program_cost(const std::vector<int>& pick) {
-    ValueMap<std::vector<PartitionSpec>> wants(g_.size());
-    for (const ValueId o : g_.outputs) wants[o].push_back(specs_[o]);
+    ValueMap<std::vector<Spec>>& wants = cost_wants_;
+    clear_each(wants, g_.size());
+    for (const ValueId o : g_.outputs) wants[o].push_back(out_specs_[o]);
     Cost total;
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
@@ -390,7 +421,7 @@ class Chooser {
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       const Cand& c = space_[v].cands[static_cast<std::size_t>(pick[i])];
-      total += reads_.cost(v, state(v, c.state), wants[v]);
+      total += reads_.cost(v, key(v, c.state), wants[v]);
     }
     return total.value;
   }
@@ -399,8 +430,8 @@ class Chooser {
     Choices out;
     out.decisions = ValueMap<Decision>(g_.size());
     out.reads = ValueMap<ReadPlan>(g_.size());
-    wants_ = ValueMap<std::vector<PartitionSpec>>(g_.size());
-    for (const ValueId o : g_.outputs) wants_[o].push_back(specs_[o]);
+    clear_each(wants_, g_.size());
+    for (const ValueId o : g_.outputs) wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
       ask_operands(v, space_[v].cands[static_cast<std::size_t>(pick_[v])]);
@@ -410,7 +441,7 @@ class Chooser {
       const Space& sp = space_[v];
       const Cand& c = sp.cands[static_cast<std::size_t>(pick_[v])];
       out.decisions[v] = decision_of(v, c);
-      auto [reads, plan] = reads_.plan(v, state(v, state_[v]), wants_[v]);
+      auto [reads, plan] = reads_.plan(v, key(v, state_[v]), wants_[v]);
       out.cost += (c.compute + reads).value;
       out.reads[v] = std::move(plan);
       out.decisions[v].decision = describe(v, c);
@@ -428,11 +459,10 @@ class Chooser {
     const Cand* second = nullptr;
     for (const Cand& c : sp.cands) {
       if (&c == &chosen || !meets(v, c)) continue;
-      Cost total = c.compute + reads_.cost(v, sp.states[static_cast<std::size_t>(c.state)],
-                                           wants_[v]);
+      Cost total = c.compute + reads_.cost(v, key(v, c.state), wants_[v]);
       for (std::size_t k = 0; k < c.as_is.size(); ++k) {
         const ValueId o = g_[v].operands[k];
-        if (c.as_is[k] == kRead) total += reads_.reshard(o, state(o, state_[o]), c.wants[k]);
+        if (c.as_is[k] == kRead) total += reads_.reshard(o, key(o, state_[o]), c.wants[k]);
       }
       if (second == nullptr || cheaper(total, runner)) {
         runner = total;
@@ -440,10 +470,10 @@ class Chooser {
       }
     }
     if (second == nullptr) return std::string(to_string(chosen.strategy));
-    Cost own = chosen.compute + reads_.cost(v, state(v, state_[v]), wants_[v]);
+    Cost own = chosen.compute + reads_.cost(v, key(v, state_[v]), wants_[v]);
     for (std::size_t k = 0; k < chosen.as_is.size(); ++k) {
       const ValueId o = g_[v].operands[k];
-      if (chosen.as_is[k] == kRead) own += reads_.reshard(o, state(o, state_[o]), chosen.wants[k]);
+      if (chosen.as_is[k] == kRead) own += reads_.reshard(o, key(o, state_[o]), chosen.wants[k]);
     }
     return fmt::format("{}: {}; runner-up {}: {}", to_string(chosen.strategy), model_.format(own.value),
                        to_string(second->strategy), model_.format(runner.value));
@@ -455,17 +485,23 @@ class Chooser {
   const Mesh& mesh_;
   PartitionCost model_;
   ReadPricer reads_;
+  SpecTable table_;  // the specs of space_ (its candidates' wants, its states) and the outputs'
   ValueMap<Space> space_;
   GraphUses uses_;
   ValueMap<int> pick_;   // by node: the chosen candidate
   ValueMap<int> state_;  // by value: its chosen state
-  ValueMap<std::vector<PartitionSpec>> wants_;  // by value: what chosen users read it in
+  ValueMap<Spec> out_specs_;  // by output: specs_, interned
+  ValueMap<std::vector<Spec>> wants_;  // by value: what chosen users read it in
   ValueMap<std::vector<int>> need_;             // by value: states chosen users read as they are
   bool marginal_ = false;                       // solve(): a round after the first
   ValueMap<std::vector<MarginalMemo>> memo_;
   ValueMap<int> last_state_, last_pick_;        // the last round's choice
-  ValueMap<std::vector<PartitionSpec>> last_wants_;
+  ValueMap<std::vector<Spec>> last_wants_;
   const ValueMap<int>& reads_of_;  // uses_.reads_of
+  // Scratch, kept for its memory: added_read's, extract's, program_cost's.
+  std::vector<Spec> with_;
+  std::vector<int> allowed_;
+  ValueMap<std::vector<Spec>> cost_wants_;
 };
 
 }  // namespace

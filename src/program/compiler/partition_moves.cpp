@@ -53,7 +53,7 @@ ValueMap<std::size_t> numbering_free_names(const Graph& g, const GraphUses& uses
 
 class Mover {
  public:
-  Mover(const Graph& g, const ValueMap<PartitionSpec>& specs, const GraphUses& uses,
+  Mover(const Graph& g, const ValueMap<Spec>& specs, const GraphUses& uses,
         const ValueMap<Space>& space, ReadPricer& reads, ValueMap<int>& pick, ValueMap<int>& state)
       : g_(g), specs_(specs), uses_(uses), space_(space), reads_(reads), pick_(pick), state_(state) {}
 
@@ -128,7 +128,7 @@ class Mover {
   }
 
  private:
-  using Wants = ValueMap<std::vector<PartitionSpec>>;
+  using Wants = ValueMap<std::vector<Spec>>;
 
   // Nodes to new candidates, and the change of the program's cost that makes.
   struct Move {
@@ -196,13 +196,13 @@ class Mover {
     best.origin = x;
     if (uses_.users[x].size() < 2) return best;
     for (const auto& [u, pos] : uses_.users[x]) best.footprint.push_back(u);
-    std::vector<PartitionSpec> distinct = wants[x];
-    std::sort(distinct.begin(), distinct.end(), [](const PartitionSpec& a, const PartitionSpec& b) {
+    std::vector<Spec> distinct = wants[x];
+    std::sort(distinct.begin(), distinct.end(), [](const Spec& a, const Spec& b) {
       return a.dims() < b.dims();
     });
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     for (std::size_t wi = 0; wi < distinct.size(); ++wi) {
-      const PartitionSpec& w = distinct[wi];
+      const Spec w = distinct[wi];
       std::vector<std::pair<ValueId, int>> moves;
       bool possible = true;
       std::vector<ValueId> readers;
@@ -299,7 +299,7 @@ class Mover {
 
   // The change of the whole program's cost when the moved nodes take their new candidates.
   double delta(const std::vector<std::pair<ValueId, int>>& moves,
-               const ValueMap<std::vector<PartitionSpec>>& wants) {
+               const ValueMap<std::vector<Spec>>& wants) {
     const auto moved_to = [&](ValueId v) {
       for (const auto& [m, c] : moves) {
         if (m == v) return c;
@@ -318,10 +318,9 @@ class Mover {
       before += space_[v].cands[static_cast<std::size_t>(pick_[v])].compute;
       after += space_[v].cands[static_cast<std::size_t>(c)].compute;
     }
-    std::vector<const PartitionSpec*> w;
+    std::vector<Spec>& w = delta_wants_;
     for (const ValueId x : touched) {
-      w.clear();
-      for (const PartitionSpec& s : wants[x]) w.push_back(&s);
+      w.assign(wants[x].begin(), wants[x].end());
       for (const auto& [v, c] : moves) {
         swap_wants(w, space_[v].cands[static_cast<std::size_t>(pick_[v])],
                    space_[v].cands[static_cast<std::size_t>(c)], g_[v], x);
@@ -329,23 +328,23 @@ class Mover {
       const int to = moved_to(x);
       const int new_state = to < 0 ? state_[x] : space_[x].cands[static_cast<std::size_t>(to)].state;
       before += current_reads(x, wants);
-      after += reads_.cost(x, state(x, new_state), w);
+      after += reads_.cost(x, key(x, new_state), w);
     }
     if (same_cost(after.value, before.value)) return 0;
     return after.value - before.value;
   }
 
   // read_plan's cost of x as chosen now (improve: remembered until a move touches x).
-  Cost current_reads(ValueId x, const ValueMap<std::vector<PartitionSpec>>& wants) {
+  Cost current_reads(ValueId x, const ValueMap<std::vector<Spec>>& wants) {
     if (reads_known_[x] == 0) {
-      reads_now_[x] = reads_.cost(x, state(x, state_[x]), wants[x]);
+      reads_now_[x] = reads_.cost(x, key(x, state_[x]), wants[x]);
       reads_known_[x] = 1;
     }
     return reads_now_[x];
   }
 
   void apply(const std::vector<std::pair<ValueId, int>>& moves,
-             ValueMap<std::vector<PartitionSpec>>& wants) {
+             ValueMap<std::vector<Spec>>& wants) {
     for (const auto& [v, c] : moves) {
       reads_known_[v] = 0;
       for (const ValueId o : g_[v].operands) reads_known_[o] = 0;
@@ -367,7 +366,7 @@ class Mover {
   }
 
   // Value o's wants with user v's candidate `from` replaced by `to`.
-  static void swap_wants(std::vector<PartitionSpec>& w, const Cand& from, const Cand& to,
+  static void swap_wants(std::vector<Spec>& w, const Cand& from, const Cand& to,
                          const Node& n, ValueId o) {
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       if (n.operands[k] != o) continue;
@@ -378,28 +377,12 @@ class Mover {
       if (to.as_is[k] == kRead) w.push_back(to.wants[k]);
     }
   }
-  // The same on a list of the shardings (delta: nothing copied).
-  static void swap_wants(std::vector<const PartitionSpec*>& w, const Cand& from, const Cand& to,
-                         const Node& n, ValueId o) {
-    for (std::size_t k = 0; k < n.operands.size(); ++k) {
-      if (n.operands[k] != o) continue;
-      if (from.as_is[k] == kRead) {
-        const auto it = std::find_if(w.begin(), w.end(), [&](const PartitionSpec* p) {
-          return *p == from.wants[k];
-        });
-        if (it != w.end()) w.erase(it);
-      }
-      if (to.as_is[k] == kRead) w.push_back(&to.wants[k]);
-    }
-  }
 
-  const Layout& state(ValueId v, int s) const {
-    return space_[v].states[static_cast<std::size_t>(s)];
-  }
+  StateKey key(ValueId v, int s) const { return space_[v].keys[static_cast<std::size_t>(s)]; }
   bool meets(ValueId v, const Cand& c) const { return detail::meets(g_, space_, state_, v, c); }
 
   const Graph& g_;
-  const ValueMap<PartitionSpec>& specs_;
+  const ValueMap<Spec>& specs_;  // the outputs', interned
   const GraphUses& uses_;
   const ValueMap<Space>& space_;
   ReadPricer& reads_;
@@ -407,12 +390,13 @@ class Mover {
   ValueMap<int>& state_;  // by value: its chosen state
   ValueMap<Cost> reads_now_;  // current_reads
   ValueMap<char> reads_known_;
+  std::vector<Spec> delta_wants_;  // delta's scratch, kept for its memory
   ValueMap<std::size_t> name_;  // numbering_free_names
 };
 
 }  // namespace
 
-void improve(const Graph& g, const ValueMap<PartitionSpec>& specs, const GraphUses& uses,
+void improve(const Graph& g, const ValueMap<Spec>& specs, const GraphUses& uses,
              const ValueMap<Space>& space, ReadPricer& reads, ValueMap<int>& pick,
              ValueMap<int>& state) {
   Mover(g, specs, uses, space, reads, pick, state).run();

@@ -18,9 +18,9 @@ bool before(const Cost& cost_a, const Cand& a, int ia, const Cost& cost_b, const
 bool meets(const Graph& g, const ValueMap<Space>& space, const ValueMap<int>& state, ValueId v,
            const Cand& c);
 
-/// Step 4, where values have several uses: `pick` (by node, its candidate) and `state` (by
+/// Step 4, where values have several uses (`specs`: the outputs' shardings, interned): `pick` (by node, its candidate) and `state` (by
 /// value, its candidate's state) moved while a move lowers the program's cost (the best first).
-void improve(const Graph& g, const ValueMap<PartitionSpec>& specs, const GraphUses& uses,
+void improve(const Graph& g, const ValueMap<Spec>& specs, const GraphUses& uses,
              const ValueMap<Space>& space, ReadPricer& reads, ValueMap<int>& pick,
              ValueMap<int>& state);
 

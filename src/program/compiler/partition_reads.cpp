@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "../ir/fields.hpp"
 #include "../ir/primitive.hpp"
 #include "../ir/primitives.hpp"
 
@@ -15,25 +16,68 @@ bool cheaper(const Cost& a, const Cost& b) {
 
 ReadPricer::ReadPricer(const Graph& g, const Propagator& prop, const Mesh& mesh,
                        const PartitionCost& model, const CompileSpec& spec)
-    : g_(g), prop_(prop), costs_(mesh, model) {
+    : g_(g), prop_(prop), costs_(mesh, model), pendings_{Pending{}} {
   mark_examples(spec);
+  key_types();
+}
+
+StateKey ReadPricer::key(const Layout& state, SpecTable& table) {
+  auto it = std::find(pendings_.begin(), pendings_.end(), state.pending);
+  if (it == pendings_.end()) it = pendings_.insert(it, state.pending);
+  return {table.intern(state.spec), static_cast<int>(it - pendings_.begin())};
 }
 
 // A reshard's cost; none possible (infinite) where it would move examples of a batch between
-// devices of the batch axes (InputSpec::batch).
-Cost ReadPricer::reshard(ValueId v, const Layout& from, const PartitionSpec& to) {
-  return reshard(v, from.spec, from.pending, to);
+// devices of the batch axes (InputSpec::batch). Each question is answered once per choice: the
+// answer depends on the value only through type_key_.
+Cost ReadPricer::reshard(ValueId v, StateKey from, Spec to) {
+  // (Equivalent specs cost nothing: plan_reshard moves nothing; the cache answers that.)
+  if (from.spec == to && pendings_[static_cast<std::size_t>(from.pending)].empty()) return {};
+  const auto t = static_cast<std::uint64_t>(type_key_[v]);
+  const auto f = static_cast<std::uint64_t>(from.spec.id());
+  const auto p = static_cast<std::uint64_t>(from.pending);
+  const auto o = static_cast<std::uint64_t>(to.id());
+  if (t >= (1u << 20) || f >= (1u << 18) || p >= (1u << 8) || o >= (1u << 18)) {
+    return uncached(v, from, to);  // (more than a choice ever has: not worth a wider key)
+  }
+  const std::uint64_t key = t << 44 | f << 26 | p << 18 | o;
+  const auto it = known_.find(key);
+  if (it != known_.end()) return it->second;
+  const Cost c = uncached(v, from, to);
+  known_.emplace(key, c);
+  return c;
 }
 
-Cost ReadPricer::reshard(ValueId v, const PartitionSpec& from, const Pending& pending,
-                         const PartitionSpec& to) {
+Cost ReadPricer::uncached(ValueId v, StateKey from, Spec to) {
   const TensorType& t = g_[v].type;
-  // (Equivalent specs cost nothing: plan_reshard moves nothing; the cache answers that.)
-  if (pending.empty() && from == to) return {};
-  if (examples_[v] == 0) return costs_.cost(t, from, pending, to);
+  const Pending& pending = pendings_[static_cast<std::size_t>(from.pending)];
+  if (examples_[v] == 0) return costs_.cost(t, *from.spec, pending, *to);
   bool moves = false;
-  const Cost c = costs_.cost(t, from, pending, to, &batch_axes_, &moves);
+  const Cost c = costs_.cost(t, *from.spec, pending, *to, &batch_axes_, &moves);
   return moves ? kInf : c;
+}
+
+// Values alike for a reshard (the same type, the same examples_ mark) share one index.
+void ReadPricer::key_types() {
+  type_key_ = ValueMap<int>(g_.size(), 0);
+  std::unordered_map<std::size_t, std::vector<ValueId>> first;  // by hash: one value per index
+  int next = 0;
+  for (std::size_t i = 0; i < g_.size(); ++i) {
+    const ValueId v = value_id(i);
+    const TensorType& t = g_[v].type;
+    const std::size_t h = hash_combine(hash_combine(hash_of(t.dtype), hash_of(t.shape)),
+                                       static_cast<std::size_t>(examples_[v]));
+    std::vector<ValueId>& same = first[h];
+    const auto it = std::find_if(same.begin(), same.end(), [&](ValueId u) {
+      return g_[u].type == t && examples_[u] == examples_[v];
+    });
+    if (it != same.end()) {
+      type_key_[v] = type_key_[*it];
+      continue;
+    }
+    same.push_back(v);
+    type_key_[v] = next++;
+  }
 }
 
 // Values computed from a batch (InputSpec::batch) and not summed over its axes, whose
@@ -74,18 +118,11 @@ void ReadPricer::mark_examples(const CompileSpec& spec) {
 
 // plan()'s cost alone (the least (cost, collectives) does not depend on the order of the
 // wants, so they are not sorted; duplicates count once), without building the plan.
-Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants) {
-  ptrs_.clear();  // (the overload below does not touch ptrs_)
-  for (const PartitionSpec& w : wants) ptrs_.push_back(&w);
-  return cost(v, at, ptrs_);
-}
-
-Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<const PartitionSpec*>& wants) {
-  static const Pending kNothing;
+Cost ReadPricer::cost(ValueId v, StateKey at, const std::vector<Spec>& wants) {
   const std::size_t n = wants.size();
   const auto duplicate = [&](std::size_t i) {
     for (std::size_t j = 0; j < i; ++j) {
-      if (*wants[j] == *wants[i]) return true;
+      if (wants[j] == wants[i]) return true;
     }
     return false;
   };
@@ -95,20 +132,20 @@ Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<const Parti
   std::size_t unique = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const bool dup = duplicate(i);
-    own_.push_back(dup ? Cost{} : reshard(v, at, *wants[i]));
+    own_.push_back(dup ? Cost{} : reshard(v, at, wants[i]));
     dup_[i] = dup ? 1 : 0;
     if (dup) continue;
     direct += own_[i];
     ++unique;
   }
-  if (at.pending.empty() || unique < 2) return direct;
+  if (pendings_[static_cast<std::size_t>(at.pending)].empty() || unique < 2) return direct;
   Cost best = direct;
   for (std::size_t r = 0; r < n; ++r) {
     if (dup_[r] != 0) continue;
     Cost total = own_[r];
     for (std::size_t j = 0; j < n; ++j) {
       if (j == r || dup_[j] != 0) continue;
-      const Cost from_root = reshard(v, *wants[r], kNothing, *wants[j]);
+      const Cost from_root = reshard(v, StateKey{wants[r], 0}, wants[j]);
       total += cheaper(from_root, own_[j]) ? from_root : own_[j];
     }
     if (cheaper(total, best)) best = total;
@@ -116,36 +153,36 @@ Cost ReadPricer::cost(ValueId v, const Layout& at, const std::vector<const Parti
   return best;
 }
 
-// The reads of value v in layout `at` for the shardings `wants` (each made from v as it is or,
+// The reads of value v in state `at` for the shardings `wants` (each made from v as it is or,
 // for a pending sum, from the copy reduced into one of them), and their cost.
-std::pair<Cost, ReadPlan> ReadPricer::plan(ValueId v, const Layout& at,
-                                           std::vector<PartitionSpec> wants) {
-  std::sort(wants.begin(), wants.end(),
-            [](const PartitionSpec& a, const PartitionSpec& b) { return a.dims() < b.dims(); });
+std::pair<Cost, ReadPlan> ReadPricer::plan(ValueId v, StateKey at, std::vector<Spec> wants) {
+  std::sort(wants.begin(), wants.end(), [](Spec a, Spec b) { return a.dims() < b.dims(); });
   wants.erase(std::unique(wants.begin(), wants.end()), wants.end());
   ReadPlan plan;
   Cost direct;
-  for (const PartitionSpec& w : wants) {
+  for (const Spec w : wants) {
     direct += reshard(v, at, w);
-    plan.emplace_back(w, std::nullopt);
+    plan.emplace_back(*w, std::nullopt);
   }
-  if (at.pending.empty() || wants.size() < 2) return {direct, std::move(plan)};
+  if (pendings_[static_cast<std::size_t>(at.pending)].empty() || wants.size() < 2) {
+    return {direct, std::move(plan)};
+  }
   // One of them reduced first, the others each made from it or from the summands.
   Cost best = direct;
   for (std::size_t r = 0; r < wants.size(); ++r) {
-    const Layout root{wants[r], {}, {}};
+    const StateKey root{wants[r], 0};
     Cost total = reshard(v, at, wants[r]);
     ReadPlan p;
     for (std::size_t j = 0; j < wants.size(); ++j) {
       if (j == r) {
-        p.emplace_back(wants[j], std::nullopt);
+        p.emplace_back(*wants[j], std::nullopt);
         continue;
       }
       const Cost own = reshard(v, at, wants[j]);
       const Cost from_root = reshard(v, root, wants[j]);
       const bool reuse = cheaper(from_root, own);
       total += reuse ? from_root : own;
-      p.emplace_back(wants[j], reuse ? std::optional(wants[r]) : std::nullopt);
+      p.emplace_back(*wants[j], reuse ? std::optional(*wants[r]) : std::nullopt);
     }
     if (cheaper(total, best)) {
       best = total;

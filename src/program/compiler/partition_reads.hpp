@@ -5,7 +5,9 @@
 // value's users want it in (a pending sum reduced once, the others made from that copy where
 // that is cheaper). Private to partition_choose.cpp.
 
+#include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -21,25 +23,31 @@ class ReadPricer {
   /// `model` must outlive it.
   ReadPricer(const Graph& g, const Propagator& prop, const Mesh& mesh, const PartitionCost& model,
              const CompileSpec& spec);
+  /// A state's key: its spec interned in `table` and its pending sum's index here.
+  StateKey key(const Layout& state, SpecTable& table);
   /// One reshard of v from `from` to `to`; infinite where it would move a batch's examples.
-  Cost reshard(ValueId v, const Layout& from, const PartitionSpec& to);
+  Cost reshard(ValueId v, StateKey from, Spec to);
   /// plan()'s cost alone.
-  Cost cost(ValueId v, const Layout& at, const std::vector<PartitionSpec>& wants);
-  Cost cost(ValueId v, const Layout& at, const std::vector<const PartitionSpec*>& wants);
-  /// The reads of v in layout `at` for the shardings `wants`, and their cost.
-  std::pair<Cost, ReadPlan> plan(ValueId v, const Layout& at, std::vector<PartitionSpec> wants);
+  Cost cost(ValueId v, StateKey at, const std::vector<Spec>& wants);
+  /// The reads of v in state `at` for the shardings `wants`, and their cost.
+  std::pair<Cost, ReadPlan> plan(ValueId v, StateKey at, std::vector<Spec> wants);
 
  private:
-  Cost reshard(ValueId v, const PartitionSpec& from, const Pending& pending, const PartitionSpec& to);
+  Cost uncached(ValueId v, StateKey from, Spec to);
   void mark_examples(const CompileSpec& spec);
+  void key_types();
 
   const Graph& g_;
   const Propagator& prop_;
   ReshardCosts costs_;
   ValueMap<char> examples_;              // values whose examples stay on their devices
   std::vector<std::string> batch_axes_;  // the axes batch inputs are split over
-  std::vector<const PartitionSpec*> ptrs_;  // cost()'s scratch
-  std::vector<Cost> own_;
+  std::vector<Pending> pendings_;        // by StateKey::pending (0: none)
+  // Each value's type and whether its examples stay (what a reshard's cost depends on besides
+  // the specs), as an index: values alike share their answers.
+  ValueMap<int> type_key_;
+  std::unordered_map<std::uint64_t, Cost> known_;  // by (type key, from, pending, to)
+  std::vector<Cost> own_;  // cost()'s scratch
   std::vector<char> dup_;
 };
 

@@ -3,9 +3,11 @@
 // of its op and the layouts its operands can be in. Private to partition_candidates.cpp and
 // partition_choose.cpp.
 
+#include <deque>
 #include <functional>
 #include <limits>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,6 +21,45 @@ inline constexpr int kRead = -1;      // Cand::as_is: read in the wanted shardin
 inline constexpr int kAnyState = -2;  // Cand::as_is: held as it is, in whatever layout (keep_alive)
 
 bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b, int rank);
+
+/// A PartitionSpec interned for one choice (SpecTable): equal specs are one handle, so the
+/// choice's hot paths copy, compare and key by a small integer, never by the axes' names.
+class Spec {
+ public:
+  Spec() = default;  // no spec (only to be assigned)
+  const PartitionSpec& operator*() const { return entry_->spec; }
+  const PartitionSpec* operator->() const { return &entry_->spec; }
+  const std::vector<AxisNames>& dims() const { return entry_->spec.dims(); }
+  /// Its index in its table: 0, 1, 2, ... in the order specs were first interned.
+  int id() const { return entry_->id; }
+  friend bool operator==(Spec a, Spec b) { return a.entry_ == b.entry_; }
+
+ private:
+  friend class SpecTable;
+  struct Entry {
+    PartitionSpec spec;
+    int id;
+  };
+  explicit Spec(const Entry* e) : entry_(e) {}
+  const Entry* entry_ = nullptr;
+};
+
+/// The specs of one choice, each distinct spec once. Handles stay valid while it lives.
+class SpecTable {
+ public:
+  SpecTable() = default;
+  SpecTable(const SpecTable&) = delete;
+  SpecTable& operator=(const SpecTable&) = delete;
+  Spec intern(const PartitionSpec& spec);
+  /// intern(spec_of_dims(dims)) without building the spec when it is known.
+  Spec intern_dims(const std::vector<AxisNames>& dims);
+
+ private:
+  Spec intern(const AxisNames* dims, std::size_t n);
+
+  std::deque<Spec::Entry> entries_;
+  std::unordered_map<std::size_t, std::vector<const Spec::Entry*>> by_hash_;
+};
 
 // Mesh axes per factor of a node.
 class FactorAxes {
@@ -37,7 +78,7 @@ struct Cand {
   Strategy strategy = Strategy::kPassFirst;
   std::string why;  // the result's Layout::why ("" for the propagation's own choice)
   Decision::Kind kind = Decision::Kind::kKernel;
-  std::vector<PartitionSpec> wants;
+  std::vector<Spec> wants;
   std::vector<int> as_is;  // per operand: the operand state read as it is, kRead or kAnyState
   Layout result;
   int state = -1;       // index of `result` among the node's states
@@ -50,8 +91,15 @@ struct Cand {
   Cost total = kInf;  // forward: compute + its reads at their least cost
 };
 
+/// A state interned (ReadPricer::key): its spec's handle and its pending sum's index (0: none).
+struct StateKey {
+  Spec spec;
+  int pending = 0;
+};
+
 struct Space {
   std::vector<Layout> states;
+  std::vector<StateKey> keys;  // by state: its key (the choice sets them)
   std::vector<Cand> cands;
   std::vector<Cost> best;  // by state: the least total of a candidate making it
   std::vector<int> arg;      // by state: that candidate
@@ -70,9 +118,11 @@ struct GraphUses {
 /// Every node's candidates and the states they make, in graph order (a candidate may depend on
 /// the layouts its operands can be in), then a repetition's candidates in the shardings its one
 /// user reads it in.
+/// The candidates' wants are interned in `table`.
 ValueMap<Space> build_candidates(const Graph& g, const Propagator& prop,
                                  const ValueMap<PartitionSpec>& specs, const Mesh& mesh,
-                                 const PartitionCost& model, const GraphUses& uses);
+                                 const PartitionCost& model, const GraphUses& uses,
+                                 SpecTable& table);
 
 /// CandidateSpace's pieces of the reads' cost (partition_choose.hpp): each value's wanted
 /// shardings (outputs' and every reader's candidates'), each candidate's index into its operands',
