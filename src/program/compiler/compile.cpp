@@ -217,6 +217,8 @@ int devices_per_process(const Executor* executor, const Mesh& mesh) {
   return static_cast<int>(executor->local_devices().size());
 }
 
-void set_compile_observer(CompileObserver observer) { compile_observer.store(observer); }
+CompileObserver set_compile_observer(CompileObserver observer) {
+  return compile_observer.exchange(observer);
+}
 
 }  // namespace shardplan::detail

@@ -234,9 +234,9 @@ class Program {
 };
 
 /// Called with every program compile() makes, when set (tests check each program's text against
-/// its steps). Not for library code.
+/// its steps). Not for library code. Returns the observer it replaces.
 using CompileObserver = void (*)(const Program& program);
-void set_compile_observer(CompileObserver observer);
+CompileObserver set_compile_observer(CompileObserver observer);
 
 /// Propagates shardings through `graph` and partitions it. Annotation nodes carry the spec their
 /// name resolved to while tracing (none: left to propagation). Throws SpecError for a constraint
