@@ -99,13 +99,20 @@ std::shared_ptr<const Program> eager_program(Node n, const std::vector<Array>& i
                    .outputs = {std::nullopt},
                    .cache_constants = false,
                    .devices_per_process = devices_per_process(&placement.executor(), placement.mesh())};
+  // Sized once: a first call builds all of this, a cached one the key and the graph.
+  g.nodes.reserve(ins.size() + 1);
+  n.operands.reserve(ins.size());
+  spec.inputs.reserve(ins.size());
+  key.types.reserve(ins.size());
+  key.specs.reserve(ins.size());
+  key.pending.reserve(ins.size());
   for (std::size_t k = 0; k < ins.size(); ++k) {
     const TensorType type{ins[k].shape(), ins[k].dtype()};
     n.operands.push_back(g.add(
         Node{.op = &prim::input, .type = type, .attrs = InputAttrs{static_cast<int>(k), type}}));
     spec.inputs.push_back(InputSpec{.spec = ins[k].sharding().spec(),
                                     .pending = ins[k].pending(),
-                                    .origin = fmt::format("operand {}", k)});
+                                    .origin = "operand " + std::to_string(k)});
     key.types.push_back(type);
     key.specs.push_back(ins[k].sharding().spec());
     key.pending.push_back(ins[k].pending());
