@@ -59,10 +59,14 @@ class Emitter {
     }
     // Outputs in their propagated shardings, nothing pending.
     for (const ValueId o : g_.outputs) {
+      // The reason is named only where require() may reshard (it returns at once otherwise).
+      const Layout& at = dec_[o].result;
       out_.output_slots.push_back(require(
           o, specs_[o],
-          std::make_shared<const std::string>(fmt::format(
-              "for output {}: its sharding", out_.output_slots.size()))));
+          at.pending.empty() && at.spec == specs_[o]
+              ? nullptr
+              : std::make_shared<const std::string>(
+                    fmt::format("for output {}: its sharding", out_.output_slots.size()))));
       out_.output_shardings.push_back(sharding(specs_[o]));
     }
     out_.num_slots = next_slot_;
