@@ -44,7 +44,7 @@ BENCHMARK(BM_CachedDispatch)->Unit(benchmark::kMicrosecond)->UseRealTime();
 void eager_add_case(benchmark::State& state, bool first_call) {
   static const Executor exec2(2);
   const Mesh mesh = Mesh::parse("data:2", 2);
-  const std::size_t shapes = first_call ? 5000 : 1;  // above EagerCache::kMaxEntries (4096)
+  const std::size_t shapes = first_call ? 5000 : 1;  // above kEagerProgramsKept (4096)
   std::vector<Array> xs;
   xs.reserve(shapes);
   for (std::size_t k = 0; k < shapes; ++k) {

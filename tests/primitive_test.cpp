@@ -1,9 +1,11 @@
 // The primitive definitions and what depends on them: the list of primitives, attributes compared
 // by every field (the eager cache's key), the eager programs owned by the executor (its memory
 // back to the baseline), and dtype checks at the op instead of inside a device task.
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
+#include "../src/program/compiler/compile.hpp"
 #include "../src/program/ir/primitives.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/ops.hpp"
@@ -139,6 +141,38 @@ TEST(EagerCache, MemoryReturnsToTheBaselineWhenTheArraysAreGone) {
     EXPECT_EQ(y.shape(), x.shape());
   }
   EXPECT_EQ(in_use(), baseline);
+}
+
+// Full, the cache drops the program used least recently, one at a time: a program used again
+// since the others were made stays (no compile), the oldest unused one is made again. (It was
+// cleared whole: every program was made again.)
+std::atomic<int> eager_compiles{0};
+CompileObserver previous_observer = nullptr;
+void count_compile(const Program& p) {
+  ++eager_compiles;
+  if (previous_observer != nullptr) previous_observer(p);
+}
+TEST(EagerCache, FullItDropsTheLeastRecentlyUsedProgram) {
+  const Executor exec(1);
+  const Mesh mesh = Mesh::parse("x:1", 1);
+  const auto ones = [&](std::int64_t n) {
+    return Array::ones(Shape{n}, DType::kF32, NamedSharding(mesh, P()), exec);
+  };
+  std::vector<Array> xs;  // x[k] of shape [k + 1]: kEagerProgramsKept programs, one per shape
+  for (std::size_t k = 0; k < kEagerProgramsKept; ++k) {
+    xs.push_back(ones(static_cast<std::int64_t>(k) + 1));
+  }
+  previous_observer = set_compile_observer(&count_compile);
+  for (const Array& x : xs) (void)neg(x);
+  EXPECT_EQ(eager_compiles.load(), static_cast<int>(kEagerProgramsKept));
+  (void)neg(xs[0]);  // found: now the most recently used
+  (void)neg(ones(static_cast<std::int64_t>(kEagerProgramsKept) + 1));  // one more: drops xs[1]'s
+  EXPECT_EQ(eager_compiles.load(), static_cast<int>(kEagerProgramsKept) + 1);
+  EXPECT_EQ(neg(xs[0]).to_host().get(0), -1.0);  // kept
+  EXPECT_EQ(eager_compiles.load(), static_cast<int>(kEagerProgramsKept) + 1);
+  (void)neg(xs[1]);  // dropped: made again
+  EXPECT_EQ(eager_compiles.load(), static_cast<int>(kEagerProgramsKept) + 2);
+  set_compile_observer(previous_observer);
 }
 
 // Two executors do not share eager programs: each has its own.

@@ -34,13 +34,13 @@ class Mesh {
   static Mesh parse(std::string_view text, std::int64_t device_count,
                     const std::vector<std::string>& names = {});
 
-  int ndim() const { return static_cast<int>(names_.size()); }
+  int ndim() const { return static_cast<int>(state_->names.size()); }
   /// Number of devices.
-  std::int64_t size() const { return static_cast<std::int64_t>(layout_->devices.size()); }
-  const std::vector<std::string>& axis_names() const { return names_; }
-  const std::vector<std::int64_t>& axis_sizes() const { return sizes_; }
+  std::int64_t size() const { return static_cast<std::int64_t>(state_->devices.size()); }
+  const std::vector<std::string>& axis_names() const { return state_->names; }
+  const std::vector<std::int64_t>& axis_sizes() const { return state_->sizes; }
   /// Device ids in mesh order.
-  const std::vector<int>& devices() const { return layout_->devices; }
+  const std::vector<int>& devices() const { return state_->devices; }
 
   /// Index of an axis, or nullopt.
   std::optional<int> find_axis(std::string_view name) const;
@@ -48,13 +48,15 @@ class Mesh {
   /// Index of an axis. Throws SpecError naming the axis and the mesh's axes.
   int axis_index(std::string_view name) const;
   /// Size of an axis. Throws SpecError as axis_index.
-  std::int64_t axis_size(std::string_view name) const { return sizes_[axis_index(name)]; }
+  std::int64_t axis_size(std::string_view name) const {
+    return state_->sizes[static_cast<std::size_t>(axis_index(name))];
+  }
 
   /// The mesh coordinates of the device at mesh position `position` (0..size-1).
   std::vector<std::int64_t> coords_of_position(std::int64_t position) const;
   /// The mesh position of device `id`.
   std::int64_t position_of_device(int id) const {
-    return layout_->positions[static_cast<std::size_t>(id)];
+    return state_->positions[static_cast<std::size_t>(id)];
   }
 
   /// "Mesh('fsdp': 4, 'tp': 2)".
@@ -63,22 +65,25 @@ class Mesh {
   std::string to_spec_string() const;
 
   friend bool operator==(const Mesh& a, const Mesh& b) {
-    return a.names_ == b.names_ && a.sizes_ == b.sizes_ &&
-           (a.layout_ == b.layout_ || a.layout_->devices == b.layout_->devices);
+    return a.state_ == b.state_ ||
+           (a.state_->names == b.state_->names && a.state_->sizes == b.state_->sizes &&
+            a.state_->devices == b.state_->devices);
   }
 
  private:
-  void init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count);
-
-  std::vector<std::string> names_;
-  std::vector<std::int64_t> sizes_;
-  // The devices, shared by copies (a mesh is immutable; plans copy it into every sharding, and
-  // a copy of 1,024 devices' ids and positions cost a fifth of a large train-plan's time).
-  struct DeviceLayout {
+  // Everything, shared by copies (a mesh is immutable; plans copy it into every sharding, and
+  // compiling a one-op program copies it a dozen times: a copy is one reference count).
+  struct State {
+    std::vector<std::string> names;
+    std::vector<std::int64_t> sizes;
     std::vector<int> devices;
     std::vector<std::int64_t> positions;  // device id -> mesh position
   };
-  std::shared_ptr<const DeviceLayout> layout_;
+  // Fills `state` with the checked axes.
+  static void init(State& state, std::vector<std::pair<std::string, std::int64_t>> axes,
+                   std::int64_t device_count);
+
+  std::shared_ptr<const State> state_;
 };
 
 std::ostream& operator<<(std::ostream& os, const Mesh& mesh);

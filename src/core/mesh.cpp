@@ -32,18 +32,18 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 }  // namespace
 
 Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count) {
-  init(std::move(axes), device_count);
-  auto layout = std::make_shared<DeviceLayout>();
-  layout->devices.resize(static_cast<std::size_t>(device_count));
-  for (std::size_t i = 0; i < layout->devices.size(); ++i) layout->devices[i] = static_cast<int>(i);
-  layout->positions.assign(layout->devices.begin(), layout->devices.end());
-  layout_ = std::move(layout);
+  auto state = std::make_shared<State>();
+  init(*state, std::move(axes), device_count);
+  state->devices.resize(static_cast<std::size_t>(device_count));
+  for (std::size_t i = 0; i < state->devices.size(); ++i) state->devices[i] = static_cast<int>(i);
+  state->positions.assign(state->devices.begin(), state->devices.end());
+  state_ = std::move(state);
 }
 
 Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::vector<int> devices) {
-  init(std::move(axes), static_cast<std::int64_t>(devices.size()));
-  auto layout = std::make_shared<DeviceLayout>();
-  std::vector<std::int64_t>& positions = layout->positions;
+  auto state = std::make_shared<State>();
+  init(*state, std::move(axes), static_cast<std::int64_t>(devices.size()));
+  std::vector<std::int64_t>& positions = state->positions;
   positions.assign(devices.size(), -1);
   for (std::size_t i = 0; i < devices.size(); ++i) {
     int d = devices[i];
@@ -55,11 +55,12 @@ Mesh::Mesh(std::vector<std::pair<std::string, std::int64_t>> axes, std::vector<i
     }
     positions[static_cast<std::size_t>(d)] = static_cast<std::int64_t>(i);
   }
-  layout->devices = std::move(devices);
-  layout_ = std::move(layout);
+  state->devices = std::move(devices);
+  state_ = std::move(state);
 }
 
-void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int64_t device_count) {
+void Mesh::init(State& state, std::vector<std::pair<std::string, std::int64_t>> axes,
+                std::int64_t device_count) {
   if (device_count < 1) {
     throw SpecError(fmt::format("[mesh] device count must be at least 1, got {}", device_count));
   }
@@ -119,8 +120,8 @@ void Mesh::init(std::vector<std::pair<std::string, std::int64_t>> axes, std::int
                     describe(), known, device_count));
   }
   for (auto& [name, size] : axes) {
-    names_.push_back(std::move(name));
-    sizes_.push_back(size);
+    state.names.push_back(std::move(name));
+    state.sizes.push_back(size);
   }
 }
 
@@ -174,8 +175,8 @@ Mesh Mesh::parse(std::string_view text, std::int64_t device_count,
 }
 
 std::optional<int> Mesh::find_axis(std::string_view name) const {
-  for (std::size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == name) return static_cast<int>(i);
+  for (std::size_t i = 0; i < state_->names.size(); ++i) {
+    if (state_->names[i] == name) return static_cast<int>(i);
   }
   return std::nullopt;
 }
@@ -183,29 +184,29 @@ std::optional<int> Mesh::find_axis(std::string_view name) const {
 int Mesh::axis_index(std::string_view name) const {
   if (auto i = find_axis(name)) return *i;
   throw SpecError(fmt::format("[mesh] unknown mesh axis '{}'; the mesh has axes [{}]", name,
-                              fmt::join(names_, ", ")));
+                              fmt::join(state_->names, ", ")));
 }
 
 std::vector<std::int64_t> Mesh::coords_of_position(std::int64_t position) const {
-  std::vector<std::int64_t> coords(sizes_.size());
-  for (std::size_t i = sizes_.size(); i-- > 0;) {
-    coords[i] = position % sizes_[i];
-    position /= sizes_[i];
+  std::vector<std::int64_t> coords(state_->sizes.size());
+  for (std::size_t i = state_->sizes.size(); i-- > 0;) {
+    coords[i] = position % state_->sizes[i];
+    position /= state_->sizes[i];
   }
   return coords;
 }
 
 std::string Mesh::to_string() const {
   std::vector<std::string> parts;
-  for (std::size_t i = 0; i < names_.size(); ++i)
-    parts.push_back(fmt::format("'{}': {}", names_[i], sizes_[i]));
+  for (std::size_t i = 0; i < state_->names.size(); ++i)
+    parts.push_back(fmt::format("'{}': {}", state_->names[i], state_->sizes[i]));
   return fmt::format("Mesh({})", fmt::join(parts, ", "));
 }
 
 std::string Mesh::to_spec_string() const {
   std::vector<std::string> parts;
-  for (std::size_t i = 0; i < names_.size(); ++i)
-    parts.push_back(fmt::format("{}:{}", names_[i], sizes_[i]));
+  for (std::size_t i = 0; i < state_->names.size(); ++i)
+    parts.push_back(fmt::format("{}:{}", state_->names[i], state_->sizes[i]));
   return fmt::format("{}", fmt::join(parts, ","));
 }
 

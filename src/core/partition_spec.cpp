@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "shardplan/error.hpp"
 #include "shardplan/mesh.hpp"
 
@@ -43,25 +45,32 @@ std::vector<std::string> PartitionSpec::used_axes() const {
 }
 
 void PartitionSpec::validate(const Mesh& mesh, int rank, std::string_view where) const {
-  std::string at = where.empty() ? std::string() : fmt::format(" for '{}'", where);
+  // Nothing is allocated unless it throws: every sharding made is validated.
+  const auto at = [&] {
+    return where.empty() ? std::string() : fmt::format(" for '{}'", where);
+  };
   if (rank >= 0 && size() > rank) {
     throw SpecError(fmt::format("[spec] {}{} has {} entries but the tensor has rank {}", to_string(),
-                                at, size(), rank));
+                                at(), size(), rank));
   }
-  std::vector<std::string> seen;
-  for (int i = 0; i < size(); ++i) {
-    for (const auto& axis : dims()[static_cast<std::size_t>(i)]) {
+  const std::vector<AxisNames>& entries = dims();
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    for (std::size_t j = 0; j < entries[i].size(); ++j) {
+      const std::string& axis = entries[i][j];
       if (!mesh.has_axis(axis)) {
         throw SpecError(fmt::format("[spec] {}{}: unknown mesh axis '{}' in dim {}; the mesh has axes [{}]",
-                                    to_string(), at, axis, i, fmt::join(mesh.axis_names(), ", ")));
+                                    to_string(), at(), axis, i, fmt::join(mesh.axis_names(), ", ")));
       }
-      for (const auto& s : seen) {
-        if (s == axis) {
-          throw SpecError(fmt::format("[spec] {}{}: mesh axis '{}' is used more than once (again in dim {})",
-                                      to_string(), at, axis, i));
-        }
+      // Seen before: in an earlier entry, or earlier in this one.
+      bool seen = std::find(entries[i].begin(), entries[i].begin() + static_cast<std::ptrdiff_t>(j),
+                            axis) != entries[i].begin() + static_cast<std::ptrdiff_t>(j);
+      for (std::size_t e = 0; e < i && !seen; ++e) {
+        seen = std::find(entries[e].begin(), entries[e].end(), axis) != entries[e].end();
       }
-      seen.push_back(axis);
+      if (seen) {
+        throw SpecError(fmt::format("[spec] {}{}: mesh axis '{}' is used more than once (again in dim {})",
+                                    to_string(), at(), axis, i));
+      }
     }
   }
 }

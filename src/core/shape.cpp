@@ -44,7 +44,14 @@ std::int64_t byte_size(const Shape& shape, DType dtype) {
   return shape.numel() == 0 ? 0 : bytes;
 }
 
-std::string Shape::to_string() const { return fmt::format("[{}]", fmt::join(begin(), end(), ", ")); }
+std::string Shape::to_string() const {
+  std::string s = "[";
+  for (auto it = begin(); it != end(); ++it) {
+    if (it != begin()) s += ", ";
+    s += std::to_string(*it);
+  }
+  return s + "]";
+}
 
 std::ostream& operator<<(std::ostream& os, const Shape& shape) { return os << shape.to_string(); }
 

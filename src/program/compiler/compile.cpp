@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <span>
+#include <unordered_map>
 
 #include "fuse.hpp"
 #include "memory.hpp"
@@ -41,7 +43,7 @@ Graph constrain_outputs(Graph g, const CompileSpec& spec) {
 // cotangent of x), a loss value not returned. They would otherwise be computed, communicated and
 // counted, and could pull propagated shardings their way. Inputs stay (the program binds every
 // one by index); value numbers are renumbered in order, `like` references with them.
-Graph without_dead_values(const Graph& g) {
+Graph without_dead_values(Graph g) {
   std::vector<char> live(g.size(), 0);
   for (const ValueId o : g.outputs) live[index(o)] = 1;
   for (std::size_t i = g.size(); i-- > 0;) {
@@ -79,6 +81,32 @@ Graph without_dead_values(const Graph& g) {
     if (live[index(v)]) out.names[renamed[index(v)]] = names;
   }
   return out;
+}
+
+// The propagated sharding of every value, as specs: equal ones are one instance (made once,
+// held once by the program, and compared by address first where the partitioner compares them).
+ValueMap<PartitionSpec> propagated_specs(const Graph& g, const Propagator& prop) {
+  ValueMap<PartitionSpec> specs(g.size());
+  std::unordered_multimap<std::size_t, PartitionSpec> made;  // by hash_of(spec)
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const std::vector<AxisNames>& dims = prop.at(value_id(i)).dims;
+    std::size_t n = dims.size();
+    while (n > 0 && dims[n - 1].empty()) --n;  // as spec_of_dims
+    const std::span<const AxisNames> kept(dims.data(), n);
+    std::size_t h = n;  // hash_of(spec.dims())
+    for (const AxisNames& d : kept) h = hash_combine(h, hash_of(d));
+    const PartitionSpec* found = nullptr;
+    for (auto [it, end] = made.equal_range(h); it != end && found == nullptr; ++it) {
+      const std::vector<AxisNames>& have = it->second.dims();
+      if (std::equal(have.begin(), have.end(), kept.begin(), kept.end())) found = &it->second;
+    }
+    if (found == nullptr) {
+      found = &made.emplace(h, PartitionSpec(std::vector<AxisNames>(kept.begin(), kept.end())))
+                   ->second;
+    }
+    specs[value_id(i)] = *found;
+  }
+  return specs;
 }
 
 // Every sharding the user fixed, in graph order (a "like" constraint follows its source).
@@ -127,10 +155,7 @@ CandidateSpace partition_candidates(const Graph& input_graph, const CompileSpec&
   std::vector<Pending> input_pending;
   for (const InputSpec& in : spec.inputs) input_pending.push_back(in.spec ? in.pending : Pending{});
   p->prop->carry_pending(input_pending);
-  p->specs = ValueMap<PartitionSpec>(p->g.size());
-  for (std::size_t i = 0; i < p->g.size(); ++i) {
-    p->specs[value_id(i)] = spec_of_dims(p->prop->at(value_id(i)).dims);
-  }
+  p->specs = propagated_specs(p->g, *p->prop);
   CandidateSpace space = candidate_space(p->g, *p->prop, p->specs, p->spec);
   space.cost = [p, cost = std::move(space.cost)](const std::vector<int>& pick) {
     return cost(pick);
@@ -149,12 +174,9 @@ Program compile(const Graph& input_graph, const CompileSpec& spec) {
   std::vector<Pending> input_pending;
   for (const InputSpec& in : spec.inputs) input_pending.push_back(in.spec ? in.pending : Pending{});
   prop.carry_pending(input_pending);
-  prog.specs_ = ValueMap<PartitionSpec>(g.size());
+  prog.specs_ = propagated_specs(g, prop);
   prog.origins_ = ValueMap<std::string>(g.size());
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    prog.specs_[value_id(i)] = spec_of_dims(prop.at(value_id(i)).dims);
-    prog.origins_[value_id(i)] = prop.at(value_id(i)).origin;
-  }
+  for (std::size_t i = 0; i < g.size(); ++i) prog.origins_[value_id(i)] = prop.at(value_id(i)).origin;
 
   Partitioned parts = partition(g, prop, prog.specs_, spec);
   if (spec.fuse) fuse_pointwise(g, parts, spec.eager);
@@ -195,6 +217,8 @@ int devices_per_process(const Executor* executor, const Mesh& mesh) {
   return static_cast<int>(executor->local_devices().size());
 }
 
-void set_compile_observer(CompileObserver observer) { compile_observer.store(observer); }
+CompileObserver set_compile_observer(CompileObserver observer) {
+  return compile_observer.exchange(observer);
+}
 
 }  // namespace shardplan::detail

@@ -163,7 +163,7 @@ class Program {
     std::once_flag once;
     std::shared_ptr<const void> value;
   };
-  ReportMemo& report_memo() const { return *report_memo_; }
+  ReportMemo& report_memo() const { return shared_->report_memo; }
 
  private:
   std::string step_text(const Step& st) const;  // text()'s lines of one step
@@ -206,18 +206,23 @@ class Program {
     std::mutex mu;
     std::map<const void*, std::vector<std::pair<SlotId, Array>>> by_executor;
   };
-  std::shared_ptr<ConstantCache> constants_ = std::make_shared<ConstantCache>();
+  // What copies of the program share, in one allocation (an eager op compiles a program per
+  // shape: each allocation is made, and later freed, per call).
+  struct Shared {
+    ConstantCache constants;
+    ReportMemo report_memo;
+  };
+  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
   std::vector<SlotId> constant_slots_;
   std::vector<char> cached_step_;  // per step: its result is in the constant cache
   CostReport cost_;
   bool counts_constants_ = true;
-  std::shared_ptr<ReportMemo> report_memo_ = std::make_shared<ReportMemo>();
 };
 
 /// Called with every program compile() makes, when set (tests check each program's text against
-/// its steps). Not for library code.
+/// its steps). Not for library code. Returns the observer it replaces.
 using CompileObserver = void (*)(const Program& program);
-void set_compile_observer(CompileObserver observer);
+CompileObserver set_compile_observer(CompileObserver observer);
 
 /// Propagates shardings through `graph` and partitions it. Annotation nodes carry the spec their
 /// name resolved to while tracing (none: left to propagation). Throws SpecError for a constraint

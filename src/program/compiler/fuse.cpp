@@ -100,6 +100,9 @@ std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
 }  // namespace
 
 void fuse_pointwise(const Graph& g, Partitioned& p, bool repeats_only) {
+  // A fused step is made of two steps or more (a group of one is kept as it is): with fewer
+  // there is nothing to fuse (a one-op program).
+  if (p.steps.size() < 2) return;
   const auto num_slots = static_cast<std::size_t>(p.num_slots);
   const std::vector<Shape> shapes = slot_shapes(g, p);
   std::vector<Repetition> period(p.steps.size());

@@ -59,11 +59,15 @@ class Emitter {
     }
     // Outputs in their propagated shardings, nothing pending.
     for (const ValueId o : g_.outputs) {
+      // The reason is named only where require() may reshard (it returns at once otherwise).
+      const Layout& at = dec_[o].result;
       out_.output_slots.push_back(require(
           o, specs_[o],
-          std::make_shared<const std::string>(fmt::format(
-              "for output {}: its sharding", out_.output_slots.size()))));
-      out_.output_shardings.emplace_back(mesh_, specs_[o]);
+          at.pending.empty() && at.spec == specs_[o]
+              ? nullptr
+              : std::make_shared<const std::string>(
+                    fmt::format("for output {}: its sharding", out_.output_slots.size()))));
+      out_.output_shardings.push_back(sharding(specs_[o]));
     }
     out_.num_slots = next_slot_;
     out_.layouts = ValueMap<Layout>(g_.size());
@@ -75,16 +79,24 @@ class Emitter {
  private:
   SlotId new_slot() { return static_cast<SlotId>(next_slot_++); }
 
+  // The NamedSharding of `spec` on the mesh, made once: the steps, inputs and outputs in one
+  // sharding share it (a program holds, and later frees, one copy).
+  const NamedSharding& sharding(const PartitionSpec& spec) {
+    auto it = shardings_.find(spec);
+    if (it == shardings_.end()) it = shardings_.emplace(spec, NamedSharding(mesh_, spec)).first;
+    return it->second;
+  }
+
   void bind_input(ValueId id) {
     const auto k = static_cast<std::size_t>(g_[id].attr<InputAttrs>().index);
     slot_[id] = new_slot();
     if (out_.input_slots.size() <= k) {
       out_.input_slots.resize(k + 1, SlotId{-1});
-      out_.input_shardings.resize(k + 1, NamedSharding(mesh_, PartitionSpec()));
+      out_.input_shardings.resize(k + 1, sharding(PartitionSpec()));
       out_.input_pending.resize(k + 1);
     }
     out_.input_slots[k] = slot_[id];
-    out_.input_shardings[k] = NamedSharding(mesh_, dec_[id].result.spec);
+    out_.input_shardings[k] = sharding(dec_[id].result.spec);
     out_.input_pending[k] = dec_[id].result.pending;
   }
 
@@ -103,8 +115,8 @@ class Emitter {
     const Layout& at = dec_[value].result;
     if (at.pending.empty() && at.spec == want) return slot_[value];  // (the common case, cheaply)
     const TensorType& t = g_[value].type;
-    const NamedSharding& cur = sharding_of(at.spec);
-    const NamedSharding& target = sharding_of(want);
+    const NamedSharding& cur = sharding(at.spec);
+    const NamedSharding& target = sharding(want);
     if (at.pending.empty() && cur.is_equivalent_to(target, t.shape.rank())) return slot_[value];
     for (const auto& [done, slot] : resharded_[value]) {
       if (done == want) return slot;
@@ -119,7 +131,7 @@ class Emitter {
     }
     if (source != nullptr) {
       from = require(value, *source, reason);
-      cost = plan_reshard(t.shape, t.dtype, sharding_of(*source), {}, target,
+      cost = plan_reshard(t.shape, t.dtype, sharding(*source), {}, target,
                           devices_per_process_);
     } else {
       cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target, devices_per_process_);
@@ -146,9 +158,9 @@ class Emitter {
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
       in_slots.push_back(read(o, d, k));
-      in_local.push_back(sharding_of(d.wants[k]).shard_shape(g_[o].type.shape));
+      in_local.push_back(sharding(d.wants[k]).shard_shape(g_[o].type.shape));
     }
-    const NamedSharding& out_sharding = sharding_of(d.result.spec);
+    const NamedSharding& out_sharding = sharding(d.result.spec);
     Node local = n;
     local.type.shape = out_sharding.shard_shape(n.type.shape);
     if (n.op->localize != nullptr) n.op->localize(local, operand_shapes(g_, n), in_local);
@@ -192,7 +204,7 @@ class Emitter {
     BlocksKey key{spec, shape};
     if (const auto it = blocks_.find(key); it != blocks_.end()) return it->second;
     auto blocks =
-        std::make_shared<const std::vector<Block>>(sharding_of(spec).device_blocks(shape));
+        std::make_shared<const std::vector<Block>>(sharding(spec).device_blocks(shape));
     auto offsets = std::make_shared<Offsets>();
     for (const Block& b : *blocks) {
       std::vector<std::int64_t> starts;
@@ -202,15 +214,6 @@ class Emitter {
     SharedBlocks made{std::move(blocks), std::move(offsets)};
     blocks_.emplace(std::move(key), made);
     return made;
-  }
-
-  // NamedSharding(mesh_, spec), made once per spec instance (the decisions share the choice's
-  // instances): each entry holds its spec, so the address of the spec's dims names it.
-  const NamedSharding& sharding_of(const PartitionSpec& spec) {
-    const void* key = &spec.dims();
-    if (const auto it = shardings_.find(key); it != shardings_.end()) return it->second.second;
-    return shardings_.emplace(key, std::pair(spec, NamedSharding(mesh_, spec)))
-        .first->second.second;
   }
 
   const Graph& g_;
@@ -223,7 +226,10 @@ class Emitter {
   ValueMap<SlotId> slot_;
   ValueMap<std::vector<std::pair<PartitionSpec, SlotId>>> resharded_;  // reshards made, by value
   std::unordered_map<BlocksKey, SharedBlocks, BlocksKeyHash> blocks_;
-  std::unordered_map<const void*, std::pair<PartitionSpec, NamedSharding>> shardings_;
+  struct SpecHash {
+    std::size_t operator()(const PartitionSpec& s) const { return hash_of(s); }
+  };
+  std::unordered_map<PartitionSpec, NamedSharding, SpecHash> shardings_;  // sharding()'s
   int next_slot_ = 0;
   Partitioned out_;
   ValueId reader_{};                              // the node whose operands are read now

@@ -33,12 +33,14 @@ void keep_read(const Graph& g, Partitioned& p, int devices) {
     keep[i] = 1;
     for (const SlotId in : st.in) read[index(in)] = 1;
   }
-  std::vector<Step> kept;
-  kept.reserve(p.steps.size());
-  for (std::size_t i = 0; i < p.steps.size(); ++i) {
-    if (keep[i] != 0) kept.push_back(std::move(p.steps[i]));
+  if (std::find(keep.begin(), keep.end(), 0) != keep.end()) {  // (otherwise all are kept as they are)
+    std::vector<Step> kept;
+    kept.reserve(p.steps.size());
+    for (std::size_t i = 0; i < p.steps.size(); ++i) {
+      if (keep[i] != 0) kept.push_back(std::move(p.steps[i]));
+    }
+    p.steps = std::move(kept);
   }
-  p.steps = std::move(kept);
   p.flops.assign(static_cast<std::size_t>(devices), 0);
   p.matmul_flops.assign(static_cast<std::size_t>(devices), 0);
   p.attention_flops.assign(static_cast<std::size_t>(devices), 0);

@@ -74,8 +74,9 @@ Propagator::Propagator(const Graph& g, const Mesh& mesh) : g_(g), mesh_(mesh) {
 void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin) {
   const Node& n = g_[id];
   const int rank = n.type.shape.rank();
-  spec.validate(mesh_, rank, value_name(id));
-  NamedSharding(mesh_, spec).shard_shape(n.type.shape, value_name(id));
+  const std::string name = value_name(id);
+  spec.validate(mesh_, rank, name);
+  NamedSharding(mesh_, spec).shard_shape(n.type.shape, name);
   Sharding& s = sh_[id];
   s.dims = padded(spec, rank);
   s.dims.resize(static_cast<std::size_t>(rank));
@@ -84,16 +85,15 @@ void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin) 
 }
 
 void Propagator::run() {
+  // Pointwise ops first, to a fixed point; then every op once; again until nothing moves. A
+  // sweep reads nothing but the shardings: when the full sweep changes nothing, the state is
+  // a fixed point of both sweeps (the pointwise one just stopped there), and another round
+  // would change nothing either.
   bool changed = true;
   while (changed) {
-    changed = false;
-    // Pointwise ops first, to a fixed point; then every op once; again until nothing moves.
-    bool inner = true;
-    while (inner) {
-      inner = sweep(true);
-      changed |= inner;
+    while (sweep(true)) {
     }
-    changed |= sweep(false);
+    changed = sweep(false);
   }
   for (std::size_t i = 0; i < sh_.size(); ++i) {
     Sharding& s = sh_[value_id(i)];
@@ -204,16 +204,15 @@ bool Propagator::through(std::span<const ValueId> nodes, bool pointwise_only) {
 void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
   const Node& node = g_[id];
   const OpFactors& f = factors_[id];
-  // The tensors an op touches: its operands, then itself (the result).
-  struct Touched {
-    ValueId value;
-    const std::vector<int>* dims;
+  // The tensors an op touches: its operands, then itself (the result), by index (nothing
+  // allocated: every node is asked on every sweep, most propose nothing).
+  const std::size_t num_touched = node.operands.size() + 1;
+  const auto touched_value = [&](std::size_t t) {
+    return t < node.operands.size() ? node.operands[t] : id;
   };
-  std::vector<Touched> touched;
-  for (std::size_t k = 0; k < node.operands.size(); ++k) {
-    touched.push_back({node.operands[k], &f.operands[k]});
-  }
-  touched.push_back({id, &f.result});
+  const auto touched_dims = [&](std::size_t t) -> const std::vector<int>& {
+    return t < node.operands.size() ? f.operands[t] : f.result;
+  };
   // Within the node, an earlier factor wins, as its primitive declares them.
   const std::size_t first = out.size();
   const auto conflicts_earlier = [&](ValueId target, int dim, const AxisNames& axes) {
@@ -230,37 +229,43 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
     const AxisNames* best = nullptr;
     ValueId best_value{-1};
     std::pair<int, std::int64_t> best_rank{-1, -1};
-    for (const Touched& t : touched) {
-      const Sharding& sh = sh_[t.value];
+    for (std::size_t t = 0; t < num_touched; ++t) {
+      const ValueId value = touched_value(t);
+      const std::vector<int>& dims = touched_dims(t);
+      const Sharding& sh = sh_[value];
       if (!sh.known) continue;
-      for (std::size_t d = 0; d < t.dims->size(); ++d) {
-        if ((*t.dims)[d] != fac || sh.dims[d].empty()) continue;
-        const std::pair<int, std::int64_t> r{sh.fixed ? 1 : 0, g_[t.value].type.shape.numel()};
+      for (std::size_t d = 0; d < dims.size(); ++d) {
+        if (dims[d] != fac || sh.dims[d].empty()) continue;
+        const std::pair<int, std::int64_t> r{sh.fixed ? 1 : 0, g_[value].type.shape.numel()};
         if (r > best_rank) {
           best_rank = r;
           best = &sh.dims[d];
-          best_value = t.value;
+          best_value = value;
         }
       }
     }
     if (best == nullptr) continue;
     const std::int64_t p = product(mesh_, *best);
     if (f.size(fac) % p != 0) continue;
-    std::vector<int> axis_order;
-    for (const auto& a : *best) axis_order.push_back(mesh_.axis_index(a));
+    std::vector<int> axis_order;  // made at the factor's first proposal
     const std::pair<int, std::int64_t> rank{-best_rank.first, -best_rank.second};
-    for (const Touched& t : touched) {
-      const Sharding& sh = sh_[t.value];
-      if (sh.fixed || t.value == best_value) continue;
-      const Shape& shape = g_[t.value].type.shape;
-      for (std::size_t d = 0; d < t.dims->size(); ++d) {
-        if ((*t.dims)[d] != fac || !sh.dims[d].empty()) continue;
+    for (std::size_t t = 0; t < num_touched; ++t) {
+      const ValueId value = touched_value(t);
+      const std::vector<int>& dims = touched_dims(t);
+      const Sharding& sh = sh_[value];
+      if (sh.fixed || value == best_value) continue;
+      const Shape& shape = g_[value].type.shape;
+      for (std::size_t d = 0; d < dims.size(); ++d) {
+        if (dims[d] != fac || !sh.dims[d].empty()) continue;
         if (shape[static_cast<int>(d)] % p != 0) continue;
         if (std::any_of(best->begin(), best->end(), [&](const auto& a) { return sh.uses(a); })) {
           continue;
         }
-        if (conflicts_earlier(t.value, static_cast<int>(d), *best)) continue;
-        out.push_back({t.value, rank, axis_order, static_cast<int>(d), *best, best_value, id});
+        if (conflicts_earlier(value, static_cast<int>(d), *best)) continue;
+        if (axis_order.empty()) {
+          for (const auto& a : *best) axis_order.push_back(mesh_.axis_index(a));
+        }
+        out.push_back({value, rank, axis_order, static_cast<int>(d), *best, best_value, id});
       }
     }
   }

@@ -124,9 +124,9 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   // Constant steps ran on this executor before: take their results.
   bool have_constants = false;
   if (!constant_slots_.empty()) {
-    std::lock_guard<std::mutex> lock(constants_->mu);
-    auto it = constants_->by_executor.find(executor.identity());
-    if (it != constants_->by_executor.end()) {
+    std::lock_guard<std::mutex> lock(shared_->constants.mu);
+    auto it = shared_->constants.by_executor.find(executor.identity());
+    if (it != shared_->constants.by_executor.end()) {
       for (const auto& [slot, a] : it->second) {
         slots[index(slot)] = a;
         if (rec != nullptr) rec->bind(slot, a, 0);  // held from the first step's sample on
@@ -198,9 +198,9 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   if (!constant_slots_.empty() && !have_constants) {
     std::vector<std::pair<SlotId, Array>> made;
     for (const SlotId slot : constant_slots_) made.emplace_back(slot, slots[index(slot)]);
-    std::lock_guard<std::mutex> lock(constants_->mu);
-    if (constants_->by_executor.size() > 16) constants_->by_executor.clear();
-    constants_->by_executor.emplace(executor.identity(), std::move(made));
+    std::lock_guard<std::mutex> lock(shared_->constants.mu);
+    if (shared_->constants.by_executor.size() > 16) shared_->constants.by_executor.clear();
+    shared_->constants.by_executor.emplace(executor.identity(), std::move(made));
   }
   std::vector<Array> outs;
   for (const SlotId s : output_slots_) outs.push_back(slots[index(s)]);

@@ -134,8 +134,10 @@ std::size_t hash_of(const T& v) {
     return std::hash<std::int64_t>()(static_cast<std::int64_t>(v));
   } else if constexpr (std::is_same_v<T, std::string>) {
     return std::hash<std::string>()(v);
-  } else if constexpr (std::is_same_v<T, Shape>) {
-    return hash_of(v.dims());
+  } else if constexpr (std::is_same_v<T, Shape>) {  // as its dims() vector, without making it
+    std::size_t h = static_cast<std::size_t>(v.rank());
+    for (const std::int64_t d : v) h = hash_combine(h, hash_of(d));
+    return h;
   } else if constexpr (std::is_same_v<T, PartitionSpec>) {
     return hash_of(v.dims());
   } else if constexpr (std::is_same_v<T, std::shared_ptr<const Tensor>>) {

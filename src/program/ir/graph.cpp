@@ -8,10 +8,17 @@
 namespace shardplan::detail {
 
 std::string to_string(const TensorType& t) {
-  return fmt::format("{}{}", name(t.dtype), t.shape.to_string());
+  std::string s(name(t.dtype));
+  s += t.shape.to_string();
+  return s;
 }
 
-std::string value_name(ValueId v) { return fmt::format("%{}", index(v)); }
+// Without fmt: compile() names values in origins and messages many times per node.
+std::string value_name(ValueId v) {
+  std::string s(1, '%');
+  s += std::to_string(index(v));
+  return s;
+}
 
 std::string Graph::to_string() const {
   std::string s = "{ lambda";

@@ -119,5 +119,8 @@ Array traced_iota(const Shape& shape, DType dtype, int axis);
 /// tracer used outside its trace.
 Array apply(const Primitive& op, Attrs attrs, const std::vector<Array>& operands,
             const Array* placement = nullptr);
+/// The most one-op programs an executor keeps for apply() outside a trace; with one more, the
+/// least recently used is dropped.
+constexpr std::size_t kEagerProgramsKept = 4096;
 
 }  // namespace shardplan::detail

@@ -194,6 +194,11 @@ std::vector<int> free_dims(int rank, const std::vector<int>& a, const std::vecto
 
 OpFactors same_dims(const Shape& result, std::span<const Shape> operands) {
   OpFactors f;
+  const auto rank = static_cast<std::size_t>(result.rank());
+  f.sizes.reserve(rank);
+  f.kinds.reserve(rank);
+  f.result.reserve(rank);
+  f.operands.reserve(operands.size());
   for (int d = 0; d < result.rank(); ++d) f.result.push_back(f.add(result[d], FactorKind::kPass));
   for (const Shape& s : operands) {
     std::vector<int> dims(static_cast<std::size_t>(s.rank()));

@@ -518,9 +518,11 @@ constexpr PrimitiveTests kConvertTests{.public_ops = "astype",
 
 // ---- The public functions ---------------------------------------------------------------------
 
-// numpy's broadcast of shapes a and b (of the arrays described as `x` and `y`).
-Shape broadcast_shape(const Shape& a, const Shape& b, std::string_view op, const std::string& x,
-                      const std::string& y) {
+// numpy's broadcast of shapes a and b (of the arrays `x()` and `y()` describe: called only to
+// name them when they do not broadcast, as an op's every call passes here).
+template <class DescribeX, class DescribeY>
+Shape broadcast_shape(const Shape& a, const Shape& b, std::string_view op, const DescribeX& x,
+                      const DescribeY& y) {
   const int r = std::max(a.rank(), b.rank());
   std::vector<std::int64_t> out(static_cast<std::size_t>(r));
   for (int i = 0; i < r; ++i) {
@@ -528,7 +530,7 @@ Shape broadcast_shape(const Shape& a, const Shape& b, std::string_view op, const
     const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
     if (da != db && da != 1 && db != 1) {
       throw SpecError(fmt::format("[{}] shapes {} and {} do not broadcast (dimension {}: {} vs {})",
-                                  op, x, y, i, da, db));
+                                  op, x(), y(), i, da, db));
     }
     out[static_cast<std::size_t>(i)] = da == 1 ? db : da;
   }
@@ -547,7 +549,8 @@ Array binary_op(const Primitive& op, const Array& a, const Array& b) {
     throw SpecError(fmt::format("[{}] operands have different dtypes: {} and {} (use astype)",
                                 op.name, type_str(a), type_str(b)));
   }
-  const Shape shape = broadcast_shape(a.shape(), b.shape(), op.name, type_str(a), type_str(b));
+  const Shape shape = broadcast_shape(
+      a.shape(), b.shape(), op.name, [&] { return type_str(a); }, [&] { return type_str(b); });
   return apply(op, NoAttrs{}, {broadcast_to_shape(a, shape), broadcast_to_shape(b, shape)});
 }
 
@@ -678,10 +681,11 @@ Array where(const Array& cond, const Array& a, const Array& b) {
     throw SpecError(fmt::format("[where] branches have different dtypes: {} and {}",
                                 detail::type_str(a), detail::type_str(b)));
   }
-  const Shape s1 = detail::broadcast_shape(a.shape(), b.shape(), "where", detail::type_str(a),
-                                           detail::type_str(b));
-  const Shape shape = detail::broadcast_shape(cond.shape(), s1, "where", detail::type_str(cond),
-                                              detail::type_str(a));
+  const auto describe = [](const Array& x) { return [&x] { return detail::type_str(x); }; };
+  const Shape s1 =
+      detail::broadcast_shape(a.shape(), b.shape(), "where", describe(a), describe(b));
+  const Shape shape =
+      detail::broadcast_shape(cond.shape(), s1, "where", describe(cond), describe(a));
   return apply(prim::select, NoAttrs{},
                {detail::broadcast_to_shape(cond, shape), detail::broadcast_to_shape(a, shape),
                 detail::broadcast_to_shape(b, shape)});
