@@ -365,14 +365,9 @@ std::optional<bool> fused_option(const char* option, const std::string& text) {
   return text == "fused";
 }
 
-/// The options of the step (everything but the meshes and rules), checked.
-TrainPlanOptions plan_options(const TrainPlanCommand& c) {
-  TrainPlanOptions o;
-  o.reserved_whole = !c.compare;  // one plan: its reserved bytes on the whole step
-  o.batch = c.batch;
-  o.seq = c.seq;
-  o.target_seq = c.target_seq;
-  o.optimizer = parse_optimizer(c.optimizer);
+/// The step's dtypes: --param-dtype, --grad-dtype, --optimizer-dtype, --mixed-precision,
+/// --master-dtype and --reduce-dtype, checked, into `o`.
+void dtype_options(const TrainPlanCommand& c, TrainPlanOptions& o) {
   o.param_dtype = dtype_option("--param-dtype", c.param_dtype);
   o.grad_dtype = c.grad_dtype.empty() ? o.param_dtype : dtype_option("--grad-dtype", c.grad_dtype);
   o.optimizer_dtype = dtype_option("--optimizer-dtype", c.optimizer_dtype);
@@ -401,6 +396,43 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   }
   if (!c.master_dtype.empty()) o.master_dtype = dtype_option("--master-dtype", c.master_dtype);
   if (!c.reduce_dtype.empty()) o.reduce_dtype = dtype_option("--reduce-dtype", c.reduce_dtype);
+}
+
+/// The device's memory: --device-memory and --headroom, checked, into `o`.
+void memory_options(const TrainPlanCommand& c, TrainPlanOptions& o) {
+  if (!c.device_memory.empty() || given_option(c, "--device-memory")) {
+    try {
+      o.device_memory = parse_bytes(c.device_memory);
+    } catch (const Error& e) {
+      throw UsageError(fmt::format("--device-memory: {}", e.what()));
+    }
+  }
+  // CLI11's range check lets NaN through (every comparison with it is false).
+  if (!(c.headroom >= 0 && c.headroom <= 0.99)) {
+    throw UsageError(
+        fmt::format("--headroom {}: not a fraction in [0, 0.99] (the part of --device-memory "
+                    "kept free)",
+                    c.headroom));
+  }
+  if (given_option(c, "--headroom") && !given_option(c, "--device-memory") &&
+      c.hardware.empty()) {
+    throw UsageError(fmt::format(
+        "--headroom {} is refused without --device-memory or --hardware: there is no memory to "
+        "keep it in (nothing would use it)",
+        c.headroom));
+  }
+  o.headroom = c.headroom;
+}
+
+/// The options of the step (everything but the meshes and rules), checked.
+TrainPlanOptions plan_options(const TrainPlanCommand& c) {
+  TrainPlanOptions o;
+  o.reserved_whole = !c.compare;  // one plan: its reserved bytes on the whole step
+  o.batch = c.batch;
+  o.seq = c.seq;
+  o.target_seq = c.target_seq;
+  o.optimizer = parse_optimizer(c.optimizer);
+  dtype_options(c, o);
   if (!c.hardware.empty()) {  // an empty --hardware is refused when parsed
     if (c.hardware.ends_with(".yaml") || c.hardware.ends_with(".yml")) {
       require_input("--hardware", c.hardware);
@@ -443,27 +475,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   if (!c.batch_axes.empty() || given("--batch-axes")) {
     o.batch_axes = batch_axes_option(c.batch_axes);
   }
-  if (!c.device_memory.empty() || given("--device-memory")) {
-    try {
-      o.device_memory = parse_bytes(c.device_memory);
-    } catch (const Error& e) {
-      throw UsageError(fmt::format("--device-memory: {}", e.what()));
-    }
-  }
-  // CLI11's range check lets NaN through (every comparison with it is false).
-  if (!(c.headroom >= 0 && c.headroom <= 0.99)) {
-    throw UsageError(
-        fmt::format("--headroom {}: not a fraction in [0, 0.99] (the part of --device-memory "
-                    "kept free)",
-                    c.headroom));
-  }
-  if (given("--headroom") && !given("--device-memory") && c.hardware.empty()) {
-    throw UsageError(fmt::format(
-        "--headroom {} is refused without --device-memory or --hardware: there is no memory to "
-        "keep it in (nothing would use it)",
-        c.headroom));
-  }
-  o.headroom = c.headroom;
+  memory_options(c, o);
   return o;
 }
 

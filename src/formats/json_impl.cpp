@@ -218,6 +218,41 @@ class Parser {
     return idx;
   }
 
+  /// A key of `object` at i_ (the text at a '"'), and the ':' after it.
+  void key(std::uint32_t object) {
+    ++nodes_[object].size;
+    const std::uint32_t k = push(Kind::kString);
+    nodes_[k].number = string();
+    nodes_[k].src_end = static_cast<std::uint32_t>(i_);
+    skip_ws();
+    if (i_ >= s_.size() || s_[i_] != ':') {
+      fail(i_, i_ >= s_.size()
+                   ? "unexpected end of input; expected ':'"
+                   : fmt::format("unexpected {}; expected ':'", describe_char(s_[i_])));
+    }
+    ++i_;
+  }
+
+  /// A string, number, true, false or null starting with `c` at i_.
+  void scalar(char c) {
+    const std::uint32_t idx = push(Kind::kNull);
+    if (c == '"') {
+      nodes_[idx].number = string();
+      nodes_[idx].kind = Kind::kString;
+    } else if (c == '-' || is_digit(c)) {
+      number(nodes_[idx]);
+    } else if (c == 't') {
+      literal(nodes_[idx], "true", Kind::kBool, 1);
+    } else if (c == 'f') {
+      literal(nodes_[idx], "false", Kind::kBool, 0);
+    } else if (c == 'n') {
+      literal(nodes_[idx], "null", Kind::kNull, 0);
+    } else {
+      fail(i_, fmt::format("unexpected {}; expected a value", describe_char(c)));
+    }
+    nodes_[idx].src_end = static_cast<std::uint32_t>(i_);
+  }
+
   void run(std::size_t max_depth) {
     enum class Next { kValue, kKey, kAfter };
     Next next = Next::kValue;
@@ -230,17 +265,7 @@ class Parser {
                                    : fmt::format("unexpected {}; expected a string key",
                                                  describe_char(s_[i_])));
         }
-        ++nodes_[open.back()].size;
-        const std::uint32_t k = push(Kind::kString);
-        nodes_[k].number = string();
-        nodes_[k].src_end = static_cast<std::uint32_t>(i_);
-        skip_ws();
-        if (i_ >= s_.size() || s_[i_] != ':') {
-          fail(i_, i_ >= s_.size()
-                       ? "unexpected end of input; expected ':'"
-                       : fmt::format("unexpected {}; expected ':'", describe_char(s_[i_])));
-        }
-        ++i_;
+        key(open.back());
         next = Next::kValue;
         continue;
       }
@@ -266,22 +291,7 @@ class Parser {
           }
           continue;
         }
-        const std::uint32_t idx = push(Kind::kNull);
-        if (c == '"') {
-          nodes_[idx].number = string();
-          nodes_[idx].kind = Kind::kString;
-        } else if (c == '-' || is_digit(c)) {
-          number(nodes_[idx]);
-        } else if (c == 't') {
-          literal(nodes_[idx], "true", Kind::kBool, 1);
-        } else if (c == 'f') {
-          literal(nodes_[idx], "false", Kind::kBool, 0);
-        } else if (c == 'n') {
-          literal(nodes_[idx], "null", Kind::kNull, 0);
-        } else {
-          fail(i_, fmt::format("unexpected {}; expected a value", describe_char(c)));
-        }
-        nodes_[idx].src_end = static_cast<std::uint32_t>(i_);
+        scalar(c);
         next = Next::kAfter;
         continue;
       }

@@ -24,9 +24,9 @@ namespace shardplan::detail {
   /* dot.cpp */ X(dot_general) /* scaled_dot.cpp */ X(scaled_dot)                            \
   /* attention.cpp */ X(attention) X(attention_grad_q) X(attention_grad_kv)                   \
   /* reduce.cpp */ X(reduce_sum) X(reduce_max) X(reduce_min)                                  \
-  /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) X(slice) X(concatenate)      \
-  X(take) /* rows.cpp */ X(fused_log_softmax) X(take_along_axis) X(check_labels)             \
-  /* sources.cpp */ X(iota) X(constant) X(random) X(input)                                    \
+  /* movement.cpp */ X(reshape) X(transpose) X(broadcast_in_dim) /* movement_index.cpp */     \
+  X(slice) X(concatenate) X(take) /* rows.cpp */ X(fused_log_softmax) X(take_along_axis)      \
+  X(check_labels) /* sources.cpp */ X(iota) X(constant) X(random) X(input)                    \
   /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)    \
   X(keep_alive)                                                                               \
   /* shard_map_ops.cpp */ X(shard_map_in) X(shard_map_out) X(pvary) X(preduce) X(pall_gather) \
