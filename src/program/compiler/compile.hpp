@@ -172,6 +172,10 @@ class Program {
   std::vector<Array> run_steps(const Executor& executor, std::vector<Array>& inputs,
                                std::vector<Array>& slots, std::vector<char>& moved_in,
                                RunRecord* rec) const;
+  // The constant steps' results this executor kept from an earlier run, into `slots`; false
+  // when it has none (then keep_constants stores this run's).
+  bool take_constants(const Executor& executor, std::vector<Array>& slots, RunRecord* rec) const;
+  void keep_constants(const Executor& executor, const std::vector<Array>& slots) const;
   void bind_inputs(std::vector<Array>& inputs, std::vector<Array>& slots,
                    std::vector<char>& moved_in, RunRecord* rec) const;
   void run_kernel_step(const Executor& executor, const Step& st, std::vector<Array>& slots,

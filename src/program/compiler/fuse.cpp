@@ -99,35 +99,79 @@ std::vector<Step> grouped_steps(Partitioned& p, const std::vector<int>& group,
 
 }  // namespace
 
+namespace {
+
+// Per slot: how many steps read it (an output counts twice: kept, never fused away), the step
+// making it (-1: none), the last step reading it (kKept for outputs and inputs), the bytes of
+// its block.
+struct SlotFacts {
+  static constexpr int kKept = std::numeric_limits<int>::max();
+  std::vector<int> uses, producer, last;
+  std::vector<std::int64_t> bytes;
+};
+SlotFacts slot_facts(const Partitioned& p, const std::vector<Shape>& shapes) {
+  const auto num_slots = static_cast<std::size_t>(p.num_slots);
+  SlotFacts f{std::vector<int>(num_slots, 0), std::vector<int>(num_slots, -1),
+              std::vector<int>(num_slots, -1), std::vector<std::int64_t>(num_slots, 0)};
+  for (std::size_t s = 0; s < p.steps.size(); ++s) {
+    for (const SlotId in : p.steps[s].in) {
+      ++f.uses[index(in)];
+      f.last[index(in)] = static_cast<int>(s);
+    }
+    f.producer[index(p.steps[s].out)] = static_cast<int>(s);
+  }
+  for (const SlotId out : p.output_slots) {
+    f.uses[index(out)] += 2;
+    f.last[index(out)] = SlotFacts::kKept;
+  }
+  for (const SlotId in : p.input_slots) {
+    if (index(in) < num_slots) f.last[index(in)] = SlotFacts::kKept;
+  }
+  for (const Step& st : p.steps) {
+    f.bytes[index(st.out)] = byte_size(shapes[index(st.out)], st.type.dtype);
+  }
+  return f;
+}
+
+// Fused, step s's group (its members `group_s`) is computed at t: an operand whose last reader
+// is in the group then lives until t instead of the group's result. Where other steps run in
+// between, that is only done when those operands are no larger than the result: else a chain
+// of sums of values made far apart (a gradient summed over micro-batches) would keep every
+// addend alive until the last sum. Small constant steps in between do not count: they run once
+// per executor, then are kept (memory.hpp). True when joining would keep more alive.
+bool keeps_more_alive(const Partitioned& p, const SlotFacts& f, const std::vector<int>& group,
+                      const std::vector<int>& group_s, int s, int t) {
+  bool others = false;
+  for (int m = s + 1; m < t && !others; ++m) {
+    const Step& st = p.steps[static_cast<std::size_t>(m)];
+    others = group[static_cast<std::size_t>(m)] != t &&
+             !(st.constant && f.bytes[index(st.out)] <= kMaxCachedConstantBytes);
+  }
+  if (!others) return false;
+  std::int64_t dying = 0;
+  std::set<SlotId> seen;
+  for (const int m : group_s) {
+    for (const SlotId x : p.steps[static_cast<std::size_t>(m)].in) {
+      const int from = f.producer[index(x)];
+      const bool inside = std::find(group_s.begin(), group_s.end(), from) != group_s.end();
+      const bool dies_here =
+          std::find(group_s.begin(), group_s.end(), f.last[index(x)]) != group_s.end();
+      if (!inside && dies_here && seen.insert(x).second) dying += f.bytes[index(x)];
+    }
+  }
+  return dying > f.bytes[index(p.steps[static_cast<std::size_t>(s)].out)];
+}
+
+}  // namespace
+
 void fuse_pointwise(const Graph& g, Partitioned& p, bool repeats_only) {
   // A fused step is made of two steps or more (a group of one is kept as it is): with fewer
   // there is nothing to fuse (a one-op program).
   if (p.steps.size() < 2) return;
-  const auto num_slots = static_cast<std::size_t>(p.num_slots);
   const std::vector<Shape> shapes = slot_shapes(g, p);
   std::vector<Repetition> period(p.steps.size());
   for (std::size_t s = 0; s < p.steps.size(); ++s) period[s] = repetition(p.steps[s], shapes);
-  std::vector<int> uses(num_slots, 0);
-  std::vector<int> producer(num_slots, -1);
-  for (std::size_t s = 0; s < p.steps.size(); ++s) {
-    for (const SlotId in : p.steps[s].in) ++uses[index(in)];
-    producer[index(p.steps[s].out)] = static_cast<int>(s);
-  }
-  for (const SlotId out : p.output_slots) uses[index(out)] += 2;  // kept: never fused away
-  // The last step reading each slot (outputs and inputs: never, they are kept), and the bytes of
-  // each step's result block.
-  constexpr int kKept = std::numeric_limits<int>::max();
-  std::vector<int> last(num_slots, -1);
-  for (std::size_t s = 0; s < p.steps.size(); ++s) {
-    for (const SlotId in : p.steps[s].in) last[index(in)] = static_cast<int>(s);
-  }
-  for (const SlotId out : p.output_slots) last[index(out)] = kKept;
-  for (const SlotId in : p.input_slots) {
-    if (index(in) < num_slots) last[index(in)] = kKept;
-  }
-  std::vector<std::int64_t> bytes(num_slots, 0);
-  for (const Step& st : p.steps)
-    bytes[index(st.out)] = byte_size(shapes[index(st.out)], st.type.dtype);
+  const SlotFacts f = slot_facts(p, shapes);
 
   // group[s]: the step whose fused kernel computes step s (itself when not fused into another).
   std::vector<int> group(p.steps.size());
@@ -140,7 +184,7 @@ void fuse_pointwise(const Graph& g, Partitioned& p, bool repeats_only) {
     // Repetitions (a broadcast scalar) join first: they run inside the group, not between.
     std::vector<SlotId> ins = consumer.in;
     std::stable_partition(ins.begin(), ins.end(), [&](SlotId in) {
-      const int s = producer[index(in)];
+      const int s = f.producer[index(in)];
       return s >= 0 && period[static_cast<std::size_t>(s)].period > 0;
     });
     // An operand read through an optimization barrier is made by a kernel of its own, as XLA
@@ -150,40 +194,16 @@ void fuse_pointwise(const Graph& g, Partitioned& p, bool repeats_only) {
       if (g[consumer.local.operands[k]].op->barrier) barred.push_back(consumer.in[k]);
     }
     for (const SlotId in : ins) {
-      const int s = producer[index(in)];
-      if (s < 0 || uses[index(in)] != 1 || group[static_cast<std::size_t>(s)] != s) continue;
+      const int s = f.producer[index(in)];
+      if (s < 0 || f.uses[index(in)] != 1 || group[static_cast<std::size_t>(s)] != s) continue;
       if (std::find(barred.begin(), barred.end(), in) != barred.end()) continue;
       const Step& made = p.steps[static_cast<std::size_t>(s)];
       const bool joins =
           (fusible(made) && !repeats_only) || period[static_cast<std::size_t>(s)].period > 0;
       if (!joins || local_numel(made) != local_numel(consumer)) continue;
-      // Fused, s's group is computed at t: an operand whose last reader is in the group then
-      // lives until t instead of the group's result. Where other steps run in between, that is
-      // only done when those operands are no larger than the result: else a chain of sums of
-      // values made far apart (a gradient summed over micro-batches) would keep every addend
-      // alive until the last sum.
-      // Small constant steps in between do not count: they run once per executor, then are
-      // kept (memory.hpp).
-      const std::vector<int>& group_s = members[static_cast<std::size_t>(s)];
-      bool others = false;
-      for (int m = s + 1; m < static_cast<int>(t) && !others; ++m) {
-        const Step& st = p.steps[static_cast<std::size_t>(m)];
-        others = group[static_cast<std::size_t>(m)] != static_cast<int>(t) &&
-                 !(st.constant && bytes[index(st.out)] <= kMaxCachedConstantBytes);
-      }
-      if (others) {
-        std::int64_t dying = 0;
-        std::set<SlotId> seen;
-        for (const int m : group_s) {
-          for (const SlotId x : p.steps[static_cast<std::size_t>(m)].in) {
-            const int from = producer[index(x)];
-            const bool inside = std::find(group_s.begin(), group_s.end(), from) != group_s.end();
-            const bool dies_here =
-                std::find(group_s.begin(), group_s.end(), last[index(x)]) != group_s.end();
-            if (!inside && dies_here && seen.insert(x).second) dying += bytes[index(x)];
-          }
-        }
-        if (dying > bytes[index(made.out)]) continue;
+      if (keeps_more_alive(p, f, group, members[static_cast<std::size_t>(s)], s,
+                           static_cast<int>(t))) {
+        continue;
       }
       for (const int m : members[static_cast<std::size_t>(s)]) {
         group[static_cast<std::size_t>(m)] = static_cast<int>(t);

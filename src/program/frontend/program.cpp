@@ -112,6 +112,29 @@ void Program::bind_inputs(std::vector<Array>& inputs, std::vector<Array>& slots,
   }
 }
 
+bool Program::take_constants(const Executor& executor, std::vector<Array>& slots,
+                             RunRecord* rec) const {
+  if (constant_slots_.empty()) return false;
+  std::lock_guard<std::mutex> lock(shared_->constants.mu);
+  const auto it = shared_->constants.by_executor.find(executor.identity());
+  if (it == shared_->constants.by_executor.end()) return false;
+  for (const auto& [slot, a] : it->second) {
+    slots[index(slot)] = a;
+    if (rec != nullptr) rec->bind(slot, a, 0);  // held from the first step's sample on
+  }
+  if (rec != nullptr) rec->took_constants = true;
+  return true;
+}
+
+void Program::keep_constants(const Executor& executor, const std::vector<Array>& slots) const {
+  if (constant_slots_.empty()) return;
+  std::vector<std::pair<SlotId, Array>> made;
+  for (const SlotId slot : constant_slots_) made.emplace_back(slot, slots[index(slot)]);
+  std::lock_guard<std::mutex> lock(shared_->constants.mu);
+  if (shared_->constants.by_executor.size() > 16) shared_->constants.by_executor.clear();
+  shared_->constants.by_executor.emplace(executor.identity(), std::move(made));
+}
+
 std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Array>& inputs,
                                       std::vector<Array>& slots, std::vector<char>& moved_in,
                                       RunRecord* rec) const {
@@ -122,19 +145,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   }
   for (const SlotId f : free_at_start_) slots[index(f)] = Array();
   // Constant steps ran on this executor before: take their results.
-  bool have_constants = false;
-  if (!constant_slots_.empty()) {
-    std::lock_guard<std::mutex> lock(shared_->constants.mu);
-    auto it = shared_->constants.by_executor.find(executor.identity());
-    if (it != shared_->constants.by_executor.end()) {
-      for (const auto& [slot, a] : it->second) {
-        slots[index(slot)] = a;
-        if (rec != nullptr) rec->bind(slot, a, 0);  // held from the first step's sample on
-      }
-      have_constants = true;
-      if (rec != nullptr) rec->took_constants = true;
-    }
-  }
+  const bool have_constants = take_constants(executor, slots, rec);
   // Over processes, a step that fails on one process must not leave the others waiting in the
   // next reshard: the failing process skips to the next communicating step (or the end), where
   // every process learns who failed and throws. Each collective of a reshard over processes
@@ -195,13 +206,7 @@ std::vector<Array> Program::run_steps(const Executor& executor, std::vector<Arra
   } else if (failed) {
     std::rethrow_exception(failed);
   }
-  if (!constant_slots_.empty() && !have_constants) {
-    std::vector<std::pair<SlotId, Array>> made;
-    for (const SlotId slot : constant_slots_) made.emplace_back(slot, slots[index(slot)]);
-    std::lock_guard<std::mutex> lock(shared_->constants.mu);
-    if (shared_->constants.by_executor.size() > 16) shared_->constants.by_executor.clear();
-    shared_->constants.by_executor.emplace(executor.identity(), std::move(made));
-  }
+  if (!have_constants) keep_constants(executor, slots);
   std::vector<Array> outs;
   for (const SlotId s : output_slots_) outs.push_back(slots[index(s)]);
   return outs;
