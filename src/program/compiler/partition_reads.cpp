@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "../ir/fields.hpp"
+#include "shardplan/detail/hash.hpp"
 #include "../ir/primitive.hpp"
 #include "../ir/primitives.hpp"
 
@@ -33,19 +34,18 @@ StateKey ReadPricer::key(const Layout& state, SpecTable& table) {
 Cost ReadPricer::reshard(ValueId v, StateKey from, Spec to) {
   // (Equivalent specs cost nothing: plan_reshard moves nothing; the cache answers that.)
   if (from.spec == to && pendings_[static_cast<std::size_t>(from.pending)].empty()) return {};
-  const auto t = static_cast<std::uint64_t>(type_key_[v]);
-  const auto f = static_cast<std::uint64_t>(from.spec.id());
-  const auto p = static_cast<std::uint64_t>(from.pending);
-  const auto o = static_cast<std::uint64_t>(to.id());
-  if (t >= (1u << 20) || f >= (1u << 18) || p >= (1u << 8) || o >= (1u << 18)) {
-    return uncached(v, from, to);  // (more than a choice ever has: not worth a wider key)
-  }
-  const std::uint64_t key = t << 44 | f << 26 | p << 18 | o;
+  const Question key{type_key_[v], from.spec.id(), from.pending, to.id()};
   const auto it = known_.find(key);
   if (it != known_.end()) return it->second;
   const Cost c = uncached(v, from, to);
   known_.emplace(key, c);
   return c;
+}
+
+std::size_t ReadPricer::QuestionHash::operator()(const Question& q) const {
+  std::size_t h = static_cast<std::size_t>(q.type);
+  for (const int x : {q.from, q.pending, q.to}) h = hash_combine(h, static_cast<std::size_t>(x));
+  return h;
 }
 
 Cost ReadPricer::uncached(ValueId v, StateKey from, Spec to) {

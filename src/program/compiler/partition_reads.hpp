@@ -46,7 +46,15 @@ class ReadPricer {
   // Each value's type and whether its examples stay (what a reshard's cost depends on besides
   // the specs), as an index: values alike share their answers.
   ValueMap<int> type_key_;
-  std::unordered_map<std::uint64_t, Cost> known_;  // by (type key, from, pending, to)
+  // A question reshard() answered: the value's type key, from's spec and pending indices, to's.
+  struct Question {
+    int type, from, pending, to;
+    friend bool operator==(const Question&, const Question&) = default;
+  };
+  struct QuestionHash {
+    std::size_t operator()(const Question& q) const;
+  };
+  std::unordered_map<Question, Cost, QuestionHash> known_;
   std::vector<Cost> own_;  // cost()'s scratch
   std::vector<char> dup_;
 };
