@@ -10,6 +10,7 @@
 
 #include "../ir/fields.hpp"
 #include "shardplan/detail/checked.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 
 namespace shardplan::detail {
@@ -33,23 +34,34 @@ bool same_cost(double a, double b) {
   return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
 }
 
+void check_links(const LinkFigures& links, const Mesh& mesh, std::string_view who) {
+  for (const std::string& axis : mesh.axis_names()) {
+    const auto it = links.axes.find(axis);
+    if (it == links.axes.end()) {
+      throw SpecError(fmt::format("[{}] links: mesh axis '{}' has no figure (mesh {})", who,
+                                  printable(axis), mesh.to_string()));
+    }
+    const AxisLink& link = it->second;
+    if (!(link.bytes_per_second > 0) || !std::isfinite(link.bytes_per_second) ||
+        !(link.latency_seconds >= 0) || !std::isfinite(link.latency_seconds)) {
+      throw SpecError(fmt::format(
+          "[{}] links: mesh axis '{}' has bandwidth {} B/s and latency {} s; want a finite "
+          "bandwidth > 0 and a finite latency >= 0",
+          who, printable(axis), link.bytes_per_second, link.latency_seconds));
+    }
+  }
+  if (!(links.flops_per_second >= 0) || !std::isfinite(links.flops_per_second)) {
+    throw SpecError(fmt::format(
+        "[{}] links: flops_per_second is {}; want a finite rate >= 0 (0: compute not counted)",
+        who, links.flops_per_second));
+  }
+}
+
 PartitionCost::PartitionCost(const Mesh& mesh, const std::optional<LinkFigures>& links)
     : timed_(links.has_value()) {
   if (!links) return;
+  check_links(*links, mesh, "compile");
   links_ = *links;
-  for (const std::string& axis : mesh.axis_names()) {
-    const auto it = links_.axes.find(axis);
-    if (it == links_.axes.end()) {
-      throw SpecError(fmt::format("[compile] the link figures name no bandwidth for mesh axis '{}' "
-                                  "(mesh {})",
-                                  axis, mesh.to_string()));
-    }
-    if (!(it->second.bytes_per_second > 0) || !(it->second.latency_seconds >= 0)) {
-      throw SpecError(fmt::format("[compile] mesh axis '{}': bandwidth {} B/s and latency {} s; "
-                                  "want a bandwidth > 0 and a latency >= 0",
-                                  axis, it->second.bytes_per_second, it->second.latency_seconds));
-    }
-  }
 }
 
 Cost PartitionCost::of(const std::vector<CollectiveRecord>& records) const {

@@ -38,13 +38,18 @@ struct Cost {
 /// Whether two costs are the same up to rounding (sums of the same terms in another order).
 bool same_cost(double a, double b);
 
+/// Refuses link figures (SjitOptions::links, CompileSpec::links) that would rank nothing: a mesh
+/// axis without a figure, a bandwidth not finite and above 0, a latency or compute rate not
+/// finite and at least 0. SpecError "[who] links: ...". (Figures for other axes are not read.)
+void check_links(const LinkFigures& links, const Mesh& mesh, std::string_view who);
+
 /// The partitioner's one cost formula. With link figures (CompileSpec::links): per collective,
 /// the latency of its slowest axis plus the most bytes a device receives over that axis's
 /// bandwidth, in seconds; the compute a strategy repeats, its flops over the device's rate. Without
 /// them: the bytes a device receives, and compute counts nothing.
 class PartitionCost {
  public:
-  /// Throws SpecError naming a mesh axis `links` has no figure for (or a bandwidth not > 0).
+  /// Throws as check_links.
   PartitionCost(const Mesh& mesh, const std::optional<LinkFigures>& links);
   Cost of(const std::vector<CollectiveRecord>& records) const;
   Cost compute(double flops) const;

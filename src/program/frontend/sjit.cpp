@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <iterator>
 #include <mutex>
 #include <optional>
@@ -14,6 +13,7 @@
 #include "../compiler/compile.hpp"
 #include "../ir/fields.hpp"
 #include "../ir/primitives.hpp"
+#include "../compiler/reshard_cost.hpp"
 #include "../compiler/resolve_rules.hpp"
 #include "../compiler/spmd_check.hpp"
 #include "shardplan/collectives.hpp"
@@ -225,40 +225,6 @@ struct SjitCore::State {
   std::unordered_map<CacheKey, std::shared_ptr<const Compiled>, CacheKeyHash> cache;
 };
 
-namespace {
-
-// SjitOptions::links: every figure applies to an axis of the mesh, every axis has one, and each
-// is a finite number in range (an axis the mesh lacks would be ignored; a NaN would rank
-// nothing).
-void check_links(const LinkFigures& links, const Mesh& mesh) {
-  for (const auto& [axis, link] : links.axes) {
-    if (!mesh.has_axis(axis)) {
-      throw SpecError(fmt::format("[sjit] links: axis '{}' is not an axis of the mesh {}",
-                                  printable(axis), mesh.to_string()));
-    }
-    if (!(link.bytes_per_second > 0) || !std::isfinite(link.bytes_per_second) ||
-        !(link.latency_seconds >= 0) || !std::isfinite(link.latency_seconds)) {
-      throw SpecError(fmt::format(
-          "[sjit] links: axis '{}' has bandwidth {} B/s and latency {} s; want a finite "
-          "bandwidth > 0 and a finite latency >= 0",
-          printable(axis), link.bytes_per_second, link.latency_seconds));
-    }
-  }
-  for (const std::string& axis : mesh.axis_names()) {
-    if (links.axes.count(axis) == 0) {
-      throw SpecError(fmt::format("[sjit] links: mesh axis '{}' has no figure (mesh {})", axis,
-                                  mesh.to_string()));
-    }
-  }
-  if (!(links.flops_per_second >= 0) || !std::isfinite(links.flops_per_second)) {
-    throw SpecError(fmt::format(
-        "[sjit] links: flops_per_second is {}; want a finite rate >= 0 (0: compute not counted)",
-        links.flops_per_second));
-  }
-}
-
-}  // namespace
-
 SjitCore::SjitCore(Mesh mesh, SjitOptions options)
     : s_(std::make_unique<State>(std::move(mesh), std::move(options))) {
   // Built inside a MeshContext on the same mesh: its annotation shardings serve the names the
@@ -269,7 +235,16 @@ SjitCore::SjitCore(Mesh mesh, SjitOptions options)
     }
   }
   const SjitOptions& o = s_->options;
-  if (o.links) check_links(*o.links, s_->mesh);
+  if (o.links) {
+    // A figure for an axis the mesh lacks would apply to nothing.
+    for (const auto& [axis, link] : o.links->axes) {
+      if (!s_->mesh.has_axis(axis)) {
+        throw SpecError(fmt::format("[sjit] links: axis '{}' is not an axis of the mesh {}",
+                                    printable(axis), s_->mesh.to_string()));
+      }
+    }
+    check_links(*o.links, s_->mesh, "sjit");
+  }
   for (std::size_t i = 0; i < o.batch_argnums.size(); ++i) {
     const int p = o.batch_argnums[i];
     if (p < 0 || std::count(o.batch_argnums.begin(), o.batch_argnums.end(), p) > 1 ||
