@@ -255,6 +255,30 @@ TEST(Collectives, ReduceScatterLeavesEachDeviceItsPartOfTheSum) {
   EXPECT_TRUE(r.array.to_host() == full);
 }
 
+// A pending sum resharded: its values are the sum over all eight devices, as the all-reduce
+// gives it (in another order of additions: within a few f32 roundings of eight terms), and the
+// static plan (plan_reshard) is the steps that ran, kind, axes, bytes and staging.
+void expect_the_sum_as_planned(const Array& x, const NamedSharding& to, const ReshardResult& ran,
+                               const Executor& exec) {
+  const Mesh& mesh = x.mesh();
+  const Tensor want = all_reduce(x).to_host();
+  const Tensor got = ran.array.to_host();
+  ASSERT_EQ(got.numel(), want.numel());
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    EXPECT_NEAR(got.get(i), want.get(i), 8 * 0x1p-23 * std::abs(want.get(i))) << i;
+  }
+  const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), to,
+                                    test::devices_per_process(exec, mesh));
+  ASSERT_EQ(planned.size(), ran.steps.size());
+  for (std::size_t k = 0; k < planned.size(); ++k) {
+    EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
+    EXPECT_EQ(planned[k].axes, ran.steps[k].axes);
+    EXPECT_EQ(test::local_bytes(planned[k], mesh, exec), test::local_bytes(ran.steps[k], mesh, exec));
+    EXPECT_EQ(test::local_staging(planned[k], mesh, exec),
+              test::local_staging(ran.steps[k], mesh, exec));
+  }
+}
+
 // A sum pending over two axes, to a target that shards one dimension over each: two
 // reduce-scatters (the mesh's innermost axis first), never an all-reduce and a slice. By hand,
 // f32[8, 8] on x:2,y:4 to P("y", "x"): over y into dimension 0 (shard [2, 8], 3 x 64 bytes from
@@ -277,24 +301,7 @@ TEST(Collectives, APendingSumOverTwoAxesIsReduceScatteredIntoTwoDimensions) {
   }
   EXPECT_EQ(ran.array.sharding().spec(), P("y", "x"));
   EXPECT_FALSE(ran.array.is_pending());
-  // The values: the sum over all eight devices, as the all-reduce gives it (in another order of
-  // additions: within a few f32 roundings of eight terms).
-  const Tensor want = all_reduce(x).to_host();
-  const Tensor got = ran.array.to_host();
-  ASSERT_EQ(got.numel(), want.numel());
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    EXPECT_NEAR(got.get(i), want.get(i), 8 * 0x1p-23 * std::abs(want.get(i))) << i;
-  }
-  const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), to,
-                                    test::devices_per_process(exec, mesh));
-  ASSERT_EQ(planned.size(), 2u);
-  for (std::size_t k = 0; k < 2; ++k) {
-    EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
-    EXPECT_EQ(planned[k].axes, ran.steps[k].axes);
-    EXPECT_EQ(test::local_bytes(planned[k], mesh, exec), test::local_bytes(ran.steps[k], mesh, exec));
-    EXPECT_EQ(test::local_staging(planned[k], mesh, exec),
-              test::local_staging(ran.steps[k], mesh, exec));
-  }
+  expect_the_sum_as_planned(x, to, ran, exec);
 }
 
 // HSDP's gradient: a sum pending over (replicate x, shard y) to a target sharded over y only is
@@ -322,22 +329,7 @@ TEST(Collectives, APendingSumOverAReplicaAxisIsAllReducedAfterTheScatter) {
   }
   EXPECT_EQ(ran.array.sharding().spec(), P("y"));
   EXPECT_FALSE(ran.array.is_pending());
-  const Tensor want = all_reduce(x).to_host();
-  const Tensor got = ran.array.to_host();
-  ASSERT_EQ(got.numel(), want.numel());
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    EXPECT_NEAR(got.get(i), want.get(i), 8 * 0x1p-23 * std::abs(want.get(i))) << i;
-  }
-  const auto planned = plan_reshard(x.shape(), x.dtype(), x.sharding(), x.pending(), to,
-                                    test::devices_per_process(exec, mesh));
-  ASSERT_EQ(planned.size(), 2u);
-  for (std::size_t k = 0; k < 2; ++k) {
-    EXPECT_EQ(planned[k].kind, ran.steps[k].kind);
-    EXPECT_EQ(planned[k].axes, ran.steps[k].axes);
-    EXPECT_EQ(test::local_bytes(planned[k], mesh, exec), test::local_bytes(ran.steps[k], mesh, exec));
-    EXPECT_EQ(test::local_staging(planned[k], mesh, exec),
-              test::local_staging(ran.steps[k], mesh, exec));
-  }
+  expect_the_sum_as_planned(x, to, ran, exec);
   // A target no pending axis shards a dimension over: one all-reduce over both.
   const ReshardResult whole = reshard(x, NamedSharding(mesh, P()));
   ASSERT_EQ(whole.steps.size(), 1u);
