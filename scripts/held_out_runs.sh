@@ -18,10 +18,12 @@ echo '{"model_type": "llama", "vocab_size": 32000, "hidden_size": 8192, "interme
 l3_8b=tests/data/hf_configs/Meta-Llama-3-8B
 l3_70b=tests/data/hf_configs/Meta-Llama-3-70B
 opsac=names:query_proj,value_proj,context,mlpwi_0,mlpwo  # torchtitan's op-SAC (docs/validation.md)
+# Each row is planned through the declared stack of its torchtitan version (docs/training.md
+# "Training stacks"), set in $stack before the rows; the row's own settings are options over it.
 run() {  # label, published GiB, published tok/s, train-plan arguments...
   local label=$1 gib=$2 tps=$3 out
   shift 3
-  out=$("$bin" train-plan --mixed-precision fsdp2 --loss naive --headroom 0 --fsdp-root "$@" 2>&1) || {
+  out=$("$bin" train-plan --stack "$stack" --headroom 0 "$@" 2>&1) || {
     echo "$label: $out"
     return
   }
@@ -37,7 +39,8 @@ run() {  # label, published GiB, published tok/s, train-plan arguments...
 # instance is the p4de (docs/validation.md). Each row is planned on it, then on a DGX A100's
 # network (8 x 200 Gb/s a node) to show how much the network decides.
 a100_rows() {  # hardware, label suffix
-  local a100=(--hardware "$1" --rules preset:llama_fsdp --mesh fsdp:64 --eager)
+  local stack=torchtitan-2024-07  # eager by the stack (compile off then)
+  local a100=(--hardware "$1" --rules preset:llama_fsdp --mesh fsdp:64)
   run "L3 8B, bs1, op-SAC, 64 A100$2" - 2973 -c $l3_8b "${a100[@]}" --batch 64 --seq 8192 --remat $opsac
   run "L3 70B, bs1, full AC, 64 A100$2" - 331 -c $l3_70b "${a100[@]}" --batch 64 --seq 8192 --remat full
   run "L2 13B, bs2, op-SAC, 64 A100$2" - 1904 -c "$tmp/l2-13b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
@@ -47,7 +50,8 @@ a100_rows() {  # hardware, label suffix
   run "L2 70B, bs2, op-SAC, 64 A100 (OOM)$2" - - -c "$tmp/l2-70b" "${a100[@]}" --batch 128 --seq 4096 --remat $opsac
 }
 a100_rows a100-80g-p4de ""
-h100=(--hardware tests/data/hardware/h100-hbm2e-500w.yaml --float8 --remat full)
+stack=torchtitan-2024-12  # docs/performance.md of December 2024: compiled, Float8 rows
+h100=(--hardware tests/data/hardware/h100-hbm2e-500w.yaml --compile --float8 --remat full)
 run "L3.1 8B, CP table: fsdp:8, 32k" 83.9 3890 -c $l3_8b "${h100[@]}" --mesh fsdp:8 --seq 32768 --batch 8
 run "L3.1 8B, CP table: fsdp:4,cp:2, 64k" 84.2 2540 -c $l3_8b "${h100[@]}" --mesh fsdp:4,cp:2 --seq 65536 --batch 4
 run "L3.1 8B, CP table: fsdp:2,cp:4, 128k" 84.0 1071 -c $l3_8b "${h100[@]}" --mesh fsdp:2,cp:4 --seq 131072 --batch 2
@@ -56,12 +60,13 @@ run "L3.1 70B, fsdp:32,tp:8, Float8" 71.9 829 -c $l3_70b "${h100[@]}" --mesh fsd
 # torchtitan commit 7a04053 (Jan 2025): llama3_8b.toml as then (local batch 1 x 8192, op-SAC) with
 # --training.compile, launched by run_llama_train.sh (expandable segments); bf16, then tensorwise
 # float8 with float8 all-gather.
-jan25=(-c $l3_8b --hardware tests/data/hardware/h100-hbm2e-500w.yaml --mesh fsdp:8 --batch 8 --seq 8192 --remat $opsac)
+jan25=(-c $l3_8b --hardware tests/data/hardware/h100-hbm2e-500w.yaml --mesh fsdp:8 --batch 8 --seq 8192 --remat $opsac --compile)
 run "L3 8B, bs1, op-SAC, compile (Jan 2025)" 47.65 5760 "${jan25[@]}"
 run "L3 8B, bs1, op-SAC, compile, Float8" 47.32 7186 "${jan25[@]}" --float8
 # Launched with torchrun directly (the benchmark file's command, no PYTORCH_CUDA_ALLOC_CONF): the
 # default allocator's figure ("reserved") is the one to compare; the others' is "expandable".
-h200=(--hardware h200 --rules preset:llama_fsdp --float8 --remat names:context --seq 8192)
+stack=torchtitan-2025-06  # the benchmark file of June 2025 (fused AdamW is not modelled)
+h200=(--hardware h200 --rules preset:llama_fsdp --compile --float8 --remat names:context --seq 8192)
 run "L3.1 8B, 32 H200, Float8" 47.96 10938 -c $l3_8b "${h200[@]}" --mesh fsdp:32 --batch 64
 run "L3.1 8B, 64 H200, Float8" 46.97 10753 -c $l3_8b "${h200[@]}" --mesh fsdp:64 --batch 128
 # Sensitivity: the A100 rows on a DGX A100 network instead (not the runs' cluster).

@@ -262,7 +262,7 @@ TEST_F(CliTest, JsonOutputsHaveTheKeysTheirSchemasPin) {
        ""},
       {"train_plan_compare",
        fmt::format("train-plan -c '{}' --mesh fsdp:8 --mesh fsdp:4,tp:2 --batch 8 --seq 1024 "
-                   "--hardware h100-sxm --compare --json",
+                   "--hardware h100-sxm --compare --json --stack torchtitan-2025-08",
                    cfg),
        ""},
       {"checkpoint_inspect", fmt::format("checkpoint inspect --json '{}'", ckpt), ""},

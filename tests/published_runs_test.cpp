@@ -11,13 +11,16 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardplan/hardware.hpp"
 #include "shardplan/rule_file.hpp"
 #include "shardplan/train_plan.hpp"
+#include "shardplan/training_stack.hpp"
 #include "test_util.hpp"
 
 namespace shardplan {
@@ -49,6 +52,9 @@ struct Row {
   std::string known_gap;
   bool float8 = false;  // torchao's Float8Linear on the blocks' linear layers (--float8)
   bool eager = false;   // without torch.compile (--eager)
+  /// The declared stack the row is planned through (training_stack.hpp); its other settings
+  /// (compile, float8) are the row's options over it.
+  std::string stack = "torchtitan-2024-12";
 };
 
 // The published figure is the caching allocator's reserved peak (torch.cuda.max_memory_reserved)
@@ -131,18 +137,24 @@ TEST(PublishedRuns, EachExpressibleRowIsPlannedAndComparedWithItsMeasurement) {
     TrainPlanOptions o;
     o.batch = r.batch;
     o.seq = r.seq;
-    o.remat = parse_remat(r.remat);
-    o.fused_loss = false;  // torchtitan: the logits whole, cross_entropy in f32
-    o.param_dtype = DType::kBF16;  // FSDP2's MixedPrecisionPolicy(bf16, reduce f32)
-    o.master_dtype = o.reduce_dtype = DType::kF32;
-    o.grad_dtype = o.optimizer_dtype = DType::kF32;
     o.hardware = hw;
     o.float8 = r.float8;
-    o.eager = r.eager;
-    // torchtitan before pytorch/torchtitan#1094 (mid-2025): the embedding, final norm and head in
-    // FSDP2's root module (kept unsharded from the forward's start to the backward's end), the
-    // last block not resharded after forward (parallelize_llama.py's apply_fsdp of the time).
-    o.fsdp_root = true;
+    // Through the stack, as `train-plan --stack NAME` plans it: a compiled row gives --compile
+    // over a stack that runs eager.
+    apply_stack(find_training_stack(r.stack), o, [&](std::string_view option) -> std::string {
+      return option == "--eager" && !r.eager ? "--compile" : "";
+    });
+    // What docs/validation.md says the rows were planned with, from the stack: FSDP2's
+    // MixedPrecisionPolicy(bf16, reduce f32), the logits whole and cross_entropy in f32, the
+    // root module holding the embedding and head (torchtitan before pytorch/torchtitan#1094),
+    // the row's activation checkpointing.
+    EXPECT_EQ(remat_name(o.remat), r.remat);
+    EXPECT_EQ(o.eager, r.eager);
+    EXPECT_EQ(o.fused_loss, std::optional<bool>(false));
+    EXPECT_TRUE(o.param_dtype == DType::kBF16 && o.master_dtype == DType::kF32 &&
+                o.reduce_dtype == DType::kF32 && o.grad_dtype == DType::kF32 &&
+                o.optimizer_dtype == DType::kF32);
+    EXPECT_TRUE(o.fsdp_root);
     o.headroom = 0;  // the run fit on the device: its verdict is peak <= capacity
     o.reserved_whole = true;  // the reserved bytes of the whole step (not extrapolated)
     const TrainPlan p = plan_training(config, Mesh::parse(r.mesh, devices_of(r.mesh)), load_preset("llama_fsdp").make_rule(), o);
@@ -165,6 +177,20 @@ TEST(PublishedRuns, EachExpressibleRowIsPlannedAndComparedWithItsMeasurement) {
   }
   EXPECT_GE(expressed, 4);
   EXPECT_GE(listed, 5);
+}
+
+// A stack's validated_by (what `train-plan --stack NAME` reports as validated) lists exactly the
+// expressible rows planned through it above: neither can change without the other.
+TEST(PublishedRuns, EachStackNamesTheRowsPlannedThroughIt) {
+  for (const TrainingStack& stack : training_stacks()) {
+    SCOPED_TRACE(std::string(stack.name));
+    std::vector<std::string> planned, declared(stack.validated_by.begin(), stack.validated_by.end());
+    for (const Row& r : rows()) {
+      if (r.missing.empty() && r.stack == stack.name) planned.push_back(r.what);
+    }
+    EXPECT_EQ(planned, declared);
+    EXPECT_EQ(stack.validated(), planned.size() >= 2);
+  }
 }
 
 // train-plan's peak against PyTorch's eager step on the CPU, an independent reference for what

@@ -126,6 +126,19 @@ enum class OptimizerKind { kSgd, kAdam, kAdamw };
 OptimizerKind parse_optimizer(std::string_view name);
 std::string_view name(OptimizerKind kind);
 
+/// The declared training stack a plan's options came from (--stack; training_stack.hpp), as
+/// the report names it.
+struct StackUse {
+  std::string name;
+  bool validated = false;  // planned through on at least 2 published runs
+  /// "topic: setting" ("loss: --loss naive"): the stack's choices applied.
+  std::vector<std::string> applied;
+  /// "topic (by --option)": the stack's choices the user's options overrode.
+  std::vector<std::string> overridden;
+  /// The topics of its choices train-plan does not plan ("optimizer kernel").
+  std::vector<std::string> not_modelled;
+};
+
 /// What step to plan: the batch, the precision, the optimizer.
 struct TrainPlanOptions {
   std::int64_t batch = 8;       // sequences per step (the global batch)
@@ -212,6 +225,8 @@ struct TrainPlanOptions {
   /// the logical axis activation_norm_length maps to. nullopt: on when it maps to one; false:
   /// off (activation_norm_length unsharded); true: on, a SpecError when nothing maps it.
   std::optional<bool> sequence_parallel;
+  /// The stack these options were set from (apply_stack); reported with the plan.
+  std::optional<StackUse> stack;
 };
 
 /// One kind of refusal of train-plan's options: an option (as the command spells it) under a
@@ -403,6 +418,8 @@ struct TrainPlan {
   double total_flops = 0;
   /// In a comparison, why this configuration could not be planned (empty: it was).
   std::string error;
+  /// The declared stack the options came from (TrainPlanOptions::stack), if any.
+  std::optional<StackUse> stack;
 
   /// Sum of bytes_by_collective.
   std::int64_t bytes_moved() const;

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <optional>
 
+#include "../core/error_context.hpp"
 #include "../formats/output_file.hpp"
 #include "../train/model_family.hpp"
 #include "shardplan/detail/printable.hpp"
@@ -16,6 +17,7 @@
 #include "output_path_option.hpp"
 #include "shardplan/train_plan.hpp"
 #include "shardplan/train_plan_html.hpp"
+#include "shardplan/training_stack.hpp"
 #include "usage_error.hpp"
 
 namespace shardplan::cli {
@@ -241,14 +243,16 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
               "The decoder blocks' linear layers in float8 as torchao's Float8Linear (tensorwise "
               "scaling; inputs kept in 8 bits; products at the hardware's fp8 rate); the head and "
               "attention stay in --param-dtype. LLaMA-family models");
-  t->add_flag("--eager", c.eager,
+  t->add_flag("--eager,!--compile", c.eager,
               "Plan the step as eager PyTorch runs it (no torch.compile): every elementwise op "
               "writes its result, so each op's temporaries are held and its bytes read and "
-              "written. Default: compiled, each chain of elementwise ops one kernel");
-  t->add_flag("--fsdp-root", c.fsdp_root,
+              "written. --compile: as a compiler runs it, each chain of elementwise ops one kernel "
+              "(the default; overrides a --stack that runs eager)");
+  t->add_flag("--fsdp-root,!--no-fsdp-root", c.fsdp_root,
               "FSDP2 wrapped as torchtitan did before mid-2025: the embedding, final norm and head "
               "in the root module, gathered from the forward's start to the backward's end, and "
-              "the last block not resharded after forward. Default: each its own unit");
+              "the last block not resharded after forward. Default (--no-fsdp-root): each its own "
+              "unit");
 }
 
 }  // namespace
@@ -263,8 +267,8 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_option(
        "--config,-c", c.config,
        "A Hugging Face config.json, or a checkpoint directory holding one (model types "
-       "llama, mistral, qwen2, mixtral, gpt2, t5). Example: --config Meta-Llama-3-70B/config.json")
-      ->required();
+       "llama, mistral, qwen2, mixtral, gpt2, t5). Example: --config "
+       "Meta-Llama-3-70B/config.json. Required unless --explain");
   t->add_option("--mesh", c.meshes,
                 "Mesh axes as name:size (one size may be -1). Repeat it with --compare. Default: "
                 "the rule file's mesh. Example: --mesh fsdp:64,tp:8");
@@ -324,6 +328,14 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "Fraction of --device-memory kept free (runtime, fragmentation)")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
+  t->add_option("--stack", c.stack,
+                "Plan the step as this training stack runs it (docs/training.md \"Training "
+                "stacks\"; --explain lists its choices and sources); an option given overrides "
+                "the stack's choice it sets");
+  t->add_flag("--explain", c.explain,
+              "With --stack: list every choice of the stack (what it runs, how it is planned or "
+              "that it is not modelled, the source), marking those the options given override, "
+              "and plan nothing");
   t->add_flag("--json", c.json, "Print JSON (schema in docs/cli.md)");
   t->add_option("--html", c.html,
                 "Also write the plan as a self-contained HTML page (memory per device, the live "
@@ -424,6 +436,26 @@ void memory_options(const TrainPlanCommand& c, TrainPlanOptions& o) {
   o.headroom = c.headroom;
 }
 
+/// `option` as the command line gave it (its negation's name for --eager and --fsdp-root given
+/// as --compile, --no-fsdp-root); empty when not given.
+std::string as_given(const TrainPlanCommand& c, std::string_view option) {
+  const std::string name(option);
+  if (!given_option(c, name.c_str())) return {};
+  if (name == "--eager" && !c.eager) return "--compile";
+  if (name == "--fsdp-root" && !c.fsdp_root) return "--no-fsdp-root";
+  return name;
+}
+
+/// --stack's stack, or none.
+const TrainingStack* stack_option(const TrainPlanCommand& c) {
+  if (c.stack.empty() && !given_option(c, "--stack")) return nullptr;
+  try {
+    return &find_training_stack(c.stack);
+  } catch (const SpecError& e) {
+    throw UsageError(fmt::format("--stack: {}", e.what()));
+  }
+}
+
 /// The options of the step (everything but the meshes and rules), checked.
 TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   TrainPlanOptions o;
@@ -476,6 +508,10 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
     o.batch_axes = batch_axes_option(c.batch_axes);
   }
   memory_options(c, o);
+  // The stack's choices, where no option given sets the same thing.
+  if (const TrainingStack* stack = stack_option(c)) {
+    apply_stack(*stack, o, [&](std::string_view option) { return as_given(c, option); });
+  }
   return o;
 }
 
@@ -554,6 +590,27 @@ TrainPlan plan_one(const TrainPlanCommand& c, const ModelConfig& config, const C
   return p;
 }
 
+/// `plan()`, an error naming the stack the options came from and what it set (a choice the
+/// model cannot take fails as the option it sets would, then says so).
+std::vector<TrainPlan> plan_with_stack_named(const TrainPlanOptions& o,
+                                             const std::function<std::vector<TrainPlan>()>& plan) {
+  if (!o.stack) return plan();
+  std::vector<std::string> sets;  // the choices that set an option
+  for (const std::string& a : o.stack->applied) {
+    if (a.find(": --") != std::string::npos) sets.push_back(a);
+  }
+  const std::string note = fmt::format("train-plan --stack {} (which sets {}; an option given "
+                                       "overrides the choice it sets)",
+                                       o.stack->name, fmt::join(sets, "; "));
+  try {
+    return plan();
+  } catch (const OptionError& e) {
+    throw OptionError(e.refusal_index(), fmt::format("{}: {}", note, e.what()));
+  } catch (const Error&) {
+    detail::rethrow_with_context(note);
+  }
+}
+
 /// Prints the plans: the comparison of all, or the one plan.
 void print_plans(const TrainPlanCommand& c, const std::vector<TrainPlan>& plans) {
   if (c.compare) {
@@ -578,6 +635,16 @@ void print_plans(const TrainPlanCommand& c, const std::vector<TrainPlan>& plans)
 int run_train_plan(
     const TrainPlanCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
     const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
+  if (c.explain) {
+    const TrainingStack* stack = stack_option(c);
+    if (stack == nullptr) throw UsageError("--explain lists a stack's choices: give --stack NAME");
+    std::cout << explain_stack(*stack,
+                               [&](std::string_view option) { return as_given(c, option); });
+    return 0;
+  }
+  if (c.config.empty()) {
+    throw UsageError("--config is required (a Hugging Face config.json, or a directory holding one)");
+  }
   const ModelConfig config = config_option(c.config);
   if (!c.compare && (c.meshes.size() > 1 || c.rules.size() > 1)) {
     throw UsageError("--mesh and --rules are given once each, unless --compare is on");
@@ -631,8 +698,10 @@ int run_train_plan(
   // them before the planning (docs/cli.md "Outputs").
   std::optional<detail::OutputFiles> out;
   if (!c.html.empty()) out.emplace(std::vector<detail::NamedOutput>{{"--html", c.html}});
-  const std::vector<TrainPlan> plans = plan_concurrently(
-      configurations.size(), [&](std::size_t i) { return plan_one(c, config, configurations[i]); });
+  const std::vector<TrainPlan> plans = plan_with_stack_named(o, [&] {
+    return plan_concurrently(configurations.size(),
+                             [&](std::size_t i) { return plan_one(c, config, configurations[i]); });
+  });
   // Before the text, as plan --html: a page that cannot be written fails the command.
   if (out) {
     (*out)[0].write(train_plan_html(plans.front()));

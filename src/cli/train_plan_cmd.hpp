@@ -40,6 +40,8 @@ struct TrainPlanCommand {
   bool json = false;
   bool compare = false;
   std::string html;  // also write the plan as an HTML page to this file
+  std::string stack;     // --stack NAME; empty: none
+  bool explain = false;  // --explain: list the stack's choices, plan nothing
 };
 
 /// Registers `train-plan` under `app`; the returned options are filled by parsing.

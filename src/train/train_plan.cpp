@@ -549,6 +549,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   }
   plan.headroom = o.headroom;
   plan.not_modelled = config.not_modelled;
+  plan.stack = o.stack;
   plan.extrapolated = !traced;
   plan.traced = what_traced;
   plan.timeline = std::move(timeline);

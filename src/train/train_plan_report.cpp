@@ -88,6 +88,26 @@ std::string time_table(const StepTime& t) {
 
 }  // namespace
 
+namespace {
+
+/// The stack the options came from, what of it the options overrode and what of it is not
+/// planned (docs/training.md "Training stacks"); empty without one.
+std::string stack_line(const std::optional<StackUse>& stack) {
+  if (!stack) return {};
+  std::string out = fmt::format(
+      "stack {}{}", stack->name,
+      stack->validated ? "" : " (unvalidated: fewer than 2 published runs planned through it)");
+  if (!stack->overridden.empty()) {
+    out += fmt::format("; overridden: {}", fmt::join(stack->overridden, ", "));
+  }
+  if (!stack->not_modelled.empty()) {
+    out += fmt::format("; not modelled: {} (--explain)", fmt::join(stack->not_modelled, ", "));
+  }
+  return out + "\n";
+}
+
+}  // namespace
+
 std::string TrainPlan::table() const {
   std::string out;
   out += fmt::format("{} on {} ({} devices), rules {}{}\n", model, detail::printable(mesh), devices,
@@ -96,6 +116,7 @@ std::string TrainPlan::table() const {
   if (!not_modelled.empty()) {
     out += fmt::format("not modelled: {}\n", fmt::join(not_modelled, "; "));
   }
+  out += stack_line(stack);
   const std::string tokens = target_seq > 0
                                  ? fmt::format("{} encoder + {} decoder", seq, target_seq)
                                  : fmt::format("{}", seq);
@@ -242,6 +263,13 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;
   j["fsdp_root"] = p.fsdp_root;
+  if (p.stack) {
+    j["stack"] = {{"name", p.stack->name},
+                  {"validated", p.stack->validated},
+                  {"applied", p.stack->applied},
+                  {"overridden", p.stack->overridden},
+                  {"not_modelled", p.stack->not_modelled}};
+  }
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
   j["context_axes"] = p.context_axes;
@@ -375,10 +403,15 @@ namespace {
 
 // The comparison's "not modelled" line (one model: said once), or nothing.
 std::string not_modelled_line(const std::vector<TrainPlan>& plans) {
+  std::string out;
   for (const TrainPlan& p : plans) {
-    if (!p.not_modelled.empty()) return fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
+    if (!p.not_modelled.empty()) {
+      out = fmt::format("not modelled: {}\n", fmt::join(p.not_modelled, "; "));
+      break;
+    }
   }
-  return {};
+  // Every plan of a comparison has the same options, so the same stack.
+  return plans.empty() ? out : out + stack_line(plans.front().stack);
 }
 
 constexpr const char* kNoneFits =

@@ -1,0 +1,51 @@
+#pragma once
+// What several declared stacks set alike (training_stack.hpp): each setting once, as a function
+// a StackChoice points at, with the options that override it. Private to the library.
+#include <string_view>
+#include <vector>
+
+#include "shardplan/train_plan.hpp"
+#include "shardplan/training_stack.hpp"
+
+namespace shardplan::train::stacks {
+
+/// The options that set the step's dtypes: one given overrides a stack's precision choice.
+inline const std::vector<std::string_view> kDtypeOptions = {
+    "--mixed-precision", "--master-dtype",    "--reduce-dtype",
+    "--grad-dtype",      "--optimizer-dtype", "--param-dtype"};
+inline const std::vector<std::string_view> kRematOptions = {"--remat", "--recompute"};
+
+/// FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32) over f32 parameters:
+/// --mixed-precision fsdp2.
+inline void fsdp2_mixed_precision(TrainPlanOptions& o) {
+  o.param_dtype = DType::kBF16;
+  o.master_dtype = o.reduce_dtype = DType::kF32;
+  o.grad_dtype = o.optimizer_dtype = DType::kF32;
+}
+
+/// FSDP1's MixedPrecision(param_dtype=bf16, reduce_dtype=bf16) over f32 flat parameters: held
+/// and updated in f32, gathered and computed in bf16, gradients reduced in bf16 and kept in f32
+/// (the sharded flat parameter's gradient).
+inline void fsdp1_bf16_mixed_precision(TrainPlanOptions& o) {
+  o.param_dtype = DType::kBF16;
+  o.master_dtype = DType::kF32;
+  o.reduce_dtype = DType::kBF16;
+  o.grad_dtype = o.optimizer_dtype = DType::kF32;
+}
+
+/// Each block a checkpoint that keeps only its input (--remat full).
+inline void full_remat(TrainPlanOptions& o) { o.remat = parse_remat("full"); }
+/// No activation checkpointing (--remat none).
+inline void no_remat(TrainPlanOptions& o) { o.remat = parse_remat("none"); }
+inline void eager(TrainPlanOptions& o) { o.eager = true; }
+inline void compiled(TrainPlanOptions& o) { o.eager = false; }
+inline void naive_loss(TrainPlanOptions& o) { o.fused_loss = false; }
+inline void fused_attention(TrainPlanOptions& o) { o.fused_attention = true; }
+inline void fsdp_root(TrainPlanOptions& o) { o.fsdp_root = true; }
+inline void own_units(TrainPlanOptions& o) { o.fsdp_root = false; }
+inline void reshard_after_forward(TrainPlanOptions& o) { o.reshard_after_forward = true; }
+inline void adamw(TrainPlanOptions& o) { o.optimizer = OptimizerKind::kAdamw; }
+/// A choice the planner always makes so, or that the mesh and rules given decide: nothing to set.
+inline void as_planned(TrainPlanOptions&) {}
+
+}  // namespace shardplan::train::stacks

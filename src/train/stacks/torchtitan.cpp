@@ -1,0 +1,267 @@
+// torchtitan (pytorch/torchtitan) by date: what its Llama training step ran at the commits behind
+// the published runs (docs/validation.md). Each choice cites the file at that commit.
+#include "choices.hpp"
+#include "stacks.hpp"
+
+namespace shardplan::train::stacks {
+namespace {
+
+// The selective "op" policy's saved values in train-plan's layer names: every other aten.mm
+// (wq, wv, w1, w2) and the attention's output (_save_list; mm_count % 2).
+void op_sac(TrainPlanOptions& o) {
+  o.remat = parse_remat("names:query_proj,value_proj,context,mlpwi_0,mlpwo");
+}
+
+// The loss as torchtitan wrote it from late 2024: the logits taken to float32 first.
+StackChoice f32_loss(std::string_view source) {
+  return {.topic = "loss",
+          .what = "cross_entropy(pred.flatten(0, 1).float(), labels): the whole logits taken "
+                  "to float32, then PyTorch's cross-entropy",
+          .source = source,
+          .setting = "--loss naive",
+          .options = {"--loss"},
+          .apply = naive_loss};
+}
+
+// The choices every version below shares, with the commit its sources are read at.
+std::vector<StackChoice> common(std::string_view at_parallelize) {
+  return {
+      {.topic = "mixed precision",
+       .what = "FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) over "
+               "float32 parameters; AdamW's state float32 (zeros_like the parameter)",
+       .source = "torchtitan config: training.mixed_precision_param = bfloat16, "
+                 "training.mixed_precision_reduce = float32 (the defaults)",
+       .setting = "--mixed-precision fsdp2",
+       .options = kDtypeOptions,
+       .apply = fsdp2_mixed_precision},
+      {.topic = "activation checkpointing",
+       .what = "selective op AC (llama3_8b.toml: mode 'selective', selective_ac_option 'op'): "
+               "each block saves the outputs of aten.mm but every second one (wq, wv, w1, w2) "
+               "and of scaled_dot_product_attention, and recomputes the rest; the 70B and 405B "
+               "tomls use mode 'full' (--remat full)",
+       .source = at_parallelize,
+       .setting = "--remat names:query_proj,value_proj,context,mlpwi_0,mlpwo",
+       .options = kRematOptions,
+       .apply = op_sac},
+      {.topic = "attention",
+       .what = "F.scaled_dot_product_attention, causal (the FlashAttention backend on H100)",
+       .source = "torchtitan models/llama model.py: Attention.forward",
+       .setting = "--attention fused",
+       .options = {"--attention"},
+       .apply = fused_attention},
+      {.topic = "optimizer",
+       .what = "torch.optim.AdamW",
+       .source = "torchtitan optimizer: build_optimizers (name = \"AdamW\" in the tomls)",
+       .setting = "--optimizer adamw",
+       .options = {"--optimizer"},
+       .apply = adamw},
+      {.topic = "HSDP",
+       .what = "data_parallel_replicate_degree x data_parallel_shard_degree: fully_shard over "
+               "the 2-D mesh reduce-scatters in the shard group, then all-reduces the shard "
+               "across replicas",
+       .source = "torchtitan parallel_dims (dp_replicate, dp_shard); torch FSDP2 HSDP",
+       .setting = "always planned so: a sum pending over a replica axis is all-reduced after "
+                  "the reduce-scatter (docs/runtime.md, reshard)",
+       .options = {},
+       .apply = as_planned},
+      {.topic = "tensor parallelism",
+       .what = "ColwiseParallel on wq, wk, wv, w1, w3, RowwiseParallel on wo, w2 with "
+               "SequenceParallel norms (the sequence split between blocks), loss_parallel on "
+               "the output",
+       .source = at_parallelize,
+       .setting = "not modelled: the rule file's specs set the weights' layouts and the "
+                  "partitioner chooses each collective (it may pick all-to-all where the plan "
+                  "all-gathers and reduce-scatters)",
+       .options = {},
+       .apply = nullptr},
+  };
+}
+
+std::vector<StackChoice> with(std::vector<StackChoice> a, std::vector<StackChoice> b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+const TrainingStack& torchtitan_2024_07() {
+  static const TrainingStack s{
+      .name = "torchtitan-2024-07",
+      .summary = "torchtitan as of 40f79d7 (2024-07-30): the A100 runs of its mid-2024 "
+                 "docs/performance.md",
+      .choices = with(
+          common("pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
+                 "_save_list, apply_ac, apply_tp"),
+          {{.topic = "loss",
+            .what = "cross_entropy(pred.flatten(0, 1), labels) on the bfloat16 logits as they "
+                    "are (the float32 cast came later)",
+            .source = "pytorch/torchtitan@40f79d7 train.py: loss_fn",
+            .setting = "--loss naive",
+            .options = {"--loss"},
+            .apply = naive_loss},
+           {.topic = "loss dtype",
+            .what = "the cross-entropy reads the bfloat16 logits (no float32 copy)",
+            .source = "pytorch/torchtitan@40f79d7 train.py: loss_fn",
+            .setting = "not modelled: the naive loss is planned on a float32 copy of the logits "
+                       "(one more copy of [tokens, vocab] at the loss)",
+            .options = {},
+            .apply = nullptr},
+           {.topic = "torch.compile",
+            .what = "off unless --training.compile (llama3_8b.toml: compile = false) "
+                    "(--compile)",
+            .source = "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
+                      "--training.compile; train_configs/llama3_8b.toml",
+            .setting = "--eager",
+            .options = {"--eager"},
+            .apply = eager},
+           {.topic = "FSDP wrapping",
+            .what = "fully_shard on each TransformerBlock, the last with "
+                    "reshard_after_forward=False, then on the whole model (the root: embedding, "
+                    "final norm, output, never resharded after forward)",
+            .source = "pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
+                      "apply_fsdp",
+            .setting = "--fsdp-root",
+            .options = {"--fsdp-root"},
+            .apply = fsdp_root},
+           {.topic = "optimizer kernel",
+            .what = "AdamW with fused=False (--optimizer.fused off by default): torch's foreach",
+            .source = "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
+                      "--optimizer.fused",
+            .setting = "not modelled: the update is planned op by op as the program's "
+                       "elementwise ops",
+            .options = {},
+            .apply = nullptr}}),
+      .validated_by = {}};
+  return s;
+}
+
+const TrainingStack& torchtitan_2024_12() {
+  static const TrainingStack s{
+      .name = "torchtitan-2024-12",
+      .summary = "torchtitan as of 3f20451 (2024-12-26): the docs/performance.md tables of "
+                 "December 2024",
+      .choices = with(
+          common("pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
+                 "_save_list, _apply_ac_to_transformer_block, apply_tp"),
+          {f32_loss("pytorch/torchtitan@3f20451 train.py: loss_fn"),
+           {.topic = "torch.compile",
+            .what = "off unless --training.compile (a store_true flag; llama3_8b.toml: "
+                    "compile = false); when on, each TransformerBlock is compiled, the loss "
+                    "never (--compile)",
+            .source = "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
+                      "--training.compile; train_configs/llama3_8b.toml",
+            .setting = "--eager",
+            .options = {"--eager"},
+            .apply = eager},
+           {.topic = "FSDP wrapping",
+            .what = "fully_shard on each TransformerBlock, the last with "
+                    "reshard_after_forward=False, then on the whole model: the root module "
+                    "holds the embedding, final norm and output, never resharded after forward",
+            .source = "pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
+                      "apply_fsdp",
+            .setting = "--fsdp-root",
+            .options = {"--fsdp-root"},
+            .apply = fsdp_root},
+           {.topic = "optimizer kernel",
+            .what = "AdamW with fused=False (--optimizer.fused is off by default), so torch's "
+                    "default for CUDA tensors: foreach (multi-tensor kernels, op by op)",
+            .source = "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
+                      "--optimizer.fused; torch/optim/adamw.py (_default_to_fused_or_foreach)",
+            .setting = "not modelled: the update is planned op by op as the program's "
+                       "elementwise ops (one kernel per chain when compiled, per op with --eager)",
+            .options = {},
+            .apply = nullptr}}),
+      // tests/published_runs_test.cpp's rows planned through this stack (the test keeps the two
+      // lists equal).
+      .validated_by = {"Table 1: Llama 3.1 8B, FSDP",
+                       "Table 1: Llama 3.1 8B, FSDP + torch.compile",
+                       "Table 3: Llama 3.1 8B, FSDP, 128 GPUs",
+                       "Table 3: Llama 3.1 8B, FSDP + torch.compile, 128 GPUs",
+                       "Table 1: + Float8 (FSDP + torch.compile + Float8)",
+                       "Table 3: + Float8, 128 GPUs"}};
+  return s;
+}
+
+const TrainingStack& torchtitan_2025_06() {
+  static const TrainingStack s{
+      .name = "torchtitan-2025-06",
+      .summary = "torchtitan as of 6b11290 (2025-06-27): fused AdamW by default "
+                 "(pytorch/torchtitan#881), the root wrapping of before #1094",
+      .choices = with(
+          common("pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
+                 "_save_list, _apply_ac_to_transformer_block, apply_tp"),
+          {f32_loss("pytorch/torchtitan@6b11290 torchtitan/components/loss.py: "
+                    "cross_entropy_loss"),
+           {.topic = "torch.compile",
+            .what = "off unless training.compile (llama3_8b.toml: compile = false); when on, "
+                    "each TransformerBlock is compiled (--compile)",
+            .source = "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: Training.compile; "
+                      "torchtitan/models/llama3/train_configs/llama3_8b.toml",
+            .setting = "--eager",
+            .options = {"--eager"},
+            .apply = eager},
+           {.topic = "FSDP wrapping",
+            .what = "reshard_after_forward_policy \"default\": fully_shard on each "
+                    "TransformerBlock, the last with reshard_after_forward=False, then on the "
+                    "whole model (the root: embedding, final norm, output)",
+            .source = "pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
+                      "apply_fsdp",
+            .setting = "--fsdp-root",
+            .options = {"--fsdp-root"},
+            .apply = fsdp_root},
+           {.topic = "optimizer kernel",
+            .what = "AdamW with implementation = \"fused\" (the default since "
+                    "pytorch/torchtitan#881, 2025-02-24)",
+            .source = "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
+                      "Optimizer.implementation",
+            .setting = "not modelled: the update is planned op by op as the program's "
+                       "elementwise ops",
+            .options = {},
+            .apply = nullptr}}),
+      .validated_by = {}};
+  return s;
+}
+
+const TrainingStack& torchtitan_2025_08() {
+  static const TrainingStack s{
+      .name = "torchtitan-2025-08",
+      .summary = "torchtitan after pytorch/torchtitan#1094 (83e6941, 2025-07-28), as of 07c00d9 "
+                 "(August 2025)",
+      .choices = with(
+          common("pytorch/torchtitan@07c00d9 torchtitan/distributed/activation_checkpoint.py: "
+                 "_save_list, _apply_op_sac; torchtitan/models/llama3/infra/parallelize.py: "
+                 "apply_tp"),
+          {f32_loss("pytorch/torchtitan@07c00d9 torchtitan/components/loss.py: "
+                    "cross_entropy_loss"),
+           {.topic = "torch.compile",
+            .what = "off unless compile.enable (llama3_8b.toml: enable = false); when on, the "
+                    "blocks and the loss (components = [\"model\", \"loss\"]) (--compile)",
+            .source = "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: Compile; "
+                      "torchtitan/models/llama3/train_configs/llama3_8b.toml",
+            .setting = "--eager",
+            .options = {"--eager"},
+            .apply = eager},
+           {.topic = "FSDP wrapping",
+            .what = "fully_shard on tok_embeddings, on each block (reshard_after_forward=True), "
+                    "on [norm, output] together with reshard_after_forward=False (kept for "
+                    "their backward pass), then on the model",
+            .source = "pytorch/torchtitan@07c00d9 torchtitan/models/llama3/infra/parallelize.py: "
+                      "apply_fsdp (pytorch/torchtitan#1094)",
+            .setting = "train-plan's default wrapping (no --fsdp-root)",
+            .options = {"--fsdp-root"},
+            .apply = own_units},
+           {.topic = "optimizer kernel",
+            .what = "AdamW with implementation = \"fused\" (the default since "
+                    "pytorch/torchtitan#881, 2025-02-24): one kernel reads and writes each "
+                    "parameter, gradient and moment once",
+            .source = "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
+                      "Optimizer.implementation",
+            .setting = "not modelled: the update is planned op by op as the program's "
+                       "elementwise ops",
+            .options = {},
+            .apply = nullptr}}),
+      .validated_by = {}};
+  return s;
+}
+
+}  // namespace shardplan::train::stacks
