@@ -313,14 +313,16 @@ Case random_case(std::mt19937_64& rng) {
     hw.node_size = pick(rng, std::vector<std::int64_t>{1, 2, 8});
     o.hardware = hw;
   }
+  o.tp_plan = std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? TpPlan::kModules
+                                                                : TpPlan::kPartitioner;
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
-      "param {} remat {} fsdp_root {} eager {} activations {} hardware {}",
+      "param {} remat {} fsdp_root {} eager {} activations {} hardware {} tp_plan {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), o.fsdp_root, o.eager, o.activations.has_value(),
-      o.hardware ? o.hardware->name : "none");
+      o.hardware ? o.hardware->name : "none", name(o.tp_plan));
   return k;
 }
 

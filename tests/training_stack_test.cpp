@@ -54,7 +54,7 @@ TEST(TrainingStack, ApplyingSetsTheChoicesNoGivenOptionOverrides) {
   EXPECT_TRUE(o.stack->validated);
   EXPECT_TRUE(o.stack->overridden.empty());
   EXPECT_EQ(o.stack->not_modelled,
-            (std::vector<std::string>{"tensor parallelism", "optimizer kernel"}));
+            (std::vector<std::string>{"loss parallel", "optimizer kernel"}));
 
   TrainPlanOptions given;
   apply_stack(s, given, [](std::string_view option) {

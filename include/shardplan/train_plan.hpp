@@ -121,6 +121,18 @@ std::optional<RematPolicy> parse_remat(std::string_view text);
 /// The --remat form of a policy ("none" for nothing).
 std::string remat_name(const std::optional<RematPolicy>& policy);
 
+/// Where a tensor-parallel step's layer weights are laid out as they are used (--tp-plan).
+/// kPartitioner: as the partitioner chooses (it may gather a weight over the model axes and move
+/// activations by all-to-all instead, when that moves fewer bytes). kModules: as the stacks'
+/// column- and row-parallel modules hold them (Megatron-Core's ColumnParallelLinear and
+/// RowParallelLinear, torchtitan's ColwiseParallel and RowwiseParallel): every layer weight the
+/// rules split over a model axis is used in that split, gathered over the data axes only, so the
+/// activations around each block are all-gathered and reduce-scattered as those modules do.
+enum class TpPlan { kPartitioner, kModules };
+/// "partitioner", "modules". Throws SpecError naming the known ones.
+TpPlan parse_tp_plan(std::string_view name);
+std::string_view name(TpPlan plan);
+
 enum class OptimizerKind { kSgd, kAdam, kAdamw };
 /// "sgd", "adam", "adamw". Throws SpecError naming the known ones.
 OptimizerKind parse_optimizer(std::string_view name);
@@ -225,6 +237,8 @@ struct TrainPlanOptions {
   /// the logical axis activation_norm_length maps to. nullopt: on when it maps to one; false:
   /// off (activation_norm_length unsharded); true: on, a SpecError when nothing maps it.
   std::optional<bool> sequence_parallel;
+  /// Where the layer weights are laid out as used (TpPlan); with a model axis only.
+  TpPlan tp_plan = TpPlan::kPartitioner;
   /// The stack these options were set from (apply_stack); reported with the plan.
   std::optional<StackUse> stack;
 };
@@ -353,6 +367,9 @@ struct TrainPlan {
   bool fused_loss = true;
   bool fused_attention = true;
   bool eager = false;  // TrainPlanOptions::eager
+  /// Whether the program uses the layer weights in their model-axis split (TpPlan::kModules
+  /// applied: some layer weight is split over a model axis).
+  bool tp_modules = false;
   bool fsdp_root = false;  // TrainPlanOptions::fsdp_root, applied (batch or context axes)
   /// Whether the program splits the norm and residual regions along the sequence over model
   /// (tensor-parallel) axes, and over which (read from the program's annotated values).

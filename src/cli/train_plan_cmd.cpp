@@ -328,6 +328,13 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "Fraction of --device-memory kept free (runtime, fragmentation)")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
+  t->add_option("--tp-plan", c.tp_plan,
+                "partitioner or modules: where a tensor-parallel step's layer weights are laid "
+                "out as used; modules: in their model-axis split, gathered over the data axes "
+                "only, as Megatron's and torchtitan's column/row-parallel modules (the "
+                "activations all-gathered and reduce-scattered around each block). Default: "
+                "partitioner (it may gather a weight over the model axes and move activations "
+                "instead)");
   t->add_option("--stack", c.stack,
                 "Plan the step as this training stack runs it (docs/training.md \"Training "
                 "stacks\"; --explain lists its choices and sources); an option given overrides "
@@ -500,6 +507,13 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
     }
     if (c.recompute && !o.remat) {
       throw UsageError("--recompute and --remat none contradict each other: give one");
+    }
+  }
+  if (!c.tp_plan.empty() || given("--tp-plan")) {
+    try {
+      o.tp_plan = parse_tp_plan(c.tp_plan);
+    } catch (const SpecError& e) {
+      throw UsageError(fmt::format("--tp-plan: {}", e.what()));
     }
   }
   o.fused_loss = fused_option("--loss", c.loss);

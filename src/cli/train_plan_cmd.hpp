@@ -40,6 +40,7 @@ struct TrainPlanCommand {
   bool json = false;
   bool compare = false;
   std::string html;  // also write the plan as an HTML page to this file
+  std::string tp_plan;   // --tp-plan; empty: not given (partitioner)
   std::string stack;     // --stack NAME; empty: none
   bool explain = false;  // --explain: list the stack's choices, plan nothing
 };

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "../program/ir/primitives.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
@@ -508,6 +509,16 @@ Tree<Array> ModelStep::for_use(const Tree<Array>& weights) const {
   });
 }
 
+Tree<Array> ModelStep::module_layouts(std::size_t i, const Tree<Array>& weights) const {
+  if (i >= layer_in_use.size() || layer_in_use[i].empty()) return weights;
+  std::vector<Array> leaves;
+  for (auto& [path, a] : weights.flatten()) {
+    const auto it = layer_in_use[i].find(path);
+    leaves.push_back(it == layer_in_use[i].end() ? a : detail::pin_sharding(a, it->second));
+  }
+  return weights.unflatten(std::move(leaves));
+}
+
 Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
                               const Array& targets) const {
   if (const auto whole = config.family->step.whole) {
@@ -549,13 +560,13 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
       // once for the backward pass): its weights as used are made once, outside the checkpoint,
       // and its recomputation reads them as they are (no barrier), so their gathered copies
       // are kept from its forward pass to its backward pass.
-      const Tree<Array> w = for_use(p);
+      const Tree<Array> w = module_layouts(i, for_use(p));
       const auto run_kept = [&](const Array& x) { return layer(w, x, config.window(i)); };
       h = remat ? checkpoint(run_kept, *remat, /*prevent_cse=*/false)(h) : run_kept(h);
       continue;
     }
     const auto run = [&](const Array& x) {
-      Tree<Array> w = for_use(p);
+      Tree<Array> w = module_layouts(i, for_use(p));
       if (!remat && reshard_after_forward && compute_dtype) {
         w = w.map([](const Array& a) { return checkpoint_name(a, kWeightsInUse); });
       }

@@ -109,6 +109,13 @@ struct ModelStep {
   /// the batch and context axes (what stays split is tensor parallelism's). A path not listed is
   /// gathered whole.
   std::map<std::string, PartitionSpec> root_in_use;
+  /// TpPlan::kModules: per layer, each weight the rules split over a model axis, by its path in
+  /// the layer ("self_attn/q_proj/weight"), as the column/row-parallel modules use it: its spec
+  /// without the batch and context axes. Empty: the partitioner chooses.
+  std::vector<std::map<std::string, PartitionSpec>> layer_in_use;
+
+  /// Layer `i`'s weights as used: layer_in_use's constraints on them (as they are without).
+  Tree<Array> module_layouts(std::size_t i, const Tree<Array>& weights) const;
 
   /// y = x @ w^T for a block's Linear weight w [out, in]: float8_linear with `float8`.
   Array block_linear(const Array& x, const Array& w) const;

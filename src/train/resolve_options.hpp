@@ -35,6 +35,7 @@ enum class Refusal : std::size_t {
   kFusedAttentionSoftcap,
   kFusedLossSoftcap,
   kContextSoftcap,
+  kTpPlanFloat8,
   kCount
 };
 

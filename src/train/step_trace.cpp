@@ -322,6 +322,39 @@ std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, cons
   return out;
 }
 
+// TpPlan::kModules: each layer weight the rules split over a model axis, as the column- and
+// row-parallel modules use it: its spec without the batch and context axes, by its path in the
+// layer; per layer (a rule may match one layer's weights only).
+std::vector<std::map<std::string, PartitionSpec>> layer_in_use(const ModelConfig& config,
+                                                               const Mesh& mesh,
+                                                               const RulePtr& rules,
+                                                               const Tree<TensorSpec>& params,
+                                                               const Layout& layout) {
+  std::vector<std::map<std::string, PartitionSpec>> out;
+  const std::string layers = config.layers_path() + "/";
+  for (const auto& [path, t] : params.flatten()) {
+    if (path.rfind(layers, 0) != 0) continue;
+    const std::string rest = path.substr(layers.size());  // "0/self_attn/q_proj/weight"
+    const std::size_t slash = rest.find('/');
+    const std::size_t i = std::stoul(rest.substr(0, slash));
+    if (out.size() <= i) out.resize(i + 1);
+    std::vector<AxisNames> dims;
+    bool model_split = false;
+    for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
+      AxisNames kept;
+      for (const std::string& a : d) {
+        if (std::find(layout.model.begin(), layout.model.end(), a) != layout.model.end()) {
+          kept.push_back(a);
+          model_split = model_split || mesh.axis_size(a) > 1;
+        }
+      }
+      dims.push_back(std::move(kept));
+    }
+    if (model_split) out[i].emplace(rest.substr(slash + 1), PartitionSpec(std::move(dims)));
+  }
+  return out;
+}
+
 }  // namespace
 
 bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout) {
@@ -361,7 +394,10 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .fsdp_root = fsdp_root_applies(o, layout),
                        .root_in_use = fsdp_root_applies(o, layout)
                                           ? root_in_use(config, mesh, rules, args.params, layout)
-                                          : std::map<std::string, PartitionSpec>{}};
+                                          : std::map<std::string, PartitionSpec>{},
+                       .layer_in_use = o.tp_plan == TpPlan::kModules
+                                           ? layer_in_use(config, mesh, rules, args.params, layout)
+                                           : std::vector<std::map<std::string, PartitionSpec>>{}};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // Mixed precision: the model casts the held weights where it uses them (ModelStep::
@@ -397,6 +433,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                           .lower(args.params, args.state, args.tokens, args.targets);
   TracedStep out = read_cost(low, args, o.grad_dtype);
   out.facts = read_facts(low, args, layout, mesh);
+  out.facts.tp_modules = std::any_of(base.layer_in_use.begin(), base.layer_in_use.end(),
+                                     [](const auto& m) { return !m.empty(); });
   return out;
 }
 

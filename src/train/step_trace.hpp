@@ -26,6 +26,8 @@ struct ProgramFacts {
   /// The axes the tokens' sequence is split over, when the program exchanges key/value blocks
   /// by ring (ppermute): context parallelism. Empty: none.
   AxisNames context_axes;
+  /// It uses some layer weight in its model-axis split (TpPlan::kModules).
+  bool tp_modules = false;
   friend bool operator==(const ProgramFacts&, const ProgramFacts&) = default;
 };
 

@@ -82,6 +82,18 @@ std::string remat_name(const std::optional<RematPolicy>& policy) {
   }
 }
 
+TpPlan parse_tp_plan(std::string_view n) {
+  if (n == "partitioner") return TpPlan::kPartitioner;
+  if (n == "modules") return TpPlan::kModules;
+  throw SpecError(fmt::format("[train] unknown tensor-parallel plan '{}' (known: partitioner, "
+                              "modules)",
+                              detail::printable(n)));
+}
+
+std::string_view name(TpPlan plan) {
+  return plan == TpPlan::kModules ? "modules" : "partitioner";
+}
+
 OptimizerKind parse_optimizer(std::string_view n) {
   if (n == "sgd") return OptimizerKind::kSgd;
   if (n == "adam") return OptimizerKind::kAdam;
@@ -557,6 +569,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.fused_attention = facts.fused_attention;
   plan.fused_loss = facts.fused_loss;
   plan.float8 = facts.float8;
+  plan.tp_modules = facts.tp_modules;
   plan.sequence_parallel = !facts.sequence_axes.empty();
   plan.sequence_axes = facts.sequence_axes;
   plan.context_axes = facts.context_axes;

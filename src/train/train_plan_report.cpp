@@ -148,6 +148,9 @@ std::string TrainPlan::table() const {
                        name(param_dtype));
   }
   if (eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
+  if (tp_modules) {
+    out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
+  }
   if (fsdp_root) {
     out += ", FSDP root module (embedding and head gathered from the forward's start to the "
            "backward's end; the last block kept gathered)";
@@ -263,6 +266,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;
   j["fsdp_root"] = p.fsdp_root;
+  j["tp_plan"] = p.tp_modules ? "modules" : "partitioner";
   if (p.stack) {
     j["stack"] = {{"name", p.stack->name},
                   {"validated", p.stack->validated},

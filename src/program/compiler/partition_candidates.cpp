@@ -280,6 +280,14 @@ class CandidateBuilder {
       }
     }
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
+      const Node& on = g_[n.operands[k]];
+      if (on.is(prim::sharding_constraint) && on.attr<ConstraintAttrs>().readers_keep) {
+        Cand c = evaluate(id, assign(id, false, nullptr, k), Strategy::kPassFirst);
+        c.why = fmt::format("its factors split as operand {} is (read as it is)", k);
+        out.push_back(std::move(c));
+      }
+    }
+    for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
       if (pointwise_only_[o] == 0) continue;
       for (const Layout& os : space_[o].states) {
@@ -338,8 +346,8 @@ class CandidateBuilder {
   // the two claims an axis they both want. `only`: with reduce_first, the reduce factors take
   // first only dimensions split over these axes alone; the pass factors then take theirs, then
   // the reduce factors the rest.
-  FactorAxes assign(ValueId id, bool reduce_first,
-                    const std::set<std::string>* only = nullptr) const {
+  FactorAxes assign(ValueId id, bool reduce_first, const std::set<std::string>* only = nullptr,
+                    std::optional<std::size_t> kept_operand = std::nullopt) const {
     const Node& n = g_[id];
     const OpFactors& f = prop_.factors(id);
     const auto& rdims = prop_.at(id).dims;
@@ -383,6 +391,19 @@ class CandidateBuilder {
         }
       }
     };
+    // An operand its readers read as it is (ConstraintAttrs::readers_keep): its dimensions'
+    // axes first, whatever their factors' kind.
+    if (kept_operand) {
+      const auto& odims = prop_.at(n.operands[*kept_operand]).dims;
+      const auto& facs = f.operands[*kept_operand];
+      for (std::size_t d = 0; d < facs.size() && d < odims.size(); ++d) {
+        const int fac = facs[d];
+        if (fac < 0 || !axes[fac].empty() || odims[d].empty()) continue;
+        if (std::any_of(odims[d].begin(), odims[d].end(), is_used)) continue;
+        axes[fac] = odims[d];
+        used.insert(used.end(), odims[d].begin(), odims[d].end());
+      }
+    }
     if (reduce_first) {
       take_reduce(only);
       take_pass();

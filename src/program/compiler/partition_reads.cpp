@@ -19,6 +19,7 @@ ReadPricer::ReadPricer(const Graph& g, const Propagator& prop, const Mesh& mesh,
                        const PartitionCost& model, const CompileSpec& spec)
     : g_(g), prop_(prop), costs_(mesh, model), pendings_{Pending{}} {
   mark_examples(spec);
+  mark_kept(examples_);
   key_types();
 }
 
@@ -51,6 +52,7 @@ std::size_t ReadPricer::QuestionHash::operator()(const Question& q) const {
 Cost ReadPricer::uncached(ValueId v, StateKey from, Spec to) {
   const TensorType& t = g_[v].type;
   const Pending& pending = pendings_[static_cast<std::size_t>(from.pending)];
+  if (examples_[v] == kAsItIs) return kInf;  // (from == to without a sum returned before)
   if (examples_[v] == 0) return costs_.cost(t, *from.spec, pending, *to);
   bool moves = false;
   const Cost c = costs_.cost(t, *from.spec, pending, *to, &batch_axes_, &moves);
@@ -82,6 +84,16 @@ void ReadPricer::key_types() {
 
 // Values computed from a batch (InputSpec::batch) and not summed over its axes, whose
 // propagated pending sum is not over a batch axis: their examples stay where they are.
+// Values their readers read as they are (ConstraintAttrs::readers_keep): kAsItIs.
+void ReadPricer::mark_kept(ValueMap<char>& marks) const {
+  for (std::size_t i = 0; i < g_.size(); ++i) {
+    const Node& n = g_.nodes[i];
+    if (n.is(prim::sharding_constraint) && n.attr<ConstraintAttrs>().readers_keep) {
+      marks[value_id(i)] = kAsItIs;
+    }
+  }
+}
+
 void ReadPricer::mark_examples(const CompileSpec& spec) {
   examples_ = ValueMap<char>(g_.size(), 0);
   for (std::size_t i = 0; i < g_.size(); ++i) {
@@ -107,7 +119,7 @@ void ReadPricer::mark_examples(const CompileSpec& spec) {
     const Node& n = g_.nodes[i];
     if (n.is(prim::input)) continue;
     const bool from_batch = std::any_of(n.operands.begin(), n.operands.end(),
-                                        [&](ValueId o) { return examples_[o] != 0; });
+                                        [&](ValueId o) { return examples_[o] == 1; });
     const auto& pend = prop_.at(value_id(i)).pending.axes;
     const bool summed = std::any_of(pend.begin(), pend.end(), [&](const std::string& a) {
       return std::find(batch_axes_.begin(), batch_axes_.end(), a) != batch_axes_.end();

@@ -35,12 +35,15 @@ class ReadPricer {
  private:
   Cost uncached(ValueId v, StateKey from, Spec to);
   void mark_examples(const CompileSpec& spec);
+  void mark_kept(ValueMap<char>& marks) const;
   void key_types();
 
   const Graph& g_;
   const Propagator& prop_;
   ReshardCosts costs_;
-  ValueMap<char> examples_;              // values whose examples stay on their devices
+  // 1: values whose examples stay on their devices; kAsItIs: values read as they are.
+  static constexpr char kAsItIs = 2;
+  ValueMap<char> examples_;
   std::vector<std::string> batch_axes_;  // the axes batch inputs are split over
   std::vector<Pending> pendings_;        // by StateKey::pending (0: none)
   // Each value's type and whether its examples stay (what a reshard's cost depends on besides

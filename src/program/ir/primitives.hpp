@@ -57,7 +57,14 @@ struct ConstraintAttrs {
   std::optional<PartitionSpec> spec;
   std::optional<ValueId> like;
   std::string origin;
+  /// Its readers read the value as it is, never resharded (pin_sharding: a module's weight as
+  /// Megatron's column/row-parallel layers use it): the partitioner prices any reshard of it as
+  /// impossible, so each reader chooses what it computes around this layout.
+  bool readers_keep = false;
 };
+/// with_sharding_constraint(x, spec) whose readers read it as it is (ConstraintAttrs::
+/// readers_keep). Eagerly, the constraint alone.
+Array pin_sharding(const Array& x, const PartitionSpec& spec);
 /// Whether `n` is the constraint value_and_grad puts on a gradient ("sharded like its
 /// parameter", ConstraintAttrs::like): it guides the propagation, but a gradient still pending
 /// there stays pending for its users (the update) to reduce where they need it, as XLA treats

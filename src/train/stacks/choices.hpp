@@ -45,6 +45,8 @@ inline void fsdp_root(TrainPlanOptions& o) { o.fsdp_root = true; }
 inline void own_units(TrainPlanOptions& o) { o.fsdp_root = false; }
 inline void reshard_after_forward(TrainPlanOptions& o) { o.reshard_after_forward = true; }
 inline void adamw(TrainPlanOptions& o) { o.optimizer = OptimizerKind::kAdamw; }
+/// Column/row-parallel modules: layer weights used in their model-axis split (--tp-plan modules).
+inline void tp_modules(TrainPlanOptions& o) { o.tp_plan = TpPlan::kModules; }
 /// A choice the planner always makes so, or that the mesh and rules given decide: nothing to set.
 inline void as_planned(TrainPlanOptions&) {}
 

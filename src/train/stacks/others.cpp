@@ -93,11 +93,17 @@ const TrainingStack& megatron_core() {
             .options = {},
             .apply = nullptr},
            {.topic = "tensor parallelism",
-            .what = "ColumnParallelLinear (qkv, fc1), RowParallelLinear (proj, fc2), "
-                    "VocabParallelEmbedding, sequence parallelism with --sequence-parallel",
+            .what = "ColumnParallelLinear (qkv, fc1), RowParallelLinear (proj, fc2); sequence "
+                    "parallelism with --sequence-parallel",
             .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/layers.py",
-            .setting = "not modelled: the rule file's specs set the layouts and the "
-                       "partitioner chooses each collective",
+            .setting = "--tp-plan modules",
+            .options = {"--tp-plan"},
+            .apply = tp_modules},
+           {.topic = "vocabulary parallelism",
+            .what = "VocabParallelEmbedding and the output layer's vocabulary-parallel logits",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/layers.py",
+            .setting = "not modelled: the embedding's and the head's layouts as used are the "
+                       "partitioner's",
             .options = {},
             .apply = nullptr},
            {.topic = "gradient reduction overlap",

@@ -65,13 +65,20 @@ std::vector<StackChoice> common(std::string_view at_parallelize) {
        .options = {},
        .apply = as_planned},
       {.topic = "tensor parallelism",
-       .what = "ColwiseParallel on wq, wk, wv, w1, w3, RowwiseParallel on wo, w2 with "
-               "SequenceParallel norms (the sequence split between blocks), loss_parallel on "
-               "the output",
+       .what = "ColwiseParallel on wq, wk, wv, w1, w3, RowwiseParallel on wo, w2 (each block's "
+               "input all-gathered, its output reduce-scattered), SequenceParallel norms (the "
+               "sequence split as the rules' activations map it: --sequence-parallel)",
        .source = at_parallelize,
-       .setting = "not modelled: the rule file's specs set the weights' layouts and the "
-                  "partitioner chooses each collective (it may pick all-to-all where the plan "
-                  "all-gathers and reduce-scatters)",
+       .setting = "--tp-plan modules",
+       .options = {"--tp-plan"},
+       .apply = tp_modules},
+      {.topic = "loss parallel",
+       .what = "the output projection ColwiseParallel with Shard(-1) logits and "
+               "loss_parallel (the loss on vocabulary-sharded logits); the embedding "
+               "RowwiseParallel",
+       .source = at_parallelize,
+       .setting = "not modelled: the embedding's and the head's layouts as used are the "
+                  "partitioner's",
        .options = {},
        .apply = nullptr},
   };

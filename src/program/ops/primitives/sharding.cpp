@@ -19,6 +19,7 @@ std::string format_attrs(const ConstraintAttrs& a) {
   std::string s;
   if (a.spec) s += " spec=" + a.spec->to_string();
   if (a.like) s += " like=" + value_name(*a.like);
+  if (a.readers_keep) s += " readers_keep";
   return s;
 }
 std::string format_attrs(const AnnotationAttrs& a) {
@@ -45,8 +46,11 @@ void copy_kernel(const KernelArgs& k) {
 // gradient's own, nothing to carry back).
 std::vector<Array> constraint_vjp(const Node& n, const std::vector<Array>&, const Array&,
                                   const Array& g) {
-  const auto& spec = n.attr<ConstraintAttrs>().spec;
-  return {spec ? with_sharding_constraint(g, *spec) : g};
+  const ConstraintAttrs& c = n.attr<ConstraintAttrs>();
+  // A value read as it is (a module's weight as used): its cotangent is left to the gradient's
+  // own constraint (FSDP reduce-scatters it to the parameter's shard).
+  if (c.readers_keep) return {g};
+  return {c.spec ? with_sharding_constraint(g, *c.spec) : g};
 }
 
 std::vector<Array> annotation_vjp(const Node&, const std::vector<Array>&, const Array&,
@@ -190,6 +194,12 @@ Array with_sharding_like(const Array& x, const Array& like) {
   TraceContext* ctx = current_trace();
   if (ctx == nullptr) return with_sharding_constraint(x, like.sharding().spec());
   return apply(prim::sharding_constraint, ConstraintAttrs{.like = ctx->node_of(like)}, {x});
+}
+
+Array pin_sharding(const Array& x, const PartitionSpec& spec) {
+  if (current_trace() == nullptr && !x.is_tracer()) return with_sharding_constraint(x, spec);
+  return apply(prim::sharding_constraint, ConstraintAttrs{.spec = spec, .readers_keep = true},
+               {x});
 }
 
 Array annotate(const Array& x, const std::string& name, std::optional<PartitionSpec> spec) {
