@@ -306,6 +306,38 @@ TEST(Attention, CompiledPeakHoldsNoScoreArray) {
   EXPECT_GT(naive_peak, n * scores) << "the decomposed attention holds every head's scores";
 }
 
+// What the backward pass keeps is FlashAttention-2's: the output in q's dtype (bf16) and the f32
+// log-sum-exp per query row (flash_attn's FlashAttnFunc saves out and softmax_lse), not the
+// kernel's packed f32 [b, t, n, h + 1] result, which is freed within the forward pass. Counted
+// by hand at the backward pass's first step, for a loss whose own backward keeps nothing.
+TEST(Attention, BackwardKeepsTheBf16OutputAndTheLogSumExp) {
+  One one;
+  const std::int64_t b = 2, t = 64, n = 4, h = 16;
+  const TensorSpec spec(Shape{b, t, n, h}, DType::kBF16);
+  auto f = sjit(
+      one.mesh,
+      [](const Array& q, const Array& k, const Array& v) {
+        return value_and_grad([&](const Array& x) {
+                 return sum(astype(dot_product_attention(x, k, v, {.is_causal = true}), DType::kF32));
+               })(q)
+            .second;
+      },
+      {.executor = one.exec});
+  const Lowered low = f.lower(spec, spec, spec);
+  const MemoryTimeline& m = low.cost().timeline;
+  ASSERT_EQ(m.phases.size(), 2u);
+  ASSERT_EQ(m.phases[1].phase, StepPhase::kBackward);
+  const std::int64_t rows = b * t * n, bf16 = rows * h * 2;
+  const std::int64_t inputs = 3 * bf16;
+  const std::int64_t grouped_q = bf16;  // q as [b, t, kv, group, h], read by the backward kernels
+  const std::int64_t kept = bf16 + rows * 4;  // the bf16 output and the f32 log-sum-exp
+  const std::int64_t seed = 4;                // the loss's cotangent, one f32
+  EXPECT_EQ(m.start_bytes, inputs);
+  EXPECT_EQ(m.live_bytes.at(m.phases[1].step), inputs + grouped_q + kept + seed) << low.text();
+  // The packed f32 result (4 (h + 1) bytes a row) is not held: it would be 2.1x the kept bytes.
+  EXPECT_LT(m.live_bytes.at(m.phases[1].step), inputs + grouped_q + rows * (h + 1) * 4);
+}
+
 TEST(Attention, BadInputIsNamed) {
   One one;
   const auto a = [&](Shape s, DType d = DType::kF32) { return one.put(values(s, d, 1)); };

@@ -220,7 +220,9 @@ struct AttentionOptions {
 /// N / K); returns [B, T, N, H] in q's dtype (f32 and bf16 computed in f32). Non-finite values
 /// as PyTorch (docs/sjit.md "Non-finite values"): a NaN score not masked gives a NaN row, a
 /// masked pair has no effect, a query row with no allowed key gives 0. Gradients flow to q, k,
-/// v and the bias; a second derivative (through the gradient) is a SpecError, not zero. Throws
+/// v and the bias; the backward pass keeps FlashAttention-2's residuals, the output in q's dtype
+/// and the f32 log-sum-exp per query row (it reads the output rounded to q's dtype, as FA2's
+/// backward does); a second derivative (through the gradient) is a SpecError, not zero. Throws
 /// SpecError naming the operands for shapes, heads, mask or dtypes that disagree, and for a
 /// `scale` that is NaN, infinite or not positive. Shards over batch, heads and the query
 /// sequence.

@@ -206,4 +206,17 @@ Array apply(const Primitive& op, Attrs attrs, const std::vector<Array>& operands
   return ctx->record(std::move(n), vary);
 }
 
+std::vector<Array> keep_for_backward(const Primitive& op, const Attrs& attrs,
+                                     const std::vector<Array>& operands, const Array& result) {
+  const Node n{.op = &op, .type = TensorType{result.shape(), result.dtype()}, .attrs = attrs};
+  std::vector<Array> kept = op.kept->keep(n, operands, result);
+  TraceContext* ctx = current_trace();
+  if (ctx != nullptr && result.is_tracer() && ArrayAccess::trace(result) == ctx) {
+    std::vector<ValueId>& ids = ctx->kept[ctx->node_of(result)];
+    ids.clear();
+    for (const Array& k : kept) ids.push_back(ctx->node_of(k));
+  }
+  return kept;
+}
+
 }  // namespace shardplan::detail

@@ -235,6 +235,21 @@ void custom_backward(const TraceContext::CustomRegion& r, ValueId at, const Valu
   for (std::size_t k = 0; k < in_cts.size(); ++k) accumulate(ct[r.inputs[k]], in_cts[k]);
 }
 
+// Node `id`'s result as its VJP reads it: for a primitive whose backward pass keeps less than its
+// result (Primitive::kept), restored from the kept values keep_for_backward recorded (made here
+// from the result when none were: the result is then held).
+Array result_for_vjp(const Node& n, ValueId id, const std::vector<Array>& ins,
+                     const TraceContext& inner, Recompute& remat) {
+  if (n.op->kept == nullptr) return remat.read(id, id);
+  std::vector<Array> kept;
+  if (const auto it = inner.kept.find(id); it != inner.kept.end()) {
+    for (const ValueId v : it->second) kept.push_back(remat.read(id, v));
+  } else {
+    kept = n.op->kept->keep(n, ins, remat.read(id, id));
+  }
+  return n.op->kept->restore(n, kept);
+}
+
 // The backward pass: cotangents from the loss down, each primitive's VJP in turn (a custom_vjp
 // region's backward function for its nodes).
 ValueMap<Array> backward(const Graph& g, const TraceContext& inner, const ValueMap<Array>& vals,
@@ -256,7 +271,7 @@ ValueMap<Array> backward(const Graph& g, const TraceContext& inner, const ValueM
     // The backward ops of a node carry its named scope (the profiler's events name it) and the
     // composite op it belongs to.
     const NamedAs as_forward(n);
-    const std::vector<Array> cts = n.op->vjp(n, ins, remat.read(id, id), ct[id]);
+    const std::vector<Array> cts = n.op->vjp(n, ins, result_for_vjp(n, id, ins, inner, remat), ct[id]);
     for (std::size_t k = 0; k < cts.size() && k < n.operands.size(); ++k) {
       accumulate(ct[n.operands[k]], cts[k]);
     }

@@ -74,6 +74,10 @@ struct TraceContext {
   std::vector<CustomRegion> custom_regions;
   std::map<ValueId, int> custom_output;
 
+  // By node of a primitive with Primitive::kept, the values keep_for_backward made of its result,
+  // which its VJP reads (restored) instead of the result.
+  std::map<ValueId, std::vector<ValueId>> kept;
+
   /// The rule given for annotation `name`, or nullptr when unknown names may pass. Throws
   /// SpecError listing the known names otherwise.
   const RuleTree* annotation_rule(const std::string& name) const;

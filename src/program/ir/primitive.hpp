@@ -189,6 +189,18 @@ enum class TimeBound : std::uint8_t { kMemory, kMatmul, kAttention, kMatmulFp8 }
 using CheckFn = void(const Node& node, const ConstBlock& operand,
                      std::span<const std::int64_t> offset);
 
+/// What the backward pass keeps of a result that the kernel writes wider than the backward pass
+/// needs it (Primitive::kept). FlashAttention-2 keeps its output in the operands' dtype and the
+/// f32 log-sum-exp per query row; the fused attention here writes both packed in f32.
+struct KeptResult {
+  /// The kept values, made from `result` with the public ops (right after the node: the op's
+  /// public function reads its own output from them, so that a kept value is one value).
+  std::vector<Array> (*keep)(const Node& node, const std::vector<Array>& operands,
+                             const Array& result);
+  /// The result as the VJP reads it, made again from the kept values in the backward pass.
+  Array (*restore)(const Node& node, const std::vector<Array>& kept);
+};
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -230,6 +242,10 @@ struct Primitive {
   /// and x * rsqrt(ms), not [b, t, d] copies of rsqrt(ms) and scale). Eagerly (no trace) the
   /// forward value is read as it is.
   bool remade_for_backward = false;
+  /// Optional: the backward pass keeps values made from the result, not the result itself (see
+  /// KeptResult); value_and_grad reads them where keep_for_backward recorded them, else makes
+  /// them from the result in the backward pass (which then holds the result).
+  const KeptResult* kept = nullptr;
   /// The result's blocks are the operand's bytes as they are, under another shape and sharding
   /// (shard_map's boundaries: a block of a global array is a device's value and back): the
   /// program makes the result from the operand's buffers and runs no kernel; the memory pass

@@ -126,6 +126,12 @@ Array traced_iota(const Shape& shape, DType dtype, int axis);
 /// tracer used outside its trace.
 Array apply(const Primitive& op, Attrs attrs, const std::vector<Array>& operands,
             const Array* placement = nullptr);
+/// The values the backward pass keeps of `result`, made by apply(op, attrs, operands)
+/// (Primitive::kept, which `op` must have): made now with the public ops and, in a trace,
+/// recorded for result's node, so that value_and_grad's backward pass reads them (restored by
+/// the primitive) instead of holding the result from the forward pass.
+std::vector<Array> keep_for_backward(const Primitive& op, const Attrs& attrs,
+                                     const std::vector<Array>& operands, const Array& result);
 /// The most one-op programs an executor keeps for apply() outside a trace; with one more, the
 /// least recently used is dropped.
 constexpr std::size_t kEagerProgramsKept = 4096;

@@ -187,20 +187,23 @@ Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const 
   const Array qg = reshape(q, Shape{B, t, K, N / K, H});
   const Array kv =
       concatenate({reshape(k, Shape{B, t, K, 1, H}), reshape(v, Shape{B, t, K, 1, H})}, 3);
-  const DType dtype = q.dtype();
-  const auto fwd = [r, i, H, qs, dtype](const std::vector<Array>& in) {
-    const Array y = ring_forward(r, in[0], in[1], i);
-    const Array out = reshape(astype(part(y, 4, 0, H), dtype), qs);
-    return CustomVjpForward{{out}, {in[0], in[1], y, i}};
+  // The backward pass keeps what the fused kernel's does (Primitive::kept: the output in q's
+  // dtype and the f32 log-sum-exp, FlashAttention-2's), not the merged packed f32 result.
+  const detail::KeptResult& keeps = *detail::prim::attention.kept;
+  const detail::Node probe{.op = &detail::prim::attention};
+  const auto fwd = [r, i, qs, &keeps, probe](const std::vector<Array>& in) {
+    const std::vector<Array> kept = keeps.keep(probe, in, ring_forward(r, in[0], in[1], i));
+    return CustomVjpForward{{reshape(kept[0], qs)}, {in[0], in[1], kept[0], kept[1], i}};
   };
-  const auto bwd = [r, H](const std::vector<Array>& res, const std::vector<Array>& cts) {
+  const auto bwd = [r, H, &keeps, probe](const std::vector<Array>& res,
+                                         const std::vector<Array>& cts) {
     const CompositeScope in_ring_backward(composite::kRingAttention);
-    const Array& y = res[2];
+    const Array y = keeps.restore(probe, {res[2], res[3]});
     const Shape& ys = y.shape();
     const Shape os{ys[0], ys[1], ys[2], ys[3], H};
     const Array g = concatenate(
         {astype(reshape(cts[0], os), y.dtype()), full_like(part(y, 4, H, H + 1), 0)}, 4);
-    auto [dq, dkv] = ring_backward(r, res[0], res[1], y, g, res[3]);
+    auto [dq, dkv] = ring_backward(r, res[0], res[1], y, g, res[4]);
     return std::vector<Array>{dq, dkv};
   };
   return custom_vjp(fwd, bwd, {qg, kv}).at(0);

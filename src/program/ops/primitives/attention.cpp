@@ -223,6 +223,23 @@ std::vector<Array> attention_vjp(const Node& n, const std::vector<Array>& in, co
   return out;
 }
 
+// What FlashAttention-2 keeps for its backward pass (flash_attn's _flash_attn_forward returns,
+// and FlashAttnFunc saves, out in q's dtype and softmax_lse, f32 [b, h, t]): the output in q's
+// dtype (the value dot_product_attention returns) and the log-sum-exp column, not the packed
+// f32 result. The backward kernels then read the output rounded to q's dtype, as FA2's do.
+std::vector<Array> attention_keep(const Node&, const std::vector<Array>& in, const Array& y) {
+  const Shape& s = y.shape();
+  const std::int64_t H = s[4] - 1;
+  return {astype(slice(y, {0, 0, 0, 0, 0}, {s[0], s[1], s[2], s[3], H}), in[0].dtype()),
+          slice(y, {0, 0, 0, 0, H}, {s[0], s[1], s[2], s[3], H + 1})};
+}
+
+Array attention_restore(const Node&, const std::vector<Array>& kept) {
+  return concatenate({astype(kept[0], kept[1].dtype()), kept[1]}, 4);
+}
+
+constexpr KeptResult kAttentionKept{.keep = attention_keep, .restore = attention_restore};
+
 }  // namespace
 
 namespace {
@@ -247,6 +264,7 @@ constinit const Primitive attention{.name = "attention",
                                     .kernel = attention_kernel,
                                     .flops = attention_flops,
                                     .vjp = attention_vjp,
+                                    .kept = &kAttentionKept,
                                     .time_bound = TimeBound::kAttention,
                                     .tests = &kAttentionTests};
 constinit const Primitive attention_grad_q{.name = "attention_grad_q",
@@ -359,8 +377,8 @@ Array dot_product_attention(const Array& q, const Array& k, const Array& v,
     ops.push_back(grouped(*o.bias, "bias", bnts, K, q, k, v));
   }
   const Array y = detail::apply(detail::prim::attention, attrs, ops);
-  const Array out = slice(y, {0, 0, 0, 0, 0}, {B, T, K, G, H});
-  return reshape(astype(out, q.dtype()), qs);
+  // The output is the first value the backward pass keeps (Primitive::kept): one value.
+  return reshape(detail::keep_for_backward(detail::prim::attention, attrs, ops, y)[0], qs);
 }
 
 }  // namespace shardplan
