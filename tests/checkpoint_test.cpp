@@ -421,6 +421,25 @@ TEST(Checkpoint, SavingRefusesAnExistingDirectoryAndPendingArrays) {
   EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "e", Tree<Array>(a)), SpecError, "single array");
 }
 
+// Checkpoints do not take padded shards yet (NamedSharding's Uneven::kPad): saving a padded array
+// and restoring onto a padded sharding are refused, naming the tensor, the shape and the axis.
+TEST(Checkpoint, PaddedArraysAreRefusedNamingTheTensorShapeAndAxis) {
+  TempDir tmp;
+  const Executor three(3);
+  const Mesh mesh = Mesh::parse("x:3", 3);
+  const NamedSharding padded(mesh, P("x"), Uneven::kPad);
+  const auto a = Array::ones(Shape{10}, DType::kF32, padded, three);
+  EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "p", Tree<Array>::dict({{"w", a}})), SpecError,
+                    "[checkpoint] dim 0 of 'w' (shape [10])", "mesh axis 'x' (size 3)",
+                    "do not save padded arrays yet");
+  EXPECT_FALSE(fs::exists(tmp.path() / "p"));
+  const auto whole = Array::ones(Shape{10}, DType::kF32, NamedSharding(mesh, P()), three);
+  save_checkpoint(tmp.path() / "c", Tree<Array>::dict({{"w", whole}}));
+  EXPECT_THROW_WITH(
+      restore_checkpoint(tmp.path() / "c", Tree<NamedSharding>::dict({{"w", padded}}), three),
+      SpecError, "'w'", "10 is not a multiple of 3", "not restored onto padded");
+}
+
 TEST(CheckpointManager, KeepsTheLastStepsAndAFailedSaveLosesNothing) {
   TempDir tmp;
   const Executor two(2);

@@ -154,6 +154,8 @@ Tree<Array> restore_leaves(const CheckpointInfo& info, const std::vector<Wanted>
       Shape shard;
       std::vector<Block> blocks;
       try {
+        w.sharding.check_divides(shape, "checkpoint", w.name,
+                                 "; checkpoints are not restored onto padded shardings yet");
         shard = w.sharding.shard_shape(shape, w.name);
         blocks = w.sharding.device_blocks(shape);
       } catch (const SpecError& e) {

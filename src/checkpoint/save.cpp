@@ -72,6 +72,9 @@ void SaveJob::lay_out(const Tree<Array>& tree, const CheckpointOptions& options)
           "before saving",
           name, a.to_string()));
     }
+    a.sharding().check_divides(a.shape(), "checkpoint", name,
+                               "; checkpoints do not save padded arrays yet: reshard it onto a "
+                               "sharding that divides first");
     if (mesh_.empty()) mesh_ = a.mesh().to_string();
     all_local_ = all_local_ && a.executor().holds_all(a.mesh().devices());
     SaveTensor t{
