@@ -312,6 +312,31 @@ TEST(PaddedShards, ReduceScatterIntoPaddedBlocksAndWhereTheyDoNotNest) {
   EXPECT_TRUE(r.array.to_host() == sum2);
 }
 
+// Every process passes its 5 rows; the global array (5 rows per process) is placed padded over 3
+// or 2 devices per process: blocks of 2 (5p over 3p) or of 3 (5p over 2p), some crossing
+// processes' rows, some empty.
+TEST(PaddedShards, LocalDataToGlobalArrayPlacesEachProcesssRows) {
+  const int processes = distributed::process_count();
+  const std::int64_t rows = 5;
+  const Tensor global =
+      Tensor::generate(Shape{rows * processes, 2}, DType::kF32, Generator::iota());
+  Tensor mine(Shape{rows, 2}, DType::kF32);
+  for (std::int64_t i = 0; i < mine.numel(); ++i) {
+    mine.set(i, global.get(distributed::process_index() * rows * 2 + i));
+  }
+  for (const int per_process : {3, 2}) {
+    const int devices = per_process * processes;
+    const Executor exec(devices);
+    const Mesh mesh = Mesh::parse(fmt::format("x:{}", devices), devices);
+    const NamedSharding s = padded(mesh, P("x"));
+    const Array a = local_data_to_global_array(mine, s, exec);
+    for (const int d : local(mesh, exec)) {
+      EXPECT_TRUE(a.shard_tensor(d) == expected_shard(global, s, d)) << devices << " device " << d;
+    }
+    EXPECT_TRUE(a.to_host() == global) << devices;
+  }
+}
+
 TEST(PaddedShards, ARefusingShardingStillRefusesNamingPathShapeAndAxis) {
   if (!test::divides_over_processes(3)) GTEST_SKIP() << "3 devices over the processes";
   const Executor exec(3);
