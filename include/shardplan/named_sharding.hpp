@@ -30,13 +30,13 @@ using Block = std::vector<DimSlice>;
 
 /// What a sharding does with a dimension of n that its mesh axes (k blocks) do not divide.
 enum class Uneven {
-  /// A SpecError naming the path, shape, dimension and axes (the default: the planner, sjit,
-  /// shard_map and checkpoints take only shardings that divide).
+  /// A SpecError naming the path, shape, dimension and axes (the default: the planner, sjit
+  /// and shard_map take only shardings that divide).
   kRefuse,
   /// JAX's split: blocks of b = ceil(n/k) rows; block i holds the valid rows
   /// [i*b, min(n, (i+1)*b)) at the front of a buffer of b rows, zeros after them, so the last
   /// blocks hold fewer rows (possibly none). The runtime (device_put, to_host, reshard, the
-  /// collectives) takes these; docs/runtime.md "Padded shards".
+  /// collectives) and checkpoints take these; docs/runtime.md "Padded shards".
   kPad,
 };
 
