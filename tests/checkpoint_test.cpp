@@ -421,6 +421,63 @@ TEST(Checkpoint, SavingRefusesAnExistingDirectoryAndPendingArrays) {
   EXPECT_THROW_WITH(save_checkpoint(tmp.path() / "e", Tree<Array>(a)), SpecError, "single array");
 }
 
+// Padded shards (NamedSharding's Uneven::kPad): the files hold each tensor unpadded (its host
+// bytes, not a shard's zeros), so a checkpoint saved on 6 devices restores onto 4 (padded
+// otherwise), onto 1 and onto 6 laid out another way, bitwise, with zeros after a padded
+// block's rows.
+TEST(Checkpoint, PaddedShardsAreSavedUnpaddedAndRestoreOntoAnyMesh) {
+  TempDir tmp;
+  const auto pad = [](const Mesh& m, const PartitionSpec& s) {
+    return NamedSharding(m, s, Uneven::kPad);
+  };
+  const auto host_bytes = [](const Tensor& t) {
+    return std::string(reinterpret_cast<const char*>(t.bytes()),
+                       static_cast<std::size_t>(t.nbytes()));
+  };
+  const Tensor w = Tensor::normal(Shape{10, 7}, DType::kF32, 1);
+  const Tensor b = Tensor::normal(Shape{5}, DType::kBF16, 2);
+  {
+    const Executor six(6);
+    const Mesh mesh = Mesh::parse("x:2,y:3", 6);  // w: 10 rows over 3, 7 columns over 2
+    save_checkpoint(
+        tmp.path() / "c",
+        Tree<Array>::dict({{"w", device_put(w, pad(mesh, P("y", "x")), six)},
+                           {"b", device_put(b, pad(mesh, P(AxisNames{"x", "y"})), six)}}));
+  }
+  const auto files = test::checkpoint_tensor_bytes(tmp.path() / "c");
+  EXPECT_EQ(files.at("w"), host_bytes(w));
+  EXPECT_EQ(files.at("b"), host_bytes(b));
+  const struct {
+    const char* mesh;
+    int devices;
+    PartitionSpec w, b;
+  } targets[] = {
+      {"x:4", 4, P("x"), P("x")}, {"x:1", 1, P(), P()}, {"a:3,b:2", 6, P("b", "a"), P("a")}};
+  for (const auto& t : targets) {
+    SCOPED_TRACE(t.mesh);
+    const Executor exec(t.devices);
+    const Mesh mesh = Mesh::parse(t.mesh, t.devices);
+    const Tree<Array> r = restore_checkpoint(
+        tmp.path() / "c", Tree<NamedSharding>::dict({{"w", pad(mesh, t.w)}, {"b", pad(mesh, t.b)}}),
+        exec);
+    EXPECT_TRUE(r.at_path("w").leaf().to_host() == w);
+    EXPECT_TRUE(r.at_path("b").leaf().to_host() == b);
+  }
+  // 10 rows over 4: device 3 holds row 9 in a buffer of 3 rows, then two rows of zeros.
+  const Executor four(4);
+  const Array w4 =
+      restore_checkpoint(
+          tmp.path() / "c",
+          Tree<NamedSharding>::dict({{"w", pad(Mesh::parse("x:4", 4), P("x"))},
+                                     {"b", NamedSharding(Mesh::parse("x:4", 4), P())}}),
+          four)
+          .at_path("w")
+          .leaf();
+  const Tensor last = w4.shard_tensor(3);
+  ASSERT_EQ(last.shape(), (Shape{3, 7}));
+  for (std::int64_t i = 0; i < 21; ++i) EXPECT_EQ(last.get(i), i < 7 ? w.get(63 + i) : 0.0) << i;
+}
+
 TEST(CheckpointManager, KeepsTheLastStepsAndAFailedSaveLosesNothing) {
   TempDir tmp;
   const Executor two(2);

@@ -1,4 +1,4 @@
-// NamedSharding: shard shapes, device blocks, replicas, equivalence and pictures.
+// NamedSharding: shard shapes, device blocks (padded ones too), replicas, equivalence and pictures.
 
 #include "shardplan/named_sharding.hpp"
 
@@ -131,6 +131,47 @@ TEST(NamedSharding, NonDivisibleSingleAxisMessageReadsAsTheStyleGuide) {
   EXPECT_THROW_WITH(s.shard_shape(Shape{4096, 11006}, "params/h/3/mlp/w_in"), SpecError,
                     "dim 1 of 'params/h/3/mlp/w_in' (shape [4096, 11006]) is not divisible by "
                     "mesh axis 'tp' (size 8)");
+}
+
+TEST(NamedSharding, UnevenPadSplitsAsJaxByHand) {
+  // 10 over 3: blocks of 4, the last holds 2.
+  EXPECT_EQ(split_block(10, 3, 0), (DimSlice{0, 4}));
+  EXPECT_EQ(split_block(10, 3, 1), (DimSlice{4, 4}));
+  EXPECT_EQ(split_block(10, 3, 2), (DimSlice{8, 2}));
+  // 12 over 5: blocks of 3; block 4 starts at 12 and holds nothing.
+  EXPECT_EQ(split_block(12, 5, 3), (DimSlice{9, 3}));
+  EXPECT_EQ(split_block(12, 5, 4), (DimSlice{12, 0}));
+  // 5 over 6: one row each, the sixth none; 7 over 7 divides.
+  EXPECT_EQ(split_block(5, 6, 5), (DimSlice{5, 0}));
+  EXPECT_EQ(split_block(7, 7, 6), (DimSlice{6, 1}));
+  const NamedSharding s(Mesh::parse("x:3", 3), P("x"), Uneven::kPad);
+  EXPECT_EQ(s.shard_shape(Shape{10, 2}), (Shape{4, 2}));
+  EXPECT_TRUE(s.is_padded(Shape{10, 2}));
+  EXPECT_FALSE(s.is_padded(Shape{9, 2}));
+  EXPECT_EQ(s.device_blocks(Shape{10}),
+            (std::vector<Block>{{DimSlice{0, 4}}, {DimSlice{4, 4}}, {DimSlice{8, 2}}}));
+  // Bytes per device are the padded block's, the same on every device.
+  EXPECT_EQ(s.shard_bytes(Shape{10, 2}, 4), 4 * 2 * 4);
+}
+
+TEST(NamedSharding, UnevenRefuseIsTheDefaultAndThePolicyIsPartOfTheValue) {
+  const Mesh mesh = Mesh::parse("x:3", 3);
+  const NamedSharding strict(mesh, P("x"));
+  EXPECT_EQ(strict.uneven(), Uneven::kRefuse);
+  EXPECT_THROW_WITH(strict.shard_shape(Shape{10}, "w"), SpecError,
+                    "dim 0 of 'w' (shape [10]) is not divisible by mesh axis 'x' (size 3)",
+                    "10 is not a multiple of 3");
+  const NamedSharding pad = strict.with_uneven(Uneven::kPad);
+  EXPECT_FALSE(pad == strict);
+  EXPECT_TRUE(pad.is_equivalent_to(strict, 1));  // the same placement
+  EXPECT_EQ(pad.to_string(),
+            "NamedSharding(mesh=Mesh('x': 3), spec=PartitionSpec('x'), "
+            "uneven=pad)");
+  EXPECT_THROW_WITH(pad.check_divides(Shape{4, 10}, "sjit", "arg", "; not yet"), SpecError,
+                    "[sjit] dim 0 of 'arg' (shape [4, 10])", "; not yet");
+  const NamedSharding two(Mesh::parse("x:2,y:3", 6), P(AxisNames{"x", "y"}), Uneven::kPad);
+  EXPECT_THROW_WITH(two.check_divides(Shape{10}, "checkpoint"), SpecError,
+                    "mesh axes 'x' (size 2) x 'y' (size 3) = 6; 10 is not a multiple of 6");
 }
 
 TEST(NamedSharding, ShardBytesAndSpecPastTheRankErrorsNameThePath) {

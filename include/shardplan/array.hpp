@@ -138,9 +138,9 @@ namespace shardplan {
 
 std::ostream& operator<<(std::ostream& os, const Array& a);
 
-/// jax.device_put: the tensor split over the sharding's mesh, each device given its block.
-/// Throws SpecError when the shape does not divide (naming shape, dimension and axes) and
-/// ArrayError when the mesh names devices the executor does not have.
+/// jax.device_put: the tensor split over the sharding's mesh, each device given its block (its
+/// rows, then zeros, under Uneven::kPad). Throws SpecError when the shape does not divide and the
+/// sharding refuses (naming shape, dimension and axes), ArrayError for devices it lacks.
 Array device_put(const Tensor& tensor, const NamedSharding& sharding, const Executor& executor);
 /// Every leaf put with the sharding of the leaf of `shardings` that covers it (`shardings` is a
 /// prefix of `tensors`). Throws TreeError naming the path where the structures differ.

@@ -185,11 +185,19 @@ Tree<Array> restore_leaves(const CheckpointInfo& info, const std::vector<Wanted>
       const int rank = shape.rank();
       for (const int d : w.sharding.mesh().devices()) {
         if (!exec.is_local(d) || bytes == 0) continue;
-        std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
-        for (const auto& sl : blocks[static_cast<std::size_t>(d)]) origin.push_back(sl.start);
+        // The block's rows; a padded block's buffer is zeros after them (an f16 zero widens
+        // to an f32 zero).
+        std::vector<std::int64_t> origin, rows, zero(static_cast<std::size_t>(rank), 0);
+        std::int64_t valid = 1;
+        for (const auto& sl : blocks[static_cast<std::size_t>(d)]) {
+          origin.push_back(sl.start);
+          rows.push_back(sl.size);
+          valid *= sl.size;
+        }
         std::byte* dst = buffers[static_cast<std::size_t>(d)]->data();
+        if (valid != shard.numel()) std::memset(dst, 0, static_cast<std::size_t>(bytes + image));
         detail::for_each_run(shape.begin(), origin.data(), shard.begin(), zero.data(),
-                             shard.begin(), rank, elem,
+                             rows.data(), rank, elem,
                              [&](std::int64_t s, std::int64_t t2, std::int64_t n) {
                                runs.push_back({&in, t->offset + s, dst + image + t2, n});
                              });

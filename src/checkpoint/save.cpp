@@ -169,10 +169,15 @@ void SaveJob::write() {
       auto& file = open[t.file];
       if (!file)
         file = std::make_unique<File>(tmp_ / names_[t.file], O_WRONLY, dir_ / names_[t.file]);
-      std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
-      for (const auto& sl : block) origin.push_back(sl.start);
+      // The block's rows only: a padded shard's zeros are not the tensor's (files hold it
+      // unpadded, restorable onto any sharding).
+      std::vector<std::int64_t> origin, rows, zero(static_cast<std::size_t>(rank), 0);
+      for (const auto& sl : block) {
+        origin.push_back(sl.start);
+        rows.push_back(sl.size);
+      }
       detail::for_each_run(t.shard.begin(), zero.data(), t.spec.shape.begin(), origin.data(),
-                           t.shard.begin(), rank, size_of(t.spec.dtype),
+                           rows.data(), rank, size_of(t.spec.dtype),
                            [&](std::int64_t s, std::int64_t at, std::int64_t bytes) {
                              file->write_at(src + s, bytes, base + at);
                              file->start_writeback(base + at, bytes);
@@ -241,11 +246,14 @@ std::uint64_t SaveJob::checksum_from_memory(std::size_t f) const {
     const int rank = t.spec.shape.rank();
     std::vector<Run> runs;
     for (const auto& [block, src] : t.blocks) {
-      std::vector<std::int64_t> origin, zero(static_cast<std::size_t>(rank), 0);
-      for (const auto& sl : block) origin.push_back(sl.start);
+      std::vector<std::int64_t> origin, rows, zero(static_cast<std::size_t>(rank), 0);
+      for (const auto& sl : block) {
+        origin.push_back(sl.start);
+        rows.push_back(sl.size);
+      }
       const std::byte* from = src;
       detail::for_each_run(t.shard.begin(), zero.data(), t.spec.shape.begin(), origin.data(),
-                           t.shard.begin(), rank, size_of(t.spec.dtype),
+                           rows.data(), rank, size_of(t.spec.dtype),
                            [&](std::int64_t s, std::int64_t at, std::int64_t bytes) {
                              runs.push_back({at, from + s, bytes});
                            });

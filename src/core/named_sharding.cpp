@@ -11,9 +11,15 @@
 
 namespace shardplan {
 
-NamedSharding::NamedSharding(Mesh mesh, PartitionSpec spec) {
+DimSlice split_block(std::int64_t n, std::int64_t k, std::int64_t index) {
+  const std::int64_t b = n / k + (n % k != 0 ? 1 : 0);
+  const std::int64_t start = index * b;
+  return DimSlice{start, std::clamp<std::int64_t>(n - start, 0, b)};
+}
+
+NamedSharding::NamedSharding(Mesh mesh, PartitionSpec spec, Uneven uneven) {
   spec.validate(mesh, -1);
-  auto impl = std::make_shared<Impl>(Impl{std::move(mesh), std::move(spec), {}});
+  auto impl = std::make_shared<Impl>(Impl{std::move(mesh), std::move(spec), uneven, {}});
   for (const auto& axes : impl->spec.dims()) {
     std::vector<int> ids;
     for (const auto& a : axes) ids.push_back(impl->mesh.axis_index(a));
@@ -30,32 +36,43 @@ std::int64_t NamedSharding::num_shards(int dim) const {
   return n;
 }
 
+bool NamedSharding::is_padded(const Shape& global) const {
+  for (int d = 0; d < impl_->spec.size() && d < global.rank(); ++d) {
+    if (global[d] % num_shards(d) != 0) return true;
+  }
+  return false;
+}
+
+void NamedSharding::check_divides(const Shape& global, std::string_view where,
+                                  std::string_view path, std::string_view note) const {
+  for (int d = 0; d < impl_->spec.size() && d < global.rank(); ++d) {
+    const std::int64_t k = num_shards(d);
+    if (global[d] % k == 0) continue;
+    const auto& axes = impl_->spec[d];
+    std::vector<std::string> sizes;
+    for (const auto& a : axes)
+      sizes.push_back(fmt::format("'{}' (size {})", a, impl_->mesh.axis_size(a)));
+    throw SpecError(fmt::format(
+        "[{}] dim {} of {} (shape {}) is not divisible by mesh {} {}{}; {} is not a multiple "
+        "of {}{}",
+        where, d, path.empty() ? std::string("a tensor") : fmt::format("'{}'", path),
+        global.to_string(), axes.size() == 1 ? "axis" : "axes", fmt::join(sizes, " x "),
+        axes.size() == 1 ? "" : fmt::format(" = {}", k), global[d], k, note));
+  }
+}
+
 Shape NamedSharding::shard_shape(const Shape& global, std::string_view path) const {
-  // Messages are formatted only on failure: plans call this for many tensors.
-  auto where = [&] { return path.empty() ? std::string("a tensor") : fmt::format("'{}'", path); };
   const PartitionSpec& spec = impl_->spec;
   if (spec.size() > global.rank()) {
+    // Formatted only on failure: plans call this for many tensors.
     throw SpecError(fmt::format("[plan] {} has {} entries but {} (shape {}) has rank {}",
-                                spec.to_string(), spec.size(), where(), global.to_string(),
-                                global.rank()));
+                                spec.to_string(), spec.size(),
+                                path.empty() ? std::string("a tensor") : fmt::format("'{}'", path),
+                                global.to_string(), global.rank()));
   }
+  if (impl_->uneven == Uneven::kRefuse) check_divides(global, "plan", path);
   Shape out = global;
-  for (int d = 0; d < spec.size(); ++d) {
-    std::int64_t k = num_shards(d);
-    if (k == 1) continue;
-    if (global[d] % k != 0) {
-      const auto& axes = spec[d];
-      std::vector<std::string> sizes;
-      for (const auto& a : axes)
-        sizes.push_back(fmt::format("'{}' (size {})", a, impl_->mesh.axis_size(a)));
-      throw SpecError(fmt::format(
-          "[plan] dim {} of {} (shape {}) is not divisible by mesh {} {}{}; {} is not a multiple "
-          "of {}",
-          d, where(), global.to_string(), axes.size() == 1 ? "axis" : "axes",
-          fmt::join(sizes, " x "), axes.size() == 1 ? "" : fmt::format(" = {}", k), global[d], k));
-    }
-    out[d] = global[d] / k;
-  }
+  for (int d = 0; d < spec.size(); ++d) out[d] = split_block(global[d], num_shards(d), 0).size;
   return out;
 }
 
@@ -84,7 +101,7 @@ std::int64_t NamedSharding::block_index(const std::vector<std::int64_t>& coords,
 }
 
 std::vector<Block> NamedSharding::device_blocks(const Shape& global) const {
-  Shape shard = shard_shape(global);
+  shard_shape(global);  // validates the rank and divisibility
   std::vector<Block> out(static_cast<std::size_t>(impl_->mesh.size()));
   // The coordinates of each position in turn (coords_of_position's), counted up in place.
   const std::vector<std::int64_t>& sizes = impl_->mesh.axis_sizes();
@@ -92,8 +109,9 @@ std::vector<Block> NamedSharding::device_blocks(const Shape& global) const {
   for (std::int64_t pos = 0; pos < impl_->mesh.size(); ++pos) {
     Block block(static_cast<std::size_t>(global.rank()));
     for (int d = 0; d < global.rank(); ++d) {
-      std::int64_t idx = d < impl_->spec.size() ? block_index(coords, d) : 0;
-      block[static_cast<std::size_t>(d)] = DimSlice{idx * shard[d], shard[d]};
+      const bool split = d < impl_->spec.size();
+      block[static_cast<std::size_t>(d)] =
+          split_block(global[d], split ? num_shards(d) : 1, split ? block_index(coords, d) : 0);
     }
     out[static_cast<std::size_t>(impl_->mesh.devices()[static_cast<std::size_t>(pos)])] =
         std::move(block);
@@ -202,8 +220,8 @@ std::string NamedSharding::visualize(const Shape& global) const {
 }
 
 std::string NamedSharding::to_string() const {
-  return fmt::format("NamedSharding(mesh={}, spec={})", impl_->mesh.to_string(),
-                     impl_->spec.to_string());
+  return fmt::format("NamedSharding(mesh={}, spec={}{})", impl_->mesh.to_string(),
+                     impl_->spec.to_string(), impl_->uneven == Uneven::kPad ? ", uneven=pad" : "");
 }
 
 std::ostream& operator<<(std::ostream& os, const NamedSharding& s) { return os << s.to_string(); }

@@ -24,6 +24,24 @@ std::vector<std::int64_t> origin_of(const Block& b) {
   return o;
 }
 
+// The valid rows of a block, per dimension (fewer than the shard's in a padded block).
+std::vector<std::int64_t> extent_of(const Block& b) {
+  std::vector<std::int64_t> e;
+  e.reserve(b.size());
+  for (const auto& s : b) e.push_back(s.size);
+  return e;
+}
+
+// A padded block's buffer holds zeros after its valid rows (NamedSharding's Uneven::kPad):
+// cleared whole before the valid rows are written, only when the block is padded.
+void zero_padding(std::byte* buffer, const Shape& shard, const Block& b, std::size_t elem) {
+  std::int64_t valid = 1;
+  for (const auto& s : b) valid *= s.size;
+  if (valid != shard.numel()) {
+    std::memset(buffer, 0, static_cast<std::size_t>(shard.numel()) * elem);
+  }
+}
+
 void check_devices(const Mesh& mesh, const Executor& executor, std::string_view where) {
   int most = -1;
   for (const int d : mesh.devices()) most = std::max(most, d);
@@ -176,32 +194,22 @@ Array Array::generate(Shape shape, DType dtype, const NamedSharding& sharding,
   const std::size_t elem = size_of(dtype);
   auto buffers = allocate_shards(executor, mesh, byte_size(shard, dtype));
   const int rank = shape.rank();
+  const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
   executor.run(mesh.devices(), [&](int d) {
     std::byte* out = buffers[static_cast<std::size_t>(d)]->data();
     const Block& b = blocks[static_cast<std::size_t>(d)];
-    const std::int64_t n = shard.numel();
-    if (n == 0) return;
-    // Walk the block in row-major order, tracking the global row-major index.
-    std::vector<std::int64_t> idx(static_cast<std::size_t>(rank), 0);
-    std::vector<std::int64_t> gstride(static_cast<std::size_t>(rank), 1);
-    for (int k = rank - 2; k >= 0; --k) {
-      gstride[static_cast<std::size_t>(k)] =
-          gstride[static_cast<std::size_t>(k + 1)] * shape[k + 1];
-    }
-    const std::int64_t inner = rank == 0 ? 1 : shard[rank - 1];
-    for (std::int64_t done = 0; done < n; done += inner) {
-      std::int64_t base = 0;
-      for (int k = 0; k < rank; ++k) {
-        base += (b[static_cast<std::size_t>(k)].start + idx[static_cast<std::size_t>(k)]) *
-                gstride[static_cast<std::size_t>(k)];
-      }
-      generate_into(dtype, out + done * static_cast<std::int64_t>(elem), inner,
-                    static_cast<std::uint64_t>(base), g);
-      for (int k = rank - 2; k >= 0; --k) {
-        if (++idx[static_cast<std::size_t>(k)] < shard[k]) break;
-        idx[static_cast<std::size_t>(k)] = 0;
-      }
-    }
+    if (shard.numel() == 0) return;
+    zero_padding(out, shard, b, elem);
+    // Each contiguous run of the valid rows starts at a global row-major index: the offset of
+    // the run in the global array, in elements.
+    const auto origin = origin_of(b);
+    const auto extent = extent_of(b);
+    const auto e = static_cast<std::int64_t>(elem);
+    detail::for_each_run(shape.begin(), origin.data(), shard.begin(), zero.data(), extent.data(),
+                         rank, elem, [&](std::int64_t at, std::int64_t to, std::int64_t bytes) {
+                           generate_into(dtype, out + to, bytes / e,
+                                         static_cast<std::uint64_t>(at / e), g);
+                         });
   });
   return from_buffers(executor, std::move(shape), dtype, sharding, std::move(buffers));
 }
@@ -289,7 +297,7 @@ Tensor Array::to_host() const {
       src = reduced.bytes();
     }
     detail::copy_box(src, i.shard_shape.begin(), zero.data(), out.bytes(), i.shape.begin(),
-                     origin.data(), i.shard_shape.begin(), rank, elem);
+                     origin.data(), extent_of(b).data(), rank, elem);
   });
   return out;
 }
@@ -357,9 +365,9 @@ Tensor Array::to_host_over_processes() const {
           "hold: the processes disagree on the array",
           p, all[p].size(), name(i.dtype), i.shape.to_string()));
     }
-    const auto origin = origin_of((*i.blocks)[static_cast<std::size_t>(first)]);
+    const Block& b = (*i.blocks)[static_cast<std::size_t>(first)];
     detail::copy_box(all[p].data() + taken[p], i.shard_shape.begin(), zero.data(), out.bytes(),
-                     i.shape.begin(), origin.data(), i.shard_shape.begin(), rank, elem);
+                     i.shape.begin(), origin_of(b).data(), extent_of(b).data(), rank, elem);
     taken[p] += static_cast<std::size_t>(shard_bytes);
   }
   return out;
@@ -411,11 +419,12 @@ Array device_put(const Tensor& tensor, const NamedSharding& sharding, const Exec
   auto buffers = allocate_shards(executor, mesh, byte_size(shard, tensor.dtype()));
   const int rank = tensor.shape().rank();
   executor.run(mesh.devices(), [&](int d) {
-    const auto origin = origin_of(blocks[static_cast<std::size_t>(d)]);
+    const Block& b = blocks[static_cast<std::size_t>(d)];
+    std::byte* dst = buffers[static_cast<std::size_t>(d)]->data();
+    zero_padding(dst, shard, b, elem);
     const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
-    detail::copy_box(tensor.bytes(), tensor.shape().begin(), origin.data(),
-                     buffers[static_cast<std::size_t>(d)]->data(), shard.begin(), zero.data(),
-                     shard.begin(), rank, elem);
+    detail::copy_box(tensor.bytes(), tensor.shape().begin(), origin_of(b).data(), dst,
+                     shard.begin(), zero.data(), extent_of(b).data(), rank, elem);
   });
   return Array::from_buffers(executor, tensor.shape(), tensor.dtype(), sharding,
                              std::move(buffers));
@@ -522,9 +531,9 @@ std::optional<Tensor> to_host_on_process(const Array& a, int process) {
       src = received[next++].bytes();
     }
     if (src == nullptr) continue;
-    const auto origin = origin_of(blocks[static_cast<std::size_t>(first)]);
+    const Block& b = blocks[static_cast<std::size_t>(first)];
     detail::copy_box(src, a.shard_shape().begin(), zero.data(), out.bytes(), shape.begin(),
-                     origin.data(), a.shard_shape().begin(), rank, elem);
+                     origin_of(b).data(), extent_of(b).data(), rank, elem);
   }
   return out;
 }
@@ -578,12 +587,14 @@ Array local_data_to_global_array(const Tensor& local, const NamedSharding& shard
   const int rank = shape.rank();
   const std::int64_t my_first = distributed::process_index() * rows;
   executor.run(mesh.devices(), [&](int d) {
-    auto origin = origin_of(blocks[static_cast<std::size_t>(d)]);
+    const Block& b = blocks[static_cast<std::size_t>(d)];
+    std::byte* dst = buffers[static_cast<std::size_t>(d)]->data();
+    zero_padding(dst, shard, b, elem);
+    auto origin = origin_of(b);
     origin[0] -= my_first;  // into this process's rows
     const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
-    detail::copy_box(local.bytes(), local.shape().begin(), origin.data(),
-                     buffers[static_cast<std::size_t>(d)]->data(), shard.begin(), zero.data(),
-                     shard.begin(), rank, elem);
+    detail::copy_box(local.bytes(), local.shape().begin(), origin.data(), dst, shard.begin(),
+                     zero.data(), extent_of(b).data(), rank, elem);
   });
   return Array::from_buffers(executor, shape, local.dtype(), sharding, std::move(buffers));
 }

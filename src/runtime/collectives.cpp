@@ -22,25 +22,30 @@ using detail::ShardSource;
 
 namespace {
 
-/// Where block `bs` lies in the row-major buffer of block `bt`, in bytes, when it lies there
-/// whole and in one piece (dimensions of one index, then one partial dimension, then full
-/// ones); else -1.
-std::int64_t contiguous_offset(const Block& bs, const Block& bt, std::size_t elem) {
+/// Where the buffer of source block `bs` (of shape `sshard`) lies in the row-major buffer of
+/// target block `bt` (of shape `tshard`), in bytes, when it lies there whole and in one piece:
+/// the source unpadded (its buffer is its rows), inside the target's rows, its dimensions of
+/// one index, then one partial dimension, then dimensions the target buffer holds whole; else
+/// -1.
+std::int64_t contiguous_offset(const Block& bs, const Shape& sshard, const Block& bt,
+                               const Shape& tshard, std::size_t elem) {
   const std::size_t rank = bs.size();
   for (std::size_t k = 0; k < rank; ++k) {
-    if (bs[k].start < bt[k].start || bs[k].start + bs[k].size > bt[k].start + bt[k].size) {
+    const int i = static_cast<int>(k);
+    if (bs[k].size != sshard[i] || bs[k].start < bt[k].start ||
+        bs[k].start + bs[k].size > bt[k].start + bt[k].size) {
       return -1;
     }
   }
   std::size_t first = 0;  // the first dimension of more than one index
   while (first < rank && bs[first].size == 1) ++first;
   for (std::size_t k = first + 1; k < rank; ++k) {
-    if (bs[k].size != bt[k].size) return -1;
+    if (bs[k].size != tshard[static_cast<int>(k)]) return -1;
   }
   std::int64_t offset = 0, stride = 1;
   for (std::size_t k = rank; k-- > 0;) {
     offset += (bs[k].start - bt[k].start) * stride;
-    stride *= bt[k].size;
+    stride *= tshard[static_cast<int>(k)];
   }
   return offset * static_cast<std::int64_t>(elem);
 }
@@ -90,6 +95,8 @@ class MoveSources {
         elem_(size_of(dtype)),
         mesh_(target.mesh()),
         process_of_(std::move(process_of)),
+        tshard_(target.shard_shape(shape)),
+        sshard_(from.shard_shape(shape)),
         tblocks_(target.device_blocks(shape)),
         groups_(from.replica_groups(shape)),
         sblocks_(from.device_blocks(shape)) {}
@@ -125,7 +132,7 @@ class MoveSources {
 
   /// Where shard m lies in device d's output, in bytes, when whole and in one piece; else -1.
   std::int64_t offset(int m, int d) const {
-    return contiguous_offset(source_block(m), target_block(d), elem_);
+    return contiguous_offset(source_block(m), sshard_, target_block(d), tshard_, elem_);
   }
 
  private:
@@ -133,6 +140,7 @@ class MoveSources {
   std::size_t elem_;
   const Mesh& mesh_;
   std::function<int(int)> process_of_;
+  Shape tshard_, sshard_;
   std::vector<Block> tblocks_;
   std::vector<std::vector<int>> groups_;
   std::vector<Block> sblocks_;
@@ -171,6 +179,16 @@ Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec
   std::optional<ShardSource> source;
   prepare_then_agree(x, rec.kind, [&] {
     out = allocate_like(x, mesh, tshard.numel() * static_cast<std::int64_t>(elem));
+    // A padded target block holds zeros after its rows; cleared before anything is received
+    // into it.
+    if (target.is_padded(shape)) {
+      for (const int d : mesh.devices()) {
+        if (out[static_cast<std::size_t>(d)] && tshard.numel() > 0) {
+          std::memset(out[static_cast<std::size_t>(d)]->data(), 0,
+                      static_cast<std::size_t>(tshard.numel()) * elem);
+        }
+      }
+    }
     source.emplace(
         x, [&](int d) { return sources.reads(d); },
         [&](int m, int d) -> std::byte* {
@@ -241,7 +259,7 @@ Array all_gather(const Array& x, const std::vector<std::string>& axes, Collectiv
     }
   }
   CollectiveRecord rec = make_record(CollectiveKind::kAllGather, axes, x);
-  Array out = move_to(x, NamedSharding(x.mesh(), make_spec(dims)), rec);
+  Array out = move_to(x, NamedSharding(x.mesh(), make_spec(dims), x.sharding().uneven()), rec);
   if (record) *record = std::move(rec);
   return out;
 }
@@ -266,7 +284,7 @@ Array all_to_all(const Array& x, const std::vector<std::string>& axes, int from_
   auto& to = dims[static_cast<std::size_t>(to_dim)];
   to.insert(to.end(), axes.begin(), axes.end());
   CollectiveRecord rec = make_record(CollectiveKind::kAllToAll, axes, x);
-  Array out = move_to(x, NamedSharding(x.mesh(), make_spec(dims)), rec);
+  Array out = move_to(x, NamedSharding(x.mesh(), make_spec(dims), x.sharding().uneven()), rec);
   if (record) *record = std::move(rec);
   return out;
 }

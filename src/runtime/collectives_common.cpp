@@ -31,6 +31,18 @@ PartitionSpec make_spec(std::vector<AxisNames> dims) {
   return PartitionSpec(std::move(dims));
 }
 
+bool split_nests(std::int64_t n, std::int64_t outer, std::int64_t inner) {
+  for (std::int64_t j = 0; j < outer * inner; ++j) {
+    const DimSlice part = split_block(n, outer * inner, j);
+    const DimSlice whole = split_block(n, outer, j / inner);
+    if (part.size > 0 &&
+        (part.start < whole.start || part.start + part.size > whole.start + whole.size)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::shared_ptr<Buffer> allocate_on(const Executor& e, int d, std::int64_t bytes) {
   distributed::detail::allocation_fault_point();
   return std::make_shared<Buffer>(e.allocate(d, bytes));

@@ -155,6 +155,12 @@ std::vector<std::int64_t> all_reduce_staging(const Shape& shape, DType dtype,
 /// part and the nearest replica otherwise; only bytes read from other devices count (in `rec`).
 Array move_to(const Array& x, const NamedSharding& target, CollectiveRecord& rec);
 
+/// True when splitting a dimension of `n` rows cut into `outer` blocks further into `inner`
+/// parts each (minor axes appended) keeps every new block inside the old one it refines: always
+/// when the dimension divides, not always when padded (10 rows over 2 are blocks of 5, over 2 x
+/// 4 blocks of 2, and block 3 [6:8] is not inside block 0 [0:5]).
+bool split_nests(std::int64_t n, std::int64_t outer, std::int64_t inner);
+
 /// Start of chunk r of `total` elements cut into n nearly equal chunks: floor(r * total / n),
 /// written so that r * total is never formed (it can pass int64 for a large shard).
 inline std::int64_t chunk_start(std::int64_t r, std::int64_t total, std::int64_t n) {

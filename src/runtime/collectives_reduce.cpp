@@ -318,7 +318,15 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
   auto dims = padded_dims(x.sharding().spec(), rank);
   auto& e = dims[static_cast<std::size_t>(dim)];
   e.insert(e.end(), axes.begin(), axes.end());
-  const NamedSharding target(x.mesh(), make_spec(dims));
+  std::int64_t ways = 1;
+  for (const auto& a : axes) ways *= x.mesh().axis_size(a);
+  if (!detail::split_nests(x.shape()[dim], x.sharding().num_shards(dim), ways)) {
+    throw SpecError(fmt::format(
+        "[reduce_scatter] dim {} of {} ({} rows, padded) split further over {} gives blocks that "
+        "do not lie inside the blocks each device holds now; all_reduce, then reshard",
+        dim, x.to_string(), x.shape()[dim], quoted(axes)));
+  }
+  const NamedSharding target(x.mesh(), make_spec(dims), x.sharding().uneven());
   const Shape tshard = target.shard_shape(x.shape(), "reduce_scatter");
   const auto tblocks = target.device_blocks(x.shape());
   const std::size_t elem = size_of(x.dtype());
@@ -337,16 +345,24 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
     const auto g = device_group(mesh, d, axes);
     const Block& old_block = x.block(d);
     const Block& nb = tblocks[static_cast<std::size_t>(d)];
+    // The new block's rows, reduced; a padded block's rows after them are zeros.
     std::vector<std::int64_t> offset(static_cast<std::size_t>(rank));
+    std::vector<std::int64_t> rows(static_cast<std::size_t>(rank));
+    std::int64_t valid = 1;
     for (int k = 0; k < rank; ++k) {
-      offset[static_cast<std::size_t>(k)] =
-          nb[static_cast<std::size_t>(k)].start - old_block[static_cast<std::size_t>(k)].start;
+      const auto i = static_cast<std::size_t>(k);
+      offset[i] = nb[i].start - old_block[i].start;
+      rows[i] = nb[i].size;
+      valid *= nb[i].size;
     }
     const std::vector<std::int64_t> zero(static_cast<std::size_t>(rank), 0);
     std::byte* dst = out[static_cast<std::size_t>(d)]->data();
+    if (valid != tshard.numel()) {
+      std::memset(dst, 0, static_cast<std::size_t>(tshard.numel()) * elem);
+    }
     std::vector<const std::byte*> parts(g.size());
     detail::for_each_run(x.shard_shape().begin(), offset.data(), tshard.begin(), zero.data(),
-                         tshard.begin(), rank, elem,
+                         rows.data(), rank, elem,
                          [&](std::int64_t s, std::int64_t t, std::int64_t bytes) {
                            for (std::size_t m = 0; m < g.size(); ++m) {
                              parts[m] = shard_of(g[m]) + s;
@@ -355,7 +371,7 @@ Array reduce_scatter(const Array& x, int dim, const std::vector<std::string>& ax
                                                bytes / static_cast<std::int64_t>(elem));
                          });
     rec.bytes_in[static_cast<std::size_t>(d)] +=
-        static_cast<std::int64_t>(g.size() - 1) * tshard.numel() * static_cast<std::int64_t>(elem);
+        static_cast<std::int64_t>(g.size() - 1) * valid * static_cast<std::int64_t>(elem);
   });
   Array result = Array::from_buffers(x.executor(), x.shape(), x.dtype(), target, std::move(out),
                                      remaining_pending(x, axes));

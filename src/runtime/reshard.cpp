@@ -27,11 +27,14 @@ namespace {
 // no scatter covers are all-reduced afterwards, on the scattered parts (HSDP's gradient,
 // pending over (replicate, shard) and sharded over shard: a reduce-scatter in each shard group,
 // then an all-reduce of the shard across the replicas, as FSDP's HYBRID_SHARD runs it).
+// A dimension whose padded blocks would not nest (detail::split_nests) is not scattered into:
+// its pending axes are all-reduced and the move after places the rows.
 std::vector<std::pair<int, std::vector<std::string>>> pending_route(const Mesh& mesh,
                                                                     const PartitionSpec& cur,
                                                                     const Pending& pending,
                                                                     const PartitionSpec& target,
-                                                                    int rank) {
+                                                                    const Shape& shape) {
+  const int rank = shape.rank();
   const auto& pend = pending.axes;
   const auto cdims = padded_dims(cur, rank);
   const auto tdims = padded_dims(target, rank);
@@ -45,6 +48,10 @@ std::vector<std::pair<int, std::vector<std::string>>> pending_route(const Mesh& 
       return std::find(pend.begin(), pend.end(), a) != pend.end();
     });
     if (!all_pending) continue;
+    std::int64_t outer = 1, inner = 1;
+    for (const auto& a : ce) outer *= mesh.axis_size(a);
+    for (const auto& a : suffix) inner *= mesh.axis_size(a);
+    if (!detail::split_nests(shape[d], outer, inner)) continue;
     route.emplace_back(d, std::move(suffix));
   }
   // The innermost axes first (the mesh's last: a node's fast links when devices are laid out
@@ -114,36 +121,41 @@ void check_reshard(const Mesh& mesh, const NamedSharding& target, const Shape& s
 }
 
 // Where a sharding puts each device's block, read from the device's mesh coordinates without
-// making every device's Block (device_blocks): per dimension, the block's size and the mesh axes
-// that split it, major first.
+// making every device's Block (device_blocks): per dimension, its rows, its number of blocks and
+// the mesh axes that split it, major first.
 class BlockStarts {
  public:
   BlockStarts(const NamedSharding& s, const Shape& shape)
-      : mesh_(s.mesh()),
-        shard_(s.shard_shape(shape)),
-        axes_(static_cast<std::size_t>(shape.rank())) {
+      : mesh_(s.mesh()), shape_(shape), axes_(static_cast<std::size_t>(shape.rank())) {
+    s.shard_shape(shape);  // validates the rank and divisibility
     const PartitionSpec& spec = s.spec();
     for (int d = 0; d < spec.size() && d < shape.rank(); ++d) {
       for (const auto& a : spec[d])
         axes_[static_cast<std::size_t>(d)].push_back(mesh_.axis_index(a));
     }
   }
-  std::int64_t size(int d) const { return shard_[d]; }
-  // The start along dimension `d` of the block of the device at mesh coordinates `coords`
+  // The rows along dimension `d` of the block of the device at mesh coordinates `coords`
   // (NamedSharding::device_blocks: the block index is the coordinates on the dimension's axes
-  // read as one mixed-radix number).
-  std::int64_t start(const std::vector<std::int64_t>& coords, int d) const {
-    std::int64_t idx = 0;
+  // read as one mixed-radix number; split_block places it).
+  DimSlice slice(const std::vector<std::int64_t>& coords, int d) const {
+    std::int64_t idx = 0, blocks = 1;
     for (const int id : axes_[static_cast<std::size_t>(d)]) {
-      idx = idx * mesh_.axis_sizes()[static_cast<std::size_t>(id)] +
-            coords[static_cast<std::size_t>(id)];
+      const std::int64_t size = mesh_.axis_sizes()[static_cast<std::size_t>(id)];
+      idx = idx * size + coords[static_cast<std::size_t>(id)];
+      blocks *= size;
     }
-    return idx * shard_[d];
+    return split_block(shape_[d], blocks, idx);
+  }
+  // The elements of that device's block (its valid rows only).
+  std::int64_t numel(const std::vector<std::int64_t>& coords) const {
+    std::int64_t n = 1;
+    for (int d = 0; d < shape_.rank(); ++d) n *= slice(coords, d).size;
+    return n;
   }
 
  private:
   const Mesh& mesh_;
-  Shape shard_;
+  Shape shape_;
   std::vector<std::vector<int>> axes_;
 };
 
@@ -176,8 +188,8 @@ std::vector<std::int64_t> move_bytes(const Shape& shape, std::size_t elem,
   for_each_device(mesh, [&](int d, const std::vector<std::int64_t>& coords) {
     std::int64_t whole = 1, own = 1;
     for (int k = 0; k < rank; ++k) {
-      const std::int64_t ts = tblocks.start(coords, k), tn = tblocks.size(k);
-      const std::int64_t fs = fblocks.start(coords, k), fn = fblocks.size(k);
+      const auto [ts, tn] = tblocks.slice(coords, k);
+      const auto [fs, fn] = fblocks.slice(coords, k);
       whole *= tn;
       own *= std::max<std::int64_t>(0, std::min(ts + tn, fs + fn) - std::max(ts, fs));
     }
@@ -231,7 +243,7 @@ ReshardResult reshard_with(const Array& x, const NamedSharding& target, std::int
   };
   if (cur.is_pending()) {
     const auto route =
-        pending_route(cur.mesh(), cur.sharding().spec(), cur.pending(), target.spec(), rank);
+        pending_route(cur.mesh(), cur.sharding().spec(), cur.pending(), target.spec(), x.shape());
     for (const auto& [dim, order] : route) {
       CollectiveRecord rec;
       cur = reduce_scatter(cur, dim, order, &rec);
@@ -289,19 +301,22 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
   };
   NamedSharding cur = from;
   if (!pending.empty()) {
-    const auto route = pending_route(mesh, from.spec(), pending, target.spec(), rank);
+    const auto route = pending_route(mesh, from.spec(), pending, target.spec(), shape);
     for (const auto& [scatter_dim, order] : route) {
       const NamedSharding before = cur;
       auto dims = padded_dims(cur.spec(), rank);
       auto& e = dims[static_cast<std::size_t>(scatter_dim)];
       e.insert(e.end(), order.begin(), order.end());
-      cur = NamedSharding(mesh, make_spec(dims));
-      const std::int64_t shard = byte_size(cur.shard_shape(shape), dtype);
+      cur = NamedSharding(mesh, make_spec(dims), from.uneven());
+      byte_size(cur.shard_shape(shape), dtype);  // a shard fits in int64; its rows do too
       CollectiveRecord rec{CollectiveKind::kReduceScatter, order,
                            std::vector<std::int64_t>(num, 0)};
       const std::int64_t n = group_size(mesh, order);  // every group has the same size
-      for (const int d : mesh.devices())
-        rec.bytes_in[static_cast<std::size_t>(d)] = (n - 1) * shard;
+      const BlockStarts blocks(cur, shape);            // each device reduces its new block's rows
+      for_each_device(mesh, [&](int d, const std::vector<std::int64_t>& coords) {
+        rec.bytes_in[static_cast<std::size_t>(d)] =
+            (n - 1) * blocks.numel(coords) * static_cast<std::int64_t>(elem);
+      });
       staging(rec, [&, &axes = rec.axes] {  // (a lambda may not capture a structured binding)
         return detail::reduce_scatter_staging(shape, dtype, before, axes, process_of);
       });

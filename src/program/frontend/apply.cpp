@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "../compiler/compile.hpp"
+#include "../ir/array_access.hpp"
 #include "../ir/primitives.hpp"
 #include "../compiler/spmd_check.hpp"
 #include "trace.hpp"
@@ -107,6 +108,7 @@ std::shared_ptr<const Program> eager_program(Node n, const std::vector<Array>& i
   key.specs.reserve(ins.size());
   key.pending.reserve(ins.size());
   for (std::size_t k = 0; k < ins.size(); ++k) {
+    detail::refuse_padded(ins[k], n.op->name, "operand " + std::to_string(k));
     const TensorType type{ins[k].shape(), ins[k].dtype()};
     n.operands.push_back(g.add(
         Node{.op = &prim::input, .type = type, .attrs = InputAttrs{static_cast<int>(k), type}}));

@@ -12,6 +12,7 @@
 #include "../../profiler/recorder.hpp"
 #include "../compiler/compile.hpp"
 #include "../ir/fields.hpp"
+#include "../ir/array_access.hpp"
 #include "../ir/primitives.hpp"
 #include "../compiler/reshard_cost.hpp"
 #include "../compiler/resolve_rules.hpp"
@@ -399,6 +400,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
       in.spec = in_sh[i]->spec();
       in.origin = fmt::format("in_shardings ({})", names[i]);
     } else if (l.array.valid()) {
+      detail::refuse_padded(l.array, "sjit", names[i]);
       in.spec = l.array.sharding().spec();
       in.pending = l.array.pending();
       in.origin = fmt::format("{} as passed", names[i]);
@@ -410,6 +412,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   }
   for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
     const Array& a = ctx.captured[k];
+    detail::refuse_padded(a, "sjit", fmt::format("array captured from outside ({})", k));
     spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
                                     fmt::format("array captured from outside ({})", k), false,
                                     fmt::format("array captured from outside ({})", k)});

@@ -3,12 +3,23 @@
 // traced function computes with) and the raw buffer handles.
 
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "shardplan/array.hpp"
 #include "graph.hpp"
 
 namespace shardplan::detail {
+
+/// Programs (sjit, eager ops, shard_map) do not take padded arrays yet (Uneven::kPad over a
+/// dimension its axes do not divide): the SpecError of NamedSharding::check_divides, "[where]"
+/// naming `name`, the shape and the axes. Tracers pass.
+inline void refuse_padded(const Array& a, std::string_view where, std::string_view name) {
+  if (a.is_tracer() || !a.sharding().is_padded(a.shape())) return;
+  a.sharding().check_divides(a.shape(), where, name,
+                             "; programs (sjit, eager ops, shard_map) do not take padded arrays "
+                             "yet: reshard it onto a sharding that divides first");
+}
 
 struct ArrayAccess {
   /// A tracer of `type` for node `node` of the trace `trace` (no buffers).

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "../compiler/compile.hpp"
+#include "../ir/array_access.hpp"
 #include "../ir/primitives.hpp"
 #include "primitives/shard_map_ops.hpp"
 #include "shardplan/error.hpp"
@@ -169,6 +170,7 @@ std::vector<Array> eager_call(const ShardMapBody& body, const Mesh& mesh,
                      .devices_per_process = devices_per_process(&executor, mesh)};
     inputs.insert(inputs.end(), tc.captured.begin(), tc.captured.end());
     for (std::size_t k = 0; k < inputs.size(); ++k) {
+      detail::refuse_padded(inputs[k], "shard_map", fmt::format("input {}", k));
       spec.inputs.push_back(InputSpec{.spec = inputs[k].sharding().spec(),
                                       .pending = inputs[k].pending(),
                                       .origin = fmt::format("shard_map input {}", k)});
