@@ -137,7 +137,13 @@ class Chooser {
       pick_[value_id(i)] = best_pick[i];
       state_[value_id(i)] = space_[value_id(i)].cands[static_cast<std::size_t>(best_pick[i])].state;
     }
+    if (!shared) return;
+    for (int pass = 0; pass < kGroupPasses; ++pass) {
+      if (!improve_groups(g_, out_specs_, uses_, space_, reads_, pick_, state_)) break;
+      improve();
+    }
   }
+  static constexpr int kGroupPasses = 3;
 
   // The last round's choice, for the marginal prices of the next.
   void remember_choice() {
