@@ -1,7 +1,8 @@
 #pragma once
-// Step 4 of the partitioner's choice (partition_choose.hpp): from the assignment steps 1-3 made,
-// moves that lower the whole program's cost, the one lowering it most first. Private to
-// partition_choose.cpp and partition_moves.cpp.
+// Steps 4 and 5 of the partitioner's choice (partition_choose.hpp): from the assignment steps
+// 1-3 made, moves that lower the whole program's cost, the one lowering it most first; then
+// groups of coupled nodes searched exactly. Private to partition_choose.cpp,
+// partition_moves.cpp and partition_groups.cpp.
 
 #include "partition_reads.hpp"
 #include "partition_space.hpp"
