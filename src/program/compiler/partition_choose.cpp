@@ -137,7 +137,14 @@ class Chooser {
       pick_[value_id(i)] = best_pick[i];
       state_[value_id(i)] = space_[value_id(i)].cands[static_cast<std::size_t>(best_pick[i])].state;
     }
+    if (!shared) return;
+    // Step 5 (partition_moves.hpp), then step 4 again, while a group moves.
+    for (int pass = 0; pass < kGroupPasses; ++pass) {
+      if (!improve_groups(g_, out_specs_, uses_, space_, reads_, pick_, state_)) break;
+      improve();
+    }
   }
+  static constexpr int kGroupPasses = 3;  // each lowers the cost: the bound guards compile time
 
   // The last round's choice, for the marginal prices of the next.
   void remember_choice() {

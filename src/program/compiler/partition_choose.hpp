@@ -21,7 +21,10 @@
 //      best move and each shared sharding's (its readers moving together) are evaluated, the
 //      one lowering the cost most is applied, and the moves it touched are evaluated again,
 //      until none lowers it; then 1-4 again with shared values priced at their marginal cost
-//      given the last choice, keeping the cheapest round.
+//      given the last choice, keeping the cheapest round;
+//   5. groups of nodes coupled by the values they share, each searched exactly over its nodes'
+//      candidates with the rest held, the group lowering the cost most moved first; then 4
+//      again (partition_moves.hpp, improve_groups).
 // Ties go to less work per device, then fewer collectives, then the strategies' declared order
 // (Strategy), then the candidate's place among its node's; of two moves that lower the cost
 // alike, to a hash of what the node computes and how it is read (not its number). Nothing

@@ -26,12 +26,8 @@ bool meets(const Graph& g, const ValueMap<Space>& space, const ValueMap<int>& st
   return true;
 }
 
-namespace {
-
-// Each node named by a hash of what it computes and how it is read, never by its number (the
-// order of moves, Mover::ahead): its op, attributes and operands' names in operand order, then
-// its readers' names with the position each reads it at (summed: their order does not count) and
-// whether it is an output.
+// Its op, attributes and operands' names in operand order, then its readers' names with the
+// position each reads it at (summed: their order does not count) and whether it is an output.
 ValueMap<std::size_t> numbering_free_names(const Graph& g, const GraphUses& uses) {
   ValueMap<std::size_t> up(g.size()), name(g.size());
   for (std::size_t i = 0; i < g.size(); ++i) {
@@ -50,6 +46,8 @@ ValueMap<std::size_t> numbering_free_names(const Graph& g, const GraphUses& uses
   }
   return name;
 }
+
+namespace {
 
 class Mover {
  public:
