@@ -35,6 +35,9 @@ enum class Refusal : std::size_t {
   kFusedAttentionSoftcap,
   kFusedLossSoftcap,
   kContextSoftcap,
+  kRematBlocksWithoutRemat,
+  kRematBlocksPastLayers,
+  kReshardLastBlockFamily,
   kCount
 };
 
