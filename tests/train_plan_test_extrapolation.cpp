@@ -232,7 +232,8 @@ TEST(LossAndGrads, FsdpRootGivesTheSameLossAndGradients) {
         .remat = remat ? std::optional(checkpoint_policies::nothing_saveable()) : std::nullopt,
         .compute_dtype = DType::kBF16,
         .reshard_after_forward = !remat,
-        .fsdp_root = root};
+        .fsdp_root = root,
+        .keep_last_gathered = root};
     return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& x, const Array& y) {
       auto [loss, grads] = train::loss_and_grads(model, p, x, y);
       return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});

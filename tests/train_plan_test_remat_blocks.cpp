@@ -155,6 +155,43 @@ TEST(PlanTraining, RefusesRematBlocksItCannotApply) {
                     OptionError, "--no-reshard-last-block is refused", "t5");
 }
 
+// Which layers are checkpoints and which keep their gathered weights change what is held, not
+// what is computed: the loss and every gradient are bitwise those of the step without them.
+TEST(LossAndGrads, RematBlocksAndTheKeptLastBlockGiveTheSameLossAndGradients) {
+  const ModelConfig c = ModelConfig::parse(kFourLayers);
+  const Executor exec(4);
+  const Mesh mesh = Mesh::parse("fsdp:4,tp:1", 4);
+  const Tree<Array> params = uniform_parameters(c, DType::kF32, 5, mesh, exec);
+  const auto [tokens, targets] = tokens_and_targets(Shape{4, 8}, mesh, P("fsdp"), exec);
+  const auto run = [&, x = tokens, y = targets](const char* blocks, bool keep_last) {
+    const train::ModelStep model{
+        .config = c,
+        .layout = train::Layout{{"fsdp"}, {"tp"}, 4, 1},
+        .remat = blocks != nullptr ? std::optional(checkpoint_policies::nothing_saveable())
+                                   : std::nullopt,
+        .remat_blocks = parse_remat_blocks(blocks != nullptr ? blocks : "all"),
+        .compute_dtype = DType::kBF16,
+        .reshard_after_forward = true,
+        .keep_last_gathered = keep_last};
+    return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& t, const Array& u) {
+      auto [loss, grads] = train::loss_and_grads(model, p, t, u);
+      return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+    })(params, x, y));
+  };
+  const Tree<Tensor> plain = run(nullptr, false);
+  for (const auto& [blocks, keep_last] : std::vector<std::pair<const char*, bool>>{
+           {"every:2", false}, {"every:2", true}, {"layers:0-1", true}, {nullptr, true}}) {
+    SCOPED_TRACE(fmt::format("{}, last block kept {}", blocks ? blocks : "none", keep_last));
+    const Tree<Tensor> a = run(blocks, keep_last);
+    EXPECT_EQ(a.at("loss").leaf().get(0), plain.at("loss").leaf().get(0));
+    const auto ga = a.at("grads").flatten(), gb = plain.at("grads").flatten();
+    ASSERT_EQ(ga.size(), gb.size());
+    for (std::size_t i = 0; i < ga.size(); ++i) {
+      EXPECT_TRUE(ga[i].second == gb[i].second) << ga[i].first;
+    }
+  }
+}
+
 // The root module's wrapping and the last block's resharding, each alone. The tiny LLaMA (4
 // layers; a layer's matrices 7,680 elements; the embedding and the head 64 x 32 each) on fsdp:4,
 // weights f32 held and used in bf16. By hand: at the peak (the loss's backward pass) the weights
