@@ -64,6 +64,15 @@ TEST(RematBlocks, PeriodOverTheModelsLayers) {
   o.remat_blocks = parse_remat_blocks("layers:0-3");
   EXPECT_EQ(train::checkpoint_period(o, 22), 22);
   EXPECT_EQ(train::checkpoint_period(o, 4), 1);  // every layer
+  EXPECT_EQ(train::checkpoint_period(o, 1), 1);
+  o.remat_blocks = parse_remat_blocks("every:4");
+  EXPECT_EQ(train::checkpoint_period(o, 10), 4);  // ---C---C--
+  o.remat_blocks = parse_remat_blocks("fraction:2/3");
+  EXPECT_EQ(train::checkpoint_period(o, 30), 3);
+  o.remat_blocks = parse_remat_blocks("layers:0,31");
+  EXPECT_EQ(train::checkpoint_period(o, 32), 31);  // C ... C: repeats once, past the samples
+  o.remat_blocks = parse_remat_blocks("layers:0-49999");  // linear in the layers
+  EXPECT_EQ(train::checkpoint_period(o, 100000), 100000);
 }
 
 const char* kFourLayers = R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32,

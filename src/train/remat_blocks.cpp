@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "model_step.hpp"
 #include "shardplan/detail/printable.hpp"
@@ -54,6 +55,18 @@ std::optional<double> fraction_value(std::string_view s) {
   return v;
 }
 
+/// fms-fsdp's apply_fsdp_checkpointing, block by block from the first: whether each of the first
+/// `n` blocks is wrapped.
+std::vector<bool> fraction_choices(double p, std::int64_t n) {
+  std::vector<bool> out(static_cast<std::size_t>(std::max<std::int64_t>(n, 0)));
+  double cut_off = 0.5;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<double>(i + 1) * p >= cut_off;
+    if (out[i]) cut_off += 1;
+  }
+  return out;
+}
+
 RematBlocks parse_ranges(std::string_view text, std::string_view list) {
   RematBlocks b;
   b.kind = RematBlocks::Kind::kLayers;
@@ -86,16 +99,8 @@ bool RematBlocks::selects(std::int64_t layer) const {
     case Kind::kEvery:
       // torchtitan counts the blocks it wraps from 1 and wraps count % k == 0.
       return (layer + 1) % every == 0;
-    case Kind::kFraction: {
-      // fms-fsdp's apply_fsdp_checkpointing, block by block from the first.
-      double cut_off = 0.5;
-      bool chosen = false;
-      for (std::int64_t n = 1; n <= layer + 1; ++n) {
-        chosen = static_cast<double>(n) * fraction >= cut_off;
-        if (chosen) cut_off += 1;
-      }
-      return chosen;
-    }
+    case Kind::kFraction:
+      return layer >= 0 && fraction_choices(fraction, layer + 1).back();
     case Kind::kLayers:
       return std::any_of(ranges.begin(), ranges.end(),
                          [&](const auto& r) { return r.first <= layer && layer <= r.second; });
@@ -152,6 +157,9 @@ namespace train {
 
 std::vector<bool> checkpointed_layers(const TrainPlanOptions& o, std::int64_t layers) {
   const bool remat = effective_remat(o).has_value();
+  if (remat && o.remat_blocks.kind == RematBlocks::Kind::kFraction) {
+    return fraction_choices(o.remat_blocks.fraction, layers);  // one pass, not one per layer
+  }
   std::vector<bool> out(static_cast<std::size_t>(std::max<std::int64_t>(layers, 0)));
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i] = remat && o.remat_blocks.selects(static_cast<std::int64_t>(i));
@@ -160,16 +168,17 @@ std::vector<bool> checkpointed_layers(const TrainPlanOptions& o, std::int64_t la
 }
 
 std::int64_t checkpoint_period(const TrainPlanOptions& o, std::int64_t layers) {
-  const std::vector<bool> chosen = checkpointed_layers(o, layers);
-  const auto n = static_cast<std::int64_t>(chosen.size());
-  for (std::int64_t p = 1; p < n; ++p) {
-    bool repeats = true;
-    for (std::int64_t i = 0; i + p < n && repeats; ++i) {
-      repeats = chosen[static_cast<std::size_t>(i)] == chosen[static_cast<std::size_t>(i + p)];
-    }
-    if (repeats) return p;
+  // The least period of a sequence is its length less its longest proper border (a prefix that
+  // is also a suffix): Knuth-Morris-Pratt's prefix function, linear in the layers.
+  const std::vector<bool> s = checkpointed_layers(o, layers);
+  if (s.empty()) return 1;
+  std::vector<std::size_t> border(s.size(), 0);
+  for (std::size_t i = 1; i < s.size(); ++i) {
+    std::size_t k = border[i - 1];
+    while (k > 0 && s[i] != s[k]) k = border[k - 1];
+    border[i] = s[i] == s[k] ? k + 1 : 0;
   }
-  return std::max<std::int64_t>(n, 1);
+  return static_cast<std::int64_t>(s.size() - border.back());
 }
 
 }  // namespace train
