@@ -370,6 +370,37 @@ TEST_F(TrainPlanCli, FsdpRootIsSaidAndHoldsTheRootsWeights) {
   EXPECT_EQ(alone["fsdp_root"], false);
 }
 
+// --remat-blocks and --[no-]reshard-last-block reach the plan (their effects by hand:
+// train_plan_test_remat_blocks.cpp); a form that is none is exit 2 naming it, a choice without
+// a policy the refusal.
+TEST_F(TrainPlanCli, RematBlocksAndTheLastBlockAreSettingsOfTheirOwn) {
+  const std::string cfg = llama().string();
+  const auto plan = [&](const std::string& args) {
+    return run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 256 {}", cfg, args));
+  };
+  const auto json = [&](const std::string& args) {
+    const Result r = plan("--json " + args);
+    EXPECT_EQ(r.code, 0) << args << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto every2 = json("--remat full --remat-blocks every:2");
+  EXPECT_EQ(every2["remat_blocks"], "every:2");
+  EXPECT_EQ(every2["remat_layers"], 1);  // layer 1 of 2
+  EXPECT_EQ(json("--remat full")["remat_layers"], 2);
+  EXPECT_EQ(json("")["last_block_kept_gathered"], false);
+  EXPECT_EQ(json("--no-reshard-last-block")["last_block_kept_gathered"], true);
+  EXPECT_EQ(json("--fsdp-root")["last_block_kept_gathered"], true);
+  const auto root_alone = json("--fsdp-root --reshard-last-block");
+  EXPECT_EQ(root_alone["fsdp_root"], true);
+  EXPECT_EQ(root_alone["last_block_kept_gathered"], false);
+  const Result bad = plan("--remat full --remat-blocks every:x");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("--remat-blocks 'every:x': K is not a whole number"));
+  const Result alone = plan("--remat-blocks layers:0");
+  EXPECT_EQ(alone.code, 2);
+  EXPECT_THAT(alone.err, ::testing::HasSubstr("--remat-blocks is refused: no recomputation"));
+}
+
 // --remat and --loss are what the step runs: the header says them, the JSON carries them, a
 // name no layer gives is an error listing the names there are, and recomputation adds FLOPs
 // (one more forward pass of the layers for full, less for dots) while the fused loss changes

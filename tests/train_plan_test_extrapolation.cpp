@@ -65,6 +65,7 @@ struct ExtrapolationCase {
   int accum;
   bool recompute;
   bool fsdp_root = false;
+  const char* remat_blocks = "all";  // with recompute: the layers that are checkpoints
 };
 class Extrapolation : public ::testing::TestWithParam<ExtrapolationCase> {};
 
@@ -79,6 +80,7 @@ TEST_P(Extrapolation, PlanIsTheWholeTracedStep) {
   o.grad_accum = k.accum;
   o.recompute = k.recompute;
   o.fsdp_root = k.fsdp_root;
+  o.remat_blocks = parse_remat_blocks(k.remat_blocks);
   const TrainPlan extrapolated = plan_training(c, mesh, preset(k.rules), o);
   EXPECT_TRUE(extrapolated.extrapolated) << extrapolated.traced;
   o.extrapolate = false;
@@ -151,7 +153,14 @@ INSTANTIATE_TEST_SUITE_P(
         ExtrapolationCase{"llama_fsdp_root", kTinyLlama, "fsdp:8", "llama_fsdp", 22, 1, false,
                           true},
         ExtrapolationCase{"llama_fsdp_root_remat_tp", kTinyLlama, "fsdp:4,tp:2", "llama_fsdp_tp",
-                          22, 1, true, true}),
+                          22, 1, true, true},
+        // Some layers checkpoints (--remat-blocks): sampled in whole runs of the choice's period
+        // after the layers it leaves over (45 = 1 + 22 x 2: steps of 5, 7, 9, 17 layers; 64 =
+        // 1 + 21 x 3: 7, 10, 13, 25), the last layer kept gathered in each.
+        ExtrapolationCase{"llama_remat_every2_fsdp_root", kTinyLlama, "fsdp:8", "llama_fsdp", 45,
+                          1, true, true, "every:2"},
+        ExtrapolationCase{"llama_remat_fraction_third_tp", kTinyLlama, "fsdp:4,tp:2",
+                          "llama_fsdp_tp", 64, 1, true, false, "fraction:1/3"}),
     [](const ::testing::TestParamInfo<ExtrapolationCase>& c) { return c.param.name; });
 
 // --fsdp-root (torchtitan's wrapping before mid-2025): FSDP2 keeps the root module (embedding,
@@ -223,7 +232,8 @@ TEST(LossAndGrads, FsdpRootGivesTheSameLossAndGradients) {
         .remat = remat ? std::optional(checkpoint_policies::nothing_saveable()) : std::nullopt,
         .compute_dtype = DType::kBF16,
         .reshard_after_forward = !remat,
-        .fsdp_root = root};
+        .fsdp_root = root,
+        .keep_last_gathered = root};
     return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& x, const Array& y) {
       auto [loss, grads] = train::loss_and_grads(model, p, x, y);
       return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});

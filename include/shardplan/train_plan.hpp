@@ -21,6 +21,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shardplan/collective_kind.hpp"
@@ -133,6 +134,29 @@ enum class TpPlan { kPartitioner, kModules };
 TpPlan parse_tp_plan(std::string_view name);
 std::string_view name(TpPlan plan);
 
+/// Which decoder layers --remat makes checkpoints (--remat-blocks; docs/training.md "Remat per
+/// block"). Layer i counts from 0. kAll: every layer. kEvery: every k-th, layers k-1, 2k-1, ...
+/// (torchtitan's selective layer AC, selective_ac_option "k"). kFraction: fms-fsdp's
+/// selective_checkpointing p, block n (from 1) when n p >= the count chosen before it + 1/2, in
+/// doubles as Python computes it. kLayers: the listed ranges (inclusive).
+struct RematBlocks {
+  enum class Kind { kAll, kEvery, kFraction, kLayers };
+  Kind kind = Kind::kAll;
+  std::int64_t every = 1;
+  double fraction = 1;
+  std::string fraction_text;  // as given ("1/3", "0.5"), for remat_blocks_name
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;  // [first, last] each
+  /// Whether layer `layer` (from 0) is a checkpoint.
+  bool selects(std::int64_t layer) const;
+  friend bool operator==(const RematBlocks&, const RematBlocks&) = default;
+};
+/// train-plan's --remat-blocks: "all", "every:K" (K >= 1), "fraction:P" (P a decimal or A/B in
+/// (0, 1]), "layers:A-B,C" (ranges from 0, ascending, not overlapping). Throws SpecError naming
+/// the text and the forms.
+RematBlocks parse_remat_blocks(std::string_view text);
+/// The --remat-blocks form ("all" for every layer).
+std::string remat_blocks_name(const RematBlocks& blocks);
+
 enum class OptimizerKind { kSgd, kAdam, kAdamw };
 /// "sgd", "adam", "adamw". Throws SpecError naming the known ones.
 OptimizerKind parse_optimizer(std::string_view name);
@@ -178,6 +202,10 @@ struct TrainPlanOptions {
   bool recompute = false;
   /// Each layer a checkpoint with this policy (remat.hpp; --remat full|dots|names:a,b).
   std::optional<RematPolicy> remat = std::nullopt;
+  /// The layers the policy applies to (--remat-blocks); the others run as without it (and are
+  /// resharded after forward as reshard_after_forward says). Not kAll without a policy is an
+  /// OptionError, as a layers range past the model's last layer.
+  RematBlocks remat_blocks;
   /// Without recomputation, over batch axes: each layer's weights gathered (and cast) again for
   /// the backward pass rather than kept gathered from the forward pass, as FSDP2's
   /// reshard_after_forward (its default); false: kept (--no-reshard-after-forward, ZeRO-2's
@@ -215,6 +243,11 @@ struct TrainPlanOptions {
   /// are sharded over batch or context axes (FSDP); the root's parameters are held as FSDP
   /// gathers them, over those axes only (docs/training.md).
   bool fsdp_root = false;
+  /// Whether FSDP reshards the last block after forward like the others (false: its gathered
+  /// weights kept for its backward pass, --no-reshard-last-block; torchtitan before #1094).
+  /// nullopt: !fsdp_root (--fsdp-root keeps it, as torchtitan's root wrapping then did).
+  /// Applied as fsdp_root; with a family without per-block FSDP units (T5) false is refused.
+  std::optional<bool> reshard_last_block;
   /// The mesh axes the batch is split over; empty: every axis except tensor-parallel ones
   /// (tp, model, mp, tensor).
   std::vector<std::string> batch_axes;
@@ -353,6 +386,8 @@ struct TrainPlan {
   int grad_accum = 1;
   bool recompute = false;    // some recomputation (remat is not "none")
   std::string remat = "none";  // --remat's form of the policy
+  std::string remat_blocks = "all";  // --remat-blocks' form
+  std::int64_t remat_layers = 0;     // the layers that are checkpoints (0 without recomputation)
   /// Without recomputation: the layers' weights gathered again for the backward pass
   /// (TrainPlanOptions::reshard_after_forward, applied: there are batch axes).
   bool reshard_after_forward = false;
@@ -371,6 +406,9 @@ struct TrainPlan {
   /// applied: some layer weight is split over a model axis).
   bool tp_modules = false;
   bool fsdp_root = false;  // TrainPlanOptions::fsdp_root, applied (batch or context axes)
+  /// The last block's weights kept gathered from its forward to its backward pass, not
+  /// resharded (TrainPlanOptions::reshard_last_block false, applied as fsdp_root).
+  bool last_block_kept_gathered = false;
   /// Whether the program splits the norm and residual regions along the sequence over model
   /// (tensor-parallel) axes, and over which (read from the program's annotated values).
   bool sequence_parallel = false;
@@ -445,6 +483,9 @@ struct TrainPlan {
   /// Empty when no memory was given, else whether peak_bytes <= usable_bytes().
   std::optional<bool> fits() const;
 
+  /// The step line's remat: "full", "full on blocks every:2 (16 layers)", with how the layers'
+  /// weights are gathered for the backward pass when FSDP gathers them.
+  std::string remat_text() const;
   /// A few lines for people: the sizes per device, whether they fit, FLOPs, bytes moved.
   std::string table() const;
   /// The same as one JSON object (schema in docs/cli.md).

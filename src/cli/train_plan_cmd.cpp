@@ -253,6 +253,10 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
               "in the root module, gathered from the forward's start to the backward's end, and "
               "the last block not resharded after forward. Default (--no-fsdp-root): each its own "
               "unit");
+  t->add_flag("--reshard-last-block,!--no-reshard-last-block", c.reshard_last_block,
+              "Whether FSDP reshards the last block after forward like the others (no: its "
+              "gathered weights kept for its backward pass). Default: no with --fsdp-root, else "
+              "yes");
 }
 
 }  // namespace
@@ -308,6 +312,10 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "What each layer keeps for the backward pass, the rest recomputed: none, full "
                 "(its input only), dots (its weights' matmul outputs), names:A,B (the values "
                 "named A, B in the layer: docs/training.md). Default: none, full with --recompute");
+  t->add_option("--remat-blocks", c.remat_blocks,
+                "The layers --remat applies to: all, every:K (layers K-1, 2K-1, ... from 0: "
+                "torchtitan's selective layer AC), fraction:P (fms-fsdp's "
+                "selective_checkpointing), layers:A-B,C. Default: all");
   t->add_option("--attention", c.attention,
                 "fused: dot_product_attention (blocked, no [t, t] scores held); naive: the scores, "
                 "mask and softmax as separate ops. Default: fused (T5: naive; fused is refused)");
@@ -516,6 +524,14 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
       throw UsageError(fmt::format("--tp-plan: {}", e.what()));
     }
   }
+  if (!c.remat_blocks.empty() || given("--remat-blocks")) {
+    try {
+      o.remat_blocks = parse_remat_blocks(c.remat_blocks);
+    } catch (const SpecError& e) {
+      throw UsageError(e.what());
+    }
+  }
+  if (given("--reshard-last-block")) o.reshard_last_block = c.reshard_last_block;
   o.fused_loss = fused_option("--loss", c.loss);
   o.fused_attention = fused_option("--attention", c.attention);
   if (!c.batch_axes.empty() || given("--batch-axes")) {

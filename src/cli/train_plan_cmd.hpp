@@ -31,6 +31,8 @@ struct TrainPlanCommand {
   bool eager = false;
   bool fsdp_root = false;
   std::string remat;  // --remat; empty: not given
+  std::string remat_blocks;  // --remat-blocks; empty: not given
+  bool reshard_last_block = true;  // --[no-]reshard-last-block, when given
   std::string loss;       // "fused", "naive"; empty: not given (the family's)
   std::string attention;  // "fused", "naive"; empty: not given (the family's)
   std::string sequence_parallel;  // "on", "off"; empty: the rules decide

@@ -547,32 +547,30 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
   const auto& layers = params.at_path(path).children();
   // Reshard after forward: the casts named (none without compute_dtype: the held weights are
   // then read again through the checkpoint's barrier, which is all it takes).
-  const std::optional<RematPolicy> policy =
-      remat ? remat
-      : reshard_after_forward
-          ? std::optional(checkpoint_policies::save_anything_except_these_names(
-                compute_dtype ? std::vector<std::string>{kWeightsInUse} : std::vector<std::string>{}))
-          : std::nullopt;
+  const RematPolicy reshard = checkpoint_policies::save_anything_except_these_names(
+      compute_dtype ? std::vector<std::string>{kWeightsInUse} : std::vector<std::string>{});
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const Tree<Array> p = use(layers[i]);
-    if (keep_gathered || (fsdp_root && i + 1 == layers.size())) {
-      // torchtitan does not reshard the last block after forward (FSDP would gather it again at
-      // once for the backward pass): its weights as used are made once, outside the checkpoint,
-      // and its recomputation reads them as they are (no barrier), so their gathered copies
-      // are kept from its forward pass to its backward pass.
+    const bool checkpointed = remat && remat_blocks.selects(static_cast<std::int64_t>(i));
+    if ((keep_last_gathered && i + 1 == layers.size()) || (checkpointed && keep_gathered) ||
+        (!checkpointed && !reshard_after_forward)) {
+      // Not resharded after forward (torchtitan's last block before #1094: FSDP would gather it
+      // again at once for the backward pass): its weights as used are made once, outside any
+      // checkpoint, and its recomputation reads them as they are (no barrier), so their
+      // gathered copies are kept from its forward pass to its backward pass.
       const Tree<Array> w = module_layouts(i, for_use(p));
       const auto run_kept = [&](const Array& x) { return layer(w, x, config.window(i)); };
-      h = remat ? checkpoint(run_kept, *remat, /*prevent_cse=*/false)(h) : run_kept(h);
+      h = checkpointed ? checkpoint(run_kept, *remat, /*prevent_cse=*/false)(h) : run_kept(h);
       continue;
     }
     const auto run = [&](const Array& x) {
       Tree<Array> w = module_layouts(i, for_use(p));
-      if (!remat && reshard_after_forward && compute_dtype) {
+      if (!checkpointed && compute_dtype) {
         w = w.map([](const Array& a) { return checkpoint_name(a, kWeightsInUse); });
       }
       return layer(w, x, config.window(i));
     };
-    h = policy ? checkpoint(run, *policy)(h) : run(h);
+    h = checkpoint(run, checkpointed ? *remat : reshard)(h);
   }
   return loss(rest, h, targets);
 }

@@ -72,6 +72,9 @@ struct ModelStep {
   /// Each layer a checkpoint with this policy (remat.hpp): what it does not save is recomputed
   /// in the backward pass, its weights gathered again there. None: every activation is kept.
   std::optional<RematPolicy> remat = std::nullopt;
+  /// The layers `remat` applies to (TrainPlanOptions::remat_blocks); the others run as without
+  /// it (reshard_after_forward decides whether they gather their weights again).
+  RematBlocks remat_blocks;
   /// The forward pass reads the weights through optimization_barrier, so that each micro-batch
   /// of a step gathers the weights it uses again instead of reusing, and so keeping alive, the
   /// first one's gathered copies.
@@ -88,23 +91,26 @@ struct ModelStep {
   /// held dtype (convert_pending), else in this one.
   std::optional<DType> compute_dtype = std::nullopt;
   bool reduce_in_held = false;
-  /// Without `remat`: FSDP's reshard after forward. Each layer is a checkpoint that saves every
-  /// value but its weights as used (kWeightsInUse: the casts of compute_dtype), so the backward
-  /// pass reads the held weights again and gathers (and casts) them again instead of keeping
-  /// the forward pass's gathered copies. (With `remat` the checkpoint does this already.)
+  /// For a layer that is no checkpoint of `remat`: FSDP's reshard after forward. It becomes a
+  /// checkpoint that saves every value but its weights as used (kWeightsInUse: the casts of
+  /// compute_dtype), so the backward pass reads the held weights again and gathers (and casts)
+  /// them again instead of keeping the forward pass's gathered copies. (A checkpoint of `remat`
+  /// does this already.)
   bool reshard_after_forward = false;
-  /// With `remat`: FSDP2's reshard_after_forward=False under activation checkpointing. Each
-  /// layer's weights as used are made once, outside its checkpoint, and its recomputation reads
-  /// them as they are (as the root module's last block does with fsdp_root), so the forward
+  /// For a checkpoint of `remat`: FSDP2's reshard_after_forward=False under activation
+  /// checkpointing. Its weights as used are made once, outside its checkpoint, and its
+  /// recomputation reads them as they are (as keep_last_gathered's last layer), so the forward
   /// pass's gathered copies are kept to the backward pass instead of gathered again.
   bool keep_gathered = false;
   /// The LLaMA-family blocks' linear layers (q, k, v, o, gate, up, down) as float8_linear.
   bool float8 = false;
   /// FSDP2's root module holds the parameters outside the layers (TrainPlanOptions::fsdp_root):
   /// gathered at the forward pass's start and read again at the backward pass's end (their
-  /// gradients with them); and the last layer's weights as used are shared by its forward pass
-  /// and its recomputation (not gathered again).
+  /// gradients with them).
   bool fsdp_root = false;
+  /// The last layer not resharded after forward (TrainPlanOptions::reshard_last_block false):
+  /// its weights as used shared by its forward pass, its recomputation and its backward pass.
+  bool keep_last_gathered = false;
   /// With fsdp_root, each root parameter's layout as FSDP gathers it, by path: its spec without
   /// the batch and context axes (what stays split is tensor parallelism's). A path not listed is
   /// gathered whole.
@@ -198,8 +204,14 @@ inline std::optional<RematPolicy> effective_remat(const TrainPlanOptions& o) {
   return std::nullopt;
 }
 
+/// Whether each of `layers` layers is a checkpoint (a policy, and remat_blocks selects it).
+std::vector<bool> checkpointed_layers(const TrainPlanOptions& o, std::int64_t layers);
+/// The least p such that layer i + p is a checkpoint exactly when layer i is, over `layers`
+/// layers (1 for all or none; `layers` when the choice never repeats).
+std::int64_t checkpoint_period(const TrainPlanOptions& o, std::int64_t layers);
+
 /// The loss and the gradient of every parameter (in the parameters' tree shape) for one batch,
-/// differentiated whole; `model.remat` makes each layer a checkpoint.
+/// differentiated whole; `model.remat` makes the layers remat_blocks selects checkpoints.
 std::pair<Array, Tree<Array>> loss_and_grads(const ModelStep& model, const Tree<Array>& params,
                                              const Array& tokens, const Array& targets);
 

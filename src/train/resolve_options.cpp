@@ -44,6 +44,9 @@ constexpr OptionRefusal kRefusals[] = {
       {"--loss fused", "soft-capped logits (final_logit_softcapping)"},
       {"--mesh with a cp or context axis", "soft-capped attention scores (attn_logit_softcapping)"},
       {"--tp-plan modules", "--float8 on a mesh with a model axis"},
+      {"--remat-blocks", "no recomputation (--remat none or not given)"},
+      {"--remat-blocks layers:A-B", "a layer past the model's last"},
+      {"--no-reshard-last-block", "a family without a unit per block (T5)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -69,6 +72,34 @@ namespace {
 
 std::string model_text(const ModelConfig& c) {
   return fmt::format("the model is {} ({})", c.family_name(), detail::printable(c.model_type));
+}
+
+}  // namespace
+
+namespace {
+
+// --remat-blocks and --no-reshard-last-block: settings of the decoder's blocks one by one.
+void check_block_options(const ModelConfig& config, const TrainPlanOptions& o) {
+  const std::string blocks = remat_blocks_name(o.remat_blocks);
+  if (o.remat_blocks.kind != RematBlocks::Kind::kAll && !effective_remat(o)) {
+    refuse(Refusal::kRematBlocksWithoutRemat,
+           fmt::format("--remat-blocks {} chooses the layers a policy applies to, and there is "
+                       "none: give it with --remat full|dots|names:...",
+                       blocks));
+  }
+  for (const auto& [first, last] : o.remat_blocks.ranges) {
+    if (last >= config.layers) {
+      refuse(Refusal::kRematBlocksPastLayers,
+             fmt::format("--remat-blocks {}: layer {} is past the last, layer {} ({})", blocks,
+                         last, config.layers - 1, model_text(config)));
+    }
+  }
+  if (o.reshard_last_block == false && !support_of(config).fsdp_root) {
+    refuse(Refusal::kReshardLastBlockFamily,
+           fmt::format("{}: its step is traced whole, with no FSDP unit per block; plan it "
+                       "without --no-reshard-last-block",
+                       model_text(config)));
+  }
 }
 
 }  // namespace
@@ -107,6 +138,7 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
            "--fsdp-root (torchtitan's FSDP wrapping) is written for decoder-only models (llama, "
            "mixtral, gpt2); plan T5 without it");
   }
+  check_block_options(config, o);
   if (o.fused_attention == true && !can.fused_attention) {
     refuse(Refusal::kFusedAttentionFamily,
            "T5's attention adds its relative position bias to the scores, so it runs as the "

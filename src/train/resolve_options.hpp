@@ -36,6 +36,9 @@ enum class Refusal : std::size_t {
   kFusedLossSoftcap,
   kContextSoftcap,
   kTpPlanFloat8,
+  kRematBlocksWithoutRemat,
+  kRematBlocksPastLayers,
+  kReshardLastBlockFamily,
   kCount
 };
 

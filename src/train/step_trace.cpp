@@ -361,12 +361,22 @@ bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout) {
   return o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
 }
 
-bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout) {
-  return o.reshard_after_forward && !effective_remat(o) && layout.batch_ways > 1;
+bool keeps_last_gathered(const TrainPlanOptions& o, const Layout& layout) {
+  return !o.reshard_last_block.value_or(!o.fsdp_root) &&
+         layout.batch_ways * layout.context_ways > 1;
 }
 
-bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout) {
-  return !o.reshard_after_forward && effective_remat(o).has_value() && layout.batch_ways > 1;
+bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout, std::int64_t layers) {
+  const std::vector<bool> c = checkpointed_layers(o, layers);
+  return o.reshard_after_forward && layout.batch_ways > 1 &&
+         (c.empty() || std::find(c.begin(), c.end(), false) != c.end());
+}
+
+bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout,
+                                  std::int64_t layers) {
+  const std::vector<bool> c = checkpointed_layers(o, layers);
+  return !o.reshard_after_forward && layout.batch_ways > 1 &&
+         std::find(c.begin(), c.end(), true) != c.end();
 }
 
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
@@ -383,15 +393,17 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   const ModelStep base{.config = config,
                        .layout = layout,
                        .remat = effective_remat(o),
+                       .remat_blocks = o.remat_blocks,
                        .fused_attention = o.fused_attention.value_or(true),
                        .fused_loss = o.fused_loss.value_or(true),
                        .compute_dtype = held == o.param_dtype ? std::nullopt
                                                               : std::optional(o.param_dtype),
                        .reduce_in_held = o.reduce_dtype == held,
-                       .reshard_after_forward = reshards_after_forward(o, layout),
-                       .keep_gathered = keeps_gathered_for_recompute(o, layout),
+                       .reshard_after_forward = reshards_after_forward(o, layout, config.layers),
+                       .keep_gathered = keeps_gathered_for_recompute(o, layout, config.layers),
                        .float8 = o.float8,
                        .fsdp_root = fsdp_root_applies(o, layout),
+                       .keep_last_gathered = keeps_last_gathered(o, layout),
                        .root_in_use = fsdp_root_applies(o, layout)
                                           ? root_in_use(config, mesh, rules, args.params, layout)
                                           : std::map<std::string, PartitionSpec>{},

@@ -44,12 +44,18 @@ struct TracedStep {
 /// "the 8-layer sample step", "the 4-layer x 2 micro-batch sample step".
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches);
 
-/// Whether the step gathers the layers' weights again for the backward pass without
-/// recomputation (TrainPlanOptions::reshard_after_forward, with batch axes to gather over).
-bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout);
+/// Whether the step gathers the weights of the layers that are no checkpoints again for the
+/// backward pass (TrainPlanOptions::reshard_after_forward, with batch axes to gather over and
+/// such a layer among `layers`).
+bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout, std::int64_t layers);
 /// Whether the recomputation reads the weights the forward pass gathered, kept to the backward
-/// pass (TrainPlanOptions::reshard_after_forward false, with recomputation and batch axes).
-bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout);
+/// pass (TrainPlanOptions::reshard_after_forward false, with batch axes and a checkpoint among
+/// `layers`).
+bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout,
+                                  std::int64_t layers);
+/// Whether the last layer keeps its gathered weights from its forward to its backward pass
+/// (TrainPlanOptions::reshard_last_block resolved, with batch or context axes).
+bool keeps_last_gathered(const TrainPlanOptions& o, const Layout& layout);
 /// Whether FSDP2's root module is modelled (TrainPlanOptions::fsdp_root, with batch or context
 /// axes the weights are sharded over).
 bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout);

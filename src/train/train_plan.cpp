@@ -225,8 +225,13 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
 /// the figures extrapolated.
 struct TraceChoice {
   std::int64_t layers = 0, accum = 0;  // the step's (T5: encoder and decoder layers)
+  /// The layers as `offset` + `periods` runs of `period` layers, each run checkpointed alike
+  /// (--remat-blocks: train::checkpoint_period; 1 and 0 when every layer is alike). A point's
+  /// layer count is in runs: extrapolated along them, a sample never cuts a run.
+  std::int64_t period = 1, offset = 0, periods = 0;
+  std::int64_t layers_in(std::int64_t runs) const { return offset + runs * period; }
   bool by_layers = false, by_accum = false;
-  std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (layers, micro-batches) traced
+  std::vector<std::pair<std::int64_t, std::int64_t>> points;  // (runs, micro-batches) traced
   bool full = true;       // the whole step is traced (no extrapolation)
   double full_units = 0;  // of the whole step
   /// The error for a step too large to trace: `what` is traced, `units` of it.
@@ -256,7 +261,10 @@ TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
   for (std::size_t i = 1; i < static_cast<std::size_t>(std::max<std::int64_t>(c.layers, 0)); ++i) {
     if (window(i) != window(0)) layers_alike = false;
   }
-  c.by_layers = !whole && layers_alike && c.layers > kLargestSample;
+  if (!whole) c.period = train::checkpoint_period(o, c.layers);
+  c.offset = c.layers % c.period;
+  c.periods = c.layers / c.period;
+  c.by_layers = !whole && layers_alike && c.periods > kLargestSample;
   c.by_accum = c.accum > kLargestSample;
   if (c.by_layers && c.by_accum) {
     // The corners the function is fitted on, then checks along each count and across.
@@ -269,10 +277,10 @@ TraceChoice choose_trace(const ModelConfig& config, const TrainPlanOptions& o) {
       c.points.emplace_back(l, c.accum);
   } else if (c.by_accum) {
     for (const std::int64_t k : {std::int64_t{2}, std::int64_t{3}, std::int64_t{4}, kLargestSample})
-      c.points.emplace_back(c.layers, k);
+      c.points.emplace_back(c.periods, k);
   }
   double sample_units = 0;
-  for (const auto& [l, k] : c.points) sample_units += units(l, k);
+  for (const auto& [l, k] : c.points) sample_units += units(c.layers_in(l), k);
   c.full_units = units(c.layers, c.accum);
   c.full = c.points.empty() || c.full_units <= sample_units || !o.extrapolate;
   const bool experts = config.experts > 0;
@@ -368,14 +376,14 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
     std::int64_t largest = 0;
     for (const auto& [l, k] : c.points) {
       ModelConfig sc = config;
-      sc.layers = l;
+      sc.layers = c.layers_in(l);
       TrainPlanOptions so = o;
       so.grad_accum = static_cast<int>(k);
       so.batch = o.batch / o.grad_accum * k;
       train::TracedStep t = train::trace_step(sc, mesh, rules, so, layout, act.annotations);
-      if (l * k > largest) {
-        largest = l * k;
-        timeline = {train::sample_name(l, k), std::move(t.timeline)};
+      if (sc.layers * k > largest) {
+        largest = sc.layers * k;
+        timeline = {train::sample_name(sc.layers, k), std::move(t.timeline)};
         facts = t.facts;
       }
       samples.push_back({l, k, std::move(t.figures)});
@@ -388,7 +396,7 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
     for (train::StepSample& s : samples) {
       for (const train::ByteKey& k : reserved) s.figures.bytes.erase(k);
     }
-    if (auto figures = train::extrapolate(samples, c.layers, c.accum)) {
+    if (auto figures = train::extrapolate(samples, c.periods, c.accum)) {
       std::optional<train::TracedStep> whole;
       if (o.reserved_whole && c.full_units <= kMaxTraceUnits) {
         whole = train::trace_step(config, mesh, rules, o, layout, act.annotations);
@@ -398,8 +406,9 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
       }
       std::vector<std::string> steps;
       for (const auto& [l, k] : c.points) {
-        steps.push_back(c.by_layers && c.by_accum ? fmt::format("{}x{}", l, k)
-                                                  : fmt::format("{}", c.by_layers ? l : k));
+        steps.push_back(c.by_layers && c.by_accum
+                            ? fmt::format("{}x{}", c.layers_in(l), k)
+                            : fmt::format("{}", c.by_layers ? c.layers_in(l) : k));
       }
       what_traced = fmt::format("steps of {} {}", fmt::join(steps, ", "),
                                 c.by_layers && c.by_accum ? "layers x micro-batches"
@@ -473,6 +482,9 @@ void describe_step(const ModelConfig& config, const Mesh& mesh, const TrainPlanO
   plan.grad_accum = o.grad_accum;
   plan.recompute = train::effective_remat(o).has_value();
   plan.remat = remat_name(train::effective_remat(o));
+  plan.remat_blocks = remat_blocks_name(o.remat_blocks);
+  const std::vector<bool> checkpointed = train::checkpointed_layers(o, config.layers);
+  plan.remat_layers = std::count(checkpointed.begin(), checkpointed.end(), true);
   plan.eager = o.eager;
   plan.optimizer = std::string(name(o.optimizer));
   plan.param_dtype = o.param_dtype;
@@ -531,11 +543,15 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   TrainPlan plan;
   describe_step(config, mesh, o, params, batch_axes, plan);
   plan.fsdp_root = train::fsdp_root_applies(o, act.layout);
-  // With FSDP2's root module the last block keeps its gathered weights (ModelStep::
-  // forward_loss): a model of one block reshards none after forward.
-  plan.reshard_after_forward =
-      train::reshards_after_forward(o, act.layout) && !(plan.fsdp_root && config.layers == 1);
-  plan.kept_gathered_for_recompute = train::keeps_gathered_for_recompute(o, act.layout);
+  plan.last_block_kept_gathered = train::keeps_last_gathered(o, act.layout);
+  // The last block may keep its gathered weights (ModelStep::forward_loss): then the layers
+  // resharded after forward, or kept for their recomputation, are the others. A step traced
+  // whole (T5) has no layer a unit.
+  const std::int64_t others = config.layers - (plan.last_block_kept_gathered ? 1 : 0);
+  const bool units = others > 0 && !config.family->step.whole;
+  plan.reshard_after_forward = units && train::reshards_after_forward(o, act.layout, others);
+  plan.kept_gathered_for_recompute =
+      units && train::keeps_gathered_for_recompute(o, act.layout, others);
   if (traced) {
     plan.parameter_bytes = traced->parameter_bytes;
     plan.gradient_bytes = traced->gradient_bytes;

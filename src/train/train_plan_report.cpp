@@ -108,6 +108,22 @@ std::string stack_line(const std::optional<StackUse>& stack) {
 
 }  // namespace
 
+std::string TrainPlan::remat_text() const {
+  std::vector<std::string> notes;
+  if (remat_blocks != "all") {
+    notes.push_back(fmt::format("on blocks {}: {} layer{}", remat_blocks, remat_layers,
+                                remat_layers == 1 ? "" : "s"));
+  }
+  if (reshard_after_forward) {
+    notes.emplace_back(remat_layers > 0 ? "the other layers' weights gathered again for the "
+                                          "backward pass"
+                                        : "weights gathered again for the backward pass");
+  } else if (kept_gathered_for_recompute) {
+    notes.emplace_back("weights kept gathered from the forward pass for the recomputation");
+  }
+  return notes.empty() ? remat : fmt::format("{} ({})", remat, fmt::join(notes, "; "));
+}
+
 std::string TrainPlan::table() const {
   std::string out;
   out += fmt::format("{} on {} ({} devices), rules {}{}\n", model, detail::printable(mesh), devices,
@@ -133,11 +149,7 @@ std::string TrainPlan::table() const {
           ? std::string(name(grad_dtype))
           : fmt::format("{} (reduced in {})", name(grad_dtype), name(reduce_dtype)),
       name(optimizer_dtype),
-      reshard_after_forward ? fmt::format("{} (weights gathered again for the backward pass)", remat)
-      : kept_gathered_for_recompute
-          ? fmt::format("{} (weights kept gathered from the forward pass for the recomputation)",
-                        remat)
-          : remat,
+      remat_text(),
       fused_attention ? "fused" : "naive", fused_loss ? "fused" : "naive",
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
@@ -152,8 +164,11 @@ std::string TrainPlan::table() const {
     out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
   }
   if (fsdp_root) {
-    out += ", FSDP root module (embedding and head gathered from the forward's start to the "
-           "backward's end; the last block kept gathered)";
+    out += fmt::format(", FSDP root module (embedding and head gathered from the forward's start "
+                       "to the backward's end{})",
+                       last_block_kept_gathered ? "; the last block kept gathered" : "");
+  } else if (last_block_kept_gathered) {
+    out += ", the last block kept gathered (not resharded after forward)";
   }
   if (!context_axes.empty()) {
     out += fmt::format(", context parallel over {} (ring attention, load-balanced order)",
@@ -261,6 +276,9 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["remat"] = p.remat;
   j["reshard_after_forward"] = p.reshard_after_forward;
   j["kept_gathered_for_recompute"] = p.kept_gathered_for_recompute;
+  j["remat_blocks"] = p.remat_blocks;
+  j["remat_layers"] = p.remat_layers;
+  j["last_block_kept_gathered"] = p.last_block_kept_gathered;
   j["float8"] = p.float8;
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
