@@ -259,6 +259,25 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
               "yes");
 }
 
+// The stack a step is planned as (--stack, --explain) and its tensor-parallel plan.
+void add_stack_options(CLI::App* t, TrainPlanCommand& c) {
+  t->add_option("--tp-plan", c.tp_plan,
+                "partitioner or modules: where a tensor-parallel step's layer weights are laid "
+                "out as used; modules: in their model-axis split, gathered over the data axes "
+                "only, as Megatron's and torchtitan's column/row-parallel modules (the "
+                "activations all-gathered and reduce-scattered around each block). Default: "
+                "partitioner (it may gather a weight over the model axes and move activations "
+                "instead)");
+  t->add_option("--stack", c.stack,
+                "Plan the step as this training stack runs it (docs/training.md \"Training "
+                "stacks\"; --explain lists its choices and sources); an option given overrides "
+                "the stack's choice it sets");
+  t->add_flag("--explain", c.explain,
+              "With --stack: list every choice of the stack (what it runs, how it is planned or "
+              "that it is not modelled, the source), marking those the options given override, "
+              "and plan nothing");
+}
+
 }  // namespace
 
 TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
@@ -336,21 +355,7 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "Fraction of --device-memory kept free (runtime, fragmentation)")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
-  t->add_option("--tp-plan", c.tp_plan,
-                "partitioner or modules: where a tensor-parallel step's layer weights are laid "
-                "out as used; modules: in their model-axis split, gathered over the data axes "
-                "only, as Megatron's and torchtitan's column/row-parallel modules (the "
-                "activations all-gathered and reduce-scattered around each block). Default: "
-                "partitioner (it may gather a weight over the model axes and move activations "
-                "instead)");
-  t->add_option("--stack", c.stack,
-                "Plan the step as this training stack runs it (docs/training.md \"Training "
-                "stacks\"; --explain lists its choices and sources); an option given overrides "
-                "the stack's choice it sets");
-  t->add_flag("--explain", c.explain,
-              "With --stack: list every choice of the stack (what it runs, how it is planned or "
-              "that it is not modelled, the source), marking those the options given override, "
-              "and plan nothing");
+  add_stack_options(t, c);
   t->add_flag("--json", c.json, "Print JSON (schema in docs/cli.md)");
   t->add_option("--html", c.html,
                 "Also write the plan as a self-contained HTML page (memory per device, the live "
