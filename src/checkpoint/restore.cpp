@@ -110,6 +110,32 @@ void read_runs(std::vector<ReadRun> runs) {
   if (error) std::rethrow_exception(error);
 }
 
+// The checkpoint's tensor `w` names, as `w` wants it (its shape and dtype when given). Throws
+// IoError when it holds none of that name (naming a few it holds), SpecError when it differs.
+const CheckpointTensor& wanted_tensor(
+    const CheckpointInfo& info,
+    const std::unordered_map<std::string_view, const CheckpointTensor*>& by_name,
+    const Wanted& w) {
+  const auto found = by_name.find(w.name);
+  if (found == by_name.end()) {
+    std::string some;
+    for (std::size_t i = 0; i < info.tensors.size() && i < 5; ++i) {
+      some += (i ? ", '" : "'") + info.tensors[i].name + "'";
+    }
+    throw IoError(fmt::format("[checkpoint] {}: no tensor '{}' (it holds {} tensors{}{})",
+                              info.dir.string(), w.name, info.tensors.size(),
+                              some.empty() ? "" : ": ", some));
+  }
+  const CheckpointTensor& t = *found->second;
+  if (w.like && (w.like->shape != t.spec.shape || w.like->dtype != t.spec.dtype)) {
+    throw SpecError(fmt::format("[checkpoint] tensor '{}' in {} is {}{}, the target wants {}{}",
+                                w.name, (info.dir / t.file).string(), name(t.spec.dtype),
+                                t.spec.shape.to_string(), name(w.like->dtype),
+                                w.like->shape.to_string()));
+  }
+  return t;
+}
+
 }  // namespace
 
 Tree<Array> restore_leaves(const CheckpointInfo& info, const std::vector<Wanted>& wanted,
@@ -132,24 +158,8 @@ Tree<Array> restore_leaves(const CheckpointInfo& info, const std::vector<Wanted>
     std::vector<Made> made;
     std::vector<std::pair<std::shared_ptr<Buffer>, std::int64_t>> widened;  // buffer, halves
     for (const Wanted& w : wanted) {
-      const auto found = by_name.find(w.name);
-      const CheckpointTensor* t = found == by_name.end() ? nullptr : found->second;
-      if (t == nullptr) {
-        std::string some;
-        for (std::size_t i = 0; i < info.tensors.size() && i < 5; ++i) {
-          some += (i ? ", '" : "'") + info.tensors[i].name + "'";
-        }
-        throw IoError(fmt::format("[checkpoint] {}: no tensor '{}' (it holds {} tensors{}{})",
-                                  info.dir.string(), w.name, info.tensors.size(),
-                                  some.empty() ? "" : ": ", some));
-      }
+      const CheckpointTensor* t = &wanted_tensor(info, by_name, w);
       const fs::path file = info.dir / t->file;
-      if (w.like && (w.like->shape != t->spec.shape || w.like->dtype != t->spec.dtype)) {
-        throw SpecError(fmt::format("[checkpoint] tensor '{}' in {} is {}{}, the target wants {}{}",
-                                    w.name, file.string(), name(t->spec.dtype),
-                                    t->spec.shape.to_string(), name(w.like->dtype),
-                                    w.like->shape.to_string()));
-      }
       const Shape& shape = t->spec.shape;
       Shape shard;
       std::vector<Block> blocks;

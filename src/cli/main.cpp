@@ -191,6 +191,52 @@ int run_plan(const PlanOptions& o) {
   }
 }
 
+// plan --explain NAME: every rule entry tried on one tensor, and what it got.
+int print_explain(const PlanOptions& o, MeshShardingHelper& helper, const RuleTree& rules,
+                  const Tree<TensorSpec>& data) {
+  const auto steps = helper.explain(rules, data, o.explain);
+  const PlanReport report = helper.plan(rules, data);
+  // The leaf by its tree path, or by the checkpoint's name (explain() accepts both).
+  const LeafPlan* leaf = report.find(o.explain);
+  if (leaf == nullptr) leaf = report.find(tree_path_of_name(o.explain));
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["name"] = o.explain;
+    j["mesh"] = helper.mesh().to_string();
+    j["steps"] = nlohmann::ordered_json::array();
+    for (const ExplainStep& s : steps) {
+      j["steps"].push_back({{"rule_index", s.rule_index},
+                            {"rule", s.rule},
+                            {"entry", s.step.entry},
+                            {"decided", s.step.decided},
+                            {"description", s.step.description}});
+    }
+    if (leaf != nullptr) {
+      j["path"] = leaf->path;
+      j["spec"] = leaf->spec ? nlohmann::ordered_json(leaf->spec->to_string())
+                             : nlohmann::ordered_json(nullptr);
+      j["shard_shape"] = leaf->shard_shape.dims();
+      j["bytes_per_device"] = leaf->bytes_per_device;
+    }
+    // (A rule file's path or a mesh axis may not be UTF-8: shown with U+FFFD, as inspect does.)
+    std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    return kOk;
+  }
+  std::cout << fmt::format("{} on mesh {}:\n", detail::printable(o.explain),
+                           detail::printable(helper.mesh().to_string()));
+  for (const ExplainStep& s : steps) {
+    std::ostringstream step;
+    step << s;
+    std::cout << "  " << detail::printable(step.str()) << "\n";
+  }
+  if (leaf != nullptr) {
+    std::cout << fmt::format("  spec {} shard {} ({} per device)\n",
+                             leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
+                             leaf->shard_shape.to_string(), format_bytes(leaf->bytes_per_device));
+  }
+  return kOk;
+}
+
 int plan_with(const PlanOptions& o) {
   // The rule file is read and its patterns compiled on a second thread while the model loads.
   // Errors are reported in the order of the serial steps: rule file, model, mesh, rule.
@@ -218,49 +264,7 @@ int plan_with(const PlanOptions& o) {
   MeshShardingHelper helper(Mesh::parse(mesh_text, devices_for(mesh_text, o.devices, 8)));
   if (job.rule_error) std::rethrow_exception(job.rule_error);
   const RuleTree rules(job.rule);
-  if (!o.explain.empty()) {
-    const auto steps = helper.explain(rules, data, o.explain);
-    const PlanReport report = helper.plan(rules, data);
-    // The leaf by its tree path, or by the checkpoint's name (explain() accepts both).
-    const LeafPlan* leaf = report.find(o.explain);
-    if (leaf == nullptr) leaf = report.find(tree_path_of_name(o.explain));
-    if (o.json) {
-      nlohmann::ordered_json j;
-      j["name"] = o.explain;
-      j["mesh"] = helper.mesh().to_string();
-      j["steps"] = nlohmann::ordered_json::array();
-      for (const ExplainStep& s : steps) {
-        j["steps"].push_back({{"rule_index", s.rule_index},
-                              {"rule", s.rule},
-                              {"entry", s.step.entry},
-                              {"decided", s.step.decided},
-                              {"description", s.step.description}});
-      }
-      if (leaf != nullptr) {
-        j["path"] = leaf->path;
-        j["spec"] = leaf->spec ? nlohmann::ordered_json(leaf->spec->to_string())
-                               : nlohmann::ordered_json(nullptr);
-        j["shard_shape"] = leaf->shard_shape.dims();
-        j["bytes_per_device"] = leaf->bytes_per_device;
-      }
-      // (A rule file's path or a mesh axis may not be UTF-8: shown with U+FFFD, as inspect does.)
-      std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
-      return kOk;
-    }
-    std::cout << fmt::format("{} on mesh {}:\n", detail::printable(o.explain),
-                             detail::printable(helper.mesh().to_string()));
-    for (const ExplainStep& s : steps) {
-      std::ostringstream step;
-      step << s;
-      std::cout << "  " << detail::printable(step.str()) << "\n";
-    }
-    if (leaf != nullptr) {
-      std::cout << fmt::format("  spec {} shard {} ({} per device)\n",
-                               leaf->spec ? leaf->spec->to_string() : std::string("unspecified"),
-                               leaf->shard_shape.to_string(), format_bytes(leaf->bytes_per_device));
-    }
-    return kOk;
-  }
+  if (!o.explain.empty()) return print_explain(o, helper, rules, data);
   // The inputs are read: the page's path is checked against them (docs/cli.md "Outputs").
   std::optional<detail::OutputFiles> out;
   if (!o.html.empty()) out.emplace(std::vector<detail::NamedOutput>{{"--html", o.html}});
@@ -416,19 +420,8 @@ CLI::App* add_visualize_command(CLI::App& app, VisualizeOptions& vis) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-#if defined(__GLIBC__)
-  // A plan of a large model allocates and frees tens of megabytes in a few big steps (file text,
-  // parsed JSON, tree, report). Keep freed memory for the next step instead of returning it to
-  // the kernel and faulting it in again: a third fewer page faults on a 90k-tensor model.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-#endif
-  // Under a file size limit (ulimit -f) a write past it raises SIGXFSZ, whose default action
-  // kills the process without a word and leaves the hidden temporary output behind. Ignored, the
-  // write fails with EFBIG instead: an error naming the file, and the temporary is removed.
-  std::signal(SIGXFSZ, SIG_IGN);
-  CLI::App app{
+// The command's --help text.
+constexpr const char* kDescription =
       "shardplan: plans how every tensor of a model is split over a device mesh.\n"
       "Examples:\n"
       "  shardplan plan                                   # LLaMA-2-7B, preset llama_fsdp_tp, 8 "
@@ -444,8 +437,21 @@ int main(int argc, char** argv) {
       "  shardplan trace summarize step.trace.json\n"
       "  shardplan trace memory step.trace.json --html memory.html\n"
       "  shardplan example trace step.trace.json   # a trace to try the trace commands on\n"
-      "  shardplan example checkpoint ckpt         # a small checkpoint to try the others on",
-      "shardplan"};
+      "  shardplan example checkpoint ckpt         # a small checkpoint to try the others on";
+
+int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // A plan of a large model allocates and frees tens of megabytes in a few big steps (file text,
+  // parsed JSON, tree, report). Keep freed memory for the next step instead of returning it to
+  // the kernel and faulting it in again: a third fewer page faults on a 90k-tensor model.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+  // Under a file size limit (ulimit -f) a write past it raises SIGXFSZ, whose default action
+  // kills the process without a word and leaves the hidden temporary output behind. Ignored, the
+  // write fails with EFBIG instead: an error naming the file, and the temporary is removed.
+  std::signal(SIGXFSZ, SIG_IGN);
+  CLI::App app{kDescription, "shardplan"};
   app.require_subcommand(1);
 
   PlanOptions plan;

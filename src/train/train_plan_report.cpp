@@ -106,6 +106,33 @@ std::string stack_line(const std::optional<StackUse>& stack) {
   return out + "\n";
 }
 
+/// What the step line adds after sequence parallelism: float8, eager, the tensor-parallel plan,
+/// FSDP's root module and last block, context parallelism.
+std::string step_extras(const TrainPlan& p) {
+  std::string out;
+  if (p.float8) {
+    out += fmt::format(", linear layers float8 (tensorwise scaling, inputs kept in 8 bits; the "
+                       "head and attention in {})",
+                       name(p.param_dtype));
+  }
+  if (p.eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
+  if (p.tp_modules) {
+    out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
+  }
+  if (p.fsdp_root) {
+    out += fmt::format(", FSDP root module (embedding and head gathered from the forward's start "
+                       "to the backward's end{})",
+                       p.last_block_kept_gathered ? "; the last block kept gathered" : "");
+  } else if (p.last_block_kept_gathered) {
+    out += ", the last block kept gathered (not resharded after forward)";
+  }
+  if (!p.context_axes.empty()) {
+    out += fmt::format(", context parallel over {} (ring attention, load-balanced order)",
+                       detail::printable(fmt::format("{}", fmt::join(p.context_axes, ", "))));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string TrainPlan::remat_text() const {
@@ -154,26 +181,7 @@ std::string TrainPlan::table() const {
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
                         : "off");
-  if (float8) {
-    out += fmt::format(", linear layers float8 (tensorwise scaling, inputs kept in 8 bits; the "
-                       "head and attention in {})",
-                       name(param_dtype));
-  }
-  if (eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
-  if (tp_modules) {
-    out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
-  }
-  if (fsdp_root) {
-    out += fmt::format(", FSDP root module (embedding and head gathered from the forward's start "
-                       "to the backward's end{})",
-                       last_block_kept_gathered ? "; the last block kept gathered" : "");
-  } else if (last_block_kept_gathered) {
-    out += ", the last block kept gathered (not resharded after forward)";
-  }
-  if (!context_axes.empty()) {
-    out += fmt::format(", context parallel over {} (ring attention, load-balanced order)",
-                       detail::printable(fmt::format("{}", fmt::join(context_axes, ", "))));
-  }
+  out += step_extras(*this);
   out += "\n\nper device\n";
   const auto row = [&](std::string_view what, std::int64_t bytes) {
     out += fmt::format("  {:<40} {:>12}\n", what, format_bytes(bytes));
@@ -250,6 +258,31 @@ nlohmann::ordered_json time_json(const StepTime& t) {
           {"mfu", t.mfu}};
 }
 
+/// The plan's per-device figures (JSON "per_device").
+nlohmann::ordered_json per_device_json(const TrainPlan& p) {
+  return {{"parameter_bytes", p.parameter_bytes},
+          {"gradient_bytes", p.gradient_bytes},
+          {"optimizer_bytes", p.optimizer_bytes},
+          {"batch_bytes", p.batch_bytes},
+          {"transient_bytes", p.transient_bytes},
+          {"peak_held_bytes", p.peak_held_bytes},
+          {"peak_gathered_bytes", p.peak_gathered_bytes},
+          {"peak_computed_bytes", p.peak_computed_bytes},
+          {"peak_bytes", p.peak_bytes},
+          // null when not computed (an extrapolated plan without reserved_whole):
+          // 0 would read as a figure
+          {"reserved_bytes", p.reserved_bytes > 0 ? nlohmann::ordered_json(p.reserved_bytes)
+                                                  : nlohmann::ordered_json(nullptr)},
+          {"reserved_bytes_expandable",
+           p.reserved_bytes_expandable > 0 ? nlohmann::ordered_json(p.reserved_bytes_expandable)
+                                           : nlohmann::ordered_json(nullptr)},
+          {"flops", p.flops},
+          {"matmul_flops", p.matmul_flops},
+          {"attention_flops", p.attention_flops},
+          {"matmul_fp8_flops", p.matmul_fp8_flops},
+          {"memory_traffic_bytes", p.memory_traffic}};
+}
+
 nlohmann::ordered_json to_json(const TrainPlan& p) {
   nlohmann::ordered_json j;
   if (!p.error.empty()) {
@@ -301,27 +334,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["optimizer_dtype"] = std::string(name(p.optimizer_dtype));
   j["master_dtype"] = std::string(name(p.master_dtype));
   j["reduce_dtype"] = std::string(name(p.reduce_dtype));
-  j["per_device"] = {{"parameter_bytes", p.parameter_bytes},
-                     {"gradient_bytes", p.gradient_bytes},
-                     {"optimizer_bytes", p.optimizer_bytes},
-                     {"batch_bytes", p.batch_bytes},
-                     {"transient_bytes", p.transient_bytes},
-                     {"peak_held_bytes", p.peak_held_bytes},
-                     {"peak_gathered_bytes", p.peak_gathered_bytes},
-                     {"peak_computed_bytes", p.peak_computed_bytes},
-                     {"peak_bytes", p.peak_bytes},
-                     // null when not computed (an extrapolated plan without reserved_whole):
-                     // 0 would read as a figure
-                     {"reserved_bytes", p.reserved_bytes > 0 ? nlohmann::ordered_json(p.reserved_bytes)
-                                                             : nlohmann::ordered_json(nullptr)},
-                     {"reserved_bytes_expandable",
-                      p.reserved_bytes_expandable > 0 ? nlohmann::ordered_json(p.reserved_bytes_expandable)
-                                                      : nlohmann::ordered_json(nullptr)},
-                     {"flops", p.flops},
-                     {"matmul_flops", p.matmul_flops},
-                     {"attention_flops", p.attention_flops},
-                     {"matmul_fp8_flops", p.matmul_fp8_flops},
-                     {"memory_traffic_bytes", p.memory_traffic}};
+  j["per_device"] = per_device_json(p);
   // An object keyed by the kinds' names, in their order (the order of the names). The kinds of
   // the schema's required keys are always there (0 where the step runs none); the others where
   // it runs them.

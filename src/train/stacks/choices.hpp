@@ -9,6 +9,12 @@
 
 namespace shardplan::train::stacks {
 
+/// `a`'s choices, then `b`'s.
+inline std::vector<StackChoice> joined(std::vector<StackChoice> a, std::vector<StackChoice> b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 /// The options that set the step's dtypes: one given overrides a stack's precision choice.
 inline const std::vector<std::string_view> kDtypeOptions = {
     "--mixed-precision", "--master-dtype",    "--reduce-dtype",

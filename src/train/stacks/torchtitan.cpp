@@ -84,11 +84,6 @@ std::vector<StackChoice> common(std::string_view at_parallelize) {
   };
 }
 
-std::vector<StackChoice> with(std::vector<StackChoice> a, std::vector<StackChoice> b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 }  // namespace
 
 const TrainingStack& torchtitan_2024_07() {
@@ -96,7 +91,7 @@ const TrainingStack& torchtitan_2024_07() {
       .name = "torchtitan-2024-07",
       .summary = "torchtitan as of 40f79d7 (2024-07-30): the A100 runs of its mid-2024 "
                  "docs/performance.md",
-      .choices = with(
+      .choices = joined(
           common("pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
                  "_save_list, apply_ac, apply_tp"),
           {{.topic = "loss",
@@ -147,7 +142,7 @@ const TrainingStack& torchtitan_2024_12() {
       .name = "torchtitan-2024-12",
       .summary = "torchtitan as of 3f20451 (2024-12-26): the docs/performance.md tables of "
                  "December 2024",
-      .choices = with(
+      .choices = joined(
           common("pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
                  "_save_list, _apply_ac_to_transformer_block, apply_tp"),
           {f32_loss("pytorch/torchtitan@3f20451 train.py: loss_fn"),
@@ -194,7 +189,7 @@ const TrainingStack& torchtitan_2025_06() {
       .name = "torchtitan-2025-06",
       .summary = "torchtitan as of 6b11290 (2025-06-27): fused AdamW by default "
                  "(pytorch/torchtitan#881), the root wrapping of before #1094",
-      .choices = with(
+      .choices = joined(
           common("pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
                  "_save_list, _apply_ac_to_transformer_block, apply_tp"),
           {f32_loss("pytorch/torchtitan@6b11290 torchtitan/components/loss.py: "
@@ -234,7 +229,7 @@ const TrainingStack& torchtitan_2025_08() {
       .name = "torchtitan-2025-08",
       .summary = "torchtitan after pytorch/torchtitan#1094 (83e6941, 2025-07-28), as of 07c00d9 "
                  "(August 2025)",
-      .choices = with(
+      .choices = joined(
           common("pytorch/torchtitan@07c00d9 torchtitan/distributed/activation_checkpoint.py: "
                  "_save_list, _apply_op_sac; torchtitan/models/llama3/infra/parallelize.py: "
                  "apply_tp"),

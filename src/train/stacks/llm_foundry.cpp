@@ -1,0 +1,81 @@
+// llm-foundry (Composer's FSDP, the MPT pretraining yamls) as declared data (training_stack.hpp).
+#include "choices.hpp"
+#include "stacks.hpp"
+
+namespace shardplan::train::stacks {
+
+const TrainingStack& llm_foundry() {
+  static const TrainingStack s{
+      .name = "llm-foundry",
+      .summary = "mosaicml/llm-foundry as of 8c8dd48 (2025-07) with Composer's FSDP (the MPT "
+                 "pretraining yamls)",
+      .choices =
+          {{.topic = "mixed precision",
+            .what = "precision amp_bf16 with fsdp_config.mixed_precision PURE: parameters "
+                    "gathered, computed and gradients reduced in bfloat16 over float32 flat "
+                    "parameters",
+            .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml: "
+                      "precision, fsdp_config.mixed_precision; Composer's PURE policy",
+            .setting = "--master-dtype f32 --reduce-dtype bf16 --grad-dtype f32",
+            .options = kDtypeOptions,
+            .apply = fsdp1_bf16_mixed_precision},
+           {.topic = "activation checkpointing",
+            .what = "fsdp_config.activation_checkpointing: true: each block recomputed whole",
+            .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml",
+            .setting = "--remat full",
+            .options = kRematOptions,
+            .apply = full_remat},
+           {.topic = "torch.compile",
+            .what = "not compiled (Composer runs the model eagerly; the MPT blocks use fused "
+                    "kernels for attention and low-precision LayerNorm)",
+            .source = "mosaicml/llm-foundry@8c8dd48 llmfoundry/models/mpt/"
+                      "configuration_mpt.py: norm_type low_precision_layernorm",
+            .setting = "--eager",
+            .options = {"--eager"},
+            .apply = eager},
+           {.topic = "attention",
+            .what = "attn_impl: flash (FlashAttention-2)",
+            .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml",
+            .setting = "--attention fused",
+            .options = {"--attention"},
+            .apply = fused_attention},
+           {.topic = "loss",
+            .what = "loss_fn fused_crossentropy: flash-attn's CrossEntropyLoss kernel on the "
+                    "whole bfloat16 logits (no float32 copy)",
+            .source = "mosaicml/llm-foundry@8c8dd48 llmfoundry/models/mpt/modeling_mpt.py: "
+                      "loss_fn = 'fused_crossentropy'",
+            .setting = "--loss naive",
+            .options = {"--loss"},
+            .apply = naive_loss},
+           {.topic = "loss dtype",
+            .what = "the loss kernel reads the bfloat16 logits",
+            .source = "mosaicml/llm-foundry@8c8dd48 llmfoundry/models/mpt/modeling_mpt.py",
+            .setting = "not modelled: the naive loss is planned on a float32 copy of the logits",
+            .options = {},
+            .apply = nullptr},
+           {.topic = "optimizer",
+            .what = "decoupled_adamw (Composer's DecoupledAdamW, a loop over the parameters)",
+            .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml: "
+                      "optimizer.name",
+            .setting = "--optimizer adamw",
+            .options = {"--optimizer"},
+            .apply = adamw},
+           {.topic = "optimizer kernel",
+            .what = "DecoupledAdamW updates one parameter at a time (torch ops per parameter)",
+            .source = "mosaicml/composer composer/optim/decoupled_weight_decay.py: "
+                      "DecoupledAdamW.adamw",
+            .setting = "not modelled: the update is planned as the program's elementwise ops",
+            .options = {},
+            .apply = nullptr},
+           {.topic = "FSDP wrapping",
+            .what = "FSDP1 FULL_SHARD, each block its own unit",
+            .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml: "
+                      "fsdp_config.sharding_strategy",
+            .setting = "train-plan's default wrapping (each block resharded after forward)",
+            .options = {"--fsdp-root", "--no-reshard-after-forward"},
+            .apply = reshard_after_forward}},
+      .validated_by = {}};
+  return s;
+}
+
+}  // namespace shardplan::train::stacks

@@ -1,0 +1,123 @@
+// Megatron-Core's GPT pretraining as declared data (training_stack.hpp): each choice with its
+// source at the commit it names.
+#include "choices.hpp"
+#include "stacks.hpp"
+
+namespace shardplan::train::stacks {
+namespace {
+
+void megatron_precision(TrainPlanOptions& o) {
+  o.param_dtype = DType::kBF16;
+  o.master_dtype = DType::kF32;
+  o.reduce_dtype = o.grad_dtype = DType::kBF16;
+  o.optimizer_dtype = DType::kF32;
+}
+
+// Its parallelism: the tensor-parallel layers and what of the rest is not modelled.
+std::vector<StackChoice> megatron_parallelism() {
+  return {
+      {.topic = "tensor parallelism",
+       .what = "ColumnParallelLinear (qkv, fc1), RowParallelLinear (proj, fc2); sequence "
+               "parallelism with --sequence-parallel",
+       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/layers.py",
+       .setting = "--tp-plan modules",
+       .options = {"--tp-plan"},
+       .apply = tp_modules},
+      {.topic = "vocabulary parallelism",
+       .what = "VocabParallelEmbedding and the output layer's vocabulary-parallel logits",
+       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/layers.py",
+       .setting = "not modelled: the embedding's and the head's layouts as used are the "
+                  "partitioner's",
+       .options = {},
+       .apply = nullptr},
+      {.topic = "gradient reduction overlap",
+       .what = "--overlap-grad-reduce and --overlap-param-gather off by default; buckets "
+               "of --ddp-bucket-size",
+       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py",
+       .setting = "not modelled: data-parallel transfers are overlapped with compute as "
+                  "FSDP's are (docs/training.md, Step time)",
+       .options = {},
+       .apply = nullptr},
+  };
+}
+
+}  // namespace
+
+const TrainingStack& megatron_core() {
+  static const TrainingStack s{
+      .name = "megatron-core",
+      .summary = "NVIDIA Megatron-LM / Megatron-Core as of d98e8a6 (2026-08), GPT pretraining "
+                 "with --bf16 and Transformer Engine",
+      .choices = joined(
+          {{.topic = "mixed precision",
+            .what = "--bf16: the model's parameters and gradients in bfloat16, the optimizer's "
+                    "float32 main parameters and state; gradients reduced in bfloat16 "
+                    "(--accumulate-allreduce-grads-in-fp32 is off by default)",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py: --bf16, "
+                      "--accumulate-allreduce-grads-in-fp32",
+            .setting = "--master-dtype f32 --grad-dtype bf16 --reduce-dtype bf16",
+            .options = kDtypeOptions,
+            .apply = megatron_precision},
+           {.topic = "distributed optimizer",
+            .what = "--use-distributed-optimizer (off by default; ZeRO-1 when on): bfloat16 "
+                    "parameters replicated over data parallelism, the float32 main parameters "
+                    "and state sharded",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py: "
+                      "--use-distributed-optimizer",
+            .setting = "not modelled: the rule file shards the parameters, their gradients and "
+                       "state alike (FSDP)",
+            .options = {},
+            .apply = nullptr},
+           {.topic = "activation checkpointing",
+            .what = "recompute_granularity None by default (nothing recomputed); selective "
+                    "recomputes the core attention, full whole layers",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/"
+                      "transformer_config.py: recompute_granularity",
+            .setting = "--remat none",
+            .options = kRematOptions,
+            .apply = no_remat},
+           {.topic = "kernels",
+            .what = "no torch.compile; Transformer Engine's fused kernels (LayerNorm/RMSNorm "
+                    "with the next GEMM, bias with GeLU/SwiGLU, softmax)",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/models/gpt/"
+                      "gpt_layer_specs.py (TE specs)",
+            .setting = "train-plan's default (no --eager): each chain of elementwise ops one "
+                       "kernel",
+            .options = {"--eager"},
+            .apply = compiled},
+           {.topic = "attention",
+            .what = "TE's fused attention (FlashAttention or cuDNN backends)",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/"
+                      "transformer_config.py: attention_backend",
+            .setting = "--attention fused",
+            .options = {"--attention"},
+            .apply = fused_attention},
+           {.topic = "loss",
+            .what = "vocab_parallel_cross_entropy on the whole [s, b, v / tp] logits, in "
+                    "float32 (--cross-entropy-loss-fusion off by default)",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/"
+                      "cross_entropy.py",
+            .setting = "--loss naive",
+            .options = {"--loss"},
+            .apply = naive_loss},
+           {.topic = "optimizer",
+            .what = "--optimizer adam: TE's (or Apex's) FusedAdam with decoupled weight decay, "
+                    "one fused kernel",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/optimizer/__init__.py "
+                      "(FusedAdam as Adam)",
+            .setting = "--optimizer adamw",
+            .options = {"--optimizer"},
+            .apply = adamw},
+           {.topic = "optimizer kernel",
+            .what = "FusedAdam: one kernel reads and writes each parameter, gradient and moment "
+                    "once",
+            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/optimizer/__init__.py",
+            .setting = "not modelled: the update is planned as the program's elementwise ops",
+            .options = {},
+            .apply = nullptr}},
+          megatron_parallelism()),
+      .validated_by = {}};
+  return s;
+}
+
+}  // namespace shardplan::train::stacks
