@@ -202,6 +202,19 @@ TEST(Remat, AnUnknownNameInSaveOnlyTheseNamesIsAnError) {
                     "names given there: 'v'");
 }
 
+// A policy made with ignoring_absent_names (a stack's list, written for many models, as JAX's
+// policies are) saves the listed names that are given and ignores the others: the program is the
+// one the given names alone make.
+TEST(Remat, IgnoringAbsentNamesSavesTheNamesGiven) {
+  Sharded s;
+  const auto text = [&](const RematPolicy& p) { return s.step(p).lower(s.params, s.x).text(); };
+  const RematPolicy listed = cp::save_only_these_names({"v", "attn_out"}).ignoring_absent_names();
+  EXPECT_TRUE(listed.absent_names_ignored());
+  EXPECT_FALSE(cp::save_only_these_names({"v"}).absent_names_ignored());
+  EXPECT_EQ(text(listed), text(cp::save_only_these_names({"v"})));
+  EXPECT_NE(text(listed), text(cp::nothing_saveable()));
+}
+
 // Without differentiation a checkpoint only calls the function: the same program as without.
 TEST(Remat, WithoutGradItIsTheFunction) {
   Sharded s;

@@ -36,6 +36,15 @@ class RematPolicy {
   };
   Kind kind() const { return kind_; }
   const std::vector<std::string>& names() const { return names_; }
+  /// Whether a listed name that no checkpoint_name inside gives is ignored, as JAX's policies do
+  /// (a policy written for many models), instead of refused as a typo (the default).
+  bool absent_names_ignored() const { return absent_names_ignored_; }
+  /// This policy, with the listed names that no checkpoint_name inside gives ignored.
+  RematPolicy ignoring_absent_names() const {
+    RematPolicy p = *this;
+    p.absent_names_ignored_ = true;
+    return p;
+  }
   /// "nothing_saveable", "save_only_these_names(a, b)", "save_anything_except_these_names(a)".
   std::string to_string() const;
   friend bool operator==(const RematPolicy&, const RematPolicy&) = default;
@@ -48,6 +57,7 @@ class RematPolicy {
   RematPolicy(Kind kind, std::vector<std::string> names) : kind_(kind), names_(std::move(names)) {}
   Kind kind_;
   std::vector<std::string> names_;
+  bool absent_names_ignored_ = false;
 };
 
 namespace checkpoint_policies {
@@ -56,7 +66,8 @@ RematPolicy nothing_saveable();
 RematPolicy dots_saveable();
 RematPolicy dots_with_no_batch_dims_saveable();
 /// The values named (checkpoint_name) with one of `names`. A name that no checkpoint_name inside
-/// the checkpointed function gives is a SpecError when the function is differentiated.
+/// the checkpointed function gives is a SpecError when the function is differentiated (unless
+/// the policy is made with ignoring_absent_names()).
 RematPolicy save_only_these_names(std::vector<std::string> names);
 /// Every value but those named with one of `names`: what those are computed from is kept and
 /// they are computed again (FSDP's reshard after forward, with the weights as used named). As

@@ -117,9 +117,10 @@ struct ModelConfig {
 
 /// train-plan's --remat: "none" (nothing), "full" (nothing_saveable: each layer's input only),
 /// "dots" (dots_with_no_batch_dims_saveable), "names:a,b" (save_only_these_names; the names
-/// checkpoint_name gives in a layer: docs/training.md). Throws SpecError naming the forms.
+/// checkpoint_name gives in a layer: docs/training.md), "STACK:NAME" (a stack's own policy,
+/// "maxtext:minimal": its names the layer gives). Throws SpecError naming the forms.
 std::optional<RematPolicy> parse_remat(std::string_view text);
-/// The --remat form of a policy ("none" for nothing).
+/// The --remat form of a policy ("none" for nothing; a stack's list by its STACK:NAME).
 std::string remat_name(const std::optional<RematPolicy>& policy);
 
 /// Where a tensor-parallel step's layer weights are laid out as they are used (--tp-plan).

@@ -153,7 +153,8 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_option("--remat", c.remat,
                 "What each layer keeps for the backward pass, the rest recomputed: none, full "
                 "(its input only), dots (its weights' matmul outputs), names:A,B (the values "
-                "named A, B in the layer: docs/training.md). Default: none, full with --recompute");
+                "named A, B in the layer: docs/training.md), STACK:NAME (a stack's own: "
+                "maxtext:minimal, torchtitan:op, ...). Default: none, full with --recompute");
   t->add_option("--remat-blocks", c.remat_blocks,
                 "The layers --remat applies to: all, every:K (layers K-1, 2K-1, ... from 0: "
                 "torchtitan's selective layer AC), fraction:P (fms-fsdp's "

@@ -21,6 +21,7 @@
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
+#include "stack_remat.hpp"
 #include "step_scaling.hpp"
 #include "step_time.hpp"
 #include "step_trace.hpp"
@@ -62,9 +63,17 @@ std::optional<RematPolicy> parse_remat(std::string_view text) {
     if (std::none_of(names.begin(), names.end(), [](const auto& n) { return n.empty(); })) {
       return cp::save_only_these_names(std::move(names));
     }
+  } else if (text.find(':') != std::string_view::npos) {
+    const train::StackRematName& s = train::stack_remat_name(text);
+    if (!s.policy) {
+      throw SpecError(fmt::format("[train] remat policy '{}' cannot be planned: {} ({})", s.name,
+                                  s.refusal, s.source));
+    }
+    return s.policy;
   }
   throw SpecError(fmt::format(
-      "[train] unknown remat policy '{}' (known: none, full, dots, names:NAME,NAME...)",
+      "[train] unknown remat policy '{}' (known: none, full, dots, names:NAME,NAME..., "
+      "STACK:NAME)",
       detail::printable(text)));
 }
 
@@ -76,6 +85,10 @@ std::string remat_name(const std::optional<RematPolicy>& policy) {
     case RematPolicy::Kind::kDotsWithNoBatchDimsSaveable:
       return "dots";
     case RematPolicy::Kind::kSaveOnlyTheseNames:
+      // A stack's list (it ignores the names a layer does not give) by its stack name.
+      for (const train::StackRematName& s : train::stack_remat_names()) {
+        if (policy->absent_names_ignored() && s.policy == policy) return std::string(s.name);
+      }
       return fmt::format("names:{}", fmt::join(policy->names(), ","));
     default:
       return policy->to_string();

@@ -10,6 +10,7 @@
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/format_bytes.hpp"
 #include "shardplan/train_plan.hpp"
+#include "stack_remat.hpp"
 #include "step_time.hpp"
 
 namespace shardplan {
@@ -137,6 +138,14 @@ std::string step_extras(const TrainPlan& p) {
 
 std::string TrainPlan::remat_text() const {
   std::vector<std::string> notes;
+  if (remat.find(':') != std::string::npos && !remat.starts_with("names:")) {
+    // A stack's name (--remat STACK:NAME): what its list saves.
+    const auto& policy = train::stack_remat_name(remat).policy;
+    if (policy && !policy->names().empty()) {
+      notes.push_back(fmt::format("saves those of {} the layer gives",
+                                  fmt::join(policy->names(), ", ")));
+    }
+  }
   if (remat_blocks != "all") {
     notes.push_back(fmt::format("on blocks {}: {} layer{}", remat_blocks, remat_layers,
                                 remat_layers == 1 ? "" : "s"));

@@ -146,11 +146,12 @@ class Recompute {
 
   // Every name a save_only_these_names or save_anything_except_these_names policy lists is
   // given by a checkpoint_name inside its region (or a region nested in it): else the policy
-  // would silently save nothing (or everything).
+  // would silently save nothing (or everything). A policy that ignores absent names (one
+  // written for many models, as MaxText's) is not checked.
   void check_names() const {
     for (std::size_t r = 0; r < tc_.remat_regions.size(); ++r) {
       const RematPolicy& p = tc_.remat_regions[r].policy;
-      if (p.names().empty()) continue;
+      if (p.names().empty() || p.absent_names_ignored()) continue;
       std::vector<std::string> given;
       for (const auto& [v, names] : tc_.value_names) {
         if (!within(tc_.region_of(v), static_cast<int>(r))) continue;
