@@ -67,7 +67,7 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_EQ(j.at("fsdp_root"), true);
   EXPECT_EQ(j.at("loss"), "naive");
   EXPECT_EQ(j.at("master_dtype"), "f32");
-  EXPECT_EQ(j.at("remat"), "names:query_proj,value_proj,context,mlpwi_0,mlpwo");
+  EXPECT_EQ(j.at("remat"), "torchtitan:op");
   EXPECT_EQ(j.at("stack").at("name"), "torchtitan-2024-12");
   EXPECT_EQ(j.at("stack").at("validated"), true);
   EXPECT_TRUE(j.at("stack").at("overridden").empty());
@@ -141,14 +141,14 @@ TEST_F(StackCli, BadStacksAreRefusedNamingThem) {
   EXPECT_EQ(no_config.code, 2);
   EXPECT_THAT(no_config.err, ::testing::HasSubstr("--config is required"));
   // A choice the model cannot take: the error is the option's, and names the stack and what it
-  // set (T5 has no recomputation; maxtext sets --remat full).
+  // set (T5 has no recomputation; maxtext sets --remat maxtext:full).
   const fs::path t5 = config(R"({"model_type": "t5", "vocab_size": 512, "d_model": 64,
     "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_heads": 4})", "t5.json");
   const Result cannot = run(fmt::format(
       "train-plan --config '{}' --mesh fsdp:4 --batch 8 --seq 32 --stack maxtext", t5.string()));
   EXPECT_EQ(cannot.code, 2);
   EXPECT_THAT(cannot.err, ::testing::HasSubstr("train-plan --stack maxtext (which sets"));
-  EXPECT_THAT(cannot.err, ::testing::HasSubstr("activation checkpointing: --remat full"));
+  EXPECT_THAT(cannot.err, ::testing::HasSubstr("activation checkpointing: --remat maxtext:full"));
   EXPECT_THAT(cannot.err, ::testing::HasSubstr("--recompute, --remat is refused"));
 }
 

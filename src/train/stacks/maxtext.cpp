@@ -30,9 +30,9 @@ const TrainingStack& maxtext() {
             .what = "remat_policy 'full' (each scanned layer saves its input only)",
             .source = "AI-Hypercomputer/maxtext@e591f30 src/maxtext/configs/base.yml: "
                       "remat_policy",
-            .setting = "--remat full",
+            .setting = "--remat maxtext:full",
             .options = kRematOptions,
-            .apply = full_remat},
+            .apply = [](TrainPlanOptions& o) { o.remat = parse_remat("maxtext:full"); }},
            {.topic = "compilation",
             .what = "the whole step jit-compiled by XLA (elementwise chains fused, the "
                     "optimizer's update too)",

@@ -6,11 +6,10 @@
 namespace shardplan::train::stacks {
 namespace {
 
-// The selective "op" policy's saved values in train-plan's layer names: every other aten.mm
-// (wq, wv, w1, w2) and the attention's output (_save_list; mm_count % 2).
-void op_sac(TrainPlanOptions& o) {
-  o.remat = parse_remat("names:query_proj,value_proj,context,mlpwi_0,mlpwo");
-}
+// The selective "op" policy by its own name (stack_remat.cpp): every other aten.mm (wq, wv, w1,
+// w2) and the attention's output saved (_save_list; mm_count % 2), in the layer's names
+// query_proj, value_proj, context, mlpwi_0, mlpwo.
+void op_sac(TrainPlanOptions& o) { o.remat = parse_remat("torchtitan:op"); }
 
 // The loss as torchtitan wrote it from late 2024: the logits taken to float32 first.
 StackChoice f32_loss(std::string_view source) {
@@ -40,7 +39,7 @@ std::vector<StackChoice> common(std::string_view at_parallelize) {
                "and of scaled_dot_product_attention, and recomputes the rest; the 70B and 405B "
                "tomls use mode 'full' (--remat full)",
        .source = at_parallelize,
-       .setting = "--remat names:query_proj,value_proj,context,mlpwi_0,mlpwo",
+       .setting = "--remat torchtitan:op",
        .options = kRematOptions,
        .apply = op_sac},
       {.topic = "attention",
