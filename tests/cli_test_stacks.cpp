@@ -152,5 +152,17 @@ TEST_F(StackCli, BadStacksAreRefusedNamingThem) {
   EXPECT_THAT(cannot.err, ::testing::HasSubstr("--recompute, --remat is refused"));
 }
 
+// --tp-plan takes partitioner or modules; anything else is bad usage naming the option and the
+// known plans.
+TEST_F(StackCli, AnUnknownTensorParallelPlanIsRefusedNamingIt) {
+  const Result r = run(base() + " --tp-plan megatron");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("--tp-plan: [train] unknown tensor-parallel plan "
+                                          "'megatron' (known: partitioner, modules)"));
+  const Result empty = run(base() + " --tp-plan ''");
+  EXPECT_EQ(empty.code, 2);
+  EXPECT_THAT(empty.err, ::testing::HasSubstr("--tp-plan"));
+}
+
 }  // namespace
 }  // namespace shardplan

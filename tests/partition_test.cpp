@@ -9,6 +9,7 @@
 // reduced: (n - 1) * chunk + (total - chunk) elements); a reduce-scatter or an all-gather over x
 // receives B / 2; a local slice moves nothing (it is not counted as a collective below).
 #include "partition_test.hpp"
+#include "shardplan/sjit.hpp"
 
 namespace shardplan::detail {
 namespace {
@@ -160,6 +161,42 @@ TEST(Partition, KeepsASumPendingThroughAConcatenateOfEquallyPendingSums) {
 }
 
 // ---- The sharded pointwise update ------------------------------------------------------------
+
+}  // namespace
+}  // namespace shardplan::detail
+
+namespace shardplan::detail {
+namespace {
+
+// The reshard memo is keyed by a value's type and its read mark, not its address or number: a
+// pinned weight (pin_sharding: read as it is) and an unpinned one of the same type and sharding
+// must not share answers. x [8, 4] is split by rows over x; each product x @ w wants w whole
+// beside x's rows. The unpinned w2 is gathered (a cheap all-gather of 64 B); the pinned w1 never
+// is: its product moves x instead. Priced from one memo entry, both would be gathered or neither.
+TEST(Partition, APinnedValueIsNeverReshardedBesideAnUnpinnedOneOfItsType) {
+  const Mesh mesh = Mesh::parse("x:4", 4);
+  SjitOptions o;
+  o.in_shardings = RuleTree::list({RuleTree(P("x")), RuleTree(P()), RuleTree(P())});
+  const auto f = [](const Array& x, const Array& w1, const Array& w2) {
+    const Array a = pin_sharding(w1, P(nullptr, "x"));
+    const Array b = with_sharding_constraint(w2, P(nullptr, "x"));
+    return matmul(x, a) + matmul(x, b);
+  };
+  const TensorSpec x{Shape{8, 4}, DType::kF32}, w{Shape{4, 4}, DType::kF32};
+  const std::string text = sjit(mesh, f, o).lower(x, w, w).text();
+  std::string a, b;  // the constraints' value names, read from the text
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto eq = line.find(" = sharding_constraint(");
+    if (eq == std::string::npos) continue;
+    const std::string name = line.substr(line.find('%'), eq - line.find('%'));
+    (line.find("readers_keep") != std::string::npos || a.empty() ? a : b) = name;
+  }
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_THAT(text, ::testing::HasSubstr("reshard " + b + " -> "));
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("reshard " + a + " -> "))) << text;
+}
 
 }  // namespace
 }  // namespace shardplan::detail
