@@ -16,9 +16,9 @@ inline std::vector<StackChoice> joined(std::vector<StackChoice> a, std::vector<S
 }
 
 /// The options that set the step's dtypes: one given overrides a stack's precision choice.
-inline const std::vector<std::string_view> kDtypeOptions = {
-    "--mixed-precision", "--master-dtype",    "--reduce-dtype",
-    "--grad-dtype",      "--optimizer-dtype", "--param-dtype"};
+inline const std::vector<std::string_view> kDtypeOptions = {"--mixed-precision", "--master-dtype",
+                                                            "--reduce-dtype",    "--grad-dtype",
+                                                            "--optimizer-dtype", "--param-dtype"};
 inline const std::vector<std::string_view> kRematOptions = {"--remat", "--recompute"};
 
 /// FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32) over f32 parameters:
@@ -43,16 +43,47 @@ inline void fsdp1_bf16_mixed_precision(TrainPlanOptions& o) {
 inline void full_remat(TrainPlanOptions& o) { o.remat = parse_remat("full"); }
 /// No activation checkpointing (--remat none).
 inline void no_remat(TrainPlanOptions& o) { o.remat = parse_remat("none"); }
-inline void eager(TrainPlanOptions& o) { o.eager = true; }
 inline void compiled(TrainPlanOptions& o) { o.eager = false; }
 inline void naive_loss(TrainPlanOptions& o) { o.fused_loss = false; }
 inline void fused_attention(TrainPlanOptions& o) { o.fused_attention = true; }
-inline void fsdp_root(TrainPlanOptions& o) { o.fsdp_root = true; }
 inline void own_units(TrainPlanOptions& o) { o.fsdp_root = false; }
 inline void reshard_after_forward(TrainPlanOptions& o) { o.reshard_after_forward = true; }
 inline void adamw(TrainPlanOptions& o) { o.optimizer = OptimizerKind::kAdamw; }
 /// Column/row-parallel modules: layer weights used in their model-axis split (--tp-plan modules).
 inline void tp_modules(TrainPlanOptions& o) { o.tp_plan = TpPlan::kModules; }
+// Choices several stacks make, each with its own words and source (string literals: a choice
+// keeps views of them).
+
+/// The optimizer's kernel (fused, foreach, a loop over the parameters): not modelled.
+inline StackChoice optimizer_kernel(std::string_view what, std::string_view source) {
+  return {.topic = "optimizer kernel",
+          .what = what,
+          .source = source,
+          .setting = "not modelled: the update is planned as the program's elementwise ops (one "
+                     "kernel per chain when compiled, per op with --eager)",
+          .options = {},
+          .apply = nullptr};
+}
+/// torch.compile off by default: --eager (a run that turned it on gives --compile).
+inline StackChoice compile_off(std::string_view what, std::string_view source) {
+  return {.topic = "torch.compile",
+          .what = what,
+          .source = source,
+          .setting = "--eager",
+          .options = {"--eager"},
+          .apply = [](TrainPlanOptions& o) { o.eager = true; }};
+}
+/// FSDP2's root module holding the embedding, final norm and head, the last block kept:
+/// --fsdp-root.
+inline StackChoice root_module(std::string_view what, std::string_view source) {
+  return {.topic = "FSDP wrapping",
+          .what = what,
+          .source = source,
+          .setting = "--fsdp-root",
+          .options = {"--fsdp-root"},
+          .apply = [](TrainPlanOptions& o) { o.fsdp_root = true; }};
+}
+
 /// A choice the planner always makes so, or that the mesh and rules given decide: nothing to set.
 inline void as_planned(TrainPlanOptions&) {}
 

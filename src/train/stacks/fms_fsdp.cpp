@@ -69,13 +69,10 @@ const TrainingStack& fms_fsdp() {
             .setting = "--optimizer adamw",
             .options = {"--optimizer"},
             .apply = adamw},
-           {.topic = "optimizer kernel",
-            .what = "foreach (torch's default for CUDA tensors when neither fused nor foreach "
-                    "is given)",
-            .source = "pytorch/pytorch torch/optim/optimizer.py: _default_to_fused_or_foreach",
-            .setting = "not modelled: the update is planned as the program's elementwise ops",
-            .options = {},
-            .apply = nullptr}},
+           optimizer_kernel(
+               "foreach (torch's default for CUDA tensors when neither fused nor foreach "
+               "is given)",
+               "pytorch/pytorch torch/optim/optimizer.py: _default_to_fused_or_foreach")},
       .validated_by = {}};
   return s;
 }

@@ -7,8 +7,9 @@ namespace shardplan::train::stacks {
 const TrainingStack& llm_foundry() {
   static const TrainingStack s{
       .name = "llm-foundry",
-      .summary = "mosaicml/llm-foundry as of 8c8dd48 (2025-07) with Composer's FSDP (the MPT "
-                 "pretraining yamls)",
+      .summary =
+          "mosaicml/llm-foundry as of 8c8dd48 (2025-07) with Composer's FSDP (the MPT "
+          "pretraining yamls)",
       .choices =
           {{.topic = "mixed precision",
             .what = "precision amp_bf16 with fsdp_config.mixed_precision PURE: parameters "
@@ -25,14 +26,10 @@ const TrainingStack& llm_foundry() {
             .setting = "--remat full",
             .options = kRematOptions,
             .apply = full_remat},
-           {.topic = "torch.compile",
-            .what = "not compiled (Composer runs the model eagerly; the MPT blocks use fused "
-                    "kernels for attention and low-precision LayerNorm)",
-            .source = "mosaicml/llm-foundry@8c8dd48 llmfoundry/models/mpt/"
-                      "configuration_mpt.py: norm_type low_precision_layernorm",
-            .setting = "--eager",
-            .options = {"--eager"},
-            .apply = eager},
+           compile_off("not compiled (Composer runs the model eagerly; the MPT blocks use fused "
+                       "kernels for attention and low-precision LayerNorm)",
+                       "mosaicml/llm-foundry@8c8dd48 llmfoundry/models/mpt/"
+                       "configuration_mpt.py: norm_type low_precision_layernorm"),
            {.topic = "attention",
             .what = "attn_impl: flash (FlashAttention-2)",
             .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml",
@@ -60,13 +57,10 @@ const TrainingStack& llm_foundry() {
             .setting = "--optimizer adamw",
             .options = {"--optimizer"},
             .apply = adamw},
-           {.topic = "optimizer kernel",
-            .what = "DecoupledAdamW updates one parameter at a time (torch ops per parameter)",
-            .source = "mosaicml/composer composer/optim/decoupled_weight_decay.py: "
-                      "DecoupledAdamW.adamw",
-            .setting = "not modelled: the update is planned as the program's elementwise ops",
-            .options = {},
-            .apply = nullptr},
+           optimizer_kernel(
+               "DecoupledAdamW updates one parameter at a time (torch ops per parameter)",
+               "mosaicml/composer composer/optim/decoupled_weight_decay.py: "
+               "DecoupledAdamW.adamw"),
            {.topic = "FSDP wrapping",
             .what = "FSDP1 FULL_SHARD, each block its own unit",
             .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml: "

@@ -16,8 +16,9 @@ void maxtext_precision(TrainPlanOptions& o) {
 const TrainingStack& maxtext() {
   static const TrainingStack s{
       .name = "maxtext",
-      .summary = "AI-Hypercomputer/maxtext as of e591f30 (2026-08), base.yml's defaults (JAX, "
-                 "XLA-compiled)",
+      .summary =
+          "AI-Hypercomputer/maxtext as of e591f30 (2026-08), base.yml's defaults (JAX, "
+          "XLA-compiled)",
       .choices =
           {{.topic = "mixed precision",
             .what = "weight_dtype float32, dtype bfloat16 (the weights cast for use), "

@@ -46,8 +46,9 @@ std::vector<StackChoice> megatron_parallelism() {
 const TrainingStack& megatron_core() {
   static const TrainingStack s{
       .name = "megatron-core",
-      .summary = "NVIDIA Megatron-LM / Megatron-Core as of d98e8a6 (2026-08), GPT pretraining "
-                 "with --bf16 and Transformer Engine",
+      .summary =
+          "NVIDIA Megatron-LM / Megatron-Core as of d98e8a6 (2026-08), GPT pretraining "
+          "with --bf16 and Transformer Engine",
       .choices = joined(
           {{.topic = "mixed precision",
             .what = "--bf16: the model's parameters and gradients in bfloat16, the optimizer's "
@@ -108,13 +109,10 @@ const TrainingStack& megatron_core() {
             .setting = "--optimizer adamw",
             .options = {"--optimizer"},
             .apply = adamw},
-           {.topic = "optimizer kernel",
-            .what = "FusedAdam: one kernel reads and writes each parameter, gradient and moment "
-                    "once",
-            .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/optimizer/__init__.py",
-            .setting = "not modelled: the update is planned as the program's elementwise ops",
-            .options = {},
-            .apply = nullptr}},
+           optimizer_kernel(
+               "FusedAdam: one kernel reads and writes each parameter, gradient and moment "
+               "once",
+               "NVIDIA/Megatron-LM@d98e8a6 megatron/core/optimizer/__init__.py")},
           megatron_parallelism()),
       .validated_by = {}};
   return s;

@@ -14,8 +14,9 @@ void op_sac(TrainPlanOptions& o) { o.remat = parse_remat("torchtitan:op"); }
 // The loss as torchtitan wrote it from late 2024: the logits taken to float32 first.
 StackChoice f32_loss(std::string_view source) {
   return {.topic = "loss",
-          .what = "cross_entropy(pred.flatten(0, 1).float(), labels): the whole logits taken "
-                  "to float32, then PyTorch's cross-entropy",
+          .what =
+              "cross_entropy(pred.flatten(0, 1).float(), labels): the whole logits taken "
+              "to float32, then PyTorch's cross-entropy",
           .source = source,
           .setting = "--loss naive",
           .options = {"--loss"},
@@ -88,8 +89,9 @@ std::vector<StackChoice> common(std::string_view at_parallelize) {
 const TrainingStack& torchtitan_2024_07() {
   static const TrainingStack s{
       .name = "torchtitan-2024-07",
-      .summary = "torchtitan as of 40f79d7 (2024-07-30): the A100 runs of its mid-2024 "
-                 "docs/performance.md",
+      .summary =
+          "torchtitan as of 40f79d7 (2024-07-30): the A100 runs of its mid-2024 "
+          "docs/performance.md",
       .choices = joined(
           common("pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
                  "_save_list, apply_ac, apply_tp"),
@@ -107,31 +109,19 @@ const TrainingStack& torchtitan_2024_07() {
                        "(one more copy of [tokens, vocab] at the loss)",
             .options = {},
             .apply = nullptr},
-           {.topic = "torch.compile",
-            .what = "off unless --training.compile (llama3_8b.toml: compile = false) "
-                    "(--compile)",
-            .source = "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
-                      "--training.compile; train_configs/llama3_8b.toml",
-            .setting = "--eager",
-            .options = {"--eager"},
-            .apply = eager},
-           {.topic = "FSDP wrapping",
-            .what = "fully_shard on each TransformerBlock, the last with "
-                    "reshard_after_forward=False, then on the whole model (the root: embedding, "
-                    "final norm, output, never resharded after forward)",
-            .source = "pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
-                      "apply_fsdp",
-            .setting = "--fsdp-root",
-            .options = {"--fsdp-root"},
-            .apply = fsdp_root},
-           {.topic = "optimizer kernel",
-            .what = "AdamW with fused=False (--optimizer.fused off by default): torch's foreach",
-            .source = "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
-                      "--optimizer.fused",
-            .setting = "not modelled: the update is planned op by op as the program's "
-                       "elementwise ops",
-            .options = {},
-            .apply = nullptr}}),
+           compile_off("off unless --training.compile (llama3_8b.toml: compile = false) "
+                       "(--compile)",
+                       "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
+                       "--training.compile; train_configs/llama3_8b.toml"),
+           root_module("fully_shard on each TransformerBlock, the last with "
+                       "reshard_after_forward=False, then on the whole model (the root: embedding, "
+                       "final norm, output, never resharded after forward)",
+                       "pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
+                       "apply_fsdp"),
+           optimizer_kernel(
+               "AdamW with fused=False (--optimizer.fused off by default): torch's foreach",
+               "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
+               "--optimizer.fused")}),
       .validated_by = {}};
   return s;
 }
@@ -139,43 +129,31 @@ const TrainingStack& torchtitan_2024_07() {
 const TrainingStack& torchtitan_2024_12() {
   static const TrainingStack s{
       .name = "torchtitan-2024-12",
-      .summary = "torchtitan as of 3f20451 (2024-12-26): the docs/performance.md tables of "
-                 "December 2024",
+      .summary =
+          "torchtitan as of 3f20451 (2024-12-26): the docs/performance.md tables of "
+          "December 2024",
       .choices = joined(
           common("pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
                  "_save_list, _apply_ac_to_transformer_block, apply_tp"),
           {f32_loss("pytorch/torchtitan@3f20451 train.py: loss_fn"),
-           {.topic = "torch.compile",
-            .what = "off unless --training.compile (a store_true flag; llama3_8b.toml: "
-                    "compile = false); when on, each TransformerBlock is compiled, the loss "
-                    "never (--compile)",
-            .source = "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
-                      "--training.compile; train_configs/llama3_8b.toml",
-            .setting = "--eager",
-            .options = {"--eager"},
-            .apply = eager},
-           {.topic = "FSDP wrapping",
-            .what = "fully_shard on each TransformerBlock, the last with "
-                    "reshard_after_forward=False, then on the whole model: the root module "
-                    "holds the embedding, final norm and output, never resharded after forward",
-            .source = "pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
-                      "apply_fsdp",
-            .setting = "--fsdp-root",
-            .options = {"--fsdp-root"},
-            .apply = fsdp_root},
-           {.topic = "optimizer kernel",
-            .what = "AdamW with fused=False (--optimizer.fused is off by default), so torch's "
-                    "default for CUDA tensors: foreach (multi-tensor kernels, op by op)",
-            .source = "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
-                      "--optimizer.fused; torch/optim/adamw.py (_default_to_fused_or_foreach)",
-            .setting = "not modelled: the update is planned op by op as the program's "
-                       "elementwise ops (one kernel per chain when compiled, per op with --eager)",
-            .options = {},
-            .apply = nullptr}}),
+           compile_off("off unless --training.compile (a store_true flag; llama3_8b.toml: "
+                       "compile = false); when on, each TransformerBlock is compiled, the loss "
+                       "never (--compile)",
+                       "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
+                       "--training.compile; train_configs/llama3_8b.toml"),
+           root_module("fully_shard on each TransformerBlock, the last with "
+                       "reshard_after_forward=False, then on the whole model: the root module "
+                       "holds the embedding, final norm and output, never resharded after forward",
+                       "pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
+                       "apply_fsdp"),
+           optimizer_kernel(
+               "AdamW with fused=False (--optimizer.fused is off by default), so torch's "
+               "default for CUDA tensors: foreach (multi-tensor kernels, op by op)",
+               "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
+               "--optimizer.fused; torch/optim/adamw.py (_default_to_fused_or_foreach)")}),
       // tests/published_runs_test.cpp's rows planned through this stack (the test keeps the two
       // lists equal).
-      .validated_by = {"Table 1: Llama 3.1 8B, FSDP",
-                       "Table 1: Llama 3.1 8B, FSDP + torch.compile",
+      .validated_by = {"Table 1: Llama 3.1 8B, FSDP", "Table 1: Llama 3.1 8B, FSDP + torch.compile",
                        "Table 3: Llama 3.1 8B, FSDP, 128 GPUs",
                        "Table 3: Llama 3.1 8B, FSDP + torch.compile, 128 GPUs",
                        "Table 1: + Float8 (FSDP + torch.compile + Float8)",
@@ -186,39 +164,27 @@ const TrainingStack& torchtitan_2024_12() {
 const TrainingStack& torchtitan_2025_06() {
   static const TrainingStack s{
       .name = "torchtitan-2025-06",
-      .summary = "torchtitan as of 6b11290 (2025-06-27): fused AdamW by default "
-                 "(pytorch/torchtitan#881), the root wrapping of before #1094",
+      .summary =
+          "torchtitan as of 6b11290 (2025-06-27): fused AdamW by default "
+          "(pytorch/torchtitan#881), the root wrapping of before #1094",
       .choices = joined(
           common("pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
                  "_save_list, _apply_ac_to_transformer_block, apply_tp"),
           {f32_loss("pytorch/torchtitan@6b11290 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
-           {.topic = "torch.compile",
-            .what = "off unless training.compile (llama3_8b.toml: compile = false); when on, "
-                    "each TransformerBlock is compiled (--compile)",
-            .source = "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: Training.compile; "
-                      "torchtitan/models/llama3/train_configs/llama3_8b.toml",
-            .setting = "--eager",
-            .options = {"--eager"},
-            .apply = eager},
-           {.topic = "FSDP wrapping",
-            .what = "reshard_after_forward_policy \"default\": fully_shard on each "
-                    "TransformerBlock, the last with reshard_after_forward=False, then on the "
-                    "whole model (the root: embedding, final norm, output)",
-            .source = "pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
-                      "apply_fsdp",
-            .setting = "--fsdp-root",
-            .options = {"--fsdp-root"},
-            .apply = fsdp_root},
-           {.topic = "optimizer kernel",
-            .what = "AdamW with implementation = \"fused\" (the default since "
-                    "pytorch/torchtitan#881, 2025-02-24)",
-            .source = "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
-                      "Optimizer.implementation",
-            .setting = "not modelled: the update is planned op by op as the program's "
-                       "elementwise ops",
-            .options = {},
-            .apply = nullptr}}),
+           compile_off("off unless training.compile (llama3_8b.toml: compile = false); when on, "
+                       "each TransformerBlock is compiled (--compile)",
+                       "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: Training.compile; "
+                       "torchtitan/models/llama3/train_configs/llama3_8b.toml"),
+           root_module("reshard_after_forward_policy \"default\": fully_shard on each "
+                       "TransformerBlock, the last with reshard_after_forward=False, then on the "
+                       "whole model (the root: embedding, final norm, output)",
+                       "pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
+                       "apply_fsdp"),
+           optimizer_kernel("AdamW with implementation = \"fused\" (the default since "
+                            "pytorch/torchtitan#881, 2025-02-24)",
+                            "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
+                            "Optimizer.implementation")}),
       .validated_by = {}};
   return s;
 }
@@ -226,22 +192,19 @@ const TrainingStack& torchtitan_2025_06() {
 const TrainingStack& torchtitan_2025_08() {
   static const TrainingStack s{
       .name = "torchtitan-2025-08",
-      .summary = "torchtitan after pytorch/torchtitan#1094 (83e6941, 2025-07-28), as of 07c00d9 "
-                 "(August 2025)",
+      .summary =
+          "torchtitan after pytorch/torchtitan#1094 (83e6941, 2025-07-28), as of 07c00d9 "
+          "(August 2025)",
       .choices = joined(
           common("pytorch/torchtitan@07c00d9 torchtitan/distributed/activation_checkpoint.py: "
                  "_save_list, _apply_op_sac; torchtitan/models/llama3/infra/parallelize.py: "
                  "apply_tp"),
           {f32_loss("pytorch/torchtitan@07c00d9 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
-           {.topic = "torch.compile",
-            .what = "off unless compile.enable (llama3_8b.toml: enable = false); when on, the "
-                    "blocks and the loss (components = [\"model\", \"loss\"]) (--compile)",
-            .source = "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: Compile; "
-                      "torchtitan/models/llama3/train_configs/llama3_8b.toml",
-            .setting = "--eager",
-            .options = {"--eager"},
-            .apply = eager},
+           compile_off("off unless compile.enable (llama3_8b.toml: enable = false); when on, the "
+                       "blocks and the loss (components = [\"model\", \"loss\"]) (--compile)",
+                       "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: Compile; "
+                       "torchtitan/models/llama3/train_configs/llama3_8b.toml"),
            {.topic = "FSDP wrapping",
             .what = "fully_shard on tok_embeddings, on each block (reshard_after_forward=True), "
                     "on [norm, output] together with reshard_after_forward=False (kept for "
@@ -251,16 +214,11 @@ const TrainingStack& torchtitan_2025_08() {
             .setting = "train-plan's default wrapping (no --fsdp-root)",
             .options = {"--fsdp-root"},
             .apply = own_units},
-           {.topic = "optimizer kernel",
-            .what = "AdamW with implementation = \"fused\" (the default since "
-                    "pytorch/torchtitan#881, 2025-02-24): one kernel reads and writes each "
-                    "parameter, gradient and moment once",
-            .source = "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
-                      "Optimizer.implementation",
-            .setting = "not modelled: the update is planned op by op as the program's "
-                       "elementwise ops",
-            .options = {},
-            .apply = nullptr}}),
+           optimizer_kernel("AdamW with implementation = \"fused\" (the default since "
+                            "pytorch/torchtitan#881, 2025-02-24): one kernel reads and writes each "
+                            "parameter, gradient and moment once",
+                            "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
+                            "Optimizer.implementation")}),
       .validated_by = {}};
   return s;
 }
