@@ -147,8 +147,13 @@ class CandidateBuilder {
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId id = value_id(i);
       std::vector<Cand> cands = candidates(id);
-      std::stable_sort(cands.begin(), cands.end(),
-                       [](const Cand& a, const Cand& b) { return a.strategy < b.strategy; });
+      // By strategy, equal ones in the order made (an insertion sort: a node has a handful of
+      // candidates, and std::stable_sort allocates a buffer for them).
+      for (std::size_t k = 1; k < cands.size(); ++k) {
+        for (std::size_t j = k; j > 0 && cands[j].strategy < cands[j - 1].strategy; --j) {
+          std::swap(cands[j], cands[j - 1]);
+        }
+      }
       for (Cand& c : cands) add(id, std::move(c));
     }
     for (std::size_t i = 0; i < g_.size(); ++i) {

@@ -55,6 +55,8 @@ std::vector<Shape> operand_shapes(const Graph& g, const Node& n) {
 
 Propagator::Propagator(const Graph& g, const Mesh& mesh) : g_(g), mesh_(mesh) {
   sh_ = ValueMap<Sharding>(g.size());
+  changed_at_ = ValueMap<std::uint64_t>(g.size());
+  proposed_at_ = ValueMap<std::uint64_t>(g.size());
   factors_.reserve(g.size());
   for (const Node& n : g.nodes) {
     factors_.push_back(n.op->factors(n, operand_shapes(g, n)));
@@ -82,6 +84,7 @@ void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin) 
   s.dims.resize(static_cast<std::size_t>(rank));
   s.known = s.fixed = true;
   s.origin = std::move(origin);
+  mark_changed(id);
 }
 
 void Propagator::run() {
@@ -159,10 +162,21 @@ bool Propagator::sweep(bool pointwise_only) {
   return changed;
 }
 
+bool Propagator::may_propose(ValueId id) const {
+  const std::uint64_t at = proposed_at_[id];
+  if (at == 0 || changed_at_[id] > at) return true;
+  return std::any_of(g_[id].operands.begin(), g_[id].operands.end(),
+                     [&](ValueId o) { return changed_at_[o] > at; });
+}
+
 bool Propagator::through(std::span<const ValueId> nodes, bool pointwise_only) {
-  std::vector<Proposal> proposals;
+  std::vector<Proposal>& proposals = proposals_;
+  proposals.clear();
   for (const ValueId id : nodes) {
-    if (!pointwise_only || g_[id].op->pointwise) propose(id, proposals);
+    if (pointwise_only && !g_[id].op->pointwise) continue;
+    if (!may_propose(id)) continue;
+    proposed_at_[id] = ++clock_;
+    propose(id, proposals);
   }
   // Each value takes its proposals best first, in an order of the proposals as data: the
   // declared priority (a fixed sharding, then the larger tensor), then the axes in mesh order,
@@ -193,6 +207,7 @@ bool Propagator::through(std::span<const ValueId> nodes, bool pointwise_only) {
       sh.origin += fmt::format("; dim {} {}", d, note);
     }
     sh.known = true;
+    mark_changed(p.target);
     changed = true;
   }
   return changed;

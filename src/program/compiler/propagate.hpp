@@ -78,12 +78,23 @@ class Propagator {
   // Every proposal of `nodes` is made from the shardings before them, then taken best first.
   bool through(std::span<const ValueId> nodes, bool pointwise_only);
   void propose(ValueId id, std::vector<Proposal>& out) const;
+  // Whether a value node `id` touches (an operand or its result) changed since it last proposed.
+  // A proposal is made only for a free dimension and axes its target does not use, so each one
+  // is either taken (its target changes) or refused because another proposal changed the target
+  // first: a node none of whose values changed since it proposed would propose nothing.
+  bool may_propose(ValueId id) const;
+  void mark_changed(ValueId id) { changed_at_[id] = ++clock_; }
 
   const Graph& g_;
   const Mesh& mesh_;
   ValueMap<Sharding> sh_;
   ValueMap<OpFactors> factors_;
   std::vector<std::vector<ValueId>> levels_;  // the nodes by depth from the inputs
+  // may_propose's clock: when each value last changed, when each node last proposed (0: never).
+  std::uint64_t clock_ = 0;
+  ValueMap<std::uint64_t> changed_at_;
+  ValueMap<std::uint64_t> proposed_at_;
+  std::vector<Proposal> proposals_;  // through()'s, kept to reuse their memory
 };
 
 /// The operand shapes of `n` in `g`.
