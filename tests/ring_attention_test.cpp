@@ -72,7 +72,8 @@ Results reference(const Inputs& in, bool causal) {
 
 // The same by ring over `devices` devices of `exec` (sequence over cp, reordered when causal),
 // brought back to the natural order; `jit`: inside sjit.
-Results by_ring(const Inputs& in, bool causal, const Executor& exec, int devices, bool jit) {
+Results by_ring(const Inputs& in, bool causal, const Executor& exec, int devices, bool jit,
+                RingRotate rotate = RingRotate::kPermute) {
   const Mesh m = Mesh::parse("cp:" + std::to_string(devices), devices);
   std::vector<std::int64_t> pos(static_cast<std::size_t>(kT));
   for (std::int64_t p = 0; p < kT; ++p) pos[static_cast<std::size_t>(p)] = p;
@@ -86,7 +87,7 @@ Results by_ring(const Inputs& in, bool causal, const Executor& exec, int devices
   const Array w = put(in.w);
   const auto attend = [&](const Tree<Array>& p) {
     return context_parallel_attention(p.at(0).leaf(), p.at(1).leaf(), p.at(2).leaf(), m, spec,
-                                      "cp", causal);
+                                      "cp", causal, std::nullopt, rotate);
   };
   const auto step = [&](const Tree<Array>& p, const Array& weights) {
     auto [value, grads] =
@@ -123,6 +124,58 @@ TEST(RingAttention, NotCausalEqualsWholeSequenceAttention) {
   const Inputs in;
   Executor exec{4};
   expect_close(by_ring(in, false, exec, 4, true), reference(in, false), 2e-5, "sjit, cp:4");
+}
+
+void expect_bitwise(const Results& got, const Results& want, const std::string& what) {
+  EXPECT_EQ(max_diff(got.out, want.out), 0) << what << " output";
+  EXPECT_EQ(max_diff(got.dq, want.dq), 0) << what << " dq";
+  EXPECT_EQ(max_diff(got.dk, want.dk), 0) << what << " dk";
+  EXPECT_EQ(max_diff(got.dv, want.dv), 0) << what << " dv";
+}
+
+// The blocks read from one all-gather are the blocks the ring passes on, met in the same steps:
+// the same values and gradients bit for bit, eagerly and under sjit, causal or not.
+TEST(RingAttention, AllGatherRotationIsThePermutingRingBitForBit) {
+  const Inputs in;
+  Executor exec{4};
+  for (const bool causal : {true, false}) {
+    for (const bool jit : {false, true}) {
+      const std::string what = std::string(causal ? "causal" : "not causal") + (jit ? ", sjit" : ", eager");
+      const Results gathered = by_ring(in, causal, exec, 4, jit, RingRotate::kAllGather);
+      expect_bitwise(gathered, by_ring(in, causal, exec, 4, jit), what);
+      expect_close(gathered, reference(in, causal), 2e-5, what);
+    }
+  }
+}
+
+// What each rotation sends, counted by hand for n = 4 devices, forward and backward: permuting,
+// 3 steps forward, 3 backward with the blocks and 3 with their gradients, and 1 sending the
+// gradients home (10 ppermutes); gathering, one all-gather each way and the gradients' 3 + 1.
+TEST(RingAttention, AllGatherRotationGathersOnceEachWayAndSendsTheGradientsRound) {
+  const Inputs in;
+  Executor exec{4};
+  const Mesh m = Mesh::parse("cp:4", 4);
+  const PartitionSpec spec = P(nullptr, "cp");
+  const auto put = [&](const Tensor& t) { return device_put(t, NamedSharding(m, spec), exec); };
+  const Array q = put(in.q), k = put(in.k), v = put(in.v);
+  for (const RingRotate rotate : {RingRotate::kPermute, RingRotate::kAllGather}) {
+    auto f = sjit(m, [&](const Array& qq, const Array& kk, const Array& vv) {
+      return value_and_grad([&](const Array& x) {
+               return sum(context_parallel_attention(qq, x, vv, m, spec, "cp", true, std::nullopt,
+                                                     rotate));
+             })(kk)
+          .second;
+    });
+    int gathers = 0, permutes = 0;
+    for (const LoweredOp& op : f.lower(q, k, v).ops()) {
+      if (op.composite != composite::kRingAttention) continue;
+      gathers += op.primitive == "pall_gather" ? 1 : 0;
+      permutes += op.primitive == "ppermute" ? 1 : 0;
+    }
+    const bool gather = rotate == RingRotate::kAllGather;
+    EXPECT_EQ(gathers, gather ? 2 : 0) << (gather ? "all-gather" : "permute");
+    EXPECT_EQ(permutes, gather ? 4 : 10) << (gather ? "all-gather" : "permute");
+  }
 }
 
 TEST(RingAttention, LoadBalancedOrderGivesEachDeviceTwoMirroredChunks) {

@@ -121,6 +121,15 @@ auto shard_map(F f, Mesh mesh, std::vector<PartitionSpec> in_specs,
   };
 }
 
+/// How ring attention's key/value blocks reach each device. kPermute: each step every device
+/// passes the block it holds to the next (lax::ppermute; Megatron's cp_comm_type "p2p", PyTorch's
+/// rotate method "alltoall"), so no device holds more than two blocks. kAllGather: every device
+/// gathers all the blocks once (lax::all_gather) and reads each step's from them (PyTorch's
+/// rotate method "allgather", torchtitan's default): one collective instead of n - 1, n blocks
+/// held; the backward pass gathers again and sends the blocks' gradients round the ring as
+/// kPermute does. The steps, and so the results, are the same bit for bit.
+enum class RingRotate : std::uint8_t { kPermute, kAllGather };
+
 /// Context parallelism. Inside shard_map's function, with the sequence split over mesh axis
 /// `axis`: attention by ring, q [B, t, N, H] and k, v [B, t, K, H] this device's block of the
 /// sequence (N a multiple of K). The key/value blocks travel round the devices of `axis`
@@ -132,8 +141,10 @@ auto shard_map(F f, Mesh mesh, std::vector<PartitionSpec> in_specs,
 /// dot_product_attention over the whole sequence to float rounding, non-finite values included
 /// (docs/sjit.md "Non-finite values in attention"). `scale`: 1/sqrt(H) when not given; NaN,
 /// infinite or not positive is a SpecError.
+/// `rotate`: how the key/value blocks reach each device (RingRotate); the results are the same.
 Array ring_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
-                     bool is_causal, std::optional<double> scale = std::nullopt);
+                     bool is_causal, std::optional<double> scale = std::nullopt,
+                     RingRotate rotate = RingRotate::kPermute);
 /// The load-balanced order of t tokens over n devices: element p is the position of the token
 /// at index p of the reordered sequence. Device d's block (indices 2c d .. 2c (d+1), c = t/2n)
 /// holds chunks d and 2n-1-d. Throws SpecError when t is not a multiple of 2n.
@@ -143,7 +154,8 @@ std::vector<std::int64_t> load_balanced_positions(std::int64_t t, std::int64_t n
 /// alone: shard_map(ring_attention) with in and out specs `spec`.
 Array context_parallel_attention(const Array& q, const Array& k, const Array& v, const Mesh& mesh,
                                  const PartitionSpec& spec, const std::string& axis, bool is_causal,
-                                 std::optional<double> scale = std::nullopt);
+                                 std::optional<double> scale = std::nullopt,
+                                 RingRotate rotate = RingRotate::kPermute);
 
 /// The collectives of shard_map's function (jax.lax's), over the mesh axes named. Each is an
 /// error (SpecError naming it and the axis) outside a shard_map or over an axis the mesh does not

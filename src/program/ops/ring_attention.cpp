@@ -51,9 +51,25 @@ struct Ring {
   double scale = 1;
   bool causal = false;
   bool communicate = true;  // false: each block stays where it is (the compute alone, to measure)
+  RingRotate rotate = RingRotate::kPermute;
 
   Array pass(const Array& x) const {
     return communicate ? lax::ppermute(x, axis, shift()) : x;
+  }
+  // Every device's key/value block, gathered once (RingRotate::kAllGather), or none: each step's
+  // block then comes from the device before (pass).
+  Array gathered(const Array& kv) const {
+    return communicate && rotate == RingRotate::kAllGather && n > 1 ? lax::all_gather(kv, axis)
+                                                                     : Array();
+  }
+  // The block a device meets at step s of the ring: that of device i - s (mod n), passed on from
+  // the device before or read from the gathered blocks (the same values either way).
+  Array next(const Array& blk, const Array& all, const Array& i, std::int64_t s) const {
+    if (!all.valid()) return pass(blk);
+    const Array j = where(greater_equal(i, full_like(i, static_cast<double>(s))),
+                          i - full_like(i, static_cast<double>(s)),
+                          i + full_like(i, static_cast<double>(n - s)));
+    return reshape(take(all, reshape(j, Shape{1}), 0), blk.shape());
   }
 
   std::vector<std::pair<int, int>> shift() const {  // device d sends to d + 1
@@ -89,8 +105,9 @@ Array ring_forward(const Ring& r, const Array& q, const Array& kv, const Array& 
   auto [k0, v0] = split_kv(kv);
   Array acc = r.attend(q, k0, v0, r.causal);
   Array blk = kv;
+  const Array all = r.gathered(kv);
   for (std::int64_t s = 1; s < r.n; ++s) {
-    blk = r.pass(blk);
+    blk = r.next(blk, all, i, s);
     auto [k, v] = split_kv(blk);
     if (!r.causal) {
       acc = merge(acc, r.attend(q, k, v, false));
@@ -119,8 +136,11 @@ std::pair<Array, Array> ring_backward(const Ring& r, const Array& q, const Array
   auto [k0, v0] = split_kv(kv);
   auto [dq, dblk] = r.grads(q, k0, v0, y, g, r.causal);
   Array blk = kv;
+  // Gathered again (PyTorch's all-gather rotation gathers in the backward pass as well); the
+  // blocks' gradients still travel round the ring, each summed on its way home.
+  const Array all = r.gathered(kv);
   for (std::int64_t s = 1; s < r.n; ++s) {
-    blk = r.pass(blk);
+    blk = r.next(blk, all, i, s);
     dblk = r.pass(dblk);
     auto [k, v] = split_kv(blk);
     if (!r.causal) {
@@ -155,13 +175,14 @@ std::pair<Array, Array> ring_backward(const Ring& r, const Array& q, const Array
 }  // namespace
 
 Array ring_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
-                     bool is_causal, std::optional<double> scale) {
-  return detail::ring_attention_impl(q, k, v, axis, is_causal, scale, true);
+                     bool is_causal, std::optional<double> scale, RingRotate rotate) {
+  return detail::ring_attention_impl(q, k, v, axis, is_causal, scale, true, rotate);
 }
 
 namespace detail {
 Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const std::string& axis,
-                          bool is_causal, std::optional<double> scale, bool communicate) {
+                          bool is_causal, std::optional<double> scale, bool communicate,
+                          RingRotate rotate) {
   const Shape& qs = q.shape();
   const Shape& ks = k.shape();
   if (qs.rank() != 4 || ks.rank() != 4 || !(ks == v.shape())) {
@@ -182,7 +203,7 @@ Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const 
   const CompositeScope in_ring(composite::kRingAttention);
   const std::int64_t B = qs[0], t = qs[1], N = qs[2], H = qs[3], K = ks[2];
   const Ring r{axis, lax::axis_size(axis), attention_scale("ring_attention", scale, H), is_causal,
-               communicate};
+               communicate, rotate};
   const Array i = lax::axis_index(axis);
   const Array qg = reshape(q, Shape{B, t, K, N / K, H});
   const Array kv =
@@ -227,7 +248,7 @@ std::vector<std::int64_t> load_balanced_positions(std::int64_t t, std::int64_t n
 
 Array context_parallel_attention(const Array& q, const Array& k, const Array& v, const Mesh& mesh,
                                  const PartitionSpec& spec, const std::string& axis, bool is_causal,
-                                 std::optional<double> scale) {
+                                 std::optional<double> scale, RingRotate rotate) {
   if (q.shape().rank() == 4) {
     detail::attention_scale("context_parallel_attention", scale, q.shape()[3]);
   }
@@ -238,8 +259,8 @@ Array context_parallel_attention(const Array& q, const Array& k, const Array& v,
                                 spec.to_string(), axis));
   }
   return shard_map(
-      [axis, is_causal, scale](const Array& qb, const Array& kb, const Array& vb) {
-        return ring_attention(qb, kb, vb, axis, is_causal, scale);
+      [axis, is_causal, scale, rotate](const Array& qb, const Array& kb, const Array& vb) {
+        return ring_attention(qb, kb, vb, axis, is_causal, scale, rotate);
       },
       mesh, {spec, spec, spec}, {spec})(q, k, v);
 }

@@ -6,10 +6,12 @@
 #include <string>
 
 #include "shardplan/array.hpp"
+#include "shardplan/shard_map.hpp"
 
 namespace shardplan::detail {
 
 Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const std::string& axis,
-                          bool is_causal, std::optional<double> scale, bool communicate);
+                          bool is_causal, std::optional<double> scale, bool communicate,
+                          RingRotate rotate = RingRotate::kPermute);
 
 }  // namespace shardplan::detail
