@@ -286,8 +286,9 @@ struct Case {
   std::string text;  // for the failure message
 };
 
-// `blocks`: the generator of the block settings, apart so that the other draws stay as they were.
-Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks) {
+// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, apart so that
+// the other draws stay as they were.
+Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels) {
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -338,16 +339,18 @@ Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks) {
   o.reshard_last_block = pick(blocks, std::vector<std::optional<bool>>{
                                        std::nullopt, std::nullopt, std::nullopt, std::nullopt,
                                        std::nullopt, std::nullopt, false, true});
+  o.cp_rotate = std::uniform_int_distribution<int>(0, 1)(kernels) == 0 ? RingRotate::kPermute
+                                                                    : RingRotate::kAllGather;
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
       "param {} remat {} blocks {} fsdp_root {} reshard_last {} eager {} activations {} "
-      "hardware {} tp_plan {}",
+      "hardware {} tp_plan {} cp_rotate {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), remat_blocks_name(o.remat_blocks), o.fsdp_root,
       b(o.reshard_last_block), o.eager, o.activations.has_value(),
-      o.hardware ? o.hardware->name : "none", name(o.tp_plan));
+      o.hardware ? o.hardware->name : "none", name(o.tp_plan), name(o.cp_rotate));
   return k;
 }
 
@@ -381,6 +384,13 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   if (!p.context_axes.empty()) {
     EXPECT_GT(axis_ways(mesh, p.context_axes), 1);
     EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kPermute), 0u);
+    // The ring's rotation as asked, read from its ops.
+    EXPECT_EQ(p.context_gathered, o.cp_rotate == RingRotate::kAllGather);
+    if (p.context_gathered) {
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kAllGather), 0u);
+    }
+  } else {
+    EXPECT_FALSE(p.context_gathered);
   }
   // The text and JSON say the same.
   const std::string text = p.table();
@@ -389,12 +399,18 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   EXPECT_THAT(text, ::testing::HasSubstr(p.sequence_parallel ? "sequence parallel on"
                                                              : "sequence parallel off"));
   EXPECT_EQ(text.find("context parallel over") != std::string::npos, !p.context_axes.empty());
+  EXPECT_EQ(text.find("key/value blocks all-gathered") != std::string::npos, p.context_gathered);
   std::ostringstream js;
   p.write_json(js);
   const auto j = nlohmann::json::parse(js.str());
   EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
   EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
+  if (p.context_axes.empty()) {
+    EXPECT_TRUE(j["context_rotate"].is_null());
+  } else {
+    EXPECT_EQ(j["context_rotate"], p.context_gathered ? "allgather" : "permute");
+  }
   if (o.hardware) {
     ASSERT_TRUE(p.time);
     const StepTime& t = *p.time;
@@ -460,11 +476,11 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   constexpr std::uint64_t kSeed = 39;
   constexpr int kCases = 500;
-  std::mt19937_64 rng(kSeed), blocks(kSeed + 1);
+  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2);
   int planned = 0, refused = 0;
   std::set<std::size_t> refusals_seen;
   for (int i = 0; i < kCases; ++i) {
-    const Case k = random_case(rng, blocks);
+    const Case k = random_case(rng, blocks, kernels);
     SCOPED_TRACE(fmt::format("seed {} case {}: {}", kSeed, i, k.text));
     const ModelConfig c = ModelConfig::parse(k.family->json);
     const Mesh mesh = Mesh::parse(k.mesh, 4);

@@ -32,6 +32,7 @@
 #include "shardplan/program_cost.hpp"
 #include "shardplan/remat.hpp"
 #include "shardplan/rule_file.hpp"
+#include "shardplan/shard_map.hpp"
 #include "shardplan/sharding_rule.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/tree.hpp"
@@ -134,6 +135,9 @@ enum class TpPlan { kPartitioner, kModules };
 /// "partitioner", "modules". Throws SpecError naming the known ones.
 TpPlan parse_tp_plan(std::string_view name);
 std::string_view name(TpPlan plan);
+/// "permute", "allgather" (--cp-rotate; RingRotate). Throws SpecError naming the known ones.
+RingRotate parse_ring_rotate(std::string_view name);
+std::string_view name(RingRotate rotate);
 
 /// Which decoder layers --remat makes checkpoints (--remat-blocks; docs/training.md "Remat per
 /// block"). Layer i counts from 0. kAll: every layer. kEvery: every k-th, layers k-1, 2k-1, ...
@@ -273,6 +277,9 @@ struct TrainPlanOptions {
   std::optional<bool> sequence_parallel;
   /// Where the layer weights are laid out as used (TpPlan); with a model axis only.
   TpPlan tp_plan = TpPlan::kPartitioner;
+  /// How context parallelism's ring attention exchanges the key/value blocks (RingRotate); with a
+  /// context axis only.
+  RingRotate cp_rotate = RingRotate::kPermute;
   /// The stack these options were set from (apply_stack); reported with the plan.
   std::optional<StackUse> stack;
 };
@@ -418,6 +425,9 @@ struct TrainPlan {
   /// key/value blocks exchanged by ppermute): context parallelism (cp, context; the tokens in
   /// the load-balanced order); empty for none.
   std::vector<std::string> context_axes;
+  /// With context_axes: whether the ring's key/value blocks are all-gathered
+  /// (RingRotate::kAllGather: the ring's ops hold an all-gather), else passed round by ppermute.
+  bool context_gathered = false;
   std::string optimizer;
   DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;
   /// Mixed precision (TrainPlanOptions): the dtype the weights are held in and the one the

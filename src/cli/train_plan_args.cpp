@@ -72,6 +72,11 @@ void add_stack_options(CLI::App* t, TrainPlanCommand& c) {
                 "activations all-gathered and reduce-scattered around each block). Default: "
                 "partitioner (it may gather a weight over the model axes and move activations "
                 "instead)");
+  t->add_option("--cp-rotate", c.cp_rotate,
+                "permute or allgather: how context parallelism's ring attention exchanges the "
+                "key/value blocks; permute: passed to the next device each step (Megatron's "
+                "p2p), allgather: gathered once each way (torchtitan's default). Default: "
+                "permute");
   t->add_option("--stack", c.stack,
                 "Plan the step as this training stack runs it (docs/training.md \"Training "
                 "stacks\"; --explain lists its choices and sources); an option given overrides "

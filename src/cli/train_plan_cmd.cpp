@@ -365,6 +365,13 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
       throw UsageError(fmt::format("--tp-plan: {}", e.what()));
     }
   }
+  if (!c.cp_rotate.empty() || given("--cp-rotate")) {
+    try {
+      o.cp_rotate = parse_ring_rotate(c.cp_rotate);
+    } catch (const SpecError& e) {
+      throw UsageError(fmt::format("--cp-rotate: {}", e.what()));
+    }
+  }
   if (!c.remat_blocks.empty() || given("--remat-blocks")) {
     try {
       o.remat_blocks = parse_remat_blocks(c.remat_blocks);

@@ -43,6 +43,7 @@ struct TrainPlanCommand {
   bool compare = false;
   std::string html;  // also write the plan as an HTML page to this file
   std::string tp_plan;   // --tp-plan; empty: not given (partitioner)
+  std::string cp_rotate;  // --cp-rotate; empty: not given (permute)
   std::string stack;     // --stack NAME; empty: none
   bool explain = false;  // --explain: list the stack's choices, plan nothing
 };

@@ -416,9 +416,10 @@ Array ModelStep::ring(const Array& q, const Array& k, const Array& v) const {
   };
   const std::string axis = L.context.at(0);
   const double scale = scores_scale(config);
+  const RingRotate rotate = ring_rotate;
   return shard_map(
-      [axis, scale](const Array& qb, const Array& kb, const Array& vb) {
-        return ring_attention(qb, kb, vb, axis, true, scale);
+      [axis, scale, rotate](const Array& qb, const Array& kb, const Array& vb) {
+        return ring_attention(qb, kb, vb, axis, true, scale, rotate);
       },
       *L.mesh, {spec(q), spec(k), spec(v)}, {spec(q)})(q, k, v);
 }

@@ -82,6 +82,8 @@ struct ModelStep {
   /// Attention as dot_product_attention (blocked, no [t, t] scores held); false: the scores,
   /// the mask and the softmax as separate ops.
   bool fused_attention = true;
+  /// How the ring attention of context parallelism exchanges key/value blocks (RingRotate).
+  RingRotate ring_rotate = RingRotate::kPermute;
   /// The head and the loss as linear_cross_entropy (groups of tokens, the logits never whole);
   /// false: the logits whole, then cross_entropy.
   bool fused_loss = true;

@@ -229,7 +229,10 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
   for (const LoweredOp& op : low.ops()) {
     if (op.primitive == "attention") f.fused_attention = true;
     if (op.primitive == "scaled_dot") f.float8 = true;
-    if (op.composite == composite::kRingAttention) ring = true;
+    if (op.composite == composite::kRingAttention) {
+      ring = true;
+      if (op.primitive == "pall_gather") f.context_gathered = true;
+    }
     if (op.composite == composite::kLinearCrossEntropy) f.fused_loss = true;
     // A region [b, t, d]: the model axes its sequence is split over.
     if (!op.annotation.empty() && op.type.shape.rank() == 3 && op.spec.dims().size() > 1) {
@@ -395,6 +398,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .remat = effective_remat(o),
                        .remat_blocks = o.remat_blocks,
                        .fused_attention = o.fused_attention.value_or(true),
+                       .ring_rotate = o.cp_rotate,
                        .fused_loss = o.fused_loss.value_or(true),
                        .compute_dtype = held == o.param_dtype ? std::nullopt
                                                               : std::optional(o.param_dtype),

@@ -26,6 +26,9 @@ struct ProgramFacts {
   /// The axes the tokens' sequence is split over, when the program exchanges key/value blocks
   /// by ring (ppermute): context parallelism. Empty: none.
   AxisNames context_axes;
+  /// The ring's key/value blocks are all-gathered (its ops hold an all-gather: RingRotate::
+  /// kAllGather), not passed round by ppermute.
+  bool context_gathered = false;
   /// It uses some layer weight in its model-axis split (TpPlan::kModules).
   bool tp_modules = false;
   friend bool operator==(const ProgramFacts&, const ProgramFacts&) = default;

@@ -107,6 +107,18 @@ std::string_view name(TpPlan plan) {
   return plan == TpPlan::kModules ? "modules" : "partitioner";
 }
 
+RingRotate parse_ring_rotate(std::string_view n) {
+  if (n == "permute") return RingRotate::kPermute;
+  if (n == "allgather") return RingRotate::kAllGather;
+  throw SpecError(fmt::format("[train] unknown ring rotation '{}' (known: permute, allgather; "
+                              "PyTorch's \"alltoall\" rotate method is permute)",
+                              detail::printable(n)));
+}
+
+std::string_view name(RingRotate rotate) {
+  return rotate == RingRotate::kAllGather ? "allgather" : "permute";
+}
+
 OptimizerKind parse_optimizer(std::string_view n) {
   if (n == "sgd") return OptimizerKind::kSgd;
   if (n == "adam") return OptimizerKind::kAdam;
@@ -602,6 +614,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.sequence_parallel = !facts.sequence_axes.empty();
   plan.sequence_axes = facts.sequence_axes;
   plan.context_axes = facts.context_axes;
+  plan.context_gathered = facts.context_gathered;
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;

@@ -128,8 +128,9 @@ std::string step_extras(const TrainPlan& p) {
     out += ", the last block kept gathered (not resharded after forward)";
   }
   if (!p.context_axes.empty()) {
-    out += fmt::format(", context parallel over {} (ring attention, load-balanced order)",
-                       detail::printable(fmt::format("{}", fmt::join(p.context_axes, ", "))));
+    out += fmt::format(", context parallel over {} (ring attention{}, load-balanced order)",
+                       detail::printable(fmt::format("{}", fmt::join(p.context_axes, ", "))),
+                       p.context_gathered ? ", key/value blocks all-gathered" : "");
   }
   return out;
 }
@@ -337,6 +338,8 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
   j["context_axes"] = p.context_axes;
+  j["context_rotate"] = p.context_axes.empty() ? nlohmann::ordered_json(nullptr)
+                        : nlohmann::ordered_json(p.context_gathered ? "allgather" : "permute");
   j["optimizer"] = p.optimizer;
   j["param_dtype"] = std::string(name(p.param_dtype));
   j["grad_dtype"] = std::string(name(p.grad_dtype));

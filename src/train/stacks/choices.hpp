@@ -51,6 +51,21 @@ inline void reshard_after_forward(TrainPlanOptions& o) { o.reshard_after_forward
 inline void adamw(TrainPlanOptions& o) { o.optimizer = OptimizerKind::kAdamw; }
 /// Column/row-parallel modules: layer weights used in their model-axis split (--tp-plan modules).
 inline void tp_modules(TrainPlanOptions& o) { o.tp_plan = TpPlan::kModules; }
+inline void cp_allgather(TrainPlanOptions& o) { o.cp_rotate = RingRotate::kAllGather; }
+inline void cp_permute(TrainPlanOptions& o) { o.cp_rotate = RingRotate::kPermute; }
+
+// torchtitan's context parallelism: PyTorch's ring attention with its rotate method, "allgather"
+// by default, `source` naming the option at the stack's commit.
+inline StackChoice cp_rotate_allgather(std::string_view source) {
+  return {.topic = "context parallelism",
+          .what = "context_parallel_rotate_method \"allgather\" (the default): the key/value "
+                  "shards all-gathered once per attention, forward and backward, their "
+                  "gradients sent round the ring",
+          .source = source,
+          .setting = "--cp-rotate allgather",
+          .options = {"--cp-rotate"},
+          .apply = cp_allgather};
+}
 // Choices several stacks make, each with its own words and source (string literals: a choice
 // keeps views of them).
 

@@ -23,6 +23,13 @@ std::vector<StackChoice> megatron_parallelism() {
        .setting = "--tp-plan modules",
        .options = {"--tp-plan"},
        .apply = tp_modules},
+      {.topic = "context parallelism",
+       .what = "--cp-comm-type p2p (the default): Transformer Engine's ring attention passes "
+               "each key/value block to the next rank",
+       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py: --cp-comm-type",
+       .setting = "--cp-rotate permute",
+       .options = {"--cp-rotate"},
+       .apply = cp_permute},
       {.topic = "vocabulary parallelism",
        .what = "VocabParallelEmbedding and the output layer's vocabulary-parallel logits",
        .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/layers.py",

@@ -136,6 +136,8 @@ const TrainingStack& torchtitan_2024_12() {
           common("pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
                  "_save_list, _apply_ac_to_transformer_block, apply_tp"),
           {f32_loss("pytorch/torchtitan@3f20451 train.py: loss_fn"),
+           cp_rotate_allgather("pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
+                               "--experimental.context_parallel_rotate_method"),
            compile_off("off unless --training.compile (a store_true flag; llama3_8b.toml: "
                        "compile = false); when on, each TransformerBlock is compiled, the loss "
                        "never (--compile)",
@@ -172,6 +174,8 @@ const TrainingStack& torchtitan_2025_06() {
                  "_save_list, _apply_ac_to_transformer_block, apply_tp"),
           {f32_loss("pytorch/torchtitan@6b11290 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
+           cp_rotate_allgather("pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
+                               "Parallelism.context_parallel_rotate_method"),
            compile_off("off unless training.compile (llama3_8b.toml: compile = false); when on, "
                        "each TransformerBlock is compiled (--compile)",
                        "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: Training.compile; "
@@ -201,6 +205,8 @@ const TrainingStack& torchtitan_2025_08() {
                  "apply_tp"),
           {f32_loss("pytorch/torchtitan@07c00d9 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
+           cp_rotate_allgather("pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
+                               "Parallelism.context_parallel_rotate_method"),
            compile_off("off unless compile.enable (llama3_8b.toml: enable = false); when on, the "
                        "blocks and the loss (components = [\"model\", \"loss\"]) (--compile)",
                        "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: Compile; "
