@@ -546,10 +546,16 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
   const Tree<Array> rest = fsdp_root ? held_by_root(outside, root_in_use) : outside;
   Array h = config.family->step.embed(*this, rest, tokens);
   const auto& layers = params.at_path(path).children();
-  // Reshard after forward: the casts named (none without compute_dtype: the held weights are
-  // then read again through the checkpoint's barrier, which is all it takes).
+  // Reshard after forward: the weights as used named and not saved, so that the backward pass
+  // makes them again: the casts, and the weights laid out as the modules use them (TpPlan::
+  // kModules: a pinned layout is a value of the program, which the policy would save otherwise).
+  // Neither: the held weights are read again through the checkpoint's barrier, which is all it
+  // takes.
+  const bool name_in_use =
+      compute_dtype.has_value() || std::any_of(layer_in_use.begin(), layer_in_use.end(),
+                                               [](const auto& m) { return !m.empty(); });
   const RematPolicy reshard = checkpoint_policies::save_anything_except_these_names(
-      compute_dtype ? std::vector<std::string>{kWeightsInUse} : std::vector<std::string>{});
+      name_in_use ? std::vector<std::string>{kWeightsInUse} : std::vector<std::string>{});
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const Tree<Array> p = use(layers[i]);
     const bool checkpointed = remat && remat_blocks.selects(static_cast<std::int64_t>(i));
@@ -566,7 +572,7 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
     }
     const auto run = [&](const Array& x) {
       Tree<Array> w = module_layouts(i, for_use(p));
-      if (!checkpointed && compute_dtype) {
+      if (!checkpointed && name_in_use) {
         w = w.map([](const Array& a) { return checkpoint_name(a, kWeightsInUse); });
       }
       return layer(w, x, config.window(i));
