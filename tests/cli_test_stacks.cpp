@@ -115,7 +115,7 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
                                                   "8 --seq 64 --stack megatron-core "
                                                   "--optimizer-kernel ops --json",
                                                   llama().string()))
-                                  .out)
+                                      .out)
                 .at("optimizer_kernel"),
             "ops");
 }

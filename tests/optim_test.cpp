@@ -184,7 +184,8 @@ TEST(Optim, ATrainingStepUnderSjitEqualsOneDevice) {
 TEST(Optim, TheFusedAdamWUpdateEqualsItsOps) {
   One o;
   const Tree<Array> p = Tree<Array>::dict({{"kernel", o.put({2.0, -1.0})}, {"norm", o.put({0.5})}});
-  const Tree<Array> g = Tree<Array>::dict({{"kernel", o.put({1.0, 0.25})}, {"norm", o.put({-3.0})}});
+  const Tree<Array> g =
+      Tree<Array>::dict({{"kernel", o.put({1.0, 0.25})}, {"norm", o.put({-3.0})}});
   const Optimizer ops = Optimizer::adamw(constant_schedule(0.1), 0.5, {"kernel$"});
   const Optimizer fused = ops.fused();
   EXPECT_TRUE(fused.is_fused());
@@ -225,8 +226,8 @@ TEST(Optim, TheFusedUpdateReadsAndWritesEachElementOnce) {
     const AdamwUpdate u = adamw_update(p, g, m, v, lr, count, 0.9, 0.95, 1e-8, 0.1);
     return Tree<Array>::list({Tree<Array>(u.param), Tree<Array>(u.mu), Tree<Array>(u.nu)});
   };
-  const Lowered low = sjit(o.mesh, step).lower(f32(1), f32(0.5), f32(0.1), f32(0.2), scalar(1e-3),
-                                               scalar(1));
+  const Lowered low =
+      sjit(o.mesh, step).lower(f32(1), f32(0.5), f32(0.1), f32(0.2), scalar(1e-3), scalar(1));
   // 28 bytes per element, and the two f32 scalars read once.
   EXPECT_EQ(low.cost().memory_traffic, 28 * n + 2 * 4) << low.text();
   // The update as ops, in one kernel per chain (compiled): the new moments are outputs and read
@@ -240,6 +241,26 @@ TEST(Optim, TheFusedUpdateReadsAndWritesEachElementOnce) {
   const Tree<Array> grads = Tree<Array>::dict({{"w", Tree<Array>(f32(0.5))}});
   const Lowered ops_low = sjit(o.mesh, as_ops).lower(params, grads, adamw.init(params));
   EXPECT_GE(ops_low.cost().memory_traffic, 40 * n) << ops_low.text();
+}
+
+// The fused kernel's operands are checked at the op, and the fused update's trees at the update.
+TEST(Optim, TheFusedUpdateRefusesWhatDoesNotFit) {
+  One o;
+  const Array a = o.put({1.0, 2.0}), b = o.put({1.0, 2.0, 3.0}), s = o.put({0.1});
+  const Array scalar = full(Shape{}, DType::kF64, 1, a);
+  EXPECT_THROW_WITH(adamw_update(a, b, a, a, scalar, scalar, 0.9, 0.95, 1e-8, 0), SpecError,
+                    "[adamw_update]", "f64[2], f64[3]", "one dtype and shape");
+  EXPECT_THROW_WITH(adamw_update(a, a, a, a, s, scalar, 0.9, 0.95, 1e-8, 0), SpecError,
+                    "[adamw_update]", "lr and count must be scalars");
+  const Array ints = astype(a, DType::kI32);
+  EXPECT_THROW_WITH(adamw_update(ints, ints, ints, ints, scalar, scalar, 0.9, 0.95, 1e-8, 0),
+                    SpecError, "[adamw_update]", "i32[2]", "float array");
+  const Optimizer fused = Optimizer::adam(0.1).fused();
+  const Tree<Array> p = Tree<Array>::dict({{"w", a}});
+  const Tree<Array> other = Tree<Array>::dict({{"v", a}});
+  EXPECT_THROW_WITH(fused.update(other, fused.init(p), p), TreeError, "[optim]", "gradients",
+                    "parameters' structure");
+  EXPECT_THROW_WITH(fused.update(p, fused.init(other), p), TreeError, "[optim]", "first moments");
 }
 
 TEST(Optim, ErrorsSayWhatIsMissing) {

@@ -59,9 +59,10 @@ inline StackChoice optimizer_kernel(std::string_view what, std::string_view sour
   return {.topic = "optimizer kernel",
           .what = what,
           .source = source,
-          .setting = "not modelled: the update is planned as the program's elementwise ops "
-                     "(--optimizer-kernel ops: one kernel per chain when compiled, per op with "
-                     "--eager), not as torch's in-place passes",
+          .setting =
+              "not modelled: the update is planned as the program's elementwise ops "
+              "(--optimizer-kernel ops: one kernel per chain when compiled, per op with "
+              "--eager), not as torch's in-place passes",
           .options = {},
           .apply = nullptr};
 }

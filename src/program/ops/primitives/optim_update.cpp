@@ -103,8 +103,7 @@ double adamw_flops(const Node& n, std::span<const Shape>, const Shape& result) {
 
 // An optimizer's update is not differentiated; a cotangent does flow mathematically, so a silent
 // zero would be a wrong answer.
-std::vector<Array> adamw_vjp(const Node& n, const std::vector<Array>&, const Array&,
-                             const Array&) {
+std::vector<Array> adamw_vjp(const Node& n, const std::vector<Array>&, const Array&, const Array&) {
   throw SpecError(fmt::format(
       "[{}] differentiating an optimizer's update (through Optimizer::fused()) is not supported",
       n.op->name));
@@ -175,13 +174,10 @@ AdamwUpdate adamw_update(const Array& param, const Array& grad, const Array& mu,
                          const Array& lr, const Array& count, double b1, double b2, double eps,
                          double weight_decay) {
   const auto part = [&](int k) {
-    return detail::apply(detail::prim::adamw_update,
-                         detail::AdamwAttrs{.part = k,
-                                            .b1 = b1,
-                                            .b2 = b2,
-                                            .eps = eps,
-                                            .weight_decay = weight_decay},
-                         {param, grad, mu, nu, lr, count});
+    return detail::apply(
+        detail::prim::adamw_update,
+        detail::AdamwAttrs{.part = k, .b1 = b1, .b2 = b2, .eps = eps, .weight_decay = weight_decay},
+        {param, grad, mu, nu, lr, count});
   };
   return {part(0), part(1), part(2)};
 }
