@@ -101,8 +101,23 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_THAT(t.out, ::testing::HasSubstr(
                          "stack megatron-core (unvalidated: fewer than 2 published runs planned "
                          "through it); overridden: activation checkpointing (by --remat); not "
-                         "modelled: distributed optimizer, optimizer kernel, vocabulary parallelism, "
-                         "gradient reduction overlap (--explain)"));
+                         "modelled: distributed optimizer, vocabulary parallelism, gradient "
+                         "reduction overlap (--explain)"));
+  // Megatron's FusedAdam is planned as the fused kernel, and the report says the program ran it.
+  EXPECT_THAT(t.out, ::testing::HasSubstr("optimizer kernel fused"));
+  const auto mj = nlohmann::json::parse(
+      run(fmt::format("train-plan --config '{}' --mesh fsdp:4 --batch 8 --seq 64 "
+                      "--stack megatron-core --json",
+                      llama().string()))
+          .out);
+  EXPECT_EQ(mj.at("optimizer_kernel"), "fused");
+  EXPECT_EQ(nlohmann::json::parse(run(fmt::format("train-plan --config '{}' --mesh fsdp:4 --batch "
+                                                  "8 --seq 64 --stack megatron-core "
+                                                  "--optimizer-kernel ops --json",
+                                                  llama().string()))
+                                      .out)
+                .at("optimizer_kernel"),
+            "ops");
 }
 
 // --explain lists every choice with its source, marks the overridden ones, plans nothing (no

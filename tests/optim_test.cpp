@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
+#include "shardplan/ops.hpp"
 #include "shardplan/sjit.hpp"
 #include "test_util.hpp"
 
@@ -175,6 +177,90 @@ TEST(Optim, ATrainingStepUnderSjitEqualsOneDevice) {
   ASSERT_EQ(l1.size(), l8.size());
   for (std::size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l8[i], 1e-5) << i;
   EXPECT_LT(l1.back(), l1.front());
+}
+
+// The fused update (one adamw_update per leaf) gives the ops' values over several steps, decay
+// masks included, and refuses SGD.
+TEST(Optim, TheFusedAdamWUpdateEqualsItsOps) {
+  One o;
+  const Tree<Array> p = Tree<Array>::dict({{"kernel", o.put({2.0, -1.0})}, {"norm", o.put({0.5})}});
+  const Tree<Array> g =
+      Tree<Array>::dict({{"kernel", o.put({1.0, 0.25})}, {"norm", o.put({-3.0})}});
+  const Optimizer ops = Optimizer::adamw(constant_schedule(0.1), 0.5, {"kernel$"});
+  const Optimizer fused = ops.fused();
+  EXPECT_TRUE(fused.is_fused());
+  EXPECT_FALSE(ops.is_fused());
+  Tree<Array> pa = p, pb = p, sa = ops.init(p), sb = fused.init(p);
+  for (int step = 0; step < 3; ++step) {
+    std::tie(pa, sa) = ops.update(g, sa, pa);
+    std::tie(pb, sb) = fused.update(g, sb, pb);
+  }
+  for (const char* k : {"kernel", "norm"}) {
+    for (std::size_t i = 0; i < host(pa, k).size(); ++i) {
+      EXPECT_NEAR(host(pb, k)[i], host(pa, k)[i], 1e-12) << k;
+      EXPECT_NEAR(host(sb.at("mu"), k)[i], host(sa.at("mu"), k)[i], 1e-12) << k;
+      EXPECT_NEAR(host(sb.at("nu"), k)[i], host(sa.at("nu"), k)[i], 1e-12) << k;
+    }
+  }
+  EXPECT_EQ(sb.at("count").leaf().to_host().get(0), 3.0);
+  EXPECT_THROW_WITH(Optimizer::sgd(0.1).fused(), SpecError, "[optim]", "SGD", "adamw_update");
+}
+
+// torch.optim.AdamW(fused=True)'s kernel reads the parameter, gradient and both moments once and
+// writes the parameter and moments once: 4 + 3 accesses of 4 bytes per f32 element, 28 bytes
+// (the three results of adamw_update are one kernel: Primitive::shared_reads). Its ops read and
+// write every intermediate.
+TEST(Optim, TheFusedUpdateReadsAndWritesEachElementOnce) {
+  One o;
+  const std::int64_t n = 1024;
+  const auto f32 = [&](double v) {
+    return device_put(Tensor::from<float>(Shape{n}, std::vector<float>(n, static_cast<float>(v))),
+                      NamedSharding(o.mesh, P()), o.exec);
+  };
+  const auto scalar = [&](double v) {
+    return device_put(Tensor::from<float>(Shape{}, {static_cast<float>(v)}),
+                      NamedSharding(o.mesh, P()), o.exec);
+  };
+  const auto step = [](const Array& p, const Array& g, const Array& m, const Array& v,
+                       const Array& lr, const Array& count) {
+    const AdamwUpdate u = adamw_update(p, g, m, v, lr, count, 0.9, 0.95, 1e-8, 0.1);
+    return Tree<Array>::list({Tree<Array>(u.param), Tree<Array>(u.mu), Tree<Array>(u.nu)});
+  };
+  const Lowered low =
+      sjit(o.mesh, step).lower(f32(1), f32(0.5), f32(0.1), f32(0.2), scalar(1e-3), scalar(1));
+  // 28 bytes per element, and the two f32 scalars read once.
+  EXPECT_EQ(low.cost().memory_traffic, 28 * n + 2 * 4) << low.text();
+  // The update as ops, in one kernel per chain (compiled): the new moments are outputs and read
+  // again by the parameter's chain, 12 + 12 + 16 bytes per element at the least.
+  const auto as_ops = [](const Tree<Array>& p, const Tree<Array>& g, const Tree<Array>& s) {
+    const auto [np, ns] = Optimizer::adamw(constant_schedule(1e-3), 0.1).update(g, s, p);
+    return Tree<Array>::list({np, ns});
+  };
+  const Optimizer adamw = Optimizer::adamw(constant_schedule(1e-3), 0.1);
+  const Tree<Array> params = Tree<Array>::dict({{"w", Tree<Array>(f32(1))}});
+  const Tree<Array> grads = Tree<Array>::dict({{"w", Tree<Array>(f32(0.5))}});
+  const Lowered ops_low = sjit(o.mesh, as_ops).lower(params, grads, adamw.init(params));
+  EXPECT_GE(ops_low.cost().memory_traffic, 40 * n) << ops_low.text();
+}
+
+// The fused kernel's operands are checked at the op, and the fused update's trees at the update.
+TEST(Optim, TheFusedUpdateRefusesWhatDoesNotFit) {
+  One o;
+  const Array a = o.put({1.0, 2.0}), b = o.put({1.0, 2.0, 3.0}), s = o.put({0.1});
+  const Array scalar = full(Shape{}, DType::kF64, 1, a);
+  EXPECT_THROW_WITH(adamw_update(a, b, a, a, scalar, scalar, 0.9, 0.95, 1e-8, 0), SpecError,
+                    "[adamw_update]", "f64[2], f64[3]", "one dtype and shape");
+  EXPECT_THROW_WITH(adamw_update(a, a, a, a, s, scalar, 0.9, 0.95, 1e-8, 0), SpecError,
+                    "[adamw_update]", "lr and count must be scalars");
+  const Array ints = astype(a, DType::kI32);
+  EXPECT_THROW_WITH(adamw_update(ints, ints, ints, ints, scalar, scalar, 0.9, 0.95, 1e-8, 0),
+                    SpecError, "[adamw_update]", "i32[2]", "float array");
+  const Optimizer fused = Optimizer::adam(0.1).fused();
+  const Tree<Array> p = Tree<Array>::dict({{"w", a}});
+  const Tree<Array> other = Tree<Array>::dict({{"v", a}});
+  EXPECT_THROW_WITH(fused.update(other, fused.init(p), p), TreeError, "[optim]", "gradients",
+                    "parameters' structure");
+  EXPECT_THROW_WITH(fused.update(p, fused.init(other), p), TreeError, "[optim]", "first moments");
 }
 
 TEST(Optim, ErrorsSayWhatIsMissing) {

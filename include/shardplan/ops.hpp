@@ -197,6 +197,19 @@ Array linear_cross_entropy(const Array& h, const Array& w, const Array& labels, 
 /// The groups linear_cross_entropy makes by default for hidden [..., t, d]: the smallest divisor
 /// of t from 16 to 64, else the largest below 16 (1 for a prime t).
 std::int64_t linear_cross_entropy_chunks(const Shape& hidden);
+/// The new parameter and moments of one Adam(W) step (adamw_update).
+struct AdamwUpdate {
+  Array param, mu, nu;
+};
+/// One step of Adam with decoupled weight decay on a parameter as one kernel (torch.optim.AdamW
+/// with fused=True): param, grad, mu, nu of one float dtype and shape; lr and count float scalars
+/// (the rate, and the step count after this step: the bias corrections are 1 - b^count).
+/// m = b1 mu + (1 - b1) g, v = b2 nu + (1 - b2) g^2, param - lr (m / (1 - b1^count) /
+/// (sqrt(v / (1 - b2^count)) + eps) + weight_decay param). Its three results are read once per
+/// element between them (28 bytes per f32 element). Not differentiable (SpecError).
+AdamwUpdate adamw_update(const Array& param, const Array& grad, const Array& mu, const Array& nu,
+                         const Array& lr, const Array& count, double b1, double b2, double eps,
+                         double weight_decay);
 /// Over the last axis, then * scale + bias (both of the last dimension's size).
 Array layer_norm(const Array& x, const Array& scale, const Array& bias, double eps = 1e-5);
 Array rms_norm(const Array& x, const Array& scale, double eps = 1e-6);

@@ -48,6 +48,12 @@ class Optimizer {
                          double b2 = 0.999, double eps = 1e-8);
   /// Scales the gradients so that their global norm is at most `max_norm`, before the update.
   Optimizer clip_by_global_norm(double max_norm) const;
+  /// Adam's update of each leaf as one kernel (adamw_update, ops.hpp: torch.optim.AdamW with
+  /// fused=True) instead of its elementwise ops; the same values to rounding. Throws SpecError
+  /// for SGD (whose update has no fused kernel here).
+  Optimizer fused() const;
+  /// Whether fused() made it.
+  bool is_fused() const { return fused_; }
 
   /// The state for `params`: {"count": f32 scalar, "mu": ..., "nu": ...} (what the optimizer
   /// needs), each moment shaped and sharded like its parameter.
@@ -62,6 +68,7 @@ class Optimizer {
   Schedule lr_;
   double momentum_ = 0, b1_ = 0.9, b2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0, max_norm_ = 0;
   bool nesterov_ = false;
+  bool fused_ = false;
   std::vector<std::string> decay_paths_;
 };
 

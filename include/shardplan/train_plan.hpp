@@ -167,6 +167,17 @@ enum class OptimizerKind { kSgd, kAdam, kAdamw };
 OptimizerKind parse_optimizer(std::string_view name);
 std::string_view name(OptimizerKind kind);
 
+/// How the optimizer's update runs (--optimizer-kernel). kOps: as the program's elementwise ops
+/// (one kernel per chain when compiled, per op with --eager; torch's for-loop and foreach
+/// implementations run the same passes over memory). kFused: Adam's and AdamW's update of each
+/// parameter as one kernel (adamw_update, torch.optim.AdamW(fused=True), Apex's and Transformer
+/// Engine's FusedAdam): the parameter, gradient and moments read once, the three results written
+/// once (28 bytes per f32 element).
+enum class OptimizerKernel { kOps, kFused };
+/// "ops", "fused". Throws SpecError naming the known ones.
+OptimizerKernel parse_optimizer_kernel(std::string_view name);
+std::string_view name(OptimizerKernel kernel);
+
 /// The declared training stack a plan's options came from (--stack; training_stack.hpp), as
 /// the report names it.
 struct StackUse {
@@ -186,6 +197,8 @@ struct TrainPlanOptions {
   std::int64_t seq = 2048;      // tokens per sequence (T5: the encoder's input)
   std::int64_t target_seq = 0;  // T5: the decoder's tokens per sequence; 0: = seq
   OptimizerKind optimizer = OptimizerKind::kAdamw;
+  /// The update's kernel; kFused with SGD is an OptionError.
+  OptimizerKernel optimizer_kernel = OptimizerKernel::kOps;
   DType param_dtype = DType::kBF16;     // the weights as computed with (and held: master_dtype)
   DType grad_dtype = DType::kBF16;      // gradients, accumulated and handed to the optimizer
   DType optimizer_dtype = DType::kF32;  // the optimizer's moments; the update runs in it
@@ -410,6 +423,9 @@ struct TrainPlan {
   bool fused_loss = true;
   bool fused_attention = true;
   bool eager = false;  // TrainPlanOptions::eager
+  /// "fused" when the program updates the parameters with adamw_update (read from the program,
+  /// TrainPlanOptions::optimizer_kernel), else "ops".
+  std::string optimizer_kernel = "ops";
   /// Whether the program uses the layer weights in their model-axis split (TpPlan::kModules
   /// applied: some layer weight is split over a model axis).
   bool tp_modules = false;

@@ -144,6 +144,12 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_option("--optimizer", c.optimizer, "sgd, adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
+  t->add_option("--optimizer-kernel", c.optimizer_kernel,
+                "ops: the update as the program's elementwise ops (torch's for-loop and "
+                "foreach passes); fused: Adam(W)'s update of each parameter as one kernel "
+                "(torch.optim.AdamW(fused=True), FusedAdam). Default: ops")
+      ->check(CLI::IsMember({"ops", "fused"}))
+      ->capture_default_str();
   add_precision_options(t, c);
   t->add_option("--grad-accum", c.grad_accum,
                 "Micro-batches per step (the batch splits evenly; activations of one at a time)")

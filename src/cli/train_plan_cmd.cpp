@@ -320,6 +320,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.seq = c.seq;
   o.target_seq = c.target_seq;
   o.optimizer = parse_optimizer(c.optimizer);
+  o.optimizer_kernel = parse_optimizer_kernel(c.optimizer_kernel);
   dtype_options(c, o);
   if (!c.hardware.empty()) {  // an empty --hardware is refused when parsed
     if (c.hardware.ends_with(".yaml") || c.hardware.ends_with(".yml")) {

@@ -47,6 +47,7 @@ constexpr OptionRefusal kRefusals[] = {
       {"--remat-blocks", "no recomputation (--remat none or not given)"},
       {"--remat-blocks layers:A-B", "a layer past the model's last"},
       {"--no-reshard-last-block", "a family without a unit per block (T5)"},
+      {"--optimizer-kernel fused", "--optimizer sgd (the fused kernel is Adam's and AdamW's)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -132,6 +133,11 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
     refuse(Refusal::kRematFamily,
            "recomputation is written for decoder-only models (llama, mixtral, gpt2); plan T5 "
            "without --recompute / --remat");
+  }
+  if (o.optimizer_kernel == OptimizerKernel::kFused && o.optimizer == OptimizerKind::kSgd) {
+    refuse(Refusal::kFusedOptimizerSgd,
+           "SGD's update is planned as ops (adamw_update is Adam's and AdamW's); plan it "
+           "without --optimizer-kernel fused or with --optimizer adam|adamw");
   }
   if (!can.fsdp_root && o.fsdp_root) {
     refuse(Refusal::kFsdpRootFamily,

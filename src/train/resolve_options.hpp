@@ -39,6 +39,7 @@ enum class Refusal : std::size_t {
   kRematBlocksWithoutRemat,
   kRematBlocksPastLayers,
   kReshardLastBlockFamily,
+  kFusedOptimizerSgd,
   kCount
 };
 

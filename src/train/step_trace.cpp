@@ -25,17 +25,19 @@
 namespace shardplan::train {
 namespace {
 
-Optimizer make_optimizer(OptimizerKind kind) {
+Optimizer make_optimizer(OptimizerKind kind, OptimizerKernel kernel) {
   // The rates do not change the program's shape or cost; any value would do.
   switch (kind) {
     case OptimizerKind::kSgd:
-      return Optimizer::sgd(1e-3);
+      return Optimizer::sgd(1e-3);  // a fused kernel is refused (check_options)
     case OptimizerKind::kAdam:
-      return Optimizer::adam(1e-3);
     case OptimizerKind::kAdamw:
       break;
   }
-  return Optimizer::adamw(constant_schedule(1e-3), 0.1);
+  const Optimizer adam = kind == OptimizerKind::kAdam
+                             ? Optimizer::adam(1e-3)
+                             : Optimizer::adamw(constant_schedule(1e-3), 0.1);
+  return kernel == OptimizerKernel::kFused ? adam.fused() : adam;
 }
 
 Tree<Array> cast(const Tree<Array>& t, DType dtype) {
@@ -229,6 +231,7 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
   for (const LoweredOp& op : low.ops()) {
     if (op.primitive == "attention") f.fused_attention = true;
     if (op.primitive == "scaled_dot") f.float8 = true;
+    if (op.primitive == "adamw_update") f.fused_optimizer = true;
     if (op.composite == composite::kRingAttention) {
       ring = true;
       if (op.primitive == "pall_gather") f.context_gathered = true;
@@ -391,7 +394,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                       const TrainPlanOptions& o, const Layout& layout,
                       const std::map<std::string, RuleTree>& annotations) {
   const StepArguments args = step_arguments(config, rules, o, layout);
-  const Optimizer optimizer = make_optimizer(o.optimizer);
+  const Optimizer optimizer = make_optimizer(o.optimizer, o.optimizer_kernel);
   const DType held = o.master_dtype.value_or(o.param_dtype);
   const ModelStep base{.config = config,
                        .layout = layout,

@@ -20,6 +20,7 @@ struct ProgramFacts {
   bool fused_attention = false;  // it holds the fused attention primitive ("attention")
   bool fused_loss = false;       // it holds linear_cross_entropy's ops (their named scope)
   bool float8 = false;           // it holds float8 products ("scaled_dot")
+  bool fused_optimizer = false;  // it updates with the fused kernel ("adamw_update")
   /// The model (not batch, not context) axes its annotated norm and residual regions split the
   /// sequence (their dimension 1) over: Megatron's sequence parallelism. Empty: none.
   AxisNames sequence_axes;

@@ -119,6 +119,17 @@ std::string_view name(RingRotate rotate) {
   return rotate == RingRotate::kAllGather ? "allgather" : "permute";
 }
 
+OptimizerKernel parse_optimizer_kernel(std::string_view n) {
+  if (n == "ops") return OptimizerKernel::kOps;
+  if (n == "fused") return OptimizerKernel::kFused;
+  throw SpecError(fmt::format("[train] unknown optimizer kernel '{}' (known: ops, fused)",
+                              detail::printable(n)));
+}
+
+std::string_view name(OptimizerKernel kernel) {
+  return kernel == OptimizerKernel::kFused ? "fused" : "ops";
+}
+
 OptimizerKind parse_optimizer(std::string_view n) {
   if (n == "sgd") return OptimizerKind::kSgd;
   if (n == "adam") return OptimizerKind::kAdam;
@@ -609,6 +620,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   // What the program ran, read from it (never the options).
   plan.fused_attention = facts.fused_attention;
   plan.fused_loss = facts.fused_loss;
+  plan.optimizer_kernel = facts.fused_optimizer ? "fused" : "ops";
   plan.float8 = facts.float8;
   plan.tp_modules = facts.tp_modules;
   plan.sequence_parallel = !facts.sequence_axes.empty();

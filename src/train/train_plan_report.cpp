@@ -117,6 +117,9 @@ std::string step_extras(const TrainPlan& p) {
                        name(p.param_dtype));
   }
   if (p.eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
+  if (p.optimizer_kernel == "fused") {
+    out += ", optimizer kernel fused (each parameter, gradient and moment read and written once)";
+  }
   if (p.tp_modules) {
     out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
   }
@@ -326,6 +329,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;
+  j["optimizer_kernel"] = p.optimizer_kernel;
   j["fsdp_root"] = p.fsdp_root;
   j["tp_plan"] = p.tp_modules ? "modules" : "partitioner";
   if (p.stack) {

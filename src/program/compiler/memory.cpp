@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "../ir/primitives.hpp"
 #include "shardplan/detail/checked.hpp"
@@ -23,9 +25,13 @@ std::int64_t add_live(std::int64_t live, std::int64_t bytes) {
   return out;
 }
 
+// The operand blocks read by the steps of a multi-result op so far (Primitive::shared_reads): a
+// step of the same op reading the same blocks is another result of the same kernel.
+using SharedReads = std::set<std::pair<const Primitive*, std::vector<SlotId>>>;
+
 // The bytes a kernel step not on matrix units reads and writes (Liveness::memory_traffic).
 void count_traffic(const Step& st, bool skip, const std::vector<std::int64_t>& slot_bytes,
-                   std::int64_t& traffic) {
+                   SharedReads& shared, std::int64_t& traffic) {
   if (skip || st.kind != Step::Kind::kKernel || st.local.op->time_bound != TimeBound::kMemory) return;
   if (st.local.op->sharding_identity || st.local.op->barrier || st.local.op->check) return;
   const auto add = [&](SlotId slot) {
@@ -34,6 +40,7 @@ void count_traffic(const Step& st, bool skip, const std::vector<std::int64_t>& s
     }
   };
   add(st.out);
+  if (!st.fused && st.local.op->shared_reads && !shared.emplace(st.local.op, st.in).second) return;
   for (const SlotId in : st.in) add(in);
 }
 
@@ -293,6 +300,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
   std::int64_t peak = live;
   std::size_t peak_step = p.steps.size();  // steps.size(): the peak is the inputs alone
   l.timeline.start_bytes = live;
+  SharedReads shared;
   l.timeline.live_bytes.reserve(p.steps.size());
   for (const SlotId f : l.free_at_start) release(f);
   for (std::size_t s = 0; s < p.steps.size(); ++s) {
@@ -302,7 +310,7 @@ Liveness plan_memory(const Graph& g, const Partitioned& p, const CompileSpec& sp
                                     : byte_size(st.sharding->shard_shape(st.type.shape), st.type.dtype);
     hold(st.out);
     l.timeline.live_bytes.push_back(live);
-    count_traffic(st, shares_operand_buffers(st) || l.cached_step[s] != 0, slot_bytes,
+    count_traffic(st, shares_operand_buffers(st) || l.cached_step[s] != 0, slot_bytes, shared,
                   l.memory_traffic);
     if (live > peak) {
       peak = live;

@@ -261,6 +261,10 @@ struct Primitive {
   /// each as it is, in whatever sharding and pending sum it has (no reshard, no collective), and
   /// its factors link none of their dimensions.
   bool holds_operands = false;
+  /// A multi-result op, one node per result (its attributes name which: adamw_update's part):
+  /// the nodes of it that read the same operand blocks are one kernel, which reads those blocks
+  /// once, so the memory traffic counts them once among the nodes (memory.cpp count_traffic).
+  bool shared_reads = false;
   /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
   LinearityFn* linearity = nullptr;
   /// Optional: the op is a contraction (see Contraction); none: it is not.

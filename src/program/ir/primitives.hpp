@@ -30,7 +30,8 @@ namespace shardplan::detail {
   /* sharding.cpp */ X(sharding_constraint) X(sharding_annotation) X(optimization_barrier)    \
   X(keep_alive)                                                                               \
   /* shard_map_ops.cpp */ X(shard_map_in) X(shard_map_out) X(pvary) X(preduce) X(pall_gather) \
-  X(psum_scatter) X(ppermute) X(pall_to_all)
+  X(psum_scatter) X(ppermute) X(pall_to_all)                                                \
+  /* optim_update.cpp */ X(adamw_update)
 // clang-format on
 
 namespace prim {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
@@ -27,6 +28,63 @@ Tree<Array> zip(const Tree<Array>& a, const Tree<Array>& b, F f, std::string_vie
 }
 
 Array scalar_like(double v, const Array& like) { return full(Shape{}, like.dtype(), v, like); }
+
+// Whether the leaf at `path` decays: a positive decay, and no patterns or one matching.
+bool decays(double weight_decay, const std::vector<std::string>& paths, const PathPatterns& decay,
+            const std::string& path) {
+  if (!(weight_decay > 0)) return false;
+  if (decay.size() == 0) return true;
+  try {
+    return decay.first_match(path) >= 0;
+  } catch (const PathPatternBudgetError& e) {
+    throw RuleError(
+        fmt::format("[optim] weight-decay path '{}' gave up on '{}' after {} backtracking steps",
+                    paths[e.index()], path, PathPatterns::kBacktrackBudget));
+  }
+}
+
+// Adam's constants: b1, b2, eps, weight decay.
+struct AdamConstants {
+  double b1, b2, eps, weight_decay;
+};
+// The rate and the step count after this step.
+struct AdamScalars {
+  const Array& lr;
+  const Array& count;
+};
+
+// One adamw_update per leaf (Optimizer::fused): its three results read the leaf's four arrays
+// once. Returns the new parameters; the new moments go into `next`.
+Tree<Array> fused_adam(const Tree<Array>& grads, const Tree<Array>& state,
+                       const Tree<Array>& params, AdamScalars s, AdamConstants c,
+                       const std::vector<std::string>& decay_paths,
+                       std::vector<Tree<Array>::DictEntry>& next) {
+  const Tree<Array>& mu = state.at("mu");
+  const Tree<Array>& nu = state.at("nu");
+  using Named = std::pair<const Tree<Array>*, const char*>;
+  for (const Named& t :
+       {Named(&mu, "first moments"), Named(&nu, "second moments"), Named(&grads, "gradients")}) {
+    if (!params.same_structure(*t.first)) {
+      throw TreeError(fmt::format("[optim] the {} do not have the parameters' structure: {}",
+                                  t.second, prefix_mismatch(*t.first, params)));
+    }
+  }
+  const auto g = grads.leaves(), m = mu.leaves(), v = nu.leaves();
+  const PathPatterns decay(decay_paths);  // validated by adamw()
+  std::vector<Array> new_mu(m.size()), new_nu(v.size());
+  std::size_t j = 0;
+  Tree<Array> new_params = params.map_with_path([&](const std::string& path, const Array& p) {
+    const double wd = decays(c.weight_decay, decay_paths, decay, path) ? c.weight_decay : 0.0;
+    AdamwUpdate u = adamw_update(p, g[j], m[j], v[j], s.lr, s.count, c.b1, c.b2, c.eps, wd);
+    new_mu[j] = std::move(u.mu);
+    new_nu[j] = std::move(u.nu);
+    ++j;
+    return u.param;
+  });
+  next.emplace_back("mu", mu.unflatten(std::move(new_mu)));
+  next.emplace_back("nu", nu.unflatten(std::move(new_nu)));
+  return new_params;
+}
 
 }  // namespace
 
@@ -110,6 +168,15 @@ Optimizer Optimizer::clip_by_global_norm(double max_norm) const {
   return o;
 }
 
+Optimizer Optimizer::fused() const {
+  if (kind_ == Kind::kSgd) {
+    throw SpecError("[optim] fused(): SGD's update has no fused kernel (adamw_update is Adam's)");
+  }
+  Optimizer o = *this;
+  o.fused_ = true;
+  return o;
+}
+
 Tree<Array> Optimizer::init(const Tree<Array>& params) const {
   const auto leaves = params.leaves();
   if (leaves.empty()) throw SpecError("[optim] the parameters hold no arrays");
@@ -172,6 +239,9 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
           [&](const Array& p, const Array& g, const std::string&) { return p - g * lr_as(p); },
           "gradients");
     }
+  } else if (fused_) {
+    new_params = fused_adam(grads, state, params, {lr, count}, {b1_, b2_, eps_, weight_decay_},
+                            decay_paths_, next);
   } else {
     const Tree<Array> mu = zip(
         state.at("mu"), grads,
@@ -198,18 +268,7 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
       const Array mhat = m / astype(c1, m.dtype());
       const Array vhat = v / astype(c2, v.dtype());
       Array upd = mhat / (sqrt(vhat) + eps_);
-      bool decays = weight_decay_ > 0;
-      if (decays && decay.size() > 0) {
-        try {
-          decays = decay.first_match(path) >= 0;
-        } catch (const PathPatternBudgetError& e) {
-          throw RuleError(
-              fmt::format("[optim] weight-decay path '{}' gave up on '{}' after {} "
-                          "backtracking steps",
-                          decay_paths_[e.index()], path, PathPatterns::kBacktrackBudget));
-        }
-      }
-      if (decays) upd = upd + p * weight_decay_;
+      if (decays(weight_decay_, decay_paths_, decay, path)) upd = upd + p * weight_decay_;
       return p - upd * lr_as(p);
     });
     next.emplace_back("mu", mu);

@@ -69,15 +69,27 @@ inline StackChoice cp_rotate_allgather(std::string_view source) {
 // Choices several stacks make, each with its own words and source (string literals: a choice
 // keeps views of them).
 
-/// The optimizer's kernel (fused, foreach, a loop over the parameters): not modelled.
+/// The optimizer's kernel when it is foreach or a loop over the parameters: not modelled.
 inline StackChoice optimizer_kernel(std::string_view what, std::string_view source) {
   return {.topic = "optimizer kernel",
           .what = what,
           .source = source,
-          .setting = "not modelled: the update is planned as the program's elementwise ops (one "
-                     "kernel per chain when compiled, per op with --eager)",
+          .setting =
+              "not modelled: the update is planned as the program's elementwise ops "
+              "(--optimizer-kernel ops: one kernel per chain when compiled, per op with "
+              "--eager), not as torch's in-place passes",
           .options = {},
           .apply = nullptr};
+}
+/// A fused Adam(W) kernel (torch's fused=True, Apex's or Transformer Engine's FusedAdam):
+/// --optimizer-kernel fused.
+inline StackChoice fused_optimizer_kernel(std::string_view what, std::string_view source) {
+  return {.topic = "optimizer kernel",
+          .what = what,
+          .source = source,
+          .setting = "--optimizer-kernel fused",
+          .options = {"--optimizer-kernel"},
+          .apply = [](TrainPlanOptions& o) { o.optimizer_kernel = OptimizerKernel::kFused; }};
 }
 /// torch.compile off by default: --eager (a run that turned it on gives --compile).
 inline StackChoice compile_off(std::string_view what, std::string_view source) {

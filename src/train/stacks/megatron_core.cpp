@@ -116,7 +116,7 @@ const TrainingStack& megatron_core() {
             .setting = "--optimizer adamw",
             .options = {"--optimizer"},
             .apply = adamw},
-           optimizer_kernel(
+           fused_optimizer_kernel(
                "FusedAdam: one kernel reads and writes each parameter, gradient and moment "
                "once",
                "NVIDIA/Megatron-LM@d98e8a6 megatron/core/optimizer/__init__.py")},

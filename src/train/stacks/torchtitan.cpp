@@ -185,10 +185,10 @@ const TrainingStack& torchtitan_2025_06() {
                        "whole model (the root: embedding, final norm, output)",
                        "pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
                        "apply_fsdp"),
-           optimizer_kernel("AdamW with implementation = \"fused\" (the default since "
-                            "pytorch/torchtitan#881, 2025-02-24)",
-                            "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
-                            "Optimizer.implementation")}),
+           fused_optimizer_kernel("AdamW with implementation = \"fused\" (the default since "
+                                  "pytorch/torchtitan#881, 2025-02-24)",
+                                  "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
+                                  "Optimizer.implementation")}),
       .validated_by = {}};
   return s;
 }
@@ -220,11 +220,12 @@ const TrainingStack& torchtitan_2025_08() {
             .setting = "train-plan's default wrapping (no --fsdp-root)",
             .options = {"--fsdp-root"},
             .apply = own_units},
-           optimizer_kernel("AdamW with implementation = \"fused\" (the default since "
-                            "pytorch/torchtitan#881, 2025-02-24): one kernel reads and writes each "
-                            "parameter, gradient and moment once",
-                            "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
-                            "Optimizer.implementation")}),
+           fused_optimizer_kernel(
+               "AdamW with implementation = \"fused\" (the default since "
+               "pytorch/torchtitan#881, 2025-02-24): one kernel reads and writes each "
+               "parameter, gradient and moment once",
+               "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
+               "Optimizer.implementation")}),
       .validated_by = {}};
   return s;
 }
