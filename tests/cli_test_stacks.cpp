@@ -72,7 +72,7 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_EQ(j.at("stack").at("validated"), true);
   EXPECT_TRUE(j.at("stack").at("overridden").empty());
   EXPECT_EQ(j.at("stack").at("not_modelled"),
-            nlohmann::json::array({"loss parallel", "optimizer kernel"}));
+            nlohmann::json::array({"optimizer kernel"}));
 
   const Result o = run(b + " --compile --no-fsdp-root --remat full --loss fused");
   ASSERT_EQ(o.code, 0) << o.err;
@@ -101,7 +101,7 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_THAT(t.out, ::testing::HasSubstr(
                          "stack megatron-core (unvalidated: fewer than 2 published runs planned "
                          "through it); overridden: activation checkpointing (by --remat); not "
-                         "modelled: distributed optimizer, optimizer kernel, vocabulary parallelism, "
+                         "modelled: distributed optimizer, optimizer kernel, "
                          "gradient reduction overlap (--explain)"));
 }
 
