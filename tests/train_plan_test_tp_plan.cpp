@@ -93,8 +93,8 @@ TEST(TensorParallelPlan, ModulesRunTheEmbeddingHeadAndLossVocabularyParallel) {
 
 // The vocabulary-parallel lookup and the head in its vocabulary split compute what one device
 // does: the loss and every gradient of a small step on fsdp:2 x tp:4, against the same step on
-// one device, with a sequence the tp axis divides (the partial sums reduce-scattered along it)
-// and one it does not (all-reduced). The token ids (below 40) fall in three of the four devices'
+// one device, with sequence parallelism (the partial sums reduce-scattered along the sequence)
+// and without (all-reduced). The token ids (below 40) fall in three of the four devices'
 // rows (16 each): the last one reads none.
 TEST(TensorParallelPlan, TheVocabularyParallelStepComputesWhatOneDeviceDoes) {
   const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 64,
@@ -106,6 +106,7 @@ TEST(TensorParallelPlan, TheVocabularyParallelStepComputesWhatOneDeviceDoes) {
       const Executor exec(n);
       const Mesh mesh = Mesh::parse(axes, n);
       layout.mesh = mesh;
+      layout.sequence_parallel = t % 4 == 0;
       const Tree<Array> params = uniform_parameters(c, DType::kF32, 5, mesh, exec);
       const auto [x, y] = tokens_and_targets(Shape{2, t}, mesh, P("fsdp"), exec);
       train::ModelStep model{.config = c, .layout = layout, .fused_loss = false};

@@ -227,7 +227,7 @@ Array ModelStep::lookup(const Array& table, std::string_view path, const Array& 
   const std::int64_t rows = vocab / L.model_ways;
   const AxisNames model = L.model;
   const AxisNames batch = b % L.batch_ways == 0 ? L.batch : AxisNames{};
-  const bool scatter = t % L.model_ways == 0;
+  const bool scatter = L.sequence_parallel && t % L.model_ways == 0;
   const auto body = [model, rows, scatter](const Array& w, const Array& ids) {
     // This device's rows are [first, first + rows): the tokens outside read row 0, then 0.
     const Array local = ids - lax::axis_index(model) * static_cast<double>(rows);

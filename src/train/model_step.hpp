@@ -33,6 +33,9 @@ struct Layout {
   /// as a rule file's `activations:`) instead of constraining them to the batch: Megatron's
   /// sequence parallelism when the sequence maps to the tensor-parallel axes.
   bool annotate = false;
+  /// With `annotate`: the rules split those regions along the sequence over model axes
+  /// (sequence parallelism on), so the embedding's output starts split so (ModelStep::lookup).
+  bool sequence_parallel = false;
   /// Context parallelism: the sequence split over these axes (one axis), the tokens arriving in
   /// the load-balanced order (load_balanced_positions), attention by ring in a shard_map over
   /// `mesh` (context_parallel_attention's algorithm).
@@ -141,7 +144,8 @@ struct ModelStep {
   /// no context axis), as torchtitan's RowwiseParallel tok_embeddings (input Replicate, output
   /// Shard(1)) and Megatron's VocabParallelEmbedding run it: each device takes the tokens that
   /// fall in its rows (the others read 0) and the partial sums are reduce-scattered along the
-  /// sequence (all-reduced when it does not divide); else take() as the partitioner lays it out.
+  /// sequence with sequence parallelism (Layout::sequence_parallel, where the model axes divide
+  /// it), else all-reduced; without that split, take() as the partitioner lays it out.
   Array lookup(const Array& table, std::string_view path, const Array& tokens) const;
   /// The LLaMA layout's embedding: tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;

@@ -371,6 +371,7 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
     if (!on) bind.emplace_back("activation_norm_length", std::nullopt);
     a.annotations = file->activation_shardings(mesh, bind);
     layout.annotate = true;
+    layout.sequence_parallel = on;
   }
   a.layout = std::move(layout);
   return a;
