@@ -72,7 +72,7 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_EQ(j.at("stack").at("validated"), true);
   EXPECT_TRUE(j.at("stack").at("overridden").empty());
   EXPECT_EQ(j.at("stack").at("not_modelled"),
-            nlohmann::json::array({"loss parallel", "optimizer kernel"}));
+            nlohmann::json::array({"optimizer kernel"}));
 
   const Result o = run(b + " --compile --no-fsdp-root --remat full --loss fused");
   ASSERT_EQ(o.code, 0) << o.err;
@@ -101,8 +101,7 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_THAT(t.out, ::testing::HasSubstr(
                          "stack megatron-core (unvalidated: fewer than 2 published runs planned "
                          "through it); overridden: activation checkpointing (by --remat); not "
-                         "modelled: distributed optimizer, vocabulary parallelism, gradient "
-                         "reduction overlap (--explain)"));
+                         "modelled: distributed optimizer, gradient reduction overlap (--explain)"));
   // Megatron's FusedAdam is planned as the fused kernel, and the report says the program ran it.
   EXPECT_THAT(t.out, ::testing::HasSubstr("optimizer kernel fused"));
   const auto mj = nlohmann::json::parse(

@@ -19,9 +19,11 @@ std::int64_t over(const TrainPlan& p, CollectiveKind kind, std::vector<std::stri
   return b;
 }
 
-TrainPlan plan_layers(int layers, TpPlan tp_plan, bool reshard_after_forward = true) {
+TrainPlan plan_layers(int layers, TpPlan tp_plan, bool fused_loss = true,
+                      bool reshard_after_forward = true) {
   const ModelConfig config = ModelConfig::parse(fmt::format(kSmallLlama, layers));
   TrainPlanOptions o;
+  o.fused_loss = fused_loss;
   o.batch = 4;
   o.seq = 256;
   o.extrapolate = false;
@@ -64,13 +66,137 @@ TEST(TensorParallelPlan, ModulesMoveEachBlocksActivationsAsMegatronDoes) {
 // precision the weights as used were a value of the program that the reshard policy saved:
 // both settings planned one program.)
 TEST(TensorParallelPlan, ModulesGatherTheLayersWeightsAgainWhenReshardedAfterForward) {
-  const TrainPlan kept = plan_layers(2, TpPlan::kModules, false),
-                  resharded = plan_layers(2, TpPlan::kModules, true);
+  const TrainPlan kept = plan_layers(2, TpPlan::kModules, true, false),
+                  resharded = plan_layers(2, TpPlan::kModules, true, true);
   EXPECT_TRUE(resharded.reshard_after_forward);
   EXPECT_EQ(over(resharded, CollectiveKind::kAllGather, {"fsdp"}) -
                 over(kept, CollectiveKind::kAllGather, {"fsdp"}),
             2 * 655'360);
   EXPECT_LT(resharded.peak_bytes, kept.peak_bytes);
+}
+
+// The embedding, the final norm, the head and the loss as torchtitan's plan runs them with
+// loss_parallel (and Megatron's VocabParallelEmbedding and vocab_parallel_cross_entropy), by
+// hand on the same step with the naive loss: the embedding's rows split over tp, each device
+// looks up its own and the partial sums are reduce-scattered along the sequence (RowwiseParallel,
+// output Shard(1)): [2, 256, 512] bf16 = 512 KiB, 3/4 received, 393,216 B, and all-gathered in
+// the backward pass. The head's input is all-gathered from the final norm's sequence split
+// (ColwiseParallel, input Shard(1)), its cotangent reduce-scattered back: 393,216 B each. The
+// logits stay split along the vocabulary (Shard(-1)); the loss all-reduces the rows' max and
+// their sum of exponentials, [512 tokens] f32 = 2,048 B each, of which a ring all-reduce
+// receives 2 x 3/4: 3,072 B (the target's logit, a masked pick, is summed with the mean).
+// So over tp the head and the loss move 4 x 393,216 + 2 x 3,072 B beyond the layers' 8 x
+// 393,216 each; nothing by all-to-all, the table never gathered over tp, the [tokens, vocab]
+// logits never gathered. The table's gradient, [1024, 512] bf16 per tp shard, is all-reduced
+// over fsdp inside the lookup: 2 x 1/2 x 1 MiB.
+TEST(TensorParallelPlan, ModulesRunTheEmbeddingHeadAndLossVocabularyParallel) {
+  const TrainPlan p = plan_layers(2, TpPlan::kModules, /*fused_loss=*/false);
+  std::int64_t tp = 0;
+  for (const CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
+                                 CollectiveKind::kAllReduce, CollectiveKind::kAllToAll}) {
+    tp += over(p, k, {"tp"});
+  }
+  const std::int64_t layers = 2 * 8 * 393'216;
+  EXPECT_EQ(tp - layers, 4 * 393'216 + 2 * 3'072);
+  EXPECT_EQ(over(p, CollectiveKind::kAllToAll, {"tp"}), 0);
+  EXPECT_EQ(over(p, CollectiveKind::kAllGather, {"tp", "fsdp"}), 0);
+  EXPECT_EQ(over(p, CollectiveKind::kAllGather, {"fsdp", "tp"}), 0);
+  EXPECT_EQ(over(p, CollectiveKind::kAllReduce, {"fsdp"}), 1'048'576);
+  // The partitioner's own layout gathers the table over tp and fsdp for the lookup (take reads
+  // its gathered axis whole) and moves the one-hot rows of its gradient by all-to-all.
+  const TrainPlan q = plan_layers(2, TpPlan::kPartitioner, /*fused_loss=*/false);
+  EXPECT_GT(over(q, CollectiveKind::kAllGather, {"tp", "fsdp"}), 0);
+  EXPECT_GT(over(q, CollectiveKind::kAllToAll, {"tp"}), 0);
+}
+
+// The vocabulary-parallel lookup and the head in its vocabulary split compute what one device
+// does: the loss and every gradient of a small step on fsdp:2 x tp:4, against the same step on
+// one device, with sequence parallelism (the partial sums reduce-scattered along the sequence)
+// and without (all-reduced). The token ids (below 40) fall in three of the four devices'
+// rows (16 each): the last one reads none.
+TEST(TensorParallelPlan, TheVocabularyParallelStepComputesWhatOneDeviceDoes) {
+  const ModelConfig c = ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 4})");
+  for (const std::int64_t t : {8, 6}) {
+    SCOPED_TRACE(t);
+    const auto run = [&](const char* axes, int n, train::Layout layout, bool modules) {
+      const Executor exec(n);
+      const Mesh mesh = Mesh::parse(axes, n);
+      layout.mesh = mesh;
+      layout.sequence_parallel = t % 4 == 0;
+      const Tree<Array> params = uniform_parameters(c, DType::kF32, 5, mesh, exec);
+      const auto [x, y] = tokens_and_targets(Shape{2, t}, mesh, P("fsdp"), exec);
+      train::ModelStep model{.config = c, .layout = layout, .fused_loss = false};
+      if (modules) {
+        const PartitionSpec rows(std::vector<AxisNames>{{"tp"}, {}});
+        model.outside_in_use = {{"model/embed_tokens/weight", rows}, {"lm_head/weight", rows}};
+      }
+      return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& a, const Array& b) {
+        auto [loss, grads] = train::loss_and_grads(model, p, a, b);
+        return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
+      })(params, x, y));
+    };
+    const Tree<Tensor> one = run("fsdp:1,tp:1", 1, train::Layout{}, false);
+    const Tree<Tensor> split = run("fsdp:2,tp:4", 8, train::Layout{{"fsdp"}, {"tp"}, 2, 4}, true);
+    EXPECT_NEAR(split.at("loss").leaf().get(0), one.at("loss").leaf().get(0), 1e-5);
+    const auto a = split.at("grads").flatten(), b = one.at("grads").flatten();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const auto u = a[i].second.to_doubles(), v = b[i].second.to_doubles();
+      ASSERT_EQ(u.size(), v.size()) << a[i].first;
+      for (std::size_t k = 0; k < u.size(); ++k) {
+        ASSERT_NEAR(u[k], v[k], 1e-5 + 1e-4 * std::abs(v[k])) << a[i].first << " [" << k << "]";
+      }
+    }
+  }
+}
+
+// Eager tensor parallelism: the host dispatches each op the forward and backward passes launch
+// through DTensor (90 us each, PyTorch's own dispatch-overhead test) while the device runs the
+// ops before it. This small step's device time is tens of microseconds, so the step is the
+// host's: launched ops x 90 us exactly. Compiled, or without a model axis, nothing is charged.
+// The update is not counted: AdamW's and SGD's steps launch the same ops.
+TEST(TensorParallelPlan, EagerTensorParallelismWaitsForTheHostsDispatch) {
+  const ModelConfig config = ModelConfig::parse(fmt::format(kSmallLlama, 2));
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 64;
+  o.extrapolate = false;
+  o.tp_plan = TpPlan::kModules;
+  o.eager = true;
+  o.hardware = find_hardware("h100-sxm");
+  o.activations = load_preset("llama_fsdp_tp");
+  const Mesh mesh = Mesh::parse("fsdp:2,tp:4", 8);
+  const TrainPlan eager = plan_training(config, mesh, preset("llama_fsdp_tp"), o);
+  ASSERT_TRUE(eager.time.has_value());
+  const StepTime& t = *eager.time;
+  EXPECT_GT(eager.launched_ops, 100);
+  EXPECT_EQ(t.launched_ops, eager.launched_ops);
+  EXPECT_DOUBLE_EQ(t.dispatch_seconds_per_op, 90e-6);
+  EXPECT_DOUBLE_EQ(t.dispatch_seconds, static_cast<double>(eager.launched_ops) * 90e-6);
+  EXPECT_LT(t.compute_seconds() + t.exposed_seconds, t.dispatch_seconds);
+  EXPECT_DOUBLE_EQ(t.step_seconds, t.dispatch_seconds);
+  EXPECT_DOUBLE_EQ(t.dispatch_exposed_seconds,
+                   t.dispatch_seconds - t.compute_seconds() - t.exposed_seconds);
+  EXPECT_THAT(eager.table(), ::testing::HasSubstr(fmt::format(
+                                 "({} ops x 90.0 us dispatched eagerly through DTensor; the device "
+                                 "waits",
+                                 eager.launched_ops)));
+
+  o.optimizer = OptimizerKind::kSgd;
+  EXPECT_EQ(plan_training(config, mesh, preset("llama_fsdp_tp"), o).launched_ops,
+            eager.launched_ops);
+  o.optimizer = OptimizerKind::kAdamw;
+  o.eager = false;
+  const TrainPlan compiled = plan_training(config, mesh, preset("llama_fsdp_tp"), o);
+  EXPECT_EQ(compiled.time->dispatch_seconds, 0);
+  EXPECT_EQ(compiled.time->step_seconds,
+            compiled.time->compute_seconds() + compiled.time->exposed_seconds);
+  o.eager = true;
+  o.activations.reset();
+  const TrainPlan fsdp = plan_training(config, Mesh::parse("fsdp:4", 4), preset("llama_fsdp"), o);
+  EXPECT_EQ(fsdp.time->dispatch_seconds, 0);
 }
 
 // Without a model axis there is nothing to lay out: the same program either way, and the plan

@@ -53,8 +53,7 @@ TEST(TrainingStack, ApplyingSetsTheChoicesNoGivenOptionOverrides) {
   EXPECT_EQ(o.stack->name, "torchtitan-2024-12");
   EXPECT_TRUE(o.stack->validated);
   EXPECT_TRUE(o.stack->overridden.empty());
-  EXPECT_EQ(o.stack->not_modelled,
-            (std::vector<std::string>{"loss parallel", "optimizer kernel"}));
+  EXPECT_EQ(o.stack->not_modelled, (std::vector<std::string>{"optimizer kernel"}));
 
   TrainPlanOptions given;
   apply_stack(s, given, [](std::string_view option) {

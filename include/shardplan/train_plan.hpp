@@ -373,6 +373,14 @@ struct StepTime {
   /// model_flops_per_token x tokens/s per device / the bf16 peak, never clamped.
   double mfu = 0;
 
+  /// Eager tensor parallelism (TrainPlan::eager with a model axis): the host dispatches each op
+  /// the forward and backward passes launch (TrainPlan::launched_ops) as DTensor does, at
+  /// dispatch_seconds_per_op each (its source in docs/training.md "Step time"), while the device
+  /// runs what was dispatched before: the step lasts at least the host's dispatch_seconds, and
+  /// dispatch_exposed_seconds is what that adds to the device's time. All 0 otherwise.
+  std::int64_t launched_ops = 0;
+  double dispatch_seconds_per_op = 0, dispatch_seconds = 0, dispatch_exposed_seconds = 0;
+
   double compute_seconds() const {
     return matmul_seconds + matmul_fp8_seconds + attention_seconds + memory_seconds +
            copy_out_seconds;
@@ -477,6 +485,10 @@ struct TrainPlan {
   /// (ProgramCost::memory_traffic).
   double matmul_flops = 0, attention_flops = 0, matmul_fp8_flops = 0;
   std::int64_t memory_traffic = 0;
+  /// The operations the forward and backward passes launch one by one when run eagerly: each
+  /// kernel step (views too) and each collective that moves bytes; constant steps and the
+  /// update are not counted (StepTime::launched_ops: what eager tensor parallelism dispatches).
+  std::int64_t launched_ops = 0;
   std::map<CollectiveKind, std::int64_t> bytes_by_collective;  // bytes received, per kind
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;          // the same per kind and mesh axes
   /// With TrainPlanOptions::hardware: the step's time on it.

@@ -216,12 +216,43 @@ Array normed(const Array& x, const char* reader, const Layout& layout) {
 }
 
 
+Array ModelStep::lookup(const Array& table, std::string_view path, const Array& tokens) const {
+  const Layout& L = layout;
+  const auto it = outside_in_use.find(std::string(path));
+  const std::int64_t vocab = table.shape()[0], b = tokens.shape()[0], t = tokens.shape()[1];
+  if (it == outside_in_use.end() || !L.context.empty() || !L.mesh || table.shape().rank() != 2 ||
+      vocab % L.model_ways != 0 || it->second.dims() != std::vector<AxisNames>{L.model, {}}) {
+    return take(table, tokens, 0);
+  }
+  const std::int64_t rows = vocab / L.model_ways;
+  const AxisNames model = L.model;
+  const AxisNames batch = b % L.batch_ways == 0 ? L.batch : AxisNames{};
+  const bool scatter = L.sequence_parallel && t % L.model_ways == 0;
+  const auto body = [model, rows, scatter](const Array& w, const Array& ids) {
+    // This device's rows are [first, first + rows): the tokens outside read row 0, then 0.
+    const Array local = ids - lax::axis_index(model) * static_cast<double>(rows);
+    const Array zero = full_like(local, 0);
+    const Array at_or_after = greater_equal(local, zero);
+    const Array mine = where(at_or_after, less(local, full_like(local, static_cast<double>(rows))),
+                             at_or_after);
+    const Array e = take(w, where(mine, local, zero), 0);  // [b, t, d]
+    const Shape column{ids.shape()[0], ids.shape()[1], 1};
+    const Array part = where(reshape(mine, column), e, full_like(e, 0));
+    return scatter ? lax::psum_scatter(part, model, 1, /*tiled=*/true) : lax::psum(part, model);
+  };
+  return shard_map(body, *L.mesh, {PartitionSpec(std::vector<AxisNames>{model, {}}),
+                                   PartitionSpec(std::vector<AxisNames>{batch, {}})},
+                   {PartitionSpec(std::vector<AxisNames>{batch, scatter ? model : AxisNames{},
+                                                         {}})})(table, tokens);
+}
+
 Array ModelStep::embed(const Tree<Array>& rest, const Array& tokens) const {
   const Layout& L = layout;
   // The residual stream from its start: with sequence parallelism the embedding's output is
   // split along the sequence at once (torchtitan's tok_embeddings: output_layouts=Shard(1)), so
   // the first layer keeps 1/tp of it for the backward pass, not the whole.
-  return region(take(at(rest, "model/embed_tokens/weight"), tokens, 0), "residual", L, true);
+  const char* path = "model/embed_tokens/weight";
+  return region(lookup(at(rest, path), path, tokens), "residual", L, true);
 }
 
 Array soft_cap(const Array& x, double cap) {
@@ -470,8 +501,14 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
   const Layout& L = layout;
   const StepParts& step = config.family->step;
   const Array x = normed(step.final_norm(*this, rest, h), "head_in", L);
-  const Array head =
-      at(rest, config.tie_embeddings ? std::string(step.embedding) : std::string("lm_head/weight"));
+  const std::string head_path =
+      config.tie_embeddings ? std::string(step.embedding) : std::string("lm_head/weight");
+  Array head = at(rest, head_path);
+  if (const auto it = outside_in_use.find(head_path); it != outside_in_use.end() && !fused_loss) {
+    // torchtitan's ColwiseParallel output (Megatron's output layer): the head used in its split
+    // of the vocabulary, so the logits come out split along it (Shard(-1)) for loss_parallel.
+    head = detail::pin_sharding(head, it->second);
+  }
   if (fused_loss && config.logit_softcap > 0) {
     // train-plan refuses the fused loss for such a model (resolve_options).
     throw SpecError(fmt::format("[train] linear_cross_entropy has no soft-capping of the logits "

@@ -33,11 +33,16 @@ struct Layout {
   /// as a rule file's `activations:`) instead of constraining them to the batch: Megatron's
   /// sequence parallelism when the sequence maps to the tensor-parallel axes.
   bool annotate = false;
+  /// With `annotate`: the rules split those regions along the sequence over model axes
+  /// (sequence parallelism on), so the embedding's output starts split so (ModelStep::lookup).
+  bool sequence_parallel = false;
   /// Context parallelism: the sequence split over these axes (one axis), the tokens arriving in
   /// the load-balanced order (load_balanced_positions), attention by ring in a shard_map over
   /// `mesh` (context_parallel_attention's algorithm).
   AxisNames context;
   std::int64_t context_ways = 1;
+  /// The mesh, with a context or a model axis (ring attention's and the vocabulary-parallel
+  /// embedding's shard_map).
   std::optional<Mesh> mesh;
 };
 
@@ -121,6 +126,11 @@ struct ModelStep {
   /// the layer ("self_attn/q_proj/weight"), as the column/row-parallel modules use it: its spec
   /// without the batch and context axes. Empty: the partitioner chooses.
   std::vector<std::map<std::string, PartitionSpec>> layer_in_use;
+  /// TpPlan::kModules: the parameters outside the layers the rules split over a model axis (the
+  /// embedding, the head), by path, in that split (the batch and context axes left out): the
+  /// embedding looked up vocabulary-parallel (lookup), the head used as it is split. Empty: the
+  /// partitioner chooses.
+  std::map<std::string, PartitionSpec> outside_in_use;
 
   /// Layer `i`'s weights as used: layer_in_use's constraints on them (as they are without).
   Tree<Array> module_layouts(std::size_t i, const Tree<Array>& weights) const;
@@ -131,6 +141,14 @@ struct ModelStep {
   /// `weights` cast for use (compute_dtype); as they are without one.
   Tree<Array> for_use(const Tree<Array>& weights) const;
 
+  /// The rows of the embedding `table` [vocab, d] (the parameter at `path`) at tokens [b, t]:
+  /// [b, t, d]. With outside_in_use splitting the table's vocabulary over the model axes (and
+  /// no context axis), as torchtitan's RowwiseParallel tok_embeddings (input Replicate, output
+  /// Shard(1)) and Megatron's VocabParallelEmbedding run it: each device takes the tokens that
+  /// fall in its rows (the others read 0) and the partial sums are reduce-scattered along the
+  /// sequence with sequence parallelism (Layout::sequence_parallel, where the model axes divide
+  /// it), else all-reduced; without that split, take() as the partitioner lays it out.
+  Array lookup(const Array& table, std::string_view path, const Array& tokens) const;
   /// The LLaMA layout's embedding: tokens [b, t] (i32) -> hidden [b, t, d].
   Array embed(const Tree<Array>& rest, const Array& tokens) const;
   /// hidden [b, t, d] -> hidden [b, t, d], the family's layer; `window` > 0: sliding-window

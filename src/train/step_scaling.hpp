@@ -18,10 +18,12 @@ namespace shardplan::train {
 /// batch a device holds, the peak, the peak's split (ProgramCost::peak_by_kind), and the bytes
 /// the kernels not on matrix units read and write (ProgramCost::memory_traffic, per device).
 /// kReserved, kReservedExpandable: detail::reserved_bytes (allocation_events.hpp: the
-/// caching allocator model).
+/// caching allocator model). kLaunchedOps is a count, not bytes, kept here because it is an
+/// exact integer affine in the layers as they are: the operations the forward and backward
+/// passes launch (launched_ops in step_trace.cpp).
 enum class ByteFigure {
   kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic, kReserved,
-  kReservedExpandable
+  kReservedExpandable, kLaunchedOps
 };
 /// A byte figure's key: one of those, a collective kind (the most bytes a device receives), or a
 /// collective kind over the mesh axes it runs in (ProgramCost::bytes_by_axes).

@@ -211,7 +211,13 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
     t.exposed_by_tier[tier] += exposed_overlapped * s / overlapped;
   }
   t.exposed_seconds = t.exposed_tensor_seconds + exposed_overlapped;
-  t.step_seconds = compute + t.exposed_seconds;
+  // Eager dispatch: the host issues the ops in order while the device runs those issued before
+  // it (an unbounded queue), so the step takes the longer of the two.
+  t.launched_ops = in.dispatch_seconds_per_op > 0 ? plan.launched_ops : 0;
+  t.dispatch_seconds_per_op = in.dispatch_seconds_per_op;
+  t.dispatch_seconds = static_cast<double>(t.launched_ops) * in.dispatch_seconds_per_op;
+  t.dispatch_exposed_seconds = std::max(0.0, t.dispatch_seconds - (compute + t.exposed_seconds));
+  t.step_seconds = compute + t.exposed_seconds + t.dispatch_exposed_seconds;
   t.model_flops_per_token = in.model_flops_per_token;
   if (t.step_seconds > 0 && plan.devices > 0) {
     t.tokens_per_second_per_device = static_cast<double>(in.tokens_per_step) / t.step_seconds /

@@ -3,6 +3,7 @@
 // time"). Private to the library.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardplan/hardware.hpp"
@@ -10,6 +11,22 @@
 #include "shardplan/train_plan.hpp"
 
 namespace shardplan::train {
+
+/// A host-side figure of the time model with its source.
+struct SourcedSeconds {
+  double seconds = 0;
+  std::string_view source;
+};
+/// What PyTorch's DTensor takes on the host to dispatch one op on sharded tensors, its sharding
+/// propagation found in its cache (the common case in a training loop), the local kernel's
+/// launch included: PyTorch's own dispatch-overhead test expects 90 us. Charged per launched op
+/// of an eager step with tensor parallelism (StepTime::dispatch_seconds_per_op).
+inline constexpr SourcedSeconds kDTensorDispatch{
+    90e-6,
+    "pytorch/pytorch test/distributed/tensor/test_dtensor_dispatch_overhead.py "
+    "(pytorch/pytorch#159699, August 2025): expected_dispatch_time = 90 (us), the median "
+    "dispatch of aten.add on a Shard(0) DTensor [512, 512] over 4 CUDA devices with the "
+    "sharding propagation cached"};
 
 /// What the time model needs besides the plan's figures.
 struct TimeInputs {
@@ -20,6 +37,9 @@ struct TimeInputs {
   std::int64_t layer_steps = 1;
   double model_flops_per_token = 0;
   std::int64_t tokens_per_step = 0;  // the global batch's tokens
+  /// Host time to dispatch each launched op (TrainPlan::launched_ops); 0: not charged (a
+  /// compiled step, or no tensor parallelism).
+  double dispatch_seconds_per_op = 0;
 };
 
 /// "node" when every group of devices a collective over `axes` runs in lies in one node of

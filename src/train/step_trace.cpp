@@ -260,6 +260,28 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
   return f;
 }
 
+/// The operations the forward and backward passes launch one by one when run eagerly: each
+/// kernel step (a view too: eager PyTorch dispatches it as an op) and each collective of a
+/// reshard that moves bytes. Constant steps (folded into their readers, never run per step)
+/// and the update (a foreach or fused optimizer launches a few kernels for all the parameters,
+/// not its elementwise ops one by one per parameter) are not counted.
+std::int64_t launched_ops(const detail::Program& program, const MemoryTimeline& timeline) {
+  std::size_t end = program.steps().size();
+  for (const PhaseStart& p : timeline.phases) {
+    if (p.phase == StepPhase::kUpdate) end = std::min(end, p.step);
+  }
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < end; ++i) {
+    const detail::Step& step = program.steps()[i];
+    if (step.kind == detail::Step::Kind::kKernel) {
+      n += step.constant ? 0 : 1;
+      continue;
+    }
+    for (const CollectiveRecord& c : step.cost) n += c.max_bytes_in() > 0 ? 1 : 0;
+  }
+  return n;
+}
+
 /// The figures and the state's bytes read off the lowered step.
 TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_dtype) {
   TracedStep out;
@@ -282,6 +304,7 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
   for (const auto& [kind, b] : cost.bytes_by_kind) bytes[kind] = b;
   for (const auto& [on, b] : cost.bytes_by_axes) bytes[on] = b;
   bytes[ByteFigure::kMemoryTraffic] = cost.memory_traffic;
+  bytes[ByteFigure::kLaunchedOps] = launched_ops(detail::program_of(low), cost.timeline);
   out.figures.flops[FlopFigure::kBusiest] = *std::max_element(cost.flops.begin(), cost.flops.end());
   out.figures.flops[FlopFigure::kMatmul] =
       *std::max_element(cost.matmul_flops.begin(), cost.matmul_flops.end());
@@ -328,9 +351,31 @@ std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, cons
   return out;
 }
 
+// A parameter's spec (the rules') with only the model axes kept: how the column-, row- and
+// vocabulary-parallel modules use it (gathered over the data axes, never over the model axes).
+// None when no model axis of more than one device splits it.
+std::optional<PartitionSpec> model_split(const std::string& path, const TensorSpec& t,
+                                         const Mesh& mesh, const RulePtr& rules,
+                                         const Layout& layout) {
+  std::vector<AxisNames> dims;
+  bool split = false;
+  for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
+    AxisNames kept;
+    for (const std::string& a : d) {
+      if (std::find(layout.model.begin(), layout.model.end(), a) != layout.model.end()) {
+        kept.push_back(a);
+        split = split || mesh.axis_size(a) > 1;
+      }
+    }
+    dims.push_back(std::move(kept));
+  }
+  if (!split) return std::nullopt;
+  return PartitionSpec(std::move(dims));
+}
+
 // TpPlan::kModules: each layer weight the rules split over a model axis, as the column- and
-// row-parallel modules use it: its spec without the batch and context axes, by its path in the
-// layer; per layer (a rule may match one layer's weights only).
+// row-parallel modules use it (model_split), by its path in the layer; per layer (a rule may
+// match one layer's weights only).
 std::vector<std::map<std::string, PartitionSpec>> layer_in_use(const ModelConfig& config,
                                                                const Mesh& mesh,
                                                                const RulePtr& rules,
@@ -344,19 +389,24 @@ std::vector<std::map<std::string, PartitionSpec>> layer_in_use(const ModelConfig
     const std::size_t slash = rest.find('/');
     const std::size_t i = std::stoul(rest.substr(0, slash));
     if (out.size() <= i) out.resize(i + 1);
-    std::vector<AxisNames> dims;
-    bool model_split = false;
-    for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
-      AxisNames kept;
-      for (const std::string& a : d) {
-        if (std::find(layout.model.begin(), layout.model.end(), a) != layout.model.end()) {
-          kept.push_back(a);
-          model_split = model_split || mesh.axis_size(a) > 1;
-        }
-      }
-      dims.push_back(std::move(kept));
+    if (auto spec = model_split(path, t, mesh, rules, layout)) {
+      out[i].emplace(rest.substr(slash + 1), std::move(*spec));
     }
-    if (model_split) out[i].emplace(rest.substr(slash + 1), PartitionSpec(std::move(dims)));
+  }
+  return out;
+}
+
+// TpPlan::kModules: the parameters outside the layers the rules split over a model axis (the
+// embedding, the head), by path, as the vocabulary-parallel modules use them (model_split).
+std::map<std::string, PartitionSpec> outside_in_use(const ModelConfig& config, const Mesh& mesh,
+                                                    const RulePtr& rules,
+                                                    const Tree<TensorSpec>& params,
+                                                    const Layout& layout) {
+  std::map<std::string, PartitionSpec> out;
+  const std::string layers = config.layers_path() + "/";
+  for (const auto& [path, t] : params.flatten()) {
+    if (path.rfind(layers, 0) == 0) continue;
+    if (auto spec = model_split(path, t, mesh, rules, layout)) out.emplace(path, std::move(*spec));
   }
   return out;
 }
@@ -416,7 +466,11 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                                           : std::map<std::string, PartitionSpec>{},
                        .layer_in_use = o.tp_plan == TpPlan::kModules
                                            ? layer_in_use(config, mesh, rules, args.params, layout)
-                                           : std::vector<std::map<std::string, PartitionSpec>>{}};
+                                           : std::vector<std::map<std::string, PartitionSpec>>{},
+                       .outside_in_use =
+                           o.tp_plan == TpPlan::kModules
+                               ? outside_in_use(config, mesh, rules, args.params, layout)
+                               : std::map<std::string, PartitionSpec>{}};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // Mixed precision: the model casts the held weights where it uses them (ModelStep::

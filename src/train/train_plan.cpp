@@ -235,6 +235,7 @@ train::Layout make_layout(const Mesh& mesh, const TrainPlanOptions& o,
     }
     layout.model.push_back(a);
     layout.model_ways *= mesh.axis_size(a);
+    layout.mesh = mesh;  // the vocabulary-parallel embedding's shard_map (ModelStep::lookup)
   }
   if (!layout.context.empty() && o.seq % (2 * layout.context_ways) != 0) {
     throw SpecError(fmt::format(
@@ -393,6 +394,7 @@ Activations activations_of(const ModelConfig& config, const Mesh& mesh, const Tr
     if (!on) bind.emplace_back("activation_norm_length", std::nullopt);
     a.annotations = file->activation_shardings(mesh, bind);
     layout.annotate = true;
+    layout.sequence_parallel = on;
   }
   a.layout = std::move(layout);
   return a;
@@ -549,6 +551,7 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   plan.attention_flops = figures.flops.at(train::FlopFigure::kAttention);
   plan.matmul_fp8_flops = figures.flops.at(train::FlopFigure::kMatmulFp8);
   plan.memory_traffic = bytes.at(ByteFigure::kMemoryTraffic);
+  plan.launched_ops = bytes.at(ByteFigure::kLaunchedOps);
   for (const auto& [key, b] : bytes) {
     if (const auto* kind = std::get_if<CollectiveKind>(&key)) plan.bytes_by_collective[*kind] = b;
     if (const auto* on = std::get_if<CollectiveOn>(&key)) plan.bytes_by_axes[*on] = b;
@@ -608,7 +611,10 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
         .layer_steps = choice.layers * choice.accum,
         .model_flops_per_token =
             train::model_flops_per_token(config, plan.active_parameter_count, o.seq),
-        .tokens_per_step = o.batch * o.seq};
+        .tokens_per_step = o.batch * o.seq,
+        // Eager tensor parallelism: every op of the blocks dispatched through DTensor.
+        .dispatch_seconds_per_op =
+            o.eager && layout.model_ways > 1 ? train::kDTensorDispatch.seconds : 0.0};
     plan.time = train::step_time(plan, mesh, *o.hardware, in);
   }
   plan.headroom = o.headroom;

@@ -277,11 +277,17 @@ void write_time(std::string& out, const StepTime& t) {
   }
   out += fmt::format(
       "</table>\n<p class=\"note\" style=\"margin-top:10px\">Compute {}, exposed communication {} "
-      "(of it tensor parallel {}), step {}; {:.0f} tokens/s per device, MFU {:.1f}%.</p>\n"
+      "(of it tensor parallel {}){}, step {}; {:.0f} tokens/s per device, MFU {:.1f}%.</p>\n"
       "</section>\n",
       seconds_text(t.compute_seconds()), seconds_text(t.exposed_seconds),
-      seconds_text(t.exposed_tensor_seconds), seconds_text(t.step_seconds),
-      t.tokens_per_second_per_device, t.mfu * 100);
+      seconds_text(t.exposed_tensor_seconds),
+      t.dispatch_seconds > 0
+          ? fmt::format(", eager dispatch on the host {} ({} ops through DTensor; the device "
+                        "waits {} for it)",
+                        seconds_text(t.dispatch_seconds), t.launched_ops,
+                        seconds_text(t.dispatch_exposed_seconds))
+          : std::string(),
+      seconds_text(t.step_seconds), t.tokens_per_second_per_device, t.mfu * 100);
 }
 
 }  // namespace

@@ -80,6 +80,15 @@ std::string time_table(const StepTime& t) {
                      seconds_text(t.exposed_by_tier.at(LinkTier::kNode)),
                      seconds_text(t.exposed_by_tier.at(LinkTier::kNetwork)),
                      seconds_text(t.exposed_tensor_seconds));
+  if (t.dispatch_seconds > 0) {
+    out += fmt::format("  {:<40} {:>12}  ({} ops x {} dispatched eagerly through DTensor; {})\n",
+                       "eager dispatch (host)", seconds_text(t.dispatch_seconds), t.launched_ops,
+                       seconds_text(t.dispatch_seconds_per_op),
+                       t.dispatch_exposed_seconds > 0
+                           ? fmt::format("the device waits {} for the host",
+                                         seconds_text(t.dispatch_exposed_seconds))
+                           : std::string("under the device's time"));
+  }
   out += fmt::format("  {:<40} {:>12}\n", "step", seconds_text(t.step_seconds));
   out += fmt::format("  {:<40} {:>12.0f}\n", "tokens/s per device", t.tokens_per_second_per_device);
   out += fmt::format("  {:<40} {:>11.1f}%  ({:.3g} model FLOPs per token, bf16 peak)\n", "MFU",
@@ -254,7 +263,7 @@ nlohmann::ordered_json time_json(const StepTime& t) {
                      {"seconds", c.seconds},
                      {"overlapped", c.overlapped}});
   }
-  return {{"hardware", t.hardware},
+  nlohmann::ordered_json j{{"hardware", t.hardware},
           {"matmul_seconds", t.matmul_seconds},
           {"attention_seconds", t.attention_seconds},
           {"matmul_fp8_seconds", t.matmul_fp8_seconds},
@@ -269,6 +278,13 @@ nlohmann::ordered_json time_json(const StepTime& t) {
           {"tokens_per_second_per_device", t.tokens_per_second_per_device},
           {"model_flops_per_token", t.model_flops_per_token},
           {"mfu", t.mfu}};
+  if (t.dispatch_seconds > 0) {
+    j["launched_ops"] = t.launched_ops;
+    j["dispatch_seconds_per_op"] = t.dispatch_seconds_per_op;
+    j["dispatch_seconds"] = t.dispatch_seconds;
+    j["dispatch_exposed_seconds"] = t.dispatch_exposed_seconds;
+  }
+  return j;
 }
 
 /// The plan's per-device figures (JSON "per_device").

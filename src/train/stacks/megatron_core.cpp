@@ -32,11 +32,13 @@ std::vector<StackChoice> megatron_parallelism() {
        .apply = cp_permute},
       {.topic = "vocabulary parallelism",
        .what = "VocabParallelEmbedding and the output layer's vocabulary-parallel logits",
-       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/layers.py",
-       .setting = "not modelled: the embedding's and the head's layouts as used are the "
-                  "partitioner's",
-       .options = {},
-       .apply = nullptr},
+       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/tensor_parallel/layers.py: "
+                 "VocabParallelEmbedding; megatron/core/tensor_parallel/cross_entropy.py: "
+                 "vocab_parallel_cross_entropy",
+       .setting = "part of --tp-plan modules: the embedding looked up vocabulary-parallel, "
+                  "the head used in its vocabulary split (with --loss naive)",
+       .options = {"--tp-plan"},
+       .apply = tp_modules},
       {.topic = "gradient reduction overlap",
        .what = "--overlap-grad-reduce and --overlap-param-gather off by default; buckets "
                "of --ddp-bucket-size",

@@ -24,7 +24,8 @@ StackChoice f32_loss(std::string_view source) {
 }
 
 // The choices every version below shares, with the commit its sources are read at.
-std::vector<StackChoice> common(std::string_view at_parallelize) {
+std::vector<StackChoice> common(std::string_view at_parallelize,
+                                std::string_view loss_parallel_source) {
   return {
       {.topic = "mixed precision",
        .what = "FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) over "
@@ -73,14 +74,15 @@ std::vector<StackChoice> common(std::string_view at_parallelize) {
        .options = {"--tp-plan"},
        .apply = tp_modules},
       {.topic = "loss parallel",
-       .what = "the output projection ColwiseParallel with Shard(-1) logits and "
-               "loss_parallel (the loss on vocabulary-sharded logits); the embedding "
-               "RowwiseParallel",
-       .source = at_parallelize,
-       .setting = "not modelled: the embedding's and the head's layouts as used are the "
-                  "partitioner's",
-       .options = {},
-       .apply = nullptr},
+       .what = "tok_embeddings RowwiseParallel (input Replicate, output Shard(1)), norm "
+               "SequenceParallel, output ColwiseParallel (input Shard(1), output Shard(-1)) "
+               "and the loss under loss_parallel (on unless disabled: the vocabulary-sharded "
+               "logits' max and sum of exponentials all-reduced over tp)",
+       .source = loss_parallel_source,
+       .setting = "part of --tp-plan modules: the embedding looked up vocabulary-parallel, "
+                  "the head used in its vocabulary split (with --loss naive)",
+       .options = {"--tp-plan"},
+       .apply = tp_modules},
   };
 }
 
@@ -94,7 +96,10 @@ const TrainingStack& torchtitan_2024_07() {
           "docs/performance.md",
       .choices = joined(
           common("pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
-                 "_save_list, apply_ac, apply_tp"),
+                 "_save_list, apply_ac, apply_tp",
+                 "pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
+                 "apply_tp; torchtitan/config_manager.py: --training.enable_loss_parallel "
+                 "(default True)"),
           {{.topic = "loss",
             .what = "cross_entropy(pred.flatten(0, 1), labels) on the bfloat16 logits as they "
                     "are (the float32 cast came later)",
@@ -134,7 +139,10 @@ const TrainingStack& torchtitan_2024_12() {
           "December 2024",
       .choices = joined(
           common("pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
-                 "_save_list, _apply_ac_to_transformer_block, apply_tp"),
+                 "_save_list, _apply_ac_to_transformer_block, apply_tp",
+                 "pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
+                 "apply_tp; torchtitan/config_manager.py: --training.disable_loss_parallel "
+                 "(store_true, off)"),
           {f32_loss("pytorch/torchtitan@3f20451 train.py: loss_fn"),
            cp_rotate_allgather("pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
                                "--experimental.context_parallel_rotate_method"),
@@ -171,7 +179,10 @@ const TrainingStack& torchtitan_2025_06() {
           "(pytorch/torchtitan#881), the root wrapping of before #1094",
       .choices = joined(
           common("pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
-                 "_save_list, _apply_ac_to_transformer_block, apply_tp"),
+                 "_save_list, _apply_ac_to_transformer_block, apply_tp",
+                 "pytorch/torchtitan@6b11290 torchtitan/models/llama3/infra/parallelize.py: "
+                 "apply_tp; torchtitan/config_manager.py: Parallelism.disable_loss_parallel = "
+                 "False"),
           {f32_loss("pytorch/torchtitan@6b11290 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
            cp_rotate_allgather("pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
@@ -202,7 +213,10 @@ const TrainingStack& torchtitan_2025_08() {
       .choices = joined(
           common("pytorch/torchtitan@07c00d9 torchtitan/distributed/activation_checkpoint.py: "
                  "_save_list, _apply_op_sac; torchtitan/models/llama3/infra/parallelize.py: "
-                 "apply_tp"),
+                 "apply_tp",
+                 "pytorch/torchtitan@07c00d9 torchtitan/models/llama3/infra/parallelize.py: "
+                 "apply_tp; torchtitan/config/job_config.py: Parallelism.disable_loss_parallel = "
+                 "False"),
           {f32_loss("pytorch/torchtitan@07c00d9 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
            cp_rotate_allgather("pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
