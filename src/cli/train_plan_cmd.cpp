@@ -1,5 +1,4 @@
 #include "train_plan_cmd.hpp"
-#include "train_plan_config.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -19,6 +18,7 @@
 #include "shardplan/train_plan.hpp"
 #include "shardplan/train_plan_html.hpp"
 #include "shardplan/training_stack.hpp"
+#include "train_plan_config.hpp"
 #include "usage_error.hpp"
 
 namespace shardplan::cli {

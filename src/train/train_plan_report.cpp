@@ -98,13 +98,15 @@ std::string ignored_keys(const std::vector<std::string>& ignored) {
     const std::size_t open = k.rfind(" (");  // a reason has no parenthesis of its own
     const std::string key = k.substr(0, std::min(k.find(" = "), open));
     const std::string why = open == std::string::npos ? std::string() : k.substr(open + 1);
-    auto it = std::find_if(by_why.begin(), by_why.end(),
-                           [&](const auto& w) { return w.first == why; });
+    auto it =
+        std::find_if(by_why.begin(), by_why.end(), [&](const auto& w) { return w.first == why; });
     if (it == by_why.end()) it = by_why.insert(by_why.end(), {why, {}});
     it->second.push_back(key);
   }
   std::vector<std::string> parts;
-  for (const auto& [why, keys] : by_why) parts.push_back(fmt::format("{} {}", fmt::join(keys, ", "), why));
+  for (const auto& [why, keys] : by_why) {
+    parts.push_back(fmt::format("{} {}", fmt::join(keys, ", "), why));
+  }
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
@@ -119,8 +121,8 @@ std::string stack_line(const std::optional<StackUse>& stack) {
     out += fmt::format("; overridden: {}", fmt::join(stack->overridden, ", "));
   }
   if (!stack->config.empty()) {
-    out += fmt::format("; from {}: {} key{} planned", stack->config, stack->config_applied.size(),
-                       stack->config_applied.size() == 1 ? "" : "s");
+    out += fmt::format("; from {}: {} setting{} planned", stack->config,
+                       stack->config_applied.size(), stack->config_applied.size() == 1 ? "" : "s");
     if (!stack->config_overridden.empty()) {
       out += fmt::format(", overridden {}", fmt::join(stack->config_overridden, ", "));
     }
