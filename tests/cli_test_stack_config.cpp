@@ -41,13 +41,13 @@ class StackConfigCli : public TrainPlanCli {
   }
 };
 
-// Every stack with a config format: a plan's config, read back under the same stack, plans
-// the same step (each key the writer writes is one the reader plans, and nothing else moves).
-TEST_F(StackConfigCli, TheConfigWrittenForAPlanPlansTheSameStep) {
-  struct Case {
-    std::string stack, options, devices;  // devices: what the file cannot say (Megatron's DP)
-  };
-  const std::vector<Case> cases = {
+// A plan's options under a stack; `devices` is what the file cannot say (Megatron's DP size).
+struct RoundTrip {
+  std::string stack, options, devices;
+};
+
+const std::vector<RoundTrip>& round_trips() {
+  static const std::vector<RoundTrip> cases = {
       {"torchtitan-2024-07", "--mesh fsdp:4 --batch 8 --seq 64 --float8", ""},
       {"torchtitan-2024-12", "--mesh dp:2,fsdp:2,tp:2 --batch 8 --seq 64 --remat none --compile",
        ""},
@@ -62,22 +62,40 @@ TEST_F(StackConfigCli, TheConfigWrittenForAPlanPlansTheSameStep) {
       {"maxtext", "--mesh fsdp:2,tp:2 --batch 8 --seq 64 --grad-accum 2 --remat maxtext:minimal",
        ""},
   };
-  std::set<std::string> covered;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.stack + " " + c.options);
-    const fs::path file = dir_ / ("emitted." + c.stack);
-    fs::remove(file);
-    const auto planned = plan_of(fmt::format("{} --stack {} {} --emit-config '{}'", model(),
-                                             c.stack, c.options, file.string()));
-    ASSERT_TRUE(fs::exists(file));
-    const auto again = plan_of(fmt::format("{} --stack {} --from-config '{}' {}", model(), c.stack,
-                                           file.string(), c.devices));
-    EXPECT_EQ(planned, again) << read(file);
-    covered.insert(c.stack);
-  }
+  return cases;
+}
+
+class StackConfigRoundTrip : public StackConfigCli,
+                             public ::testing::WithParamInterface<RoundTrip> {};
+
+// The config written for a plan, read back under the same stack, plans the same step (each key
+// the writer writes is one the reader plans, and nothing else moves).
+TEST_P(StackConfigRoundTrip, TheConfigWrittenForAPlanPlansTheSameStep) {
+  const RoundTrip& c = GetParam();
+  const fs::path file = dir_ / ("emitted." + c.stack);
+  const auto planned = plan_of(fmt::format("{} --stack {} {} --emit-config '{}'", model(), c.stack,
+                                           c.options, file.string()));
+  ASSERT_TRUE(fs::exists(file));
+  const auto again = plan_of(fmt::format("{} --stack {} --from-config '{}' {}", model(), c.stack,
+                                         file.string(), c.devices));
+  EXPECT_EQ(planned, again) << read(file);
+}
+
+std::string round_trip_name(const ::testing::TestParamInfo<RoundTrip>& p) {
+  std::string n = p.param.stack + "_" + std::to_string(p.index);
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(EachStack, StackConfigRoundTrip, ::testing::ValuesIn(round_trips()),
+                         round_trip_name);
+
+// Every stack with a config format has a round trip.
+TEST(StackConfigRoundTrips, CoverEveryStackWithAConfigFormat) {
   for (const TrainingStack& s : training_stacks()) {
-    EXPECT_EQ(covered.count(std::string(s.name)), stack_config_format(s).empty() ? 0u : 1u)
-        << s.name;
+    const bool covered = std::any_of(round_trips().begin(), round_trips().end(),
+                                     [&](const RoundTrip& c) { return c.stack == s.name; });
+    EXPECT_EQ(covered, !stack_config_format(s).empty()) << s.name;
   }
 }
 
@@ -117,6 +135,31 @@ TEST_F(StackConfigCli, OptionsGivenOverrideTheFileAndTheReportListsEveryKey) {
         "activation_checkpoint.selective_ac_option"}) {
     EXPECT_THAT(record, HasSubstr(std::string(key) + " = ")) << key;
   }
+}
+
+// One dtype option given overrides all of the file's dtypes (as it does a stack's precision);
+// --explain shows the stack's choices the file's keys override, and needs no --devices.
+TEST_F(StackConfigCli, ADtypeGivenOverridesTheFilesPrecision) {
+  const fs::path f32 = config(
+      "[training]\nmixed_precision_param = \"float32\"\nlocal_batch_size = 2\n"
+      "[parallelism]\ndata_parallel_shard_degree = 4\n",
+      "f32.toml");
+  const auto file =
+      nlohmann::json::parse(run(fmt::format("{} --from-config '{}'", model(), f32.string())).out);
+  EXPECT_EQ(file.at("param_dtype"), "f32");
+  EXPECT_EQ(file.at("batch"), 8);  // 2 per rank x 4
+  const Result r =
+      run(fmt::format("{} --from-config '{}' --param-dtype bf16", model(), f32.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("param_dtype"), "bf16");
+  EXPECT_EQ(j.at("optimizer_dtype"), "f32");  // the option's default, not the file's
+  EXPECT_THAT(j.at("stack").at("config").at("overridden").dump(),
+              HasSubstr("training.mixed_precision_param = float32 (by --param-dtype)"));
+  const Result e = run(fmt::format("train-plan --from-config '{}' --explain", f32.string()));
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_THAT(e.out, HasSubstr("(overridden by " + f32.string() +
+                               ": training.mixed_precision_param = float32)"));
 }
 
 TEST_F(StackConfigCli, ReadsEachStacksExampleFile) {

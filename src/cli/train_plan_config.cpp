@@ -184,7 +184,7 @@ void apply_from_config(TrainPlanCommand& c) {
       rec.config_applied.push_back(fmt::format("{}: {}", s.key, shown));
     }
   }
-  apply_mesh_and_batch(c, f);
+  if (!c.explain) apply_mesh_and_batch(c, f);  // --explain plans nothing
   rec.config_ignored = f.ignored;
 }
 

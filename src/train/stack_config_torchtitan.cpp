@@ -18,7 +18,7 @@ namespace {
 
 // Key::versions bits: the stacks' dates.
 constexpr unsigned k2407 = 1, k2412 = 2, k2506 = 4, k2508 = 8;
-constexpr unsigned k2024 = k2407 | k2412, k2025 = k2506 | k2508, kAll = 15;
+constexpr unsigned k2024 = k2407 | k2412, k2025 = k2506 | k2508;
 
 unsigned version_of(std::string_view stack) {
   if (stack == "torchtitan-2024-07") return k2407;
