@@ -221,7 +221,20 @@ TEST(StackConfig, TheWriterRefusesWhatTheConfigCannotSay) {
                     "the batch of 6 does not split over 4 data-parallel ranks");
   EXPECT_THROW_WITH(emit_stack_config(s, o, Mesh::parse("ep:4", 4), {}, false), SpecError,
                     "the mesh axis 'ep' has no degree");
+  // Megatron's arguments say nothing of torch.compile or float8 (the stack runs TE's kernels).
+  const TrainingStack& megatron = find_training_stack("megatron-core");
+  TrainPlanOptions m;
+  apply_stack(megatron, m);
+  EXPECT_NO_THROW(emit_stack_config(megatron, m, mesh, {}, false));
+  m.eager = true;
+  EXPECT_THROW_WITH(emit_stack_config(megatron, m, mesh, {}, false), SpecError, "megatron-core",
+                    "--eager", "has no key");
   const TrainingStack& old = find_training_stack("torchtitan-2024-12");
+  TrainPlanOptions kept;
+  apply_stack(old, kept);
+  kept.reshard_after_forward = false;  // fsdp_reshard_after_forward came in 2025
+  EXPECT_THROW_WITH(emit_stack_config(old, kept, mesh, {}, false), SpecError,
+                    "--no-reshard-after-forward", "has no key");
   TrainPlanOptions accum;
   apply_stack(old, accum);
   accum.grad_accum = 2;  // gradient accumulation came to torchtitan's config in 2025

@@ -159,8 +159,7 @@ std::map<std::string, std::int64_t> mesh_degrees(std::string_view stack, const M
   return out;
 }
 
-void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o,
-                            bool sequence_parallel) {
+void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o, unsigned says) {
   TrainPlanOptions d;
   apply_stack(find_training_stack(stack), d);
   const auto on = [](const std::optional<bool>& v, std::string_view yes, std::string_view no) {
@@ -187,7 +186,16 @@ void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o,
   if (o.reshard_last_block != d.reshard_last_block) {
     refuse("--[no-]reshard-last-block", "", "its own wrapping");
   }
-  if (!sequence_parallel && o.sequence_parallel != d.sequence_parallel) {
+  if ((says & kSaysEager) == 0 && o.eager != d.eager) {
+    refuse(o.eager ? "--eager" : "--compile", "", d.eager ? "eager" : "compiled");
+  }
+  if ((says & kSaysFloat8) == 0 && o.float8 != d.float8) {
+    refuse("--float8", o.float8 ? "on" : "off", d.float8 ? "float8" : "no float8");
+  }
+  if ((says & kSaysReshard) == 0 && o.reshard_after_forward != d.reshard_after_forward) {
+    refuse("--no-reshard-after-forward", "", "FSDP's reshard after forward");
+  }
+  if ((says & kSaysSequenceParallel) == 0 && o.sequence_parallel != d.sequence_parallel) {
     refuse("--sequence-parallel", on(o.sequence_parallel, "on", "off"), "what its rules say");
   }
   if (!o.batch_axes.empty())

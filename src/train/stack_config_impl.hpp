@@ -116,10 +116,18 @@ std::int64_t per_rank_batch(std::string_view stack, const TrainPlanOptions& o, s
 std::map<std::string, std::int64_t> mesh_degrees(std::string_view stack, const Mesh& mesh,
                                                  const std::vector<std::string_view>& known);
 
-/// The train-plan options a stack's config cannot say must be as the stack sets them: throws
-/// SpecError "[stack-config] --emit-config for STACK: --loss fused has no key ..." otherwise.
-/// `sequence_parallel`: whether the config says it (Megatron's --sequence-parallel).
-void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o,
-                            bool sequence_parallel);
+/// What a stack's config says besides the batch, mesh, dtypes and checkpointing (Says bits).
+enum Says : unsigned {
+  kSaysSequenceParallel = 1,  // Megatron's --sequence-parallel
+  kSaysEager = 2,             // torchtitan's compile
+  kSaysFloat8 = 4,            // torchtitan's float8 converter
+  kSaysReshard = 8,           // torchtitan's fsdp_reshard_after_forward (2025)
+};
+
+/// The train-plan options a stack's config cannot say (those not in `says`, and the loss,
+/// attention, tensor-parallel plan, FSDP wrapping, batch axes) must be as the stack sets them:
+/// throws SpecError "[stack-config] --emit-config for STACK: --loss fused has no key ..."
+/// otherwise.
+void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o, unsigned says);
 
 }  // namespace shardplan::train::stack_config

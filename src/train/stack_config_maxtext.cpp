@@ -221,7 +221,7 @@ void finish(Reading& r, std::string_view) {
 
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh, std::int64_t,
                  bool) {
-  require_stack_defaults(stack, o, false);
+  require_stack_defaults(stack, o, 0);
   auto deg = mesh_degrees(stack, mesh, {"dp", "fsdp", "tp", "cp"});
   if (o.batch % o.grad_accum != 0) {
     throw SpecError(
@@ -250,11 +250,10 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
                     "on every layer)",
                     stack, remat, remat_blocks_name(o.remat_blocks)));
   }
-  if (o.optimizer == OptimizerKind::kAdam || o.float8 || o.eager || !o.reshard_after_forward) {
-    throw SpecError(
-        fmt::format("[stack-config] --emit-config for {}: --optimizer adam, --float8, "
-                    "--eager and --no-reshard-after-forward have no key in its config",
-                    stack));
+  if (o.optimizer == OptimizerKind::kAdam) {
+    throw SpecError(fmt::format(
+        "[stack-config] --emit-config for {}: --optimizer adam is not one of its opt_type names",
+        stack));
   }
   const DType held = o.master_dtype.value_or(o.param_dtype);
   if ((o.reduce_dtype && *o.reduce_dtype != o.grad_dtype) ||

@@ -286,7 +286,7 @@ void finish(Reading& r, std::string_view) {
 
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh,
                  std::int64_t data_parallel, bool sequence_parallel) {
-  require_stack_defaults(stack, o, true);
+  require_stack_defaults(stack, o, kSaysSequenceParallel);
   auto deg = mesh_degrees(stack, mesh, {"dp", "fsdp", "tp", "cp"});
   if (deg.count("dp") && deg.count("fsdp")) {
     throw SpecError(

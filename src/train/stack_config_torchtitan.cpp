@@ -391,7 +391,8 @@ std::string ac_table(std::string_view stack, const TrainPlanOptions& o) {
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh,
                  std::int64_t data_parallel, bool) {
   const unsigned v = version_of(stack);
-  require_stack_defaults(stack, o, false);
+  require_stack_defaults(stack, o,
+                         kSaysEager | kSaysFloat8 | ((v & k2025) != 0 ? kSaysReshard : 0u));
   auto deg = mesh_degrees(stack, mesh,
                           v == k2407 ? std::vector<std::string_view>{"fsdp", "tp"}
                                      : std::vector<std::string_view>{"dp", "fsdp", "tp", "cp"});
@@ -437,13 +438,6 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
       out += fmt::format("fsdp_reshard_after_forward = \"{}\"\n",
                          o.reshard_after_forward ? "default" : "never");
     }
-  }
-  if ((v & k2024) != 0 && !o.reshard_after_forward) {
-    throw SpecError(
-        fmt::format("[stack-config] --emit-config for {}: --no-reshard-after-forward "
-                    "has no key in its config (fsdp_reshard_after_forward came in "
-                    "2025)",
-                    stack));
   }
   if (v == k2508) out += fmt::format("\n[compile]\nenable = {}\n", o.eager ? "false" : "true");
   out += fmt::format("\n[activation_checkpoint]\n{}\n", ac);
