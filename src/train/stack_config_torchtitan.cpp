@@ -3,11 +3,32 @@
 // 40f79d7 (torchtitan-2024-07) and 3f20451 (-2024-12), its dataclasses at 6b11290 (-2025-06) and
 // torchtitan/config/job_config.py at 07c00d9 (-2025-08); the defaults are theirs. The TOML is
 // parsed by toml++ (Debian's libtomlplusplus-dev, header-only here).
-#define TOML_HEADER_ONLY 1
 #include <fmt/format.h>
-#include <toml++/toml.h>
 
 #include <algorithm>
+#include <stdexcept>
+
+// toml++ 3.3 asserts (and, under NDEBUG, assumes) things some malformed texts break ("[#" as a
+// table name): its assertions are made exceptions here, caught below as a parse error, with
+// NDEBUG off while it is included so that none is an assumption.
+namespace shardplan::train::stack_config {
+struct TomlAssertion : std::logic_error {
+  using std::logic_error::logic_error;
+};
+// In a noexcept function of toml++'s (none of the parser's), this ends the program as assert
+// would.
+[[noreturn]] inline void toml_assertion(const char* expr) { throw TomlAssertion(expr); }
+}  // namespace shardplan::train::stack_config
+// clang-format off
+#define TOML_ASSERT(expr) \
+  (static_cast<bool>(expr) ? static_cast<void>(0) \
+                           : ::shardplan::train::stack_config::toml_assertion(#expr))
+#define TOML_HEADER_ONLY 1
+#pragma push_macro("NDEBUG")
+#undef NDEBUG
+#include <toml++/toml.h>
+#pragma pop_macro("NDEBUG")
+// clang-format on
 
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
@@ -49,12 +70,26 @@ Entry entry_of(const std::string& key, const toml::node& n) {
 }
 
 std::vector<Entry> parse(std::string_view text, std::string_view source) {
+  // TOML allows no control character but tab, LF and CR, anywhere; toml++ 3.3 asserts on some
+  // (a table name "[\x11"), so they are refused before it sees them.
+  int line = 1;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u == '\n') ++line;
+    if ((u < 0x20 && u != '\t' && u != '\n' && u != '\r') || u == 0x7f) {
+      throw IoError(fmt::format("[stack-config] {}:{}: not valid TOML: control character 0x{:02x}",
+                                detail::printable(source), line, u));
+    }
+  }
   toml::table root;
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
     throw IoError(fmt::format("[stack-config] {}:{}: not valid TOML: {}", detail::printable(source),
                               e.source().begin.line, e.description()));
+  } catch (const TomlAssertion& e) {
+    throw IoError(fmt::format("[stack-config] {}: not valid TOML (the parser's check '{}')",
+                              detail::printable(source), e.what()));
   }
   std::vector<Entry> out;
   for (const auto& [name, node] : root) {
