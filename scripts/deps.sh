@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build ccache python3
           libboost-regex-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
           libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev libtbb-dev librange-v3-dev
-          libopenmpi-dev openmpi-bin libxxhash-dev python3-numpy
+          libopenmpi-dev openmpi-bin libxxhash-dev libtomlplusplus-dev python3-numpy
           chromium tesseract-ocr fonts-dejavu-core  # the HTML report's rendering test
           coinor-libcbc-dev pkgconf  # the partitioner's integer-program comparison (a test only)
           "$@")

@@ -42,9 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["docs/cli.md", "docs/training.md", "docs/concepts.md", "docs/profiling.md"]
 # What the scratch directory holds: (folder in the repository, where in the scratch directory).
 # Each Hugging Face config folder <Name>/ is copied to <Name>/; the preset rule files to
-# rules/presets/ (as a checkout has them); the hand-written traces to traces/.
+# rules/presets/ (as a checkout has them); the hand-written traces to traces/; the stacks' own
+# configs (train-plan --from-config) to stack_configs/.
 FIXTURES = [("tests/data/hf_configs", "."), ("rules/presets", "rules/presets"),
-            ("tests/data/traces", "traces")]
+            ("tests/data/traces", "traces"), ("tests/data/stack_configs", "stack_configs")]
 # Figures that differ from run to run, each the second group of its pattern. Keep this short:
 # never a memory, bytes, FLOPs or modelled-time figure.
 MASKS = [

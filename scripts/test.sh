@@ -60,7 +60,7 @@ if [[ $fuzz == 1 ]]; then
     -DSHARDPLAN_BUILD_BENCH=OFF
   cmake --build "$build-fuzz" -j "$jobs" --target fuzz_safetensors_header fuzz_rule_file \
     fuzz_model_description fuzz_checkpoint_index fuzz_checkpoint_record fuzz_model_config \
-    fuzz_trace_summary fuzz_trace_memory
+    fuzz_trace_summary fuzz_trace_memory fuzz_stack_config
   run_ctest "fuzzers" --test-dir "$build-fuzz" -L fuzz --output-on-failure -j "$jobs"
 fi
 printf '%s\n' "${stages[@]}"

@@ -260,6 +260,11 @@ TEST_F(CliTest, JsonOutputsHaveTheKeysTheirSchemasPin) {
                    "--json",
                    cfg),
        ""},
+      {"train_plan",  // with a stack's config read (stack.config)
+       fmt::format("train-plan -c '{}' --from-config '{}/tests/data/stack_configs/llama3_8b.toml' "
+                   "--devices 8 --seq 128 --hardware h100-sxm --json",
+                   cfg, src),
+       ""},
       {"train_plan_compare",
        fmt::format("train-plan -c '{}' --mesh fsdp:8 --mesh fsdp:4,tp:2 --batch 8 --seq 1024 "
                    "--hardware h100-sxm --compare --json --stack torchtitan-2025-08",

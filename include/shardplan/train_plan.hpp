@@ -189,6 +189,11 @@ struct StackUse {
   std::vector<std::string> overridden;
   /// The topics of its choices train-plan does not plan ("optimizer kernel").
   std::vector<std::string> not_modelled;
+  /// --from-config (stack_config.hpp): the stack's config file read (empty: none) and its keys:
+  /// planned ("training.seq_len = 8192: --seq 8192"), overridden by an option given
+  /// ("training.seq_len = 8192 (by --seq)"), read and not planned, with why.
+  std::string config;
+  std::vector<std::string> config_applied, config_overridden, config_ignored;
 };
 
 /// What step to plan: the batch, the precision, the optimizer.

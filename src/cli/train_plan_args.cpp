@@ -81,6 +81,13 @@ void add_stack_options(CLI::App* t, TrainPlanCommand& c) {
                 "Plan the step as this training stack runs it (docs/training.md \"Training "
                 "stacks\"; --explain lists its choices and sources); an option given overrides "
                 "the stack's choice it sets");
+  t->add_option("--from-config", c.from_config,
+                "Read the stack's own config: a torchtitan .toml, a file of Megatron arguments "
+                "(.args), a MaxText .yml (--stack, else by extension); options given override "
+                "its keys (docs/training.md \"Stack configs\")");
+  t->add_option("--emit-config", c.emit_config,
+                "Write the --stack's config for the plan (--from-config of it plans the same)")
+      ->check(cli::non_empty_output_path());
   t->add_flag("--explain", c.explain,
               "With --stack: list every choice of the stack (what it runs, how it is planned or "
               "that it is not modelled, the source), marking those the options given override, "
@@ -188,7 +195,10 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   // Every option that takes a value refuses an empty one (docs/cli.md, "Refused combinations"):
   // '' is not "not given" (--rules '' once planned the default preset).
   for (CLI::Option* opt : t->get_options()) {
-    if (opt->get_type_size() > 0 && opt->get_name() != "--html") opt->check(non_empty_value());
+    if (opt->get_type_size() > 0 && opt->get_name() != "--html" &&
+        opt->get_name() != "--emit-config") {
+      opt->check(non_empty_value());
+    }
   }
   return c;
 }

@@ -18,6 +18,7 @@
 #include "shardplan/train_plan.hpp"
 #include "shardplan/train_plan_html.hpp"
 #include "shardplan/training_stack.hpp"
+#include "train_plan_config.hpp"
 #include "usage_error.hpp"
 
 namespace shardplan::cli {
@@ -296,7 +297,10 @@ void memory_options(const TrainPlanCommand& c, TrainPlanOptions& o) {
 /// as --compile, --no-fsdp-root); empty when not given.
 std::string as_given(const TrainPlanCommand& c, std::string_view option) {
   const std::string name(option);
-  if (!given_option(c, name.c_str())) return {};
+  if (!given_option(c, name.c_str())) {
+    const auto by_file = c.set_by_config.find(option);  // --from-config's key
+    return by_file == c.set_by_config.end() ? std::string() : by_file->second;
+  }
   if (name == "--eager" && !c.eager) return "--compile";
   if (name == "--fsdp-root" && !c.fsdp_root) return "--no-fsdp-root";
   return name;
@@ -390,6 +394,10 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   // The stack's choices, where no option given sets the same thing.
   if (const TrainingStack* stack = stack_option(c)) {
     apply_stack(*stack, o, [&](std::string_view option) { return as_given(c, option); });
+    o.stack->config = c.config_record.config;
+    o.stack->config_applied = c.config_record.config_applied;
+    o.stack->config_overridden = c.config_record.config_overridden;
+    o.stack->config_ignored = c.config_record.config_ignored;
   }
   return o;
 }
@@ -512,8 +520,13 @@ void print_plans(const TrainPlanCommand& c, const std::vector<TrainPlan>& plans)
 }  // namespace
 
 int run_train_plan(
-    const TrainPlanCommand& c, const std::function<RuleFile(const std::string&)>& load_rules,
+    const TrainPlanCommand& given, const std::function<RuleFile(const std::string&)>& load_rules,
     const std::function<std::int64_t(const std::string&, std::int64_t)>& devices_for) {
+  TrainPlanCommand c = given;
+  if (c.explain && !c.emit_config.empty()) {
+    throw UsageError("--explain plans nothing: --emit-config cannot be given with it");
+  }
+  apply_from_config(c);  // its options where none given sets them
   if (c.explain) {
     const TrainingStack* stack = stack_option(c);
     if (stack == nullptr) throw UsageError("--explain lists a stack's choices: give --stack NAME");
@@ -575,15 +588,17 @@ int run_train_plan(
   }
   // The inputs (config, rules, hardware file) are read: the page's path is checked against
   // them before the planning (docs/cli.md "Outputs").
-  std::optional<detail::OutputFiles> out;
-  if (!c.html.empty()) out.emplace(std::vector<detail::NamedOutput>{{"--html", c.html}});
+  std::optional<detail::OutputFiles> out = open_outputs(c);
   const std::vector<TrainPlan> plans = plan_with_stack_named(o, [&] {
     return plan_concurrently(configurations.size(),
                              [&](std::size_t i) { return plan_one(c, config, configurations[i]); });
   });
   // Before the text, as plan --html: a page that cannot be written fails the command.
   if (out) {
-    (*out)[0].write(train_plan_html(plans.front()));
+    if (!c.html.empty()) (*out)[0].write(train_plan_html(plans.front()));
+    if (configurations.front().mesh) {
+      write_emitted_config(c, *out, plans.front(), o, *configurations.front().mesh);
+    }
     out->commit();
   }
   print_plans(c, plans);

@@ -4,10 +4,12 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "shardplan/rule_file.hpp"
+#include "shardplan/train_plan.hpp"
 
 namespace shardplan::cli {
 
@@ -47,6 +49,12 @@ struct TrainPlanCommand {
   std::string cp_rotate;  // --cp-rotate; empty: not given (permute)
   std::string stack;     // --stack NAME; empty: none
   bool explain = false;  // --explain: list the stack's choices, plan nothing
+  std::string from_config;  // --from-config FILE: a stack's own config (stack_config.hpp)
+  std::string emit_config;  // --emit-config FILE: write the stack's config for the plan
+  /// Filled by apply_from_config: the options the file set, each with "FILE: key" (what
+  /// overrides a stack's choice), and the file's record for the report.
+  std::map<std::string, std::string, std::less<>> set_by_config;
+  StackUse config_record;
 };
 
 /// Registers `train-plan` under `app`; the returned options are filled by parsing.

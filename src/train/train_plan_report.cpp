@@ -100,6 +100,25 @@ std::string time_table(const StepTime& t) {
 
 namespace {
 
+/// --from-config's ignored keys ("KEY = VALUE (why)") by reason: "a, b (why); c (why 2)".
+std::string ignored_keys(const std::vector<std::string>& ignored) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_why;
+  for (const std::string& k : ignored) {
+    const std::size_t open = k.rfind(" (");  // a reason has no parenthesis of its own
+    const std::string key = k.substr(0, std::min(k.find(" = "), open));
+    const std::string why = open == std::string::npos ? std::string() : k.substr(open + 1);
+    auto it =
+        std::find_if(by_why.begin(), by_why.end(), [&](const auto& w) { return w.first == why; });
+    if (it == by_why.end()) it = by_why.insert(by_why.end(), {why, {}});
+    it->second.push_back(key);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [why, keys] : by_why) {
+    parts.push_back(fmt::format("{} {}", fmt::join(keys, ", "), why));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
 /// The stack the options came from, what of it the options overrode and what of it is not
 /// planned (docs/training.md "Training stacks"); empty without one.
 std::string stack_line(const std::optional<StackUse>& stack) {
@@ -109,6 +128,14 @@ std::string stack_line(const std::optional<StackUse>& stack) {
       stack->validated ? "" : " (unvalidated: fewer than 2 published runs planned through it)");
   if (!stack->overridden.empty()) {
     out += fmt::format("; overridden: {}", fmt::join(stack->overridden, ", "));
+  }
+  if (!stack->config.empty()) {
+    out += fmt::format("; from {}: {} setting{} planned", stack->config,
+                       stack->config_applied.size(), stack->config_applied.size() == 1 ? "" : "s");
+    if (!stack->config_overridden.empty()) {
+      out += fmt::format(", overridden {}", fmt::join(stack->config_overridden, ", "));
+    }
+    if (!stack->config_ignored.empty()) out += ", ignored " + ignored_keys(stack->config_ignored);
   }
   if (!stack->not_modelled.empty()) {
     out += fmt::format("; not modelled: {} (--explain)", fmt::join(stack->not_modelled, ", "));
@@ -354,6 +381,12 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
                   {"applied", p.stack->applied},
                   {"overridden", p.stack->overridden},
                   {"not_modelled", p.stack->not_modelled}};
+    if (!p.stack->config.empty()) {
+      j["stack"]["config"] = {{"file", p.stack->config},
+                              {"applied", p.stack->config_applied},
+                              {"overridden", p.stack->config_overridden},
+                              {"ignored", p.stack->config_ignored}};
+    }
   }
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
