@@ -116,7 +116,7 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
     const Node& n = g[id];
     if (n.is(prim::input)) {
       const InputSpec& in = spec.inputs.at(static_cast<std::size_t>(n.attr<InputAttrs>().index));
-      if (in.spec) prop.fix(id, *in.spec, in.origin);
+      if (in.spec) prop.fix(id, *in.spec, in.origin, in.padded ? Uneven::kPad : Uneven::kRefuse);
     } else if (n.is(prim::sharding_constraint)) {
       const ConstraintAttrs& c = n.attr<ConstraintAttrs>();
       if (c.spec) {

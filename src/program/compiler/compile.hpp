@@ -35,6 +35,9 @@ struct InputSpec {
   /// A batch of examples (SjitOptions::batch_argnums): what is computed from it is not moved
   /// between devices of the mesh axes its first dimension is split over.
   bool batch = false;
+  /// The array's sharding pads (Uneven::kPad) a dimension its axes do not divide: the program
+  /// takes it so, and each op reads that dimension gathered (value_sharding, propagate.hpp).
+  bool padded = false;
 };
 
 struct CompileSpec {

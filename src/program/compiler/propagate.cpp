@@ -34,6 +34,11 @@ std::int64_t product(const Mesh& mesh, const AxisNames& axes) {
   return p;
 }
 
+NamedSharding value_sharding(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape) {
+  NamedSharding s(mesh, spec);
+  return s.is_padded(shape) ? s.with_uneven(Uneven::kPad) : s;
+}
+
 std::vector<TensorType> operand_types(const Graph& g, const Node& n) {
   std::vector<TensorType> types;
   types.reserve(n.operands.size());
@@ -71,16 +76,18 @@ Propagator::Propagator(const Graph& g, const Mesh& mesh) : g_(g), mesh_(mesh) {
   }
 }
 
-void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin) {
+void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin,
+                     Uneven uneven) {
   const Node& n = g_[id];
   const int rank = n.type.shape.rank();
   const std::string name = value_name(id);
   spec.validate(mesh_, rank, name);
-  NamedSharding(mesh_, spec).shard_shape(n.type.shape, name);
+  NamedSharding(mesh_, spec, uneven).shard_shape(n.type.shape, name);
   Sharding& s = sh_[id];
   s.dims = padded(spec, rank);
   s.dims.resize(static_cast<std::size_t>(rank));
   s.known = s.fixed = true;
+  s.padded = uneven == Uneven::kPad && NamedSharding(mesh_, spec).is_padded(n.type.shape);
   s.origin = std::move(origin);
 }
 

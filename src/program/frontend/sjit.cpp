@@ -398,10 +398,11 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
     InputSpec in;
     if (in_sh[i]) {
       in.spec = in_sh[i]->spec();
+      in.padded = in_sh[i]->uneven() == Uneven::kPad;
       in.origin = fmt::format("in_shardings ({})", names[i]);
     } else if (l.array.valid()) {
-      detail::refuse_padded(l.array, "sjit", names[i]);
       in.spec = l.array.sharding().spec();
+      in.padded = l.array.sharding().uneven() == Uneven::kPad;
       in.pending = l.array.pending();
       in.origin = fmt::format("{} as passed", names[i]);
     }
@@ -412,10 +413,11 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   }
   for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
     const Array& a = ctx.captured[k];
-    detail::refuse_padded(a, "sjit", fmt::format("array captured from outside ({})", k));
-    spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
-                                    fmt::format("array captured from outside ({})", k), false,
-                                    fmt::format("array captured from outside ({})", k)});
+    spec.inputs.push_back(InputSpec{.spec = a.sharding().spec(),
+                                    .pending = a.pending(),
+                                    .origin = fmt::format("array captured from outside ({})", k),
+                                    .name = fmt::format("array captured from outside ({})", k),
+                                    .padded = a.sharding().uneven() == Uneven::kPad});
   }
   for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
     spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
