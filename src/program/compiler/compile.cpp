@@ -124,7 +124,8 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
                  c.origin.empty() ? std::string("with_sharding_constraint") : c.origin);
       } else if (c.like && prop.at(*c.like).fixed) {
         prop.fix(id, spec_of_dims(prop.at(*c.like).dims),
-                 fmt::format("sharded like {} (the gradient of a parameter)", value_name(*c.like)));
+                 fmt::format("sharded like {} (the gradient of a parameter)", value_name(*c.like)),
+                 prop.at(*c.like).padded ? Uneven::kPad : Uneven::kRefuse);
       }
     } else if (n.op->fixed_layout != nullptr) {  // shard_map's boundaries and collectives
       FixedLayout fl = n.op->fixed_layout(n);
