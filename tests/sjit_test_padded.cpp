@@ -116,6 +116,30 @@ TEST(SjitPadded, CapturedArraysEagerOpsAndIdentityTakePaddedArrays) {
   EXPECT_TRUE(same.to_host() == kX);
 }
 
+// SjitOptions::uneven = kPad: in_shardings and out_shardings that do not divide pad, and a
+// pointwise op (Primitive::pointwise, operands of its shape) runs on the padded shards as they
+// are (takes_padded): one fused kernel on blocks of ceil(10/4) = 3 rows, nothing gathered (the
+// scalars' broadcasts are sliced, 0 B), and the result is one device's.
+TEST(SjitPadded, TheUnevenOptionPadsInAndOutShardingsAndPointwiseOpsRunPadded) {
+  const Executor exec{4};
+  const Mesh mesh = Mesh::parse("x:4", 4);
+  const Array x = device_put(kX, NamedSharding(mesh, P()), exec);
+  auto f = sjit(mesh, [](const Array& a) { return exp(a * 2.0) + 1.0; },
+                SjitOptions{.in_shardings = RuleTree::list({RuleTree(P("x"))}),
+                            .out_shardings = RuleTree(P("x")),
+                            .uneven = Uneven::kPad});
+  const std::string text = f.lower(x).text();
+  EXPECT_NE(text.find("kernel  %7 = fused(mul, exp, add) on blocks [3, 5] in PartitionSpec('x')"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("all_gather"), std::string::npos) << text;
+  const Array y = f(x);
+  EXPECT_EQ(y.sharding(), NamedSharding(mesh, P("x"), Uneven::kPad));
+  const Executor one = Executor::process_local(1);
+  const Array x1 = device_put(kX, NamedSharding(Mesh::parse("x:1", 1), P()), one);
+  EXPECT_TRUE(y.to_host() == (exp(x1 * 2.0) + 1.0).to_host());
+}
+
 // A sharding that does not divide and does not pad is still refused, naming the argument.
 TEST(SjitPadded, AnUnpaddedShardingThatDoesNotDivideIsRefused) {
   const Executor exec{4};

@@ -44,6 +44,8 @@ struct CompileSpec {
   Mesh mesh;
   std::vector<InputSpec> inputs;                      // by input index
   std::vector<std::optional<PartitionSpec>> outputs;  // by output position; nullopt: open
+  /// The outputs' specs pad a dimension their axes do not divide (SjitOptions::uneven).
+  bool pad_outputs = false;
   /// Keep the results of constant steps per executor for the next run (sjit). Off for the eager
   /// one-op programs, which the executor itself caches: they must hold no arrays.
   bool cache_constants = true;

@@ -567,10 +567,12 @@ class CandidateBuilder {
       fac_ways[static_cast<std::size_t>(fac)] =
           std::max<std::int64_t>(1, product(mesh_, axes[fac]));
     }
+    // A pointwise node whose operands have its shape takes a padded split (takes_padded).
+    const bool pads = takes_padded(g_, n);
     auto fits = [&](std::int64_t size, int fac) {
       if (fac < 0) return false;
       const std::int64_t ways = fac_ways[static_cast<std::size_t>(fac)];
-      return size % ways == 0 && f.size(fac) % ways == 0;
+      return pads || (size % ways == 0 && f.size(fac) % ways == 0);
     };
     // Each operand's dims, then the result's, in one scratch (its lists keep their memory).
     std::vector<AxisNames>& dims = dims_;

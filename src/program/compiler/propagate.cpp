@@ -39,6 +39,12 @@ NamedSharding value_sharding(const Mesh& mesh, const PartitionSpec& spec, const 
   return s.is_padded(shape) ? s.with_uneven(Uneven::kPad) : s;
 }
 
+bool takes_padded(const Graph& g, const Node& n) {
+  return n.op->pointwise && std::all_of(n.operands.begin(), n.operands.end(), [&](ValueId o) {
+           return g[o].type.shape == n.type.shape;
+         });
+}
+
 std::vector<TensorType> operand_types(const Graph& g, const Node& n) {
   std::vector<TensorType> types;
   types.reserve(n.operands.size());
@@ -222,6 +228,7 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
   };
   // Within the node, an earlier factor wins, as its primitive declares them.
   const std::size_t first = out.size();
+  const bool pads = takes_padded(g_, node);  // an axis that does not divide passes through
   const auto conflicts_earlier = [&](ValueId target, int dim, const AxisNames& axes) {
     return std::any_of(
         out.begin() + static_cast<std::ptrdiff_t>(first), out.end(), [&](const Proposal& e) {
@@ -253,7 +260,7 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
     }
     if (best == nullptr) continue;
     const std::int64_t p = product(mesh_, *best);
-    if (f.size(fac) % p != 0) continue;
+    if (f.size(fac) % p != 0 && !pads) continue;
     std::vector<int> axis_order;  // made at the factor's first proposal
     const std::pair<int, std::int64_t> rank{-best_rank.first, -best_rank.second};
     for (std::size_t t = 0; t < num_touched; ++t) {
@@ -264,7 +271,7 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
       const Shape& shape = g_[value].type.shape;
       for (std::size_t d = 0; d < dims.size(); ++d) {
         if (dims[d] != fac || !sh.dims[d].empty()) continue;
-        if (shape[static_cast<int>(d)] % p != 0) continue;
+        if (shape[static_cast<int>(d)] % p != 0 && !pads) continue;
         if (std::any_of(best->begin(), best->end(), [&](const auto& a) { return sh.uses(a); })) {
           continue;
         }
