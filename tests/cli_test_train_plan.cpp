@@ -711,5 +711,23 @@ TEST_F(TrainPlanCli, HtmlWritesThePageOrNamesThePathItCannotWrite) {
   EXPECT_FALSE(fs::exists(dir_ / "x.html"));
 }
 
+// FSDP over devices that do not divide the weights plans by default, the padded blocks' bytes
+// (4416 bf16 elements per device, worked out in train_plan_test_padded.cpp); --strict-shards
+// refuses, exit 1 naming the tensor, shape and axis.
+TEST_F(TrainPlanCli, UnevenShardsArePaddedUnlessStrictShards) {
+  const std::string cfg = config(R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2})").string();
+  const std::string args =
+      fmt::format("train-plan --config '{}' --mesh fsdp:5 --batch 5 --seq 8", cfg);
+  const Result padded = run(args + " --json");
+  ASSERT_EQ(padded.code, 0) << padded.err;
+  EXPECT_EQ(nlohmann::json::parse(padded.out)["per_device"]["parameter_bytes"], 4416 * 2);
+  const Result strict = run(args + " --strict-shards");
+  EXPECT_EQ(strict.code, 1);
+  EXPECT_THAT(strict.err, ::testing::HasSubstr("(shape [64, 32]) is not divisible by mesh axis "
+                                               "'fsdp' (size 5); 32 is not a multiple of 5"));
+}
+
 }  // namespace
 }  // namespace shardplan

@@ -272,6 +272,31 @@ TEST(PaddedShards, ReduceScatterIntoPaddedBlocksAndWhereTheyDoNotNest) {
   EXPECT_TRUE(r.array.to_host() == sum2);
 }
 
+// A sum pending on a sharding that refuses (it divides) reshards onto a padded target by a
+// reduce-scatter into the padded blocks, as plan_reshard routes it (a program's gradient reduced
+// onto its padded parameter's sharding, issue 41); before, the scatter kept the source's policy
+// and refused the split.
+TEST(PaddedShards, APendingSumOfARefusingShardingScattersOntoAPaddedTarget) {
+  if (!test::divides_over_processes(6)) GTEST_SKIP() << "6 devices over the processes";
+  const Executor exec(6);
+  const Mesh mesh = Mesh::parse("x:2,y:3", 6);
+  Tensor sum;
+  const Array x = pending_padded(exec, NamedSharding(mesh, P()), Shape{7, 5}, {"y"}, &sum);
+  const NamedSharding target = padded(mesh, P(nullptr, "y"));
+  const ReshardResult r = reshard(x, target);
+  const auto planned = plan_reshard(Shape{7, 5}, DType::kF32, x.sharding(), x.pending(), target,
+                                    test::devices_per_process(exec, mesh));
+  ASSERT_EQ(r.steps.size(), 1u);
+  EXPECT_EQ(r.steps[0].kind, CollectiveKind::kReduceScatter);
+  ASSERT_EQ(planned.size(), 1u);
+  EXPECT_EQ(planned[0].kind, CollectiveKind::kReduceScatter);
+  EXPECT_EQ(test::local_bytes(planned[0], mesh, exec), test::local_bytes(r.steps[0], mesh, exec));
+  EXPECT_EQ(r.array.sharding(), target);
+  for (const int d : local(mesh, exec)) {
+    EXPECT_TRUE(r.array.shard_tensor(d) == expected_shard(sum, target, d)) << d;
+  }
+}
+
 // Every process passes its 5 rows; the global array (5 rows per process) is placed padded over 3
 // or 2 devices per process: blocks of 2 (5p over 3p) or of 3 (5p over 2p), some crossing
 // processes' rows, some empty.

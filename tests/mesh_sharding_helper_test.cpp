@@ -37,6 +37,21 @@ TEST(MeshShardingHelper, PrefixRuleTreeCoversSubtreesWithRelativePaths) {
   EXPECT_EQ(shardings.at_path("step").leaf()->mesh(), xy_mesh());
 }
 
+// A helper made with Uneven::kPad makes padding shardings: a dimension the axes do not divide
+// (10 over 4) plans, its shard ceil(10/4) = 3 rows and its bytes that block's; the default
+// refuses it naming the path, the shape and the axis.
+TEST(MeshShardingHelper, AnUnevenPolicyPadsWhatTheDefaultRefuses) {
+  const Mesh mesh = Mesh::parse("x:4", 4);
+  const Data data = Data::dict({{"w", TensorSpec{Shape{10, 6}, DType::kF32}}});
+  const RuleTree rules(P("x"));
+  const auto padded = MeshShardingHelper(mesh, Uneven::kPad).match(rules, data);
+  EXPECT_EQ(*padded.at("w").leaf(), NamedSharding(mesh, P("x"), Uneven::kPad));
+  EXPECT_EQ(MeshShardingHelper(mesh, Uneven::kPad).plan(rules, data).max_device_bytes(),
+            3 * 6 * 4);
+  EXPECT_THROW_WITH(MeshShardingHelper(mesh).match(rules, data), SpecError, "'w'",
+                    "(shape [10, 6])", "'x' (size 4)");
+}
+
 TEST(MeshShardingHelper, UnspecifiedLeavesHaveNoShardingAndNoneLeavesAreReplicated) {
   const RuleTree rules = RuleTree::dict(
       {{"step", Unspecified{}}, {"params", Replicated{}}, {"opt_state", RuleTree::none()}});

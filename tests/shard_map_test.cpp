@@ -60,14 +60,14 @@ TEST(ShardMap, MatmulBasicEqualsTheProduct) {
   EXPECT_EQ(values(c), want.to_doubles());
 }
 
-// shard_map does not take padded arrays yet (NamedSharding's Uneven::kPad): refused by name, even
-// where its in_spec (here replicated) divides.
+// shard_map does not take padded arrays (NamedSharding's Uneven::kPad: its body would see the pad
+// rows): refused by name, even where its in_spec (here replicated) divides.
 TEST(ShardMap, APaddedInputIsRefusedNamingItsShapeAndAxis) {
   Mesh1 m;
   const Array x = device_put(arange(Shape{6}), NamedSharding(m.mesh, P("i"), Uneven::kPad), m.exec);
   auto f = shard_map([](const Array& b) { return b; }, m.mesh, {P()}, {P()});
   EXPECT_THROW_WITH(f(x), SpecError, "[shard_map] dim 0 of 'input 0' (shape [6])",
-                    "mesh axis 'i' (size 4)", "do not take padded arrays yet");
+                    "mesh axis 'i' (size 4)", "shard_map does not take padded arrays");
 }
 
 TEST(ShardMap, PsumOfBlocksIsTheSameOnEveryDevice) {

@@ -108,37 +108,6 @@ TEST(Sjit, ConvertPendingReducesTheSumInTheWiderDtype) {
                     "converts between float types, not bf16 to i32");
 }
 
-// Programs do not take padded arrays yet (NamedSharding's Uneven::kPad over a dimension that does
-// not divide): sjit (arguments and captured arrays), an eager op and shard_map each refuse one,
-// naming the layer, the argument, the shape and the axis. Resharded onto a sharding that divides
-// it runs, and gives what one device gives.
-TEST(Sjit, PaddedArraysAreRefusedNamingTheArgumentShapeAndAxis) {
-  Executor exec{4};
-  const Mesh mesh = Mesh::parse("x:4", 4);  // 10 rows: blocks of 3, 3, 3 and 1
-  const Tensor xh = Tensor::normal(Shape{10, 4}, DType::kF32, 1);
-  const Tensor wh = Tensor::normal(Shape{4, 6}, DType::kF32, 2);
-  const Array x = device_put(xh, NamedSharding(mesh, P("x"), Uneven::kPad), exec);
-  const Array w = device_put(wh, NamedSharding(mesh, P()), exec);
-  auto elementwise = sjit(mesh, [](const Array& a) { return a * 2.0 + 1.0; });
-  EXPECT_THROW_WITH(elementwise(x), SpecError,
-                    "[sjit] dim 0 of 'argument 0' (shape [10, 4]) is not divisible by mesh axis "
-                    "'x' (size 4)",
-                    "do not take padded arrays yet");
-  auto mm = sjit(mesh, [](const Array& a, const Array& b) { return matmul(a, b); });
-  EXPECT_THROW_WITH(mm(x, w), SpecError, "[sjit]", "10 is not a multiple of 4");
-  auto captured = sjit(mesh, [&](const Array& b) { return matmul(x, b); });
-  EXPECT_THROW_WITH(captured(w), SpecError, "[sjit]", "'array captured from outside (0)'");
-  EXPECT_THROW_WITH(x * 2.0, SpecError, "'operand 0'", "(shape [10, 4])", "'x' (size 4)");
-  // Resharded onto a sharding that divides, the matmul is one device's, bitwise.
-  const Array xr = reshard(x, NamedSharding(mesh, P())).array;
-  Executor one = Executor::process_local(1);
-  const Mesh single = Mesh::parse("x:1", 1);
-  const Tensor want = matmul(device_put(xh, NamedSharding(single, P()), one),
-                             device_put(wh, NamedSharding(single, P()), one))
-                          .to_host();
-  EXPECT_TRUE(mm(xr, w).to_host() == want);
-}
-
 // A reshape merging dimensions shares only the smaller major factor between operand and result
 // ([2, 2, 3] -> [4, 3] shares a factor of 2). A result split 4 ways on the merged dimension is
 // not a split of that factor: the partitioner must not claim it (it once ran the copy on each

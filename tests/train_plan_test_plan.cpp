@@ -383,9 +383,13 @@ TEST(PlanTraining, BadOptionsNameWhatDoesNotSplit) {
   o.grad_accum = 1;
   o.batch_axes = {"data"};
   EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:4,tp:2", 8), rules, o), SpecError, "data");
-  // A mesh axis the weights do not divide by: the rule's error names the tensor and the axis.
+  // A mesh axis the weights do not divide by, under strict mode (--strict-shards; by default it
+  // is padded, train_plan_test_padded.cpp): the rule's error names the tensor and the axis.
   o.batch_axes = {};
-  EXPECT_THROW(plan_training(c, Mesh::parse("fsdp:1,tp:3", 3), rules, o), SpecError);
+  o.uneven = Uneven::kRefuse;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:1,tp:3", 3), rules, o), SpecError,
+                    "/weight' (shape [", "'tp' (size 3)", "is not a multiple of 3");
+  o.uneven = Uneven::kPad;
   const ModelConfig g = ModelConfig::parse(kGpt2Small);
   o.seq = 2048;
   EXPECT_THROW_WITH(plan_training(g, Mesh::parse("fsdp:8", 8), preset("gpt2"), o), SpecError,

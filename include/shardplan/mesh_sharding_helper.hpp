@@ -58,9 +58,13 @@ std::ostream& operator<<(std::ostream& os, const ExplainStep& step);
 ///   std::cout << report;
 class MeshShardingHelper {
  public:
-  explicit MeshShardingHelper(Mesh mesh) : mesh_(std::move(mesh)) {}
+  /// `uneven`: the policy of the shardings it makes (Uneven::kPad: a dimension the axes do not
+  /// divide is padded, and its shard shape and bytes are the padded block's; kRefuse: an error).
+  explicit MeshShardingHelper(Mesh mesh, Uneven uneven = Uneven::kRefuse)
+      : mesh_(std::move(mesh)), uneven_(uneven) {}
 
   const Mesh& mesh() const { return mesh_; }
+  Uneven uneven() const { return uneven_; }
 
   /// The sharding of every leaf of `data`: each leaf of `rules` (a prefix of `data`) covers the
   /// subtree below it, and a rule sees paths relative to that subtree. Throws TreeError when
@@ -85,6 +89,7 @@ class MeshShardingHelper {
   std::vector<ExplainStep> explain_path(const RuleTree& rules, const Tree<TensorSpec>& data,
                                         std::string_view path) const;
   Mesh mesh_;
+  Uneven uneven_ = Uneven::kRefuse;
 };
 
 /// A scoped, thread-local mesh context, as scalax's `with mesh_helper:`: while it lives,

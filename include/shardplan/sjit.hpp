@@ -36,6 +36,11 @@ struct SjitOptions {
   std::optional<RuleTree> out_shardings = std::nullopt;
   /// Over the list of array arguments: constraints applied as the function starts.
   std::optional<RuleTree> args_sharding_constraint = std::nullopt;
+  /// What the shardings resolved from in_shardings, out_shardings, args_sharding_constraint and
+  /// with_sharding_constraint's rules inside do with a dimension their axes do not divide: a
+  /// SpecError (kRefuse, the default), or padded as JAX splits it (kPad; each op reads a padded
+  /// dimension gathered, docs/sjit.md "Padded arrays").
+  Uneven uneven = Uneven::kRefuse;
   /// name -> sharding for with_sharding_annotation(x, name) inside the function.
   std::map<std::string, RuleTree> annotation_shardings = {};
   /// Positions of static arguments; any argument that is not an Array, a Tree<Array>, a

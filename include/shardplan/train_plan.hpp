@@ -241,6 +241,11 @@ struct TrainPlanOptions {
   /// kept for the backward pass in 8 bits, products at the hardware's fp8 rate); the LM head,
   /// attention and Mixtral's experts stay in the compute dtype. LLaMA-family models only.
   bool float8 = false;
+  /// A dimension its mesh axes do not divide (FSDP over 96 devices of a hidden size of 8192):
+  /// padded as FSDP and JAX pad it, each shard's bytes the padded block's, ceil(n/k) rows
+  /// (kPad, the default); kRefuse (--strict-shards): a SpecError naming the tensor, its shape
+  /// and the axes.
+  Uneven uneven = Uneven::kPad;
   /// The LM head and the loss as linear_cross_entropy (groups of tokens; --loss fused), or the
   /// logits whole (--loss naive). nullopt: fused where it applies (not T5, whose loss reads the
   /// whole logits; not a sequence that splits into no groups); true where it cannot apply is an

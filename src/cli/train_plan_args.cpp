@@ -47,6 +47,10 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
               "The decoder blocks' linear layers in float8 as torchao's Float8Linear (tensorwise "
               "scaling; inputs kept in 8 bits; products at the hardware's fp8 rate); the head and "
               "attention stay in --param-dtype. LLaMA-family models");
+  t->add_flag("--strict-shards", c.strict_shards,
+              "Refuse a tensor dimension its mesh axes do not divide (the error names the tensor, "
+              "its shape and the axes). Default: padded as FSDP and JAX pad it, each device "
+              "holding ceil(n/k) rows, and those bytes counted");
   t->add_flag("--eager,!--compile", c.eager,
               "Plan the step as eager PyTorch runs it (no torch.compile): every elementwise op "
               "writes its result, so each op's temporaries are held and its bytes read and "

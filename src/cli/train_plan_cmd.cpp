@@ -340,6 +340,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.recompute = c.recompute;
   o.reshard_after_forward = !c.no_reshard_after_forward;
   o.float8 = c.float8;
+  o.uneven = c.strict_shards ? Uneven::kRefuse : Uneven::kPad;
   o.eager = c.eager;
   o.fsdp_root = c.fsdp_root;
   if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {

@@ -31,6 +31,7 @@ struct TrainPlanCommand {
   bool recompute = false;
   bool no_reshard_after_forward = false;
   bool float8 = false;
+  bool strict_shards = false;
   bool eager = false;
   bool fsdp_root = false;
   std::string remat;  // --remat; empty: not given

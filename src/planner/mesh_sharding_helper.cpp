@@ -176,8 +176,9 @@ class Planner {
   /// What to produce per leaf: a report row (plan), or only the index of the leaf's distinct
   /// sharding (resolve, match).
   enum class Output { kReport, kIndices };
-  Planner(const Mesh& mesh, Output output)
+  Planner(const Mesh& mesh, Uneven uneven, Output output)
       : mesh_(mesh),
+        uneven_(uneven),
         fill_report_(output == Output::kReport),
         indices_only_(output == Output::kIndices),
         memo_enabled_(output == Output::kIndices) {}
@@ -398,7 +399,7 @@ class Planner {
       if (e.spec == d.spec) return e;
     }
     try {
-      NamedSharding ns(mesh_, d.spec);
+      NamedSharding ns(mesh_, d.spec, uneven_);
       cache_.emplace_back(static_cast<int>(cache_.size()), d.spec, std::move(ns));
     } catch (const SpecError& e) {
       throw SpecError(fmt::format("{} (leaf '{}', {})", e.what(), full, where(slot)));
@@ -407,6 +408,7 @@ class Planner {
   }
 
   const Mesh& mesh_;
+  Uneven uneven_;
   bool fill_report_;
   bool indices_only_;
   // Reports need every leaf's path and per-entry counts, so they decide every leaf.
@@ -481,7 +483,7 @@ class ShardingTreeBuilder {
 
 Tree<MaybeSharding> MeshShardingHelper::match(const RuleTree& rules,
                                               const Tree<TensorSpec>& data) const {
-  Planner p(mesh_, Planner::Output::kIndices);
+  Planner p(mesh_, uneven_, Planner::Output::kIndices);
   p.walk(rules, data);
   const std::vector<NamedSharding> distinct = p.distinct_shardings();
   return ShardingTreeBuilder(distinct, p.indices).build(data);
@@ -498,13 +500,13 @@ std::ostream& operator<<(std::ostream& os, const ShardingAssignment& a) {
 
 ShardingAssignment MeshShardingHelper::resolve(const RuleTree& rules,
                                                const Tree<TensorSpec>& data) const {
-  Planner p(mesh_, Planner::Output::kIndices);
+  Planner p(mesh_, uneven_, Planner::Output::kIndices);
   p.walk(rules, data);
   return ShardingAssignment{p.distinct_shardings(), std::move(p.indices)};
 }
 
 PlanReport MeshShardingHelper::plan(const RuleTree& rules, const Tree<TensorSpec>& data) const {
-  Planner p(mesh_, Planner::Output::kReport);
+  Planner p(mesh_, uneven_, Planner::Output::kReport);
   p.walk(rules, data);
   PlanReport report{mesh_, std::move(p.leaves), {}, 0, {}, {}};
   std::int64_t per_device = 0;

@@ -242,6 +242,11 @@ ReshardResult reshard_with(const Array& x, const NamedSharding& target, std::int
     began = now;
   };
   if (cur.is_pending()) {
+    // Scattered onto a padded target, the sum is scattered padded (its blocks now divide: the
+    // same under either policy), as plan_reshard routes it.
+    if (target.uneven() == Uneven::kPad && cur.sharding().uneven() != Uneven::kPad) {
+      cur = cur.relabel(cur.sharding().with_uneven(Uneven::kPad));
+    }
     const auto route =
         pending_route(cur.mesh(), cur.sharding().spec(), cur.pending(), target.spec(), x.shape());
     for (const auto& [dim, order] : route) {
@@ -301,13 +306,14 @@ std::vector<CollectiveRecord> plan_reshard(const Shape& shape, DType dtype,
   };
   NamedSharding cur = from;
   if (!pending.empty()) {
+    if (target.uneven() == Uneven::kPad) cur = cur.with_uneven(Uneven::kPad);  // as reshard()
     const auto route = pending_route(mesh, from.spec(), pending, target.spec(), shape);
     for (const auto& [scatter_dim, order] : route) {
       const NamedSharding before = cur;
       auto dims = padded_dims(cur.spec(), rank);
       auto& e = dims[static_cast<std::size_t>(scatter_dim)];
       e.insert(e.end(), order.begin(), order.end());
-      cur = NamedSharding(mesh, make_spec(dims), from.uneven());
+      cur = NamedSharding(mesh, make_spec(dims), cur.uneven());
       byte_size(cur.shard_shape(shape), dtype);  // a shard fits in int64; its rows do too
       CollectiveRecord rec{CollectiveKind::kReduceScatter, order,
                            std::vector<std::int64_t>(num, 0)};

@@ -502,6 +502,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   options.count_constants = false;
   options.annotation_shardings = annotations;
   options.eager = o.eager;
+  options.uneven = o.uneven;
   const Lowered low = sjit(mesh, step, std::move(options))
                           .lower(args.params, args.state, args.tokens, args.targets);
   TracedStep out = read_cost(low, args, o.grad_dtype);

@@ -473,7 +473,7 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
 /// tree's shardings, resolved as sjit resolves them (for a step not traced whole).
 void state_bytes_from_rules(const Mesh& mesh, const RulePtr& rules, const TrainPlanOptions& o,
                             const Tree<TensorSpec>& params, TrainPlan& plan) {
-  const ShardingAssignment a = MeshShardingHelper(mesh).resolve(RuleTree(rules), params);
+  const ShardingAssignment a = MeshShardingHelper(mesh, o.uneven).resolve(RuleTree(rules), params);
   const std::vector<TensorSpec> p_leaves = params.leaves();
   std::int64_t moments = 0;
   for (std::size_t i = 0; i < p_leaves.size(); ++i) {

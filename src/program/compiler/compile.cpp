@@ -33,7 +33,8 @@ Graph constrain_outputs(Graph g, const CompileSpec& spec) {
              .operands = {out},
              .type = g[out].type,
              .attrs = ConstraintAttrs{.spec = spec.outputs[k],
-                                      .origin = fmt::format("output {} (out_shardings)", k)}});
+                                      .origin = fmt::format("output {} (out_shardings)", k),
+                                      .padded = spec.pad_outputs}});
   }
   return g;
 }
@@ -116,15 +117,17 @@ void fix_user_shardings(const Graph& g, const CompileSpec& spec, Propagator& pro
     const Node& n = g[id];
     if (n.is(prim::input)) {
       const InputSpec& in = spec.inputs.at(static_cast<std::size_t>(n.attr<InputAttrs>().index));
-      if (in.spec) prop.fix(id, *in.spec, in.origin);
+      if (in.spec) prop.fix(id, *in.spec, in.origin, in.padded ? Uneven::kPad : Uneven::kRefuse);
     } else if (n.is(prim::sharding_constraint)) {
       const ConstraintAttrs& c = n.attr<ConstraintAttrs>();
       if (c.spec) {
         prop.fix(id, *c.spec,
-                 c.origin.empty() ? std::string("with_sharding_constraint") : c.origin);
+                 c.origin.empty() ? std::string("with_sharding_constraint") : c.origin,
+                 c.padded ? Uneven::kPad : Uneven::kRefuse);
       } else if (c.like && prop.at(*c.like).fixed) {
         prop.fix(id, spec_of_dims(prop.at(*c.like).dims),
-                 fmt::format("sharded like {} (the gradient of a parameter)", value_name(*c.like)));
+                 fmt::format("sharded like {} (the gradient of a parameter)", value_name(*c.like)),
+                 prop.at(*c.like).padded ? Uneven::kPad : Uneven::kRefuse);
       }
     } else if (n.op->fixed_layout != nullptr) {  // shard_map's boundaries and collectives
       FixedLayout fl = n.op->fixed_layout(n);

@@ -35,12 +35,17 @@ struct InputSpec {
   /// A batch of examples (SjitOptions::batch_argnums): what is computed from it is not moved
   /// between devices of the mesh axes its first dimension is split over.
   bool batch = false;
+  /// The array's sharding pads (Uneven::kPad) a dimension its axes do not divide: the program
+  /// takes it so, and each op reads that dimension gathered (value_sharding, propagate.hpp).
+  bool padded = false;
 };
 
 struct CompileSpec {
   Mesh mesh;
   std::vector<InputSpec> inputs;                      // by input index
   std::vector<std::optional<PartitionSpec>> outputs;  // by output position; nullopt: open
+  /// The outputs' specs pad a dimension their axes do not divide (SjitOptions::uneven).
+  bool pad_outputs = false;
   /// Keep the results of constant steps per executor for the next run (sjit). Off for the eager
   /// one-op programs, which the executor itself caches: they must hold no arrays.
   bool cache_constants = true;

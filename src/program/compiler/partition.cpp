@@ -3,6 +3,7 @@
 #include "partition.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <functional>
@@ -67,7 +68,7 @@ class Emitter {
               ? nullptr
               : std::make_shared<const std::string>(
                     fmt::format("for output {}: its sharding", out_.output_slots.size()))));
-      out_.output_shardings.push_back(sharding(specs_[o]));
+      out_.output_shardings.push_back(sharding(specs_[o], g_[o].type.shape));
     }
     out_.num_slots = next_slot_;
     out_.layouts = ValueMap<Layout>(g_.size());
@@ -79,11 +80,19 @@ class Emitter {
  private:
   SlotId new_slot() { return static_cast<SlotId>(next_slot_++); }
 
-  // The NamedSharding of `spec` on the mesh, made once: the steps, inputs and outputs in one
-  // sharding share it (a program holds, and later frees, one copy).
-  const NamedSharding& sharding(const PartitionSpec& spec) {
-    auto it = shardings_.find(spec);
-    if (it == shardings_.end()) it = shardings_.emplace(spec, NamedSharding(mesh_, spec)).first;
+  // The NamedSharding of a value of `shape` split as `spec` (value_sharding: padded where the
+  // axes do not divide), made once: the steps, inputs and outputs in one sharding share it (a
+  // program holds, and later frees, one copy).
+  const NamedSharding& sharding(const PartitionSpec& spec, const Shape& shape) {
+    bool pads = false;
+    for (int d = 0; d < spec.size() && d < shape.rank(); ++d) {
+      pads = pads || shape[d] % product(mesh_, spec[d]) != 0;
+    }
+    auto& made = pads ? padded_shardings_ : shardings_;
+    auto it = made.find(spec);
+    if (it == made.end()) {
+      it = made.emplace(spec, value_sharding(mesh_, spec, shape)).first;
+    }
     return it->second;
   }
 
@@ -92,11 +101,11 @@ class Emitter {
     slot_[id] = new_slot();
     if (out_.input_slots.size() <= k) {
       out_.input_slots.resize(k + 1, SlotId{-1});
-      out_.input_shardings.resize(k + 1, sharding(PartitionSpec()));
+      out_.input_shardings.resize(k + 1, sharding(PartitionSpec(), Shape{}));
       out_.input_pending.resize(k + 1);
     }
     out_.input_slots[k] = slot_[id];
-    out_.input_shardings[k] = sharding(dec_[id].result.spec);
+    out_.input_shardings[k] = sharding(dec_[id].result.spec, g_[id].type.shape);
     out_.input_pending[k] = dec_[id].result.pending;
   }
 
@@ -115,8 +124,8 @@ class Emitter {
     const Layout& at = dec_[value].result;
     if (at.pending.empty() && at.spec == want) return slot_[value];  // (the common case, cheaply)
     const TensorType& t = g_[value].type;
-    const NamedSharding& cur = sharding(at.spec);
-    const NamedSharding& target = sharding(want);
+    const NamedSharding& cur = sharding(at.spec, t.shape);
+    const NamedSharding& target = sharding(want, t.shape);
     if (at.pending.empty() && cur.is_equivalent_to(target, t.shape.rank())) return slot_[value];
     for (const auto& [done, slot] : resharded_[value]) {
       if (done == want) return slot;
@@ -131,7 +140,7 @@ class Emitter {
     }
     if (source != nullptr) {
       from = require(value, *source, reason);
-      cost = plan_reshard(t.shape, t.dtype, sharding(*source), {}, target,
+      cost = plan_reshard(t.shape, t.dtype, sharding(*source, t.shape), {}, target,
                           devices_per_process_);
     } else {
       cost = plan_reshard(t.shape, t.dtype, cur, at.pending, target, devices_per_process_);
@@ -144,10 +153,29 @@ class Emitter {
               .sharding = target,
               .cost = std::move(cost),
               .constant = constant_[value] != 0,
-              .reason = reason};
+              .reason = cur.uneven() == Uneven::kPad ? gathers_padded(value, cur, reason) : reason};
     resharded_[value].emplace_back(want, step.out);
     out_.steps.push_back(std::move(step));
     return out_.steps.back().out;
+  }
+
+  // The reason of a reshard from a padded value: `reason`, then each padded dimension (no op
+  // takes one: each reads it gathered, value_sharding).
+  std::shared_ptr<const std::string> gathers_padded(
+      ValueId value, const NamedSharding& padded, const std::shared_ptr<const std::string>& reason) {
+    const Shape& shape = g_[value].type.shape;
+    std::string text = reason ? *reason : std::string();
+    for (int d = 0; d < padded.spec().size() && d < shape.rank(); ++d) {
+      const std::int64_t k = padded.num_shards(d);
+      if (shape[d] % k == 0) continue;
+      text += fmt::format("; dim {} of {} is padded ({} rows in {} blocks of {} over {}): read "
+                          "gathered, as every op reads a padded dimension",
+                          d, value_name(value), shape[d], k, split_block(shape[d], k, 0).size,
+                          padded.spec()[d].size() == 1
+                              ? fmt::format("'{}'", padded.spec()[d][0])
+                              : fmt::format("'{}'", fmt::join(padded.spec()[d], "', '")));
+    }
+    return std::make_shared<const std::string>(std::move(text));
   }
 
   void emit_kernel(ValueId id) {
@@ -158,9 +186,9 @@ class Emitter {
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
       in_slots.push_back(read(o, d, k));
-      in_local.push_back(sharding(d.wants[k]).shard_shape(g_[o].type.shape));
+      in_local.push_back(sharding(d.wants[k], g_[o].type.shape).shard_shape(g_[o].type.shape));
     }
-    const NamedSharding& out_sharding = sharding(d.result.spec);
+    const NamedSharding& out_sharding = sharding(d.result.spec, n.type.shape);
     Node local = n;
     local.type.shape = out_sharding.shard_shape(n.type.shape);
     if (n.op->localize != nullptr) n.op->localize(local, operand_shapes(g_, n), in_local);
@@ -204,7 +232,7 @@ class Emitter {
     BlocksKey key{spec, shape};
     if (const auto it = blocks_.find(key); it != blocks_.end()) return it->second;
     auto blocks =
-        std::make_shared<const std::vector<Block>>(sharding(spec).device_blocks(shape));
+        std::make_shared<const std::vector<Block>>(sharding(spec, shape).device_blocks(shape));
     auto offsets = std::make_shared<Offsets>();
     for (const Block& b : *blocks) {
       std::vector<std::int64_t> starts;
@@ -230,6 +258,7 @@ class Emitter {
     std::size_t operator()(const PartitionSpec& s) const { return hash_of(s); }
   };
   std::unordered_map<PartitionSpec, NamedSharding, SpecHash> shardings_;  // sharding()'s
+  std::unordered_map<PartitionSpec, NamedSharding, SpecHash> padded_shardings_;  // and padded
   int next_slot_ = 0;
   Partitioned out_;
   ValueId reader_{};                              // the node whose operands are read now

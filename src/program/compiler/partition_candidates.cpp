@@ -38,8 +38,8 @@ bool equivalent(const Mesh& mesh, const PartitionSpec& a, const PartitionSpec& b
 
 namespace {
 
-// The elements of a block of `shape` split as `spec` (NamedSharding::shard_shape's, which also
-// refuses a dimension its axes do not divide: that case goes through it).
+// The elements of a block of `shape` split as `spec` (value_sharding's shard_shape: a padded
+// input's block is ceil(n/k) rows).
 std::int64_t block_numel(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape) {
   std::int64_t numel = 1;
   for (int d = 0; d < shape.rank(); ++d) {
@@ -47,7 +47,7 @@ std::int64_t block_numel(const Mesh& mesh, const PartitionSpec& spec, const Shap
     if (d < spec.size()) {
       for (const std::string& axis : spec[d]) ways *= mesh.axis_size(axis);
     }
-    if (shape[d] % ways != 0) return NamedSharding(mesh, spec).shard_shape(shape).numel();
+    if (shape[d] % ways != 0) return value_sharding(mesh, spec, shape).shard_shape(shape).numel();
     numel *= shape[d] / ways;
   }
   return numel;
@@ -572,10 +572,12 @@ class CandidateBuilder {
       fac_ways[static_cast<std::size_t>(fac)] =
           std::max<std::int64_t>(1, product(mesh_, axes[fac]));
     }
+    // A pointwise node whose operands have its shape takes a padded split (takes_padded).
+    const bool pads = takes_padded(g_, n);
     auto fits = [&](std::int64_t size, int fac) {
       if (fac < 0) return false;
       const std::int64_t ways = fac_ways[static_cast<std::size_t>(fac)];
-      return size % ways == 0 && f.size(fac) % ways == 0;
+      return pads || (size % ways == 0 && f.size(fac) % ways == 0);
     };
     // Each operand's dims, then the result's, in one scratch (its lists keep their memory).
     std::vector<AxisNames>& dims = dims_;

@@ -34,6 +34,17 @@ std::int64_t product(const Mesh& mesh, const AxisNames& axes) {
   return p;
 }
 
+NamedSharding value_sharding(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape) {
+  NamedSharding s(mesh, spec);
+  return s.is_padded(shape) ? s.with_uneven(Uneven::kPad) : s;
+}
+
+bool takes_padded(const Graph& g, const Node& n) {
+  return n.op->pointwise && std::all_of(n.operands.begin(), n.operands.end(), [&](ValueId o) {
+           return g[o].type.shape == n.type.shape;
+         });
+}
+
 std::vector<TensorType> operand_types(const Graph& g, const Node& n) {
   std::vector<TensorType> types;
   types.reserve(n.operands.size());
@@ -73,16 +84,18 @@ Propagator::Propagator(const Graph& g, const Mesh& mesh) : g_(g), mesh_(mesh) {
   }
 }
 
-void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin) {
+void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin,
+                     Uneven uneven) {
   const Node& n = g_[id];
   const int rank = n.type.shape.rank();
   const std::string name = value_name(id);
   spec.validate(mesh_, rank, name);
-  NamedSharding(mesh_, spec).shard_shape(n.type.shape, name);
+  NamedSharding(mesh_, spec, uneven).shard_shape(n.type.shape, name);
   Sharding& s = sh_[id];
   s.dims = padded(spec, rank);
   s.dims.resize(static_cast<std::size_t>(rank));
   s.known = s.fixed = true;
+  s.padded = uneven == Uneven::kPad && NamedSharding(mesh_, spec).is_padded(n.type.shape);
   s.origin = std::move(origin);
   mark_changed(id);
 }
@@ -230,6 +243,7 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
   };
   // Within the node, an earlier factor wins, as its primitive declares them.
   const std::size_t first = out.size();
+  const bool pads = takes_padded(g_, node);  // an axis that does not divide passes through
   const auto conflicts_earlier = [&](ValueId target, int dim, const AxisNames& axes) {
     return std::any_of(
         out.begin() + static_cast<std::ptrdiff_t>(first), out.end(), [&](const Proposal& e) {
@@ -261,7 +275,7 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
     }
     if (best == nullptr) continue;
     const std::int64_t p = product(mesh_, *best);
-    if (f.size(fac) % p != 0) continue;
+    if (f.size(fac) % p != 0 && !pads) continue;
     std::vector<int> axis_order;  // made at the factor's first proposal
     const std::pair<int, std::int64_t> rank{-best_rank.first, -best_rank.second};
     for (std::size_t t = 0; t < num_touched; ++t) {
@@ -272,7 +286,7 @@ void Propagator::propose(ValueId id, std::vector<Proposal>& out) const {
       const Shape& shape = g_[value].type.shape;
       for (std::size_t d = 0; d < dims.size(); ++d) {
         if (dims[d] != fac || !sh.dims[d].empty()) continue;
-        if (shape[static_cast<int>(d)] % p != 0) continue;
+        if (shape[static_cast<int>(d)] % p != 0 && !pads) continue;
         if (std::any_of(best->begin(), best->end(), [&](const auto& a) { return sh.uses(a); })) {
           continue;
         }

@@ -16,6 +16,7 @@
 #include "../ir/graph.hpp"
 #include "shardplan/array.hpp"
 #include "shardplan/mesh.hpp"
+#include "shardplan/named_sharding.hpp"
 #include "shardplan/partition_spec.hpp"
 
 namespace shardplan::detail {
@@ -25,6 +26,9 @@ struct Sharding {
   std::vector<AxisNames> dims;
   bool known = false;
   bool fixed = false;
+  /// Fixed padded (Uneven::kPad over a dimension its axes do not divide): a padded input, or
+  /// what is fixed like one (a gradient sharded like its parameter).
+  bool padded = false;
   std::string origin;
   /// The sum the value would be pending over if every node ran in its propagated sharding: a
   /// node's own reduce factors' axes, and the pending sums of its operands carried through it
@@ -41,13 +45,24 @@ std::vector<AxisNames> padded(const PartitionSpec& spec, int rank);
 PartitionSpec spec_of_dims(std::vector<AxisNames> dims);
 /// The number of devices along `axes`.
 std::int64_t product(const Mesh& mesh, const AxisNames& axes);
+/// The sharding a program gives a value of `shape` split as `spec`: padded (Uneven::kPad) where
+/// the axes do not divide a dimension, which only a padded input's spec does (no candidate of an
+/// op splits a dimension its axes do not divide: each reads a padded one gathered), else the
+/// refusing one a user's own sharding is.
+NamedSharding value_sharding(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape);
+/// Whether `n` takes a padded split of its operands and gives one (value_sharding): a pointwise
+/// primitive (Primitive::pointwise: element i from the operands' elements i) whose operands have
+/// its shape, so each block of each is ceil(n/k) rows at the same places; its pad rows are
+/// computed and never read. Every other op reads a padded dimension gathered.
+bool takes_padded(const Graph& g, const Node& n);
 
 class Propagator {
  public:
   Propagator(const Graph& g, const Mesh& mesh);
-  /// Fixes value `id` to `spec`. Throws SpecError for an unknown axis or a shape that does not
-  /// divide, naming the value.
-  void fix(ValueId id, const PartitionSpec& spec, std::string origin);
+  /// Fixes value `id` to `spec`. Throws SpecError for an unknown axis or, unless `uneven` is
+  /// Uneven::kPad (a padded input), a shape that does not divide, naming the value.
+  void fix(ValueId id, const PartitionSpec& spec, std::string origin,
+           Uneven uneven = Uneven::kRefuse);
   /// Propagates to a fixed point, forward and backward over the nodes by depth (pointwise ones
   /// first); values nothing reached are replicated. Where proposals of one depth for a value
   /// conflict, a fixed sharding wins, then the larger tensor's, then the axes first in mesh

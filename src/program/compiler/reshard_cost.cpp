@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../ir/fields.hpp"
+#include "propagate.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
@@ -117,7 +118,8 @@ Cost ReshardCosts::cost(const TensorType& type, const PartitionSpec& from,
     if (e.type == type && e.from == from && e.pending == pending && e.to == to) return answer(e);
   }
   const std::vector<CollectiveRecord> plan = plan_reshard(
-      type.shape, type.dtype, NamedSharding(mesh_, from), pending, NamedSharding(mesh_, to));
+      type.shape, type.dtype, value_sharding(mesh_, from, type.shape), pending,
+      value_sharding(mesh_, to, type.shape));
   Entry e{type, from, pending, to, model_.of(plan), {}};
   for (const CollectiveRecord& rec : plan) {
     if (rec.kind == CollectiveKind::kReduceScatter || rec.kind == CollectiveKind::kAllReduce ||

@@ -6,9 +6,10 @@
 namespace shardplan::detail {
 
 std::vector<MaybeSharding> resolve_rules(const Mesh& mesh, const RuleTree& rules,
-                                         const Tree<TensorSpec>& specs, std::string_view context) {
+                                         const Tree<TensorSpec>& specs, std::string_view context,
+                                         Uneven uneven) {
   try {
-    return MeshShardingHelper(mesh).match(rules, specs).leaves();
+    return MeshShardingHelper(mesh, uneven).match(rules, specs).leaves();
   } catch (const Error&) {
     if (context.empty()) throw;
     rethrow_with_context(context);
@@ -16,11 +17,12 @@ std::vector<MaybeSharding> resolve_rules(const Mesh& mesh, const RuleTree& rules
 }
 
 std::vector<MaybeSharding> resolve_rules(const Mesh& mesh, const RuleTree& rules,
-                                         const Tree<Array>& arrays, std::string_view context) {
+                                         const Tree<Array>& arrays, std::string_view context,
+                                         Uneven uneven) {
   const Tree<TensorSpec> specs = arrays.map([](const Array& a) {
     return TensorSpec{a.shape(), a.dtype()};
   });
-  return resolve_rules(mesh, rules, specs, context);
+  return resolve_rules(mesh, rules, specs, context, uneven);
 }
 
 }  // namespace shardplan::detail

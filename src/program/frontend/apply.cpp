@@ -108,13 +108,13 @@ std::shared_ptr<const Program> eager_program(Node n, const std::vector<Array>& i
   key.specs.reserve(ins.size());
   key.pending.reserve(ins.size());
   for (std::size_t k = 0; k < ins.size(); ++k) {
-    detail::refuse_padded(ins[k], n.op->name, "operand " + std::to_string(k));
     const TensorType type{ins[k].shape(), ins[k].dtype()};
     n.operands.push_back(g.add(
         Node{.op = &prim::input, .type = type, .attrs = InputAttrs{static_cast<int>(k), type}}));
     spec.inputs.push_back(InputSpec{.spec = ins[k].sharding().spec(),
                                     .pending = ins[k].pending(),
-                                    .origin = "operand " + std::to_string(k)});
+                                    .origin = "operand " + std::to_string(k),
+                                    .padded = ins[k].sharding().uneven() == Uneven::kPad});
     key.types.push_back(type);
     key.specs.push_back(ins[k].sharding().spec());
     key.pending.push_back(ins[k].pending());

@@ -94,9 +94,9 @@ Tree<TensorSpec> specs_of(const CallArgs& call) {
 // when the option is not set). Errors keep their type, with "[sjit] {what}: " before them.
 template <class T>
 std::vector<MaybeSharding> resolve(const Mesh& mesh, const std::optional<RuleTree>& rules,
-                                   const Tree<T>& tree, std::string_view what) {
+                                   const Tree<T>& tree, std::string_view what, Uneven uneven) {
   if (!rules) return std::vector<MaybeSharding>(tree.num_leaves());
-  return resolve_rules(mesh, *rules, tree, fmt::format("[sjit] {}", what));
+  return resolve_rules(mesh, *rules, tree, fmt::format("[sjit] {}", what), uneven);
 }
 
 // A donated array may not also be passed undonated, or captured: the program would read freed
@@ -359,10 +359,11 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   TraceContext ctx(exec ? std::optional<Executor>(*exec) : std::nullopt, mesh);
   ctx.annotation_rules = &o.annotation_shardings;
   ctx.allow_unknown_annotations = o.allow_unknown_annotations;
+  ctx.uneven = o.uneven;
   const Tree<TensorSpec> arg_specs = specs_of(call);
-  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
+  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings", o.uneven);
   const auto constraint_sh =
-      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
+      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint", o.uneven);
   Tree<Array> out;
   {
     TraceScope scope(&ctx);
@@ -371,7 +372,7 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
     std::vector<Array> leaf_tracers;
     for (std::size_t i = 0; i < call.leaves.size(); ++i) {
       Array t = ctx.add_argument(TensorType{call.leaves[i].type.shape, call.leaves[i].type.dtype});
-      if (constraint_sh[i]) t = with_sharding_constraint(t, constraint_sh[i]->spec());
+      if (constraint_sh[i]) t = constrain_to(t, *constraint_sh[i]);
       leaf_tracers.push_back(std::move(t));
     }
     std::vector<Tree<Array>> tracers;
@@ -398,10 +399,11 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
     InputSpec in;
     if (in_sh[i]) {
       in.spec = in_sh[i]->spec();
+      in.padded = in_sh[i]->uneven() == Uneven::kPad;
       in.origin = fmt::format("in_shardings ({})", names[i]);
     } else if (l.array.valid()) {
-      detail::refuse_padded(l.array, "sjit", names[i]);
       in.spec = l.array.sharding().spec();
+      in.padded = l.array.sharding().uneven() == Uneven::kPad;
       in.pending = l.array.pending();
       in.origin = fmt::format("{} as passed", names[i]);
     }
@@ -412,12 +414,14 @@ std::shared_ptr<const Compiled> trace_and_compile(const Mesh& mesh, const SjitOp
   }
   for (std::size_t k = 0; k < ctx.captured.size(); ++k) {
     const Array& a = ctx.captured[k];
-    detail::refuse_padded(a, "sjit", fmt::format("array captured from outside ({})", k));
-    spec.inputs.push_back(InputSpec{a.sharding().spec(), a.pending(),
-                                    fmt::format("array captured from outside ({})", k), false,
-                                    fmt::format("array captured from outside ({})", k)});
+    spec.inputs.push_back(InputSpec{.spec = a.sharding().spec(),
+                                    .pending = a.pending(),
+                                    .origin = fmt::format("array captured from outside ({})", k),
+                                    .name = fmt::format("array captured from outside ({})", k),
+                                    .padded = a.sharding().uneven() == Uneven::kPad});
   }
-  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings")) {
+  spec.pad_outputs = o.uneven == Uneven::kPad;
+  for (const MaybeSharding& s : resolve(mesh, o.out_shardings, out, "out_shardings", o.uneven)) {
     spec.outputs.push_back(s ? std::optional<PartitionSpec>(s->spec()) : std::nullopt);
   }
   auto compiled = std::make_shared<Compiled>(compile(g, spec));
@@ -512,22 +516,21 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
     }
   }
   const Tree<TensorSpec> arg_specs = specs_of(call);
-  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings");
+  const auto in_sh = resolve(mesh, o.in_shardings, arg_specs, "in_shardings", o.uneven);
   const auto constraint_sh =
-      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint");
-  auto constrain = [](const Array& x, const PartitionSpec& spec, std::string origin) {
-    return apply(prim::sharding_constraint,
-                 ConstraintAttrs{.spec = spec, .origin = std::move(origin)}, {x});
+      resolve(mesh, o.args_sharding_constraint, arg_specs, "args_sharding_constraint", o.uneven);
+  auto constrain = [](const Array& x, const NamedSharding& sharding, std::string origin) {
+    return constrain_to(x, sharding, std::move(origin));
   };
   const std::vector<std::string> names = leaf_names(call);
   std::vector<Array> leaf_args;
   for (std::size_t i = 0; i < call.leaves.size(); ++i) {
     Array t = call.leaves[i].array;
     if (in_sh[i]) {
-      t = constrain(t, in_sh[i]->spec(), fmt::format("nested sjit in_shardings ({})", names[i]));
+      t = constrain(t, *in_sh[i], fmt::format("nested sjit in_shardings ({})", names[i]));
     }
     if (constraint_sh[i]) {
-      t = constrain(t, constraint_sh[i]->spec(),
+      t = constrain(t, *constraint_sh[i],
                     fmt::format("nested sjit args_sharding_constraint ({})", names[i]));
     }
     leaf_args.push_back(std::move(t));
@@ -554,12 +557,12 @@ Tree<Array> SjitCore::trace_inline(const CallArgs& call, const TraceFn& trace) {
   ctx.allow_unknown_annotations = ctx.allow_unknown_annotations || o.allow_unknown_annotations;
   Tree<Array> out = trace(args);
   if (!o.out_shardings) return out;
-  const auto out_sh = resolve(mesh, o.out_shardings, out, "out_shardings");
+  const auto out_sh = resolve(mesh, o.out_shardings, out, "out_shardings", o.uneven);
   std::size_t k = 0;
   return out.map([&](const Array& x) {
     const MaybeSharding& sh = out_sh[k];
     const std::size_t leaf = k++;
-    return sh ? constrain(x, sh->spec(),
+    return sh ? constrain(x, *sh,
                           fmt::format("nested sjit out_shardings (output leaf {})", leaf))
               : x;
   });

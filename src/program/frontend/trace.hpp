@@ -29,6 +29,9 @@ struct TraceContext {
   std::map<const void*, ValueId> captured_node;
   const std::map<std::string, RuleTree>* annotation_rules = nullptr;
   bool allow_unknown_annotations = false;
+  // What shardings resolved from rules while tracing do with a dimension that does not divide
+  // (SjitOptions::uneven).
+  Uneven uneven = Uneven::kRefuse;
   // Tracers of other traces (the enclosing one, for grad inside sjit) are captured as inputs,
   // like concrete arrays, instead of being an error.
   bool capture_foreign = false;

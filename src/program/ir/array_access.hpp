@@ -11,14 +11,14 @@
 
 namespace shardplan::detail {
 
-/// Programs (sjit, eager ops, shard_map) do not take padded arrays yet (Uneven::kPad over a
-/// dimension its axes do not divide): the SpecError of NamedSharding::check_divides, "[where]"
-/// naming `name`, the shape and the axes. Tracers pass.
+/// shard_map does not take padded arrays (Uneven::kPad over a dimension its axes do not divide:
+/// its body would see the pad rows as data): the SpecError of NamedSharding::check_divides,
+/// "[where]" naming `name`, the shape and the axes. Tracers pass.
 inline void refuse_padded(const Array& a, std::string_view where, std::string_view name) {
   if (a.is_tracer() || !a.sharding().is_padded(a.shape())) return;
   a.sharding().check_divides(a.shape(), where, name,
-                             "; programs (sjit, eager ops, shard_map) do not take padded arrays "
-                             "yet: reshard it onto a sharding that divides first");
+                             "; shard_map does not take padded arrays (its body would see the "
+                             "pad rows): reshard it onto a sharding that divides first");
 }
 
 struct ArrayAccess {

@@ -221,7 +221,9 @@ struct Primitive {
   /// The result's dimensions are the operands' (all of the result's shape): propagation settles
   /// these first, to a fixed point (elementwise ops, select, convert, the sharding identities).
   /// The kernel of a pointwise op must compute element i from the operands' elements i alone,
-  /// whatever the blocks' shapes: fusion runs it on flat chunks.
+  /// whatever the blocks' shapes: fusion runs it on flat chunks, and a pointwise op whose
+  /// operands have its shape runs on padded splits as they are (takes_padded, propagate.hpp;
+  /// every other op reads a padded dimension gathered).
   bool pointwise = false;
   /// An identity that only fixes a sharding (constraint, annotation): no kernel step runs.
   bool sharding_identity = false;

@@ -62,7 +62,13 @@ struct ConstraintAttrs {
   /// Megatron's column/row-parallel layers use it): the partitioner prices any reshard of it as
   /// impossible, so each reader chooses what it computes around this layout.
   bool readers_keep = false;
+  /// The sharding pads (Uneven::kPad) a dimension its axes do not divide (SjitOptions::uneven):
+  /// fixed so, padded, instead of refused.
+  bool padded = false;
 };
+/// x constrained to `sharding` (its spec, and padded when it pads: ConstraintAttrs::padded);
+/// eagerly, resharded to it.
+Array constrain_to(const Array& x, const NamedSharding& sharding, std::string origin = {});
 /// with_sharding_constraint(x, spec) whose readers read it as it is (ConstraintAttrs::
 /// readers_keep). Eagerly, the constraint alone.
 Array pin_sharding(const Array& x, const PartitionSpec& spec);

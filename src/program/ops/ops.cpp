@@ -195,11 +195,12 @@ Tree<Array> with_sharding_constraint(const Tree<Array>& tree, const RuleTree& ru
   if (leaves.empty()) return tree;
   TraceContext* ctx = detail::current_trace();
   const Mesh mesh = ctx != nullptr ? ctx->mesh : leaves.front().mesh();
-  const auto shardings = detail::resolve_rules(mesh, rules, tree, "");
+  const auto shardings = detail::resolve_rules(mesh, rules, tree, "",
+                                               ctx != nullptr ? ctx->uneven : Uneven::kRefuse);
   std::size_t k = 0;
   return tree.map([&](const Array& a) {
     const MaybeSharding& s = shardings[k++];
-    return s ? with_sharding_constraint(a, s->spec()) : a;
+    return s ? detail::constrain_to(a, *s) : a;
   });
 }
 

@@ -20,6 +20,7 @@ std::string format_attrs(const ConstraintAttrs& a) {
   if (a.spec) s += " spec=" + a.spec->to_string();
   if (a.like) s += " like=" + value_name(*a.like);
   if (a.readers_keep) s += " readers_keep";
+  if (a.padded) s += " padded";
   return s;
 }
 std::string format_attrs(const AnnotationAttrs& a) {
@@ -50,7 +51,9 @@ std::vector<Array> constraint_vjp(const Node& n, const std::vector<Array>&, cons
   // A value read as it is (a module's weight as used): its cotangent is left to the gradient's
   // own constraint (FSDP reduce-scatters it to the parameter's shard).
   if (c.readers_keep) return {g};
-  return {c.spec ? with_sharding_constraint(g, *c.spec) : g};
+  if (!c.spec) return {g};
+  const NamedSharding s(g.mesh(), *c.spec, c.padded ? Uneven::kPad : Uneven::kRefuse);
+  return {constrain_to(g, s)};
 }
 
 std::vector<Array> annotation_vjp(const Node&, const std::vector<Array>&, const Array&,
@@ -199,6 +202,15 @@ Array with_sharding_like(const Array& x, const Array& like) {
 Array pin_sharding(const Array& x, const PartitionSpec& spec) {
   if (current_trace() == nullptr && !x.is_tracer()) return with_sharding_constraint(x, spec);
   return apply(prim::sharding_constraint, ConstraintAttrs{.spec = spec, .readers_keep = true},
+               {x});
+}
+
+Array constrain_to(const Array& x, const NamedSharding& sharding, std::string origin) {
+  if (current_trace() == nullptr && !x.is_tracer()) return reshard(x, sharding).array;
+  return apply(prim::sharding_constraint,
+               ConstraintAttrs{.spec = sharding.spec(),
+                               .origin = std::move(origin),
+                               .padded = sharding.uneven() == Uneven::kPad},
                {x});
 }
 
