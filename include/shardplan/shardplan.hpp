@@ -40,6 +40,7 @@
 #include "shardplan/shard_map.hpp"
 #include "shardplan/sharding_rule.hpp"
 #include "shardplan/sjit.hpp"
+#include "shardplan/stack_config.hpp"
 #include "shardplan/tensor.hpp"
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/train_plan.hpp"
