@@ -140,6 +140,40 @@ TEST(SjitPadded, TheUnevenOptionPadsInAndOutShardingsAndPointwiseOpsRunPadded) {
   EXPECT_TRUE(y.to_host() == (exp(x1 * 2.0) + 1.0).to_host());
 }
 
+// The fused Adam(W) update (Primitive::per_element: element i from the operands' elements i and
+// the scalar rate and step count) runs on the padded moments as they are, as a pointwise op
+// does: nothing gathered, one device's values bit for bit.
+TEST(SjitPadded, TheFusedOptimizerUpdateRunsOnPaddedShards) {
+  const Executor exec{4};
+  const Mesh mesh = Mesh::parse("x:4", 4);
+  const auto update = [](const Array& p, const Array& g, const Array& m, const Array& v,
+                         const Array& lr, const Array& count) {
+    const AdamwUpdate u = adamw_update(p, g, m, v, lr, count, 0.9, 0.999, 1e-8, 0.01);
+    return Tree<Array>::list({Tree<Array>(u.param), Tree<Array>(u.mu), Tree<Array>(u.nu)});
+  };
+  const Tensor p = kX, g = Tensor::normal(Shape{10, 5}, DType::kF32, 7),
+               m = Tensor::normal(Shape{10, 5}, DType::kF32, 8),
+               v = Tensor::uniform(Shape{10, 5}, DType::kF32, 9, 0.1, 1.0);
+  const Tensor lr = Tensor::from(Shape{}, std::vector<float>{1e-3F}),
+               count = Tensor::from(Shape{}, std::vector<float>{3.0F});
+  const NamedSharding rows(mesh, P("x"), Uneven::kPad), whole(mesh, P());
+  auto f = sjit(mesh, update);
+  const auto put = [&](const Tensor& t, const NamedSharding& s) { return device_put(t, s, exec); };
+  const Array args[] = {put(p, rows), put(g, rows), put(m, rows), put(v, rows), put(lr, whole),
+                        put(count, whole)};
+  const std::string text = f.lower(args[0], args[1], args[2], args[3], args[4], args[5]).text();
+  EXPECT_EQ(text.find("all_gather"), std::string::npos) << text;
+  const Tree<Array> got = f(args[0], args[1], args[2], args[3], args[4], args[5]);
+  const Executor one = Executor::process_local(1);
+  const NamedSharding single(Mesh::parse("x:1", 1), P());
+  const auto put1 = [&](const Tensor& t) { return device_put(t, single, one); };
+  const Tree<Array> want = update(put1(p), put1(g), put1(m), put1(v), put1(lr), put1(count));
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(got.at(k).leaf().sharding(), rows) << "result " << k;
+    EXPECT_TRUE(got.at(k).leaf().to_host() == want.at(k).leaf().to_host()) << "result " << k;
+  }
+}
+
 // A sharding that does not divide and does not pad is still refused, naming the argument.
 TEST(SjitPadded, AnUnpaddedShardingThatDoesNotDivideIsRefused) {
   const Executor exec{4};

@@ -572,7 +572,8 @@ class CandidateBuilder {
       fac_ways[static_cast<std::size_t>(fac)] =
           std::max<std::int64_t>(1, product(mesh_, axes[fac]));
     }
-    // A pointwise node whose operands have its shape takes a padded split (takes_padded).
+    // A pointwise node whose operands have its shape (or a per-element one beside scalars) takes
+    // a padded split (takes_padded).
     const bool pads = takes_padded(g_, n);
     auto fits = [&](std::int64_t size, int fac) {
       if (fac < 0) return false;

@@ -40,9 +40,11 @@ NamedSharding value_sharding(const Mesh& mesh, const PartitionSpec& spec, const 
 }
 
 bool takes_padded(const Graph& g, const Node& n) {
-  return n.op->pointwise && std::all_of(n.operands.begin(), n.operands.end(), [&](ValueId o) {
-           return g[o].type.shape == n.type.shape;
-         });
+  if (!n.op->pointwise && !n.op->per_element) return false;
+  return std::all_of(n.operands.begin(), n.operands.end(), [&](ValueId o) {
+    const Shape& s = g[o].type.shape;
+    return s == n.type.shape || (n.op->per_element && s.rank() == 0);
+  });
 }
 
 std::vector<TensorType> operand_types(const Graph& g, const Node& n) {

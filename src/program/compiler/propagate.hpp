@@ -52,8 +52,9 @@ std::int64_t product(const Mesh& mesh, const AxisNames& axes);
 NamedSharding value_sharding(const Mesh& mesh, const PartitionSpec& spec, const Shape& shape);
 /// Whether `n` takes a padded split of its operands and gives one (value_sharding): a pointwise
 /// primitive (Primitive::pointwise: element i from the operands' elements i) whose operands have
-/// its shape, so each block of each is ceil(n/k) rows at the same places; its pad rows are
-/// computed and never read. Every other op reads a padded dimension gathered.
+/// its shape, or a per-element one (Primitive::per_element) whose other operands are scalars, so
+/// each block of each is ceil(n/k) rows at the same places; its pad rows are computed and never
+/// read. Every other op reads a padded dimension gathered.
 bool takes_padded(const Graph& g, const Node& n);
 
 class Propagator {

@@ -225,6 +225,11 @@ struct Primitive {
   /// operands have its shape runs on padded splits as they are (takes_padded, propagate.hpp;
   /// every other op reads a padded dimension gathered).
   bool pointwise = false;
+  /// Element i of each result is computed from element i of each operand of the result's shape
+  /// and from the scalar (rank 0) operands alone, as a pointwise op's but with scalars beside
+  /// (a fused optimizer update and its learning rate): it too runs on padded splits as they are
+  /// (takes_padded). Not fused with pointwise ops (fusion runs only those).
+  bool per_element = false;
   /// An identity that only fixes a sharding (constraint, annotation): no kernel step runs.
   bool sharding_identity = false;
   /// A value with no operands that is the same on every call (constant, iota): computed once per

@@ -162,6 +162,7 @@ constinit const Primitive adamw_update{.name = "adamw_update",
                                        .kernel = adamw_kernel,
                                        .flops = adamw_flops,
                                        .vjp = adamw_vjp,
+                                       .per_element = true,
                                        .shared_reads = true,
                                        .tests = &kAdamwTests};
 }  // namespace prim
