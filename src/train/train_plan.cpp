@@ -130,6 +130,17 @@ std::string_view name(OptimizerKernel kernel) {
   return kernel == OptimizerKernel::kFused ? "fused" : "ops";
 }
 
+OptimizerSharding parse_optimizer_sharding(std::string_view n) {
+  if (n == "rules") return OptimizerSharding::kRules;
+  if (n == "zero1") return OptimizerSharding::kZero1;
+  throw SpecError(fmt::format("[train] unknown optimizer sharding '{}' (known: rules, zero1)",
+                              detail::printable(n)));
+}
+
+std::string_view name(OptimizerSharding sharding) {
+  return sharding == OptimizerSharding::kZero1 ? "zero1" : "rules";
+}
+
 OptimizerKind parse_optimizer(std::string_view n) {
   if (n == "sgd") return OptimizerKind::kSgd;
   if (n == "adam") return OptimizerKind::kAdam;
@@ -568,6 +579,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const train::Layout layout = make_layout(mesh, asked, batch_axes);
   // From here on the options as the step runs them (each applies, or was refused).
   const TrainPlanOptions o = train::resolve_options(config, mesh, layout, asked);
+  train::check_optimizer_sharding(config, mesh, rules, o, layout);
   const Activations act = activations_of(config, mesh, o, layout);
   const TraceChoice choice = choose_trace(config, o);
   check_parameter_tensors(config, o, choice.layers);
@@ -627,6 +639,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.fused_attention = facts.fused_attention;
   plan.fused_loss = facts.fused_loss;
   plan.optimizer_kernel = facts.fused_optimizer ? "fused" : "ops";
+  plan.optimizer_sharding = facts.zero1 ? "zero1" : "rules";
   plan.float8 = facts.float8;
   plan.tp_modules = facts.tp_modules;
   plan.sequence_parallel = !facts.sequence_axes.empty();

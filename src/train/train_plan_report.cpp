@@ -156,6 +156,10 @@ std::string step_extras(const TrainPlan& p) {
   if (p.optimizer_kernel == "fused") {
     out += ", optimizer kernel fused (each parameter, gradient and moment read and written once)";
   }
+  if (p.optimizer_sharding == "zero1") {
+    out += ", optimizer sharding zero1 (parameters replicated over the data axes, master weights "
+           "and state sharded; gradients reduce-scattered, parameters all-gathered)";
+  }
   if (p.tp_modules) {
     out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
   }
@@ -373,6 +377,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;
   j["optimizer_kernel"] = p.optimizer_kernel;
+  j["optimizer_sharding"] = p.optimizer_sharding;
   j["fsdp_root"] = p.fsdp_root;
   j["tp_plan"] = p.tp_modules ? "modules" : "partitioner";
   if (p.stack) {
