@@ -79,6 +79,25 @@ TEST(OptimizerSharding, ZeroOneReduceScattersGradientsAndAllGathersParametersOnc
   }
 }
 
+// A step too long to trace whole (40 layers: extrapolated from steps of 2, 3, 4 and 8) holds
+// what the traced step holds: its state bytes come from the rules as the step takes them.
+TEST(OptimizerSharding, AnExtrapolatedStepHoldsWhatTheTracedOneDoes) {
+  std::string deep = kTinyLlama;
+  const std::string two = "\"num_hidden_layers\": 2";
+  deep.replace(deep.find(two), two.size(), "\"num_hidden_layers\": 40");
+  const ModelConfig c = ModelConfig::parse(deep);
+  TrainPlanOptions o = megatron_bf16(OptimizerSharding::kZero1);
+  o.extrapolate = true;
+  const TrainPlan e = plan_training(c, Mesh::parse("fsdp:4", 4), preset("llama_fsdp"), o);
+  ASSERT_TRUE(e.extrapolated);
+  const std::int64_t whole = 2 * 2048 + 32 + 40 * (7680 + 64), sharded = 2 * 2048 + 40 * 7680;
+  EXPECT_EQ(e.parameter_bytes, whole * 2);
+  EXPECT_EQ(e.gradient_bytes, whole * 2);
+  EXPECT_EQ(e.optimizer_bytes, 3 * (sharded / 4 + (whole - sharded)) * 4 + 4);
+  EXPECT_EQ(e.optimizer_sharding, "zero1");
+  EXPECT_FALSE(e.reshard_after_forward);  // nothing is gathered for use
+}
+
 // It shards nothing without a data axis of more than one device the rules split over, or with
 // SGD and no master weights: refused, naming the option and why.
 TEST(OptimizerSharding, ZeroOneWithNothingToShardIsRefused) {

@@ -115,7 +115,7 @@ StepArguments step_arguments(const ModelConfig& config, const Mesh& mesh, const 
   StepArguments a;
   const bool zero1 = o.optimizer_sharding == OptimizerSharding::kZero1;
   a.params = config.parameters(zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype));
-  a.param_rule = zero1 ? data_replicated(a.params, mesh, rules, layout) : RuleTree(rules);
+  a.param_rule = held_parameter_rule(a.params, mesh, rules, o, layout);
   std::tie(a.state, a.state_rule) = optimizer_state(a.params, rules, o);
   // The sequence over the context axes (in the load-balanced order the ring expects).
   a.batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch, layout.context})
@@ -479,26 +479,38 @@ std::map<std::string, PartitionSpec> outside_in_use(const ModelConfig& config, c
 
 }  // namespace
 
+// ZeRO-1 holds the parameters whole over the data axes: nothing is gathered for use, so FSDP's
+// wrapping and resharding settings do not apply.
+namespace {
+bool zero1_of(const TrainPlanOptions& o) { return o.optimizer_sharding == OptimizerSharding::kZero1; }
+}  // namespace
+
 bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout) {
-  return o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
+  return !zero1_of(o) && o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
 }
 
 bool keeps_last_gathered(const TrainPlanOptions& o, const Layout& layout) {
-  return !o.reshard_last_block.value_or(!o.fsdp_root) &&
+  return !zero1_of(o) && !o.reshard_last_block.value_or(!o.fsdp_root) &&
          layout.batch_ways * layout.context_ways > 1;
 }
 
 bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout, std::int64_t layers) {
   const std::vector<bool> c = checkpointed_layers(o, layers);
-  return o.reshard_after_forward && layout.batch_ways > 1 &&
+  return !zero1_of(o) && o.reshard_after_forward && layout.batch_ways > 1 &&
          (c.empty() || std::find(c.begin(), c.end(), false) != c.end());
 }
 
 bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout,
                                   std::int64_t layers) {
   const std::vector<bool> c = checkpointed_layers(o, layers);
-  return !o.reshard_after_forward && layout.batch_ways > 1 &&
+  return !zero1_of(o) && !o.reshard_after_forward && layout.batch_ways > 1 &&
          std::find(c.begin(), c.end(), true) != c.end();
+}
+
+RuleTree held_parameter_rule(const Tree<TensorSpec>& params, const Mesh& mesh,
+                             const RulePtr& rules, const TrainPlanOptions& o,
+                             const Layout& layout) {
+  return zero1_of(o) ? data_replicated(params, mesh, rules, layout) : RuleTree(rules);
 }
 
 void check_optimizer_sharding(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
@@ -538,7 +550,6 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   // ZeRO-1 holds the parameters in param_dtype, whole over the data axes: nothing to cast for
   // use, gather or reshard after forward (FSDP's settings do not apply).
   const DType held = zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype);
-  const bool fsdp = !zero1;
   const ModelStep base{.config = config,
                        .layout = layout,
                        .remat = effective_remat(o),
@@ -550,13 +561,13 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                                                               : std::optional(o.param_dtype),
                        .reduce_in_held = o.reduce_dtype == held,
                        .reshard_after_forward =
-                           fsdp && reshards_after_forward(o, layout, config.layers),
+                           reshards_after_forward(o, layout, config.layers),
                        .keep_gathered =
-                           fsdp && keeps_gathered_for_recompute(o, layout, config.layers),
+                           keeps_gathered_for_recompute(o, layout, config.layers),
                        .float8 = o.float8,
-                       .fsdp_root = fsdp && fsdp_root_applies(o, layout),
-                       .keep_last_gathered = fsdp && keeps_last_gathered(o, layout),
-                       .root_in_use = fsdp && fsdp_root_applies(o, layout)
+                       .fsdp_root = fsdp_root_applies(o, layout),
+                       .keep_last_gathered = keeps_last_gathered(o, layout),
+                       .root_in_use = fsdp_root_applies(o, layout)
                                           ? root_in_use(config, mesh, rules, args.params, layout)
                                           : std::map<std::string, PartitionSpec>{},
                        .layer_in_use = o.tp_plan == TpPlan::kModules

@@ -48,6 +48,11 @@ struct TracedStep {
   ProgramFacts facts;
 };
 
+/// How the step takes the parameters: the rules, or under OptimizerSharding::kZero1 each
+/// parameter's spec with only the model axes kept (whole over the batch and context axes).
+RuleTree held_parameter_rule(const Tree<TensorSpec>& params, const Mesh& mesh,
+                             const RulePtr& rules, const TrainPlanOptions& o, const Layout& layout);
+
 /// Refuses OptimizerSharding::kZero1 (OptionError, Refusal::kZero1NothingToShard) when it
 /// would shard nothing: the rules split no parameter over a batch or context axis of more than
 /// one device, or SGD holds no state and no master weights.

@@ -221,8 +221,10 @@ std::string TrainPlan::table() const {
       "optimizer state {}, remat {}, attention {}, loss {}, sequence parallel {}",
       batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
       optimizer,
-      master_dtype == param_dtype
-          ? std::string(name(param_dtype))
+      master_dtype == param_dtype ? std::string(name(param_dtype))
+      : optimizer_sharding == "zero1"
+          ? fmt::format("{} held (the {} master weights with the optimizer state)",
+                        name(param_dtype), name(master_dtype))
           : fmt::format("{} held, cast to {} for use (gathered in it)", name(master_dtype),
                         name(param_dtype)),
       reduce_dtype == param_dtype
