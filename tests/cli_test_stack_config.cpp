@@ -58,7 +58,9 @@ const std::vector<RoundTrip>& round_trips() {
       {"megatron-core",
        "--mesh dp:2,tp:2 --batch 8 --seq 64 --grad-accum 2 --remat full --remat-blocks layers:0-0",
        "--devices 4"},
-      {"megatron-core", "--mesh fsdp:4 --batch 8 --seq 64 --sequence-parallel off", "--devices 4"},
+      {"megatron-core",
+       "--mesh fsdp:4 --batch 8 --seq 64 --sequence-parallel off --optimizer-sharding zero1",
+       "--devices 4"},
       {"maxtext", "--mesh fsdp:2,tp:2 --batch 8 --seq 64 --grad-accum 2 --remat maxtext:minimal",
        ""},
   };

@@ -101,7 +101,7 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_THAT(t.out, ::testing::HasSubstr(
                          "stack megatron-core (unvalidated: fewer than 2 published runs planned "
                          "through it); overridden: activation checkpointing (by --remat); not "
-                         "modelled: distributed optimizer, gradient reduction overlap (--explain)"));
+                         "modelled: gradient reduction overlap (--explain)"));
   // Megatron's FusedAdam is planned as the fused kernel, and the report says the program ran it.
   EXPECT_THAT(t.out, ::testing::HasSubstr("optimizer kernel fused"));
   const auto mj = nlohmann::json::parse(

@@ -17,6 +17,7 @@ namespace {
 
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 StackConfig parse(std::string_view text, std::string_view stack,
                   std::string_view source = "job.toml") {
@@ -135,6 +136,12 @@ TEST(StackConfig, MegatronArgumentsByArgumentsPy) {
   const auto g = options_of(parse("--micro-batch-size 1 --sequence-parallel", "megatron-core"));
   EXPECT_THAT(g, Contains("--sequence-parallel off"));
   EXPECT_THAT(g, Contains("--param-dtype f32"));
+  // The distributed optimizer: ZeRO-1 over the data-parallel ranks (an fsdp axis for the
+  // rules to shard the state over); off by default (Megatron's), replicated data parallelism.
+  const StackConfig z = parse("--micro-batch-size 1 --use-distributed-optimizer", "megatron-core");
+  EXPECT_THAT(options_of(z), Contains("--optimizer-sharding zero1"));
+  EXPECT_EQ(z.mesh_text(), "fsdp:-1");
+  EXPECT_THAT(options_of(f), Not(Contains(HasSubstr("--optimizer-sharding"))));
 }
 
 TEST(StackConfig, MegatronRefusesWhatIsNotPlanned) {
@@ -229,7 +236,19 @@ TEST(StackConfig, TheWriterRefusesWhatTheConfigCannotSay) {
   const TrainingStack& megatron = find_training_stack("megatron-core");
   TrainPlanOptions m;
   apply_stack(megatron, m);
-  EXPECT_NO_THROW(emit_stack_config(megatron, m, mesh, {}, false));
+  // Megatron shards no parameter over its data-parallel ranks: an fsdp axis is its distributed
+  // optimizer's (ZeRO-1), and ZeRO-1 needs that axis.
+  EXPECT_THROW_WITH(emit_stack_config(megatron, m, mesh, {}, false), SpecError, "megatron-core",
+                    "an fsdp axis with --optimizer-sharding rules (FSDP) has no key");
+  m.optimizer_sharding = OptimizerSharding::kZero1;
+  EXPECT_THROW_WITH(emit_stack_config(megatron, m, Mesh::parse("dp:4", 4), {}, false),
+                    SpecError, "--optimizer-sharding zero1", "only on an fsdp axis");
+  EXPECT_THAT(emit_stack_config(megatron, m, mesh, {}, false),
+              HasSubstr("--use-distributed-optimizer\n"));
+  TrainPlanOptions zero1 = o;  // torchtitan has no distributed optimizer
+  zero1.optimizer_sharding = OptimizerSharding::kZero1;
+  EXPECT_THROW_WITH(emit_stack_config(s, zero1, mesh, {}, false), SpecError,
+                    "--optimizer-sharding zero1 has no key");
   m.eager = true;
   EXPECT_THROW_WITH(emit_stack_config(megatron, m, mesh, {}, false), SpecError, "megatron-core",
                     "--eager", "has no key");

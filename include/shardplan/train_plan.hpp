@@ -178,6 +178,17 @@ enum class OptimizerKernel { kOps, kFused };
 OptimizerKernel parse_optimizer_kernel(std::string_view name);
 std::string_view name(OptimizerKernel kernel);
 
+/// How the parameters, gradients and optimizer state are sharded (--optimizer-sharding).
+/// kRules: all three as the rules shard them (FSDP when the rules split over the data axes).
+/// kZero1: ZeRO-1, Megatron's --use-distributed-optimizer: the param_dtype parameters held
+/// replicated over the batch and context axes (only the rules' model-axis splits kept), the
+/// master weights (master_dtype) and the optimizer state as the rules shard them; the gradients
+/// reduce-scattered to that sharding, the update on the shard, the new parameters all-gathered.
+enum class OptimizerSharding { kRules, kZero1 };
+/// "rules", "zero1". Throws SpecError naming the known ones.
+OptimizerSharding parse_optimizer_sharding(std::string_view name);
+std::string_view name(OptimizerSharding sharding);
+
 /// The declared training stack a plan's options came from (--stack; training_stack.hpp), as
 /// the report names it.
 struct StackUse {
@@ -204,6 +215,9 @@ struct TrainPlanOptions {
   OptimizerKind optimizer = OptimizerKind::kAdamw;
   /// The update's kernel; kFused with SGD is an OptionError.
   OptimizerKernel optimizer_kernel = OptimizerKernel::kOps;
+  /// Where the parameters, gradients and state live (OptimizerSharding); kZero1 is an
+  /// OptionError when the rules split no parameter over a data axis of more than one device.
+  OptimizerSharding optimizer_sharding = OptimizerSharding::kRules;
   DType param_dtype = DType::kBF16;     // the weights as computed with (and held: master_dtype)
   DType grad_dtype = DType::kBF16;      // gradients, accumulated and handed to the optimizer
   DType optimizer_dtype = DType::kF32;  // the optimizer's moments; the update runs in it
@@ -444,6 +458,10 @@ struct TrainPlan {
   /// "fused" when the program updates the parameters with adamw_update (read from the program,
   /// TrainPlanOptions::optimizer_kernel), else "ops".
   std::string optimizer_kernel = "ops";
+  /// "zero1" when the program takes some parameter replicated over a batch or context axis that
+  /// the optimizer state beside it is split over (read from its input shardings,
+  /// TrainPlanOptions::optimizer_sharding), else "rules".
+  std::string optimizer_sharding = "rules";
   /// Whether the program uses the layer weights in their model-axis split (TpPlan::kModules
   /// applied: some layer weight is split over a model axis).
   bool tp_modules = false;

@@ -161,6 +161,13 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "(torch.optim.AdamW(fused=True), FusedAdam). Default: ops")
       ->check(CLI::IsMember({"ops", "fused"}))
       ->capture_default_str();
+  t->add_option("--optimizer-sharding", c.optimizer_sharding,
+                "rules: parameters, gradients and optimizer state as the rules shard them; "
+                "zero1: the parameters replicated over the data axes, the master weights and "
+                "state as the rules shard them (Megatron's --use-distributed-optimizer). "
+                "Default: rules")
+      ->check(CLI::IsMember({"rules", "zero1"}))
+      ->capture_default_str();
   add_precision_options(t, c);
   t->add_option("--grad-accum", c.grad_accum,
                 "Micro-batches per step (the batch splits evenly; activations of one at a time)")

@@ -325,6 +325,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.target_seq = c.target_seq;
   o.optimizer = parse_optimizer(c.optimizer);
   o.optimizer_kernel = parse_optimizer_kernel(c.optimizer_kernel);
+  o.optimizer_sharding = parse_optimizer_sharding(c.optimizer_sharding);
   dtype_options(c, o);
   if (!c.hardware.empty()) {  // an empty --hardware is refused when parsed
     if (c.hardware.ends_with(".yaml") || c.hardware.ends_with(".yml")) {

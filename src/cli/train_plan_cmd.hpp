@@ -24,6 +24,7 @@ struct TrainPlanCommand {
   std::int64_t target_seq = 0;
   std::string optimizer = "adamw";
   std::string optimizer_kernel = "ops";
+  std::string optimizer_sharding = "rules";
   std::string param_dtype = "bf16", grad_dtype = "", optimizer_dtype = "f32";
   std::string master_dtype, reduce_dtype, mixed_precision;  // empty: not given
   std::string hardware;                                      // empty: no time model

@@ -54,6 +54,7 @@ void set_option(TrainPlanCommand& c, const std::string& option, const std::strin
                       : option == "--reduce-dtype"      ? &c.reduce_dtype
                       : option == "--optimizer-dtype"   ? &c.optimizer_dtype
                       : option == "--optimizer"         ? &c.optimizer
+                      : option == "--optimizer-sharding" ? &c.optimizer_sharding
                       : option == "--remat"             ? &c.remat
                       : option == "--remat-blocks"      ? &c.remat_blocks
                       : option == "--attention"         ? &c.attention

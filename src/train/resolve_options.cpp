@@ -48,6 +48,9 @@ constexpr OptionRefusal kRefusals[] = {
       {"--remat-blocks layers:A-B", "a layer past the model's last"},
       {"--no-reshard-last-block", "a family without a unit per block (T5)"},
       {"--optimizer-kernel fused", "--optimizer sgd (the fused kernel is Adam's and AdamW's)"},
+      {"--optimizer-sharding zero1",
+       "rules that split no parameter over a batch or context axis of more than one device, or "
+       "--optimizer sgd without --master-dtype (nothing to shard)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");

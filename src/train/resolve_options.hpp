@@ -40,6 +40,7 @@ enum class Refusal : std::size_t {
   kRematBlocksPastLayers,
   kReshardLastBlockFamily,
   kFusedOptimizerSgd,
+  kZero1NothingToShard,
   kCount
 };
 

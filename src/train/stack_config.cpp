@@ -198,6 +198,10 @@ void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o, u
   if ((says & kSaysSequenceParallel) == 0 && o.sequence_parallel != d.sequence_parallel) {
     refuse("--sequence-parallel", on(o.sequence_parallel, "on", "off"), "what its rules say");
   }
+  if ((says & kSaysOptimizerSharding) == 0 && o.optimizer_sharding != d.optimizer_sharding) {
+    refuse("--optimizer-sharding", std::string(name(o.optimizer_sharding)),
+           std::string(name(d.optimizer_sharding)));
+  }
   if (!o.batch_axes.empty())
     refuse("--batch-axes", fmt::format("{}", fmt::join(o.batch_axes, ",")), "its own");
   if (o.target_seq != 0) refuse("--target-seq", std::to_string(o.target_seq), "one sequence");

@@ -266,14 +266,15 @@ void finish(Reading& r, std::string_view) {
                      : "no --sequence-parallel",
              "--sequence-parallel", sp_flag && tp ? "on" : "off");
   // The data-parallel ranks: the world size over tp x cp (not an argument). Replicated (DDP);
-  // with the distributed optimizer (ZeRO-1, not modelled) planned as FSDP, which also shards
-  // the bf16 parameters (the stack's 'distributed optimizer' choice).
-  const bool zero = r.held("--use-distributed-optimizer") != nullptr;
+  // with the distributed optimizer (ZeRO-1) an fsdp axis, so that the rules shard the master
+  // weights and state over it, and --optimizer-sharding zero1 keeps the bf16 parameters whole.
+  const Entry* zero = r.held("--use-distributed-optimizer");
+  if (zero != nullptr) r.set(*zero, "--optimizer-sharding", "zero1");
   auto& axes = r.out().axes;
-  axes.insert(axes.begin(), {zero ? "fsdp" : "dp", -1});
-  r.out().mesh_keys += fmt::format("{}data parallel -1 (the world size over tp x cp{})",
-                                   r.out().mesh_keys.empty() ? "" : ", ",
-                                   zero ? "; --use-distributed-optimizer: planned as FSDP" : "");
+  axes.insert(axes.begin(), {zero != nullptr ? "fsdp" : "dp", -1});
+  r.out().mesh_keys += fmt::format(
+      "{}data parallel -1 (the world size over tp x cp{})", r.out().mesh_keys.empty() ? "" : ", ",
+      zero != nullptr ? "; --use-distributed-optimizer: the state sharded over fsdp" : "");
   const Entry* micro = r.held("--micro-batch-size");
   if (micro == nullptr) {
     r.fail(Entry{.key = "--micro-batch-size", .kind = Entry::Kind::kFlag, .line = 1},
@@ -286,8 +287,23 @@ void finish(Reading& r, std::string_view) {
 
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh,
                  std::int64_t data_parallel, bool sequence_parallel) {
-  require_stack_defaults(stack, o, kSaysSequenceParallel);
+  require_stack_defaults(stack, o, kSaysSequenceParallel | kSaysOptimizerSharding);
   auto deg = mesh_degrees(stack, mesh, {"dp", "fsdp", "tp", "cp"});
+  // Megatron's data parallelism shards no parameter: fsdp is its distributed optimizer's axis.
+  if (deg.count("fsdp") != 0 && o.optimizer_sharding != OptimizerSharding::kZero1) {
+    throw SpecError(fmt::format(
+        "[stack-config] --emit-config for {}: an fsdp axis with --optimizer-sharding rules "
+        "(FSDP) has no key in Megatron's arguments; --use-distributed-optimizer is "
+        "--optimizer-sharding zero1",
+        stack));
+  }
+  if (deg.count("fsdp") == 0 && o.optimizer_sharding == OptimizerSharding::kZero1) {
+    throw SpecError(fmt::format(
+        "[stack-config] --emit-config for {}: --optimizer-sharding zero1 shards the state over "
+        "the data-parallel ranks, which Megatron's config names only on an fsdp axis (dp is "
+        "replicated)",
+        stack));
+  }
   if (deg.count("dp") && deg.count("fsdp")) {
     throw SpecError(
         fmt::format("[stack-config] --emit-config for {}: data parallelism is "

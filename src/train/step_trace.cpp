@@ -5,6 +5,7 @@
 #include "model_family.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <limits>
@@ -16,7 +17,9 @@
 #include <vector>
 
 #include "allocation_events.hpp"
+#include "resolve_options.hpp"
 #include "shardplan/detail/checked.hpp"
+#include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/mesh_sharding_helper.hpp"
 #include "shardplan/optim.hpp"
@@ -76,6 +79,13 @@ std::pair<Tree<TensorSpec>, RuleTree> optimizer_state(const Tree<TensorSpec>& pa
   std::vector<Tree<TensorSpec>::DictEntry> state_entries{
       {"count", Tree<TensorSpec>(TensorSpec{Shape{}, DType::kF32})}};
   std::vector<RuleTree::DictEntry> state_rules{{"count", RuleTree(Replicated{})}};
+  // ZeRO-1 with mixed precision: the master weights are the optimizer's (Megatron's main
+  // parameters), sharded as the rules say; the parameters held are param_dtype's.
+  if (o.optimizer_sharding == OptimizerSharding::kZero1 && o.master_dtype) {
+    state_entries.emplace_back(
+        "master", params.map([&](const TensorSpec& t) { return TensorSpec{t.shape, *o.master_dtype}; }));
+    state_rules.emplace_back("master", RuleTree(rules));
+  }
   if (o.optimizer != OptimizerKind::kSgd) {
     for (const char* key : {"mu", "nu"}) {
       state_entries.emplace_back(key, moments());
@@ -85,20 +95,27 @@ std::pair<Tree<TensorSpec>, RuleTree> optimizer_state(const Tree<TensorSpec>& pa
   return {Tree<TensorSpec>::dict(std::move(state_entries)), RuleTree::dict(std::move(state_rules))};
 }
 
+/// The parameters as ZeRO-1 holds them: each one's spec (the rules') with only the model axes
+/// kept (replicated over the batch and context axes). Defined with model_split below.
+RuleTree data_replicated(const Tree<TensorSpec>& params, const Mesh& mesh, const RulePtr& rules,
+                         const Layout& layout);
+
 /// The step's abstract arguments (parameters, optimizer state, tokens, targets) and how the
 /// state and the batch are sharded.
 struct StepArguments {
   Tree<TensorSpec> params, state;
-  RuleTree state_rule;
+  RuleTree param_rule, state_rule;
   TensorSpec tokens, targets;
   PartitionSpec batch_spec;
 };
 
-StepArguments step_arguments(const ModelConfig& config, const RulePtr& rules,
+StepArguments step_arguments(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                              const TrainPlanOptions& o, const Layout& layout) {
   const std::int64_t micro = o.batch / o.grad_accum;
   StepArguments a;
-  a.params = config.parameters(o.master_dtype.value_or(o.param_dtype));
+  const bool zero1 = o.optimizer_sharding == OptimizerSharding::kZero1;
+  a.params = config.parameters(zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype));
+  a.param_rule = held_parameter_rule(a.params, mesh, rules, o, layout);
   std::tie(a.state, a.state_rule) = optimizer_state(a.params, rules, o);
   // The sequence over the context axes (in the load-balanced order the ring expects).
   a.batch_spec = o.grad_accum == 1 ? PartitionSpec({layout.batch, layout.context})
@@ -138,8 +155,13 @@ std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
     // Each micro-batch's gradients are reduced to their shards (as FSDP does), so the sum
     // is held sharded rather than as every device's unreduced full-size partial sums.
     // In the reduce dtype when one is asked for (mixed precision).
-    const Tree<Array> g = with_sharding_constraint(
-        o.reduce_dtype ? reduced_in(g_pending, *o.reduce_dtype) : g_pending, RuleTree(rules));
+    // ZeRO-1 (Megatron's distributed optimizer) accumulates into its whole gradient buffer
+    // and reduce-scatters once after the last micro-batch (trace_step's step).
+    const Tree<Array> pending =
+        o.reduce_dtype ? reduced_in(g_pending, *o.reduce_dtype) : g_pending;
+    const Tree<Array> g = o.optimizer_sharding == OptimizerSharding::kZero1
+                              ? pending
+                              : with_sharding_constraint(pending, RuleTree(rules));
     if (k == 0) {
       loss = l;
       grads = g;
@@ -159,7 +181,7 @@ std::pair<Array, Tree<Array>> accumulated_loss_and_grads(const ModelStep& model,
 
 /// The update one parameter at a time (as optimizers fused per tensor run), so that only one
 /// parameter's widened copies and new moments are live beside the state, not every one's.
-/// Returns the new parameters and optimizer state.
+/// Returns the new parameters and optimizer state (without ZeRO-1's master weights).
 std::pair<Tree<Array>, Tree<Array>> update_each_parameter(const Optimizer& optimizer,
                                                           const Tree<Array>& grads,
                                                           const Tree<Array>& p,
@@ -223,6 +245,37 @@ bool has_axis(const AxisNames& axes, const std::string& a) {
   return std::find(axes.begin(), axes.end(), a) != axes.end();
 }
 
+/// The data (batch and context) axes of more than one device `spec` splits over.
+AxisNames data_axes_of(const PartitionSpec& spec, const Layout& layout, const Mesh& mesh) {
+  AxisNames out;
+  for (const AxisNames& d : spec.dims()) {
+    for (const std::string& a : d) {
+      if ((has_axis(layout.batch, a) || has_axis(layout.context, a)) && mesh.axis_size(a) > 1) {
+        out.push_back(a);
+      }
+    }
+  }
+  return out;
+}
+
+/// ZeRO-1 read off the program's input shardings: some parameter is taken with fewer data axes
+/// than the optimizer state's first per-parameter tree (the master weights or the first moment,
+/// after the step count) holds it with.
+bool held_replicated_beside_split_state(const Lowered& low, const StepArguments& args,
+                                        const Layout& layout, const Mesh& mesh) {
+  const std::vector<NamedSharding> in = low.input_shardings();
+  const std::size_t n = args.params.num_leaves();
+  if (args.state.num_leaves() < n + 1) return false;  // no per-parameter state
+  for (std::size_t i = 0; i < n; ++i) {
+    // State leaves in flatten order: "count" (a scalar), then the first per-parameter tree.
+    if (data_axes_of(in[i].spec(), layout, mesh).size() <
+        data_axes_of(in[n + 1 + i].spec(), layout, mesh).size()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 /// What the lowered step holds (ProgramFacts), from its operations and the tokens' sharding.
 ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Layout& layout,
                         const Mesh& mesh) {
@@ -246,6 +299,7 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
       }
     }
   }
+  f.zero1 = held_replicated_beside_split_state(low, args, layout, mesh);
   if (ring) {
     // The tokens' sequence dimension as the program takes them ([b, t] or [k, b, t]).
     const std::vector<NamedSharding> in = low.input_shardings();
@@ -373,6 +427,18 @@ std::optional<PartitionSpec> model_split(const std::string& path, const TensorSp
   return PartitionSpec(std::move(dims));
 }
 
+}  // namespace
+
+namespace {
+
+RuleTree data_replicated(const Tree<TensorSpec>& params, const Mesh& mesh, const RulePtr& rules,
+                         const Layout& layout) {
+  return params.map_with_path([&](const std::string& path, const TensorSpec& t) -> RuleLeaf {
+    if (auto spec = model_split(path, t, mesh, rules, layout)) return std::move(*spec);
+    return Replicated{};
+  });
+}
+
 // TpPlan::kModules: each layer weight the rules split over a model axis, as the column- and
 // row-parallel modules use it (model_split), by its path in the layer; per layer (a rule may
 // match one layer's weights only).
@@ -413,26 +479,61 @@ std::map<std::string, PartitionSpec> outside_in_use(const ModelConfig& config, c
 
 }  // namespace
 
+// ZeRO-1 holds the parameters whole over the data axes: nothing is gathered for use, so FSDP's
+// wrapping and resharding settings do not apply.
+namespace {
+bool zero1_of(const TrainPlanOptions& o) { return o.optimizer_sharding == OptimizerSharding::kZero1; }
+}  // namespace
+
 bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout) {
-  return o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
+  return !zero1_of(o) && o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
 }
 
 bool keeps_last_gathered(const TrainPlanOptions& o, const Layout& layout) {
-  return !o.reshard_last_block.value_or(!o.fsdp_root) &&
+  return !zero1_of(o) && !o.reshard_last_block.value_or(!o.fsdp_root) &&
          layout.batch_ways * layout.context_ways > 1;
 }
 
 bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout, std::int64_t layers) {
   const std::vector<bool> c = checkpointed_layers(o, layers);
-  return o.reshard_after_forward && layout.batch_ways > 1 &&
+  return !zero1_of(o) && o.reshard_after_forward && layout.batch_ways > 1 &&
          (c.empty() || std::find(c.begin(), c.end(), false) != c.end());
 }
 
 bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout,
                                   std::int64_t layers) {
   const std::vector<bool> c = checkpointed_layers(o, layers);
-  return !o.reshard_after_forward && layout.batch_ways > 1 &&
+  return !zero1_of(o) && !o.reshard_after_forward && layout.batch_ways > 1 &&
          std::find(c.begin(), c.end(), true) != c.end();
+}
+
+RuleTree held_parameter_rule(const Tree<TensorSpec>& params, const Mesh& mesh,
+                             const RulePtr& rules, const TrainPlanOptions& o,
+                             const Layout& layout) {
+  return zero1_of(o) ? data_replicated(params, mesh, rules, layout) : RuleTree(rules);
+}
+
+void check_optimizer_sharding(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                              const TrainPlanOptions& o, const Layout& layout) {
+  if (o.optimizer_sharding != OptimizerSharding::kZero1) return;
+  if (o.optimizer == OptimizerKind::kSgd && !o.master_dtype) {
+    refuse(Refusal::kZero1NothingToShard,
+           "SGD keeps no optimizer state and, without --master-dtype, no master weights: plan it "
+           "with --optimizer-sharding rules");
+  }
+  for (const auto& [path, t] : config.parameters(o.param_dtype).flatten()) {
+    if (!data_axes_of(rules->apply(RuleInput{path, t, mesh}).spec, layout, mesh).empty()) return;
+  }
+  AxisNames data = layout.batch;
+  data.insert(data.end(), layout.context.begin(), layout.context.end());
+  refuse(Refusal::kZero1NothingToShard,
+         fmt::format("the rules {} split no parameter over the batch or context axes [{}] of the "
+                     "mesh {}, so the state would be replicated as the parameters are: give "
+                     "rules that shard over a data axis (e.g. fsdp) or plan it with "
+                     "--optimizer-sharding rules",
+                     detail::printable(rules->name()),
+                     detail::printable(fmt::format("{}", fmt::join(data, ", "))),
+                     detail::printable(mesh.to_string())));
 }
 
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
@@ -443,9 +544,12 @@ std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
 TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                       const TrainPlanOptions& o, const Layout& layout,
                       const std::map<std::string, RuleTree>& annotations) {
-  const StepArguments args = step_arguments(config, rules, o, layout);
+  const StepArguments args = step_arguments(config, mesh, rules, o, layout);
+  const bool zero1 = o.optimizer_sharding == OptimizerSharding::kZero1;
   const Optimizer optimizer = make_optimizer(o.optimizer, o.optimizer_kernel);
-  const DType held = o.master_dtype.value_or(o.param_dtype);
+  // ZeRO-1 holds the parameters in param_dtype, whole over the data axes: nothing to cast for
+  // use, gather or reshard after forward (FSDP's settings do not apply).
+  const DType held = zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype);
   const ModelStep base{.config = config,
                        .layout = layout,
                        .remat = effective_remat(o),
@@ -456,8 +560,10 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .compute_dtype = held == o.param_dtype ? std::nullopt
                                                               : std::optional(o.param_dtype),
                        .reduce_in_held = o.reduce_dtype == held,
-                       .reshard_after_forward = reshards_after_forward(o, layout, config.layers),
-                       .keep_gathered = keeps_gathered_for_recompute(o, layout, config.layers),
+                       .reshard_after_forward =
+                           reshards_after_forward(o, layout, config.layers),
+                       .keep_gathered =
+                           keeps_gathered_for_recompute(o, layout, config.layers),
                        .float8 = o.float8,
                        .fsdp_root = fsdp_root_applies(o, layout),
                        .keep_last_gathered = keeps_last_gathered(o, layout),
@@ -477,21 +583,45 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
     // compute_dtype); the gradients reduced in the reduce dtype.
     auto [loss, grads] = o.grad_accum == 1 ? loss_and_grads(base, p, x, y)
                                            : accumulated_loss_and_grads(base, p, x, y, rules, o);
-    if (o.grad_accum == 1 && o.reduce_dtype) {
+    if (zero1) {
+      // The gradients reduce-scattered to the master weights' shards (the rules').
+      grads = with_sharding_constraint(o.reduce_dtype ? reduced_in(grads, *o.reduce_dtype) : grads,
+                                       RuleTree(rules));
+    } else if (o.grad_accum == 1 && o.reduce_dtype) {
       grads = with_sharding_constraint(reduced_in(grads, *o.reduce_dtype), RuleTree(rules));
     }
     grads = cast(grads, o.grad_dtype);
     begin_phase(StepPhase::kUpdate);
-    auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
+    if (!zero1) {
+      auto [new_params, new_state] = update_each_parameter(optimizer, grads, p, s, o);
+      return Tree<Array>::dict({{"loss", Tree<Array>(loss)},
+                                {"params", std::move(new_params)},
+                                {"state", std::move(new_state)}});
+    }
+    // ZeRO-1: the update on each device's shard of the master weights (the parameters' own
+    // shard when they are the master: a slice, no transfer); the new parameters cast to
+    // param_dtype there and all-gathered over the data axes (out_shardings: param_rule).
+    const Tree<Array>* master = s.find("master");
+    const Tree<Array> weights =
+        master != nullptr ? *master : with_sharding_constraint(p, RuleTree(rules));
+    auto [new_weights, new_state] = update_each_parameter(optimizer, grads, weights, s, o);
+    Tree<Array> new_params = cast(new_weights, o.param_dtype);
+    if (master != nullptr) {
+      std::vector<Tree<Array>::DictEntry> next{{"master", std::move(new_weights)}};
+      for (const char* key : {"count", "mu", "nu"}) {
+        if (const Tree<Array>* t = new_state.find(key)) next.emplace_back(key, *t);
+      }
+      new_state = Tree<Array>::dict(std::move(next));
+    }
     return Tree<Array>::dict({{"loss", Tree<Array>(loss)},
                               {"params", std::move(new_params)},
                               {"state", std::move(new_state)}});
   };
   SjitOptions options;
   options.in_shardings = RuleTree::list(
-      {RuleTree(rules), args.state_rule, RuleTree(args.batch_spec), RuleTree(args.batch_spec)});
+      {args.param_rule, args.state_rule, RuleTree(args.batch_spec), RuleTree(args.batch_spec)});
   options.out_shardings = RuleTree::dict(
-      {{"loss", RuleTree(Replicated{})}, {"params", RuleTree(rules)}, {"state", args.state_rule}});
+      {{"loss", RuleTree(Replicated{})}, {"params", args.param_rule}, {"state", args.state_rule}});
   options.donate_argnums = {0, 1};
   options.batch_argnums = {2, 3};  // tokens and targets: a data-parallel step moves no example
   // Constants (iotas, masks, rotary tables) planned as an accelerator's compiler runs them:

@@ -32,6 +32,9 @@ struct ProgramFacts {
   bool context_gathered = false;
   /// It uses some layer weight in its model-axis split (TpPlan::kModules).
   bool tp_modules = false;
+  /// It takes some parameter replicated over a batch or context axis of more than one device
+  /// that the optimizer state is split over (OptimizerSharding::kZero1).
+  bool zero1 = false;
   friend bool operator==(const ProgramFacts&, const ProgramFacts&) = default;
 };
 
@@ -44,6 +47,17 @@ struct TracedStep {
   MemoryTimeline timeline;
   ProgramFacts facts;
 };
+
+/// How the step takes the parameters: the rules, or under OptimizerSharding::kZero1 each
+/// parameter's spec with only the model axes kept (whole over the batch and context axes).
+RuleTree held_parameter_rule(const Tree<TensorSpec>& params, const Mesh& mesh,
+                             const RulePtr& rules, const TrainPlanOptions& o, const Layout& layout);
+
+/// Refuses OptimizerSharding::kZero1 (OptionError, Refusal::kZero1NothingToShard) when it
+/// would shard nothing: the rules split no parameter over a batch or context axis of more than
+/// one device, or SGD holds no state and no master weights.
+void check_optimizer_sharding(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                              const TrainPlanOptions& o, const Layout& layout);
 
 /// "the 8-layer sample step", "the 4-layer x 2 micro-batch sample step".
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches);

@@ -130,6 +130,17 @@ std::string_view name(OptimizerKernel kernel) {
   return kernel == OptimizerKernel::kFused ? "fused" : "ops";
 }
 
+OptimizerSharding parse_optimizer_sharding(std::string_view n) {
+  if (n == "rules") return OptimizerSharding::kRules;
+  if (n == "zero1") return OptimizerSharding::kZero1;
+  throw SpecError(fmt::format("[train] unknown optimizer sharding '{}' (known: rules, zero1)",
+                              detail::printable(n)));
+}
+
+std::string_view name(OptimizerSharding sharding) {
+  return sharding == OptimizerSharding::kZero1 ? "zero1" : "rules";
+}
+
 OptimizerKind parse_optimizer(std::string_view n) {
   if (n == "sgd") return OptimizerKind::kSgd;
   if (n == "adam") return OptimizerKind::kAdam;
@@ -472,23 +483,33 @@ train::StepFigures trace_figures(const ModelConfig& config, const Mesh& mesh, co
 /// The bytes a device holds of the parameters, gradients and optimizer state, from the whole
 /// tree's shardings, resolved as sjit resolves them (for a step not traced whole).
 void state_bytes_from_rules(const Mesh& mesh, const RulePtr& rules, const TrainPlanOptions& o,
-                            const Tree<TensorSpec>& params, TrainPlan& plan) {
-  const ShardingAssignment a = MeshShardingHelper(mesh, o.uneven).resolve(RuleTree(rules), params);
+                            const train::Layout& layout, const Tree<TensorSpec>& params,
+                            TrainPlan& plan) {
+  const MeshShardingHelper helper(mesh, o.uneven);
+  const ShardingAssignment a = helper.resolve(RuleTree(rules), params);
+  // The parameters and their gradients as the step takes them (ZeRO-1: whole over the data
+  // axes, in param_dtype, the master weights with the state).
+  const bool zero1 = o.optimizer_sharding == OptimizerSharding::kZero1;
+  const ShardingAssignment held =
+      helper.resolve(train::held_parameter_rule(params, mesh, rules, o, layout), params);
+  const DType held_dtype = zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype);
   const std::vector<TensorSpec> p_leaves = params.leaves();
-  std::int64_t moments = 0;
+  std::int64_t moments = 0, master = 0;
   for (std::size_t i = 0; i < p_leaves.size(); ++i) {
-    const MaybeSharding s = a.sharding_of(i);
+    const MaybeSharding s = a.sharding_of(i), h = held.sharding_of(i);
     const Shape shard = s ? s->shard_shape(p_leaves[i].shape) : p_leaves[i].shape;
-    if (!detail::checked_add(plan.parameter_bytes,
-                             byte_size(shard, o.master_dtype.value_or(o.param_dtype)),
+    const Shape held_shard = h ? h->shard_shape(p_leaves[i].shape) : p_leaves[i].shape;
+    if (!detail::checked_add(plan.parameter_bytes, byte_size(held_shard, held_dtype),
                              &plan.parameter_bytes) ||
-        !detail::checked_add(plan.gradient_bytes, byte_size(shard, o.grad_dtype),
+        !detail::checked_add(plan.gradient_bytes, byte_size(held_shard, o.grad_dtype),
                              &plan.gradient_bytes) ||
-        !detail::checked_add(moments, byte_size(shard, o.optimizer_dtype), &moments)) {
+        !detail::checked_add(moments, byte_size(shard, o.optimizer_dtype), &moments) ||
+        (zero1 && o.master_dtype &&
+         !detail::checked_add(master, byte_size(shard, *o.master_dtype), &master))) {
       throw SpecError("[train] the bytes one device holds overflow int64");
     }
   }
-  plan.optimizer_bytes = byte_size(Shape{}, DType::kF32);  // the step count
+  plan.optimizer_bytes = byte_size(Shape{}, DType::kF32) + master;  // the step count
   if (o.optimizer != OptimizerKind::kSgd &&
       (!detail::checked_mul(moments, 2, &moments) ||
        !detail::checked_add(plan.optimizer_bytes, moments, &plan.optimizer_bytes))) {
@@ -568,6 +589,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const train::Layout layout = make_layout(mesh, asked, batch_axes);
   // From here on the options as the step runs them (each applies, or was refused).
   const TrainPlanOptions o = train::resolve_options(config, mesh, layout, asked);
+  train::check_optimizer_sharding(config, mesh, rules, o, layout);
   const Activations act = activations_of(config, mesh, o, layout);
   const TraceChoice choice = choose_trace(config, o);
   check_parameter_tensors(config, o, choice.layers);
@@ -596,7 +618,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
     plan.gradient_bytes = traced->gradient_bytes;
     plan.optimizer_bytes = traced->optimizer_bytes;
   } else {
-    state_bytes_from_rules(mesh, rules, o, params, plan);
+    state_bytes_from_rules(mesh, rules, o, act.layout, params, plan);
   }
   read_figures(figures, plan);
   plan.device_memory =
@@ -627,6 +649,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.fused_attention = facts.fused_attention;
   plan.fused_loss = facts.fused_loss;
   plan.optimizer_kernel = facts.fused_optimizer ? "fused" : "ops";
+  plan.optimizer_sharding = facts.zero1 ? "zero1" : "rules";
   plan.float8 = facts.float8;
   plan.tp_modules = facts.tp_modules;
   plan.sequence_parallel = !facts.sequence_axes.empty();

@@ -156,6 +156,10 @@ std::string step_extras(const TrainPlan& p) {
   if (p.optimizer_kernel == "fused") {
     out += ", optimizer kernel fused (each parameter, gradient and moment read and written once)";
   }
+  if (p.optimizer_sharding == "zero1") {
+    out += ", optimizer sharding zero1 (parameters replicated over the data axes, master weights "
+           "and state sharded; gradients reduce-scattered, parameters all-gathered)";
+  }
   if (p.tp_modules) {
     out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
   }
@@ -217,8 +221,10 @@ std::string TrainPlan::table() const {
       "optimizer state {}, remat {}, attention {}, loss {}, sequence parallel {}",
       batch, tokens, fmt::join(batch_axes, ", "), grad_accum, grad_accum == 1 ? "" : "es",
       optimizer,
-      master_dtype == param_dtype
-          ? std::string(name(param_dtype))
+      master_dtype == param_dtype ? std::string(name(param_dtype))
+      : optimizer_sharding == "zero1"
+          ? fmt::format("{} held (the {} master weights with the optimizer state)",
+                        name(param_dtype), name(master_dtype))
           : fmt::format("{} held, cast to {} for use (gathered in it)", name(master_dtype),
                         name(param_dtype)),
       reduce_dtype == param_dtype
@@ -373,6 +379,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;
   j["optimizer_kernel"] = p.optimizer_kernel;
+  j["optimizer_sharding"] = p.optimizer_sharding;
   j["fsdp_root"] = p.fsdp_root;
   j["tp_plan"] = p.tp_modules ? "modules" : "partitioner";
   if (p.stack) {

@@ -6,6 +6,9 @@
 namespace shardplan::train::stacks {
 namespace {
 
+// --use-distributed-optimizer off (Megatron's default): the state sharded as the parameters.
+void rules_sharding(TrainPlanOptions& o) { o.optimizer_sharding = OptimizerSharding::kRules; }
+
 void megatron_precision(TrainPlanOptions& o) {
   o.param_dtype = DType::kBF16;
   o.master_dtype = DType::kF32;
@@ -74,10 +77,10 @@ const TrainingStack& megatron_core() {
                     "and state sharded",
             .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py: "
                       "--use-distributed-optimizer",
-            .setting = "not modelled: the rule file shards the parameters, their gradients and "
-                       "state alike (FSDP)",
-            .options = {},
-            .apply = nullptr},
+            .setting = "train-plan's default (--optimizer-sharding rules: off, as Megatron's "
+                       "default); --use-distributed-optimizer: --optimizer-sharding zero1",
+            .options = {"--optimizer-sharding"},
+            .apply = rules_sharding},
            {.topic = "activation checkpointing",
             .what = "recompute_granularity None by default (nothing recomputed); selective "
                     "recomputes the core attention, full whole layers",
