@@ -117,6 +117,26 @@ void add_output_options(CLI::App* t, TrainPlanCommand& c) {
               "fits (fewest bytes moved per step)");
 }
 
+// The optimizer: its kind, its update's kernel and how its state is sharded.
+void add_optimizer_options(CLI::App* t, TrainPlanCommand& c) {
+  t->add_option("--optimizer", c.optimizer, "sgd, adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
+  t->add_option("--optimizer-kernel", c.optimizer_kernel,
+                "ops: the update as the program's elementwise ops (torch's for-loop and "
+                "foreach passes); fused: Adam(W)'s update of each parameter as one kernel "
+                "(torch.optim.AdamW(fused=True), FusedAdam). Default: ops")
+      ->check(CLI::IsMember({"ops", "fused"}))
+      ->capture_default_str();
+  t->add_option("--optimizer-sharding", c.optimizer_sharding,
+                "rules: parameters, gradients and optimizer state as the rules shard them; "
+                "zero1: the parameters replicated over the data axes, the master weights and "
+                "state as the rules shard them (Megatron's --use-distributed-optimizer). "
+                "Default: rules")
+      ->check(CLI::IsMember({"rules", "zero1"}))
+      ->capture_default_str();
+}
+
 }  // namespace
 
 TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
@@ -152,22 +172,7 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
   t->add_option("--target-seq", c.target_seq,
                 "T5: the decoder's tokens per sequence (--seq is the encoder's). Default: --seq")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 30));
-  t->add_option("--optimizer", c.optimizer, "sgd, adam or adamw")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
-      ->capture_default_str();
-  t->add_option("--optimizer-kernel", c.optimizer_kernel,
-                "ops: the update as the program's elementwise ops (torch's for-loop and "
-                "foreach passes); fused: Adam(W)'s update of each parameter as one kernel "
-                "(torch.optim.AdamW(fused=True), FusedAdam). Default: ops")
-      ->check(CLI::IsMember({"ops", "fused"}))
-      ->capture_default_str();
-  t->add_option("--optimizer-sharding", c.optimizer_sharding,
-                "rules: parameters, gradients and optimizer state as the rules shard them; "
-                "zero1: the parameters replicated over the data axes, the master weights and "
-                "state as the rules shard them (Megatron's --use-distributed-optimizer). "
-                "Default: rules")
-      ->check(CLI::IsMember({"rules", "zero1"}))
-      ->capture_default_str();
+  add_optimizer_options(t, c);
   add_precision_options(t, c);
   t->add_option("--grad-accum", c.grad_accum,
                 "Micro-batches per step (the batch splits evenly; activations of one at a time)")

@@ -541,6 +541,32 @@ std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
   return fmt::format("the {}-layer x {} micro-batch sample step", layers, micro_batches);
 }
 
+namespace {
+
+// How the step is compiled: its arguments' and results' shardings, the donated state.
+SjitOptions step_sjit_options(const StepArguments& args, const TrainPlanOptions& o,
+                              const std::map<std::string, RuleTree>& annotations) {
+  SjitOptions options;
+  options.in_shardings = RuleTree::list(
+      {args.param_rule, args.state_rule, RuleTree(args.batch_spec), RuleTree(args.batch_spec)});
+  options.out_shardings = RuleTree::dict(
+      {{"loss", RuleTree(Replicated{})}, {"params", args.param_rule}, {"state", args.state_rule}});
+  options.donate_argnums = {0, 1};
+  options.batch_argnums = {2, 3};  // tokens and targets: a data-parallel step moves no example
+  // Constants (iotas, masks, rotary tables) planned as an accelerator's compiler runs them:
+  // folded into the kernels that read them, neither kept between steps nor counted. (Kept up to
+  // a bound, they grew with the first layers only, so the figures were not affine in the layer
+  // count; kept without one, every micro-batch's and layer's stayed resident.)
+  options.kept_constant_bytes = 0;
+  options.count_constants = false;
+  options.annotation_shardings = annotations;
+  options.eager = o.eager;
+  options.uneven = o.uneven;
+  return options;
+}
+
+}  // namespace
+
 TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                       const TrainPlanOptions& o, const Layout& layout,
                       const std::map<std::string, RuleTree>& annotations) {
@@ -617,23 +643,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                               {"params", std::move(new_params)},
                               {"state", std::move(new_state)}});
   };
-  SjitOptions options;
-  options.in_shardings = RuleTree::list(
-      {args.param_rule, args.state_rule, RuleTree(args.batch_spec), RuleTree(args.batch_spec)});
-  options.out_shardings = RuleTree::dict(
-      {{"loss", RuleTree(Replicated{})}, {"params", args.param_rule}, {"state", args.state_rule}});
-  options.donate_argnums = {0, 1};
-  options.batch_argnums = {2, 3};  // tokens and targets: a data-parallel step moves no example
-  // Constants (iotas, masks, rotary tables) planned as an accelerator's compiler runs them:
-  // folded into the kernels that read them, neither kept between steps nor counted. (Kept up to
-  // a bound, they grew with the first layers only, so the figures were not affine in the layer
-  // count; kept without one, every micro-batch's and layer's stayed resident.)
-  options.kept_constant_bytes = 0;
-  options.count_constants = false;
-  options.annotation_shardings = annotations;
-  options.eager = o.eager;
-  options.uneven = o.uneven;
-  const Lowered low = sjit(mesh, step, std::move(options))
+  const Lowered low = sjit(mesh, step, step_sjit_options(args, o, annotations))
                           .lower(args.params, args.state, args.tokens, args.targets);
   TracedStep out = read_cost(low, args, o.grad_dtype);
   out.facts = read_facts(low, args, layout, mesh);
