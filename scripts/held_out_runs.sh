@@ -56,8 +56,9 @@ run "L3.1 8B, CP table: fsdp:8, 32k" 83.9 3890 -c $l3_8b "${h100[@]}" --mesh fsd
 run "L3.1 8B, CP table: fsdp:4,cp:2, 64k" 84.2 2540 -c $l3_8b "${h100[@]}" --mesh fsdp:4,cp:2 --seq 65536 --batch 4
 run "L3.1 8B, CP table: fsdp:2,cp:4, 128k" 84.0 1071 -c $l3_8b "${h100[@]}" --mesh fsdp:2,cp:4 --seq 131072 --batch 2
 run "L3.1 8B, CP table: fsdp:1,cp:8, 256k" 84.5 548 -c $l3_8b "${h100[@]}" --mesh fsdp:1,cp:8 --seq 262144 --batch 1
-# Float8 products under --tp-plan modules are refused (not modelled): the partitioner's layouts.
-run "L3.1 70B, fsdp:32,tp:8, Float8" 71.9 829 -c $l3_70b "${h100[@]}" --mesh fsdp:32,tp:8 --batch 512 --seq 8192 --tp-plan partitioner
+# The stack's tensor-parallel plan (--tp-plan modules): torchtitan's Float8ColwiseParallel /
+# Float8RowwiseParallel (apply_tp with enable_float8).
+run "L3.1 70B, fsdp:32,tp:8, Float8" 71.9 829 -c $l3_70b "${h100[@]}" --mesh fsdp:32,tp:8 --batch 512 --seq 8192 --tp-plan modules
 # torchtitan commit 7a04053 (Jan 2025): llama3_8b.toml as then (local batch 1 x 8192, op-SAC) with
 # --training.compile, launched by run_llama_train.sh (expandable segments); bf16, then tensorwise
 # float8 with float8 all-gather.

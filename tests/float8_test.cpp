@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "../src/program/ir/primitives.hpp"
 #include "numeric.hpp"
 #include "shardplan/array.hpp"
 #include "shardplan/autodiff.hpp"
@@ -429,6 +430,47 @@ TEST(Float8Linear, ShardedOverFourDevicesEqualsOneDeviceBitwise) {
     if (on.of_argument) of_arguments += bytes;
   }
   EXPECT_GE(of_arguments, 288);
+}
+
+// A column-parallel weight [out, in] held split (t, d) and pinned in its tp split (t, None), as
+// --tp-plan modules uses it: float8_linear casts it on its shards and gathers the 8 bits over d
+// only (a [6, 16] block from the other d device: 96 B; in bf16 192 B), never over t;
+// the output is one device's bitwise.
+TEST(Float8Linear, APinnedWeightIsGatheredIn8BitsIntoItsSplit) {
+  Sharded s;
+  const Mesh mesh = Mesh::parse("d:2,t:2", 4);
+  const auto pinned_step = [](const Tree<Array>& p, const Array& c) {
+    const auto in_use = [](const Tree<Array>& q) {
+      return Tree<Array>::list(
+          {q.children()[0], Tree<Array>(detail::pin_sharding(q.children()[1].leaf(), P("t")))});
+    };
+    return step(in_use(p), c);
+  };
+  auto jitted = sjit(mesh, pinned_step);
+  const Result one = run_linear(on_one(s.x), on_one(s.w), on_one(s.c));
+  const auto put = [&](const Tensor& t, const PartitionSpec& spec) {
+    return device_put(t, NamedSharding(mesh, spec), s.exec);
+  };
+  const Tree<Array> p = Tree<Array>::list({put(s.x, P("d")), put(s.w, P("t", "d"))});
+  const Tree<Array> out = jitted(p, put(s.c, P("d", "t")));
+  EXPECT_TRUE(out.at("y").leaf().to_host() == one.y);
+  // The gradients contract over a split dimension: partial sums written in bf16 and added (as
+  // the unpinned program on this mesh does), within 2^-7 of the largest value.
+  for (const auto& [key, want] : {std::pair{"dx", one.dx}, std::pair{"dw", one.dw}}) {
+    const auto a = out.at(key).leaf().to_host().to_doubles(), b = want.to_doubles();
+    double top = 0;
+    for (const double v : b) top = std::max(top, std::abs(v));
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_NEAR(a[i], b[i], top / 128) << key << " [" << i << "]";
+    }
+  }
+  const Lowered low = jitted.lower(p, put(s.c, P("d", "t")));
+  EXPECT_THAT(low.text(), ::testing::ContainsRegex("reshard %[0-9]+ -> PartitionSpec\\('t'\\): "
+                                                   "all_gather over 'd': 96 B max per device"));
+  for (const auto& [on, bytes] : low.cost().bytes_by_axes) {
+    if (on.kind != CollectiveKind::kAllGather || bytes == 0) continue;
+    EXPECT_EQ(on.axes, std::vector<std::string>{"d"}) << bytes << " B gathered";
+  }
 }
 
 // What counts as an argument gathered: an argument scaled by a scalar or bounded by a constant

@@ -215,16 +215,53 @@ TEST(TensorParallelPlan, WithoutAModelAxisModulesChangeNothing) {
   EXPECT_EQ(a.peak_bytes, b.peak_bytes);
 }
 
-TEST(TensorParallelPlan, ModulesWithFloat8OnAModelAxisAreRefused) {
-  const ModelConfig config = ModelConfig::parse(fmt::format(kSmallLlama, 2));
-  TrainPlanOptions o;
-  o.batch = 4;
-  o.seq = 256;
-  o.float8 = true;
-  o.tp_plan = TpPlan::kModules;
-  EXPECT_THROW_WITH(
-      plan_training(config, Mesh::parse("fsdp:2,tp:4", 8), preset("llama_fsdp_tp"), o),
-      OptionError, "--tp-plan modules is refused", "--float8", "--tp-plan partitioner");
+// Float8 under the modules' plan, as torchtitan's apply_tp (3f20451, parallelize_llama.py) runs
+// it with enable_float8: Float8ColwiseParallel / Float8RowwiseParallel (torchao's
+// float8_tensor_parallel.py) keep ColwiseParallel's and RowwiseParallel's weight split and cast
+// each device's shard. By hand, per layer on the step above with float8 (a device's share of a
+// gather over tp:4 is 3/4; [2, 256, 512] is 512 KiB in bf16, 256 KiB in 8 bits):
+// - all-gathers over tp: the attention's and the MLP's input in bf16, 2 x 393,216 B (the rules'
+//   attention_in / mlp_in regions gather it before float8_linear casts it; torchtitan's
+//   PrepareFloat8ModuleInput casts first and gathers in float8, 196,608 B: not modelled), and
+//   in the backward pass the cotangents of o_proj's and down_proj's outputs cast to f8_e5m2 on
+//   their sequence split and gathered in 8 bits, 2 x 196,608 B (torchao's
+//   _NoopFwToFloat8BwDynamic after the output's redistribute: its backward casts, then gathers);
+// - reduce-scatters over tp, in bf16: o_proj's and down_proj's partial sums forward, the
+//   column-parallel layers' input gradients backward: 4 x 393,216 B;
+// - no all-to-all, and no weight gathered over tp;
+// - the weights cast on their shards and gathered over fsdp in 8 bits, forward and again
+//   backward (reshard after forward): 2,621,440 values / 4 (tp) / 2 (half received) = 327,680 B
+//   twice; once when not resharded after forward (in bf16 it would be 655,360 B).
+TEST(TensorParallelPlan, ModulesWithFloat8UseEachWeightInItsSplitIn8Bits) {
+  const auto plan = [](int layers, bool reshard_after_forward = true) {
+    const ModelConfig config = ModelConfig::parse(fmt::format(kSmallLlama, layers));
+    TrainPlanOptions o;
+    o.batch = 4;
+    o.seq = 256;
+    o.extrapolate = false;
+    o.float8 = true;
+    o.tp_plan = TpPlan::kModules;
+    o.reshard_after_forward = reshard_after_forward;
+    o.activations = load_preset("llama_fsdp_tp");
+    return plan_training(config, Mesh::parse("fsdp:2,tp:4", 8), preset("llama_fsdp_tp"), o);
+  };
+  const TrainPlan two = plan(2), four = plan(4);
+  EXPECT_TRUE(four.tp_modules);
+  EXPECT_TRUE(four.float8);
+  const auto grown = [&](CollectiveKind kind, std::vector<std::string> axes) {
+    return over(four, kind, axes) - over(two, kind, axes);
+  };
+  EXPECT_EQ(grown(CollectiveKind::kAllGather, {"tp"}), 2 * (2 * 393'216 + 2 * 196'608));
+  EXPECT_EQ(grown(CollectiveKind::kReduceScatter, {"tp"}), 2 * 4 * 393'216);
+  EXPECT_EQ(over(four, CollectiveKind::kAllToAll, {"tp"}), 0);
+  EXPECT_EQ(four.bytes_by_axes.count({CollectiveKind::kAllGather, {"tp"}, true}), 0U);
+  EXPECT_EQ(grown(CollectiveKind::kAllGather, {"fsdp"}), 2 * 2 * 327'680);
+  EXPECT_EQ(over(plan(4, false), CollectiveKind::kAllGather, {"fsdp"}) -
+                over(plan(2, false), CollectiveKind::kAllGather, {"fsdp"}),
+            2 * 327'680);
+}
+
+TEST(TensorParallelPlan, UnknownPlanIsRefused) {
   EXPECT_THROW_WITH(parse_tp_plan("megatron"), SpecError,
                     "unknown tensor-parallel plan 'megatron' (known: partitioner, modules)");
 }

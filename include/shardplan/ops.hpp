@@ -104,7 +104,10 @@ Array scaled_dot(const Array& a, const Array& b, const Array& scale_a, const Arr
 /// multiplied by scaled_dot into x's dtype. Differentiable (custom_vjp): the cotangent of y is
 /// cast to f8_e5m2 with its own scale (57344 / amax) and both gradients are scaled_dots of it
 /// with the saved 8-bit x and w, in x's and w's dtypes. Keeps x and w in 8 bits for the backward
-/// pass, not in their own dtype. Throws SpecError unless x and w are bf16 or f32 of fitting shapes.
+/// pass, not in their own dtype. A w pinned in a split (a tensor-parallel module's weight) is cast
+/// as held and its 8 bits pinned in that split, named as w is (gathered in 8 bits, as torchao's
+/// Float8ColwiseParallel / Float8RowwiseParallel). Throws SpecError unless x and w are bf16 or
+/// f32 of fitting shapes.
 Array float8_linear(const Array& x, const Array& w);
 
 // Reductions (negative axes count from the end).

@@ -43,7 +43,6 @@ constexpr OptionRefusal kRefusals[] = {
       {"--attention fused", "soft-capped attention scores (attn_logit_softcapping)"},
       {"--loss fused", "soft-capped logits (final_logit_softcapping)"},
       {"--mesh with a cp or context axis", "soft-capped attention scores (attn_logit_softcapping)"},
-      {"--tp-plan modules", "--float8 on a mesh with a model axis"},
       {"--remat-blocks", "no recomputation (--remat none or not given)"},
       {"--remat-blocks layers:A-B", "a layer past the model's last"},
       {"--no-reshard-last-block", "a family without a unit per block (T5)"},
@@ -236,14 +235,6 @@ TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, co
                                  const TrainPlanOptions& o) {
   TrainPlanOptions r = o;
   const FamilySupport& can = support_of(config);
-  if (o.tp_plan == TpPlan::kModules && o.float8 && layout.model_ways > 1) {
-    refuse(Refusal::kTpPlanFloat8,
-           fmt::format("the mesh {} has model axes [{}]: float8_linear casts each weight inside "
-                       "the product, where the modules' layouts are not modelled (torchtitan's "
-                       "Float8ColwiseParallel); plan it with --tp-plan partitioner",
-                       detail::printable(mesh.to_string()),
-                       detail::printable(fmt::format("{}", fmt::join(layout.model, ", ")))));
-  }
   resolve_context(config, mesh, layout, o);
   r.fused_attention =
       o.fused_attention.value_or(can.fused_attention && config.attention_softcap == 0);

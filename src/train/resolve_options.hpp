@@ -35,7 +35,6 @@ enum class Refusal : std::size_t {
   kFusedAttentionSoftcap,
   kFusedLossSoftcap,
   kContextSoftcap,
-  kTpPlanFloat8,
   kRematBlocksWithoutRemat,
   kRematBlocksPastLayers,
   kReshardLastBlockFamily,

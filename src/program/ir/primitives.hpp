@@ -72,6 +72,17 @@ Array constrain_to(const Array& x, const NamedSharding& sharding, std::string or
 /// with_sharding_constraint(x, spec) whose readers read it as it is (ConstraintAttrs::
 /// readers_keep). Eagerly, the constraint alone.
 Array pin_sharding(const Array& x, const PartitionSpec& spec);
+/// What pin_sharding pinned: the value as it was (before the pin), the spec, and the names the
+/// pinned value carries (checkpoint_name).
+struct Pinned {
+  Array value;
+  PartitionSpec spec;
+  std::vector<std::string> names;
+};
+/// When `x` is, in the trace being recorded, pin_sharding's result: what it pinned; otherwise
+/// (not pinned, or no trace) none. An op that casts a pinned operand (float8_linear's weight)
+/// casts the value as it was and pins the cast instead, so that the cast is what is gathered.
+std::optional<Pinned> pinned(const Array& x);
 /// Whether `n` is the constraint value_and_grad puts on a gradient ("sharded like its
 /// parameter", ConstraintAttrs::like): it guides the propagation, but a gradient still pending
 /// there stays pending for its users (the update) to reduce where they need it, as XLA treats

@@ -6,11 +6,15 @@
 // both gradients are scaled_dots of it with the 8-bit x and w the forward pass kept.
 #include <fmt/format.h>
 
+#include <optional>
+#include <string>
+
 #include "../../runtime/numeric.hpp"
 #include "../ir/primitives.hpp"
 #include "shardplan/autodiff.hpp"
 #include "shardplan/error.hpp"
 #include "shardplan/ops.hpp"
+#include "shardplan/remat.hpp"
 
 namespace shardplan {
 namespace {
@@ -51,9 +55,21 @@ Array float8_linear(const Array& x, const Array& w) {
   check_operands(x, w);
   const int r = x.shape().rank();
   const DType x_dtype = x.dtype(), w_dtype = w.dtype();
-  const auto fwd = [r, x_dtype](const std::vector<Array>& in) {
+  // A weight pinned in its tensor-parallel split (pin_sharding: a column- or row-parallel
+  // module's weight) is cast as it is held and its 8 bits pinned in that split instead, with the
+  // pinned weight's names: as torchao's Float8ColwiseParallel / Float8RowwiseParallel use each
+  // device's tp shard of a weight cast on its FSDP shard (the scale from the amax over all) and
+  // all-gathered in 8 bits. The cast and its pinned copy both carry the names, so that a policy
+  // that saves neither (reshard after forward) casts and gathers again in the backward pass.
+  const std::optional<detail::Pinned> pin = detail::pinned(w);
+  const auto fwd = [r, x_dtype, &pin](const std::vector<Array>& in) {
     const Cast x8 = cast_to_f8(in[0], DType::kF8E4M3);
-    const Cast w8 = cast_to_f8(in[1], DType::kF8E4M3);
+    Cast w8 = cast_to_f8(in[1], DType::kF8E4M3);
+    if (pin) {
+      for (const std::string& name : pin->names) w8.bits = checkpoint_name(w8.bits, name);
+      w8.bits = detail::pin_sharding(w8.bits, pin->spec);
+      for (const std::string& name : pin->names) w8.bits = checkpoint_name(w8.bits, name);
+    }
     const Array y = scaled_dot(x8.bits, w8.bits, x8.inverse, w8.inverse,
                                DotDims{{}, {}, {r - 1}, {1}}, x_dtype);
     return CustomVjpForward{{y}, {x8.bits, w8.bits, x8.inverse, w8.inverse}};
@@ -70,7 +86,7 @@ Array float8_linear(const Array& x, const Array& w) {
         scaled_dot(g8.bits, res[0], g8.inverse, res[2], DotDims{{}, {}, batch, batch}, w_dtype);
     return std::vector<Array>{dx, dw};
   };
-  return custom_vjp(fwd, bwd, {x, w}).at(0);
+  return custom_vjp(fwd, bwd, {x, pin ? pin->value : w}).at(0);
 }
 
 }  // namespace shardplan

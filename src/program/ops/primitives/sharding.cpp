@@ -8,6 +8,7 @@
 
 #include "kernel_util.hpp"
 #include "../../ir/primitive_tests.hpp"
+#include "../../ir/array_access.hpp"
 #include "../../ir/primitives.hpp"
 #include "../../frontend/trace.hpp"
 #include "shardplan/collectives.hpp"
@@ -203,6 +204,23 @@ Array pin_sharding(const Array& x, const PartitionSpec& spec) {
   if (current_trace() == nullptr && !x.is_tracer()) return with_sharding_constraint(x, spec);
   return apply(prim::sharding_constraint, ConstraintAttrs{.spec = spec, .readers_keep = true},
                {x});
+}
+
+std::optional<Pinned> pinned(const Array& x) {
+  TraceContext* ctx = current_trace();
+  if (ctx == nullptr || !x.is_tracer() || ArrayAccess::trace(x) != ctx) return std::nullopt;
+  const ValueId v = ctx->node_of(x);
+  const Node& n = ctx->graph[v];
+  if (!n.is(prim::sharding_constraint)) return std::nullopt;
+  const ConstraintAttrs& a = n.attr<ConstraintAttrs>();
+  if (!a.readers_keep || !a.spec) return std::nullopt;
+  const ValueId held = n.operands.at(0);
+  const auto names = ctx->value_names.find(v);
+  return Pinned{.value = ArrayAccess::tracer(ctx->executor, ctx->mesh, ctx->graph[held].type, ctx,
+                                             static_cast<int>(index(held))),
+                .spec = *a.spec,
+                .names = names == ctx->value_names.end() ? std::vector<std::string>{}
+                                                         : names->second};
 }
 
 Array constrain_to(const Array& x, const NamedSharding& sharding, std::string origin) {
