@@ -71,13 +71,22 @@ Entry entry_of(const std::string& key, const toml::node& n) {
 
 std::vector<Entry> parse(std::string_view text, std::string_view source) {
   // TOML allows no control character but tab, LF and CR, anywhere; toml++ 3.3 asserts on some
-  // (a table name "[\x11"), so they are refused before it sees them.
+  // (a table name "[\x11"), so they are refused before it sees them. Non-ASCII bytes too:
+  // toml++ 3.3's test for non-ASCII whitespace reaches __builtin_unreachable for characters from
+  // U+00A1 to U+0499 (and others) wherever it looks for whitespace (found by fuzz_stack_config
+  // under UBSan), and torchtitan's configs are ASCII.
   int line = 1;
   for (const char c : text) {
     const auto u = static_cast<unsigned char>(c);
     if (u == '\n') ++line;
     if ((u < 0x20 && u != '\t' && u != '\n' && u != '\r') || u == 0x7f) {
       throw IoError(fmt::format("[stack-config] {}:{}: not valid TOML: control character 0x{:02x}",
+                                detail::printable(source), line, u));
+    }
+    if (u >= 0x80) {
+      throw IoError(fmt::format("[stack-config] {}:{}: a non-ASCII byte 0x{:02x}: torchtitan's "
+                                "configs are ASCII, and the TOML parser (toml++ 3.3) is not safe "
+                                "on some non-ASCII characters, so none is read",
                                 detail::printable(source), line, u));
     }
   }
