@@ -63,12 +63,20 @@ TEST_F(TrainPlanCli, CpRotateAllGatherGathersTheBlocksOnceEachWay) {
       llama().string()));
   EXPECT_THAT(text.out, ::testing::HasSubstr("(ring attention, key/value blocks all-gathered, "
                                              "load-balanced order)"));
-  // No context axis: no ring, nothing said.
-  const Result flat = run(fmt::format(
-      "train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 256 --cp-rotate allgather --json",
-      llama().string()));
-  ASSERT_EQ(flat.code, 0) << flat.err;
-  EXPECT_TRUE(nlohmann::json::parse(flat.out)["context_rotate"].is_null());
+  // No context axis: no ring to rotate. Given, the option would change nothing: refused by name
+  // (exit 2); set by a stack (torchtitan's allgather), it is that stack's default there: planned,
+  // and no rotation reported.
+  const std::string flat = fmt::format(
+      "train-plan --config '{}' --mesh fsdp:2 --batch 2 --seq 256 --json", llama().string());
+  const Result given = run(flat + " --cp-rotate allgather");
+  EXPECT_EQ(given.code, 2);
+  EXPECT_THAT(given.err, ::testing::HasSubstr("--cp-rotate allgather is refused"));
+  EXPECT_THAT(given.err, ::testing::HasSubstr("the mesh Mesh('fsdp': 2) has no cp or context axis"));
+  const Result stacked = run(flat + " --stack torchtitan-2024-12");
+  ASSERT_EQ(stacked.code, 0) << stacked.err;
+  const nlohmann::json sj = nlohmann::json::parse(stacked.out);
+  EXPECT_TRUE(sj["context_rotate"].is_null());
+  EXPECT_THAT(sj["stack"]["applied"].dump(), ::testing::HasSubstr("--cp-rotate allgather"));
   const Result bad = run(base + " --cp-rotate alltoall");
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.err, ::testing::HasSubstr("--cp-rotate"));

@@ -286,9 +286,11 @@ struct Case {
   std::string text;  // for the failure message
 };
 
-// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, apart so that
-// the other draws stay as they were.
-Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels) {
+// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, `given` of
+// whether an option with nothing to apply to is kept (refused), apart so that the other draws
+// stay as they were.
+Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels,
+                 std::mt19937_64& given) {
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -341,6 +343,16 @@ Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64&
                                        std::nullopt, std::nullopt, false, true});
   o.cp_rotate = std::uniform_int_distribution<int>(0, 1)(kernels) == 0 ? RingRotate::kPermute
                                                                     : RingRotate::kAllGather;
+  // Without a model or context axis these are refused: kept there one time in eight.
+  const Mesh mesh = Mesh::parse(k.mesh, 4);
+  const bool tp = mesh.has_axis("tp") && mesh.axis_size("tp") > 1;
+  if (o.tp_plan == TpPlan::kModules && !tp && std::uniform_int_distribution<int>(0, 7)(given)) {
+    o.tp_plan = TpPlan::kPartitioner;
+  }
+  if (o.cp_rotate == RingRotate::kAllGather && !cp &&
+      std::uniform_int_distribution<int>(0, 7)(given)) {
+    o.cp_rotate = RingRotate::kPermute;
+  }
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
@@ -391,7 +403,10 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
     }
   } else {
     EXPECT_FALSE(p.context_gathered);
+    EXPECT_EQ(o.cp_rotate, RingRotate::kPermute);  // given without a ring: refused
   }
+  // The modules' plan where asked for (refused where no layer weight is split over a model axis).
+  EXPECT_EQ(p.tp_modules, o.tp_plan == TpPlan::kModules);
   // The text and JSON say the same.
   const std::string text = p.table();
   EXPECT_THAT(text, ::testing::HasSubstr(p.fused_attention ? "attention fused" : "attention naive"));
@@ -476,11 +491,11 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   constexpr std::uint64_t kSeed = 39;
   constexpr int kCases = 500;
-  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2);
+  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2), given(kSeed + 3);
   int planned = 0, refused = 0;
   std::set<std::size_t> refusals_seen;
   for (int i = 0; i < kCases; ++i) {
-    const Case k = random_case(rng, blocks, kernels);
+    const Case k = random_case(rng, blocks, kernels, given);
     SCOPED_TRACE(fmt::format("seed {} case {}: {}", kSeed, i, k.text));
     const ModelConfig c = ModelConfig::parse(k.family->json);
     const Mesh mesh = Mesh::parse(k.mesh, 4);

@@ -105,8 +105,14 @@ TEST(OptimizerSharding, ZeroOneWithNothingToShardIsRefused) {
   EXPECT_THROW_WITH(plan_training(config, Mesh::parse("fsdp:1", 1), preset("llama_fsdp"),
                                   megatron_bf16(OptimizerSharding::kZero1)),
                     OptionError, "--optimizer-sharding zero1 is refused",
-                    "split no parameter over the batch or context axes [fsdp]", "llama_fsdp",
+                    "split no parameter over a data axis of the mesh",
+                    "(the batch and context axes are [fsdp])", "llama_fsdp",
                     "--optimizer-sharding rules");
+  // A mesh of a tensor-parallel axis only: no data axis to name.
+  EXPECT_THROW_WITH(plan_training(config, Mesh::parse("tp:2", 2), preset("llama_fsdp_tp"),
+                                  megatron_bf16(OptimizerSharding::kZero1)),
+                    OptionError, "--optimizer-sharding zero1 is refused",
+                    "(the mesh has no batch or context axis)", "llama_fsdp_tp");
   TrainPlanOptions sgd = megatron_bf16(OptimizerSharding::kZero1);
   sgd.optimizer = OptimizerKind::kSgd;
   sgd.master_dtype.reset();

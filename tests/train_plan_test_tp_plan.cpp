@@ -3,6 +3,8 @@
 // RowwiseParallel with SequenceParallel) run it.
 #include "train_plan_test.hpp"
 
+#include "shardplan/training_stack.hpp"
+
 namespace shardplan::test {
 namespace {
 
@@ -195,24 +197,41 @@ TEST(TensorParallelPlan, EagerTensorParallelismWaitsForTheHostsDispatch) {
             compiled.time->compute_seconds() + compiled.time->exposed_seconds);
   o.eager = true;
   o.activations.reset();
+  o.tp_plan = TpPlan::kPartitioner;  // without a model axis --tp-plan modules is refused
   const TrainPlan fsdp = plan_training(config, Mesh::parse("fsdp:4", 4), preset("llama_fsdp"), o);
   EXPECT_EQ(fsdp.time->dispatch_seconds, 0);
 }
 
-// Without a model axis there is nothing to lay out: the same program either way, and the plan
-// says the partitioner's (what ran).
-TEST(TensorParallelPlan, WithoutAModelAxisModulesChangeNothing) {
+// Without a model axis there is nothing to lay out. Asked for by the caller, the option would
+// change nothing: refused by name, as is a model axis the rules split no layer weight over. Set
+// by a stack (torchtitan's and Megatron's plan is the modules'), it is that stack's default
+// there: the same program as without it, and the plan says the partitioner's (what ran).
+TEST(TensorParallelPlan, WithoutAModelSplitModulesAreRefusedUnlessAStackSetsThem) {
   const ModelConfig config = ModelConfig::parse(fmt::format(kSmallLlama, 2));
   TrainPlanOptions o;
   o.batch = 4;
   o.seq = 256;
   o.extrapolate = false;
-  const TrainPlan a = plan_training(config, Mesh::parse("fsdp:4", 4), preset("llama_fsdp"), o);
+  const Mesh fsdp = Mesh::parse("fsdp:4", 4);
   o.tp_plan = TpPlan::kModules;
-  const TrainPlan b = plan_training(config, Mesh::parse("fsdp:4", 4), preset("llama_fsdp"), o);
+  EXPECT_THROW_WITH(plan_training(config, fsdp, preset("llama_fsdp"), o), OptionError,
+                    "--tp-plan modules is refused", "split no layer weight",
+                    "Mesh('fsdp': 4) (it has no tensor-parallel axis)");
+  EXPECT_THROW_WITH(
+      plan_training(config, Mesh::parse("fsdp:2,tp:2", 4), preset("llama_fsdp"), o), OptionError,
+      "--tp-plan modules is refused", "(its tensor-parallel axes are [tp])", "llama_fsdp");
+  TrainPlanOptions by_stack;
+  by_stack.batch = 4;
+  by_stack.seq = 256;
+  by_stack.extrapolate = false;
+  apply_stack(find_training_stack("megatron-core"), by_stack, {});
+  ASSERT_EQ(by_stack.tp_plan, TpPlan::kModules);
+  const TrainPlan b = plan_training(config, fsdp, preset("llama_fsdp"), by_stack);
+  by_stack.tp_plan = TpPlan::kPartitioner;
+  const TrainPlan c = plan_training(config, fsdp, preset("llama_fsdp"), by_stack);
   EXPECT_FALSE(b.tp_modules);
-  EXPECT_EQ(a.bytes_by_axes, b.bytes_by_axes);
-  EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+  EXPECT_EQ(b.bytes_by_axes, c.bytes_by_axes);
+  EXPECT_EQ(b.peak_bytes, c.peak_bytes);
 }
 
 // Float8 under the modules' plan, as torchtitan's apply_tp (3f20451, parallelize_llama.py) runs

@@ -200,6 +200,10 @@ struct StackUse {
   std::vector<std::string> overridden;
   /// The topics of its choices train-plan does not plan ("optimizer kernel").
   std::vector<std::string> not_modelled;
+  /// The options its applied choices set ("--tp-plan"): a stack's setting that a mesh gives no
+  /// place to (--tp-plan modules without a model axis) is its default there, not refused; the
+  /// same option given by the user is refused (train_plan_refusals()).
+  std::vector<std::string> options_set;
   /// --from-config (stack_config.hpp): the stack's config file read (empty: none) and its keys:
   /// planned ("training.seq_len = 8192: --seq 8192"), overridden by an option given
   /// ("training.seq_len = 8192 (by --seq)"), read and not planned, with why.

@@ -50,6 +50,12 @@ constexpr OptionRefusal kRefusals[] = {
       {"--optimizer-sharding zero1",
        "rules that split no parameter over a batch or context axis of more than one device, or "
        "--optimizer sgd without --master-dtype (nothing to shard)"},
+      {"--tp-plan modules",
+       "rules that split no layer weight over a tensor-parallel axis of more than one device "
+       "(unless a --stack sets it: then it is that stack's default)"},
+      {"--cp-rotate allgather",
+       "a mesh without a cp or context axis (unless a --stack sets it: then it is that stack's "
+       "default)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -70,6 +76,11 @@ void refuse(Refusal r, const std::string& values) {
 }
 
 const FamilySupport& support_of(const ModelConfig& c) { return c.family->support; }
+
+bool stack_sets(const TrainPlanOptions& o, std::string_view option) {
+  return o.stack && std::find(o.stack->options_set.begin(), o.stack->options_set.end(),
+                              option) != o.stack->options_set.end();
+}
 
 namespace {
 
@@ -191,9 +202,18 @@ std::int64_t head_tokens(const ModelConfig& config, const TrainPlanOptions& o) {
 
 void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
                      const TrainPlanOptions& o) {
-  if (layout.context.empty()) return;
-  const std::string axis = layout.context.front();
   const std::string mesh_text = detail::printable(mesh.to_string());
+  if (layout.context.empty()) {
+    if (o.cp_rotate == RingRotate::kAllGather && !stack_sets(o, "--cp-rotate")) {
+      refuse(Refusal::kCpRotateNoContext,
+             fmt::format("the mesh {} has no cp or context axis, so there is no ring whose "
+                         "key/value blocks to all-gather: plan it without --cp-rotate or with a "
+                         "context axis",
+                         mesh_text));
+    }
+    return;
+  }
+  const std::string axis = layout.context.front();
   if (!support_of(config).ring_attention) {
     refuse(Refusal::kContextFamily,
            fmt::format("{} on {}: context parallelism (ring attention) is written for the "

@@ -4,6 +4,7 @@
 // closed list of train_plan_refusals(), docs/cli.md). Private to the library.
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 #include "model_step.hpp"
 #include "shardplan/mesh.hpp"
@@ -40,11 +41,16 @@ enum class Refusal : std::size_t {
   kReshardLastBlockFamily,
   kFusedOptimizerSgd,
   kZero1NothingToShard,
+  kTpPlanNoModelSplit,
+  kCpRotateNoContext,
   kCount
 };
 
 /// Throws OptionError for `r`: "[train] OPTION (VALUES) is refused: CONDITION; REASON".
 [[noreturn]] void refuse(Refusal r, const std::string& values);
+
+/// Whether `o`'s stack (apply_stack) set `option` ("--tp-plan"), rather than the caller.
+bool stack_sets(const TrainPlanOptions& o, std::string_view option);
 
 /// What one model family's training step can run: one record per family.
 struct FamilySupport {

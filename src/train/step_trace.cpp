@@ -526,14 +526,34 @@ void check_optimizer_sharding(const ModelConfig& config, const Mesh& mesh, const
   }
   AxisNames data = layout.batch;
   data.insert(data.end(), layout.context.begin(), layout.context.end());
+  const std::string axes =
+      data.empty() ? std::string("the mesh has no batch or context axis")
+                   : fmt::format("the batch and context axes are [{}]", fmt::join(data, ", "));
   refuse(Refusal::kZero1NothingToShard,
-         fmt::format("the rules {} split no parameter over the batch or context axes [{}] of the "
-                     "mesh {}, so the state would be replicated as the parameters are: give "
-                     "rules that shard over a data axis (e.g. fsdp) or plan it with "
-                     "--optimizer-sharding rules",
-                     detail::printable(rules->name()),
-                     detail::printable(fmt::format("{}", fmt::join(data, ", "))),
-                     detail::printable(mesh.to_string())));
+         fmt::format("{} split no parameter over a data axis of the mesh {} ({}), so the state "
+                     "would be replicated as the parameters are: give rules that shard over a "
+                     "data axis (e.g. fsdp) or plan it with --optimizer-sharding rules",
+                     detail::printable(rules->name()), detail::printable(mesh.to_string()),
+                     detail::printable(axes)));
+}
+
+void check_tp_plan(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                   const TrainPlanOptions& o, const Layout& layout) {
+  if (o.tp_plan != TpPlan::kModules || stack_sets(o, "--tp-plan")) return;
+  const Tree<TensorSpec> params = config.parameters(o.param_dtype);
+  const auto in_use = layer_in_use(config, mesh, rules, params, layout);
+  if (std::any_of(in_use.begin(), in_use.end(), [](const auto& m) { return !m.empty(); })) return;
+  const std::string axes =
+      layout.model.empty()
+          ? std::string("it has no tensor-parallel axis")
+          : fmt::format("its tensor-parallel axes are [{}]", fmt::join(layout.model, ", "));
+  refuse(Refusal::kTpPlanNoModelSplit,
+         fmt::format("{} split no layer weight over a tensor-parallel axis of more than one "
+                     "device of the mesh {} ({}), so the column- and row-parallel modules would "
+                     "split nothing: plan it without --tp-plan modules, or with rules and a mesh "
+                     "that split the layers over a model axis (e.g. tp)",
+                     detail::printable(rules->name()), detail::printable(mesh.to_string()),
+                     detail::printable(axes)));
 }
 
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {

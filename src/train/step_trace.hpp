@@ -59,6 +59,12 @@ RuleTree held_parameter_rule(const Tree<TensorSpec>& params, const Mesh& mesh,
 void check_optimizer_sharding(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                               const TrainPlanOptions& o, const Layout& layout);
 
+/// Refuses TpPlan::kModules given by the caller (OptionError, Refusal::kTpPlanNoModelSplit)
+/// when the rules split no layer weight over a model axis of more than one device: the modules
+/// would use nothing in a split. A stack's setting (stack_sets) is its default there instead.
+void check_tp_plan(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                   const TrainPlanOptions& o, const Layout& layout);
+
 /// "the 8-layer sample step", "the 4-layer x 2 micro-batch sample step".
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches);
 

@@ -590,6 +590,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   // From here on the options as the step runs them (each applies, or was refused).
   const TrainPlanOptions o = train::resolve_options(config, mesh, layout, asked);
   train::check_optimizer_sharding(config, mesh, rules, o, layout);
+  train::check_tp_plan(config, mesh, rules, o, layout);
   const Activations act = activations_of(config, mesh, o, layout);
   const TraceChoice choice = choose_trace(config, o);
   check_parameter_tensors(config, o, choice.layers);

@@ -54,6 +54,7 @@ void apply_stack(const TrainingStack& stack, TrainPlanOptions& o, const GivenOpt
     } else {
       c.apply(o);
       use.applied.push_back(fmt::format("{}: {}", c.topic, c.setting));
+      use.options_set.insert(use.options_set.end(), c.options.begin(), c.options.end());
     }
   }
   o.stack = std::move(use);
