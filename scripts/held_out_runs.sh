@@ -71,5 +71,13 @@ stack=torchtitan-2025-06  # the benchmark file of June 2025 (fused AdamW is not 
 h200=(--hardware h200 --rules preset:llama_fsdp --compile --float8 --remat names:context --seq 8192)
 run "L3.1 8B, 32 H200, Float8" 47.96 10938 -c $l3_8b "${h200[@]}" --mesh fsdp:32 --batch 64
 run "L3.1 8B, 64 H200, Float8" 46.97 10753 -c $l3_8b "${h200[@]}" --mesh fsdp:64 --batch 128
+# NVIDIA dgxc-benchmarking llama3.1/README_8b.md (NeMo 24.09, DGX H100): Llama 3.1 8B BF16 on 8
+# GPUs, TP 1, PP 1, CP 2, global batch 128 x 8192, micro-batch 1 (32 a step on each of the 4
+# data-parallel ranks), Megatron's distributed optimizer (--optimizer-sharding zero1; the data
+# axis is named fsdp because the preset shards the state over that name; the bf16 parameters
+# are whole over it under zero1, as Megatron's data parallelism holds them).
+stack=megatron-core
+run "L3.1 8B BF16, dp 4 x cp 2, 32 micro-batches" - 10153 -c $l3_8b --hardware h100-sxm \
+  --mesh fsdp:4,cp:2 --batch 128 --seq 8192 --grad-accum 32 --optimizer-sharding zero1
 # Sensitivity: the A100 rows on a DGX A100 network instead (not the runs' cluster).
 a100_rows a100-80g ", DGX net"

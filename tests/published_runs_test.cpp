@@ -98,10 +98,7 @@ std::vector<Row> rows() {
        8192, kTorchtitanOpSac, 47.96, 10938, kHeldOut, ""},
       {"NVIDIA/dgxc-benchmarking llama3.1/README_8b.md (NeMo 24.09, DGX H100)",
        "Llama 3.1 8B BF16, TP 1, PP 1, CP 2, 32 micro-batches, 8 GPUs", "dp:4,cp:2", 128, 8192,
-       "none", 0, 10153,
-       "Megatron's distributed optimizer (weights replicated in bf16, only the optimizer state and "
-       "f32 master weights sharded); Transformer Engine's kernels",
-       ""},
+       "none", 0, 10153, kHeldOut, ""},
       {"NVIDIA NeMo performance_summary.md (24.07, DGX H100, FP8)",
        "Llama 3 8B/70B pre-training, TP x PP x CP", "tp:4,pp:4,cp:2", 128, 8192, "?", 0, 1533,
        "pipeline parallelism; FP8 (Transformer Engine); the recompute settings are not published",
