@@ -140,6 +140,24 @@ class TrainPlanCli : public CliTest {
       "intermediate_size": 11008, "num_hidden_layers": 2, "num_attention_heads": 32,
       "num_key_value_heads": 32})");
   }
+  // A small LLaMA: two layers of width 256, planned in well under a second in Debug.
+  fs::path small_llama(int kv_heads = 4) const {
+    return config(fmt::format(R"({{"model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": {}}})",
+                              kv_heads));
+  }
+  // The --json plan `args` print, without what differs between two runs of one program (the
+  // time it took) and the stack's record (where each option came from); null when it fails.
+  nlohmann::json plan_json(const std::string& args) const {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 0) << args << "\n" << r.err;
+    if (r.code != 0) return {};
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    j.erase("seconds_to_plan");
+    j.erase("stack");
+    return j;
+  }
 };
 
 }  // namespace shardplan::test

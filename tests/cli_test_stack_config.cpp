@@ -17,24 +17,10 @@ using ::testing::HasSubstr;
 
 class StackConfigCli : public TrainPlanCli {
  protected:
-  // A small LLaMA (planned in well under a second in Debug).
   std::string model() const {
-    const fs::path c = config(R"({"model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
-      "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "num_key_value_heads": 4})");
-    return fmt::format("train-plan --config '{}' --json", c.string());
+    return fmt::format("train-plan --config '{}' --json", small_llama().string());
   }
-  // The plan's JSON without the time it took and the stack's record (which says where each
-  // option came from: the command line or the file).
-  nlohmann::json plan_of(const std::string& args) const {
-    const Result r = run(args);
-    EXPECT_EQ(r.code, 0) << args << "\n" << r.err;
-    if (r.code != 0) return {};
-    nlohmann::json j = nlohmann::json::parse(r.out);
-    j.erase("seconds_to_plan");
-    j.erase("stack");
-    return j;
-  }
+  nlohmann::json plan_of(const std::string& args) const { return plan_json(args); }
   std::string read(const fs::path& p) const {
     std::ifstream in(p);
     return {std::istreambuf_iterator<char>(in), {}};

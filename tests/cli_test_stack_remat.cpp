@@ -12,10 +12,8 @@ class StackRematCli : public TrainPlanCli {
  protected:
   // A small LLaMA and a small GPT-2 (two layers each, planned in well under a second).
   std::string llama_cmd() const {
-    const fs::path c = config(R"({"model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
-      "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "num_key_value_heads": 2})");
-    return fmt::format("train-plan -c '{}' --mesh fsdp:4 --batch 8 --seq 64", c.string());
+    return fmt::format("train-plan -c '{}' --mesh fsdp:4 --batch 8 --seq 64",
+                       small_llama(2).string());
   }
   std::string gpt2_cmd() const {
     const fs::path c = config(R"({"model_type": "gpt2", "vocab_size": 1024, "n_embd": 256,

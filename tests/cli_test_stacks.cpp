@@ -13,25 +13,12 @@ using namespace test;
 
 class StackCli : public TrainPlanCli {
  protected:
-  // A small LLaMA (planned in well under a second in Debug) on `mesh`.
+  // The small LLaMA on `mesh`.
   std::string base(std::string_view mesh = "fsdp:4") const {
-    const fs::path c = config(R"({"model_type": "llama", "vocab_size": 1024, "hidden_size": 256,
-      "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "num_key_value_heads": 4})");
-    return fmt::format("train-plan --config '{}' --mesh {} --batch 8 --seq 64 --json", c.string(),
-                       mesh);
+    return fmt::format("train-plan --config '{}' --mesh {} --batch 8 --seq 64 --json",
+                       small_llama().string(), mesh);
   }
-  // The plan's JSON without what may differ between two runs of one program (the time it took)
-  // and the stack's own record.
-  nlohmann::json plan_of(const std::string& args) const {
-    const Result r = run(args);
-    EXPECT_EQ(r.code, 0) << args << "\n" << r.err;
-    if (r.code != 0) return {};
-    nlohmann::json j = nlohmann::json::parse(r.out);
-    j.erase("seconds_to_plan");
-    j.erase("stack");
-    return j;
-  }
+  nlohmann::json plan_of(const std::string& args) const { return plan_json(args); }
 };
 
 // The flags a choice's setting names ("--remat names:a,b", "--master-dtype f32 --grad-dtype
