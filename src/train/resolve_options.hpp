@@ -40,6 +40,9 @@ enum class Refusal : std::size_t {
   kReshardLastBlockFamily,
   kFusedOptimizerSgd,
   kZero1NothingToShard,
+  kAsyncTpModelAxis,
+  kAsyncTpPlan,
+  kAsyncTpEager,
   kCount
 };
 
