@@ -306,6 +306,16 @@ std::string TrainPlan::table() const {
 
 namespace {
 
+// One kind of async TP's pairs (JSON "tp_overlaps"; "time.tp_overlap" adds its times).
+nlohmann::ordered_json overlap_json(const TpOverlap& o) {
+  return {{"kind", std::string(to_string(o.kind.collective.kind))},
+          {"axes", o.kind.collective.axes},
+          {"count", o.count},
+          {"bytes", o.kind.bytes},
+          {"flops", o.kind.flops},
+          {"float8", o.kind.float8}};
+}
+
 nlohmann::ordered_json time_json(const StepTime& t) {
   std::map<std::string, double> exposed_by_tier;  // by the tiers' names, ordered as they sort
   for (const auto& [tier, s] : t.exposed_by_tier) exposed_by_tier[std::string(name(tier))] = s;
@@ -345,18 +355,13 @@ nlohmann::ordered_json time_json(const StepTime& t) {
   if (!t.tp_overlaps.empty()) {
     nlohmann::ordered_json pairs = nlohmann::ordered_json::array();
     for (const TpOverlapTime& o : t.tp_overlaps) {
-      const TpOverlapKind& k = o.pair.kind;
-      pairs.push_back({{"kind", std::string(to_string(k.collective.kind))},
-                       {"axes", k.collective.axes},
-                       {"count", o.pair.count},
-                       {"bytes", k.bytes},
-                       {"flops", k.flops},
-                       {"float8", k.float8},
-                       {"tier", std::string(name(o.tier))},
-                       {"group", o.group},
-                       {"comm_seconds", o.comm_seconds},
-                       {"matmul_seconds", o.matmul_seconds},
-                       {"exposed_seconds", o.exposed_seconds}});
+      nlohmann::ordered_json x = overlap_json(o.pair);
+      x["tier"] = std::string(name(o.tier));
+      x["group"] = o.group;
+      x["comm_seconds"] = o.comm_seconds;
+      x["matmul_seconds"] = o.matmul_seconds;
+      x["exposed_seconds"] = o.exposed_seconds;
+      pairs.push_back(std::move(x));
     }
     j["tp_overlap"] = std::move(pairs);
     j["tp_overlap_hidden_seconds"] = t.tp_overlap_hidden_seconds;
@@ -427,16 +432,8 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["fsdp_root"] = p.fsdp_root;
   j["tp_plan"] = p.tp_modules ? "modules" : "partitioner";
   if (!p.tp_overlaps.empty()) {
-    nlohmann::ordered_json pairs = nlohmann::ordered_json::array();
-    for (const TpOverlap& o : p.tp_overlaps) {
-      pairs.push_back({{"kind", std::string(to_string(o.kind.collective.kind))},
-                       {"axes", o.kind.collective.axes},
-                       {"count", o.count},
-                       {"bytes", o.kind.bytes},
-                       {"flops", o.kind.flops},
-                       {"float8", o.kind.float8}});
-    }
-    j["tp_overlaps"] = std::move(pairs);
+    j["tp_overlaps"] = nlohmann::ordered_json::array();
+    for (const TpOverlap& o : p.tp_overlaps) j["tp_overlaps"].push_back(overlap_json(o));
   }
   if (p.stack) {
     j["stack"] = {{"name", p.stack->name},
