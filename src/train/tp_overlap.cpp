@@ -3,6 +3,7 @@
 #include "tp_overlap.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <vector>
 
@@ -72,6 +73,16 @@ std::map<TpOverlapKind, std::int64_t> tp_overlap_pairs(const detail::Program& pr
   for (const PhaseStart& p : timeline.phases) {
     if (p.phase == StepPhase::kUpdate) end = std::min(end, p.step);
   }
+  // Per slot, the steps that read it and those that write it, ascending (a slot is reused once
+  // its value is freed): a value's readers are those before the slot's next write.
+  const auto slots = static_cast<std::size_t>(program.num_slots());
+  std::vector<std::vector<std::size_t>> reads(slots), writes(slots);
+  for (std::size_t j = 0; j < steps.size(); ++j) {
+    if (detail::index(steps[j].out) < slots) writes[detail::index(steps[j].out)].push_back(j);
+    for (const detail::SlotId in : steps[j].in) {
+      if (detail::index(in) < slots) reads[detail::index(in)].push_back(j);
+    }
+  }
   std::map<TpOverlapKind, std::int64_t> pairs;
   for (std::size_t i = 0; i < end; ++i) {
     const detail::Step& st = steps[i];
@@ -81,25 +92,28 @@ std::map<TpOverlapKind, std::int64_t> tp_overlap_pairs(const detail::Program& pr
     TpOverlapKind kind{.collective = CollectiveOn{c.kind, c.axes, false}, .bytes = c.max_bytes_in()};
     double flops = 0;
     bool float8 = false;
-    if (c.kind == CollectiveKind::kAllGather) {
+    if (c.kind == CollectiveKind::kAllGather && detail::index(st.out) < slots) {
       // Its readers, until the slot is written again.
+      const std::vector<std::size_t>& w = writes[detail::index(st.out)];
+      const auto next = std::upper_bound(w.begin(), w.end(), i);
+      const std::size_t until = next == w.end() ? steps.size() : *next;
       const std::vector<int> dims = gathered_dims(program, st, c.axes);
-      for (std::size_t j = i + 1; j < steps.size() && steps[j].out != st.out; ++j) {
+      for (const std::size_t j : reads[detail::index(st.out)]) {
+        if (j <= i || j >= until) continue;
         const detail::Step& r = steps[j];
-        if (!is_product(r) || std::find(r.in.begin(), r.in.end(), st.out) == r.in.end()) continue;
-        if (!splits_along(program, r, st.out, dims)) continue;
+        if (!is_product(r) || !splits_along(program, r, st.out, dims)) continue;
         flops += r.flops;
         float8 = float8 || r.local.op->time_bound == detail::TimeBound::kMatmulFp8;
       }
-    } else if (c.kind == CollectiveKind::kReduceScatter) {
+    } else if (c.kind == CollectiveKind::kReduceScatter &&
+               detail::index(st.in.front()) < slots) {
       // The step that wrote its operand.
-      for (std::size_t j = i; j-- > 0;) {
-        if (steps[j].out != st.in.front()) continue;
-        if (is_product(steps[j])) {
-          flops = steps[j].flops;
-          float8 = steps[j].local.op->time_bound == detail::TimeBound::kMatmulFp8;
-        }
-        break;
+      const std::vector<std::size_t>& w = writes[detail::index(st.in.front())];
+      const auto at = std::lower_bound(w.begin(), w.end(), i);
+      if (at != w.begin() && is_product(steps[*std::prev(at)])) {
+        const detail::Step& producer = steps[*std::prev(at)];
+        flops = producer.flops;
+        float8 = producer.local.op->time_bound == detail::TimeBound::kMatmulFp8;
       }
     }
     if (flops <= 0) continue;
