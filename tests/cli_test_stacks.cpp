@@ -167,5 +167,22 @@ TEST_F(StackCli, AnUnknownTensorParallelPlanIsRefusedNamingIt) {
   EXPECT_THAT(empty.err, ::testing::HasSubstr("--tp-plan"));
 }
 
+// A torchtitan stack runs eager unless --compile, and its async TP needs torch.compile
+// (torchtitan 2025 raises "Async TP requires --training.compile"): --async-tp alone is refused
+// (exit 2) naming --eager; with --compile it is planned, the stack's choice reported overridden.
+TEST_F(StackCli, TorchtitansAsyncTpNeedsCompile) {
+  std::string args = base();
+  args.replace(args.find("fsdp:4"), 6, "fsdp:2,tp:2");
+  args += " --stack torchtitan-2025-08 --async-tp";
+  const Result eager = run(args);
+  EXPECT_EQ(eager.code, 2);
+  EXPECT_THAT(eager.err, ::testing::HasSubstr("--async-tp is refused: --eager"));
+  const Result compiled = run(args + " --compile");
+  ASSERT_EQ(compiled.code, 0) << compiled.err;
+  const nlohmann::json j = nlohmann::json::parse(compiled.out);
+  EXPECT_FALSE(j["tp_overlaps"].empty());
+  EXPECT_THAT(j["stack"]["overridden"].dump(), ::testing::HasSubstr("async TP (by --async-tp)"));
+}
+
 }  // namespace
 }  // namespace shardplan

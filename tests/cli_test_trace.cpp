@@ -260,6 +260,11 @@ TEST_F(CliTest, JsonOutputsHaveTheKeysTheirSchemasPin) {
                    "--json",
                    cfg),
        ""},
+      {"train_plan",  // with async TP's pairs (tp_overlaps, time.tp_overlap)
+       fmt::format("train-plan -c '{}' --mesh fsdp:2,tp:4 --batch 8 --seq 256 --tp-plan modules "
+                   "--async-tp --hardware h100-sxm --json",
+                   cfg),
+       ""},
       {"train_plan",  // with a stack's config read (stack.config)
        fmt::format("train-plan -c '{}' --from-config '{}/tests/data/stack_configs/llama3_8b.toml' "
                    "--devices 8 --seq 128 --hardware h100-sxm --json",

@@ -286,11 +286,11 @@ struct Case {
   std::string text;  // for the failure message
 };
 
-// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, `given` of
-// whether an option with nothing to apply to is kept (refused), apart so that the other draws
-// stay as they were.
+// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, `overlap` of
+// async TP, `given` of whether an option with nothing to apply to is kept (refused), apart so
+// that the other draws stay as they were.
 Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels,
-                 std::mt19937_64& given) {
+                 std::mt19937_64& overlap, std::mt19937_64& given) {
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -353,16 +353,19 @@ Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64&
       std::uniform_int_distribution<int>(0, 7)(given)) {
     o.cp_rotate = RingRotate::kPermute;
   }
+  // Async TP: on the modules' plan only (its refusal elsewhere is train_plan_test_async_tp's), so
+  // that fewer cases are refused.
+  o.async_tp = std::uniform_int_distribution<int>(0, 1)(overlap) == 0 && o.tp_plan == TpPlan::kModules;
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
       "param {} remat {} blocks {} fsdp_root {} reshard_last {} eager {} activations {} "
-      "hardware {} tp_plan {} cp_rotate {}",
+      "hardware {} tp_plan {} cp_rotate {} async_tp {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), remat_blocks_name(o.remat_blocks), o.fsdp_root,
       b(o.reshard_last_block), o.eager, o.activations.has_value(),
-      o.hardware ? o.hardware->name : "none", name(o.tp_plan), name(o.cp_rotate));
+      o.hardware ? o.hardware->name : "none", name(o.tp_plan), name(o.cp_rotate), o.async_tp);
   return k;
 }
 
@@ -415,9 +418,18 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
                                                              : "sequence parallel off"));
   EXPECT_EQ(text.find("context parallel over") != std::string::npos, !p.context_axes.empty());
   EXPECT_EQ(text.find("key/value blocks all-gathered") != std::string::npos, p.context_gathered);
+  // Async TP pairs only what --async-tp asked for, on the modules' plan; said as it is.
+  if (!o.async_tp) {
+    EXPECT_TRUE(p.tp_overlaps.empty());
+  }
+  if (!p.tp_overlaps.empty()) {
+    EXPECT_TRUE(p.tp_modules);
+  }
+  EXPECT_EQ(text.find(", async TP (") != std::string::npos, !p.tp_overlaps.empty());
   std::ostringstream js;
   p.write_json(js);
   const auto j = nlohmann::json::parse(js.str());
+  EXPECT_EQ(j.contains("tp_overlaps"), !p.tp_overlaps.empty());
   EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
   EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
@@ -433,6 +445,14 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
     EXPECT_GT(t.tokens_per_second_per_device, 0);
     EXPECT_GT(t.mfu, 0);
     EXPECT_LE(t.mfu, 1);
+    // Each pair hides no more than its transfer, and the tensor-parallel time stays >= 0.
+    EXPECT_EQ(t.tp_overlaps.size(), p.tp_overlaps.size());
+    for (const TpOverlapTime& x : t.tp_overlaps) {
+      EXPECT_GE(x.exposed_seconds, 0);
+      EXPECT_LE(x.exposed_seconds, x.comm_seconds);
+    }
+    EXPECT_GE(t.tp_overlap_hidden_seconds, 0);
+    EXPECT_GE(t.exposed_tensor_seconds, -1e-12 * (t.tp_overlap_hidden_seconds + 1e-30));
     // Recomputed from its parts (never clamped).
     EXPECT_DOUBLE_EQ(t.mfu,
                      t.model_flops_per_token * t.tokens_per_second_per_device / o.hardware->bf16_flops);
@@ -491,11 +511,12 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   constexpr std::uint64_t kSeed = 39;
   constexpr int kCases = 500;
-  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2), given(kSeed + 3);
+  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2), overlap(kSeed + 3),
+      given(kSeed + 4);
   int planned = 0, refused = 0;
   std::set<std::size_t> refusals_seen;
   for (int i = 0; i < kCases; ++i) {
-    const Case k = random_case(rng, blocks, kernels, given);
+    const Case k = random_case(rng, blocks, kernels, overlap, given);
     SCOPED_TRACE(fmt::format("seed {} case {}: {}", kSeed, i, k.text));
     const ModelConfig c = ModelConfig::parse(k.family->json);
     const Mesh mesh = Mesh::parse(k.mesh, 4);

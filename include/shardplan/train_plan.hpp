@@ -321,6 +321,11 @@ struct TrainPlanOptions {
   /// How context parallelism's ring attention exchanges the key/value blocks (RingRotate); with a
   /// context axis only.
   RingRotate cp_rotate = RingRotate::kPermute;
+  /// Async tensor parallelism (--async-tp; docs/training.md "Async TP"): each tensor-parallel
+  /// all-gather that feeds products, and each reduce-scatter a product feeds, runs decomposed
+  /// and overlapped with those products (PyTorch's micro-pipeline TP, torchtitan's
+  /// enable_async_tensor_parallel). With a model axis, --tp-plan modules and a compiled step.
+  bool async_tp = false;
   /// The stack these options were set from (apply_stack); reported with the plan.
   std::optional<StackUse> stack;
 };
@@ -360,6 +365,40 @@ std::string_view name(LinkTier tier);
 enum class CommRole { kData, kContext, kTensor };
 /// "data", "context", "tensor" (as the report and its JSON write them).
 std::string_view name(CommRole role);
+
+/// Async TP (TrainPlanOptions::async_tp): a kind of tensor-parallel collective run decomposed and
+/// overlapped with products, as read from the planned program: an all-gather over model axes
+/// whose result products read split along the gathered dimension (fused_all_gather_matmul), or
+/// a reduce-scatter over model axes of a product's pending result (fused_matmul_reduce_scatter).
+struct TpOverlapKind {
+  CollectiveOn collective;  // all-gather or reduce-scatter, over model axes
+  std::int64_t bytes = 0;   // the most a device receives, each
+  std::int64_t flops = 0;   // the products' it runs with, per device (the busiest), each
+  bool float8 = false;      // those products are float8 (scaled_dot)
+  friend auto operator<=>(const TpOverlapKind&, const TpOverlapKind&) = default;
+  friend bool operator==(const TpOverlapKind&, const TpOverlapKind&) = default;
+};
+/// How many of one kind a step runs (forward and backward passes).
+struct TpOverlap {
+  TpOverlapKind kind;
+  std::int64_t count = 0;
+  friend bool operator==(const TpOverlap&, const TpOverlap&) = default;
+};
+
+/// One kind of async TP's pairs in the time model (docs/training.md "Async TP"): the collective
+/// over a group of n devices split in n chunks, one per rank, the products in n pieces; the local
+/// chunk's piece first while the first remote chunk moves, then each chunk's transfer under the
+/// piece before it (PyTorch's _pipelined_all_gather_and_consume; the reduce-scatter's mirror
+/// _pipelined_produce_and_all2all). A pair lasts product/n + max(transfer, product (n-1)/n): its
+/// exposed part is max(0, transfer - product (n-1)/n).
+struct TpOverlapTime {
+  TpOverlap pair;
+  LinkTier tier = LinkTier::kNode;
+  std::int64_t group = 1;       // n: the devices of the collective's group
+  double comm_seconds = 0;      // one collective at the tier's bandwidth, as if exposed
+  double matmul_seconds = 0;    // its products at the matrix units' rate
+  double exposed_seconds = 0;   // one pair's exposed part
+};
 
 /// One line of a step's communication time: a kind of collective over some mesh axes.
 struct CommTime {
@@ -408,6 +447,11 @@ struct StepTime {
   /// dispatch_exposed_seconds is what that adds to the device's time. All 0 otherwise.
   std::int64_t launched_ops = 0;
   double dispatch_seconds_per_op = 0, dispatch_seconds = 0, dispatch_exposed_seconds = 0;
+  /// Async TP (TrainPlan::tp_overlaps): each kind's figures; exposed_tensor_seconds counts
+  /// their exposed parts in place of their collectives' seconds, which tp_overlap_hidden_seconds
+  /// says how much of was hidden. Empty and 0 without.
+  std::vector<TpOverlapTime> tp_overlaps;
+  double tp_overlap_hidden_seconds = 0;
 
   double compute_seconds() const {
     return matmul_seconds + matmul_fp8_seconds + attention_seconds + memory_seconds +
@@ -523,6 +567,9 @@ struct TrainPlan {
   std::int64_t launched_ops = 0;
   std::map<CollectiveKind, std::int64_t> bytes_by_collective;  // bytes received, per kind
   std::map<CollectiveOn, std::int64_t> bytes_by_axes;          // the same per kind and mesh axes
+  /// Async TP (TrainPlanOptions::async_tp): the tensor-parallel collectives the program pairs
+  /// with products, by kind; empty without.
+  std::vector<TpOverlap> tp_overlaps;
   /// With TrainPlanOptions::hardware: the step's time on it.
   std::optional<StepTime> time;
   /// The live bytes over the traced step (the HTML page's chart).

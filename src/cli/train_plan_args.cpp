@@ -76,6 +76,11 @@ void add_stack_options(CLI::App* t, TrainPlanCommand& c) {
                 "activations all-gathered and reduce-scattered around each block). Default: "
                 "partitioner (it may gather a weight over the model axes and move activations "
                 "instead)");
+  t->add_flag("--async-tp", c.async_tp,
+              "Async tensor parallelism (torchtitan's enable_async_tensor_parallel, PyTorch's "
+              "micro-pipeline TP): each tensor-parallel all-gather feeding products and each "
+              "reduce-scatter fed by a product overlapped with them, chunk by chunk. With a "
+              "model axis, --tp-plan modules, not --eager");
   t->add_option("--cp-rotate", c.cp_rotate,
                 "permute or allgather: how context parallelism's ring attention exchanges the "
                 "key/value blocks; permute: passed to the next device each step (Megatron's "

@@ -343,6 +343,7 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   o.float8 = c.float8;
   o.uneven = c.strict_shards ? Uneven::kRefuse : Uneven::kPad;
   o.eager = c.eager;
+  o.async_tp = c.async_tp;
   o.fsdp_root = c.fsdp_root;
   if (c.sequence_parallel == "on" || c.sequence_parallel == "off") {
     o.sequence_parallel = c.sequence_parallel == "on";

@@ -34,6 +34,7 @@ struct TrainPlanCommand {
   bool float8 = false;
   bool strict_shards = false;
   bool eager = false;
+  bool async_tp = false;  // --async-tp
   bool fsdp_root = false;
   std::string remat;  // --remat; empty: not given
   std::string remat_blocks;  // --remat-blocks; empty: not given

@@ -68,6 +68,8 @@ void set_option(TrainPlanCommand& c, const std::string& option, const std::strin
     c.eager = option == "--eager";
   } else if (option == "--float8") {
     c.float8 = true;
+  } else if (option == "--async-tp") {
+    c.async_tp = true;
   } else if (option == "--no-reshard-after-forward") {
     c.no_reshard_after_forward = true;
   } else {

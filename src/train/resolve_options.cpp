@@ -56,6 +56,9 @@ constexpr OptionRefusal kRefusals[] = {
       {"--cp-rotate allgather",
        "a mesh without a cp or context axis (unless a --stack sets it: then it is that stack's "
        "default)"},
+      {"--async-tp", "no tensor-parallel axis of more than one device"},
+      {"--async-tp", "--tp-plan partitioner (not given)"},
+      {"--async-tp", "--eager"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -249,6 +252,29 @@ void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& 
   }
 }
 
+// Async TP decomposes the column/row-parallel modules' collectives over the tensor-parallel
+// group; PyTorch does it in an inductor pass (torch._inductor.config._micro_pipeline_tp), so
+// torchtitan requires torch.compile (torchtitan/config/configs.py CompileConfig.__post_init__:
+// "Async TP requires 'model' in --compile.components and --compile.enable").
+void check_async_tp(const Mesh& mesh, const Layout& layout, const TrainPlanOptions& o) {
+  if (layout.model_ways <= 1) {
+    refuse(Refusal::kAsyncTpModelAxis,
+           fmt::format("the mesh {} has no tensor-parallel axis (tp, model, mp, tensor) of more "
+                       "than one device: there are no tensor-parallel collectives to overlap",
+                       detail::printable(mesh.to_string())));
+  }
+  if (o.tp_plan != TpPlan::kModules) {
+    refuse(Refusal::kAsyncTpPlan,
+           "async TP overlaps the all-gathers and reduce-scatters of the column- and "
+           "row-parallel modules with their products: plan it with --tp-plan modules");
+  }
+  if (o.eager) {
+    refuse(Refusal::kAsyncTpEager,
+           "async TP is torch.compile's micro-pipeline pass (torchtitan refuses it without "
+           "compile): plan it without --eager");
+  }
+}
+
 }  // namespace
 
 TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
@@ -307,6 +333,7 @@ TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, co
   }
   // Not asked for: on where the sequence splits (over the context axes too: their regions).
   if (!o.sequence_parallel) r.sequence_parallel = splits;
+  if (o.async_tp) check_async_tp(mesh, layout, o);
   return r;
 }
 

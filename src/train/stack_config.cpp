@@ -195,6 +195,9 @@ void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o, u
   if ((says & kSaysReshard) == 0 && o.reshard_after_forward != d.reshard_after_forward) {
     refuse("--no-reshard-after-forward", "", "FSDP's reshard after forward");
   }
+  if ((says & kSaysAsyncTp) == 0 && o.async_tp != d.async_tp) {
+    refuse("--async-tp", "", "no async TP");
+  }
   if ((says & kSaysSequenceParallel) == 0 && o.sequence_parallel != d.sequence_parallel) {
     refuse("--sequence-parallel", on(o.sequence_parallel, "on", "off"), "what its rules say");
   }

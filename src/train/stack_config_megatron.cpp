@@ -93,6 +93,12 @@ void valued(const Entry& e, Reading& r) {
   r.hold(e);
 }
 void tp(const Entry& e, Reading& r) { r.axis(e, "tp"); }
+// Transformer Engine's userbuffers overlap of the tp collectives with the linear layers' GEMMs
+// (ModelParallelConfig.tp_comm_overlap): planned as --async-tp pairs them.
+void tp_comm_overlap(const Entry& e, Reading& r) {
+  if (e.kind != Entry::Kind::kFlag) r.fail(e, "a flag takes no value");
+  r.set(e, "--async-tp");
+}
 void cp(const Entry& e, Reading& r) { r.axis(e, "cp"); }
 void seq(const Entry& e, Reading& r) {
   if (r.integer(e) < 1) r.fail(e, "expected at least 1 token");
@@ -144,6 +150,7 @@ const std::vector<Key>& keys() {
       {"--fp8-format", nullptr, "Transformer Engine's FP8 is not planned", kRefused},
       {"--accumulate-allreduce-grads-in-fp32", flag},
       {"--sequence-parallel", flag},
+      {"--tp-comm-overlap", tp_comm_overlap},
       {"--use-distributed-optimizer", flag},
       {"--recompute-activations", flag},
       {"--recompute-granularity", valued},
@@ -287,7 +294,8 @@ void finish(Reading& r, std::string_view) {
 
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh,
                  std::int64_t data_parallel, bool sequence_parallel) {
-  require_stack_defaults(stack, o, kSaysSequenceParallel | kSaysOptimizerSharding);
+  require_stack_defaults(stack, o,
+                         kSaysSequenceParallel | kSaysOptimizerSharding | kSaysAsyncTp);
   auto deg = mesh_degrees(stack, mesh, {"dp", "fsdp", "tp", "cp"});
   // Megatron's data parallelism shards no parameter: fsdp is its distributed optimizer's axis.
   if (deg.count("fsdp") != 0 && o.optimizer_sharding != OptimizerSharding::kZero1) {
@@ -363,6 +371,7 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
   if (bf16) out += "--bf16\n";
   if (bf16 && o.grad_dtype == DType::kF32) out += "--accumulate-allreduce-grads-in-fp32\n";
   if (sequence_parallel) out += "--sequence-parallel\n";
+  if (o.async_tp) out += "--tp-comm-overlap\n";
   if (deg.count("fsdp")) out += "--use-distributed-optimizer\n";
   out += recompute;
   out += fmt::format("--optimizer {}\n", o.optimizer == OptimizerKind::kSgd ? "sgd" : "adam");

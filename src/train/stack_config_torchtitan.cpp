@@ -150,6 +150,9 @@ void precision(const Entry& e, Reading& r) {
   r.set(e, "--optimizer-dtype", "f32");
 }
 
+// Async TP (--async-tp): PyTorch's micro-pipeline TP pass on the tensor-parallel group.
+void async_tp(const Entry& e, Reading& r) { r.set(e, r.boolean(e) ? "--async-tp" : ""); }
+
 void compile(const Entry& e, Reading& r) { r.set(e, r.boolean(e) ? "--compile" : "--eager"); }
 
 void float8_linear(const Entry& e, Reading& r) {
@@ -274,10 +277,8 @@ std::vector<Key> parallelism_keys() {
       {"experimental.context_parallel_degree", cp, {}, {}, k2412},
       {"parallelism.disable_loss_parallel", nullptr, "loss parallelism is not modelled", {}, k2025},
       {"parallelism.fsdp_reshard_after_forward", reshard, {}, {}, k2025},
-      {"parallelism.enable_async_tensor_parallel", nullptr, "async TP is not modelled", "false",
-       k2025},
-      {"experimental.enable_async_tensor_parallel", nullptr, "async TP is not modelled", "false",
-       k2024},
+      {"parallelism.enable_async_tensor_parallel", async_tp, {}, {}, k2025},
+      {"experimental.enable_async_tensor_parallel", async_tp, {}, {}, k2024},
       {"parallelism.enable_compiled_autograd", nullptr, "compiled autograd is not modelled",
        "false", k2025},
       {"experimental.enable_compiled_autograd", nullptr, "compiled autograd is not modelled",
@@ -436,7 +437,8 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
                  std::int64_t data_parallel, bool) {
   const unsigned v = version_of(stack);
   require_stack_defaults(stack, o,
-                         kSaysEager | kSaysFloat8 | ((v & k2025) != 0 ? kSaysReshard : 0u));
+                         kSaysEager | kSaysFloat8 | kSaysAsyncTp |
+                             ((v & k2025) != 0 ? kSaysReshard : 0u));
   auto deg = mesh_degrees(stack, mesh,
                           v == k2407 ? std::vector<std::string_view>{"fsdp", "tp"}
                                      : std::vector<std::string_view>{"dp", "fsdp", "tp", "cp"});
@@ -482,7 +484,9 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
       out += fmt::format("fsdp_reshard_after_forward = \"{}\"\n",
                          o.reshard_after_forward ? "default" : "never");
     }
+    if (o.async_tp) out += "enable_async_tensor_parallel = true\n";
   }
+  if (v == k2407 && o.async_tp) out += "\n[experimental]\nenable_async_tensor_parallel = true\n";
   if (v == k2508) out += fmt::format("\n[compile]\nenable = {}\n", o.eager ? "false" : "true");
   out += fmt::format("\n[activation_checkpoint]\n{}\n", ac);
   if ((v & k2024) != 0) {

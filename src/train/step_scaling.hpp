@@ -11,6 +11,7 @@
 
 #include "shardplan/collective_kind.hpp"
 #include "shardplan/program_cost.hpp"
+#include "shardplan/train_plan.hpp"
 
 namespace shardplan::train {
 
@@ -25,9 +26,10 @@ enum class ByteFigure {
   kBatch, kPeak, kPeakHeld, kPeakGathered, kPeakComputed, kMemoryTraffic, kReserved,
   kReservedExpandable, kLaunchedOps
 };
-/// A byte figure's key: one of those, a collective kind (the most bytes a device receives), or a
-/// collective kind over the mesh axes it runs in (ProgramCost::bytes_by_axes).
-using ByteKey = std::variant<ByteFigure, CollectiveKind, CollectiveOn>;
+/// A byte figure's key: one of those, a collective kind (the most bytes a device receives), a
+/// collective kind over the mesh axes it runs in (ProgramCost::bytes_by_axes), or a kind of async
+/// TP's pairs (its figure a count: tp_overlap_pairs).
+using ByteKey = std::variant<ByteFigure, CollectiveKind, CollectiveOn, TpOverlapKind>;
 /// The FLOPs of a traced step: the busiest device's, all devices' together, and the busiest
 /// device's in products, in fused attention and in float8 products (ProgramCost::matmul_flops,
 /// attention_flops, matmul_fp8_flops).

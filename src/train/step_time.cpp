@@ -146,6 +146,35 @@ CommRole role_of(const CollectiveOn& on, const TimeInputs& in) {
   return CommRole::kData;
 }
 
+// Async TP: each pair's collective over n devices runs as n chunks under the product's n pieces
+// (TpOverlapTime): its exposed part replaces the collective's seconds in the tensor-parallel
+// exposed time. A transfer at the ring's bandwidth (the collective's own figure; PyTorch copies
+// each remote chunk over the same links); the pieces at the product's rate (the hardware has one
+// GEMM efficiency, not one per product size: the smaller pieces' is not modelled).
+void overlap_tensor_pairs(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
+                          StepTime& t) {
+  for (const TpOverlap& p : plan.tp_overlaps) {
+    const CollectiveOn& on = p.kind.collective;
+    TpOverlapTime o;
+    o.pair = p;
+    o.tier = tier_of(mesh, on.axes, hw.node_size);
+    for (const std::string& a : on.axes) o.group *= mesh.axis_size(a);
+    o.comm_seconds =
+        static_cast<double>(p.kind.bytes) / bandwidth(mesh, on.axes, hw, true).bytes_per_second;
+    const double rate = p.kind.float8 ? hw.fp8_flops * hw.fp8_matmul_efficiency
+                                      : hw.bf16_flops * hw.matmul_efficiency;
+    o.matmul_seconds = static_cast<double>(p.kind.flops) / rate;
+    const auto n = static_cast<double>(o.group);
+    o.exposed_seconds = std::max(0.0, o.comm_seconds - o.matmul_seconds * (n - 1) / n);
+    const double hidden =
+        static_cast<double>(p.count) * (o.comm_seconds - o.exposed_seconds);
+    t.exposed_by_tier[o.tier] -= hidden;
+    t.exposed_tensor_seconds -= hidden;
+    t.tp_overlap_hidden_seconds += hidden;
+    t.tp_overlaps.push_back(o);
+  }
+}
+
 }  // namespace
 
 StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
@@ -201,6 +230,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
     }
     t.comms.push_back(std::move(c));
   }
+  overlap_tensor_pairs(plan, mesh, hw, t);
   // FSDP's pipeline over n layer steps: the first layer's gather waits, then each layer's
   // transfers run under the previous layer's compute, showing only what exceeds it.
   const auto n = static_cast<double>(std::max<std::int64_t>(in.layer_steps, 1));

@@ -18,6 +18,7 @@
 
 #include "allocation_events.hpp"
 #include "resolve_options.hpp"
+#include "tp_overlap.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
@@ -337,7 +338,9 @@ std::int64_t launched_ops(const detail::Program& program, const MemoryTimeline& 
 }
 
 /// The figures and the state's bytes read off the lowered step.
-TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_dtype) {
+/// `async_tp`: also async TP's pairs over the model axes (tp_overlap_pairs).
+TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_dtype,
+                     const AxisNames* async_tp) {
   TracedStep out;
   const std::vector<NamedSharding> in = low.input_shardings();
   const std::vector<TensorSpec> p_leaves = args.params.leaves(), s_leaves = args.state.leaves();
@@ -359,6 +362,12 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
   for (const auto& [on, b] : cost.bytes_by_axes) bytes[on] = b;
   bytes[ByteFigure::kMemoryTraffic] = cost.memory_traffic;
   bytes[ByteFigure::kLaunchedOps] = launched_ops(detail::program_of(low), cost.timeline);
+  if (async_tp != nullptr) {
+    for (const auto& [kind, n] :
+         tp_overlap_pairs(detail::program_of(low), cost.timeline, *async_tp)) {
+      bytes[kind] = n;
+    }
+  }
   out.figures.flops[FlopFigure::kBusiest] = *std::max_element(cost.flops.begin(), cost.flops.end());
   out.figures.flops[FlopFigure::kMatmul] =
       *std::max_element(cost.matmul_flops.begin(), cost.matmul_flops.end());
@@ -665,7 +674,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   };
   const Lowered low = sjit(mesh, step, step_sjit_options(args, o, annotations))
                           .lower(args.params, args.state, args.tokens, args.targets);
-  TracedStep out = read_cost(low, args, o.grad_dtype);
+  TracedStep out = read_cost(low, args, o.grad_dtype, o.async_tp ? &layout.model : nullptr);
   out.facts = read_facts(low, args, layout, mesh);
   out.facts.tp_modules = std::any_of(base.layer_in_use.begin(), base.layer_in_use.end(),
                                      [](const auto& m) { return !m.empty(); });

@@ -576,6 +576,9 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   for (const auto& [key, b] : bytes) {
     if (const auto* kind = std::get_if<CollectiveKind>(&key)) plan.bytes_by_collective[*kind] = b;
     if (const auto* on = std::get_if<CollectiveOn>(&key)) plan.bytes_by_axes[*on] = b;
+    if (const auto* kind = std::get_if<TpOverlapKind>(&key)) {
+      plan.tp_overlaps.push_back(TpOverlap{*kind, b});
+    }
   }
 }
 

@@ -75,6 +75,22 @@ std::string time_table(const StepTime& t) {
                        c.overlapped ? fmt::format("{}: overlapped with compute", name(c.role))
                                     : fmt::format("{}: exposed", name(c.role)));
   }
+  for (const TpOverlapTime& o : t.tp_overlaps) {
+    const TpOverlapKind& k = o.pair.kind;
+    out += fmt::format(
+        "  {:<40} {:>12}  ({} x {} with {:.3g} FLOP of {}products, {} chunks: transfer {}, "
+        "products {}, exposed {} each)\n",
+        fmt::format("async TP: {} over {}", to_string(k.collective.kind),
+                    axes_text(k.collective.axes)),
+        seconds_text(static_cast<double>(o.pair.count) * o.exposed_seconds), o.pair.count,
+        format_bytes(k.bytes), static_cast<double>(k.flops), k.float8 ? "float8 " : "", o.group,
+        seconds_text(o.comm_seconds), seconds_text(o.matmul_seconds),
+        seconds_text(o.exposed_seconds));
+  }
+  if (!t.tp_overlaps.empty()) {
+    out += fmt::format("  {:<40} {:>12}  (of the tensor-parallel collectives above)\n",
+                       "async TP: hidden under products", seconds_text(t.tp_overlap_hidden_seconds));
+  }
   out += fmt::format("  {:<40} {:>12}  (node {}, network {}; tensor parallel {})\n",
                      "exposed communication", seconds_text(t.exposed_seconds),
                      seconds_text(t.exposed_by_tier.at(LinkTier::kNode)),
@@ -162,6 +178,15 @@ std::string step_extras(const TrainPlan& p) {
   }
   if (p.tp_modules) {
     out += ", tensor-parallel plan modules (layer weights used in their model-axis split)";
+  }
+  if (!p.tp_overlaps.empty()) {
+    std::int64_t gathers = 0, scatters = 0;
+    for (const TpOverlap& o : p.tp_overlaps) {
+      (o.kind.collective.kind == CollectiveKind::kAllGather ? gathers : scatters) += o.count;
+    }
+    out += fmt::format(", async TP ({} all-gathers and {} reduce-scatters run under their "
+                       "products)",
+                       gathers, scatters);
   }
   if (p.fsdp_root) {
     out += fmt::format(", FSDP root module (embedding and head gathered from the forward's start "
@@ -281,6 +306,16 @@ std::string TrainPlan::table() const {
 
 namespace {
 
+// One kind of async TP's pairs (JSON "tp_overlaps"; "time.tp_overlap" adds its times).
+nlohmann::ordered_json overlap_json(const TpOverlap& o) {
+  return {{"kind", std::string(to_string(o.kind.collective.kind))},
+          {"axes", o.kind.collective.axes},
+          {"count", o.count},
+          {"bytes", o.kind.bytes},
+          {"flops", o.kind.flops},
+          {"float8", o.kind.float8}};
+}
+
 nlohmann::ordered_json time_json(const StepTime& t) {
   std::map<std::string, double> exposed_by_tier;  // by the tiers' names, ordered as they sort
   for (const auto& [tier, s] : t.exposed_by_tier) exposed_by_tier[std::string(name(tier))] = s;
@@ -316,6 +351,20 @@ nlohmann::ordered_json time_json(const StepTime& t) {
     j["dispatch_seconds_per_op"] = t.dispatch_seconds_per_op;
     j["dispatch_seconds"] = t.dispatch_seconds;
     j["dispatch_exposed_seconds"] = t.dispatch_exposed_seconds;
+  }
+  if (!t.tp_overlaps.empty()) {
+    nlohmann::ordered_json pairs = nlohmann::ordered_json::array();
+    for (const TpOverlapTime& o : t.tp_overlaps) {
+      nlohmann::ordered_json x = overlap_json(o.pair);
+      x["tier"] = std::string(name(o.tier));
+      x["group"] = o.group;
+      x["comm_seconds"] = o.comm_seconds;
+      x["matmul_seconds"] = o.matmul_seconds;
+      x["exposed_seconds"] = o.exposed_seconds;
+      pairs.push_back(std::move(x));
+    }
+    j["tp_overlap"] = std::move(pairs);
+    j["tp_overlap_hidden_seconds"] = t.tp_overlap_hidden_seconds;
   }
   return j;
 }
@@ -382,6 +431,10 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["optimizer_sharding"] = p.optimizer_sharding;
   j["fsdp_root"] = p.fsdp_root;
   j["tp_plan"] = p.tp_modules ? "modules" : "partitioner";
+  if (!p.tp_overlaps.empty()) {
+    j["tp_overlaps"] = nlohmann::ordered_json::array();
+    for (const TpOverlap& o : p.tp_overlaps) j["tp_overlaps"].push_back(overlap_json(o));
+  }
   if (p.stack) {
     j["stack"] = {{"name", p.stack->name},
                   {"validated", p.stack->validated},

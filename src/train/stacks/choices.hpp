@@ -51,6 +51,8 @@ inline void reshard_after_forward(TrainPlanOptions& o) { o.reshard_after_forward
 inline void adamw(TrainPlanOptions& o) { o.optimizer = OptimizerKind::kAdamw; }
 /// Column/row-parallel modules: layer weights used in their model-axis split (--tp-plan modules).
 inline void tp_modules(TrainPlanOptions& o) { o.tp_plan = TpPlan::kModules; }
+/// No async tensor parallelism (--async-tp off: the stacks' default).
+inline void no_async_tp(TrainPlanOptions& o) { o.async_tp = false; }
 inline void cp_allgather(TrainPlanOptions& o) { o.cp_rotate = RingRotate::kAllGather; }
 inline void cp_permute(TrainPlanOptions& o) { o.cp_rotate = RingRotate::kPermute; }
 

@@ -42,6 +42,19 @@ std::vector<StackChoice> megatron_parallelism() {
                   "the head used in its vocabulary split (with --loss naive)",
        .options = {"--tp-plan"},
        .apply = tp_modules},
+      {.topic = "tensor-parallel overlap",
+       .what = "--tp-comm-overlap off by default (ModelParallelConfig.tp_comm_overlap = False); "
+               "when on, Transformer Engine's userbuffers pipeline each all-gather and "
+               "reduce-scatter with its linear layer's GEMM, and in the backward pass also "
+               "overlap them in bulk with the weight-gradient GEMMs (tp_comm_bulk_wgrad, "
+               "tp_comm_bulk_dgrad); it asserts --sequence-parallel",
+       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/model_parallel_config.py: "
+                 "tp_comm_overlap, tp_comm_overlap_ag, tp_comm_overlap_rs, tp_comm_bulk_wgrad; "
+                 "megatron/training/arguments.py (its fields are arguments; the assert)",
+       .setting = "off (--async-tp plans the pipelined pairs as PyTorch's micro-pipeline TP "
+                  "does; the bulk overlaps with the weight-gradient GEMMs are not modelled)",
+       .options = {"--async-tp"},
+       .apply = no_async_tp},
       {.topic = "gradient reduction overlap",
        .what = "--overlap-grad-reduce and --overlap-param-gather off by default; buckets "
                "of --ddp-bucket-size",

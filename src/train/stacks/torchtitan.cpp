@@ -86,6 +86,19 @@ std::vector<StackChoice> common(std::string_view at_parallelize,
   };
 }
 
+// Async TP, available since pytorch/torchtitan#429 (1ec2ece, 2024-06-26), off by default: with it
+// on, apply_tp sets torch._inductor.config._micro_pipeline_tp and enables symmetric memory for
+// the tp group, and the compiled blocks' collectives are decomposed with their matmuls.
+StackChoice async_tp(std::string_view what, std::string_view source) {
+  return {.topic = "async TP",
+          .what = what,
+          .source = source,
+          .setting = "off (--async-tp: the tp collectives run under their products; with "
+                     "--compile, on a tp axis)",
+          .options = {"--async-tp"},
+          .apply = no_async_tp};
+}
+
 }  // namespace
 
 const TrainingStack& torchtitan_2024_07() {
@@ -126,7 +139,12 @@ const TrainingStack& torchtitan_2024_07() {
            optimizer_kernel(
                "AdamW with fused=False (--optimizer.fused off by default): torch's foreach",
                "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
-               "--optimizer.fused")}),
+               "--optimizer.fused"),
+           async_tp("--experimental.enable_async_tensor_parallel, off by default; when on "
+                    "without --training.compile it turns compile on itself (a warning)",
+                    "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
+                    "--experimental.enable_async_tensor_parallel; "
+                    "torchtitan/parallelisms/parallelize_llama.py: apply_tp")}),
       .validated_by = {}};
   return s;
 }
@@ -160,7 +178,12 @@ const TrainingStack& torchtitan_2024_12() {
                "AdamW with fused=False (--optimizer.fused is off by default), so torch's "
                "default for CUDA tensors: foreach (multi-tensor kernels, op by op)",
                "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
-               "--optimizer.fused; torch/optim/adamw.py (_default_to_fused_or_foreach)")}),
+               "--optimizer.fused; torch/optim/adamw.py (_default_to_fused_or_foreach)"),
+           async_tp("--experimental.enable_async_tensor_parallel, off by default (the inductor "
+                    "pass runs only on compiled blocks: --training.compile)",
+                    "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
+                    "--experimental.enable_async_tensor_parallel; "
+                    "torchtitan/parallelisms/parallelize_llama.py: apply_tp")}),
       // tests/published_runs_test.cpp's rows planned through this stack (the test keeps the two
       // lists equal).
       .validated_by = {"Table 1: Llama 3.1 8B, FSDP", "Table 1: Llama 3.1 8B, FSDP + torch.compile",
@@ -199,7 +222,12 @@ const TrainingStack& torchtitan_2025_06() {
            fused_optimizer_kernel("AdamW with implementation = \"fused\" (the default since "
                                   "pytorch/torchtitan#881, 2025-02-24)",
                                   "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
-                                  "Optimizer.implementation")}),
+                                  "Optimizer.implementation"),
+           async_tp("Parallelism.enable_async_tensor_parallel = False; on without "
+                    "training.compile it raises \"Async TP requires --training.compile\"",
+                    "pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
+                    "Parallelism.enable_async_tensor_parallel; "
+                    "torchtitan/models/llama3/infra/parallelize.py")}),
       .validated_by = {}};
   return s;
 }
@@ -239,7 +267,13 @@ const TrainingStack& torchtitan_2025_08() {
                "pytorch/torchtitan#881, 2025-02-24): one kernel reads and writes each "
                "parameter, gradient and moment once",
                "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
-               "Optimizer.implementation")}),
+               "Optimizer.implementation"),
+           async_tp("Parallelism.enable_async_tensor_parallel = False; on without compile.enable "
+                    "(and \"model\" in its components) it raises \"Async TP requires "
+                    "--training.compile\"",
+                    "pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
+                    "Parallelism.enable_async_tensor_parallel; "
+                    "torchtitan/distributed/tensor_parallel.py: maybe_enable_async_tp")}),
       .validated_by = {}};
   return s;
 }
