@@ -185,6 +185,17 @@ TEST(SjitPadded, AnUnpaddedShardingThatDoesNotDivideIsRefused) {
                     "10 is not a multiple of 4");
 }
 
+// A constraint inside the function that does not divide is refused too, naming the value, its
+// shape and the axis (compile's propagation checks each fixed sharding as NamedSharding does).
+TEST(SjitPadded, AConstraintThatDoesNotDivideIsRefused) {
+  const Executor exec{4};
+  const Mesh mesh = Mesh::parse("x:4", 4);
+  const Array x = device_put(kX, NamedSharding(mesh, P()), exec);
+  auto f = sjit(mesh, [](const Array& a) { return with_sharding_constraint(a * 2.0, P("x")); });
+  EXPECT_THROW_WITH(f(x), SpecError, "dim 0 of '%", "(shape [10, 5])", "'x' (size 4)",
+                    "10 is not a multiple of 4");
+}
+
 // Issue 41's goal: a training step (the MLP of JAX's guide, Adam, two steps, the second from the
 // first's outputs) with every parameter, moment and batch split FSDP-style over 3, 5, 6 and 7
 // devices, each split padded (11, 13, 17 and 19 rows: none of them divides), gives one device's

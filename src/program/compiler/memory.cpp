@@ -80,7 +80,7 @@ LiveValue describe_live(const Graph& g, const Partitioned& p, const CompileSpec&
         std::find(p.input_slots.begin(), p.input_slots.end(), slot) - p.input_slots.begin());
     v.input = static_cast<int>(k);
     v.what = k < spec.inputs.size() && !spec.inputs[k].name.empty() ? spec.inputs[k].name
-                                                                     : fmt::format("input {}", k);
+                                                                    : "input " + std::to_string(k);
     for (std::size_t i = 0; i < g.size(); ++i) {
       const Node& n = g.nodes[i];
       if (n.is(prim::input) && n.attr<InputAttrs>().index == static_cast<int>(k)) v.type = to_string(n.type);
@@ -156,6 +156,7 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p, const Compi
   std::int64_t* const part[] = {nullptr, &l.peak_by_kind.inputs, &l.peak_by_kind.resharded_inputs,
                                 &l.peak_by_kind.computed};
   std::vector<std::size_t> live;  // the roots of the groups live, each once
+  live.reserve(num_slots);
   std::vector<char> counted(num_slots, 0);
   for (std::size_t s = 0; s < num_slots; ++s) {
     const std::size_t r = index(root[s]);
@@ -170,6 +171,7 @@ static void count_peak_by_kind(const Graph& g, const Partitioned& p, const Compi
                     [&](std::size_t a, std::size_t b) {
                       return slot_bytes[a] != slot_bytes[b] ? slot_bytes[a] > slot_bytes[b] : a < b;
                     });
+  l.timeline.live_at_peak.reserve(l.timeline.live_at_peak.size() + shown);
   for (std::size_t i = 0; i < shown; ++i) {
     const std::size_t s = live[i];
     l.timeline.live_at_peak.push_back(describe_live(g, p, spec, l.timeline.phases,

@@ -99,13 +99,26 @@ class Emitter {
   void bind_input(ValueId id) {
     const auto k = static_cast<std::size_t>(g_[id].attr<InputAttrs>().index);
     slot_[id] = new_slot();
-    if (out_.input_slots.size() <= k) {
+    const NamedSharding& made = sharding(dec_[id].result.spec, g_[id].type.shape);
+    if (out_.input_slots.size() == k) {  // (inputs come in order of their index, mostly)
+      if (k == 0) {
+        const auto inputs = static_cast<std::size_t>(std::max(g_.num_inputs, 1));
+        out_.input_slots.reserve(inputs);
+        out_.input_shardings.reserve(inputs);
+        out_.input_pending.reserve(inputs);
+      }
+      out_.input_slots.push_back(slot_[id]);
+      out_.input_shardings.push_back(made);
+      out_.input_pending.push_back(dec_[id].result.pending);
+      return;
+    }
+    if (out_.input_slots.size() < k) {
       out_.input_slots.resize(k + 1, SlotId{-1});
       out_.input_shardings.resize(k + 1, sharding(PartitionSpec(), Shape{}));
       out_.input_pending.resize(k + 1);
     }
     out_.input_slots[k] = slot_[id];
-    out_.input_shardings[k] = sharding(dec_[id].result.spec, g_[id].type.shape);
+    out_.input_shardings[k] = made;
     out_.input_pending[k] = dec_[id].result.pending;
   }
 
@@ -183,6 +196,8 @@ class Emitter {
     const Decision& d = dec_[id];
     std::vector<SlotId> in_slots;
     std::vector<Shape> in_local;
+    in_slots.reserve(n.operands.size());
+    in_local.reserve(n.operands.size());
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       const ValueId o = n.operands[k];
       in_slots.push_back(read(o, d, k));
@@ -234,8 +249,10 @@ class Emitter {
     auto blocks =
         std::make_shared<const std::vector<Block>>(sharding(spec, shape).device_blocks(shape));
     auto offsets = std::make_shared<Offsets>();
+    offsets->reserve(blocks->size());
     for (const Block& b : *blocks) {
       std::vector<std::int64_t> starts;
+      starts.reserve(b.size());
       for (const auto& dim : b) starts.push_back(dim.start);
       offsets->push_back(std::move(starts));
     }

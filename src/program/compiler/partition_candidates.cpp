@@ -68,14 +68,13 @@ Spec SpecTable::intern_dims(const std::vector<AxisNames>& dims) {
 Spec SpecTable::intern(const AxisNames* dims, std::size_t n) {
   std::size_t h = n;
   for (std::size_t d = 0; d < n; ++d) h = hash_combine(h, hash_of(dims[d]));
-  std::vector<const Spec::Entry*>& same_hash = by_hash_[h];
-  for (const Spec::Entry* e : same_hash) {
-    const std::vector<AxisNames>& have = e->spec.dims();
-    if (have.size() == n && std::equal(have.begin(), have.end(), dims)) return Spec(e);
+  for (auto [it, end] = by_hash_.equal_range(h); it != end; ++it) {
+    const std::vector<AxisNames>& have = it->second->spec.dims();
+    if (have.size() == n && std::equal(have.begin(), have.end(), dims)) return Spec(it->second);
   }
   entries_.push_back({PartitionSpec(std::vector<AxisNames>(dims, dims + n)),
                       static_cast<int>(entries_.size())});
-  same_hash.push_back(&entries_.back());
+  by_hash_.emplace(h, &entries_.back());
   return Spec(&entries_.back());
 }
 
@@ -304,8 +303,9 @@ class CandidateBuilder {
       }
     }
     const std::size_t carried_from = out.size();
-    carry_candidates(id, out);
-    if (linearity_of(g_, n).carry && out.size() > carried_from) {
+    const Linearity lin = linearity_of(g_, n);
+    carry_candidates(id, lin, out);
+    if (lin.carry && out.size() > carried_from) {
       // Carried whenever it can be (convert_pending): the others read reduced operands only.
       for (std::size_t i = 0; i < carried_from; ++i) out[i].fallback = true;
     }
@@ -425,9 +425,8 @@ class CandidateBuilder {
   // result is pending over their axes (and over the node's own reduce factors). One candidate per
   // pending layout an operand can be in, where the operands' layouts are the factors' (a pending
   // sum is not moved).
-  void carry_candidates(ValueId id, std::vector<Cand>& out) {
+  void carry_candidates(ValueId id, const Linearity& lin, std::vector<Cand>& out) {
     const Node& n = g_[id];
-    const Linearity lin = linearity_of(g_, n);
     if (n.op->partial != ReduceOp::kSum || lin.kind == Linearity::Kind::kNone) return;
     for (std::size_t k = 0; k < n.operands.size(); ++k) {
       if (!lin.covers(k)) continue;
@@ -459,12 +458,11 @@ class CandidateBuilder {
     if (!carried || first == n.operands.size()) return std::nullopt;
     const OpFactors& f = prop_.factors(id);
     FactorAxes axes(f.count());
-    const auto dims = padded(S.spec, g_[n.operands[first]].type.shape.rank());
-    for (std::size_t d = 0; d < dims.size(); ++d) {
-      if (dims[d].empty()) continue;
-      const int fac = f.operands[first][d];
+    for (int d = 0; d < S.spec.size(); ++d) {  // (past its end, nothing is split)
+      if (S.spec[d].empty()) continue;
+      const int fac = f.operands[first][static_cast<std::size_t>(d)];
       if (fac < 0 || f.kind(fac) == FactorKind::kReplicate) return std::nullopt;
-      axes[fac] = dims[d];
+      axes[fac] = S.spec[d];
     }
     Cand c = evaluate(id, axes, Strategy::kCarry, &*carried, std::move(as_is));
     for (std::size_t q = 0; q < n.operands.size(); ++q) {
@@ -499,36 +497,42 @@ class CandidateBuilder {
         return std::nullopt;
       }
     }
-    std::set<std::string> used;
-    for (int fac = 0; fac < f.count(); ++fac) used.insert(base[fac].begin(), base[fac].end());
-    const auto free = [&](const AxisNames& axes) {
-      return !axes.empty() && std::none_of(axes.begin(), axes.end(),
-                                           [&](const auto& a) { return used.count(a) > 0; });
+    // The axes taken are base's and the split's own: searched where they are (a mesh has few),
+    // and base copied only once the split changes it (most operands split nothing further).
+    std::optional<FactorAxes> axes;
+    const auto current = [&]() -> const FactorAxes& { return axes ? *axes : base; };
+    const auto used = [&](const std::string& a) {
+      const FactorAxes& now = current();
+      for (int fac = 0; fac < f.count(); ++fac) {
+        if (std::find(now[fac].begin(), now[fac].end(), a) != now[fac].end()) return true;
+      }
+      return false;
     };
-    FactorAxes axes = base;
-    bool changed = false;
+    const auto free = [&](const AxisNames& on) {
+      return !on.empty() && std::none_of(on.begin(), on.end(), used);
+    };
+    const auto take = [&](int fac, const AxisNames& on) {
+      if (!axes) axes = base;
+      (*axes)[fac] = on;
+    };
     if (!os.pending.empty()) {
       // Split the first (most major) dimension that is whole and divides.
       if (!free(os.pending.axes)) return std::nullopt;
-      for (int d = 0; d < shape.rank() && !changed; ++d) {
+      for (int d = 0; d < shape.rank(); ++d) {
         const int fac = f.result[static_cast<std::size_t>(d)];
-        if (!axes[fac].empty() || shape[d] % product(mesh_, os.pending.axes) != 0) continue;
-        axes[fac] = os.pending.axes;
-        changed = true;
+        if (!base[fac].empty() || shape[d] % product(mesh_, os.pending.axes) != 0) continue;
+        take(fac, os.pending.axes);
+        break;
       }
     } else {
-      const auto dims = padded(os.spec, shape.rank());
       for (int d = 0; d < shape.rank(); ++d) {
-        const auto& on = dims[static_cast<std::size_t>(d)];
+        const AxisNames& on = os.spec[d];  // empty past the spec's end
         const int fac = f.result[static_cast<std::size_t>(d)];
-        if (!axes[fac].empty() || !free(on)) continue;
-        axes[fac] = on;
-        used.insert(on.begin(), on.end());
-        changed = true;
+        if (!current()[fac].empty() || !free(on)) continue;
+        take(fac, on);
       }
     }
-    if (!changed) return std::nullopt;
-    return axes;
+    return axes;  // nothing when it splits nothing further
   }
 
   // A repetition (a scalar or bias broadcast) with one user, made in a sharding that user reads
@@ -537,11 +541,11 @@ class CandidateBuilder {
     const Node& rn = g_[o];
     const OpFactors& f = prop_.factors(o);
     FactorAxes axes(f.count());
-    const auto dims = padded(want, rn.type.shape.rank());
-    for (std::size_t d = 0; d < dims.size(); ++d) {
-      const int fac = f.result[d];
+    const int dims = std::max(rn.type.shape.rank(), want.size());
+    for (int d = 0; d < dims; ++d) {
+      const int fac = f.result[static_cast<std::size_t>(d)];
       if (fac < 0 || f.kind(fac) != FactorKind::kPass) return std::nullopt;
-      axes[fac] = dims[d];
+      axes[fac] = want[d];  // empty past the spec's end
     }
     Cand c = evaluate(o, axes, Strategy::kMadeForUser);
     if (!c.result.pending.empty() ||

@@ -99,6 +99,7 @@ class Chooser {
     }
     out_specs_ = ValueMap<Spec>(g_.size());
     for (const ValueId o : g_.outputs) out_specs_[o] = table_.intern(specs_[o]);
+    if (forced()) return;
     std::vector<int> best_pick;
     double best_cost = kInfinite;
     bool shared = false;
@@ -145,6 +146,21 @@ class Chooser {
     }
   }
   static constexpr int kGroupPasses = 3;  // each lowers the cost: the bound guards compile time
+
+  // Where every node has one candidate (an eager op's program, mostly) and none is a fallback,
+  // there is nothing to choose: steps 1-5 would take each node's one (its one state is the one
+  // its readers read as it is), so it is taken at once. False, choosing nothing, otherwise.
+  bool forced() {
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      const Space& sp = space_[value_id(i)];
+      if (sp.cands.size() != 1 || sp.cands.front().fallback) return false;
+    }
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      pick_[value_id(i)] = 0;
+      state_[value_id(i)] = space_[value_id(i)].cands.front().state;
+    }
+    return true;
+  }
 
   // The last round's choice, for the marginal prices of the next.
   void remember_choice() {
@@ -394,6 +410,7 @@ class Chooser {
 
   Decision decision_of(ValueId v, const Cand& c) const {
     Decision d{.kind = c.kind, .result = c.result};
+    d.wants.reserve(c.wants.size());
     for (const Spec w : c.wants) d.wants.push_back(*w);
     d.result.why = c.why;
     d.as_is.assign(c.as_is.size(), 0);
@@ -438,6 +455,7 @@ class Chooser {
     out.decisions = ValueMap<Decision>(g_.size());
     out.reads = ValueMap<ReadPlan>(g_.size());
     clear_each(wants_, g_.size());
+    clear_each(need_, g_.size());  // (ask_operands fills both; a forced choice made neither)
     for (const ValueId o : g_.outputs) wants_[o].push_back(out_specs_[o]);
     for (std::size_t i = 0; i < g_.size(); ++i) {
       const ValueId v = value_id(i);
@@ -453,7 +471,7 @@ class Chooser {
       out.reads[v] = std::move(plan);
       out.decisions[v].decision = describe(v, c);
     }
-    out.constants = uses_.constant;
+    out.constants = std::move(uses_.constant);  // (the choice is made: nothing reads it after)
     return out;
   }
 

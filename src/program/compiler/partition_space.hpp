@@ -58,7 +58,7 @@ class SpecTable {
   Spec intern(const AxisNames* dims, std::size_t n);
 
   std::deque<Spec::Entry> entries_;
-  std::unordered_map<std::size_t, std::vector<const Spec::Entry*>> by_hash_;
+  std::unordered_multimap<std::size_t, const Spec::Entry*> by_hash_;
 };
 
 // Mesh axes per factor of a node.

@@ -17,12 +17,6 @@ bool Sharding::uses(const std::string& axis) const {
   });
 }
 
-std::vector<AxisNames> padded(const PartitionSpec& spec, int rank) {
-  std::vector<AxisNames> dims(spec.dims().begin(), spec.dims().end());
-  dims.resize(static_cast<std::size_t>(std::max(rank, static_cast<int>(dims.size()))));
-  return dims;
-}
-
 PartitionSpec spec_of_dims(std::vector<AxisNames> dims) {
   while (!dims.empty() && dims.back().empty()) dims.pop_back();
   return PartitionSpec(std::move(dims));
@@ -74,13 +68,19 @@ Propagator::Propagator(const Graph& g, const Mesh& mesh) : g_(g), mesh_(mesh) {
   for (const Node& n : g.nodes) {
     factors_.push_back(n.op->factors(n, operand_shapes(g, n)));
   }
-  // Each node's depth: the longest path to it from a node without operands.
+  // Each node's depth: the longest path to it from a node without operands (the levels sized
+  // first: each list is made once).
   std::vector<std::size_t> depth(g.size(), 0);
+  std::size_t deepest = 0;
   for (std::size_t i = 0; i < g.size(); ++i) {
     for (const ValueId o : g.nodes[i].operands) depth[i] = std::max(depth[i], depth[index(o)] + 1);
-    if (depth[i] >= levels_.size()) levels_.resize(depth[i] + 1);
-    levels_[depth[i]].push_back(value_id(i));
+    deepest = std::max(deepest, depth[i]);
   }
+  std::vector<std::size_t> at_depth(g.size() == 0 ? 0 : deepest + 1, 0);
+  for (const std::size_t d : depth) ++at_depth[d];
+  levels_.resize(at_depth.size());
+  for (std::size_t d = 0; d < at_depth.size(); ++d) levels_[d].reserve(at_depth[d]);
+  for (std::size_t i = 0; i < g.size(); ++i) levels_[depth[i]].push_back(value_id(i));
   for (std::size_t i = 0; i < g.size(); ++i) {
     sh_[value_id(i)].dims.resize(static_cast<std::size_t>(g.nodes[i].type.shape.rank()));
   }
@@ -92,12 +92,20 @@ void Propagator::fix(ValueId id, const PartitionSpec& spec, std::string origin,
   const int rank = n.type.shape.rank();
   const std::string name = value_name(id);
   spec.validate(mesh_, rank, name);
-  NamedSharding(mesh_, spec, uneven).shard_shape(n.type.shape, name);
+  // NamedSharding::is_padded, without making the sharding unless it is to throw (every input of
+  // every program is fixed here).
+  bool divides = true;
+  for (int d = 0; d < spec.size(); ++d) {
+    divides = divides && n.type.shape[d] % product(mesh_, spec[d]) == 0;
+  }
+  if (!divides && uneven == Uneven::kRefuse) {
+    NamedSharding(mesh_, spec, uneven).shard_shape(n.type.shape, name);  // throws, naming it
+  }
   Sharding& s = sh_[id];
-  s.dims = padded(spec, rank);
   s.dims.resize(static_cast<std::size_t>(rank));
+  for (int d = 0; d < rank; ++d) s.dims[static_cast<std::size_t>(d)] = spec[d];
   s.known = s.fixed = true;
-  s.padded = uneven == Uneven::kPad && NamedSharding(mesh_, spec).is_padded(n.type.shape);
+  s.padded = uneven == Uneven::kPad && !divides;
   s.origin = std::move(origin);
   mark_changed(id);
 }

@@ -39,8 +39,6 @@ struct Sharding {
   bool uses(const std::string& axis) const;
 };
 
-/// `spec`'s dimensions padded with unsharded ones to `rank`.
-std::vector<AxisNames> padded(const PartitionSpec& spec, int rank);
 /// The spec of `dims`, without trailing unsharded dimensions.
 PartitionSpec spec_of_dims(std::vector<AxisNames> dims);
 /// The number of devices along `axes`.
