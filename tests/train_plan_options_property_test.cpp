@@ -287,10 +287,10 @@ struct Case {
 };
 
 // `blocks`: the generator of the block settings, `kernels` of the ring's rotation, `given` of
-// whether an option with nothing to apply to is kept (refused), apart so that the other draws
-// stay as they were.
+// whether an option with nothing to apply to is kept (refused), `cp_kernels` of the
+// context-parallel kernel, apart so that the other draws stay as they were.
 Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels,
-                 std::mt19937_64& given) {
+                 std::mt19937_64& given, std::mt19937_64& cp_kernels) {
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -353,16 +353,31 @@ Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64&
       std::uniform_int_distribution<int>(0, 7)(given)) {
     o.cp_rotate = RingRotate::kPermute;
   }
+  o.cp_kernel = pick(cp_kernels, std::vector<ContextKernel>{ContextKernel::kRing,
+                                                            ContextKernel::kRing,
+                                                            ContextKernel::kAllGatherKv,
+                                                            ContextKernel::kUlysses});
+  // The rotation is the ring's: with another kernel kept one time in eight (refused), as is
+  // another kernel without a context axis.
+  if (o.cp_kernel != ContextKernel::kRing &&
+      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
+    o.cp_rotate.reset();
+  }
+  if (o.cp_kernel != ContextKernel::kRing && !cp &&
+      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
+    o.cp_kernel = ContextKernel::kRing;
+  }
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
       "param {} remat {} blocks {} fsdp_root {} reshard_last {} eager {} activations {} "
-      "hardware {} tp_plan {} cp_rotate {}",
+      "hardware {} tp_plan {} cp_rotate {} cp_kernel {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), remat_blocks_name(o.remat_blocks), o.fsdp_root,
       b(o.reshard_last_block), o.eager, o.activations.has_value(),
-      o.hardware ? o.hardware->name : "none", name(o.tp_plan), name(o.cp_rotate));
+      o.hardware ? o.hardware->name : "none", name(o.tp_plan),
+      o.cp_rotate ? name(*o.cp_rotate) : "default", name(o.cp_kernel));
   return k;
 }
 
@@ -395,7 +410,16 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   }
   if (!p.context_axes.empty()) {
     EXPECT_GT(axis_ways(mesh, p.context_axes), 1);
-    EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kPermute), 0u);
+    // The kernel as asked, read from its ops, and what it sends.
+    EXPECT_EQ(p.context_kernel, o.cp_kernel);
+    if (o.cp_kernel == ContextKernel::kRing) {
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kPermute), 0u);
+    } else if (o.cp_kernel == ContextKernel::kAllGatherKv) {
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kAllGather), 0u);
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kReduceScatter), 0u);
+    } else {
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kAllToAll), 0u);
+    }
     // The ring's rotation as asked, read from its ops.
     EXPECT_EQ(p.context_gathered, o.cp_rotate == RingRotate::kAllGather);
     if (p.context_gathered) {
@@ -423,8 +447,14 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
   if (p.context_axes.empty()) {
     EXPECT_TRUE(j["context_rotate"].is_null());
+    EXPECT_TRUE(j["context_kernel"].is_null());
   } else {
-    EXPECT_EQ(j["context_rotate"], p.context_gathered ? "allgather" : "permute");
+    EXPECT_EQ(j["context_kernel"], std::string(name(p.context_kernel)));
+    if (p.context_kernel == ContextKernel::kRing) {
+      EXPECT_EQ(j["context_rotate"], p.context_gathered ? "allgather" : "permute");
+    } else {
+      EXPECT_TRUE(j["context_rotate"].is_null());
+    }
   }
   if (o.hardware) {
     ASSERT_TRUE(p.time);
@@ -491,11 +521,13 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   constexpr std::uint64_t kSeed = 39;
   constexpr int kCases = 500;
-  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2), given(kSeed + 3);
+  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2), given(kSeed + 3),
+      cp_kernels(kSeed + 4);
   int planned = 0, refused = 0;
   std::set<std::size_t> refusals_seen;
+  std::set<ContextKernel> context_kernels;  // planned with a context axis
   for (int i = 0; i < kCases; ++i) {
-    const Case k = random_case(rng, blocks, kernels, given);
+    const Case k = random_case(rng, blocks, kernels, given, cp_kernels);
     SCOPED_TRACE(fmt::format("seed {} case {}: {}", kSeed, i, k.text));
     const ModelConfig c = ModelConfig::parse(k.family->json);
     const Mesh mesh = Mesh::parse(k.mesh, 4);
@@ -504,6 +536,7 @@ TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
       const TrainPlan p = plan_training(c, mesh, rules, k.o);
       ++planned;
       check_plan(k, mesh, p);
+      if (!p.context_axes.empty()) context_kernels.insert(p.context_kernel);
       // Every eighth plan again without each option it reports applied.
       if (planned % 8 == 0) check_applied_changes(k, c, mesh, rules, p);
     } catch (const OptionError& e) {
@@ -519,6 +552,7 @@ TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   EXPECT_GT(planned, kCases / 6);
   EXPECT_GT(refused, kCases / 10);
   EXPECT_GE(refusals_seen.size(), 8u);
+  EXPECT_EQ(context_kernels.size(), 3u);  // each kernel planned at least once
 }
 
 }  // namespace

@@ -43,6 +43,9 @@ enum class Refusal : std::size_t {
   kZero1NothingToShard,
   kTpPlanNoModelSplit,
   kCpRotateNoContext,
+  kCpRotateNotRing,
+  kUlyssesHeads,
+  kCpKernelNoContext,
   kCount
 };
 

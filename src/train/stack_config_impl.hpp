@@ -123,6 +123,7 @@ enum Says : unsigned {
   kSaysFloat8 = 4,            // torchtitan's float8 converter
   kSaysReshard = 8,           // torchtitan's fsdp_reshard_after_forward (2025)
   kSaysOptimizerSharding = 16,  // Megatron's --use-distributed-optimizer
+  kSaysContextKernel = 32,      // Megatron's --cp-comm-type
 };
 
 /// The train-plan options a stack's config cannot say (those not in `says`, and the loss,
