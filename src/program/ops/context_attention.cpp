@@ -3,7 +3,8 @@
 // collectives; autodiff gives their backward passes (all_gather's transpose is psum_scatter,
 // all_to_all's the reverse all_to_all), so no custom VJP is needed. Causal, the sequence is in
 // the load-balanced order (device d holds chunks d and 2n-1-d of 2n): each kernel puts the
-// whole sequence it holds back in the natural order with slices, which move nothing.
+// whole sequence it holds back in the natural order by load_balanced_positions' table (a take,
+// on the device: nothing moves between devices).
 #include <fmt/format.h>
 
 #include "primitives/attention.hpp"
@@ -18,47 +19,37 @@
 namespace shardplan {
 namespace {
 
-Array rows(const Array& x, std::int64_t from, std::int64_t to) {
-  std::vector<std::int64_t> starts(static_cast<std::size_t>(x.shape().rank()), 0);
-  std::vector<std::int64_t> limits = x.shape().dims();
-  starts[1] = from;
-  limits[1] = to;
-  return slice(x, starts, limits);
-}
-
-// x [B, n t, ...]: the n devices' blocks in device order (block d: chunks d and 2n-1-d, c = t/2
-// rows each) put in the natural order of the 2n chunks.
-Array natural_order(const Array& x, std::int64_t n) {
-  const std::int64_t t = x.shape()[1] / n, c = t / 2;
-  std::vector<Array> chunks;
-  for (std::int64_t d = 0; d < n; ++d) chunks.push_back(rows(x, d * t, d * t + c));
-  for (std::int64_t d = n - 1; d >= 0; --d) chunks.push_back(rows(x, d * t + c, (d + 1) * t));
-  return concatenate(chunks, 1);
-}
-
-// The inverse of natural_order: chunks d and 2n-1-d side by side for each device d.
-Array load_balanced_order(const Array& x, std::int64_t n) {
-  const std::int64_t c = x.shape()[1] / (2 * n);
-  std::vector<Array> chunks;
-  for (std::int64_t d = 0; d < n; ++d) {
-    chunks.push_back(rows(x, d * c, (d + 1) * c));
-    chunks.push_back(rows(x, (2 * n - 1 - d) * c, (2 * n - d) * c));
+// load_balanced_positions(t, n) (element p: the natural position of the token at index p), or
+// its inverse (element q: the index of natural position q), as an i32 array on x's devices.
+Array order_table(const Array& x, std::int64_t t, std::int64_t n, bool inverse) {
+  const std::vector<std::int64_t> pos = load_balanced_positions(t, n);
+  std::vector<std::int32_t> table(pos.size());
+  for (std::size_t p = 0; p < pos.size(); ++p) {
+    const auto q = static_cast<std::size_t>(pos[p]);
+    inverse ? table[q] = static_cast<std::int32_t>(p) : table[p] = static_cast<std::int32_t>(q);
   }
-  return concatenate(chunks, 1);
+  return constant(Tensor::from(Shape{t}, table), x);
 }
 
-// [t, n t] bool: query row r of this device's block (chunk i then chunk 2n-1-i, c = t/2 rows
-// each) sees the keys of the natural order at positions up to its own.
+// x [B, n t, ...]: the n devices' blocks side by side in the load-balanced order, put in the
+// natural order; and back.
+Array natural_order(const Array& x, std::int64_t n) {
+  return take(x, order_table(x, x.shape()[1], n, true), 1);
+}
+Array load_balanced_order(const Array& x, std::int64_t n) {
+  return take(x, order_table(x, x.shape()[1], n, false), 1);
+}
+
+// [t, n t] bool: query row r of this device's block (rows i t .. (i+1) t of the load-balanced
+// order) sees the keys of the natural order at positions up to its own.
 Array causal_positions_mask(const Array& q, const std::string& axis, std::int64_t n) {
-  const std::int64_t t = q.shape()[1], c = t / 2;
-  const Array zeros = full(Shape{t, n * t}, DType::kF32, 0, q);
-  const Array r = iota_like(zeros, 0, DType::kF32), key = iota_like(zeros, 1, DType::kF32);
-  const Array i = astype(lax::axis_index(axis), DType::kF32);
+  const std::int64_t t = q.shape()[1];
+  const Array rows = iota_like(full(Shape{t}, DType::kI32, 0, q), 0, DType::kI32) +
+                     lax::axis_index(axis) * static_cast<double>(t);
   // Positions are exact in f32 below 2^24 tokens.
-  const Array pos = where(less(r, full_like(r, static_cast<double>(c))), i * static_cast<double>(c) + r,
-                          (static_cast<double>(2 * n - 1) - i) * static_cast<double>(c) + r -
-                              static_cast<double>(c));
-  return less_equal(key, pos);
+  const Array pos = astype(take(order_table(q, n * t, n, false), rows, 0), DType::kF32);
+  const Array keys = iota_like(full(Shape{1, n * t}, DType::kF32, 0, q), 1, DType::kF32);
+  return less_equal(keys, reshape(pos, Shape{t, 1}));
 }
 
 }  // namespace
