@@ -121,6 +121,28 @@ TEST(TrainPlanOptions, ContextParallelOnT5IsRefused) {
                     OptionError, "--mesh with a cp or context axis", "T5", "repeat the same work");
 }
 
+// The context-parallel kernel's refusals, by type and message: the ring's rotation given with
+// another kernel; Ulysses where a device's heads do not split over the context axis (the tiny
+// LLaMA's 2 kv heads over cp:4), planned where they do (cp:2).
+TEST(TrainPlanOptions, ContextKernelRefusalsAreNamed) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  o.cp_kernel = ContextKernel::kAllGatherKv;
+  o.cp_rotate = RingRotate::kPermute;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:2,cp:2", 4), preset("llama_fsdp"), o),
+                    OptionError, "[train] --cp-rotate is refused",
+                    "--cp-rotate permute with --cp-kernel allgather-kv");
+  o.cp_rotate.reset();
+  o.cp_kernel = ContextKernel::kUlysses;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:1,cp:4", 4), preset("llama_fsdp"), o),
+                    OptionError, "[train] --cp-kernel ulysses is refused",
+                    "4 query heads and 2 key/value heads", "the 4 devices of 'cp'");
+  const TrainPlan p = plan_training(c, Mesh::parse("fsdp:2,cp:2", 4), preset("llama_fsdp"), o);
+  EXPECT_EQ(p.context_kernel, ContextKernel::kUlysses);
+}
+
 // T5's step runs neither the fused attention nor the fused loss: reported naive (read from its
 // program), and refused when asked for.
 TEST(TrainPlanOptions, T5ReportsWhatItsProgramRuns) {

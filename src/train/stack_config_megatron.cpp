@@ -123,8 +123,8 @@ void attention_backend(const Entry& e, Reading& r) {
   r.set(e, "--attention", "fused");
 }
 
-/// --cp-comm-type (transformer_config.py's cp_comm_type at d98e8a6): one kernel for every layer
-/// (a list, one a layer, when all are the same).
+/// --cp-comm-type (arguments.py at d98e8a6: nargs '+', default ["p2p"], one type for every layer
+/// or one a layer; transformer_config.py's cp_comm_type): planned when every layer has the same.
 void cp_comm_type(const Entry& e, Reading& r) {
   const std::vector<std::string> values =
       e.kind == Entry::Kind::kList ? e.list : std::vector<std::string>{r.text(e)};
