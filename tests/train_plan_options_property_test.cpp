@@ -449,7 +449,8 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
     }
   } else {
     EXPECT_FALSE(p.context_gathered);
-    EXPECT_EQ(o.cp_rotate, RingRotate::kPermute);  // given without a ring: refused
+    EXPECT_NE(o.cp_rotate, RingRotate::kAllGather);  // given without a ring: refused
+    EXPECT_EQ(o.cp_kernel, ContextKernel::kRing);    // another kernel likewise
   }
   // The modules' plan where asked for (refused where no layer weight is split over a model axis).
   EXPECT_EQ(p.tp_modules, o.tp_plan == TpPlan::kModules);
