@@ -50,6 +50,10 @@ const std::vector<RoundTrip>& round_trips() {
       {"megatron-core",
        "--mesh fsdp:4 --batch 8 --seq 64 --sequence-parallel off --optimizer-sharding zero1",
        "--devices 4"},
+      {"megatron-core", "--mesh dp:2,cp:2 --batch 8 --seq 64 --cp-kernel allgather-kv",
+       "--devices 4"},
+      {"megatron-core", "--mesh dp:2,cp:2 --batch 8 --seq 64 --cp-kernel ulysses",
+       "--devices 4"},
       {"maxtext", "--mesh fsdp:2,tp:2 --batch 8 --seq 64 --grad-accum 2 --remat maxtext:minimal",
        ""},
   };

@@ -3,6 +3,7 @@
 // expected options are read off the stacks' code by hand (each dialect's source comment).
 #include "shardplan/stack_config.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -146,6 +147,28 @@ TEST(StackConfig, MegatronArgumentsByArgumentsPy) {
   EXPECT_THAT(options_of(z), Contains("--optimizer-sharding zero1"));
   EXPECT_EQ(z.mesh_text(), "fsdp:-1");
   EXPECT_THAT(options_of(f), Not(Contains(HasSubstr("--optimizer-sharding"))));
+}
+
+// --cp-comm-type (transformer_config.py's cp_comm_type): p2p is the ring, all_gather Llama 3's
+// all-gather of K/V, a2a Ulysses; one type a layer only when all are the same.
+TEST(StackConfig, MegatronCpCommTypeIsTheContextKernel) {
+  const auto kernel = [](std::string_view type) {
+    return options_of(parse(fmt::format("--micro-batch-size 1 --context-parallel-size 2 "
+                                        "--cp-comm-type {}",
+                                        type),
+                            "megatron-core", "a.args"));
+  };
+  EXPECT_THAT(kernel("p2p"), Contains("--cp-kernel ring"));
+  EXPECT_THAT(kernel("all_gather"), Contains("--cp-kernel allgather-kv"));
+  EXPECT_THAT(kernel("a2a"), Contains("--cp-kernel ulysses"));
+  EXPECT_THAT(kernel("a2a a2a"), Contains("--cp-kernel ulysses"));  // a list, one per layer
+  EXPECT_THAT(options_of(parse("--micro-batch-size 1", "megatron-core")),
+              Not(Contains(HasSubstr("--cp-kernel"))));  // the stack's choice: p2p
+  EXPECT_THROW_WITH(kernel("a2a+p2p"), IoError, "--cp-comm-type = a2a+p2p", "hierarchical",
+                    "--hierarchical-context-parallel-sizes", "not planned");
+  EXPECT_THROW_WITH(kernel("p2p a2a"), IoError, "--cp-comm-type = [p2p, a2a]", "per layer");
+  EXPECT_THROW_WITH(kernel("ring"), IoError, "--cp-comm-type = ring",
+                    "expected p2p, all_gather, a2a or a2a+p2p");
 }
 
 TEST(StackConfig, MegatronRefusesWhatIsNotPlanned) {

@@ -121,6 +121,28 @@ TEST(TrainPlanOptions, ContextParallelOnT5IsRefused) {
                     OptionError, "--mesh with a cp or context axis", "T5", "repeat the same work");
 }
 
+// The context-parallel kernel's refusals, by type and message: the ring's rotation given with
+// another kernel; Ulysses where a device's heads do not split over the context axis (the tiny
+// LLaMA's 2 kv heads over cp:4), planned where they do (cp:2).
+TEST(TrainPlanOptions, ContextKernelRefusalsAreNamed) {
+  const ModelConfig c = ModelConfig::parse(kTinyLlama);
+  TrainPlanOptions o;
+  o.batch = 4;
+  o.seq = 16;
+  o.cp_kernel = ContextKernel::kAllGatherKv;
+  o.cp_rotate = RingRotate::kPermute;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:2,cp:2", 4), preset("llama_fsdp"), o),
+                    OptionError, "[train] --cp-rotate is refused",
+                    "--cp-rotate permute with --cp-kernel allgather-kv");
+  o.cp_rotate.reset();
+  o.cp_kernel = ContextKernel::kUlysses;
+  EXPECT_THROW_WITH(plan_training(c, Mesh::parse("fsdp:1,cp:4", 4), preset("llama_fsdp"), o),
+                    OptionError, "[train] --cp-kernel ulysses is refused",
+                    "4 query heads and 2 key/value heads", "the 4 devices of 'cp'");
+  const TrainPlan p = plan_training(c, Mesh::parse("fsdp:2,cp:2", 4), preset("llama_fsdp"), o);
+  EXPECT_EQ(p.context_kernel, ContextKernel::kUlysses);
+}
+
 // T5's step runs neither the fused attention nor the fused loss: reported naive (read from its
 // program), and refused when asked for.
 TEST(TrainPlanOptions, T5ReportsWhatItsProgramRuns) {
@@ -286,11 +308,20 @@ struct Case {
   std::string text;  // for the failure message
 };
 
-// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, `overlap` of
-// async TP, `given` of whether an option with nothing to apply to is kept (refused), apart so
-// that the other draws stay as they were.
-Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels,
-                 std::mt19937_64& overlap, std::mt19937_64& given) {
+// The draws, each group from its own generator (seeded kSeed + i) so that adding a group leaves
+// the others' draws as they were: `blocks` the block settings, `kernels` the ring's rotation,
+// `overlap` async TP, `given` whether an option with nothing to apply to is kept (refused),
+// `cp_kernels` the context-parallel kernel.
+struct Draws {
+  explicit Draws(std::uint64_t seed)
+      : rng(seed), blocks(seed + 1), kernels(seed + 2), overlap(seed + 3), given(seed + 4),
+        cp_kernels(seed + 5) {}
+  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels;
+};
+
+Case random_case(Draws& d) {
+  std::mt19937_64 &rng = d.rng, &blocks = d.blocks, &kernels = d.kernels, &overlap = d.overlap,
+                  &given = d.given, &cp_kernels = d.cp_kernels;
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -356,16 +387,31 @@ Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64&
   // Async TP: on the modules' plan only (its refusal elsewhere is train_plan_test_async_tp's), so
   // that fewer cases are refused.
   o.async_tp = std::uniform_int_distribution<int>(0, 1)(overlap) == 0 && o.tp_plan == TpPlan::kModules;
+  o.cp_kernel = pick(cp_kernels, std::vector<ContextKernel>{ContextKernel::kRing,
+                                                            ContextKernel::kRing,
+                                                            ContextKernel::kAllGatherKv,
+                                                            ContextKernel::kUlysses});
+  // The rotation is the ring's: with another kernel kept one time in eight (refused), as is
+  // another kernel without a context axis.
+  if (o.cp_kernel != ContextKernel::kRing &&
+      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
+    o.cp_rotate.reset();
+  }
+  if (o.cp_kernel != ContextKernel::kRing && !cp &&
+      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
+    o.cp_kernel = ContextKernel::kRing;
+  }
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
       "param {} remat {} blocks {} fsdp_root {} reshard_last {} eager {} activations {} "
-      "hardware {} tp_plan {} cp_rotate {} async_tp {}",
+      "hardware {} tp_plan {} cp_rotate {} cp_kernel {} async_tp {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), remat_blocks_name(o.remat_blocks), o.fsdp_root,
       b(o.reshard_last_block), o.eager, o.activations.has_value(),
-      o.hardware ? o.hardware->name : "none", name(o.tp_plan), name(o.cp_rotate), o.async_tp);
+      o.hardware ? o.hardware->name : "none", name(o.tp_plan),
+      o.cp_rotate ? name(*o.cp_rotate) : "default", name(o.cp_kernel), o.async_tp);
   return k;
 }
 
@@ -398,7 +444,16 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   }
   if (!p.context_axes.empty()) {
     EXPECT_GT(axis_ways(mesh, p.context_axes), 1);
-    EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kPermute), 0u);
+    // The kernel as asked, read from its ops, and what it sends.
+    EXPECT_EQ(p.context_kernel, o.cp_kernel);
+    if (o.cp_kernel == ContextKernel::kRing) {
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kPermute), 0u);
+    } else if (o.cp_kernel == ContextKernel::kAllGatherKv) {
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kAllGather), 0u);
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kReduceScatter), 0u);
+    } else {
+      EXPECT_GT(p.bytes_by_collective.count(CollectiveKind::kAllToAll), 0u);
+    }
     // The ring's rotation as asked, read from its ops.
     EXPECT_EQ(p.context_gathered, o.cp_rotate == RingRotate::kAllGather);
     if (p.context_gathered) {
@@ -406,7 +461,8 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
     }
   } else {
     EXPECT_FALSE(p.context_gathered);
-    EXPECT_EQ(o.cp_rotate, RingRotate::kPermute);  // given without a ring: refused
+    EXPECT_NE(o.cp_rotate, RingRotate::kAllGather);  // given without a ring: refused
+    EXPECT_EQ(o.cp_kernel, ContextKernel::kRing);    // another kernel likewise
   }
   // The modules' plan where asked for (refused where no layer weight is split over a model axis).
   EXPECT_EQ(p.tp_modules, o.tp_plan == TpPlan::kModules);
@@ -435,8 +491,14 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
   if (p.context_axes.empty()) {
     EXPECT_TRUE(j["context_rotate"].is_null());
+    EXPECT_TRUE(j["context_kernel"].is_null());
   } else {
-    EXPECT_EQ(j["context_rotate"], p.context_gathered ? "allgather" : "permute");
+    EXPECT_EQ(j["context_kernel"], std::string(name(p.context_kernel)));
+    if (p.context_kernel == ContextKernel::kRing) {
+      EXPECT_EQ(j["context_rotate"], p.context_gathered ? "allgather" : "permute");
+    } else {
+      EXPECT_TRUE(j["context_rotate"].is_null());
+    }
   }
   if (o.hardware) {
     ASSERT_TRUE(p.time);
@@ -511,12 +573,12 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   constexpr std::uint64_t kSeed = 39;
   constexpr int kCases = 500;
-  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2), overlap(kSeed + 3),
-      given(kSeed + 4);
+  Draws draws(kSeed);
   int planned = 0, refused = 0;
   std::set<std::size_t> refusals_seen;
+  std::set<ContextKernel> context_kernels;  // planned with a context axis
   for (int i = 0; i < kCases; ++i) {
-    const Case k = random_case(rng, blocks, kernels, overlap, given);
+    const Case k = random_case(draws);
     SCOPED_TRACE(fmt::format("seed {} case {}: {}", kSeed, i, k.text));
     const ModelConfig c = ModelConfig::parse(k.family->json);
     const Mesh mesh = Mesh::parse(k.mesh, 4);
@@ -525,6 +587,7 @@ TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
       const TrainPlan p = plan_training(c, mesh, rules, k.o);
       ++planned;
       check_plan(k, mesh, p);
+      if (!p.context_axes.empty()) context_kernels.insert(p.context_kernel);
       // Every eighth plan again without each option it reports applied.
       if (planned % 8 == 0) check_applied_changes(k, c, mesh, rules, p);
     } catch (const OptionError& e) {
@@ -540,6 +603,7 @@ TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   EXPECT_GT(planned, kCases / 6);
   EXPECT_GT(refused, kCases / 10);
   EXPECT_GE(refusals_seen.size(), 8u);
+  EXPECT_EQ(context_kernels.size(), 3u);  // each kernel planned at least once
 }
 
 }  // namespace

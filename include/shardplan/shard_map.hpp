@@ -145,17 +145,43 @@ enum class RingRotate : std::uint8_t { kPermute, kAllGather };
 Array ring_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
                      bool is_causal, std::optional<double> scale = std::nullopt,
                      RingRotate rotate = RingRotate::kPermute);
+/// Context parallelism's other kernels, inside shard_map's function with the sequence split over
+/// `axis` (the arguments and the load-balanced order as ring_attention's). All-gather of K/V
+/// (Llama 3's context parallelism, Megatron's cp_comm_type "all_gather"): k and v gathered whole
+/// over `axis` (two all-gathers), this device's queries attend to them under a mask of the
+/// tokens' positions; the backward pass reduce-scatters dk and dv. A device holds the whole
+/// sequence's k and v, and keeps them for the backward pass. Equal to dot_product_attention over
+/// the whole sequence: the output and dq bit for bit (the same keys in the same order), dk and dv
+/// to float rounding (the devices' partial sums added by the reduce-scatter).
+Array allgather_kv_attention(const Array& q, const Array& k, const Array& v,
+                             const std::string& axis, bool is_causal,
+                             std::optional<double> scale = std::nullopt);
+/// Ulysses (DeepSpeed-Ulysses, Megatron's cp_comm_type "a2a"): q, k and v moved by all-to-all
+/// from a split of the sequence to a split of the heads (three all-to-alls), attention over the
+/// whole sequence on this device's heads, the output moved back (one more); the backward pass
+/// transposes each. Bit for bit dot_product_attention over the whole sequence, values and
+/// gradients (each head's attention is computed whole on one device). The query heads and the
+/// kv heads (of the block) must each be a multiple of the size of `axis`: else a SpecError
+/// naming both counts and the size.
+Array ulysses_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
+                        bool is_causal, std::optional<double> scale = std::nullopt);
+/// Which kernel context_parallel_attention runs: ring_attention (with its RingRotate),
+/// allgather_kv_attention or ulysses_attention.
+enum class ContextKernel : std::uint8_t { kRing, kAllGatherKv, kUlysses };
+
 /// The load-balanced order of t tokens over n devices: element p is the position of the token
 /// at index p of the reordered sequence. Device d's block (indices 2c d .. 2c (d+1), c = t/2n)
 /// holds chunks d and 2n-1-d. Throws SpecError when t is not a multiple of 2n.
 std::vector<std::int64_t> load_balanced_positions(std::int64_t t, std::int64_t n);
 /// ring_attention on global arrays [B, T, N, H] / [B, T, K, H] sharded as `spec`, whose
 /// dimension 1 (the sequence, in the load-balanced order when causal) is split over `axis`
-/// alone: shard_map(ring_attention) with in and out specs `spec`.
+/// alone: shard_map(ring_attention) with in and out specs `spec`; `kernel` runs
+/// allgather_kv_attention or ulysses_attention instead (`rotate` is the ring's alone).
 Array context_parallel_attention(const Array& q, const Array& k, const Array& v, const Mesh& mesh,
                                  const PartitionSpec& spec, const std::string& axis, bool is_causal,
                                  std::optional<double> scale = std::nullopt,
-                                 RingRotate rotate = RingRotate::kPermute);
+                                 RingRotate rotate = RingRotate::kPermute,
+                                 ContextKernel kernel = ContextKernel::kRing);
 
 /// The collectives of shard_map's function (jax.lax's), over the mesh axes named. Each is an
 /// error (SpecError naming it and the axis) outside a shard_map or over an axis the mesh does not

@@ -95,6 +95,8 @@ struct SjitOptions {
 namespace composite {
 inline constexpr char kLinearCrossEntropy[] = "linear_cross_entropy";
 inline constexpr char kRingAttention[] = "ring_attention";
+inline constexpr char kAllGatherKvAttention[] = "allgather_kv_attention";
+inline constexpr char kUlyssesAttention[] = "ulysses_attention";
 }  // namespace composite
 
 /// One operation of a compiled program, as it runs: its primitive's name ("dot_general",

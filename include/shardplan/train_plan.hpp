@@ -138,6 +138,10 @@ std::string_view name(TpPlan plan);
 /// "permute", "allgather" (--cp-rotate; RingRotate). Throws SpecError naming the known ones.
 RingRotate parse_ring_rotate(std::string_view name);
 std::string_view name(RingRotate rotate);
+/// "ring", "allgather-kv", "ulysses" (--cp-kernel; ContextKernel). Throws SpecError naming the
+/// known ones.
+ContextKernel parse_context_kernel(std::string_view name);
+std::string_view name(ContextKernel kernel);
 
 /// Which decoder layers --remat makes checkpoints (--remat-blocks; docs/training.md "Remat per
 /// block"). Layer i counts from 0. kAll: every layer. kEvery: every k-th, layers k-1, 2k-1, ...
@@ -319,8 +323,11 @@ struct TrainPlanOptions {
   /// Where the layer weights are laid out as used (TpPlan); with a model axis only.
   TpPlan tp_plan = TpPlan::kPartitioner;
   /// How context parallelism's ring attention exchanges the key/value blocks (RingRotate); with a
-  /// context axis only.
-  RingRotate cp_rotate = RingRotate::kPermute;
+  /// context axis only. nullopt: not set (kPermute); set with another cp_kernel it is refused.
+  std::optional<RingRotate> cp_rotate;
+  /// Context parallelism's attention kernel (ContextKernel: the ring, all-gather of K/V,
+  /// Ulysses); with a context axis only.
+  ContextKernel cp_kernel = ContextKernel::kRing;
   /// Async tensor parallelism (--async-tp; docs/training.md "Async TP"): each tensor-parallel
   /// all-gather that feeds products, and each reduce-scatter a product feeds, runs decomposed
   /// and overlapped with those products (PyTorch's micro-pipeline TP, torchtitan's
@@ -528,6 +535,8 @@ struct TrainPlan {
   /// With context_axes: whether the ring's key/value blocks are all-gathered
   /// (RingRotate::kAllGather: the ring's ops hold an all-gather), else passed round by ppermute.
   bool context_gathered = false;
+  /// With context_axes: the kernel the program's attention ran (read from its composite ops).
+  ContextKernel context_kernel = ContextKernel::kRing;
   std::string optimizer;
   DType param_dtype = DType::kBF16, grad_dtype = DType::kBF16, optimizer_dtype = DType::kF32;
   /// Mixed precision (TrainPlanOptions): the dtype the weights are held in and the one the

@@ -85,7 +85,13 @@ void add_stack_options(CLI::App* t, TrainPlanCommand& c) {
                 "permute or allgather: how context parallelism's ring attention exchanges the "
                 "key/value blocks; permute: passed to the next device each step (Megatron's "
                 "p2p), allgather: gathered once each way (torchtitan's default). Default: "
-                "permute");
+                "permute; the ring's only (refused with another --cp-kernel)");
+  t->add_option("--cp-kernel", c.cp_kernel,
+                "ring, allgather-kv or ulysses: context parallelism's attention kernel; ring: "
+                "key/value blocks passed round (--cp-rotate), allgather-kv: k and v all-gathered "
+                "whole (Llama 3; Megatron's all_gather), ulysses: q, k, v and the output by "
+                "all-to-all between the sequence's split and the heads' (Megatron's a2a). "
+                "Default: ring");
   t->add_option("--stack", c.stack,
                 "Plan the step as this training stack runs it (docs/training.md \"Training "
                 "stacks\"; --explain lists its choices and sources); an option given overrides "

@@ -380,6 +380,13 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
       throw UsageError(fmt::format("--cp-rotate: {}", e.what()));
     }
   }
+  if (!c.cp_kernel.empty() || given("--cp-kernel")) {
+    try {
+      o.cp_kernel = parse_context_kernel(c.cp_kernel);
+    } catch (const SpecError& e) {
+      throw UsageError(fmt::format("--cp-kernel: {}", e.what()));
+    }
+  }
   if (!c.remat_blocks.empty() || given("--remat-blocks")) {
     try {
       o.remat_blocks = parse_remat_blocks(c.remat_blocks);

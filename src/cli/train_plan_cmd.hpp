@@ -50,6 +50,7 @@ struct TrainPlanCommand {
   std::string html;  // also write the plan as an HTML page to this file
   std::string tp_plan;   // --tp-plan; empty: not given (partitioner)
   std::string cp_rotate;  // --cp-rotate; empty: not given (permute)
+  std::string cp_kernel;  // --cp-kernel; empty: not given (ring)
   std::string stack;     // --stack NAME; empty: none
   bool explain = false;  // --explain: list the stack's choices, plan nothing
   std::string from_config;  // --from-config FILE: a stack's own config (stack_config.hpp)

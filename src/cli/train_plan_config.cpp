@@ -59,6 +59,7 @@ void set_option(TrainPlanCommand& c, const std::string& option, const std::strin
                       : option == "--remat-blocks"      ? &c.remat_blocks
                       : option == "--attention"         ? &c.attention
                       : option == "--sequence-parallel" ? &c.sequence_parallel
+                      : option == "--cp-kernel"         ? &c.cp_kernel
                                                         : nullptr;
   if (text != nullptr) {
     *text = value;

@@ -448,8 +448,17 @@ Array ModelStep::ring(const Array& q, const Array& k, const Array& v) const {
   const std::string axis = L.context.at(0);
   const double scale = scores_scale(config);
   const RingRotate rotate = ring_rotate;
+  const ContextKernel kernel = context_kernel;
   return shard_map(
-      [axis, scale, rotate](const Array& qb, const Array& kb, const Array& vb) {
+      [axis, scale, rotate, kernel](const Array& qb, const Array& kb, const Array& vb) {
+        switch (kernel) {
+          case ContextKernel::kAllGatherKv:
+            return allgather_kv_attention(qb, kb, vb, axis, true, scale);
+          case ContextKernel::kUlysses:
+            return ulysses_attention(qb, kb, vb, axis, true, scale);
+          case ContextKernel::kRing:
+            break;
+        }
         return ring_attention(qb, kb, vb, axis, true, scale, rotate);
       },
       *L.mesh, {spec(q), spec(k), spec(v)}, {spec(q)})(q, k, v);

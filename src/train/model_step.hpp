@@ -89,6 +89,8 @@ struct ModelStep {
   bool fused_attention = true;
   /// How the ring attention of context parallelism exchanges key/value blocks (RingRotate).
   RingRotate ring_rotate = RingRotate::kPermute;
+  /// Context parallelism's attention kernel (ContextKernel; ring_rotate is the ring's).
+  ContextKernel context_kernel = ContextKernel::kRing;
   /// The head and the loss as linear_cross_entropy (groups of tokens, the logits never whole);
   /// false: the logits whole, then cross_entropy.
   bool fused_loss = true;

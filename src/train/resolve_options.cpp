@@ -59,6 +59,12 @@ constexpr OptionRefusal kRefusals[] = {
       {"--async-tp", "no tensor-parallel axis of more than one device"},
       {"--async-tp", "--tp-plan partitioner (not given)"},
       {"--async-tp", "--eager"},
+      {"--cp-rotate", "--cp-kernel allgather-kv or ulysses (the rotation is the ring's)"},
+      {"--cp-kernel ulysses",
+       "query or key/value heads per device not a multiple of the context axis's devices"},
+      {"--cp-kernel allgather-kv, ulysses",
+       "a mesh without a cp or context axis (unless a --stack sets it: then it is that stack's "
+       "default)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -161,6 +167,12 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
            "mixtral, gpt2); plan T5 without it");
   }
   check_block_options(config, o);
+  if (o.cp_rotate && o.cp_kernel != ContextKernel::kRing) {
+    refuse(Refusal::kCpRotateNotRing,
+           fmt::format("--cp-rotate {} with --cp-kernel {}: only the ring passes key/value blocks "
+                       "round; plan it without --cp-rotate or with --cp-kernel ring",
+                       name(*o.cp_rotate), name(o.cp_kernel)));
+  }
   if (o.fused_attention == true && !can.fused_attention) {
     refuse(Refusal::kFusedAttentionFamily,
            "T5's attention adds its relative position bias to the scores, so it runs as the "
@@ -203,6 +215,26 @@ std::int64_t head_tokens(const ModelConfig& config, const TrainPlanOptions& o) {
   return !config.family->support.decoder_only && o.target_seq > 0 ? o.target_seq : o.seq;
 }
 
+// Ulysses moves each device's heads to a split of them over the context axis: the query and
+// key/value heads a device holds (ModelStep::ring's blocks: split over the model axes where they
+// divide, the key/value heads repeated where the model axes outnumber them) must each divide.
+void check_ulysses_heads(const ModelConfig& config, const Mesh& mesh, const Layout& layout) {
+  const std::int64_t heads = config.heads, kv = config.kv_heads, ways = layout.model_ways;
+  const bool repeat_kv = ways > 1 && kv % ways != 0 && heads % ways == 0;
+  const auto per_device = [ways](std::int64_t h) { return h % ways == 0 ? h / ways : h; };
+  const std::int64_t q_local = per_device(heads), kv_local = per_device(repeat_kv ? heads : kv);
+  const std::int64_t cp = layout.context_ways;
+  if (q_local % cp == 0 && kv_local % cp == 0) return;
+  refuse(Refusal::kUlyssesHeads,
+         fmt::format("{} has {} query heads and {} key/value heads ({} and {} per device{}), and "
+                     "Ulysses splits each over the {} devices of '{}' on {}: plan it with "
+                     "--cp-kernel ring or allgather-kv, or on fewer context devices",
+                     model_text(config), heads, kv, q_local, kv_local,
+                     ways > 1 ? fmt::format(" over {} model-parallel devices", ways) : "", cp,
+                     detail::printable(layout.context.front()),
+                     detail::printable(mesh.to_string())));
+}
+
 void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
                      const TrainPlanOptions& o) {
   const std::string mesh_text = detail::printable(mesh.to_string());
@@ -213,6 +245,13 @@ void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& 
                          "key/value blocks to all-gather: plan it without --cp-rotate or with a "
                          "context axis",
                          mesh_text));
+    }
+    if (o.cp_kernel != ContextKernel::kRing && !stack_sets(o, "--cp-kernel")) {
+      refuse(Refusal::kCpKernelNoContext,
+             fmt::format("--cp-kernel {}: the mesh {} has no cp or context axis, so no attention "
+                         "runs context-parallel: plan it without --cp-kernel or with a context "
+                         "axis",
+                         name(o.cp_kernel), mesh_text));
     }
     return;
   }
@@ -240,6 +279,7 @@ void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& 
                        "attention on the fused kernel: plan it with --attention fused",
                        mesh_text, detail::printable(axis)));
   }
+  if (o.cp_kernel == ContextKernel::kUlysses) check_ulysses_heads(config, mesh, layout);
   for (std::size_t l = 0; l < static_cast<std::size_t>(std::max<std::int64_t>(config.layers, 0));
        ++l) {
     const std::int64_t w = config.window(l);

@@ -46,6 +46,9 @@ enum class Refusal : std::size_t {
   kAsyncTpModelAxis,
   kAsyncTpPlan,
   kAsyncTpEager,
+  kCpRotateNotRing,
+  kUlyssesHeads,
+  kCpKernelNoContext,
   kCount
 };
 

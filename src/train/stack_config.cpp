@@ -205,6 +205,9 @@ void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o, u
     refuse("--optimizer-sharding", std::string(name(o.optimizer_sharding)),
            std::string(name(d.optimizer_sharding)));
   }
+  if ((says & kSaysContextKernel) == 0 && o.cp_kernel != d.cp_kernel) {
+    refuse("--cp-kernel", std::string(name(o.cp_kernel)), std::string(name(d.cp_kernel)));
+  }
   if (!o.batch_axes.empty())
     refuse("--batch-axes", fmt::format("{}", fmt::join(o.batch_axes, ",")), "its own");
   if (o.target_seq != 0) refuse("--target-seq", std::to_string(o.target_seq), "one sequence");

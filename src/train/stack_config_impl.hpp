@@ -124,6 +124,7 @@ enum Says : unsigned {
   kSaysReshard = 8,           // torchtitan's fsdp_reshard_after_forward (2025)
   kSaysOptimizerSharding = 16,  // Megatron's --use-distributed-optimizer
   kSaysAsyncTp = 32,  // torchtitan's enable_async_tensor_parallel, Megatron's --tp-comm-overlap
+  kSaysContextKernel = 64,      // Megatron's --cp-comm-type
 };
 
 /// The train-plan options a stack's config cannot say (those not in `says`, and the loss,

@@ -129,6 +129,28 @@ void attention_backend(const Entry& e, Reading& r) {
   r.set(e, "--attention", "fused");
 }
 
+/// --cp-comm-type (arguments.py at d98e8a6: nargs '+', default ["p2p"], one type for every layer
+/// or one a layer; transformer_config.py's cp_comm_type): planned when every layer has the same.
+void cp_comm_type(const Entry& e, Reading& r) {
+  const std::vector<std::string> values =
+      e.kind == Entry::Kind::kList ? e.list : std::vector<std::string>{r.text(e)};
+  for (const std::string& v : values) {
+    if (v != values.front()) {
+      r.fail(e, "a kernel per layer is not planned: give every layer the same type");
+    }
+  }
+  const std::string& v = values.front();
+  if (v == "a2a+p2p") {
+    r.fail(e,
+           "a2a+p2p (hierarchical: all-to-all within --hierarchical-context-parallel-sizes' "
+           "groups, the ring between them) is not planned; p2p, all_gather and a2a are");
+  }
+  if (v != "p2p" && v != "all_gather" && v != "a2a") {
+    r.fail(e, "expected p2p, all_gather, a2a or a2a+p2p");
+  }
+  r.set(e, "--cp-kernel", v == "p2p" ? "ring" : v == "all_gather" ? "allgather-kv" : "ulysses");
+}
+
 constexpr std::string_view kModel = "the model is --config's";
 constexpr std::string_view kNotStep = "not part of a training step's memory or time";
 constexpr std::string_view kValue = "a value of the update, not its size or time";
@@ -140,6 +162,7 @@ const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       {"--tensor-model-parallel-size", tp},
       {"--context-parallel-size", cp},
+      {"--cp-comm-type", cp_comm_type},
       {"--pipeline-model-parallel-size", nullptr, "pipeline parallelism is not planned", "1"},
       {"--expert-model-parallel-size", nullptr, "expert parallelism is not planned", "1"},
       {"--seq-length", seq},
@@ -295,7 +318,8 @@ void finish(Reading& r, std::string_view) {
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh,
                  std::int64_t data_parallel, bool sequence_parallel) {
   require_stack_defaults(stack, o,
-                         kSaysSequenceParallel | kSaysOptimizerSharding | kSaysAsyncTp);
+                         kSaysSequenceParallel | kSaysOptimizerSharding | kSaysAsyncTp |
+                         kSaysContextKernel);
   auto deg = mesh_degrees(stack, mesh, {"dp", "fsdp", "tp", "cp"});
   // Megatron's data parallelism shards no parameter: fsdp is its distributed optimizer's axis.
   if (deg.count("fsdp") != 0 && o.optimizer_sharding != OptimizerSharding::kZero1) {
@@ -373,6 +397,10 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
   if (sequence_parallel) out += "--sequence-parallel\n";
   if (o.async_tp) out += "--tp-comm-overlap\n";
   if (deg.count("fsdp")) out += "--use-distributed-optimizer\n";
+  if (o.cp_kernel != ContextKernel::kRing) {
+    out += fmt::format("--cp-comm-type {}\n",
+                       o.cp_kernel == ContextKernel::kAllGatherKv ? "all_gather" : "a2a");
+  }
   out += recompute;
   out += fmt::format("--optimizer {}\n", o.optimizer == OptimizerKind::kSgd ? "sgd" : "adam");
   if (o.optimizer == OptimizerKind::kAdam) {

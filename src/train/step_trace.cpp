@@ -289,6 +289,12 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
     if (op.composite == composite::kRingAttention) {
       ring = true;
       if (op.primitive == "pall_gather") f.context_gathered = true;
+    } else if (op.composite == composite::kAllGatherKvAttention) {
+      ring = true;
+      f.context_kernel = ContextKernel::kAllGatherKv;
+    } else if (op.composite == composite::kUlyssesAttention) {
+      ring = true;
+      f.context_kernel = ContextKernel::kUlysses;
     }
     if (op.composite == composite::kLinearCrossEntropy) f.fused_loss = true;
     // A region [b, t, d]: the model axes its sequence is split over.
@@ -610,7 +616,8 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                        .remat = effective_remat(o),
                        .remat_blocks = o.remat_blocks,
                        .fused_attention = o.fused_attention.value_or(true),
-                       .ring_rotate = o.cp_rotate,
+                       .ring_rotate = o.cp_rotate.value_or(RingRotate::kPermute),
+                       .context_kernel = o.cp_kernel,
                        .fused_loss = o.fused_loss.value_or(true),
                        .compute_dtype = held == o.param_dtype ? std::nullopt
                                                               : std::optional(o.param_dtype),

@@ -30,6 +30,8 @@ struct ProgramFacts {
   /// The ring's key/value blocks are all-gathered (its ops hold an all-gather: RingRotate::
   /// kAllGather), not passed round by ppermute.
   bool context_gathered = false;
+  /// The kernel of context parallelism's attention, from the composite its ops belong to.
+  ContextKernel context_kernel = ContextKernel::kRing;
   /// It uses some layer weight in its model-axis split (TpPlan::kModules).
   bool tp_modules = false;
   /// It takes some parameter replicated over a batch or context axis of more than one device

@@ -119,6 +119,28 @@ std::string_view name(RingRotate rotate) {
   return rotate == RingRotate::kAllGather ? "allgather" : "permute";
 }
 
+ContextKernel parse_context_kernel(std::string_view n) {
+  for (const ContextKernel k :
+       {ContextKernel::kRing, ContextKernel::kAllGatherKv, ContextKernel::kUlysses}) {
+    if (n == name(k)) return k;
+  }
+  throw SpecError(fmt::format("[train] unknown context-parallel kernel '{}' (known: ring, "
+                              "allgather-kv, ulysses)",
+                              detail::printable(n)));
+}
+
+std::string_view name(ContextKernel kernel) {
+  switch (kernel) {
+    case ContextKernel::kAllGatherKv:
+      return "allgather-kv";
+    case ContextKernel::kUlysses:
+      return "ulysses";
+    case ContextKernel::kRing:
+      break;
+  }
+  return "ring";
+}
+
 OptimizerKernel parse_optimizer_kernel(std::string_view n) {
   if (n == "ops") return OptimizerKernel::kOps;
   if (n == "fused") return OptimizerKernel::kFused;
@@ -660,6 +682,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.sequence_axes = facts.sequence_axes;
   plan.context_axes = facts.context_axes;
   plan.context_gathered = facts.context_gathered;
+  plan.context_kernel = facts.context_kernel;
   plan.seconds_to_plan =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;

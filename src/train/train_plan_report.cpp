@@ -196,9 +196,15 @@ std::string step_extras(const TrainPlan& p) {
     out += ", the last block kept gathered (not resharded after forward)";
   }
   if (!p.context_axes.empty()) {
-    out += fmt::format(", context parallel over {} (ring attention{}, load-balanced order)",
+    const std::string kernel =
+        p.context_kernel == ContextKernel::kAllGatherKv ? "keys and values all-gathered"
+        : p.context_kernel == ContextKernel::kUlysses
+            ? "Ulysses: q, k, v and the output by all-to-all over the heads"
+            : fmt::format("ring attention{}",
+                          p.context_gathered ? ", key/value blocks all-gathered" : "");
+    out += fmt::format(", context parallel over {} ({}, load-balanced order)",
                        detail::printable(fmt::format("{}", fmt::join(p.context_axes, ", "))),
-                       p.context_gathered ? ", key/value blocks all-gathered" : "");
+                       kernel);
   }
   return out;
 }
@@ -451,8 +457,12 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["sequence_parallel"] = p.sequence_parallel;
   j["sequence_axes"] = p.sequence_axes;
   j["context_axes"] = p.context_axes;
-  j["context_rotate"] = p.context_axes.empty() ? nlohmann::ordered_json(nullptr)
-                        : nlohmann::ordered_json(p.context_gathered ? "allgather" : "permute");
+  const bool ring = !p.context_axes.empty() && p.context_kernel == ContextKernel::kRing;
+  j["context_rotate"] = !ring ? nlohmann::ordered_json(nullptr)
+                              : nlohmann::ordered_json(p.context_gathered ? "allgather" : "permute");
+  j["context_kernel"] = p.context_axes.empty()
+                            ? nlohmann::ordered_json(nullptr)
+                            : nlohmann::ordered_json(std::string(name(p.context_kernel)));
   j["optimizer"] = p.optimizer;
   j["param_dtype"] = std::string(name(p.param_dtype));
   j["grad_dtype"] = std::string(name(p.grad_dtype));

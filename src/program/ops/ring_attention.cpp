@@ -167,11 +167,6 @@ std::pair<Array, Array> ring_backward(const Ring& r, const Array& q, const Array
   return {dq, dblk};
 }
 
-[[noreturn]] void ring_error(const std::string& why, const Array& q, const Array& k, const Array& v) {
-  throw SpecError(fmt::format("[ring_attention] {}: q {}, k {}, v {}", why, detail::type_str(q),
-                              detail::type_str(k), detail::type_str(v)));
-}
-
 }  // namespace
 
 Array ring_attention(const Array& q, const Array& k, const Array& v, const std::string& axis,
@@ -180,25 +175,44 @@ Array ring_attention(const Array& q, const Array& k, const Array& v, const std::
 }
 
 namespace detail {
-Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const std::string& axis,
-                          bool is_causal, std::optional<double> scale, bool communicate,
-                          RingRotate rotate) {
+namespace {
+[[noreturn]] void context_error(const char* op, const std::string& why, const Array& q,
+                                const Array& k, const Array& v) {
+  throw SpecError(fmt::format("[{}] {}: q {}, k {}, v {}", op, why, detail::type_str(q),
+                              detail::type_str(k), detail::type_str(v)));
+}
+}  // namespace
+
+void check_context_operands(const char* op, const Array& q, const Array& k, const Array& v,
+                            bool is_causal) {
   const Shape& qs = q.shape();
   const Shape& ks = k.shape();
   if (qs.rank() != 4 || ks.rank() != 4 || !(ks == v.shape())) {
-    ring_error("needs q [B, t, N, H] and k, v [B, t, K, H]", q, k, v);
+    context_error(op, "needs q [B, t, N, H] and k, v [B, t, K, H]", q, k, v);
   }
   if (qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3]) {
-    ring_error("q and k differ in batch, block length or head size", q, k, v);
+    context_error(op, "q and k differ in batch, block length or head size", q, k, v);
   }
-  if (ks[2] == 0 || qs[2] % ks[2] != 0) ring_error("query heads are not a multiple of kv heads", q, k, v);
+  if (ks[2] == 0 || qs[2] % ks[2] != 0) {
+    context_error(op, "query heads are not a multiple of kv heads", q, k, v);
+  }
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype() || !is_floating(q.dtype())) {
-    ring_error("q, k and v must be float of one dtype", q, k, v);
+    context_error(op, "q, k and v must be float of one dtype", q, k, v);
   }
   if (is_causal && qs[1] % 2 != 0) {
-    ring_error("causal: the block holds two chunks (the load-balanced order), so its length must be even",
-               q, k, v);
+    context_error(op,
+                  "causal: the block holds two chunks (the load-balanced order), so its length "
+                  "must be even",
+                  q, k, v);
   }
+}
+
+Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const std::string& axis,
+                          bool is_causal, std::optional<double> scale, bool communicate,
+                          RingRotate rotate) {
+  check_context_operands("ring_attention", q, k, v, is_causal);
+  const Shape& qs = q.shape();
+  const Shape& ks = k.shape();
   // Its ops, forward and backward, are the composite's (Lowered::ops says a program holds it).
   const CompositeScope in_ring(composite::kRingAttention);
   const std::int64_t B = qs[0], t = qs[1], N = qs[2], H = qs[3], K = ks[2];
@@ -248,7 +262,8 @@ std::vector<std::int64_t> load_balanced_positions(std::int64_t t, std::int64_t n
 
 Array context_parallel_attention(const Array& q, const Array& k, const Array& v, const Mesh& mesh,
                                  const PartitionSpec& spec, const std::string& axis, bool is_causal,
-                                 std::optional<double> scale, RingRotate rotate) {
+                                 std::optional<double> scale, RingRotate rotate,
+                                 ContextKernel kernel) {
   if (q.shape().rank() == 4) {
     detail::attention_scale("context_parallel_attention", scale, q.shape()[3]);
   }
@@ -259,7 +274,15 @@ Array context_parallel_attention(const Array& q, const Array& k, const Array& v,
                                 spec.to_string(), axis));
   }
   return shard_map(
-      [axis, is_causal, scale, rotate](const Array& qb, const Array& kb, const Array& vb) {
+      [axis, is_causal, scale, rotate, kernel](const Array& qb, const Array& kb, const Array& vb) {
+        switch (kernel) {
+          case ContextKernel::kAllGatherKv:
+            return allgather_kv_attention(qb, kb, vb, axis, is_causal, scale);
+          case ContextKernel::kUlysses:
+            return ulysses_attention(qb, kb, vb, axis, is_causal, scale);
+          case ContextKernel::kRing:
+            break;
+        }
         return ring_attention(qb, kb, vb, axis, is_causal, scale, rotate);
       },
       mesh, {spec, spec, spec}, {spec})(q, k, v);

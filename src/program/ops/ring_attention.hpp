@@ -10,6 +10,12 @@
 
 namespace shardplan::detail {
 
+/// The checks context parallelism's kernels share (shard_map.hpp: ring_attention,
+/// allgather_kv_attention, ulysses_attention): shapes, heads, dtypes, and an even block when
+/// causal. Throws SpecError "[op] why: q ..., k ..., v ...".
+void check_context_operands(const char* op, const Array& q, const Array& k, const Array& v,
+                            bool is_causal);
+
 Array ring_attention_impl(const Array& q, const Array& k, const Array& v, const std::string& axis,
                           bool is_causal, std::optional<double> scale, bool communicate,
                           RingRotate rotate = RingRotate::kPermute);

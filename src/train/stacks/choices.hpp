@@ -55,6 +55,10 @@ inline void tp_modules(TrainPlanOptions& o) { o.tp_plan = TpPlan::kModules; }
 inline void no_async_tp(TrainPlanOptions& o) { o.async_tp = false; }
 inline void cp_allgather(TrainPlanOptions& o) { o.cp_rotate = RingRotate::kAllGather; }
 inline void cp_permute(TrainPlanOptions& o) { o.cp_rotate = RingRotate::kPermute; }
+inline void cp_allgather_kv(TrainPlanOptions& o) { o.cp_kernel = ContextKernel::kAllGatherKv; }
+/// The options that override a stack's context-parallel choice: the kernel or the ring's
+/// rotation.
+inline const std::vector<std::string_view> kContextOptions = {"--cp-rotate", "--cp-kernel"};
 
 // torchtitan's context parallelism: PyTorch's ring attention with its rotate method, "allgather"
 // by default, `source` naming the option at the stack's commit.
@@ -65,7 +69,7 @@ inline StackChoice cp_rotate_allgather(std::string_view source) {
                   "gradients sent round the ring",
           .source = source,
           .setting = "--cp-rotate allgather",
-          .options = {"--cp-rotate"},
+          .options = kContextOptions,
           .apply = cp_allgather};
 }
 // Choices several stacks make, each with its own words and source (string literals: a choice

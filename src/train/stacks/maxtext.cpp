@@ -47,6 +47,15 @@ const TrainingStack& maxtext() {
             .setting = "--attention fused",
             .options = {"--attention"},
             .apply = fused_attention},
+           {.topic = "context parallelism",
+            .what = "context_parallel_strategy 'all_gather' with context_parallel_load_balance "
+                    "true: the keys and values all-gathered over the context axis, the queries' "
+                    "chunks in the load-balanced order",
+            .source = "AI-Hypercomputer/maxtext@e591f30 src/maxtext/configs/base.yml: "
+                      "context_parallel_strategy, context_parallel_load_balance",
+            .setting = "--cp-kernel allgather-kv",
+            .options = kContextOptions,
+            .apply = cp_allgather_kv},
            {.topic = "loss",
             .what = "cross_entropy_with_logits on the whole logits cast to float32 "
                     "(cast_logits_to_fp32: true, num_vocab_tiling: 1)",

@@ -31,7 +31,7 @@ std::vector<StackChoice> megatron_parallelism() {
                "each key/value block to the next rank",
        .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py: --cp-comm-type",
        .setting = "--cp-rotate permute",
-       .options = {"--cp-rotate"},
+       .options = kContextOptions,
        .apply = cp_permute},
       {.topic = "vocabulary parallelism",
        .what = "VocabParallelEmbedding and the output layer's vocabulary-parallel logits",
