@@ -286,9 +286,10 @@ struct Case {
   std::string text;  // for the failure message
 };
 
-// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, apart so that
-// the other draws stay as they were.
-Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels) {
+// `blocks`: the generator of the block settings, `kernels` of the ring's rotation, `float8` of
+// the float8 recipe and all-gather dtype, apart so that the other draws stay as they were.
+Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64& kernels,
+                 std::mt19937_64& float8) {
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -341,16 +342,34 @@ Case random_case(std::mt19937_64& rng, std::mt19937_64& blocks, std::mt19937_64&
                                        std::nullopt, std::nullopt, false, true});
   o.cp_rotate = std::uniform_int_distribution<int>(0, 1)(kernels) == 0 ? RingRotate::kPermute
                                                                     : RingRotate::kAllGather;
+  // With --float8 only, and a float8 gather with tensorwise only (their refusals have their own
+  // tests, train_time_test_float8.cpp): a refusal here would move which plans are checked again
+  // without each option (every eighth planned).
+  if (o.float8) {
+    o.float8_recipe = pick(float8, std::vector<std::optional<Float8Scaling>>{
+                                       std::nullopt, Float8Scaling::kTensorwise,
+                                       Float8Scaling::kRowwise, Float8Scaling::kRowwiseWithGwHp});
+    const bool tensorwise = o.float8_recipe.value_or(Float8Scaling::kTensorwise) ==
+                            Float8Scaling::kTensorwise;
+    o.float8_all_gather = pick(
+        float8, tensorwise ? std::vector<std::optional<Float8Gather>>{std::nullopt,
+                                                                      Float8Gather::kBf16,
+                                                                      Float8Gather::kFloat8}
+                           : std::vector<std::optional<Float8Gather>>{std::nullopt,
+                                                                      Float8Gather::kBf16});
+  }
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
+  const auto recipe = o.float8_recipe ? std::string(name(*o.float8_recipe)) : "default";
+  const auto gather = o.float8_all_gather ? std::string(name(*o.float8_all_gather)) : "default";
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
       "param {} remat {} blocks {} fsdp_root {} reshard_last {} eager {} activations {} "
-      "hardware {} tp_plan {} cp_rotate {}",
+      "hardware {} tp_plan {} cp_rotate {} float8_recipe {} float8_all_gather {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), remat_blocks_name(o.remat_blocks), o.fsdp_root,
       b(o.reshard_last_block), o.eager, o.activations.has_value(),
-      o.hardware ? o.hardware->name : "none", name(o.tp_plan), name(o.cp_rotate));
+      o.hardware ? o.hardware->name : "none", name(o.tp_plan), name(o.cp_rotate), recipe, gather);
   return k;
 }
 
@@ -374,6 +393,16 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   }
   EXPECT_EQ(p.float8, p.matmul_fp8_flops > 0);
   EXPECT_EQ(p.float8, o.float8);
+  // The recipe read from the program's float8 products is the one asked for; a bf16 gather
+  // moves no float8 weight.
+  EXPECT_EQ(p.float8_recipe,
+            p.float8 ? name(o.float8_recipe.value_or(Float8Scaling::kTensorwise)) : "");
+  const bool gathers_rows = o.float8_all_gather == Float8Gather::kBf16 ||
+                            (!o.float8_all_gather && o.float8_recipe &&
+                             *o.float8_recipe != Float8Scaling::kTensorwise);
+  if (p.float8 && gathers_rows) {
+    EXPECT_NE(p.float8_all_gather, "float8");
+  }
   if (o.sequence_parallel == false) {
     EXPECT_FALSE(p.sequence_parallel);
   }
@@ -406,6 +435,12 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
   EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
+  if (p.float8) {
+    EXPECT_EQ(j["float8_recipe"], p.float8_recipe);
+    EXPECT_EQ(j["float8_all_gather"], p.float8_all_gather);
+  } else {
+    EXPECT_TRUE(j["float8_recipe"].is_null());
+  }
   if (p.context_axes.empty()) {
     EXPECT_TRUE(j["context_rotate"].is_null());
   } else {
@@ -449,7 +484,13 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
     without([](TrainPlanOptions& o) { o.fused_attention = false; }, "fused attention");
   }
   if (p.fused_loss) without([](TrainPlanOptions& o) { o.fused_loss = false; }, "fused loss");
-  if (p.float8) without([](TrainPlanOptions& o) { o.float8 = false; }, "float8");
+  if (p.float8) {
+    without([](TrainPlanOptions& o) {
+      o.float8 = false;
+      o.float8_recipe.reset();
+      o.float8_all_gather.reset();
+    }, "float8");
+  }
   if (p.fsdp_root) {
     without([](TrainPlanOptions& o) { o.fsdp_root = false; o.reshard_last_block = true; },
             "FSDP root module");
@@ -476,11 +517,11 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
 TEST(TrainPlanOptions, EveryCombinationAppliesOrIsRefusedByName) {
   constexpr std::uint64_t kSeed = 39;
   constexpr int kCases = 500;
-  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2);
+  std::mt19937_64 rng(kSeed), blocks(kSeed + 1), kernels(kSeed + 2), float8(kSeed + 3);
   int planned = 0, refused = 0;
   std::set<std::size_t> refusals_seen;
   for (int i = 0; i < kCases; ++i) {
-    const Case k = random_case(rng, blocks, kernels);
+    const Case k = random_case(rng, blocks, kernels, float8);
     SCOPED_TRACE(fmt::format("seed {} case {}: {}", kSeed, i, k.text));
     const ModelConfig c = ModelConfig::parse(k.family->json);
     const Mesh mesh = Mesh::parse(k.mesh, 4);
