@@ -90,6 +90,31 @@ TEST(Float8Recipes, RowwiseWithGwHpMovesTheWeightGradientToTheBf16Rate) {
                               "in bf16), inputs kept in bf16, weights all-gathered in bf16;"));
 }
 
+// Under --tp-plan modules a weight is used in its tp split, gathered over fsdp only: with a bf16
+// gather (or a rowwise recipe) its casts stay in that split too, so no float8 weight is
+// gathered anywhere (the casts were resharded in 8 bits over tp before they were pinned).
+TEST(Float8Recipes, ModulesGatherRowwiseWeightsInBf16Only) {
+  for (const auto& [recipe, gather] :
+       std::vector<std::pair<Float8Scaling, std::optional<Float8Gather>>>{
+           {Float8Scaling::kTensorwise, Float8Gather::kBf16},
+           {Float8Scaling::kRowwise, std::nullopt},
+           {Float8Scaling::kRowwiseWithGwHp, std::nullopt}}) {
+    TrainPlanOptions o;
+    o.batch = 8;
+    o.seq = 16;
+    o.extrapolate = false;
+    o.float8 = true;
+    o.float8_recipe = recipe;
+    o.float8_all_gather = gather;
+    o.tp_plan = TpPlan::kModules;
+    const TrainPlan p = plan_training(ModelConfig::parse(kLlama64), Mesh::parse("fsdp:2,tp:2", 4),
+                                      load_preset("llama_fsdp_tp").make_rule(), o);
+    EXPECT_TRUE(p.tp_modules) << name(recipe);
+    EXPECT_EQ(p.float8_recipe, name(recipe));
+    EXPECT_EQ(p.float8_all_gather, "bf16") << name(recipe);
+  }
+}
+
 TEST(Float8Recipes, RecipeOptionsAreRefusedWithoutFloat8OrWithAFloat8GatherOfRows) {
   TrainPlanOptions o;
   o.batch = 4;

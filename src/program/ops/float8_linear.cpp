@@ -97,8 +97,9 @@ Array tensorwise(const Array& x, const Array& w, const std::optional<detail::Pin
     // them either (its backward pass gathers and casts again).
     Cast w8 = cast_whole(in[1], DType::kF8E4M3,
                          pin && !cast_before_pin ? pin->names : std::vector<std::string>{});
-    if (pin && cast_before_pin) {
-      // Cast before the pin: the 8 bits pinned, so that they are what is gathered.
+    if (pin) {
+      // Cast before the pin: the 8 bits pinned, so that they are what is gathered. After: the
+      // cast pinned where the weight is (no move), so that no reader gathers the 8 bits.
       for (const std::string& name : pin->names) w8.bits = checkpoint_name(w8.bits, name);
       w8.bits = detail::pin_sharding(w8.bits, pin->spec);
       for (const std::string& name : pin->names) w8.bits = checkpoint_name(w8.bits, name);
@@ -128,25 +129,33 @@ Array rowwise(const Array& x, const Array& w, const std::optional<detail::Pinned
               bool gw_hp) {
   const int r = x.shape().rank();
   const DType x_dtype = x.dtype(), w_dtype = w.dtype();
-  const auto fwd = [r, x_dtype, &pin](const std::vector<Array>& in) {
+  // The weight's casts pinned where the pinned weight is (no move), so that no reader gathers
+  // its 8 bits: the weight is gathered in its own dtype only.
+  const std::optional<PartitionSpec> spec = pin ? std::optional(pin->spec) : std::nullopt;
+  const auto keep = [spec](Cast c) {
+    if (spec) c.bits = detail::pin_sharding(c.bits, *spec);
+    return c;
+  };
+  const auto fwd = [r, x_dtype, &pin, keep](const std::vector<Array>& in) {
     Array wn = in[1];
     if (pin) {
       for (const std::string& name : pin->names) wn = checkpoint_name(wn, name);
     }
     const Cast x8 = cast_to_f8(in[0], DType::kF8E4M3, {r - 1});  // per token
-    const Cast w8 = cast_to_f8(wn, DType::kF8E4M3, {1});         // per output channel
+    const Cast w8 = keep(cast_to_f8(wn, DType::kF8E4M3, {1}));   // per output channel
     const Array y = scaled_dot(x8.bits, w8.bits, x8.inverse, w8.inverse,
                                DotDims{{}, {}, {r - 1}, {1}}, x_dtype);
     return CustomVjpForward{{y}, {in[0], wn}};
   };
-  const auto bwd = [r, x_dtype, w_dtype, gw_hp](const std::vector<Array>& res,
-                                                const std::vector<Array>& cts) {
+  const auto bwd = [r, x_dtype, w_dtype, gw_hp, keep](const std::vector<Array>& res,
+                                                      const std::vector<Array>& cts) {
     const Array& g = cts[0];
     const Array &xs = res[0], &ws = res[1];
     // dx [..., in] = g [..., out] . w [out, in]: g per token; w per input channel (rowwise) or
     // whole (rowwise_with_gw_hp: torchao's cast_config_weight_for_grad_input is tensorwise).
     const Cast g_rows = cast_to_f8(g, DType::kF8E4M3, {r - 1});
-    const Cast w_in = gw_hp ? cast_whole(ws, DType::kF8E4M3) : cast_to_f8(ws, DType::kF8E4M3, {0});
+    const Cast w_in =
+        keep(gw_hp ? cast_whole(ws, DType::kF8E4M3) : cast_to_f8(ws, DType::kF8E4M3, {0}));
     const Array dx = scaled_dot(g_rows.bits, w_in.bits, g_rows.inverse, w_in.inverse,
                                 DotDims{{}, {}, {r - 1}, {0}}, x_dtype);
     // dw [out, in] = g [..., out] . x [..., in] over the tokens: both per channel, or in high
