@@ -68,6 +68,11 @@ run "L3.1 70B, fsdp:32,tp:8, Float8, AsyncTP" 67.6 876 -c $l3_70b "${h100[@]}" -
 jan25=(-c $l3_8b --hardware tests/data/hardware/h100-hbm2e-500w.yaml --mesh fsdp:8 --batch 8 --seq 8192 --remat $opsac --compile)
 run "L3 8B, bs1, op-SAC, compile (Jan 2025)" 47.65 5760 "${jan25[@]}"
 run "L3 8B, bs1, op-SAC, compile, Float8" 47.32 7186 "${jan25[@]}" --float8
+# The same runs' rowwise figure, in the message of pytorch/torchtitan 069bae2 (#808, 2025-02-27,
+# "--model.converters float8 --training.compile --float8.recipe_name rowwise": 47.77 GiB,
+# 6,468 tps, beside 47.65 / 5,760 for bf16 and 47.32 / 7,186 for tensorwise with float8
+# all-gather): rowwise scaling, the weights gathered in bf16 (torchao's rowwise recipe).
+run "L3 8B, bs1, op-SAC, compile, Float8 rowwise" 47.77 6468 "${jan25[@]}" --float8 --float8-recipe rowwise
 # Launched with torchrun directly (the benchmark file's command, no PYTORCH_CUDA_ALLOC_CONF): the
 # default allocator's figure ("reserved") is the one to compare; the others' is "expandable".
 stack=torchtitan-2025-06  # the benchmark file of June 2025 (fused AdamW is not modelled)

@@ -56,6 +56,11 @@ const std::vector<RoundTrip>& round_trips() {
        "--devices 4"},
       {"maxtext", "--mesh fsdp:2,tp:2 --batch 8 --seq 64 --grad-accum 2 --remat maxtext:minimal",
        ""},
+      // float8's recipe and all-gather dtype (recipe_name, enable_fsdp_float8_all_gather).
+      {"torchtitan-2025-08", "--mesh fsdp:4 --batch 8 --seq 64 --float8 --float8-recipe rowwise",
+       ""},
+      {"torchtitan-2024-12", "--mesh fsdp:4 --batch 8 --seq 64 --float8 --float8-all-gather bf16",
+       ""},
   };
   return cases;
 }

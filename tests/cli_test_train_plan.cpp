@@ -402,6 +402,25 @@ TEST_F(TrainPlanCli, RematAndLossAreTheStepsOwn) {
       "train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 --float8 --hardware a100-80g", cfg));
   EXPECT_EQ(no_fp8.code, 2);  // a refusal (train_plan_refusals()): bad usage
   EXPECT_THAT(no_fp8.err, ::testing::HasSubstr("'a100-80g' has no float8 matrix units"));
+  // The recipe and all-gather dtype: as the program ran them; bad values and combinations exit 2.
+  EXPECT_EQ(f8["float8_recipe"], "tensorwise");
+  EXPECT_EQ(f8["float8_all_gather"], "float8");
+  EXPECT_TRUE(none["float8_recipe"].is_null());
+  const auto rows = plan("--float8 --float8-recipe rowwise");
+  EXPECT_EQ(rows["float8_recipe"], "rowwise");
+  EXPECT_EQ(rows["float8_all_gather"], "bf16");
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--float8 --float8-recipe rows", "--float8-recipe: [train] unknown float8 recipe 'rows'"},
+           {"--float8 --float8-all-gather fp8",
+            "--float8-all-gather: [train] unknown float8 all-gather dtype 'fp8'"},
+           {"--float8-recipe rowwise", "is refused: without --float8"},
+           {"--float8 --float8-recipe rowwise --float8-all-gather float8",
+            "--float8-all-gather float8 is refused"}}) {
+    const Result bad =
+        run(fmt::format("train-plan -c '{}' --mesh fsdp:8 --batch 8 --seq 64 {}", cfg, args));
+    EXPECT_EQ(bad.code, 2) << args;
+    EXPECT_THAT(bad.err, ::testing::HasSubstr(says)) << args;
+  }
   EXPECT_EQ(full["remat"], "full");
   EXPECT_EQ(recompute["remat"], "full");
   EXPECT_EQ(full["recompute"], true);

@@ -227,7 +227,7 @@ TEST(Float8, ScaledDotRejectsWhatItDoesNotTake) {
   EXPECT_THROW_WITH(scaled_dot(astype(a, DType::kBF16), b, s, s, mm, DType::kF32), SpecError,
                     "[scaled_dot]", "bf16[2, 3]", "must be float8");
   EXPECT_THROW_WITH(scaled_dot(a, b, astype(s, DType::kBF16), s, mm, DType::kF32), SpecError,
-                    "[scaled_dot]", "scale_a must be an f32 scalar");
+                    "[scaled_dot]", "scale_a must be f32 of shape [] (tensorwise) or [2] (one per row of a)");
   EXPECT_THROW_WITH(scaled_dot(a, b, s, s, mm, DType::kF16), SpecError, "[scaled_dot]",
                     "out_dtype must be bf16 or f32, got f16");
   EXPECT_THROW_WITH(scaled_dot(a, b, s, s, DotDims{{}, {}, {0}, {0}}, DType::kF32), SpecError,

@@ -292,5 +292,44 @@ TEST(StackConfig, TheWriterRefusesWhatTheConfigCannotSay) {
                     "--grad-accum 2 has no key");
 }
 
+// float8's recipe and all-gather (torchtitan's Float8Converter at 07c00d9): recipe_name as
+// --float8-recipe; enable_fsdp_float8_all_gather (default false) as --float8-all-gather; the
+// two together are torchtitan's assertion; neither means anything without the converter.
+TEST(StackConfig, Float8RecipeAndAllGatherKeys) {
+  const StackConfig rows = parse(
+      "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"rowwise\"\n",
+      "torchtitan-2025-08");
+  EXPECT_THAT(options_of(rows), Contains("--float8-recipe rowwise"));
+  EXPECT_THAT(options_of(rows), Contains("--float8-all-gather bf16"));
+  const StackConfig gathered = parse(
+      "[model]\nconverters = [\"float8\"]\n[float8]\nenable_fsdp_float8_all_gather = true\n",
+      "torchtitan-2025-08");
+  EXPECT_THAT(options_of(gathered), Contains("--float8-all-gather float8"));
+  EXPECT_THAT(options_of(gathered), Not(Contains(HasSubstr("--float8-recipe"))));
+  EXPECT_THROW_WITH(parse("[model]\nconverters = [\"float8\"]\n[float8]\n"
+                          "enable_fsdp_float8_all_gather = true\nrecipe_name = \"tensorwise\"\n",
+                          "torchtitan-2025-08"),
+                    IoError, "job.toml:4", "enable_fsdp_float8_all_gather = true",
+                    "not used together with recipe_name");
+  EXPECT_THROW_WITH(parse("[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"rows\"\n",
+                          "torchtitan-2025-08"),
+                    IoError, "job.toml:4", "unknown float8 recipe 'rows'");
+  const StackConfig off = parse("[float8]\nenable_fsdp_float8_all_gather = true\n",
+                                "torchtitan-2025-08");
+  EXPECT_THAT(options_of(off), Not(Contains(HasSubstr("--float8"))));
+  EXPECT_THAT(off.ignored,
+              Contains(HasSubstr("float8.enable_fsdp_float8_all_gather = true (no float8)")));
+  // 2024's config has no recipe_name: the writer refuses a rowwise plan for it.
+  const TrainingStack& old = find_training_stack("torchtitan-2024-12");
+  TrainPlanOptions o;
+  o.float8 = true;
+  apply_stack(old, o);
+  o.float8_recipe = Float8Scaling::kRowwise;
+  o.float8_all_gather = Float8Gather::kBf16;
+  EXPECT_THROW_WITH(emit_stack_config(old, o, Mesh::parse("fsdp:4", 4), {}, false), SpecError,
+                    "torchtitan-2024-12", "--float8-recipe rowwise has no key",
+                    "pytorch/torchtitan#808");
+}
+
 }  // namespace
 }  // namespace shardplan

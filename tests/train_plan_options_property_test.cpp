@@ -311,17 +311,17 @@ struct Case {
 // The draws, each group from its own generator (seeded kSeed + i) so that adding a group leaves
 // the others' draws as they were: `blocks` the block settings, `kernels` the ring's rotation,
 // `overlap` async TP, `given` whether an option with nothing to apply to is kept (refused),
-// `cp_kernels` the context-parallel kernel.
+// `cp_kernels` the context-parallel kernel, `float8` the float8 recipe and all-gather dtype.
 struct Draws {
   explicit Draws(std::uint64_t seed)
       : rng(seed), blocks(seed + 1), kernels(seed + 2), overlap(seed + 3), given(seed + 4),
-        cp_kernels(seed + 5) {}
-  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels;
+        cp_kernels(seed + 5), float8(seed + 6) {}
+  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8;
 };
 
 Case random_case(Draws& d) {
   std::mt19937_64 &rng = d.rng, &blocks = d.blocks, &kernels = d.kernels, &overlap = d.overlap,
-                  &given = d.given, &cp_kernels = d.cp_kernels;
+                  &given = d.given, &cp_kernels = d.cp_kernels, &float8 = d.float8;
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -401,17 +401,37 @@ Case random_case(Draws& d) {
       std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
     o.cp_kernel = ContextKernel::kRing;
   }
+  // With --float8 only, and a float8 gather with tensorwise only (their refusals have their own
+  // tests, train_time_test_float8.cpp): a refusal here would move which plans are checked again
+  // without each option (every eighth planned).
+  if (o.float8) {
+    o.float8_recipe = pick(float8, std::vector<std::optional<Float8Scaling>>{
+                                       std::nullopt, Float8Scaling::kTensorwise,
+                                       Float8Scaling::kRowwise, Float8Scaling::kRowwiseWithGwHp});
+    const bool tensorwise = o.float8_recipe.value_or(Float8Scaling::kTensorwise) ==
+                            Float8Scaling::kTensorwise;
+    o.float8_all_gather = pick(
+        float8, tensorwise ? std::vector<std::optional<Float8Gather>>{std::nullopt,
+                                                                      Float8Gather::kBf16,
+                                                                      Float8Gather::kFloat8}
+                           : std::vector<std::optional<Float8Gather>>{std::nullopt,
+                                                                      Float8Gather::kBf16});
+  }
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
+  const auto recipe = o.float8_recipe ? std::string(name(*o.float8_recipe)) : "default";
+  const auto gather = o.float8_all_gather ? std::string(name(*o.float8_all_gather)) : "default";
   k.text = fmt::format(
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
       "param {} remat {} blocks {} fsdp_root {} reshard_last {} eager {} activations {} "
-      "hardware {} tp_plan {} cp_rotate {} cp_kernel {} async_tp {}",
+      "hardware {} tp_plan {} cp_rotate {} cp_kernel {} async_tp {} float8_recipe {} "
+      "float8_all_gather {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), remat_blocks_name(o.remat_blocks), o.fsdp_root,
       b(o.reshard_last_block), o.eager, o.activations.has_value(),
       o.hardware ? o.hardware->name : "none", name(o.tp_plan),
-      o.cp_rotate ? name(*o.cp_rotate) : "default", name(o.cp_kernel), o.async_tp);
+      o.cp_rotate ? name(*o.cp_rotate) : "default", name(o.cp_kernel), o.async_tp, recipe,
+      gather);
   return k;
 }
 
@@ -435,6 +455,16 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   }
   EXPECT_EQ(p.float8, p.matmul_fp8_flops > 0);
   EXPECT_EQ(p.float8, o.float8);
+  // The recipe read from the program's float8 products is the one asked for; a bf16 gather
+  // moves no float8 weight.
+  EXPECT_EQ(p.float8_recipe,
+            p.float8 ? name(o.float8_recipe.value_or(Float8Scaling::kTensorwise)) : "");
+  const bool gathers_rows = o.float8_all_gather == Float8Gather::kBf16 ||
+                            (!o.float8_all_gather && o.float8_recipe &&
+                             *o.float8_recipe != Float8Scaling::kTensorwise);
+  if (p.float8 && gathers_rows) {
+    EXPECT_NE(p.float8_all_gather, "float8");
+  }
   if (o.sequence_parallel == false) {
     EXPECT_FALSE(p.sequence_parallel);
   }
@@ -489,6 +519,12 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
   EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
+  if (p.float8) {
+    EXPECT_EQ(j["float8_recipe"], p.float8_recipe);
+    EXPECT_EQ(j["float8_all_gather"], p.float8_all_gather);
+  } else {
+    EXPECT_TRUE(j["float8_recipe"].is_null());
+  }
   if (p.context_axes.empty()) {
     EXPECT_TRUE(j["context_rotate"].is_null());
     EXPECT_TRUE(j["context_kernel"].is_null());
@@ -546,7 +582,13 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
     without([](TrainPlanOptions& o) { o.fused_attention = false; }, "fused attention");
   }
   if (p.fused_loss) without([](TrainPlanOptions& o) { o.fused_loss = false; }, "fused loss");
-  if (p.float8) without([](TrainPlanOptions& o) { o.float8 = false; }, "float8");
+  if (p.float8) {
+    without([](TrainPlanOptions& o) {
+      o.float8 = false;
+      o.float8_recipe.reset();
+      o.float8_all_gather.reset();
+    }, "float8");
+  }
   if (p.fsdp_root) {
     without([](TrainPlanOptions& o) { o.fsdp_root = false; o.reshard_last_block = true; },
             "FSDP root module");

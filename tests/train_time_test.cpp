@@ -458,8 +458,8 @@ TEST(Float8, TheBlocksLinearLayersRunAtTheFp8Rate) {
             bf16.bytes_by_collective.at(CollectiveKind::kAllGather));
   EXPECT_TRUE(f8.float8);
   EXPECT_THAT(f8.table(), ::testing::HasSubstr(
-                              "linear layers float8 (tensorwise scaling, inputs kept in 8 bits; "
-                              "the head and attention in bf16)"));
+                              "linear layers float8 (tensorwise scaling, inputs kept in 8 bits, "
+                              "weights all-gathered in float8; the head and attention in bf16)"));
   o.hardware = toy_hardware(4);
   const TrainPlan timed = plan_training(c, mesh, preset("llama_fsdp"), o);
   ASSERT_TRUE(timed.time.has_value());

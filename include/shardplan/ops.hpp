@@ -94,21 +94,46 @@ Array dot_general(const Array& a, const Array& b, const DotDims& dims);
 Array matmul(const Array& a, const Array& b);
 /// torch._scaled_mm: dot_general(a, b, dims) * scale_a * scale_b for float8 a and b (f8_e4m3 or
 /// f8_e5m2, either), the products summed in f32 and the result written in `out_dtype` (bf16 or
-/// f32); scale_a and scale_b are f32 scalars (shape []), the inverses of the scales a and b were
-/// cast with. No gradient flows through it (float8_linear gives its own). Throws SpecError for
-/// other dtypes, a scale that is not an f32 scalar, or dimensions that do not pair up.
+/// f32). scale_a and scale_b are the inverses of the scales a and b were cast with, f32: a
+/// scalar (shape [], tensorwise) or one per row, i.e. of the operand's shape without its
+/// contracting dimensions (rowwise: torch._scaled_mm's [M, 1] and [1, N]). No gradient flows
+/// through it (float8_linear gives its own). Throws SpecError for other dtypes, a scale of
+/// another shape, or dimensions that do not pair up.
 Array scaled_dot(const Array& a, const Array& b, const Array& scale_a, const Array& scale_b,
                  const DotDims& dims, DType out_dtype);
-/// torchao's Float8Linear with tensorwise dynamic scaling: y = x @ w^T for a Linear weight w
-/// [out, in] (x [..., in]), both cast to f8_e4m3 with a scale 448 / amax of their whole tensor,
-/// multiplied by scaled_dot into x's dtype. Differentiable (custom_vjp): the cotangent of y is
-/// cast to f8_e5m2 with its own scale (57344 / amax) and both gradients are scaled_dots of it
-/// with the saved 8-bit x and w, in x's and w's dtypes. Keeps x and w in 8 bits for the backward
-/// pass, not in their own dtype. A w pinned in a split (a tensor-parallel module's weight) is cast
-/// as held and its 8 bits pinned in that split, named as w is (gathered in 8 bits, as torchao's
-/// Float8ColwiseParallel / Float8RowwiseParallel). Throws SpecError unless x and w are bf16 or
-/// f32 of fitting shapes.
-Array float8_linear(const Array& x, const Array& w);
+/// torchao's float8 training recipes (Float8LinearConfig.from_recipe_name).
+enum class Float8Scaling {
+  /// "tensorwise": one scale per tensor (amax of the whole tensor); the output's cotangent in
+  /// f8_e5m2.
+  kTensorwise,
+  /// "rowwise": a scale per row of each operand of each of the three products (per token of x
+  /// and of the cotangent, per output channel of w in the forward product, per input channel in
+  /// the backward ones), everything in f8_e4m3, scales rounded down to powers of 2; x and w kept
+  /// in their own dtype for the backward pass, which casts them along its own rows.
+  kRowwise,
+  /// "rowwise_with_gw_hp": rowwise forward; dx from the cotangent per row (f8_e4m3) and w
+  /// tensorwise; dw in high precision (a dot_general of the cotangent and x as they are).
+  kRowwiseWithGwHp,
+};
+/// How float8_linear casts and where the weight is cast (TrainPlanOptions::float8_all_gather).
+struct Float8Options {
+  Float8Scaling scaling = Float8Scaling::kTensorwise;
+  /// A pinned w (a tensor-parallel module's weight, or one gathered whole for use) is cast as
+  /// it was before the pin and its 8 bits pinned instead (gathered in 8 bits: torchao's
+  /// enable_fsdp_float8_all_gather, tensorwise only); false: the pinned w is cast as pinned
+  /// (gathered in its own dtype, cast after the gather).
+  bool cast_before_pin = true;
+};
+/// torchao's Float8Linear with dynamic scaling: y = x @ w^T for a Linear weight w [out, in]
+/// (x [..., in]), both cast to f8_e4m3 with a scale 448 / amax (of the whole tensor, or of each
+/// row: Float8Scaling), multiplied by scaled_dot into x's dtype. Differentiable (custom_vjp):
+/// each gradient is a scaled_dot (or, for rowwise_with_gw_hp's dw, a dot_general) of the
+/// cotangent cast as the recipe says with x and w, in x's and w's dtypes. Tensorwise keeps x and
+/// w in 8 bits for the backward pass; rowwise keeps them in their own dtype. A pinned w (a
+/// tensor-parallel module's weight) is cast as Float8Options::cast_before_pin says (torchao's
+/// Float8ColwiseParallel / Float8RowwiseParallel gather it in 8 bits). Throws SpecError unless x
+/// and w are bf16 or f32 of fitting shapes.
+Array float8_linear(const Array& x, const Array& w, const Float8Options& options = {});
 
 // Reductions (negative axes count from the end).
 Array sum(const Array& x, std::vector<int> axes, bool keepdims = false);

@@ -29,6 +29,7 @@
 #include "shardplan/error.hpp"
 #include "shardplan/hardware.hpp"
 #include "shardplan/mesh.hpp"
+#include "shardplan/ops.hpp"
 #include "shardplan/program_cost.hpp"
 #include "shardplan/remat.hpp"
 #include "shardplan/rule_file.hpp"
@@ -142,6 +143,19 @@ std::string_view name(RingRotate rotate);
 /// known ones.
 ContextKernel parse_context_kernel(std::string_view name);
 std::string_view name(ContextKernel kernel);
+/// "tensorwise", "rowwise", "rowwise_with_gw_hp" (--float8-recipe; torchao's recipe names,
+/// Float8Scaling). Throws SpecError naming the known ones.
+Float8Scaling parse_float8_recipe(std::string_view name);
+std::string_view name(Float8Scaling scaling);
+/// Which dtype FSDP all-gathers float8 linear layers' weights in (--float8-all-gather).
+/// kFloat8: each weight cast on its shard (the amax reduced over the shards) and its 8 bits
+/// gathered (torchao's enable_fsdp_float8_all_gather; tensorwise scaling only). kBf16: gathered
+/// as used (in --param-dtype, bf16 in the stacks) and cast after the gather, on the whole weight
+/// on every device.
+enum class Float8Gather { kFloat8, kBf16 };
+/// "float8", "bf16". Throws SpecError naming the known ones.
+Float8Gather parse_float8_gather(std::string_view name);
+std::string_view name(Float8Gather gather);
 
 /// Which decoder layers --remat makes checkpoints (--remat-blocks; docs/training.md "Remat per
 /// block"). Layer i counts from 0. kAll: every layer. kEvery: every k-th, layers k-1, 2k-1, ...
@@ -259,10 +273,17 @@ struct TrainPlanOptions {
   /// gathers them again there.
   bool reshard_after_forward = true;
   /// torchao's float8 training (--float8): every linear layer of the decoder blocks (attention's
-  /// q, k, v, o; the MLP's gate, up, down) as float8_linear (ops.hpp: tensorwise scaling, inputs
-  /// kept for the backward pass in 8 bits, products at the hardware's fp8 rate); the LM head,
-  /// attention and Mixtral's experts stay in the compute dtype. LLaMA-family models only.
+  /// q, k, v, o; the MLP's gate, up, down) as float8_linear (ops.hpp: scaling as float8_recipe
+  /// says, products at the hardware's fp8 rate); the LM head, attention and Mixtral's experts
+  /// stay in the compute dtype. LLaMA-family models only.
   bool float8 = false;
+  /// The float8 recipe (--float8-recipe); nullopt: tensorwise. Given without float8: an
+  /// OptionError.
+  std::optional<Float8Scaling> float8_recipe = std::nullopt;
+  /// The dtype the float8 layers' weights are all-gathered in (--float8-all-gather); nullopt:
+  /// float8 with tensorwise scaling, bf16 with rowwise (torchao gathers rowwise weights in high
+  /// precision). kFloat8 with a rowwise recipe, or either without float8: an OptionError.
+  std::optional<Float8Gather> float8_all_gather = std::nullopt;
   /// A dimension its mesh axes do not divide (FSDP over 96 devices of a hidden size of 8192):
   /// padded as FSDP and JAX pad it, each shard's bytes the padded block's, ceil(n/k) rows
   /// (kPad, the default); kRefuse (--strict-shards): a SpecError naming the tensor, its shape
@@ -507,6 +528,14 @@ struct TrainPlan {
   /// (the decoder blocks' linear layers, TrainPlanOptions::float8), linear_cross_entropy's
   /// groups (the fused loss), the fused attention primitive.
   bool float8 = false;
+  /// With float8, read from the program's float8 products: "tensorwise" (every scale a scalar),
+  /// "rowwise" (every scale per row), "rowwise_with_gw_hp" (some product with a per-row and a
+  /// whole-tensor scale: its dx); empty without float8.
+  std::string float8_recipe;
+  /// With float8, the dtype the program all-gathers its arguments (weights) in: "float8" when
+  /// some gather of an argument is in a float8 dtype, else that of the gathers ("bf16"), "none"
+  /// when it gathers no argument; empty without float8.
+  std::string float8_all_gather;
   bool fused_loss = true;
   bool fused_attention = true;
   bool eager = false;  // TrainPlanOptions::eager

@@ -47,6 +47,14 @@ void add_precision_options(CLI::App* t, TrainPlanCommand& c) {
               "The decoder blocks' linear layers in float8 as torchao's Float8Linear (tensorwise "
               "scaling; inputs kept in 8 bits; products at the hardware's fp8 rate); the head and "
               "attention stay in --param-dtype. LLaMA-family models");
+  t->add_option("--float8-recipe", c.float8_recipe,
+                "With --float8: tensorwise, rowwise or rowwise_with_gw_hp, torchao's recipes "
+                "(a scale per tensor, or per row of each product's operands; rowwise_with_gw_hp "
+                "computes the weight gradient in high precision). Default: tensorwise");
+  t->add_option("--float8-all-gather", c.float8_all_gather,
+                "With --float8: float8 (each weight cast on its shard, gathered in 8 bits; "
+                "tensorwise only) or bf16 (gathered in --param-dtype, cast after the gather). "
+                "Default: float8 with tensorwise, bf16 with rowwise");
   t->add_flag("--strict-shards", c.strict_shards,
               "Refuse a tensor dimension its mesh axes do not divide (the error names the tensor, "
               "its shape and the axes). Default: padded as FSDP and JAX pad it, each device "

@@ -387,6 +387,20 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
       throw UsageError(fmt::format("--cp-kernel: {}", e.what()));
     }
   }
+  if (!c.float8_recipe.empty() || given("--float8-recipe")) {
+    try {
+      o.float8_recipe = parse_float8_recipe(c.float8_recipe);
+    } catch (const SpecError& e) {
+      throw UsageError(fmt::format("--float8-recipe: {}", e.what()));
+    }
+  }
+  if (!c.float8_all_gather.empty() || given("--float8-all-gather")) {
+    try {
+      o.float8_all_gather = parse_float8_gather(c.float8_all_gather);
+    } catch (const SpecError& e) {
+      throw UsageError(fmt::format("--float8-all-gather: {}", e.what()));
+    }
+  }
   if (!c.remat_blocks.empty() || given("--remat-blocks")) {
     try {
       o.remat_blocks = parse_remat_blocks(c.remat_blocks);

@@ -51,6 +51,8 @@ struct TrainPlanCommand {
   std::string tp_plan;   // --tp-plan; empty: not given (partitioner)
   std::string cp_rotate;  // --cp-rotate; empty: not given (permute)
   std::string cp_kernel;  // --cp-kernel; empty: not given (ring)
+  std::string float8_recipe;      // --float8-recipe; empty: not given (tensorwise)
+  std::string float8_all_gather;  // --float8-all-gather; empty: not given (the recipe's)
   std::string stack;     // --stack NAME; empty: none
   bool explain = false;  // --explain: list the stack's choices, plan nothing
   std::string from_config;  // --from-config FILE: a stack's own config (stack_config.hpp)

@@ -60,6 +60,8 @@ void set_option(TrainPlanCommand& c, const std::string& option, const std::strin
                       : option == "--attention"         ? &c.attention
                       : option == "--sequence-parallel" ? &c.sequence_parallel
                       : option == "--cp-kernel"         ? &c.cp_kernel
+                      : option == "--float8-recipe"     ? &c.float8_recipe
+                      : option == "--float8-all-gather" ? &c.float8_all_gather
                                                         : nullptr;
   if (text != nullptr) {
     *text = value;

@@ -545,7 +545,7 @@ Array ModelStep::rms_final_norm(const Tree<Array>& rest, const Array& h) const {
 
 
 Array ModelStep::block_linear(const Array& x, const Array& w) const {
-  return float8 ? float8_linear(x, w) : linear(x, w);
+  return float8 ? float8_linear(x, w, float8_options) : linear(x, w);
 }
 
 Tree<Array> ModelStep::for_use(const Tree<Array>& weights) const {
@@ -557,11 +557,22 @@ Tree<Array> ModelStep::for_use(const Tree<Array>& weights) const {
 }
 
 Tree<Array> ModelStep::module_layouts(std::size_t i, const Tree<Array>& weights) const {
-  if (i >= layer_in_use.size() || layer_in_use[i].empty()) return weights;
+  const auto layer = [i](const std::vector<std::map<std::string, PartitionSpec>>& per_layer) {
+    return i < per_layer.size() ? &per_layer[i] : nullptr;
+  };
+  const auto* modules = layer(layer_in_use);
+  const auto* gathered = layer(layer_gathered);
+  if ((modules == nullptr || modules->empty()) && (gathered == nullptr || gathered->empty())) {
+    return weights;
+  }
   std::vector<Array> leaves;
   for (auto& [path, a] : weights.flatten()) {
-    const auto it = layer_in_use[i].find(path);
-    leaves.push_back(it == layer_in_use[i].end() ? a : detail::pin_sharding(a, it->second));
+    const PartitionSpec* spec = nullptr;
+    for (const auto* m : {modules, gathered}) {
+      if (m == nullptr || spec != nullptr) continue;
+      if (const auto it = m->find(path); it != m->end()) spec = &it->second;
+    }
+    leaves.push_back(spec == nullptr ? a : detail::pin_sharding(a, *spec));
   }
   return weights.unflatten(std::move(leaves));
 }
@@ -597,9 +608,11 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
   // kModules: a pinned layout is a value of the program, which the policy would save otherwise).
   // Neither: the held weights are read again through the checkpoint's barrier, which is all it
   // takes.
+  const auto any_pinned = [](const std::vector<std::map<std::string, PartitionSpec>>& v) {
+    return std::any_of(v.begin(), v.end(), [](const auto& m) { return !m.empty(); });
+  };
   const bool name_in_use =
-      compute_dtype.has_value() || std::any_of(layer_in_use.begin(), layer_in_use.end(),
-                                               [](const auto& m) { return !m.empty(); });
+      compute_dtype.has_value() || any_pinned(layer_in_use) || any_pinned(layer_gathered);
   const RematPolicy reshard = checkpoint_policies::save_anything_except_these_names(
       name_in_use ? std::vector<std::string>{kWeightsInUse} : std::vector<std::string>{});
   for (std::size_t i = 0; i < layers.size(); ++i) {

@@ -111,8 +111,10 @@ struct ModelStep {
   /// recomputation reads them as they are (as keep_last_gathered's last layer), so the forward
   /// pass's gathered copies are kept to the backward pass instead of gathered again.
   bool keep_gathered = false;
-  /// The LLaMA-family blocks' linear layers (q, k, v, o, gate, up, down) as float8_linear.
+  /// The LLaMA-family blocks' linear layers (q, k, v, o, gate, up, down) as float8_linear,
+  /// with these options (the recipe; whether a pinned weight is cast before its pin).
   bool float8 = false;
+  Float8Options float8_options;
   /// FSDP2's root module holds the parameters outside the layers (TrainPlanOptions::fsdp_root):
   /// gathered at the forward pass's start and read again at the backward pass's end (their
   /// gradients with them).
@@ -133,8 +135,14 @@ struct ModelStep {
   /// embedding looked up vocabulary-parallel (lookup), the head used as it is split. Empty: the
   /// partitioner chooses.
   std::map<std::string, PartitionSpec> outside_in_use;
+  /// Float8 with its weights all-gathered in bf16 (TrainPlanOptions::float8_all_gather): per
+  /// layer, each weight of rank 2 not in layer_in_use, by its path in the layer, gathered over
+  /// the data axes (its spec without the batch and context axes), so that float8_linear casts
+  /// it after the gather, as torchao's Float8Linear casts the weight FSDP2 gathered.
+  std::vector<std::map<std::string, PartitionSpec>> layer_gathered;
 
-  /// Layer `i`'s weights as used: layer_in_use's constraints on them (as they are without).
+  /// Layer `i`'s weights as used: layer_in_use's and layer_gathered's constraints on them (as
+  /// they are without).
   Tree<Array> module_layouts(std::size_t i, const Tree<Array>& weights) const;
 
   /// y = x @ w^T for a block's Linear weight w [out, in]: float8_linear with `float8`.

@@ -65,6 +65,8 @@ constexpr OptionRefusal kRefusals[] = {
       {"--cp-kernel allgather-kv, ulysses",
        "a mesh without a cp or context axis (unless a --stack sets it: then it is that stack's "
        "default)"},
+      {"--float8-recipe, --float8-all-gather", "without --float8"},
+      {"--float8-all-gather float8", "--float8-recipe rowwise or rowwise_with_gw_hp"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -127,6 +129,13 @@ void check_block_options(const ModelConfig& config, const TrainPlanOptions& o) {
 
 }  // namespace
 
+Float8Gather effective_float8_gather(const TrainPlanOptions& o) {
+  if (o.float8_all_gather) return *o.float8_all_gather;
+  return o.float8_recipe.value_or(Float8Scaling::kTensorwise) == Float8Scaling::kTensorwise
+             ? Float8Gather::kFloat8
+             : Float8Gather::kBf16;
+}
+
 void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
   const FamilySupport& can = support_of(config);
   if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
@@ -146,6 +155,28 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
     refuse(Refusal::kFloat8Family,
            fmt::format("float8 linear layers are planned for LLaMA-family blocks ({}); {}",
                        titles_with(&FamilySupport::float8), model_text(config)));
+  }
+  if (!o.float8 && (o.float8_recipe || o.float8_all_gather)) {
+    refuse(Refusal::kFloat8RecipeWithoutFloat8,
+           fmt::format("{}{}{} choose how float8 linear layers run, and there are none: give "
+                       "--float8",
+                       o.float8_recipe ? fmt::format("--float8-recipe {}", name(*o.float8_recipe))
+                                       : std::string(),
+                       o.float8_recipe && o.float8_all_gather ? ", " : "",
+                       o.float8_all_gather
+                           ? fmt::format("--float8-all-gather {}", name(*o.float8_all_gather))
+                           : std::string()));
+  }
+  if (o.float8_all_gather == Float8Gather::kFloat8 && o.float8_recipe &&
+      *o.float8_recipe != Float8Scaling::kTensorwise) {
+    refuse(Refusal::kFloat8GatherRowwise,
+           fmt::format("--float8-recipe {} scales each weight per row, and a weight cast per "
+                       "shard is gathered in float8 for tensorwise scaling only (torchao's "
+                       "Float8LinearConfig: \"enable_fsdp_float8_all_gather only supports "
+                       "tensorwise scaling granularity\", torchao/float8/config.py; torchtitan's "
+                       "docs/float8.md: with rowwise scaling \"all distributed communication is "
+                       "done in high precision\"): give --float8-all-gather bf16",
+                       name(*o.float8_recipe)));
   }
   if (o.float8 && o.param_dtype != DType::kBF16 && o.param_dtype != DType::kF32) {
     refuse(Refusal::kFloat8Dtype, fmt::format("float8 linear layers take bf16 or f32 inputs, not {}",

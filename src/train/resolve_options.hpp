@@ -49,6 +49,8 @@ enum class Refusal : std::size_t {
   kCpRotateNotRing,
   kUlyssesHeads,
   kCpKernelNoContext,
+  kFloat8RecipeWithoutFloat8,
+  kFloat8GatherRowwise,
   kCount
 };
 
@@ -70,6 +72,10 @@ struct FamilySupport {
   bool fsdp_root = true;         // FSDP2's root module
 };
 const FamilySupport& support_of(const ModelConfig& config);
+
+/// The float8 all-gather dtype the step runs with (TrainPlanOptions::float8_all_gather, or its
+/// default for the recipe).
+Float8Gather effective_float8_gather(const TrainPlanOptions& o);
 
 /// The values the options take alone (positive sizes, a headroom fraction, GPT-2's positions)
 /// and the combinations with the family that cannot apply. Throws SpecError / OptionError.

@@ -32,6 +32,7 @@ struct TomlAssertion : std::logic_error {
 
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
+#include "resolve_options.hpp"
 #include "stack_config_impl.hpp"
 
 namespace shardplan::train::stack_config {
@@ -193,8 +194,6 @@ constexpr std::string_view kNotStep = "not part of a training step's memory or t
 constexpr std::string_view kValue = "a value of the update, not its size or time";
 constexpr std::string_view kPipeline = "pipeline parallelism is not planned";
 constexpr std::string_view kPipelineSetting = "a pipeline setting: no pipeline is planned";
-constexpr std::string_view kFloat8Gather =
-    "float8's all-gather dtype is not modelled: the weights gathered as --float8 plans them";
 
 // The tables of things outside a step, the model's and the update's values.
 std::vector<Key> other_keys() {
@@ -331,13 +330,13 @@ std::vector<Key> parallelism_keys() {
        k2508},
       {"activation_checkpoint.early_stop", nullptr, "early stop is not modelled", "false", k2508},
       {"float8.enable_float8_linear", float8_linear, {}, {}, k2024},
-      {"float8.enable_fsdp_float8_all_gather", nullptr, kFloat8Gather},
+      {"float8.enable_fsdp_float8_all_gather", hold},
       {"float8.precompute_float8_dynamic_scale_for_fsdp", nullptr, "a scale, a scalar per weight"},
       {"float8.scaling_type_input", nullptr, "--float8 plans dynamic scaling", "dynamic", k2024},
       {"float8.scaling_type_weight", nullptr, "--float8 plans dynamic scaling", "dynamic", k2024},
       {"float8.scaling_type_grad_output", nullptr, "--float8 plans dynamic scaling", "dynamic",
        k2024},
-      {"float8.recipe_name", nullptr, "--float8 plans tensorwise scaling", "tensorwise", k2025},
+      {"float8.recipe_name", hold, {}, {}, k2025},
       {"float8.filter_fqns",
        nullptr,
        "--float8 converts the blocks' linear layers; the head stays as computed",
@@ -364,6 +363,7 @@ std::vector<Entry> defaults(std::string_view stack) {
   return {
       text_entry("activation_checkpoint.mode", "selective"),
       text_entry("activation_checkpoint.selective_ac_option", "2"),
+      bool_entry("float8.enable_fsdp_float8_all_gather", false),
       int_entry((v & k2024) != 0 ? "training.batch_size" : "training.local_batch_size", 8),
       int_entry("training.seq_len", 2048),
       int_entry(v == k2407   ? "training.data_parallel_degree"
@@ -373,8 +373,38 @@ std::vector<Entry> defaults(std::string_view stack) {
   };
 }
 
+// With float8 on: float8.recipe_name (2025; unset: tensorwise) and
+// enable_fsdp_float8_all_gather (Float8Converter / Float8Handler).
+void finish_float8(Reading& r) {
+  const auto& settings = r.out().settings;
+  const bool float8 = std::any_of(settings.begin(), settings.end(),
+                                  [](const StackConfig::Setting& s) { return s.option == "--float8"; });
+  const Entry& gather = *r.held("float8.enable_fsdp_float8_all_gather");
+  const Entry* recipe = r.held("float8.recipe_name");
+  if (!float8) {
+    for (const Entry* e : {&gather, recipe}) {
+      if (e != nullptr && e->line > 0) r.out().ignored.push_back(Reading::said(*e) + " (no float8)");
+    }
+    return;
+  }
+  if (recipe != nullptr) {
+    if (r.boolean(gather)) {
+      r.fail(gather, "torchtitan's Float8Converter asserts that enable_fsdp_float8_all_gather is "
+                     "not used together with recipe_name (torchao gathers a rowwise-scaled "
+                     "weight in high precision)");
+    }
+    try {
+      r.set(*recipe, "--float8-recipe", std::string(name(parse_float8_recipe(r.text(*recipe)))));
+    } catch (const SpecError& e) {
+      r.fail(*recipe, e.what());
+    }
+  }
+  r.set(gather, "--float8-all-gather", r.boolean(gather) ? "float8" : "bf16");
+}
+
 // activation_checkpoint.mode with selective_ac_option: torchtitan's apply_ac.
 void finish(Reading& r, std::string_view) {
+  finish_float8(r);
   const Entry& mode = *r.held("activation_checkpoint.mode");
   const Entry& option = *r.held("activation_checkpoint.selective_ac_option");
   const std::string& m = r.text(mode);
@@ -431,6 +461,25 @@ std::string ac_table(std::string_view stack, const TrainPlanOptions& o) {
                     stack, remat, blocks));
   }
   return ac;
+}
+
+// [float8]'s recipe and all-gather keys for a float8 plan (what finish_float8 reads back).
+std::string float8_table(std::string_view stack, const TrainPlanOptions& o) {
+  const Float8Scaling recipe = o.float8_recipe.value_or(Float8Scaling::kTensorwise);
+  const bool in_float8 = effective_float8_gather(o) == Float8Gather::kFloat8;
+  const bool k2024_stack = (version_of(stack) & k2024) != 0;
+  if (recipe != Float8Scaling::kTensorwise && k2024_stack) {
+    throw SpecError(fmt::format("[stack-config] --emit-config for {}: --float8-recipe {} has no "
+                                "key in its config (float8.recipe_name came in 2025-02, "
+                                "pytorch/torchtitan#808)",
+                                stack, name(recipe)));
+  }
+  std::string out = k2024_stack ? "" : "\n[float8]\n";
+  out += fmt::format("enable_fsdp_float8_all_gather = {}\n", in_float8 ? "true" : "false");
+  if (recipe != Float8Scaling::kTensorwise) {
+    out += fmt::format("recipe_name = \"{}\"\n", name(recipe));
+  }
+  return out;
 }
 
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh,
@@ -494,6 +543,7 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
   } else {
     out += fmt::format("\n[model]\nconverters = [{}]\n", o.float8 ? "\"float8\"" : "");
   }
+  if (o.float8) out += float8_table(stack, o);
   out += fmt::format("\n[optimizer]\nname = \"{}\"\n",
                      o.optimizer == OptimizerKind::kAdamw ? "AdamW" : "Adam");
   return out;

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "../program/ir/primitives.hpp"
+#include "../runtime/numeric.hpp"
 #include "allocation_events.hpp"
 #include "resolve_options.hpp"
 #include "tp_overlap.hpp"
@@ -277,6 +279,40 @@ bool held_replicated_beside_split_state(const Lowered& low, const StepArguments&
   return false;
 }
 
+/// The float8 recipe its float8 products' scales say (ProgramFacts::float8_recipe).
+std::string float8_recipe_of(const detail::Graph& g) {
+  bool whole = false, rows = false, mixed = false;
+  for (const detail::Node& n : g.nodes) {
+    if (!n.is(detail::prim::scaled_dot)) continue;
+    const bool a_rows = g[n.operands[2]].type.shape.rank() > 0;
+    const bool b_rows = g[n.operands[3]].type.shape.rank() > 0;
+    whole = whole || !a_rows || !b_rows;
+    rows = rows || a_rows || b_rows;
+    mixed = mixed || a_rows != b_rows;
+  }
+  if (mixed) return std::string(name(Float8Scaling::kRowwiseWithGwHp));
+  if (rows) return std::string(name(Float8Scaling::kRowwise));
+  return whole ? std::string(name(Float8Scaling::kTensorwise)) : std::string();
+}
+
+/// The dtype the program all-gathers its arguments in (ProgramFacts::float8_all_gather).
+std::string argument_gather_dtype(const detail::Program& program) {
+  std::optional<DType> seen;
+  for (const detail::Step& st : program.steps()) {
+    if (st.kind != detail::Step::Kind::kReshard ||
+        !detail::argument_read(program.graph(), st.node).has_value()) {
+      continue;
+    }
+    const bool gathers = std::any_of(st.cost.begin(), st.cost.end(), [](const auto& c) {
+      return c.kind == CollectiveKind::kAllGather && c.max_bytes_in() > 0;
+    });
+    if (!gathers) continue;
+    if (detail::f8_format(st.type.dtype) != nullptr) return "float8";
+    if (!seen) seen = st.type.dtype;
+  }
+  return seen ? std::string(name(*seen)) : "none";
+}
+
 /// What the lowered step holds (ProgramFacts), from its operations and the tokens' sharding.
 ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Layout& layout,
                         const Mesh& mesh) {
@@ -317,6 +353,11 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
         if (has_axis(layout.context, a) && mesh.axis_size(a) > 1) f.context_axes.push_back(a);
       }
     }
+  }
+  if (f.float8) {
+    const detail::Program& program = detail::program_of(low);
+    f.float8_recipe = float8_recipe_of(program.graph());
+    f.float8_all_gather = argument_gather_dtype(program);
   }
   return f;
 }
@@ -393,29 +434,55 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
 
 namespace {
 
-// FSDP2's root module's parameters (all but the layers') as FSDP gathers them: each one's spec
-// (the rules') without the batch and context axes.
+// A parameter's spec (the rules') without the batch and context axes: as FSDP gathers it.
+PartitionSpec gathered_spec(const std::string& path, const TensorSpec& t, const Mesh& mesh,
+                            const RulePtr& rules, const Layout& layout) {
+  const auto data_axis = [&](const std::string& a) {
+    return std::find(layout.batch.begin(), layout.batch.end(), a) != layout.batch.end() ||
+           std::find(layout.context.begin(), layout.context.end(), a) != layout.context.end();
+  };
+  std::vector<AxisNames> dims;
+  for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
+    AxisNames kept;
+    for (const std::string& a : d) {
+      if (!data_axis(a)) kept.push_back(a);
+    }
+    dims.push_back(std::move(kept));
+  }
+  return PartitionSpec(std::move(dims));
+}
+
+// FSDP2's root module's parameters (all but the layers') as FSDP gathers them (gathered_spec).
 std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, const Mesh& mesh,
                                                  const RulePtr& rules,
                                                  const Tree<TensorSpec>& params,
                                                  const Layout& layout) {
   std::map<std::string, PartitionSpec> out;
   const std::string layers = config.layers_path() + "/";
-  const auto data_axis = [&](const std::string& a) {
-    return std::find(layout.batch.begin(), layout.batch.end(), a) != layout.batch.end() ||
-           std::find(layout.context.begin(), layout.context.end(), a) != layout.context.end();
-  };
   for (const auto& [path, t] : params.flatten()) {
     if (path.rfind(layers, 0) == 0) continue;
-    std::vector<AxisNames> dims;
-    for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
-      AxisNames kept;
-      for (const std::string& a : d) {
-        if (!data_axis(a)) kept.push_back(a);
-      }
-      dims.push_back(std::move(kept));
-    }
-    out.emplace(path, PartitionSpec(std::move(dims)));
+    out.emplace(path, gathered_spec(path, t, mesh, rules, layout));
+  }
+  return out;
+}
+
+// Float8 gathered in bf16: per layer, each weight of rank 2 (a Linear's) that `in_use` does not
+// lay out, as FSDP gathers it (gathered_spec), by its path in the layer.
+std::vector<std::map<std::string, PartitionSpec>> layer_gathered(
+    const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+    const Tree<TensorSpec>& params, const Layout& layout,
+    const std::vector<std::map<std::string, PartitionSpec>>& in_use) {
+  std::vector<std::map<std::string, PartitionSpec>> out;
+  const std::string layers = config.layers_path() + "/";
+  for (const auto& [path, t] : params.flatten()) {
+    if (path.rfind(layers, 0) != 0 || t.shape.rank() != 2) continue;
+    const std::string rest = path.substr(layers.size());  // "0/self_attn/q_proj/weight"
+    const std::size_t slash = rest.find('/');
+    const std::size_t i = std::stoul(rest.substr(0, slash));
+    const std::string key = rest.substr(slash + 1);
+    if (out.size() <= i) out.resize(i + 1);
+    if (i < in_use.size() && in_use[i].count(key) != 0) continue;
+    out[i].emplace(key, gathered_spec(path, t, mesh, rules, layout));
   }
   return out;
 }
@@ -611,34 +678,39 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   // ZeRO-1 holds the parameters in param_dtype, whole over the data axes: nothing to cast for
   // use, gather or reshard after forward (FSDP's settings do not apply).
   const DType held = zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype);
-  const ModelStep base{.config = config,
-                       .layout = layout,
-                       .remat = effective_remat(o),
-                       .remat_blocks = o.remat_blocks,
-                       .fused_attention = o.fused_attention.value_or(true),
-                       .ring_rotate = o.cp_rotate.value_or(RingRotate::kPermute),
-                       .context_kernel = o.cp_kernel,
-                       .fused_loss = o.fused_loss.value_or(true),
-                       .compute_dtype = held == o.param_dtype ? std::nullopt
-                                                              : std::optional(o.param_dtype),
-                       .reduce_in_held = o.reduce_dtype == held,
-                       .reshard_after_forward =
-                           reshards_after_forward(o, layout, config.layers),
-                       .keep_gathered =
-                           keeps_gathered_for_recompute(o, layout, config.layers),
-                       .float8 = o.float8,
-                       .fsdp_root = fsdp_root_applies(o, layout),
-                       .keep_last_gathered = keeps_last_gathered(o, layout),
-                       .root_in_use = fsdp_root_applies(o, layout)
-                                          ? root_in_use(config, mesh, rules, args.params, layout)
-                                          : std::map<std::string, PartitionSpec>{},
-                       .layer_in_use = o.tp_plan == TpPlan::kModules
-                                           ? layer_in_use(config, mesh, rules, args.params, layout)
-                                           : std::vector<std::map<std::string, PartitionSpec>>{},
-                       .outside_in_use =
-                           o.tp_plan == TpPlan::kModules
-                               ? outside_in_use(config, mesh, rules, args.params, layout)
-                               : std::map<std::string, PartitionSpec>{}};
+  const bool gather_bf16 = o.float8 && effective_float8_gather(o) == Float8Gather::kBf16;
+  std::vector<std::map<std::string, PartitionSpec>> in_use =
+      o.tp_plan == TpPlan::kModules ? layer_in_use(config, mesh, rules, args.params, layout)
+                                    : std::vector<std::map<std::string, PartitionSpec>>{};
+  std::vector<std::map<std::string, PartitionSpec>> gathered =
+      gather_bf16 ? layer_gathered(config, mesh, rules, args.params, layout, in_use)
+                  : std::vector<std::map<std::string, PartitionSpec>>{};
+  const ModelStep base{
+      .config = config,
+      .layout = layout,
+      .remat = effective_remat(o),
+      .remat_blocks = o.remat_blocks,
+      .fused_attention = o.fused_attention.value_or(true),
+      .ring_rotate = o.cp_rotate.value_or(RingRotate::kPermute),
+      .context_kernel = o.cp_kernel,
+      .fused_loss = o.fused_loss.value_or(true),
+      .compute_dtype = held == o.param_dtype ? std::nullopt : std::optional(o.param_dtype),
+      .reduce_in_held = o.reduce_dtype == held,
+      .reshard_after_forward = reshards_after_forward(o, layout, config.layers),
+      .keep_gathered = keeps_gathered_for_recompute(o, layout, config.layers),
+      .float8 = o.float8,
+      .float8_options = {.scaling = o.float8_recipe.value_or(Float8Scaling::kTensorwise),
+                         .cast_before_pin = !gather_bf16},
+      .fsdp_root = fsdp_root_applies(o, layout),
+      .keep_last_gathered = keeps_last_gathered(o, layout),
+      .root_in_use = fsdp_root_applies(o, layout)
+                         ? root_in_use(config, mesh, rules, args.params, layout)
+                         : std::map<std::string, PartitionSpec>{},
+      .layer_in_use = std::move(in_use),
+      .outside_in_use = o.tp_plan == TpPlan::kModules
+                            ? outside_in_use(config, mesh, rules, args.params, layout)
+                            : std::map<std::string, PartitionSpec>{},
+      .layer_gathered = std::move(gathered)};
   const auto step = [&](const Tree<Array>& p, const Tree<Array>& s, const Array& x,
                         const Array& y) {
     // Mixed precision: the model casts the held weights where it uses them (ModelStep::

@@ -20,6 +20,12 @@ struct ProgramFacts {
   bool fused_attention = false;  // it holds the fused attention primitive ("attention")
   bool fused_loss = false;       // it holds linear_cross_entropy's ops (their named scope)
   bool float8 = false;           // it holds float8 products ("scaled_dot")
+  /// With float8, its products' scales: "tensorwise" (all scalars), "rowwise" (all per row),
+  /// "rowwise_with_gw_hp" (a product with one of each: rowwise_with_gw_hp's dx). Empty: none.
+  std::string float8_recipe;
+  /// With float8, the dtype its gathers of arguments (weights) move: "float8" when some is in a
+  /// float8 dtype, else the gathers' ("bf16"); "none" when it gathers no argument.
+  std::string float8_all_gather;
   bool fused_optimizer = false;  // it updates with the fused kernel ("adamw_update")
   /// The model (not batch, not context) axes its annotated norm and residual regions split the
   /// sequence (their dimension 1) over: Megatron's sequence parallelism. Empty: none.

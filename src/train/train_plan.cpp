@@ -141,6 +141,39 @@ std::string_view name(ContextKernel kernel) {
   return "ring";
 }
 
+Float8Scaling parse_float8_recipe(std::string_view n) {
+  for (const Float8Scaling s :
+       {Float8Scaling::kTensorwise, Float8Scaling::kRowwise, Float8Scaling::kRowwiseWithGwHp}) {
+    if (n == name(s)) return s;
+  }
+  throw SpecError(fmt::format("[train] unknown float8 recipe '{}' (known: tensorwise, rowwise, "
+                              "rowwise_with_gw_hp: torchao's Float8LinearRecipeName)",
+                              detail::printable(n)));
+}
+
+std::string_view name(Float8Scaling scaling) {
+  switch (scaling) {
+    case Float8Scaling::kRowwise:
+      return "rowwise";
+    case Float8Scaling::kRowwiseWithGwHp:
+      return "rowwise_with_gw_hp";
+    case Float8Scaling::kTensorwise:
+      break;
+  }
+  return "tensorwise";
+}
+
+Float8Gather parse_float8_gather(std::string_view n) {
+  if (n == "float8") return Float8Gather::kFloat8;
+  if (n == "bf16") return Float8Gather::kBf16;
+  throw SpecError(fmt::format("[train] unknown float8 all-gather dtype '{}' (known: float8, bf16)",
+                              detail::printable(n)));
+}
+
+std::string_view name(Float8Gather gather) {
+  return gather == Float8Gather::kBf16 ? "bf16" : "float8";
+}
+
 OptimizerKernel parse_optimizer_kernel(std::string_view n) {
   if (n == "ops") return OptimizerKernel::kOps;
   if (n == "fused") return OptimizerKernel::kFused;
@@ -677,6 +710,8 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   plan.optimizer_kernel = facts.fused_optimizer ? "fused" : "ops";
   plan.optimizer_sharding = facts.zero1 ? "zero1" : "rules";
   plan.float8 = facts.float8;
+  plan.float8_recipe = facts.float8_recipe;
+  plan.float8_all_gather = facts.float8_all_gather;
   plan.tp_modules = facts.tp_modules;
   plan.sequence_parallel = !facts.sequence_axes.empty();
   plan.sequence_axes = facts.sequence_axes;

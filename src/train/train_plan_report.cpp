@@ -164,9 +164,18 @@ std::string stack_line(const std::optional<StackUse>& stack) {
 std::string step_extras(const TrainPlan& p) {
   std::string out;
   if (p.float8) {
-    out += fmt::format(", linear layers float8 (tensorwise scaling, inputs kept in 8 bits; the "
-                       "head and attention in {})",
-                       name(p.param_dtype));
+    const bool tensorwise = p.float8_recipe == name(Float8Scaling::kTensorwise);
+    const std::string gather =
+        p.float8_all_gather == "none"
+            ? std::string()
+            : fmt::format(", weights all-gathered in {}", p.float8_all_gather);
+    out += fmt::format(", linear layers float8 ({} scaling{}, inputs kept in {}{}; the head and "
+                       "attention in {})",
+                       p.float8_recipe,
+                       p.float8_recipe == name(Float8Scaling::kRowwiseWithGwHp)
+                           ? fmt::format(" (weight gradients in {})", name(p.param_dtype))
+                           : "",
+                       tensorwise ? "8 bits" : name(p.param_dtype), gather, name(p.param_dtype));
   }
   if (p.eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
   if (p.optimizer_kernel == "fused") {
@@ -430,6 +439,9 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["remat_layers"] = p.remat_layers;
   j["last_block_kept_gathered"] = p.last_block_kept_gathered;
   j["float8"] = p.float8;
+  j["float8_recipe"] = p.float8 ? nlohmann::ordered_json(p.float8_recipe) : nlohmann::ordered_json();
+  j["float8_all_gather"] =
+      p.float8 ? nlohmann::ordered_json(p.float8_all_gather) : nlohmann::ordered_json();
   j["loss"] = p.fused_loss ? "fused" : "naive";
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;

@@ -117,6 +117,32 @@ inline StackChoice root_module(std::string_view what, std::string_view source) {
           .apply = [](TrainPlanOptions& o) { o.fsdp_root = true; }};
 }
 
+/// torchtitan's float8 recipe: Float8LinearConfig's default, tensorwise dynamic scaling (no
+/// recipe_name), with the weights all-gathered in float8 (cast on their FSDP shards:
+/// --float8.enable_fsdp_float8_all_gather, as docs/float8.md launches it) or in bf16 (the flag's
+/// default, off). Applies with --float8 only (a config read sets its own keys: --from-config).
+inline void float8_tensorwise_float8(TrainPlanOptions& o) {
+  if (!o.float8) return;
+  o.float8_recipe = Float8Scaling::kTensorwise;
+  o.float8_all_gather = Float8Gather::kFloat8;
+}
+inline void float8_tensorwise_bf16(TrainPlanOptions& o) {
+  if (!o.float8) return;
+  o.float8_recipe = Float8Scaling::kTensorwise;
+  o.float8_all_gather = Float8Gather::kBf16;
+}
+inline StackChoice float8_tensorwise(bool gathered_in_float8, std::string_view what,
+                                     std::string_view source) {
+  return {.topic = "float8 recipe",
+          .what = what,
+          .source = source,
+          .setting = gathered_in_float8
+                         ? "with --float8: --float8-recipe tensorwise --float8-all-gather float8"
+                         : "with --float8: --float8-recipe tensorwise --float8-all-gather bf16",
+          .options = {"--float8-recipe", "--float8-all-gather"},
+          .apply = gathered_in_float8 ? float8_tensorwise_float8 : float8_tensorwise_bf16};
+}
+
 /// A choice the planner always makes so, or that the mesh and rules given decide: nothing to set.
 inline void as_planned(TrainPlanOptions&) {}
 

@@ -127,6 +127,14 @@ const TrainingStack& torchtitan_2024_07() {
                        "(one more copy of [tokens, vocab] at the loss)",
             .options = {},
             .apply = nullptr},
+           float8_tensorwise(
+               false,
+               "with --float8.enable_float8_linear: torchao's Float8Linear, dynamic tensorwise "
+               "scaling; --float8.enable_fsdp_float8_all_gather off by default, so FSDP gathers "
+               "the weights in bfloat16 and each is cast whole",
+               "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
+               "--float8.enable_fsdp_float8_all_gather (store_true, default False); "
+               "torchtitan/float8_linear.py: Float8Handler"),
            compile_off("off unless --training.compile (llama3_8b.toml: compile = false) "
                        "(--compile)",
                        "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
@@ -162,6 +170,14 @@ const TrainingStack& torchtitan_2024_12() {
                  "apply_tp; torchtitan/config_manager.py: --training.disable_loss_parallel "
                  "(store_true, off)"),
           {f32_loss("pytorch/torchtitan@3f20451 train.py: loss_fn"),
+           float8_tensorwise(
+               true,
+               "with --float8.enable_float8_linear: torchao's Float8Linear, dynamic tensorwise "
+               "scaling, launched with --float8.enable_fsdp_float8_all_gather and "
+               "--float8.precompute_float8_dynamic_scale_for_fsdp (each weight cast on its FSDP "
+               "shard, gathered in float8)",
+               "pytorch/torchtitan@3f20451 docs/float8.md (the launch command); "
+               "torchtitan/float8.py: Float8Handler"),
            cp_rotate_allgather("pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
                                "--experimental.context_parallel_rotate_method"),
            compile_off("off unless --training.compile (a store_true flag; llama3_8b.toml: "
@@ -208,6 +224,13 @@ const TrainingStack& torchtitan_2025_06() {
                  "False"),
           {f32_loss("pytorch/torchtitan@6b11290 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
+           float8_tensorwise(
+               true,
+               "with model.converters = [\"float8\"]: recipe_name unset, so tensorwise, "
+               "launched with --float8.enable_fsdp_float8_all_gather (gathered in float8; "
+               "recipe_name rowwise gathers in bfloat16)",
+               "pytorch/torchtitan@6b11290 docs/float8.md (the tensorwise launch command); "
+               "torchtitan/components/quantization/float8.py: Float8Converter"),
            cp_rotate_allgather("pytorch/torchtitan@6b11290 torchtitan/config_manager.py: "
                                "Parallelism.context_parallel_rotate_method"),
            compile_off("off unless training.compile (llama3_8b.toml: compile = false); when on, "
@@ -247,6 +270,13 @@ const TrainingStack& torchtitan_2025_08() {
                  "False"),
           {f32_loss("pytorch/torchtitan@07c00d9 torchtitan/components/loss.py: "
                     "cross_entropy_loss"),
+           float8_tensorwise(
+               true,
+               "with model.converters = [\"float8\"]: recipe_name unset, so tensorwise, "
+               "launched with --float8.enable_fsdp_float8_all_gather (gathered in float8; "
+               "recipe_name rowwise gathers in bfloat16)",
+               "pytorch/torchtitan@07c00d9 docs/float8.md (the tensorwise launch command); "
+               "torchtitan/components/quantization/float8.py: Float8Converter"),
            cp_rotate_allgather("pytorch/torchtitan@07c00d9 torchtitan/config/job_config.py: "
                                "Parallelism.context_parallel_rotate_method"),
            compile_off("off unless compile.enable (llama3_8b.toml: enable = false); when on, the "

@@ -317,6 +317,49 @@ void dot_kernel(const KernelArgs& k) {
 
 }  // namespace
 
+Shape dot_kept_shape(const DotDims& d, const Shape& operand, int which) {
+  const std::vector<int>& contract = which == 0 ? d.lhs_contract : d.rhs_contract;
+  std::vector<std::int64_t> dims;
+  for (int i = 0; i < operand.rank(); ++i) {
+    if (std::find(contract.begin(), contract.end(), i) == contract.end()) dims.push_back(operand[i]);
+  }
+  return Shape(dims);
+}
+
+std::vector<std::int64_t> dot_kept_offsets(const DotDims& d, const Shape& lhs, const Shape& rhs,
+                                           int which) {
+  const Shape& x = which == 0 ? lhs : rhs;
+  const std::vector<int>& batch = which == 0 ? d.lhs_batch : d.rhs_batch;
+  const std::vector<int>& contract = which == 0 ? d.lhs_contract : d.rhs_contract;
+  // Each kept dimension's stride in the kept array (x's order without the contracting dims).
+  std::vector<std::int64_t> stride(static_cast<std::size_t>(x.rank()), 0);
+  std::int64_t s = 1;
+  for (int i = x.rank() - 1; i >= 0; --i) {
+    if (std::find(contract.begin(), contract.end(), i) != contract.end()) continue;
+    stride[static_cast<std::size_t>(i)] = s;
+    s *= x[i];
+  }
+  // The result's dimensions: batch (pair order), lhs free, rhs free; the other side's free
+  // dimensions do not move this operand's offset.
+  std::vector<std::int64_t> dims, strides;
+  for (const int b : batch) {
+    dims.push_back(x[b]);
+    strides.push_back(stride[static_cast<std::size_t>(b)]);
+  }
+  for (int side = 0; side < 2; ++side) {
+    const Shape& o = side == 0 ? lhs : rhs;
+    const auto free = side == 0 ? free_dims(lhs.rank(), d.lhs_batch, d.lhs_contract)
+                                : free_dims(rhs.rank(), d.rhs_batch, d.rhs_contract);
+    for (const int f : free) {
+      dims.push_back(o[f]);
+      strides.push_back(side == which ? stride[static_cast<std::size_t>(f)] : 0);
+    }
+  }
+  std::vector<std::int64_t> out;
+  for_each_offset(dims, strides, [&](std::int64_t off) { out.push_back(off); });
+  return out;
+}
+
 double dot_flops_of(const DotDims& dims, const Shape& lhs, const Shape& rhs) {
   const DotLayout d = dot_layout(dims, lhs, rhs);
   return 2.0 * static_cast<double>(d.batch) * static_cast<double>(d.m) * static_cast<double>(d.n) *

@@ -18,6 +18,13 @@ namespace shardplan::detail {
 Shape dot_shape(std::string_view op, const DotDims& d, const TensorType& a, const TensorType& b);
 /// Batch dimensions pass; contracting dimensions are reduce factors; free dimensions pass.
 OpFactors dot_factors_of(const DotDims& d, const Shape& lhs, const Shape& rhs);
+/// An operand's shape without its contracting dimensions (its batch and free dimensions, in its
+/// own order): the shape of a per-row scale of it (scaled_dot).
+Shape dot_kept_shape(const DotDims& d, const Shape& operand, int which);
+/// For each element of the result (row-major), the row-major offset of the element of operand
+/// `which` (0: lhs, 1: rhs) kept-dimension array (dot_kept_shape) that it scales.
+std::vector<std::int64_t> dot_kept_offsets(const DotDims& d, const Shape& lhs, const Shape& rhs,
+                                           int which);
 /// 2 * batch * m * n * k.
 double dot_flops_of(const DotDims& d, const Shape& lhs, const Shape& rhs);
 /// Batched (a score) or not (a weight's matmul), for remat policies.

@@ -1,8 +1,10 @@
 // scaled_dot: a dot of two float8 operands, scaled, as torch._scaled_mm and the cuBLASLt fp8 GEMM
 // compute it: (a . b) * scale_a * scale_b, the products summed in f32 and the result written in
 // `out_dtype`. The scales are the inverses of the ones the operands were multiplied by before
-// the cast to 8 bits. Dimensions, shapes, factors and FLOPs are dot_general's (dot.hpp); the
-// scales are f32 scalars, replicated.
+// the cast to 8 bits: f32 scalars (tensorwise scaling), or one per row of each operand, i.e. per
+// element of its batch and free dimensions (rowwise scaling: torch._scaled_mm's scale_a [M, 1]
+// and scale_b [1, N]), split as those dimensions are. Dimensions, shapes, factors and FLOPs are
+// dot_general's (dot.hpp).
 #include <algorithm>
 
 #include "../../../runtime/gemm.hpp"
@@ -36,8 +38,11 @@ TensorType scaled_dot_type(const Node& n, std::span<const TensorType> in) {
     reject(n.op->name, in, "a and b must be float8 (f8_e4m3 or f8_e5m2; cast with astype)");
   }
   for (int i = 2; i < 4; ++i) {
-    if (in[i].dtype != DType::kF32 || in[i].shape.rank() != 0) {
-      reject(n.op->name, in, fmt::format("scale_{} must be an f32 scalar (shape [])", "ab"[i - 2]));
+    const Shape rows = dot_kept_shape(a.dims, in[i - 2].shape, i - 2);
+    if (in[i].dtype != DType::kF32 || (in[i].shape.rank() != 0 && in[i].shape != rows)) {
+      reject(n.op->name, in,
+             fmt::format("scale_{} must be f32 of shape [] (tensorwise) or {} (one per row of {})",
+                         "ab"[i - 2], rows.to_string(), "ab"[i - 2]));
     }
   }
   if (a.out_dtype != DType::kBF16 && a.out_dtype != DType::kF32) {
@@ -47,9 +52,21 @@ TensorType scaled_dot_type(const Node& n, std::span<const TensorType> in) {
 }
 
 OpFactors scaled_dot_factors(const Node& n, std::span<const Shape> in) {
-  OpFactors f = dot_factors_of(n.attr<ScaledDotAttrs>().dims, in[0], in[1]);
-  f.operands.push_back({});  // the scales: scalars, whole on every device
-  f.operands.push_back({});
+  const DotDims& d = n.attr<ScaledDotAttrs>().dims;
+  OpFactors f = dot_factors_of(d, in[0], in[1]);
+  // A scalar scale is whole on every device; a per-row one is split as its operand's rows.
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int> kept;
+    if (in[static_cast<std::size_t>(i) + 2].rank() != 0) {
+      const std::vector<int>& contract = i == 0 ? d.lhs_contract : d.rhs_contract;
+      for (int dim = 0; dim < in[static_cast<std::size_t>(i)].rank(); ++dim) {
+        if (std::find(contract.begin(), contract.end(), dim) == contract.end()) {
+          kept.push_back(f.operands[static_cast<std::size_t>(i)][static_cast<std::size_t>(dim)]);
+        }
+      }
+    }
+    f.operands.push_back(std::move(kept));
+  }
   return f;
 }
 
@@ -86,13 +103,31 @@ std::vector<float> arrange_decoded(const ConstBlock& b, const std::vector<int>& 
   return out;
 }
 
+// Each result element's scale_a * scale_b (one f32 product, as the GEMM's epilogue forms it).
+std::vector<float> result_scales(const DotDims& dims, std::span<const ConstBlock> in,
+                                 std::int64_t n) {
+  std::vector<float> out(static_cast<std::size_t>(n), 1.0f);
+  for (int i = 0; i < 2; ++i) {
+    const ConstBlock& s = in[static_cast<std::size_t>(i) + 2];
+    const float* v = elems<float>(s);
+    if (s.shape.rank() == 0) {
+      for (float& x : out) x *= v[0];
+      continue;
+    }
+    const std::vector<std::int64_t> at = dot_kept_offsets(dims, in[0].shape, in[1].shape, i);
+    for (std::size_t e = 0; e < out.size(); ++e) out[e] *= v[at[e]];
+  }
+  return out;
+}
+
 // Each product summed in f32 (the GEMM over the decoded values: every float8 product is exact in
 // f32), then multiplied by scale_a * scale_b and rounded once to the result's dtype.
 void scaled_dot_kernel(const KernelArgs& k) {
-  const DotLayout d = dot_layout(k.node.attr<ScaledDotAttrs>().dims, k.in[0].shape, k.in[1].shape);
+  const DotDims& dims = k.node.attr<ScaledDotAttrs>().dims;
+  const DotLayout d = dot_layout(dims, k.in[0].shape, k.in[1].shape);
   const std::vector<float> lhs = arrange_decoded(k.in[0], d.lhs_perm);
   const std::vector<float> rhs = arrange_decoded(k.in[1], d.rhs_perm);
-  const float scale = *elems<float>(k.in[2]) * *elems<float>(k.in[3]);
+  const std::vector<float> scale = result_scales(dims, k.in, k.out.shape.numel());
   std::vector<float> acc(static_cast<std::size_t>(k.out.shape.numel()), 0.0f);
   if (d.k > 0) {
     for (std::int64_t b = 0; b < d.batch; ++b) {
@@ -102,14 +137,14 @@ void scaled_dot_kernel(const KernelArgs& k) {
   }
   dispatch_if<IsFloating>(k, k.out.dtype, [&]<class T>(Tag<T>) {
     T* y = elems<T>(k.out);
-    for (std::size_t i = 0; i < acc.size(); ++i) y[i] = narrow<T>(acc[i] * scale);
+    for (std::size_t i = 0; i < acc.size(); ++i) y[i] = narrow<T>(acc[i] * scale[i]);
   });
 }
 
 // ---- Test declaration (primitive_tests.hpp) ---------------------------------------------------
 
 // dot_general's dots with a of `dtype` and b of each float8 format, written in bf16 and f32;
-// scales of [0.25, 4].
+// scales of [0.25, 4], scalars; and each dot in f32 with a scale per row of each operand.
 std::vector<TestCase> scaled_dot_cases(const Primitive&, DType dtype) {
   std::vector<TestCase> cases;
   const CaseOperand scale{{Shape{}, DType::kF32}, kPositive};
@@ -120,15 +155,50 @@ std::vector<TestCase> scaled_dot_cases(const Primitive&, DType dtype) {
             {ScaledDotAttrs{c.dims, out}, {{{c.lhs, dtype}}, {{c.rhs, b}}, scale, scale}});
       }
     }
+    const CaseOperand rows_a{{dot_kept_shape(c.dims, c.lhs, 0), DType::kF32}, kPositive};
+    const CaseOperand rows_b{{dot_kept_shape(c.dims, c.rhs, 1), DType::kF32}, kPositive};
+    cases.push_back({ScaledDotAttrs{c.dims, DType::kF32},
+                     {{{c.lhs, dtype}}, {{c.rhs, DType::kF8E4M3}}, rows_a, rows_b}});
   }
   return cases;
 }
 
-// The dot of the operands' (float8) values in double, times both scales.
+// The dot of the operands' (float8) values in double, times both scales (each element's own
+// row's, by index from the result's, computed apart from the kernel's offsets).
 std::vector<double> scaled_dot_reference(const Node& n, std::span<const HostValues> in) {
-  std::vector<double> y =
-      dot_reference_of(n.attr<ScaledDotAttrs>().dims, n.type.shape, in[0], in[1]);
-  for (double& v : y) v *= in[2].v[0] * in[3].v[0];
+  const DotDims& d = n.attr<ScaledDotAttrs>().dims;
+  std::vector<double> y = dot_reference_of(d, n.type.shape, in[0], in[1]);
+  const std::vector<int> lfree = free_dims(in[0].shape.rank(), d.lhs_batch, d.lhs_contract);
+  const std::vector<int> rfree = free_dims(in[1].shape.rank(), d.rhs_batch, d.rhs_contract);
+  const std::vector<std::int64_t> out_strides = row_major_strides(n.type.shape);
+  for (std::size_t e = 0; e < y.size(); ++e) {
+    // The result's index, then each operand's index in its kept dimensions.
+    std::vector<std::int64_t> r(out_strides.size());
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      r[i] = (static_cast<std::int64_t>(e) / out_strides[i]) % n.type.shape[static_cast<int>(i)];
+    }
+    for (int side = 0; side < 2; ++side) {
+      const HostValues& s = in[static_cast<std::size_t>(side) + 2];
+      if (s.shape.rank() == 0) {
+        y[e] *= s.v[0];
+        continue;
+      }
+      const HostValues& x = in[static_cast<std::size_t>(side)];
+      std::vector<std::int64_t> idx(static_cast<std::size_t>(x.shape.rank()), -1);
+      const std::vector<int>& batch = side == 0 ? d.lhs_batch : d.rhs_batch;
+      for (std::size_t p = 0; p < batch.size(); ++p) idx[static_cast<std::size_t>(batch[p])] = r[p];
+      const std::size_t first = batch.size() + (side == 0 ? 0 : lfree.size());
+      const std::vector<int>& free = side == 0 ? lfree : rfree;
+      for (std::size_t f = 0; f < free.size(); ++f) {
+        idx[static_cast<std::size_t>(free[f])] = r[first + f];
+      }
+      std::int64_t off = 0;
+      for (std::size_t i = 0; i < idx.size(); ++i) {
+        if (idx[i] >= 0) off = off * x.shape[static_cast<int>(i)] + idx[i];
+      }
+      y[e] *= s.v[static_cast<std::size_t>(off)];
+    }
+  }
   return y;
 }
 
