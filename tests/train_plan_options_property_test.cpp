@@ -319,9 +319,60 @@ struct Draws {
   std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8;
 };
 
+/// The kernels' and parallel plans' draws (each group from its own generator).
+void draw_kernels(Draws& d, Case& k, bool cp) {
+  std::mt19937_64 &kernels = d.kernels, &overlap = d.overlap, &given = d.given,
+                  &cp_kernels = d.cp_kernels, &float8 = d.float8;
+  TrainPlanOptions& o = k.o;
+  o.cp_rotate = std::uniform_int_distribution<int>(0, 1)(kernels) == 0 ? RingRotate::kPermute
+                                                                    : RingRotate::kAllGather;
+  // Without a model or context axis these are refused: kept there one time in eight.
+  const Mesh mesh = Mesh::parse(k.mesh, 4);
+  const bool tp = mesh.has_axis("tp") && mesh.axis_size("tp") > 1;
+  if (o.tp_plan == TpPlan::kModules && !tp && std::uniform_int_distribution<int>(0, 7)(given)) {
+    o.tp_plan = TpPlan::kPartitioner;
+  }
+  if (o.cp_rotate == RingRotate::kAllGather && !cp &&
+      std::uniform_int_distribution<int>(0, 7)(given)) {
+    o.cp_rotate = RingRotate::kPermute;
+  }
+  // Async TP: on the modules' plan only (its refusal elsewhere is train_plan_test_async_tp's), so
+  // that fewer cases are refused.
+  o.async_tp = std::uniform_int_distribution<int>(0, 1)(overlap) == 0 && o.tp_plan == TpPlan::kModules;
+  o.cp_kernel = pick(cp_kernels, std::vector<ContextKernel>{ContextKernel::kRing,
+                                                            ContextKernel::kRing,
+                                                            ContextKernel::kAllGatherKv,
+                                                            ContextKernel::kUlysses});
+  // The rotation is the ring's: with another kernel kept one time in eight (refused), as is
+  // another kernel without a context axis.
+  if (o.cp_kernel != ContextKernel::kRing &&
+      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
+    o.cp_rotate.reset();
+  }
+  if (o.cp_kernel != ContextKernel::kRing && !cp &&
+      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
+    o.cp_kernel = ContextKernel::kRing;
+  }
+  // With --float8 only, and a float8 gather with tensorwise only (their refusals have their own
+  // tests, train_time_test_float8.cpp): a refusal here would move which plans are checked again
+  // without each option (every eighth planned).
+  if (o.float8) {
+    o.float8_recipe = pick(float8, std::vector<std::optional<Float8Scaling>>{
+                                       std::nullopt, Float8Scaling::kTensorwise,
+                                       Float8Scaling::kRowwise, Float8Scaling::kRowwiseWithGwHp});
+    const bool tensorwise = o.float8_recipe.value_or(Float8Scaling::kTensorwise) ==
+                            Float8Scaling::kTensorwise;
+    o.float8_all_gather = pick(
+        float8, tensorwise ? std::vector<std::optional<Float8Gather>>{std::nullopt,
+                                                                      Float8Gather::kBf16,
+                                                                      Float8Gather::kFloat8}
+                           : std::vector<std::optional<Float8Gather>>{std::nullopt,
+                                                                      Float8Gather::kBf16});
+  }
+}
+
 Case random_case(Draws& d) {
-  std::mt19937_64 &rng = d.rng, &blocks = d.blocks, &kernels = d.kernels, &overlap = d.overlap,
-                  &given = d.given, &cp_kernels = d.cp_kernels, &float8 = d.float8;
+  std::mt19937_64 &rng = d.rng, &blocks = d.blocks;
   Case k;
   k.family = &pick(rng, families());
   k.mesh = pick(rng, k.family->meshes);
@@ -372,51 +423,7 @@ Case random_case(Draws& d) {
   o.reshard_last_block = pick(blocks, std::vector<std::optional<bool>>{
                                        std::nullopt, std::nullopt, std::nullopt, std::nullopt,
                                        std::nullopt, std::nullopt, false, true});
-  o.cp_rotate = std::uniform_int_distribution<int>(0, 1)(kernels) == 0 ? RingRotate::kPermute
-                                                                    : RingRotate::kAllGather;
-  // Without a model or context axis these are refused: kept there one time in eight.
-  const Mesh mesh = Mesh::parse(k.mesh, 4);
-  const bool tp = mesh.has_axis("tp") && mesh.axis_size("tp") > 1;
-  if (o.tp_plan == TpPlan::kModules && !tp && std::uniform_int_distribution<int>(0, 7)(given)) {
-    o.tp_plan = TpPlan::kPartitioner;
-  }
-  if (o.cp_rotate == RingRotate::kAllGather && !cp &&
-      std::uniform_int_distribution<int>(0, 7)(given)) {
-    o.cp_rotate = RingRotate::kPermute;
-  }
-  // Async TP: on the modules' plan only (its refusal elsewhere is train_plan_test_async_tp's), so
-  // that fewer cases are refused.
-  o.async_tp = std::uniform_int_distribution<int>(0, 1)(overlap) == 0 && o.tp_plan == TpPlan::kModules;
-  o.cp_kernel = pick(cp_kernels, std::vector<ContextKernel>{ContextKernel::kRing,
-                                                            ContextKernel::kRing,
-                                                            ContextKernel::kAllGatherKv,
-                                                            ContextKernel::kUlysses});
-  // The rotation is the ring's: with another kernel kept one time in eight (refused), as is
-  // another kernel without a context axis.
-  if (o.cp_kernel != ContextKernel::kRing &&
-      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
-    o.cp_rotate.reset();
-  }
-  if (o.cp_kernel != ContextKernel::kRing && !cp &&
-      std::uniform_int_distribution<int>(0, 7)(cp_kernels) != 0) {
-    o.cp_kernel = ContextKernel::kRing;
-  }
-  // With --float8 only, and a float8 gather with tensorwise only (their refusals have their own
-  // tests, train_time_test_float8.cpp): a refusal here would move which plans are checked again
-  // without each option (every eighth planned).
-  if (o.float8) {
-    o.float8_recipe = pick(float8, std::vector<std::optional<Float8Scaling>>{
-                                       std::nullopt, Float8Scaling::kTensorwise,
-                                       Float8Scaling::kRowwise, Float8Scaling::kRowwiseWithGwHp});
-    const bool tensorwise = o.float8_recipe.value_or(Float8Scaling::kTensorwise) ==
-                            Float8Scaling::kTensorwise;
-    o.float8_all_gather = pick(
-        float8, tensorwise ? std::vector<std::optional<Float8Gather>>{std::nullopt,
-                                                                      Float8Gather::kBf16,
-                                                                      Float8Gather::kFloat8}
-                           : std::vector<std::optional<Float8Gather>>{std::nullopt,
-                                                                      Float8Gather::kBf16});
-  }
+  draw_kernels(d, k, cp);
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   const auto recipe = o.float8_recipe ? std::string(name(*o.float8_recipe)) : "default";
   const auto gather = o.float8_all_gather ? std::string(name(*o.float8_all_gather)) : "default";
@@ -439,6 +446,49 @@ std::int64_t axis_ways(const Mesh& mesh, const std::vector<std::string>& axes) {
   std::int64_t n = 1;
   for (const std::string& a : axes) n *= mesh.axis_size(a);
   return n;
+}
+
+/// The text and JSON say what the program ran.
+void check_report(const TrainPlanOptions& o, const TrainPlan& p) {
+  const std::string text = p.table();
+  EXPECT_THAT(text, ::testing::HasSubstr(p.fused_attention ? "attention fused" : "attention naive"));
+  EXPECT_THAT(text, ::testing::HasSubstr(p.fused_loss ? "loss fused" : "loss naive"));
+  EXPECT_THAT(text, ::testing::HasSubstr(p.sequence_parallel ? "sequence parallel on"
+                                                             : "sequence parallel off"));
+  EXPECT_EQ(text.find("context parallel over") != std::string::npos, !p.context_axes.empty());
+  EXPECT_EQ(text.find("key/value blocks all-gathered") != std::string::npos, p.context_gathered);
+  // Async TP pairs only what --async-tp asked for, on the modules' plan; said as it is.
+  if (!o.async_tp) {
+    EXPECT_TRUE(p.tp_overlaps.empty());
+  }
+  if (!p.tp_overlaps.empty()) {
+    EXPECT_TRUE(p.tp_modules);
+  }
+  EXPECT_EQ(text.find(", async TP (") != std::string::npos, !p.tp_overlaps.empty());
+  std::ostringstream js;
+  p.write_json(js);
+  const auto j = nlohmann::json::parse(js.str());
+  EXPECT_EQ(j.contains("tp_overlaps"), !p.tp_overlaps.empty());
+  EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
+  EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
+  EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
+  if (p.float8) {
+    EXPECT_EQ(j["float8_recipe"], p.float8_recipe);
+    EXPECT_EQ(j["float8_all_gather"], p.float8_all_gather);
+  } else {
+    EXPECT_TRUE(j["float8_recipe"].is_null());
+  }
+  if (p.context_axes.empty()) {
+    EXPECT_TRUE(j["context_rotate"].is_null());
+    EXPECT_TRUE(j["context_kernel"].is_null());
+  } else {
+    EXPECT_EQ(j["context_kernel"], std::string(name(p.context_kernel)));
+    if (p.context_kernel == ContextKernel::kRing) {
+      EXPECT_EQ(j["context_rotate"], p.context_gathered ? "allgather" : "permute");
+    } else {
+      EXPECT_TRUE(j["context_rotate"].is_null());
+    }
+  }
 }
 
 /// What a plan reports must be what its program ran and figures that hold together.
@@ -496,46 +546,7 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   }
   // The modules' plan where asked for (refused where no layer weight is split over a model axis).
   EXPECT_EQ(p.tp_modules, o.tp_plan == TpPlan::kModules);
-  // The text and JSON say the same.
-  const std::string text = p.table();
-  EXPECT_THAT(text, ::testing::HasSubstr(p.fused_attention ? "attention fused" : "attention naive"));
-  EXPECT_THAT(text, ::testing::HasSubstr(p.fused_loss ? "loss fused" : "loss naive"));
-  EXPECT_THAT(text, ::testing::HasSubstr(p.sequence_parallel ? "sequence parallel on"
-                                                             : "sequence parallel off"));
-  EXPECT_EQ(text.find("context parallel over") != std::string::npos, !p.context_axes.empty());
-  EXPECT_EQ(text.find("key/value blocks all-gathered") != std::string::npos, p.context_gathered);
-  // Async TP pairs only what --async-tp asked for, on the modules' plan; said as it is.
-  if (!o.async_tp) {
-    EXPECT_TRUE(p.tp_overlaps.empty());
-  }
-  if (!p.tp_overlaps.empty()) {
-    EXPECT_TRUE(p.tp_modules);
-  }
-  EXPECT_EQ(text.find(", async TP (") != std::string::npos, !p.tp_overlaps.empty());
-  std::ostringstream js;
-  p.write_json(js);
-  const auto j = nlohmann::json::parse(js.str());
-  EXPECT_EQ(j.contains("tp_overlaps"), !p.tp_overlaps.empty());
-  EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
-  EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
-  EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
-  if (p.float8) {
-    EXPECT_EQ(j["float8_recipe"], p.float8_recipe);
-    EXPECT_EQ(j["float8_all_gather"], p.float8_all_gather);
-  } else {
-    EXPECT_TRUE(j["float8_recipe"].is_null());
-  }
-  if (p.context_axes.empty()) {
-    EXPECT_TRUE(j["context_rotate"].is_null());
-    EXPECT_TRUE(j["context_kernel"].is_null());
-  } else {
-    EXPECT_EQ(j["context_kernel"], std::string(name(p.context_kernel)));
-    if (p.context_kernel == ContextKernel::kRing) {
-      EXPECT_EQ(j["context_rotate"], p.context_gathered ? "allgather" : "permute");
-    } else {
-      EXPECT_TRUE(j["context_rotate"].is_null());
-    }
-  }
+  check_report(o, p);
   if (o.hardware) {
     ASSERT_TRUE(p.time);
     const StepTime& t = *p.time;

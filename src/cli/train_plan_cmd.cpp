@@ -317,6 +317,19 @@ const TrainingStack* stack_option(const TrainPlanCommand& c) {
 }
 
 /// The options of the step (everything but the meshes and rules), checked.
+/// `option`'s value parsed into `out` when given (an empty value too: "" names nothing); a
+/// SpecError becomes a UsageError naming the option.
+template <class T, class Parse>
+void parse_given(const TrainPlanCommand& c, const char* option, const std::string& value, T& out,
+                 Parse parse) {
+  if (value.empty() && (c.command == nullptr || c.command->count(option) == 0)) return;
+  try {
+    out = parse(value);
+  } catch (const SpecError& e) {
+    throw UsageError(fmt::format("{}: {}", option, e.what()));
+  }
+}
+
 TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   TrainPlanOptions o;
   o.reserved_whole = !c.compare;  // one plan: its reserved bytes on the whole step
@@ -366,41 +379,12 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
       throw UsageError("--recompute and --remat none contradict each other: give one");
     }
   }
-  if (!c.tp_plan.empty() || given("--tp-plan")) {
-    try {
-      o.tp_plan = parse_tp_plan(c.tp_plan);
-    } catch (const SpecError& e) {
-      throw UsageError(fmt::format("--tp-plan: {}", e.what()));
-    }
-  }
-  if (!c.cp_rotate.empty() || given("--cp-rotate")) {
-    try {
-      o.cp_rotate = parse_ring_rotate(c.cp_rotate);
-    } catch (const SpecError& e) {
-      throw UsageError(fmt::format("--cp-rotate: {}", e.what()));
-    }
-  }
-  if (!c.cp_kernel.empty() || given("--cp-kernel")) {
-    try {
-      o.cp_kernel = parse_context_kernel(c.cp_kernel);
-    } catch (const SpecError& e) {
-      throw UsageError(fmt::format("--cp-kernel: {}", e.what()));
-    }
-  }
-  if (!c.float8_recipe.empty() || given("--float8-recipe")) {
-    try {
-      o.float8_recipe = parse_float8_recipe(c.float8_recipe);
-    } catch (const SpecError& e) {
-      throw UsageError(fmt::format("--float8-recipe: {}", e.what()));
-    }
-  }
-  if (!c.float8_all_gather.empty() || given("--float8-all-gather")) {
-    try {
-      o.float8_all_gather = parse_float8_gather(c.float8_all_gather);
-    } catch (const SpecError& e) {
-      throw UsageError(fmt::format("--float8-all-gather: {}", e.what()));
-    }
-  }
+  parse_given(c, "--tp-plan", c.tp_plan, o.tp_plan, parse_tp_plan);
+  parse_given(c, "--cp-rotate", c.cp_rotate, o.cp_rotate, parse_ring_rotate);
+  parse_given(c, "--cp-kernel", c.cp_kernel, o.cp_kernel, parse_context_kernel);
+  parse_given(c, "--float8-recipe", c.float8_recipe, o.float8_recipe, parse_float8_recipe);
+  parse_given(c, "--float8-all-gather", c.float8_all_gather, o.float8_all_gather,
+              parse_float8_gather);
   if (!c.remat_blocks.empty() || given("--remat-blocks")) {
     try {
       o.remat_blocks = parse_remat_blocks(c.remat_blocks);

@@ -127,31 +127,9 @@ void check_block_options(const ModelConfig& config, const TrainPlanOptions& o) {
   }
 }
 
-}  // namespace
-
-Float8Gather effective_float8_gather(const TrainPlanOptions& o) {
-  if (o.float8_all_gather) return *o.float8_all_gather;
-  return o.float8_recipe.value_or(Float8Scaling::kTensorwise) == Float8Scaling::kTensorwise
-             ? Float8Gather::kFloat8
-             : Float8Gather::kBf16;
-}
-
-void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
-  const FamilySupport& can = support_of(config);
-  if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
-    throw SpecError(fmt::format(
-        "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
-        o.batch, o.seq, o.grad_accum));
-  }
-  if (o.target_seq < 0) {
-    throw SpecError(fmt::format("[train] target sequence length {} is negative", o.target_seq));
-  }
-  if (o.target_seq > 0 && can.decoder_only) {
-    refuse(Refusal::kTargetSeqDecoderOnly,
-           fmt::format("--target-seq {}: {}, whose one sequence is --seq", o.target_seq,
-                       model_text(config)));
-  }
-  if (o.float8 && !can.float8) {
+// --float8 and its recipe and all-gather options.
+void check_float8_options(const ModelConfig& config, const TrainPlanOptions& o) {
+  if (o.float8 && !support_of(config).float8) {
     refuse(Refusal::kFloat8Family,
            fmt::format("float8 linear layers are planned for LLaMA-family blocks ({}); {}",
                        titles_with(&FamilySupport::float8), model_text(config)));
@@ -182,6 +160,33 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
     refuse(Refusal::kFloat8Dtype, fmt::format("float8 linear layers take bf16 or f32 inputs, not {}",
                                               name(o.param_dtype)));
   }
+}
+
+}  // namespace
+
+Float8Gather effective_float8_gather(const TrainPlanOptions& o) {
+  if (o.float8_all_gather) return *o.float8_all_gather;
+  return o.float8_recipe.value_or(Float8Scaling::kTensorwise) == Float8Scaling::kTensorwise
+             ? Float8Gather::kFloat8
+             : Float8Gather::kBf16;
+}
+
+void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
+  const FamilySupport& can = support_of(config);
+  if (o.batch < 1 || o.seq < 1 || o.grad_accum < 1) {
+    throw SpecError(fmt::format(
+        "[train] batch {}, sequence length {} and gradient accumulation {} must be positive",
+        o.batch, o.seq, o.grad_accum));
+  }
+  if (o.target_seq < 0) {
+    throw SpecError(fmt::format("[train] target sequence length {} is negative", o.target_seq));
+  }
+  if (o.target_seq > 0 && can.decoder_only) {
+    refuse(Refusal::kTargetSeqDecoderOnly,
+           fmt::format("--target-seq {}: {}, whose one sequence is --seq", o.target_seq,
+                       model_text(config)));
+  }
+  check_float8_options(config, o);
   if (!can.remat && effective_remat(o)) {
     refuse(Refusal::kRematFamily,
            "recomputation is written for decoder-only models (llama, mixtral, gpt2); plan T5 "

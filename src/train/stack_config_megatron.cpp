@@ -315,6 +315,35 @@ void finish(Reading& r, std::string_view) {
     r.out().batch_keys += ", " + Reading::said(*g);
 }
 
+// Megatron's recomputation arguments for the plan's (full, uniform or the first N layers);
+// empty without recomputation. Throws SpecError for a policy Megatron has no arguments for.
+std::string recompute_arguments(std::string_view stack, const TrainPlanOptions& o) {
+  const std::string remat = remat_name(o.remat);
+  const auto& b = o.remat_blocks;
+  std::string recompute;
+  if ((o.remat || o.recompute) && (remat == "megatron:full" || remat == "full" || o.recompute)) {
+    if (b.kind == RematBlocks::Kind::kAll) {
+      recompute =
+          "--recompute-granularity full --recompute-method uniform "
+          "--recompute-num-layers 1\n";
+    } else if (b.kind == RematBlocks::Kind::kLayers && b.ranges.size() == 1 &&
+               b.ranges[0].first == 0) {
+      recompute = fmt::format(
+          "--recompute-granularity full --recompute-method block "
+          "--recompute-num-layers {}\n",
+          b.ranges[0].second + 1);
+    }
+  }
+  if ((o.remat || o.recompute) && recompute.empty()) {
+    throw SpecError(
+        fmt::format("[stack-config] --emit-config for {}: --remat {} --remat-blocks "
+                    "{} is not Megatron's recomputation (full, uniform or the first "
+                    "N layers)",
+                    stack, remat, remat_blocks_name(b)));
+  }
+  return recompute;
+}
+
 std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& mesh,
                  std::int64_t data_parallel, bool sequence_parallel) {
   require_stack_defaults(stack, o,
@@ -358,29 +387,7 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
         "--accumulate-allreduce-grads-in-fp32 in f32) or float32",
         stack, name(o.param_dtype), name(o.grad_dtype), name(o.optimizer_dtype)));
   }
-  const std::string remat = remat_name(o.remat);
-  const auto& b = o.remat_blocks;
-  std::string recompute;
-  if ((o.remat || o.recompute) && (remat == "megatron:full" || remat == "full" || o.recompute)) {
-    if (b.kind == RematBlocks::Kind::kAll) {
-      recompute =
-          "--recompute-granularity full --recompute-method uniform "
-          "--recompute-num-layers 1\n";
-    } else if (b.kind == RematBlocks::Kind::kLayers && b.ranges.size() == 1 &&
-               b.ranges[0].first == 0) {
-      recompute = fmt::format(
-          "--recompute-granularity full --recompute-method block "
-          "--recompute-num-layers {}\n",
-          b.ranges[0].second + 1);
-    }
-  }
-  if ((o.remat || o.recompute) && recompute.empty()) {
-    throw SpecError(
-        fmt::format("[stack-config] --emit-config for {}: --remat {} --remat-blocks "
-                    "{} is not Megatron's recomputation (full, uniform or the first "
-                    "N layers)",
-                    stack, remat, remat_blocks_name(b)));
-  }
+  const std::string recompute = recompute_arguments(stack, o);
   const auto degree = [&](const char* a) { return deg.count(a) ? deg[a] : 1; };
   std::string out = fmt::format(
       "# Megatron-LM arguments for {} written by shardplan train-plan --emit-config. The model\n"

@@ -20,6 +20,7 @@
 #include "../runtime/numeric.hpp"
 #include "allocation_events.hpp"
 #include "resolve_options.hpp"
+#include "step_layouts.hpp"
 #include "tp_overlap.hpp"
 #include "shardplan/detail/checked.hpp"
 #include "shardplan/detail/printable.hpp"
@@ -97,11 +98,6 @@ std::pair<Tree<TensorSpec>, RuleTree> optimizer_state(const Tree<TensorSpec>& pa
   }
   return {Tree<TensorSpec>::dict(std::move(state_entries)), RuleTree::dict(std::move(state_rules))};
 }
-
-/// The parameters as ZeRO-1 holds them: each one's spec (the rules') with only the model axes
-/// kept (replicated over the batch and context axes). Defined with model_split below.
-RuleTree data_replicated(const Tree<TensorSpec>& params, const Mesh& mesh, const RulePtr& rules,
-                         const Layout& layout);
 
 /// The step's abstract arguments (parameters, optimizer state, tokens, targets) and how the
 /// state and the batch are sharded.
@@ -242,23 +238,6 @@ void name_live_values(const StepArguments& args, MemoryTimeline& timeline) {
     }
     v.what = what + (v.resharded ? " resharded" : "") + rest;
   }
-}
-
-bool has_axis(const AxisNames& axes, const std::string& a) {
-  return std::find(axes.begin(), axes.end(), a) != axes.end();
-}
-
-/// The data (batch and context) axes of more than one device `spec` splits over.
-AxisNames data_axes_of(const PartitionSpec& spec, const Layout& layout, const Mesh& mesh) {
-  AxisNames out;
-  for (const AxisNames& d : spec.dims()) {
-    for (const std::string& a : d) {
-      if ((has_axis(layout.batch, a) || has_axis(layout.context, a)) && mesh.axis_size(a) > 1) {
-        out.push_back(a);
-      }
-    }
-  }
-  return out;
 }
 
 /// ZeRO-1 read off the program's input shardings: some parameter is taken with fewer data axes
@@ -431,212 +410,6 @@ TracedStep read_cost(const Lowered& low, const StepArguments& args, DType grad_d
 }
 
 }  // namespace
-
-namespace {
-
-// A parameter's spec (the rules') without the batch and context axes: as FSDP gathers it.
-PartitionSpec gathered_spec(const std::string& path, const TensorSpec& t, const Mesh& mesh,
-                            const RulePtr& rules, const Layout& layout) {
-  const auto data_axis = [&](const std::string& a) {
-    return std::find(layout.batch.begin(), layout.batch.end(), a) != layout.batch.end() ||
-           std::find(layout.context.begin(), layout.context.end(), a) != layout.context.end();
-  };
-  std::vector<AxisNames> dims;
-  for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
-    AxisNames kept;
-    for (const std::string& a : d) {
-      if (!data_axis(a)) kept.push_back(a);
-    }
-    dims.push_back(std::move(kept));
-  }
-  return PartitionSpec(std::move(dims));
-}
-
-// FSDP2's root module's parameters (all but the layers') as FSDP gathers them (gathered_spec).
-std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, const Mesh& mesh,
-                                                 const RulePtr& rules,
-                                                 const Tree<TensorSpec>& params,
-                                                 const Layout& layout) {
-  std::map<std::string, PartitionSpec> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) == 0) continue;
-    out.emplace(path, gathered_spec(path, t, mesh, rules, layout));
-  }
-  return out;
-}
-
-// Float8 gathered in bf16: per layer, each weight of rank 2 (a Linear's) that `in_use` does not
-// lay out, as FSDP gathers it (gathered_spec), by its path in the layer.
-std::vector<std::map<std::string, PartitionSpec>> layer_gathered(
-    const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-    const Tree<TensorSpec>& params, const Layout& layout,
-    const std::vector<std::map<std::string, PartitionSpec>>& in_use) {
-  std::vector<std::map<std::string, PartitionSpec>> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) != 0 || t.shape.rank() != 2) continue;
-    const std::string rest = path.substr(layers.size());  // "0/self_attn/q_proj/weight"
-    const std::size_t slash = rest.find('/');
-    const std::size_t i = std::stoul(rest.substr(0, slash));
-    const std::string key = rest.substr(slash + 1);
-    if (out.size() <= i) out.resize(i + 1);
-    if (i < in_use.size() && in_use[i].count(key) != 0) continue;
-    out[i].emplace(key, gathered_spec(path, t, mesh, rules, layout));
-  }
-  return out;
-}
-
-// A parameter's spec (the rules') with only the model axes kept: how the column-, row- and
-// vocabulary-parallel modules use it (gathered over the data axes, never over the model axes).
-// None when no model axis of more than one device splits it.
-std::optional<PartitionSpec> model_split(const std::string& path, const TensorSpec& t,
-                                         const Mesh& mesh, const RulePtr& rules,
-                                         const Layout& layout) {
-  std::vector<AxisNames> dims;
-  bool split = false;
-  for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
-    AxisNames kept;
-    for (const std::string& a : d) {
-      if (std::find(layout.model.begin(), layout.model.end(), a) != layout.model.end()) {
-        kept.push_back(a);
-        split = split || mesh.axis_size(a) > 1;
-      }
-    }
-    dims.push_back(std::move(kept));
-  }
-  if (!split) return std::nullopt;
-  return PartitionSpec(std::move(dims));
-}
-
-}  // namespace
-
-namespace {
-
-RuleTree data_replicated(const Tree<TensorSpec>& params, const Mesh& mesh, const RulePtr& rules,
-                         const Layout& layout) {
-  return params.map_with_path([&](const std::string& path, const TensorSpec& t) -> RuleLeaf {
-    if (auto spec = model_split(path, t, mesh, rules, layout)) return std::move(*spec);
-    return Replicated{};
-  });
-}
-
-// TpPlan::kModules: each layer weight the rules split over a model axis, as the column- and
-// row-parallel modules use it (model_split), by its path in the layer; per layer (a rule may
-// match one layer's weights only).
-std::vector<std::map<std::string, PartitionSpec>> layer_in_use(const ModelConfig& config,
-                                                               const Mesh& mesh,
-                                                               const RulePtr& rules,
-                                                               const Tree<TensorSpec>& params,
-                                                               const Layout& layout) {
-  std::vector<std::map<std::string, PartitionSpec>> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) != 0) continue;
-    const std::string rest = path.substr(layers.size());  // "0/self_attn/q_proj/weight"
-    const std::size_t slash = rest.find('/');
-    const std::size_t i = std::stoul(rest.substr(0, slash));
-    if (out.size() <= i) out.resize(i + 1);
-    if (auto spec = model_split(path, t, mesh, rules, layout)) {
-      out[i].emplace(rest.substr(slash + 1), std::move(*spec));
-    }
-  }
-  return out;
-}
-
-// TpPlan::kModules: the parameters outside the layers the rules split over a model axis (the
-// embedding, the head), by path, as the vocabulary-parallel modules use them (model_split).
-std::map<std::string, PartitionSpec> outside_in_use(const ModelConfig& config, const Mesh& mesh,
-                                                    const RulePtr& rules,
-                                                    const Tree<TensorSpec>& params,
-                                                    const Layout& layout) {
-  std::map<std::string, PartitionSpec> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) == 0) continue;
-    if (auto spec = model_split(path, t, mesh, rules, layout)) out.emplace(path, std::move(*spec));
-  }
-  return out;
-}
-
-}  // namespace
-
-// ZeRO-1 holds the parameters whole over the data axes: nothing is gathered for use, so FSDP's
-// wrapping and resharding settings do not apply.
-namespace {
-bool zero1_of(const TrainPlanOptions& o) { return o.optimizer_sharding == OptimizerSharding::kZero1; }
-}  // namespace
-
-bool fsdp_root_applies(const TrainPlanOptions& o, const Layout& layout) {
-  return !zero1_of(o) && o.fsdp_root && layout.batch_ways * layout.context_ways > 1;
-}
-
-bool keeps_last_gathered(const TrainPlanOptions& o, const Layout& layout) {
-  return !zero1_of(o) && !o.reshard_last_block.value_or(!o.fsdp_root) &&
-         layout.batch_ways * layout.context_ways > 1;
-}
-
-bool reshards_after_forward(const TrainPlanOptions& o, const Layout& layout, std::int64_t layers) {
-  const std::vector<bool> c = checkpointed_layers(o, layers);
-  return !zero1_of(o) && o.reshard_after_forward && layout.batch_ways > 1 &&
-         (c.empty() || std::find(c.begin(), c.end(), false) != c.end());
-}
-
-bool keeps_gathered_for_recompute(const TrainPlanOptions& o, const Layout& layout,
-                                  std::int64_t layers) {
-  const std::vector<bool> c = checkpointed_layers(o, layers);
-  return !zero1_of(o) && !o.reshard_after_forward && layout.batch_ways > 1 &&
-         std::find(c.begin(), c.end(), true) != c.end();
-}
-
-RuleTree held_parameter_rule(const Tree<TensorSpec>& params, const Mesh& mesh,
-                             const RulePtr& rules, const TrainPlanOptions& o,
-                             const Layout& layout) {
-  return zero1_of(o) ? data_replicated(params, mesh, rules, layout) : RuleTree(rules);
-}
-
-void check_optimizer_sharding(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                              const TrainPlanOptions& o, const Layout& layout) {
-  if (o.optimizer_sharding != OptimizerSharding::kZero1) return;
-  if (o.optimizer == OptimizerKind::kSgd && !o.master_dtype) {
-    refuse(Refusal::kZero1NothingToShard,
-           "SGD keeps no optimizer state and, without --master-dtype, no master weights: plan it "
-           "with --optimizer-sharding rules");
-  }
-  for (const auto& [path, t] : config.parameters(o.param_dtype).flatten()) {
-    if (!data_axes_of(rules->apply(RuleInput{path, t, mesh}).spec, layout, mesh).empty()) return;
-  }
-  AxisNames data = layout.batch;
-  data.insert(data.end(), layout.context.begin(), layout.context.end());
-  const std::string axes =
-      data.empty() ? std::string("the mesh has no batch or context axis")
-                   : fmt::format("the batch and context axes are [{}]", fmt::join(data, ", "));
-  refuse(Refusal::kZero1NothingToShard,
-         fmt::format("{} split no parameter over a data axis of the mesh {} ({}), so the state "
-                     "would be replicated as the parameters are: give rules that shard over a "
-                     "data axis (e.g. fsdp) or plan it with --optimizer-sharding rules",
-                     detail::printable(rules->name()), detail::printable(mesh.to_string()),
-                     detail::printable(axes)));
-}
-
-void check_tp_plan(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
-                   const TrainPlanOptions& o, const Layout& layout) {
-  if (o.tp_plan != TpPlan::kModules || stack_sets(o, "--tp-plan")) return;
-  const Tree<TensorSpec> params = config.parameters(o.param_dtype);
-  const auto in_use = layer_in_use(config, mesh, rules, params, layout);
-  if (std::any_of(in_use.begin(), in_use.end(), [](const auto& m) { return !m.empty(); })) return;
-  const std::string axes =
-      layout.model.empty()
-          ? std::string("it has no tensor-parallel axis")
-          : fmt::format("its tensor-parallel axes are [{}]", fmt::join(layout.model, ", "));
-  refuse(Refusal::kTpPlanNoModelSplit,
-         fmt::format("{} split no layer weight over a tensor-parallel axis of more than one "
-                     "device of the mesh {} ({}), so the column- and row-parallel modules would "
-                     "split nothing: plan it without --tp-plan modules, or with rules and a mesh "
-                     "that split the layers over a model axis (e.g. tp)",
-                     detail::printable(rules->name()), detail::printable(mesh.to_string()),
-                     detail::printable(axes)));
-}
 
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches) {
   if (micro_batches == 1) return fmt::format("the {}-layer sample step", layers);
