@@ -62,7 +62,7 @@ run "L3.1 70B, fsdp:32,tp:8, Float8" 71.9 829 -c $l3_70b "${h100[@]}" --mesh fsd
 # The same with torchtitan's experimental.enable_async_tensor_parallel (Table 4's "2D + AsyncTP"):
 # --async-tp, the stack's tp collectives run under their products (docs/training.md "Async TP").
 run "L3.1 70B, fsdp:32,tp:8, Float8, AsyncTP" 67.6 876 -c $l3_70b "${h100[@]}" --mesh fsdp:32,tp:8 --batch 512 --seq 8192 --tp-plan modules --async-tp
-# torchtitan commit 7a04053 (Jan 2025): llama3_8b.toml as then (local batch 1 x 8192, op-SAC) with
+# pytorch/torchtitan 3537666 (2025-01-27; the figures again in 069bae2, #808): llama3_8b.toml as then (local batch 1 x 8192, op-SAC) with
 # --training.compile, launched by run_llama_train.sh (expandable segments); bf16, then tensorwise
 # float8 with float8 all-gather.
 jan25=(-c $l3_8b --hardware tests/data/hardware/h100-hbm2e-500w.yaml --mesh fsdp:8 --batch 8 --seq 8192 --remat $opsac --compile)
