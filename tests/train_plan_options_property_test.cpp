@@ -439,6 +439,11 @@ Case random_case(Draws& d) {
       o.hardware ? o.hardware->name : "none", name(o.tp_plan),
       o.cp_rotate ? name(*o.cp_rotate) : "default", name(o.cp_kernel), o.async_tp, recipe,
       gather);
+  const auto dtype = [](std::optional<DType> t) { return t ? std::string(name(*t)) : "none"; };
+  k.text += fmt::format(
+      " optimizer {} grad {} optimizer_dtype {} master {} reduce {} reshard_after_forward {}",
+      name(o.optimizer), name(o.grad_dtype), name(o.optimizer_dtype), dtype(o.master_dtype),
+      dtype(o.reduce_dtype), o.reshard_after_forward);
   return k;
 }
 

@@ -22,9 +22,11 @@ std::int64_t over(const TrainPlan& p, CollectiveKind kind, std::vector<std::stri
 }
 
 TrainPlan plan_layers(int layers, TpPlan tp_plan, bool fused_loss = true,
-                      bool reshard_after_forward = true) {
+                      bool reshard_after_forward = true,
+                      std::optional<DType> master = std::nullopt) {
   const ModelConfig config = ModelConfig::parse(fmt::format(kSmallLlama, layers));
   TrainPlanOptions o;
+  o.master_dtype = master;
   o.fused_loss = fused_loss;
   o.batch = 4;
   o.seq = 256;
@@ -75,6 +77,16 @@ TEST(TensorParallelPlan, ModulesGatherTheLayersWeightsAgainWhenReshardedAfterFor
                 over(kept, CollectiveKind::kAllGather, {"fsdp"}),
             2 * 655'360);
   EXPECT_LT(resharded.peak_bytes, kept.peak_bytes);
+  // With mixed precision (f32 weights held, each layer cast to bf16 on its shard as FSDP2's
+  // MixedPrecisionPolicy casts before the gather): the same bf16 bytes gathered again. (The
+  // cast was a value the reshard policy saved, gathered: both settings planned one program.)
+  const TrainPlan kept_mp = plan_layers(2, TpPlan::kModules, true, false, DType::kF32),
+                  resharded_mp = plan_layers(2, TpPlan::kModules, true, true, DType::kF32);
+  EXPECT_TRUE(resharded_mp.reshard_after_forward);
+  EXPECT_EQ(over(resharded_mp, CollectiveKind::kAllGather, {"fsdp"}) -
+                over(kept_mp, CollectiveKind::kAllGather, {"fsdp"}),
+            2 * 655'360);
+  EXPECT_LT(resharded_mp.peak_bytes, kept_mp.peak_bytes);
 }
 
 // The embedding, the final norm, the head and the loss as torchtitan's plan runs them with

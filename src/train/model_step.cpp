@@ -630,11 +630,17 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
       continue;
     }
     const auto run = [&](const Array& x) {
-      Tree<Array> w = module_layouts(i, for_use(p));
-      if (!checkpointed && name_in_use) {
-        w = w.map([](const Array& a) { return checkpoint_name(a, kWeightsInUse); });
-      }
-      return layer(w, x, config.window(i));
+      const auto named = [&](const Tree<Array>& t) {
+        if (checkpointed || !name_in_use) return t;
+        return t.map([](const Array& a) { return checkpoint_name(a, kWeightsInUse); });
+      };
+      // A cast that a pinned layout then reads is named too: otherwise the policy saves it
+      // (in whatever layout the partitioner makes it, gathered for the pin) and the backward
+      // pass reads it instead of gathering again.
+      const bool pinned = (i < layer_in_use.size() && !layer_in_use[i].empty()) ||
+                          (i < layer_gathered.size() && !layer_gathered[i].empty());
+      const Tree<Array> cast = compute_dtype && pinned ? named(for_use(p)) : for_use(p);
+      return layer(named(module_layouts(i, cast)), x, config.window(i));
     };
     h = checkpoint(run, checkpointed ? *remat : reshard)(h);
   }
