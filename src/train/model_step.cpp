@@ -21,6 +21,10 @@ namespace shardplan::train {
 
 const Array& at(const Tree<Array>& t, std::string_view path) { return t.at_path(path).leaf(); }
 
+bool pins_some_layer(const std::vector<std::map<std::string, PartitionSpec>>& per_layer) {
+  return std::any_of(per_layer.begin(), per_layer.end(), [](const auto& m) { return !m.empty(); });
+}
+
 Array linear(const Array& x, const Array& w) {
   return dot_general(x, w, DotDims{{}, {}, {x.shape().rank() - 1}, {1}});
 }
@@ -608,11 +612,8 @@ Array ModelStep::forward_loss(const Tree<Array>& params, const Array& tokens,
   // kModules: a pinned layout is a value of the program, which the policy would save otherwise).
   // Neither: the held weights are read again through the checkpoint's barrier, which is all it
   // takes.
-  const auto any_pinned = [](const std::vector<std::map<std::string, PartitionSpec>>& v) {
-    return std::any_of(v.begin(), v.end(), [](const auto& m) { return !m.empty(); });
-  };
-  const bool name_in_use =
-      compute_dtype.has_value() || any_pinned(layer_in_use) || any_pinned(layer_gathered);
+  const bool name_in_use = compute_dtype.has_value() || pins_some_layer(layer_in_use) ||
+                           pins_some_layer(layer_gathered);
   const RematPolicy reshard = checkpoint_policies::save_anything_except_these_names(
       name_in_use ? std::vector<std::string>{kWeightsInUse} : std::vector<std::string>{});
   for (std::size_t i = 0; i < layers.size(); ++i) {

@@ -68,6 +68,10 @@ struct SharedTables {
       rotary;
 };
 
+/// Whether some layer has a parameter in `per_layer` (ModelStep::layer_in_use, layer_gathered):
+/// the step pins a layout of a layer weight.
+bool pins_some_layer(const std::vector<std::map<std::string, PartitionSpec>>& per_layer);
+
 /// The family's forward pass in three parts. `rest` is the parameter tree without its layers
 /// (the layers list replaced by an empty list); `layer` one element of the layers list.
 struct ModelStep {

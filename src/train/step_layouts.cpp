@@ -38,22 +38,73 @@ AxisNames data_axes_of(const PartitionSpec& spec, const Layout& layout, const Me
 
 
 namespace {
-// A parameter's spec (the rules') without the batch and context axes: as FSDP gathers it.
-PartitionSpec gathered_spec(const std::string& path, const TensorSpec& t, const Mesh& mesh,
-                            const RulePtr& rules, const Layout& layout) {
-  const auto data_axis = [&](const std::string& a) {
-    return std::find(layout.batch.begin(), layout.batch.end(), a) != layout.batch.end() ||
-           std::find(layout.context.begin(), layout.context.end(), a) != layout.context.end();
-  };
+// Calls f(path, t) for each parameter outside the layers (the embedding, the norms, the head).
+template <class F>
+void for_each_outside(const ModelConfig& config, const Tree<TensorSpec>& params, F&& f) {
+  const std::string layers = config.layers_path() + "/";
+  for (const auto& [path, t] : params.flatten()) {
+    if (path.rfind(layers, 0) != 0) f(path, t);
+  }
+}
+
+// Calls f(i, key, path, t) for each parameter of layer i (key: its path in the layer,
+// "self_attn/q_proj/weight").
+template <class F>
+void for_each_in_layers(const ModelConfig& config, const Tree<TensorSpec>& params, F&& f) {
+  const std::string layers = config.layers_path() + "/";
+  for (const auto& [path, t] : params.flatten()) {
+    if (path.rfind(layers, 0) != 0) continue;
+    const std::string rest = path.substr(layers.size());  // "0/self_attn/q_proj/weight"
+    const std::size_t slash = rest.find('/');
+    f(static_cast<std::size_t>(std::stoul(rest.substr(0, slash))), rest.substr(slash + 1), path,
+      t);
+  }
+}
+
+// The spec the rules give a parameter with only the mesh axes `keep(axis)` accepts.
+template <class Keep>
+PartitionSpec rules_spec_keeping(const std::string& path, const TensorSpec& t, const Mesh& mesh,
+                                 const RulePtr& rules, Keep&& keep) {
   std::vector<AxisNames> dims;
   for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
     AxisNames kept;
     for (const std::string& a : d) {
-      if (!data_axis(a)) kept.push_back(a);
+      if (keep(a)) kept.push_back(a);
     }
     dims.push_back(std::move(kept));
   }
   return PartitionSpec(std::move(dims));
+}
+
+// A parameter's spec (the rules') without the batch and context axes: as FSDP gathers it.
+PartitionSpec gathered_spec(const std::string& path, const TensorSpec& t, const Mesh& mesh,
+                            const RulePtr& rules, const Layout& layout) {
+  return rules_spec_keeping(path, t, mesh, rules, [&](const std::string& a) {
+    return !has_axis(layout.batch, a) && !has_axis(layout.context, a);
+  });
+}
+
+// A parameter's spec (the rules') with only the model axes kept: how the column-, row- and
+// vocabulary-parallel modules use it (gathered over the data axes, never over the model axes).
+// None when no model axis of more than one device splits it.
+std::optional<PartitionSpec> model_split(const std::string& path, const TensorSpec& t,
+                                         const Mesh& mesh, const RulePtr& rules,
+                                         const Layout& layout) {
+  bool split = false;
+  PartitionSpec spec = rules_spec_keeping(path, t, mesh, rules, [&](const std::string& a) {
+    if (!has_axis(layout.model, a)) return false;
+    split = split || mesh.axis_size(a) > 1;
+    return true;
+  });
+  if (!split) return std::nullopt;
+  return spec;
+}
+
+// Grows `per_layer` to hold layer i.
+template <class T>
+T& at_layer(std::vector<T>& per_layer, std::size_t i) {
+  if (per_layer.size() <= i) per_layer.resize(i + 1);
+  return per_layer[i];
 }
 }  // namespace
 
@@ -63,11 +114,9 @@ std::map<std::string, PartitionSpec> root_in_use(const ModelConfig& config, cons
                                                  const Tree<TensorSpec>& params,
                                                  const Layout& layout) {
   std::map<std::string, PartitionSpec> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) == 0) continue;
+  for_each_outside(config, params, [&](const std::string& path, const TensorSpec& t) {
     out.emplace(path, gathered_spec(path, t, mesh, rules, layout));
-  }
+  });
   return out;
 }
 
@@ -78,45 +127,15 @@ std::vector<std::map<std::string, PartitionSpec>> layer_gathered(
     const Tree<TensorSpec>& params, const Layout& layout,
     const std::vector<std::map<std::string, PartitionSpec>>& in_use) {
   std::vector<std::map<std::string, PartitionSpec>> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) != 0 || t.shape.rank() != 2) continue;
-    const std::string rest = path.substr(layers.size());  // "0/self_attn/q_proj/weight"
-    const std::size_t slash = rest.find('/');
-    const std::size_t i = std::stoul(rest.substr(0, slash));
-    const std::string key = rest.substr(slash + 1);
-    if (out.size() <= i) out.resize(i + 1);
-    if (i < in_use.size() && in_use[i].count(key) != 0) continue;
-    out[i].emplace(key, gathered_spec(path, t, mesh, rules, layout));
-  }
+  for_each_in_layers(config, params, [&](std::size_t i, const std::string& key,
+                                          const std::string& path, const TensorSpec& t) {
+    if (t.shape.rank() != 2) return;
+    auto& layer = at_layer(out, i);
+    if (i < in_use.size() && in_use[i].count(key) != 0) return;
+    layer.emplace(key, gathered_spec(path, t, mesh, rules, layout));
+  });
   return out;
 }
-
-namespace {
-// A parameter's spec (the rules') with only the model axes kept: how the column-, row- and
-// vocabulary-parallel modules use it (gathered over the data axes, never over the model axes).
-// None when no model axis of more than one device splits it.
-std::optional<PartitionSpec> model_split(const std::string& path, const TensorSpec& t,
-                                         const Mesh& mesh, const RulePtr& rules,
-                                         const Layout& layout) {
-  std::vector<AxisNames> dims;
-  bool split = false;
-  for (const AxisNames& d : rules->apply(RuleInput{path, t, mesh}).spec.dims()) {
-    AxisNames kept;
-    for (const std::string& a : d) {
-      if (std::find(layout.model.begin(), layout.model.end(), a) != layout.model.end()) {
-        kept.push_back(a);
-        split = split || mesh.axis_size(a) > 1;
-      }
-    }
-    dims.push_back(std::move(kept));
-  }
-  if (!split) return std::nullopt;
-  return PartitionSpec(std::move(dims));
-}
-}  // namespace
-
-
 
 RuleTree data_replicated(const Tree<TensorSpec>& params, const Mesh& mesh, const RulePtr& rules,
                          const Layout& layout) {
@@ -135,17 +154,11 @@ std::vector<std::map<std::string, PartitionSpec>> layer_in_use(const ModelConfig
                                                                const Tree<TensorSpec>& params,
                                                                const Layout& layout) {
   std::vector<std::map<std::string, PartitionSpec>> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) != 0) continue;
-    const std::string rest = path.substr(layers.size());  // "0/self_attn/q_proj/weight"
-    const std::size_t slash = rest.find('/');
-    const std::size_t i = std::stoul(rest.substr(0, slash));
-    if (out.size() <= i) out.resize(i + 1);
-    if (auto spec = model_split(path, t, mesh, rules, layout)) {
-      out[i].emplace(rest.substr(slash + 1), std::move(*spec));
-    }
-  }
+  for_each_in_layers(config, params, [&](std::size_t i, const std::string& key,
+                                          const std::string& path, const TensorSpec& t) {
+    auto& layer = at_layer(out, i);
+    if (auto spec = model_split(path, t, mesh, rules, layout)) layer.emplace(key, std::move(*spec));
+  });
   return out;
 }
 
@@ -156,14 +169,11 @@ std::map<std::string, PartitionSpec> outside_in_use(const ModelConfig& config, c
                                                     const Tree<TensorSpec>& params,
                                                     const Layout& layout) {
   std::map<std::string, PartitionSpec> out;
-  const std::string layers = config.layers_path() + "/";
-  for (const auto& [path, t] : params.flatten()) {
-    if (path.rfind(layers, 0) == 0) continue;
+  for_each_outside(config, params, [&](const std::string& path, const TensorSpec& t) {
     if (auto spec = model_split(path, t, mesh, rules, layout)) out.emplace(path, std::move(*spec));
-  }
+  });
   return out;
 }
-
 
 // ZeRO-1 holds the parameters whole over the data axes: nothing is gathered for use, so FSDP's
 // wrapping and resharding settings do not apply.
@@ -228,7 +238,7 @@ void check_tp_plan(const ModelConfig& config, const Mesh& mesh, const RulePtr& r
   if (o.tp_plan != TpPlan::kModules || stack_sets(o, "--tp-plan")) return;
   const Tree<TensorSpec> params = config.parameters(o.param_dtype);
   const auto in_use = layer_in_use(config, mesh, rules, params, layout);
-  if (std::any_of(in_use.begin(), in_use.end(), [](const auto& m) { return !m.empty(); })) return;
+  if (pins_some_layer(in_use)) return;
   const std::string axes =
       layout.model.empty()
           ? std::string("it has no tensor-parallel axis")

@@ -528,8 +528,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
                           .lower(args.params, args.state, args.tokens, args.targets);
   TracedStep out = read_cost(low, args, o.grad_dtype, o.async_tp ? &layout.model : nullptr);
   out.facts = read_facts(low, args, layout, mesh);
-  out.facts.tp_modules = std::any_of(base.layer_in_use.begin(), base.layer_in_use.end(),
-                                     [](const auto& m) { return !m.empty(); });
+  out.facts.tp_modules = pins_some_layer(base.layer_in_use);
   return out;
 }
 
