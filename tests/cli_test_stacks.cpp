@@ -60,8 +60,9 @@ TEST_F(StackCli, OptionsGivenOverrideTheStacksChoices) {
   EXPECT_EQ(j.at("stack").at("name"), "torchtitan-2024-12");
   EXPECT_EQ(j.at("stack").at("validated"), true);
   EXPECT_TRUE(j.at("stack").at("overridden").empty());
-  EXPECT_EQ(j.at("stack").at("not_modelled"),
-            nlohmann::json::array({"optimizer kernel"}));
+  // Its foreach AdamW is planned as torch's passes, read from the program.
+  EXPECT_EQ(j.at("optimizer_kernel"), "foreach");
+  EXPECT_TRUE(j.at("stack").at("not_modelled").empty());
 
   const Result o = run(b + " --compile --no-fsdp-root --remat full --loss fused");
   ASSERT_EQ(o.code, 0) << o.err;
@@ -125,6 +126,13 @@ TEST_F(StackCli, ExplainListsEveryChoiceWithItsSource) {
     });
     EXPECT_EQ(r.out.find("(overridden by --loss)") != std::string::npos, sets_loss);
     EXPECT_THAT(r.out, ::testing::HasSubstr(s.validated() ? "validated on" : "unvalidated"));
+  }
+  // The stacks that run torch's foreach AdamW list it as planned.
+  for (const char* name : {"torchtitan-2024-07", "torchtitan-2024-12", "fms-fsdp"}) {
+    const Result r = run(fmt::format("train-plan --stack {} --explain", name));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out, ::testing::HasSubstr("\noptimizer kernel\n"));
+    EXPECT_THAT(r.out, ::testing::HasSubstr("  planned: --optimizer-kernel foreach")) << name;
   }
 }
 

@@ -444,10 +444,12 @@ TEST(PrimitiveRegistry, DocsAndOpsHeaderNameEveryPublicOp) {
     for (const std::string& op : ops) {
       EXPECT_EQ(documented.count(op), 1u)
           << p->name << "'s public function '" << op << "' is not in docs/sjit.md's op list";
-      // A multi-result op (adamw_update) returns its results in a struct of Arrays.
+      // A multi-result op (adamw_update) or one of several passes over lists (adamw_foreach,
+      // which declares their traffic) returns its results in a struct of Arrays.
       const bool declared =
           header.find((op == "shard_map" ? "auto " : "Array ") + op + "(") != std::string::npos ||
-          (p->shared_reads && header.find(" " + op + "(") != std::string::npos);
+          ((p->shared_reads || p->traffic != nullptr) &&
+           header.find(" " + op + "(") != std::string::npos);
       EXPECT_TRUE(declared) << p->name << "'s public function '" << op << "' is not declared in "
                             << (lax ? "shard_map.hpp" : "ops.hpp");
     }

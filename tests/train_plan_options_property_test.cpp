@@ -311,19 +311,28 @@ struct Case {
 // The draws, each group from its own generator (seeded kSeed + i) so that adding a group leaves
 // the others' draws as they were: `blocks` the block settings, `kernels` the ring's rotation,
 // `overlap` async TP, `given` whether an option with nothing to apply to is kept (refused),
-// `cp_kernels` the context-parallel kernel, `float8` the float8 recipe and all-gather dtype.
+// `cp_kernels` the context-parallel kernel, `float8` the float8 recipe and all-gather dtype,
+// `updates` the optimizer's kernel.
 struct Draws {
   explicit Draws(std::uint64_t seed)
       : rng(seed), blocks(seed + 1), kernels(seed + 2), overlap(seed + 3), given(seed + 4),
-        cp_kernels(seed + 5), float8(seed + 6) {}
-  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8;
+        cp_kernels(seed + 5), float8(seed + 6), updates(seed + 7) {}
+  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8, updates;
 };
 
 /// The kernels' and parallel plans' draws (each group from its own generator).
 void draw_kernels(Draws& d, Case& k, bool cp) {
   std::mt19937_64 &kernels = d.kernels, &overlap = d.overlap, &given = d.given,
-                  &cp_kernels = d.cp_kernels, &float8 = d.float8;
+                  &cp_kernels = d.cp_kernels, &float8 = d.float8, &updates = d.updates;
   TrainPlanOptions& o = k.o;
+  // The optimizer's kernel; with SGD (refused: Adam's kernels) kept one time in eight.
+  o.optimizer_kernel = pick(updates, std::vector<OptimizerKernel>{
+                                         OptimizerKernel::kOps, OptimizerKernel::kFused,
+                                         OptimizerKernel::kForeach});
+  if (o.optimizer == OptimizerKind::kSgd && o.optimizer_kernel != OptimizerKernel::kOps &&
+      std::uniform_int_distribution<int>(0, 7)(updates) != 0) {
+    o.optimizer_kernel = OptimizerKernel::kOps;
+  }
   o.cp_rotate = std::uniform_int_distribution<int>(0, 1)(kernels) == 0 ? RingRotate::kPermute
                                                                     : RingRotate::kAllGather;
   // Without a model or context axis these are refused: kept there one time in eight.
@@ -431,14 +440,14 @@ Case random_case(Draws& d) {
       "{} on {}: batch {} seq {} target {} accum {} attention {} loss {} sp {} float8 {} "
       "param {} remat {} blocks {} fsdp_root {} reshard_last {} eager {} activations {} "
       "hardware {} tp_plan {} cp_rotate {} cp_kernel {} async_tp {} float8_recipe {} "
-      "float8_all_gather {}",
+      "float8_all_gather {} optimizer_kernel {}",
       ModelConfig::parse(k.family->json).model_type, k.mesh, o.batch, o.seq, o.target_seq,
       o.grad_accum, b(o.fused_attention), b(o.fused_loss), b(o.sequence_parallel), o.float8,
       name(o.param_dtype), remat_name(o.remat), remat_blocks_name(o.remat_blocks), o.fsdp_root,
       b(o.reshard_last_block), o.eager, o.activations.has_value(),
       o.hardware ? o.hardware->name : "none", name(o.tp_plan),
       o.cp_rotate ? name(*o.cp_rotate) : "default", name(o.cp_kernel), o.async_tp, recipe,
-      gather);
+      gather, name(o.optimizer_kernel));
   const auto dtype = [](std::optional<DType> t) { return t ? std::string(name(*t)) : "none"; };
   k.text += fmt::format(
       " optimizer {} grad {} optimizer_dtype {} master {} reduce {} reshard_after_forward {}",
@@ -470,11 +479,18 @@ void check_report(const TrainPlanOptions& o, const TrainPlan& p) {
     EXPECT_TRUE(p.tp_modules);
   }
   EXPECT_EQ(text.find(", async TP (") != std::string::npos, !p.tp_overlaps.empty());
+  // The optimizer's kernel as asked, read from the program's update.
+  EXPECT_EQ(p.optimizer_kernel, name(o.optimizer_kernel));
+  EXPECT_EQ(text.find(", optimizer kernel foreach (") != std::string::npos,
+            p.optimizer_kernel == "foreach");
+  EXPECT_EQ(text.find(", optimizer kernel fused (") != std::string::npos,
+            p.optimizer_kernel == "fused");
   std::ostringstream js;
   p.write_json(js);
   const auto j = nlohmann::json::parse(js.str());
   EXPECT_EQ(j.contains("tp_overlaps"), !p.tp_overlaps.empty());
   EXPECT_EQ(j["sequence_parallel"], p.sequence_parallel);
+  EXPECT_EQ(j["optimizer_kernel"], p.optimizer_kernel);
   EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
   if (p.float8) {
@@ -598,6 +614,10 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
     without([](TrainPlanOptions& o) { o.fused_attention = false; }, "fused attention");
   }
   if (p.fused_loss) without([](TrainPlanOptions& o) { o.fused_loss = false; }, "fused loss");
+  if (p.optimizer_kernel != "ops") {
+    without([](TrainPlanOptions& o) { o.optimizer_kernel = OptimizerKernel::kOps; },
+            "the optimizer's kernel");
+  }
   if (p.float8) {
     without([](TrainPlanOptions& o) {
       o.float8 = false;

@@ -41,7 +41,37 @@ TEST(OptimizerKernel, TheFusedUpdateSavesTwelveBytesPerElementOverCompiledOps) {
               static_cast<double>(saved) / rate, 1e-15);
 }
 
-// The kernel is Adam's and AdamW's: SGD's update with it is refused, naming the option.
+// torch's foreach passes (_multi_tensor_adamw, PyTorch 2.5), counted by hand per f32 element
+// (tests/optim_test_foreach.cpp lists them): decay mul_ 8, lerp_ 12, mul_ 8, addcmul_ 12, sqrt 8,
+// div_ 8, add_ 8, addcdiv_ 16: 80 B, every leaf decaying here (AdamW, no decay mask). So against
+// the fused kernel's 28 B and the step count it reads a leaf (f32, 4 B; the constant rate is
+// folded into its readers, as the step's constants are: step_sjit_options) the step's traffic
+// grows by exactly 52 B per parameter element less 4 B per leaf, and against the compiled ops'
+// 40 B (and their scalar kernels, at most 16 scalars of 8 B a leaf) by 40 B per element less
+// those. The time's memory part moves by the difference over the bandwidth achieved.
+TEST(OptimizerKernel, TheForeachUpdateMovesTheBytesOfItsPasses) {
+  const Hardware h100 = find_hardware("h100-sxm");
+  const TrainPlan ops = plan_kernel(OptimizerKernel::kOps, h100);
+  const TrainPlan fused = plan_kernel(OptimizerKernel::kFused, h100);
+  const TrainPlan foreach = plan_kernel(OptimizerKernel::kForeach, h100);
+  EXPECT_EQ(foreach.optimizer_kernel, "foreach");
+  EXPECT_THAT(foreach.table(), ::testing::HasSubstr(", optimizer kernel foreach (torch's passes"));
+  std::ostringstream js;
+  foreach.write_json(js);
+  EXPECT_EQ(nlohmann::json::parse(js.str()).at("optimizer_kernel"), "foreach");
+  const std::int64_t n = foreach.parameter_count;
+  const std::int64_t leaves = 2 * 9 + 3;
+  EXPECT_EQ(foreach.memory_traffic - fused.memory_traffic, 52 * n - 4 * leaves);
+  const std::int64_t over_ops = foreach.memory_traffic - ops.memory_traffic;
+  EXPECT_LE(over_ops, 40 * n);
+  EXPECT_GE(over_ops, 40 * n - 16 * 8 * leaves) << "the scalars' kernels";
+  ASSERT_TRUE(foreach.time && fused.time);
+  const double rate = h100.memory_bandwidth * h100.memory_efficiency;
+  EXPECT_NEAR(foreach.time->memory_seconds - fused.time->memory_seconds,
+              static_cast<double>(52 * n - 4 * leaves) / rate, 1e-15);
+}
+
+// The kernels are Adam's and AdamW's: SGD's update with one is refused, naming the option.
 TEST(OptimizerKernel, FusedWithSgdIsRefused) {
   TrainPlanOptions o;
   o.batch = 2;
@@ -52,8 +82,15 @@ TEST(OptimizerKernel, FusedWithSgdIsRefused) {
                                   preset("llama_fsdp"), o),
                     OptionError, "--optimizer-kernel fused is refused", "--optimizer sgd",
                     "--optimizer adam|adamw");
-  EXPECT_THROW_WITH(parse_optimizer_kernel("foreach"), SpecError,
-                    "unknown optimizer kernel 'foreach' (known: ops, fused)");
+  o.optimizer_kernel = OptimizerKernel::kForeach;
+  EXPECT_THROW_WITH(plan_training(ModelConfig::parse(kTinyLlama), Mesh::parse("fsdp:1", 1),
+                                  preset("llama_fsdp"), o),
+                    OptionError, "--optimizer-kernel foreach is refused", "--optimizer sgd",
+                    "adamw_foreach", "--optimizer adam|adamw");
+  EXPECT_EQ(parse_optimizer_kernel("foreach"), OptimizerKernel::kForeach);
+  EXPECT_EQ(name(OptimizerKernel::kForeach), "foreach");
+  EXPECT_THROW_WITH(parse_optimizer_kernel("adafactor"), SpecError,
+                    "unknown optimizer kernel 'adafactor' (known: ops, fused, foreach)");
 }
 
 }  // namespace

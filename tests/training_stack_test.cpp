@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -53,7 +54,8 @@ TEST(TrainingStack, ApplyingSetsTheChoicesNoGivenOptionOverrides) {
   EXPECT_EQ(o.stack->name, "torchtitan-2024-12");
   EXPECT_TRUE(o.stack->validated);
   EXPECT_TRUE(o.stack->overridden.empty());
-  EXPECT_EQ(o.stack->not_modelled, (std::vector<std::string>{"optimizer kernel"}));
+  EXPECT_EQ(o.optimizer_kernel, OptimizerKernel::kForeach);
+  EXPECT_TRUE(o.stack->not_modelled.empty());
 
   TrainPlanOptions given;
   apply_stack(s, given, [](std::string_view option) {
@@ -76,6 +78,30 @@ TEST(TrainingStack, ApplyingSetsTheChoicesNoGivenOptionOverrides) {
 TEST(TrainingStack, AnUnknownNameListsTheKnownOnes) {
   EXPECT_THROW_WITH(find_training_stack("megatron"), SpecError, "unknown stack 'megatron'",
                     "known: torchtitan-2024-07", "megatron-core", "maxtext");
+}
+
+// torch.optim.AdamW's default kernel on CUDA (foreach) is planned as torch's passes in the stacks
+// that run it; Composer's loop over the parameters (llm-foundry) is not modelled.
+TEST(TrainingStack, TheForeachStacksPlanTorchsForeachPasses) {
+  const auto kernel_choice = [](const TrainingStack& s) {
+    const auto c = std::find_if(s.choices.begin(), s.choices.end(),
+                                [](const StackChoice& x) { return x.topic == "optimizer kernel"; });
+    EXPECT_NE(c, s.choices.end()) << s.name;
+    return *c;
+  };
+  for (const char* name : {"torchtitan-2024-07", "torchtitan-2024-12", "fms-fsdp"}) {
+    SCOPED_TRACE(name);
+    const TrainingStack& s = find_training_stack(name);
+    const StackChoice c = kernel_choice(s);
+    EXPECT_EQ(c.setting, "--optimizer-kernel foreach");
+    EXPECT_NE(c.source.find("torch/optim/adamw.py: _multi_tensor_adamw"), std::string_view::npos);
+    TrainPlanOptions o;
+    apply_stack(s, o);
+    EXPECT_EQ(o.optimizer_kernel, OptimizerKernel::kForeach);
+  }
+  const StackChoice loop = kernel_choice(find_training_stack("llm-foundry"));
+  EXPECT_FALSE(loop.modelled());
+  EXPECT_NE(loop.what.find("one parameter at a time"), std::string_view::npos);
 }
 
 }  // namespace

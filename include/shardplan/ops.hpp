@@ -238,6 +238,20 @@ struct AdamwUpdate {
 AdamwUpdate adamw_update(const Array& param, const Array& grad, const Array& mu, const Array& nu,
                          const Array& lr, const Array& count, double b1, double b2, double eps,
                          double weight_decay);
+/// The new parameters and moments of one foreach Adam(W) step (adamw_foreach), one per parameter.
+struct AdamwForeach {
+  std::vector<Array> params, mu, nu;
+};
+/// One step of Adam with decoupled weight decay over a list of parameters as torch's foreach
+/// passes run it (torch.optim.AdamW(foreach=True), _multi_tensor_adamw): the same values as
+/// adamw_update's formula to rounding (each pass stores in the arrays' dtype); weight_decay[j]
+/// is parameter j's (0: none). Each pass reads and writes whole arrays: 80 bytes per f32 element
+/// with decay (72 without), and every square root (one array per parameter) is made before the
+/// first parameter is updated. Not differentiable (SpecError).
+AdamwForeach adamw_foreach(const std::vector<Array>& params, const std::vector<Array>& grads,
+                           const std::vector<Array>& mu, const std::vector<Array>& nu,
+                           const Array& lr, const Array& count, double b1, double b2, double eps,
+                           const std::vector<double>& weight_decay);
 /// Over the last axis, then * scale + bias (both of the last dimension's size).
 Array layer_norm(const Array& x, const Array& scale, const Array& bias, double eps = 1e-5);
 Array rms_norm(const Array& x, const Array& scale, double eps = 1e-6);

@@ -50,10 +50,17 @@ class Optimizer {
   Optimizer clip_by_global_norm(double max_norm) const;
   /// Adam's update of each leaf as one kernel (adamw_update, ops.hpp: torch.optim.AdamW with
   /// fused=True) instead of its elementwise ops; the same values to rounding. Throws SpecError
-  /// for SGD (whose update has no fused kernel here).
+  /// for SGD (whose update has no fused kernel here). The later of fused() and foreach() decides.
   Optimizer fused() const;
   /// Whether fused() made it.
   bool is_fused() const { return fused_; }
+  /// Adam's update as torch's foreach passes over all the leaves (adamw_foreach, ops.hpp:
+  /// torch.optim.AdamW with foreach, its default on CUDA): the same values to rounding, each pass
+  /// reading and writing whole arrays. Throws SpecError for SGD. The later of fused() and
+  /// foreach() decides.
+  Optimizer foreach() const;
+  /// Whether foreach() made it.
+  bool is_foreach() const { return foreach_; }
 
   /// The state for `params`: {"count": f32 scalar, "mu": ..., "nu": ...} (what the optimizer
   /// needs), each moment shaped and sharded like its parameter.
@@ -69,6 +76,7 @@ class Optimizer {
   double momentum_ = 0, b1_ = 0.9, b2_ = 0.999, eps_ = 1e-8, weight_decay_ = 0, max_norm_ = 0;
   bool nesterov_ = false;
   bool fused_ = false;
+  bool foreach_ = false;
   std::vector<std::string> decay_paths_;
 };
 

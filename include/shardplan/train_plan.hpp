@@ -190,9 +190,12 @@ std::string_view name(OptimizerKind kind);
 /// implementations run the same passes over memory). kFused: Adam's and AdamW's update of each
 /// parameter as one kernel (adamw_update, torch.optim.AdamW(fused=True), Apex's and Transformer
 /// Engine's FusedAdam): the parameter, gradient and moments read once, the three results written
-/// once (28 bytes per f32 element).
-enum class OptimizerKernel { kOps, kFused };
-/// "ops", "fused". Throws SpecError naming the known ones.
+/// once (28 bytes per f32 element). kForeach: Adam's and AdamW's update as torch's foreach
+/// passes (adamw_foreach, torch.optim.AdamW(foreach=True), its default on CUDA): each pass reads
+/// and writes whole arrays in place (80 bytes per f32 element with decay, 72 without), and the
+/// square roots of the second moments are one more array per parameter, held for the update.
+enum class OptimizerKernel { kOps, kFused, kForeach };
+/// "ops", "fused", "foreach". Throws SpecError naming the known ones.
 OptimizerKernel parse_optimizer_kernel(std::string_view name);
 std::string_view name(OptimizerKernel kernel);
 
@@ -539,8 +542,9 @@ struct TrainPlan {
   bool fused_loss = true;
   bool fused_attention = true;
   bool eager = false;  // TrainPlanOptions::eager
-  /// "fused" when the program updates the parameters with adamw_update (read from the program,
-  /// TrainPlanOptions::optimizer_kernel), else "ops".
+  /// "fused" when the program updates the parameters with adamw_update, "foreach" with
+  /// adamw_foreach's passes (read from the program, TrainPlanOptions::optimizer_kernel), else
+  /// "ops".
   std::string optimizer_kernel = "ops";
   /// "zero1" when the program takes some parameter replicated over a batch or context axis that
   /// the optimizer state beside it is split over (read from its input shardings,

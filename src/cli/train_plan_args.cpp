@@ -142,10 +142,11 @@ void add_optimizer_options(CLI::App* t, TrainPlanCommand& c) {
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
   t->add_option("--optimizer-kernel", c.optimizer_kernel,
-                "ops: the update as the program's elementwise ops (torch's for-loop and "
-                "foreach passes); fused: Adam(W)'s update of each parameter as one kernel "
-                "(torch.optim.AdamW(fused=True), FusedAdam). Default: ops")
-      ->check(CLI::IsMember({"ops", "fused"}))
+                "ops: the update as the program's elementwise ops; fused: Adam(W)'s update of "
+                "each parameter as one kernel (torch.optim.AdamW(fused=True), FusedAdam); "
+                "foreach: Adam(W)'s update as torch's foreach passes, each reading and writing "
+                "whole arrays (torch.optim.AdamW(foreach=True)). Default: ops")
+      ->check(CLI::IsMember({"ops", "fused", "foreach"}))
       ->capture_default_str();
   t->add_option("--optimizer-sharding", c.optimizer_sharding,
                 "rules: parameters, gradients and optimizer state as the rules shard them; "

@@ -47,6 +47,8 @@ constexpr OptionRefusal kRefusals[] = {
       {"--remat-blocks layers:A-B", "a layer past the model's last"},
       {"--no-reshard-last-block", "a family without a unit per block (T5)"},
       {"--optimizer-kernel fused", "--optimizer sgd (the fused kernel is Adam's and AdamW's)"},
+      {"--optimizer-kernel foreach",
+       "--optimizer sgd (the foreach passes planned are Adam's and AdamW's)"},
       {"--optimizer-sharding zero1",
        "rules that split no parameter over a batch or context axis of more than one device, or "
        "--optimizer sgd without --master-dtype (nothing to shard)"},
@@ -196,6 +198,11 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
     refuse(Refusal::kFusedOptimizerSgd,
            "SGD's update is planned as ops (adamw_update is Adam's and AdamW's); plan it "
            "without --optimizer-kernel fused or with --optimizer adam|adamw");
+  }
+  if (o.optimizer_kernel == OptimizerKernel::kForeach && o.optimizer == OptimizerKind::kSgd) {
+    refuse(Refusal::kForeachOptimizerSgd,
+           "SGD's update is planned as ops (adamw_foreach runs Adam's and AdamW's passes); plan "
+           "it without --optimizer-kernel foreach or with --optimizer adam|adamw");
   }
   if (!can.fsdp_root && o.fsdp_root) {
     refuse(Refusal::kFsdpRootFamily,

@@ -40,6 +40,7 @@ enum class Refusal : std::size_t {
   kRematBlocksPastLayers,
   kReshardLastBlockFamily,
   kFusedOptimizerSgd,
+  kForeachOptimizerSgd,
   kZero1NothingToShard,
   kTpPlanNoModelSplit,
   kCpRotateNoContext,

@@ -36,7 +36,7 @@ Optimizer make_optimizer(OptimizerKind kind, OptimizerKernel kernel) {
   // The rates do not change the program's shape or cost; any value would do.
   switch (kind) {
     case OptimizerKind::kSgd:
-      return Optimizer::sgd(1e-3);  // a fused kernel is refused (check_options)
+      return Optimizer::sgd(1e-3);  // a fused or foreach kernel is refused (check_options)
     case OptimizerKind::kAdam:
     case OptimizerKind::kAdamw:
       break;
@@ -44,7 +44,15 @@ Optimizer make_optimizer(OptimizerKind kind, OptimizerKernel kernel) {
   const Optimizer adam = kind == OptimizerKind::kAdam
                              ? Optimizer::adam(1e-3)
                              : Optimizer::adamw(constant_schedule(1e-3), 0.1);
-  return kernel == OptimizerKernel::kFused ? adam.fused() : adam;
+  switch (kernel) {
+    case OptimizerKernel::kFused:
+      return adam.fused();
+    case OptimizerKernel::kForeach:
+      return adam.foreach();
+    case OptimizerKernel::kOps:
+      break;
+  }
+  return adam;
 }
 
 Tree<Array> cast(const Tree<Array>& t, DType dtype) {
@@ -300,7 +308,8 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
   for (const LoweredOp& op : low.ops()) {
     if (op.primitive == "attention") f.fused_attention = true;
     if (op.primitive == "scaled_dot") f.float8 = true;
-    if (op.primitive == "adamw_update") f.fused_optimizer = true;
+    if (op.primitive == "adamw_update") f.optimizer_kernel = "fused";
+    if (op.primitive == "adamw_foreach") f.optimizer_kernel = "foreach";
     if (op.composite == composite::kRingAttention) {
       ring = true;
       if (op.primitive == "pall_gather") f.context_gathered = true;

@@ -26,7 +26,8 @@ struct ProgramFacts {
   /// With float8, the dtype its gathers of arguments (weights) move: "float8" when some is in a
   /// float8 dtype, else the gathers' ("bf16"); "none" when it gathers no argument.
   std::string float8_all_gather;
-  bool fused_optimizer = false;  // it updates with the fused kernel ("adamw_update")
+  /// How it updates: "fused" (it holds "adamw_update"), "foreach" ("adamw_foreach") or "ops".
+  std::string optimizer_kernel = "ops";
   /// The model (not batch, not context) axes its annotated norm and residual regions split the
   /// sequence (their dimension 1) over: Megatron's sequence parallelism. Empty: none.
   AxisNames sequence_axes;

@@ -151,12 +151,21 @@ std::string_view name(Float8Gather gather) {
 OptimizerKernel parse_optimizer_kernel(std::string_view n) {
   if (n == "ops") return OptimizerKernel::kOps;
   if (n == "fused") return OptimizerKernel::kFused;
-  throw SpecError(fmt::format("[train] unknown optimizer kernel '{}' (known: ops, fused)",
+  if (n == "foreach") return OptimizerKernel::kForeach;
+  throw SpecError(fmt::format("[train] unknown optimizer kernel '{}' (known: ops, fused, foreach)",
                               detail::printable(n)));
 }
 
 std::string_view name(OptimizerKernel kernel) {
-  return kernel == OptimizerKernel::kFused ? "fused" : "ops";
+  switch (kernel) {
+    case OptimizerKernel::kFused:
+      return "fused";
+    case OptimizerKernel::kForeach:
+      return "foreach";
+    case OptimizerKernel::kOps:
+      break;
+  }
+  return "ops";
 }
 
 OptimizerSharding parse_optimizer_sharding(std::string_view n) {

@@ -180,6 +180,9 @@ std::string step_extras(const TrainPlan& p) {
   if (p.eager) out += ", eager (no torch.compile: each elementwise op writes its result)";
   if (p.optimizer_kernel == "fused") {
     out += ", optimizer kernel fused (each parameter, gradient and moment read and written once)";
+  } else if (p.optimizer_kernel == "foreach") {
+    out += ", optimizer kernel foreach (torch's passes over all the parameters, each reading and "
+           "writing whole arrays; the square roots held for the update)";
   }
   if (p.optimizer_sharding == "zero1") {
     out += ", optimizer sharding zero1 (parameters replicated over the data axes, master weights "

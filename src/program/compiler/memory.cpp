@@ -39,6 +39,12 @@ void count_traffic(const Step& st, bool skip, const std::vector<std::int64_t>& s
       throw SpecError("[compile] the bytes the kernels read and write on a device overflow int64");
     }
   };
+  if (!st.fused && st.local.op->traffic != nullptr) {
+    if (!checked_add(traffic, st.local.op->traffic(st.local, slot_bytes[index(st.out)]), &traffic)) {
+      throw SpecError("[compile] the bytes the kernels read and write on a device overflow int64");
+    }
+    return;
+  }
   add(st.out);
   if (!st.fused && st.local.op->shared_reads && !shared.emplace(st.local.op, st.in).second) return;
   for (const SlotId in : st.in) add(in);

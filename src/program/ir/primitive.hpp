@@ -201,6 +201,11 @@ struct KeptResult {
   Array (*restore)(const Node& node, const std::vector<Array>& kept);
 };
 
+/// The bytes a kernel reads and writes on a device, declared by an op whose kernel is several
+/// passes over whole arrays (adamw_foreach: torch's foreach passes, each reading and writing its
+/// arrays in place), from the bytes of its result on that device.
+using TrafficFn = std::int64_t(const Node& node, std::int64_t result_bytes);
+
 /// Operand count of a variadic primitive (concatenate).
 inline constexpr int kVariadic = -1;
 
@@ -272,6 +277,10 @@ struct Primitive {
   /// the nodes of it that read the same operand blocks are one kernel, which reads those blocks
   /// once, so the memory traffic counts them once among the nodes (memory.cpp count_traffic).
   bool shared_reads = false;
+  /// Optional: the bytes its kernel reads and writes on a device, from its result's bytes there,
+  /// when that is not each operand and the result once (see TrafficFn); the memory traffic then
+  /// counts this (memory.cpp count_traffic).
+  TrafficFn* traffic = nullptr;
   /// Optional: how a pending sum flows through the op (see Linearity); none: not linear.
   LinearityFn* linearity = nullptr;
   /// Optional: the op is a contraction (see Contraction); none: it is not.

@@ -31,7 +31,7 @@ namespace shardplan::detail {
   X(keep_alive)                                                                               \
   /* shard_map_ops.cpp */ X(shard_map_in) X(shard_map_out) X(pvary) X(preduce) X(pall_gather) \
   X(psum_scatter) X(ppermute) X(pall_to_all)                                                \
-  /* optim_update.cpp */ X(adamw_update)
+  /* optim_update.cpp */ X(adamw_update) /* optim_foreach.cpp */ X(adamw_foreach)
 // clang-format on
 
 namespace prim {

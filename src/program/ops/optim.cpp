@@ -53,6 +53,19 @@ struct AdamScalars {
   const Array& count;
 };
 
+// Throws TreeError when the moments or the gradients do not have the parameters' structure.
+void check_adam_trees(const Tree<Array>& grads, const Tree<Array>& state,
+                      const Tree<Array>& params) {
+  using Named = std::pair<const Tree<Array>*, const char*>;
+  for (const Named& t : {Named(&state.at("mu"), "first moments"),
+                         Named(&state.at("nu"), "second moments"), Named(&grads, "gradients")}) {
+    if (!params.same_structure(*t.first)) {
+      throw TreeError(fmt::format("[optim] the {} do not have the parameters' structure: {}",
+                                  t.second, prefix_mismatch(*t.first, params)));
+    }
+  }
+}
+
 // One adamw_update per leaf (Optimizer::fused): its three results read the leaf's four arrays
 // once. Returns the new parameters; the new moments go into `next`.
 Tree<Array> fused_adam(const Tree<Array>& grads, const Tree<Array>& state,
@@ -61,14 +74,7 @@ Tree<Array> fused_adam(const Tree<Array>& grads, const Tree<Array>& state,
                        std::vector<Tree<Array>::DictEntry>& next) {
   const Tree<Array>& mu = state.at("mu");
   const Tree<Array>& nu = state.at("nu");
-  using Named = std::pair<const Tree<Array>*, const char*>;
-  for (const Named& t :
-       {Named(&mu, "first moments"), Named(&nu, "second moments"), Named(&grads, "gradients")}) {
-    if (!params.same_structure(*t.first)) {
-      throw TreeError(fmt::format("[optim] the {} do not have the parameters' structure: {}",
-                                  t.second, prefix_mismatch(*t.first, params)));
-    }
-  }
+  check_adam_trees(grads, state, params);
   const auto g = grads.leaves(), m = mu.leaves(), v = nu.leaves();
   const PathPatterns decay(decay_paths);  // validated by adamw()
   std::vector<Array> new_mu(m.size()), new_nu(v.size());
@@ -84,6 +90,27 @@ Tree<Array> fused_adam(const Tree<Array>& grads, const Tree<Array>& state,
   next.emplace_back("mu", mu.unflatten(std::move(new_mu)));
   next.emplace_back("nu", nu.unflatten(std::move(new_nu)));
   return new_params;
+}
+
+// torch's foreach passes over every leaf at once (Optimizer::foreach, adamw_foreach). Returns
+// the new parameters; the new moments go into `next`.
+Tree<Array> foreach_adam(const Tree<Array>& grads, const Tree<Array>& state,
+                         const Tree<Array>& params, AdamScalars s, AdamConstants c,
+                         const std::vector<std::string>& decay_paths,
+                         std::vector<Tree<Array>::DictEntry>& next) {
+  const Tree<Array>& mu = state.at("mu");
+  const Tree<Array>& nu = state.at("nu");
+  check_adam_trees(grads, state, params);
+  const PathPatterns decay(decay_paths);  // validated by adamw()
+  std::vector<double> wd;
+  for (const std::string& path : params.paths()) {
+    wd.push_back(decays(c.weight_decay, decay_paths, decay, path) ? c.weight_decay : 0.0);
+  }
+  AdamwForeach u = adamw_foreach(params.leaves(), grads.leaves(), mu.leaves(), nu.leaves(), s.lr,
+                                 s.count, c.b1, c.b2, c.eps, wd);
+  next.emplace_back("mu", mu.unflatten(std::move(u.mu)));
+  next.emplace_back("nu", nu.unflatten(std::move(u.nu)));
+  return params.unflatten(std::move(u.params));
 }
 
 }  // namespace
@@ -174,6 +201,18 @@ Optimizer Optimizer::fused() const {
   }
   Optimizer o = *this;
   o.fused_ = true;
+  o.foreach_ = false;
+  return o;
+}
+
+Optimizer Optimizer::foreach() const {
+  if (kind_ == Kind::kSgd) {
+    throw SpecError(
+        "[optim] foreach(): SGD's update has no foreach passes here (adamw_foreach is Adam's)");
+  }
+  Optimizer o = *this;
+  o.foreach_ = true;
+  o.fused_ = false;
   return o;
 }
 
@@ -239,6 +278,9 @@ std::pair<Tree<Array>, Tree<Array>> Optimizer::update(const Tree<Array>& grads_i
           [&](const Array& p, const Array& g, const std::string&) { return p - g * lr_as(p); },
           "gradients");
     }
+  } else if (foreach_) {
+    new_params = foreach_adam(grads, state, params, {lr, count}, {b1_, b2_, eps_, weight_decay_},
+                              decay_paths_, next);
   } else if (fused_) {
     new_params = fused_adam(grads, state, params, {lr, count}, {b1_, b2_, eps_, weight_decay_},
                             decay_paths_, next);

@@ -75,7 +75,7 @@ inline StackChoice cp_rotate_allgather(std::string_view source) {
 // Choices several stacks make, each with its own words and source (string literals: a choice
 // keeps views of them).
 
-/// The optimizer's kernel when it is foreach or a loop over the parameters: not modelled.
+/// The optimizer's kernel when it is a loop over the parameters: not modelled.
 inline StackChoice optimizer_kernel(std::string_view what, std::string_view source) {
   return {.topic = "optimizer kernel",
           .what = what,
@@ -83,9 +83,19 @@ inline StackChoice optimizer_kernel(std::string_view what, std::string_view sour
           .setting =
               "not modelled: the update is planned as the program's elementwise ops "
               "(--optimizer-kernel ops: one kernel per chain when compiled, per op with "
-              "--eager), not as torch's in-place passes",
+              "--eager), not as its in-place passes one parameter at a time",
           .options = {},
           .apply = nullptr};
+}
+/// torch's foreach AdamW (_multi_tensor_adamw: its default on CUDA when neither fused nor
+/// foreach is given): --optimizer-kernel foreach.
+inline StackChoice foreach_optimizer_kernel(std::string_view what, std::string_view source) {
+  return {.topic = "optimizer kernel",
+          .what = what,
+          .source = source,
+          .setting = "--optimizer-kernel foreach",
+          .options = {"--optimizer-kernel"},
+          .apply = [](TrainPlanOptions& o) { o.optimizer_kernel = OptimizerKernel::kForeach; }};
 }
 /// A fused Adam(W) kernel (torch's fused=True, Apex's or Transformer Engine's FusedAdam):
 /// --optimizer-kernel fused.

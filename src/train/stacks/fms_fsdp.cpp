@@ -69,10 +69,11 @@ const TrainingStack& fms_fsdp() {
             .setting = "--optimizer adamw",
             .options = {"--optimizer"},
             .apply = adamw},
-           optimizer_kernel(
+           foreach_optimizer_kernel(
                "foreach (torch's default for CUDA tensors when neither fused nor foreach "
-               "is given)",
-               "pytorch/pytorch torch/optim/optimizer.py: _default_to_fused_or_foreach")},
+               "is given): _multi_tensor_adamw's passes",
+               "pytorch/pytorch@v2.5.0 torch/optim/optimizer.py: _default_to_fused_or_foreach; "
+               "torch/optim/adamw.py: _multi_tensor_adamw")},
       .validated_by = {}};
   return s;
 }

@@ -144,10 +144,12 @@ const TrainingStack& torchtitan_2024_07() {
                        "final norm, output, never resharded after forward)",
                        "pytorch/torchtitan@40f79d7 torchtitan/parallelisms/parallelize_llama.py: "
                        "apply_fsdp"),
-           optimizer_kernel(
-               "AdamW with fused=False (--optimizer.fused off by default): torch's foreach",
+           foreach_optimizer_kernel(
+               "AdamW with fused=False (--optimizer.fused off by default): torch's foreach "
+               "passes (_multi_tensor_adamw: each a multi-tensor kernel over every parameter)",
                "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
-               "--optimizer.fused"),
+               "--optimizer.fused; pytorch/pytorch@v2.5.0 torch/optim/adamw.py: "
+               "_multi_tensor_adamw"),
            async_tp("--experimental.enable_async_tensor_parallel, off by default; when on "
                     "without --training.compile it turns compile on itself (a warning)",
                     "pytorch/torchtitan@40f79d7 torchtitan/config_manager.py: "
@@ -190,11 +192,12 @@ const TrainingStack& torchtitan_2024_12() {
                        "holds the embedding, final norm and output, never resharded after forward",
                        "pytorch/torchtitan@3f20451 torchtitan/parallelisms/parallelize_llama.py: "
                        "apply_fsdp"),
-           optimizer_kernel(
+           foreach_optimizer_kernel(
                "AdamW with fused=False (--optimizer.fused is off by default), so torch's "
                "default for CUDA tensors: foreach (multi-tensor kernels, op by op)",
                "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
-               "--optimizer.fused; torch/optim/adamw.py (_default_to_fused_or_foreach)"),
+               "--optimizer.fused; pytorch/pytorch@v2.5.0 torch/optim/adamw.py: "
+               "_multi_tensor_adamw; torch/optim/optimizer.py: _default_to_fused_or_foreach"),
            async_tp("--experimental.enable_async_tensor_parallel, off by default (the inductor "
                     "pass runs only on compiled blocks: --training.compile)",
                     "pytorch/torchtitan@3f20451 torchtitan/config_manager.py: "
