@@ -257,6 +257,40 @@ void time_buckets(const TimeInputs& in, double compute, const BucketedTransfers&
   if (gather.seconds > 0) gather.expose(t.dp_gather_exposed_seconds, t);
 }
 
+// Where each collective's seconds go: FSDP's pipeline, a bucketed transfer, or exposed.
+struct Pools {
+  double overlapped = 0, exposed_data = 0;
+  std::map<LinkTier, double> overlapped_by_tier;
+  BucketedTransfers reduce, gather;
+};
+
+void place(CommTime& c, const TimeInputs& in, Pools& pools, StepTime& t) {
+  switch (dp_timing(c, in)) {
+    case DpTiming::kPipelined:
+      c.overlapped = true;
+      pools.overlapped += c.seconds;
+      pools.overlapped_by_tier[c.tier] += c.seconds;
+      break;
+    case DpTiming::kReduceBuckets:
+      c.overlapped = true;
+      pools.reduce.add(c);
+      break;
+    case DpTiming::kGatherBuckets:
+      c.overlapped = in.dp_overlap == DpOverlap::kBuckets;
+      pools.gather.add(c);
+      break;
+    case DpTiming::kExposed:
+      c.overlapped = false;
+      t.exposed_by_tier[c.tier] += c.seconds;
+      if (c.role == CommRole::kTensor) {
+        t.exposed_tensor_seconds += c.seconds;
+      } else {
+        pools.exposed_data += c.seconds;
+      }
+      break;
+  }
+}
+
 }  // namespace
 
 StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
@@ -276,9 +310,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
   }
   const double memory_rate = hw.memory_bandwidth * hw.memory_efficiency;
   t.memory_seconds = static_cast<double>(plan.memory_traffic) / memory_rate;
-  double overlapped = 0, exposed_data = 0;
-  std::map<LinkTier, double> overlapped_by_tier;
-  BucketedTransfers reduce, gather;
+  Pools pools;
   t.exposed_by_tier = {{LinkTier::kNode, 0.0}, {LinkTier::kNetwork, 0.0}};
   for (const auto& [on, bytes] : plan.bytes_by_axes) {
     if (bytes == 0) continue;
@@ -303,30 +335,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
         t.copy_out_seconds += 2 * unsharded / memory_rate;
       }
     }
-    switch (dp_timing(c, in)) {
-      case DpTiming::kPipelined:
-        c.overlapped = true;
-        overlapped += c.seconds;
-        overlapped_by_tier[c.tier] += c.seconds;
-        break;
-      case DpTiming::kReduceBuckets:
-        c.overlapped = true;
-        reduce.add(c);
-        break;
-      case DpTiming::kGatherBuckets:
-        c.overlapped = in.dp_overlap == DpOverlap::kBuckets;
-        gather.add(c);
-        break;
-      case DpTiming::kExposed:
-        c.overlapped = false;
-        t.exposed_by_tier[c.tier] += c.seconds;
-        if (c.role == CommRole::kTensor) {
-          t.exposed_tensor_seconds += c.seconds;
-        } else {
-          exposed_data += c.seconds;
-        }
-        break;
-    }
+    place(c, in, pools, t);
     t.comms.push_back(std::move(c));
   }
   overlap_tensor_pairs(plan, mesh, hw, t);
@@ -334,16 +343,17 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
   // transfers run under the previous layer's compute, showing only what exceeds it.
   const auto n = static_cast<double>(std::max<std::int64_t>(in.layer_steps, 1));
   const double compute = t.compute_seconds();
+  const double overlapped = pools.overlapped;
   const double exposed_overlapped =
       overlapped > 0 ? overlapped / n + (n - 1) / n * std::max(0.0, overlapped - compute) : 0;
-  for (const auto& [tier, s] : overlapped_by_tier) {
+  for (const auto& [tier, s] : pools.overlapped_by_tier) {
     t.exposed_by_tier[tier] += exposed_overlapped * s / overlapped;
   }
   t.dp_overlap = std::string(name(in.dp_overlap));
   if (in.dp_overlap == DpOverlap::kBuckets || in.dp_overlap == DpOverlap::kGradBuckets) {
-    time_buckets(in, compute, reduce, gather, t);
+    time_buckets(in, compute, pools.reduce, pools.gather, t);
   }
-  t.exposed_seconds = t.exposed_tensor_seconds + exposed_overlapped + exposed_data +
+  t.exposed_seconds = t.exposed_tensor_seconds + exposed_overlapped + pools.exposed_data +
                       t.dp_reduce_exposed_seconds + t.dp_gather_exposed_seconds;
   // Eager dispatch: the host issues the ops in order while the device runs those issued before
   // it (an unbounded queue), so the step takes the longer of the two.

@@ -434,6 +434,15 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   }
 }
 
+// Megatron's DDP buckets, for a time model that runs them (--dp-overlap buckets, grad-buckets).
+void add_dp_buckets(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                    const TrainPlanOptions& o, const train::Layout& layout,
+                    train::TimeInputs& in) {
+  if (in.dp_overlap != DpOverlap::kBuckets && in.dp_overlap != DpOverlap::kGradBuckets) return;
+  in.dp_bucket_size = train::dp_bucket_size(o, layout);
+  in.dp_bucket_elements = train::dp_buckets(config, mesh, rules, o, layout, in.dp_bucket_size);
+}
+
 }  // namespace
 
 TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
@@ -497,10 +506,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
         // Eager tensor parallelism: every op of the blocks dispatched through DTensor.
         .dispatch_seconds_per_op =
             o.eager && layout.model_ways > 1 ? train::kDTensorDispatch.seconds : 0.0};
-    if (in.dp_overlap == DpOverlap::kBuckets || in.dp_overlap == DpOverlap::kGradBuckets) {
-      in.dp_bucket_size = train::dp_bucket_size(o, layout);
-      in.dp_bucket_elements = train::dp_buckets(config, mesh, rules, o, layout, in.dp_bucket_size);
-    }
+    add_dp_buckets(config, mesh, rules, o, layout, in);
     plan.time = train::step_time(plan, mesh, *o.hardware, in);
   }
   plan.headroom = o.headroom;

@@ -78,9 +78,9 @@ std::vector<StackChoice> megatron_parallelism() {
                  "DistributedOptimizer.step_with_ready_grads; megatron/training/arguments.py "
                  "(the flags; --overlap-param-gather asserts --overlap-grad-reduce and the "
                  "distributed optimizer)",
-       .setting = "--dp-overlap off (a run with --overlap-grad-reduce: --dp-overlap buckets, "
-                  "or grad-buckets without --overlap-param-gather under the distributed "
-                  "optimizer; --ddp-bucket-size: --dp-bucket-size)",
+       .setting = "off, as --dp-overlap off (a run with --overlap-grad-reduce: --dp-overlap "
+                  "buckets, or grad-buckets without --overlap-param-gather under the "
+                  "distributed optimizer; --ddp-bucket-size: --dp-bucket-size)",
        .options = {"--dp-overlap", "--dp-bucket-size"},
        .apply = dp_overlap_off},
   };
