@@ -207,14 +207,10 @@ enum class OptimizerSharding { kRules, kZero1 };
 OptimizerSharding parse_optimizer_sharding(std::string_view name);
 std::string_view name(OptimizerSharding sharding);
 
-/// How the time model overlaps the data-parallel collectives with compute (--dp-overlap;
-/// docs/training.md "Step time"). kFsdp: every one pipelined layer by layer under compute, as
-/// FSDP2 prefetches and reduces. kOff: every one exposed (Megatron's DDP without
-/// --overlap-grad-reduce). kBuckets: the gradient reductions per bucket under the backward pass,
-/// the last bucket's exposed, and with ZeRO-1 the parameter all-gather per bucket under the
-/// forward pass, the first bucket's exposed (--overlap-grad-reduce --overlap-param-gather).
-/// kGradBuckets: the reductions as kBuckets, ZeRO-1's gather exposed (--overlap-grad-reduce
-/// alone with --use-distributed-optimizer).
+/// How the step time overlaps the data-parallel collectives (--dp-overlap; docs/training.md
+/// "Step time"): kFsdp FSDP2's layer pipeline; kOff all exposed (Megatron's DDP default);
+/// kBuckets Megatron's buckets, the reductions under the backward pass and ZeRO-1's gathers
+/// under the forward pass; kGradBuckets the reductions so, the gathers exposed.
 enum class DpOverlap { kFsdp, kOff, kBuckets, kGradBuckets };
 /// "fsdp", "off", "buckets", "grad-buckets". Throws SpecError naming the known ones.
 DpOverlap parse_dp_overlap(std::string_view name);
@@ -367,14 +363,11 @@ struct TrainPlanOptions {
   /// and overlapped with those products (PyTorch's micro-pipeline TP, torchtitan's
   /// enable_async_tensor_parallel). With a model axis, --tp-plan modules and a compiled step.
   bool async_tp = false;
-  /// How the step time overlaps the data-parallel collectives (DpOverlap); nullopt: kFsdp.
-  /// Given without hardware (unless a stack sets it), kGradBuckets without kZero1, and
-  /// kBuckets or kGradBuckets with rules that shard a parameter over a data axis without
-  /// kZero1 (FSDP) are OptionErrors.
+  /// DpOverlap (nullopt: kFsdp). Without hardware (and a stack), kGradBuckets without kZero1,
+  /// the bucket values with rules that shard over a data axis without kZero1: OptionErrors.
   std::optional<DpOverlap> dp_overlap;
-  /// With kBuckets or kGradBuckets: a bucket closes once it holds this many parameter elements
-  /// (per device; Megatron's --ddp-bucket-size); 0: Megatron's default, max(40,000,000,
-  /// 1,000,000 x the data-parallel devices). Set with another DpOverlap: an OptionError.
+  /// With the bucket values: the parameter elements per device a bucket closes at (0: Megatron's
+  /// default, max(4e7, 1e6 x the batch axes' devices)); with another DpOverlap an OptionError.
   std::int64_t dp_bucket_size = 0;
   /// The stack these options were set from (apply_stack); reported with the plan.
   std::optional<StackUse> stack;
