@@ -52,8 +52,20 @@ const std::vector<RoundTrip>& round_trips() {
        "--devices 4"},
       {"megatron-core", "--mesh dp:2,cp:2 --batch 8 --seq 64 --cp-kernel allgather-kv",
        "--devices 4"},
-      {"megatron-core", "--mesh dp:2,cp:2 --batch 8 --seq 64 --cp-kernel ulysses",
-       "--devices 4"},
+      {"megatron-core", "--mesh dp:2,cp:2 --batch 8 --seq 64 --cp-kernel ulysses", "--devices 4"},
+      // The data-parallel overlap (its time compared: --hardware on both sides).
+      {"megatron-core",
+       "--mesh fsdp:4 --batch 8 --seq 64 --sequence-parallel off --optimizer-sharding zero1 "
+       "--hardware h100-sxm --dp-overlap buckets --dp-bucket-size 100000",
+       "--devices 4 --hardware h100-sxm"},
+      {"megatron-core",
+       "--mesh fsdp:4 --batch 8 --seq 64 --sequence-parallel off --optimizer-sharding zero1 "
+       "--hardware h100-sxm --dp-overlap grad-buckets",
+       "--devices 4 --hardware h100-sxm"},
+      {"megatron-core", "--mesh dp:4 --batch 8 --seq 64 --hardware h100-sxm --dp-overlap buckets",
+       "--devices 4 --hardware h100-sxm"},
+      {"megatron-core", "--mesh dp:4 --batch 8 --seq 64 --hardware h100-sxm",
+       "--devices 4 --hardware h100-sxm"},
       {"maxtext", "--mesh fsdp:2,tp:2 --batch 8 --seq 64 --grad-accum 2 --remat maxtext:minimal",
        ""},
       // float8's recipe and all-gather dtype (recipe_name, enable_fsdp_float8_all_gather).

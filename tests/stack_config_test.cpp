@@ -171,6 +171,55 @@ TEST(StackConfig, MegatronCpCommTypeIsTheContextKernel) {
                     "expected p2p, all_gather, a2a or a2a+p2p");
 }
 
+// --overlap-grad-reduce, --overlap-param-gather, --ddp-bucket-size (DistributedDataParallel-
+// Config at d98e8a6; arguments.py's asserts): off by default; the reduction's overlap is
+// buckets, with the distributed optimizer and no gather overlap grad-buckets; a bucket size is
+// dropped without the reduction's overlap (bucket_size None).
+TEST(StackConfig, MegatronDataParallelOverlap) {
+  const auto options = [](std::string_view args) {
+    return options_of(parse(fmt::format("--micro-batch-size 1 {}", args), "megatron-core"));
+  };
+  EXPECT_THAT(options(""), Contains("--dp-overlap off"));
+  EXPECT_THAT(options("--overlap-grad-reduce --ddp-bucket-size 1000"),
+              Contains("--dp-overlap buckets"));
+  EXPECT_THAT(options("--overlap-grad-reduce --ddp-bucket-size 1000"),
+              Contains("--dp-bucket-size 1000"));
+  EXPECT_THAT(options("--use-distributed-optimizer --overlap-grad-reduce"),
+              Contains("--dp-overlap grad-buckets"));
+  EXPECT_THAT(options("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather"),
+              Contains("--dp-overlap buckets"));
+  const StackConfig dropped = parse("--micro-batch-size 1 --ddp-bucket-size 1000", "megatron-core");
+  EXPECT_THAT(options_of(dropped), Not(Contains(HasSubstr("--dp-bucket-size"))));
+  EXPECT_THAT(dropped.ignored, Contains(HasSubstr("--ddp-bucket-size = 1000 (no buckets")));
+  EXPECT_THROW_WITH(options("--use-distributed-optimizer --overlap-param-gather"), IoError,
+                    "--overlap-param-gather", "asserts --overlap-grad-reduce");
+  EXPECT_THROW_WITH(options("--overlap-grad-reduce --overlap-param-gather"), IoError,
+                    "--overlap-param-gather", "asserts the distributed optimizer");
+  EXPECT_THROW_WITH(options("--overlap-grad-reduce --ddp-bucket-size 0"), IoError,
+                    "--ddp-bucket-size = 0", "expected at least 1 element");
+  // The writer: FSDP's pipeline has no key; the buckets and their size have.
+  const TrainingStack& megatron = find_training_stack("megatron-core");
+  TrainPlanOptions m;
+  apply_stack(megatron, m);
+  m.optimizer_sharding = OptimizerSharding::kZero1;
+  const Mesh mesh = Mesh::parse("fsdp:4", 4);
+  EXPECT_THAT(emit_stack_config(megatron, m, mesh, {}, false),
+              Not(HasSubstr("--overlap-grad-reduce")));
+  m.dp_overlap = DpOverlap::kBuckets;
+  m.dp_bucket_size = 1000;
+  EXPECT_THAT(emit_stack_config(megatron, m, mesh, {}, false),
+              HasSubstr("--overlap-grad-reduce\n--overlap-param-gather\n--ddp-bucket-size 1000\n"));
+  m.dp_overlap = DpOverlap::kFsdp;
+  EXPECT_THROW_WITH(emit_stack_config(megatron, m, mesh, {}, false), SpecError, "--dp-overlap fsdp",
+                    "has no key");
+  const TrainingStack& titan = find_training_stack("torchtitan-2025-08");
+  TrainPlanOptions t;
+  apply_stack(titan, t);
+  t.dp_overlap = DpOverlap::kOff;
+  EXPECT_THROW_WITH(emit_stack_config(titan, t, mesh, {}, false), SpecError,
+                    "--dp-overlap off has no key");
+}
+
 TEST(StackConfig, MegatronRefusesWhatIsNotPlanned) {
   EXPECT_THROW_WITH(parse("--micro-batch-size 1 --fp16", "megatron-core", "a.args"), IoError,
                     "a.args:1", "--fp16", "fp16 with loss scaling is not planned");

@@ -312,13 +312,29 @@ struct Case {
 // the others' draws as they were: `blocks` the block settings, `kernels` the ring's rotation,
 // `overlap` async TP, `given` whether an option with nothing to apply to is kept (refused),
 // `cp_kernels` the context-parallel kernel, `float8` the float8 recipe and all-gather dtype,
-// `updates` the optimizer's kernel.
+// `updates` the optimizer's kernel, `dp_overlap` the data-parallel overlap.
 struct Draws {
   explicit Draws(std::uint64_t seed)
       : rng(seed), blocks(seed + 1), kernels(seed + 2), overlap(seed + 3), given(seed + 4),
-        cp_kernels(seed + 5), float8(seed + 6), updates(seed + 7) {}
-  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8, updates;
+        cp_kernels(seed + 5), float8(seed + 6), updates(seed + 7), dp_overlap(seed + 8) {}
+  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8, updates, dp_overlap;
 };
+
+/// --dp-overlap (own generator), with hardware only (without, it is refused: a unit test's),
+/// the bucket values kept one time in sixteen (refused where the rules shard over a data axis,
+/// most meshes here; their refusals are train_time_test_dp_overlap.cpp's).
+void draw_dp_overlap(Draws& d, Case& k) {
+  std::mt19937_64& g = d.dp_overlap;
+  TrainPlanOptions& o = k.o;
+  o.dp_overlap = pick(g, std::vector<std::optional<DpOverlap>>{
+                             std::nullopt, std::nullopt, DpOverlap::kFsdp, DpOverlap::kOff,
+                             DpOverlap::kBuckets, DpOverlap::kGradBuckets});
+  if (o.dp_overlap >= DpOverlap::kBuckets && std::uniform_int_distribution<int>(0, 15)(g) != 0) {
+    o.dp_overlap = DpOverlap::kOff;
+  }
+  if (o.dp_overlap == DpOverlap::kBuckets) o.dp_bucket_size = pick(g, std::vector<int>{0, 1, 4096});
+  if (!o.hardware) o.dp_overlap.reset(), o.dp_bucket_size = 0;
+}
 
 /// The kernels' and parallel plans' draws (each group from its own generator).
 void draw_kernels(Draws& d, Case& k, bool cp) {
@@ -433,6 +449,7 @@ Case random_case(Draws& d) {
                                        std::nullopt, std::nullopt, std::nullopt, std::nullopt,
                                        std::nullopt, std::nullopt, false, true});
   draw_kernels(d, k, cp);
+  draw_dp_overlap(d, k);
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   const auto recipe = o.float8_recipe ? std::string(name(*o.float8_recipe)) : "default";
   const auto gather = o.float8_all_gather ? std::string(name(*o.float8_all_gather)) : "default";
@@ -453,6 +470,8 @@ Case random_case(Draws& d) {
       " optimizer {} grad {} optimizer_dtype {} master {} reduce {} reshard_after_forward {}",
       name(o.optimizer), name(o.grad_dtype), name(o.optimizer_dtype), dtype(o.master_dtype),
       dtype(o.reduce_dtype), o.reshard_after_forward);
+  k.text += fmt::format(" dp_overlap {} dp_bucket_size {}",
+                        o.dp_overlap ? name(*o.dp_overlap) : "default", o.dp_bucket_size);
   return k;
 }
 
@@ -460,6 +479,30 @@ std::int64_t axis_ways(const Mesh& mesh, const std::vector<std::string>& axes) {
   std::int64_t n = 1;
   for (const std::string& a : axes) n *= mesh.axis_size(a);
   return n;
+}
+
+/// The data-parallel collectives timed as asked, and said so.
+void check_dp_overlap_time(const TrainPlanOptions& o, const TrainPlan& p) {
+  const StepTime& t = *p.time;
+  const DpOverlap asked = o.dp_overlap.value_or(DpOverlap::kFsdp);
+  EXPECT_EQ(t.dp_overlap, name(asked));
+  EXPECT_EQ(p.table().find("data-parallel overlap") != std::string::npos,
+            asked != DpOverlap::kFsdp);
+  double data = 0;  // the data-parallel collectives' seconds, all exposed when off
+  for (const CommTime& c : t.comms) {
+    if (c.role == CommRole::kData) data += c.seconds;
+    EXPECT_FALSE(c.role == CommRole::kData && asked == DpOverlap::kOff && c.overlapped);
+  }
+  EXPECT_TRUE(asked != DpOverlap::kOff || t.exposed_seconds >= data * (1 - 1e-12));
+  if (asked != DpOverlap::kBuckets && asked != DpOverlap::kGradBuckets) return;
+  EXPECT_GE(t.dp_reduce_exposed_seconds, 0);
+  EXPECT_LE(t.dp_reduce_exposed_seconds, t.dp_reduce_seconds * (1 + 1e-12));
+  EXPECT_LE(t.dp_gather_exposed_seconds, t.dp_gather_seconds * (1 + 1e-12));
+  ASSERT_FALSE(t.dp_bucket_elements.empty());  // each closed at the size, but the last
+  for (std::size_t i = 0; i + 1 < t.dp_bucket_elements.size(); ++i) {
+    EXPECT_GE(t.dp_bucket_elements[i], t.dp_bucket_size);
+  }
+  EXPECT_GT(t.dp_bucket_elements.back(), 0);
 }
 
 /// The text and JSON say what the program ran.
@@ -583,6 +626,7 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
     }
     EXPECT_GE(t.tp_overlap_hidden_seconds, 0);
     EXPECT_GE(t.exposed_tensor_seconds, -1e-12 * (t.tp_overlap_hidden_seconds + 1e-30));
+    check_dp_overlap_time(o, p);
     // Recomputed from its parts (never clamped).
     EXPECT_DOUBLE_EQ(t.mfu,
                      t.model_flops_per_token * t.tokens_per_second_per_device / o.hardware->bf16_flops);

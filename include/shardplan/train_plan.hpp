@@ -210,6 +210,15 @@ enum class OptimizerSharding { kRules, kZero1 };
 OptimizerSharding parse_optimizer_sharding(std::string_view name);
 std::string_view name(OptimizerSharding sharding);
 
+/// How the step time overlaps the data-parallel collectives (--dp-overlap; docs/training.md
+/// "Step time"): kFsdp FSDP2's layer pipeline; kOff all exposed (Megatron's DDP default);
+/// kBuckets Megatron's buckets, the reductions under the backward pass and ZeRO-1's gathers
+/// under the forward pass; kGradBuckets the reductions so, the gathers exposed.
+enum class DpOverlap { kFsdp, kOff, kBuckets, kGradBuckets };
+/// "fsdp", "off", "buckets", "grad-buckets". Throws SpecError naming the known ones.
+DpOverlap parse_dp_overlap(std::string_view name);
+std::string_view name(DpOverlap overlap);
+
 /// The declared training stack a plan's options came from (--stack; training_stack.hpp), as
 /// the report names it.
 struct StackUse {
@@ -357,6 +366,12 @@ struct TrainPlanOptions {
   /// and overlapped with those products (PyTorch's micro-pipeline TP, torchtitan's
   /// enable_async_tensor_parallel). With a model axis, --tp-plan modules and a compiled step.
   bool async_tp = false;
+  /// DpOverlap (nullopt: kFsdp). Without hardware (and a stack), kGradBuckets without kZero1,
+  /// the bucket values with rules that shard over a data axis without kZero1: OptionErrors.
+  std::optional<DpOverlap> dp_overlap;
+  /// With the bucket values: the parameter elements per device a bucket closes at (0: Megatron's
+  /// default, max(4e7, 1e6 x the batch axes' devices)); with another DpOverlap an OptionError.
+  std::int64_t dp_bucket_size = 0;
   /// The stack these options were set from (apply_stack); reported with the plan.
   std::optional<StackUse> stack;
 };
@@ -444,7 +459,9 @@ struct CommTime {
   /// own data through its own NIC: 1. 0 on the node's links.
   std::int64_t nics = 0;
   double seconds = 0;  // at the tier's achievable bandwidth
-  bool overlapped = false; // data and context: under compute when there is enough of it
+  /// Under compute when there is enough of it: context's, and data's as DpOverlap says (all
+  /// with kFsdp; the reductions, and with kBuckets ZeRO-1's gathers, with buckets; none off).
+  bool overlapped = false;
 };
 
 /// A training step's time on some hardware (docs/training.md "Step time"): the busiest device's
@@ -483,6 +500,15 @@ struct StepTime {
   /// says how much of was hidden. Empty and 0 without.
   std::vector<TpOverlapTime> tp_overlaps;
   double tp_overlap_hidden_seconds = 0;
+  /// How the data-parallel collectives were timed (DpOverlap's name, as the time model ran
+  /// it). With buckets: the buckets' parameter elements per device in the order the backward
+  /// pass reduces them (the last holds the model's first parameters), the size they close at,
+  /// and the gradient reductions' and ZeRO-1 parameter gathers' seconds, whole and exposed.
+  std::string dp_overlap = "fsdp";
+  std::vector<std::int64_t> dp_bucket_elements;
+  std::int64_t dp_bucket_size = 0;
+  double dp_reduce_seconds = 0, dp_reduce_exposed_seconds = 0;
+  double dp_gather_seconds = 0, dp_gather_exposed_seconds = 0;
 
   double compute_seconds() const {
     return matmul_seconds + matmul_fp8_seconds + attention_seconds + memory_seconds +

@@ -100,6 +100,19 @@ void add_stack_options(CLI::App* t, TrainPlanCommand& c) {
                 "whole (Llama 3; Megatron's all_gather), ulysses: q, k, v and the output by "
                 "all-to-all between the sequence's split and the heads' (Megatron's a2a). "
                 "Default: ring");
+  t->add_option("--dp-overlap", c.dp_overlap,
+                "fsdp, off, buckets or grad-buckets: how the step time overlaps the "
+                "data-parallel collectives with compute (with --hardware); fsdp: layer by layer "
+                "(FSDP2's prefetch); off: exposed (Megatron's default); buckets: the gradient "
+                "reductions by bucket under the backward pass and ZeRO-1's parameter gathers "
+                "under the forward pass (Megatron's --overlap-grad-reduce "
+                "--overlap-param-gather); grad-buckets: the reductions only (with "
+                "--optimizer-sharding zero1). Default: fsdp");
+  t->add_option("--dp-bucket-size", c.dp_bucket_size,
+                "With --dp-overlap buckets or grad-buckets: parameter elements per device a "
+                "bucket closes at (Megatron's --ddp-bucket-size). Default: max(40000000, "
+                "1000000 x the data-parallel devices)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 50));
   t->add_option("--stack", c.stack,
                 "Plan the step as this training stack runs it (docs/training.md \"Training "
                 "stacks\"; --explain lists its choices and sources); an option given overrides "

@@ -382,6 +382,8 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   parse_given(c, "--tp-plan", c.tp_plan, o.tp_plan, parse_tp_plan);
   parse_given(c, "--cp-rotate", c.cp_rotate, o.cp_rotate, parse_ring_rotate);
   parse_given(c, "--cp-kernel", c.cp_kernel, o.cp_kernel, parse_context_kernel);
+  parse_given(c, "--dp-overlap", c.dp_overlap, o.dp_overlap, parse_dp_overlap);
+  o.dp_bucket_size = c.dp_bucket_size;
   parse_given(c, "--float8-recipe", c.float8_recipe, o.float8_recipe, parse_float8_recipe);
   parse_given(c, "--float8-all-gather", c.float8_all_gather, o.float8_all_gather,
               parse_float8_gather);

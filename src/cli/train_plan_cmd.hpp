@@ -51,6 +51,8 @@ struct TrainPlanCommand {
   std::string tp_plan;   // --tp-plan; empty: not given (partitioner)
   std::string cp_rotate;  // --cp-rotate; empty: not given (permute)
   std::string cp_kernel;  // --cp-kernel; empty: not given (ring)
+  std::string dp_overlap;           // --dp-overlap; empty: not given (fsdp)
+  std::int64_t dp_bucket_size = 0;  // --dp-bucket-size; 0: not given (Megatron's default)
   std::string float8_recipe;      // --float8-recipe; empty: not given (tensorwise)
   std::string float8_all_gather;  // --float8-all-gather; empty: not given (the recipe's)
   std::string stack;     // --stack NAME; empty: none

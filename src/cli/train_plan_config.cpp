@@ -60,6 +60,7 @@ void set_option(TrainPlanCommand& c, const std::string& option, const std::strin
                       : option == "--attention"         ? &c.attention
                       : option == "--sequence-parallel" ? &c.sequence_parallel
                       : option == "--cp-kernel"         ? &c.cp_kernel
+                      : option == "--dp-overlap"        ? &c.dp_overlap
                       : option == "--float8-recipe"     ? &c.float8_recipe
                       : option == "--float8-all-gather" ? &c.float8_all_gather
                                                         : nullptr;
@@ -67,6 +68,8 @@ void set_option(TrainPlanCommand& c, const std::string& option, const std::strin
     *text = value;
   } else if (option == "--seq") {
     c.seq = std::stoll(value);
+  } else if (option == "--dp-bucket-size") {
+    c.dp_bucket_size = std::stoll(value);
   } else if (option == "--eager" || option == "--compile") {
     c.eager = option == "--eager";
   } else if (option == "--float8") {

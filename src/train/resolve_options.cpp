@@ -69,6 +69,17 @@ constexpr OptionRefusal kRefusals[] = {
        "default)"},
       {"--float8-recipe, --float8-all-gather", "without --float8"},
       {"--float8-all-gather float8", "--float8-recipe rowwise or rowwise_with_gw_hp"},
+      {"--dp-overlap, --dp-bucket-size",
+       "without --hardware (no step time to overlap in; unless a --stack is given: then it "
+       "is that stack's setting)"},
+      {"--dp-bucket-size",
+       "without --dp-overlap buckets or grad-buckets (no buckets to size)"},
+      {"--dp-overlap grad-buckets",
+       "without --optimizer-sharding zero1 (no parameter gather to leave exposed: that is "
+       "buckets)"},
+      {"--dp-overlap buckets, grad-buckets",
+       "rules that split a parameter over a batch or context axis of more than one device, "
+       "without --optimizer-sharding zero1 (FSDP gathers layer by layer: --dp-overlap fsdp)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -164,6 +175,37 @@ void check_float8_options(const ModelConfig& config, const TrainPlanOptions& o) 
   }
 }
 
+// --dp-overlap and --dp-bucket-size: how the step time overlaps the data-parallel collectives.
+void check_dp_overlap(const TrainPlanOptions& o) {
+  if (o.dp_bucket_size < 0) {
+    throw SpecError(
+        fmt::format("[train] data-parallel bucket size {} is negative", o.dp_bucket_size));
+  }
+  const DpOverlap overlap = o.dp_overlap.value_or(DpOverlap::kFsdp);
+  const bool buckets = overlap == DpOverlap::kBuckets || overlap == DpOverlap::kGradBuckets;
+  if (!o.hardware && !o.stack && (o.dp_overlap || o.dp_bucket_size > 0)) {
+    refuse(Refusal::kDpOverlapWithoutHardware,
+           fmt::format("{}{}{} says how the step time overlaps the data-parallel "
+                       "collectives, and without --hardware there is no step time: give "
+                       "--hardware",
+                       o.dp_overlap ? fmt::format("--dp-overlap {}", name(overlap)) : "",
+                       o.dp_overlap && o.dp_bucket_size > 0 ? ", " : "",
+                       o.dp_bucket_size > 0 ? fmt::format("--dp-bucket-size {}", o.dp_bucket_size)
+                                            : std::string()));
+  }
+  if (o.dp_bucket_size > 0 && !buckets) {
+    refuse(Refusal::kDpBucketSizeWithoutBuckets,
+           fmt::format("--dp-bucket-size {} with --dp-overlap {}: only buckets and grad-buckets "
+                       "reduce the gradients by bucket",
+                       o.dp_bucket_size, name(overlap)));
+  }
+  if (overlap == DpOverlap::kGradBuckets && o.optimizer_sharding != OptimizerSharding::kZero1) {
+    refuse(Refusal::kDpGradBucketsWithoutZero1,
+           "without ZeRO-1 the step all-gathers no updated parameters, so grad-buckets would "
+           "time it as buckets does: give --dp-overlap buckets, or --optimizer-sharding zero1");
+  }
+}
+
 }  // namespace
 
 Float8Gather effective_float8_gather(const TrainPlanOptions& o) {
@@ -210,6 +252,7 @@ void check_options(const ModelConfig& config, const TrainPlanOptions& o) {
            "mixtral, gpt2); plan T5 without it");
   }
   check_block_options(config, o);
+  check_dp_overlap(o);
   if (o.cp_rotate && o.cp_kernel != ContextKernel::kRing) {
     refuse(Refusal::kCpRotateNotRing,
            fmt::format("--cp-rotate {} with --cp-kernel {}: only the ring passes key/value blocks "

@@ -52,6 +52,10 @@ enum class Refusal : std::size_t {
   kCpKernelNoContext,
   kFloat8RecipeWithoutFloat8,
   kFloat8GatherRowwise,
+  kDpOverlapWithoutHardware,
+  kDpBucketSizeWithoutBuckets,
+  kDpGradBucketsWithoutZero1,
+  kDpBucketsSharded,
   kCount
 };
 

@@ -208,6 +208,11 @@ void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o, u
   if ((says & kSaysContextKernel) == 0 && o.cp_kernel != d.cp_kernel) {
     refuse("--cp-kernel", std::string(name(o.cp_kernel)), std::string(name(d.cp_kernel)));
   }
+  if ((says & kSaysDpOverlap) == 0 &&
+      (o.dp_overlap != d.dp_overlap || o.dp_bucket_size != d.dp_bucket_size)) {
+    refuse("--dp-overlap", std::string(name(o.dp_overlap.value_or(DpOverlap::kFsdp))),
+           std::string(name(d.dp_overlap.value_or(DpOverlap::kFsdp))));
+  }
   if (!o.batch_axes.empty())
     refuse("--batch-axes", fmt::format("{}", fmt::join(o.batch_axes, ",")), "its own");
   if (o.target_seq != 0) refuse("--target-seq", std::to_string(o.target_seq), "one sequence");

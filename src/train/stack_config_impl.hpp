@@ -125,6 +125,7 @@ enum Says : unsigned {
   kSaysOptimizerSharding = 16,  // Megatron's --use-distributed-optimizer
   kSaysAsyncTp = 32,  // torchtitan's enable_async_tensor_parallel, Megatron's --tp-comm-overlap
   kSaysContextKernel = 64,      // Megatron's --cp-comm-type
+  kSaysDpOverlap = 128,         // Megatron's --overlap-grad-reduce, --ddp-bucket-size, ...
 };
 
 /// The train-plan options a stack's config cannot say (those not in `says`, and the loss,

@@ -154,9 +154,6 @@ void cp_comm_type(const Entry& e, Reading& r) {
 constexpr std::string_view kModel = "the model is --config's";
 constexpr std::string_view kNotStep = "not part of a training step's memory or time";
 constexpr std::string_view kValue = "a value of the update, not its size or time";
-constexpr std::string_view kOverlap =
-    "overlap of the gradient reduction and parameter gather is not modelled, as the stack "
-    "declares";
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
@@ -184,9 +181,9 @@ const std::vector<Key>& keys() {
       {"--use-flash-attn", nullptr, "the attention as --attention-backend says, fused by default"},
       {"--transformer-impl", nullptr, "kernels as the stack's 'kernels' choice"},
       {"--use-mcore-models", nullptr, "the model's code, not its work"},
-      {"--overlap-grad-reduce", nullptr, kOverlap},
-      {"--overlap-param-gather", nullptr, kOverlap},
-      {"--ddp-bucket-size", nullptr, kOverlap},
+      {"--overlap-grad-reduce", flag},
+      {"--overlap-param-gather", flag},
+      {"--ddp-bucket-size", valued},
       {"--cross-entropy-loss-fusion", nullptr, "the loss as the stack's 'loss' choice"},
       {"--num-layers", nullptr, kModel},
       {"--hidden-size", nullptr, kModel},
@@ -276,6 +273,36 @@ void recompute(Reading& r) {
   r.set_from(keys, "--remat-blocks", fmt::format("layers:0-{}", n - 1));
 }
 
+/// --overlap-grad-reduce, --overlap-param-gather and --ddp-bucket-size (DistributedDataParallel-
+/// Config's overlap_grad_reduce, overlap_param_gather, bucket_size at d98e8a6; arguments.py
+/// asserts the gather's overlap with the reduction's and the distributed optimizer).
+void dp_overlap(Reading& r, const Entry* zero) {
+  const Entry* grad = r.held("--overlap-grad-reduce");
+  const Entry* gather = r.held("--overlap-param-gather");
+  const Entry* size = r.held("--ddp-bucket-size");
+  if (gather != nullptr && grad == nullptr) {
+    r.fail(*gather, "Megatron asserts --overlap-grad-reduce with it (arguments.py)");
+  }
+  if (gather != nullptr && zero == nullptr) {
+    r.fail(*gather, "Megatron asserts the distributed optimizer with it (arguments.py)");
+  }
+  if (size != nullptr && r.integer(*size) < 1) r.fail(*size, "expected at least 1 element");
+  if (grad == nullptr) {
+    if (size != nullptr) {
+      r.out().ignored.push_back(
+          fmt::format("{} (no buckets without --overlap-grad-reduce: DistributedDataParallel "
+                      "sets bucket_size to None)",
+                      Reading::said(*size)));
+    }
+    return r.set_from("no --overlap-grad-reduce", "--dp-overlap", "off");
+  }
+  std::string keys = Reading::said(*grad);
+  if (gather != nullptr) keys += ", " + Reading::said(*gather);
+  r.set_from(keys, "--dp-overlap",
+             zero != nullptr && gather == nullptr ? "grad-buckets" : "buckets");
+  if (size != nullptr) r.set(*size, "--dp-bucket-size", std::to_string(r.integer(*size)));
+}
+
 void finish(Reading& r, std::string_view) {
   const bool bf16 = r.held("--bf16") != nullptr;
   const bool fp32_grads = r.held("--accumulate-allreduce-grads-in-fp32") != nullptr;
@@ -300,6 +327,7 @@ void finish(Reading& r, std::string_view) {
   // weights and state over it, and --optimizer-sharding zero1 keeps the bf16 parameters whole.
   const Entry* zero = r.held("--use-distributed-optimizer");
   if (zero != nullptr) r.set(*zero, "--optimizer-sharding", "zero1");
+  dp_overlap(r, zero);
   auto& axes = r.out().axes;
   axes.insert(axes.begin(), {zero != nullptr ? "fsdp" : "dp", -1});
   r.out().mesh_keys += fmt::format(
@@ -348,7 +376,7 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
                  std::int64_t data_parallel, bool sequence_parallel) {
   require_stack_defaults(stack, o,
                          kSaysSequenceParallel | kSaysOptimizerSharding | kSaysAsyncTp |
-                         kSaysContextKernel);
+                             kSaysContextKernel | kSaysDpOverlap);
   auto deg = mesh_degrees(stack, mesh, {"dp", "fsdp", "tp", "cp"});
   // Megatron's data parallelism shards no parameter: fsdp is its distributed optimizer's axis.
   if (deg.count("fsdp") != 0 && o.optimizer_sharding != OptimizerSharding::kZero1) {
@@ -387,6 +415,14 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
         "--accumulate-allreduce-grads-in-fp32 in f32) or float32",
         stack, name(o.param_dtype), name(o.grad_dtype), name(o.optimizer_dtype)));
   }
+  const DpOverlap dp = o.dp_overlap.value_or(DpOverlap::kFsdp);
+  if (dp == DpOverlap::kFsdp) {
+    throw SpecError(
+        fmt::format("[stack-config] --emit-config for {}: --dp-overlap fsdp (FSDP's layer-by-layer "
+                    "pipeline) has no key in Megatron's arguments: its DDP overlaps by bucket "
+                    "(--dp-overlap buckets, grad-buckets) or not at all (off)",
+                    stack));
+  }
   const std::string recompute = recompute_arguments(stack, o);
   const auto degree = [&](const char* a) { return deg.count(a) ? deg[a] : 1; };
   std::string out = fmt::format(
@@ -404,6 +440,11 @@ std::string emit(std::string_view stack, const TrainPlanOptions& o, const Mesh& 
   if (sequence_parallel) out += "--sequence-parallel\n";
   if (o.async_tp) out += "--tp-comm-overlap\n";
   if (deg.count("fsdp")) out += "--use-distributed-optimizer\n";
+  if (dp == DpOverlap::kBuckets || dp == DpOverlap::kGradBuckets) {
+    out += "--overlap-grad-reduce\n";
+  }
+  if (dp == DpOverlap::kBuckets && deg.count("fsdp")) out += "--overlap-param-gather\n";
+  if (o.dp_bucket_size > 0) out += fmt::format("--ddp-bucket-size {}\n", o.dp_bucket_size);
   if (o.cp_kernel != ContextKernel::kRing) {
     out += fmt::format("--cp-comm-type {}\n",
                        o.cp_kernel == ContextKernel::kAllGatherKv ? "all_gather" : "a2a");

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "families/config_parts.hpp"
+#include "model_family.hpp"
 #include "resolve_options.hpp"
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
@@ -250,6 +252,76 @@ void check_tp_plan(const ModelConfig& config, const Mesh& mesh, const RulePtr& r
                      "that split the layers over a model axis (e.g. tp)",
                      detail::printable(rules->name()), detail::printable(mesh.to_string()),
                      detail::printable(axes)));
+}
+
+void check_dp_overlap(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                      const TrainPlanOptions& o, const Layout& layout) {
+  const DpOverlap overlap = o.dp_overlap.value_or(DpOverlap::kFsdp);
+  if ((overlap != DpOverlap::kBuckets && overlap != DpOverlap::kGradBuckets) ||
+      o.optimizer_sharding == OptimizerSharding::kZero1) {
+    return;
+  }
+  for (const auto& [path, t] : config.parameters(o.param_dtype).flatten()) {
+    const AxisNames data = data_axes_of(rules->apply(RuleInput{path, t, mesh}).spec, layout, mesh);
+    if (data.empty()) continue;
+    refuse(Refusal::kDpBucketsSharded,
+           fmt::format("{} split '{}' over [{}] of the mesh {}: FSDP gathers it layer by layer, "
+                       "and the buckets of Megatron's DDP hold whole (replicated) parameters: "
+                       "plan it with --dp-overlap fsdp, with --optimizer-sharding zero1, or "
+                       "with rules that replicate the parameters over the data axes",
+                       detail::printable(rules->name()), detail::printable(path),
+                       detail::printable(fmt::format("{}", fmt::join(data, ", "))),
+                       detail::printable(mesh.to_string())));
+  }
+}
+
+std::int64_t dp_bucket_size(const TrainPlanOptions& o, const Layout& layout) {
+  // megatron/core/distributed/distributed_data_parallel.py (d98e8a6),
+  // DistributedDataParallel.__init__: max(40000000, 1000000 * dp_group.size()).
+  if (o.dp_bucket_size > 0) return o.dp_bucket_size;
+  return std::max<std::int64_t>(40'000'000, 1'000'000 * layout.batch_ways);
+}
+
+std::vector<std::int64_t> dp_buckets(const ModelConfig& config, const Mesh& mesh,
+                                     const RulePtr& rules, const TrainPlanOptions& o,
+                                     const Layout& layout, std::int64_t bucket_size) {
+  // The parameters in the model's order (the family adds them so), walked backwards as the
+  // backward pass produces their gradients; each device's elements: the rules' split over the
+  // axes that are not data axes (over those Megatron's DDP holds them whole).
+  NamedSpecs named{o.param_dtype, {}};
+  config.family->add_parameters(config, named);
+  std::vector<std::int64_t> buckets;
+  std::int64_t open = 0;
+  bool any = false;
+  for (auto it = named.named.rbegin(); it != named.named.rend(); ++it) {
+    const TensorSpec& t = it->second;
+    const PartitionSpec spec = rules->apply(RuleInput{tree_path_of_name(it->first), t, mesh}).spec;
+    const std::vector<std::int64_t> dims = t.shape.dims();
+    std::int64_t elements = 1;
+    for (std::size_t d = 0; d < dims.size(); ++d) {
+      std::int64_t ways = 1;
+      if (d < spec.dims().size()) {
+        for (const std::string& a : spec.dims()[d]) {
+          if (!has_axis(layout.batch, a) && !has_axis(layout.context, a)) {
+            ways *= mesh.axis_size(a);
+          }
+        }
+      }
+      const std::int64_t n = dims[d];
+      elements *= (n + ways - 1) / ways;  // a padded shard's rows
+    }
+    open += elements;
+    any = true;
+    // param_and_grad_buffer.py _compute_default_per_buffer_param_layout: a bucket closes once
+    // it holds bucket_size elements or more.
+    if (open >= bucket_size) {
+      buckets.push_back(open);
+      open = 0;
+      any = false;
+    }
+  }
+  if (any) buckets.push_back(open);
+  return buckets;
 }
 
 }  // namespace shardplan::train

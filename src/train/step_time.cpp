@@ -175,6 +175,122 @@ void overlap_tensor_pairs(const TrainPlan& plan, const Mesh& mesh, const Hardwar
   }
 }
 
+// How one collective is timed: in FSDP's layer pipeline, per bucket (Megatron's DDP), or
+// exposed.
+enum class DpTiming { kPipelined, kReduceBuckets, kGatherBuckets, kExposed };
+
+// Whether a collective runs over a batch axis (one neither a model nor a context axis): the
+// gradients' reduction over batch and context axes together is data parallelism's, though its
+// role (role_of) is the context's.
+bool spans_batch_axis(const CollectiveOn& on, const TimeInputs& in) {
+  return std::any_of(on.axes.begin(), on.axes.end(), [&](const std::string& a) {
+    return std::find(in.model_axes.begin(), in.model_axes.end(), a) == in.model_axes.end() &&
+           std::find(in.context_axes.begin(), in.context_axes.end(), a) == in.context_axes.end();
+  });
+}
+
+DpTiming dp_timing(const CommTime& c, const TimeInputs& in) {
+  if (c.role == CommRole::kTensor) return DpTiming::kExposed;
+  const bool data = c.role == CommRole::kData || spans_batch_axis(c.collective, in);
+  if (!data || in.dp_overlap == DpOverlap::kFsdp) return DpTiming::kPipelined;
+  if (in.dp_overlap == DpOverlap::kOff) return DpTiming::kExposed;
+  // Buckets: the gradient reductions (all-reduce; reduce-scatter with ZeRO-1) and ZeRO-1's
+  // all-gather of the updated parameters (a result's gather, not an argument's); anything
+  // else over the data axes is exposed.
+  const CollectiveOn& on = c.collective;
+  if (on.of_argument) return DpTiming::kExposed;
+  if (on.kind == CollectiveKind::kAllReduce || on.kind == CollectiveKind::kReduceScatter) {
+    return DpTiming::kReduceBuckets;
+  }
+  if (on.kind == CollectiveKind::kAllGather && in.zero1) return DpTiming::kGatherBuckets;
+  return DpTiming::kExposed;
+}
+
+// The collectives one kind of bucketed transfer is made of, by tier.
+struct BucketedTransfers {
+  double seconds = 0;
+  std::map<LinkTier, double> by_tier;
+  void add(const CommTime& c) {
+    seconds += c.seconds;
+    by_tier[c.tier] += c.seconds;
+  }
+  // Adds `exposed` of it to the tiers in proportion.
+  void expose(double exposed, StepTime& t) const {
+    for (const auto& [tier, s] : by_tier) t.exposed_by_tier[tier] += exposed * s / seconds;
+  }
+};
+
+// A transfer split over the buckets in proportion to their elements, run one bucket after the
+// other beside `compute`: the `waits` bucket's share cannot start before (the gather of the
+// first layers' bucket) or end before (the reduction of theirs) the compute it overlaps, and
+// the rest shows what exceeds that compute.
+double bucketed_exposed(double seconds, double waits_share, double compute) {
+  const double waits = seconds * waits_share;
+  return waits + std::max(0.0, seconds - waits - compute);
+}
+
+// Megatron's DDP with --overlap-grad-reduce (docs/training.md "Step time"): a bucket's
+// reduction starts when the backward pass has produced its last gradient, so the last bucket's
+// (the model's first parameters) follows the backward compute; with --overlap-param-gather the
+// forward pass waits for the first layers' bucket's gather and runs under the next ones'. Over
+// micro-batches, under the last one's backward pass and the first one's forward pass.
+void time_buckets(const TimeInputs& in, double compute, const BucketedTransfers& reduce,
+                  const BucketedTransfers& gather, StepTime& t) {
+  std::int64_t total = 0;
+  for (const std::int64_t e : in.dp_bucket_elements) total += e;
+  const double last_share =
+      total > 0 ? static_cast<double>(in.dp_bucket_elements.back()) / static_cast<double>(total)
+                : 1.0;
+  // The backward pass's products are twice the forward's (dx and dw): 2/3 and 1/3 of the
+  // compute, one micro-batch's.
+  const double micro = static_cast<double>(std::max<std::int64_t>(in.micro_batches, 1));
+  const double backward = compute * 2 / 3 / micro, forward = compute / 3 / micro;
+  t.dp_bucket_elements = in.dp_bucket_elements;
+  t.dp_bucket_size = in.dp_bucket_size;
+  t.dp_reduce_seconds = reduce.seconds;
+  t.dp_reduce_exposed_seconds = bucketed_exposed(reduce.seconds, last_share, backward);
+  t.dp_gather_seconds = gather.seconds;
+  t.dp_gather_exposed_seconds = in.dp_overlap == DpOverlap::kBuckets
+                                    ? bucketed_exposed(gather.seconds, last_share, forward)
+                                    : gather.seconds;
+  if (reduce.seconds > 0) reduce.expose(t.dp_reduce_exposed_seconds, t);
+  if (gather.seconds > 0) gather.expose(t.dp_gather_exposed_seconds, t);
+}
+
+// Where each collective's seconds go: FSDP's pipeline, a bucketed transfer, or exposed.
+struct Pools {
+  double overlapped = 0, exposed_data = 0;
+  std::map<LinkTier, double> overlapped_by_tier;
+  BucketedTransfers reduce, gather;
+};
+
+void place(CommTime& c, const TimeInputs& in, Pools& pools, StepTime& t) {
+  switch (dp_timing(c, in)) {
+    case DpTiming::kPipelined:
+      c.overlapped = true;
+      pools.overlapped += c.seconds;
+      pools.overlapped_by_tier[c.tier] += c.seconds;
+      break;
+    case DpTiming::kReduceBuckets:
+      c.overlapped = true;
+      pools.reduce.add(c);
+      break;
+    case DpTiming::kGatherBuckets:
+      c.overlapped = in.dp_overlap == DpOverlap::kBuckets;
+      pools.gather.add(c);
+      break;
+    case DpTiming::kExposed:
+      c.overlapped = false;
+      t.exposed_by_tier[c.tier] += c.seconds;
+      if (c.role == CommRole::kTensor) {
+        t.exposed_tensor_seconds += c.seconds;
+      } else {
+        pools.exposed_data += c.seconds;
+      }
+      break;
+  }
+}
+
 }  // namespace
 
 StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
@@ -194,8 +310,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
   }
   const double memory_rate = hw.memory_bandwidth * hw.memory_efficiency;
   t.memory_seconds = static_cast<double>(plan.memory_traffic) / memory_rate;
-  double overlapped = 0;
-  std::map<LinkTier, double> overlapped_by_tier;
+  Pools pools;
   t.exposed_by_tier = {{LinkTier::kNode, 0.0}, {LinkTier::kNetwork, 0.0}};
   for (const auto& [on, bytes] : plan.bytes_by_axes) {
     if (bytes == 0) continue;
@@ -220,14 +335,7 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
         t.copy_out_seconds += 2 * unsharded / memory_rate;
       }
     }
-    c.overlapped = c.role != CommRole::kTensor;
-    if (c.overlapped) {
-      overlapped += c.seconds;
-      overlapped_by_tier[c.tier] += c.seconds;
-    } else {
-      t.exposed_by_tier[c.tier] += c.seconds;
-      t.exposed_tensor_seconds += c.seconds;
-    }
+    place(c, in, pools, t);
     t.comms.push_back(std::move(c));
   }
   overlap_tensor_pairs(plan, mesh, hw, t);
@@ -235,12 +343,18 @@ StepTime step_time(const TrainPlan& plan, const Mesh& mesh, const Hardware& hw,
   // transfers run under the previous layer's compute, showing only what exceeds it.
   const auto n = static_cast<double>(std::max<std::int64_t>(in.layer_steps, 1));
   const double compute = t.compute_seconds();
+  const double overlapped = pools.overlapped;
   const double exposed_overlapped =
       overlapped > 0 ? overlapped / n + (n - 1) / n * std::max(0.0, overlapped - compute) : 0;
-  for (const auto& [tier, s] : overlapped_by_tier) {
+  for (const auto& [tier, s] : pools.overlapped_by_tier) {
     t.exposed_by_tier[tier] += exposed_overlapped * s / overlapped;
   }
-  t.exposed_seconds = t.exposed_tensor_seconds + exposed_overlapped;
+  t.dp_overlap = std::string(name(in.dp_overlap));
+  if (in.dp_overlap == DpOverlap::kBuckets || in.dp_overlap == DpOverlap::kGradBuckets) {
+    time_buckets(in, compute, pools.reduce, pools.gather, t);
+  }
+  t.exposed_seconds = t.exposed_tensor_seconds + exposed_overlapped + pools.exposed_data +
+                      t.dp_reduce_exposed_seconds + t.dp_gather_exposed_seconds;
   // Eager dispatch: the host issues the ops in order while the device runs those issued before
   // it (an unbounded queue), so the step takes the longer of the two.
   t.launched_ops = in.dispatch_seconds_per_op > 0 ? plan.launched_ops : 0;

@@ -37,6 +37,15 @@ struct TimeInputs {
   std::int64_t layer_steps = 1;
   double model_flops_per_token = 0;
   std::int64_t tokens_per_step = 0;  // the global batch's tokens
+  /// How the data-parallel collectives overlap compute (TrainPlanOptions::dp_overlap); with
+  /// buckets, the buckets' elements (dp_buckets: the backward pass's order) and their size.
+  DpOverlap dp_overlap = DpOverlap::kFsdp;
+  std::vector<std::int64_t> dp_bucket_elements;
+  std::int64_t dp_bucket_size = 0;
+  /// Micro-batches: Megatron reduces the gradients under the last one's backward pass and
+  /// gathers the parameters under the first one's forward pass.
+  std::int64_t micro_batches = 1;
+  bool zero1 = false;  // ZeRO-1 (--optimizer-sharding zero1): its all-gathers over data axes
   /// Host time to dispatch each launched op (TrainPlan::launched_ops); 0: not charged (a
   /// compiled step, or no tensor parallelism).
   double dispatch_seconds_per_op = 0;

@@ -74,6 +74,23 @@ void check_optimizer_sharding(const ModelConfig& config, const Mesh& mesh, const
 void check_tp_plan(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
                    const TrainPlanOptions& o, const Layout& layout);
 
+/// Refuses DpOverlap::kBuckets and kGradBuckets (OptionError, Refusal::kDpBucketsSharded)
+/// when the rules split a parameter over a data axis of more than one device without ZeRO-1.
+void check_dp_overlap(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                      const TrainPlanOptions& o, const Layout& layout);
+
+/// The elements a data-parallel bucket closes at: TrainPlanOptions::dp_bucket_size, else
+/// Megatron's default max(40,000,000, 1,000,000 x the batch axes' devices).
+std::int64_t dp_bucket_size(const TrainPlanOptions& o, const Layout& layout);
+
+/// Megatron's DDP buckets (docs/training.md "Step time"): the parameters in the model's order
+/// walked backwards, each device's elements of each (the rules' split over the axes that are
+/// not batch or context axes) added to the open bucket, which closes once it holds
+/// `bucket_size` or more. Each bucket's elements, in that order (the last: the first layers').
+std::vector<std::int64_t> dp_buckets(const ModelConfig& config, const Mesh& mesh,
+                                     const RulePtr& rules, const TrainPlanOptions& o,
+                                     const Layout& layout, std::int64_t bucket_size);
+
 /// "the 8-layer sample step", "the 4-layer x 2 micro-batch sample step".
 std::string sample_name(std::int64_t layers, std::int64_t micro_batches);
 

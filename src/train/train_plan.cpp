@@ -434,6 +434,15 @@ void read_figures(const train::StepFigures& figures, TrainPlan& plan) {
   }
 }
 
+// Megatron's DDP buckets, for a time model that runs them (--dp-overlap buckets, grad-buckets).
+void add_dp_buckets(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
+                    const TrainPlanOptions& o, const train::Layout& layout,
+                    train::TimeInputs& in) {
+  if (in.dp_overlap != DpOverlap::kBuckets && in.dp_overlap != DpOverlap::kGradBuckets) return;
+  in.dp_bucket_size = train::dp_bucket_size(o, layout);
+  in.dp_bucket_elements = train::dp_buckets(config, mesh, rules, o, layout, in.dp_bucket_size);
+}
+
 }  // namespace
 
 TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RulePtr& rules,
@@ -446,6 +455,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   const TrainPlanOptions o = train::resolve_options(config, mesh, layout, asked);
   train::check_optimizer_sharding(config, mesh, rules, o, layout);
   train::check_tp_plan(config, mesh, rules, o, layout);
+  train::check_dp_overlap(config, mesh, rules, o, layout);
   const Activations act = activations_of(config, mesh, o, layout);
   const TraceChoice choice = choose_trace(config, o);
   check_parameter_tensors(config, o, choice.layers);
@@ -483,16 +493,20 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   // routed experts, not all of them).
   plan.active_parameter_count = config.active_parameter_count();
   if (o.hardware) {
-    const train::TimeInputs in{
+    train::TimeInputs in{
         .model_axes = layout.model,
         .context_axes = layout.context,
         .layer_steps = choice.layers * choice.accum,
         .model_flops_per_token =
             train::model_flops_per_token(config, plan.active_parameter_count, o.seq),
         .tokens_per_step = o.batch * o.seq,
+        .dp_overlap = o.dp_overlap.value_or(DpOverlap::kFsdp),
+        .micro_batches = choice.accum,
+        .zero1 = o.optimizer_sharding == OptimizerSharding::kZero1,
         // Eager tensor parallelism: every op of the blocks dispatched through DTensor.
         .dispatch_seconds_per_op =
             o.eager && layout.model_ways > 1 ? train::kDTensorDispatch.seconds : 0.0};
+    add_dp_buckets(config, mesh, rules, o, layout, in);
     plan.time = train::step_time(plan, mesh, *o.hardware, in);
   }
   plan.headroom = o.headroom;

@@ -179,6 +179,30 @@ std::string_view name(OptimizerSharding sharding) {
   return sharding == OptimizerSharding::kZero1 ? "zero1" : "rules";
 }
 
+DpOverlap parse_dp_overlap(std::string_view n) {
+  if (n == "fsdp") return DpOverlap::kFsdp;
+  if (n == "off") return DpOverlap::kOff;
+  if (n == "buckets") return DpOverlap::kBuckets;
+  if (n == "grad-buckets") return DpOverlap::kGradBuckets;
+  throw SpecError(fmt::format(
+      "[train] unknown data-parallel overlap '{}' (known: fsdp, off, buckets, grad-buckets)",
+      detail::printable(n)));
+}
+
+std::string_view name(DpOverlap overlap) {
+  switch (overlap) {
+    case DpOverlap::kFsdp:
+      return "fsdp";
+    case DpOverlap::kOff:
+      return "off";
+    case DpOverlap::kBuckets:
+      return "buckets";
+    case DpOverlap::kGradBuckets:
+      return "grad-buckets";
+  }
+  return "fsdp";
+}
+
 OptimizerKind parse_optimizer(std::string_view n) {
   if (n == "sgd") return OptimizerKind::kSgd;
   if (n == "adam") return OptimizerKind::kAdam;

@@ -52,6 +52,27 @@ std::string axes_text(const std::vector<std::string>& axes) {
 }
 
 /// The time split of TrainPlan::table().
+// How the data-parallel collectives were timed, when not as FSDP's pipeline (the default).
+std::string dp_overlap_line(const StepTime& t) {
+  if (t.dp_overlap == "fsdp") return {};
+  if (t.dp_overlap == "off") {
+    return fmt::format("  {:<40} {:>12}  (every data-parallel collective exposed)\n",
+                       "data-parallel overlap", "off");
+  }
+  std::string out = fmt::format(
+      "  {:<40} {:>12}  ({} bucket{} closing at {} elements, the last {}: gradient reductions "
+      "{}, {} exposed",
+      "data-parallel overlap", t.dp_overlap, t.dp_bucket_elements.size(),
+      t.dp_bucket_elements.size() == 1 ? "" : "s", t.dp_bucket_size,
+      t.dp_bucket_elements.empty() ? 0 : t.dp_bucket_elements.back(),
+      seconds_text(t.dp_reduce_seconds), seconds_text(t.dp_reduce_exposed_seconds));
+  if (t.dp_gather_seconds > 0) {
+    out += fmt::format("; parameter gathers {}, {} exposed", seconds_text(t.dp_gather_seconds),
+                       seconds_text(t.dp_gather_exposed_seconds));
+  }
+  return out + ")\n";
+}
+
 std::string time_table(const StepTime& t) {
   std::string out = fmt::format("step time on {}\n", detail::printable(t.hardware));
   const std::string fp8 = t.matmul_fp8_seconds > 0
@@ -91,6 +112,7 @@ std::string time_table(const StepTime& t) {
     out += fmt::format("  {:<40} {:>12}  (of the tensor-parallel collectives above)\n",
                        "async TP: hidden under products", seconds_text(t.tp_overlap_hidden_seconds));
   }
+  out += dp_overlap_line(t);
   out += fmt::format("  {:<40} {:>12}  (node {}, network {}; tensor parallel {})\n",
                      "exposed communication", seconds_text(t.exposed_seconds),
                      seconds_text(t.exposed_by_tier.at(LinkTier::kNode)),

@@ -54,6 +54,15 @@ nlohmann::ordered_json time_json(const StepTime& t) {
           {"tokens_per_second_per_device", t.tokens_per_second_per_device},
           {"model_flops_per_token", t.model_flops_per_token},
           {"mfu", t.mfu}};
+  j["dp_overlap"] = t.dp_overlap;
+  if (t.dp_overlap == "buckets" || t.dp_overlap == "grad-buckets") {
+    j["dp_buckets"] = {{"bucket_size", t.dp_bucket_size},
+                       {"elements", t.dp_bucket_elements},
+                       {"reduce_seconds", t.dp_reduce_seconds},
+                       {"reduce_exposed_seconds", t.dp_reduce_exposed_seconds},
+                       {"gather_seconds", t.dp_gather_seconds},
+                       {"gather_exposed_seconds", t.dp_gather_exposed_seconds}};
+  }
   if (t.dispatch_seconds > 0) {
     j["launched_ops"] = t.launched_ops;
     j["dispatch_seconds_per_op"] = t.dispatch_seconds_per_op;

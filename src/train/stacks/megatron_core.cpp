@@ -9,6 +9,9 @@ namespace {
 // --use-distributed-optimizer off (Megatron's default): the state sharded as the parameters.
 void rules_sharding(TrainPlanOptions& o) { o.optimizer_sharding = OptimizerSharding::kRules; }
 
+// --overlap-grad-reduce and --overlap-param-gather off (Megatron's defaults): exposed.
+void dp_overlap_off(TrainPlanOptions& o) { o.dp_overlap = DpOverlap::kOff; }
+
 void megatron_precision(TrainPlanOptions& o) {
   o.param_dtype = DType::kBF16;
   o.master_dtype = DType::kF32;
@@ -56,13 +59,30 @@ std::vector<StackChoice> megatron_parallelism() {
        .options = {"--async-tp"},
        .apply = no_async_tp},
       {.topic = "gradient reduction overlap",
-       .what = "--overlap-grad-reduce and --overlap-param-gather off by default; buckets "
-               "of --ddp-bucket-size",
-       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py",
-       .setting = "not modelled: data-parallel transfers are overlapped with compute as "
-                  "FSDP's are (docs/training.md, Step time)",
-       .options = {},
-       .apply = nullptr},
+       .what = "--overlap-grad-reduce and --overlap-param-gather off by default: the "
+               "gradients' all-reduce (reduce-scatter with --use-distributed-optimizer) after "
+               "the backward pass, the parameters' all-gather after the optimizer step, both "
+               "exposed. On, each bucket's reduction starts when its gradients are all ready "
+               "(the parameters taken backwards, a bucket closing at --ddp-bucket-size "
+               "elements, by default max(40000000, 1000000 x data-parallel size)), and the "
+               "next step's forward pre-hooks wait for each bucket's all-gather, dispatching "
+               "the next",
+       .source = "NVIDIA/Megatron-LM@d98e8a6 megatron/core/distributed/"
+                 "distributed_data_parallel_config.py: DistributedDataParallelConfig "
+                 "(overlap_grad_reduce, overlap_param_gather, bucket_size); megatron/core/"
+                 "distributed/distributed_data_parallel.py: DistributedDataParallel.__init__ "
+                 "(the default bucket size; none without overlap_grad_reduce); megatron/core/"
+                 "distributed/param_and_grad_buffer.py: "
+                 "_compute_default_per_buffer_param_layout, _ParamAndGradBucketGroup."
+                 "finish_param_sync; megatron/core/optimizer/distrib_optimizer.py: "
+                 "DistributedOptimizer.step_with_ready_grads; megatron/training/arguments.py "
+                 "(the flags; --overlap-param-gather asserts --overlap-grad-reduce and the "
+                 "distributed optimizer)",
+       .setting = "off, as --dp-overlap off (a run with --overlap-grad-reduce: --dp-overlap "
+                  "buckets, or grad-buckets without --overlap-param-gather under the "
+                  "distributed optimizer; --ddp-bucket-size: --dp-bucket-size)",
+       .options = {"--dp-overlap", "--dp-bucket-size"},
+       .apply = dp_overlap_off},
   };
 }
 
