@@ -322,6 +322,7 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
     }
   }
   f.zero1 = held_replicated_beside_split_state(low, args, layout, mesh);
+  f.loss_dtype = low.output_specs().at("loss").leaf().dtype;
   if (ring) {
     // The tokens' sequence dimension as the program takes them ([b, t] or [k, b, t]).
     const std::vector<NamedSharding> in = low.input_shardings();
@@ -467,6 +468,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
       .ring_rotate = o.cp_rotate.value_or(RingRotate::kPermute),
       .context_kernel = o.cp_kernel,
       .fused_loss = o.fused_loss.value_or(true),
+      .loss_dtype = o.loss_dtype,
       .compute_dtype = held == o.param_dtype ? std::nullopt : std::optional(o.param_dtype),
       .reduce_in_held = o.reduce_dtype == held,
       .reshard_after_forward = reshards_after_forward(o, layout, config.layers),
