@@ -90,14 +90,14 @@ TEST(LossDtype, TheLossInBf16IsTheFloat32LossToBf16Precision) {
   const Executor exec(1);
   const Mesh mesh = Mesh::parse("fsdp:1,tp:1", 1);
   const Tree<Array> params = uniform_parameters(c, DType::kBF16, 5, mesh, exec);
-  const auto [tokens, targets] = tokens_and_targets(Shape{2, 8}, mesh, P(), exec);
+  const std::pair<Array, Array> batch = tokens_and_targets(Shape{2, 8}, mesh, P(), exec);
   const auto run = [&](std::optional<DType> loss_dtype) {
     const train::ModelStep model{
         .config = c, .layout = train::Layout{}, .fused_loss = false, .loss_dtype = loss_dtype};
     return to_host(sjit(mesh, [&](const Tree<Array>& p, const Array& x, const Array& y) {
       auto [loss, grads] = train::loss_and_grads(model, p, x, y);
       return Tree<Array>::dict({{"grads", grads}, {"loss", Tree<Array>(loss)}});
-    })(params, tokens, targets));
+    })(params, batch.first, batch.second));
   };
   const Tree<Tensor> f32 = run(std::nullopt), bf16 = run(DType::kBF16);
   EXPECT_EQ(f32.at("loss").leaf().dtype(), DType::kF32);

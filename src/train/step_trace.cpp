@@ -449,8 +449,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   const StepArguments args = step_arguments(config, mesh, rules, o, layout);
   const bool zero1 = o.optimizer_sharding == OptimizerSharding::kZero1;
   const Optimizer optimizer = make_optimizer(o.optimizer, o.optimizer_kernel);
-  // ZeRO-1 holds the parameters in param_dtype, whole over the data axes: nothing to cast for
-  // use, gather or reshard after forward (FSDP's settings do not apply).
+  // ZeRO-1 holds param_dtype parameters whole over the data axes: no cast, gather or reshard.
   const DType held = zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype);
   const bool gather_bf16 = o.float8 && effective_float8_gather(o) == Float8Gather::kBf16;
   std::vector<std::map<std::string, PartitionSpec>> in_use =
