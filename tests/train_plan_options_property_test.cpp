@@ -312,12 +312,15 @@ struct Case {
 // the others' draws as they were: `blocks` the block settings, `kernels` the ring's rotation,
 // `overlap` async TP, `given` whether an option with nothing to apply to is kept (refused),
 // `cp_kernels` the context-parallel kernel, `float8` the float8 recipe and all-gather dtype,
-// `updates` the optimizer's kernel, `dp_overlap` the data-parallel overlap.
+// `updates` the optimizer's kernel, `dp_overlap` the data-parallel overlap, `loss` the loss's
+// dtype.
 struct Draws {
   explicit Draws(std::uint64_t seed)
       : rng(seed), blocks(seed + 1), kernels(seed + 2), overlap(seed + 3), given(seed + 4),
-        cp_kernels(seed + 5), float8(seed + 6), updates(seed + 7), dp_overlap(seed + 8) {}
-  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8, updates, dp_overlap;
+        cp_kernels(seed + 5), float8(seed + 6), updates(seed + 7), dp_overlap(seed + 8),
+        loss(seed + 9) {}
+  std::mt19937_64 rng, blocks, kernels, overlap, given, cp_kernels, float8, updates, dp_overlap,
+      loss;
 };
 
 /// --dp-overlap (own generator), with hardware only (without, it is refused: a unit test's),
@@ -396,6 +399,22 @@ void draw_kernels(Draws& d, Case& k, bool cp) {
   }
 }
 
+/// --loss-dtype (its own generator): where it cannot apply (the fused loss, logits in another
+/// dtype, T5) kept one time in 32 (refused; its refusals have their own tests,
+/// train_plan_test_loss_dtype.cpp), so that few plans move to refusals.
+void draw_loss_dtype(Draws& d, Case& k) {
+  TrainPlanOptions& o = k.o;
+  o.loss_dtype = pick(d.loss, std::vector<std::optional<DType>>{std::nullopt, std::nullopt,
+                                                                std::nullopt, DType::kF32,
+                                                                DType::kBF16});
+  if (!o.loss_dtype) return;
+  const bool t5 = k.family->json == kOneLayerT5;
+  const bool applies = !t5 && (*o.loss_dtype == DType::kF32
+                                   ? o.param_dtype != DType::kF64
+                                   : o.fused_loss == false && o.param_dtype == DType::kBF16);
+  if (!applies && std::uniform_int_distribution<int>(0, 31)(d.loss) != 0) o.loss_dtype.reset();
+}
+
 Case random_case(Draws& d) {
   std::mt19937_64 &rng = d.rng, &blocks = d.blocks;
   Case k;
@@ -450,6 +469,7 @@ Case random_case(Draws& d) {
                                        std::nullopt, std::nullopt, false, true});
   draw_kernels(d, k, cp);
   draw_dp_overlap(d, k);
+  draw_loss_dtype(d, k);
   const auto b = [](std::optional<bool> v) { return v ? (*v ? "on" : "off") : "default"; };
   const auto recipe = o.float8_recipe ? std::string(name(*o.float8_recipe)) : "default";
   const auto gather = o.float8_all_gather ? std::string(name(*o.float8_all_gather)) : "default";
@@ -467,9 +487,10 @@ Case random_case(Draws& d) {
       gather, name(o.optimizer_kernel));
   const auto dtype = [](std::optional<DType> t) { return t ? std::string(name(*t)) : "none"; };
   k.text += fmt::format(
-      " optimizer {} grad {} optimizer_dtype {} master {} reduce {} reshard_after_forward {}",
+      " optimizer {} grad {} optimizer_dtype {} master {} reduce {} reshard_after_forward {} "
+      "loss_dtype {}",
       name(o.optimizer), name(o.grad_dtype), name(o.optimizer_dtype), dtype(o.master_dtype),
-      dtype(o.reduce_dtype), o.reshard_after_forward);
+      dtype(o.reduce_dtype), o.reshard_after_forward, dtype(o.loss_dtype));
   k.text += fmt::format(" dp_overlap {} dp_bucket_size {}",
                         o.dp_overlap ? name(*o.dp_overlap) : "default", o.dp_bucket_size);
   return k;
@@ -510,6 +531,10 @@ void check_report(const TrainPlanOptions& o, const TrainPlan& p) {
   const std::string text = p.table();
   EXPECT_THAT(text, ::testing::HasSubstr(p.fused_attention ? "attention fused" : "attention naive"));
   EXPECT_THAT(text, ::testing::HasSubstr(p.fused_loss ? "loss fused" : "loss naive"));
+  // The loss's dtype, read from the program, said where it is not f32.
+  EXPECT_EQ(text.find(fmt::format("loss {} in ", p.fused_loss ? "fused" : "naive")) !=
+                std::string::npos,
+            p.loss_dtype != DType::kF32);
   EXPECT_THAT(text, ::testing::HasSubstr(p.sequence_parallel ? "sequence parallel on"
                                                              : "sequence parallel off"));
   EXPECT_EQ(text.find("context parallel over") != std::string::npos, !p.context_axes.empty());
@@ -536,6 +561,7 @@ void check_report(const TrainPlanOptions& o, const TrainPlan& p) {
   EXPECT_EQ(j["optimizer_kernel"], p.optimizer_kernel);
   EXPECT_EQ(j["attention"], p.fused_attention ? "fused" : "naive");
   EXPECT_EQ(j["loss"], p.fused_loss ? "fused" : "naive");
+  EXPECT_EQ(j["loss_dtype"], name(p.loss_dtype));
   if (p.float8) {
     EXPECT_EQ(j["float8_recipe"], p.float8_recipe);
     EXPECT_EQ(j["float8_all_gather"], p.float8_all_gather);
@@ -566,6 +592,11 @@ void check_plan(const Case& k, const Mesh& mesh, const TrainPlan& p) {
   }
   if (o.fused_loss) {
     EXPECT_EQ(p.fused_loss, *o.fused_loss);
+  }
+  // The loss in the dtype asked for (it applies only to the naive loss on logits no wider).
+  if (o.loss_dtype) {
+    EXPECT_FALSE(*o.loss_dtype == DType::kBF16 && p.fused_loss);
+    EXPECT_EQ(p.loss_dtype, *o.loss_dtype);
   }
   EXPECT_EQ(p.float8, p.matmul_fp8_flops > 0);
   EXPECT_EQ(p.float8, o.float8);
@@ -661,6 +692,10 @@ void check_applied_changes(const Case& k, const ModelConfig& c, const Mesh& mesh
   if (p.optimizer_kernel != "ops") {
     without([](TrainPlanOptions& o) { o.optimizer_kernel = OptimizerKernel::kOps; },
             "the optimizer's kernel");
+  }
+  // The loss on the bf16 logits holds no f32 copy of them: without it the program differs.
+  if (!p.fused_loss && k.o.loss_dtype == DType::kBF16) {
+    without([](TrainPlanOptions& o) { o.loss_dtype.reset(); }, "the loss on bf16 logits");
   }
   if (p.float8) {
     without([](TrainPlanOptions& o) {

@@ -307,6 +307,14 @@ struct TrainPlanOptions {
   /// whole logits; not a sequence that splits into no groups); true where it cannot apply is an
   /// OptionError.
   std::optional<bool> fused_loss;
+  /// The dtype the naive loss's log-softmax reads the logits in (--loss-dtype): kF32, a float32
+  /// copy of the [tokens, vocab] logits (cross_entropy(logits.float(), labels)); kBF16, the bf16
+  /// logits as the head computes them (F.cross_entropy on them: log-probabilities and their
+  /// gradient in bf16). nullopt: f32 (the logits' own dtype when wider). Where it cannot apply
+  /// it is an OptionError: bf16 with the fused loss or logits other than bf16 (--param-dtype),
+  /// f32 of f64 logits, either with T5 (whose step reads its logits as computed); set by a
+  /// stack, it is that stack's default there.
+  std::optional<DType> loss_dtype;
   /// Attention as dot_product_attention (no [t, t] scores; --attention fused), or the scores,
   /// mask and softmax as ops (--attention naive). nullopt: fused where the family has it (not
   /// T5, whose attention with its relative position bias runs as ops); true for T5 and false
@@ -451,6 +459,11 @@ struct TrainPlan {
   /// when it gathers no argument; empty without float8.
   std::string float8_all_gather;
   bool fused_loss = true;
+  /// The dtype the loss ran in, read from the program (the dtype of the loss it returns, that of
+  /// the log-probabilities its cross-entropy reads the targets from): f32 with a float32 copy of
+  /// the logits or the fused loss's f32 groups, bf16 when the logits are read as computed
+  /// (TrainPlanOptions::loss_dtype; T5's step).
+  DType loss_dtype = DType::kF32;
   bool fused_attention = true;
   bool eager = false;  // TrainPlanOptions::eager
   /// "fused" when the program updates the parameters with adamw_update, "foreach" with

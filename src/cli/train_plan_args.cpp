@@ -233,6 +233,11 @@ TrainPlanCommand& add_train_plan_command(CLI::App& app, TrainPlanCommand& c,
                 "fused: the LM head and the loss in groups of tokens (the logits never whole); "
                 "naive: the logits whole, then the loss. Default: fused where the tokens split "
                 "into groups (T5: naive; fused is refused)");
+  t->add_option("--loss-dtype", c.loss_dtype,
+                "f32: the naive loss on a float32 copy of the logits (cross_entropy(logits.float(), "
+                "labels)); bf16: on the bf16 logits as computed, no copy (F.cross_entropy on "
+                "them). Default: f32")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   t->add_option("--sequence-parallel", c.sequence_parallel,
                 "on or off: split the layers' norm and residual regions along the sequence over "
                 "the tensor-parallel axes (Megatron's sequence parallelism; the rules' "

@@ -396,6 +396,8 @@ TrainPlanOptions plan_options(const TrainPlanCommand& c) {
   }
   if (given("--reshard-last-block")) o.reshard_last_block = c.reshard_last_block;
   o.fused_loss = fused_option("--loss", c.loss);
+  parse_given(c, "--loss-dtype", c.loss_dtype, o.loss_dtype,
+              [](const std::string& v) { return std::optional<DType>(parse_dtype(v)); });
   o.fused_attention = fused_option("--attention", c.attention);
   if (!c.batch_axes.empty() || given("--batch-axes")) {
     o.batch_axes = batch_axes_option(c.batch_axes);

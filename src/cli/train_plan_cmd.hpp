@@ -40,6 +40,7 @@ struct TrainPlanCommand {
   std::string remat_blocks;  // --remat-blocks; empty: not given
   bool reshard_last_block = true;  // --[no-]reshard-last-block, when given
   std::string loss;       // "fused", "naive"; empty: not given (the family's)
+  std::string loss_dtype;  // --loss-dtype "f32", "bf16"; empty: not given (f32)
   std::string attention;  // "fused", "naive"; empty: not given (the family's)
   std::string sequence_parallel;  // "on", "off"; empty: the rules decide
   std::string batch_axes;

@@ -531,9 +531,11 @@ Array ModelStep::loss(const Tree<Array>& rest, const Array& h, const Array& targ
   if (fused_loss) return mean(linear_cross_entropy(x, head, targets));
   // The logits whole (soft-capped in their dtype, as transformers' Gemma2ForCausalLM), taken to
   // f32 for the softmax (as PyTorch training code does: cross_entropy(logits.float(), labels)),
-  // as linear_cross_entropy does group by group.
+  // as linear_cross_entropy does group by group; or read as they are (loss_dtype their dtype:
+  // F.cross_entropy on the bf16 logits, whose log_softmax writes and keeps bf16).
   const Array logits = soft_cap(linear(x, head), config.logit_softcap);
-  const DType wide = logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  const DType wide =
+      loss_dtype.value_or(logits.dtype() == DType::kF64 ? DType::kF64 : DType::kF32);
   const Array wide_logits = eager_cast(logits, wide);
   // With tensor parallelism the head's output is split along the vocabulary and the loss runs as
   // DTensor's loss_parallel (torchtitan's default), which holds one more copy of the logits.

@@ -98,6 +98,10 @@ struct ModelStep {
   /// The head and the loss as linear_cross_entropy (groups of tokens, the logits never whole);
   /// false: the logits whole, then cross_entropy.
   bool fused_loss = true;
+  /// The naive loss's log-softmax reads the logits in this dtype (TrainPlanOptions::loss_dtype):
+  /// a copy in it when it is wider than the logits, the logits as they are when equal. nullopt:
+  /// f32 (f64 for f64 logits).
+  std::optional<DType> loss_dtype = std::nullopt;
   /// Mixed precision: the weights, held in another dtype, cast to this one where they are used
   /// (each layer's inside its checkpoint, so that the backward pass casts and gathers them
   /// again, as FSDP2 does per layer). `reduce_in_held`: their gradients' sums reduced in the

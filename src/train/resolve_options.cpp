@@ -80,6 +80,15 @@ constexpr OptionRefusal kRefusals[] = {
       {"--dp-overlap buckets, grad-buckets",
        "rules that split a parameter over a batch or context axis of more than one device, "
        "without --optimizer-sharding zero1 (FSDP gathers layer by layer: --dp-overlap fsdp)"},
+      {"--loss-dtype",
+       "a family whose step reads its logits as computed (T5) (unless a --stack sets it: then "
+       "it is that stack's default)"},
+      {"--loss-dtype bf16",
+       "the fused loss (--loss fused, or --loss not given where it applies), which takes each "
+       "group's logits to f32 (unless a --stack sets it: then it is that stack's default)"},
+      {"--loss-dtype",
+       "logits in a wider dtype (--param-dtype): bf16 of f32 or f64 logits, f32 of f64 (unless "
+       "a --stack sets it: then it is that stack's default)"},
 };
 static_assert(std::size(kRefusals) == static_cast<std::size_t>(train::Refusal::kCount),
               "one entry per train::Refusal, in its order");
@@ -378,6 +387,42 @@ void resolve_context(const ModelConfig& config, const Mesh& mesh, const Layout& 
   }
 }
 
+// --loss-dtype: the dtype the naive loss reads the logits in. Only a widening or the logits'
+// own dtype (a stack's value that cannot apply is its default there: nullopt).
+std::optional<DType> resolve_loss_dtype(const ModelConfig& config, const TrainPlanOptions& o,
+                                        bool fused_loss) {
+  if (!o.loss_dtype) return std::nullopt;
+  const DType want = *o.loss_dtype;
+  const bool by_stack = stack_sets(o, "--loss-dtype");
+  // The logits are computed in --param-dtype (the head cast to it under mixed precision).
+  const DType logits = o.param_dtype;
+  if (!support_of(config).fused_loss) {  // its step is traced whole (T5: cross_entropy on them)
+    if (by_stack) return std::nullopt;
+    refuse(Refusal::kLossDtypeFamily,
+           fmt::format("--loss-dtype {}: {}, whose step computes the cross-entropy on its logits "
+                       "as the head makes them ({}): plan it without --loss-dtype",
+                       name(want), model_text(config), name(logits)));
+  }
+  if (want == DType::kBF16 && fused_loss) {
+    if (by_stack) return std::nullopt;
+    refuse(Refusal::kLossDtypeFused,
+           fmt::format("--loss-dtype bf16 with {}: linear_cross_entropy takes each group's "
+                       "logits to f32 inside its kernel, so no bf16 copy of the logits exists to "
+                       "read: plan it with --loss naive",
+                       o.fused_loss ? "--loss fused" : "the fused loss (--loss not given)"));
+  }
+  const auto width = [](DType d) { return d == DType::kF64 ? 8 : d == DType::kF32 ? 4 : 2; };
+  if (width(want) < width(logits) || (width(want) == width(logits) && want != logits)) {
+    if (by_stack) return std::nullopt;
+    refuse(Refusal::kLossDtypeLogits,
+           fmt::format("--loss-dtype {} with --param-dtype {}: the logits are computed in {}, "
+                       "and the loss reads them as they are or in a wider copy: plan it with "
+                       "--loss-dtype {} or without it",
+                       name(want), name(logits), name(logits), name(logits)));
+  }
+  return want;
+}
+
 // Async TP decomposes the column/row-parallel modules' collectives over the tensor-parallel
 // group; PyTorch does it in an inductor pass (torch._inductor.config._micro_pipeline_tp), so
 // torchtitan requires torch.compile (torchtitan/config/configs.py CompileConfig.__post_init__:
@@ -420,6 +465,7 @@ TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, co
                        t));
   }
   r.fused_loss = o.fused_loss.value_or(can.fused_loss && groups && config.logit_softcap == 0);
+  r.loss_dtype = resolve_loss_dtype(config, o, *r.fused_loss);
 
   // Sequence parallelism: the axes activation_norm_length maps to, less the context axes (the
   // sequence's split over those is context parallelism's).

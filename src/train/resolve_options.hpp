@@ -56,6 +56,9 @@ enum class Refusal : std::size_t {
   kDpBucketSizeWithoutBuckets,
   kDpGradBucketsWithoutZero1,
   kDpBucketsSharded,
+  kLossDtypeFamily,
+  kLossDtypeFused,
+  kLossDtypeLogits,
   kCount
 };
 
@@ -87,8 +90,9 @@ Float8Gather effective_float8_gather(const TrainPlanOptions& o);
 void check_options(const ModelConfig& config, const TrainPlanOptions& o);
 
 /// The options as the step will run them on `layout`: fused_attention and fused_loss decided
-/// where not given, sequence_parallel decided (off where the sequence cannot split), and every
-/// option that cannot apply on this mesh refused (OptionError).
+/// where not given, sequence_parallel decided (off where the sequence cannot split), a stack's
+/// loss_dtype dropped where it cannot apply, and every option that cannot apply on this mesh
+/// refused (OptionError).
 TrainPlanOptions resolve_options(const ModelConfig& config, const Mesh& mesh, const Layout& layout,
                                  const TrainPlanOptions& o);
 

@@ -175,6 +175,11 @@ void require_stack_defaults(std::string_view stack, const TrainPlanOptions& o, u
   if (o.fused_loss != d.fused_loss) {
     refuse("--loss", on(o.fused_loss, "fused", "naive"), on(d.fused_loss, "fused", "naive"));
   }
+  // No stack's config has a key for the loss's dtype (torchtitan's .toml casts in its code).
+  if (o.loss_dtype.value_or(DType::kF32) != d.loss_dtype.value_or(DType::kF32)) {
+    refuse("--loss-dtype", std::string(name(o.loss_dtype.value_or(DType::kF32))),
+           fmt::format("the loss in {}", name(d.loss_dtype.value_or(DType::kF32))));
+  }
   if (o.fused_attention != d.fused_attention) {
     refuse("--attention", on(o.fused_attention, "fused", "naive"),
            on(d.fused_attention, "fused", "naive"));

@@ -331,6 +331,7 @@ ProgramFacts read_facts(const Lowered& low, const StepArguments& args, const Lay
     }
   }
   f.zero1 = held_replicated_beside_split_state(low, args, layout, mesh);
+  f.loss_dtype = low.output_specs().at("loss").leaf().dtype;
   if (ring) {
     // The tokens' sequence dimension as the program takes them ([b, t] or [k, b, t]).
     const std::vector<NamedSharding> in = low.input_shardings();
@@ -457,8 +458,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
   const StepArguments args = step_arguments(config, mesh, rules, o, layout);
   const bool zero1 = o.optimizer_sharding == OptimizerSharding::kZero1;
   const Optimizer optimizer = make_optimizer(o.optimizer, o.optimizer_kernel);
-  // ZeRO-1 holds the parameters in param_dtype, whole over the data axes: nothing to cast for
-  // use, gather or reshard after forward (FSDP's settings do not apply).
+  // ZeRO-1 holds param_dtype parameters whole over the data axes: no cast, gather or reshard.
   const DType held = zero1 ? o.param_dtype : o.master_dtype.value_or(o.param_dtype);
   const bool gather_bf16 = o.float8 && effective_float8_gather(o) == Float8Gather::kBf16;
   std::vector<std::map<std::string, PartitionSpec>> in_use =
@@ -476,6 +476,7 @@ TracedStep trace_step(const ModelConfig& config, const Mesh& mesh, const RulePtr
       .ring_rotate = o.cp_rotate.value_or(RingRotate::kPermute),
       .context_kernel = o.cp_kernel,
       .fused_loss = o.fused_loss.value_or(true),
+      .loss_dtype = o.loss_dtype,
       .compute_dtype = held == o.param_dtype ? std::nullopt : std::optional(o.param_dtype),
       .reduce_in_held = o.reduce_dtype == held,
       .reshard_after_forward = reshards_after_forward(o, layout, config.layers),

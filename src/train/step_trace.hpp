@@ -19,6 +19,9 @@ namespace shardplan::train {
 struct ProgramFacts {
   bool fused_attention = false;  // it holds the fused attention primitive ("attention")
   bool fused_loss = false;       // it holds linear_cross_entropy's ops (their named scope)
+  /// The dtype of the loss it returns (its "loss" output): that of the log-probabilities its
+  /// cross-entropy reads the targets from (the logits' copy, or the logits as computed).
+  DType loss_dtype = DType::kF32;
   bool float8 = false;           // it holds float8 products ("scaled_dot")
   /// With float8, its products' scales: "tensorwise" (all scalars), "rowwise" (all per row),
   /// "rowwise_with_gw_hp" (a product with one of each: rowwise_with_gw_hp's dx). Empty: none.

@@ -518,6 +518,7 @@ TrainPlan plan_training(const ModelConfig& config, const Mesh& mesh, const RuleP
   // What the program ran, read from it (never the options).
   plan.fused_attention = facts.fused_attention;
   plan.fused_loss = facts.fused_loss;
+  plan.loss_dtype = facts.loss_dtype;
   plan.optimizer_kernel = facts.optimizer_kernel;
   plan.optimizer_sharding = facts.zero1 ? "zero1" : "rules";
   plan.float8 = facts.float8;

@@ -297,7 +297,11 @@ std::string TrainPlan::table() const {
           : fmt::format("{} (reduced in {})", name(grad_dtype), name(reduce_dtype)),
       name(optimizer_dtype),
       remat_text(),
-      fused_attention ? "fused" : "naive", fused_loss ? "fused" : "naive",
+      fused_attention ? "fused" : "naive",
+      // The dtype it ran in, read from the program, said where it is not the default's f32.
+      fmt::format("{}{}", fused_loss ? "fused" : "naive",
+                  loss_dtype == DType::kF32 ? std::string()
+                                            : fmt::format(" in {}", name(loss_dtype))),
       sequence_parallel ? fmt::format("on (over {})", detail::printable(fmt::format(
                                                           "{}", fmt::join(sequence_axes, ", "))))
                         : "off");

@@ -175,6 +175,7 @@ nlohmann::ordered_json to_json(const TrainPlan& p) {
   j["float8_all_gather"] =
       p.float8 ? nlohmann::ordered_json(p.float8_all_gather) : nlohmann::ordered_json();
   j["loss"] = p.fused_loss ? "fused" : "naive";
+  j["loss_dtype"] = name(p.loss_dtype);
   j["attention"] = p.fused_attention ? "fused" : "naive";
   j["eager"] = p.eager;
   j["optimizer_kernel"] = p.optimizer_kernel;

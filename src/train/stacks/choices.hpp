@@ -45,6 +45,10 @@ inline void full_remat(TrainPlanOptions& o) { o.remat = parse_remat("full"); }
 inline void no_remat(TrainPlanOptions& o) { o.remat = parse_remat("none"); }
 inline void compiled(TrainPlanOptions& o) { o.eager = false; }
 inline void naive_loss(TrainPlanOptions& o) { o.fused_loss = false; }
+/// The naive loss on the bf16 logits as computed, no float32 copy (--loss-dtype bf16), or on a
+/// float32 copy of them (--loss-dtype f32).
+inline void bf16_loss(TrainPlanOptions& o) { o.loss_dtype = DType::kBF16; }
+inline void f32_copy_loss(TrainPlanOptions& o) { o.loss_dtype = DType::kF32; }
 inline void fused_attention(TrainPlanOptions& o) { o.fused_attention = true; }
 inline void own_units(TrainPlanOptions& o) { o.fsdp_root = false; }
 inline void reshard_after_forward(TrainPlanOptions& o) { o.reshard_after_forward = true; }

@@ -57,11 +57,15 @@ const TrainingStack& fms_fsdp() {
             .options = {"--loss"},
             .apply = naive_loss},
            {.topic = "loss dtype",
-            .what = "the cross-entropy reads the bfloat16 logits",
-            .source = "foundation-model-stack/fms-fsdp@5a296af fms_fsdp/utils/train_utils.py",
-            .setting = "not modelled: the naive loss is planned on a float32 copy of the logits",
-            .options = {},
-            .apply = nullptr},
+            .what = "CrossEntropyLoss reads the bfloat16 logits fms's LLaMA head returns (no "
+                    "float32 cast): its log_softmax keeps bfloat16 log-probabilities, its "
+                    "gradient bfloat16",
+            .source = "foundation-model-stack/fms-fsdp@5a296af fms_fsdp/utils/train_utils.py: "
+                      "train; foundation-model-stack/foundation-model-stack@062adf6 "
+                      "fms/models/llama.py: LLaMA.forward (preds = self.head(output))",
+            .setting = "--loss-dtype bf16",
+            .options = {"--loss-dtype"},
+            .apply = bf16_loss},
            {.topic = "optimizer",
             .what = "torch.optim.AdamW(betas=(0.9, 0.95), weight_decay=0.1), torch's default "
                     "kernel (foreach on CUDA)",

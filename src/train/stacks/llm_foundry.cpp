@@ -45,11 +45,18 @@ const TrainingStack& llm_foundry() {
             .options = {"--loss"},
             .apply = naive_loss},
            {.topic = "loss dtype",
-            .what = "the loss kernel reads the bfloat16 logits",
-            .source = "mosaicml/llm-foundry@8c8dd48 llmfoundry/models/mpt/modeling_mpt.py",
-            .setting = "not modelled: the naive loss is planned on a float32 copy of the logits",
-            .options = {},
-            .apply = nullptr},
+            .what = "flash-attn's kernel reads the bfloat16 logits (no float32 copy): it keeps "
+                    "them and a float32 log-sum-exp per token for its backward pass and writes "
+                    "the gradient in bfloat16 in one pass (planned as torch's cross_entropy on "
+                    "bfloat16: the log-probabilities kept in bfloat16, the backward pass's two "
+                    "bfloat16 arrays)",
+            .source = "mosaicml/llm-foundry@8c8dd48 llmfoundry/models/mpt/modeling_mpt.py: "
+                      "compute_loss_from_logits; Dao-AILab/flash-attention "
+                      "flash_attn/ops/triton/cross_entropy.py: CrossEntropyLossFunction "
+                      "(save_for_backward(logits, lse, labels))",
+            .setting = "--loss-dtype bf16",
+            .options = {"--loss-dtype"},
+            .apply = bf16_loss},
            {.topic = "optimizer",
             .what = "decoupled_adamw (Composer's DecoupledAdamW, a loop over the parameters)",
             .source = "mosaicml/llm-foundry@8c8dd48 scripts/train/yamls/pretrain/mpt-7b.yaml: "

@@ -114,19 +114,21 @@ const TrainingStack& torchtitan_2024_07() {
                  "apply_tp; torchtitan/config_manager.py: --training.enable_loss_parallel "
                  "(default True)"),
           {{.topic = "loss",
-            .what = "cross_entropy(pred.flatten(0, 1), labels) on the bfloat16 logits as they "
-                    "are (the float32 cast came later)",
+            .what = "cross_entropy(pred.flatten(0, 1), labels) on the whole logits the model "
+                    "returns",
             .source = "pytorch/torchtitan@40f79d7 train.py: loss_fn",
             .setting = "--loss naive",
             .options = {"--loss"},
             .apply = naive_loss},
            {.topic = "loss dtype",
-            .what = "the cross-entropy reads the bfloat16 logits (no float32 copy)",
-            .source = "pytorch/torchtitan@40f79d7 train.py: loss_fn",
-            .setting = "not modelled: the naive loss is planned on a float32 copy of the logits "
-                       "(one more copy of [tokens, vocab] at the loss)",
-            .options = {},
-            .apply = nullptr},
+            .what = "the model's forward casts the head's bfloat16 output to float32 (output = "
+                    "self.output(h).float()), so the cross-entropy reads a float32 copy of the "
+                    "logits (moved into the loss function by e10cb94, 2024-10-22)",
+            .source = "pytorch/torchtitan@40f79d7 torchtitan/models/llama/model.py: "
+                      "Transformer.forward",
+            .setting = "--loss-dtype f32",
+            .options = {"--loss-dtype"},
+            .apply = f32_copy_loss},
            float8_tensorwise(
                false,
                "with --float8.enable_float8_linear: torchao's Float8Linear, dynamic tensorwise "
