@@ -45,6 +45,7 @@
 #include "shardplan/tensor_spec.hpp"
 #include "shardplan/train_plan.hpp"
 #include "shardplan/train_plan_html.hpp"
+#include "shardplan/train_step_time.hpp"
 #include "shardplan/training_stack.hpp"
 #include "shardplan/tree.hpp"
 #include "shardplan/tree_struct.hpp"

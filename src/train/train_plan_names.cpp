@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardplan/detail/printable.hpp"
 #include "shardplan/error.hpp"
@@ -69,158 +70,110 @@ std::string remat_name(const std::optional<RematPolicy>& policy) {
   }
 }
 
-TpPlan parse_tp_plan(std::string_view n) {
-  if (n == "partitioner") return TpPlan::kPartitioner;
-  if (n == "modules") return TpPlan::kModules;
-  throw SpecError(fmt::format("[train] unknown tensor-parallel plan '{}' (known: partitioner, "
-                              "modules)",
-                              detail::printable(n)));
+namespace {
+// An option's value and its name, as the CLI, the stacks and the report spell it.
+template <class E>
+struct Named {
+  E value;
+  std::string_view name;
+};
+
+// Each enum's values by name, in the order an unknown name's error lists them.
+constexpr Named<TpPlan> kTpPlans[] = {{TpPlan::kPartitioner, "partitioner"},
+                                      {TpPlan::kModules, "modules"}};
+constexpr Named<RingRotate> kRingRotates[] = {{RingRotate::kPermute, "permute"},
+                                              {RingRotate::kAllGather, "allgather"}};
+constexpr Named<ContextKernel> kContextKernels[] = {{ContextKernel::kRing, "ring"},
+                                                    {ContextKernel::kAllGatherKv, "allgather-kv"},
+                                                    {ContextKernel::kUlysses, "ulysses"}};
+constexpr Named<Float8Scaling> kFloat8Recipes[] = {
+    {Float8Scaling::kTensorwise, "tensorwise"},
+    {Float8Scaling::kRowwise, "rowwise"},
+    {Float8Scaling::kRowwiseWithGwHp, "rowwise_with_gw_hp"}};
+constexpr Named<Float8Gather> kFloat8Gathers[] = {{Float8Gather::kFloat8, "float8"},
+                                                  {Float8Gather::kBf16, "bf16"}};
+constexpr Named<OptimizerKernel> kOptimizerKernels[] = {{OptimizerKernel::kOps, "ops"},
+                                                        {OptimizerKernel::kFused, "fused"},
+                                                        {OptimizerKernel::kForeach, "foreach"}};
+constexpr Named<OptimizerSharding> kOptimizerShardings[] = {{OptimizerSharding::kRules, "rules"},
+                                                            {OptimizerSharding::kZero1, "zero1"}};
+constexpr Named<DpOverlap> kDpOverlaps[] = {{DpOverlap::kFsdp, "fsdp"},
+                                            {DpOverlap::kOff, "off"},
+                                            {DpOverlap::kBuckets, "buckets"},
+                                            {DpOverlap::kGradBuckets, "grad-buckets"}};
+constexpr Named<OptimizerKind> kOptimizers[] = {{OptimizerKind::kSgd, "sgd"},
+                                                {OptimizerKind::kAdam, "adam"},
+                                                {OptimizerKind::kAdamw, "adamw"}};
+
+template <class E, std::size_t N>
+std::string_view name_in(const Named<E> (&table)[N], E value) {
+  for (const Named<E>& n : table) {
+    if (n.value == value) return n.name;
+  }
+  return table[0].name;  // not reached: every value is in its table (tested)
 }
 
-std::string_view name(TpPlan plan) {
-  return plan == TpPlan::kModules ? "modules" : "partitioner";
+// The value named `text`, or SpecError "[train] unknown WHAT 'TEXT' (known: a, b, cNOTE)".
+template <class E, std::size_t N>
+E parse_in(const Named<E> (&table)[N], std::string_view text, std::string_view what,
+           std::string_view note = {}) {
+  std::vector<std::string_view> names;
+  for (const Named<E>& n : table) {
+    if (n.name == text) return n.value;
+    names.push_back(n.name);
+  }
+  throw SpecError(fmt::format("[train] unknown {} '{}' (known: {}{})", what,
+                              detail::printable(text), fmt::join(names, ", "), note));
 }
+}  // namespace
+
+TpPlan parse_tp_plan(std::string_view n) {
+  return parse_in(kTpPlans, n, "tensor-parallel plan");
+}
+std::string_view name(TpPlan plan) { return name_in(kTpPlans, plan); }
 
 RingRotate parse_ring_rotate(std::string_view n) {
-  if (n == "permute") return RingRotate::kPermute;
-  if (n == "allgather") return RingRotate::kAllGather;
-  throw SpecError(fmt::format("[train] unknown ring rotation '{}' (known: permute, allgather; "
-                              "PyTorch's \"alltoall\" rotate method is permute)",
-                              detail::printable(n)));
+  return parse_in(kRingRotates, n, "ring rotation",
+                  "; PyTorch's \"alltoall\" rotate method is permute");
 }
-
-std::string_view name(RingRotate rotate) {
-  return rotate == RingRotate::kAllGather ? "allgather" : "permute";
-}
+std::string_view name(RingRotate rotate) { return name_in(kRingRotates, rotate); }
 
 ContextKernel parse_context_kernel(std::string_view n) {
-  for (const ContextKernel k :
-       {ContextKernel::kRing, ContextKernel::kAllGatherKv, ContextKernel::kUlysses}) {
-    if (n == name(k)) return k;
-  }
-  throw SpecError(fmt::format("[train] unknown context-parallel kernel '{}' (known: ring, "
-                              "allgather-kv, ulysses)",
-                              detail::printable(n)));
+  return parse_in(kContextKernels, n, "context-parallel kernel");
 }
-
-std::string_view name(ContextKernel kernel) {
-  switch (kernel) {
-    case ContextKernel::kAllGatherKv:
-      return "allgather-kv";
-    case ContextKernel::kUlysses:
-      return "ulysses";
-    case ContextKernel::kRing:
-      break;
-  }
-  return "ring";
-}
+std::string_view name(ContextKernel kernel) { return name_in(kContextKernels, kernel); }
 
 Float8Scaling parse_float8_recipe(std::string_view n) {
-  for (const Float8Scaling s :
-       {Float8Scaling::kTensorwise, Float8Scaling::kRowwise, Float8Scaling::kRowwiseWithGwHp}) {
-    if (n == name(s)) return s;
-  }
-  throw SpecError(fmt::format("[train] unknown float8 recipe '{}' (known: tensorwise, rowwise, "
-                              "rowwise_with_gw_hp: torchao's Float8LinearRecipeName)",
-                              detail::printable(n)));
+  return parse_in(kFloat8Recipes, n, "float8 recipe", ": torchao's Float8LinearRecipeName");
 }
-
-std::string_view name(Float8Scaling scaling) {
-  switch (scaling) {
-    case Float8Scaling::kRowwise:
-      return "rowwise";
-    case Float8Scaling::kRowwiseWithGwHp:
-      return "rowwise_with_gw_hp";
-    case Float8Scaling::kTensorwise:
-      break;
-  }
-  return "tensorwise";
-}
+std::string_view name(Float8Scaling scaling) { return name_in(kFloat8Recipes, scaling); }
 
 Float8Gather parse_float8_gather(std::string_view n) {
-  if (n == "float8") return Float8Gather::kFloat8;
-  if (n == "bf16") return Float8Gather::kBf16;
-  throw SpecError(fmt::format("[train] unknown float8 all-gather dtype '{}' (known: float8, bf16)",
-                              detail::printable(n)));
+  return parse_in(kFloat8Gathers, n, "float8 all-gather dtype");
 }
-
-std::string_view name(Float8Gather gather) {
-  return gather == Float8Gather::kBf16 ? "bf16" : "float8";
-}
+std::string_view name(Float8Gather gather) { return name_in(kFloat8Gathers, gather); }
 
 OptimizerKernel parse_optimizer_kernel(std::string_view n) {
-  if (n == "ops") return OptimizerKernel::kOps;
-  if (n == "fused") return OptimizerKernel::kFused;
-  if (n == "foreach") return OptimizerKernel::kForeach;
-  throw SpecError(fmt::format("[train] unknown optimizer kernel '{}' (known: ops, fused, foreach)",
-                              detail::printable(n)));
+  return parse_in(kOptimizerKernels, n, "optimizer kernel");
 }
-
-std::string_view name(OptimizerKernel kernel) {
-  switch (kernel) {
-    case OptimizerKernel::kFused:
-      return "fused";
-    case OptimizerKernel::kForeach:
-      return "foreach";
-    case OptimizerKernel::kOps:
-      break;
-  }
-  return "ops";
-}
+std::string_view name(OptimizerKernel kernel) { return name_in(kOptimizerKernels, kernel); }
 
 OptimizerSharding parse_optimizer_sharding(std::string_view n) {
-  if (n == "rules") return OptimizerSharding::kRules;
-  if (n == "zero1") return OptimizerSharding::kZero1;
-  throw SpecError(fmt::format("[train] unknown optimizer sharding '{}' (known: rules, zero1)",
-                              detail::printable(n)));
+  return parse_in(kOptimizerShardings, n, "optimizer sharding");
 }
-
 std::string_view name(OptimizerSharding sharding) {
-  return sharding == OptimizerSharding::kZero1 ? "zero1" : "rules";
+  return name_in(kOptimizerShardings, sharding);
 }
 
 DpOverlap parse_dp_overlap(std::string_view n) {
-  if (n == "fsdp") return DpOverlap::kFsdp;
-  if (n == "off") return DpOverlap::kOff;
-  if (n == "buckets") return DpOverlap::kBuckets;
-  if (n == "grad-buckets") return DpOverlap::kGradBuckets;
-  throw SpecError(fmt::format(
-      "[train] unknown data-parallel overlap '{}' (known: fsdp, off, buckets, grad-buckets)",
-      detail::printable(n)));
+  return parse_in(kDpOverlaps, n, "data-parallel overlap");
 }
-
-std::string_view name(DpOverlap overlap) {
-  switch (overlap) {
-    case DpOverlap::kFsdp:
-      return "fsdp";
-    case DpOverlap::kOff:
-      return "off";
-    case DpOverlap::kBuckets:
-      return "buckets";
-    case DpOverlap::kGradBuckets:
-      return "grad-buckets";
-  }
-  return "fsdp";
-}
+std::string_view name(DpOverlap overlap) { return name_in(kDpOverlaps, overlap); }
 
 OptimizerKind parse_optimizer(std::string_view n) {
-  if (n == "sgd") return OptimizerKind::kSgd;
-  if (n == "adam") return OptimizerKind::kAdam;
-  if (n == "adamw") return OptimizerKind::kAdamw;
-  throw SpecError(fmt::format("[train] unknown optimizer '{}' (known: sgd, adam, adamw)", n));
+  return parse_in(kOptimizers, n, "optimizer");
 }
-
-std::string_view name(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd:
-      return "sgd";
-    case OptimizerKind::kAdam:
-      return "adam";
-    case OptimizerKind::kAdamw:
-      break;
-  }
-  return "adamw";
-}
+std::string_view name(OptimizerKind kind) { return name_in(kOptimizers, kind); }
 
 std::int64_t parse_bytes(std::string_view text) {
   const auto fail = [&](std::string_view why) -> std::int64_t {
