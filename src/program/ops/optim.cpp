@@ -66,6 +66,18 @@ void check_adam_trees(const Tree<Array>& grads, const Tree<Array>& state,
   }
 }
 
+// Each leaf's decoupled weight decay, in leaf order: c.weight_decay where `decay_paths` select
+// its path (all when none are given), else 0.
+std::vector<double> leaf_decays(const Tree<Array>& params, const AdamConstants& c,
+                                const std::vector<std::string>& decay_paths) {
+  const PathPatterns decay(decay_paths);  // validated by adamw()
+  std::vector<double> wd;
+  for (const std::string& path : params.paths()) {
+    wd.push_back(decays(c.weight_decay, decay_paths, decay, path) ? c.weight_decay : 0.0);
+  }
+  return wd;
+}
+
 // One adamw_update per leaf (Optimizer::fused): its three results read the leaf's four arrays
 // once. Returns the new parameters; the new moments go into `next`.
 Tree<Array> fused_adam(const Tree<Array>& grads, const Tree<Array>& state,
@@ -75,21 +87,18 @@ Tree<Array> fused_adam(const Tree<Array>& grads, const Tree<Array>& state,
   const Tree<Array>& mu = state.at("mu");
   const Tree<Array>& nu = state.at("nu");
   check_adam_trees(grads, state, params);
-  const auto g = grads.leaves(), m = mu.leaves(), v = nu.leaves();
-  const PathPatterns decay(decay_paths);  // validated by adamw()
-  std::vector<Array> new_mu(m.size()), new_nu(v.size());
-  std::size_t j = 0;
-  Tree<Array> new_params = params.map_with_path([&](const std::string& path, const Array& p) {
-    const double wd = decays(c.weight_decay, decay_paths, decay, path) ? c.weight_decay : 0.0;
-    AdamwUpdate u = adamw_update(p, g[j], m[j], v[j], s.lr, s.count, c.b1, c.b2, c.eps, wd);
-    new_mu[j] = std::move(u.mu);
-    new_nu[j] = std::move(u.nu);
-    ++j;
-    return u.param;
-  });
+  const auto p = params.leaves(), g = grads.leaves(), m = mu.leaves(), v = nu.leaves();
+  const std::vector<double> wd = leaf_decays(params, c, decay_paths);
+  std::vector<Array> new_params, new_mu, new_nu;
+  for (std::size_t j = 0; j < p.size(); ++j) {
+    AdamwUpdate u = adamw_update(p[j], g[j], m[j], v[j], s.lr, s.count, c.b1, c.b2, c.eps, wd[j]);
+    new_params.push_back(std::move(u.param));
+    new_mu.push_back(std::move(u.mu));
+    new_nu.push_back(std::move(u.nu));
+  }
   next.emplace_back("mu", mu.unflatten(std::move(new_mu)));
   next.emplace_back("nu", nu.unflatten(std::move(new_nu)));
-  return new_params;
+  return params.unflatten(std::move(new_params));
 }
 
 // torch's foreach passes over every leaf at once (Optimizer::foreach, adamw_foreach). Returns
@@ -101,13 +110,8 @@ Tree<Array> foreach_adam(const Tree<Array>& grads, const Tree<Array>& state,
   const Tree<Array>& mu = state.at("mu");
   const Tree<Array>& nu = state.at("nu");
   check_adam_trees(grads, state, params);
-  const PathPatterns decay(decay_paths);  // validated by adamw()
-  std::vector<double> wd;
-  for (const std::string& path : params.paths()) {
-    wd.push_back(decays(c.weight_decay, decay_paths, decay, path) ? c.weight_decay : 0.0);
-  }
   AdamwForeach u = adamw_foreach(params.leaves(), grads.leaves(), mu.leaves(), nu.leaves(), s.lr,
-                                 s.count, c.b1, c.b2, c.eps, wd);
+                                 s.count, c.b1, c.b2, c.eps, leaf_decays(params, c, decay_paths));
   next.emplace_back("mu", mu.unflatten(std::move(u.mu)));
   next.emplace_back("nu", nu.unflatten(std::move(u.nu)));
   return params.unflatten(std::move(u.params));

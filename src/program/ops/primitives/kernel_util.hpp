@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -118,6 +119,30 @@ template <class T>
 struct IsNumericOrBool : std::bool_constant<Numeric<T> || std::is_same_v<T, Bool>> {};
 template <class T>
 struct AnyType : std::true_type {};
+
+/// The value of a float scalar block (an optimizer's rate or step count) as a double; 0 for a
+/// block of another type (the op's infer refused it before any kernel runs).
+inline double scalar_of(const ConstBlock& b) {
+  double v = 0;
+  visit_dtype(b.dtype, [&]<class T>(Tag<T>) {
+    if constexpr (Floating<T>) v = static_cast<double>(widen(*elems<T>(b)));
+  });
+  return v;
+}
+
+/// Whether kernels compute in `d` as a float: f32, f64, bf16.
+inline bool computable_float(DType d) {
+  return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16;
+}
+
+/// An optimizer update's vjp (adamw_update, adamw_foreach): the update is not differentiated,
+/// and a cotangent does flow mathematically, so a silent zero would be a wrong answer. SpecError
+/// "[op] differentiating an optimizer's update (through THROUGH) is not supported".
+[[noreturn]] inline void refuse_update_gradient(const Node& n, std::string_view through) {
+  throw SpecError(fmt::format(
+      "[{}] differentiating an optimizer's update (through {}) is not supported", n.op->name,
+      through));
+}
 
 /// A value exactly representable as W (double for floats, int64 for integers and bool) stored
 /// as To: bool is x != 0, bf16 rounds once, float to integer saturates (NaN gives 0), integer to

@@ -61,9 +61,7 @@ TensorType foreach_type(const Node& n, std::span<const TensorType> in) {
     reject(n.op->name, in, fmt::format("part {} takes {} operands", a.part, kArity[a.part]));
   }
   for (const TensorType& t : in) {
-    if (t.dtype != DType::kF32 && t.dtype != DType::kF64 && t.dtype != DType::kBF16) {
-      reject(n.op->name, in, "every operand must be a float array");
-    }
+    if (!computable_float(t.dtype)) reject(n.op->name, in, "every operand must be a float array");
   }
   for (int i = 1; i < kArrays[a.part]; ++i) {
     if (in[i].dtype != in[0].dtype || in[i].shape != in[0].shape) {
@@ -81,14 +79,6 @@ OpFactors foreach_factors(const Node& n, std::span<const Shape> in) {
   OpFactors f = same_dims(n.type.shape, in.first(arrays));
   for (std::size_t i = arrays; i < in.size(); ++i) f.operands.emplace_back();
   return f;
-}
-
-double scalar_of(const ConstBlock& b) {
-  double v = 0;
-  visit_dtype(b.dtype, [&]<class T>(Tag<T>) {
-    if constexpr (Floating<T>) v = static_cast<double>(widen(*elems<T>(b)));
-  });
-  return v;
 }
 
 // The passes of one part on element i, each rounded to T as torch's in-place op stores it.
@@ -165,9 +155,7 @@ double foreach_flops(const Node& n, std::span<const Shape>, const Shape& result)
 
 std::vector<Array> foreach_vjp(const Node& n, const std::vector<Array>&, const Array&,
                                const Array&) {
-  throw SpecError(fmt::format(
-      "[{}] differentiating an optimizer's update (through Optimizer::foreach()) is not supported",
-      n.op->name));
+  refuse_update_gradient(n, "Optimizer::foreach()");
 }
 
 // ---- Test declaration ---------------------------------------------------------------------------

@@ -27,8 +27,6 @@ std::string format_attrs(const AdamwAttrs& a) {
                      a.eps, a.weight_decay);
 }
 
-bool floating(DType d) { return d == DType::kF32 || d == DType::kF64 || d == DType::kBF16; }
-
 // Operands: param, grad, mu, nu (one float dtype and shape), lr and count (float scalars: the
 // rate and the step count after this step, from which the bias corrections 1 - b^count come).
 TensorType adamw_type(const Node& n, std::span<const TensorType> in) {
@@ -37,7 +35,7 @@ TensorType adamw_type(const Node& n, std::span<const TensorType> in) {
     reject(n.op->name, in, fmt::format("part {} is not 0 (param), 1 (mu) or 2 (nu)", a.part));
   }
   for (const TensorType& t : in) {
-    if (!floating(t.dtype)) reject(n.op->name, in, "every operand must be a float array");
+    if (!computable_float(t.dtype)) reject(n.op->name, in, "every operand must be a float array");
   }
   for (std::size_t i = 1; i < 4; ++i) {
     if (in[i].dtype != in[0].dtype || in[i].shape != in[0].shape) {
@@ -55,14 +53,6 @@ OpFactors adamw_factors(const Node& n, std::span<const Shape> in) {
   f.operands.emplace_back();  // lr: no dimensions
   f.operands.emplace_back();  // count
   return f;
-}
-
-double scalar_of(const ConstBlock& b) {
-  double v = 0;
-  visit_dtype(b.dtype, [&]<class T>(Tag<T>) {
-    if constexpr (Floating<T>) v = static_cast<double>(widen(*elems<T>(b)));
-  });
-  return v;
 }
 
 void adamw_kernel(const KernelArgs& k) {
@@ -101,12 +91,8 @@ double adamw_flops(const Node& n, std::span<const Shape>, const Shape& result) {
   return kPerElement[n.attr<AdamwAttrs>().part] * static_cast<double>(result.numel());
 }
 
-// An optimizer's update is not differentiated; a cotangent does flow mathematically, so a silent
-// zero would be a wrong answer.
 std::vector<Array> adamw_vjp(const Node& n, const std::vector<Array>&, const Array&, const Array&) {
-  throw SpecError(fmt::format(
-      "[{}] differentiating an optimizer's update (through Optimizer::fused()) is not supported",
-      n.op->name));
+  refuse_update_gradient(n, "Optimizer::fused()");
 }
 
 // ---- Test declaration ---------------------------------------------------------------------------
