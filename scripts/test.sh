@@ -58,6 +58,12 @@ if [[ $asan == 1 ]]; then
 fi
 cmake -S . -B "$build" -G Ninja "${config[@]}"
 cmake --build "$build" -j "$jobs"
+# ctest starts the tests it knows to be long first, so that -j2 ends with short ones, not with one
+# core idle beside a 5-minute example: tests/ctest_costs.txt holds the seconds each test of 2 s
+# or more took in a sanitized run (scripts/ctest_costs.sh writes it from a ctest log). A build
+# that has timed its own tests keeps its own figures.
+costs=$build/Testing/Temporary/CTestCostData.txt
+[[ -f $costs ]] || { mkdir -p "$(dirname "$costs")" && cp tests/ctest_costs.txt "$costs"; }
 run_ctest "$label" --test-dir "$build" --output-on-failure -j "$jobs"
 [[ -n ${CI:-} ]] && rm -rf "$build"
 if [[ $fuzz == 1 ]]; then
@@ -66,7 +72,7 @@ if [[ $fuzz == 1 ]]; then
     -DSHARDPLAN_BUILD_BENCH=OFF
   cmake --build "$base-fuzz" -j "$jobs" --target fuzz_safetensors_header fuzz_rule_file \
     fuzz_model_description fuzz_checkpoint_index fuzz_checkpoint_record fuzz_model_config \
-    fuzz_trace_summary fuzz_trace_memory fuzz_stack_config
+    fuzz_trace_summary fuzz_trace_memory fuzz_stack_config fuzz_schedule_csv
   run_ctest "fuzzers" --test-dir "$base-fuzz" -L fuzz --output-on-failure -j "$jobs"
 fi
 printf '%s\n' "${stages[@]}"

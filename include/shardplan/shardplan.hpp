@@ -22,6 +22,7 @@
 #include "shardplan/ops.hpp"
 #include "shardplan/optim.hpp"
 #include "shardplan/partition_spec.hpp"
+#include "shardplan/pipeline_schedule.hpp"
 #include "shardplan/plan_html.hpp"
 #include "shardplan/plan_report.hpp"
 #include "shardplan/profiler.hpp"
