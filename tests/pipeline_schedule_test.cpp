@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include <string>
@@ -276,6 +277,47 @@ TEST(PipelineSchedule, MisplacedRepeatedOrMissingActionsAreErrors) {
   s.steps[0] = {compute(Op::kBackwardWeight, 0)};
   EXPECT_THAT(error_of([&] { check(s); }),
               HasSubstr("rank 0 runs 0W0 before the input backward of its micro-batch"));
+}
+
+TEST(PipelineSchedule, MalformedSchedulesAndCostsAreRefusedNamingWhat) {
+  Schedule s = two_ranks();
+  s.steps.pop_back();
+  EXPECT_THAT(error_of([&] { check(s); }), HasSubstr("hand: 2 ranks but steps for 1"));
+  s = two_ranks();
+  s.stage_rank = {0, 5};
+  EXPECT_THAT(error_of([&] { check(s); }), HasSubstr("stage 1 is on rank 5, not one of the 2"));
+  s = two_ranks();
+  s.microbatches = 0;
+  EXPECT_THAT(error_of([&] { check(s); }), HasSubstr("2 stages x 0 micro-batches"));
+  s = two_ranks();
+  s.steps[0] = {Step{Step::Kind::kOverlapped, {Action{Op::kForward, 0, 0}}, false}};
+  EXPECT_THAT(error_of([&] { check(s); }), HasSubstr("rank 0: a step of 1 actions"));
+  s.steps[0] = {Step{Step::Kind::kTransfers, {Action{Op::kForward, 0, 0}}, false}};
+  EXPECT_THAT(error_of([&] { check(s); }), HasSubstr("rank 0: 0F0 in a transfer step"));
+  s.steps[0] = {compute(Op::kSendForward, 0)};
+  EXPECT_THAT(error_of([&] { check(s); }), HasSubstr("rank 0: 0SEND_F0 in a compute step"));
+  s.steps[0] = {Step{Step::Kind::kCompute, {Action{Op::kForward, 0, 3}}, false}};
+  EXPECT_THAT(error_of([&] { check(s); }),
+              HasSubstr("rank 0: 0F3 names a stage or micro-batch the schedule does not have (2 "
+                        "stages, 1 micro-batches)"));
+  s = Schedule{"v", 1, 2, 1, {0, 0}, {{transfer(Op::kSendForward, 0, false)}}};
+  EXPECT_THAT(error_of([&] { check(s); }),
+              HasSubstr("rank 0: 0SEND_F0 is a transfer to its own rank (stages 0 and 1"));
+  // Costs: a negative or NaN time, or a missing one.
+  Costs c = unit_costs();
+  c.forward = [](int) { return std::nan(""); };
+  EXPECT_THAT(error_of([&] { simulate(gpipe(2, 1), c); }), HasSubstr("a cost of nan"));
+  c = unit_costs();
+  c.transfer = [](Op, int) { return -1.0; };
+  EXPECT_THAT(error_of([&] { simulate(gpipe(2, 1), c); }),
+              HasSubstr("a transfer time of -1 for 0SEND_F0"));
+  c.forward = nullptr;
+  EXPECT_THAT(error_of([&] { simulate(gpipe(2, 1), c); }), HasSubstr("the costs need a forward"));
+  // Sizes past the bounds.
+  EXPECT_THAT(error_of([] { gpipe(1000, 1001); }),
+              HasSubstr("1000 stages x 1001 micro-batches = 1001000 stage micro-batches; at most "
+                        "1000000"));
+  EXPECT_THAT(error_of([] { interleaved_1f1b(4, 1, 8); }), HasSubstr("1 virtual stages per rank"));
 }
 
 TEST(PipelineSchedule, EveryGeneratedScheduleCompletes) {
